@@ -1,0 +1,36 @@
+# The two commands a newcomer needs: `make demo` and `make test`.
+# Both build a pinned virtualenv under .venv first.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test lint typecheck soak bench clean
+
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip>=24"
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/replayq demo
+
+test: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+	$(BIN)/pytest -m "not soak" -p no:cacheprovider
+
+soak: $(STAMP)
+	$(BIN)/pytest -m soak -p no:cacheprovider
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

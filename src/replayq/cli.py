@@ -1,0 +1,392 @@
+"""The ``replayq`` command line: a thin layer over the public Python API."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from replayq import codec, render
+from replayq.app import App
+from replayq.contracts import JobContract, diff_contracts, lint_contract
+from replayq.errors import ReplayqError
+from replayq.jobs import JobState
+from replayq.worker import Worker
+
+
+class Env:
+    """What the root command collected: the database URL and, if given, the user's app."""
+
+    def __init__(self, db: str | None) -> None:
+        self.db = db
+        self._app: App | None = None
+
+    def app(self, spec: str | None = None) -> App:
+        if self._app is None:
+            self._app = load_app(spec) if spec else App(self.db)
+            if spec and self.db:
+                self._app.url = self.db
+        return self._app
+
+
+def load_app(spec: str) -> App:
+    """Import ``module:attribute`` and return the ``App`` it names."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise click.BadParameter(f"{spec!r}: use module:attribute, e.g. shop.jobs:app")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    module = importlib.import_module(module_name)
+    app = getattr(module, attribute, None)
+    if not isinstance(app, App):
+        raise click.BadParameter(f"{spec!r} is not a replayq.App")
+    return app
+
+
+def emit_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+pass_env = click.make_pass_decorator(Env)
+
+
+class Cli(click.Group):
+    """Turns replayq errors into one clear line and exit code 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except ReplayqError as exc:
+            click.echo(f"error: {exc}", err=True)
+            ctx.exit(2)
+
+
+@click.group(cls=Cli)
+@click.option("--db", envvar="REPLAYQ_DB", help="Database URL (default: $REPLAYQ_DB).")
+@click.pass_context
+def main(ctx: click.Context, db: str | None) -> None:
+    """replayq: a job queue whose executions can be traced, replayed, forked and reversed."""
+    ctx.obj = Env(db)
+
+
+@main.command()
+@click.option("--app", "app_spec", required=True, help="module:attribute of your replayq.App")
+@click.option("--concurrency", default=1, show_default=True)
+@click.option("--burst", is_flag=True, help="Exit when nothing is left to do.")
+@click.option("--queues", default=None, help="Comma-separated queues (default: all).")
+@click.option("--grace", default=30.0, show_default=True, help="Seconds in-flight jobs get.")
+@click.option("--worker-id", default=None)
+@click.option("--poll-interval", default=0.2, show_default=True)
+@pass_env
+def worker(
+    env: Env,
+    app_spec: str,
+    concurrency: int,
+    burst: bool,
+    queues: str | None,
+    grace: float,
+    worker_id: str | None,
+    poll_interval: float,
+) -> None:
+    """Run a worker."""
+    app = env.app(app_spec)
+    run = Worker(
+        app,
+        concurrency=concurrency,
+        burst=burst,
+        queues=queues.split(",") if queues else None,
+        grace_period=grace,
+        worker_id=worker_id,
+        poll_interval=poll_interval,
+    )
+    stats = run.run()
+    click.echo(
+        f"worker {run.worker_id}: leased={stats.leased} succeeded={stats.succeeded} "
+        f"retried={stats.retried} dead={stats.dead} rejected={stats.rejected} "
+        f"released={stats.released}",
+        err=True,
+    )
+
+
+@main.command()
+@click.argument("job_type")
+@click.option("--payload", default="{}", help="JSON object.")
+@click.option("--message-id", default=None)
+@click.option("--delay", default=None, help="e.g. 30s, 5m")
+@click.option("--priority", default=0)
+@click.option("--app", "app_spec", default=None, help="Validate against this app's handlers.")
+@pass_env
+def enqueue(
+    env: Env,
+    job_type: str,
+    payload: str,
+    message_id: str | None,
+    delay: str | None,
+    priority: int,
+    app_spec: str | None,
+) -> None:
+    """Enqueue one job; prints its id."""
+    try:
+        body = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        raise click.UsageError(f"--payload is not valid JSON: {exc}") from exc
+    app = env.app(app_spec)
+    job_id = app.enqueue(
+        job_type,
+        body,
+        message_id=message_id,
+        delay=delay,
+        priority=priority,
+        check=app_spec is not None,
+    )
+    click.echo(job_id)
+
+
+@main.group()
+def jobs() -> None:
+    """List, show and cancel jobs."""
+
+
+@jobs.command("list")
+@click.option("--state", "states", multiple=True, type=click.Choice([s.value for s in JobState]))
+@click.option("--type", "job_type", default=None)
+@click.option("--limit", default=50, show_default=True)
+@click.option("--all-origins", is_flag=True, help="Include replay, fork and rerun jobs.")
+@click.option("--json", "as_json", is_flag=True)
+@pass_env
+def jobs_list(
+    env: Env,
+    states: tuple[str, ...],
+    job_type: str | None,
+    limit: int,
+    all_origins: bool,
+    as_json: bool,
+) -> None:
+    """List jobs, newest first."""
+    found = env.app().list_jobs(
+        states=states or None,
+        job_type=job_type,
+        origin=None if all_origins else "production",
+        limit=limit,
+    )
+    if as_json:
+        emit_json([job.to_dict() for job in found])
+    else:
+        click.echo(render.job_table(found))
+
+
+@jobs.command("show")
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+@pass_env
+def jobs_show(env: Env, job_id: int, as_json: bool) -> None:
+    """Show one job."""
+    job = env.app().get_job(job_id)
+    if as_json:
+        emit_json(job.to_dict())
+    else:
+        click.echo(render.job_detail(job))
+
+
+@jobs.command("cancel")
+@click.argument("job_id", type=int)
+@pass_env
+def jobs_cancel(env: Env, job_id: int) -> None:
+    """Cancel a queued job."""
+    if not env.app().cancel(job_id):
+        raise click.ClickException(f"job {job_id} is not queued; only queued jobs can be cancelled")
+    click.echo(f"job {job_id} cancelled")
+
+
+@main.group()
+def dead() -> None:
+    """The investigation queue."""
+
+
+@dead.command("list")
+@click.option("--type", "job_type", default=None)
+@click.option("--json", "as_json", is_flag=True)
+@pass_env
+def dead_list(env: Env, job_type: str | None, as_json: bool) -> None:
+    """List dead jobs with their reasons."""
+    found = env.app().list_jobs(states=["dead"], job_type=job_type)
+    if as_json:
+        emit_json([job.to_dict() for job in found])
+    else:
+        click.echo(render.job_table(found))
+
+
+@dead.command("requeue")
+@click.argument("job_id", type=int)
+@click.option("--reason", required=True, help="Why; recorded in the job's trace.")
+@pass_env
+def dead_requeue(env: Env, job_id: int, reason: str) -> None:
+    """Put a dead job back in the queue with one more attempt."""
+    if not env.app().requeue(job_id, reason=reason):
+        raise click.ClickException(f"job {job_id} is not dead")
+    click.echo(f"job {job_id} requeued")
+
+
+@main.group("trace")
+def trace_group() -> None:
+    """Read traces."""
+
+
+@trace_group.command("show")
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+@pass_env
+def trace_show(env: Env, job_id: int, as_json: bool) -> None:
+    """A job's timeline: every attempt, decision and transition."""
+    app = env.app()
+    app.get_job(job_id)
+    events = app.trace(job_id)
+    if as_json:
+        emit_json([vars(e) for e in events])
+    else:
+        click.echo(render.timeline(events))
+
+
+@trace_group.command("resource")
+@click.argument("resource")
+@click.option("--json", "as_json", is_flag=True)
+@pass_env
+def trace_resource(env: Env, resource: str, as_json: bool) -> None:
+    """Every event on one resource across jobs and workers, in happens-before order."""
+    events = env.app().resource_trace(resource)
+    if as_json:
+        emit_json([vars(e) for e in events])
+    else:
+        click.echo(render.timeline(events, show_job=True))
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@pass_env
+def stats(env: Env, as_json: bool) -> None:
+    """Depth per type and state, oldest queued age."""
+    app = env.app()
+    with app.storage.transaction(readonly=True) as tx:
+        rows = tx.job_stats()
+    if as_json:
+        emit_json([vars(r) for r in rows])
+    else:
+        click.echo(render.stats_table(rows, app.clock.now()))
+
+
+@main.group()
+def db() -> None:
+    """Schema migrations."""
+
+
+@db.command("upgrade")
+@pass_env
+def db_upgrade(env: Env) -> None:
+    """Apply pending migrations."""
+    app = App(env.db, auto_migrate=False)
+    applied = open_raw(app).migrate(app.clock.now())
+    for status in applied:
+        click.echo(f"applied {status.version:04d}_{status.name}")
+    if not applied:
+        click.echo("schema is up to date")
+
+
+@db.command("status")
+@click.option("--json", "as_json", is_flag=True)
+@pass_env
+def db_status(env: Env, as_json: bool) -> None:
+    """List migrations and whether each is applied."""
+    statuses = open_raw(App(env.db, auto_migrate=False)).migration_status()
+    if as_json:
+        emit_json([vars(s) for s in statuses])
+        return
+    for status in statuses:
+        state = "applied " + render.timestamp(status.applied_at) if status.applied_at else "PENDING"
+        click.echo(f"{status.version:04d}_{status.name:<24} {state}")
+
+
+def open_raw(app: App) -> Any:
+    from replayq.storage import open_storage
+
+    return open_storage(app.url)
+
+
+@main.group()
+def contract() -> None:
+    """Show, diff and lint stored job contracts."""
+
+
+def _stored(app: App, job_type: str) -> dict[str, JobContract]:
+    found = {c.version: c for c in app.contracts(job_type)}
+    if not found:
+        raise click.ClickException(
+            f"no stored contract for {job_type!r}; contracts are stored when a worker starts"
+        )
+    return found
+
+
+@contract.command("show")
+@click.argument("job_type")
+@click.option("--json", "as_json", is_flag=True)
+@pass_env
+def contract_show(env: Env, job_type: str, as_json: bool) -> None:
+    """Every stored version of a job type's contract."""
+    found = _stored(env.app(), job_type)
+    if as_json:
+        emit_json({v: c.to_dict() for v, c in found.items()})
+        return
+    for version, item in found.items():
+        click.echo(f"{job_type} {version}")
+        for key, value in item.to_dict().items():
+            if key not in ("name", "version"):
+                click.echo(f"  {key:<18} {codec.dumps(value)}")
+
+
+@contract.command("diff")
+@click.argument("job_type")
+@click.argument("old")
+@click.argument("new")
+@click.option("--json", "as_json", is_flag=True)
+@pass_env
+def contract_diff(env: Env, job_type: str, old: str, new: str, as_json: bool) -> None:
+    """Every operational difference between two versions (exit 1 if any)."""
+    found = _stored(env.app(), job_type)
+    for version in (old, new):
+        if version not in found:
+            raise click.ClickException(f"{job_type} has no stored version {version!r}")
+    changes = diff_contracts(found[old], found[new])
+    if as_json:
+        emit_json([vars(c) for c in changes])
+    elif not changes:
+        click.echo(f"{job_type}: {old} and {new} have the same contract")
+    else:
+        for change in changes:
+            click.echo(f"{change.concern:<28} {change.field:<20} {change.old!r} -> {change.new!r}")
+    sys.exit(1 if changes else 0)
+
+
+@contract.command("lint")
+@click.argument("job_type", required=False)
+@click.option("--json", "as_json", is_flag=True)
+@pass_env
+def contract_lint(env: Env, job_type: str | None, as_json: bool) -> None:
+    """Flag contracts that break the rules (exit 1 if any finding)."""
+    app = env.app()
+    findings = []
+    for item in app.contracts(job_type):
+        with app.storage.transaction(readonly=True) as tx:
+            durations = sorted(tx.job_durations(item.name, item.version))
+        p99 = durations[min(len(durations) - 1, int(len(durations) * 0.99))] if durations else None
+        findings.extend(lint_contract(item, p99_duration=p99))
+    if as_json:
+        emit_json([vars(f) for f in findings])
+    elif not findings:
+        click.echo("no findings")
+    else:
+        for finding in findings:
+            click.echo(f"{finding.job_type} {finding.version}: {finding.rule}: {finding.message}")
+    sys.exit(1 if findings else 0)

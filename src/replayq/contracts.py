@@ -1,0 +1,336 @@
+"""Operational contracts: lease, retry, idempotency, ordering, lock, cache and ack timing as data.
+
+A ``JobContract`` is validated when declared, stored per job type and version
+when a worker starts, and can be shown, diffed and linted.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+from replayq.durations import Duration, parse_duration
+from replayq.errors import ContractError, FailureClass
+
+JitterMode = Literal["full", "none"]
+ACK_AFTER_COMMIT = "after_commit"
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Retry policy: exponential backoff from ``base`` capped at ``cap``, with full jitter.
+
+    Attempt ``n`` (1-based) that failed with a class listed in ``on`` is retried
+    after ``uniform(0, min(cap, base * 2**(n-1)))`` seconds (``jitter="full"``),
+    or exactly that bound with ``jitter="none"``. ``validation`` is never retried.
+    """
+
+    max_attempts: int = 5
+    base: Duration = "1s"
+    cap: Duration = "5m"
+    jitter: JitterMode = "full"
+    on: tuple[str, ...] = ("transient", "dependency", "concurrency")
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ContractError(f"Retry.max_attempts must be at least 1, got {self.max_attempts}")
+        base = parse_duration(self.base, name="Retry.base")
+        cap = parse_duration(self.cap, name="Retry.cap")
+        if base <= 0:
+            raise ContractError("Retry.base must be positive")
+        if cap < base:
+            raise ContractError(f"Retry.cap ({self.cap}) is shorter than Retry.base ({self.base})")
+        if self.jitter not in ("full", "none"):
+            raise ContractError(f"Retry.jitter must be 'full' or 'none', got {self.jitter!r}")
+        known = {c.value for c in FailureClass}
+        for name in self.on:
+            if name not in known:
+                raise ContractError(
+                    f"Retry.on: unknown failure class {name!r}; known: {', '.join(sorted(known))}"
+                )
+
+    @property
+    def base_seconds(self) -> float:
+        return parse_duration(self.base)
+
+    @property
+    def cap_seconds(self) -> float:
+        return parse_duration(self.cap)
+
+    def ceiling(self, attempt: int) -> float:
+        """The largest delay after failed attempt ``attempt`` (1-based)."""
+        return min(self.cap_seconds, self.base_seconds * 2.0 ** max(attempt - 1, 0))
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        """The delay before the retry that follows failed attempt ``attempt``."""
+        ceiling = self.ceiling(attempt)
+        return rng.uniform(0, ceiling) if self.jitter == "full" else ceiling
+
+    def retries(self, failure_class: FailureClass) -> bool:
+        """Whether this policy retries ``failure_class`` (validation: never)."""
+        return failure_class is not FailureClass.VALIDATION and failure_class.value in self.on
+
+
+def template_fields(template: str) -> list[str]:
+    """The payload fields a key template such as ``"order:{order_id}"`` refers to."""
+    names = []
+    for _, field_name, _, _ in string.Formatter().parse(template):
+        if field_name is not None:
+            if field_name == "" or not field_name.isidentifier():
+                raise ContractError(
+                    f"template {template!r}: use named payload fields like {{order_id}}"
+                )
+            names.append(field_name)
+    return names
+
+
+def render_template(template: str | None, payload: Mapping[str, Any]) -> str | None:
+    """Fill a key template from the payload; ``None`` when there is no template."""
+    if template is None:
+        return None
+    return template.format_map({k: payload.get(k) for k in template_fields(template)})
+
+
+@dataclass(frozen=True)
+class JobContract:
+    """Everything the queue promises about one job type at one handler version."""
+
+    name: str
+    version: str = "v1"
+    queue: str = "default"
+    lease: float = 30.0
+    heartbeat: float = 10.0
+    retry: Retry = field(default_factory=Retry)
+    idempotency: str | None = None
+    ordering: str | None = None
+    lock: str | None = None
+    lock_ttl: float | None = None
+    max_payload_bytes: int = 256 * 1024
+    effects: tuple[str, ...] = ()
+    cache_namespace: str | None = None
+    cache_ttl: float | None = None
+    errors: Mapping[str, str] = field(default_factory=dict)
+    ack: str = ACK_AFTER_COMMIT
+    fields: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored form: plain JSON, durations in seconds."""
+        body = asdict(self)
+        body["retry"] = {
+            "max_attempts": self.retry.max_attempts,
+            "base": self.retry.base_seconds,
+            "cap": self.retry.cap_seconds,
+            "jitter": self.retry.jitter,
+            "on": list(self.retry.on),
+        }
+        body["effects"] = list(self.effects)
+        body["fields"] = list(self.fields)
+        body["errors"] = dict(self.errors)
+        return body
+
+    @classmethod
+    def from_dict(cls, body: Mapping[str, Any]) -> JobContract:
+        data = dict(body)
+        retry = data.pop("retry")
+        return cls(
+            retry=Retry(
+                max_attempts=retry["max_attempts"],
+                base=retry["base"],
+                cap=retry["cap"],
+                jitter=retry["jitter"],
+                on=tuple(retry["on"]),
+            ),
+            effects=tuple(data.pop("effects", ())),
+            fields=tuple(data.pop("fields", ())),
+            **data,
+        )
+
+
+def build_contract(
+    name: str,
+    *,
+    fields: Iterable[str],
+    version: str = "v1",
+    queue: str = "default",
+    lease: Duration = "30s",
+    heartbeat: Duration | None = None,
+    retry: Retry | None = None,
+    idempotency: str | None = None,
+    ordering: str | None = None,
+    lock: str | None = None,
+    lock_ttl: Duration | None = None,
+    max_payload_bytes: int = 256 * 1024,
+    effects: Iterable[str] = (),
+    cache_namespace: str | None = None,
+    cache_ttl: Duration | None = None,
+    errors: Mapping[type[BaseException], str] | None = None,
+) -> JobContract:
+    """Validate a declaration and return its contract; ``ContractError`` says what is wrong."""
+    if not name or not name.replace("_", "").replace(".", "").replace("-", "").isalnum():
+        raise ContractError(f"job type {name!r}: use letters, digits, '_', '.', '-'")
+    lease_s = parse_duration(lease, name=f"{name}: lease")
+    if lease_s <= 0:
+        raise ContractError(f"{name}: lease must be positive, got {lease!r}")
+    heartbeat_s = (
+        parse_duration(heartbeat, name=f"{name}: heartbeat")
+        if heartbeat is not None
+        else lease_s / 3
+    )
+    if not 0 < heartbeat_s < lease_s:
+        raise ContractError(
+            f"{name}: heartbeat ({heartbeat_s:g}s) must be positive and shorter than the lease "
+            f"({lease_s:g}s), or the lease expires between two heartbeats"
+        )
+    lock_ttl_s = None
+    if lock_ttl is not None:
+        lock_ttl_s = parse_duration(lock_ttl, name=f"{name}: lock_ttl")
+        if lock_ttl_s <= 0:
+            raise ContractError(f"{name}: lock_ttl must be positive, got {lock_ttl!r}")
+    if lock is not None:
+        if lock_ttl_s is None:
+            lock_ttl_s = lease_s * 2
+        if lock_ttl_s < lease_s:
+            raise ContractError(
+                f"{name}: lock_ttl ({lock_ttl_s:g}s) is shorter than the lease ({lease_s:g}s); "
+                "the lock would expire while the job is still legitimately running"
+            )
+    field_set = tuple(fields)
+    for label, template in (("idempotency", idempotency), ("ordering", ordering), ("lock", lock)):
+        if template is None:
+            continue
+        for ref in template_fields(template):
+            if ref not in field_set:
+                raise ContractError(
+                    f"{name}: {label} template {template!r} refers to {{{ref}}}, "
+                    f"which is not a payload field (fields: {', '.join(field_set) or 'none'})"
+                )
+    if max_payload_bytes <= 0:
+        raise ContractError(f"{name}: max_payload_bytes must be positive")
+    error_names: dict[str, str] = {}
+    for exc_type, class_name in (errors or {}).items():
+        try:
+            FailureClass(class_name)
+        except ValueError:
+            raise ContractError(
+                f"{name}: errors maps {exc_type.__name__} to unknown class {class_name!r}"
+            ) from None
+        error_names[f"{exc_type.__module__}.{exc_type.__qualname__}"] = class_name
+    return JobContract(
+        name=name,
+        version=version,
+        queue=queue,
+        lease=lease_s,
+        heartbeat=heartbeat_s,
+        retry=retry or Retry(),
+        idempotency=idempotency,
+        ordering=ordering,
+        lock=lock,
+        lock_ttl=lock_ttl_s,
+        max_payload_bytes=max_payload_bytes,
+        effects=tuple(effects),
+        cache_namespace=cache_namespace,
+        cache_ttl=parse_duration(cache_ttl, name=f"{name}: cache_ttl") if cache_ttl else None,
+        errors=error_names,
+        fields=field_set,
+    )
+
+
+@dataclass(frozen=True)
+class ContractChange:
+    """One difference between two versions of a contract."""
+
+    field: str
+    old: Any
+    new: Any
+    concern: str
+
+
+_CONCERNS = {
+    "ack": "ack timing",
+    "lease": "lease / visibility timeout",
+    "heartbeat": "lease extension",
+    "retry": "retry policy",
+    "idempotency": "idempotency",
+    "ordering": "ordering",
+    "lock": "locking",
+    "lock_ttl": "locking",
+    "cache_namespace": "cache format",
+    "cache_ttl": "cache TTL",
+    "max_payload_bytes": "payload limit",
+    "effects": "side effects",
+    "errors": "error classification",
+    "queue": "routing",
+    "fields": "payload shape",
+}
+
+
+def _flatten(body: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in body.items():
+        if isinstance(value, Mapping) and key == "retry":
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def diff_contracts(old: JobContract, new: JobContract) -> list[ContractChange]:
+    """Every operational difference between two contracts of one job type."""
+    before, after = _flatten(old.to_dict()), _flatten(new.to_dict())
+    changes = []
+    for key in sorted(set(before) | set(after)):
+        if key in ("name", "version"):
+            continue
+        if before.get(key) != after.get(key):
+            concern = _CONCERNS.get(key.split(".")[0], key)
+            changes.append(ContractChange(key, before.get(key), after.get(key), concern))
+    return changes
+
+
+@dataclass(frozen=True)
+class LintFinding:
+    """A contract rule that is broken, with the evidence."""
+
+    job_type: str
+    version: str
+    rule: str
+    message: str
+
+
+def lint_contract(contract: JobContract, *, p99_duration: float | None) -> list[LintFinding]:
+    """Check a contract against the rules of seed 003 and the observed p99 duration."""
+    findings = []
+
+    def flag(rule: str, message: str) -> None:
+        findings.append(LintFinding(contract.name, contract.version, rule, message))
+
+    if p99_duration is not None and contract.lease < p99_duration:
+        flag(
+            "lease-below-p99",
+            f"lease {contract.lease:g}s is shorter than the observed p99 duration "
+            f"{p99_duration:.3g}s: slow runs will be re-delivered while still running",
+        )
+    if (
+        contract.lock is not None
+        and contract.lock_ttl is not None
+        and (contract.lock_ttl < contract.lease)
+    ):
+        flag(
+            "lock-ttl-below-lease",
+            f"lock TTL {contract.lock_ttl:g}s < lease {contract.lease:g}s",
+        )
+    if contract.retry.max_attempts > 1 and contract.retry.jitter == "none":
+        flag("retry-without-jitter", "retries without jitter synchronise into retry storms")
+    if "validation" in contract.retry.on:
+        flag("validation-retried", "'validation' is listed as retryable; it can never succeed")
+    if "unknown" in contract.retry.on:
+        flag("unknown-retried", "every unclassified error is retried; classify errors instead")
+    if contract.effects and contract.idempotency is None:
+        flag(
+            "effects-without-idempotency-key",
+            f"declares effects ({', '.join(contract.effects)}) but no business idempotency key",
+        )
+    return findings

@@ -1,0 +1,143 @@
+"""Every error replayq raises, and how a handler's failure maps to retry behaviour.
+
+The tree::
+
+    ReplayqError
+    ├── ConfigurationError          a contract, URL or option that cannot work
+    │   └── ContractError           a job contract rejected when declared
+    ├── PayloadError                bad input at enqueue (not JSON, missing field, too large)
+    ├── UnknownJobTypeError         enqueue or lease of a type no handler is registered for
+    ├── StorageError                the database failed; the driver error is ``__cause__``
+    │   ├── DatabaseUnavailableError   the database cannot be opened or reached
+    │   └── SchemaError             the schema is missing or newer than this code
+    ├── LeaseLostError              a write by a worker whose lease on the job is gone
+    └── JobError                    raised *by handlers*; its class decides retries
+        ├── TransientError          class ``transient``   — retried by default
+        ├── DependencyError         class ``dependency``  — retried by default
+        ├── ConcurrencyError        class ``concurrency`` — retried by default
+        └── ValidationError         class ``validation``  — never retried
+
+Any other exception a handler raises is class ``unknown`` unless the job
+contract maps it (``errors={TimeoutError: "transient"}``); ``TimeoutError``
+and ``ConnectionError`` map to ``transient`` out of the box.
+
+Failure classes and what the worker does with them (``RETRY_TABLE``):
+
+=============  =====================================================
+class          behaviour
+=============  =====================================================
+transient      retried if listed in ``Retry.on`` (default: yes)
+dependency     retried if listed in ``Retry.on`` (default: yes)
+concurrency    retried if listed in ``Retry.on`` (default: yes)
+validation     never retried: straight to ``dead``
+unknown        retried only if listed in ``Retry.on`` (default: no)
+=============  =====================================================
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class FailureClass(StrEnum):
+    """Why a job attempt failed, as stored in the trace and used for retry decisions."""
+
+    TRANSIENT = "transient"
+    DEPENDENCY = "dependency"
+    CONCURRENCY = "concurrency"
+    VALIDATION = "validation"
+    UNKNOWN = "unknown"
+
+
+RETRY_TABLE: dict[FailureClass, str] = {
+    FailureClass.TRANSIENT: "retried if listed in Retry.on (default: yes)",
+    FailureClass.DEPENDENCY: "retried if listed in Retry.on (default: yes)",
+    FailureClass.CONCURRENCY: "retried if listed in Retry.on (default: yes)",
+    FailureClass.VALIDATION: "never retried",
+    FailureClass.UNKNOWN: "retried only if listed in Retry.on (default: no)",
+}
+
+
+class ReplayqError(Exception):
+    """Root of every exception replayq raises."""
+
+
+class ConfigurationError(ReplayqError):
+    """A contract, URL or option that cannot work as given."""
+
+
+class ContractError(ConfigurationError):
+    """A job contract that was rejected when it was declared."""
+
+
+class PayloadError(ReplayqError):
+    """A payload rejected at enqueue; the message names the field or the limit."""
+
+
+class UnknownJobTypeError(ReplayqError):
+    """No handler is registered for this job type."""
+
+
+class StorageError(ReplayqError):
+    """The database failed; the driver's exception is kept as ``__cause__``."""
+
+
+class DatabaseUnavailableError(StorageError):
+    """The database file or server cannot be opened or reached."""
+
+
+class SchemaError(StorageError):
+    """The schema is missing, or newer than this version of replayq understands."""
+
+
+class LeaseLostError(ReplayqError):
+    """A worker tried to write a job whose lease it no longer holds."""
+
+
+class JobError(ReplayqError):
+    """Base for exceptions handlers raise on purpose; ``failure_class`` drives retries."""
+
+    failure_class: FailureClass = FailureClass.UNKNOWN
+
+
+class TransientError(JobError):
+    """A failure that may pass on its own (timeout, brief outage)."""
+
+    failure_class = FailureClass.TRANSIENT
+
+
+class DependencyError(JobError):
+    """A dependency (upstream API, database) is unavailable."""
+
+    failure_class = FailureClass.DEPENDENCY
+
+
+class ConcurrencyError(JobError):
+    """An optimistic write lost a race (``expected_version`` did not match)."""
+
+    failure_class = FailureClass.CONCURRENCY
+
+
+class ValidationError(JobError):
+    """The job can never succeed as given; it goes to ``dead`` at once."""
+
+    failure_class = FailureClass.VALIDATION
+
+
+DEFAULT_ERROR_MAP: dict[type[BaseException], FailureClass] = {
+    TimeoutError: FailureClass.TRANSIENT,
+    ConnectionError: FailureClass.TRANSIENT,
+}
+
+
+def classify(
+    exc: BaseException, mapping: dict[type[BaseException], FailureClass] | None = None
+) -> FailureClass:
+    """The failure class of ``exc``: its own class, then the contract's map, then defaults."""
+    if isinstance(exc, JobError):
+        return exc.failure_class
+    for table in (mapping or {}, DEFAULT_ERROR_MAP):
+        for exc_type, failure_class in table.items():
+            if isinstance(exc, exc_type):
+                return failure_class
+    return FailureClass.UNKNOWN

@@ -1,0 +1,113 @@
+"""A registered handler: its contract, its function and how its payload is checked."""
+
+from __future__ import annotations
+
+import inspect
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from replayq import codec
+from replayq.contracts import JobContract
+from replayq.errors import FailureClass, PayloadError
+
+_SIMPLE_TYPES: dict[Any, tuple[type, ...]] = {
+    int: (int,),
+    float: (int, float),
+    str: (str,),
+    bool: (bool,),
+    dict: (dict,),
+    list: (list,),
+}
+
+
+@dataclass(frozen=True)
+class PayloadShape:
+    """The fields a handler takes, read from its signature after ``ctx``."""
+
+    required: tuple[str, ...]
+    optional: tuple[str, ...]
+    accepts_extra: bool
+    types: Mapping[str, tuple[type, ...]]
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return self.required + self.optional
+
+    @classmethod
+    def from_function(cls, fn: Callable[..., Any]) -> PayloadShape:
+        params = list(inspect.signature(fn).parameters.values())[1:]  # first is ctx
+        try:
+            hints = typing.get_type_hints(fn)
+        except Exception:  # unresolvable annotations: skip type checks, keep field checks
+            hints = {}
+        required: list[str] = []
+        optional: list[str] = []
+        types: dict[str, tuple[type, ...]] = {}
+        accepts_extra = False
+        for param in params:
+            if param.kind is inspect.Parameter.VAR_KEYWORD:
+                accepts_extra = True
+                continue
+            if param.kind is inspect.Parameter.VAR_POSITIONAL:
+                continue
+            (required if param.default is inspect.Parameter.empty else optional).append(param.name)
+            simple = _SIMPLE_TYPES.get(hints.get(param.name))
+            if simple is not None:
+                types[param.name] = simple
+        return cls(tuple(required), tuple(optional), accepts_extra, types)
+
+    def check(self, job_type: str, payload: Mapping[str, Any]) -> None:
+        """Raise ``PayloadError`` naming the first missing, unknown or mistyped field."""
+        missing = [name for name in self.required if name not in payload]
+        if missing:
+            raise PayloadError(f"{job_type}: payload is missing required field {missing[0]!r}")
+        if not self.accepts_extra:
+            unknown = sorted(set(payload) - set(self.fields))
+            if unknown:
+                raise PayloadError(
+                    f"{job_type}: payload has unknown field {unknown[0]!r} "
+                    f"(fields: {', '.join(self.fields) or 'none'})"
+                )
+        for name, allowed in self.types.items():
+            if name not in payload or (payload[name] is None and name in self.optional):
+                continue
+            value = payload[name]
+            bad_bool = isinstance(value, bool) and bool not in allowed
+            if bad_bool or not isinstance(value, allowed):
+                raise PayloadError(
+                    f"{job_type}: field {name!r} expects {allowed[-1].__name__}, "
+                    f"got {type(value).__name__} {value!r}"
+                )
+
+
+@dataclass(frozen=True)
+class Handler:
+    """A job type at one version: contract, function, payload shape, error mapping."""
+
+    contract: JobContract
+    fn: Callable[..., Any]
+    shape: PayloadShape
+    error_map: Mapping[type[BaseException], FailureClass]
+
+    @property
+    def is_async(self) -> bool:
+        return inspect.iscoroutinefunction(self.fn)
+
+    def encode_payload(self, payload: Any) -> str:
+        """Check and encode a payload; ``PayloadError`` names the field or the limit."""
+        name = self.contract.name
+        if not isinstance(payload, dict):
+            raise PayloadError(
+                f"{name}: payload must be a JSON object, got {type(payload).__name__}"
+            )
+        text = codec.dumps(payload, what=f"{name} payload")
+        size = len(text.encode())
+        if size > self.contract.max_payload_bytes:
+            raise PayloadError(
+                f"{name}: payload is {size} bytes, above max_payload_bytes="
+                f"{self.contract.max_payload_bytes}"
+            )
+        self.shape.check(name, payload)
+        return text

@@ -1,0 +1,83 @@
+"""Job records and their narrow set of states.
+
+A job is ``queued`` → ``running`` → one of ``succeeded``, ``dead`` (the
+investigation queue) or ``cancelled``. A retry is ``queued`` again with a later
+``run_at``; an expired lease is ``queued`` again with ``redelivery_count + 1``.
+See ``docs/state_machine.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+
+class JobState(StrEnum):
+    """The five states a job can be in."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+
+TERMINAL_STATES = frozenset({JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED})
+
+
+class DeadReason(StrEnum):
+    """Why a job was parked in the investigation queue."""
+
+    UNKNOWN_JOB_TYPE = "unknown_job_type"
+    MALFORMED_PAYLOAD = "malformed_payload"
+    NOT_RETRYABLE = "not_retryable"
+    ATTEMPTS_EXHAUSTED = "attempts_exhausted"
+    LEASE_EXPIRED_ATTEMPTS_EXHAUSTED = "lease_expired_attempts_exhausted"
+    EFFECT_IN_DOUBT = "effect_in_doubt"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job as stored. Immutable: use ``evolve`` for a changed copy."""
+
+    id: int
+    job_type: str
+    queue: str
+    payload: dict[str, Any]
+    state: JobState
+    priority: int
+    run_at: float
+    created_at: float
+    attempt: int
+    max_attempts: int
+    trace_id: str
+    message_id: str | None = None
+    ordering_key: str | None = None
+    idempotency_key: str | None = None
+    handler_version: str | None = None
+    owner_token: str | None = None
+    worker_id: str | None = None
+    leased_at: float | None = None
+    lease_deadline: float | None = None
+    redelivery_count: int = 0
+    last_error_class: str | None = None
+    last_error: str | None = None
+    dead_reason: str | None = None
+    result: Any = None
+    finished_at: float | None = None
+    hlc: int = 0
+    correlation_id: str | None = None
+    causation_id: str | None = None
+    origin: str = "production"
+
+    def evolve(self, **changes: Any) -> Job:
+        """A copy with ``changes`` applied."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form, for ``--json`` output."""
+        body = dataclasses.asdict(self)
+        body["state"] = self.state.value
+        return body

@@ -1,0 +1,230 @@
+"""The storage seam: a small protocol with noun-first verbs taking parameter dataclasses.
+
+Domain code (queue, worker, context, replay) talks to a ``Storage`` and the
+``Transaction`` objects it hands out; it never sees a driver. Every verb that
+depends on time takes ``now`` from the caller's ``Clock``. Backends live in
+``storage/sqlite/`` and ``storage/postgres/`` and pass one conformance suite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from replayq.jobs import Job
+
+
+@dataclass(frozen=True)
+class JobInsert:
+    job_type: str
+    queue: str
+    payload_json: str
+    priority: int
+    run_at: float
+    now: float
+    max_attempts: int
+    trace_id: str
+    hlc: int
+    message_id: str | None = None
+    ordering_key: str | None = None
+    idempotency_key: str | None = None
+    handler_version: str | None = None
+    correlation_id: str | None = None
+    causation_id: str | None = None
+    origin: str = "production"
+
+
+@dataclass(frozen=True)
+class JobLease:
+    """Claim up to ``limit`` jobs; each gets the lease (and handler version) of its type."""
+
+    worker_id: str
+    owner_token: str
+    now: float
+    hlc: int
+    limit: int
+    default_lease_seconds: float
+    lease_for: Mapping[str, float] = field(default_factory=dict)
+    version_for: Mapping[str, str] = field(default_factory=dict)
+    queues: Sequence[str] | None = None
+
+
+@dataclass(frozen=True)
+class LeaseExtend:
+    job_id: int
+    owner_token: str
+    now: float
+    lease_seconds: float
+
+
+@dataclass(frozen=True)
+class JobComplete:
+    job_id: int
+    owner_token: str
+    now: float
+    result_json: str | None
+    hlc: int
+
+
+@dataclass(frozen=True)
+class JobRetry:
+    job_id: int
+    owner_token: str
+    now: float
+    run_at: float
+    error_class: str
+    error: str
+    hlc: int
+
+
+@dataclass(frozen=True)
+class JobBury:
+    """Move a job to ``dead``. ``owner_token=None`` buries regardless of owner (reaper, admin)."""
+
+    job_id: int
+    owner_token: str | None
+    now: float
+    reason: str
+    error_class: str | None
+    error: str | None
+    hlc: int
+
+
+@dataclass(frozen=True)
+class JobFilter:
+    states: Sequence[str] | None = None
+    job_type: str | None = None
+    origin: str | None = "production"
+    limit: int = 100
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """One row of the trace: a lifecycle or domain event (fields of seed 000)."""
+
+    trace_id: str
+    name: str
+    ts: float
+    hlc: int
+    job_id: int | None = None
+    attempt: int | None = None
+    kind: str = "lifecycle"
+    seq: int | None = None
+    step: str | None = None
+    worker_id: str | None = None
+    status: str | None = None
+    resource: str | None = None
+    resource_version: int | None = None
+    side_effect: bool = False
+    input_ref: str | None = None
+    output_ref: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    id: int | None = None
+
+
+@dataclass(frozen=True)
+class StatRow:
+    job_type: str
+    state: str
+    count: int
+    oldest_run_at: float | None
+
+
+@dataclass(frozen=True)
+class MigrationStatus:
+    version: int
+    name: str
+    applied_at: float | None
+
+
+class Transaction(Protocol):
+    """The verbs, all inside one database transaction."""
+
+    def job_insert(self, params: JobInsert) -> tuple[int, bool]:
+        """Insert a job; on a duplicate ``message_id`` return ``(existing_id, False)``."""
+        ...
+
+    def job_get(self, job_id: int) -> Job | None: ...
+
+    def job_lease(self, params: JobLease) -> list[Job]:
+        """Claim up to ``limit`` ready jobs, honouring priority, ``run_at`` and per-key FIFO."""
+        ...
+
+    def lease_extend(self, params: LeaseExtend) -> bool:
+        """Compare-and-set on (job id, owner token); ``False`` when the lease is lost."""
+        ...
+
+    def job_complete(self, params: JobComplete) -> bool: ...
+
+    def job_retry(self, params: JobRetry) -> bool: ...
+
+    def job_bury(self, params: JobBury) -> bool: ...
+
+    def job_cancel(self, job_id: int, now: float, hlc: int) -> bool: ...
+
+    def job_requeue(self, job_id: int, now: float, hlc: int, extra_attempts: int = 1) -> bool:
+        """Move a ``dead`` job back to ``queued`` with a fresh attempt budget."""
+        ...
+
+    def lease_reap(self, now: float, limit: int) -> list[Job]:
+        """Jobs whose lease expired, as they were before this call; the caller re-queues them."""
+        ...
+
+    def lease_release(self, job_id: int, owner_token: str, now: float, hlc: int) -> bool:
+        """Give a running job back to the queue without counting a failure (shutdown)."""
+        ...
+
+    def job_redeliver(self, job_id: int, owner_token: str, now: float, hlc: int) -> bool:
+        """Re-queue a job whose lease expired; compare-and-set on the expired owner token."""
+        ...
+
+    def job_list(self, params: JobFilter) -> list[Job]: ...
+
+    def job_stats(self) -> list[StatRow]: ...
+
+    def job_durations(self, job_type: str, version: str | None) -> list[float]: ...
+
+    def trace_append(self, events: Sequence[TraceEvent]) -> None: ...
+
+    def trace_for_job(self, job_id: int) -> list[TraceEvent]: ...
+
+    def trace_for_trace(self, trace_id: str) -> list[TraceEvent]: ...
+
+    def trace_for_resource(self, resource: str) -> list[TraceEvent]: ...
+
+    def contract_put(self, job_type: str, version: str, body_json: str, now: float) -> None: ...
+
+    def contract_get(self, job_type: str, version: str) -> str | None: ...
+
+    def contract_list(self, job_type: str | None) -> list[tuple[str, str, str, float]]: ...
+
+
+class Storage(Protocol):
+    """A database that replayq keeps its queue, trace and state in."""
+
+    url: str
+    dialect: str
+
+    def transaction(self, *, readonly: bool = False) -> AbstractContextManager[Transaction]:
+        """A write transaction on this thread's connection; commits on success."""
+        ...
+
+    def adopt(self, connection: Any) -> Transaction:
+        """Verbs on the caller's own open transaction; the caller commits or rolls back."""
+        ...
+
+    def migrate(self, now: float) -> list[MigrationStatus]:
+        """Apply pending migrations; return what was applied."""
+        ...
+
+    def migration_status(self) -> list[MigrationStatus]: ...
+
+    def close(self) -> None: ...
+
+
+def iter_chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
+    """Split ``items`` into slices of at most ``size``."""
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

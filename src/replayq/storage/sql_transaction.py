@@ -1,0 +1,255 @@
+"""The protocol's verbs implemented once over named queries; backends supply SQL and a driver.
+
+Both SQLite (``sqlite3``) and PostgreSQL (``psycopg``) connections accept a
+mapping of named parameters and return rows addressable by column name, so
+one implementation serves both; what differs lives in each ``queries.sql``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from replayq import codec
+from replayq.jobs import Job, JobState
+from replayq.storage.protocol import (
+    JobBury,
+    JobComplete,
+    JobFilter,
+    JobInsert,
+    JobLease,
+    JobRetry,
+    LeaseExtend,
+    StatRow,
+    TraceEvent,
+)
+
+_JOB_COLUMNS = (
+    "id",
+    "job_type",
+    "queue",
+    "state",
+    "priority",
+    "run_at",
+    "created_at",
+    "attempt",
+    "max_attempts",
+    "trace_id",
+    "message_id",
+    "ordering_key",
+    "idempotency_key",
+    "handler_version",
+    "owner_token",
+    "worker_id",
+    "leased_at",
+    "lease_deadline",
+    "redelivery_count",
+    "last_error_class",
+    "last_error",
+    "dead_reason",
+    "finished_at",
+    "hlc",
+    "correlation_id",
+    "causation_id",
+    "origin",
+)
+
+_EVENT_COLUMNS = (
+    "id",
+    "trace_id",
+    "job_id",
+    "attempt",
+    "kind",
+    "name",
+    "seq",
+    "step",
+    "ts",
+    "hlc",
+    "worker_id",
+    "status",
+    "resource",
+    "resource_version",
+    "input_ref",
+    "output_ref",
+)
+
+
+def row_to_job(row: Mapping[str, Any]) -> Job:
+    fields = {name: row[name] for name in _JOB_COLUMNS}
+    fields["state"] = JobState(fields["state"])
+    return Job(payload=codec.loads(row["payload"]), result=codec.loads(row["result"]), **fields)
+
+
+def row_to_event(row: Mapping[str, Any]) -> TraceEvent:
+    fields = {name: row[name] for name in _EVENT_COLUMNS}
+    return TraceEvent(side_effect=bool(row["side_effect"]), data=codec.loads(row["data"]), **fields)
+
+
+class SqlTransaction:
+    """Implements ``storage.protocol.Transaction`` on one open DB-API connection."""
+
+    def __init__(self, connection: Any, queries: Mapping[str, str]) -> None:
+        self.connection = connection
+        self._queries = queries
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def list_param(self, values: Sequence[str] | None) -> Any:
+        """How a list parameter is passed (SQLite: JSON text for ``json_each``)."""
+        return None if values is None else codec.dumps(list(values))
+
+    def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
+        return self.connection.execute(self._queries[name], params or {})
+
+    def executemany(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        cursor = self.connection.cursor()
+        cursor.executemany(self._queries[name], rows)
+
+    def fetchone(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
+        cursor = self.execute(name, params)
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        return dict(zip([d[0] for d in cursor.description], row, strict=True))
+
+    def fetchall(self, name: str, params: Mapping[str, Any] | None = None) -> list[Any]:
+        cursor = self.execute(name, params)
+        rows = cursor.fetchall()
+        if not rows:
+            return []
+        columns = [d[0] for d in cursor.description]
+        return [dict(zip(columns, row, strict=True)) for row in rows]
+
+    def changed(self, name: str, params: Mapping[str, Any]) -> bool:
+        return bool(self.execute(name, params).rowcount)
+
+    # -- jobs -------------------------------------------------------------------------------
+
+    def job_insert(self, params: JobInsert) -> tuple[int, bool]:
+        row = self.fetchone("job_insert", vars(params))
+        if row is not None:
+            return int(row["id"]), True
+        existing = self.fetchone("job_by_message_id", {"message_id": params.message_id})
+        return int(existing["id"]), False
+
+    def job_get(self, job_id: int) -> Job | None:
+        row = self.fetchone("job_get", {"job_id": job_id})
+        return row_to_job(row) if row is not None else None
+
+    def job_lease(self, params: JobLease) -> list[Job]:
+        candidates = self.fetchall(
+            "job_lease_candidates",
+            {"now": params.now, "queues": self.list_param(params.queues), "limit": params.limit},
+        )
+        leased = []
+        for candidate in candidates:
+            row = self.fetchone(
+                "job_lease_one",
+                {
+                    "job_id": candidate["id"],
+                    "owner_token": params.owner_token,
+                    "worker_id": params.worker_id,
+                    "now": params.now,
+                    "hlc": params.hlc,
+                    "lease_seconds": params.lease_for.get(
+                        candidate["job_type"], params.default_lease_seconds
+                    ),
+                    "handler_version": params.version_for.get(candidate["job_type"]),
+                },
+            )
+            if row is not None:
+                leased.append(row_to_job(row))
+        return leased
+
+    def lease_extend(self, params: LeaseExtend) -> bool:
+        return self.changed("lease_extend", vars(params))
+
+    def job_complete(self, params: JobComplete) -> bool:
+        return self.changed("job_complete", vars(params))
+
+    def job_retry(self, params: JobRetry) -> bool:
+        return self.changed("job_retry", vars(params))
+
+    def job_bury(self, params: JobBury) -> bool:
+        query = "job_bury_queued" if params.owner_token is None else "job_bury_owned"
+        return self.changed(query, vars(params))
+
+    def job_cancel(self, job_id: int, now: float, hlc: int) -> bool:
+        return self.changed("job_cancel", {"job_id": job_id, "now": now, "hlc": hlc})
+
+    def job_requeue(self, job_id: int, now: float, hlc: int, extra_attempts: int = 1) -> bool:
+        return self.changed(
+            "job_requeue",
+            {"job_id": job_id, "now": now, "hlc": hlc, "extra_attempts": extra_attempts},
+        )
+
+    def lease_reap(self, now: float, limit: int) -> list[Job]:
+        return [row_to_job(r) for r in self.fetchall("lease_reap", {"now": now, "limit": limit})]
+
+    def job_redeliver(self, job_id: int, owner_token: str, now: float, hlc: int) -> bool:
+        params = {"job_id": job_id, "owner_token": owner_token, "now": now, "hlc": hlc}
+        return self.changed("job_redeliver", params)
+
+    def lease_release(self, job_id: int, owner_token: str, now: float, hlc: int) -> bool:
+        params = {"job_id": job_id, "owner_token": owner_token, "now": now, "hlc": hlc}
+        return self.changed("lease_release", params)
+
+    def job_list(self, params: JobFilter) -> list[Job]:
+        rows = self.fetchall(
+            "job_list",
+            {
+                "states": self.list_param(params.states),
+                "job_type": params.job_type,
+                "origin": params.origin,
+                "limit": params.limit,
+            },
+        )
+        return [row_to_job(r) for r in rows]
+
+    def job_stats(self) -> list[StatRow]:
+        return [
+            StatRow(r["job_type"], r["state"], int(r["count"]), r["oldest_run_at"])
+            for r in self.fetchall("job_stats")
+        ]
+
+    def job_durations(self, job_type: str, version: str | None) -> list[float]:
+        rows = self.fetchall("job_durations", {"job_type": job_type, "version": version})
+        return [float(r["duration"]) for r in rows if r["duration"] is not None]
+
+    # -- trace ------------------------------------------------------------------------------
+
+    def trace_append(self, events: Sequence[TraceEvent]) -> None:
+        rows = []
+        for event in events:
+            row = vars(event).copy()
+            row.pop("id")
+            row["side_effect"] = int(event.side_effect)
+            row["data"] = codec.dumps(event.data, what=f"event {event.name} data")
+            rows.append(row)
+        if rows:
+            self.executemany("trace_append", rows)
+
+    def trace_for_job(self, job_id: int) -> list[TraceEvent]:
+        return [row_to_event(r) for r in self.fetchall("trace_for_job", {"job_id": job_id})]
+
+    def trace_for_trace(self, trace_id: str) -> list[TraceEvent]:
+        rows = self.fetchall("trace_for_trace", {"trace_id": trace_id})
+        return [row_to_event(r) for r in rows]
+
+    def trace_for_resource(self, resource: str) -> list[TraceEvent]:
+        rows = self.fetchall("trace_for_resource", {"resource": resource})
+        return [row_to_event(r) for r in rows]
+
+    # -- contracts --------------------------------------------------------------------------
+
+    def contract_put(self, job_type: str, version: str, body_json: str, now: float) -> None:
+        params = {"job_type": job_type, "version": version, "body": body_json, "now": now}
+        self.execute("contract_put", params)
+
+    def contract_get(self, job_type: str, version: str) -> str | None:
+        row = self.fetchone("contract_get", {"job_type": job_type, "version": version})
+        return None if row is None else str(row["body"])
+
+    def contract_list(self, job_type: str | None) -> list[tuple[str, str, str, float]]:
+        rows = self.fetchall("contract_list", {"job_type": job_type})
+        return [(r["job_type"], r["version"], r["body"], r["registered_at"]) for r in rows]

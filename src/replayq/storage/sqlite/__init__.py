@@ -1,0 +1,178 @@
+"""SQLite backend: the embedded default, one file in WAL mode.
+
+Known limits, up front:
+
+* One writer at a time. Every write transaction is ``BEGIN IMMEDIATE`` and
+  waits up to ``busy_timeout`` (5 s) for the write lock; past that the driver
+  raises ``database is locked`` (``SQLITE_BUSY``), surfaced as ``StorageError``.
+* Many worker *processes* on one host share the file safely; many *hosts* must
+  not (network file systems break SQLite locking): use PostgreSQL for that.
+* Durability: ``journal_mode=WAL`` with ``synchronous=NORMAL``. A committed
+  transaction survives a crash of any process; on power loss or an OS crash
+  the last transactions before the failure may roll back (the database stays
+  consistent). ``App(url + "?synchronous=FULL")`` makes every commit durable
+  against power loss at the cost of an fsync per commit.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
+from replayq.storage import migrate
+from replayq.storage.protocol import MigrationStatus
+from replayq.storage.queries import load_queries
+from replayq.storage.sql_transaction import SqlTransaction
+
+_MIGRATIONS = "replayq.storage.sqlite.migrations"
+_SYNC_MODES = {"OFF", "NORMAL", "FULL", "EXTRA"}
+
+
+def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
+    """``sqlite:///rel.db``, ``sqlite:////abs.db`` or a bare path → (path, options)."""
+    if not url.startswith("sqlite:"):
+        return url, {}
+    parts = urlsplit(url)
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    if not path:
+        raise ConfigurationError(f"{url!r}: no database file; use sqlite:///path/to/file.db")
+    options = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    return path, options
+
+
+def split_statements(script: str) -> list[str]:
+    """Split a SQL script into complete statements (triggers included) without executing it."""
+    statements, buffer = [], ""
+    for line in script.splitlines(keepends=True):
+        buffer += line
+        if sqlite3.complete_statement(buffer):
+            if buffer.strip():
+                statements.append(buffer.strip())
+            buffer = ""
+    if buffer.strip() and not all(
+        ln.strip().startswith("--") or not ln.strip() for ln in buffer.splitlines()
+    ):
+        raise StorageError(f"incomplete SQL statement at the end of a migration: {buffer[:80]!r}")
+    return statements
+
+
+class SqliteStorage:
+    """``Storage`` on one SQLite file; one connection per thread."""
+
+    dialect = "sqlite"
+
+    def __init__(self, url: str, *, busy_timeout_ms: int = 5000) -> None:
+        self.url = url
+        self.path, options = parse_sqlite_url(url)
+        self.synchronous = options.get("synchronous", "NORMAL").upper()
+        if self.synchronous not in _SYNC_MODES:
+            raise ConfigurationError(f"{url!r}: synchronous must be one of {sorted(_SYNC_MODES)}")
+        self.busy_timeout_ms = busy_timeout_ms
+        self.queries = load_queries("replayq.storage.sqlite")
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self._all_lock = threading.Lock()
+        parent = Path(self.path).expanduser().resolve().parent
+        if self.path != ":memory:" and not parent.is_dir():
+            raise DatabaseUnavailableError(
+                f"cannot open SQLite database {self.path!r}: "
+                f"directory {str(parent)!r} does not exist"
+            )
+        self._connection()  # fail now, with a clear message, if the file cannot be opened
+
+    def _connection(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is not None:
+            return conn
+        try:
+            conn = sqlite3.connect(
+                self.path, isolation_level=None, check_same_thread=False, timeout=0
+            )
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            # PRAGMA values cannot be bound parameters; this one is checked against _SYNC_MODES.
+            conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            conn.execute("PRAGMA foreign_keys = ON")
+        except sqlite3.Error as exc:
+            raise DatabaseUnavailableError(
+                f"cannot open SQLite database {self.path!r}: {exc}"
+            ) from exc
+        self._local.conn = conn
+        with self._all_lock:
+            self._all.append(conn)
+        return conn
+
+    @contextmanager
+    def transaction(self, *, readonly: bool = False) -> Iterator[SqlTransaction]:
+        conn = self._connection()
+        try:
+            conn.execute("BEGIN" if readonly else "BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise StorageError(f"cannot begin a transaction on {self.path!r}: {exc}") from exc
+        try:
+            yield SqlTransaction(conn, self.queries)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        try:
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            conn.execute("ROLLBACK")
+            raise StorageError(f"commit failed on {self.path!r}: {exc}") from exc
+
+    def adopt(self, connection: Any) -> SqlTransaction:
+        if not isinstance(connection, sqlite3.Connection):
+            raise ConfigurationError(
+                f"transactional enqueue on SQLite takes a sqlite3.Connection, "
+                f"got {type(connection).__name__}"
+            )
+        if not connection.in_transaction:
+            raise ConfigurationError(
+                "transactional enqueue needs an open transaction on the connection "
+                "(execute BEGIN, or any write, first)"
+            )
+        return SqlTransaction(connection, self.queries)
+
+    def _applied(self, conn: sqlite3.Connection) -> list[tuple[int, str, float]]:
+        conn.execute(self.queries["migrations_create"])
+        rows = conn.execute(self.queries["migrations_applied"]).fetchall()
+        return [(int(version), str(name), float(at)) for version, name, at in rows]
+
+    def migrate(self, now: float) -> list[MigrationStatus]:
+        conn = self._connection()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            done = migrate.apply_pending(
+                _MIGRATIONS,
+                self._applied(conn),
+                lambda script: [conn.execute(s) for s in split_statements(script)],
+                lambda version, name: conn.execute(
+                    self.queries["migration_record"], {"version": version, "name": name, "now": now}
+                ),
+            )
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return done
+
+    def migration_status(self) -> list[MigrationStatus]:
+        conn = self._connection()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            return migrate.migration_status(self._applied(conn), _MIGRATIONS)
+        finally:
+            conn.execute("COMMIT")
+
+    def close(self) -> None:
+        with self._all_lock:
+            for conn in self._all:
+                conn.close()
+            self._all.clear()
+        self._local = threading.local()

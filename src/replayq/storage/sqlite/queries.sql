@@ -1,0 +1,165 @@
+-- Named queries for the SQLite backend. Each begins with "-- name: NAME".
+-- Parameters are named (:name); no query is built from strings at run time.
+
+-- name: job_insert
+INSERT INTO rq_jobs (job_type, queue, payload, state, priority, run_at, created_at,
+                     max_attempts, trace_id, message_id, ordering_key, idempotency_key,
+                     handler_version, hlc, correlation_id, causation_id, origin)
+VALUES (:job_type, :queue, :payload_json, 'queued', :priority, :run_at, :now,
+        :max_attempts, :trace_id, :message_id, :ordering_key, :idempotency_key,
+        :handler_version, :hlc, :correlation_id, :causation_id, :origin)
+ON CONFLICT (message_id) DO NOTHING
+RETURNING id;
+
+-- name: job_by_message_id
+SELECT id FROM rq_jobs WHERE message_id = :message_id;
+
+-- name: job_get
+SELECT * FROM rq_jobs WHERE id = :job_id;
+
+-- name: job_lease_candidates
+-- Ready jobs by priority, then run_at, then id. A job with an ordering key is a
+-- candidate only when it is the oldest unfinished job of its key (per-key FIFO,
+-- at most one running per key).
+SELECT j.id, j.job_type
+FROM rq_jobs AS j
+WHERE j.state = 'queued'
+  AND j.run_at <= :now
+  AND (:queues IS NULL OR j.queue IN (SELECT value FROM json_each(:queues)))
+  AND (j.ordering_key IS NULL OR j.id = (
+        SELECT MIN(k.id) FROM rq_jobs AS k
+        WHERE k.ordering_key = j.ordering_key AND k.state IN ('queued', 'running')))
+ORDER BY j.priority DESC, j.run_at, j.id
+LIMIT :limit;
+
+-- name: job_lease_one
+UPDATE rq_jobs
+SET state = 'running', attempt = attempt + 1, owner_token = :owner_token,
+    worker_id = :worker_id, leased_at = :now, lease_deadline = :now + :lease_seconds,
+    handler_version = :handler_version, hlc = MAX(hlc + 1, :hlc)
+WHERE id = :job_id AND state = 'queued'
+RETURNING *;
+
+-- name: lease_extend
+UPDATE rq_jobs SET lease_deadline = :now + :lease_seconds
+WHERE id = :job_id AND owner_token = :owner_token AND state = 'running';
+
+-- name: job_complete
+UPDATE rq_jobs
+SET state = 'succeeded', result = :result_json, finished_at = :now, owner_token = NULL,
+    lease_deadline = NULL, hlc = :hlc
+WHERE id = :job_id AND owner_token = :owner_token AND state = 'running';
+
+-- name: job_retry
+UPDATE rq_jobs
+SET state = 'queued', run_at = :run_at, last_error_class = :error_class, last_error = :error,
+    owner_token = NULL, lease_deadline = NULL, hlc = :hlc
+WHERE id = :job_id AND owner_token = :owner_token AND state = 'running';
+
+-- name: job_bury_owned
+UPDATE rq_jobs
+SET state = 'dead', dead_reason = :reason, last_error_class = :error_class, last_error = :error,
+    finished_at = :now, owner_token = NULL, lease_deadline = NULL, hlc = :hlc
+WHERE id = :job_id AND owner_token = :owner_token AND state = 'running';
+
+-- name: job_bury_queued
+UPDATE rq_jobs
+SET state = 'dead', dead_reason = :reason, last_error_class = :error_class, last_error = :error,
+    finished_at = :now, hlc = :hlc
+WHERE id = :job_id AND state = 'queued';
+
+-- name: job_cancel
+UPDATE rq_jobs
+SET state = 'cancelled', finished_at = :now, owner_token = NULL, lease_deadline = NULL,
+    hlc = :hlc
+WHERE id = :job_id AND state = 'queued';
+
+-- name: job_requeue
+UPDATE rq_jobs
+SET state = 'queued', run_at = :now, max_attempts = attempt + :extra_attempts,
+    dead_reason = NULL, finished_at = NULL, hlc = :hlc
+WHERE id = :job_id AND state = 'dead';
+
+-- name: lease_reap
+SELECT * FROM rq_jobs
+WHERE state = 'running' AND lease_deadline < :now
+ORDER BY lease_deadline
+LIMIT :limit;
+
+-- name: job_redeliver
+UPDATE rq_jobs
+SET state = 'queued', run_at = :now, owner_token = NULL, lease_deadline = NULL,
+    redelivery_count = redelivery_count + 1, hlc = :hlc
+WHERE id = :job_id AND owner_token = :owner_token AND state = 'running';
+
+-- name: lease_release
+UPDATE rq_jobs
+SET state = 'queued', run_at = :now, attempt = attempt - 1, owner_token = NULL,
+    lease_deadline = NULL, hlc = :hlc
+WHERE id = :job_id AND owner_token = :owner_token AND state = 'running';
+
+-- name: job_list
+SELECT * FROM rq_jobs
+WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
+  AND (:job_type IS NULL OR job_type = :job_type)
+  AND (:origin IS NULL OR origin = :origin)
+ORDER BY id DESC
+LIMIT :limit;
+
+-- name: job_stats
+SELECT job_type, state, COUNT(*) AS count, MIN(run_at) AS oldest_run_at
+FROM rq_jobs
+WHERE origin = 'production'
+GROUP BY job_type, state
+ORDER BY job_type, state;
+
+-- name: job_durations
+SELECT json_extract(e.data, '$.duration') AS duration
+FROM rq_events AS e
+JOIN rq_jobs AS j ON j.id = e.job_id
+WHERE e.name IN ('job.succeeded', 'job.failed')
+  AND j.job_type = :job_type
+  AND (:version IS NULL OR json_extract(e.data, '$.version') = :version)
+  AND j.origin = 'production';
+
+-- name: trace_append
+INSERT INTO rq_events (trace_id, job_id, attempt, kind, name, seq, step, ts, hlc, worker_id,
+                       status, resource, resource_version, side_effect, input_ref, output_ref,
+                       data)
+VALUES (:trace_id, :job_id, :attempt, :kind, :name, :seq, :step, :ts, :hlc, :worker_id,
+        :status, :resource, :resource_version, :side_effect, :input_ref, :output_ref, :data);
+
+-- name: trace_for_job
+SELECT * FROM rq_events WHERE job_id = :job_id ORDER BY hlc, id;
+
+-- name: trace_for_trace
+SELECT * FROM rq_events WHERE trace_id = :trace_id ORDER BY hlc, id;
+
+-- name: trace_for_resource
+SELECT * FROM rq_events WHERE resource = :resource ORDER BY hlc, id;
+
+-- name: contract_put
+INSERT INTO rq_contracts (job_type, version, body, registered_at)
+VALUES (:job_type, :version, :body, :now)
+ON CONFLICT (job_type, version) DO UPDATE SET body = excluded.body;
+
+-- name: contract_get
+SELECT body FROM rq_contracts WHERE job_type = :job_type AND version = :version;
+
+-- name: contract_list
+SELECT job_type, version, body, registered_at FROM rq_contracts
+WHERE (:job_type IS NULL OR job_type = :job_type)
+ORDER BY job_type, registered_at, version;
+
+-- name: migrations_create
+CREATE TABLE IF NOT EXISTS rq_schema_migrations (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT NOT NULL,
+    applied_at REAL NOT NULL
+);
+
+-- name: migrations_applied
+SELECT version, name, applied_at FROM rq_schema_migrations ORDER BY version;
+
+-- name: migration_record
+INSERT INTO rq_schema_migrations (version, name, applied_at) VALUES (:version, :name, :now);

@@ -1,0 +1,73 @@
+"""Trace event names, and building and reading lifecycle events.
+
+Every lifecycle transition is one ``TraceEvent`` committed in the same
+transaction as the change it describes. The names are documented as a table
+in ``docs/reference/trace-events.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from replayq.jobs import Job
+from replayq.storage.protocol import TraceEvent
+
+JOB_ENQUEUED = "job.enqueued"
+JOB_DEDUPLICATED = "job.deduplicated"
+JOB_LEASED = "job.leased"
+LEASE_EXTENDED = "lease.extended"
+LEASE_LOST = "lease.lost"
+LEASE_EXPIRED = "lease.expired"
+LEASE_RELEASED = "lease.released"
+JOB_REDELIVERED = "job.redelivered"
+RETRY_SCHEDULED = "retry.scheduled"
+JOB_SUCCEEDED = "job.succeeded"
+JOB_FAILED = "job.failed"
+JOB_DEAD = "job.dead"
+JOB_CANCELLED = "job.cancelled"
+JOB_REQUEUED = "job.requeued"
+WRITE_REJECTED = "job.write_rejected"
+
+LIFECYCLE_EVENTS = (
+    JOB_ENQUEUED,
+    JOB_DEDUPLICATED,
+    JOB_LEASED,
+    LEASE_EXTENDED,
+    LEASE_LOST,
+    LEASE_EXPIRED,
+    LEASE_RELEASED,
+    JOB_REDELIVERED,
+    RETRY_SCHEDULED,
+    JOB_SUCCEEDED,
+    JOB_FAILED,
+    JOB_DEAD,
+    JOB_CANCELLED,
+    JOB_REQUEUED,
+    WRITE_REJECTED,
+)
+
+
+def lifecycle(
+    name: str,
+    job: Job,
+    *,
+    now: float,
+    hlc: int,
+    worker_id: str | None = None,
+    status: str | None = None,
+    attempt: int | None = None,
+    **data: Any,
+) -> TraceEvent:
+    """A lifecycle event for ``job`` (the job's own trace, its current attempt by default)."""
+    return TraceEvent(
+        trace_id=job.trace_id,
+        job_id=job.id,
+        attempt=job.attempt if attempt is None else attempt,
+        kind="lifecycle",
+        name=name,
+        ts=now,
+        hlc=hlc,
+        worker_id=worker_id,
+        status=status,
+        data=data,
+    )

@@ -1,0 +1,566 @@
+"""The worker: lease, heartbeat, run, classify, retry or bury, ack after commit, reap.
+
+One dispatcher thread leases jobs in batches (up to the free slots) and hands
+them to ``concurrency`` executor threads. A heartbeat thread extends the lease
+of every job in flight. Every write about a job is a compare-and-set on (job
+id, owner token): a worker that lost its lease cannot change the job's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import queue
+import signal
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from replayq import codec, trace
+from replayq.context import Context
+from replayq.errors import (
+    FailureClass,
+    LeaseLostError,
+    PayloadError,
+    ReplayqError,
+    UnknownJobTypeError,
+    classify,
+)
+from replayq.handlers import Handler
+from replayq.jobs import DeadReason, Job
+from replayq.storage.protocol import (
+    JobBury,
+    JobComplete,
+    JobLease,
+    JobRetry,
+    LeaseExtend,
+    Transaction,
+)
+
+if TYPE_CHECKING:
+    from replayq.app import App
+
+log = logging.getLogger("replayq.worker")
+
+_STOP = object()
+
+
+@dataclass
+class InFlight:
+    """A job this worker holds a lease on."""
+
+    job: Job
+    lease_seconds: float
+    heartbeat_seconds: float
+    next_heartbeat: float
+    started: float
+    lost: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class WorkerStats:
+    """What one worker run did."""
+
+    leased: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    dead: int = 0
+    rejected: int = 0
+    redelivered: int = 0
+    released: int = 0
+
+
+class Worker:
+    """Runs jobs of an ``App``. ``run()`` blocks until stopped (or, with ``burst``, idle)."""
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        concurrency: int = 1,
+        queues: Sequence[str] | None = None,
+        burst: bool = False,
+        worker_id: str | None = None,
+        poll_interval: float = 0.2,
+        reap_interval: float = 1.0,
+        grace_period: float = 30.0,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.app = app
+        self.concurrency = concurrency
+        self.queues = list(queues) if queues else None
+        self.burst = burst
+        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.poll_interval = poll_interval
+        self.reap_interval = reap_interval
+        self.grace_period = grace_period
+        self.stats = WorkerStats()
+        self._inflight: dict[int, InFlight] = {}
+        self._inflight_lock = threading.Lock()
+        self._work: queue.Queue[Any] = queue.Queue()
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._force = threading.Event()
+        self._loops = threading.local()
+        self._next_reap = 0.0
+
+    # -- control ----------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop leasing; in-flight jobs get ``grace_period`` to finish, then are released."""
+        if self._stopping.is_set():
+            self._force.set()
+        self._stopping.set()
+        self._wake.set()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        log.info("worker %s: signal %s, shutting down", self.worker_id, signum)
+        self.stop()
+
+    def run(self) -> WorkerStats:
+        """Lease and run jobs until stopped; returns what this run did."""
+        self.app.register_contracts()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._on_signal)
+            signal.signal(signal.SIGINT, self._on_signal)
+        executors = [
+            threading.Thread(target=self._executor, name=f"replayq-exec-{i}", daemon=True)
+            for i in range(self.concurrency)
+        ]
+        heartbeat = threading.Thread(target=self._heartbeat, name="replayq-heartbeat", daemon=True)
+        for thread in [*executors, heartbeat]:
+            thread.start()
+        try:
+            self._dispatch()
+        finally:
+            self._shutdown(executors)
+        return self.stats
+
+    # -- dispatcher -------------------------------------------------------------------------
+
+    def _free_slots(self) -> int:
+        with self._inflight_lock:
+            return self.concurrency - len(self._inflight)
+
+    def _dispatch(self) -> None:
+        while not self._stopping.is_set():
+            now = self.app.clock.now()
+            if now >= self._next_reap:
+                self.reap()
+                self._next_reap = now + self.reap_interval
+            free = self._free_slots()
+            jobs = self.lease(free) if free > 0 else []
+            if jobs:
+                continue
+            if self.burst and free == self.concurrency:
+                return
+            self._wake.wait(self.poll_interval)
+            self._wake.clear()
+
+    def _lease_params(self, limit: int) -> JobLease:
+        handlers = {t: self.app.handler(t) for t in self.app.job_types()}
+        return JobLease(
+            worker_id=self.worker_id,
+            owner_token=uuid.uuid4().hex,
+            now=self.app.clock.now(),
+            hlc=self.app.hlc.tick(),
+            limit=limit,
+            default_lease_seconds=30.0,
+            lease_for={t: h.contract.lease for t, h in handlers.items()},
+            version_for={t: h.contract.version for t, h in handlers.items()},
+            queues=self.queues,
+        )
+
+    def lease(self, limit: int) -> list[Job]:
+        """Lease up to ``limit`` jobs and queue them for the executors."""
+        params = self._lease_params(limit)
+        with self.app.storage.transaction() as tx:
+            jobs = tx.job_lease(params)
+            events = []
+            for job in jobs:
+                self.app.hlc.observe(job.hlc)
+                events.append(
+                    trace.lifecycle(
+                        trace.JOB_LEASED,
+                        job,
+                        now=params.now,
+                        hlc=self.app.hlc.tick(),
+                        worker_id=self.worker_id,
+                        status="running",
+                        owner_token=params.owner_token,
+                        lease_deadline=job.lease_deadline,
+                        version=job.handler_version,
+                        redelivery_count=job.redelivery_count,
+                    )
+                )
+            tx.trace_append(events)
+        for job in jobs:
+            lease_seconds = (job.lease_deadline or params.now) - params.now
+            handler = self._handler_or_none(job)
+            beat = handler.contract.heartbeat if handler else lease_seconds / 3
+            with self._inflight_lock:
+                self._inflight[job.id] = InFlight(
+                    job, lease_seconds, beat, time.monotonic() + beat, time.monotonic()
+                )
+            self._work.put(job)
+        self.stats.leased += len(jobs)
+        return jobs
+
+    def reap(self) -> int:
+        """Re-queue jobs whose lease expired (counted as re-deliveries); bury exhausted ones."""
+        now = self.app.clock.now()
+        count = 0
+        with self.app.storage.transaction() as tx:
+            for job in tx.lease_reap(now, 100):
+                self.app.hlc.observe(job.hlc)
+                expired = trace.lifecycle(
+                    trace.LEASE_EXPIRED,
+                    job,
+                    now=now,
+                    hlc=self.app.hlc.tick(),
+                    worker_id=self.worker_id,
+                    expired_owner=job.worker_id,
+                    owner_token=job.owner_token,
+                    lease_deadline=job.lease_deadline,
+                    overdue=now - (job.lease_deadline or now),
+                )
+                assert job.owner_token is not None
+                hlc = self.app.hlc.tick()
+                if job.attempt >= job.max_attempts:
+                    reason = DeadReason.LEASE_EXPIRED_ATTEMPTS_EXHAUSTED
+                    if tx.job_bury(
+                        JobBury(job.id, job.owner_token, now, reason, None, "lease expired", hlc)
+                    ):
+                        tx.trace_append(
+                            [
+                                expired,
+                                trace.lifecycle(
+                                    trace.JOB_DEAD,
+                                    job,
+                                    now=now,
+                                    hlc=hlc,
+                                    worker_id=self.worker_id,
+                                    status="dead",
+                                    reason=reason.value,
+                                ),
+                            ]
+                        )
+                        count += 1
+                elif tx.job_redeliver(job.id, job.owner_token, now, hlc):
+                    tx.trace_append(
+                        [
+                            expired,
+                            trace.lifecycle(
+                                trace.JOB_REDELIVERED,
+                                job,
+                                now=now,
+                                hlc=hlc,
+                                worker_id=self.worker_id,
+                                status="queued",
+                                redelivery_count=job.redelivery_count + 1,
+                            ),
+                        ]
+                    )
+                    count += 1
+        self.stats.redelivered += count
+        return count
+
+    # -- heartbeat --------------------------------------------------------------------------
+
+    def _heartbeat(self) -> None:
+        while not (self._stopping.is_set() and self._free_slots() == self.concurrency):
+            with self._inflight_lock:
+                due = [f for f in self._inflight.values() if f.next_heartbeat <= time.monotonic()]
+            if due:
+                try:
+                    self.extend_leases(due)
+                except ReplayqError:
+                    log.exception("worker %s: heartbeat failed", self.worker_id)
+            time.sleep(0.05)
+
+    def extend_leases(self, flights: Sequence[InFlight]) -> None:
+        """Extend the given leases; a failed compare-and-set marks the lease lost."""
+        now = self.app.clock.now()
+        with self.app.storage.transaction() as tx:
+            events = []
+            for flight in flights:
+                job = flight.job
+                assert job.owner_token is not None
+                extended = tx.lease_extend(
+                    LeaseExtend(job.id, job.owner_token, now, flight.lease_seconds)
+                )
+                name = trace.LEASE_EXTENDED if extended else trace.LEASE_LOST
+                events.append(
+                    trace.lifecycle(
+                        name,
+                        job,
+                        now=now,
+                        hlc=self.app.hlc.tick(),
+                        worker_id=self.worker_id,
+                        lease_deadline=now + flight.lease_seconds if extended else None,
+                    )
+                )
+                flight.next_heartbeat = time.monotonic() + flight.heartbeat_seconds
+                if not extended:
+                    flight.lost.set()
+            tx.trace_append(events)
+
+    # -- executors --------------------------------------------------------------------------
+
+    def _executor(self) -> None:
+        while True:
+            item = self._work.get()
+            if item is _STOP:
+                return
+            try:
+                self.execute(item)
+            except Exception:
+                log.exception("worker %s: job %s could not be settled", self.worker_id, item.id)
+            finally:
+                with self._inflight_lock:
+                    self._inflight.pop(item.id, None)
+                self._wake.set()
+
+    def _handler_or_none(self, job: Job) -> Handler | None:
+        try:
+            return self.app.handler(job.job_type, job.handler_version)
+        except UnknownJobTypeError:
+            return None
+
+    def _run_handler(self, handler: Handler, ctx: Context, payload: dict[str, Any]) -> Any:
+        if handler.is_async:
+            loop = getattr(self._loops, "loop", None)
+            if loop is None:
+                loop = self._loops.loop = asyncio.new_event_loop()
+            return loop.run_until_complete(handler.fn(ctx, **payload))
+        return handler.fn(ctx, **payload)
+
+    def execute(self, job: Job) -> None:
+        """Run one leased job to a settled state (succeeded, retry scheduled, or dead)."""
+        flight = self._inflight.get(job.id)
+        handler = self._handler_or_none(job)
+        if handler is None:
+            self._bury(
+                job,
+                DeadReason.UNKNOWN_JOB_TYPE,
+                None,
+                f"no handler for job type {job.job_type!r} on worker {self.worker_id}",
+            )
+            return
+        try:
+            handler.shape.check(job.job_type, job.payload)
+        except PayloadError as exc:
+            self._bury(job, DeadReason.MALFORMED_PAYLOAD, FailureClass.VALIDATION, str(exc))
+            return
+        ctx = Context(self.app, job, handler, worker_id=self.worker_id, flight=flight)
+        started = time.monotonic()
+        try:
+            result = self._run_handler(handler, ctx, job.payload)
+            result_json = codec.dumps(result, what=f"{job.job_type} result")
+        except Exception as exc:
+            self._fail(job, handler, ctx, exc, time.monotonic() - started)
+            return
+        self._succeed(job, handler, ctx, result_json, time.monotonic() - started)
+
+    def _settle(self, job: Job, write: Any) -> bool:
+        """Run ``write(tx)`` in one transaction; a lost lease rolls it all back and is traced."""
+        try:
+            with self.app.storage.transaction() as tx:
+                write(tx)
+            return True
+        except LeaseLostError as exc:
+            self.stats.rejected += 1
+            now = self.app.clock.now()
+            with self.app.storage.transaction() as tx:
+                tx.trace_append(
+                    [
+                        trace.lifecycle(
+                            trace.WRITE_REJECTED,
+                            job,
+                            now=now,
+                            hlc=self.app.hlc.tick(),
+                            worker_id=self.worker_id,
+                            status="rejected",
+                            reason="owner token no longer holds the lease",
+                            attempted=str(exc),
+                        )
+                    ]
+                )
+            return False
+
+    def _succeed(
+        self, job: Job, handler: Handler, ctx: Context, result_json: str, duration: float
+    ) -> None:
+        def write(tx: Transaction) -> None:
+            now, hlc = self.app.clock.now(), self.app.hlc.tick()
+            ctx.flush(tx)
+            assert job.owner_token is not None
+            if not tx.job_complete(JobComplete(job.id, job.owner_token, now, result_json, hlc)):
+                raise LeaseLostError("job.succeeded")
+            tx.trace_append(
+                [
+                    trace.lifecycle(
+                        trace.JOB_SUCCEEDED,
+                        job,
+                        now=now,
+                        hlc=hlc,
+                        worker_id=self.worker_id,
+                        status="succeeded",
+                        duration=duration,
+                        version=handler.contract.version,
+                    )
+                ]
+            )
+
+        if self._settle(job, write):
+            self.stats.succeeded += 1
+
+    def _fail(
+        self, job: Job, handler: Handler, ctx: Context, exc: Exception, duration: float
+    ) -> None:
+        failure_class = classify(exc, dict(handler.error_map))
+        retry = handler.contract.retry
+        retryable = retry.retries(failure_class)
+        message = f"{type(exc).__name__}: {exc}"
+        exhausted = job.attempt >= job.max_attempts
+
+        def write(tx: Transaction) -> None:
+            now = self.app.clock.now()
+            ctx.flush(tx, failed=True)
+            assert job.owner_token is not None
+            events = [
+                trace.lifecycle(
+                    trace.JOB_FAILED,
+                    job,
+                    now=now,
+                    hlc=self.app.hlc.tick(),
+                    worker_id=self.worker_id,
+                    status="fail",
+                    error_class=failure_class.value,
+                    error=message,
+                    duration=duration,
+                    version=handler.contract.version,
+                    traceback=traceback.format_exception_only(exc)[-1].strip(),
+                )
+            ]
+            hlc = self.app.hlc.tick()
+            if retryable and not exhausted:
+                delay = retry.delay(job.attempt, self.app.rng)
+                params = JobRetry(
+                    job.id, job.owner_token, now, now + delay, failure_class, message, hlc
+                )
+                if not tx.job_retry(params):
+                    raise LeaseLostError("retry.scheduled")
+                events.append(
+                    trace.lifecycle(
+                        trace.RETRY_SCHEDULED,
+                        job,
+                        now=now,
+                        hlc=hlc,
+                        worker_id=self.worker_id,
+                        status="queued",
+                        reason=failure_class.value,
+                        delay=delay,
+                        ceiling=retry.ceiling(job.attempt),
+                        run_at=now + delay,
+                        next_attempt=job.attempt + 1,
+                    )
+                )
+            else:
+                reason = DeadReason.ATTEMPTS_EXHAUSTED if retryable else DeadReason.NOT_RETRYABLE
+                params_bury = JobBury(
+                    job.id, job.owner_token, now, reason, failure_class, message, hlc
+                )
+                if not tx.job_bury(params_bury):
+                    raise LeaseLostError("job.dead")
+                events.append(
+                    trace.lifecycle(
+                        trace.JOB_DEAD,
+                        job,
+                        now=now,
+                        hlc=hlc,
+                        worker_id=self.worker_id,
+                        status="dead",
+                        reason=reason.value,
+                        error_class=failure_class.value,
+                    )
+                )
+            tx.trace_append(events)
+
+        if self._settle(job, write):
+            if retryable and not exhausted:
+                self.stats.retried += 1
+            else:
+                self.stats.dead += 1
+
+    def _bury(
+        self, job: Job, reason: DeadReason, failure_class: FailureClass | None, message: str
+    ) -> None:
+        def write(tx: Transaction) -> None:
+            now, hlc = self.app.clock.now(), self.app.hlc.tick()
+            assert job.owner_token is not None
+            error_class = failure_class.value if failure_class else None
+            if not tx.job_bury(
+                JobBury(job.id, job.owner_token, now, reason, error_class, message, hlc)
+            ):
+                raise LeaseLostError("job.dead")
+            tx.trace_append(
+                [
+                    trace.lifecycle(
+                        trace.JOB_DEAD,
+                        job,
+                        now=now,
+                        hlc=hlc,
+                        worker_id=self.worker_id,
+                        status="dead",
+                        reason=reason.value,
+                        error=message,
+                    )
+                ]
+            )
+
+        if self._settle(job, write):
+            self.stats.dead += 1
+
+    # -- shutdown ---------------------------------------------------------------------------
+
+    def _shutdown(self, executors: list[threading.Thread]) -> None:
+        deadline = time.monotonic() + self.grace_period
+        while self._free_slots() < self.concurrency and time.monotonic() < deadline:
+            if self._force.is_set():
+                break
+            time.sleep(0.05)
+        with self._inflight_lock:
+            leftovers = list(self._inflight.values())
+        for flight in leftovers:
+            self._release(flight.job)
+        for _ in executors:
+            self._work.put(_STOP)
+
+    def _release(self, job: Job) -> None:
+        now, hlc = self.app.clock.now(), self.app.hlc.tick()
+        assert job.owner_token is not None
+        with self.app.storage.transaction() as tx:
+            if tx.lease_release(job.id, job.owner_token, now, hlc):
+                tx.trace_append(
+                    [
+                        trace.lifecycle(
+                            trace.LEASE_RELEASED,
+                            job,
+                            now=now,
+                            hlc=hlc,
+                            worker_id=self.worker_id,
+                            status="queued",
+                            reason="worker shut down before the job finished",
+                        )
+                    ]
+                )
+                self.stats.released += 1
