@@ -8,17 +8,22 @@ from importlib import resources
 _HEADER = re.compile(r"^--\s*name:\s*(\w+)\s*$", re.MULTILINE)
 
 
-def load_queries(package: str, filename: str = "queries.sql") -> dict[str, str]:
-    """Parse the file once into ``{name: sql}``; comment lines inside a query are dropped."""
-    text = resources.files(package).joinpath(filename).read_text(encoding="utf-8")
-    parts = _HEADER.split(text)
+def load_queries(package: str) -> dict[str, str]:
+    """Parse every ``*.sql`` file of a backend package (one per domain noun) into ``{name: sql}``.
+
+    Comment lines inside a query are dropped. A name defined twice is an error.
+    """
     queries: dict[str, str] = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
-        sql = "\n".join(lines).strip().rstrip(";").strip()
-        if name in queries:
-            raise ValueError(f"{package}/{filename}: query {name!r} is defined twice")
-        queries[name] = sql
+    for entry in sorted(resources.files(package).iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".sql"):
+            continue
+        parts = _HEADER.split(entry.read_text(encoding="utf-8"))
+        for name, body in zip(parts[1::2], parts[2::2], strict=True):
+            lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
+            sql = "\n".join(lines).strip().rstrip(";").strip()
+            if name in queries:
+                raise ValueError(f"{package}/{entry.name}: query {name!r} is defined twice")
+            queries[name] = sql
     return queries
 
 
