@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from replayq import codec, trace
+from replayq.blobs import DEFAULT_BLOB_LIMIT_BYTES
+from replayq.cache import CacheBackend, open_cache
 from replayq.clock import Clock, HybridLogicalClock, SystemClock
 from replayq.contracts import JobContract, Retry, build_contract, render_template
 from replayq.durations import Duration, parse_duration
@@ -25,6 +27,7 @@ from replayq.errors import (
 )
 from replayq.handlers import Handler, PayloadShape
 from replayq.jobs import Job
+from replayq.state import StateStore
 from replayq.storage import open_storage
 from replayq.storage.migrate import pending
 from replayq.storage.protocol import JobFilter, JobInsert, Storage, TraceEvent, Transaction
@@ -62,8 +65,13 @@ class App:
         clock: Clock | None = None,
         auto_migrate: bool | None = None,
         rng: random.Random | None = None,
+        cache_url: str | None = None,
+        blob_limit_bytes: int = DEFAULT_BLOB_LIMIT_BYTES,
     ) -> None:
         self.url = url or os.environ.get("REPLAYQ_DB") or DEFAULT_URL
+        self.cache_url = cache_url or os.environ.get("REPLAYQ_CACHE")
+        self.blob_limit_bytes = blob_limit_bytes
+        self._cache_backend: CacheBackend | None = None
         self.clock: Clock = clock or SystemClock()
         self.hlc = HybridLogicalClock(self.clock)
         self.rng = rng or random.Random()
@@ -94,6 +102,18 @@ class App:
             self._storage = storage
         return self._storage
 
+    @property
+    def state(self) -> StateStore:
+        """Versioned entity state, readable from outside a job (production branch)."""
+        return StateStore(self)
+
+    @property
+    def cache_backend(self) -> CacheBackend:
+        """Where ``ctx.cache`` keeps entries: the database, or Redis with ``cache_url``."""
+        if self._cache_backend is None:
+            self._cache_backend = open_cache(self, self.cache_url)
+        return self._cache_backend
+
     def close(self) -> None:
         """Close every connection this app opened."""
         if self._storage is not None:
@@ -117,7 +137,7 @@ class App:
         lock: str | None = None,
         lock_ttl: Duration | None = None,
         max_payload_bytes: int = 256 * 1024,
-        effects: Iterable[str] = (),
+        effects: Iterable[str] | Mapping[str, str] = (),
         cache_namespace: str | None = None,
         cache_ttl: Duration | None = None,
         errors: Mapping[type[BaseException], str] | None = None,
@@ -208,7 +228,7 @@ class App:
 
     # -- enqueue ----------------------------------------------------------------------------
 
-    def _insert(
+    def insert_job(
         self,
         tx: Transaction,
         request: EnqueueRequest,
@@ -219,6 +239,7 @@ class App:
         origin: str = "production",
         check: bool = True,
     ) -> int:
+        """Insert one job inside ``tx`` (with its ``job.enqueued`` event); returns its id."""
         now = self.clock.now()
         if request.run_at is not None and request.delay is not None:
             raise ConfigurationError("give either delay or run_at, not both")
@@ -329,17 +350,17 @@ class App:
             "check": check,
         }
         if conn is not None:
-            return self._insert(self.storage.adopt(conn), request, **kwargs)
+            return self.insert_job(self.storage.adopt(conn), request, **kwargs)
         with self.storage.transaction() as tx:
-            return self._insert(tx, request, **kwargs)
+            return self.insert_job(tx, request, **kwargs)
 
     def enqueue_many(self, requests: Sequence[EnqueueRequest], *, conn: Any = None) -> list[int]:
         """Enqueue many jobs in one transaction; all or none."""
         if conn is not None:
             tx = self.storage.adopt(conn)
-            return [self._insert(tx, r) for r in requests]
+            return [self.insert_job(tx, r) for r in requests]
         with self.storage.transaction() as tx:
-            return [self._insert(tx, r) for r in requests]
+            return [self.insert_job(tx, r) for r in requests]
 
     # -- inspecting -------------------------------------------------------------------------
 

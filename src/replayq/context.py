@@ -1,20 +1,55 @@
 """The recording context: a handler's only door to the world.
 
 Everything that passes through ``ctx`` is recorded as a domain event in the
-job's trace, in the same transaction as the state it changes.
+job's trace. Events and state writes wait in the context until the step that
+made them commits (``with ctx.step(...)``) or, outside steps, until the job is
+acked: the step's state writes, outbox rows, child jobs and events commit in one
+transaction. Two things commit at once because other workers must see them:
+lock acquisition/release and idempotency records around effects.
+
+During replay (``replayq.replay``) a ``Substitution`` answers calls, effects,
+clock/random reads and cache reads from the recording instead of the world.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import random as _random
+import time
+import uuid as _uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
 
+from replayq import codec
+from replayq.blobs import DEFAULT_BLOB_LIMIT_BYTES, INLINE_LIMIT_BYTES, put_bytes
+from replayq.errors import PayloadError
 from replayq.jobs import Job
 from replayq.storage.protocol import TraceEvent, Transaction
 
 if TYPE_CHECKING:
     from replayq.app import App
+    from replayq.cache import CacheView
+    from replayq.effects import EffectRunner
     from replayq.handlers import Handler
+    from replayq.locks import LockHandle, LockManager
+    from replayq.outbox import OutboxView
+    from replayq.state import StateView
     from replayq.worker import InFlight
+
+
+class Substitution(Protocol):
+    """Where a replaying context gets recorded answers (see ``replayq.replay``)."""
+
+    def answer(self, name: str, label: str, fingerprint: str) -> Any:
+        """The recorded result for the next ``name`` event (``call``, ``effect``, ...)."""
+        ...
+
+
+@dataclass
+class _Pending:
+    events: list[TraceEvent] = field(default_factory=list)
+    writes: list[Callable[[Transaction], None]] = field(default_factory=list)
 
 
 class Context:
@@ -28,13 +63,37 @@ class Context:
         *,
         worker_id: str,
         flight: InFlight | None = None,
+        branch: str = "main",
+        substitution: Substitution | None = None,
+        trace_id: str | None = None,
+        namespace: str = "",
     ) -> None:
+        from replayq.cache import CacheView
+        from replayq.effects import EffectRunner
+        from replayq.locks import LockManager
+        from replayq.outbox import OutboxView
+        from replayq.state import StateView
+
         self.app = app
         self.job = job
         self.handler = handler
         self.worker_id = worker_id
+        self.branch = branch
+        self.substitution = substitution
+        self.namespace = namespace
+        self._trace_id = trace_id or job.trace_id
         self._flight = flight
-        self._pending: list[TraceEvent] = []
+        self._pending = _Pending()
+        self._seq = 0
+        self._steps: list[str] = []
+        self.blob_limit = getattr(app, "blob_limit_bytes", DEFAULT_BLOB_LIMIT_BYTES)
+        self.locks: LockManager = LockManager(self)
+        self.state: StateView = StateView(self)
+        self.cache: CacheView = CacheView(self)
+        self.outbox: OutboxView = OutboxView(self)
+        self.effects: EffectRunner = EffectRunner(self)
+
+    # -- identity ---------------------------------------------------------------------------
 
     @property
     def job_id(self) -> int:
@@ -46,24 +105,281 @@ class Context:
 
     @property
     def trace_id(self) -> str:
-        return self.job.trace_id
+        return self._trace_id
 
     @property
     def version(self) -> str:
         return self.handler.contract.version
 
     @property
+    def payload(self) -> dict[str, Any]:
+        return self.job.payload
+
+    @property
+    def current_step(self) -> str | None:
+        return self._steps[-1] if self._steps else None
+
+    @property
+    def replaying(self) -> bool:
+        return self.substitution is not None
+
+    @property
     def lease_lost(self) -> bool:
         """True once a heartbeat found this worker no longer holds the job's lease."""
         return self._flight is not None and self._flight.lost.is_set()
 
-    def flush(self, tx: Transaction, *, failed: bool = False) -> None:
-        """Write what the handler recorded since the last commit, in the caller's transaction."""
-        tx.trace_append(self._pending)
-        self._pending = []
+    # -- recording --------------------------------------------------------------------------
 
-    def _record(self, event: TraceEvent) -> None:
-        self._pending.append(event)
+    def event(
+        self,
+        name: str,
+        *,
+        status: str | None = None,
+        resource: str | None = None,
+        resource_version: int | None = None,
+        side_effect: bool = False,
+        output_ref: str | None = None,
+        hlc: int | None = None,
+        **data: Any,
+    ) -> TraceEvent:
+        """Build the next domain event of this attempt (sequence numbered)."""
+        self._seq += 1
+        return TraceEvent(
+            trace_id=self._trace_id,
+            job_id=self.job.id,
+            attempt=self.job.attempt,
+            kind="domain",
+            name=name,
+            seq=self._seq,
+            step=self.current_step,
+            ts=self.app.clock.now(),
+            hlc=hlc if hlc is not None else self.app.hlc.tick(),
+            worker_id=self.worker_id,
+            status=status,
+            resource=resource,
+            resource_version=resource_version,
+            side_effect=side_effect,
+            output_ref=output_ref,
+            data=data,
+        )
+
+    def record(self, name: str, **kwargs: Any) -> TraceEvent:
+        """Record a domain event; it commits with the step (or the ack)."""
+        event = self.event(name, **kwargs)
+        self._pending.events.append(event)
+        return event
+
+    def defer(self, write: Callable[[Transaction], None]) -> None:
+        """Run ``write(tx)`` in the transaction that commits the current step."""
+        self._pending.writes.append(write)
+
+    def encode(self, value: Any, *, what: str) -> tuple[Any, str | None, bytes | None]:
+        """Check a recorded value: JSON only, under the blob limit; large ones go to blobs."""
+        try:
+            text = codec.dumps(value, what=what)
+        except PayloadError as exc:
+            raise PayloadError(f"{what} cannot be recorded: {exc}") from exc
+        size = len(text.encode())
+        if size > self.blob_limit:
+            raise PayloadError(
+                f"{what}: {size} bytes is above the blob limit of {self.blob_limit} bytes"
+            )
+        if size <= INLINE_LIMIT_BYTES:
+            return value, None, None
+        import hashlib
+
+        raw = text.encode()
+        return None, "blob:sha256:" + hashlib.sha256(raw).hexdigest(), raw
+
+    def store_blob(self, raw: bytes | None, what: str) -> None:
+        """Schedule a large value for the blob store in the step's transaction."""
+        if raw is None:
+            return
+        now = self.app.clock.now()
+        limit = self.blob_limit
+
+        def write(tx: Transaction) -> None:
+            put_bytes(tx, raw, now=now, limit=limit, what=what)
+
+        self.defer(write)
+
+    def flush(self, tx: Transaction, *, failed: bool = False) -> None:
+        """Write what is pending into ``tx``: events always; writes unless the attempt failed."""
+        if not failed:
+            for write in self._pending.writes:
+                write(tx)
+        tx.trace_append(self._pending.events)
+
+    def committed(self) -> None:
+        """The transaction that ``flush`` wrote into has committed: forget what it held."""
+        self._pending = _Pending()
+        self.cache.after_commit()
+
+    def discard_writes(self) -> None:
+        """A step failed: its writes never happen; its events are kept for the record."""
+        self._pending.writes.clear()
+        self.state.discard_pending()
+        self.cache.discard_pending()
+
+    def commit_now(self, *, failed: bool = False) -> None:
+        """Commit what is pending in a transaction of its own (a step boundary)."""
+        with self.app.storage.transaction() as tx:
+            self.flush(tx, failed=failed)
+        self.committed()
+
+    # -- steps and decisions ----------------------------------------------------------------
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        """A logical step. Its state writes, outbox rows, child jobs and events commit together."""
+        self.record("step.started", status="started", step_name=name)
+        self._steps.append(name)
+        started = time.monotonic()
+        try:
+            yield
+        except BaseException as exc:
+            duration = time.monotonic() - started
+            self._steps.pop()
+            self.discard_writes()
+            self.record(
+                "step.finished",
+                status="fail",
+                step_name=name,
+                duration=duration,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            self.commit_now(failed=True)
+            raise
+        duration = time.monotonic() - started
+        self._steps.pop()
+        self.record("step.finished", status="success", step_name=name, duration=duration)
+        try:
+            self.commit_now()
+        except BaseException as exc:
+            # The commit itself failed (a version conflict, a stale fencing token): nothing
+            # of the step was written; keep its events and say why.
+            self.discard_writes()
+            self.record(
+                "step.rolled_back",
+                status="fail",
+                step_name=name,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            self.commit_now(failed=True)
+            raise
+
+    def decide(self, name: str, value: Any, **why: Any) -> Any:
+        """Record a decision and its reasons; returns ``value``."""
+        self.encode(value, what=f"decision {name!r}")
+        self.record("decision", decision=name, value=value, why=why)
+        return value
+
+    # -- external reads ---------------------------------------------------------------------
+
+    def call(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run an external read and record request, response (or error) and duration."""
+        request = {"args": list(args), "kwargs": kwargs}
+        fingerprint = codec.fingerprint(_summarise(request))
+        if self.substitution is not None:
+            result = self.substitution.answer("call", name, fingerprint)
+            self.record("call", call=name, fingerprint=fingerprint, response=result, replayed=True)
+            return result
+        started = time.monotonic()
+        try:
+            response = fn(*args, **kwargs)
+        except Exception as exc:
+            self.record(
+                "call",
+                status="fail",
+                call=name,
+                fingerprint=fingerprint,
+                request=_summarise(request),
+                error=f"{type(exc).__name__}: {exc}",
+                duration=time.monotonic() - started,
+            )
+            raise
+        duration = time.monotonic() - started
+        inline, ref, raw = self.encode(response, what=f"ctx.call({name!r}) response")
+        self.store_blob(raw, f"ctx.call({name!r}) response")
+        self.record(
+            "call",
+            status="success",
+            call=name,
+            fingerprint=fingerprint,
+            request=_summarise(request),
+            response=inline,
+            output_ref=ref,
+            duration=duration,
+        )
+        return response
+
+    def effect(self, kind: str, fn: Callable[[], Any], *, key: str | None = None) -> Any:
+        """Run a side effect once per idempotency key (see ``replayq.effects``)."""
+        return self.effects.run(kind, fn, key=key)
+
+    # -- recorded nondeterminism ------------------------------------------------------------
+
+    def _nondeterministic(self, name: str, produce: Callable[[], Any]) -> Any:
+        if self.substitution is not None:
+            value = self.substitution.answer(name, name, "")
+        else:
+            value = produce()
+        self.record(name, value=value)
+        return value
+
+    def now(self) -> float:
+        """The current time, recorded (replay returns the recorded value)."""
+        return float(self._nondeterministic("clock.now", self.app.clock.now))
+
+    def random(self) -> float:
+        """A random float in [0, 1), recorded."""
+        return float(self._nondeterministic("random.random", _random.random))
+
+    def uuid(self) -> str:
+        """A random UUID (hex), recorded."""
+        return str(self._nondeterministic("random.uuid", lambda: _uuid.uuid4().hex))
+
+    # -- locks, child jobs ------------------------------------------------------------------
+
+    def lock(self, resource: str, *, ttl: Any = None, wait: Any = None) -> LockHandle:
+        """A lease lock with an owner token and a fencing token (``with ctx.lock(...) as lk:``)."""
+        return self.locks.handle(resource, ttl=ttl, wait=wait)
+
+    def enqueue(self, job_type: str, payload: dict[str, Any] | None = None, **options: Any) -> None:
+        """Enqueue a child job in the step's transaction (causation: this job)."""
+        from replayq.app import EnqueueRequest
+
+        request = EnqueueRequest(job_type, payload or {}, **options)
+        if job_type in self.app.job_types():
+            self.app.handler(job_type).encode_payload(request.payload)
+        origin = self.job.origin
+        correlation = self.job.correlation_id or self.job.trace_id
+        event = self.record("child.enqueued", child_type=job_type, payload=request.payload)
+
+        def write(tx: Transaction) -> None:
+            child = self.app.insert_job(
+                tx,
+                request,
+                correlation_id=correlation,
+                causation_id=str(self.job.id),
+                origin=origin,
+            )
+            event.data["child_job_id"] = child
+
+        self.defer(write)
 
     def __repr__(self) -> str:
         return f"<Context job={self.job.id} type={self.job.job_type} attempt={self.attempt}>"
+
+
+def _summarise(request: Any) -> Any:
+    """A JSON form of call arguments (non-JSON values become their type name)."""
+    try:
+        codec.dumps(request)
+        return request
+    except PayloadError:
+        if isinstance(request, dict):
+            return {k: _summarise(v) for k, v in request.items()}
+        if isinstance(request, list | tuple):
+            return [_summarise(v) for v in request]
+        return f"<{type(request).__name__}>"

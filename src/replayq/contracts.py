@@ -109,12 +109,16 @@ class JobContract:
     lock: str | None = None
     lock_ttl: float | None = None
     max_payload_bytes: int = 256 * 1024
-    effects: tuple[str, ...] = ()
+    effects: Mapping[str, str] = field(default_factory=dict)
     cache_namespace: str | None = None
     cache_ttl: float | None = None
     errors: Mapping[str, str] = field(default_factory=dict)
     ack: str = ACK_AFTER_COMMIT
     fields: tuple[str, ...] = ()
+
+    def effect_policy(self, kind: str) -> str:
+        """What to do with an in-doubt effect of ``kind``: ``park`` (default) or ``retry``."""
+        return self.effects.get(kind, "park")
 
     def to_dict(self) -> dict[str, Any]:
         """The stored form: plain JSON, durations in seconds."""
@@ -126,7 +130,7 @@ class JobContract:
             "jitter": self.retry.jitter,
             "on": list(self.retry.on),
         }
-        body["effects"] = list(self.effects)
+        body["effects"] = dict(self.effects)
         body["fields"] = list(self.fields)
         body["errors"] = dict(self.errors)
         return body
@@ -143,7 +147,7 @@ class JobContract:
                 jitter=retry["jitter"],
                 on=tuple(retry["on"]),
             ),
-            effects=tuple(data.pop("effects", ())),
+            effects=dict(data.pop("effects", {})),
             fields=tuple(data.pop("fields", ())),
             **data,
         )
@@ -163,7 +167,7 @@ def build_contract(
     lock: str | None = None,
     lock_ttl: Duration | None = None,
     max_payload_bytes: int = 256 * 1024,
-    effects: Iterable[str] = (),
+    effects: Iterable[str] | Mapping[str, str] = (),
     cache_namespace: str | None = None,
     cache_ttl: Duration | None = None,
     errors: Mapping[type[BaseException], str] | None = None,
@@ -207,6 +211,14 @@ def build_contract(
                     f"{name}: {label} template {template!r} refers to {{{ref}}}, "
                     f"which is not a payload field (fields: {', '.join(field_set) or 'none'})"
                 )
+    effect_policies = (
+        dict(effects) if isinstance(effects, Mapping) else dict.fromkeys(effects, "park")
+    )
+    for kind, policy in effect_policies.items():
+        if policy not in ("park", "retry"):
+            raise ContractError(
+                f"{name}: effect {kind!r} has in-doubt policy {policy!r}; use 'park' or 'retry'"
+            )
     if max_payload_bytes <= 0:
         raise ContractError(f"{name}: max_payload_bytes must be positive")
     error_names: dict[str, str] = {}
@@ -230,7 +242,7 @@ def build_contract(
         lock=lock,
         lock_ttl=lock_ttl_s,
         max_payload_bytes=max_payload_bytes,
-        effects=tuple(effects),
+        effects=effect_policies,
         cache_namespace=cache_namespace,
         cache_ttl=parse_duration(cache_ttl, name=f"{name}: cache_ttl") if cache_ttl else None,
         errors=error_names,

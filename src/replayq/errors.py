@@ -11,11 +11,16 @@ The tree::
     │   ├── DatabaseUnavailableError   the database cannot be opened or reached
     │   └── SchemaError             the schema is missing or newer than this code
     ├── LeaseLostError              a write by a worker whose lease on the job is gone
+    ├── ReplayDivergenceError       a replay asked for something the recording does not have
     └── JobError                    raised *by handlers*; its class decides retries
         ├── TransientError          class ``transient``   — retried by default
         ├── DependencyError         class ``dependency``  — retried by default
         ├── ConcurrencyError        class ``concurrency`` — retried by default
-        └── ValidationError         class ``validation``  — never retried
+        │   ├── StaleFencingTokenError  a write under a lock that has since been re-acquired
+        │   └── LockTimeoutError        a lock held by someone else past the wait
+        ├── ValidationError         class ``validation``  — never retried
+        └── EffectInDoubtError      class ``validation`` — an effect's outcome is unknown and
+                                    its kind's policy is ``park``: a human decides
 
 Any other exception a handler raises is class ``unknown`` unless the job
 contract maps it (``errors={TimeoutError: "transient"}``); ``TimeoutError``
@@ -118,10 +123,32 @@ class ConcurrencyError(JobError):
     failure_class = FailureClass.CONCURRENCY
 
 
+class StaleFencingTokenError(ConcurrencyError):
+    """A state write carried a fencing token older than the lock's newest; it was rejected."""
+
+
+class LockTimeoutError(ConcurrencyError):
+    """A lock stayed held by another owner longer than the caller would wait."""
+
+
 class ValidationError(JobError):
     """The job can never succeed as given; it goes to ``dead`` at once."""
 
     failure_class = FailureClass.VALIDATION
+
+
+class EffectInDoubtError(JobError):
+    """An earlier attempt started this effect and never recorded its outcome.
+
+    Raised when the effect kind's in-doubt policy is ``park``; the job goes to
+    ``dead`` (reason ``effect_in_doubt``) so that a human checks the real world.
+    """
+
+    failure_class = FailureClass.VALIDATION
+
+
+class ReplayDivergenceError(ReplayqError):
+    """During replay the handler asked for a call or effect the recording does not have."""
 
 
 DEFAULT_ERROR_MAP: dict[type[BaseException], FailureClass] = {

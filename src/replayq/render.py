@@ -10,7 +10,7 @@ from replayq.clock import HybridLogicalClock
 from replayq.jobs import Job
 from replayq.storage.protocol import StatRow, TraceEvent
 
-_SKIP_DATA = {"traceback"}
+_SKIP_DATA = {"traceback", "read"}
 
 
 def timestamp(value: float | None) -> str:

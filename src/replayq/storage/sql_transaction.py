@@ -12,6 +12,7 @@ from typing import Any
 
 from replayq import codec
 from replayq.jobs import Job, JobState
+from replayq.storage.context_verbs import ContextVerbs
 from replayq.storage.protocol import (
     JobBury,
     JobComplete,
@@ -85,7 +86,7 @@ def row_to_event(row: Mapping[str, Any]) -> TraceEvent:
     return TraceEvent(side_effect=bool(row["side_effect"]), data=codec.loads(row["data"]), **fields)
 
 
-class SqlTransaction:
+class SqlTransaction(ContextVerbs):
     """Implements ``storage.protocol.Transaction`` on one open DB-API connection."""
 
     def __init__(self, connection: Any, queries: Mapping[str, str]) -> None:

@@ -1,0 +1,70 @@
+"""The blob store: large values by content hash, zstd-compressed, deduplicated.
+
+Events hold a reference (``blob:sha256:<hex>``) instead of the value. Values
+above ``App(blob_limit_bytes=...)`` are refused with ``PayloadError``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import zstandard
+
+from replayq import codec
+from replayq.errors import PayloadError, StorageError
+from replayq.storage.protocol import Transaction
+
+REF_PREFIX = "blob:sha256:"
+INLINE_LIMIT_BYTES = 2048
+DEFAULT_BLOB_LIMIT_BYTES = 16 * 1024 * 1024
+
+_compressor = zstandard.ZstdCompressor(level=3)
+_decompressor = zstandard.ZstdDecompressor()
+
+
+def is_ref(value: Any) -> bool:
+    return isinstance(value, str) and value.startswith(REF_PREFIX)
+
+
+def put_bytes(tx: Transaction, data: bytes, *, now: float, limit: int, what: str) -> str:
+    """Store ``data`` once (by hash) and return its reference."""
+    if len(data) > limit:
+        raise PayloadError(f"{what}: {len(data)} bytes is above the blob limit of {limit} bytes")
+    digest = hashlib.sha256(data).hexdigest()
+    body = _compressor.compress(data)
+    tx.blob_put(
+        {
+            "hash": digest,
+            "codec": "zstd",
+            "size": len(data),
+            "stored_size": len(body),
+            "body": body,
+            "now": now,
+        }
+    )
+    return REF_PREFIX + digest
+
+
+def get_bytes(tx: Transaction, ref: str) -> bytes:
+    row = tx.blob_get(ref.removeprefix(REF_PREFIX))
+    if row is None:
+        raise StorageError(f"blob {ref} is referenced but missing")
+    body = bytes(row["body"])
+    return _decompressor.decompress(body) if row["codec"] == "zstd" else body
+
+
+def store_json(
+    tx: Transaction, value: Any, *, now: float, limit: int, what: str
+) -> tuple[Any, str | None]:
+    """Return ``(inline_value, None)`` for small values, ``(None, ref)`` for large ones."""
+    text = codec.dumps(value, what=what)
+    if len(text) <= INLINE_LIMIT_BYTES:
+        return value, None
+    return None, put_bytes(tx, text.encode(), now=now, limit=limit, what=what)
+
+
+def load_json(tx: Transaction, inline: Any, ref: str | None) -> Any:
+    if ref is None:
+        return inline
+    return codec.loads(get_bytes(tx, ref))

@@ -1,0 +1,209 @@
+"""Side effects behind idempotency records (``ctx.effect``).
+
+Before an effect runs, a record for its business key is claimed atomically
+(``started``). If the key already ``succeeded``, the stored result is returned
+and the effect is not repeated (an idempotency conflict, recorded). On success
+the record becomes ``succeeded`` with the result; on error, ``failed`` (a later
+attempt may try again).
+
+A ``started`` record that no one finished — the attempt that claimed it crashed
+or lost its lease mid-effect — is *in doubt*: the effect may or may not have
+happened. What happens next is the effect kind's explicit policy, declared on
+the job (``effects={"email.send": "retry"}``):
+
+* ``park`` (the default): the job goes to ``dead`` with reason
+  ``effect_in_doubt`` so that a human checks the real world first;
+* ``retry``: the effect runs again (choose this only when the downstream
+  dedups on the key you pass it, or a repeat is harmless).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from replayq import codec
+from replayq.blobs import load_json
+from replayq.contracts import render_template
+from replayq.errors import ConfigurationError, EffectInDoubtError
+
+if TYPE_CHECKING:
+    from replayq.context import Context
+
+IN_DOUBT_POLICIES = ("park", "retry")
+
+
+class EffectRunner:
+    """Runs ``ctx.effect`` calls for one attempt."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+
+    def default_key(self, kind: str) -> str:
+        template = self._ctx.handler.contract.idempotency
+        base = render_template(template, self._ctx.job.payload)
+        if base is None:
+            raise ConfigurationError(
+                f"{self._ctx.job.job_type}: effect {kind!r} needs an idempotency key: pass "
+                "key=... or declare idempotency='...' on the job (keys are never random)"
+            )
+        return f"{base}:{kind}"
+
+    def run(self, kind: str, fn: Callable[[], Any], *, key: str | None) -> Any:
+        ctx = self._ctx
+        key = key or self.default_key(kind)
+        if ctx.substitution is not None:
+            result = ctx.substitution.answer("effect", kind, key)
+            ctx.record("effect.replayed", resource=key, kind=kind, key=key, result=result)
+            return result
+        claim_token = uuid.uuid4().hex
+        app = ctx.app
+        claim = {
+            "key": key,
+            "operation": kind,
+            "claim_token": claim_token,
+            "now": app.clock.now(),
+            "trace_id": ctx.trace_id,
+            "job_id": ctx.job.id,
+            "attempt": ctx.attempt,
+        }
+        with app.storage.transaction() as tx:
+            claimed = tx.idem_claim(claim)
+            existing = None if claimed else tx.idem_get(key)
+            if existing is not None:
+                outcome = self._existing(tx, kind, key, existing, claim)
+                if outcome is not _RUN:
+                    return outcome
+            tx.trace_append(
+                [ctx.event("effect.claimed", resource=key, kind=kind, key=key, claim=claim_token)]
+            )
+        started = time.monotonic()
+        try:
+            result = fn()
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            with app.storage.transaction() as tx:
+                tx.idem_fail(
+                    {"key": key, "claim_token": claim_token, "error": error, "now": app.clock.now()}
+                )
+                tx.trace_append(
+                    [
+                        ctx.event(
+                            "effect.failed",
+                            status="fail",
+                            side_effect=True,
+                            resource=key,
+                            kind=kind,
+                            key=key,
+                            error=error,
+                            duration=time.monotonic() - started,
+                        )
+                    ]
+                )
+            raise
+        inline, ref, raw = ctx.encode(result, what=f"ctx.effect({kind!r}) result")
+        with app.storage.transaction() as tx:
+            if raw is not None:
+                from replayq.blobs import put_bytes
+
+                put_bytes(tx, raw, now=app.clock.now(), limit=ctx.blob_limit, what=kind)
+            tx.idem_succeed(
+                {
+                    "key": key,
+                    "claim_token": claim_token,
+                    "result": None if ref else codec.dumps(inline),
+                    "result_ref": ref,
+                    "now": app.clock.now(),
+                }
+            )
+            tx.trace_append(
+                [
+                    ctx.event(
+                        "effect.succeeded",
+                        status="success",
+                        side_effect=True,
+                        resource=key,
+                        kind=kind,
+                        key=key,
+                        result=inline,
+                        output_ref=ref,
+                        duration=time.monotonic() - started,
+                    )
+                ]
+            )
+        return result
+
+    def _existing(
+        self, tx: Any, kind: str, key: str, existing: dict[str, Any], claim: dict[str, Any]
+    ) -> Any:
+        """Decide what a found record means: reuse, take over, or park."""
+        ctx = self._ctx
+        status = existing["status"]
+        if status in ("succeeded", "compensated"):
+            result = load_json(tx, codec.loads(existing["result"]), existing["result_ref"])
+            tx.trace_append(
+                [
+                    ctx.event(
+                        "effect.deduplicated",
+                        resource=key,
+                        kind=kind,
+                        key=key,
+                        first_job=existing["job_id"],
+                        first_attempt=existing["attempt"],
+                        first_trace=existing["trace_id"],
+                        status=status,
+                        result=result,
+                    )
+                ]
+            )
+            return result
+        policy = ctx.handler.contract.effect_policy(kind)
+        if status == "started" and policy == "park":
+            tx.trace_append(
+                [
+                    ctx.event(
+                        "effect.in_doubt",
+                        status="fail",
+                        resource=key,
+                        kind=kind,
+                        key=key,
+                        claimed_by_job=existing["job_id"],
+                        claimed_by_attempt=existing["attempt"],
+                        started_at=existing["started_at"],
+                        policy=policy,
+                    )
+                ]
+            )
+            raise EffectInDoubtError(
+                f"effect {kind!r} with key {key!r} was started by job {existing['job_id']} "
+                f"attempt {existing['attempt']} and never finished; policy 'park': check the "
+                "real world, then requeue (replayq dead requeue) or mark it"
+            )
+        takeover = {
+            **claim,
+            "expected_status": status,
+            "expected_claim": existing["claim_token"],
+        }
+        if not tx.idem_takeover(takeover):
+            raise EffectInDoubtError(f"effect {kind!r} key {key!r} changed hands while claiming it")
+        if status == "started":
+            tx.trace_append(
+                [
+                    ctx.event(
+                        "effect.in_doubt",
+                        resource=key,
+                        kind=kind,
+                        key=key,
+                        claimed_by_job=existing["job_id"],
+                        claimed_by_attempt=existing["attempt"],
+                        policy=policy,
+                        action="run again",
+                    )
+                ]
+            )
+        return _RUN
+
+
+_RUN = object()

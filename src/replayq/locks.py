@@ -1,0 +1,226 @@
+"""Lease locks with owner tokens and monotonic fencing tokens.
+
+Acquiring a lock is an upsert that succeeds only when the lock is free or its
+lease has expired; each acquisition increments the resource's fencing token.
+Release is a compare-and-release on the owner token. State writes made while a
+lock is held carry its fencing token, and the store rejects a token older than
+the lock's newest. Acquisition and release commit at once, so other workers see
+them; the worker's heartbeat renews held locks.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from replayq.durations import parse_duration
+from replayq.errors import ConfigurationError, LockTimeoutError
+
+if TYPE_CHECKING:
+    from replayq.app import App
+    from replayq.context import Context
+
+DEFAULT_WAIT_SECONDS = 10.0
+_POLL_SECONDS = 0.05
+
+
+@dataclass(frozen=True)
+class LockInfo:
+    """A lock as ``replayq locks list`` shows it."""
+
+    resource: str
+    owner_token: str | None
+    fencing_token: int
+    job_id: int | None
+    worker_id: str | None
+    acquired_at: float | None
+    expires_at: float | None
+
+
+def _info(row: dict[str, Any]) -> LockInfo:
+    return LockInfo(
+        row["resource"],
+        row["owner_token"],
+        int(row["fencing_token"]),
+        row["job_id"],
+        row["worker_id"],
+        row["acquired_at"],
+        row["expires_at"],
+    )
+
+
+class LockHandle:
+    """One lock held (or about to be) by a job; use as a context manager."""
+
+    def __init__(self, manager: LockManager, resource: str, ttl: float, wait: float) -> None:
+        self._manager = manager
+        self.resource = resource
+        self.ttl = ttl
+        self.wait = wait
+        self.owner_token = uuid.uuid4().hex
+        self.fencing_token: int | None = None
+
+    def __enter__(self) -> LockHandle:
+        self._manager.acquire(self)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._manager.release(self)
+
+
+class LockManager:
+    """``ctx.locks``: acquires, renews and releases the locks of one job attempt."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+        self.held: dict[str, LockHandle] = {}
+
+    def handle(self, resource: str, *, ttl: Any = None, wait: Any = None) -> LockHandle:
+        contract = self._ctx.handler.contract
+        ttl_s = parse_duration(ttl, name=f"lock {resource} ttl") if ttl is not None else None
+        if ttl_s is None:
+            ttl_s = contract.lock_ttl or contract.lease * 2
+        if ttl_s <= 0:
+            raise ConfigurationError(f"lock {resource!r}: ttl must be positive, got {ttl!r}")
+        wait_s = parse_duration(wait, name="wait") if wait is not None else DEFAULT_WAIT_SECONDS
+        return LockHandle(self, resource, ttl_s, wait_s)
+
+    def fences(self) -> dict[str, int]:
+        """The fencing token of every lock this attempt holds, by resource."""
+        return {r: h.fencing_token for r, h in self.held.items() if h.fencing_token is not None}
+
+    def acquire(self, handle: LockHandle) -> None:
+        ctx = self._ctx
+        app = ctx.app
+        started = time.monotonic()
+        if ctx.replaying:
+            # A replay never contends with production: it takes no real lock.
+            handle.fencing_token = 0
+            self.held[handle.resource] = handle
+            ctx.record("lock.acquired", resource=handle.resource, replayed=True)
+            return
+        while True:
+            now = app.clock.now()
+            hlc = app.hlc.tick()
+            with app.storage.transaction() as tx:
+                row = tx.lock_acquire(
+                    {
+                        "resource": handle.resource,
+                        "owner_token": handle.owner_token,
+                        "job_id": ctx.job.id,
+                        "worker_id": ctx.worker_id,
+                        "now": now,
+                        "ttl": handle.ttl,
+                        "hlc": hlc,
+                    }
+                )
+                if row is not None:
+                    app.hlc.observe(int(row["hlc"]))
+                    handle.fencing_token = int(row["fencing_token"])
+                    event = ctx.event(
+                        "lock.acquired",
+                        resource=handle.resource,
+                        fencing_token=handle.fencing_token,
+                        owner_token=handle.owner_token,
+                        ttl=handle.ttl,
+                        wait=time.monotonic() - started,
+                    )
+                    tx.trace_append([event])
+                    self.held[handle.resource] = handle
+                    return
+                holder = tx.lock_get(handle.resource)
+            waited = time.monotonic() - started
+            if waited >= handle.wait:
+                ctx.record(
+                    "lock.timeout",
+                    status="fail",
+                    resource=handle.resource,
+                    wait=waited,
+                    holder=holder["worker_id"] if holder else None,
+                    holder_job=holder["job_id"] if holder else None,
+                    holder_token=holder["fencing_token"] if holder else None,
+                )
+                raise LockTimeoutError(
+                    f"lock {handle.resource!r} is held by worker "
+                    f"{holder['worker_id'] if holder else '?'} (job "
+                    f"{holder['job_id'] if holder else '?'}, fencing token "
+                    f"{holder['fencing_token'] if holder else '?'}); waited {waited:.2f}s"
+                )
+            time.sleep(_POLL_SECONDS)
+
+    def release(self, handle: LockHandle) -> None:
+        ctx = self._ctx
+        self.held.pop(handle.resource, None)
+        if ctx.replaying:
+            ctx.record("lock.released", resource=handle.resource, replayed=True)
+            return
+        app = ctx.app
+        hlc = app.hlc.tick()
+        with app.storage.transaction() as tx:
+            released = tx.lock_release(handle.resource, handle.owner_token, hlc)
+            name = "lock.released" if released else "lock.expired"
+            event = ctx.event(
+                name,
+                status=None if released else "fail",
+                resource=handle.resource,
+                fencing_token=handle.fencing_token,
+                hlc=hlc,
+                note=None
+                if released
+                else "the lock expired or was broken before the holder finished",
+            )
+            tx.trace_append([event])
+
+    def renew_all(self) -> list[str]:
+        """Extend every held lock by its TTL; returns the resources whose lock was lost."""
+        app = self._ctx.app
+        lost = []
+        now = app.clock.now()
+        with app.storage.transaction() as tx:
+            for handle in list(self.held.values()):
+                if not tx.lock_renew(handle.resource, handle.owner_token, now, handle.ttl):
+                    lost.append(handle.resource)
+        return lost
+
+
+def list_locks(app: App) -> list[LockInfo]:
+    """Locks currently held (owner set), for ``replayq locks list``."""
+    with app.storage.transaction(readonly=True) as tx:
+        return [_info(row) for row in tx.lock_list()]
+
+
+def break_lock(app: App, resource: str, *, reason: str) -> LockInfo | None:
+    """Force a lock free (the holder's later writes are fenced off); the reason is traced."""
+    from replayq.storage.protocol import TraceEvent
+
+    if not reason.strip():
+        raise ConfigurationError("breaking a lock needs a reason")
+    now, hlc = app.clock.now(), app.hlc.tick()
+    with app.storage.transaction() as tx:
+        row = tx.lock_break(resource, hlc)
+        if row is None:
+            return None
+        tx.trace_append(
+            [
+                TraceEvent(
+                    trace_id=f"admin:{resource}",
+                    name="lock.broken",
+                    ts=now,
+                    hlc=hlc,
+                    job_id=row["job_id"],
+                    kind="domain",
+                    resource=resource,
+                    resource_version=int(row["fencing_token"]),
+                    data={"reason": reason, "holder": row["worker_id"]},
+                )
+            ]
+        )
+        return _info(row)

@@ -1,0 +1,327 @@
+"""Versioned, copy-on-write entity state.
+
+Every write makes a new version with a parent pointer and a delta against the
+parent; entities that are not written are never copied. Writes are optimistic
+(``expected_version``) and, under a lock, fenced. A branch (replay, fork) reads
+through to its base branch as of the branch point for entities it has not written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from replayq import codec
+from replayq.blobs import load_json
+from replayq.storage.protocol import Row, Transaction
+
+if TYPE_CHECKING:
+    from replayq.app import App
+    from replayq.context import Context
+
+MAIN = "main"
+
+
+@dataclass(frozen=True)
+class Entity:
+    """One version of an entity. ``version == 0`` means it does not exist yet."""
+
+    namespace: str
+    key: str
+    version: int
+    data: Any
+
+    @property
+    def exists(self) -> bool:
+        return self.version > 0
+
+    @property
+    def resource(self) -> str:
+        return resource_name(self.namespace, self.key)
+
+
+@dataclass(frozen=True)
+class EntityVersion:
+    """A stored version with its provenance, as ``history()`` lists it."""
+
+    namespace: str
+    key: str
+    version: int
+    parent_version: int | None
+    data: Any
+    delta: dict[str, Any]
+    job_id: int | None
+    trace_id: str | None
+    attempt: int | None
+    fencing_token: int | None
+    created_at: float
+    branch: str
+
+
+def resource_name(namespace: str, key: str) -> str:
+    return f"{namespace}:{key}"
+
+
+def delta_of(old: Any, new: Any) -> dict[str, Any]:
+    """Field-level delta for objects (``set``/``unset``); a whole replacement otherwise."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        changed = {k: v for k, v in new.items() if k not in old or old[k] != v}
+        removed = sorted(k for k in old if k not in new)
+        return {"set": changed, "unset": removed}
+    return {"replace": new}
+
+
+def version_from_row(tx: Transaction, row: Row) -> EntityVersion:
+    return EntityVersion(
+        namespace=row["namespace"],
+        key=row["key"],
+        version=int(row["version"]),
+        parent_version=row["parent_version"],
+        data=load_json(tx, codec.loads(row["data"]), row["data_ref"]),
+        delta=codec.loads(row["delta"]),
+        job_id=row["job_id"],
+        trace_id=row["trace_id"],
+        attempt=row["attempt"],
+        fencing_token=row["fencing_token"],
+        created_at=row["created_at"],
+        branch=row["branch"],
+    )
+
+
+def read_entity(
+    tx: Transaction, branch: str, namespace: str, key: str
+) -> tuple[EntityVersion | None, int]:
+    """The current version on ``branch`` (reading through to its base), and the head HLC."""
+    head = tx.entity_head(branch, namespace, key)
+    if head is not None:
+        row = tx.entity_version_get(branch, namespace, key, int(head["version"]))
+        assert row is not None
+        return version_from_row(tx, row), int(head["hlc"])
+    info = tx.branch_get(branch) if branch != MAIN else None
+    if info is None:
+        return None, 0
+    row = tx.entity_version_at(info["base_branch"], namespace, key, int(info["base_hlc"]))
+    if row is None:
+        return None, 0
+    return version_from_row(tx, row), int(row["hlc"])
+
+
+class StateStore:
+    """Read access to entity state from outside a job (``app.state``)."""
+
+    def __init__(self, app: App, branch: str = MAIN) -> None:
+        self._app = app
+        self.branch = branch
+
+    def get(self, namespace: str, key: Any) -> Entity:
+        with self._app.storage.transaction(readonly=True) as tx:
+            found, _ = read_entity(tx, self.branch, namespace, str(key))
+        if found is None:
+            return Entity(namespace, str(key), 0, None)
+        return Entity(namespace, str(key), found.version, found.data)
+
+    def history(self, namespace: str, key: Any) -> list[EntityVersion]:
+        """Every version on this branch, oldest first, with the job and trace that wrote it."""
+        with self._app.storage.transaction(readonly=True) as tx:
+            rows = tx.entity_history(self.branch, namespace, str(key))
+            return [version_from_row(tx, row) for row in rows]
+
+    def put(self, namespace: str, key: Any, data: Any, *, expected_version: int) -> Entity:
+        """Write outside a job (seeding, repair): a compare-and-set making a new version."""
+        from replayq.errors import ConcurrencyError
+
+        now, hlc = self._app.clock.now(), self._app.hlc.tick()
+        with self._app.storage.transaction() as tx:
+            current, _ = read_entity(tx, self.branch, namespace, str(key))
+            actual = current.version if current else 0
+            if actual != expected_version:
+                raise ConcurrencyError(
+                    f"{resource_name(namespace, str(key))}: expected version {expected_version}, "
+                    f"found {actual}"
+                )
+            row = version_row(
+                self.branch, namespace, str(key), actual + 1, current, data, now=now, hlc=hlc
+            )
+            if not tx.entity_put(row, actual):
+                raise ConcurrencyError(f"{resource_name(namespace, str(key))}: write raced")
+        return Entity(namespace, str(key), actual + 1, data)
+
+
+def version_row(
+    branch: str,
+    namespace: str,
+    key: str,
+    version: int,
+    parent: EntityVersion | None,
+    data: Any,
+    *,
+    now: float,
+    hlc: int,
+    job_id: int | None = None,
+    trace_id: str | None = None,
+    attempt: int | None = None,
+    fencing_token: int | None = None,
+    data_ref: str | None = None,
+) -> dict[str, Any]:
+    """The row for a new version (``data`` inline unless ``data_ref`` points to a blob)."""
+    return {
+        "branch": branch,
+        "namespace": namespace,
+        "key": key,
+        "version": version,
+        "parent_version": parent.version if parent else None,
+        "data": None if data_ref else codec.dumps(data, what=resource_name(namespace, key)),
+        "data_ref": data_ref,
+        "delta": codec.dumps(delta_of(parent.data if parent else None, data)),
+        "job_id": job_id,
+        "trace_id": trace_id,
+        "attempt": attempt,
+        "fencing_token": fencing_token,
+        "created_at": now,
+        "hlc": hlc,
+    }
+
+
+class StateView:
+    """``ctx.state``: reads and writes of versioned entities inside a job."""
+
+    def __init__(self, ctx: Context) -> None:
+        self._ctx = ctx
+        self._read_versions: dict[tuple[str, str], int] = {}
+        self._pending: dict[tuple[str, str], Entity] = {}
+
+    def discard_pending(self) -> None:
+        self._pending.clear()
+
+    def get(self, namespace: str, key: Any) -> Entity:
+        """The current version (your own uncommitted writes first); the read is recorded."""
+        ctx, key = self._ctx, str(key)
+        ident = (namespace, key)
+        if ident in self._pending:
+            return self._pending[ident]
+        with ctx.app.storage.transaction(readonly=True) as tx:
+            found, head_hlc = read_entity(tx, ctx.branch, namespace, key)
+        ctx.app.hlc.observe(head_hlc)
+        entity = Entity(
+            namespace, key, found.version if found else 0, found.data if found else None
+        )
+        self._read_versions[ident] = entity.version
+        ctx.record(
+            "state.read",
+            resource=resource_name(namespace, key),
+            resource_version=entity.version,
+            exists=entity.exists,
+            branch=ctx.branch,
+        )
+        return entity
+
+    def put(
+        self, namespace: str, key: Any, data: Any, *, expected_version: int | None = None
+    ) -> Entity:
+        """Write a new version when the step commits.
+
+        ``expected_version`` defaults to the version this job read (optimistic);
+        a mismatch raises ``ConcurrencyError`` with expected and actual versions.
+        Under a lock the write carries the lock's fencing token and is rejected
+        (``StaleFencingTokenError``) if the lock has been re-acquired since.
+        """
+        ctx, key = self._ctx, str(key)
+        ident = (namespace, key)
+        resource = resource_name(namespace, key)
+        if expected_version is None:
+            pending = self._pending.get(ident)
+            expected_version = pending.version if pending else self._read_versions.get(ident, -1)
+        inline, ref, raw = ctx.encode(data, what=f"state {resource}")
+        with ctx.app.storage.transaction(readonly=True) as tx:
+            current, _ = read_entity(tx, ctx.branch, namespace, key)
+        actual = current.version if current else 0
+        pending = self._pending.get(ident)
+        base = pending.version if pending else actual
+        if expected_version not in (-1, base):
+            self._conflict(resource, expected_version, base)
+        previous = pending.data if pending else (current.data if current else None)
+        if base > 0 and previous == data:
+            # Copy-on-write: an unchanged entity gets no new version.
+            ctx.record("state.unchanged", resource=resource, resource_version=base)
+            return Entity(namespace, key, base, data)
+        new_version = base + 1
+        fences = ctx.locks.fences()
+        event = ctx.record(
+            "state.write",
+            resource=resource,
+            resource_version=new_version,
+            parent_version=base,
+            expected_version=expected_version if expected_version != -1 else None,
+            delta=delta_of(previous, data),
+            fencing=dict(fences) or None,
+            branch=ctx.branch,
+        )
+        ctx.store_blob(raw, f"state {resource}")
+        parent = (
+            EntityVersion(
+                namespace, key, base, None, pending.data, {}, None, None, None, None, 0, ""
+            )
+            if pending
+            else current
+        )
+        token = max(fences.values()) if fences else None
+
+        def write(tx: Transaction) -> None:
+            for lock_resource, fencing_token in fences.items():
+                newest = tx.fence_current(lock_resource)
+                if newest is not None and newest > fencing_token:
+                    self._stale(resource, lock_resource, fencing_token, newest)
+            row = version_row(
+                ctx.branch,
+                namespace,
+                key,
+                new_version,
+                parent,
+                inline,
+                now=event.ts,
+                hlc=event.hlc,
+                job_id=ctx.job.id,
+                trace_id=ctx.trace_id,
+                attempt=ctx.attempt,
+                fencing_token=token,
+                data_ref=ref,
+            )
+            if not tx.entity_put(row, base):
+                head = tx.entity_head(ctx.branch, namespace, key)
+                self._conflict(resource, base, int(head["version"]) if head else 0)
+
+        ctx.defer(write)
+        entity = Entity(namespace, key, new_version, data)
+        self._pending[ident] = entity
+        return entity
+
+    def history(self, namespace: str, key: Any) -> list[EntityVersion]:
+        """Every version of an entity on this job's branch, with the job that wrote it."""
+        return StateStore(self._ctx.app, self._ctx.branch).history(namespace, key)
+
+    def _conflict(self, resource: str, expected: int, actual: int) -> None:
+        from replayq.errors import ConcurrencyError
+
+        self._ctx.record(
+            "state.conflict", status="fail", resource=resource, expected=expected, actual=actual
+        )
+        raise ConcurrencyError(
+            f"{resource}: expected version {expected}, found {actual} "
+            "(another writer got there first)"
+        )
+
+    def _stale(self, resource: str, lock: str, token: int, newest: int) -> None:
+        from replayq.errors import StaleFencingTokenError
+
+        self._ctx.record(
+            "state.write_rejected",
+            status="fail",
+            resource=resource,
+            lock=lock,
+            fencing_token=token,
+            newest_token=newest,
+        )
+        raise StaleFencingTokenError(
+            f"write to {resource} rejected: fencing token {token} of lock {lock!r} is older "
+            f"than the newest ({newest}); the lock was re-acquired by another holder"
+        )

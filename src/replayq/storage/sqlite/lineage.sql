@@ -1,0 +1,12 @@
+-- Lineage: which original trace a replay, fork or rerun trace came from.
+
+-- name: lineage_put
+INSERT INTO rq_lineage (trace_id, origin, source_trace_id, source_job_id, branch, details,
+                        created_at)
+VALUES (:trace_id, :origin, :source_trace_id, :source_job_id, :branch, :details, :now);
+
+-- name: lineage_get
+SELECT * FROM rq_lineage WHERE trace_id = :trace_id;
+
+-- name: lineage_for_source
+SELECT * FROM rq_lineage WHERE source_trace_id = :source_trace_id ORDER BY created_at;

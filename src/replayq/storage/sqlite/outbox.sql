@@ -1,0 +1,29 @@
+-- The transactional outbox: rows written in the step's transaction, published later.
+
+-- name: outbox_insert
+INSERT INTO rq_outbox (event_id, topic, payload, job_id, trace_id, created_at)
+VALUES (:event_id, :topic, :payload, :job_id, :trace_id, :now);
+
+-- name: outbox_claim
+UPDATE rq_outbox
+SET claimed_until = :now + :claim_seconds, attempts = attempts + 1
+WHERE id IN (
+    SELECT id FROM rq_outbox
+    WHERE published_at IS NULL AND (claimed_until IS NULL OR claimed_until < :now)
+    ORDER BY id
+    LIMIT :limit)
+RETURNING *;
+
+-- name: outbox_mark_published
+UPDATE rq_outbox SET published_at = :now, claimed_until = NULL, last_error = NULL
+WHERE id = :id AND published_at IS NULL;
+
+-- name: outbox_mark_failed
+UPDATE rq_outbox SET claimed_until = NULL, last_error = :error
+WHERE id = :id AND published_at IS NULL;
+
+-- name: outbox_backlog
+SELECT COUNT(*) AS pending, MIN(created_at) AS oldest FROM rq_outbox WHERE published_at IS NULL;
+
+-- name: outbox_by_job
+SELECT * FROM rq_outbox WHERE job_id = :job_id ORDER BY id;

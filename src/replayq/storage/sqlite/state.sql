@@ -1,0 +1,54 @@
+-- Versioned copy-on-write state. A write is a compare-and-set on the head version.
+
+-- name: entity_head
+SELECT version, hlc FROM rq_entities
+WHERE branch = :branch AND namespace = :namespace AND key = :key;
+
+-- name: entity_version_get
+SELECT * FROM rq_entity_versions
+WHERE branch = :branch AND namespace = :namespace AND key = :key AND version = :version;
+
+-- name: entity_version_at
+-- The newest version of an entity on a branch written at or before an HLC point.
+SELECT * FROM rq_entity_versions
+WHERE branch = :branch AND namespace = :namespace AND key = :key AND hlc <= :hlc
+ORDER BY version DESC
+LIMIT 1;
+
+-- name: entity_head_insert
+INSERT INTO rq_entities (branch, namespace, key, version, hlc)
+VALUES (:branch, :namespace, :key, :new_version, :hlc)
+ON CONFLICT (branch, namespace, key) DO NOTHING;
+
+-- name: entity_head_cas
+UPDATE rq_entities SET version = :new_version, hlc = :hlc
+WHERE branch = :branch AND namespace = :namespace AND key = :key AND version = :expected_version;
+
+-- name: entity_version_insert
+INSERT INTO rq_entity_versions (branch, namespace, key, version, parent_version, data, data_ref,
+                                delta, job_id, trace_id, attempt, fencing_token, created_at, hlc)
+VALUES (:branch, :namespace, :key, :version, :parent_version, :data, :data_ref, :delta, :job_id,
+        :trace_id, :attempt, :fencing_token, :created_at, :hlc);
+
+-- name: entity_history
+SELECT * FROM rq_entity_versions
+WHERE branch = :branch AND namespace = :namespace AND key = :key
+ORDER BY version;
+
+-- name: entity_versions_by_job
+SELECT * FROM rq_entity_versions WHERE job_id = :job_id ORDER BY hlc, version;
+
+-- name: entity_versions_after
+SELECT * FROM rq_entity_versions
+WHERE branch = :branch AND namespace = :namespace AND key = :key AND version > :version
+ORDER BY version;
+
+-- name: branch_create
+INSERT INTO rq_branches (branch, base_branch, base_hlc, origin, created_at)
+VALUES (:branch, :base_branch, :base_hlc, :origin, :now);
+
+-- name: branch_get
+SELECT * FROM rq_branches WHERE branch = :branch;
+
+-- name: branch_entities
+SELECT * FROM rq_entity_versions WHERE branch = :branch ORDER BY hlc, version;
