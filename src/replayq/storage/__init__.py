@@ -10,15 +10,12 @@ def open_storage(url: str) -> Storage:
     """Open the backend a URL names: ``sqlite:///file.db`` (or a path) or ``postgresql://…``."""
     if url.startswith(("postgresql://", "postgres://")):
         try:
-            # The backend module arrives with the PostgreSQL issue.
-            from replayq.storage.postgres import (  # type: ignore[import-not-found,unused-ignore]
-                PostgresStorage,
-            )
+            from replayq.storage.postgres import PostgresStorage
         except ImportError as exc:  # pragma: no cover - depends on the installed extras
             raise ConfigurationError(
                 "PostgreSQL support needs the extra: pip install 'replayq[postgres]'"
             ) from exc
-        return PostgresStorage(url)  # type: ignore[no-any-return,unused-ignore]
+        return PostgresStorage(url)
     if "://" in url and not url.startswith("sqlite:"):
         scheme = url.split("://", 1)[0]
         raise ConfigurationError(

@@ -1,0 +1,344 @@
+"""PostgreSQL backend: many worker hosts sharing one database (psycopg 3 + psycopg_pool).
+
+Known limits, up front:
+
+* Isolation is READ COMMITTED everywhere. Correctness comes from row locks and
+  compare-and-set updates, not from SERIALIZABLE: leasing is one
+  ``UPDATE … FROM (SELECT … FOR UPDATE SKIP LOCKED)`` statement, and every later
+  state change is ``WHERE id = … AND owner_token = … AND state = 'running'``.
+  Read-only calls (listing, traces) run in ``READ ONLY`` transactions.
+* Per-key ordering: the lease query only offers the oldest unfinished job of an
+  ordering key, and only while no job of that key is running. Two claimers whose
+  statement snapshots differ (an enqueue that committed late with a lower id)
+  could still both pass that check, so the unique partial index
+  ``rq_jobs_one_running_per_key`` makes "at most one running job per key" a
+  database invariant; the rare claim that collides with it is rolled back to a
+  savepoint and retried. We chose the index over an advisory lock on the key hash
+  because an advisory lock taken inside the claiming statement is acquired after
+  that statement's snapshot, so it cannot close the race on its own, while a
+  UNIQUE index cannot be wrong. FIFO follows id order among the jobs visible when a
+  lease runs: two enqueues of one key that commit out of id order may run out of
+  order (never concurrently).
+* Wake-ups: ``job_insert`` (and release, redelivery, requeue) send
+  ``pg_notify('replayq_jobs', queue)`` in their own transaction, delivered on
+  commit. A ``Notifier`` thread holds one dedicated connection outside the pool,
+  re-``LISTEN``s after every reconnect and wakes its callback then, since
+  notifications sent while it was away are lost. Workers keep their fallback poll.
+  The channel is per database, not per schema: installations in sibling schemas
+  wake each other's workers needlessly (harmless, one empty lease each).
+* Connections: a ``ConnectionPool`` of ``?pool_size=`` connections (default 4)
+  per ``PostgresStorage``; a worker uses one for the dispatcher, one for heartbeats
+  and one per executor while it settles a job, so give it ``concurrency + 2`` to
+  never wait. A connection broken by a server restart fails the call it is in
+  (``DatabaseUnavailableError``) and is replaced by the pool; callers retry.
+* Schema upgrades are explicit (``replayq --db URL db upgrade``), serialised by
+  ``pg_advisory_xact_lock`` and run in one transaction: DDL is transactional here,
+  so a failed migration leaves the previous schema intact.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import psycopg
+from psycopg import pq
+from psycopg_pool import ConnectionPool
+
+from replayq import codec
+from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
+from replayq.jobs import Job
+from replayq.storage import migrate
+from replayq.storage.protocol import JobLease, MigrationStatus
+from replayq.storage.queries import load_queries
+from replayq.storage.sql_transaction import SqlTransaction, row_to_job
+
+log = logging.getLogger("replayq.storage.postgres")
+
+_MIGRATIONS = "replayq.storage.postgres.migrations"
+DEFAULT_POOL_SIZE = 4
+DEFAULT_POOL_TIMEOUT = 30.0
+CONNECT_TIMEOUT = 10
+# URL options replayq reads itself; everything else (options, sslmode, …) goes to libpq.
+_REPLAYQ_OPTIONS = {"pool_size", "pool_timeout"}
+
+
+def parse_postgres_url(url: str) -> tuple[str, dict[str, str]]:
+    """``postgresql://…?pool_size=8&options=…`` → (libpq conninfo, replayq options)."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    ours = {k: v for k, v in query if k in _REPLAYQ_OPTIONS}
+    theirs = [(k, v) for k, v in query if k not in _REPLAYQ_OPTIONS]
+    conninfo = urlunsplit(parts._replace(query=urlencode(theirs)))
+    return conninfo, ours
+
+
+def _positive(url: str, options: Mapping[str, str], name: str, default: float) -> float:
+    raw = options.get(name)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if value <= 0:
+        raise ConfigurationError(f"{url!r}: {name} must be a positive number, got {raw!r}")
+    return value
+
+
+def _redact(conninfo: str) -> str:
+    """The conninfo without its password, for error messages."""
+    parts = urlsplit(conninfo)
+    if parts.password is None:
+        return conninfo
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def storage_error(what: str, exc: psycopg.Error) -> StorageError:
+    """The replayq error for a driver error: unreachable server vs. anything else."""
+    if isinstance(exc, psycopg.OperationalError) and not isinstance(
+        exc, psycopg.errors.QueryCanceled
+    ):
+        return DatabaseUnavailableError(f"{what}: {exc}")
+    return StorageError(f"{what}: {exc}")
+
+
+class PostgresTransaction(SqlTransaction):
+    """``SqlTransaction`` where PostgreSQL differs: arrays, driver errors, one-statement claims."""
+
+    def list_param(self, values: Sequence[str] | None) -> Any:
+        """A Python list, bound as ``text[]`` for ``= ANY(%(x)s::text[])``."""
+        return None if values is None else list(values)
+
+    def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
+        try:
+            return super().execute(name, params)
+        except psycopg.Error as exc:
+            raise storage_error(f"query {name} failed", exc) from exc
+
+    def executemany(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        try:
+            super().executemany(name, rows)
+        except psycopg.Error as exc:
+            raise storage_error(f"query {name} failed", exc) from exc
+
+    def job_lease(self, params: JobLease) -> list[Job]:
+        """Claim the whole batch in one statement (``job_lease_batch``).
+
+        The claim runs in a savepoint: if it trips the one-running-per-key unique
+        index (see the module docstring) only the claim is undone, and it is tried
+        again with a fresh snapshot, which sees the job that won.
+        """
+        query_params = {
+            "now": params.now,
+            "queues": self.list_param(params.queues),
+            "limit": params.limit,
+            "owner_token": params.owner_token,
+            "worker_id": params.worker_id,
+            "hlc": params.hlc,
+            "default_lease_seconds": float(params.default_lease_seconds),
+            "lease_for": codec.dumps({k: float(v) for k, v in params.lease_for.items()}),
+            "version_for": codec.dumps(dict(params.version_for)),
+        }
+        for attempt in range(3):
+            try:
+                with self.connection.transaction():
+                    rows = self.fetchall("job_lease_batch", query_params)
+                break
+            except StorageError as exc:
+                if not isinstance(exc.__cause__, psycopg.errors.UniqueViolation) or attempt == 2:
+                    raise
+                log.debug("lease collided on an ordering key; claiming again")
+        jobs = [row_to_job(row) for row in rows]
+        # RETURNING gives no order; hand jobs out in the order they were chosen.
+        jobs.sort(key=lambda job: (-job.priority, job.run_at, job.id))
+        return jobs
+
+
+class Notifier:
+    """A thread that ``LISTEN``s on its own connection and calls ``callback(queue)``.
+
+    After every (re)connect it calls ``callback(None)``: notifications sent while it
+    was disconnected are lost, so listeners should look for work. ``listening`` is
+    set while the ``LISTEN`` is in place; ``connects`` counts successful LISTENs and
+    ``backend_pid`` names the server session holding the current one.
+    """
+
+    def __init__(
+        self,
+        conninfo: str,
+        queries: Mapping[str, str],
+        callback: Callable[[str | None], None],
+        *,
+        health_check_seconds: float = 5.0,
+        max_backoff: float = 5.0,
+    ) -> None:
+        self.conninfo = conninfo
+        self.listen_sql = queries["jobs_listen"]
+        self.health_sql = queries["listen_health"]
+        self.callback = callback
+        self.health_check_seconds = health_check_seconds
+        self.max_backoff = max_backoff
+        self.listening = threading.Event()
+        self.connects = 0
+        self.backend_pid: int | None = None
+        self._last_check = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="replayq-listen", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        backoff = 0.05
+        while not self._stop.is_set():
+            try:
+                self._listen_once()
+                backoff = 0.05
+            except psycopg.Error as exc:
+                log.warning("LISTEN connection lost (%s); reconnecting in %.2fs", exc, backoff)
+            self.listening.clear()
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, self.max_backoff)
+
+    def _listen_once(self) -> None:
+        with psycopg.connect(
+            self.conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+        ) as conn:
+            conn.execute(self.listen_sql)
+            self.backend_pid = conn.info.backend_pid
+            self.connects += 1
+            self.listening.set()
+            self.callback(None)
+            while not self._stop.is_set():
+                heard = False
+                for notify in conn.notifies(timeout=min(0.5, self.health_check_seconds)):
+                    heard = True
+                    self.callback(notify.payload)
+                if not heard and not self._stop.is_set():
+                    self._check_alive(conn)
+
+    def _check_alive(self, conn: psycopg.Connection[Any]) -> None:
+        # A silent half-open socket (partitioned host) raises nothing on read; a cheap
+        # round trip every health_check_seconds notices it.
+        now = time.monotonic()
+        if now - self._last_check >= self.health_check_seconds:
+            self._last_check = now
+            conn.execute(self.health_sql)
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Stop listening; never blocks longer than ``timeout``."""
+        self._stop.set()
+        self._thread.join(timeout)
+
+
+class PostgresStorage:
+    """``Storage`` on a PostgreSQL database through a connection pool."""
+
+    dialect = "postgresql"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.conninfo, options = parse_postgres_url(url)
+        self.pool_size = int(_positive(url, options, "pool_size", DEFAULT_POOL_SIZE))
+        pool_timeout = _positive(url, options, "pool_timeout", DEFAULT_POOL_TIMEOUT)
+        self.queries = load_queries("replayq.storage.postgres")
+        try:
+            # One direct connection first: the pool would retry quietly until its timeout,
+            # and this gives the caller the server's own reason at once.
+            psycopg.connect(self.conninfo, connect_timeout=CONNECT_TIMEOUT).close()
+        except psycopg.Error as exc:
+            raise DatabaseUnavailableError(
+                f"cannot connect to PostgreSQL at {_redact(self.conninfo)}: {exc}"
+            ) from exc
+        self.pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
+            self.conninfo,
+            min_size=1,
+            max_size=self.pool_size,
+            timeout=pool_timeout,
+            kwargs={"autocommit": False, "connect_timeout": CONNECT_TIMEOUT},
+            name="replayq",
+            open=False,
+        )
+        try:
+            self.pool.open(wait=True, timeout=CONNECT_TIMEOUT)
+        except psycopg.Error as exc:
+            self.pool.close()
+            raise DatabaseUnavailableError(
+                f"cannot connect to PostgreSQL at {_redact(self.conninfo)}: {exc}"
+            ) from exc
+
+    @contextmanager
+    def _connection(self, *, readonly: bool = False) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection in a transaction that commits on success, else rolls back."""
+        try:
+            with self.pool.connection() as conn:
+                conn.read_only = readonly
+                yield conn
+        except psycopg.Error as exc:
+            raise storage_error("PostgreSQL transaction failed", exc) from exc
+
+    @contextmanager
+    def transaction(self, *, readonly: bool = False) -> Iterator[PostgresTransaction]:
+        with self._connection(readonly=readonly) as conn:
+            yield PostgresTransaction(conn, self.queries)
+
+    def adopt(self, connection: Any) -> PostgresTransaction:
+        if not isinstance(connection, psycopg.Connection):
+            raise ConfigurationError(
+                f"transactional enqueue on PostgreSQL takes a psycopg.Connection, "
+                f"got {type(connection).__name__}"
+            )
+        status = connection.info.transaction_status
+        if status == pq.TransactionStatus.INERROR:
+            raise ConfigurationError(
+                "the connection's transaction has failed; roll it back before enqueueing"
+            )
+        if status != pq.TransactionStatus.INTRANS and connection.autocommit:
+            raise ConfigurationError(
+                "transactional enqueue needs an open transaction: the connection is in "
+                "autocommit mode (use `with conn.transaction():` or autocommit=False)"
+            )
+        return PostgresTransaction(connection, self.queries)
+
+    def listen(self, callback: Callable[[str | None], None]) -> Notifier:
+        """Call ``callback(queue)`` when a job becomes ready; ``close()`` the result to stop."""
+        return Notifier(self.conninfo, self.queries, callback)
+
+    def _applied(self, tx: PostgresTransaction) -> list[tuple[int, str, float]]:
+        rows = tx.fetchall("migrations_applied")
+        return [(int(r["version"]), str(r["name"]), float(r["applied_at"])) for r in rows]
+
+    def migrate(self, now: float) -> list[MigrationStatus]:
+        with self.transaction() as tx:
+            tx.execute("migrations_lock")
+            tx.execute("migrations_create")
+
+            def run_script(script: str) -> None:
+                # No parameters: psycopg sends the whole script in one simple query.
+                try:
+                    tx.connection.execute(script)
+                except psycopg.Error as exc:
+                    raise storage_error("migration failed", exc) from exc
+
+            return migrate.apply_pending(
+                _MIGRATIONS,
+                self._applied(tx),
+                run_script,
+                lambda version, name: tx.execute(
+                    "migration_record", {"version": version, "name": name, "now": now}
+                ),
+            )
+
+    def migration_status(self) -> list[MigrationStatus]:
+        with self.transaction(readonly=True) as tx:
+            present = tx.fetchone("migrations_table_exists")
+            applied = self._applied(tx) if present and present["present"] else []
+        return migrate.migration_status(applied, _MIGRATIONS)
+
+    def close(self) -> None:
+        self.pool.close(timeout=5.0)

@@ -1,0 +1,228 @@
+-- Named queries for the PostgreSQL backend. Each begins with "-- name: NAME".
+-- Same names and parameter names as storage/sqlite/jobs.sql, in psycopg's %(name)s style.
+-- Every state change is a compare-and-set on (id, owner_token, state). Parameters that
+-- may be NULL carry an explicit cast so the server never has to guess their type.
+
+-- name: job_insert
+-- The wake-up is sent in the enqueuing transaction, so listeners hear it on commit
+-- (and never for a rolled-back job). Delayed jobs are found by the fallback poll.
+WITH inserted AS (
+    INSERT INTO rq_jobs (job_type, queue, payload, state, priority, run_at, created_at,
+                         max_attempts, trace_id, message_id, ordering_key, idempotency_key,
+                         handler_version, hlc, correlation_id, causation_id, origin)
+    VALUES (%(job_type)s, %(queue)s, %(payload_json)s, 'queued', %(priority)s, %(run_at)s,
+            %(now)s, %(max_attempts)s, %(trace_id)s, %(message_id)s::text,
+            %(ordering_key)s::text, %(idempotency_key)s::text, %(handler_version)s::text,
+            %(hlc)s, %(correlation_id)s::text, %(causation_id)s::text, %(origin)s)
+    ON CONFLICT (message_id) DO NOTHING
+    RETURNING id, queue, run_at
+)
+SELECT id, CASE WHEN run_at <= %(now)s THEN pg_notify('replayq_jobs', queue) END AS woke
+FROM inserted;
+
+-- name: job_by_message_id
+SELECT id FROM rq_jobs WHERE message_id = %(message_id)s::text;
+
+-- name: job_get
+SELECT * FROM rq_jobs WHERE id = %(job_id)s;
+
+-- name: job_lease_candidates
+-- Kept for parity with SQLite (SqlTransaction.job_lease); PostgresTransaction claims
+-- with job_lease_batch instead. Same candidate rule as job_lease_batch.
+SELECT j.id, j.job_type
+FROM rq_jobs AS j
+WHERE j.state = 'queued'
+  AND j.run_at <= %(now)s
+  AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
+  AND (j.ordering_key IS NULL OR (
+        j.id = (SELECT MIN(k.id) FROM rq_jobs AS k
+                WHERE k.ordering_key = j.ordering_key AND k.state IN ('queued', 'running'))
+        AND NOT EXISTS (SELECT 1 FROM rq_jobs AS r
+                        WHERE r.ordering_key = j.ordering_key AND r.state = 'running')))
+ORDER BY j.priority DESC, j.run_at, j.id
+LIMIT %(limit)s
+FOR UPDATE OF j SKIP LOCKED;
+
+-- name: job_lease_one
+UPDATE rq_jobs
+SET state = 'running', attempt = attempt + 1, owner_token = %(owner_token)s,
+    worker_id = %(worker_id)s, leased_at = %(now)s, lease_deadline = %(now)s + %(lease_seconds)s,
+    handler_version = %(handler_version)s::text, hlc = GREATEST(hlc + 1, %(hlc)s)
+WHERE id = %(job_id)s AND state = 'queued'
+RETURNING *;
+
+-- name: job_lease_batch
+-- Claim up to :limit ready jobs in one statement. Candidates: priority, then run_at,
+-- then id; a job with an ordering key only when it is the oldest unfinished job of its
+-- key and no job of that key is running (a job committed late with a lower id must not
+-- overtake a running one). SKIP LOCKED lets concurrent workers claim disjoint rows; the
+-- unique index rq_jobs_one_running_per_key is the last word on one-running-per-key.
+-- lease_for and version_for are JSON objects {job_type: seconds} / {job_type: version}.
+WITH candidates AS (
+    SELECT j.id
+    FROM rq_jobs AS j
+    WHERE j.state = 'queued'
+      AND j.run_at <= %(now)s
+      AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
+      AND (j.ordering_key IS NULL OR (
+            j.id = (SELECT MIN(k.id) FROM rq_jobs AS k
+                    WHERE k.ordering_key = j.ordering_key AND k.state IN ('queued', 'running'))
+            AND NOT EXISTS (SELECT 1 FROM rq_jobs AS r
+                            WHERE r.ordering_key = j.ordering_key AND r.state = 'running')))
+    ORDER BY j.priority DESC, j.run_at, j.id
+    LIMIT %(limit)s
+    FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE rq_jobs AS j
+SET state = 'running', attempt = j.attempt + 1, owner_token = %(owner_token)s,
+    worker_id = %(worker_id)s, leased_at = %(now)s,
+    lease_deadline = %(now)s + COALESCE((%(lease_for)s::jsonb ->> j.job_type)::float8,
+                                        %(default_lease_seconds)s),
+    handler_version = %(version_for)s::jsonb ->> j.job_type,
+    hlc = GREATEST(j.hlc + 1, %(hlc)s)
+FROM candidates AS c
+WHERE j.id = c.id AND j.state = 'queued'
+RETURNING j.*;
+
+-- name: lease_extend
+UPDATE rq_jobs SET lease_deadline = %(now)s + %(lease_seconds)s
+WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running';
+
+-- name: job_complete
+UPDATE rq_jobs
+SET state = 'succeeded', result = %(result_json)s::text, finished_at = %(now)s,
+    owner_token = NULL, lease_deadline = NULL, hlc = %(hlc)s
+WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running';
+
+-- name: job_retry
+UPDATE rq_jobs
+SET state = 'queued', run_at = %(run_at)s, last_error_class = %(error_class)s::text,
+    last_error = %(error)s::text, owner_token = NULL, lease_deadline = NULL, hlc = %(hlc)s
+WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running';
+
+-- name: job_bury_owned
+UPDATE rq_jobs
+SET state = 'dead', dead_reason = %(reason)s, last_error_class = %(error_class)s::text,
+    last_error = %(error)s::text, finished_at = %(now)s, owner_token = NULL,
+    lease_deadline = NULL, hlc = %(hlc)s
+WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running';
+
+-- name: job_bury_queued
+UPDATE rq_jobs
+SET state = 'dead', dead_reason = %(reason)s, last_error_class = %(error_class)s::text,
+    last_error = %(error)s::text, finished_at = %(now)s, hlc = %(hlc)s
+WHERE id = %(job_id)s AND state = 'queued';
+
+-- name: job_cancel
+UPDATE rq_jobs
+SET state = 'cancelled', finished_at = %(now)s, owner_token = NULL, lease_deadline = NULL,
+    hlc = %(hlc)s
+WHERE id = %(job_id)s AND state = 'queued';
+
+-- name: job_requeue
+WITH requeued AS (
+    UPDATE rq_jobs
+    SET state = 'queued', run_at = %(now)s, max_attempts = attempt + %(extra_attempts)s,
+        dead_reason = NULL, finished_at = NULL, hlc = %(hlc)s
+    WHERE id = %(job_id)s AND state = 'dead'
+    RETURNING queue
+)
+SELECT pg_notify('replayq_jobs', queue) FROM requeued;
+
+-- name: lease_reap
+-- SKIP LOCKED: two reapers (or a reaper and the job's own settle) never wait on each
+-- other; whatever one skips, the next reap finds. The caller's redeliver is a CAS.
+SELECT * FROM rq_jobs
+WHERE state = 'running' AND lease_deadline < %(now)s
+ORDER BY lease_deadline
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
+
+-- name: job_redeliver
+WITH redelivered AS (
+    UPDATE rq_jobs
+    SET state = 'queued', run_at = %(now)s, owner_token = NULL, lease_deadline = NULL,
+        redelivery_count = redelivery_count + 1, hlc = %(hlc)s
+    WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running'
+    RETURNING queue
+)
+SELECT pg_notify('replayq_jobs', queue) FROM redelivered;
+
+-- name: lease_release
+WITH released AS (
+    UPDATE rq_jobs
+    SET state = 'queued', run_at = %(now)s, attempt = attempt - 1, owner_token = NULL,
+        lease_deadline = NULL, hlc = %(hlc)s
+    WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running'
+    RETURNING queue
+)
+SELECT pg_notify('replayq_jobs', queue) FROM released;
+
+-- name: job_list
+SELECT * FROM rq_jobs
+WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
+  AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+  AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: job_stats
+SELECT job_type, state, COUNT(*) AS count, MIN(run_at) AS oldest_run_at
+FROM rq_jobs
+WHERE origin = 'production'
+GROUP BY job_type, state
+ORDER BY job_type, state;
+
+-- name: job_durations
+SELECT (e.data::jsonb ->> 'duration')::float8 AS duration
+FROM rq_events AS e
+JOIN rq_jobs AS j ON j.id = e.job_id
+WHERE e.name IN ('job.succeeded', 'job.failed')
+  AND j.job_type = %(job_type)s
+  AND (%(version)s::text IS NULL OR e.data::jsonb ->> 'version' = %(version)s::text)
+  AND j.origin = 'production';
+
+-- name: trace_append
+INSERT INTO rq_events (trace_id, job_id, attempt, kind, name, seq, step, ts, hlc, worker_id,
+                       status, resource, resource_version, side_effect, input_ref, output_ref,
+                       data)
+VALUES (%(trace_id)s, %(job_id)s::bigint, %(attempt)s::integer, %(kind)s, %(name)s,
+        %(seq)s::integer, %(step)s::text, %(ts)s, %(hlc)s, %(worker_id)s::text,
+        %(status)s::text, %(resource)s::text, %(resource_version)s::bigint, %(side_effect)s,
+        %(input_ref)s::text, %(output_ref)s::text, %(data)s);
+
+-- name: trace_for_job
+SELECT * FROM rq_events WHERE job_id = %(job_id)s ORDER BY hlc, id;
+
+-- name: trace_for_trace
+SELECT * FROM rq_events WHERE trace_id = %(trace_id)s ORDER BY hlc, id;
+
+-- name: trace_for_resource
+SELECT * FROM rq_events WHERE resource = %(resource)s ORDER BY hlc, id;
+
+-- name: contract_put
+INSERT INTO rq_contracts (job_type, version, body, registered_at)
+VALUES (%(job_type)s, %(version)s, %(body)s, %(now)s)
+ON CONFLICT (job_type, version) DO UPDATE SET body = excluded.body;
+
+-- name: contract_get
+SELECT body FROM rq_contracts WHERE job_type = %(job_type)s AND version = %(version)s;
+
+-- name: contract_list
+SELECT job_type, version, body, registered_at FROM rq_contracts
+WHERE (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+ORDER BY job_type, registered_at, version;
+
+-- name: migrations_create
+CREATE TABLE IF NOT EXISTS rq_schema_migrations (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT NOT NULL,
+    applied_at DOUBLE PRECISION NOT NULL
+);
+
+-- name: migrations_applied
+SELECT version, name, applied_at FROM rq_schema_migrations ORDER BY version;
+
+-- name: migration_record
+INSERT INTO rq_schema_migrations (version, name, applied_at)
+VALUES (%(version)s, %(name)s, %(now)s);

@@ -1,0 +1,13 @@
+-- Lineage: which original trace a replay, fork or rerun trace came from.
+-- PostgreSQL flavour of storage/sqlite/lineage.sql: same query names and parameters.
+
+-- name: lineage_put
+INSERT INTO rq_lineage (trace_id, origin, source_trace_id, source_job_id, branch, details,
+                        created_at)
+VALUES (%(trace_id)s, %(origin)s, %(source_trace_id)s, %(source_job_id)s, %(branch)s, %(details)s, %(now)s);
+
+-- name: lineage_get
+SELECT * FROM rq_lineage WHERE trace_id = %(trace_id)s;
+
+-- name: lineage_for_source
+SELECT * FROM rq_lineage WHERE source_trace_id = %(source_trace_id)s ORDER BY created_at;

@@ -1,0 +1,16 @@
+-- PostgreSQL-only plumbing: migration locking and the LISTEN side of wake-ups.
+
+-- name: migrations_lock
+-- Two workers starting at once: the second waits here, then finds nothing pending.
+-- Keyed on the schema so separate schemas (one per test, one per tenant) do not queue.
+SELECT pg_advisory_xact_lock(hashtext('replayq.migrate:' || current_schema()));
+
+-- name: migrations_table_exists
+SELECT to_regclass('rq_schema_migrations') IS NOT NULL AS present;
+
+-- name: jobs_listen
+LISTEN replayq_jobs;
+
+-- name: listen_health
+-- The listener's liveness probe: a half-open socket raises nothing until it is used.
+SELECT 1;

@@ -1,0 +1,55 @@
+-- Versioned copy-on-write state. A write is a compare-and-set on the head version.
+-- PostgreSQL flavour of storage/sqlite/state.sql: same query names and parameters.
+
+-- name: entity_head
+SELECT version, hlc FROM rq_entities
+WHERE branch = %(branch)s AND namespace = %(namespace)s AND key = %(key)s;
+
+-- name: entity_version_get
+SELECT * FROM rq_entity_versions
+WHERE branch = %(branch)s AND namespace = %(namespace)s AND key = %(key)s AND version = %(version)s;
+
+-- name: entity_version_at
+-- The newest version of an entity on a branch written at or before an HLC point.
+SELECT * FROM rq_entity_versions
+WHERE branch = %(branch)s AND namespace = %(namespace)s AND key = %(key)s AND hlc <= %(hlc)s
+ORDER BY version DESC
+LIMIT 1;
+
+-- name: entity_head_insert
+INSERT INTO rq_entities (branch, namespace, key, version, hlc)
+VALUES (%(branch)s, %(namespace)s, %(key)s, %(new_version)s, %(hlc)s)
+ON CONFLICT (branch, namespace, key) DO NOTHING;
+
+-- name: entity_head_cas
+UPDATE rq_entities SET version = %(new_version)s, hlc = %(hlc)s
+WHERE branch = %(branch)s AND namespace = %(namespace)s AND key = %(key)s AND version = %(expected_version)s;
+
+-- name: entity_version_insert
+INSERT INTO rq_entity_versions (branch, namespace, key, version, parent_version, data, data_ref,
+                                delta, job_id, trace_id, attempt, fencing_token, created_at, hlc)
+VALUES (%(branch)s, %(namespace)s, %(key)s, %(version)s, %(parent_version)s, %(data)s, %(data_ref)s, %(delta)s, %(job_id)s,
+        %(trace_id)s, %(attempt)s, %(fencing_token)s, %(created_at)s, %(hlc)s);
+
+-- name: entity_history
+SELECT * FROM rq_entity_versions
+WHERE branch = %(branch)s AND namespace = %(namespace)s AND key = %(key)s
+ORDER BY version;
+
+-- name: entity_versions_by_job
+SELECT * FROM rq_entity_versions WHERE job_id = %(job_id)s ORDER BY hlc, version;
+
+-- name: entity_versions_after
+SELECT * FROM rq_entity_versions
+WHERE branch = %(branch)s AND namespace = %(namespace)s AND key = %(key)s AND version > %(version)s
+ORDER BY version;
+
+-- name: branch_create
+INSERT INTO rq_branches (branch, base_branch, base_hlc, origin, created_at)
+VALUES (%(branch)s, %(base_branch)s, %(base_hlc)s, %(origin)s, %(now)s);
+
+-- name: branch_get
+SELECT * FROM rq_branches WHERE branch = %(branch)s;
+
+-- name: branch_entities
+SELECT * FROM rq_entity_versions WHERE branch = %(branch)s ORDER BY hlc, version;
