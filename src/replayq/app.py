@@ -79,6 +79,7 @@ class App:
         self._auto_migrate = auto_migrate
         self._handlers: dict[str, dict[str, Handler]] = {}
         self._active: dict[str, str] = {}
+        self.compensators: dict[str, Callable[[str, Any], Any]] = {}
 
     # -- storage ----------------------------------------------------------------------------
 
@@ -180,6 +181,25 @@ class App:
             return fn
 
         return decorate
+
+    def compensator(self, kind: str) -> Callable[[F], F]:
+        """Register ``fn(key, result)`` that undoes an effect of ``kind`` in the real world.
+
+        Compensation is never automatic: ``replayq rollback JOB --compensate`` runs it.
+        """
+
+        def decorate(fn: F) -> F:
+            self.compensators[kind] = fn
+            return fn
+
+        return decorate
+
+    def adopt_handlers(self, other: App) -> None:
+        """Declare every job type of ``other`` here too (replaying a case in a scratch database)."""
+        for job_type, versions in other._handlers.items():
+            self._handlers[job_type] = dict(versions)
+        self._active.update(other._active)
+        self.compensators.update(other.compensators)
 
     def handler(self, job_type: str, version: str | None = None) -> Handler:
         """The handler for a type (the active version unless one is named)."""

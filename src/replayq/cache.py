@@ -162,6 +162,10 @@ class RedisCache:
         pipe.execute()
 
 
+def _versioned(base: str, version: int | None) -> str:
+    return base if version is None else f"{base}:v{version}"
+
+
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -190,8 +194,8 @@ class CacheView:
         return f"{self._namespace_prefix}{namespace}:{ident}"
 
     def key(self, namespace: str, ident: Any, version: int | None = None) -> str:
-        base = self._base(namespace, ident)
-        return base if version is None else f"{base}:v{version}"
+        """The physical key (prefixed with the replay namespace inside a replay or fork)."""
+        return _versioned(self._base(namespace, ident), version)
 
     def get(
         self,
@@ -201,23 +205,26 @@ class CacheView:
         version: int | None = None,
         source: str | None = None,
     ) -> CacheRead:
-        """Read ``namespace:ident[:vN]``; ``source`` names the entity namespace it mirrors."""
+        """Read ``namespace:ident[:vN]``; ``source`` names the entity namespace it mirrors.
+
+        In a replay the answer is the recorded read; past a fork point the fork's
+        own (namespaced) writes are seen first.
+        """
         ctx = self._ctx
-        backend = ctx.app.cache_backend
         now = ctx.app.clock.now()
-        key = self.key(namespace, ident, version)
-        if ctx.substitution is not None:
-            recorded = ctx.substitution.answer("cache.read", key, "")
+        key = _versioned(f"{namespace}:{ident}", version)
+        read: CacheRead | None = None
+        sub = ctx.substitution
+        if sub is None or not sub.reads_recorded:
+            entry = self._lookup(namespace, ident, version, now)
+            if entry is not None or sub is None:
+                read = self._judge(
+                    key, entry, source or (entry.source_namespace if entry else None), ident
+                )
+        if read is None:
+            assert sub is not None
+            recorded = sub.answer("cache.read", key, "")
             read = CacheRead(**recorded) if isinstance(recorded, dict) else CacheRead(key, False)
-        else:
-            entry = (
-                backend.get(key, now)
-                if version is not None
-                else backend.latest(self._base(namespace, ident), now)
-            )
-            read = self._judge(
-                key, entry, source or (entry.source_namespace if entry else None), ident
-            )
         ctx.record(
             "cache.read",
             resource=key,
@@ -239,6 +246,14 @@ class CacheView:
                 current_version=read.current_version,
             )
         return read
+
+    def _lookup(
+        self, namespace: str, ident: Any, version: int | None, now: float
+    ) -> CacheEntry | None:
+        backend = self._ctx.app.cache_backend
+        if version is not None:
+            return backend.get(self.key(namespace, ident, version), now)
+        return backend.latest(self._base(namespace, ident), now)
 
     def _judge(
         self, key: str, entry: CacheEntry | None, source: str | None, ident: Any
@@ -266,7 +281,8 @@ class CacheView:
         """Cache ``value`` (derived from entity version ``version``) when the step commits."""
         ctx = self._ctx
         key = self.key(namespace, ident, version)
-        ctx.encode(value, what=f"cache {key}")
+        logical = _versioned(f"{namespace}:{ident}", version)
+        ctx.encode(value, what=f"cache {logical}")
         ttl = ttl if ttl is not None else ctx.handler.contract.cache_ttl
         now = ctx.app.clock.now()
         entry = CacheEntry(
@@ -279,17 +295,19 @@ class CacheView:
             now,
             now + ttl if ttl else None,
         )
-        ctx.record("cache.write", resource=key, resource_version=version, key=key, ttl=ttl)
-        if not ctx.replaying:
+        ctx.record("cache.write", resource=logical, resource_version=version, key=logical, ttl=ttl)
+        # A replay writes only under its own namespace, and not before a fork point.
+        if ctx.substitution is None or ctx.substitution.writes_apply:
             self._after_commit.append(lambda: ctx.app.cache_backend.put(entry))
-        return key
+        return logical
 
     def invalidate(self, namespace: str, ident: Any) -> None:
         """Drop every version of ``namespace:ident`` when the step commits."""
         ctx = self._ctx
         base = self._base(namespace, ident)
-        ctx.record("cache.invalidate", resource=base, key=base)
-        if not ctx.replaying:
+        logical = f"{namespace}:{ident}"
+        ctx.record("cache.invalidate", resource=logical, key=logical)
+        if ctx.substitution is None or ctx.substitution.writes_apply:
             self._after_commit.append(lambda: ctx.app.cache_backend.delete_base(base))
 
     def after_commit(self) -> None:

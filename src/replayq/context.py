@@ -13,6 +13,7 @@ clock/random reads and cache reads from the recording instead of the world.
 
 from __future__ import annotations
 
+import asyncio
 import random as _random
 import time
 import uuid as _uuid
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from replayq import codec
 from replayq.blobs import DEFAULT_BLOB_LIMIT_BYTES, INLINE_LIMIT_BYTES, put_bytes
+from replayq.contracts import render_template
 from replayq.errors import PayloadError
 from replayq.jobs import Job
 from replayq.storage.protocol import TraceEvent, Transaction
@@ -34,15 +36,35 @@ if TYPE_CHECKING:
     from replayq.handlers import Handler
     from replayq.locks import LockHandle, LockManager
     from replayq.outbox import OutboxView
+    from replayq.rerun import EffectGate
     from replayq.state import StateView
     from replayq.worker import InFlight
 
 
 class Substitution(Protocol):
-    """Where a replaying context gets recorded answers (see ``replayq.replay``)."""
+    """Where a replaying context gets recorded answers (see ``replayq.replay``).
+
+    ``reads_recorded``: state reads return the versions the recorded attempt read.
+    ``writes_apply``: state writes go to the replay branch (else they are only
+    recorded, because the branch already holds them: the steps before a fork point).
+    """
+
+    @property
+    def reads_recorded(self) -> bool: ...
+
+    @property
+    def writes_apply(self) -> bool: ...
 
     def answer(self, name: str, label: str, fingerprint: str) -> Any:
         """The recorded result for the next ``name`` event (``call``, ``effect``, ...)."""
+        ...
+
+    def state_version(self, resource: str) -> int | None:
+        """The version of ``resource`` the recorded attempt read next, if it read one."""
+        ...
+
+    def on_step(self, name: str) -> None:
+        """A step starts (a fork switches from recorded to live at its fork step)."""
         ...
 
 
@@ -84,6 +106,7 @@ class Context:
         self._trace_id = trace_id or job.trace_id
         self._flight = flight
         self._pending = _Pending()
+        self.effect_gate: EffectGate | None = None
         self._seq = 0
         self._steps: list[str] = []
         self.blob_limit = getattr(app, "blob_limit_bytes", DEFAULT_BLOB_LIMIT_BYTES)
@@ -128,6 +151,28 @@ class Context:
         """True once a heartbeat found this worker no longer holds the job's lease."""
         return self._flight is not None and self._flight.lost.is_set()
 
+    # -- running ----------------------------------------------------------------------------
+
+    def run(self, loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None) -> Any:
+        """Call the handler with the job's payload, inside the contract's lock if it has one."""
+        handler, payload = self.handler, self.job.payload
+        resource = render_template(handler.contract.lock, payload)
+
+        def call() -> Any:
+            if handler.is_async:
+                loop = loop_factory() if loop_factory else asyncio.new_event_loop()
+                try:
+                    return loop.run_until_complete(handler.fn(self, **payload))
+                finally:
+                    if loop_factory is None:
+                        loop.close()
+            return handler.fn(self, **payload)
+
+        if resource is None:
+            return call()
+        with self.lock(resource, ttl=handler.contract.lock_ttl):
+            return call()
+
     # -- recording --------------------------------------------------------------------------
 
     def event(
@@ -146,7 +191,8 @@ class Context:
         self._seq += 1
         return TraceEvent(
             trace_id=self._trace_id,
-            job_id=self.job.id,
+            # A derived trace (replay, fork) is not part of the job's own timeline.
+            job_id=self.job.id if self._trace_id == self.job.trace_id else None,
             attempt=self.job.attempt,
             kind="domain",
             name=name,
@@ -232,6 +278,8 @@ class Context:
     @contextmanager
     def step(self, name: str) -> Iterator[None]:
         """A logical step. Its state writes, outbox rows, child jobs and events commit together."""
+        if self.substitution is not None:
+            self.substitution.on_step(name)
         self.record("step.started", status="started", step_name=name)
         self._steps.append(name)
         started = time.monotonic()
@@ -355,6 +403,9 @@ class Context:
         origin = self.job.origin
         correlation = self.job.correlation_id or self.job.trace_id
         event = self.record("child.enqueued", child_type=job_type, payload=request.payload)
+
+        if self.replaying:
+            return
 
         def write(tx: Transaction) -> None:
             child = self.app.insert_job(

@@ -58,6 +58,22 @@ class EffectRunner:
             result = ctx.substitution.answer("effect", kind, key)
             ctx.record("effect.replayed", resource=key, kind=kind, key=key, result=result)
             return result
+        if ctx.effect_gate is not None:
+            try:
+                run_for_real, recorded = ctx.effect_gate.decide(kind, key)
+            except Exception as exc:
+                ctx.record(
+                    "effect.refused",
+                    status="fail",
+                    resource=key,
+                    kind=kind,
+                    key=key,
+                    reason=str(exc),
+                )
+                raise
+            if not run_for_real:
+                ctx.record("effect.replayed", resource=key, kind=kind, key=key, result=recorded)
+                return recorded
         claim_token = uuid.uuid4().hex
         app = ctx.app
         claim = {
@@ -161,20 +177,18 @@ class EffectRunner:
             return result
         policy = ctx.handler.contract.effect_policy(kind)
         if status == "started" and policy == "park":
-            tx.trace_append(
-                [
-                    ctx.event(
-                        "effect.in_doubt",
-                        status="fail",
-                        resource=key,
-                        kind=kind,
-                        key=key,
-                        claimed_by_job=existing["job_id"],
-                        claimed_by_attempt=existing["attempt"],
-                        started_at=existing["started_at"],
-                        policy=policy,
-                    )
-                ]
+            # Recorded as pending, not in ``tx``: the raise below rolls ``tx`` back, and the
+            # failed attempt's events are flushed with its failure.
+            ctx.record(
+                "effect.in_doubt",
+                status="fail",
+                resource=key,
+                kind=kind,
+                key=key,
+                claimed_by_job=existing["job_id"],
+                claimed_by_attempt=existing["attempt"],
+                started_at=existing["started_at"],
+                policy=policy,
             )
             raise EffectInDoubtError(
                 f"effect {kind!r} with key {key!r} was started by job {existing['job_id']} "

@@ -188,6 +188,7 @@ class StateView:
     def __init__(self, ctx: Context) -> None:
         self._ctx = ctx
         self._read_versions: dict[tuple[str, str], int] = {}
+        self._read: dict[tuple[str, str], Entity] = {}
         self._pending: dict[tuple[str, str], Entity] = {}
 
     def discard_pending(self) -> None:
@@ -199,13 +200,25 @@ class StateView:
         ident = (namespace, key)
         if ident in self._pending:
             return self._pending[ident]
+        sub = ctx.substitution
+        recorded = (
+            sub.state_version(resource_name(namespace, key))
+            if sub is not None and sub.reads_recorded
+            else None
+        )
         with ctx.app.storage.transaction(readonly=True) as tx:
-            found, head_hlc = read_entity(tx, ctx.branch, namespace, key)
+            if recorded is not None:
+                row = tx.entity_version_get(MAIN, namespace, key, recorded) if recorded else None
+                found = version_from_row(tx, row) if row else None
+                head_hlc = 0
+            else:
+                found, head_hlc = read_entity(tx, ctx.branch, namespace, key)
         ctx.app.hlc.observe(head_hlc)
         entity = Entity(
             namespace, key, found.version if found else 0, found.data if found else None
         )
         self._read_versions[ident] = entity.version
+        self._read[ident] = entity
         ctx.record(
             "state.read",
             resource=resource_name(namespace, key),
@@ -232,6 +245,8 @@ class StateView:
             pending = self._pending.get(ident)
             expected_version = pending.version if pending else self._read_versions.get(ident, -1)
         inline, ref, raw = ctx.encode(data, what=f"state {resource}")
+        if ctx.substitution is not None and not ctx.substitution.writes_apply:
+            return self._record_only(namespace, key, data, expected_version)
         with ctx.app.storage.transaction(readonly=True) as tx:
             current, _ = read_entity(tx, ctx.branch, namespace, key)
         actual = current.version if current else 0
@@ -286,12 +301,34 @@ class StateView:
                 fencing_token=token,
                 data_ref=ref,
             )
-            if not tx.entity_put(row, base):
+            # A branch's first write of an entity starts its own head (copy-on-write).
+            fresh = ctx.branch != MAIN and tx.entity_head(ctx.branch, namespace, key) is None
+            if not tx.entity_put(row, 0 if fresh else base):
                 head = tx.entity_head(ctx.branch, namespace, key)
                 self._conflict(resource, base, int(head["version"]) if head else 0)
 
         ctx.defer(write)
         entity = Entity(namespace, key, new_version, data)
+        self._pending[ident] = entity
+        return entity
+
+    def _record_only(self, namespace: str, key: str, data: Any, expected: int) -> Entity:
+        """Before a fork point: the branch already holds this write; only record it."""
+        ctx = self._ctx
+        ident = (namespace, key)
+        pending = self._pending.get(ident)
+        base = pending.version if pending else max(self._read_versions.get(ident, 0), expected, 0)
+        read = self._read.get(ident)
+        previous = pending.data if pending else (read.data if read else None)
+        ctx.record(
+            "state.write",
+            resource=resource_name(namespace, key),
+            resource_version=base + 1,
+            parent_version=base,
+            delta=delta_of(previous, data),
+            replayed=True,
+        )
+        entity = Entity(namespace, key, base + 1, data)
         self._pending[ident] = entity
         return entity
 

@@ -58,6 +58,10 @@ class ContextVerbs:
         self.execute("entity_version_insert", row)
         return True
 
+    def entity_version_insert(self, row: Mapping[str, Any]) -> None:
+        """Insert a version row without moving the head (importing a recorded case)."""
+        self.execute("entity_version_insert", row)
+
     def entity_history(self, branch: str, namespace: str, key: str) -> list[Row]:
         params = {"branch": branch, "namespace": namespace, "key": key}
         return self.fetchall("entity_history", params)
@@ -152,6 +156,10 @@ class ContextVerbs:
 
     def cache_delete_base(self, base_key: str) -> None:
         self.execute("cache_delete_base", {"base_key": base_key})
+
+    def cache_delete_source(self, namespace: str, key: str) -> None:
+        """Drop database cache entries derived from one entity."""
+        self.execute("cache_delete_source", {"namespace": namespace, "key": key})
 
     # -- outbox -----------------------------------------------------------------------------
 

@@ -162,6 +162,18 @@ class SqlTransaction(ContextVerbs):
                 leased.append(row_to_job(row))
         return leased
 
+    def job_set_recorded(
+        self, job_id: int, handler_version: str | None, result_json: str, attempt: int
+    ) -> None:
+        """Mark an imported regression-case job as it was recorded."""
+        params = {
+            "job_id": job_id,
+            "handler_version": handler_version,
+            "result": result_json,
+            "attempt": attempt,
+        }
+        self.execute("job_set_recorded", params)
+
     def lease_extend(self, params: LeaseExtend) -> bool:
         return self.changed("lease_extend", vars(params))
 

@@ -21,3 +21,6 @@ LIMIT 1;
 
 -- name: cache_delete_base
 DELETE FROM rq_cache WHERE base_key = :base_key;
+
+-- name: cache_delete_source
+DELETE FROM rq_cache WHERE source_namespace = :namespace AND source_key = :key;

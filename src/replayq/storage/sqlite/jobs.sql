@@ -163,3 +163,9 @@ SELECT version, name, applied_at FROM rq_schema_migrations ORDER BY version;
 
 -- name: migration_record
 INSERT INTO rq_schema_migrations (version, name, applied_at) VALUES (:version, :name, :now);
+
+-- name: job_set_recorded
+-- Importing a regression case: the job as it was recorded.
+UPDATE rq_jobs SET handler_version = :handler_version, result = :result, attempt = :attempt,
+    state = 'succeeded'
+WHERE id = :job_id;

@@ -1,0 +1,139 @@
+"""Self-contained regression cases from recorded jobs (``replayq trace export``).
+
+A case holds the job (type, payload, version), its contract, the domain and
+lifecycle events of one attempt with large values resolved inline, and the
+entity versions the attempt read. ``replayq.testing.replay_case`` dry-runs a
+handler against it in a throw-away database, inside a user's own test suite.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from replayq import codec
+from replayq.recording import load_recording
+from replayq.state import MAIN, read_entity, version_row
+from replayq.storage.protocol import TraceEvent
+
+if TYPE_CHECKING:
+    from replayq.app import App
+    from replayq.replay import ReplayReport
+
+CASE_FORMAT = "replayq.case/1"
+_VALUE_KEYS = {"call": "response", "effect.succeeded": "result", "effect.deduplicated": "result"}
+
+
+def _event_dict(event: TraceEvent, value: Any = None) -> dict[str, Any]:
+    body = dict(vars(event))
+    body.pop("id")
+    if event.output_ref is not None:
+        body["data"] = {**event.data, _VALUE_KEYS.get(event.name, "value"): value}
+        body["output_ref"] = None
+    return body
+
+
+def export_case(app: App, job_id: int, attempt: int | None = None) -> dict[str, Any]:
+    """A JSON-ready, self-contained recording of one attempt of a job."""
+    recording = load_recording(app, job_id, attempt)
+    job = recording.job
+    state = []
+    with app.storage.transaction(readonly=True) as tx:
+        for event in recording.events:
+            if event.name != "state.read" or not event.resource_version:
+                continue
+            namespace, _, key = (event.resource or "").partition(":")
+            row = tx.entity_version_get(MAIN, namespace, key, event.resource_version)
+            if row is None:
+                continue
+            from replayq.state import version_from_row
+
+            found = version_from_row(tx, row)
+            state.append(
+                {"namespace": namespace, "key": key, "version": found.version, "data": found.data}
+            )
+    handler = app.handler(job.job_type, job.handler_version)
+    return {
+        "format": CASE_FORMAT,
+        "job": {
+            "id": job.id,
+            "job_type": job.job_type,
+            "payload": job.payload,
+            "handler_version": job.handler_version,
+            "trace_id": job.trace_id,
+            "result": job.result,
+        },
+        "attempt": recording.attempt,
+        "contract": handler.contract.to_dict(),
+        "events": [
+            _event_dict(e, recording.values.get(e.id or -1))
+            for e in [*recording.lifecycle, *recording.events]
+        ],
+        "state": state,
+    }
+
+
+def import_case(app: App, case: dict[str, Any]) -> int:
+    """Load a case into ``app``'s (empty) database; returns the new job id."""
+    if case.get("format") != CASE_FORMAT:
+        raise ValueError(f"not a replayq case (format {case.get('format')!r})")
+    from replayq.app import EnqueueRequest
+
+    spec = case["job"]
+    now = app.clock.now()
+    with app.storage.transaction() as tx:
+        for item in sorted(case["state"], key=lambda s: (s["namespace"], s["key"], s["version"])):
+            current, _ = read_entity(tx, MAIN, item["namespace"], item["key"])
+            if current is not None and current.version >= item["version"]:
+                continue
+            row = version_row(
+                MAIN,
+                item["namespace"],
+                item["key"],
+                item["version"],
+                current,
+                item["data"],
+                now=now,
+                hlc=0,
+            )
+            if current is None:
+                tx.entity_put(row, 0)
+            else:
+                tx.entity_version_insert(row)
+        job_id = app.insert_job(tx, EnqueueRequest(spec["job_type"], spec["payload"]), check=False)
+        job = tx.job_get(job_id)
+        assert job is not None
+        tx.job_set_recorded(
+            job_id, spec["handler_version"], codec.dumps(spec["result"]), case["attempt"]
+        )
+        events = []
+        for body in case["events"]:
+            fields = {k: v for k, v in body.items() if k not in ("trace_id", "job_id")}
+            events.append(TraceEvent(trace_id=job.trace_id, job_id=job_id, **fields))
+        tx.trace_append(events)
+    return job_id
+
+
+def replay_case_file(
+    case: dict[str, Any] | str | Path,
+    app: App,
+    *,
+    version: str | None = None,
+    handler: str | None = None,
+) -> ReplayReport:
+    """Dry-run ``app``'s handler (or ``version``) against a case in a temporary database."""
+    from replayq.app import App as AppClass
+    from replayq.replay import dry_run
+
+    if not isinstance(case, dict):
+        case = codec.loads(Path(case).read_text(encoding="utf-8"))
+        assert isinstance(case, dict)
+    with tempfile.TemporaryDirectory(prefix="replayq-case-") as folder:
+        scratch = AppClass(f"sqlite:///{folder}/case.db", clock=app.clock)
+        scratch.adopt_handlers(app)
+        try:
+            job_id = import_case(scratch, case)
+            return dry_run(scratch, job_id, version=version, handler=handler)
+        finally:
+            scratch.close()

@@ -1,0 +1,436 @@
+"""The replay engine: trace replay, deterministic dry-run, forked re-execution, guarded rerun.
+
+* ``trace_replay`` executes nothing: the recorded timeline of every attempt.
+* ``dry_run`` runs the handler again; calls, effects, clock/random and cache
+  reads come from the recording, state reads are the versions the attempt read,
+  writes go to a throw-away branch. The run is compared with the recording event
+  by event and the first divergence is reported.
+* ``fork`` branches the state as it was before a step, runs a chosen handler
+  version from there on the branch, and records a trace of its own linked to
+  the original.
+* ``rerun`` re-executes against the real world with an allowlist of effect
+  kinds (see ``replayq.rerun``).
+
+Every derived trace is tagged with its origin, kept out of the job's own
+timeline and of production listings, and linked to its source in ``rq_lineage``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from replayq import codec
+from replayq.context import Context
+from replayq.errors import ConfigurationError, JobError, ReplayDivergenceError, classify
+from replayq.handlers import Handler, PayloadShape
+from replayq.recording import Outcome, RecordedAnswers, Recording, load_recording
+from replayq.storage.protocol import TraceEvent
+
+if TYPE_CHECKING:
+    from replayq.app import App
+
+REPLAY_WORKER = "replay"
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where a re-execution first parted from the recording."""
+
+    index: int
+    step: str | None
+    recorded_seq: int | None
+    now_seq: int | None
+    recorded: dict[str, Any] | None
+    now: dict[str, Any] | None
+    reason: str
+
+
+@dataclass
+class ReplayReport:
+    """What a dry-run or fork did, and how it compares with the recording."""
+
+    mode: str
+    job_id: int
+    attempt: int
+    trace_id: str
+    source_trace_id: str
+    version: str
+    branch: str
+    outcome_recorded: Outcome
+    outcome_now: Outcome
+    first_divergence: Divergence | None = None
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+    state_writes: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    fork_step: str | None = None
+    reached_fork: bool | None = None
+
+    @property
+    def diverged(self) -> bool:
+        return (
+            self.first_divergence is not None
+            or self.outcome_recorded.status != self.outcome_now.status
+            or bool(self.decisions)
+            or bool(self.state_writes)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        body = {k: v for k, v in vars(self).items() if k not in ("outcome_recorded", "outcome_now")}
+        body["outcome_recorded"] = self.outcome_recorded.to_dict()
+        body["outcome_now"] = self.outcome_now.to_dict()
+        body["first_divergence"] = vars(self.first_divergence) if self.first_divergence else None
+        body["diverged"] = self.diverged
+        return body
+
+
+def signature(event: TraceEvent) -> tuple[Any, ...] | None:
+    """What must match between a recorded and a replayed event (``None``: not compared)."""
+    name, data = event.name, event.data
+    if name == "step.started":
+        return ("step", data.get("step_name"))
+    if name == "step.finished":
+        return ("step.end", data.get("step_name"), event.status)
+    if name == "decision":
+        return ("decision", data.get("decision"), codec.dumps(data.get("value")))
+    if name == "call":
+        return ("call", data.get("call"), data.get("fingerprint"))
+    if name in ("effect.succeeded", "effect.deduplicated", "effect.replayed", "effect.failed"):
+        return ("effect", data.get("kind"), data.get("key"))
+    if name == "state.read":
+        return ("state.read", event.resource, event.resource_version)
+    if name == "state.write":
+        return ("state.write", event.resource, codec.dumps(data.get("delta")))
+    if name in ("clock.now", "random.random", "random.uuid"):
+        return (name,)
+    if name == "cache.read":
+        return ("cache.read", data.get("key"), data.get("hit"))
+    if name in ("cache.write", "cache.invalidate"):
+        return (name, data.get("key"))
+    if name == "outbox.written":
+        return ("outbox", data.get("topic"), codec.dumps(data.get("payload")))
+    if name == "child.enqueued":
+        return ("child", data.get("child_type"), codec.dumps(data.get("payload")))
+    if name in ("lock.acquired", "lock.released", "lock.expired"):
+        return ("lock", event.resource, "released" if name != "lock.acquired" else "acquired")
+    return None
+
+
+def _describe(event: TraceEvent) -> dict[str, Any]:
+    return {
+        "name": event.name,
+        "seq": event.seq,
+        "step": event.step,
+        "resource": event.resource,
+        "version": event.resource_version,
+        "status": event.status,
+        "data": {k: v for k, v in event.data.items() if k not in ("read", "replayed")},
+    }
+
+
+def first_divergence(recorded: list[TraceEvent], now: list[TraceEvent]) -> Divergence | None:
+    """Compare two event sequences on their signatures; the first mismatch, if any."""
+    left = [(e, s) for e in recorded if (s := signature(e)) is not None]
+    right = [(e, s) for e in now if (s := signature(e)) is not None]
+    for index in range(max(len(left), len(right))):
+        a = left[index] if index < len(left) else None
+        b = right[index] if index < len(right) else None
+        if a is not None and b is not None and a[1] == b[1]:
+            continue
+        if a is None:
+            reason = "the re-execution did more than the recording"
+        elif b is None:
+            reason = "the re-execution stopped before the recording did"
+        else:
+            reason = f"recorded {a[1][0]} {a[1][1:]!r}, now {b[1][0]} {b[1][1:]!r}"
+        return Divergence(
+            index=index,
+            step=(a[0].step if a else None) or (b[0].step if b else None),
+            recorded_seq=a[0].seq if a else None,
+            now_seq=b[0].seq if b else None,
+            recorded=_describe(a[0]) if a else None,
+            now=_describe(b[0]) if b else None,
+            reason=reason,
+        )
+    return None
+
+
+def _pairs(events: list[TraceEvent], name: str, key: Callable[[TraceEvent], Any]) -> dict[Any, Any]:
+    found: dict[Any, Any] = {}
+    for event in events:
+        if event.name == name:
+            found.setdefault(key(event), []).append(event)
+    return found
+
+
+def compare_decisions(recorded: list[TraceEvent], now: list[TraceEvent]) -> list[dict[str, Any]]:
+    """Decisions whose values differ (by name, in order)."""
+    a = _pairs(recorded, "decision", lambda e: e.data.get("decision"))
+    b = _pairs(now, "decision", lambda e: e.data.get("decision"))
+    out = []
+    for name in sorted(set(a) | set(b), key=str):
+        va = [e.data.get("value") for e in a.get(name, [])]
+        vb = [e.data.get("value") for e in b.get(name, [])]
+        if va != vb:
+            out.append({"decision": name, "recorded": va, "now": vb})
+    return out
+
+
+def compare_writes(recorded: list[TraceEvent], now: list[TraceEvent]) -> list[dict[str, Any]]:
+    """State writes whose deltas differ (by resource)."""
+    a = _pairs(recorded, "state.write", lambda e: e.resource)
+    b = _pairs(now, "state.write", lambda e: e.resource)
+    out = []
+    for resource in sorted(set(a) | set(b), key=str):
+        da = [e.data.get("delta") for e in a.get(resource, [])]
+        db = [e.data.get("delta") for e in b.get(resource, [])]
+        if da != db:
+            out.append({"resource": resource, "recorded": da, "now": db})
+    return out
+
+
+def load_handler_spec(spec: str, template: Handler) -> Handler:
+    """A ``module:function`` handler run under the recorded job's contract."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ConfigurationError(f"{spec!r}: use module:function")
+    fn = getattr(importlib.import_module(module_name), attribute)
+    contract = template.contract
+    from dataclasses import replace
+
+    return Handler(replace(contract, version=spec), fn, PayloadShape.from_function(fn), {})
+
+
+def choose_handler(
+    app: App, recording: Recording, version: str | None, handler_spec: str | None
+) -> Handler:
+    job = recording.job
+    recorded = app.handler(job.job_type, job.handler_version)
+    if handler_spec:
+        return load_handler_spec(handler_spec, recorded)
+    return app.handler(job.job_type, version or job.handler_version)
+
+
+def _begin(
+    app: App, recording: Recording, origin: str, base_hlc: int, details: dict[str, Any]
+) -> tuple[str, str]:
+    """Create the derived trace's branch and lineage row."""
+    trace_id = f"{origin}-{uuid.uuid4().hex[:16]}"
+    branch = f"{origin}:{trace_id}"
+    now = app.clock.now()
+    with app.storage.transaction() as tx:
+        tx.branch_create(branch, "main", base_hlc, origin, now)
+        tx.lineage_put(
+            {
+                "trace_id": trace_id,
+                "origin": origin,
+                "source_trace_id": recording.job.trace_id,
+                "source_job_id": recording.job.id,
+                "branch": branch,
+                "details": codec.dumps(details),
+                "now": now,
+            }
+        )
+    return trace_id, branch
+
+
+def _execute(ctx: Context) -> Outcome:
+    try:
+        result = ctx.run()
+    except ReplayDivergenceError:
+        raise
+    except Exception as exc:
+        ctx.discard_writes()
+        ctx.commit_now(failed=True)
+        failure = classify(exc, dict(ctx.handler.error_map))
+        if isinstance(exc, JobError):
+            failure = exc.failure_class
+        return Outcome("failed", error_class=failure.value, error=f"{type(exc).__name__}: {exc}")
+    ctx.commit_now()
+    return Outcome("succeeded", result=result)
+
+
+def _finish(app: App, trace_id: str, outcome: Outcome, origin: str) -> None:
+    with app.storage.transaction() as tx:
+        tx.trace_append(
+            [
+                TraceEvent(
+                    trace_id=trace_id,
+                    name=f"{origin}.finished",
+                    kind="domain",
+                    ts=app.clock.now(),
+                    hlc=app.hlc.tick(),
+                    worker_id=REPLAY_WORKER,
+                    status=outcome.status,
+                    data=outcome.to_dict(),
+                )
+            ]
+        )
+
+
+def _run_derived(
+    app: App,
+    recording: Recording,
+    handler: Handler,
+    *,
+    origin: str,
+    fork_step: str | None,
+    overrides: dict[str, Any],
+    stubs: dict[str, Any],
+    base_hlc: int,
+) -> ReplayReport:
+    details = {
+        "attempt": recording.attempt,
+        "version": handler.contract.version,
+        "fork_step": fork_step,
+        "overrides": overrides,
+    }
+    trace_id, branch = _begin(app, recording, origin, base_hlc, details)
+    answers = RecordedAnswers(recording, fork_step=fork_step, stubs=stubs)
+    job = recording.job.evolve(
+        attempt=recording.attempt,
+        payload={**recording.job.payload, **overrides},
+        origin=origin,
+    )
+    ctx = Context(
+        app,
+        job,
+        handler,
+        worker_id=REPLAY_WORKER,
+        branch=branch,
+        substitution=answers,
+        trace_id=trace_id,
+        namespace=branch,
+    )
+    error = None
+    try:
+        outcome = _execute(ctx)
+    except ReplayDivergenceError as exc:
+        error = str(exc)
+        ctx.record("replay.denied", status="fail", error=error)
+        ctx.discard_writes()
+        ctx.commit_now(failed=True)
+        outcome = Outcome("failed", error_class="replay", error=error)
+    _finish(app, trace_id, outcome, origin)
+    with app.storage.transaction(readonly=True) as tx:
+        now_events = [e for e in tx.trace_for_trace(trace_id) if e.name != f"{origin}.finished"]
+    recorded = recording.events
+    if fork_step is not None:
+        # Compare only from the fork point on; before it the fork used the recording.
+        recorded = _from_step(recorded, fork_step)
+        now_events = _from_step(now_events, fork_step)
+    report = ReplayReport(
+        mode=origin,
+        job_id=recording.job.id,
+        attempt=recording.attempt,
+        trace_id=trace_id,
+        source_trace_id=recording.job.trace_id,
+        version=handler.contract.version,
+        branch=branch,
+        outcome_recorded=recording.outcome,
+        outcome_now=outcome,
+        first_divergence=first_divergence(recorded, now_events),
+        decisions=compare_decisions(recorded, now_events),
+        state_writes=compare_writes(recorded, now_events),
+        error=error,
+        fork_step=fork_step,
+        reached_fork=answers.reached_fork if fork_step else None,
+    )
+    if error and report.first_divergence is None:
+        report.first_divergence = Divergence(0, ctx.current_step, None, None, None, None, error)
+    return report
+
+
+def _from_step(events: list[TraceEvent], step: str) -> list[TraceEvent]:
+    for index, event in enumerate(events):
+        if event.name == "step.started" and event.data.get("step_name") == step:
+            return events[index:]
+    return []
+
+
+def dry_run(
+    app: App,
+    job_id: int,
+    *,
+    attempt: int | None = None,
+    version: str | None = None,
+    handler: str | None = None,
+) -> ReplayReport:
+    """Re-run a recorded attempt with every external answer from the recording."""
+    recording = load_recording(app, job_id, attempt)
+    chosen = choose_handler(app, recording, version, handler)
+    return _run_derived(
+        app,
+        recording,
+        chosen,
+        origin="replay",
+        fork_step=None,
+        overrides={},
+        stubs={},
+        base_hlc=recording.start_hlc,
+    )
+
+
+def fork(
+    app: App,
+    job_id: int,
+    *,
+    from_step: str,
+    attempt: int | None = None,
+    version: str | None = None,
+    handler: str | None = None,
+    overrides: dict[str, Any] | None = None,
+    stubs: dict[str, Any] | None = None,
+) -> ReplayReport:
+    """Branch the state as it was before ``from_step`` and run the chosen code from there."""
+    recording = load_recording(app, job_id, attempt)
+    starts = [
+        e
+        for e in recording.events
+        if e.name == "step.started" and e.data.get("step_name") == from_step
+    ]
+    if not starts:
+        steps = sorted(
+            {str(e.data.get("step_name")) for e in recording.events if e.name == "step.started"}
+        )
+        raise ConfigurationError(
+            f"job {job_id} attempt {recording.attempt} has no step {from_step!r}; "
+            f"recorded steps: {', '.join(steps) or 'none'}"
+        )
+    chosen = choose_handler(app, recording, version, handler)
+    return _run_derived(
+        app,
+        recording,
+        chosen,
+        origin="fork",
+        fork_step=from_step,
+        overrides=overrides or {},
+        stubs=stubs or {},
+        base_hlc=starts[0].hlc - 1,
+    )
+
+
+@dataclass(frozen=True)
+class AttemptTimeline:
+    attempt: int
+    worker_id: str | None
+    events: list[TraceEvent]
+    side_effect_steps: list[str]
+
+
+def trace_replay(app: App, job_id: int) -> list[AttemptTimeline]:
+    """The recorded timeline of every attempt of a job; executes nothing."""
+    events = app.trace(job_id)
+    attempts: dict[int, list[TraceEvent]] = {}
+    for event in events:
+        attempts.setdefault(event.attempt or 0, []).append(event)
+    timelines = []
+    for number in sorted(attempts):
+        chunk = attempts[number]
+        workers = [e.worker_id for e in chunk if e.name == "job.leased"]
+        effects = sorted({e.step or "(no step)" for e in chunk if e.side_effect})
+        timelines.append(AttemptTimeline(number, workers[0] if workers else None, chunk, effects))
+    return timelines

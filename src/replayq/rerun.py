@@ -1,0 +1,152 @@
+"""Guarded real re-execution (``replayq rerun``): the real world, effect kind by effect kind.
+
+A rerun executes a job's handler again against production state and real
+services, in-process, with guardrails:
+
+* only effect kinds named in ``allow_effects`` run for real; any other effect
+  returns its recorded result if the recording has one, and is refused
+  (``EffectRefusedError``, reported) if not;
+* idempotency records are honoured: an allowed effect whose key already
+  succeeded is not repeated (the normal ``ctx.effect`` path);
+* locks are taken as in a worker; state writes are real and fenced;
+* a rate limit spaces bulk reruns.
+
+A rerun never changes the original job row; its trace is tagged ``rerun`` and
+linked to the original. Never the default: the caller must name the kinds.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from replayq import codec
+from replayq.context import Context
+from replayq.errors import ConfigurationError, ReplayqError
+from replayq.recording import EFFECT_OUTCOMES, Outcome, load_recording
+from replayq.storage.protocol import TraceEvent
+
+if TYPE_CHECKING:
+    from replayq.app import App
+
+
+class EffectRefusedError(ReplayqError):
+    """A rerun met an effect kind it is not allowed to run and has no recorded result for."""
+
+
+class EffectGate:
+    """Decides, per effect, whether a rerun runs it for real or answers from the recording."""
+
+    def __init__(self, allowed: Sequence[str], recorded: dict[str, list[Any]]) -> None:
+        self.allowed = set(allowed)
+        self._recorded = {kind: list(values) for kind, values in recorded.items()}
+        self.refused: list[str] = []
+        self.substituted: list[str] = []
+
+    def decide(self, kind: str, key: str) -> tuple[bool, Any]:
+        """``(True, None)`` to run for real; ``(False, result)`` to use the recorded result."""
+        if kind in self.allowed:
+            return True, None
+        values = self._recorded.get(kind)
+        if values:
+            self.substituted.append(kind)
+            return False, values.pop(0)
+        self.refused.append(kind)
+        raise EffectRefusedError(
+            f"effect {kind!r} (key {key!r}) is not in --allow-effects and the recording has no "
+            "result for it; refused"
+        )
+
+
+@dataclass
+class RerunReport:
+    job_id: int
+    trace_id: str
+    outcome: Outcome
+    allowed: list[str]
+    substituted: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        body = dict(vars(self))
+        body["outcome"] = self.outcome.to_dict()
+        return body
+
+
+def rerun(app: App, job_id: int, *, allow_effects: Sequence[str]) -> RerunReport:
+    """Re-execute one job for real with only ``allow_effects`` kinds running."""
+    if not allow_effects:
+        raise ConfigurationError(
+            "a rerun touches the real world: name the effect kinds it may run (--allow-effects)"
+        )
+    recording = load_recording(app, job_id)
+    recorded: dict[str, list[Any]] = {}
+    for event in recording.events:
+        if event.name in EFFECT_OUTCOMES:
+            recorded.setdefault(str(event.data.get("kind")), []).append(
+                recording.value(event, "result")
+            )
+    gate = EffectGate(allow_effects, recorded)
+    trace_id = f"rerun-{uuid.uuid4().hex[:16]}"
+    now = app.clock.now()
+    with app.storage.transaction() as tx:
+        tx.lineage_put(
+            {
+                "trace_id": trace_id,
+                "origin": "rerun",
+                "source_trace_id": recording.job.trace_id,
+                "source_job_id": job_id,
+                "branch": "main",
+                "details": codec.dumps({"allow_effects": list(allow_effects)}),
+                "now": now,
+            }
+        )
+    handler = app.handler(recording.job.job_type)
+    job = recording.job.evolve(origin="rerun", attempt=recording.job.attempt + 1)
+    ctx = Context(app, job, handler, worker_id="rerun", trace_id=trace_id)
+    ctx.effect_gate = gate
+    try:
+        result = ctx.run()
+        ctx.commit_now()
+        outcome = Outcome("succeeded", result=result)
+    except Exception as exc:
+        ctx.discard_writes()
+        ctx.commit_now(failed=True)
+        outcome = Outcome("failed", error_class=type(exc).__name__, error=str(exc))
+    with app.storage.transaction() as tx:
+        tx.trace_append(
+            [
+                TraceEvent(
+                    trace_id=trace_id,
+                    name="rerun.finished",
+                    kind="domain",
+                    ts=app.clock.now(),
+                    hlc=app.hlc.tick(),
+                    worker_id="rerun",
+                    status=outcome.status,
+                    data=outcome.to_dict(),
+                )
+            ]
+        )
+    return RerunReport(
+        job_id, trace_id, outcome, list(allow_effects), gate.substituted, gate.refused
+    )
+
+
+def rerun_many(
+    app: App, job_ids: Sequence[int], *, allow_effects: Sequence[str], rate: float | None
+) -> list[RerunReport]:
+    """Rerun several jobs, at most ``rate`` per second."""
+    reports = []
+    interval = 1.0 / rate if rate else 0.0
+    next_start = time.monotonic()
+    for job_id in job_ids:
+        wait = next_start - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        next_start = max(next_start, time.monotonic()) + interval
+        reports.append(rerun(app, job_id, allow_effects=allow_effects))
+    return reports

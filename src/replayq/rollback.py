@@ -1,0 +1,197 @@
+"""Reversing what a job did to internal state, and compensating its external effects.
+
+``rollback`` restores every entity a job wrote to the version it had before the
+job, as a *new* version (history is kept), and records a ``state.rolled_back``
+event in the job's trace. If a later job has written the same entity since, it
+refuses and names that job and entity; ``force=True`` restores anyway, undoing
+the later writes too (the plan lists them). Cache entries derived from a
+restored entity are dropped. External effects are never silently undone: an
+effect kind with a registered compensator (``@app.compensator(kind)``) can be
+compensated explicitly, and the record and trace then say ``compensated``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from replayq import codec
+from replayq.errors import ConcurrencyError, ReplayqError
+from replayq.state import MAIN, delta_of, read_entity, resource_name, version_row
+from replayq.storage.protocol import TraceEvent
+
+if TYPE_CHECKING:
+    from replayq.app import App
+
+
+@dataclass
+class RollbackChange:
+    resource: str
+    namespace: str
+    key: str
+    current_version: int
+    restore_version: int | None
+    current_data: Any
+    restored_data: Any
+    later_writers: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RollbackPlan:
+    job_id: int
+    changes: list[RollbackChange]
+    simulated: bool
+    applied: bool = False
+    compensated: list[str] = field(default_factory=list)
+
+    @property
+    def blocked(self) -> list[RollbackChange]:
+        return [c for c in self.changes if c.later_writers]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "simulated": self.simulated,
+            "applied": self.applied,
+            "compensated": self.compensated,
+            "changes": [vars(c) for c in self.changes],
+        }
+
+
+class RollbackRefused(ReplayqError):
+    """A later job wrote an entity this job wrote; rollback would undo its work too."""
+
+
+def plan_rollback(app: App, job_id: int) -> RollbackPlan:
+    """What a rollback of ``job_id`` would change (nothing is written)."""
+    changes = []
+    with app.storage.transaction(readonly=True) as tx:
+        rows = [r for r in tx.entity_versions_by_job(job_id) if r["branch"] == MAIN]
+        entities: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        for row in rows:
+            entities.setdefault((row["namespace"], row["key"]), []).append(row)
+        for (namespace, key), written in entities.items():
+            first = min(written, key=lambda r: r["version"])
+            last = max(written, key=lambda r: r["version"])
+            current, _ = read_entity(tx, MAIN, namespace, key)
+            assert current is not None
+            restore_version = first["parent_version"]
+            restored = None
+            if restore_version is not None:
+                before = tx.entity_version_get(MAIN, namespace, key, restore_version)
+                from replayq.state import version_from_row
+
+                restored = version_from_row(tx, before).data if before else None
+            later = tx.entity_versions_after(MAIN, namespace, key, int(last["version"]))
+            changes.append(
+                RollbackChange(
+                    resource_name(namespace, key),
+                    namespace,
+                    key,
+                    current.version,
+                    restore_version,
+                    current.data,
+                    restored,
+                    sorted({r["job_id"] for r in later if r["job_id"] != job_id and r["job_id"]}),
+                )
+            )
+    return RollbackPlan(job_id, changes, simulated=True)
+
+
+def rollback(app: App, job_id: int, *, simulate: bool = False, force: bool = False) -> RollbackPlan:
+    """Restore the entities ``job_id`` wrote to their versions before it (as new versions)."""
+    plan = plan_rollback(app, job_id)
+    plan.simulated = simulate
+    if simulate:
+        return plan
+    if plan.blocked and not force:
+        first = plan.blocked[0]
+        raise RollbackRefused(
+            f"job {first.later_writers[0]} wrote {first.resource} after job {job_id}; rolling back "
+            f"would undo its work too (use --force to restore anyway; --simulate to see the plan)"
+        )
+    job = app.get_job(job_id)
+    now = app.clock.now()
+    with app.storage.transaction() as tx:
+        events = []
+        for change in plan.changes:
+            current, _ = read_entity(tx, MAIN, change.namespace, change.key)
+            assert current is not None
+            if current.version != change.current_version:
+                raise ConcurrencyError(f"{change.resource} changed while rolling back; try again")
+            hlc = app.hlc.tick()
+            row = version_row(
+                MAIN,
+                change.namespace,
+                change.key,
+                current.version + 1,
+                current,
+                change.restored_data,
+                now=now,
+                hlc=hlc,
+                trace_id=f"rollback:{job.trace_id}",
+            )
+            if not tx.entity_put(row, current.version):
+                raise ConcurrencyError(f"{change.resource} changed while rolling back; try again")
+            tx.cache_delete_source(change.namespace, change.key)
+            events.append(
+                TraceEvent(
+                    trace_id=job.trace_id,
+                    job_id=job.id,
+                    name="state.rolled_back",
+                    kind="domain",
+                    ts=now,
+                    hlc=hlc,
+                    worker_id="rollback",
+                    status="compensated",
+                    resource=change.resource,
+                    resource_version=current.version + 1,
+                    data={
+                        "restored_from_version": change.restore_version,
+                        "replaced_version": change.current_version,
+                        "delta": delta_of(current.data, change.restored_data),
+                        "forced_over": change.later_writers or None,
+                    },
+                )
+            )
+        tx.trace_append(events)
+    plan.applied = True
+    return plan
+
+
+def compensate(app: App, job_id: int, *, kinds: list[str] | None = None) -> list[str]:
+    """Run registered compensators for the job's succeeded effects; returns the keys compensated."""
+    job = app.get_job(job_id)
+    done = []
+    with app.storage.transaction(readonly=True) as tx:
+        records = [r for r in tx.idem_by_job(job_id) if r["status"] == "succeeded"]
+    for record in records:
+        kind = record["operation"]
+        if kinds is not None and kind not in kinds:
+            continue
+        compensator = app.compensators.get(kind)
+        if compensator is None:
+            continue
+        compensator(record["key"], codec.loads(record["result"]))
+        now = app.clock.now()
+        with app.storage.transaction() as tx:
+            if tx.idem_compensate(record["key"], now):
+                tx.trace_append(
+                    [
+                        TraceEvent(
+                            trace_id=job.trace_id,
+                            job_id=job.id,
+                            name="effect.compensated",
+                            kind="domain",
+                            ts=now,
+                            hlc=app.hlc.tick(),
+                            worker_id="rollback",
+                            status="compensated",
+                            resource=record["key"],
+                            side_effect=True,
+                            data={"kind": kind, "key": record["key"]},
+                        )
+                    ]
+                )
+                done.append(record["key"])
+    return done

@@ -1,0 +1,65 @@
+"""Helpers for users' own test suites: run handlers inline, freeze time, replay incident cases.
+
+* ``run_inline(app, job_type, payload)`` enqueues and runs one job in-process,
+  exactly as a worker would (lease, contract lock, ack), and returns the job.
+* ``FrozenClock`` (re-exported) makes lease and retry timing deterministic.
+* ``replay_case(case, app)`` dry-runs a handler against a case exported with
+  ``replayq trace export JOB > case.json``; ``assert_replays(case, app)`` fails
+  the test with the first divergence.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from replayq.clock import FrozenClock
+from replayq.export import replay_case_file
+
+if TYPE_CHECKING:
+    from replayq.app import App
+    from replayq.jobs import Job
+    from replayq.replay import ReplayReport
+
+__all__ = ["FrozenClock", "assert_replays", "replay_case", "run_inline"]
+
+
+def run_inline(
+    app: App, job_type: str, payload: dict[str, Any] | None = None, **options: Any
+) -> Job:
+    """Enqueue one job and run it to a settled state in this process; returns the job after."""
+    from replayq.worker import Worker
+
+    job_id = app.enqueue(job_type, payload or {}, **options)
+    worker = Worker(app, worker_id="inline")
+    app.register_contracts()
+    for job in worker.lease(1):
+        worker.execute(job)
+    return app.get_job(job_id)
+
+
+def replay_case(
+    case: dict[str, Any] | str | Path,
+    app: App,
+    *,
+    version: str | None = None,
+    handler: str | None = None,
+) -> ReplayReport:
+    """Dry-run ``app``'s handler for the case's job type against the recorded case."""
+    return replay_case_file(case, app, version=version, handler=handler)
+
+
+def assert_replays(
+    case: dict[str, Any] | str | Path, app: App, *, version: str | None = None
+) -> ReplayReport:
+    """Fail (``AssertionError`` naming the first divergence) unless the handler replays the case."""
+    report = replay_case(case, app, version=version)
+    if report.diverged:
+        where = report.first_divergence
+        detail = (
+            f"at step {where.step!r}, event #{where.index}: {where.reason}"
+            if where
+            else f"outcome {report.outcome_recorded.status} vs {report.outcome_now.status}"
+        )
+        raise AssertionError(f"the handler diverges from the recorded case {detail}")
+    return report
