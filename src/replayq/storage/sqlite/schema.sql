@@ -1,0 +1,203 @@
+-- The canonical SQLite schema: what applying every migration in migrations/ produces.
+-- Not executed by replayq; tests/migration/test_schema.py checks it against the migrations.
+-- Regenerate after adding a migration: .venv/bin/python -m tests.migration.test_schema
+
+CREATE TABLE rq_schema_migrations (
+    version    INTEGER PRIMARY KEY,
+    name       TEXT NOT NULL,
+    applied_at REAL NOT NULL
+);
+
+CREATE TABLE rq_jobs (
+    id               INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_type         TEXT    NOT NULL,
+    queue            TEXT    NOT NULL DEFAULT 'default',
+    payload          TEXT    NOT NULL,
+    state            TEXT    NOT NULL
+                     CHECK (state IN ('queued', 'running', 'succeeded', 'dead', 'cancelled')),
+    priority         INTEGER NOT NULL DEFAULT 0,
+    run_at           REAL    NOT NULL,
+    created_at       REAL    NOT NULL,
+    attempt          INTEGER NOT NULL DEFAULT 0,
+    max_attempts     INTEGER NOT NULL,
+    trace_id         TEXT    NOT NULL,
+    message_id       TEXT    UNIQUE,
+    ordering_key     TEXT,
+    idempotency_key  TEXT,
+    handler_version  TEXT,
+    owner_token      TEXT,
+    worker_id        TEXT,
+    leased_at        REAL,
+    lease_deadline   REAL,
+    redelivery_count INTEGER NOT NULL DEFAULT 0,
+    last_error_class TEXT,
+    last_error       TEXT,
+    dead_reason      TEXT,
+    result           TEXT,
+    finished_at      REAL,
+    hlc              INTEGER NOT NULL DEFAULT 0,
+    correlation_id   TEXT,
+    causation_id     TEXT,
+    origin           TEXT    NOT NULL DEFAULT 'production'
+);
+
+CREATE INDEX rq_jobs_ready ON rq_jobs (priority DESC, run_at, id) WHERE state = 'queued';
+
+CREATE INDEX rq_jobs_lease_deadline ON rq_jobs (lease_deadline) WHERE state = 'running';
+
+CREATE INDEX rq_jobs_ordering ON rq_jobs (ordering_key, id)
+    WHERE state IN ('queued', 'running') AND ordering_key IS NOT NULL;
+
+CREATE INDEX rq_jobs_type_state ON rq_jobs (job_type, state);
+
+CREATE INDEX rq_jobs_trace ON rq_jobs (trace_id);
+
+CREATE TABLE rq_events (
+    id               INTEGER PRIMARY KEY AUTOINCREMENT,
+    trace_id         TEXT    NOT NULL,
+    job_id           INTEGER,
+    attempt          INTEGER,
+    kind             TEXT    NOT NULL,
+    name             TEXT    NOT NULL,
+    seq              INTEGER,
+    step             TEXT,
+    ts               REAL    NOT NULL,
+    hlc              INTEGER NOT NULL,
+    worker_id        TEXT,
+    status           TEXT,
+    resource         TEXT,
+    resource_version INTEGER,
+    side_effect      INTEGER NOT NULL DEFAULT 0,
+    input_ref        TEXT,
+    output_ref       TEXT,
+    data             TEXT    NOT NULL DEFAULT '{}'
+);
+
+CREATE INDEX rq_events_job ON rq_events (job_id, id);
+
+CREATE INDEX rq_events_trace ON rq_events (trace_id, id);
+
+CREATE INDEX rq_events_resource ON rq_events (resource, hlc) WHERE resource IS NOT NULL;
+
+CREATE INDEX rq_events_name ON rq_events (name, job_id);
+
+CREATE TABLE rq_contracts (
+    job_type      TEXT NOT NULL,
+    version       TEXT NOT NULL,
+    body          TEXT NOT NULL,
+    registered_at REAL NOT NULL,
+    PRIMARY KEY (job_type, version)
+);
+
+CREATE TABLE rq_blobs (
+    hash        TEXT    PRIMARY KEY,
+    codec       TEXT    NOT NULL,
+    size        INTEGER NOT NULL,
+    stored_size INTEGER NOT NULL,
+    body        BLOB    NOT NULL,
+    created_at  REAL    NOT NULL
+);
+
+CREATE TABLE rq_entity_versions (
+    branch         TEXT    NOT NULL,
+    namespace      TEXT    NOT NULL,
+    key            TEXT    NOT NULL,
+    version        INTEGER NOT NULL,
+    parent_version INTEGER,
+    data           TEXT,
+    data_ref       TEXT,
+    delta          TEXT    NOT NULL,
+    job_id         INTEGER,
+    trace_id       TEXT,
+    attempt        INTEGER,
+    fencing_token  INTEGER,
+    created_at     REAL    NOT NULL,
+    hlc            INTEGER NOT NULL,
+    PRIMARY KEY (branch, namespace, key, version)
+);
+
+CREATE INDEX rq_entity_versions_job ON rq_entity_versions (job_id);
+
+CREATE TABLE rq_entities (
+    branch    TEXT    NOT NULL,
+    namespace TEXT    NOT NULL,
+    key       TEXT    NOT NULL,
+    version   INTEGER NOT NULL,
+    hlc       INTEGER NOT NULL,
+    PRIMARY KEY (branch, namespace, key)
+);
+
+CREATE TABLE rq_branches (
+    branch      TEXT    PRIMARY KEY,
+    base_branch TEXT    NOT NULL,
+    base_hlc    INTEGER NOT NULL,
+    origin      TEXT    NOT NULL,
+    created_at  REAL    NOT NULL
+);
+
+CREATE TABLE rq_locks (
+    resource      TEXT    PRIMARY KEY,
+    owner_token   TEXT,
+    fencing_token INTEGER NOT NULL,
+    job_id        INTEGER,
+    worker_id     TEXT,
+    acquired_at   REAL,
+    expires_at    REAL,
+    hlc           INTEGER NOT NULL
+);
+
+CREATE TABLE rq_idempotency (
+    key          TEXT    PRIMARY KEY,
+    operation    TEXT    NOT NULL,
+    status       TEXT    NOT NULL CHECK (status IN ('started', 'succeeded', 'failed', 'compensated')),
+    result       TEXT,
+    result_ref   TEXT,
+    error        TEXT,
+    claim_token  TEXT    NOT NULL,
+    started_at   REAL    NOT NULL,
+    completed_at REAL,
+    trace_id     TEXT,
+    job_id       INTEGER,
+    attempt      INTEGER
+);
+
+CREATE TABLE rq_cache (
+    key              TEXT    PRIMARY KEY,
+    base_key         TEXT    NOT NULL,
+    value            TEXT    NOT NULL,
+    version          INTEGER,
+    source_namespace TEXT,
+    source_key       TEXT,
+    written_at       REAL    NOT NULL,
+    expires_at       REAL
+);
+
+CREATE INDEX rq_cache_base ON rq_cache (base_key, written_at);
+
+CREATE TABLE rq_outbox (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    event_id      TEXT    NOT NULL UNIQUE,
+    topic         TEXT    NOT NULL,
+    payload       TEXT    NOT NULL,
+    job_id        INTEGER,
+    trace_id      TEXT,
+    created_at    REAL    NOT NULL,
+    claimed_until REAL,
+    attempts      INTEGER NOT NULL DEFAULT 0,
+    published_at  REAL,
+    last_error    TEXT
+);
+
+CREATE INDEX rq_outbox_pending ON rq_outbox (id) WHERE published_at IS NULL;
+
+CREATE TABLE rq_lineage (
+    trace_id        TEXT PRIMARY KEY,
+    origin          TEXT NOT NULL,
+    source_trace_id TEXT NOT NULL,
+    source_job_id   INTEGER,
+    branch          TEXT,
+    details         TEXT NOT NULL DEFAULT '{}',
+    created_at      REAL NOT NULL
+);
+
+CREATE INDEX rq_lineage_source ON rq_lineage (source_trace_id);

@@ -1,0 +1,141 @@
+"""Real worker subprocesses for acceptance tests, and waiting for conditions with deadlines.
+
+A worker is started exactly as a user starts one: the ``replayq`` console
+script of this virtualenv, ``--db`` pointing at a real SQLite file and
+``--app`` naming a module under ``tests/apps``. Its stdout and stderr go to
+files (never pipes, which can fill and stall the worker) so a failing test can
+show them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+ROOT = Path(__file__).resolve().parents[2]
+REPLAYQ = str(Path(sys.executable).with_name("replayq"))
+
+T = TypeVar("T")
+
+
+def wait_for(condition: Callable[[], T], *, timeout: float, what: str, interval: float = 0.05) -> T:
+    """Poll ``condition`` until it returns something truthy; fail naming ``what`` on timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for: {what}")
+        time.sleep(interval)
+
+
+def read_lines(log: Path) -> list[dict[str, Any]]:
+    """The JSON lines a test app's handler appended to its side file."""
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+@dataclass
+class WorkerProcess:
+    """One ``replayq worker`` subprocess."""
+
+    worker_id: str
+    proc: subprocess.Popen[bytes]
+    output: Path
+    stopped: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def signal(self, signum: int) -> None:
+        self.proc.send_signal(signum)
+        if signum == signal.SIGSTOP:
+            self.stopped = True
+        elif signum == signal.SIGCONT:
+            self.stopped = False
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"worker {self.worker_id} did not exit within {timeout}s\n{self.log()}"
+            ) from None
+
+    def log(self) -> str:
+        return self.output.read_text(errors="replace") if self.output.exists() else ""
+
+    def kill(self) -> None:
+        """SIGKILL this process (and only it) if it is still running."""
+        if self.proc.poll() is None:
+            if self.stopped:
+                self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+@dataclass
+class WorkerLauncher:
+    """Starts workers on one database file; kills whatever is left at teardown."""
+
+    db_path: Path
+    directory: Path
+    started: list[WorkerProcess] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"sqlite:///{self.db_path}"
+
+    def start(
+        self,
+        worker_id: str,
+        *,
+        app: str = "tests.apps.sleepy:app",
+        concurrency: int = 1,
+        grace: float = 10.0,
+        burst: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> WorkerProcess:
+        argv = [
+            REPLAYQ,
+            "--db",
+            self.url,
+            "worker",
+            "--app",
+            app,
+            "--worker-id",
+            worker_id,
+            "--concurrency",
+            str(concurrency),
+            "--grace",
+            str(grace),
+            "--poll-interval",
+            "0.05",
+        ]
+        if burst:
+            argv.append("--burst")
+        output = self.directory / f"worker-{worker_id}.log"
+        python_path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+        full_env = {**os.environ, "REPLAYQ_DB": self.url, "PYTHONPATH": python_path, **(env or {})}
+        with output.open("wb") as sink:
+            proc = subprocess.Popen(
+                argv, cwd=ROOT, env=full_env, stdout=sink, stderr=subprocess.STDOUT
+            )
+        worker = WorkerProcess(worker_id, proc, output)
+        self.started.append(worker)
+        return worker
+
+    def kill_all(self) -> None:
+        for worker in self.started:
+            worker.kill()

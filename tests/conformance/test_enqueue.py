@@ -1,0 +1,255 @@
+"""Enqueue on every backend: dedup, priority, delay, cancel, bad input, hostile strings."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import replayq
+
+AppFactory = Callable[..., replayq.App]
+
+
+def declare_jobs(app: replayq.App) -> replayq.App:
+    @app.job("charge", ordering="account:{account}", max_payload_bytes=512)
+    def charge(ctx: replayq.Context, account: str, amount: int, note: str = "") -> None:
+        return None
+
+    return app
+
+
+@pytest.fixture
+def clock() -> replayq.FrozenClock:
+    return replayq.FrozenClock()
+
+
+@pytest.fixture
+def app(app_factory: AppFactory, clock: replayq.FrozenClock) -> replayq.App:
+    return declare_jobs(app_factory(clock=clock))
+
+
+def lease_all(app: replayq.App) -> list[replayq.Job]:
+    """Lease everything ready, one at a time, in the order the queue hands it out."""
+    worker = replayq.Worker(app, worker_id="conformance")
+    leased = []
+    while batch := worker.lease(1):
+        leased.extend(batch)
+    return leased
+
+
+def event_names(app: replayq.App, job_id: int) -> list[str]:
+    return [event.name for event in app.trace(job_id)]
+
+
+# -- message_id dedup -------------------------------------------------------------------------
+
+
+def test_same_message_id_yields_the_existing_job_and_one_row(app: replayq.App) -> None:
+    first = app.enqueue("charge", {"account": "a", "amount": 5}, message_id="evt-9")
+    again = app.enqueue("charge", {"account": "a", "amount": 999}, message_id="evt-9")
+
+    assert again == first
+    jobs = app.list_jobs()
+    assert [job.id for job in jobs] == [first]
+    assert jobs[0].payload["amount"] == 5, "the duplicate does not overwrite the original"
+    assert event_names(app, first) == ["job.enqueued", "job.deduplicated"]
+
+
+def test_different_message_ids_and_no_message_id_are_separate_jobs(app: replayq.App) -> None:
+    ids = {
+        app.enqueue("charge", {"account": "a", "amount": 1}, message_id="evt-1"),
+        app.enqueue("charge", {"account": "a", "amount": 1}, message_id="evt-2"),
+        app.enqueue("charge", {"account": "a", "amount": 1}),
+        app.enqueue("charge", {"account": "a", "amount": 1}),
+    }
+    assert len(ids) == 4
+    assert len(app.list_jobs()) == 4
+
+
+def test_duplicate_message_id_inside_one_bulk_enqueue_makes_one_job(app: replayq.App) -> None:
+    requests = [
+        replayq.EnqueueRequest("charge", {"account": "a", "amount": n}, message_id="same")
+        for n in range(3)
+    ]
+    ids = app.enqueue_many(requests)
+    assert len(set(ids)) == 1
+    assert len(app.list_jobs()) == 1
+
+
+# -- priority and order -----------------------------------------------------------------------
+
+
+def test_higher_priority_is_leased_first_then_fifo(app: replayq.App) -> None:
+    low = app.enqueue("charge", {"account": "a", "amount": 1}, priority=0)
+    high = app.enqueue("charge", {"account": "b", "amount": 1}, priority=10)
+    mid_first = app.enqueue("charge", {"account": "c", "amount": 1}, priority=5)
+    mid_second = app.enqueue("charge", {"account": "d", "amount": 1}, priority=5)
+
+    assert [job.id for job in lease_all(app)] == [high, mid_first, mid_second, low]
+
+
+def test_jobs_of_one_ordering_key_are_leased_one_at_a_time_in_enqueue_order(
+    app: replayq.App,
+) -> None:
+    a1 = app.enqueue("charge", {"account": "a", "amount": 1})
+    a2 = app.enqueue("charge", {"account": "a", "amount": 2}, priority=100)
+    b1 = app.enqueue("charge", {"account": "b", "amount": 1})
+    worker = replayq.Worker(app, worker_id="conformance")
+
+    first = worker.lease(10)
+    assert sorted(job.id for job in first) == [a1, b1], "a2 waits for a1, whatever its priority"
+    for job in first:
+        worker.execute(job)
+    assert [job.id for job in worker.lease(10)] == [a2]
+
+
+# -- delay and run_at -------------------------------------------------------------------------
+
+
+def test_delayed_job_is_not_leased_before_it_is_due(
+    app: replayq.App, clock: replayq.FrozenClock
+) -> None:
+    job_id = app.enqueue("charge", {"account": "a", "amount": 1}, delay="10s")
+    assert app.get_job(job_id).run_at == pytest.approx(clock.now() + 10)
+
+    clock.advance(9.9)
+    assert lease_all(app) == []
+    clock.advance(0.2)
+    assert [job.id for job in lease_all(app)] == [job_id]
+
+
+def test_run_at_in_the_future_is_honoured(app: replayq.App, clock: replayq.FrozenClock) -> None:
+    due = clock.now() + 60
+    job_id = app.enqueue("charge", {"account": "a", "amount": 1}, run_at=due)
+    assert lease_all(app) == []
+    clock.set(due)
+    assert [job.id for job in lease_all(app)] == [job_id]
+
+
+def test_delay_and_run_at_together_are_refused(app: replayq.App) -> None:
+    with pytest.raises(replayq.ConfigurationError, match="delay or run_at"):
+        app.enqueue("charge", {"account": "a", "amount": 1}, delay="1s", run_at=1.0)
+    assert app.list_jobs() == []
+
+
+# -- cancel -----------------------------------------------------------------------------------
+
+
+def test_cancelled_queued_job_is_never_run(app: replayq.App) -> None:
+    job_id = app.enqueue("charge", {"account": "a", "amount": 1})
+
+    assert app.cancel(job_id) is True
+
+    assert app.get_job(job_id).state is replayq.JobState.CANCELLED
+    assert lease_all(app) == []
+    assert event_names(app, job_id) == ["job.enqueued", "job.cancelled"]
+    assert app.cancel(job_id) is False, "cancelling twice changes nothing"
+
+
+def test_running_job_cannot_be_cancelled_and_still_completes(app: replayq.App) -> None:
+    job_id = app.enqueue("charge", {"account": "a", "amount": 1})
+    worker = replayq.Worker(app, worker_id="conformance")
+    [job] = worker.lease(1)
+
+    assert app.cancel(job_id) is False
+    assert app.get_job(job_id).state is replayq.JobState.RUNNING
+
+    worker.execute(job)
+    assert app.get_job(job_id).state is replayq.JobState.SUCCEEDED
+    assert "job.cancelled" not in event_names(app, job_id)
+
+
+def test_cancelled_head_of_an_ordering_key_unblocks_the_next_job(app: replayq.App) -> None:
+    head = app.enqueue("charge", {"account": "a", "amount": 1})
+    nxt = app.enqueue("charge", {"account": "a", "amount": 2})
+    app.cancel(head)
+    assert [job.id for job in lease_all(app)] == [nxt]
+
+
+# -- bad input --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("payload", "named"),
+    [
+        ({"account": "a", "amount": 1, "note": {1, 2}}, "note"),
+        ({"account": "a", "amount": float("nan")}, "amount"),
+        ({"account": "a", "amount": 1, "note": object()}, "note"),
+        ({"account": "a"}, "'amount'"),
+        ({"amount": 1}, "'account'"),
+        ({"account": "a", "amount": 1, "colour": "red"}, "'colour'"),
+        ({"account": "a", "amount": "12"}, "'amount'"),
+        ({"account": "a", "amount": 1, "note": "x" * 600}, "max_payload_bytes=512"),
+    ],
+    ids=[
+        "set-not-json",
+        "nan-not-json",
+        "object-not-json",
+        "missing-amount",
+        "missing-account",
+        "unknown-field",
+        "wrong-type",
+        "too-large",
+    ],
+)
+def test_bad_payload_is_rejected_at_enqueue_naming_the_field_or_limit(
+    app: replayq.App, payload: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(replayq.PayloadError, match=re.escape(named)):
+        app.enqueue("charge", payload)
+    assert app.list_jobs() == [], "a rejected payload leaves no job behind"
+
+
+def test_payload_that_is_not_an_object_is_rejected(app: replayq.App) -> None:
+    with pytest.raises(replayq.PayloadError, match="JSON object"):
+        app.enqueue("charge", ["account", "a"])  # type: ignore[arg-type]
+
+
+def test_bulk_enqueue_with_one_bad_payload_enqueues_nothing(app: replayq.App) -> None:
+    requests = [
+        replayq.EnqueueRequest("charge", {"account": "a", "amount": 1}),
+        replayq.EnqueueRequest("charge", {"account": "b"}),
+    ]
+    with pytest.raises(replayq.PayloadError, match="'amount'"):
+        app.enqueue_many(requests)
+    assert app.list_jobs() == []
+
+
+def test_enqueue_of_an_undeclared_type_is_refused_unless_unchecked(app: replayq.App) -> None:
+    with pytest.raises(replayq.UnknownJobTypeError, match="'ghost'"):
+        app.enqueue("ghost", {})
+    assert app.list_jobs() == []
+    job_id = app.enqueue("ghost", {"x": 1}, check=False)
+    assert app.get_job(job_id).job_type == "ghost"
+
+
+HOSTILE = [
+    "'; DROP TABLE jobs;--",
+    "Robert'); DROP TABLE rq_jobs;--",
+    '" OR 1=1 --',
+    "%_\\ [*] $1 :name ?",
+    "ключ 🔑 日本 \t\n\r",
+    " leading and trailing ",
+    "{account} {0} {{}}",
+]
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_hostile_message_ids_and_ordering_keys_round_trip_byte_exact(
+    app: replayq.App, text: str
+) -> None:
+    job_id = app.enqueue("charge", {"account": text, "amount": 1, "note": text}, message_id=text)
+
+    job = app.get_job(job_id)
+    assert job.message_id.encode() == text.encode()
+    assert job.ordering_key.encode() == f"account:{text}".encode()
+    assert job.payload["note"].encode() == text.encode()
+    assert app.enqueue("charge", {"account": "x", "amount": 2}, message_id=text) == job_id
+    other = app.enqueue("charge", {"account": "x", "amount": 3}, message_id=text + "!")
+    assert other != job_id
+    assert len(app.list_jobs()) == 2, "the table is intact and holds exactly what was enqueued"
+    [leased, *_] = lease_all(app)
+    assert leased.ordering_key == f"account:{text}"

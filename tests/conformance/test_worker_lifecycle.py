@@ -1,0 +1,302 @@
+"""The worker on every backend, driven in-process with a frozen clock and a seeded rng.
+
+Retries, dead-lettering, lease expiry and the owner-token compare-and-set are
+checked by calling ``Worker.lease``/``execute``/``reap`` directly, so every
+delay and deadline is exact.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+
+import replayq
+from replayq.storage.protocol import TraceEvent
+
+AppFactory = Callable[..., replayq.App]
+SEED = 20240607
+POLICY = replayq.Retry(max_attempts=5, base="2s", cap="10s", jitter="full", on=("transient",))
+
+
+class Flaky(Exception):
+    """A foreign exception the contract maps to ``transient``."""
+
+
+@pytest.fixture
+def clock() -> replayq.FrozenClock:
+    return replayq.FrozenClock()
+
+
+@pytest.fixture
+def runs() -> dict[str, int]:
+    """How many times each handler actually ran (execution, not delivery)."""
+    return {}
+
+
+@pytest.fixture
+def app(app_factory: AppFactory, clock: replayq.FrozenClock, runs: dict[str, int]) -> replayq.App:
+    app = app_factory(clock=clock, rng=random.Random(SEED))
+
+    def count(name: str) -> None:
+        runs[name] = runs.get(name, 0) + 1
+
+    @app.job("always_transient", lease="30s", retry=POLICY)
+    def always_transient(ctx: replayq.Context, n: int) -> None:
+        count("always_transient")
+        raise replayq.TransientError("upstream timed out")
+
+    @app.job("invalid", retry=POLICY)
+    def invalid(ctx: replayq.Context, order_id: int) -> None:
+        count("invalid")
+        raise replayq.ValidationError(f"order {order_id} is not paid")
+
+    @app.job("buggy", retry=POLICY)
+    def buggy(ctx: replayq.Context) -> None:
+        count("buggy")
+        raise KeyError("missing")
+
+    @app.job("mapped", retry=POLICY, errors={Flaky: "transient"})
+    def mapped(ctx: replayq.Context) -> None:
+        count("mapped")
+        if runs["mapped"] == 1:
+            raise Flaky("first call fails")
+
+    @app.job("ok", lease="10s", retry=replayq.Retry(max_attempts=2))
+    def ok(ctx: replayq.Context, n: int) -> dict[str, int]:
+        count("ok")
+        return {"n": n, "attempt": ctx.attempt}
+
+    return app
+
+
+def events(app: replayq.App, job_id: int, name: str) -> list[TraceEvent]:
+    return [event for event in app.trace(job_id) if event.name == name]
+
+
+def run_once(worker: replayq.Worker) -> replayq.Job:
+    """Lease exactly one job and run it to a settled state."""
+    [job] = worker.lease(1)
+    worker.execute(job)
+    return job
+
+
+# -- retry classes ----------------------------------------------------------------------------
+
+
+def test_validation_error_goes_to_dead_at_once_with_its_reason(app: replayq.App) -> None:
+    job_id = app.enqueue("invalid", {"order_id": 7})
+
+    run_once(replayq.Worker(app))
+
+    job = app.get_job(job_id)
+    assert job.state is replayq.JobState.DEAD
+    assert job.attempt == 1
+    assert job.dead_reason == replayq.DeadReason.NOT_RETRYABLE
+    assert job.last_error_class == "validation"
+    assert "order 7 is not paid" in job.last_error
+    assert events(app, job_id, "retry.scheduled") == []
+    [dead] = events(app, job_id, "job.dead")
+    assert dead.data["reason"] == "not_retryable"
+    assert dead.data["error_class"] == "validation"
+
+
+def test_transient_failures_retry_with_jittered_capped_backoff_then_go_dead(
+    app: replayq.App, clock: replayq.FrozenClock, runs: dict[str, int]
+) -> None:
+    job_id = app.enqueue("always_transient", {"n": 1})
+    worker = replayq.Worker(app)
+    expected_rng = random.Random(SEED)
+
+    for attempt in range(1, POLICY.max_attempts):
+        assert run_once(worker).attempt == attempt
+        job = app.get_job(job_id)
+        assert job.state is replayq.JobState.QUEUED
+        assert job.last_error_class == "transient"
+        retry = events(app, job_id, "retry.scheduled")[-1]
+        ceiling = min(10.0, 2.0 * 2 ** (attempt - 1))
+        delay = retry.data["delay"]
+        assert retry.data["reason"] == "transient"
+        assert retry.data["ceiling"] == pytest.approx(ceiling)
+        assert 0 <= delay <= ceiling
+        assert delay == pytest.approx(expected_rng.uniform(0, ceiling))
+        assert job.run_at == pytest.approx(clock.now() + delay)
+        assert retry.data["run_at"] == pytest.approx(clock.now() + delay)
+
+        clock.advance(delay * 0.99)
+        assert worker.lease(1) == [], "a retry is not leased before its run_at"
+        clock.advance(delay * 0.01 + 0.001)
+
+    run_once(worker)
+    job = app.get_job(job_id)
+    assert job.state is replayq.JobState.DEAD
+    assert job.attempt == POLICY.max_attempts
+    assert job.dead_reason == replayq.DeadReason.ATTEMPTS_EXHAUSTED
+    assert runs["always_transient"] == POLICY.max_attempts
+    delays = [e.data["delay"] for e in events(app, job_id, "retry.scheduled")]
+    ceilings = [e.data["ceiling"] for e in events(app, job_id, "retry.scheduled")]
+    assert ceilings == [2.0, 4.0, 8.0, 10.0], "exponential from base, capped"
+    assert len(set(delays)) == len(delays), "full jitter: delays are not a fixed schedule"
+
+
+def test_unclassified_exception_is_not_retried_by_default(app: replayq.App) -> None:
+    job_id = app.enqueue("buggy", {})
+    run_once(replayq.Worker(app))
+    job = app.get_job(job_id)
+    assert (job.state, job.attempt, job.last_error_class) == (replayq.JobState.DEAD, 1, "unknown")
+    assert "KeyError" in job.last_error
+
+
+def test_foreign_exception_mapped_to_transient_is_retried_and_succeeds(
+    app: replayq.App, clock: replayq.FrozenClock
+) -> None:
+    job_id = app.enqueue("mapped", {})
+    worker = replayq.Worker(app)
+    run_once(worker)
+    assert app.get_job(job_id).last_error_class == "transient"
+    clock.advance(POLICY.cap_seconds)
+    run_once(worker)
+    job = app.get_job(job_id)
+    assert (job.state, job.attempt) == (replayq.JobState.SUCCEEDED, 2)
+
+
+def test_succeeded_job_stores_result_and_one_success_event(app: replayq.App) -> None:
+    job_id = app.enqueue("ok", {"n": 3})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    job = app.get_job(job_id)
+    assert job.state is replayq.JobState.SUCCEEDED
+    assert job.result == {"n": 3, "attempt": 1}
+    assert job.owner_token is None
+    names = [event.name for event in app.trace(job_id)]
+    assert names == ["job.enqueued", "job.leased", "job.succeeded"]
+    hlcs = [event.hlc for event in app.trace(job_id)]
+    assert hlcs == sorted(hlcs) and len(set(hlcs)) == len(hlcs)
+
+
+# -- bad input at the worker ------------------------------------------------------------------
+
+
+def test_unknown_job_type_goes_to_dead_without_retrying(app: replayq.App) -> None:
+    job_id = app.enqueue("ghost", {"x": 1}, check=False)
+    worker = replayq.Worker(app)
+
+    run_once(worker)
+
+    job = app.get_job(job_id)
+    assert job.state is replayq.JobState.DEAD
+    assert job.dead_reason == "unknown_job_type"
+    assert job.attempt == 1
+    assert worker.lease(10) == [], "nothing left to retry"
+    assert events(app, job_id, "retry.scheduled") == []
+
+
+def test_payload_that_does_not_fit_the_handler_goes_to_dead_as_malformed(
+    app: replayq.App, app_factory: AppFactory, clock: replayq.FrozenClock, runs: dict[str, int]
+) -> None:
+    producer = app_factory(clock=clock)  # declares no handlers: it cannot check the payload
+    job_id = producer.enqueue("ok", {"wrong": 1}, check=False)
+    run_once(replayq.Worker(app))
+    job = app.get_job(job_id)
+    assert (job.state, job.attempt) == (replayq.JobState.DEAD, 1)
+    assert job.dead_reason == "malformed_payload"
+    assert "'n'" in job.last_error
+    assert "ok" not in runs, "the handler never ran"
+
+
+# -- leases and the owner-token compare-and-set -----------------------------------------------
+
+
+def test_expired_lease_is_reaped_and_redelivered_and_the_stale_owner_cannot_write(
+    app: replayq.App, clock: replayq.FrozenClock
+) -> None:
+    job_id = app.enqueue("ok", {"n": 1})
+    stale, fresh = replayq.Worker(app, worker_id="stale"), replayq.Worker(app, worker_id="fresh")
+    [stale_job] = stale.lease(1)
+
+    clock.advance(9.9)
+    assert fresh.reap() == 0, "a lease is honoured until its deadline"
+    clock.advance(0.2)
+    assert fresh.reap() == 1
+    [fresh_job] = fresh.lease(1)
+    assert (fresh_job.id, fresh_job.attempt, fresh_job.redelivery_count) == (job_id, 2, 1)
+    fresh.execute(fresh_job)
+    settled = app.get_job(job_id)
+
+    stale.execute(stale_job)
+
+    after = app.get_job(job_id)
+    assert after == settled, "the stale owner's late completion changed nothing"
+    assert after.result == {"n": 1, "attempt": 2}
+    [rejected] = events(app, job_id, "job.write_rejected")
+    assert rejected.worker_id == "stale"
+    assert stale.stats.rejected == 1
+    names = [event.name for event in app.trace(job_id)]
+    assert names.count("job.succeeded") == 1
+    assert (
+        names.index("lease.expired") < names.index("job.redelivered") < names.index("job.succeeded")
+    )
+
+
+def test_stale_owner_failure_cannot_schedule_a_retry(
+    app: replayq.App, clock: replayq.FrozenClock
+) -> None:
+    job_id = app.enqueue("always_transient", {"n": 1})
+    stale, fresh = replayq.Worker(app, worker_id="stale"), replayq.Worker(app, worker_id="fresh")
+    [stale_job] = stale.lease(1)
+    clock.advance(31)
+    fresh.reap()
+    [fresh_job] = fresh.lease(1)
+
+    stale.execute(stale_job)
+
+    job = app.get_job(job_id)
+    assert job.state is replayq.JobState.RUNNING
+    assert job.owner_token == fresh_job.owner_token
+    assert events(app, job_id, "retry.scheduled") == []
+    assert [e.worker_id for e in events(app, job_id, "job.write_rejected")] == ["stale"]
+
+
+def test_lease_expiry_on_the_last_attempt_goes_to_dead(
+    app: replayq.App, clock: replayq.FrozenClock
+) -> None:
+    job_id = app.enqueue("ok", {"n": 1})
+    worker = replayq.Worker(app)
+    for _ in range(2):  # max_attempts=2; both leases expire
+        worker.lease(1)
+        clock.advance(11)
+        worker.reap()
+    job = app.get_job(job_id)
+    assert job.state is replayq.JobState.DEAD
+    assert job.dead_reason == "lease_expired_attempts_exhausted"
+    assert worker.lease(1) == []
+
+
+def test_dead_job_requeued_with_a_reason_runs_again(
+    app: replayq.App, clock: replayq.FrozenClock
+) -> None:
+    job_id = app.enqueue("invalid", {"order_id": 1})
+    worker = replayq.Worker(app)
+    run_once(worker)
+
+    with pytest.raises(replayq.ConfigurationError, match="reason"):
+        app.requeue(job_id, reason="  ")
+    assert app.requeue(job_id, reason="order was paid by hand") is True
+
+    job = app.get_job(job_id)
+    assert job.state is replayq.JobState.QUEUED
+    assert job.max_attempts == job.attempt + 1
+    [requeued] = events(app, job_id, "job.requeued")
+    assert requeued.data["reason"] == "order was paid by hand"
+    assert app.requeue(job_id, reason="again") is False, "only dead jobs are requeued"
+    assert run_once(worker).attempt == 2
+
+
+def test_burst_worker_drains_every_job_and_stops(
+    app: replayq.App, clock: replayq.FrozenClock, runs: dict[str, int]
+) -> None:
+    ids = [app.enqueue("ok", {"n": n}) for n in range(20)]
+    stats = replayq.Worker(app, concurrency=4, burst=True, poll_interval=0.01).run()
+    assert stats.succeeded == 20
+    assert {job.id for job in app.list_jobs(states=["succeeded"])} == set(ids)
+    assert runs["ok"] == 20
