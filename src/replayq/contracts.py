@@ -39,6 +39,10 @@ class Retry:
             raise ContractError(f"Retry.max_attempts must be at least 1, got {self.max_attempts}")
         base = parse_duration(self.base, name="Retry.base")
         cap = parse_duration(self.cap, name="Retry.cap")
+        # Stored in seconds, so that Retry("2s") == Retry(2.0) and contracts round-trip.
+        object.__setattr__(self, "base", base)
+        object.__setattr__(self, "cap", cap)
+        object.__setattr__(self, "on", tuple(self.on))
         if base <= 0:
             raise ContractError("Retry.base must be positive")
         if cap < base:
