@@ -32,6 +32,8 @@ from replayq.storage.sql_transaction import SqlTransaction
 
 _MIGRATIONS = "replayq.storage.sqlite.migrations"
 _SYNC_MODES = {"OFF", "NORMAL", "FULL", "EXTRA"}
+_WAL_AUTOCHECKPOINT_PAGES = 4000
+_JOURNAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
 
 
 def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
@@ -98,6 +100,11 @@ class SqliteStorage:
             conn.execute("PRAGMA journal_mode = WAL")
             # PRAGMA values cannot be bound parameters; this one is checked against _SYNC_MODES.
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
+            # A job's two commits dirty ~10 pages each (row, indexes, trace); at the default
+            # 1000-page WAL a checkpoint (two fsyncs) came every ~50 jobs. Durability is the
+            # same; the WAL reaches ~16 MB between checkpoints and is truncated if above 64 MB.
+            conn.execute(f"PRAGMA wal_autocheckpoint = {_WAL_AUTOCHECKPOINT_PAGES}")
+            conn.execute(f"PRAGMA journal_size_limit = {_JOURNAL_SIZE_LIMIT_BYTES}")
             conn.execute("PRAGMA foreign_keys = ON")
         except sqlite3.Error as exc:
             raise DatabaseUnavailableError(
