@@ -38,6 +38,15 @@ DEFAULT_URL = "sqlite:///replayq.db"
 UNCHECKED_MAX_PAYLOAD_BYTES = 256 * 1024
 
 
+def new_trace_id(now: float) -> str:
+    """A 32-hex-digit id that sorts by creation time (48-bit ms prefix, 80 random bits).
+
+    Time-ordered ids keep the trace index's inserts on its last pages instead of
+    a random page per job.
+    """
+    return f"{int(now * 1000) & 0xFFFFFFFFFFFF:012x}{uuid.uuid4().hex[:20]}"
+
+
 @dataclass(frozen=True)
 class EnqueueRequest:
     """One job to enqueue, for ``App.enqueue_many``."""
@@ -300,7 +309,7 @@ class App:
             run_at=run_at,
             now=now,
             max_attempts=max_attempts,
-            trace_id=uuid.uuid4().hex,
+            trace_id=new_trace_id(now),
             hlc=hlc,
             message_id=request.message_id,
             ordering_key=ordering_key,

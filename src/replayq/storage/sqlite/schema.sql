@@ -53,7 +53,7 @@ CREATE INDEX rq_jobs_type_state ON rq_jobs (job_type, state);
 CREATE INDEX rq_jobs_trace ON rq_jobs (trace_id);
 
 CREATE TABLE rq_events (
-    id               INTEGER PRIMARY KEY AUTOINCREMENT,
+    id               INTEGER PRIMARY KEY,
     trace_id         TEXT    NOT NULL,
     job_id           INTEGER,
     attempt          INTEGER,

@@ -41,8 +41,10 @@ CREATE INDEX rq_jobs_ordering ON rq_jobs (ordering_key, id)
 CREATE INDEX rq_jobs_type_state ON rq_jobs (job_type, state);
 CREATE INDEX rq_jobs_trace ON rq_jobs (trace_id);
 
+-- No AUTOINCREMENT: events are append-only and never deleted out of order, and
+-- AUTOINCREMENT would update sqlite_sequence on every commit (an extra page).
 CREATE TABLE rq_events (
-    id               INTEGER PRIMARY KEY AUTOINCREMENT,
+    id               INTEGER PRIMARY KEY,
     trace_id         TEXT    NOT NULL,
     job_id           INTEGER,
     attempt          INTEGER,
