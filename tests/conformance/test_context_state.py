@@ -1,0 +1,275 @@
+"""Versioned copy-on-write state: optimistic conflicts, history with provenance, fencing, locks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import replayq
+from replayq.locks import break_lock, list_locks
+from tests.context_support import count_rows, named, run_once
+
+AppFactory = Callable[..., replayq.App]
+RETRY = replayq.Retry(max_attempts=3, base="1s", cap="1s")
+
+
+@pytest.fixture
+def clock() -> replayq.FrozenClock:
+    return replayq.FrozenClock()
+
+
+@pytest.fixture
+def app(app_factory: AppFactory, clock: replayq.FrozenClock) -> replayq.App:
+    return app_factory(clock=clock)
+
+
+# -- optimistic concurrency -------------------------------------------------------------------
+
+
+def test_optimistic_conflict_is_class_concurrency_retried_and_traced_with_versions(
+    app: replayq.App, clock: replayq.FrozenClock
+) -> None:
+    app.state.put("stock", "sku-1", {"count": 10}, expected_version=0)
+    interfere = [True]
+
+    @app.job("reserve", retry=RETRY)
+    def reserve(ctx: replayq.Context, sku: str) -> int:
+        with ctx.step("reserve"):
+            stock = ctx.state.get("stock", sku)
+            if interfere.pop() if interfere else False:
+                # Another writer (a restock) lands between our read and our write.
+                app.state.put("stock", sku, {"count": 50}, expected_version=stock.version)
+            ctx.state.put(
+                "stock", sku, {"count": stock.data["count"] - 1}, expected_version=stock.version
+            )
+        return int(stock.data["count"]) - 1
+
+    job_id = app.enqueue("reserve", {"sku": "sku-1"})
+    worker = replayq.Worker(app)
+    run_once(worker)
+
+    job = app.get_job(job_id)
+    assert (job.state, job.last_error_class) == (replayq.JobState.QUEUED, "concurrency")
+    assert "expected version 1, found 2" in job.last_error
+    [conflict] = named(app, job_id, "state.conflict")
+    assert conflict.resource == "stock:sku-1"
+    assert (conflict.data["expected"], conflict.data["actual"]) == (1, 2)
+    [failed] = named(app, job_id, "job.failed")
+    assert failed.data["error_class"] == "concurrency"
+    [retry] = named(app, job_id, "retry.scheduled")
+    assert retry.data["reason"] == "concurrency"
+    assert app.state.get("stock", "sku-1").data == {"count": 50}, "the other writer's value"
+
+    clock.advance(2)
+    run_once(worker)
+    assert app.get_job(job_id).state is replayq.JobState.SUCCEEDED
+    assert app.get_job(job_id).result == 49, "the retry read the new version"
+    current = app.state.get("stock", "sku-1")
+    assert (current.version, current.data) == (3, {"count": 49})
+
+
+def test_a_write_that_loses_the_race_at_commit_is_a_conflict_and_writes_nothing(
+    app: replayq.App,
+) -> None:
+    """The version check at ``put`` passed; another writer commits before the step does."""
+
+    @app.job("rename", retry=replayq.Retry(max_attempts=1))
+    def rename(ctx: replayq.Context, key: str) -> None:
+        with ctx.step("rename"):
+            item = ctx.state.get("item", key)
+            ctx.state.put("item", key, {"name": "ours"})
+            ctx.outbox.publish("item.renamed", {"key": key})
+            app.state.put("item", key, {"name": "theirs"}, expected_version=item.version)
+
+    app.state.put("item", "a", {"name": "original"}, expected_version=0)
+    job_id = app.enqueue("rename", {"key": "a"})
+    run_once(replayq.Worker(app))
+
+    job = app.get_job(job_id)
+    assert (job.state, job.last_error_class) == (replayq.JobState.DEAD, "concurrency")
+    [conflict] = named(app, job_id, "state.conflict")
+    assert (conflict.data["expected"], conflict.data["actual"]) == (1, 2)
+    [rolled_back] = named(app, job_id, "step.rolled_back")
+    assert rolled_back.data["step_name"] == "rename"
+    assert app.state.get("item", "a").data == {"name": "theirs"}
+    assert count_rows(app.url, "rq_outbox") == 0, "the step's outbox row went with it"
+
+
+# -- copy-on-write and history ----------------------------------------------------------------
+
+
+def test_history_lists_each_version_with_its_job_trace_parent_and_delta(
+    app: replayq.App,
+) -> None:
+    @app.job("set_status")
+    def set_status(ctx: replayq.Context, order_id: int, fields: dict[str, Any]) -> int:
+        with ctx.step("write"):
+            order = ctx.state.get("order", order_id)
+            entity = ctx.state.put("order", order_id, {**(order.data or {}), **fields})
+        return entity.version
+
+    worker = replayq.Worker(app)
+    jobs = [
+        app.enqueue("set_status", {"order_id": 1, "fields": {"status": "placed", "total": 30}}),
+        app.enqueue("set_status", {"order_id": 1, "fields": {"status": "paid"}}),
+        app.enqueue("set_status", {"order_id": 1, "fields": {"status": "paid"}}),  # no change
+        app.enqueue("set_status", {"order_id": 1, "fields": {"status": "shipped"}}),
+    ]
+    for _ in jobs:
+        run_once(worker)
+
+    assert [app.get_job(j).result for j in jobs] == [1, 2, 2, 3]
+    history = app.state.history("order", 1)
+    assert [v.version for v in history] == [1, 2, 3], "an unchanged put made no version"
+    assert [v.parent_version for v in history] == [None, 1, 2]
+    assert [v.job_id for v in history] == [jobs[0], jobs[1], jobs[3]]
+    assert [v.trace_id for v in history] == [app.get_job(jobs[i]).trace_id for i in (0, 1, 3)]
+    assert [v.attempt for v in history] == [1, 1, 1]
+    assert history[0].data == {"status": "placed", "total": 30}
+    assert history[1].delta == {"set": {"status": "paid"}, "unset": []}
+    assert history[2].delta == {"set": {"status": "shipped"}, "unset": []}
+    assert history[2].data == {"status": "shipped", "total": 30}
+    [unchanged] = named(app, jobs[2], "state.unchanged")
+    assert (unchanged.resource, unchanged.resource_version) == ("order:1", 2)
+    assert named(app, jobs[2], "state.write") == []
+    writes = named(app, jobs[1], "state.write")
+    assert [(w.resource_version, w.data["parent_version"]) for w in writes] == [(2, 1)]
+    assert count_rows(app.url, "rq_entity_versions") == 3, "only written entities are stored"
+
+
+def test_several_writes_in_one_step_chain_versions_within_the_step(app: replayq.App) -> None:
+    @app.job("two_writes")
+    def two_writes(ctx: replayq.Context) -> None:
+        with ctx.step("write"):
+            ctx.state.get("doc", "x")
+            ctx.state.put("doc", "x", {"a": 1})
+            ctx.state.put("doc", "x", {"a": 1, "b": 2})
+            assert ctx.state.get("doc", "x").data == {"a": 1, "b": 2}, "own writes first"
+
+    job_id = app.enqueue("two_writes", {})
+    run_once(replayq.Worker(app))
+    assert app.get_job(job_id).state is replayq.JobState.SUCCEEDED
+    history = app.state.history("doc", "x")
+    assert [(v.version, v.parent_version, v.delta) for v in history] == [
+        (1, None, {"replace": {"a": 1}}),
+        (2, 1, {"set": {"b": 2}, "unset": []}),
+    ]
+
+
+# -- locks and fencing ------------------------------------------------------------------------
+
+
+def test_a_write_after_the_lock_was_broken_is_rejected_by_the_fencing_check(
+    app: replayq.App,
+) -> None:
+    @app.job("adjust", lock="account:{account}", retry=replayq.Retry(max_attempts=1))
+    def adjust(ctx: replayq.Context, account: str) -> None:
+        with ctx.step("adjust"):
+            balance = ctx.state.get("account", account)
+            [held] = list_locks(app)
+            assert (held.resource, held.fencing_token, held.job_id) == (
+                f"account:{account}",
+                1,
+                ctx.job_id,
+            )
+            break_lock(app, f"account:{account}", reason="operator: holder looked stuck")
+            ctx.state.put("account", account, {"balance": 5}, expected_version=balance.version)
+
+    job_id = app.enqueue("adjust", {"account": "acc-1"})
+    run_once(replayq.Worker(app))
+
+    assert app.state.get("account", "acc-1").version == 0, "the fenced write did not land"
+    [rejected] = named(app, job_id, "state.write_rejected")
+    assert rejected.resource == "account:acc-1"
+    assert (rejected.data["fencing_token"], rejected.data["newest_token"]) == (1, 2)
+    job = app.get_job(job_id)
+    assert job.last_error_class == "concurrency"
+    assert "fencing token 1" in job.last_error
+    [expired] = named(app, job_id, "lock.expired")
+    assert expired.resource == "account:acc-1", "the holder learns its lock was lost"
+    broken = [e for e in app.resource_trace("account:acc-1") if e.name == "lock.broken"]
+    assert broken[0].data["reason"] == "operator: holder looked stuck"
+    assert list_locks(app) == []
+
+
+def test_lock_fencing_tokens_grow_per_resource_and_writes_carry_them(app: replayq.App) -> None:
+    @app.job("bump", lock="counter:{name}")
+    def bump(ctx: replayq.Context, name: str) -> None:
+        with ctx.step("bump"):
+            current = ctx.state.get("counter", name)
+            ctx.state.put("counter", name, {"n": (current.data or {"n": 0})["n"] + 1})
+
+    worker = replayq.Worker(app)
+    for _ in range(3):
+        app.enqueue("bump", {"name": "c"})
+        run_once(worker)
+    history = app.state.history("counter", "c")
+    assert [(v.version, v.fencing_token) for v in history] == [(1, 1), (2, 2), (3, 3)]
+    assert list_locks(app) == [], "released after each job"
+
+
+def test_a_lock_held_by_another_job_times_out_as_concurrency(
+    app: replayq.App, clock: replayq.FrozenClock
+) -> None:
+    @app.job("inner", retry=replayq.Retry(max_attempts=1))
+    def inner(ctx: replayq.Context) -> None:
+        with ctx.lock("printer", ttl="30s", wait="0.2s"):
+            pass
+
+    @app.job("outer", retry=replayq.Retry(max_attempts=1))
+    def outer(ctx: replayq.Context) -> None:
+        with ctx.lock("printer", ttl="30s"):
+            run_once(replayq.Worker(app, worker_id="other"))
+
+    outer_id = app.enqueue("outer", {})
+    inner_id = app.enqueue("inner", {}, delay="1s")
+    clock.advance(1)
+    run_once(replayq.Worker(app, worker_id="first"))
+
+    assert app.get_job(outer_id).state is replayq.JobState.SUCCEEDED
+    inner_job = app.get_job(inner_id)
+    assert inner_job.last_error_class == "concurrency"
+    [timeout] = named(app, inner_id, "lock.timeout")
+    assert (timeout.data["holder_job"], timeout.data["holder_token"]) == (outer_id, 1)
+
+
+@pytest.mark.parametrize("ttl", [0, "0s", -1, -0.5])
+def test_a_lock_ttl_of_zero_or_negative_is_rejected_on_the_job_contract(
+    app: replayq.App, ttl: Any
+) -> None:
+    def handler(ctx: replayq.Context, order_id: int) -> None:
+        return None
+
+    with pytest.raises(replayq.ConfigurationError, match="lock_ttl"):
+        app.job("ship", lock="order:{order_id}", lock_ttl=ttl)(handler)
+    assert app.job_types() == [], "nothing was declared"
+
+
+def test_a_negative_lock_ttl_string_is_rejected_on_the_job_contract(app: replayq.App) -> None:
+    def handler(ctx: replayq.Context, order_id: int) -> None:
+        return None
+
+    with pytest.raises(replayq.ConfigurationError, match="lock_ttl"):
+        app.job("ship", lock="order:{order_id}", lock_ttl="-5s")(handler)
+
+
+@pytest.mark.parametrize("ttl", [0, "0s", -3])
+def test_a_lock_ttl_of_zero_or_negative_is_rejected_by_ctx_lock(app: replayq.App, ttl: Any) -> None:
+    entered: list[int] = []
+
+    @app.job("print", retry=RETRY)
+    def print_job(ctx: replayq.Context) -> None:
+        with ctx.lock("printer", ttl=ttl):
+            entered.append(1)
+
+    job_id = app.enqueue("print", {})
+    run_once(replayq.Worker(app))
+
+    assert entered == [], "the lock was never taken"
+    job = app.get_job(job_id)
+    assert job.state is replayq.JobState.DEAD, "a configuration error is not retried"
+    assert "ttl must be positive" in job.last_error
+    assert "printer" in job.last_error
+    assert count_rows(app.url, "rq_locks") == 0
