@@ -22,6 +22,8 @@ REQUIRE_PG = os.environ.get("REPLAYQ_REQUIRE_POSTGRES") == "1"
 
 BACKENDS = ["sqlite", "postgres"]
 
+pytest_plugins = ["tests.services"]  # the `service` fixture: a real HTTP service process
+
 
 def postgres_available() -> str | None:
     """``None`` when the server answers, else the reason."""

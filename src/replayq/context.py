@@ -329,7 +329,20 @@ class Context:
         request = {"args": list(args), "kwargs": kwargs}
         fingerprint = codec.fingerprint(_summarise(request))
         if self.substitution is not None:
-            result = self.substitution.answer("call", name, fingerprint)
+            from replayq.recording import RecordedFailure
+
+            try:
+                result = self.substitution.answer("call", name, fingerprint)
+            except RecordedFailure as exc:
+                self.record(
+                    "call",
+                    status="fail",
+                    call=name,
+                    fingerprint=fingerprint,
+                    error=exc.error,
+                    replayed=True,
+                )
+                raise
             self.record("call", call=name, fingerprint=fingerprint, response=result, replayed=True)
             return result
         started = time.monotonic()

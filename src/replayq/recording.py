@@ -3,7 +3,8 @@
 ``Recording`` holds one attempt's domain events (large values resolved from the
 blob store) and its outcome. ``RecordedAnswers`` is the ``Substitution`` a
 replaying context consults: calls, effects, clock and random reads and cache
-reads come from the recording, in order; anything the recording lacks raises
+reads come from the recording, in order; a call or effect that failed in the
+recording raises ``RecordedFailure`` again; anything the recording lacks raises
 ``ReplayDivergenceError`` (deny by default) or, after a fork point, returns an
 explicit stub.
 """
@@ -23,6 +24,15 @@ if TYPE_CHECKING:
     from replayq.app import App
 
 EFFECT_OUTCOMES = ("effect.succeeded", "effect.deduplicated", "effect.replayed")
+
+
+class RecordedFailure(ReplayqError):
+    """A call or effect that failed in the recorded attempt fails again, the same way, in a
+    replay (``error`` is the recorded ``Type: message``), so a failed attempt replays as failed."""
+
+    def __init__(self, name: str, label: str, error: str | None) -> None:
+        super().__init__(f"{name} {label!r} failed in the recording: {error}")
+        self.error = error
 
 
 @dataclass(frozen=True)
@@ -138,9 +148,9 @@ class RecordedAnswers:
 
     @staticmethod
     def _key(event: TraceEvent) -> tuple[str, str] | None:
-        if event.name == "call" and event.status != "fail":
+        if event.name == "call":
             return ("call", str(event.data.get("call")))
-        if event.name in EFFECT_OUTCOMES:
+        if event.name in EFFECT_OUTCOMES or event.name == "effect.failed":
             return ("effect", str(event.data.get("kind")))
         if event.name in ("clock.now", "random.random", "random.uuid"):
             return (event.name, event.name)
@@ -188,12 +198,15 @@ class RecordedAnswers:
                 f"effect {label!r} used key {fingerprint!r}, the recording used "
                 f"{event.data.get('key')!r}"
             )
+        if event.status == "fail":
+            raise RecordedFailure(name, label, event.data.get("error"))
         return self._value(name, event)
 
     def _answer_live(
         self, name: str, label: str, fingerprint: str, queue: deque[TraceEvent]
     ) -> Any:
-        for event in list(queue):
+        # Past the fork point a recorded failure is no answer: the new code gets a stub or an error.
+        for event in [e for e in queue if e.status != "fail"]:
             if name != "call" or event.data.get("fingerprint") == fingerprint:
                 queue.remove(event)
                 return self._value(name, event)

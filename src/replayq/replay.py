@@ -131,6 +131,14 @@ def _describe(event: TraceEvent) -> dict[str, Any]:
     }
 
 
+def _step_of(event: TraceEvent) -> str | None:
+    """The step an event belongs to; a step boundary (recorded outside it) names its own step."""
+    if event.step is None and event.name in ("step.started", "step.finished"):
+        name = event.data.get("step_name")
+        return str(name) if name is not None else None
+    return event.step
+
+
 def first_divergence(recorded: list[TraceEvent], now: list[TraceEvent]) -> Divergence | None:
     """Compare two event sequences on their signatures; the first mismatch, if any."""
     left = [(e, s) for e in recorded if (s := signature(e)) is not None]
@@ -148,7 +156,7 @@ def first_divergence(recorded: list[TraceEvent], now: list[TraceEvent]) -> Diver
             reason = f"recorded {a[1][0]} {a[1][1:]!r}, now {b[1][0]} {b[1][1:]!r}"
         return Divergence(
             index=index,
-            step=(a[0].step if a else None) or (b[0].step if b else None),
+            step=(_step_of(a[0]) if a else None) or (_step_of(b[0]) if b else None),
             recorded_seq=a[0].seq if a else None,
             now_seq=b[0].seq if b else None,
             recorded=_describe(a[0]) if a else None,

@@ -27,14 +27,24 @@ __all__ = ["FrozenClock", "assert_replays", "replay_case", "run_inline"]
 def run_inline(
     app: App, job_type: str, payload: dict[str, Any] | None = None, **options: Any
 ) -> Job:
-    """Enqueue one job and run it to a settled state in this process; returns the job after."""
+    """Enqueue one job and run it to a settled state in this process; returns the job after.
+
+    Jobs ahead of it in the queue (child jobs of earlier runs, say) run first, as
+    they would on a worker. A retry scheduled in the future is not waited for:
+    the job is returned ``queued`` (advance a ``FrozenClock`` and call again).
+    """
+    from replayq.jobs import JobState
     from replayq.worker import Worker
 
     job_id = app.enqueue(job_type, payload or {}, **options)
     worker = Worker(app, worker_id="inline")
     app.register_contracts()
-    for job in worker.lease(1):
-        worker.execute(job)
+    while app.get_job(job_id).state in (JobState.QUEUED, JobState.RUNNING):
+        leased = worker.lease(1)
+        if not leased:
+            break
+        for job in leased:
+            worker.execute(job)
     return app.get_job(job_id)
 
 
