@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint typecheck soak bench clean
+.PHONY: venv demo test lint typecheck soak chaos bench clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -28,6 +28,9 @@ test: $(STAMP)
 
 soak: $(STAMP)
 	$(BIN)/pytest -m soak -p no:cacheprovider
+
+chaos: $(STAMP)
+	$(BIN)/pytest -m soak -q -p no:cacheprovider tests/acceptance/test_postgres_chaos.py -s
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py

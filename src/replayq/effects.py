@@ -27,12 +27,15 @@ from typing import TYPE_CHECKING, Any
 from replayq import codec
 from replayq.blobs import load_json
 from replayq.contracts import render_template
-from replayq.errors import ConfigurationError, EffectInDoubtError
+from replayq.errors import ConfigurationError, DatabaseUnavailableError, EffectInDoubtError
+from replayq.storage.reconnect import Backoff
 
 if TYPE_CHECKING:
     from replayq.context import Context
 
 IN_DOUBT_POLICIES = ("park", "retry")
+# How long the record's claim or completion is retried while the database is unreachable.
+RECONNECT_SECONDS = 60.0
 
 
 class EffectRunner:
@@ -55,7 +58,21 @@ class EffectRunner:
         ctx = self._ctx
         key = key or self.default_key(kind)
         if ctx.substitution is not None:
-            result = ctx.substitution.answer("effect", kind, key)
+            from replayq.errors import RecordedFailure
+
+            try:
+                result = ctx.substitution.answer("effect", kind, key)
+            except RecordedFailure as exc:
+                ctx.record(
+                    "effect.failed",
+                    status="fail",
+                    resource=key,
+                    kind=kind,
+                    key=key,
+                    error=exc.error,
+                    replayed=True,
+                )
+                raise
             ctx.record("effect.replayed", resource=key, kind=kind, key=key, result=result)
             return result
         if ctx.effect_gate is not None:
@@ -85,16 +102,29 @@ class EffectRunner:
             "job_id": ctx.job.id,
             "attempt": ctx.attempt,
         }
-        with app.storage.transaction() as tx:
-            claimed = tx.idem_claim(claim)
-            existing = None if claimed else tx.idem_get(key)
-            if existing is not None:
-                outcome = self._existing(tx, kind, key, existing, claim)
-                if outcome is not _RUN:
-                    return outcome
-            tx.trace_append(
-                [ctx.event("effect.claimed", resource=key, kind=kind, key=key, claim=claim_token)]
-            )
+        # A claim whose COMMIT reply was lost is recognised by its claim token on the retry.
+        backoff = Backoff(f"job {ctx.job.id}: claim effect {key!r}")
+        give_up = time.monotonic() + RECONNECT_SECONDS
+        while True:
+            try:
+                with app.storage.transaction() as tx:
+                    claimed = tx.idem_claim(claim)
+                    existing = None if claimed else tx.idem_get(key)
+                    ours = existing is not None and existing["claim_token"] == claim_token
+                    if existing is not None and not ours:
+                        outcome = self._existing(tx, kind, key, existing, claim)
+                        if outcome is not _RUN:
+                            return outcome
+                    if not ours:
+                        event = ctx.event(
+                            "effect.claimed", resource=key, kind=kind, key=key, claim=claim_token
+                        )
+                        tx.trace_append([event])
+                break
+            except DatabaseUnavailableError as exc:
+                if time.monotonic() > give_up:
+                    raise
+                time.sleep(backoff.next_delay(exc))
         started = time.monotonic()
         try:
             result = fn()
@@ -120,12 +150,44 @@ class EffectRunner:
                 )
             raise
         inline, ref, raw = ctx.encode(result, what=f"ctx.effect({kind!r}) result")
+        # The effect happened: record it even across an outage, or the next attempt would
+        # find the key ``started`` (in doubt). A retry after a lost COMMIT reply changes
+        # nothing (compare-and-set on the claim token) and adds no second event.
+        backoff = Backoff(f"job {ctx.job.id}: record effect {key!r}")
+        give_up = time.monotonic() + RECONNECT_SECONDS
+        retrying = False
+        while True:
+            try:
+                self._record_success(
+                    kind, key, claim_token, inline, ref, raw, started, first=not retrying
+                )
+                return result
+            except DatabaseUnavailableError as exc:
+                if time.monotonic() > give_up:
+                    raise
+                retrying = True
+                time.sleep(backoff.next_delay(exc))
+
+    def _record_success(
+        self,
+        kind: str,
+        key: str,
+        claim_token: str,
+        inline: Any,
+        ref: str | None,
+        raw: bytes | None,
+        started: float,
+        *,
+        first: bool,
+    ) -> None:
+        ctx = self._ctx
+        app = ctx.app
         with app.storage.transaction() as tx:
             if raw is not None:
                 from replayq.blobs import put_bytes
 
                 put_bytes(tx, raw, now=app.clock.now(), limit=ctx.blob_limit, what=kind)
-            tx.idem_succeed(
+            changed = tx.idem_succeed(
                 {
                     "key": key,
                     "claim_token": claim_token,
@@ -134,6 +196,8 @@ class EffectRunner:
                     "now": app.clock.now(),
                 }
             )
+            if not changed and not first:
+                return
             tx.trace_append(
                 [
                     ctx.event(
@@ -149,7 +213,6 @@ class EffectRunner:
                     )
                 ]
             )
-        return result
 
     def _existing(
         self, tx: Any, kind: str, key: str, existing: dict[str, Any], claim: dict[str, Any]

@@ -12,6 +12,7 @@ The tree::
     │   └── SchemaError             the schema is missing or newer than this code
     ├── LeaseLostError              a write by a worker whose lease on the job is gone
     ├── ReplayDivergenceError       a replay asked for something the recording does not have
+    ├── RecordedFailure             in a replay, a call or effect that failed in the recording
     └── JobError                    raised *by handlers*; its class decides retries
         ├── TransientError          class ``transient``   — retried by default
         ├── DependencyError         class ``dependency``  — retried by default
@@ -24,7 +25,8 @@ The tree::
 
 Any other exception a handler raises is class ``unknown`` unless the job
 contract maps it (``errors={TimeoutError: "transient"}``); ``TimeoutError``
-and ``ConnectionError`` map to ``transient`` out of the box.
+and ``ConnectionError`` map to ``transient`` out of the box, and
+``DatabaseUnavailableError`` (replayq's own database unreachable) to ``dependency``.
 
 Failure classes and what the worker does with them (``RETRY_TABLE``):
 
@@ -151,9 +153,22 @@ class ReplayDivergenceError(ReplayqError):
     """During replay the handler asked for a call or effect the recording does not have."""
 
 
+class RecordedFailure(ReplayqError):
+    """In a replay, a call or effect that failed in the recorded attempt fails again.
+
+    ``error`` is the recorded ``Type: message``, so a failed attempt replays as failed.
+    """
+
+    def __init__(self, name: str, label: str, error: str | None) -> None:
+        super().__init__(f"{name} {label!r} failed in the recording: {error}")
+        self.error = error
+
+
 DEFAULT_ERROR_MAP: dict[type[BaseException], FailureClass] = {
     TimeoutError: FailureClass.TRANSIENT,
     ConnectionError: FailureClass.TRANSIENT,
+    # The queue's own database unreachable mid-handler (a step's commit, a lock): retry.
+    DatabaseUnavailableError: FailureClass.DEPENDENCY,
 }
 
 

@@ -25,13 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 from replayq import codec, trace
 from replayq.context import Context
-from replayq.contracts import render_template
 from replayq.errors import (
+    DatabaseUnavailableError,
     EffectInDoubtError,
     FailureClass,
     LeaseLostError,
     PayloadError,
     ReplayqError,
+    StorageError,
     UnknownJobTypeError,
     classify,
 )
@@ -45,6 +46,7 @@ from replayq.storage.protocol import (
     LeaseExtend,
     Transaction,
 )
+from replayq.storage.reconnect import Backoff
 
 if TYPE_CHECKING:
     from replayq.app import App
@@ -168,12 +170,20 @@ class Worker:
             return self.concurrency - len(self._inflight)
 
     def _dispatch(self) -> None:
+        backoff = Backoff(f"worker {self.worker_id}: lease/reap")
         while not self._stopping.is_set():
             now = self.app.clock.now()
-            if now >= self._next_reap:
-                self.reap()
-                self._next_reap = now + self.reap_interval
-            free, jobs = self._lease_free_slots()
+            try:
+                if now >= self._next_reap:
+                    self.reap()
+                    self._next_reap = now + self.reap_interval
+                free, jobs = self._lease_free_slots()
+            except StorageError as exc:
+                # Killed session, restart, partition: retry until the database is back or we
+                # are told to stop. A claim whose commit was lost is reaped after its lease.
+                backoff.wait(exc, self._stopping)
+                continue
+            backoff.reset()
             if jobs:
                 continue
             if self.burst and free == self.concurrency:
@@ -228,9 +238,11 @@ class Worker:
             lease_seconds = (job.lease_deadline or params.now) - params.now
             handler = self._handler_or_none(job)
             beat = handler.contract.heartbeat if handler else lease_seconds / 3
+            # heartbeat 0: a fixed visibility timeout, the lease is never extended.
+            first_beat = time.monotonic() + beat if beat > 0 else float("inf")
             with self._inflight_lock:
                 self._inflight[job.id] = InFlight(
-                    job, lease_seconds, beat, time.monotonic() + beat, time.monotonic()
+                    job, lease_seconds, beat, first_beat, time.monotonic()
                 )
             self._work.put(job)
         self.stats.leased += len(jobs)
@@ -298,12 +310,20 @@ class Worker:
     # -- heartbeat --------------------------------------------------------------------------
 
     def _heartbeat(self) -> None:
+        backoff = Backoff(f"worker {self.worker_id}: heartbeat")
         while not (self._stopping.is_set() and self._free_slots() == self.concurrency):
             with self._inflight_lock:
                 due = [f for f in self._inflight.values() if f.next_heartbeat <= time.monotonic()]
             if due:
                 try:
                     self.extend_leases(due)
+                    backoff.reset()
+                except DatabaseUnavailableError as exc:
+                    # Beat again after the backoff; an outage longer than the lease gets the
+                    # jobs reaped, and their late settle is then rejected (fenced).
+                    retry_at = time.monotonic() + backoff.next_delay(exc)
+                    for flight in due:
+                        flight.next_heartbeat = min(flight.next_heartbeat, retry_at)
                 except ReplayqError:
                     log.exception("worker %s: heartbeat failed", self.worker_id)
             time.sleep(0.05)
@@ -381,13 +401,12 @@ class Worker:
         except UnknownJobTypeError:
             return None
 
-    def _run_handler(self, handler: Handler, ctx: Context, payload: dict[str, Any]) -> Any:
-        if handler.is_async:
-            loop = getattr(self._loops, "loop", None)
-            if loop is None:
-                loop = self._loops.loop = asyncio.new_event_loop()
-            return loop.run_until_complete(handler.fn(ctx, **payload))
-        return handler.fn(ctx, **payload)
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        """This executor thread's event loop, for ``async def`` handlers."""
+        loop: asyncio.AbstractEventLoop | None = getattr(self._loops, "loop", None)
+        if loop is None:
+            loop = self._loops.loop = asyncio.new_event_loop()
+        return loop
 
     def execute(self, job: Job) -> None:
         """Run one leased job to a settled state (succeeded, retry scheduled, or dead)."""
@@ -411,7 +430,7 @@ class Worker:
             flight.ctx = ctx
         started = time.monotonic()
         try:
-            result = self._run_with_contract_lock(handler, ctx, job)
+            result = ctx.run(self._loop if handler.is_async else None)
             result_json = codec.dumps(result, what=f"{job.job_type} result")
             self._succeed(job, handler, ctx, result_json, time.monotonic() - started)
         except Exception as exc:
@@ -420,44 +439,81 @@ class Worker:
             ctx.discard_writes()
             self._fail(job, handler, ctx, exc, time.monotonic() - started)
 
-    def _run_with_contract_lock(self, handler: Handler, ctx: Context, job: Job) -> Any:
-        resource = render_template(handler.contract.lock, job.payload)
-        if resource is None:
-            return self._run_handler(handler, ctx, job.payload)
-        with ctx.lock(resource, ttl=handler.contract.lock_ttl):
-            return self._run_handler(handler, ctx, job.payload)
-
     def _settle(self, job: Job, write: Any, ctx: Context | None = None) -> bool:
         """Run ``write(tx)`` in one transaction; a lost lease rolls it all back and is traced.
 
         On a lost lease the attempt's domain events are still kept (the record of
-        what the late worker did), but none of its writes.
+        what the late worker did), but none of its writes. While the database is
+        unreachable the write is retried with backoff: it is a compare-and-set on
+        the owner token, so a retry after the lease was reaped is rejected, never
+        applied. At the end of the shutdown grace it gives up; the job, still
+        ``running``, is reaped after its lease.
         """
-        try:
-            with self.app.storage.transaction() as tx:
-                write(tx)
-            return True
-        except LeaseLostError as exc:
-            self.stats.rejected += 1
-            now = self.app.clock.now()
-            with self.app.storage.transaction() as tx:
-                if ctx is not None:
-                    ctx.flush(tx, failed=True)
-                tx.trace_append(
-                    [
-                        trace.lifecycle(
-                            trace.WRITE_REJECTED,
-                            job,
-                            now=now,
-                            hlc=self.app.hlc.tick(),
-                            worker_id=self.worker_id,
-                            status="rejected",
-                            reason="owner token no longer holds the lease",
-                            attempted=str(exc),
-                        )
-                    ]
-                )
-            return False
+        backoff = Backoff(f"worker {self.worker_id}: settle job {job.id}")
+        outcome_unknown = False
+        while True:
+            try:
+                try:
+                    with self.app.storage.transaction() as tx:
+                        write(tx)
+                    return True
+                except LeaseLostError as exc:
+                    if outcome_unknown and self._settled_by_this_attempt(job):
+                        return True  # an earlier try committed; only its reply was lost
+                    self._reject(job, exc, ctx)
+                    return False
+            except DatabaseUnavailableError as exc:
+                outcome_unknown = True  # the connection may have died after COMMIT was sent
+                if not backoff.wait(exc, self._force):
+                    log.warning(
+                        "worker %s: gave up settling job %s at shutdown; it stays running "
+                        "and is reaped after its lease",
+                        self.worker_id,
+                        job.id,
+                    )
+                    return False
+
+    def _settled_by_this_attempt(self, job: Job) -> bool:
+        """Whether this attempt's settle committed: its terminal event is in the trace.
+
+        A settle's state change and its event commit in one transaction, so the
+        event (this worker, this attempt) proves the state change landed.
+        """
+        settled = {trace.JOB_SUCCEEDED, trace.RETRY_SCHEDULED, trace.JOB_DEAD}
+        with self.app.storage.transaction(readonly=True) as tx:
+            return any(
+                e.name in settled and e.worker_id == self.worker_id and e.attempt == job.attempt
+                for e in tx.trace_for_job(job.id)
+            )
+
+    def _reject(self, job: Job, exc: LeaseLostError, ctx: Context | None) -> None:
+        """Trace a write refused because the lease is gone, with the attempt's events."""
+        now = self.app.clock.now()
+        flight = self._inflight.get(job.id)
+        # The attempt's duration and version count in the observed p99 (contract lint):
+        # the runs that outlive their lease are the ones the lease must be sized for.
+        duration = time.monotonic() - flight.started if flight is not None else None
+        version = ctx.handler.contract.version if ctx is not None else None
+        with self.app.storage.transaction() as tx:
+            if ctx is not None:
+                ctx.flush(tx, failed=True)
+            tx.trace_append(
+                [
+                    trace.lifecycle(
+                        trace.WRITE_REJECTED,
+                        job,
+                        now=now,
+                        hlc=self.app.hlc.tick(),
+                        worker_id=self.worker_id,
+                        status="rejected",
+                        reason="owner token no longer holds the lease",
+                        attempted=str(exc),
+                        duration=duration,
+                        version=version,
+                    )
+                ]
+            )
+        self.stats.rejected += 1
 
     def _succeed(
         self, job: Job, handler: Handler, ctx: Context, result_json: str, duration: float
@@ -606,10 +662,19 @@ class Worker:
             if self._force.is_set():
                 break
             time.sleep(0.05)
+        self._force.set()  # settles still retrying against a dead database give up now
         with self._inflight_lock:
             leftovers = list(self._inflight.values())
         for flight in leftovers:
-            self._release(flight.job)
+            try:
+                self._release(flight.job)
+            except StorageError as exc:
+                log.warning(
+                    "worker %s: could not release job %s (%s); it is reaped after its lease",
+                    self.worker_id,
+                    flight.job.id,
+                    exc,
+                )
         for _ in executors:
             self._work.put(_STOP)
 

@@ -30,7 +30,14 @@ Known limits, up front:
   per ``PostgresStorage``; a worker uses one for the dispatcher, one for heartbeats
   and one per executor while it settles a job, so give it ``concurrency + 2`` to
   never wait. A connection broken by a server restart fails the call it is in
-  (``DatabaseUnavailableError``) and is replaced by the pool; callers retry.
+  (``DatabaseUnavailableError``) and is replaced by the pool; callers retry
+  (``storage/reconnect.py``). An idle pooled connection whose session was killed
+  is noticed at checkout without a round trip: its socket is readable (the
+  server's FATAL message, then EOF), which an idle connection's never is.
+* Half-open sockets (a partitioned host): libpq TCP keepalives and
+  ``tcp_user_timeout`` (``DEFAULT_TCP_USER_TIMEOUT_MS`` unless the URL sets it)
+  turn a silent peer into an error within seconds instead of the kernel's
+  ~15 minutes of retransmissions, so a worker never hangs on one.
 * Schema upgrades are explicit (``replayq --db URL db upgrade``), serialised by
   ``pg_advisory_xact_lock`` and run in one transaction: DDL is transactional here,
   so a failed migration leaves the previous schema intact.
@@ -39,6 +46,7 @@ Known limits, up front:
 from __future__ import annotations
 
 import logging
+import select
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -63,7 +71,19 @@ log = logging.getLogger("replayq.storage.postgres")
 _MIGRATIONS = "replayq.storage.postgres.migrations"
 DEFAULT_POOL_SIZE = 4
 DEFAULT_POOL_TIMEOUT = 30.0
+# With no connection left in the pool (the server is down), wait this long, not pool_timeout:
+# callers back off and retry, and a worker told to stop is not stuck for 30 s.
+OUTAGE_WAIT = 1.0
 CONNECT_TIMEOUT = 10
+# libpq settings that bound how long a dead peer goes unnoticed; the URL may override them.
+DEFAULT_TCP_USER_TIMEOUT_MS = 10_000
+_LIVENESS = {
+    "keepalives": "1",
+    "keepalives_idle": "5",
+    "keepalives_interval": "2",
+    "keepalives_count": "3",
+    "tcp_user_timeout": str(DEFAULT_TCP_USER_TIMEOUT_MS),
+}
 # URL options replayq reads itself; everything else (options, sslmode, …) goes to libpq.
 _REPLAYQ_OPTIONS = {"pool_size", "pool_timeout"}
 
@@ -74,8 +94,24 @@ def parse_postgres_url(url: str) -> tuple[str, dict[str, str]]:
     query = parse_qsl(parts.query, keep_blank_values=True)
     ours = {k: v for k, v in query if k in _REPLAYQ_OPTIONS}
     theirs = [(k, v) for k, v in query if k not in _REPLAYQ_OPTIONS]
+    given = {k for k, _ in theirs}
+    theirs += [(k, v) for k, v in _LIVENESS.items() if k not in given]
     conninfo = urlunsplit(parts._replace(query=urlencode(theirs)))
     return conninfo, ours
+
+
+def _looks_dead(conn: psycopg.Connection[Any]) -> bool:
+    """Whether an idle pooled connection was ended by the server while it sat in the pool.
+
+    A session ended by ``pg_terminate_backend`` or a restart leaves a FATAL message
+    and EOF on the socket, and an idle connection otherwise has nothing to read:
+    one ``select``, no round trip. (Not the pool's ``check`` hook: after a failed
+    check psycopg_pool sleeps about a second before trying the next connection.)
+    """
+    if conn.closed:
+        return True
+    readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    return bool(readable)
 
 
 def _positive(url: str, options: Mapping[str, str], name: str, default: float) -> float:
@@ -196,10 +232,12 @@ class Notifier:
     def _run(self) -> None:
         backoff = 0.05
         while not self._stop.is_set():
+            connects = self.connects
             try:
                 self._listen_once()
-                backoff = 0.05
             except psycopg.Error as exc:
+                if self.connects > connects:
+                    backoff = 0.05  # it did LISTEN: a new outage starts from the short delay
                 log.warning("LISTEN connection lost (%s); reconnecting in %.2fs", exc, backoff)
             self.listening.clear()
             self._stop.wait(backoff)
@@ -272,13 +310,28 @@ class PostgresStorage:
                 f"cannot connect to PostgreSQL at {_redact(self.conninfo)}: {exc}"
             ) from exc
 
+    def _live_connection(self) -> psycopg.Connection[Any]:
+        """A pooled connection, skipping (and closing) those the server already ended."""
+        timeout = OUTAGE_WAIT if self.pool.get_stats().get("pool_size", 1) == 0 else None
+        for _ in range(self.pool_size):
+            conn = self.pool.getconn(timeout)
+            if not _looks_dead(conn):
+                return conn
+            conn.close()  # the pool drops a closed connection and opens a new one
+            self.pool.putconn(conn)
+        return self.pool.getconn(timeout)
+
     @contextmanager
     def _connection(self, *, readonly: bool = False) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection in a transaction that commits on success, else rolls back."""
         try:
-            with self.pool.connection() as conn:
-                conn.read_only = readonly
-                yield conn
+            conn = self._live_connection()
+            try:
+                with conn:  # commit on success, roll back on an exception
+                    conn.read_only = readonly
+                    yield conn
+            finally:
+                self.pool.putconn(conn)
         except psycopg.Error as exc:
             raise storage_error("PostgreSQL transaction failed", exc) from exc
 

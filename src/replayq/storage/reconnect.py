@@ -1,0 +1,55 @@
+"""Riding out a database outage: capped, jittered exponential backoff, each retry logged.
+
+Workers, heartbeats, settles and ``ctx.effect`` bookkeeping retry only
+``DatabaseUnavailableError`` (refused connection, killed session, server restart,
+pool timeout): the statement never ran or its outcome is unknown, and every write
+replayq retries is a compare-and-set, so running it again is safe. Any other
+``StorageError`` is a real failure and is raised at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+
+log = logging.getLogger("replayq.reconnect")
+
+FIRST_DELAY = 0.05
+MAX_DELAY = 2.0
+
+
+class Backoff:
+    """Delays of ``first · 2ⁿ`` capped at ``cap``, jittered; ``reset()`` after a success."""
+
+    def __init__(self, what: str, *, first: float = FIRST_DELAY, cap: float = MAX_DELAY) -> None:
+        self.what = what
+        self.first = first
+        self.cap = cap
+        self.failures = 0
+
+    def reset(self) -> None:
+        if self.failures:
+            log.info("%s: database reachable again after %d failed tries", self.what, self.failures)
+        self.failures = 0
+
+    def next_delay(self, exc: BaseException) -> float:
+        """Count one failure, log it, and return how long to wait before the next try."""
+        ceiling = min(self.cap, self.first * 2**self.failures)
+        self.failures += 1
+        # Jitter keeps a fleet of workers from reconnecting in lock step after a restart.
+        delay = random.uniform(ceiling / 2, ceiling)
+        log.warning(
+            "%s: database unavailable (%s); retry %d in %.2fs",
+            self.what,
+            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
+            self.failures,
+            delay,
+        )
+        return delay
+
+    def wait(self, exc: BaseException, stop: threading.Event) -> bool:
+        """Sleep the next delay; ``False`` (at once) when ``stop`` is set: give up."""
+        if stop.is_set():
+            return False
+        return not stop.wait(self.next_delay(exc))
