@@ -35,6 +35,20 @@ from replayq.storage.protocol import JobFilter, JobInsert, Storage, TraceEvent, 
 F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_URL = "sqlite:///replayq.db"
+# The lifecycle events a resource timeline shows for the jobs that touched the resource.
+RESOURCE_LIFECYCLE = frozenset(
+    {
+        trace.JOB_LEASED,
+        trace.LEASE_EXPIRED,
+        trace.LEASE_LOST,
+        trace.JOB_REDELIVERED,
+        trace.RETRY_SCHEDULED,
+        trace.JOB_SUCCEEDED,
+        trace.JOB_FAILED,
+        trace.JOB_DEAD,
+        trace.WRITE_REJECTED,
+    }
+)
 UNCHECKED_MAX_PAYLOAD_BYTES = 256 * 1024
 
 
@@ -416,10 +430,24 @@ class App:
         with self.storage.transaction(readonly=True) as tx:
             return tx.trace_for_job(job_id)
 
-    def resource_trace(self, resource: str) -> list[TraceEvent]:
-        """Every event touching one resource, across jobs and workers, in HLC order."""
+    def resource_trace(self, resource: str, *, leases: bool = False) -> list[TraceEvent]:
+        """Every event touching one resource, across jobs and workers, in HLC order.
+
+        With ``leases`` the lease transitions of the jobs that touched the
+        resource are merged in (leased, lease expired, re-delivered, settled,
+        write rejected): which worker held which job between its reads and
+        writes of the resource.
+        """
         with self.storage.transaction(readonly=True) as tx:
-            return tx.trace_for_resource(resource)
+            events = tx.trace_for_resource(resource)
+            if leases:
+                for job_id in sorted({e.job_id for e in events if e.job_id is not None}):
+                    events.extend(
+                        e
+                        for e in tx.trace_for_job(job_id)
+                        if e.kind == "lifecycle" and e.name in RESOURCE_LIFECYCLE
+                    )
+        return sorted(events, key=lambda e: (e.hlc, e.id or 0))
 
     def cancel(self, job_id: int) -> bool:
         """Cancel a queued job; ``False`` if it is no longer queued."""

@@ -253,11 +253,14 @@ def trace_show(env: Env, job_id: int, as_json: bool) -> None:
 
 @trace_group.command("resource")
 @click.argument("resource")
+@click.option(
+    "--leases", is_flag=True, help="Also show the lease transitions of the jobs that touched it."
+)
 @click.option("--json", "as_json", is_flag=True)
 @pass_env
-def trace_resource(env: Env, resource: str, as_json: bool) -> None:
+def trace_resource(env: Env, resource: str, leases: bool, as_json: bool) -> None:
     """Every event on one resource across jobs and workers, in happens-before order."""
-    events = env.app().resource_trace(resource)
+    events = env.app().resource_trace(resource, leases=leases)
     if as_json:
         emit_json([vars(e) for e in events])
     else:
@@ -702,6 +705,7 @@ def rerun(
 @click.option("--simulate", is_flag=True, help="Show what would change; write nothing.")
 @click.option("--force", is_flag=True, help="Restore even if later jobs wrote the entities.")
 @click.option("--compensate", is_flag=True, help="Also run registered effect compensators.")
+@click.option("--attempt", type=int, default=None, help="Undo only this attempt's writes.")
 @click.option("--app", "app_spec", default=None, help="module:app (for compensators).")
 @click.option("--json", "as_json", is_flag=True)
 @pass_env
@@ -711,6 +715,7 @@ def rollback(
     simulate: bool,
     force: bool,
     compensate: bool,
+    attempt: int | None,
     app_spec: str | None,
     as_json: bool,
 ) -> None:
@@ -719,7 +724,7 @@ def rollback(
     from replayq.rollback import rollback as do_rollback
 
     app = env.app(app_spec)
-    plan = do_rollback(app, job_id, simulate=simulate, force=force)
+    plan = do_rollback(app, job_id, simulate=simulate, force=force, attempt=attempt)
     if compensate and not simulate:
         plan.compensated = run_compensators(app, job_id)
     if as_json:
@@ -727,7 +732,8 @@ def rollback(
         return
     verb = "would restore" if simulate else "restored"
     if not plan.changes:
-        click.echo(f"job {job_id} wrote no entities; nothing to roll back")
+        which = f"job {job_id}" + (f" attempt {attempt}" if attempt is not None else "")
+        click.echo(f"{which} wrote no entities; nothing to roll back")
     for change in plan.changes:
         target = f"v{change.restore_version}" if change.restore_version else "(absent)"
         click.echo(
@@ -750,3 +756,23 @@ def trace_export(env: Env, job_id: int, attempt: int | None, app_spec: str) -> N
     from replayq.export import export_case
 
     click.echo(json.dumps(export_case(env.app(app_spec), job_id, attempt), indent=1))
+
+
+@main.command("demo")
+@click.option("--db", "demo_db", default=None, help="Database (default: a temporary SQLite file).")
+@click.option("--keep", is_flag=True, help="Keep the database, logs and case.json afterwards.")
+@click.pass_context
+def demo_command(ctx: click.Context, demo_db: str | None, keep: bool) -> None:
+    """Reproduce the ShipOrder incident on local services, investigate it, prove the fix.
+
+    On PostgreSQL (--db postgresql://...) the demo works in a fresh schema that it
+    drops at the end. $REPLAYQ_DB is ignored: the demo writes only where it is told.
+    """
+    from click.core import ParameterSource
+
+    from replayq.demo import run_demo
+
+    root = ctx.find_root()
+    if demo_db is None and root.get_parameter_source("db") is ParameterSource.COMMANDLINE:
+        demo_db = root.params.get("db")
+    run_demo(demo_db, keep)

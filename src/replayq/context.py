@@ -329,7 +329,7 @@ class Context:
         request = {"args": list(args), "kwargs": kwargs}
         fingerprint = codec.fingerprint(_summarise(request))
         if self.substitution is not None:
-            from replayq.recording import RecordedFailure
+            from replayq.errors import RecordedFailure
 
             try:
                 result = self.substitution.answer("call", name, fingerprint)

@@ -187,10 +187,11 @@ def build_contract(
         if heartbeat is not None
         else lease_s / 3
     )
-    if not 0 < heartbeat_s < lease_s:
+    # heartbeat=0 declares a fixed visibility timeout: the lease is never extended.
+    if heartbeat_s != 0 and not 0 < heartbeat_s < lease_s:
         raise ContractError(
             f"{name}: heartbeat ({heartbeat_s:g}s) must be positive and shorter than the lease "
-            f"({lease_s:g}s), or the lease expires between two heartbeats"
+            f"({lease_s:g}s), or the lease expires between two heartbeats (0: never extended)"
         )
     lock_ttl_s = None
     if lock_ttl is not None:

@@ -29,6 +29,7 @@ class TraceSummary:
     decisions: dict[str, list[Any]] = field(default_factory=dict)
     effects: Counter[str] = field(default_factory=Counter)
     cache_writes: list[str] = field(default_factory=list)
+    versions: dict[str, list[int]] = field(default_factory=dict)
     outcome: str = "unknown"
 
     def to_dict(self) -> dict[str, Any]:
@@ -56,6 +57,8 @@ def summarise(trace_id: str, label: str, events: list[TraceEvent]) -> TraceSumma
         name, data = event.name, event.data
         if name == "state.write" and event.resource:
             _apply(summary.writes.setdefault(event.resource, {}), data.get("delta"))
+            if event.resource_version is not None:
+                summary.versions.setdefault(event.resource, []).append(event.resource_version)
         elif name == "decision":
             summary.decisions.setdefault(str(data.get("decision")), []).append(data.get("value"))
         elif name in EFFECT_EVENTS:
@@ -161,5 +164,16 @@ def render(diff: TraceDiff) -> str:
     for kind in kinds:
         mark = "" if diff.a.effects[kind] == diff.b.effects[kind] else "   <-- differs"
         lines.append(f"  {kind}:  a={diff.a.effects[kind]}  b={diff.b.effects[kind]}{mark}")
+    # Versions written beside cache keys written: a cache key's version should be the
+    # entity version it was derived from.
+    if diff.a.versions or diff.b.versions:
+        lines.append("state versions written:")
+        for side, summary in (("a", diff.a), ("b", diff.b)):
+            written = [f"{r}@v{v}" for r, vs in sorted(summary.versions.items()) for v in vs]
+            lines.append(f"  {side}: {', '.join(written) or '(none)'}")
+    if diff.a.cache_writes or diff.b.cache_writes:
+        lines.append("cache keys written:")
+        for side, summary in (("a", diff.a), ("b", diff.b)):
+            lines.append(f"  {side}: {', '.join(summary.cache_writes) or '(none)'}")
     lines.append(f"outcome:  a={diff.outcome['a']}  b={diff.outcome['b']}")
     return "\n".join(lines)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from replayq.blobs import load_json
-from replayq.errors import ReplayDivergenceError, ReplayqError
+from replayq.errors import RecordedFailure, ReplayDivergenceError, ReplayqError
 from replayq.jobs import Job
 from replayq.storage.protocol import TraceEvent
 
@@ -24,15 +24,6 @@ if TYPE_CHECKING:
     from replayq.app import App
 
 EFFECT_OUTCOMES = ("effect.succeeded", "effect.deduplicated", "effect.replayed")
-
-
-class RecordedFailure(ReplayqError):
-    """A call or effect that failed in the recorded attempt fails again, the same way, in a
-    replay (``error`` is the recorded ``Type: message``), so a failed attempt replays as failed."""
-
-    def __init__(self, name: str, label: str, error: str | None) -> None:
-        super().__init__(f"{name} {label!r} failed in the recording: {error}")
-        self.error = error
 
 
 @dataclass(frozen=True)

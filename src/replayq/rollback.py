@@ -43,6 +43,7 @@ class RollbackPlan:
     simulated: bool
     applied: bool = False
     compensated: list[str] = field(default_factory=list)
+    attempt: int | None = None
 
     @property
     def blocked(self) -> list[RollbackChange]:
@@ -51,6 +52,7 @@ class RollbackPlan:
     def to_dict(self) -> dict[str, Any]:
         return {
             "job_id": self.job_id,
+            "attempt": self.attempt,
             "simulated": self.simulated,
             "applied": self.applied,
             "compensated": self.compensated,
@@ -62,11 +64,20 @@ class RollbackRefused(ReplayqError):
     """A later job wrote an entity this job wrote; rollback would undo its work too."""
 
 
-def plan_rollback(app: App, job_id: int) -> RollbackPlan:
-    """What a rollback of ``job_id`` would change (nothing is written)."""
+def plan_rollback(app: App, job_id: int, attempt: int | None = None) -> RollbackPlan:
+    """What a rollback of ``job_id`` (or of one of its attempts) would change; writes nothing.
+
+    With ``attempt``, only the versions that attempt wrote are undone, e.g. the
+    writes of an attempt that had lost its lease while another attempt ran; a
+    later write by another attempt of the same job then counts as a later writer.
+    """
     changes = []
     with app.storage.transaction(readonly=True) as tx:
-        rows = [r for r in tx.entity_versions_by_job(job_id) if r["branch"] == MAIN]
+        rows = [
+            r
+            for r in tx.entity_versions_by_job(job_id)
+            if r["branch"] == MAIN and (attempt is None or r["attempt"] == attempt)
+        ]
         entities: dict[tuple[str, str], list[dict[str, Any]]] = {}
         for row in rows:
             entities.setdefault((row["namespace"], row["key"]), []).append(row)
@@ -92,15 +103,35 @@ def plan_rollback(app: App, job_id: int) -> RollbackPlan:
                     restore_version,
                     current.data,
                     restored,
-                    sorted({r["job_id"] for r in later if r["job_id"] != job_id and r["job_id"]}),
+                    sorted(
+                        {
+                            r["job_id"]
+                            for r in later
+                            if r["job_id"]
+                            and (
+                                r["job_id"] != job_id
+                                or (attempt is not None and r["attempt"] != attempt)
+                            )
+                        }
+                    ),
                 )
             )
-    return RollbackPlan(job_id, changes, simulated=True)
+    return RollbackPlan(job_id, changes, simulated=True, attempt=attempt)
 
 
-def rollback(app: App, job_id: int, *, simulate: bool = False, force: bool = False) -> RollbackPlan:
-    """Restore the entities ``job_id`` wrote to their versions before it (as new versions)."""
-    plan = plan_rollback(app, job_id)
+def rollback(
+    app: App,
+    job_id: int,
+    *,
+    simulate: bool = False,
+    force: bool = False,
+    attempt: int | None = None,
+) -> RollbackPlan:
+    """Restore the entities ``job_id`` (or its ``attempt``) wrote to their versions before it.
+
+    The restored data is written as new versions (history is kept).
+    """
+    plan = plan_rollback(app, job_id, attempt)
     plan.simulated = simulate
     if simulate:
         return plan
@@ -147,6 +178,7 @@ def rollback(app: App, job_id: int, *, simulate: bool = False, force: bool = Fal
                     resource=change.resource,
                     resource_version=current.version + 1,
                     data={
+                        "attempt_undone": attempt,
                         "restored_from_version": change.restore_version,
                         "replaced_version": change.current_version,
                         "delta": delta_of(current.data, change.restored_data),

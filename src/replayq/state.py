@@ -249,6 +249,33 @@ class StateView:
             return self._record_only(namespace, key, data, expected_version)
         with ctx.app.storage.transaction(readonly=True) as tx:
             current, _ = read_entity(tx, ctx.branch, namespace, key)
+        seen = self._read.get(ident)
+        if (
+            ctx.substitution is not None
+            and ctx.substitution.reads_recorded
+            and seen is not None
+            and (current is None or current.branch != ctx.branch)
+        ):
+            # A dry-run read the version the attempt read, which another worker may have
+            # written mid-attempt, after the branch point: write on top of that version.
+            current = (
+                EntityVersion(
+                    namespace=namespace,
+                    key=key,
+                    version=seen.version,
+                    parent_version=None,
+                    data=seen.data,
+                    delta={},
+                    job_id=None,
+                    trace_id=None,
+                    attempt=None,
+                    fencing_token=None,
+                    created_at=0,
+                    branch=MAIN,
+                )
+                if seen.exists
+                else None
+            )
         actual = current.version if current else 0
         pending = self._pending.get(ident)
         base = pending.version if pending else actual

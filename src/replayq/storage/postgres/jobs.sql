@@ -177,7 +177,7 @@ ORDER BY job_type, state;
 SELECT (e.data::jsonb ->> 'duration')::float8 AS duration
 FROM rq_events AS e
 JOIN rq_jobs AS j ON j.id = e.job_id
-WHERE e.name IN ('job.succeeded', 'job.failed')
+WHERE e.name IN ('job.succeeded', 'job.failed', 'job.write_rejected')
   AND j.job_type = %(job_type)s
   AND (%(version)s::text IS NULL OR e.data::jsonb ->> 'version' = %(version)s::text)
   AND j.origin = 'production';

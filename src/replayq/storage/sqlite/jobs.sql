@@ -117,7 +117,7 @@ ORDER BY job_type, state;
 SELECT json_extract(e.data, '$.duration') AS duration
 FROM rq_events AS e
 JOIN rq_jobs AS j ON j.id = e.job_id
-WHERE e.name IN ('job.succeeded', 'job.failed')
+WHERE e.name IN ('job.succeeded', 'job.failed', 'job.write_rejected')
   AND j.job_type = :job_type
   AND (:version IS NULL OR json_extract(e.data, '$.version') = :version)
   AND j.origin = 'production';

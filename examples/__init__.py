@@ -1,0 +1,1 @@
+"""Example applications built on replayq (importable from a source checkout)."""
