@@ -281,6 +281,29 @@ def stats(env: Env, as_json: bool) -> None:
         click.echo(render.stats_table(rows, app.clock.now()))
 
 
+@main.command()
+@click.option("--since", default=None, help="Only this recent, e.g. 1h, 30m.")
+@click.option("--json", "as_json", is_flag=True)
+@pass_env
+def signals(env: Env, since: str | None, as_json: bool) -> None:
+    """Incident signals per job type, counted from the trace (re-deliveries, conflicts, ...)."""
+    from replayq.durations import parse_duration
+    from replayq.signals import signal_counts
+
+    app = env.app()
+    cutoff = app.clock.now() - parse_duration(since, name="--since") if since else None
+    counts = signal_counts(app, since=cutoff)
+    if as_json:
+        emit_json([vars(c) for c in counts])
+        return
+    if not counts:
+        click.echo("(no signals)")
+        return
+    click.echo(f"{'type':<24} {'signal':<46} {'count':>7}")
+    for c in counts:
+        click.echo(f"{c.job_type:<24} {c.signal:<46} {c.count:>7}")
+
+
 @main.group()
 def db() -> None:
     """Schema migrations."""

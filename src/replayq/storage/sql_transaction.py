@@ -225,6 +225,11 @@ class SqlTransaction(ContextVerbs):
             for r in self.fetchall("job_stats")
         ]
 
+    def signal_counts(self, names: Sequence[str], since: float) -> list[tuple[str, str, int]]:
+        """``(job_type, event name, count)`` for the given event names since ``since``."""
+        rows = self.fetchall("signal_counts", {"names": self.list_param(names), "since": since})
+        return [(r["job_type"], r["name"], int(r["count"])) for r in rows]
+
     def job_durations(self, job_type: str, version: str | None) -> list[float]:
         rows = self.fetchall("job_durations", {"job_type": job_type, "version": version})
         return [float(r["duration"]) for r in rows if r["duration"] is not None]

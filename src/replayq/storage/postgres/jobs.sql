@@ -232,3 +232,14 @@ VALUES (%(version)s, %(name)s, %(now)s);
 UPDATE rq_jobs SET handler_version = %(handler_version)s, result = %(result)s,
     attempt = %(attempt)s, state = 'succeeded'
 WHERE id = %(job_id)s;
+
+-- name: signal_counts
+-- Incident signals per job type, counted from the trace (production jobs only).
+SELECT j.job_type AS job_type, e.name AS name, COUNT(*) AS count
+FROM rq_events AS e
+JOIN rq_jobs AS j ON j.id = e.job_id
+WHERE e.name = ANY(%(names)s)
+  AND j.origin = 'production'
+  AND e.ts >= %(since)s
+GROUP BY j.job_type, e.name
+ORDER BY j.job_type, e.name;

@@ -169,3 +169,14 @@ INSERT INTO rq_schema_migrations (version, name, applied_at) VALUES (:version, :
 UPDATE rq_jobs SET handler_version = :handler_version, result = :result, attempt = :attempt,
     state = 'succeeded'
 WHERE id = :job_id;
+
+-- name: signal_counts
+-- Incident signals per job type, counted from the trace (production jobs only).
+SELECT j.job_type AS job_type, e.name AS name, COUNT(*) AS count
+FROM rq_events AS e
+JOIN rq_jobs AS j ON j.id = e.job_id
+WHERE e.name IN (SELECT value FROM json_each(:names))
+  AND j.origin = 'production'
+  AND e.ts >= :since
+GROUP BY j.job_type, e.name
+ORDER BY j.job_type, e.name;
