@@ -1,0 +1,750 @@
+"""What replayq's recording costs per job: a 5-step handler traced vs the same database work.
+
+Both sides run the same jobs through the same queue: a fresh SQLite file,
+``App.enqueue_many``, then an in-process ``Worker(app, burst=True).run()`` (one
+executor), timed from ``run()`` until it returns with every job ``succeeded``.
+The lease, the ack and their two lifecycle events cost the same on both sides.
+Only the handler differs:
+
+* ``traced``: the handler goes through ``ctx``. Steps ``load`` (two
+  ``ctx.state.get``), ``price`` (one ``ctx.call`` whose response, ~2.6 KB, goes
+  to the blob store), ``reserve`` (``ctx.state.put`` of a new order),
+  ``charge`` (one ``ctx.effect`` behind an idempotency record) and ``confirm``
+  (``ctx.state.put`` of the customer's account, an update). Each step commits
+  its events and state writes in one transaction; the effect claims and
+  completes its record in two more.
+* ``plain``: the same database work with no recording, as an application would
+  write it by hand with ``sqlite3`` on its own connection to the same file
+  (replayq's pragmas): ``load`` reads both rows in one read transaction,
+  ``price`` calls the function, ``reserve`` and ``confirm`` are each one
+  versioned upsert (compare-and-set on ``version``) in a write transaction, and
+  ``charge`` inserts an idempotency record (``started``, claim token) in one
+  transaction, runs the effect, and marks it ``succeeded`` with its result in
+  another. Steps that write nothing commit nothing.
+* ``queue only``: a handler that returns at once (the queue's own cost).
+
+So the difference is the recording: trace events, blobs, HLC stamps, step
+bookkeeping and its commits, entity version rows with deltas.
+
+    python benchmarks/context_overhead.py [--jobs 2000] [--repeat 3] [--lines 32]
+                                          [--dir DIR] [--profile]
+
+``--profile`` also runs the traced and plain handlers inline (lease + execute
+on the main thread, as ``replayq.testing.run_inline`` does), once with every
+``sqlite3`` connection timing its statements (time inside SQLite by statement,
+and the rest: Python) and once under cProfile, and prints where the traced
+side's extra time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import platform
+import pstats
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import replayq
+
+AIM = 0.15
+CUSTOMERS = 50
+BUSY_TIMEOUT_MS = 5000  # replayq's default (storage/sqlite/__init__.py)
+SIDES = ("plain", "traced", "queue only")
+
+
+# -- the outside world both handlers use ----------------------------------------------------
+
+
+def quote(order_id: int, lines: int) -> dict[str, Any]:
+    """A pricing service's answer: ``lines`` priced lines (~125 bytes of JSON each)."""
+    items = [
+        {
+            "sku": f"SKU-{(order_id * 7 + n) % 10_000:05d}",
+            "qty": 1 + (order_id + n) % 3,
+            "unit_cents": 199 + (order_id * 13 + n * 31) % 5_000,
+            "tax_rate": 0.2,
+            "warehouse": f"wh-{n % 4}",
+        }
+        for n in range(lines)
+    ]
+    total = sum(item["qty"] * item["unit_cents"] for item in items)
+    return {"order_id": order_id, "currency": "EUR", "lines": items, "total_cents": total}
+
+
+def charge(order_id: int, amount_cents: int) -> dict[str, Any]:
+    """A payment provider's answer."""
+    return {"charge_id": f"ch_{order_id:08d}", "amount_cents": amount_cents, "status": "paid"}
+
+
+# -- the three apps -------------------------------------------------------------------------
+
+
+def make_traced_app(url: str, lines: int) -> replayq.App:
+    app = replayq.App(url)
+
+    @app.job("order.process", lease="60s", heartbeat="20s")
+    def process(ctx: replayq.Context, order_id: int, customer: int) -> dict[str, Any]:
+        with ctx.step("load"):
+            order = ctx.state.get("order", order_id)
+            account = ctx.state.get("account", customer)
+        with ctx.step("price"):
+            priced = ctx.call("pricing.quote", quote, order_id, lines)
+        total = priced["total_cents"]
+        with ctx.step("reserve"):
+            ctx.state.put(
+                "order",
+                order_id,
+                {**(order.data or {}), "customer": customer, "status": "reserved", "total": total},
+            )
+        with ctx.step("charge"):
+            receipt = ctx.effect(
+                "payment.charge", lambda: charge(order_id, total), key=f"charge:{order_id}"
+            )
+        with ctx.step("confirm"):
+            before = account.data or {"balance_cents": 0, "orders": 0}
+            ctx.state.put(
+                "account",
+                customer,
+                {
+                    "balance_cents": before["balance_cents"] - total,
+                    "orders": before["orders"] + 1,
+                    "last_order": order_id,
+                },
+            )
+        return {"charge_id": receipt["charge_id"]}
+
+    return app
+
+
+PLAIN_SCHEMA = """
+CREATE TABLE IF NOT EXISTS app_entities (
+    namespace TEXT    NOT NULL,
+    key       TEXT    NOT NULL,
+    version   INTEGER NOT NULL,
+    data      TEXT    NOT NULL,
+    PRIMARY KEY (namespace, key)
+);
+CREATE TABLE IF NOT EXISTS app_idempotency (
+    key          TEXT    PRIMARY KEY,
+    operation    TEXT    NOT NULL,
+    status       TEXT    NOT NULL,
+    claim_token  TEXT    NOT NULL,
+    started_at   REAL    NOT NULL,
+    completed_at REAL,
+    result       TEXT,
+    job_id       INTEGER,
+    attempt      INTEGER
+);
+"""
+
+# A versioned upsert: insert version 1, or bump the version if it is still the one read.
+UPSERT = """
+INSERT INTO app_entities (namespace, key, version, data) VALUES (:ns, :key, 1, :data)
+ON CONFLICT (namespace, key) DO UPDATE SET version = version + 1, data = excluded.data
+WHERE app_entities.version = :expected
+"""
+CLAIM = """
+INSERT INTO app_idempotency (key, operation, status, claim_token, started_at, job_id, attempt)
+VALUES (:key, :operation, 'started', :claim, :now, :job_id, :attempt)
+ON CONFLICT (key) DO NOTHING RETURNING key
+"""
+SUCCEED = """
+UPDATE app_idempotency SET status = 'succeeded', result = :result, completed_at = :now
+WHERE key = :key AND claim_token = :claim AND status = 'started'
+"""
+READ = "SELECT version, data FROM app_entities WHERE namespace = ? AND key = ?"
+
+
+class PlainDatabase:
+    """The application's own connections (one per thread), set up as replayq sets up its own."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._local = threading.local()
+        self._all: list[sqlite3.Connection] = []
+        self.conn().executescript(PLAIN_SCHEMA)
+
+    def conn(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            self._local.conn = conn
+            self._all.append(conn)
+        return conn
+
+    @contextmanager
+    def transaction(self, *, readonly: bool = False) -> Any:
+        conn = self.conn()
+        conn.execute("BEGIN" if readonly else "BEGIN IMMEDIATE")
+        try:
+            yield conn
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+
+    def close(self) -> None:
+        for conn in self._all:
+            conn.close()
+
+
+def _read(conn: sqlite3.Connection, namespace: str, key: int) -> tuple[int, Any]:
+    row = conn.execute(READ, (namespace, str(key))).fetchone()
+    return (0, None) if row is None else (int(row[0]), json.loads(row[1]))
+
+
+def _upsert(conn: sqlite3.Connection, namespace: str, key: int, data: Any, expected: int) -> None:
+    params = {"ns": namespace, "key": str(key), "data": json.dumps(data), "expected": expected}
+    if conn.execute(UPSERT, params).rowcount != 1:
+        raise replayq.ConcurrencyError(f"{namespace}:{key}: not at version {expected}")
+
+
+def make_plain_app(url: str, db: PlainDatabase, lines: int) -> replayq.App:
+    app = replayq.App(url)
+
+    @app.job("order.process", lease="60s", heartbeat="20s")
+    def process(ctx: replayq.Context, order_id: int, customer: int) -> dict[str, Any]:
+        with db.transaction(readonly=True) as conn:  # load
+            order_version, order = _read(conn, "order", order_id)
+            account_version, account = _read(conn, "account", customer)
+        priced = quote(order_id, lines)  # price
+        total = priced["total_cents"]
+        with db.transaction() as conn:  # reserve
+            data = {**(order or {}), "customer": customer, "status": "reserved", "total": total}
+            _upsert(conn, "order", order_id, data, order_version)
+        key, claim = f"charge:{order_id}", uuid.uuid4().hex  # charge
+        with db.transaction() as conn:
+            params = {"key": key, "operation": "payment.charge", "claim": claim}
+            params.update(now=time.time(), job_id=ctx.job_id, attempt=ctx.attempt)
+            if conn.execute(CLAIM, params).fetchone() is None:
+                raise RuntimeError(f"{key} already claimed (the benchmark never repeats a key)")
+        receipt = charge(order_id, total)
+        with db.transaction() as conn:
+            params = {"key": key, "claim": claim, "result": json.dumps(receipt), "now": time.time()}
+            conn.execute(SUCCEED, params)
+        before = account or {"balance_cents": 0, "orders": 0}  # confirm
+        with db.transaction() as conn:
+            data = {
+                "balance_cents": before["balance_cents"] - total,
+                "orders": before["orders"] + 1,
+                "last_order": order_id,
+            }
+            _upsert(conn, "account", customer, data, account_version)
+        return {"charge_id": receipt["charge_id"]}
+
+    return app
+
+
+def make_queue_only_app(url: str) -> replayq.App:
+    app = replayq.App(url)
+
+    @app.job("order.process", lease="60s", heartbeat="20s")
+    def process(ctx: replayq.Context, order_id: int, customer: int) -> None:
+        return None
+
+    return app
+
+
+# -- running --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Options:
+    jobs: int
+    repeat: int
+    lines: int
+    workdir: Path
+
+
+@dataclass(frozen=True)
+class Stored:
+    """What one table (with its indexes) holds after a run: rows, payload and page bytes."""
+
+    table: str
+    rows: int
+    payload: int
+    pages: int
+
+
+def open_app(side: str, path: Path, lines: int) -> tuple[replayq.App, PlainDatabase | None]:
+    url = f"sqlite:///{path}"
+    if side == "traced":
+        return make_traced_app(url, lines), None
+    if side == "plain":
+        db = PlainDatabase(path)
+        return make_plain_app(url, db, lines), db
+    return make_queue_only_app(url), None
+
+
+def requests(jobs: int) -> list[replayq.EnqueueRequest]:
+    return [
+        replayq.EnqueueRequest("order.process", {"order_id": n, "customer": n % CUSTOMERS})
+        for n in range(1, jobs + 1)
+    ]
+
+
+def drain(side: str, path: Path, opts: Options) -> float:
+    """Enqueue ``opts.jobs`` jobs on a fresh file, drain them with one Worker; seconds."""
+    app, db = open_app(side, path, opts.lines)
+    try:
+        app.enqueue_many(requests(opts.jobs))
+        worker = replayq.Worker(app, burst=True, worker_id=f"bench-{side}")
+        started = time.perf_counter()
+        stats = worker.run()
+        elapsed = time.perf_counter() - started
+        if stats.succeeded != opts.jobs:
+            raise SystemExit(f"{side}: {stats.succeeded} of {opts.jobs} jobs succeeded: {stats}")
+        return elapsed
+    finally:
+        app.close()
+        if db is not None:
+            db.close()
+
+
+def stored(path: Path) -> dict[str, Stored]:
+    """Rows, payload bytes and page bytes per table, indexes counted with their table."""
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        owner = dict(conn.execute("SELECT name, tbl_name FROM sqlite_master").fetchall())
+        out: dict[str, list[int]] = {}
+        for name, payload, pages in conn.execute(
+            "SELECT name, SUM(payload), SUM(pgsize) FROM dbstat GROUP BY name"
+        ):
+            table = owner.get(name, name)
+            entry = out.setdefault(table, [0, 0, 0])
+            entry[1] += payload
+            entry[2] += pages
+        for table, entry in out.items():
+            if table.startswith(("rq_", "app_")):
+                entry[0] = conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+        return {t: Stored(t, *e) for t, e in out.items()}
+    finally:
+        conn.close()
+
+
+def event_bytes(path: Path) -> dict[str, tuple[int, int]]:
+    """rq_events by kind: (rows, bytes of the row's text and number columns as stored)."""
+    conn = sqlite3.connect(path)
+    try:
+        rows = conn.execute(
+            "SELECT kind, COUNT(*), SUM(LENGTH(data) + LENGTH(trace_id) + LENGTH(name)"
+            " + IFNULL(LENGTH(step), 0) + IFNULL(LENGTH(worker_id), 0)"
+            " + IFNULL(LENGTH(status), 0) + IFNULL(LENGTH(resource), 0)"
+            " + IFNULL(LENGTH(output_ref), 0)) FROM rq_events GROUP BY kind"
+        ).fetchall()
+        return {kind: (count, size) for kind, count, size in rows}
+    finally:
+        conn.close()
+
+
+def blob_bytes(path: Path) -> tuple[int, int, int]:
+    """rq_blobs: (rows, uncompressed bytes, stored bytes)."""
+    conn = sqlite3.connect(path)
+    try:
+        row = conn.execute(
+            "SELECT COUNT(*), IFNULL(SUM(size), 0), IFNULL(SUM(LENGTH(body)), 0) FROM rq_blobs"
+        ).fetchone()
+        return int(row[0]), int(row[1]), int(row[2])
+    finally:
+        conn.close()
+
+
+def run(opts: Options) -> tuple[dict[str, list[float]], dict[str, Path]]:
+    times: dict[str, list[float]] = {side: [] for side in SIDES}
+    last: dict[str, Path] = {}
+    warm = Options(min(200, opts.jobs), 1, opts.lines, opts.workdir)
+    for side in SIDES:  # imports, statement caches, first-file effects: not measured
+        drain(side, opts.workdir / f"warmup-{side.replace(' ', '-')}.db", warm)
+    for number in range(opts.repeat):
+        # Interleaved, rotating the order, so a slow spell of a busy machine hits all sides.
+        order = SIDES[number % 3 :] + SIDES[: number % 3]
+        for side in order:
+            path = opts.workdir / f"{side.replace(' ', '-')}-{number}.db"
+            times[side].append(drain(side, path, opts))
+            last[side] = path
+        print(
+            f"  run {number + 1}/{opts.repeat}: "
+            + ", ".join(f"{side} {times[side][-1]:.2f}s" for side in SIDES),
+            file=sys.stderr,
+        )
+    return times, last
+
+
+# -- profile --------------------------------------------------------------------------------
+
+
+def run_inline(side: str, path: Path, opts: Options, profiler: cProfile.Profile | None) -> float:
+    """Lease + execute one job at a time on this thread (no executor threads); seconds."""
+    app, db = open_app(side, path, opts.lines)
+    try:
+        app.enqueue_many(requests(opts.jobs))
+        app.register_contracts()
+        worker = replayq.Worker(app, worker_id=f"profile-{side}")
+        SQL_TIME.clear()  # only the drain's statements count, not the setup's
+        started = time.perf_counter()
+        if profiler is not None:
+            profiler.enable()
+        while leased := worker.lease(1):
+            for job in leased:
+                worker.execute(job)
+                worker._inflight.pop(job.id, None)  # what the executor thread does after a job
+        if profiler is not None:
+            profiler.disable()
+        return time.perf_counter() - started
+    finally:
+        app.close()
+        if db is not None:
+            db.close()
+
+
+SQL_TIME: dict[str, list[float]] = {}
+
+
+def _statement(sql: str) -> str:
+    words = " ".join(sql.split()).split(" ")
+    if words[0] in ("INSERT", "DELETE", "REPLACE"):
+        return " ".join(words[:3])
+    if words[0] == "UPDATE":
+        return " ".join(words[:2])
+    if words[0] == "SELECT" and "FROM" in words:
+        return "SELECT … FROM " + words[words.index("FROM") + 1]
+    return " ".join(words[:2])
+
+
+def _timed(key: str, count: int, started: float) -> None:
+    entry = SQL_TIME.setdefault(key, [0, 0.0])
+    entry[0] += count
+    entry[1] += time.perf_counter() - started
+
+
+class _TimedCursor(sqlite3.Cursor):
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        started = time.perf_counter()
+        try:
+            return super().execute(sql, parameters)
+        finally:
+            _timed(_statement(sql), 1, started)
+
+    def executemany(self, sql: str, seq: Any, /) -> sqlite3.Cursor:
+        rows = list(seq)
+        started = time.perf_counter()
+        try:
+            return super().executemany(sql, rows)
+        finally:
+            _timed(_statement(sql), len(rows), started)
+
+
+class _TimedConnection(sqlite3.Connection):
+    """A connection that adds the time of every statement to ``SQL_TIME``."""
+
+    def cursor(self, factory: Any = _TimedCursor) -> Any:
+        return super().cursor(factory)
+
+    def execute(self, sql: str, parameters: Any = (), /) -> sqlite3.Cursor:
+        return self.cursor().execute(sql, parameters)
+
+    def executemany(self, sql: str, seq: Any, /) -> sqlite3.Cursor:
+        return self.cursor().executemany(sql, seq)
+
+
+def sql_split(opts: Options) -> str:
+    """Inline runs with every sqlite3 connection timing its statements (no profiler)."""
+    connect = sqlite3.connect
+    timed: dict[str, dict[str, list[float]]] = {}
+    wall: dict[str, float] = {}
+    sqlite3.connect = lambda *a, **k: connect(*a, factory=_TimedConnection, **k)  # type: ignore[assignment]
+    try:
+        for side in ("plain", "traced"):
+            SQL_TIME.clear()
+            wall[side] = run_inline(side, opts.workdir / f"sql-{side}.db", opts, None)
+            timed[side] = {k: list(v) for k, v in SQL_TIME.items()}
+    finally:
+        sqlite3.connect = connect
+    n = opts.jobs
+
+    def inside(side: str) -> float:
+        return sum(v[1] for v in timed[side].values())
+
+    lines = [
+        "",
+        f"### Where the time goes: inline (lease + execute on one thread), {n} jobs, no profiler",
+        "",
+        "| µs per job | plain | traced | traced - plain |",
+        "|---|---:|---:|---:|",
+    ]
+    for label, of in (
+        ("wall", lambda side: wall[side]),
+        ("inside sqlite3 (execute, executemany)", inside),
+        ("outside sqlite3 (Python)", lambda side: wall[side] - inside(side)),
+    ):
+        a, b = of("plain") * 1e6 / n, of("traced") * 1e6 / n
+        lines.append(f"| {label} | {a:,.0f} | {b:,.0f} | {b - a:,.0f} |")
+    lines += [
+        "",
+        "| statement | plain /job | plain µs/job | traced /job | traced µs/job |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    keys = sorted(
+        set(timed["plain"]) | set(timed["traced"]),
+        key=lambda k: -timed["traced"].get(k, [0, 0.0])[1],
+    )
+    for key in keys:
+        a = timed["plain"].get(key, [0, 0.0])
+        b = timed["traced"].get(key, [0, 0.0])
+        if max(a[1], b[1]) * 1e6 / n < 5 or key.startswith("PRAGMA"):
+            continue
+        lines.append(
+            f"| `{key}` | {a[0] / n:.1f} | {a[1] * 1e6 / n:,.0f} "
+            f"| {b[0] / n:.1f} | {b[1] * 1e6 / n:,.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def _watch() -> list[tuple[str, Any]]:
+    """Recording functions whose inclusive time the profile lists: (label, code or name)."""
+    from replayq import blobs, codec, context, effects, state, worker
+    from replayq.clock import HybridLogicalClock
+    from replayq.storage.sql_transaction import SqlTransaction
+
+    ctx, view = context.Context, state.StateView
+    return [
+        ("Context.step (enter + exit, incl. its commit)", ctx.step.__wrapped__.__code__),
+        ("Context.commit_now (a step's transaction)", ctx.commit_now.__code__),
+        ("Context.call", ctx.call.__code__),
+        ("Context.encode (JSON check, size, sha256)", ctx.encode.__code__),
+        ("Context.event (build a TraceEvent)", ctx.event.__code__),
+        ("EffectRunner.run (claim + effect + record)", effects.EffectRunner.run.__code__),
+        ("StateView.get", view.get.__code__),
+        ("StateView.put (read head, delta, event)", view.put.__code__),
+        ("state.read_entity", state.read_entity.__code__),
+        ("blobs.put_bytes (sha256, zstd, insert)", blobs.put_bytes.__code__),
+        ("SqlTransaction.trace_append", SqlTransaction.trace_append.__code__),
+        ("codec.dumps", codec.dumps.__code__),
+        ("codec._check (walk every value)", codec._check.__code__),
+        ("HybridLogicalClock.tick", HybridLogicalClock.tick.__code__),
+        ("Worker.lease", worker.Worker.lease.__code__),
+        ("Worker._succeed", worker.Worker._succeed.__code__),
+        ("sqlite3 execute", "<method 'execute' of 'sqlite3.Connection' objects>"),
+        ("sqlite3 executemany", "<method 'executemany' of 'sqlite3.Cursor' objects>"),
+    ]
+
+
+def profile_report(opts: Options) -> str:
+    jobs = opts.jobs
+    seconds: dict[str, float] = {}
+    stats: dict[str, pstats.Stats] = {}
+    for side in ("plain", "traced"):
+        profiler = cProfile.Profile()
+        seconds[side] = run_inline(side, opts.workdir / f"profile-{side}.db", opts, profiler)
+        stats[side] = pstats.Stats(profiler)
+    lines = [
+        "",
+        f"### cProfile, inline (lease + execute on one thread), {jobs} jobs",
+        "",
+        f"- plain: {seconds['plain'] / jobs * 1e6:,.0f} µs/job under the profiler; "
+        f"traced: {seconds['traced'] / jobs * 1e6:,.0f} µs/job",
+        "",
+        "| traced: function (inclusive) | calls/job | µs/job | plain µs/job |",
+        "|---|---:|---:|---:|",
+    ]
+
+    def lookup(st: pstats.Stats, target: Any) -> tuple[float, float]:
+        calls = total = 0.0
+        raw: dict[Any, Any] = st.stats  # type: ignore[attr-defined]
+        for (filename, lineno, name), (_, ncalls, _, cumulative, _) in raw.items():
+            if isinstance(target, str):
+                hit = name == target
+            else:
+                hit = (filename, lineno, name) == (
+                    target.co_filename,
+                    target.co_firstlineno,
+                    target.co_name,
+                )
+            if hit:
+                calls += ncalls
+                total += cumulative
+        return calls, total
+
+    for label, target in _watch():
+        calls, total = lookup(stats["traced"], target)
+        if not calls:
+            continue
+        _, plain_total = lookup(stats["plain"], target)
+        lines.append(
+            f"| {label} | {calls / jobs:.1f} | {total / jobs * 1e6:,.0f} "
+            f"| {plain_total / jobs * 1e6:,.0f} |"
+        )
+    lines += ["", "Top 15 by own time (traced):", "", "| function | calls/job | own µs/job |"]
+    lines.append("|---|---:|---:|")
+    entries = sorted(
+        stats["traced"].stats.items(),  # type: ignore[attr-defined]
+        key=lambda item: item[1][2],
+        reverse=True,
+    )
+    for (filename, lineno, name), (_, ncalls, tottime, _, _) in entries[:15]:
+        where = f"{Path(filename).name}:{lineno} {name}" if lineno else name
+        lines.append(f"| `{where}` | {ncalls / jobs:.1f} | {tottime / jobs * 1e6:,.0f} |")
+    return "\n".join(lines)
+
+
+# -- report ---------------------------------------------------------------------------------
+
+
+def machine(workdir: Path) -> list[tuple[str, str]]:
+    """Facts about the machine and the disk the databases are on."""
+    cpu = "unknown"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    device = "unknown"
+    mounts = Path("/proc/mounts")
+    if mounts.exists():
+        best = ""
+        for line in mounts.read_text().splitlines():
+            dev, mount, fstype, *_ = line.split()
+            if str(workdir.resolve()).startswith(mount) and len(mount) >= len(best):
+                best, device = mount, f"{dev} ({fstype}, mounted at {mount})"
+    load = " / ".join(f"{v:.2f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
+    return [
+        ("nproc", str(len(os.sched_getaffinity(0)))),
+        ("cpu", cpu),
+        ("os", platform.platform()),
+        ("python", platform.python_version()),
+        ("sqlite", sqlite3.sqlite_version),
+        ("load average at the end (1/5/15 min)", load),
+        ("databases in", f"{workdir} on {device}"),
+    ]
+
+
+def spread(values: Sequence[float], fmt: Callable[[float], str]) -> str:
+    if len(values) < 2:
+        return ""
+    return f"{fmt(min(values))} to {fmt(max(values))}"
+
+
+def report(opts: Options, times: dict[str, list[float]], last: dict[str, Path]) -> str:
+    n = opts.jobs
+    med = statistics.median
+    lines = [f"## Recording overhead — SQLite, {n} jobs, median of {opts.repeat}", ""]
+    lines += [f"- {key}: {value}" for key, value in machine(opts.workdir)]
+    lines += [
+        f"- the call's response: {opts.lines} lines, "
+        f"{len(json.dumps(quote(1, opts.lines)))} bytes of JSON",
+        "",
+        "| side | seconds (median) | spread | jobs/s | µs/job |",
+        "|---|---:|---|---:|---:|",
+    ]
+    for side in SIDES:
+        t = times[side]
+        lines.append(
+            f"| {side} | {med(t):.3f} | {spread(t, lambda v: f'{v:.3f}')} "
+            f"| {n / med(t):,.0f} | {med(t) / n * 1e6:,.0f} |"
+        )
+    # Overhead per run (the sides of one run ran back to back), then the median of those.
+    per_run = [
+        (tr - pl, tr / pl - 1, (tr - pl) / (pl - q) if pl > q else float("nan"))
+        for tr, pl, q in zip(times["traced"], times["plain"], times["queue only"], strict=True)
+    ]
+    us = [d / n * 1e6 for d, _, _ in per_run]
+    pct = [p for _, p, _ in per_run]
+    handler_pct = [h for _, _, h in per_run]
+    lines += [
+        "",
+        "| overhead of recording | median | spread over runs | aim |",
+        "|---|---:|---|---|",
+        f"| µs per job | {med(us):,.0f} | {spread(us, lambda v: f'{v:,.0f}')} | |",
+        f"| % of the plain job, queue included | {med(pct):.0%} "
+        f"| {spread(pct, lambda v: f'{v:.0%}')} | ≤ {AIM:.0%} |",
+        f"| % of the plain handler's own time (queue-only time subtracted) "
+        f"| {med(handler_pct):.0%} | {spread(handler_pct, lambda v: f'{v:.0%}')} | |",
+    ]
+    traced, plain = stored(last["traced"]), stored(last["plain"])
+    lines += [
+        "",
+        f"Bytes stored per job (last run; `dbstat` payload = row bytes, pages = bytes of the "
+        f"table's and its indexes' pages, after a checkpoint; {n} jobs):",
+        "",
+        "| side | table (+ indexes) | rows/job | payload B/job | pages B/job |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for side, tables in (("traced", traced), ("plain", plain)):
+        shown = [
+            s
+            for s in tables.values()
+            if s.table.startswith("app_")
+            or s.table in ("rq_events", "rq_blobs", "rq_entity_versions", "rq_entities")
+            or s.table in ("rq_idempotency", "rq_jobs")
+        ]
+        for s in sorted(shown, key=lambda s: s.table):
+            lines.append(
+                f"| {side} | {s.table} | {s.rows / n:.1f} | {s.payload / n:,.0f} "
+                f"| {s.pages / n:,.0f} |"
+            )
+        total_pages = sum(s.pages for s in tables.values())
+        lines.append(f"| {side} | whole file | | | {total_pages / n:,.0f} |")
+    kinds = event_bytes(last["traced"])
+    blobs = blob_bytes(last["traced"])
+    lines += [
+        "",
+        "| traced: what the recording adds | per job |",
+        "|---|---:|",
+    ]
+    for kind, (count, size) in sorted(kinds.items()):
+        lines.append(f"| rq_events `{kind}` rows | {count / n:.1f} |")
+        lines.append(f"| rq_events `{kind}` text bytes (`SUM(LENGTH(...))`) | {size / n:,.0f} |")
+    lines += [
+        f"| rq_blobs rows | {blobs[0] / n:.2f} |",
+        f"| rq_blobs bytes before zstd | {blobs[1] / n:,.0f} |",
+        f"| rq_blobs bytes stored (`SUM(LENGTH(body))`) | {blobs[2] / n:,.0f} |",
+        f"| whole file, traced - plain | "
+        f"{(sum(s.pages for s in traced.values()) - sum(s.pages for s in plain.values())) / n:,.0f}"
+        " |",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=2000, help="jobs per drain")
+    parser.add_argument("--repeat", type=int, default=3, help="drains per side (median)")
+    parser.add_argument("--lines", type=int, default=32, help="lines in the call's response")
+    parser.add_argument("--dir", type=Path, default=None, help="where the databases go")
+    parser.add_argument("--keep", action="store_true", help="keep the databases afterwards")
+    parser.add_argument("--profile", action="store_true", help="add an inline cProfile breakdown")
+    args = parser.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="replayq-ctx-bench-", dir=args.dir))
+    opts = Options(args.jobs, args.repeat, args.lines, workdir)
+    try:
+        times, last = run(opts)
+        text = report(opts, times, last)
+        if args.profile:
+            text += "\n" + sql_split(opts) + "\n" + profile_report(opts)
+        print(text)
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
