@@ -32,10 +32,30 @@ def _check(value: Any, path: str) -> None:
     raise PayloadError(f"{path}: {type(value).__name__} is not JSON-serialisable")
 
 
+# One encoder, built once: json.dumps with non-default options builds a new one per call.
+_ENCODER = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
+
 def dumps(value: Any, *, what: str = "value") -> str:
     """Encode canonically (sorted keys, no spaces); ``PayloadError`` names the bad path."""
     _check(value, what)
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return _ENCODER.encode(value)
+
+
+def dumps_own(value: Any, *, what: str = "value") -> str:
+    """``dumps`` without the validation walk, for values replayq built itself.
+
+    For lifecycle event data: flat string keys, scalar values. The encoder still
+    refuses NaN, infinity and non-JSON types; those fall back to ``dumps`` for
+    its ``PayloadError`` naming the path. What it cannot catch is a non-string
+    key (json would coerce it), so the caller vouches for the keys.
+    """
+    try:
+        return _ENCODER.encode(value)
+    except (TypeError, ValueError):
+        return dumps(value, what=what)
 
 
 def loads(text: str | bytes | None) -> Any:

@@ -20,6 +20,7 @@ import uuid as _uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
 from replayq import codec
@@ -90,12 +91,6 @@ class Context:
         trace_id: str | None = None,
         namespace: str = "",
     ) -> None:
-        from replayq.cache import CacheView
-        from replayq.effects import EffectRunner
-        from replayq.locks import LockManager
-        from replayq.outbox import OutboxView
-        from replayq.state import StateView
-
         self.app = app
         self.job = job
         self.handler = handler
@@ -110,11 +105,42 @@ class Context:
         self._seq = 0
         self._steps: list[str] = []
         self.blob_limit = getattr(app, "blob_limit_bytes", DEFAULT_BLOB_LIMIT_BYTES)
-        self.locks: LockManager = LockManager(self)
-        self.state: StateView = StateView(self)
-        self.cache: CacheView = CacheView(self)
-        self.outbox: OutboxView = OutboxView(self)
-        self.effects: EffectRunner = EffectRunner(self)
+
+    # -- views, built on first use (most handlers touch few of them, many touch none) -------
+
+    @cached_property
+    def locks(self) -> LockManager:
+        from replayq.locks import LockManager
+
+        return LockManager(self)
+
+    @cached_property
+    def state(self) -> StateView:
+        from replayq.state import StateView
+
+        return StateView(self)
+
+    @cached_property
+    def cache(self) -> CacheView:
+        from replayq.cache import CacheView
+
+        return CacheView(self)
+
+    @cached_property
+    def outbox(self) -> OutboxView:
+        from replayq.outbox import OutboxView
+
+        return OutboxView(self)
+
+    @cached_property
+    def effects(self) -> EffectRunner:
+        from replayq.effects import EffectRunner
+
+        return EffectRunner(self)
+
+    def _built(self, view: str) -> bool:
+        """Whether the view ``view`` was used (built) in this attempt."""
+        return view in self.__dict__
 
     # -- identity ---------------------------------------------------------------------------
 
@@ -259,13 +285,16 @@ class Context:
     def committed(self) -> None:
         """The transaction that ``flush`` wrote into has committed: forget what it held."""
         self._pending = _Pending()
-        self.cache.after_commit()
+        if self._built("cache"):
+            self.cache.after_commit()
 
     def discard_writes(self) -> None:
         """A step failed: its writes never happen; its events are kept for the record."""
         self._pending.writes.clear()
-        self.state.discard_pending()
-        self.cache.discard_pending()
+        if self._built("state"):
+            self.state.discard_pending()
+        if self._built("cache"):
+            self.cache.discard_pending()
 
     def commit_now(self, *, failed: bool = False) -> None:
         """Commit what is pending in a transaction of its own (a step boundary)."""

@@ -1,7 +1,9 @@
 """The worker: lease, heartbeat, run, classify, retry or bury, ack after commit, reap.
 
 One dispatcher thread leases jobs in batches (up to the free slots) and hands
-them to ``concurrency`` executor threads. A heartbeat thread extends the lease
+them to ``concurrency`` executor threads; on a busy queue an executor whose job
+succeeds leases its slot's next job in the ack's own transaction (one commit per
+job). A heartbeat thread extends the lease
 of every job in flight. Every write about a job is a compare-and-set on (job
 id, owner token): a worker that lost its lease cannot change the job's state.
 """
@@ -44,6 +46,7 @@ from replayq.storage.protocol import (
     JobLease,
     JobRetry,
     LeaseExtend,
+    TraceEvent,
     Transaction,
 )
 from replayq.storage.reconnect import Backoff
@@ -56,6 +59,25 @@ log = logging.getLogger("replayq.worker")
 _STOP = object()
 
 
+class LostFlag:
+    """Set once by the heartbeat thread when the lease is gone; read by the handler.
+
+    Nobody waits on it, so a plain attribute (atomic under the GIL) does what a
+    ``threading.Event`` did without its lock and condition per job.
+    """
+
+    __slots__ = ("_set",)
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+
 @dataclass
 class InFlight:
     """A job this worker holds a lease on."""
@@ -65,7 +87,7 @@ class InFlight:
     heartbeat_seconds: float
     next_heartbeat: float
     started: float
-    lost: threading.Event = field(default_factory=threading.Event)
+    lost: LostFlag = field(default_factory=LostFlag)
     ctx: Context | None = None
 
 
@@ -118,6 +140,7 @@ class Worker:
         self._force = threading.Event()
         self._loops = threading.local()
         self._next_reap = 0.0
+        self._stop_requested: float | None = None
         # The backend's wake-up listener while running (PostgreSQL LISTEN), else None.
         self.notifier: Any = None
 
@@ -127,6 +150,8 @@ class Worker:
         """Stop leasing; in-flight jobs get ``grace_period`` to finish, then are released."""
         if self._stopping.is_set():
             self._force.set()
+        else:
+            self._stop_requested = time.monotonic()  # the grace period counts from here
         self._stopping.set()
         self._wake.set()
 
@@ -213,29 +238,46 @@ class Worker:
 
     def lease(self, limit: int) -> list[Job]:
         """Lease up to ``limit`` jobs and queue them for the executors."""
-        params = self._lease_params(limit)
         with self.app.storage.transaction() as tx:
-            jobs = tx.job_lease(params)
-            events = []
-            for job in jobs:
-                self.app.hlc.observe(job.hlc)
-                events.append(
-                    trace.lifecycle(
-                        trace.JOB_LEASED,
-                        job,
-                        now=params.now,
-                        hlc=self.app.hlc.tick(),
-                        worker_id=self.worker_id,
-                        status="running",
-                        owner_token=params.owner_token,
-                        lease_deadline=job.lease_deadline,
-                        version=job.handler_version,
-                        redelivery_count=job.redelivery_count,
-                    )
-                )
-            tx.trace_append(events)
+            jobs, now = self._lease_in(tx, limit)
+        self._hold(jobs, now)
+        return jobs
+
+    def _lease_in(
+        self, tx: Transaction, limit: int, also: Sequence[TraceEvent] = ()
+    ) -> tuple[list[Job], float]:
+        """Lease up to ``limit`` jobs inside ``tx`` with their ``job.leased`` events.
+
+        ``also``: events of the same transaction appended before those (one insert
+        batch). Returns (jobs, lease time). The caller hands them to ``_hold`` once
+        ``tx`` has committed, never before: a rolled-back lease holds nothing.
+        """
+        params = self._lease_params(limit)
+        jobs = tx.job_lease(params)
+        events = list(also)
         for job in jobs:
-            lease_seconds = (job.lease_deadline or params.now) - params.now
+            self.app.hlc.observe(job.hlc)
+            events.append(
+                trace.lifecycle(
+                    trace.JOB_LEASED,
+                    job,
+                    now=params.now,
+                    hlc=self.app.hlc.tick(),
+                    worker_id=self.worker_id,
+                    status="running",
+                    owner_token=params.owner_token,
+                    lease_deadline=job.lease_deadline,
+                    version=job.handler_version,
+                    redelivery_count=job.redelivery_count,
+                )
+            )
+        tx.trace_append(events)
+        return jobs, params.now
+
+    def _hold(self, jobs: Sequence[Job], now: float) -> None:
+        """Jobs whose lease committed: track them for heartbeats and queue them to run."""
+        for job in jobs:
+            lease_seconds = (job.lease_deadline or now) - now
             handler = self._handler_or_none(job)
             beat = handler.contract.heartbeat if handler else lease_seconds / 3
             # heartbeat 0: a fixed visibility timeout, the lease is never extended.
@@ -246,7 +288,6 @@ class Worker:
                 )
             self._work.put(job)
         self.stats.leased += len(jobs)
-        return jobs
 
     def reap(self) -> int:
         """Re-queue jobs whose lease expired (counted as re-deliveries); bury exhausted ones."""
@@ -364,7 +405,7 @@ class Worker:
         item = self._work.get()
         while item is not _STOP:
             try:
-                self.execute(item)
+                self._execute(item, refill=True)
             except Exception:
                 log.exception("worker %s: job %s could not be settled", self.worker_id, item.id)
             finally:
@@ -410,6 +451,10 @@ class Worker:
 
     def execute(self, job: Job) -> None:
         """Run one leased job to a settled state (succeeded, retry scheduled, or dead)."""
+        self._execute(job, refill=False)
+
+    def _execute(self, job: Job, *, refill: bool) -> None:
+        """``execute``; with ``refill``, a success leases this slot's next job in its ack."""
         flight = self._inflight.get(job.id)
         handler = self._handler_or_none(job)
         if handler is None:
@@ -432,7 +477,7 @@ class Worker:
         try:
             result = ctx.run(self._loop if handler.is_async else None)
             result_json = codec.dumps(result, what=f"{job.job_type} result")
-            self._succeed(job, handler, ctx, result_json, time.monotonic() - started)
+            self._succeed(job, handler, ctx, result_json, time.monotonic() - started, refill)
         except Exception as exc:
             # The handler raised, or its final commit did (a version conflict or a stale
             # fencing token on writes made outside steps): nothing of it was written.
@@ -516,31 +561,55 @@ class Worker:
         self.stats.rejected += 1
 
     def _succeed(
-        self, job: Job, handler: Handler, ctx: Context, result_json: str, duration: float
+        self,
+        job: Job,
+        handler: Handler,
+        ctx: Context,
+        result_json: str,
+        duration: float,
+        refill: bool = False,
     ) -> None:
+        """Ack ``job`` with the handler's pending writes and its ``job.succeeded`` event.
+
+        With ``refill`` (an executor loop, the worker not stopping) the same
+        transaction leases the next job for the slot this one frees, so a busy
+        queue costs one commit per job instead of two. The lease comes after the
+        compare-and-set ack: a rejected ack rolls the refill back with it, and a
+        refill is only held (heartbeated, queued) once the transaction committed.
+        If a try committed but its reply was lost (``_settle`` then finds the ack
+        in the trace), that try's refill is not known here: it stays ``running``
+        and is reaped after its lease, like any claim whose commit reply was lost.
+        """
+        leased: list[Job] = []
+        leased_at = 0.0
+
         def write(tx: Transaction) -> None:
+            nonlocal leased, leased_at
+            leased = []  # a retried write starts over; only the committed try's jobs count
             now, hlc = self.app.clock.now(), self.app.hlc.tick()
             ctx.flush(tx)
             assert job.owner_token is not None
             if not tx.job_complete(JobComplete(job.id, job.owner_token, now, result_json, hlc)):
                 raise LeaseLostError("job.succeeded")
             self.app.hlc.observe(hlc)
-            tx.trace_append(
-                [
-                    trace.lifecycle(
-                        trace.JOB_SUCCEEDED,
-                        job,
-                        now=now,
-                        hlc=hlc,
-                        worker_id=self.worker_id,
-                        status="succeeded",
-                        duration=duration,
-                        version=handler.contract.version,
-                    )
-                ]
+            succeeded = trace.lifecycle(
+                trace.JOB_SUCCEEDED,
+                job,
+                now=now,
+                hlc=hlc,
+                worker_id=self.worker_id,
+                status="succeeded",
+                duration=duration,
+                version=handler.contract.version,
             )
+            if refill and not self._stopping.is_set():
+                leased, leased_at = self._lease_in(tx, 1, also=[succeeded])
+            else:
+                tx.trace_append([succeeded])
 
         if self._settle(job, write, ctx):
+            # Held first: were anything below to raise, the leased job still runs.
+            self._hold(leased, leased_at)
             ctx.committed()
             self.stats.succeeded += 1
 
@@ -657,7 +726,9 @@ class Worker:
     # -- shutdown ---------------------------------------------------------------------------
 
     def _shutdown(self, executors: list[threading.Thread]) -> None:
-        deadline = time.monotonic() + self.grace_period
+        # From the signal, not from here: the dispatcher may have spent a moment ending an
+        # outage wait, and the grace is what an operator's process supervisor counts.
+        deadline = (self._stop_requested or time.monotonic()) + self.grace_period
         while self._free_slots() < self.concurrency and time.monotonic() < deadline:
             if self._force.is_set():
                 break
@@ -665,7 +736,7 @@ class Worker:
         self._force.set()  # settles still retrying against a dead database give up now
         with self._inflight_lock:
             leftovers = list(self._inflight.values())
-        for flight in leftovers:
+        for index, flight in enumerate(leftovers):
             try:
                 self._release(flight.job)
             except StorageError as exc:
@@ -675,6 +746,13 @@ class Worker:
                     flight.job.id,
                     exc,
                 )
+                if isinstance(exc, DatabaseUnavailableError):
+                    # The database is gone: don't wait on it once per job. The rest are
+                    # reaped after their leases too.
+                    rest = [f.job.id for f in leftovers[index + 1 :]]
+                    if rest:
+                        log.warning("worker %s: jobs %s not released", self.worker_id, rest)
+                    break
         for _ in executors:
             self._work.put(_STOP)
 

@@ -300,3 +300,67 @@ def test_burst_worker_drains_every_job_and_stops(
     assert stats.succeeded == 20
     assert {job.id for job in app.list_jobs(states=["succeeded"])} == set(ids)
     assert runs["ok"] == 20
+
+
+# -- ack and refill in one transaction (the executor loop's path) -----------------------------
+
+
+def take_queued(worker: replayq.Worker) -> replayq.Job:
+    """The job ``lease`` queued for the executors (tests drive ``_execute`` directly)."""
+    job: replayq.Job = worker._work.get_nowait()
+    return job
+
+
+def test_a_success_leases_the_slots_next_job_in_its_ack_and_queues_it(
+    app: replayq.App,
+) -> None:
+    first, second = app.enqueue("ok", {"n": 1}), app.enqueue("ok", {"n": 2})
+    worker = replayq.Worker(app, worker_id="w")
+    worker.lease(1)
+
+    worker._execute(take_queued(worker), refill=True)
+
+    assert app.get_job(first).state is replayq.JobState.SUCCEEDED
+    refilled = take_queued(worker)
+    assert refilled.id == second
+    stored = app.get_job(second)
+    assert stored.state is replayq.JobState.RUNNING
+    assert stored.owner_token == refilled.owner_token is not None
+    [leased] = events(app, second, "job.leased")
+    assert leased.data["owner_token"] == refilled.owner_token
+    assert set(worker._inflight) == {first, second}, "held, so the heartbeat extends it"
+    worker._execute(refilled, refill=True)
+    assert app.get_job(second).state is replayq.JobState.SUCCEEDED
+    assert worker.stats.leased == 2
+
+
+def test_a_rejected_ack_leases_nothing_for_the_slot(
+    app: replayq.App, clock: replayq.FrozenClock
+) -> None:
+    first, second = app.enqueue("ok", {"n": 1}), app.enqueue("ok", {"n": 2})
+    stale = replayq.Worker(app, worker_id="stale")
+    stale.lease(1)
+    clock.advance(10.1)
+    assert replayq.Worker(app, worker_id="reaper").reap() == 1
+
+    stale._execute(take_queued(stale), refill=True)
+
+    assert [e.worker_id for e in events(app, first, "job.write_rejected")] == ["stale"]
+    assert app.get_job(first).state is replayq.JobState.QUEUED
+    assert app.get_job(second).state is replayq.JobState.QUEUED, "the refill rolled back"
+    assert events(app, second, "job.leased") == []
+    assert stale._work.empty()
+    assert stale.stats.leased == 1
+
+
+def test_a_stopping_worker_acks_without_leasing_more(app: replayq.App) -> None:
+    first, second = app.enqueue("ok", {"n": 1}), app.enqueue("ok", {"n": 2})
+    worker = replayq.Worker(app, worker_id="w")
+    worker.lease(1)
+    worker.stop()
+
+    worker._execute(take_queued(worker), refill=True)
+
+    assert app.get_job(first).state is replayq.JobState.SUCCEEDED
+    assert app.get_job(second).state is replayq.JobState.QUEUED
+    assert worker._work.empty()

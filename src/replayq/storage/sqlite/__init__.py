@@ -100,9 +100,9 @@ class SqliteStorage:
             conn.execute("PRAGMA journal_mode = WAL")
             # PRAGMA values cannot be bound parameters; this one is checked against _SYNC_MODES.
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
-            # A job's two commits dirty ~10 pages each (row, indexes, trace); at the default
-            # 1000-page WAL a checkpoint (two fsyncs) came every ~50 jobs. Durability is the
-            # same; the WAL reaches ~16 MB between checkpoints and is truncated if above 64 MB.
+            # A job's commit dirties ~8 pages (rows, indexes, trace; docs/benchmarks.md): at
+            # the default 1000-page WAL a checkpoint (two fsyncs) came every ~100 jobs. Durability
+            # is the same; the WAL reaches ~16 MB between checkpoints, truncated above 64 MB.
             conn.execute(f"PRAGMA wal_autocheckpoint = {_WAL_AUTOCHECKPOINT_PAGES}")
             conn.execute(f"PRAGMA journal_size_limit = {_JOURNAL_SIZE_LIMIT_BYTES}")
             conn.execute("PRAGMA foreign_keys = ON")

@@ -48,7 +48,7 @@ CREATE INDEX rq_jobs_lease_deadline ON rq_jobs (lease_deadline) WHERE state = 'r
 CREATE INDEX rq_jobs_ordering ON rq_jobs (ordering_key, id)
     WHERE state IN ('queued', 'running') AND ordering_key IS NOT NULL;
 
-CREATE INDEX rq_jobs_type_state ON rq_jobs (job_type, state);
+CREATE INDEX rq_jobs_type ON rq_jobs (job_type);
 
 CREATE INDEX rq_jobs_trace ON rq_jobs (trace_id);
 
@@ -78,8 +78,6 @@ CREATE INDEX rq_events_job ON rq_events (job_id, id);
 CREATE INDEX rq_events_trace ON rq_events (trace_id, id);
 
 CREATE INDEX rq_events_resource ON rq_events (resource, hlc) WHERE resource IS NOT NULL;
-
-CREATE INDEX rq_events_name ON rq_events (name, job_id);
 
 CREATE TABLE rq_contracts (
     job_type      TEXT NOT NULL,

@@ -40,7 +40,9 @@ CREATE INDEX rq_jobs_ready ON rq_jobs (priority DESC, run_at, id) WHERE state = 
 CREATE INDEX rq_jobs_lease_deadline ON rq_jobs (lease_deadline) WHERE state = 'running';
 CREATE INDEX rq_jobs_ordering ON rq_jobs (ordering_key, id)
     WHERE state IN ('queued', 'running') AND ordering_key IS NOT NULL;
-CREATE INDEX rq_jobs_type_state ON rq_jobs (job_type, state);
+-- On job_type alone: a job's type never changes, so no state change touches this
+-- index (job_durations finds a type's jobs here; stats scans the table anyway).
+CREATE INDEX rq_jobs_type ON rq_jobs (job_type);
 CREATE INDEX rq_jobs_trace ON rq_jobs (trace_id);
 
 -- PostgreSQL only: at most one running job per ordering key, held by the database.
@@ -74,7 +76,8 @@ CREATE TABLE rq_events (
 CREATE INDEX rq_events_job ON rq_events (job_id, id);
 CREATE INDEX rq_events_trace ON rq_events (trace_id, id);
 CREATE INDEX rq_events_resource ON rq_events (resource, hlc) WHERE resource IS NOT NULL;
-CREATE INDEX rq_events_name ON rq_events (name, job_id);
+-- No index on name: every lifecycle commit would dirty it; the one query that
+-- filters on name (job_durations) reaches events through rq_jobs_type + rq_events_job.
 
 CREATE TABLE rq_contracts (
     job_type      TEXT NOT NULL,
