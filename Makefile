@@ -30,10 +30,13 @@ soak: $(STAMP)
 	$(BIN)/pytest -m soak -p no:cacheprovider
 
 chaos: $(STAMP)
-	$(BIN)/pytest -m soak -q -p no:cacheprovider tests/acceptance/test_postgres_chaos.py -s
+	$(BIN)/pytest -q -p no:cacheprovider tests/acceptance/test_postgres_chaos.py -s
 
 bench: $(STAMP)
+	$(BIN)/python -m pip install --quiet -r benchmarks/requirements.txt
 	$(BIN)/python benchmarks/throughput.py
+	$(BIN)/python benchmarks/context_overhead.py
+	$(BIN)/python benchmarks/replay_speed.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

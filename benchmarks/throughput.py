@@ -14,6 +14,12 @@ exits with the queue empty; the time the same process takes on an empty queue
 
     python benchmarks/throughput.py [--jobs 5000] [--repeat 3] [--backend sqlite]
                                     [--synchronous NORMAL|FULL] [--dir DIR]
+    python benchmarks/throughput.py --backend postgres [--jobs 3000] [--repeat 1]
+
+``--backend postgres`` runs against ``$REPLAYQ_BENCH_PG`` (default: the local server,
+database ``test``) and measures replayq with 1 and 2 worker processes beside a raw
+psycopg ``SKIP LOCKED`` loop (batch 1 and 100), PgQueuer and Procrastinate
+(``postgres_baselines.py``), plus replayq's enqueue→start latency when idle.
 
 A backend is one ``run_<backend>(options) -> list[Measurement]`` function
 registered in ``BACKENDS``; the report and the ratios are shared.
@@ -25,16 +31,20 @@ import argparse
 import os
 import platform
 import shutil
+import signal
 import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import postgres_baselines
 import sqlite_baselines
 from noop_app import make_app
 
@@ -212,12 +222,224 @@ def run_sqlite(opts: Options) -> list[Measurement]:
     ]
 
 
-BACKENDS: dict[str, Callable[[Options], list[Measurement]]] = {"sqlite": run_sqlite}
+# -- PostgreSQL -----------------------------------------------------------------------------
+
+PG_URL = os.environ.get("REPLAYQ_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
+PG_CONCURRENCY = 4  # executor threads per replayq worker process
+PG_LATENCY_PROBES = 30
+
+
+@contextmanager
+def pg_schema(system: str) -> Iterator[str]:
+    """A URL whose search_path is a new schema for ``system``, dropped afterwards."""
+    import psycopg
+    from psycopg import sql
+
+    schema = f"bench_{system}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+    try:
+        yield f"{PG_URL}{'&' if '?' in PG_URL else '?'}options=-csearch_path%3D{schema}"
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(schema)))
+
+
+def pg_replayq_states(url: str) -> dict[str, int]:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        rows = conn.execute("SELECT state, count(*) FROM rq_jobs GROUP BY state").fetchall()
+        events = conn.execute("SELECT name, count(*) FROM rq_events GROUP BY name").fetchall()
+    return {**dict(rows), **{f"event {name}": count for name, count in events}}
+
+
+def pg_replayq_app(url: str) -> replayq.App:
+    migrated = replayq.App(url, auto_migrate=True)
+    migrated.storage  # noqa: B018 - workers on PostgreSQL never migrate on their own
+    migrated.close()
+    app = make_app(url)
+    app.storage  # noqa: B018 - connect before the clock starts
+    return app
+
+
+def pg_replayq_drain(opts: Options, processes: int) -> tuple[float, float, float, float]:
+    """(enqueue one by one s, enqueue bulk s, drain s, empty-queue s), ``processes`` workers."""
+    with pg_schema("replayq") as url:
+        app = pg_replayq_app(url)
+        single = timed(lambda: [app.enqueue("noop", {"n": n}) for n in range(opts.jobs)])
+        with app.storage.transaction() as tx:
+            tx.connection.execute("TRUNCATE rq_jobs, rq_events")
+        requests = [replayq.EnqueueRequest("noop", {"n": n}) for n in range(opts.jobs)]
+        bulk = timed(lambda: app.enqueue_many(requests))
+        app.close()
+        worker_url = f"{url}&pool_size={PG_CONCURRENCY + 2}"
+        argv = [*replayq_command(), "--db", worker_url, "worker", "--app", APP_SPEC]
+        argv += ["--burst", "--concurrency", str(PG_CONCURRENCY)]
+
+        def drain_with_workers() -> float:
+            started = time.perf_counter()
+            procs = [
+                subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                for _ in range(processes)
+            ]
+            for proc in procs:
+                _, err = proc.communicate()
+                if proc.returncode != 0:
+                    raise SystemExit(f"replayq worker failed ({proc.returncode}):\n{err.decode()}")
+            return time.perf_counter() - started
+
+        drain = drain_with_workers()
+        states = pg_replayq_states(url)
+        want = {"succeeded": opts.jobs, "event job.succeeded": opts.jobs}
+        if any(states.get(key) != count for key, count in want.items()):
+            raise SystemExit(f"replayq drain did not finish every job: {states}")
+        empty = drain_with_workers()
+    return single, bulk, drain, empty
+
+
+def pg_replayq_latency() -> list[float]:
+    """Seconds from just before ``enqueue`` to the job's lease, one idle worker, LISTEN on.
+
+    The worker polls only every 30 s, so a pickup faster than that came through LISTEN.
+    The lease time is the worker's ``job.leased`` event (same machine, same wall clock).
+    """
+    with pg_schema("replayq_latency") as url:
+        app = pg_replayq_app(url)
+        argv = [*replayq_command(), "--db", url, "worker", "--app", APP_SPEC]
+        argv += ["--poll-interval", "30", "--grace", "1"]
+        worker = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        latencies: list[float] = []
+        try:
+            for n in range(PG_LATENCY_PROBES + 1):
+                time.sleep(0.1)  # idle between probes
+                enqueued = time.time()
+                job_id = app.enqueue("noop", {"n": n})
+                leased = None
+                deadline = time.monotonic() + 10
+                while leased is None and time.monotonic() < deadline:
+                    with app.storage.transaction(readonly=True) as tx:
+                        row = tx.connection.execute(
+                            "SELECT ts FROM rq_events WHERE job_id = %s AND name = 'job.leased'",
+                            [job_id],
+                        ).fetchone()
+                    leased = row[0] if row else None
+                    time.sleep(0.001)
+                if leased is None:
+                    raise SystemExit(f"latency probe {n} was not picked up within 10 s")
+                if n:  # the first one waits for the worker to start
+                    latencies.append(float(leased) - enqueued)
+        finally:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(20)
+            app.close()
+    return latencies
+
+
+def pg_raw_drain(opts: Options, batch: int) -> tuple[float, float]:
+    """(drain s, empty-queue s) of the raw loop claiming ``batch`` jobs at a time."""
+    with pg_schema(f"raw{batch}") as url:
+        postgres_baselines.raw_enqueue(url, opts.jobs)
+        argv = [sys.executable, "benchmarks/postgres_baselines.py", "raw-drain", url, str(batch)]
+
+        def expect(count: int) -> Callable[[str], None]:
+            def check(stdout: str) -> None:
+                if int(stdout) != count:
+                    raise SystemExit(f"raw loop completed {stdout.strip()} jobs, not {count}")
+
+            return check
+
+        drain = timed_process(argv, expect(opts.jobs))
+        if postgres_baselines.raw_count_done(url) != opts.jobs:
+            raise SystemExit("raw loop left jobs behind")
+        empty = timed_process(argv, expect(0))
+    return drain, empty
+
+
+def pg_library(opts: Options, system: str) -> tuple[float, float, float, float]:
+    """(enqueue one by one s, enqueue bulk s, drain s, empty-queue s): pgqueuer, procrastinate."""
+    enqueue = {
+        "pgqueuer": postgres_baselines.pgqueuer_enqueue,
+        "procrastinate": postgres_baselines.procrastinate_enqueue,
+    }[system]
+    with pg_schema(system) as url:
+        single = enqueue(url, opts.jobs, bulk=False)
+    with pg_schema(system) as url:
+        bulk = enqueue(url, opts.jobs, bulk=True)
+        argv = [sys.executable, "benchmarks/postgres_baselines.py", f"{system}-drain", url]
+
+        def expect(stdout: str) -> None:
+            if int(stdout.strip().splitlines()[-1]) != 0:
+                raise SystemExit(f"{system} left {stdout.strip()} jobs behind")
+
+        drain = timed_process(argv, expect)
+        empty = timed_process(argv, expect)
+    return single, bulk, drain, empty
+
+
+def run_postgres(opts: Options) -> list[Measurement]:
+    """One run of each system against the local server, in dedicated schemas."""
+    n = opts.jobs
+    rows: list[Measurement] = []
+    for run in range(opts.repeat):
+        one = pg_replayq_drain(opts, 1)
+        two = pg_replayq_drain(opts, 2)
+        raw1, raw100 = pg_raw_drain(opts, 1), pg_raw_drain(opts, 100)
+        pgq = pg_library(opts, "pgqueuer")
+        proc = pg_library(opts, "procrastinate")
+        print(
+            f"  run {run + 1}/{opts.repeat}: drain replayq {one[2]:.2f}s / {two[2]:.2f}s, "
+            f"raw {raw1[0]:.2f}s / {raw100[0]:.2f}s, pgqueuer {pgq[2]:.2f}s, "
+            f"procrastinate {proc[2]:.2f}s",
+            file=sys.stderr,
+        )
+        rows += [
+            Measurement("replayq", "enqueue one by one", n, (one[0],)),
+            Measurement("replayq", "enqueue bulk", n, (one[1],)),
+            Measurement("pgqueuer", "enqueue one by one", n, (pgq[0],)),
+            Measurement("pgqueuer", "enqueue bulk", n, (pgq[1],)),
+            Measurement("procrastinate", "enqueue one by one", n, (proc[0],)),
+            Measurement("procrastinate", "enqueue bulk", n, (proc[1],)),
+            Measurement("replayq", "drain", n, (one[2],), one[3]),
+            Measurement("replayq", "drain, 2 processes", n, (two[2],), two[3]),
+            Measurement("raw1", "drain", n, (raw1[0],), raw1[1]),
+            Measurement("raw100", "drain", n, (raw100[0],), raw100[1]),
+            Measurement("pgqueuer", "drain", n, (pgq[2],), pgq[3]),
+            Measurement("procrastinate", "drain", n, (proc[2],), proc[3]),
+        ]
+    latencies = pg_replayq_latency()
+    rows.append(Measurement("replayq", "enqueue→start latency", 1, tuple(latencies)))
+    return merge_runs(rows)
+
+
+def merge_runs(rows: list[Measurement]) -> list[Measurement]:
+    """One row per (system, operation), its runs pooled: the median is over all of them."""
+    merged: dict[tuple[str, str], Measurement] = {}
+    for m in rows:
+        key = (m.system, m.operation)
+        if key in merged:
+            before = merged[key]
+            startup = None
+            if before.startup is not None and m.startup is not None:
+                startup = (before.startup + m.startup) / 2
+            m = Measurement(m.system, m.operation, m.jobs, before.runs + m.runs, startup)
+        merged[key] = m
+    return list(merged.values())
+
+
+BACKENDS: dict[str, Callable[[Options], list[Measurement]]] = {
+    "sqlite": run_sqlite,
+    "postgres": run_postgres,
+}
 
 LABELS = {
     "replayq": "replayq",
     "raw": "raw sqlite3 loop (1 job/txn)",
     "huey": f"Huey {sqlite_baselines.huey_version()} SqliteStorage",
+    "raw1": "raw psycopg SKIP LOCKED loop, batch 1",
+    "raw100": "raw psycopg SKIP LOCKED loop, batch 100",
+    "pgqueuer": "PgQueuer (defaults, psycopg driver)",
+    "procrastinate": "Procrastinate (defaults)",
 }
 
 
@@ -283,6 +505,82 @@ def report(opts: Options, backend: str, rows: list[Measurement]) -> str:
     return "\n".join(lines)
 
 
+def pg_server_version() -> str:
+    import psycopg
+
+    with psycopg.connect(PG_URL) as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+    return str(row[0]) if row else "unknown"
+
+
+def report_postgres(opts: Options, rows: list[Measurement], load: tuple[str, str]) -> str:
+    lines = ["## replayq throughput — postgres", ""]
+    facts = [kv for kv in machine(opts.workdir) if kv[0] in ("nproc", "cpu", "os", "python")]
+    facts += [
+        ("server", f"PostgreSQL {pg_server_version()} at {PG_URL} (local, shared)"),
+        *((name, v) for name, v in postgres_baselines.versions().items()),
+        ("load average (1, 5, 15 min)", f"before {load[0]}; after {load[1]}"),
+    ]
+    lines += [f"- {key}: {value}" for key, value in facts]
+    lines += [
+        f"- jobs per measurement: {opts.jobs}; median of {opts.repeat} run(s); one schema "
+        "per system and run, dropped afterwards",
+        f"- replayq drains: `replayq worker --burst --concurrency {PG_CONCURRENCY}` "
+        "processes, tracing on, timed from spawn until every process exited with the "
+        "queue empty (process start included, as for every other system)",
+        "- 'empty-queue s': the same drain command(s) on the emptied queue (process start, "
+        "connect, finding the queue empty, exit); 'jobs/s after start' subtracts it",
+        "",
+        "| system | operation | jobs | seconds | jobs/s | empty-queue s | jobs/s after start |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    latency = None
+    for m in rows:
+        if m.operation.startswith("enqueue→start"):
+            latency = m
+            continue
+        start = "" if m.startup is None else f"{m.startup:.3f}"
+        after = "" if m.rate_after_start is None else f"{m.rate_after_start:,.0f}"
+        lines.append(
+            f"| {LABELS[m.system]} | {m.operation} | {m.jobs} | {m.seconds:.3f} "
+            f"| {m.rate:,.0f} | {start} | {after} |"
+        )
+    drains = {m.system: m for m in rows if m.operation == "drain"}
+    ours = drains["replayq"]
+    lines += [
+        "",
+        "| ratio (1 process each) | end to end | after process start | aim |",
+        "|---|---:|---:|---|",
+    ]
+    for other, aim in (
+        ("pgqueuer", "≥ 100%"),
+        ("procrastinate", "≥ 500%"),
+        ("raw1", ""),
+        ("raw100", ""),
+    ):
+        base = drains[other]
+        after = ""
+        if ours.rate_after_start and base.rate_after_start:
+            after = f"{ours.rate_after_start / base.rate_after_start:.0%}"
+        lines.append(
+            f"| replayq / {LABELS[other]} | {ours.rate / base.rate:.0%} | {after} | {aim} |"
+        )
+    if latency is not None:
+        ms = sorted(r * 1000 for r in latency.runs)
+        p90 = ms[min(len(ms) - 1, int(len(ms) * 0.9))]
+        lines += [
+            "",
+            f"enqueue→start latency, one idle worker (poll every 30 s, so LISTEN), "
+            f"{len(ms)} probes 0.1 s apart: p50 {statistics.median(ms):.1f} ms, "
+            f"p90 {p90:.1f} ms, max {ms[-1]:.1f} ms (aim: p50 < 20 ms)",
+        ]
+    return "\n".join(lines)
+
+
+def load_average() -> str:
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=5000, help="jobs per measurement")
@@ -300,8 +598,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="replayq-bench-", dir=args.dir))
     opts = Options(args.jobs, args.repeat, args.synchronous, workdir)
     try:
+        before = load_average()
         rows = BACKENDS[args.backend](opts)
-        print(report(opts, args.backend, rows))
+        if args.backend == "postgres":
+            print(report_postgres(opts, rows, (before, load_average())))
+        else:
+            print(report(opts, args.backend, rows))
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -33,7 +33,10 @@ Known limits, up front:
   (``DatabaseUnavailableError``) and is replaced by the pool; callers retry
   (``storage/reconnect.py``). An idle pooled connection whose session was killed
   is noticed at checkout without a round trip: its socket is readable (the
-  server's FATAL message, then EOF), which an idle connection's never is.
+  server's FATAL message, then EOF), which an idle connection's never is. Once a
+  call has found the database gone, a checkout waits ``OUTAGE_WAIT``, not
+  ``pool_timeout``, until the pool connects again: callers retry with their own
+  backoff, and a worker told to stop in an outage is not held for 30 s.
 * Half-open sockets (a partitioned host): libpq TCP keepalives and
   ``tcp_user_timeout`` (``DEFAULT_TCP_USER_TIMEOUT_MS`` unless the URL sets it)
   turn a silent peer into an error within seconds instead of the kernel's
@@ -71,9 +74,15 @@ log = logging.getLogger("replayq.storage.postgres")
 _MIGRATIONS = "replayq.storage.postgres.migrations"
 DEFAULT_POOL_SIZE = 4
 DEFAULT_POOL_TIMEOUT = 30.0
-# With no connection left in the pool (the server is down), wait this long, not pool_timeout:
-# callers back off and retry, and a worker told to stop is not stuck for 30 s.
-OUTAGE_WAIT = 1.0
+# While the database is known to be unreachable, wait this long for a pooled connection,
+# not pool_timeout: callers back off and retry (checking their stop flags between tries),
+# so a worker told to stop during an outage is never stuck for 30 s.
+OUTAGE_WAIT = 0.5
+# psycopg_pool retries a failed connect with its own backoff (1 s, doubling) for this long,
+# then gives up and the next getconn starts a fresh attempt at once. Its default (300 s)
+# let the delay grow past a minute during a long outage, so a host whose link came back
+# stayed without connections; short, the callers' capped backoff (reconnect.py) decides.
+POOL_RECONNECT_WINDOW = 2.0
 CONNECT_TIMEOUT = 10
 # libpq settings that bound how long a dead peer goes unnoticed; the URL may override them.
 DEFAULT_TCP_USER_TIMEOUT_MS = 10_000
@@ -285,6 +294,10 @@ class PostgresStorage:
         self.pool_size = int(_positive(url, options, "pool_size", DEFAULT_POOL_SIZE))
         pool_timeout = _positive(url, options, "pool_timeout", DEFAULT_POOL_TIMEOUT)
         self.queries = load_queries("replayq.storage.postgres")
+        # Cleared when a call finds the database gone (a dead or broken connection), set
+        # again by the next connection the pool opens: while clear, waits are short.
+        self._reachable = threading.Event()
+        self._reachable.set()
         try:
             # One direct connection first: the pool would retry quietly until its timeout,
             # and this gives the caller the server's own reason at once.
@@ -299,6 +312,8 @@ class PostgresStorage:
             max_size=self.pool_size,
             timeout=pool_timeout,
             kwargs={"autocommit": False, "connect_timeout": CONNECT_TIMEOUT},
+            configure=self._connected,
+            reconnect_timeout=POOL_RECONNECT_WINDOW,
             name="replayq",
             open=False,
         )
@@ -310,20 +325,34 @@ class PostgresStorage:
                 f"cannot connect to PostgreSQL at {_redact(self.conninfo)}: {exc}"
             ) from exc
 
+    def _connected(self, conn: psycopg.Connection[Any]) -> None:
+        """The pool's ``configure`` hook: a new connection proves the server answers."""
+        self._reachable.set()
+
+    def _wait(self) -> float | None:
+        """How long to wait for a pooled connection: ``pool_timeout`` unless in an outage."""
+        return None if self._reachable.is_set() else OUTAGE_WAIT
+
     def _live_connection(self) -> psycopg.Connection[Any]:
-        """A pooled connection, skipping (and closing) those the server already ended."""
-        timeout = OUTAGE_WAIT if self.pool.get_stats().get("pool_size", 1) == 0 else None
+        """A pooled connection, skipping (and closing) those the server already ended.
+
+        In an outage (the last call found the database gone) it waits ``OUTAGE_WAIT``,
+        not ``pool_timeout``, then raises ``PoolTimeout``: the caller's backoff retries,
+        and a worker shutting down is never held by a dead database.
+        """
         for _ in range(self.pool_size):
-            conn = self.pool.getconn(timeout)
+            conn = self.pool.getconn(self._wait())
             if not _looks_dead(conn):
                 return conn
+            self._reachable.clear()  # the server ended it: restart, kill, or failover
             conn.close()  # the pool drops a closed connection and opens a new one
             self.pool.putconn(conn)
-        return self.pool.getconn(timeout)
+        return self.pool.getconn(self._wait())
 
     @contextmanager
     def _connection(self, *, readonly: bool = False) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection in a transaction that commits on success, else rolls back."""
+        conn: psycopg.Connection[Any] | None = None
         try:
             conn = self._live_connection()
             try:
@@ -334,6 +363,12 @@ class PostgresStorage:
                 self.pool.putconn(conn)
         except psycopg.Error as exc:
             raise storage_error("PostgreSQL transaction failed", exc) from exc
+        finally:
+            # No connection to be had, or it broke under us: the database is gone for now.
+            if conn is None or conn.broken:
+                self._reachable.clear()
+            elif not self._reachable.is_set():
+                self._reachable.set()
 
     @contextmanager
     def transaction(self, *, readonly: bool = False) -> Iterator[PostgresTransaction]:
