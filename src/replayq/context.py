@@ -435,6 +435,51 @@ class Context:
         """A lease lock with an owner token and a fencing token (``with ctx.lock(...) as lk:``)."""
         return self.locks.handle(resource, ttl=ttl, wait=wait)
 
+    def db_write(self, fn: Callable[[Any], Any], *, key: str | None = None) -> None:
+        """Write the application's own tables in the transaction that commits this step.
+
+        ``fn(connection)`` runs at the step's commit on replayq's own connection
+        (``sqlite3`` or ``psycopg``, same database), so the application's rows commit
+        or roll back together with the step's state writes, outbox rows and trace
+        events — and, outside any step, with the job's ack. With ``key`` it runs at
+        most once per key: a processed-operation record is written in the same
+        transaction, and a later attempt finding it skips ``fn`` (recorded as
+        deduplicated). A replay or fork never runs ``fn``.
+        """
+        event = self.record("db.write", resource=key, key=key)
+        if self.replaying:
+            event.data["replayed"] = True
+            return
+        job, trace_id, attempt = self.job, self.trace_id, self.attempt
+
+        def write(tx: Transaction) -> None:
+            if key is not None:
+                claim = {
+                    "key": key,
+                    "operation": "db.write",
+                    "claim_token": f"{trace_id}-{attempt}-{event.seq}",
+                    "now": event.ts,
+                    "trace_id": trace_id,
+                    "job_id": job.id,
+                    "attempt": attempt,
+                }
+                if not tx.idem_claim(claim):
+                    event.data["deduplicated"] = True
+                    return
+            fn(tx.connection)
+            if key is not None:
+                tx.idem_succeed(
+                    {
+                        "key": key,
+                        "claim_token": claim["claim_token"],
+                        "result": "null",
+                        "result_ref": None,
+                        "now": event.ts,
+                    }
+                )
+
+        self.defer(write)
+
     def enqueue(self, job_type: str, payload: dict[str, Any] | None = None, **options: Any) -> None:
         """Enqueue a child job in the step's transaction (causation: this job)."""
         from replayq.app import EnqueueRequest

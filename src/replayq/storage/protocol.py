@@ -144,6 +144,9 @@ class MigrationStatus:
 class Transaction(Protocol):
     """The verbs, all inside one database transaction."""
 
+    connection: Any
+    """The driver connection the transaction runs on (for ``ctx.db_write``)."""
+
     def job_insert(self, params: JobInsert) -> tuple[int, bool]:
         """Insert a job; on a duplicate ``message_id`` return ``(existing_id, False)``."""
         ...
