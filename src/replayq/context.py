@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from replayq import codec
 from replayq.blobs import DEFAULT_BLOB_LIMIT_BYTES, INLINE_LIMIT_BYTES, put_bytes
 from replayq.contracts import render_template
-from replayq.errors import PayloadError
+from replayq.errors import LeaseLostError, PayloadError
 from replayq.jobs import Job
 from replayq.storage.protocol import TraceEvent, Transaction
 
@@ -297,9 +297,20 @@ class Context:
             self.cache.discard_pending()
 
     def commit_now(self, *, failed: bool = False) -> None:
-        """Commit what is pending in a transaction of its own (a step boundary)."""
+        """Commit what is pending in a transaction of its own (a step boundary).
+
+        Once the worker knows its lease on the job is gone, a step's writes are refused
+        (``LeaseLostError``): the job belongs to another worker now. Events are still kept.
+        The check comes after the writes' own checks, so a write under a re-acquired lock
+        is still reported as fenced (``StaleFencingTokenError``).
+        """
         with self.app.storage.transaction() as tx:
             self.flush(tx, failed=failed)
+            if not failed and self._pending.writes and self.lease_lost:
+                raise LeaseLostError(
+                    f"job {self.job.id} attempt {self.attempt}: the lease was lost; "
+                    "this step's writes are not committed"
+                )
         self.committed()
 
     # -- steps and decisions ----------------------------------------------------------------

@@ -83,7 +83,6 @@ def plan_rollback(app: App, job_id: int, attempt: int | None = None) -> Rollback
             entities.setdefault((row["namespace"], row["key"]), []).append(row)
         for (namespace, key), written in entities.items():
             first = min(written, key=lambda r: r["version"])
-            last = max(written, key=lambda r: r["version"])
             current, _ = read_entity(tx, MAIN, namespace, key)
             assert current is not None
             restore_version = first["parent_version"]
@@ -93,7 +92,9 @@ def plan_rollback(app: App, job_id: int, attempt: int | None = None) -> Rollback
                 from replayq.state import version_from_row
 
                 restored = version_from_row(tx, before).data if before else None
-            later = tx.entity_versions_after(MAIN, namespace, key, int(last["version"]))
+            # Every version since the job's *first* write that someone else wrote: writes
+            # interleaved between the job's own (e.g. across its retries) would be undone too.
+            later = tx.entity_versions_after(MAIN, namespace, key, int(first["version"]))
             changes.append(
                 RollbackChange(
                     resource_name(namespace, key),

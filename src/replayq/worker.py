@@ -31,6 +31,7 @@ from replayq.errors import (
     DatabaseUnavailableError,
     EffectInDoubtError,
     FailureClass,
+    JobError,
     LeaseLostError,
     PayloadError,
     ReplayqError,
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("replayq.worker")
 
 _STOP = object()
+_SETTLE_STORAGE_TRIES = 5
 
 
 class LostFlag:
@@ -409,9 +411,19 @@ class Worker:
             except Exception:
                 log.exception("worker %s: job %s could not be settled", self.worker_id, item.id)
             finally:
-                with self._inflight_lock:
-                    self._inflight.pop(item.id, None)
+                self._forget(item)
             item = self._next_work()
+
+    def _flight_of(self, job: Job) -> InFlight | None:
+        """The in-flight record of this lease of ``job`` (not of a later re-lease of it)."""
+        flight = self._inflight.get(job.id)
+        return flight if flight is not None and flight.job.owner_token == job.owner_token else None
+
+    def _forget(self, job: Job) -> None:
+        """Free the slot of this lease; a re-lease of the same job keeps its own record."""
+        with self._inflight_lock:
+            if self._flight_of(job) is not None:
+                del self._inflight[job.id]
 
     def _next_work(self) -> Any:
         """The next job for an executor that just freed its slot.
@@ -430,7 +442,8 @@ class Worker:
         if not self._stopping.is_set():
             try:
                 _, leased = self._lease_free_slots()
-            except ReplayqError:
+            except Exception:
+                # Never let an executor thread die: the dispatcher leases (with backoff) instead.
                 log.exception("worker %s: lease from an executor failed", self.worker_id)
         if not leased:
             self._wake.set()
@@ -455,7 +468,7 @@ class Worker:
 
     def _execute(self, job: Job, *, refill: bool) -> None:
         """``execute``; with ``refill``, a success leases this slot's next job in its ack."""
-        flight = self._inflight.get(job.id)
+        flight = self._flight_of(job)
         handler = self._handler_or_none(job)
         if handler is None:
             self._bury(
@@ -477,10 +490,17 @@ class Worker:
         try:
             result = ctx.run(self._loop if handler.is_async else None)
             result_json = codec.dumps(result, what=f"{job.job_type} result")
-            self._succeed(job, handler, ctx, result_json, time.monotonic() - started, refill)
         except Exception as exc:
-            # The handler raised, or its final commit did (a version conflict or a stale
-            # fencing token on writes made outside steps): nothing of it was written.
+            ctx.discard_writes()
+            self._fail(job, handler, ctx, exc, time.monotonic() - started)
+            return
+        try:
+            self._succeed(job, handler, ctx, result_json, time.monotonic() - started, refill)
+        except JobError as exc:
+            # The final commit refused the handler's writes made outside steps (a version
+            # conflict, a stale fencing token): a failure of the attempt, classified.
+            # Any other storage error leaves the job running: it is reaped after its lease
+            # and runs again, never buried for the database's fault.
             ctx.discard_writes()
             self._fail(job, handler, ctx, exc, time.monotonic() - started)
 
@@ -496,6 +516,7 @@ class Worker:
         """
         backoff = Backoff(f"worker {self.worker_id}: settle job {job.id}")
         outcome_unknown = False
+        failures = 0
         while True:
             try:
                 try:
@@ -517,6 +538,19 @@ class Worker:
                         job.id,
                     )
                     return False
+            except StorageError as exc:
+                # Rolled back for sure (e.g. SQLite's write lock held past busy_timeout):
+                # try a few times, then leave the job running to be reaped and re-run.
+                failures += 1
+                if failures >= _SETTLE_STORAGE_TRIES or not backoff.wait(exc, self._force):
+                    log.error(
+                        "worker %s: could not settle job %s (%s); it stays running and is "
+                        "reaped after its lease",
+                        self.worker_id,
+                        job.id,
+                        exc,
+                    )
+                    return False
 
     def _settled_by_this_attempt(self, job: Job) -> bool:
         """Whether this attempt's settle committed: its terminal event is in the trace.
@@ -527,7 +561,9 @@ class Worker:
         settled = {trace.JOB_SUCCEEDED, trace.RETRY_SCHEDULED, trace.JOB_DEAD}
         with self.app.storage.transaction(readonly=True) as tx:
             return any(
-                e.name in settled and e.worker_id == self.worker_id and e.attempt == job.attempt
+                e.name in settled
+                and e.data.get("owner_token") == job.owner_token
+                and e.attempt == job.attempt
                 for e in tx.trace_for_job(job.id)
             )
 
@@ -598,6 +634,7 @@ class Worker:
                 now=now,
                 hlc=hlc,
                 worker_id=self.worker_id,
+                owner_token=job.owner_token,
                 status="succeeded",
                 duration=duration,
                 version=handler.contract.version,
@@ -633,6 +670,7 @@ class Worker:
                     now=now,
                     hlc=self.app.hlc.tick(),
                     worker_id=self.worker_id,
+                    owner_token=job.owner_token,
                     status="fail",
                     error_class=failure_class.value,
                     error=message,
@@ -656,6 +694,7 @@ class Worker:
                         now=now,
                         hlc=hlc,
                         worker_id=self.worker_id,
+                        owner_token=job.owner_token,
                         status="queued",
                         reason=failure_class.value,
                         delay=delay,
@@ -680,6 +719,7 @@ class Worker:
                         now=now,
                         hlc=hlc,
                         worker_id=self.worker_id,
+                        owner_token=job.owner_token,
                         status="dead",
                         reason=reason.value,
                         error_class=failure_class.value,
@@ -713,6 +753,7 @@ class Worker:
                         now=now,
                         hlc=hlc,
                         worker_id=self.worker_id,
+                        owner_token=job.owner_token,
                         status="dead",
                         reason=reason.value,
                         error=message,

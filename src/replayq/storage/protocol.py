@@ -178,7 +178,11 @@ class Transaction(Protocol):
         ...
 
     def lease_release(self, job_id: int, owner_token: str, now: float, hlc: int) -> bool:
-        """Give a running job back to the queue without counting a failure (shutdown)."""
+        """Give a running job back to the queue (shutdown): one more attempt in its budget.
+
+        The attempt number is kept, so the next run is a new attempt whose events and
+        outbox event ids never collide with the released run's.
+        """
         ...
 
     def job_redeliver(self, job_id: int, owner_token: str, now: float, hlc: int) -> bool:

@@ -149,9 +149,11 @@ WITH redelivered AS (
 SELECT pg_notify('replayq_jobs', queue) FROM redelivered;
 
 -- name: lease_release
+-- Shutdown: the job goes back with one more attempt in its budget; its attempt number
+-- is kept, so the next run's events and outbox ids never collide with this one's.
 WITH released AS (
     UPDATE rq_jobs
-    SET state = 'queued', run_at = %(now)s, attempt = attempt - 1, owner_token = NULL,
+    SET state = 'queued', run_at = %(now)s, max_attempts = max_attempts + 1, owner_token = NULL,
         lease_deadline = NULL, hlc = %(hlc)s
     WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running'
     RETURNING queue

@@ -124,6 +124,10 @@ class SqliteStorage:
             raise StorageError(f"cannot begin a transaction on {self.path!r}: {exc}") from exc
         try:
             yield SqlTransaction(conn, self.queries)
+        except sqlite3.Error as exc:
+            conn.execute("ROLLBACK")
+            # Storage errors keep the driver's as __cause__ (as on PostgreSQL).
+            raise StorageError(f"{self.path}: {exc}") from exc
         except BaseException:
             conn.execute("ROLLBACK")
             raise

@@ -26,9 +26,14 @@ FROM rq_jobs AS j
 WHERE j.state = 'queued'
   AND j.run_at <= :now
   AND (:queues IS NULL OR j.queue IN (SELECT value FROM json_each(:queues)))
-  AND (j.ordering_key IS NULL OR j.id = (
-        SELECT MIN(k.id) FROM rq_jobs AS k
-        WHERE k.ordering_key = j.ordering_key AND k.state IN ('queued', 'running')))
+  AND (j.ordering_key IS NULL OR (
+        j.id = (
+          SELECT MIN(k.id) FROM rq_jobs AS k
+          WHERE k.ordering_key = j.ordering_key AND k.state IN ('queued', 'running'))
+        -- A requeued dead job can be older than the running one: never two at once.
+        AND NOT EXISTS (
+          SELECT 1 FROM rq_jobs AS r
+          WHERE r.ordering_key = j.ordering_key AND r.state = 'running')))
 ORDER BY j.priority DESC, j.run_at, j.id
 LIMIT :limit;
 
@@ -93,8 +98,10 @@ SET state = 'queued', run_at = :now, owner_token = NULL, lease_deadline = NULL,
 WHERE id = :job_id AND owner_token = :owner_token AND state = 'running';
 
 -- name: lease_release
+-- Shutdown: the job goes back with one more attempt in its budget; its attempt number
+-- is kept, so the next run's events and outbox ids never collide with this one's.
 UPDATE rq_jobs
-SET state = 'queued', run_at = :now, attempt = attempt - 1, owner_token = NULL,
+SET state = 'queued', run_at = :now, max_attempts = max_attempts + 1, owner_token = NULL,
     lease_deadline = NULL, hlc = :hlc
 WHERE id = :job_id AND owner_token = :owner_token AND state = 'running';
 
