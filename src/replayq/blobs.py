@@ -27,15 +27,20 @@ def is_ref(value: Any) -> bool:
     return isinstance(value, str) and value.startswith(REF_PREFIX)
 
 
+def ref_of(data: bytes) -> str:
+    """The content reference of ``data`` (``blob:sha256:<hex>``)."""
+    return REF_PREFIX + hashlib.sha256(data).hexdigest()
+
+
 def put_bytes(tx: Transaction, data: bytes, *, now: float, limit: int, what: str) -> str:
     """Store ``data`` once (by hash) and return its reference."""
     if len(data) > limit:
         raise PayloadError(f"{what}: {len(data)} bytes is above the blob limit of {limit} bytes")
-    digest = hashlib.sha256(data).hexdigest()
+    ref = ref_of(data)
     body = _compressor.compress(data)
     tx.blob_put(
         {
-            "hash": digest,
+            "hash": ref.removeprefix(REF_PREFIX),
             "codec": "zstd",
             "size": len(data),
             "stored_size": len(body),
@@ -43,7 +48,7 @@ def put_bytes(tx: Transaction, data: bytes, *, now: float, limit: int, what: str
             "now": now,
         }
     )
-    return REF_PREFIX + digest
+    return ref
 
 
 def get_bytes(tx: Transaction, ref: str) -> bytes:

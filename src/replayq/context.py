@@ -24,7 +24,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any, Protocol
 
 from replayq import codec
-from replayq.blobs import DEFAULT_BLOB_LIMIT_BYTES, INLINE_LIMIT_BYTES, put_bytes
+from replayq.blobs import DEFAULT_BLOB_LIMIT_BYTES, INLINE_LIMIT_BYTES, put_bytes, ref_of
 from replayq.contracts import render_template
 from replayq.errors import LeaseLostError, PayloadError
 from replayq.jobs import Job
@@ -258,10 +258,8 @@ class Context:
             )
         if size <= INLINE_LIMIT_BYTES:
             return value, None, None
-        import hashlib
-
         raw = text.encode()
-        return None, "blob:sha256:" + hashlib.sha256(raw).hexdigest(), raw
+        return None, ref_of(raw), raw
 
     def store_blob(self, raw: bytes | None, what: str) -> None:
         """Schedule a large value for the blob store in the step's transaction."""

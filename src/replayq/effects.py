@@ -25,10 +25,10 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from replayq import codec
-from replayq.blobs import load_json
+from replayq.blobs import load_json, put_bytes
 from replayq.contracts import render_template
-from replayq.errors import ConfigurationError, DatabaseUnavailableError, EffectInDoubtError
-from replayq.storage.reconnect import Backoff
+from replayq.errors import ConfigurationError, EffectInDoubtError
+from replayq.storage.reconnect import retry_unavailable
 
 if TYPE_CHECKING:
     from replayq.context import Context
@@ -102,29 +102,29 @@ class EffectRunner:
             "job_id": ctx.job.id,
             "attempt": ctx.attempt,
         }
+
         # A claim whose COMMIT reply was lost is recognised by its claim token on the retry.
-        backoff = Backoff(f"job {ctx.job.id}: claim effect {key!r}")
-        give_up = time.monotonic() + RECONNECT_SECONDS
-        while True:
-            try:
-                with app.storage.transaction() as tx:
-                    claimed = tx.idem_claim(claim)
-                    existing = None if claimed else tx.idem_get(key)
-                    ours = existing is not None and existing["claim_token"] == claim_token
-                    if existing is not None and not ours:
-                        outcome = self._existing(tx, kind, key, existing, claim)
-                        if outcome is not _RUN:
-                            return outcome
-                    if not ours:
-                        event = ctx.event(
-                            "effect.claimed", resource=key, kind=kind, key=key, claim=claim_token
-                        )
-                        tx.trace_append([event])
-                break
-            except DatabaseUnavailableError as exc:
-                if time.monotonic() > give_up:
-                    raise
-                time.sleep(backoff.next_delay(exc))
+        def claim_once(retrying: bool) -> Any:
+            with app.storage.transaction() as tx:
+                claimed = tx.idem_claim(claim)
+                existing = None if claimed else tx.idem_get(key)
+                ours = existing is not None and existing["claim_token"] == claim_token
+                if existing is not None and not ours:
+                    outcome = self._existing(tx, kind, key, existing, claim)
+                    if outcome is not _RUN:
+                        return outcome
+                if not ours:
+                    event = ctx.event(
+                        "effect.claimed", resource=key, kind=kind, key=key, claim=claim_token
+                    )
+                    tx.trace_append([event])
+            return _RUN
+
+        outcome = retry_unavailable(
+            f"job {ctx.job.id}: claim effect {key!r}", claim_once, seconds=RECONNECT_SECONDS
+        )
+        if outcome is not _RUN:
+            return outcome
         started = time.monotonic()
         try:
             result = fn()
@@ -153,20 +153,14 @@ class EffectRunner:
         # The effect happened: record it even across an outage, or the next attempt would
         # find the key ``started`` (in doubt). A retry after a lost COMMIT reply changes
         # nothing (compare-and-set on the claim token) and adds no second event.
-        backoff = Backoff(f"job {ctx.job.id}: record effect {key!r}")
-        give_up = time.monotonic() + RECONNECT_SECONDS
-        retrying = False
-        while True:
-            try:
-                self._record_success(
-                    kind, key, claim_token, inline, ref, raw, started, first=not retrying
-                )
-                return result
-            except DatabaseUnavailableError as exc:
-                if time.monotonic() > give_up:
-                    raise
-                retrying = True
-                time.sleep(backoff.next_delay(exc))
+        retry_unavailable(
+            f"job {ctx.job.id}: record effect {key!r}",
+            lambda retrying: self._record_success(
+                kind, key, claim_token, inline, ref, raw, started, first=not retrying
+            ),
+            seconds=RECONNECT_SECONDS,
+        )
+        return result
 
     def _record_success(
         self,
@@ -184,8 +178,6 @@ class EffectRunner:
         app = ctx.app
         with app.storage.transaction() as tx:
             if raw is not None:
-                from replayq.blobs import put_bytes
-
                 put_bytes(tx, raw, now=app.clock.now(), limit=ctx.blob_limit, what=kind)
             changed = tx.idem_succeed(
                 {

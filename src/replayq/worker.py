@@ -707,24 +707,7 @@ class Worker:
                 reason = DeadReason.ATTEMPTS_EXHAUSTED if retryable else DeadReason.NOT_RETRYABLE
                 if isinstance(exc, EffectInDoubtError):
                     reason = DeadReason.EFFECT_IN_DOUBT
-                params_bury = JobBury(
-                    job.id, job.owner_token, now, reason, failure_class, message, hlc
-                )
-                if not tx.job_bury(params_bury):
-                    raise LeaseLostError("job.dead")
-                events.append(
-                    trace.lifecycle(
-                        trace.JOB_DEAD,
-                        job,
-                        now=now,
-                        hlc=hlc,
-                        worker_id=self.worker_id,
-                        owner_token=job.owner_token,
-                        status="dead",
-                        reason=reason.value,
-                        error_class=failure_class.value,
-                    )
-                )
+                events.append(self._bury_in(tx, job, reason, failure_class, message, now, hlc))
             tx.trace_append(events)
 
         if self._settle(job, write, ctx):
@@ -739,30 +722,40 @@ class Worker:
     ) -> None:
         def write(tx: Transaction) -> None:
             now, hlc = self.app.clock.now(), self.app.hlc.tick()
-            assert job.owner_token is not None
-            error_class = failure_class.value if failure_class else None
-            if not tx.job_bury(
-                JobBury(job.id, job.owner_token, now, reason, error_class, message, hlc)
-            ):
-                raise LeaseLostError("job.dead")
-            tx.trace_append(
-                [
-                    trace.lifecycle(
-                        trace.JOB_DEAD,
-                        job,
-                        now=now,
-                        hlc=hlc,
-                        worker_id=self.worker_id,
-                        owner_token=job.owner_token,
-                        status="dead",
-                        reason=reason.value,
-                        error=message,
-                    )
-                ]
-            )
+            tx.trace_append([self._bury_in(tx, job, reason, failure_class, message, now, hlc)])
 
         if self._settle(job, write):
             self.stats.dead += 1
+
+    def _bury_in(
+        self,
+        tx: Transaction,
+        job: Job,
+        reason: DeadReason,
+        failure_class: FailureClass | None,
+        message: str,
+        now: float,
+        hlc: int,
+    ) -> TraceEvent:
+        """Move the job this worker holds to ``dead`` in ``tx``; returns its ``job.dead`` event."""
+        assert job.owner_token is not None
+        error_class = failure_class.value if failure_class else None
+        if not tx.job_bury(
+            JobBury(job.id, job.owner_token, now, reason, error_class, message, hlc)
+        ):
+            raise LeaseLostError("job.dead")
+        return trace.lifecycle(
+            trace.JOB_DEAD,
+            job,
+            now=now,
+            hlc=hlc,
+            worker_id=self.worker_id,
+            owner_token=job.owner_token,
+            status="dead",
+            reason=reason.value,
+            error_class=error_class,
+            error=message,
+        )
 
     # -- shutdown ---------------------------------------------------------------------------
 

@@ -1,10 +1,12 @@
 """Riding out a database outage: capped, jittered exponential backoff, each retry logged.
 
-Workers, heartbeats, settles and ``ctx.effect`` bookkeeping retry only
+Workers, heartbeats, settles and ``ctx.effect`` bookkeeping retry
 ``DatabaseUnavailableError`` (refused connection, killed session, server restart,
 pool timeout): the statement never ran or its outcome is unknown, and every write
-replayq retries is a compare-and-set, so running it again is safe. Any other
-``StorageError`` is a real failure and is raised at once.
+replayq retries is a compare-and-set, so running it again is safe. Other
+``StorageError``s are raised at once, except by a job's settle, which tries a few
+times (e.g. SQLite's write lock held past ``busy_timeout``) before leaving the job
+to the reaper.
 """
 
 from __future__ import annotations
@@ -12,6 +14,13 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from replayq.errors import DatabaseUnavailableError
+
+T = TypeVar("T")
 
 log = logging.getLogger("replayq.reconnect")
 
@@ -53,3 +62,22 @@ class Backoff:
         if stop.is_set():
             return False
         return not stop.wait(self.next_delay(exc))
+
+
+def retry_unavailable(what: str, attempt: Callable[[bool], T], *, seconds: float) -> T:
+    """Call ``attempt(retrying)`` until it gets through to the database.
+
+    ``retrying`` is ``False`` on the first call. A ``DatabaseUnavailableError`` is
+    retried with backoff for up to ``seconds``, then raised.
+    """
+    backoff = Backoff(what)
+    give_up = time.monotonic() + seconds
+    retrying = False
+    while True:
+        try:
+            return attempt(retrying)
+        except DatabaseUnavailableError as exc:
+            if time.monotonic() > give_up:
+                raise
+            retrying = True
+            time.sleep(backoff.next_delay(exc))

@@ -26,24 +26,9 @@ SELECT id FROM rq_jobs WHERE message_id = %(message_id)s::text;
 -- name: job_get
 SELECT * FROM rq_jobs WHERE id = %(job_id)s;
 
--- name: job_lease_candidates
--- Kept for parity with SQLite (SqlTransaction.job_lease); PostgresTransaction claims
--- with job_lease_batch instead. Same candidate rule as job_lease_batch.
-SELECT j.id, j.job_type
-FROM rq_jobs AS j
-WHERE j.state = 'queued'
-  AND j.run_at <= %(now)s
-  AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
-  AND (j.ordering_key IS NULL OR (
-        j.id = (SELECT MIN(k.id) FROM rq_jobs AS k
-                WHERE k.ordering_key = j.ordering_key AND k.state IN ('queued', 'running'))
-        AND NOT EXISTS (SELECT 1 FROM rq_jobs AS r
-                        WHERE r.ordering_key = j.ordering_key AND r.state = 'running')))
-ORDER BY j.priority DESC, j.run_at, j.id
-LIMIT %(limit)s
-FOR UPDATE OF j SKIP LOCKED;
-
 -- name: job_lease_one
+-- Claims one given job. The worker claims with job_lease_batch; this single-row form
+-- lets tests show that rq_jobs_one_running_per_key refuses a second running job of a key.
 UPDATE rq_jobs
 SET state = 'running', attempt = attempt + 1, owner_token = %(owner_token)s,
     worker_id = %(worker_id)s, leased_at = %(now)s, lease_deadline = %(now)s + %(lease_seconds)s,
