@@ -41,8 +41,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
-import os
-import platform
 import pstats
 import shutil
 import sqlite3
@@ -57,6 +55,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from machine import machine
 
 import replayq
 
@@ -606,35 +606,6 @@ def profile_report(opts: Options) -> str:
 
 
 # -- report ---------------------------------------------------------------------------------
-
-
-def machine(workdir: Path) -> list[tuple[str, str]]:
-    """Facts about the machine and the disk the databases are on."""
-    cpu = "unknown"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    device = "unknown"
-    mounts = Path("/proc/mounts")
-    if mounts.exists():
-        best = ""
-        for line in mounts.read_text().splitlines():
-            dev, mount, fstype, *_ = line.split()
-            if str(workdir.resolve()).startswith(mount) and len(mount) >= len(best):
-                best, device = mount, f"{dev} ({fstype}, mounted at {mount})"
-    load = " / ".join(f"{v:.2f}" for v in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
-    return [
-        ("nproc", str(len(os.sched_getaffinity(0)))),
-        ("cpu", cpu),
-        ("os", platform.platform()),
-        ("python", platform.python_version()),
-        ("sqlite", sqlite3.sqlite_version),
-        ("load average at the end (1/5/15 min)", load),
-        ("databases in", f"{workdir} on {device}"),
-    ]
 
 
 def spread(values: Sequence[float], fmt: Callable[[float], str]) -> str:

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from context_overhead import machine
+from machine import machine
 
 import replayq
 from replayq.replay import dry_run

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import signal
 import sqlite3
@@ -46,6 +45,7 @@ from pathlib import Path
 
 import postgres_baselines
 import sqlite_baselines
+from machine import machine
 from noop_app import make_app
 
 import replayq
@@ -446,36 +446,12 @@ LABELS = {
 # -- report ---------------------------------------------------------------------------------
 
 
-def machine(workdir: Path) -> list[tuple[str, str]]:
-    cpu = "unknown"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    device = "unknown"
-    mounts = Path("/proc/mounts")
-    if mounts.exists():
-        best = ""
-        for line in mounts.read_text().splitlines():
-            dev, mount, fstype, *_ = line.split()
-            if str(workdir.resolve()).startswith(mount) and len(mount) >= len(best):
-                best, device = mount, f"{dev} ({fstype}, mounted at {mount})"
-    return [
-        ("nproc", str(len(os.sched_getaffinity(0)))),
-        ("cpu", cpu),
-        ("os", platform.platform()),
-        ("python", platform.python_version()),
-        ("sqlite", sqlite3.sqlite_version),
-        ("huey", sqlite_baselines.huey_version()),
-        ("databases in", f"{workdir} on {device}"),
-    ]
-
-
 def report(opts: Options, backend: str, rows: list[Measurement]) -> str:
     lines = [f"## replayq throughput — {backend}, synchronous={opts.synchronous}", ""]
-    lines += [f"- {key}: {value}" for key, value in machine(opts.workdir)]
+    lines += [
+        f"- {key}: {value}"
+        for key, value in machine(opts.workdir, [("huey", sqlite_baselines.huey_version())])
+    ]
     lines += [
         f"- jobs per measurement: {opts.jobs}; median of {opts.repeat} interleaved run(s)",
         "- drains: ONE worker process, timed from spawn to exit with the queue empty; "
@@ -515,7 +491,11 @@ def pg_server_version() -> str:
 
 def report_postgres(opts: Options, rows: list[Measurement], load: tuple[str, str]) -> str:
     lines = ["## replayq throughput — postgres", ""]
-    facts = [kv for kv in machine(opts.workdir) if kv[0] in ("nproc", "cpu", "os", "python")]
+    facts = [
+        kv
+        for kv in machine(opts.workdir, [("huey", sqlite_baselines.huey_version())])
+        if kv[0] in ("nproc", "cpu", "os", "python")
+    ]
     facts += [
         ("server", f"PostgreSQL {pg_server_version()} at {PG_URL} (local, shared)"),
         *((name, v) for name, v in postgres_baselines.versions().items()),
