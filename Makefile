@@ -20,8 +20,8 @@ demo: $(STAMP)
 	$(BIN)/replayq demo
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks examples
-	$(BIN)/ruff format --check src tests benchmarks examples
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/pytest -m "not soak" -p no:cacheprovider
