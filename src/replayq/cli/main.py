@@ -533,30 +533,8 @@ def _parse_assignments(items: tuple[str, ...], what: str) -> dict[str, Any]:
 def _print_report(report: Any, as_json: bool) -> None:
     if as_json:
         emit_json(report.to_dict())
-        return
-    click.echo(
-        f"{report.mode} of job {report.job_id} attempt {report.attempt} with {report.version}"
-    )
-    click.echo(f"  derived trace: {report.trace_id} (branch {report.branch})")
-    if report.fork_step:
-        click.echo(f"  fork point: step {report.fork_step!r} (reached: {report.reached_fork})")
-    click.echo(
-        f"  outcome: recorded {report.outcome_recorded.status}, now {report.outcome_now.status}"
-    )
-    if report.error:
-        click.echo(f"  stopped: {report.error}")
-    where = report.first_divergence
-    if where is None:
-        click.echo("  no divergence: the run matched the recording event by event")
     else:
-        click.echo(f"  FIRST DIVERGENCE at step {where.step!r}, event #{where.index}")
-        click.echo(f"    recorded (seq {where.recorded_seq}): {where.recorded}")
-        click.echo(f"    now      (seq {where.now_seq}): {where.now}")
-        click.echo(f"    {where.reason}")
-    for row in report.decisions:
-        click.echo(f"  decision {row['decision']}: recorded {row['recorded']} now {row['now']}")
-    for row in report.state_writes:
-        click.echo(f"  state {row['resource']}: recorded {row['recorded']} now {row['now']}")
+        click.echo(render.replay_report(report))
 
 
 @main.command()

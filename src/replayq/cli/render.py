@@ -113,3 +113,44 @@ def stats_table(rows: Sequence[StatRow], now: float) -> str:
             age = f"{max(0.0, now - row.oldest_run_at):.1f}s"
         lines.append(f"{row.job_type:<24} {row.state:<10} {row.count:>7}  {age}")
     return "\n".join(lines)
+
+
+def outcome_text(outcome: Any) -> str:
+    """``succeeded``, or ``failed [class] message``: a text report always says why."""
+    if outcome.status == "failed":
+        return f"failed [{outcome.error_class or 'unknown'}] {outcome.error or ''}".rstrip()
+    if outcome.status == "incomplete" and outcome.error:
+        return f"incomplete ({outcome.error})"
+    return str(outcome.status)
+
+
+def replay_report(report: Any) -> str:
+    """A dry-run or fork report: outcome, retry decision, first divergence, differences."""
+    lines = [
+        f"{report.mode} of job {report.job_id} attempt {report.attempt} with {report.version}",
+        f"  derived trace: {report.trace_id} (branch {report.branch})",
+    ]
+    if report.fork_step:
+        lines.append(f"  fork point: step {report.fork_step!r} (reached: {report.reached_fork})")
+    lines.append(f"  outcome recorded: {outcome_text(report.outcome_recorded)}")
+    lines.append(f"  outcome now:      {outcome_text(report.outcome_now)}")
+    if report.retry_recorded or report.retry_now:
+        lines.append(f"  decision recorded: {report.retry_recorded or '-'}")
+        lines.append(f"  decision now:      {report.retry_now or '-'}")
+    if report.error:
+        lines.append(f"  stopped: {report.error}")
+    where = report.first_divergence
+    if where is not None:
+        lines.append(f"  FIRST DIVERGENCE at step {where.step!r}, event #{where.index}")
+        lines.append(f"    recorded (seq {where.recorded_seq}): {where.recorded}")
+        lines.append(f"    now      (seq {where.now_seq}): {where.now}")
+        lines.append(f"    {where.reason}")
+    if report.outcome_divergence:
+        lines.append(f"  OUTCOME DIVERGES: {report.outcome_divergence}")
+    if not report.diverged:
+        lines.append("  no divergence: the run matched the recording event by event")
+    for row in report.decisions:
+        lines.append(f"  decision {row['decision']}: recorded {row['recorded']} now {row['now']}")
+    for row in report.state_writes:
+        lines.append(f"  state {row['resource']}: recorded {row['recorded']} now {row['now']}")
+    return "\n".join(lines)

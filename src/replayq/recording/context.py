@@ -25,7 +25,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from replayq import codec
-from replayq.errors import LeaseLostError, PayloadError, RecordedFailure
+from replayq.errors import LeaseLostError, PayloadError, RecordedFailure, classify
 from replayq.model import Job, TraceEvent
 from replayq.queue.contracts import render_template
 from replayq.queue.enqueue import EnqueueRequest, insert_job
@@ -305,18 +305,19 @@ class Context:
             raise
         duration = time.monotonic() - started
         self._steps.pop()
-        self.record("step.finished", status="success", step_name=name, duration=duration)
+        finished = self.record("step.finished", status="success", step_name=name, duration=duration)
         try:
             self.commit_now()
         except BaseException as exc:
             # The commit itself failed (a version conflict, a stale fencing token): nothing
-            # of the step was written; keep its events and say why.
+            # of the step was written; keep its events and say why. The step did not finish
+            # with success: its end comes after the refusal, as it happened.
             self.discard_writes()
+            self._pending.events = [e for e in self._pending.events if e is not finished]
+            error = f"{type(exc).__name__}: {exc}"
+            self.record("step.rolled_back", status="fail", step_name=name, error=error)
             self.record(
-                "step.rolled_back",
-                status="fail",
-                step_name=name,
-                error=f"{type(exc).__name__}: {exc}",
+                "step.finished", status="fail", step_name=name, duration=duration, error=error
             )
             self.commit_now(failed=True)
             raise
@@ -342,6 +343,7 @@ class Context:
                 call=name,
                 fingerprint=fingerprint,
                 error=exc.error,
+                error_class=exc.failure_class.value,
                 replayed=True,
             )
             raise
@@ -359,6 +361,8 @@ class Context:
                 fingerprint=fingerprint,
                 request=_summarise(request),
                 error=f"{type(exc).__name__}: {exc}",
+                # Recorded so that a replay raises the failure with the class it had.
+                error_class=classify(exc, dict(self.handler.error_map)).value,
                 duration=time.monotonic() - started,
             )
             raise

@@ -30,6 +30,7 @@ from replayq.errors import (
     EffectInDoubtError,
     EffectRefusedError,
     RecordedFailure,
+    classify,
 )
 from replayq.queue.contracts import render_template
 from replayq.recording.blobs import load_json, put_bytes
@@ -73,6 +74,7 @@ class EffectRunner:
                 kind=kind,
                 key=key,
                 error=exc.error,
+                error_class=exc.failure_class.value,
                 replayed=True,
             )
             raise
@@ -142,6 +144,7 @@ class EffectRunner:
                             kind=kind,
                             key=key,
                             error=error,
+                            error_class=classify(exc, dict(ctx.handler.error_map)).value,
                             duration=time.monotonic() - started,
                         )
                     ]

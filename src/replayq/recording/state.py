@@ -305,8 +305,17 @@ class StateView:
             else current
         )
         token = max(fences.values()) if fences else None
+        # A replay is told whether fencing rejected this write in the recording.
+        rejection = ctx.world.write_rejection(resource)
 
         def write(tx: Transaction) -> None:
+            if isinstance(rejection, dict):
+                self._stale(
+                    resource,
+                    str(rejection.get("lock")),
+                    int(rejection.get("fencing_token") or 0),
+                    int(rejection.get("newest_token") or 0),
+                )
             for lock_resource, fencing_token in fences.items():
                 newest = tx.fence_current(lock_resource)
                 if newest is not None and newest > fencing_token:

@@ -15,6 +15,11 @@ Every ``ctx`` verb that touches the world asks the context's ``World``:
 * ``is_live`` — the attempt reaches production: real locks, outbox rows,
   ``ctx.db_write`` rows and child jobs.
 * ``sealed`` — handler I/O that bypasses ``ctx`` is refused (see ``replayq.seal``).
+* ``lock_outcome(action, resource)`` — ``LIVE`` (take or release the lock for
+  real), or what the lock did in the recording: ``{"event": "lock.acquired",
+  "fencing_token": ...}``, ``lock.timeout``, ``lock.released`` or ``lock.expired``.
+* ``write_rejection(resource)`` — ``LIVE`` (fencing checks the write for real),
+  ``None`` (the write is not rejected) or how fencing rejected it in the recording.
 * ``lease_lost()`` — the worker learned that its lease on the job is gone.
 * ``on_step(name)`` — a step starts (a fork switches to live answers at its step).
 
@@ -59,6 +64,14 @@ class World(Protocol):
 
     def state_version(self, resource: str) -> int | None: ...
 
+    def lock_outcome(self, action: str, resource: str) -> Any:
+        """``LIVE``, or what ``action`` (acquire, release) on ``resource`` returned."""
+        ...
+
+    def write_rejection(self, resource: str) -> Any:
+        """``LIVE``, ``None``, or the recorded fencing rejection of this write."""
+        ...
+
     def on_step(self, name: str) -> None: ...
 
     def lease_lost(self) -> bool: ...
@@ -99,6 +112,12 @@ class LiveWorld:
 
     def state_version(self, resource: str) -> int | None:
         return None
+
+    def lock_outcome(self, action: str, resource: str) -> Any:
+        return LIVE
+
+    def write_rejection(self, resource: str) -> Any:
+        return LIVE
 
     def on_step(self, name: str) -> None:
         return None
