@@ -284,16 +284,27 @@ class App:
         with self.storage.transaction(readonly=True) as tx:
             return tx.trace_for_job(job_id)
 
-    def resource_trace(self, resource: str, *, leases: bool = False) -> list[TraceEvent]:
+    def resource_trace(
+        self, resource: str, *, leases: bool = False, all_origins: bool = False
+    ) -> list[TraceEvent]:
         """Every event touching one resource, across jobs and workers, in HLC order.
 
-        With ``leases`` the lease transitions of the jobs that touched the
-        resource are merged in (leased, lease expired, re-delivered, settled,
-        write rejected): which worker held which job between its reads and
-        writes of the resource.
+        A versioned key's events (a cache entry ``price:sku-1:v3``) are found from
+        its base resource (``price:sku-1``). Only production traces are shown:
+        replay, fork and rerun traces are kept out unless ``all_origins``. With
+        ``leases`` the lease transitions of the jobs that touched the resource are
+        merged in (leased, lease expired, re-delivered, settled, write rejected):
+        which worker held which job between its reads and writes of the resource.
         """
         with self.storage.transaction(readonly=True) as tx:
-            events = tx.trace_for_resource(resource)
+            events = [
+                e
+                for e in tx.trace_for_resource(resource)
+                if e.resource == resource or (e.resource or "")[len(resource) + 2 :].isdigit()
+            ]
+            if not all_origins:
+                derived = {t for t in {e.trace_id for e in events} if tx.lineage_get(t)}
+                events = [e for e in events if e.trace_id not in derived]
             if leases:
                 for job_id in sorted({e.job_id for e in events if e.job_id is not None}):
                     events.extend(

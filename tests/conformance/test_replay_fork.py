@@ -80,9 +80,9 @@ def test_fork_diff_shows_exactly_the_changed_fields_and_effect_intent(
     ]
     assert diff.decisions == [{"decision": "ship", "a": [True], "b": [False]}]
     assert diff.effects == [
-        {"effect": "email.send [email:1:backordered]", "a": 0, "b": 1},
-        {"effect": "email.send [email:1:shipped]", "a": 1, "b": 0},
-        {"effect": "warehouse.ship [ship:1]", "a": 1, "b": 0},
+        {"effect": "email.send [email:1:backordered]", "a": {}, "b": {"succeeded": 1}},
+        {"effect": "email.send [email:1:shipped]", "a": {"succeeded": 1}, "b": {}},
+        {"effect": "warehouse.ship [ship:1]", "a": {"succeeded": 1}, "b": {}},
     ]
     assert diff.outcome == {"a": "succeeded", "b": "succeeded"}
     assert not diff.identical
@@ -157,5 +157,8 @@ def test_fork_of_a_failed_attempt_with_a_stub_shows_the_fix_without_real_calls(
     assert report.outcome_now == Outcome(
         "succeeded", result={"status": "shipped", "shipment_id": "shp-1"}
     )
-    assert diff.outcome == {"a": "dead (unknown)", "b": "succeeded"}
+    assert diff.outcome == {
+        "a": "dead (not_retryable) [unknown]: HTTPError: HTTP Error 503: Service Unavailable",
+        "b": "succeeded",
+    }
     assert diff.state == []

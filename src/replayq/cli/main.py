@@ -257,11 +257,13 @@ def trace_show(env: Env, job_id: int, as_json: bool) -> None:
 @click.option(
     "--leases", is_flag=True, help="Also show the lease transitions of the jobs that touched it."
 )
+@click.option("--all-origins", is_flag=True, help="Include replay, fork and rerun traces.")
 @click.option("--json", "as_json", is_flag=True)
 @pass_env
-def trace_resource(env: Env, resource: str, leases: bool, as_json: bool) -> None:
-    """Every event on one resource across jobs and workers, in happens-before order."""
-    events = env.app().resource_trace(resource, leases=leases)
+def trace_resource(env: Env, resource: str, leases: bool, all_origins: bool, as_json: bool) -> None:
+    """Every event on one resource (and its versioned keys) across jobs and workers, in
+    happens-before order; production traces only unless --all-origins."""
+    events = env.app().resource_trace(resource, leases=leases, all_origins=all_origins)
     if as_json:
         emit_json([vars(e) for e in events])
     else:
@@ -509,12 +511,7 @@ def state_history(env: Env, namespace: str, key: str, as_json: bool) -> None:
     if as_json:
         emit_json([vars(v) for v in versions])
         return
-    for v in versions:
-        click.echo(
-            f"v{v.version:<4} parent={v.parent_version or '-':<4} job={v.job_id or '-':<6} "
-            f"token={v.fencing_token or '-':<4} {render.timestamp(v.created_at)}  "
-            f"delta={codec.dumps(v.delta)}"
-        )
+    click.echo(render.state_history(versions))
 
 
 def _parse_assignments(items: tuple[str, ...], what: str) -> dict[str, Any]:

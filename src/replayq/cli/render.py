@@ -8,6 +8,7 @@ from typing import Any
 
 from replayq.clock import HybridLogicalClock
 from replayq.model import Job, TraceEvent
+from replayq.replay.diff import uncommitted_writes, write_key
 from replayq.storage.protocol import StatRow
 
 _SKIP_DATA = {"traceback", "read"}
@@ -25,11 +26,11 @@ def _brief(value: Any, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def event_line(event: TraceEvent, *, show_job: bool = False) -> str:
-    """One event as one line: time, attempt, worker, name, step, details."""
+def event_line(event: TraceEvent, *, show_job: bool = False, mark: str | None = None) -> str:
+    """One event as one line: time, attempt, worker, name, step, details (and ``mark``)."""
     parts = [timestamp(event.ts)]
     if show_job:
-        parts.append(f"job {event.job_id}")
+        parts.append(f"job {event.job_id}" if event.job_id is not None else event.trace_id)
     parts.append(f"#{event.attempt}" if event.attempt is not None else "  ")
     parts.append(f"{event.name:<20}")
     if event.step:
@@ -46,19 +47,28 @@ def event_line(event: TraceEvent, *, show_job: bool = False) -> str:
     ]
     if details:
         parts.append(" ".join(details))
-    if event.worker_id:
+    if mark:
+        parts.append(mark)
+    expired_owner = event.data.get("expired_owner") if event.name == "lease.expired" else None
+    if expired_owner:
+        # The lease that expired was the owner's; the worker that noticed is only the reaper.
+        parts.append(f"({expired_owner}; reaped by {event.worker_id or '-'})")
+    elif event.worker_id:
         parts.append(f"({event.worker_id})")
     return "  ".join(parts)
 
 
 def timeline(events: Sequence[TraceEvent], *, show_job: bool = False) -> str:
+    """Events one per line; a state write that never committed is marked with why."""
     if not events:
         return "(no events)"
+    dropped = uncommitted_writes(list(events))
     lines = []
     first = HybridLogicalClock.physical_ms(events[0].hlc)
     for event in events:
         offset = HybridLogicalClock.physical_ms(event.hlc) - first
-        lines.append(f"+{offset:>7}ms  " + event_line(event, show_job=show_job))
+        mark = dropped.get(write_key(event)) if event.name == "state.write" else None
+        lines.append(f"+{offset:>7}ms  " + event_line(event, show_job=show_job, mark=mark))
     return "\n".join(lines)
 
 
@@ -95,10 +105,12 @@ def job_table(jobs: Sequence[Job]) -> str:
     header = f"{'id':>6}  {'type':<22} {'state':<10} {'att':>5}  {'reason / error'}"
     lines = [header]
     for job in jobs:
-        reason = job.dead_reason or (job.last_error or "")
+        error = f"[{job.last_error_class}] {job.last_error}" if job.last_error else ""
+        reason = f"{job.dead_reason}: {error}" if job.dead_reason and error else None
+        shown = _brief(reason or job.dead_reason or error, 90)
         lines.append(
             f"{job.id:>6}  {job.job_type:<22} {job.state.value:<10} "
-            f"{job.attempt:>2}/{job.max_attempts:<2}  {_brief(reason, 50)}"
+            f"{job.attempt:>2}/{job.max_attempts:<2}  {shown}"
         )
     return "\n".join(lines)
 
@@ -154,3 +166,28 @@ def replay_report(report: Any) -> str:
     for row in report.state_writes:
         lines.append(f"  state {row['resource']}: recorded {row['recorded']} now {row['now']}")
     return "\n".join(lines)
+
+
+def written_by(version: Any) -> str:
+    """Who wrote a state version: a job's attempt, a rollback, or a write from outside a job."""
+    trace_id = version.trace_id or ""
+    if trace_id.startswith("rollback:"):
+        job = trace_id.removeprefix("rollback:").removeprefix("job-").split(":", 1)[0]
+        return f"rollback of job {job}" if job.isdigit() else "rollback"
+    if version.job_id is not None:
+        return f"job {version.job_id} attempt {version.attempt or '-'}"
+    return "outside a job"
+
+
+def state_history(versions: Sequence[Any]) -> str:
+    """Every version of an entity: number, parent, who wrote it, fencing token, time, delta."""
+    from replayq import codec
+
+    lines = []
+    for v in versions:
+        lines.append(
+            f"v{v.version:<4} parent={v.parent_version or '-':<4} by={written_by(v):<28} "
+            f"token={v.fencing_token or '-':<4} {timestamp(v.created_at)}  "
+            f"delta={codec.dumps(v.delta)}"
+        )
+    return "\n".join(lines) or "(no versions)"

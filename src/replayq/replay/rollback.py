@@ -24,6 +24,8 @@ from replayq.recording.state import MAIN, delta_of, read_entity, resource_name, 
 if TYPE_CHECKING:
     from replayq.runtime import RuntimeSource
 
+ROLLBACK_TRACE_PREFIX = "rollback:job-"
+
 
 @dataclass
 class RollbackChange:
@@ -160,7 +162,8 @@ def rollback(
                 change.restored_data,
                 now=now,
                 hlc=hlc,
-                trace_id=f"rollback:{job.trace_id}",
+                # Provenance of the restored version: which job's rollback wrote it.
+                trace_id=f"{ROLLBACK_TRACE_PREFIX}{job.id}:{job.trace_id}",
             )
             if not tx.entity_put(row, current.version):
                 raise ConcurrencyError(f"{change.resource} changed while rolling back; try again")

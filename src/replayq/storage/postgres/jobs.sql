@@ -185,7 +185,10 @@ SELECT * FROM rq_events WHERE job_id = %(job_id)s ORDER BY hlc, id;
 SELECT * FROM rq_events WHERE trace_id = %(trace_id)s ORDER BY hlc, id;
 
 -- name: trace_for_resource
-SELECT * FROM rq_events WHERE resource = %(resource)s ORDER BY hlc, id;
+-- The resource and its versioned keys (a cache key ``price:sku-1`` written as ``price:sku-1:v3``).
+SELECT * FROM rq_events
+WHERE resource = %(resource)s::text OR substr(resource, 1, length(%(resource)s::text) + 2) = %(resource)s::text || ':v'
+ORDER BY hlc, id;
 
 -- name: contract_put
 INSERT INTO rq_contracts (job_type, version, body, registered_at)

@@ -143,7 +143,10 @@ SELECT * FROM rq_events WHERE job_id = :job_id ORDER BY hlc, id;
 SELECT * FROM rq_events WHERE trace_id = :trace_id ORDER BY hlc, id;
 
 -- name: trace_for_resource
-SELECT * FROM rq_events WHERE resource = :resource ORDER BY hlc, id;
+-- The resource and its versioned keys (a cache key ``price:sku-1`` written as ``price:sku-1:v3``).
+SELECT * FROM rq_events
+WHERE resource = :resource OR substr(resource, 1, length(:resource) + 2) = :resource || ':v'
+ORDER BY hlc, id;
 
 -- name: contract_put
 INSERT INTO rq_contracts (job_type, version, body, registered_at)
