@@ -13,6 +13,7 @@ The tree::
     ├── LeaseLostError              a write by a worker whose lease on the job is gone
     ├── ReplayDivergenceError       a replay asked for something the recording does not have
     ├── RecordedFailure             in a replay, a call or effect that failed in the recording
+    ├── UnrecordedIOError           in a sealed replay, handler I/O that bypassed ``ctx``
     └── JobError                    raised *by handlers*; its class decides retries
         ├── TransientError          class ``transient``   — retried by default
         ├── DependencyError         class ``dependency``  — retried by default
@@ -162,6 +163,23 @@ class RecordedFailure(ReplayqError):
     def __init__(self, name: str, label: str, error: str | None) -> None:
         super().__init__(f"{name} {label!r} failed in the recording: {error}")
         self.error = error
+
+
+class UnrecordedIOError(ReplayqError):
+    """Under the seal, handler code reached the outside world without going through ``ctx``.
+
+    ``call`` is the audit event (``socket.connect``, ``subprocess.Popen``, ``open``),
+    ``target`` what it reached (``127.0.0.1:8123``, a command line, a path) and
+    ``step`` the handler's step at the time (``None`` outside any step). The
+    message reads ``unrecorded I/O at step 'charge': socket.connect 127.0.0.1:8123``.
+    """
+
+    def __init__(self, call: str, target: str, step: str | None) -> None:
+        where = f"at step {step!r}" if step is not None else "outside any step"
+        super().__init__(f"unrecorded I/O {where}: {call} {target}")
+        self.call = call
+        self.target = target
+        self.step = step
 
 
 DEFAULT_ERROR_MAP: dict[type[BaseException], FailureClass] = {
