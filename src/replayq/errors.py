@@ -14,6 +14,7 @@ The tree::
     ├── ReplayDivergenceError       a replay asked for something the recording does not have
     ├── RecordedFailure             in a replay, a call or effect that failed in the recording
     ├── UnrecordedIOError           in a sealed replay, handler I/O that bypassed ``ctx``
+    │                               (also a ``PermissionError``: see the class)
     └── JobError                    raised *by handlers*; its class decides retries
         ├── TransientError          class ``transient``   — retried by default
         ├── DependencyError         class ``dependency``  — retried by default
@@ -165,13 +166,19 @@ class RecordedFailure(ReplayqError):
         self.error = error
 
 
-class UnrecordedIOError(ReplayqError):
-    """Under the seal, handler code reached the outside world without going through ``ctx``.
+class UnrecordedIOError(ReplayqError, PermissionError):
+    """Under the seal, handler code reached for the outside world without going through ``ctx``.
 
     ``call`` is the audit event (``socket.connect``, ``subprocess.Popen``, ``open``),
     ``target`` what it reached (``127.0.0.1:8123``, a command line, a path) and
     ``step`` the handler's step at the time (``None`` outside any step). The
     message reads ``unrecorded I/O at step 'charge': socket.connect 127.0.0.1:8123``.
+
+    It is also a ``PermissionError`` because it is raised from inside the refused
+    OS call: code that cleans up after a failed call still does (``socket.create_connection``
+    closes its socket, ``importlib`` skips a bytecode write), and libraries that wrap
+    ``OSError`` carry it (``urllib`` raises ``URLError`` with this as its ``reason``).
+    The seal's report lists the call whatever the handler makes of the exception.
     """
 
     def __init__(self, call: str, target: str, step: str | None) -> None:

@@ -2,10 +2,12 @@
 
 A dry-run or a fork must not charge a card twice. Inside ``with seal(...)``,
 handler code that reaches the outside world without going through ``ctx`` is
-refused with ``UnrecordedIOError`` and listed in the seal's report::
+refused with ``UnrecordedIOError`` (a ``PermissionError`` raised from inside the
+refused call, so libraries that wrap ``OSError`` carry it: ``urllib`` raises
+``URLError`` with it as ``reason``) and listed in the seal's report::
 
     with seal(step=lambda: engine.step_name) as report:
-        run_the_handler()            # urllib.request.urlopen(...) -> UnrecordedIOError
+        run_the_handler()            # urlopen(...) -> URLError(reason=UnrecordedIOError(...))
         with unsealed():
             storage.trace_append()   # replayq's own connections pass
     report.violations                # [Violation(call='socket.connect', target='127.0.0.1:8123',
@@ -182,7 +184,8 @@ def seal(
     refuses nothing and records each such call as allowed.
     """
     _install()
-    temp_dir = Path(tempfile.mkdtemp(prefix="replayq-seal-"))
+    with unsealed():  # the seal's own directory, even when a seal is already active
+        temp_dir = Path(tempfile.mkdtemp(prefix="replayq-seal-"))
     dirs = (temp_dir, *(Path(d) for d in allow_dirs))
     report = SealReport(temp_dir=temp_dir, allow_io=allow_io)
     active = _Seal(report, step, tuple(os.path.realpath(d) for d in dirs))
@@ -191,7 +194,8 @@ def seal(
         yield report
     finally:
         _ACTIVE.reset(token)
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        with unsealed():
+            shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @contextmanager
