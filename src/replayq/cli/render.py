@@ -6,10 +6,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from replayq.clock import HybridLogicalClock
-from replayq.model import Job, TraceEvent
-from replayq.replay.diff import uncommitted_writes, write_key
-from replayq.storage.protocol import StatRow
+from replayq import HybridLogicalClock, Job, StatRow, TraceEvent, uncommitted_writes
 
 _SKIP_DATA = {"traceback", "read"}
 
@@ -67,7 +64,8 @@ def timeline(events: Sequence[TraceEvent], *, show_job: bool = False) -> str:
     first = HybridLogicalClock.physical_ms(events[0].hlc)
     for event in events:
         offset = HybridLogicalClock.physical_ms(event.hlc) - first
-        mark = dropped.get(write_key(event)) if event.name == "state.write" else None
+        key = (event.trace_id, event.attempt, event.seq)
+        mark = dropped.get(key) if event.name == "state.write" else None
         lines.append(f"+{offset:>7}ms  " + event_line(event, show_job=show_job, mark=mark))
     return "\n".join(lines)
 
@@ -151,6 +149,10 @@ def replay_report(report: Any) -> str:
         lines.append(f"  decision now:      {report.retry_now or '-'}")
     if report.error:
         lines.append(f"  stopped: {report.error}")
+    for line in report.unrecorded_io:
+        lines.append(f"  UNRECORDED I/O, refused: {line}")
+    for line in report.allowed_io:
+        lines.append(f"  WARNING --allow-io: real I/O that bypassed ctx happened: {line}")
     where = report.first_divergence
     if where is not None:
         lines.append(f"  FIRST DIVERGENCE at step {where.step!r}, event #{where.index}")
@@ -181,13 +183,13 @@ def written_by(version: Any) -> str:
 
 def state_history(versions: Sequence[Any]) -> str:
     """Every version of an entity: number, parent, who wrote it, fencing token, time, delta."""
-    from replayq import codec
+    import json
 
     lines = []
     for v in versions:
         lines.append(
             f"v{v.version:<4} parent={v.parent_version or '-':<4} by={written_by(v):<28} "
             f"token={v.fencing_token or '-':<4} {timestamp(v.created_at)}  "
-            f"delta={codec.dumps(v.delta)}"
+            f"delta={json.dumps(v.delta, sort_keys=True, default=str)}"
         )
     return "\n".join(lines) or "(no versions)"

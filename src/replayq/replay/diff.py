@@ -16,14 +16,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from replayq import codec
 from replayq.errors import ReplayqError
 from replayq.model import TraceEvent
-
-if TYPE_CHECKING:
-    from replayq.runtime import RuntimeSource
+from replayq.runtime import RuntimeSource
 
 # How each effect event counts: an execution that succeeded (a replayed one stands for the
 # recorded success), failed, was deduplicated by its idempotency record, or was fenced.
