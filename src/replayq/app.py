@@ -250,6 +250,7 @@ class App:
         correlation_id: str | None = None,
         causation_id: str | None = None,
         check: bool = True,
+        require_contract: bool = False,
     ) -> int:
         """Enqueue one job and return its id.
 
@@ -266,6 +267,7 @@ class App:
             "correlation_id": correlation_id,
             "causation_id": causation_id,
             "check": check,
+            "require_contract": require_contract,
         }
         if conn is not None:
             return self.insert_job(self.storage.adopt(conn), request, **kwargs)

@@ -56,7 +56,12 @@ def worker(
 @click.option("--message-id", default=None)
 @click.option("--delay", default=None, help="e.g. 30s, 5m")
 @click.option("--priority", default=0)
-@click.option("--app", "app_spec", default=None, help="Validate against this app's handlers.")
+@click.option(
+    "--app",
+    "app_spec",
+    default=None,
+    help="Validate against this app's handlers (default: the active version's stored contract).",
+)
 @pass_env
 def enqueue(
     env: Env,
@@ -67,7 +72,7 @@ def enqueue(
     priority: int,
     app_spec: str | None,
 ) -> None:
-    """Enqueue one job; prints its id."""
+    """Enqueue one job under its contract (ordering, idempotency, attempts); prints its id."""
     try:
         body = json.loads(payload)
     except json.JSONDecodeError as exc:
@@ -80,6 +85,8 @@ def enqueue(
         delay=delay,
         priority=priority,
         check=app_spec is not None,
+        # Without --app: the stored contract of the active version, or a clear refusal.
+        require_contract=app_spec is None,
     )
     click.echo(job_id)
 

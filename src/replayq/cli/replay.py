@@ -231,7 +231,7 @@ def rollback(
     app = env.app(app_spec)
     plan = replayq.rollback(app, job_id, simulate=simulate, force=force, attempt=attempt)
     if compensate and not simulate:
-        plan.compensated = replayq.compensate(app, job_id)
+        plan.compensated = replayq.compensate(app, job_id, attempt=attempt)
     if as_json:
         emit_json(plan.to_dict())
         return

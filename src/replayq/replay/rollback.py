@@ -192,13 +192,28 @@ def rollback(
     return plan
 
 
-def compensate(source: RuntimeSource, job_id: int, *, kinds: list[str] | None = None) -> list[str]:
-    """Run registered compensators for the job's succeeded effects; returns the keys compensated."""
+def compensate(
+    source: RuntimeSource,
+    job_id: int,
+    *,
+    kinds: list[str] | None = None,
+    attempt: int | None = None,
+) -> list[str]:
+    """Run registered compensators for the job's succeeded effects; returns the keys compensated.
+
+    With ``attempt``, only the effects that attempt made are compensated: an
+    earlier attempt's legitimate effect (a hold that a later attempt relied on)
+    is left alone.
+    """
     runtime = source.runtime
     job = get_job(runtime, job_id)
     done = []
     with runtime.storage.transaction(readonly=True) as tx:
-        records = [r for r in tx.idem_by_job(job_id) if r["status"] == "succeeded"]
+        records = [
+            r
+            for r in tx.idem_by_job(job_id)
+            if r["status"] == "succeeded" and (attempt is None or r["attempt"] == attempt)
+        ]
     for record in records:
         kind = record["operation"]
         if kinds is not None and kind not in kinds:
@@ -223,7 +238,7 @@ def compensate(source: RuntimeSource, job_id: int, *, kinds: list[str] | None = 
                             status="compensated",
                             resource=record["key"],
                             side_effect=True,
-                            data={"kind": kind, "key": record["key"]},
+                            data={"kind": kind, "key": record["key"], "attempt": record["attempt"]},
                         )
                     ]
                 )
