@@ -14,7 +14,13 @@ from replayq.errors import ConfigurationError, ContractError, FailureClass
 from replayq.model import Job, TraceEvent
 from replayq.queue import lifecycle
 from replayq.queue.catalog import register_contracts, stored_contracts
-from replayq.queue.contracts import JobContract, Retry, build_contract
+from replayq.queue.contracts import (
+    JobContract,
+    LintFinding,
+    Retry,
+    build_contract,
+    lint_contract,
+)
 from replayq.queue.enqueue import EnqueueRequest, get_job, insert_job
 from replayq.queue.handlers import Handler, HandlerRegistry, PayloadShape
 from replayq.recording.state import StateStore
@@ -224,6 +230,24 @@ class App:
     def contracts(self, job_type: str | None = None) -> list[JobContract]:
         """Contracts stored in the database (every version that a worker registered)."""
         return stored_contracts(self.runtime, job_type)
+
+    def lint(self, job_type: str | None = None) -> list[LintFinding]:
+        """Lint every stored contract against the rules and what its jobs were seen doing:
+        the p99 run time against the lease, each lock hold against the TTL it used."""
+        from replayq.recording.locks import observed_holds
+
+        findings = []
+        for item in self.contracts(job_type):
+            with self.storage.transaction(readonly=True) as tx:
+                durations = sorted(tx.job_durations(item.name, item.version))
+            p99 = (
+                durations[min(len(durations) - 1, int(len(durations) * 0.99))]
+                if durations
+                else None
+            )
+            holds = observed_holds(self.runtime, item.name, item.version)
+            findings.extend(lint_contract(item, p99_duration=p99, lock_holds=holds))
+        return findings
 
     # -- enqueue ----------------------------------------------------------------------------
 

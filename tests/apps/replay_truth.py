@@ -12,7 +12,16 @@ saves a quote and texts the customer (``ctx.effect("sms.send")``):
 ``fenced`` holds a lock around a write; the lock is broken while the step's
 dependency call is in flight (``INTERLUDE``), so fencing rejects the write.
 
-``hold`` holds a lock with a short TTL longer than the TTL (``contract lint``).
+``hold`` holds a lock (TTL 0.2 s) for as long as told (``contract lint``).
+
+``text`` sends one SMS whose provider answers 503 (``DependencyError``) until it
+does not: failed executions, then one that succeeded.
+
+``hold_stock`` places a hold under a per-attempt key, then fails once to confirm:
+two attempts, each with its own hold; ``stock.hold`` has a compensator.
+
+``price_write`` caches a product's price under a versioned key;
+``price_read`` reads the latest cached price (stale once the product moved on).
 """
 
 from __future__ import annotations
@@ -28,7 +37,8 @@ from tests.services import SERVICE_ENV, request
 
 ORDER = {"sku": "sku-1", "qty": 3, "phone": "+100"}
 V1_RETRY = replayq.Retry(max_attempts=5, base="1s", cap="1m")
-V2_RETRY = replayq.Retry(max_attempts=5, base="1s", cap="1m", on=("transient",))
+V2_RETRY = replayq.Retry(max_attempts=3, base="1s", cap="1m", on=("transient",))
+QUICK_RETRY = replayq.Retry(max_attempts=5, base="1s", cap="1s")
 
 # What happens while ``fenced`` waits on its dependency (a test sets it; a replay never runs it).
 INTERLUDE: list[Callable[[], Any]] = []
@@ -76,6 +86,21 @@ def quote(ctx: replayq.Context, order_id: int, *, wrap: bool, email: bool) -> di
     return {"available": stock["available"]}
 
 
+def send_text_classified(phone: str, body: str) -> Any:
+    try:
+        return send_text(phone, body)
+    except urllib.error.HTTPError as exc:
+        raise replayq.DependencyError(f"sms provider unavailable: HTTP {exc.code}") from exc
+
+
+def place_hold(sku: str) -> Any:
+    return request("POST", f"{service_url()}/warehouse/shipments", {"order_id": sku})
+
+
+def release_hold(shipment_id: str) -> Any:
+    return request("POST", f"{service_url()}/warehouse/cancellations", {"shipment_id": shipment_id})
+
+
 def interlude() -> Any:
     for hook in INTERLUDE:
         hook()
@@ -111,6 +136,37 @@ def declare(app: replayq.App) -> replayq.App:
     def hold(ctx: replayq.Context, sku: str, seconds: float) -> None:
         with ctx.lock(f"shelf:{sku}", ttl=0.2), ctx.step("hold"):
             time.sleep(seconds)
+
+    @app.job("text", idempotency="text:{order_id}", retry=QUICK_RETRY)
+    def text(ctx: replayq.Context, order_id: int) -> None:
+        with ctx.step("send"):
+            ctx.effect(
+                "sms.send", lambda: send_text_classified("+100", "hi"), key=f"sms:{order_id}"
+            )
+
+    @app.job("hold_stock", idempotency="hold:{sku}", retry=QUICK_RETRY)
+    def hold_stock(ctx: replayq.Context, sku: str) -> None:
+        with ctx.step("hold"):
+            ctx.effect("stock.hold", lambda: place_hold(sku), key=f"hold:{sku}:{ctx.attempt}")
+        with ctx.step("confirm"):
+            if ctx.attempt == 1:
+                raise replayq.TransientError("the confirmation timed out")
+
+    @app.compensator("stock.hold")
+    def undo_hold(key: str, result: Any) -> None:
+        release_hold(result["shipment_id"])
+
+    @app.job("price_write")
+    def price_write(ctx: replayq.Context, sku: str) -> None:
+        with ctx.step("load"):
+            product = ctx.state.get("product", sku)
+        with ctx.step("cache"):
+            ctx.cache.set("price", sku, product.data, version=product.version, source="product")
+
+    @app.job("price_read")
+    def price_read(ctx: replayq.Context, sku: str) -> None:
+        with ctx.step("read"):
+            ctx.cache.get("price", sku, source="product")
 
     return app
 

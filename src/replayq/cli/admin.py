@@ -103,13 +103,7 @@ def contract_diff(env: Env, job_type: str, old: str, new: str, as_json: bool) ->
 @pass_env
 def contract_lint(env: Env, job_type: str | None, as_json: bool) -> None:
     """Flag contracts that break the rules (exit 1 if any finding)."""
-    app = env.app()
-    findings = []
-    for item in app.contracts(job_type):
-        with app.storage.transaction(readonly=True) as tx:
-            durations = sorted(tx.job_durations(item.name, item.version))
-        p99 = durations[min(len(durations) - 1, int(len(durations) * 0.99))] if durations else None
-        findings.extend(replayq.lint_contract(item, p99_duration=p99))
+    findings = env.app().lint(job_type)
     if as_json:
         emit_json([vars(f) for f in findings])
     elif not findings:

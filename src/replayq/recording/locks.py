@@ -18,9 +18,12 @@ from typing import Any
 
 from replayq.durations import parse_duration
 from replayq.errors import ConfigurationError, LockTimeoutError
+from replayq.model import TraceEvent
+from replayq.queue.contracts import LockHold
 from replayq.recording.attempt import Attempt
 from replayq.recording.world import LIVE
 from replayq.runtime import RuntimeSource
+from replayq.storage.protocol import JobFilter
 
 DEFAULT_WAIT_SECONDS = 10.0
 _POLL_SECONDS = 0.05
@@ -230,6 +233,39 @@ def _timeout(resource: str, holder: dict[str, Any], waited: float) -> LockTimeou
         f"{holder.get('holder_job') or '?'}, fencing token {holder.get('holder_token') or '?'}); "
         f"waited {waited:.2f}s"
     )
+
+
+def observed_holds(
+    source: RuntimeSource, job_type: str, version: str, *, jobs: int = 1000
+) -> list[LockHold]:
+    """The lock holds recorded by the last ``jobs`` production jobs of ``job_type`` ``version``:
+    each ``lock.acquired`` paired with its attempt's ``lock.released`` or ``lock.expired``.
+
+    A hold whose release was never recorded (the process died) is not counted: its
+    length is unknown.
+    """
+    runtime = source.runtime
+    holds: list[LockHold] = []
+    with runtime.storage.transaction(readonly=True) as tx:
+        for job in tx.job_list(JobFilter(None, job_type, "production", jobs)):
+            if job.handler_version != version:
+                continue
+            taken: dict[tuple[int | None, str | None], TraceEvent] = {}
+            for event in tx.trace_for_job(job.id):
+                key = (event.attempt, event.resource)
+                if event.name == "lock.acquired" and event.data.get("ttl") is not None:
+                    taken[key] = event
+                elif event.name in ("lock.released", "lock.expired") and key in taken:
+                    start = taken.pop(key)
+                    holds.append(
+                        LockHold(
+                            str(event.resource),
+                            float(start.data["ttl"]),
+                            event.ts - start.ts,
+                            expired=event.name == "lock.expired",
+                        )
+                    )
+    return holds
 
 
 def list_locks(source: RuntimeSource) -> list[LockInfo]:

@@ -47,26 +47,24 @@ def uncommitted_writes(events: list[TraceEvent]) -> dict[tuple[str, int | None, 
     or its step failed (the step's writes are discarded together)."""
     found: dict[tuple[str, int | None, int | None], str] = {}
     open_writes: dict[tuple[str, int | None, str | None], list[TraceEvent]] = {}
-    rejected: dict[tuple[str, int | None, str | None], set[str]] = {}
+    # A rejection is recorded at the step's commit, after the step closed: it belongs to the
+    # next step.finished of the same attempt.
+    rejected: dict[tuple[str, int | None], set[str]] = {}
     for event in events:
         step = event.step if event.name == "state.write" else event.data.get("step_name")
         scope = (event.trace_id, event.attempt, step)
         if event.name == "state.write" and event.step is not None:
             open_writes.setdefault(scope, []).append(event)
         elif event.name == "state.write_rejected" and event.resource:
-            rejected.setdefault((event.trace_id, event.attempt, event.step), set()).add(
-                event.resource
-            )
+            rejected.setdefault((event.trace_id, event.attempt), set()).add(event.resource)
         elif event.name == "step.finished":
             writes = open_writes.pop(scope, [])
-            fenced = rejected.pop(scope, set())
+            fenced = rejected.pop((event.trace_id, event.attempt), set())
             if event.status == "success":
                 continue
             for write in writes:
                 found[write_key(write)] = (
-                    "rejected by fencing"
-                    if write.resource in fenced
-                    else "not committed (step failed)"
+                    REJECTED if write.resource in fenced else "not committed (its step failed)"
                 )
     return found
 
@@ -297,9 +295,7 @@ def render(diff: TraceDiff) -> str:
         lines.append("writes not committed:")
         for side, summary in (("a", diff.a), ("b", diff.b)):
             for row in summary.not_committed:
-                lines.append(
-                    f"  {side}: {row['resource']}@v{row['version']} REJECTED: {row['why']}"
-                )
+                lines.append(f"  {side}: {row['resource']}@v{row['version']}  {row['why']}")
     # Versions written beside cache keys written: a cache key's version should be the
     # entity version it was derived from.
     if diff.a.versions or diff.b.versions:
