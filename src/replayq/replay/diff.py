@@ -136,6 +136,10 @@ def summarise(trace_id: str, label: str, events: list[TraceEvent]) -> TraceSumma
             summary.outcome += " (retry scheduled)"
         elif name == "job.dead":
             summary.outcome = f"dead ({data.get('reason')})" + (f" {failure}" if failure else "")
+        elif name == "job.write_rejected":
+            summary.outcome = "incomplete: its final write was rejected (lease lost)"
+    if summary.outcome == "unknown" and any(e.kind == "domain" for e in events):
+        summary.outcome = "incomplete: the attempt never settled (worker died or stalled)"
     return summary
 
 
