@@ -74,8 +74,9 @@ class Retry:
         return rng.uniform(0, ceiling) if self.jitter == "full" else ceiling
 
     def retries(self, failure_class: FailureClass) -> bool:
-        """Whether this policy retries ``failure_class`` (validation: never)."""
-        return failure_class is not FailureClass.VALIDATION and failure_class.value in self.on
+        """Whether this policy retries ``failure_class`` (validation and in_doubt: never)."""
+        never = (FailureClass.VALIDATION, FailureClass.IN_DOUBT)
+        return failure_class not in never and failure_class.value in self.on
 
 
 def template_fields(template: str) -> list[str]:
