@@ -8,6 +8,7 @@ from replayq.errors import (
     ContractError,
     DatabaseUnavailableError,
     DependencyError,
+    EffectInDoubtError,
     FailureClass,
     JobError,
     LeaseLostError,
@@ -22,6 +23,7 @@ from replayq.errors import (
 from replayq.model import DeadReason, Job, JobState
 from replayq.queue.contracts import JobContract, Retry
 from replayq.recording.context import Context
+from replayq.recording.in_doubt import EffectRecord, EffectResolution
 from replayq.worker import Worker
 
 __all__ = [
@@ -34,6 +36,9 @@ __all__ = [
     "DatabaseUnavailableError",
     "DeadReason",
     "DependencyError",
+    "EffectInDoubtError",
+    "EffectRecord",
+    "EffectResolution",
     "EnqueueRequest",
     "FailureClass",
     "FrozenClock",

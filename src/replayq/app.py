@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import inspect
 import os
 import random
@@ -17,6 +18,13 @@ from replayq.queue.catalog import register_contracts, stored_contracts
 from replayq.queue.contracts import JobContract, Retry, build_contract
 from replayq.queue.enqueue import EnqueueRequest, get_job, insert_job
 from replayq.queue.handlers import Handler, HandlerRegistry, PayloadShape
+from replayq.recording.in_doubt import (
+    EffectRecord,
+    EffectResolution,
+    list_effects,
+    reconcile_effects,
+    resolve_effect,
+)
 from replayq.recording.state import StateStore
 from replayq.runtime import DEFAULT_BLOB_LIMIT_BYTES, Limits, Runtime
 from replayq.storage.cache import CacheBackend
@@ -25,6 +33,15 @@ from replayq.storage.protocol import JobFilter, Storage, Transaction
 __all__ = ["App", "EnqueueRequest"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def os_user() -> str:
+    """Who is at the keyboard, for the ``by`` of a resolution (``$USER`` or the login name)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (containers) and no $USER
+        return "unknown"
+
 
 DEFAULT_URL = "sqlite:///replayq.db"
 # The lifecycle events a resource timeline shows for the jobs that touched the resource.
@@ -167,6 +184,56 @@ class App:
             return fn
 
         return decorate
+
+    def reconciler(self, kind: str) -> Callable[[F], F]:
+        """Register ``fn(record) -> EffectResolution | None`` that asks the provider the truth.
+
+        Called for an in-doubt effect of ``kind`` (``record`` is an ``EffectRecord``)
+        by the worker before it parks the job, and by ``replayq effects resolve
+        --auto``. Return ``None`` when the provider does not know; an exception
+        counts as unknown too.
+        """
+
+        def decorate(fn: F) -> F:
+            self.registry.reconcilers[kind] = fn
+            return fn
+
+        return decorate
+
+    def effects(
+        self, *, in_doubt: bool = False, kind: str | None = None, limit: int = 100
+    ) -> list[EffectRecord]:
+        """Effect records (idempotency ledger), newest first; ``in_doubt`` for the unsettled."""
+        return list_effects(self, in_doubt=in_doubt, kind=kind, limit=limit)
+
+    def effects_in_doubt(self, *, kind: str | None = None) -> list[EffectRecord]:
+        """Effects started by an attempt that ended without recording their outcome."""
+        return list_effects(self, in_doubt=True, kind=kind, limit=10_000)
+
+    def resolve_effect(
+        self,
+        key: str,
+        *,
+        succeeded: bool,
+        result: Any = None,
+        reason: str | None = None,
+        by: str | None = None,
+    ) -> EffectRecord:
+        """Settle an in-doubt effect; then ``requeue`` its parked job to continue.
+
+        ``succeeded=True``: the job's next attempt gets ``result`` from the ledger
+        without calling the effect. ``succeeded=False``: it calls the effect again.
+        ``by`` (default: the OS user) and ``reason`` go into the trace.
+        """
+        return resolve_effect(
+            self, key, succeeded=succeeded, result=result, reason=reason, by=by or os_user()
+        )
+
+    def reconcile_effects(
+        self, *, kind: str | None = None, by: str | None = None
+    ) -> list[tuple[EffectRecord, EffectResolution | None, str | None]]:
+        """Ask each in-doubt effect's reconciler; settle those it knows (see ``reconciler``)."""
+        return reconcile_effects(self, kind=kind, by=by or f"reconciler ({os_user()})")
 
     def on_database(self, url: str) -> App:
         """The same job types, clock and options on another database (``--db`` with ``--app``)."""

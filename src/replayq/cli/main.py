@@ -13,6 +13,7 @@ import click
 from replayq import codec
 from replayq.app import App
 from replayq.cli import render
+from replayq.cli.effects import effects
 from replayq.errors import ReplayqError
 from replayq.model import JobState
 from replayq.queue.contracts import JobContract, diff_contracts, lint_contract
@@ -800,3 +801,6 @@ def demo_command(ctx: click.Context, demo_db: str | None, keep: bool) -> None:
     if demo_db is None and root.get_parameter_source("db") is ParameterSource.COMMANDLINE:
         demo_db = root.params.get("db")
     run_demo(demo_db, keep)
+
+
+main.add_command(effects)

@@ -7,6 +7,14 @@ acked: the step's state writes, outbox rows, child jobs and events commit in one
 transaction. Two things commit at once because other workers must see them:
 lock acquisition/release and idempotency records around effects.
 
+Fencing: a worker's context carries the job's ``owner_token``. Every transaction
+that writes for the job — a step's commit, an effect's claim and its result, a
+lock's acquisition — first asks the database whether that token still holds the
+job's lease (``tx.lease_check``). Once the lease was taken by another worker the
+write is refused with ``LeaseLostError``, nothing of it commits, and the trace
+records ``write.fenced`` naming what was refused. Contexts without a lease
+(replays, forks, guarded reruns) have no owner token and are not fenced by one.
+
 Every read of the outside world goes through the context's ``World``
 (``replayq.recording.world``): live for workers; recorded, gated or stubbed
 for the replay engine. The context never asks which world it is in.
@@ -47,6 +55,8 @@ if TYPE_CHECKING:
 class _Pending:
     events: list[TraceEvent] = field(default_factory=list)
     writes: list[Callable[[Transaction], None]] = field(default_factory=list)
+    # What each write is, for ``write.fenced`` ("state order:1", "outbox orders.paid", ...).
+    what: list[str] = field(default_factory=list)
 
 
 class Context:
@@ -63,6 +73,7 @@ class Context:
         branch: str = "main",
         trace_id: str | None = None,
         namespace: str = "",
+        owner_token: str | None = None,
     ) -> None:
         runtime = source.runtime
         self.runtime = runtime
@@ -72,6 +83,7 @@ class Context:
         self.branch = branch
         self.world: World = world or LiveWorld()
         self.namespace = namespace
+        self.owner_token = owner_token
         self._trace_id = trace_id or job.trace_id
         self._pending = _Pending()
         self._seq = 0
@@ -209,9 +221,55 @@ class Context:
         self._pending.events.append(event)
         return event
 
-    def defer(self, write: Callable[[Transaction], None]) -> None:
-        """Run ``write(tx)`` in the transaction that commits the current step."""
+    def defer(self, write: Callable[[Transaction], None], what: str = "write") -> None:
+        """Run ``write(tx)`` in the transaction that commits the current step.
+
+        ``what`` names the write in ``write.fenced`` should the lease be gone by then.
+        """
         self._pending.writes.append(write)
+        self._pending.what.append(what)
+
+    # -- fencing ----------------------------------------------------------------------------
+
+    def lease_held(self, tx: Transaction) -> bool:
+        """Whether this context's owner token still holds the job's lease, inside ``tx``.
+
+        Contexts without an owner token (replays, reruns) hold no lease and are not
+        fenced by one. On PostgreSQL the job row stays locked until ``tx`` ends.
+        """
+        if self.owner_token is None:
+            return True
+        return tx.lease_check(self.job.id, self.owner_token)
+
+    def fence(self, tx: Transaction, refused: list[str], **details: Any) -> None:
+        """Raise ``LeaseLostError`` in ``tx`` unless the lease is held; the refusal is traced.
+
+        The ``write.fenced`` event waits with the attempt's other events (``tx`` is
+        about to roll back) and commits with the attempt's failure or rejection.
+        """
+        if self.lease_held(tx):
+            return
+        self.record_fenced(refused, **details)
+        raise LeaseLostError(
+            f"job {self.job.id} attempt {self.attempt}: the lease was taken by another "
+            f"worker; refused: {', '.join(refused)}"
+        )
+
+    def record_fenced(self, refused: list[str], **details: Any) -> TraceEvent:
+        """Record ``write.fenced``: what the database refused because the lease is gone."""
+        return self.record(
+            "write.fenced",
+            status="rejected",
+            refused=refused,
+            reason="owner token no longer holds the job's lease",
+            owner_token=self.owner_token,
+            **details,
+        )
+
+    def pending_writes(self) -> list[str]:
+        """What the next commit would write (for ``write.fenced``)."""
+        cached = self.cache.pending if self._built("cache") else []
+        return [*self._pending.what, *cached]
 
     def encode(self, value: Any, *, what: str) -> tuple[Any, str | None, bytes | None]:
         """Check a recorded value: JSON only, under the blob limit; large ones go to blobs."""
@@ -239,7 +297,7 @@ class Context:
         def write(tx: Transaction) -> None:
             put_bytes(tx, raw, now=now, limit=limit, what=what)
 
-        self.defer(write)
+        self.defer(write, f"blob of {what}")
 
     def flush(self, tx: Transaction, *, failed: bool = False) -> None:
         """Write what is pending into ``tx``: events always; writes unless the attempt failed."""
@@ -257,6 +315,7 @@ class Context:
     def discard_writes(self) -> None:
         """A step failed: its writes never happen; its events are kept for the record."""
         self._pending.writes.clear()
+        self._pending.what.clear()
         if self._built("state"):
             self.state.discard_pending()
         if self._built("cache"):
@@ -265,17 +324,22 @@ class Context:
     def commit_now(self, *, failed: bool = False) -> None:
         """Commit what is pending in a transaction of its own (a step boundary).
 
-        Once the worker knows its lease on the job is gone, a step's writes are refused
-        (``LeaseLostError``): the job belongs to another worker now. Events are still kept.
-        The check comes after the writes' own checks, so a write under a re-acquired lock
-        is still reported as fenced (``StaleFencingTokenError``).
+        The writes commit only if this context's owner token still holds the job's
+        lease, checked in the database in the same transaction (``lease_check``): once
+        another worker took the job they are refused (``LeaseLostError``, traced as
+        ``write.fenced``); the attempt's events are still kept. The lease is checked
+        (and on PostgreSQL the job row locked) before the writes, but the refusal is
+        raised after the writes' own checks, so a write under a re-acquired lock is
+        still reported as fenced by the lock (``StaleFencingTokenError``).
         """
+        refused = self.pending_writes() if not failed else []
         with self.runtime.storage.transaction() as tx:
+            held = not refused or self.lease_held(tx)
             self.flush(tx, failed=failed)
-            if not failed and self._pending.writes and self.lease_lost:
+            if not held:
                 raise LeaseLostError(
-                    f"job {self.job.id} attempt {self.attempt}: the lease was lost; "
-                    "this step's writes are not committed"
+                    f"job {self.job.id} attempt {self.attempt}: the lease was taken by "
+                    f"another worker; not committed: {', '.join(refused)}"
                 )
         self.committed()
 
@@ -307,10 +371,13 @@ class Context:
         self._steps.pop()
         self.record("step.finished", status="success", step_name=name, duration=duration)
         try:
+            refused = self.pending_writes()
             self.commit_now()
         except BaseException as exc:
-            # The commit itself failed (a version conflict, a stale fencing token): nothing
-            # of the step was written; keep its events and say why.
+            # The commit itself failed (a version conflict, a stale fencing token, a lost
+            # lease): nothing of the step was written; keep its events and say why.
+            if isinstance(exc, LeaseLostError):
+                self.record_fenced(refused, step_name=name)
             self.discard_writes()
             self.record(
                 "step.rolled_back",
@@ -451,7 +518,7 @@ class Context:
                     }
                 )
 
-        self.defer(write)
+        self.defer(write, f"db_write {key}" if key else "db_write")
 
     def enqueue(self, job_type: str, payload: dict[str, Any] | None = None, **options: Any) -> None:
         """Enqueue a child job in the step's transaction (causation: this job)."""
@@ -477,7 +544,7 @@ class Context:
             )
             event.data["child_job_id"] = child
 
-        self.defer(write)
+        self.defer(write, f"child job {job_type}")
 
     def __repr__(self) -> str:
         return f"<Context job={self.job.id} type={self.job.job_type} attempt={self.attempt}>"

@@ -57,7 +57,7 @@ class OutboxView:
             "trace_id": ctx.trace_id,
             "now": event.ts,
         }
-        ctx.defer(lambda tx: tx.outbox_insert(params))
+        ctx.defer(lambda tx: tx.outbox_insert(params), f"outbox {topic} {event_id}")
         return event_id
 
 

@@ -143,6 +143,13 @@ class ContextVerbs:
     def idem_by_job(self, job_id: int) -> list[Row]:
         return self.fetchall("idem_by_job", {"job_id": job_id})
 
+    def idem_list(self, operation: str | None, in_doubt: bool, limit: int) -> list[Row]:
+        params = {"operation": operation, "in_doubt": in_doubt, "limit": limit}
+        return self.fetchall("idem_list", params)
+
+    def idem_resolve(self, params: Mapping[str, Any]) -> bool:
+        return self.changed("idem_resolve", params)
+
     # -- cache ------------------------------------------------------------------------------
 
     def cache_put(self, params: Mapping[str, Any]) -> None:

@@ -133,6 +133,15 @@ class Transaction(Protocol):
         """Claim up to ``limit`` ready jobs, honouring priority, ``run_at`` and per-key FIFO."""
         ...
 
+    def lease_check(self, job_id: int, owner_token: str) -> bool:
+        """Whether ``owner_token`` holds the job's lease, kept so until this transaction ends.
+
+        The fence of every write a job makes: a step's commit, an effect's claim and
+        result. ``False`` once the lease was reaped or re-leased; on PostgreSQL the
+        row is locked (``FOR SHARE``) so a concurrent reaper cannot interleave.
+        """
+        ...
+
     def lease_extend(self, params: LeaseExtend) -> bool:
         """Compare-and-set on (job id, owner token); ``False`` when the lease is lost."""
         ...
@@ -248,6 +257,14 @@ class Transaction(Protocol):
     def idem_compensate(self, key: str, now: float) -> bool: ...
 
     def idem_by_job(self, job_id: int) -> list[Row]: ...
+
+    def idem_list(self, operation: str | None, in_doubt: bool, limit: int) -> list[Row]:
+        """Effect records, newest first; ``in_doubt``: only ``started`` by a finished attempt."""
+        ...
+
+    def idem_resolve(self, params: Mapping[str, Any]) -> bool:
+        """Settle an in-doubt record: compare-and-set on ``status = 'started'`` and its claim."""
+        ...
 
     def cache_put(self, params: Mapping[str, Any]) -> None: ...
 
