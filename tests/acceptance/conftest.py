@@ -10,6 +10,7 @@ import pytest
 import replayq
 from tests.acceptance.workers import WorkerLauncher
 from tests.apps import sleepy
+from tests.conftest import BACKENDS
 
 
 @pytest.fixture
@@ -20,6 +21,22 @@ def launcher(tmp_path: Path) -> Iterator[WorkerLauncher]:
     workers.kill_all()
     for worker in workers.started:  # shown by pytest only when the test failed
         print(f"--- worker {worker.worker_id} (pid {worker.pid}) ---\n{worker.log()}")
+
+
+@pytest.fixture(params=BACKENDS)
+def any_launcher(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[WorkerLauncher]:
+    """Like ``launcher``, over every backend: a SQLite file, or the test's PostgreSQL schema."""
+    url = None
+    if request.param == "postgres":
+        url = str(request.getfixturevalue("pg_schema_url"))
+        migrator = replayq.App(url, auto_migrate=True)
+        migrator.storage  # noqa: B018 - opening it migrates the test's schema
+        migrator.close()
+    workers = WorkerLauncher(tmp_path / "queue.db", tmp_path, db_url=url)
+    yield workers
+    workers.kill_all()
+    for worker in workers.started:  # shown by pytest only when the test failed
+        print(f"--- worker {worker.worker_id} (pid {worker.pid}) ---\n{worker.log()[-6000:]}")
 
 
 @pytest.fixture

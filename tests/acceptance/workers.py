@@ -92,10 +92,11 @@ class WorkerLauncher:
     db_path: Path
     directory: Path
     started: list[WorkerProcess] = field(default_factory=list)
+    db_url: str | None = None  # another database (PostgreSQL) instead of the SQLite file
 
     @property
     def url(self) -> str:
-        return f"sqlite:///{self.db_path}"
+        return self.db_url or f"sqlite:///{self.db_path}"
 
     def start(
         self,

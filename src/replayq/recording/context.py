@@ -328,19 +328,28 @@ class Context:
         lease, checked in the database in the same transaction (``lease_check``): once
         another worker took the job they are refused (``LeaseLostError``, traced as
         ``write.fenced``); the attempt's events are still kept. The lease is checked
-        (and on PostgreSQL the job row locked) before the writes, but the refusal is
+        (and on PostgreSQL the job row locked) before the writes, and the refusal
         raised after the writes' own checks, so a write under a re-acquired lock is
-        still reported as fenced by the lock (``StaleFencingTokenError``).
+        also traced as refused by the lock (``state.write_rejected``); everything
+        rolls back, and without the lease the error is always ``LeaseLostError``.
         """
         refused = self.pending_writes() if not failed else []
         with self.runtime.storage.transaction() as tx:
             held = not refused or self.lease_held(tx)
-            self.flush(tx, failed=failed)
+            lost = LeaseLostError(
+                f"job {self.job.id} attempt {self.attempt}: the lease was taken by "
+                f"another worker; not committed: {', '.join(refused)}"
+            )
+            try:
+                self.flush(tx, failed=failed)
+            except Exception as exc:
+                # A write's own check refused it too (a version conflict, a stale lock
+                # token; its event is recorded): without the lease, the lease is the reason.
+                if held:
+                    raise
+                raise lost from exc
             if not held:
-                raise LeaseLostError(
-                    f"job {self.job.id} attempt {self.attempt}: the lease was taken by "
-                    f"another worker; not committed: {', '.join(refused)}"
-                )
+                raise lost
         self.committed()
 
     # -- steps and decisions ----------------------------------------------------------------
