@@ -19,18 +19,7 @@ from typing import Any
 
 import click
 
-import replayq
-
-
-def _echo_json(value: Any) -> None:
-    click.echo(json.dumps(value, indent=2, sort_keys=True, default=str))
-
-
-def _app(obj: Any, spec: str | None) -> replayq.App:
-    """The app of the root command's environment (with ``--app``: the user's, for reconcilers)."""
-    app = obj.app(spec)
-    assert isinstance(app, replayq.App)
-    return app
+from replayq.cli.env import Env, emit_json, pass_env
 
 
 @click.group("effects")
@@ -43,12 +32,12 @@ def effects() -> None:
 @click.option("--kind", default=None, help="Only this effect kind (e.g. payment.charge).")
 @click.option("--limit", default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
-@click.pass_obj
-def effects_list(obj: Any, in_doubt: bool, kind: str | None, limit: int, as_json: bool) -> None:
+@pass_env
+def effects_list(env: Env, in_doubt: bool, kind: str | None, limit: int, as_json: bool) -> None:
     """List effect records, newest first."""
-    records = _app(obj, None).effects(in_doubt=in_doubt, kind=kind, limit=limit)
+    records = env.app().effects(in_doubt=in_doubt, kind=kind, limit=limit)
     if as_json:
-        _echo_json([record.to_dict() for record in records])
+        emit_json([record.to_dict() for record in records])
         return
     if not records:
         click.echo("no in-doubt effects" if in_doubt else "no effects")
@@ -71,9 +60,9 @@ def effects_list(obj: Any, in_doubt: bool, kind: str | None, limit: int, as_json
 @click.option("--kind", default=None, help="With --auto: only this effect kind.")
 @click.option("--app", "app_spec", default=None, help="module:attribute of your replayq.App")
 @click.option("--json", "as_json", is_flag=True)
-@click.pass_obj
+@pass_env
 def effects_resolve(
-    obj: Any,
+    env: Env,
     key: str | None,
     outcome: str | None,
     result_json: str | None,
@@ -90,9 +79,9 @@ def effects_resolve(
             raise click.UsageError("--auto settles from the reconcilers: give no KEY or outcome")
         if not app_spec:
             raise click.UsageError("--auto needs --app: the reconcilers are in your app")
-        results = _app(obj, app_spec).reconcile_effects(kind=kind, by=by)
+        results = env.app(app_spec).reconcile_effects(kind=kind, by=by)
         if as_json:
-            _echo_json(
+            emit_json(
                 [
                     {
                         "key": record.key,
@@ -120,11 +109,11 @@ def effects_resolve(
             result = json.loads(result_json)
         except json.JSONDecodeError as exc:
             raise click.BadParameter(f"--result is not JSON: {exc}") from exc
-    record = _app(obj, app_spec).resolve_effect(
+    record = env.app(app_spec).resolve_effect(
         key, succeeded=outcome == "succeeded", result=result, reason=reason, by=by
     )
     if as_json:
-        _echo_json(record.to_dict())
+        emit_json(record.to_dict())
         return
     click.echo(
         f"{record.key}: resolved {record.status}; requeue job {record.job_id} to continue "
