@@ -43,6 +43,7 @@ from replayq.queue import lifecycle as trace
 from replayq.queue.catalog import register_contracts
 from replayq.queue.handlers import Handler
 from replayq.recording.context import Context
+from replayq.recording.steps import ledger_loader
 from replayq.recording.world import LiveWorld, LostFlag
 from replayq.storage.protocol import (
     JobBury,
@@ -466,7 +467,9 @@ class Worker:
         except PayloadError as exc:
             self._bury(job, DeadReason.MALFORMED_PAYLOAD, FailureClass.VALIDATION, str(exc))
             return
-        world = LiveWorld(flight.lost if flight is not None else None)
+        # Only a later attempt can find steps an earlier one committed.
+        steps = ledger_loader(self.runtime, job.id) if job.attempt > 1 else None
+        world = LiveWorld(flight.lost if flight is not None else None, steps)
         ctx = Context(self.runtime, job, handler, worker_id=self.worker_id, world=world)
         if flight is not None:
             flight.ctx = ctx
