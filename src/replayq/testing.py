@@ -11,15 +11,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from replayq.app import App
 from replayq.clock import FrozenClock
+from replayq.model import Job
+from replayq.replay.engine import ReplayReport
 from replayq.replay.export import replay_case_file
-
-if TYPE_CHECKING:
-    from replayq.app import App
-    from replayq.model import Job
-    from replayq.replay.engine import ReplayReport
 
 __all__ = ["FrozenClock", "assert_replays", "replay_case", "run_inline"]
 

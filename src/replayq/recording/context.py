@@ -22,26 +22,25 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from replayq import codec
 from replayq.errors import LeaseLostError, PayloadError, RecordedFailure
 from replayq.model import Job, TraceEvent
 from replayq.queue.contracts import render_template
 from replayq.queue.enqueue import EnqueueRequest, insert_job
+from replayq.queue.handlers import Handler
 from replayq.recording.blobs import put_bytes, ref_of
-from replayq.recording.steps import run_step, step_key
+from replayq.recording.cache import CacheView
+from replayq.recording.effects import EffectRunner
+from replayq.recording.ledger import step_key
+from replayq.recording.locks import LockHandle, LockManager
+from replayq.recording.outbox import OutboxView
+from replayq.recording.state import StateView
+from replayq.recording.steps import run_step
 from replayq.recording.world import LIVE, LiveWorld, World
+from replayq.runtime import RuntimeSource
 from replayq.storage.protocol import Transaction
-
-if TYPE_CHECKING:
-    from replayq.queue.handlers import Handler
-    from replayq.recording.cache import CacheView
-    from replayq.recording.effects import EffectRunner
-    from replayq.recording.locks import LockHandle, LockManager
-    from replayq.recording.outbox import OutboxView
-    from replayq.recording.state import StateView
-    from replayq.runtime import RuntimeSource
 
 T = TypeVar("T")
 
@@ -87,33 +86,27 @@ class Context:
 
     @cached_property
     def locks(self) -> LockManager:
-        from replayq.recording.locks import LockManager
-
         return LockManager(self)
 
     @cached_property
     def state(self) -> StateView:
-        from replayq.recording.state import StateView
-
         return StateView(self)
 
     @cached_property
     def cache(self) -> CacheView:
-        from replayq.recording.cache import CacheView
-
         return CacheView(self)
 
     @cached_property
     def outbox(self) -> OutboxView:
-        from replayq.recording.outbox import OutboxView
-
         return OutboxView(self)
 
     @cached_property
     def effects(self) -> EffectRunner:
-        from replayq.recording.effects import EffectRunner
-
         return EffectRunner(self)
+
+    def fences(self) -> dict[str, int]:
+        """The fencing token of every lock this attempt holds, by resource."""
+        return self.locks.fences() if self._built("locks") else {}
 
     def _built(self, view: str) -> bool:
         """Whether the view ``view`` was used (built) in this attempt."""

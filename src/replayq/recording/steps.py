@@ -1,12 +1,12 @@
-"""Steps that return a result, and the ledger that lets a retry resume at the failed step.
+"""Steps that return a result, so that a retry can resume at the failed step.
 
 ``ctx.step(name, fn, *args, **kwargs)`` runs ``fn`` as a step: its state writes,
 outbox rows, child jobs and events commit together with a row of the step ledger
-(``rq_steps``: job, step position, attempt, result). On a later attempt of the
-same job, under a contract with ``resume="step"``, the context asks its
-``World`` whether that position already committed; if it did, ``fn`` is not
-called, the recorded result is returned and the trace says ``step.skipped``
-with the attempt it completed in.
+(``rq_steps``: job, step position, attempt, result; see ``recording.ledger``).
+On a later attempt of the same job, under a contract with ``resume="step"``, the
+context asks its ``World`` whether that position already committed; if it did,
+``fn`` is not called, the recorded result is returned and the trace says
+``step.skipped`` with the attempt it completed in.
 
 A step's position is its name and how many steps of that name came before it
 in the attempt (``load``, then ``load#2``...), so a loop of same-named steps
@@ -24,72 +24,32 @@ checked against nothing (read it in the step that writes it).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from replayq import codec
-from replayq.recording.blobs import load_json
+from replayq.recording.attempt import Attempt
 from replayq.storage.protocol import Transaction
-
-if TYPE_CHECKING:
-    from replayq.recording.context import Context
-    from replayq.runtime import RuntimeSource
 
 RESUME_STEP = "step"
 
 
-@dataclass(frozen=True)
-class CompletedStep:
-    """A step position that committed in an earlier attempt, and what it returned."""
+class StepAttempt(Attempt, Protocol):
+    """The parts of the context a callable step uses, beyond a view's ``Attempt``."""
 
-    key: str
-    name: str
-    attempt: int
-    result: Any
-    result_ref: str | None = None
+    @property
+    def owns_job_trace(self) -> bool: ...
 
+    def next_step_key(self, name: str) -> str: ...
 
-CompletedSteps = Callable[[], Mapping[str, CompletedStep]]
-"""Loads a job's step ledger when first asked (most attempts never ask)."""
-
-
-def step_key(name: str, occurrence: int) -> str:
-    """The position of the ``occurrence``-th (1-based) step called ``name`` in an attempt."""
-    return name if occurrence == 1 else f"{name}#{occurrence}"
-
-
-def ledger_loader(source: RuntimeSource, job_id: int) -> CompletedSteps:
-    """A loader of the job's committed steps, read from the database on first use."""
-    runtime = source.runtime
-    loaded: dict[str, CompletedStep] | None = None
-
-    def load() -> Mapping[str, CompletedStep]:
-        nonlocal loaded
-        if loaded is None:
-            with runtime.storage.transaction(readonly=True) as tx:
-                loaded = {
-                    row["step_key"]: CompletedStep(
-                        key=row["step_key"],
-                        name=row["step_name"],
-                        attempt=int(row["attempt"]),
-                        result=_result(tx, row),
-                        result_ref=row["result_ref"],
-                    )
-                    for row in tx.step_by_job(job_id)
-                }
-        return loaded
-
-    return load
-
-
-def _result(tx: Transaction, row: Mapping[str, Any]) -> Any:
-    inline = codec.loads(row["result"]) if row["result"] is not None else None
-    return load_json(tx, inline, row["result_ref"])
+    def step_block(
+        self, name: str, key: str, outcome: dict[str, Any] | None = None
+    ) -> AbstractContextManager[None]: ...
 
 
 def run_step(
-    ctx: Context,
+    ctx: StepAttempt,
     name: str,
     fn: Callable[..., Any],
     args: tuple[Any, ...],

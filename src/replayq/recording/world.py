@@ -29,10 +29,9 @@ if it reads the world, and the answer in each world that substitutes it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final, Protocol
+from typing import Any, Final, Protocol
 
-if TYPE_CHECKING:
-    from replayq.recording.steps import CompletedStep, CompletedSteps
+from replayq.recording.ledger import CompletedStep, CompletedSteps
 
 
 class _Live:

@@ -21,7 +21,7 @@ import importlib
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from replayq import codec
 from replayq.errors import ConfigurationError, JobError, ReplayDivergenceError, classify
@@ -29,9 +29,7 @@ from replayq.model import TraceEvent
 from replayq.queue.handlers import Handler, PayloadShape
 from replayq.recording.context import Context
 from replayq.replay.recorded import Outcome, RecordedWorld, Recording, load_recording
-
-if TYPE_CHECKING:
-    from replayq.runtime import Runtime, RuntimeSource
+from replayq.runtime import Runtime, RuntimeSource
 
 REPLAY_WORKER = "replay"
 
