@@ -41,6 +41,10 @@ def _print_report(report: Any, as_json: bool) -> None:
     )
     if report.error:
         click.echo(f"  stopped: {report.error}")
+    for line in report.unrecorded_io:
+        click.echo(f"  UNRECORDED I/O, refused: {line}")
+    for line in report.allowed_io:
+        click.echo(f"  WARNING --allow-io: real I/O that bypassed ctx happened: {line}")
     where = report.first_divergence
     if where is None:
         click.echo("  no divergence: the run matched the recording event by event")
@@ -62,6 +66,7 @@ def _print_report(report: Any, as_json: bool) -> None:
 @click.option("--attempt", type=int, default=None)
 @click.option("--version", default=None, help="Run this declared handler version.")
 @click.option("--handler", "handler_spec", default=None, help="Run module:function instead.")
+@click.option("--allow-io", is_flag=True, help="Let handler I/O that bypasses ctx happen.")
 @click.option("--json", "as_json", is_flag=True)
 @pass_env
 def replay(
@@ -72,9 +77,14 @@ def replay(
     attempt: int | None,
     version: str | None,
     handler_spec: str | None,
+    allow_io: bool,
     as_json: bool,
 ) -> None:
-    """Trace replay (no execution) or deterministic dry-run (exit 1 if it diverged)."""
+    """Trace replay (no execution) or deterministic dry-run (exit 1 if it diverged).
+
+    The dry-run is sealed: handler I/O that bypasses ctx (sockets, host names,
+    subprocesses, file writes) is refused and reported; --allow-io lets it happen.
+    """
 
     app = env.app(app_spec)
     if mode == "trace":
@@ -100,7 +110,9 @@ def replay(
         return
     if app_spec is None:
         raise click.UsageError("--mode dry-run executes handler code: give --app module:app")
-    report = replayq.dry_run(app, job_id, attempt=attempt, version=version, handler=handler_spec)
+    report = replayq.dry_run(
+        app, job_id, attempt=attempt, version=version, handler=handler_spec, allow_io=allow_io
+    )
     _print_report(report, as_json)
     sys.exit(1 if report.diverged else 0)
 
@@ -114,6 +126,7 @@ def replay(
 @click.option("--handler", "handler_spec", default=None)
 @click.option("--override", "overrides", multiple=True, help="payload field=value (JSON)")
 @click.option("--stub", "stubs", multiple=True, help="call-or-effect-name=JSON result")
+@click.option("--allow-io", is_flag=True, help="Let handler I/O that bypasses ctx happen.")
 @click.option("--json", "as_json", is_flag=True)
 @pass_env
 def fork_command(
@@ -126,9 +139,13 @@ def fork_command(
     handler_spec: str | None,
     overrides: tuple[str, ...],
     stubs: tuple[str, ...],
+    allow_io: bool,
     as_json: bool,
 ) -> None:
-    """Branch state before a step and run another version from there; never the real world."""
+    """Branch state before a step and run another version from there; never the real world.
+
+    Sealed like a dry-run; exits 1 if the handler tried I/O that bypasses ctx.
+    """
 
     report = replayq.fork(
         env.app(app_spec),
@@ -139,10 +156,12 @@ def fork_command(
         handler=handler_spec,
         overrides=_parse_assignments(overrides, "--override"),
         stubs=_parse_assignments(stubs, "--stub"),
+        allow_io=allow_io,
     )
     _print_report(report, as_json)
     if not as_json:
         click.echo(f"  compare: replayq diff {job_id} {report.trace_id}")
+    sys.exit(1 if report.unrecorded_io else 0)
 
 
 @click.command("diff")

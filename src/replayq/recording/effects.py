@@ -35,6 +35,7 @@ from replayq.queue.contracts import render_template
 from replayq.recording.attempt import Attempt
 from replayq.recording.blobs import load_json, put_bytes
 from replayq.recording.world import LIVE
+from replayq.seal import unsealed
 from replayq.storage.reconnect import retry_unavailable
 
 IN_DOUBT_POLICIES = ("park", "retry")
@@ -118,7 +119,8 @@ class EffectRunner:
             return outcome
         started = time.monotonic()
         try:
-            result = fn()
+            with unsealed():  # the effect itself is the door the seal leaves open
+                result = fn()
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             with runtime.storage.transaction() as tx:

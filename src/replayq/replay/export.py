@@ -123,6 +123,7 @@ def replay_case_file(
     *,
     version: str | None = None,
     handler: str | None = None,
+    allow_io: bool = False,
 ) -> ReplayReport:
     """Dry-run ``runtime``'s handler (or ``version``) against a case in a temporary database."""
     from replayq.replay.engine import dry_run
@@ -136,6 +137,6 @@ def replay_case_file(
         scratch = runtime.scratch(f"sqlite:///{folder}/case.db")
         try:
             job_id = import_case(scratch, case)
-            return dry_run(scratch, job_id, version=version, handler=handler)
+            return dry_run(scratch, job_id, version=version, handler=handler, allow_io=allow_io)
         finally:
             scratch.close()
