@@ -15,7 +15,7 @@ from replayq.errors import ConfigurationError, ContractError, FailureClass
 from replayq.model import Job, TraceEvent
 from replayq.queue import lifecycle
 from replayq.queue.catalog import register_contracts, stored_contracts
-from replayq.queue.contracts import JobContract, Retry, build_contract
+from replayq.queue.contracts import DEFAULT_RESUME, JobContract, Retry, build_contract
 from replayq.queue.enqueue import EnqueueRequest, get_job, insert_job
 from replayq.queue.handlers import Handler, HandlerRegistry, PayloadShape
 from replayq.recording.in_doubt import (
@@ -155,11 +155,15 @@ class App:
         cache_namespace: str | None = None,
         cache_ttl: Duration | None = None,
         errors: Mapping[type[BaseException], str] | None = None,
+        resume: str = DEFAULT_RESUME,
     ) -> Callable[[F], F]:
         """Declare a job type with its contract; the contract is validated here.
 
         The newest declaration of a type becomes the version workers run, unless
         it is declared ``candidate=True`` (kept for replay, fork and verification).
+        ``resume="step"`` (the default): a retry returns the recorded result of each
+        ``ctx.step(name, fn)`` an earlier attempt committed instead of running it again;
+        ``"none"``: every attempt runs every step.
         """
 
         def decorate(fn: F) -> F:
@@ -183,6 +187,7 @@ class App:
                 cache_namespace=cache_namespace,
                 cache_ttl=cache_ttl,
                 errors=errors,
+                resume=resume,
             )
             error_map = {exc: FailureClass(cls) for exc, cls in (errors or {}).items()}
             self.registry.declare(Handler(contract, fn, shape, error_map), candidate=candidate)

@@ -43,6 +43,7 @@ from replayq.queue import lifecycle as trace
 from replayq.queue.catalog import register_contracts
 from replayq.queue.handlers import Handler
 from replayq.recording.context import Context
+from replayq.recording.ledger import ledger_loader
 from replayq.recording.world import LiveWorld, LostFlag
 from replayq.runtime import RuntimeSource
 from replayq.storage.protocol import (
@@ -464,7 +465,9 @@ class Worker:
         except PayloadError as exc:
             self._bury(job, DeadReason.MALFORMED_PAYLOAD, FailureClass.VALIDATION, str(exc))
             return
-        world = LiveWorld(flight.lost if flight is not None else None)
+        # Only a later attempt can find steps an earlier one committed.
+        steps = ledger_loader(self.runtime, job.id) if job.attempt > 1 else None
+        world = LiveWorld(flight.lost if flight is not None else None, steps)
         ctx = Context(
             self.runtime,
             job,

@@ -34,6 +34,11 @@ class Attempt(Protocol):
     @property
     def attempt(self) -> int: ...
 
+    @property
+    def current_step_key(self) -> str | None:
+        """The position of the innermost running step (``load``, ``load#2``), if any."""
+        ...
+
     def event(self, name: str, **fields: Any) -> TraceEvent:
         """Build the next domain event of this attempt (not yet recorded)."""
         ...

@@ -2,10 +2,10 @@
 
 Everything that passes through ``ctx`` is recorded as a domain event in the
 job's trace. Events and state writes wait in the context until the step that
-made them commits (``with ctx.step(...)``) or, outside steps, until the job is
-acked: the step's state writes, outbox rows, child jobs and events commit in one
-transaction. Two things commit at once because other workers must see them:
-lock acquisition/release and idempotency records around effects.
+made them commits (``with ctx.step(...)`` or ``ctx.step(name, fn)``) or, outside
+steps, until the job is acked: the step's state writes, outbox rows, child jobs and
+events commit in one transaction. Two things commit at once because other workers
+must see them: lock acquisition/release and idempotency records around effects.
 
 Fencing: a worker's context carries the job's ``owner_token``. Every transaction
 that writes for the job — a step's commit, an effect's claim and its result, a
@@ -27,10 +27,10 @@ import random as _random
 import time
 import uuid as _uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from replayq import codec
 from replayq.errors import LeaseLostError, PayloadError, RecordedFailure
@@ -41,13 +41,17 @@ from replayq.queue.handlers import Handler
 from replayq.recording.blobs import put_bytes, ref_of
 from replayq.recording.cache import CacheView
 from replayq.recording.effects import EffectRunner
+from replayq.recording.ledger import step_key
 from replayq.recording.locks import LockHandle, LockManager
 from replayq.recording.outbox import OutboxView
 from replayq.recording.state import StateView
+from replayq.recording.steps import run_step
 from replayq.recording.world import LIVE, LiveWorld, World
 from replayq.runtime import RuntimeSource
 from replayq.seal import unsealed
 from replayq.storage.protocol import Transaction
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -87,6 +91,8 @@ class Context:
         self._pending = _Pending()
         self._seq = 0
         self._steps: list[str] = []
+        self._step_keys: list[str] = []
+        self._step_counts: dict[str, int] = {}
         self.blob_limit = runtime.limits.blob_limit_bytes
 
     # -- views, built on first use (most handlers touch few of them, many touch none) -------
@@ -146,6 +152,16 @@ class Context:
         return self._steps[-1] if self._steps else None
 
     @property
+    def current_step_key(self) -> str | None:
+        """The position of the innermost running step (``load``, ``load#2``), if any."""
+        return self._step_keys[-1] if self._step_keys else None
+
+    @property
+    def owns_job_trace(self) -> bool:
+        """Whether this run records into the job's own trace (not a replay, fork or rerun)."""
+        return self._trace_id == self.job.trace_id
+
+    @property
     def lease_lost(self) -> bool:
         """True once a heartbeat found this worker no longer holds the job's lease."""
         return self.world.lease_lost()
@@ -191,7 +207,7 @@ class Context:
         return TraceEvent(
             trace_id=self._trace_id,
             # A derived trace (replay, fork) is not part of the job's own timeline.
-            job_id=self.job.id if self._trace_id == self.job.trace_id else None,
+            job_id=self.job.id if self.owns_job_trace else None,
             attempt=self.job.attempt,
             kind="domain",
             name=name,
@@ -347,18 +363,53 @@ class Context:
 
     # -- steps and decisions ----------------------------------------------------------------
 
+    @overload
+    def step(self, name: str, /) -> AbstractContextManager[None]: ...
+
+    @overload
+    def step(self, name: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T: ...
+
+    def step(
+        self, name: str, fn: Callable[..., Any] | None = None, /, *args: Any, **kwargs: Any
+    ) -> Any:
+        """A logical step: its state writes, outbox rows, child jobs and events commit together.
+
+        ``result = ctx.step("load", fn, *args, **kwargs)`` runs ``fn`` as the step and
+        returns its result (JSON), recorded with the step's commit. Under the contract's
+        ``resume="step"`` (the default) a retry does not run a step that committed in an
+        earlier attempt: the recorded result is returned and the trace says
+        ``step.skipped`` (see ``replayq.recording.steps``).
+
+        ``with ctx.step("load"):`` is the same commit boundary around a block. A block
+        always runs, so it is never skipped: it runs again on every attempt.
+        """
+        if fn is None:
+            return self.step_block(name, self.next_step_key(name))
+        return run_step(self, name, fn, args, kwargs)
+
+    def next_step_key(self, name: str) -> str:
+        """Take the next position for a step called ``name`` (``load``, ``load#2``, ...)."""
+        occurrence = self._step_counts.get(name, 0) + 1
+        self._step_counts[name] = occurrence
+        return step_key(name, occurrence)
+
     @contextmanager
-    def step(self, name: str) -> Iterator[None]:
-        """A logical step. Its state writes, outbox rows, child jobs and events commit together."""
+    def step_block(
+        self, name: str, key: str, outcome: dict[str, Any] | None = None
+    ) -> Iterator[None]:
+        """The commit boundary of step ``name`` at position ``key``; ``outcome`` joins its
+        ``step.finished`` event (a callable step's result)."""
         self.world.on_step(name)
         self.record("step.started", status="started", step_name=name)
         self._steps.append(name)
+        self._step_keys.append(key)
         started = time.monotonic()
         try:
             yield
         except BaseException as exc:
             duration = time.monotonic() - started
             self._steps.pop()
+            self._step_keys.pop()
             self.discard_writes()
             self.record(
                 "step.finished",
@@ -371,7 +422,14 @@ class Context:
             raise
         duration = time.monotonic() - started
         self._steps.pop()
-        self.record("step.finished", status="success", step_name=name, duration=duration)
+        self._step_keys.pop()
+        self.record(
+            "step.finished",
+            status="success",
+            step_name=name,
+            duration=duration,
+            **(outcome or {}),
+        )
         try:
             refused = self.pending_writes()
             self.commit_now()

@@ -157,8 +157,9 @@ class Transaction(Protocol):
     def lease_release(self, job_id: int, owner_token: str, now: float, hlc: int) -> bool:
         """Give a running job back to the queue (shutdown): one more attempt in its budget.
 
-        The attempt number is kept, so the next run is a new attempt whose events and
-        outbox event ids never collide with the released run's.
+        The attempt number is kept, so the next run is a new attempt whose events never
+        collide with the released run's (outbox event ids are per step position, not per
+        attempt: a step the released run committed is not published twice).
         """
         ...
 
@@ -268,7 +269,9 @@ class Transaction(Protocol):
 
     def cache_delete_source(self, namespace: str, key: str) -> None: ...
 
-    def outbox_insert(self, params: Mapping[str, Any]) -> None: ...
+    def outbox_insert(self, params: Mapping[str, Any]) -> bool:
+        """Insert an outbox row; ``False`` (nothing written) when its ``event_id`` exists."""
+        ...
 
     def outbox_claim(self, now: float, claim_seconds: float, limit: int) -> list[Row]: ...
 
@@ -279,6 +282,14 @@ class Transaction(Protocol):
     def outbox_backlog(self) -> Row: ...
 
     def outbox_by_job(self, job_id: int) -> list[Row]: ...
+
+    def step_complete(self, params: Mapping[str, Any]) -> bool:
+        """Record that a step of a job committed, with its result; first completion wins."""
+        ...
+
+    def step_by_job(self, job_id: int) -> list[Row]:
+        """The job's committed steps (the step ledger), oldest attempt first."""
+        ...
 
     def blob_put(self, params: Mapping[str, Any]) -> None: ...
 
