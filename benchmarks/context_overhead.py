@@ -520,8 +520,9 @@ def sql_split(opts: Options) -> str:
 
 def _watch() -> list[tuple[str, Any]]:
     """Recording functions whose inclusive time the profile lists: (label, code or name)."""
-    from replayq import blobs, codec, context, effects, state, worker
+    from replayq import codec, worker
     from replayq.clock import HybridLogicalClock
+    from replayq.recording import blobs, context, effects, state
     from replayq.storage.sql_transaction import SqlTransaction
 
     ctx, view = context.Context, state.StateView

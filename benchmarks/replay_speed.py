@@ -3,7 +3,7 @@
 A fresh SQLite file; ``--jobs`` jobs of a 10-step handler (two ``ctx.call``,
 two ``ctx.effect``, three ``ctx.state.get``, three ``ctx.state.put``, a
 ``ctx.now`` and three ``ctx.decide``) are recorded by an in-process
-``Worker(app, burst=True)``. Then, with the Python API (``replayq.replay.dry_run``,
+``Worker(app, burst=True)``. Then, with the Python API (``replayq.replay.engine.dry_run``,
 what ``replayq replay JOB --mode dry-run`` calls after its process start):
 
 * **single**: the first recorded job dry-run ``--runs`` times; the median, the
@@ -35,7 +35,7 @@ from typing import Any
 from machine import machine
 
 import replayq
-from replayq.replay import dry_run
+from replayq.replay.engine import dry_run
 
 CUSTOMERS = 50
 REAL_CALLS = {"quote": 0, "stock": 0, "charge": 0, "email": 0}

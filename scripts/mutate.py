@@ -68,13 +68,8 @@ def _both_backends(name: str, area: str, query_after: str, tests: tuple[str, ...
     return bugs
 
 
-# ctx.call's branch that answers from the recording instead of calling the function.
-_CALL_SUBSTITUTION = (
-    "if {condition}:\n"
-    "            from replayq.errors import RecordedFailure\n\n"
-    "            try:\n"
-    '                result = self.substitution.answer("call", name, fingerprint)'
-)
+# ctx.call's branch that answers from the recording (the World) instead of calling.
+_CALL_SUBSTITUTION = 'if {condition}:\n            self.record("call", call=name'
 
 BUGS: list[Bug] = [
     # -- owner token: only the lease holder settles the job -------------------------------------
@@ -172,7 +167,7 @@ BUGS: list[Bug] = [
     Bug(
         "dry-run-calls-the-real-function",
         "replay substitution",
-        _CALL_SUBSTITUTION.format(condition="self.substitution is not None"),
+        _CALL_SUBSTITUTION.format(condition="answer is not LIVE"),
         _CALL_SUBSTITUTION.format(condition="False"),
         ("tests/conformance/test_replay_dry_run.py", "tests/conformance/test_replay_cases.py"),
     ),

@@ -13,7 +13,7 @@ import sqlite3
 from typing import Any
 
 import replayq
-from replayq.storage.protocol import TraceEvent
+from replayq.model import TraceEvent
 
 
 def run_once(worker: replayq.Worker) -> replayq.Job:

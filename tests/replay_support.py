@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import replayq
-from replayq.jobs import JobState
-from replayq.storage.protocol import TraceEvent
+from replayq.model import JobState, TraceEvent
 from replayq.testing import run_inline
 from tests.apps import replay_shop
 

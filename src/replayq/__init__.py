@@ -2,8 +2,6 @@
 
 from replayq.app import App, EnqueueRequest
 from replayq.clock import Clock, FrozenClock, HybridLogicalClock, SystemClock
-from replayq.context import Context
-from replayq.contracts import JobContract, Retry
 from replayq.errors import (
     ConcurrencyError,
     ConfigurationError,
@@ -21,7 +19,9 @@ from replayq.errors import (
     UnknownJobTypeError,
     ValidationError,
 )
-from replayq.jobs import DeadReason, Job, JobState
+from replayq.model import DeadReason, Job, JobState
+from replayq.queue.contracts import JobContract, Retry
+from replayq.recording.context import Context
 from replayq.worker import Worker
 
 __all__ = [

@@ -5,32 +5,24 @@ from __future__ import annotations
 import inspect
 import os
 import random
-import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from replayq import codec, trace
-from replayq.blobs import DEFAULT_BLOB_LIMIT_BYTES
-from replayq.cache import CacheBackend, open_cache
 from replayq.clock import Clock, HybridLogicalClock, SystemClock
-from replayq.contracts import JobContract, Retry, build_contract, render_template
-from replayq.durations import Duration, parse_duration
-from replayq.errors import (
-    ConfigurationError,
-    ContractError,
-    FailureClass,
-    PayloadError,
-    ReplayqError,
-    SchemaError,
-    UnknownJobTypeError,
-)
-from replayq.handlers import Handler, PayloadShape
-from replayq.jobs import Job
-from replayq.state import StateStore
-from replayq.storage import open_storage
-from replayq.storage.migrate import pending
-from replayq.storage.protocol import JobFilter, JobInsert, Storage, TraceEvent, Transaction
+from replayq.durations import Duration
+from replayq.errors import ConfigurationError, ContractError, FailureClass
+from replayq.model import Job, TraceEvent
+from replayq.queue import lifecycle
+from replayq.queue.catalog import register_contracts, stored_contracts
+from replayq.queue.contracts import JobContract, Retry, build_contract
+from replayq.queue.enqueue import EnqueueRequest, get_job, insert_job
+from replayq.queue.handlers import Handler, HandlerRegistry, PayloadShape
+from replayq.recording.state import StateStore
+from replayq.runtime import DEFAULT_BLOB_LIMIT_BYTES, Limits, Runtime
+from replayq.storage.cache import CacheBackend
+from replayq.storage.protocol import JobFilter, Storage, Transaction
+
+__all__ = ["App", "EnqueueRequest"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -38,39 +30,17 @@ DEFAULT_URL = "sqlite:///replayq.db"
 # The lifecycle events a resource timeline shows for the jobs that touched the resource.
 RESOURCE_LIFECYCLE = frozenset(
     {
-        trace.JOB_LEASED,
-        trace.LEASE_EXPIRED,
-        trace.LEASE_LOST,
-        trace.JOB_REDELIVERED,
-        trace.RETRY_SCHEDULED,
-        trace.JOB_SUCCEEDED,
-        trace.JOB_FAILED,
-        trace.JOB_DEAD,
-        trace.WRITE_REJECTED,
+        lifecycle.JOB_LEASED,
+        lifecycle.LEASE_EXPIRED,
+        lifecycle.LEASE_LOST,
+        lifecycle.JOB_REDELIVERED,
+        lifecycle.RETRY_SCHEDULED,
+        lifecycle.JOB_SUCCEEDED,
+        lifecycle.JOB_FAILED,
+        lifecycle.JOB_DEAD,
+        lifecycle.WRITE_REJECTED,
     }
 )
-UNCHECKED_MAX_PAYLOAD_BYTES = 256 * 1024
-
-
-def new_trace_id(now: float) -> str:
-    """A 32-hex-digit id that sorts by creation time (48-bit ms prefix, 80 random bits).
-
-    Time-ordered ids keep the trace index's inserts on its last pages instead of
-    a random page per job.
-    """
-    return f"{int(now * 1000) & 0xFFFFFFFFFFFF:012x}{uuid.uuid4().hex[:20]}"
-
-
-@dataclass(frozen=True)
-class EnqueueRequest:
-    """One job to enqueue, for ``App.enqueue_many``."""
-
-    job_type: str
-    payload: dict[str, Any] = field(default_factory=dict)
-    message_id: str | None = None
-    delay: Duration | None = None
-    run_at: float | None = None
-    priority: int = 0
 
 
 class App:
@@ -93,56 +63,42 @@ class App:
     ) -> None:
         self.url = url or os.environ.get("REPLAYQ_DB") or DEFAULT_URL
         self.cache_url = cache_url or os.environ.get("REPLAYQ_CACHE")
-        self.blob_limit_bytes = blob_limit_bytes
-        self._cache_backend: CacheBackend | None = None
         self.clock: Clock = clock or SystemClock()
-        self.hlc = HybridLogicalClock(self.clock)
-        self.rng = rng or random.Random()
-        self._storage: Storage | None = None
-        self._auto_migrate = auto_migrate
-        self._handlers: dict[str, dict[str, Handler]] = {}
-        self._active: dict[str, str] = {}
-        self.compensators: dict[str, Callable[[str, Any], Any]] = {}
+        self.runtime = Runtime(
+            url=self.url,
+            clock=self.clock,
+            hlc=HybridLogicalClock(self.clock),
+            rng=rng or random.Random(),
+            registry=HandlerRegistry(),
+            limits=Limits(blob_limit_bytes=blob_limit_bytes),
+            cache_url=self.cache_url,
+            auto_migrate=auto_migrate,
+        )
+        self.hlc = self.runtime.hlc
+        self.rng = self.runtime.rng
+        self.registry = self.runtime.registry
+        self.compensators = self.registry.compensators
 
     # -- storage ----------------------------------------------------------------------------
 
     @property
     def storage(self) -> Storage:
         """The backend, opened (and on SQLite migrated) on first use."""
-        if self._storage is None:
-            storage = open_storage(self.url)
-            auto = self._auto_migrate
-            if auto is None:
-                auto = storage.dialect == "sqlite"
-            if auto:
-                storage.migrate(self.clock.now())
-            else:
-                todo = pending(storage.migration_status())
-                if todo:
-                    raise SchemaError(
-                        f"the schema of {storage.dialect} database is behind (pending migrations "
-                        f"{todo}); run: replayq --db URL db upgrade"
-                    )
-            self._storage = storage
-        return self._storage
+        return self.runtime.storage
 
     @property
     def state(self) -> StateStore:
         """Versioned entity state, readable from outside a job (production branch)."""
-        return StateStore(self)
+        return StateStore(self.runtime)
 
     @property
     def cache_backend(self) -> CacheBackend:
         """Where ``ctx.cache`` keeps entries: the database, or Redis with ``cache_url``."""
-        if self._cache_backend is None:
-            self._cache_backend = open_cache(self, self.cache_url)
-        return self._cache_backend
+        return self.runtime.cache_backend
 
     def close(self) -> None:
         """Close every connection this app opened."""
-        if self._storage is not None:
-            self._storage.close()
-            self._storage = None
+        self.runtime.close()
 
     # -- declaring job types ----------------------------------------------------------------
 
@@ -194,13 +150,8 @@ class App:
                 cache_ttl=cache_ttl,
                 errors=errors,
             )
-            versions = self._handlers.setdefault(name, {})
-            if version in versions:
-                raise ContractError(f"{name} {version} is declared twice")
             error_map = {exc: FailureClass(cls) for exc, cls in (errors or {}).items()}
-            versions[version] = Handler(contract, fn, shape, error_map)
-            if not candidate or name not in self._active:
-                self._active[name] = version
+            self.registry.declare(Handler(contract, fn, shape, error_map), candidate=candidate)
             return fn
 
         return decorate
@@ -217,57 +168,45 @@ class App:
 
         return decorate
 
+    def on_database(self, url: str) -> App:
+        """The same job types, clock and options on another database (``--db`` with ``--app``)."""
+        runtime = self.runtime
+        other = App(
+            url,
+            clock=self.clock,
+            auto_migrate=runtime.auto_migrate,
+            rng=runtime.rng,
+            cache_url=self.cache_url,
+            blob_limit_bytes=runtime.limits.blob_limit_bytes,
+        )
+        other.adopt_handlers(self)
+        return other
+
     def adopt_handlers(self, other: App) -> None:
         """Declare every job type of ``other`` here too (replaying a case in a scratch database)."""
-        for job_type, versions in other._handlers.items():
-            self._handlers[job_type] = dict(versions)
-        self._active.update(other._active)
-        self.compensators.update(other.compensators)
+        self.registry.adopt(other.registry)
 
     def handler(self, job_type: str, version: str | None = None) -> Handler:
         """The handler for a type (the active version unless one is named)."""
-        versions = self._handlers.get(job_type)
-        if not versions:
-            raise UnknownJobTypeError(f"no handler is registered for job type {job_type!r}")
-        chosen = version or self._active[job_type]
-        if chosen not in versions:
-            raise UnknownJobTypeError(
-                f"{job_type} has no version {chosen!r} (declared: {', '.join(versions)})"
-            )
-        return versions[chosen]
+        return self.registry.handler(job_type, version)
 
     def job_types(self) -> list[str]:
-        return sorted(self._handlers)
+        return self.registry.job_types()
 
     def handlers(self) -> list[Handler]:
         """Every declared handler, all versions."""
-        return [h for versions in self._handlers.values() for h in versions.values()]
+        return self.registry.handlers()
 
     def active_version(self, job_type: str) -> str | None:
-        return self._active.get(job_type)
+        return self.registry.active_version(job_type)
 
     def register_contracts(self) -> None:
         """Store every declared contract; a changed contract needs a new version."""
-        now = self.clock.now()
-        with self.storage.transaction() as tx:
-            for handler in self.handlers():
-                contract = handler.contract
-                body = codec.dumps(contract.to_dict())
-                stored = tx.contract_get(contract.name, contract.version)
-                if stored is not None and stored != body:
-                    raise ContractError(
-                        f"the contract of {contract.name} {contract.version} differs from the one "
-                        "stored; contracts are frozen per version: declare a new version "
-                        f"(see: replayq contract diff {contract.name})"
-                    )
-                if stored is None:
-                    tx.contract_put(contract.name, contract.version, body, now)
+        register_contracts(self.runtime)
 
     def contracts(self, job_type: str | None = None) -> list[JobContract]:
         """Contracts stored in the database (every version that a worker registered)."""
-        with self.storage.transaction() as tx:
-            rows = tx.contract_list(job_type)
-        return [JobContract.from_dict(codec.loads(body)) for _, _, body, _ in rows]
+        return stored_contracts(self.runtime, job_type)
 
     # -- enqueue ----------------------------------------------------------------------------
 
@@ -275,91 +214,10 @@ class App:
         self,
         tx: Transaction,
         request: EnqueueRequest,
-        *,
-        queue: str | None = None,
-        correlation_id: str | None = None,
-        causation_id: str | None = None,
-        origin: str = "production",
-        check: bool = True,
+        **options: Any,
     ) -> int:
         """Insert one job inside ``tx`` (with its ``job.enqueued`` event); returns its id."""
-        now = self.clock.now()
-        if request.run_at is not None and request.delay is not None:
-            raise ConfigurationError("give either delay or run_at, not both")
-        run_at = request.run_at if request.run_at is not None else now
-        if request.delay is not None:
-            run_at = now + parse_duration(request.delay, name="delay")
-        versions = self._handlers.get(request.job_type)
-        handler = self.handler(request.job_type) if versions else None
-        if handler is None and check:
-            raise UnknownJobTypeError(
-                f"no handler is registered for job type {request.job_type!r}; "
-                f"declared: {', '.join(self.job_types()) or 'none'}"
-            )
-        if handler is not None:
-            payload_json = handler.encode_payload(request.payload)
-            contract = handler.contract
-            max_attempts = contract.retry.max_attempts
-            ordering_key = render_template(contract.ordering, request.payload)
-            idempotency_key = render_template(contract.idempotency, request.payload)
-            job_queue = queue or contract.queue
-        else:
-            if not isinstance(request.payload, dict):
-                raise PayloadError("payload must be a JSON object")
-            payload_json = codec.dumps(request.payload, what=f"{request.job_type} payload")
-            if len(payload_json.encode()) > UNCHECKED_MAX_PAYLOAD_BYTES:
-                raise PayloadError(
-                    f"payload is above the {UNCHECKED_MAX_PAYLOAD_BYTES} bytes allowed "
-                    "for job types this app does not declare"
-                )
-            max_attempts, ordering_key, idempotency_key = Retry().max_attempts, None, None
-            job_queue = queue or "default"
-        hlc = self.hlc.tick()
-        params = JobInsert(
-            job_type=request.job_type,
-            queue=job_queue,
-            payload_json=payload_json,
-            priority=request.priority,
-            run_at=run_at,
-            now=now,
-            max_attempts=max_attempts,
-            trace_id=new_trace_id(now),
-            hlc=hlc,
-            message_id=request.message_id,
-            ordering_key=ordering_key,
-            idempotency_key=idempotency_key,
-            correlation_id=correlation_id,
-            causation_id=causation_id,
-            origin=origin,
-        )
-        job_id, created = tx.job_insert(params)
-        job = tx.job_get(job_id)
-        assert job is not None
-        if created:
-            event = trace.lifecycle(
-                trace.JOB_ENQUEUED,
-                job,
-                now=now,
-                hlc=hlc,
-                status="queued",
-                attempt=0,
-                message_id=request.message_id,
-                priority=request.priority,
-                run_at=run_at,
-                ordering_key=ordering_key,
-                causation_id=causation_id,
-            )
-        else:
-            event = trace.lifecycle(
-                trace.JOB_DEDUPLICATED,
-                job,
-                now=now,
-                hlc=hlc,
-                message_id=request.message_id,
-                rule="same message_id yields the existing job",
-            )
-        tx.trace_append([event])
-        return job_id
+        return insert_job(self.runtime, tx, request, **options)
 
     def enqueue(
         self,
@@ -408,11 +266,7 @@ class App:
     # -- inspecting -------------------------------------------------------------------------
 
     def get_job(self, job_id: int) -> Job:
-        with self.storage.transaction(readonly=True) as tx:
-            job = tx.job_get(job_id)
-        if job is None:
-            raise ReplayqError(f"no job with id {job_id}")
-        return job
+        return get_job(self.runtime, job_id)
 
     def list_jobs(
         self,
@@ -458,7 +312,11 @@ class App:
             job = tx.job_get(job_id)
             assert job is not None
             tx.trace_append(
-                [trace.lifecycle(trace.JOB_CANCELLED, job, now=now, hlc=hlc, status="cancelled")]
+                [
+                    lifecycle.lifecycle(
+                        lifecycle.JOB_CANCELLED, job, now=now, hlc=hlc, status="cancelled"
+                    )
+                ]
             )
         return True
 
@@ -473,6 +331,6 @@ class App:
             job = tx.job_get(job_id)
             assert job is not None
             tx.trace_append(
-                [trace.lifecycle(trace.JOB_REQUEUED, job, now=now, hlc=hlc, reason=reason)]
+                [lifecycle.lifecycle(lifecycle.JOB_REQUEUED, job, now=now, hlc=hlc, reason=reason)]
             )
         return True

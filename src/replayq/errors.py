@@ -13,6 +13,8 @@ The tree::
     ├── LeaseLostError              a write by a worker whose lease on the job is gone
     ├── ReplayDivergenceError       a replay asked for something the recording does not have
     ├── RecordedFailure             in a replay, a call or effect that failed in the recording
+    ├── EffectRefusedError          a rerun met an effect kind it may not run, with no recording
+    ├── RollbackRefusedError        a later job wrote what a rollback would restore
     └── JobError                    raised *by handlers*; its class decides retries
         ├── TransientError          class ``transient``   — retried by default
         ├── DependencyError         class ``dependency``  — retried by default
@@ -151,6 +153,14 @@ class EffectInDoubtError(JobError):
 
 class ReplayDivergenceError(ReplayqError):
     """During replay the handler asked for a call or effect the recording does not have."""
+
+
+class EffectRefusedError(ReplayqError):
+    """A rerun met an effect kind it is not allowed to run and has no recorded result for."""
+
+
+class RollbackRefusedError(ReplayqError):
+    """A later job wrote an entity this job wrote; rollback would undo its work too."""
 
 
 class RecordedFailure(ReplayqError):

@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replayq.clock import FrozenClock
-from replayq.export import replay_case_file
+from replayq.replay.export import replay_case_file
 
 if TYPE_CHECKING:
     from replayq.app import App
-    from replayq.jobs import Job
-    from replayq.replay import ReplayReport
+    from replayq.model import Job
+    from replayq.replay.engine import ReplayReport
 
 __all__ = ["FrozenClock", "assert_replays", "replay_case", "run_inline"]
 
@@ -33,7 +33,7 @@ def run_inline(
     they would on a worker. A retry scheduled in the future is not waited for:
     the job is returned ``queued`` (advance a ``FrozenClock`` and call again).
     """
-    from replayq.jobs import JobState
+    from replayq.model import JobState
     from replayq.worker import Worker
 
     job_id = app.enqueue(job_type, payload or {}, **options)

@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from replayq import codec, trace
-from replayq.context import Context
+from replayq import codec
 from replayq.errors import (
     DatabaseUnavailableError,
     EffectInDoubtError,
@@ -39,45 +38,29 @@ from replayq.errors import (
     UnknownJobTypeError,
     classify,
 )
-from replayq.handlers import Handler
-from replayq.jobs import DeadReason, Job
+from replayq.model import DeadReason, Job, TraceEvent
+from replayq.queue import lifecycle as trace
+from replayq.queue.catalog import register_contracts
+from replayq.queue.handlers import Handler
+from replayq.recording.context import Context
+from replayq.recording.world import LiveWorld, LostFlag
 from replayq.storage.protocol import (
     JobBury,
     JobComplete,
     JobLease,
     JobRetry,
     LeaseExtend,
-    TraceEvent,
     Transaction,
 )
 from replayq.storage.reconnect import Backoff
 
 if TYPE_CHECKING:
-    from replayq.app import App
+    from replayq.runtime import RuntimeSource
 
 log = logging.getLogger("replayq.worker")
 
 _STOP = object()
 _SETTLE_STORAGE_TRIES = 5
-
-
-class LostFlag:
-    """Set once by the heartbeat thread when the lease is gone; read by the handler.
-
-    Nobody waits on it, so a plain attribute (atomic under the GIL) does what a
-    ``threading.Event`` did without its lock and condition per job.
-    """
-
-    __slots__ = ("_set",)
-
-    def __init__(self) -> None:
-        self._set = False
-
-    def set(self) -> None:
-        self._set = True
-
-    def is_set(self) -> bool:
-        return self._set
 
 
 @dataclass
@@ -111,7 +94,7 @@ class Worker:
 
     def __init__(
         self,
-        app: App,
+        app: RuntimeSource,
         *,
         concurrency: int = 1,
         queues: Sequence[str] | None = None,
@@ -123,7 +106,7 @@ class Worker:
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        self.app = app
+        self.runtime = app.runtime
         self.concurrency = concurrency
         self.queues = list(queues) if queues else None
         self.burst = burst
@@ -163,7 +146,7 @@ class Worker:
 
     def run(self) -> WorkerStats:
         """Lease and run jobs until stopped; returns what this run did."""
-        self.app.register_contracts()
+        register_contracts(self.runtime)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
@@ -175,7 +158,7 @@ class Worker:
         for thread in [*executors, heartbeat]:
             thread.start()
         # Optional storage capability: backends that can push wake-ups have ``listen``.
-        listen = getattr(self.app.storage, "listen", None)
+        listen = getattr(self.runtime.storage, "listen", None)
         self.notifier = listen(self._on_notify) if listen is not None else None
         try:
             self._dispatch()
@@ -199,7 +182,7 @@ class Worker:
     def _dispatch(self) -> None:
         backoff = Backoff(f"worker {self.worker_id}: lease/reap")
         while not self._stopping.is_set():
-            now = self.app.clock.now()
+            now = self.runtime.clock.now()
             try:
                 if now >= self._next_reap:
                     self.reap()
@@ -225,12 +208,12 @@ class Worker:
             return free, (self.lease(free) if free > 0 else [])
 
     def _lease_params(self, limit: int) -> JobLease:
-        handlers = {t: self.app.handler(t) for t in self.app.job_types()}
+        handlers = {t: self.runtime.registry.handler(t) for t in self.runtime.registry.job_types()}
         return JobLease(
             worker_id=self.worker_id,
             owner_token=uuid.uuid4().hex,
-            now=self.app.clock.now(),
-            hlc=self.app.hlc.tick(),
+            now=self.runtime.clock.now(),
+            hlc=self.runtime.hlc.tick(),
             limit=limit,
             default_lease_seconds=30.0,
             lease_for={t: h.contract.lease for t, h in handlers.items()},
@@ -240,7 +223,7 @@ class Worker:
 
     def lease(self, limit: int) -> list[Job]:
         """Lease up to ``limit`` jobs and queue them for the executors."""
-        with self.app.storage.transaction() as tx:
+        with self.runtime.storage.transaction() as tx:
             jobs, now = self._lease_in(tx, limit)
         self._hold(jobs, now)
         return jobs
@@ -258,13 +241,13 @@ class Worker:
         jobs = tx.job_lease(params)
         events = list(also)
         for job in jobs:
-            self.app.hlc.observe(job.hlc)
+            self.runtime.hlc.observe(job.hlc)
             events.append(
                 trace.lifecycle(
                     trace.JOB_LEASED,
                     job,
                     now=params.now,
-                    hlc=self.app.hlc.tick(),
+                    hlc=self.runtime.hlc.tick(),
                     worker_id=self.worker_id,
                     status="running",
                     owner_token=params.owner_token,
@@ -293,16 +276,16 @@ class Worker:
 
     def reap(self) -> int:
         """Re-queue jobs whose lease expired (counted as re-deliveries); bury exhausted ones."""
-        now = self.app.clock.now()
+        now = self.runtime.clock.now()
         count = 0
-        with self.app.storage.transaction() as tx:
+        with self.runtime.storage.transaction() as tx:
             for job in tx.lease_reap(now, 100):
-                self.app.hlc.observe(job.hlc)
+                self.runtime.hlc.observe(job.hlc)
                 expired = trace.lifecycle(
                     trace.LEASE_EXPIRED,
                     job,
                     now=now,
-                    hlc=self.app.hlc.tick(),
+                    hlc=self.runtime.hlc.tick(),
                     worker_id=self.worker_id,
                     expired_owner=job.worker_id,
                     owner_token=job.owner_token,
@@ -310,7 +293,7 @@ class Worker:
                     overdue=now - (job.lease_deadline or now),
                 )
                 assert job.owner_token is not None
-                hlc = self.app.hlc.tick()
+                hlc = self.runtime.hlc.tick()
                 if job.attempt >= job.max_attempts:
                     reason = DeadReason.LEASE_EXPIRED_ATTEMPTS_EXHAUSTED
                     if tx.job_bury(
@@ -373,8 +356,8 @@ class Worker:
 
     def extend_leases(self, flights: Sequence[InFlight]) -> None:
         """Extend the given leases; a failed compare-and-set marks the lease lost."""
-        now = self.app.clock.now()
-        with self.app.storage.transaction() as tx:
+        now = self.runtime.clock.now()
+        with self.runtime.storage.transaction() as tx:
             events = []
             for flight in flights:
                 job = flight.job
@@ -388,7 +371,7 @@ class Worker:
                         name,
                         job,
                         now=now,
-                        hlc=self.app.hlc.tick(),
+                        hlc=self.runtime.hlc.tick(),
                         worker_id=self.worker_id,
                         lease_deadline=now + flight.lease_seconds if extended else None,
                     )
@@ -451,7 +434,7 @@ class Worker:
 
     def _handler_or_none(self, job: Job) -> Handler | None:
         try:
-            return self.app.handler(job.job_type, job.handler_version)
+            return self.runtime.registry.handler(job.job_type, job.handler_version)
         except UnknownJobTypeError:
             return None
 
@@ -483,7 +466,8 @@ class Worker:
         except PayloadError as exc:
             self._bury(job, DeadReason.MALFORMED_PAYLOAD, FailureClass.VALIDATION, str(exc))
             return
-        ctx = Context(self.app, job, handler, worker_id=self.worker_id, flight=flight)
+        world = LiveWorld(flight.lost if flight is not None else None)
+        ctx = Context(self.runtime, job, handler, worker_id=self.worker_id, world=world)
         if flight is not None:
             flight.ctx = ctx
         started = time.monotonic()
@@ -520,7 +504,7 @@ class Worker:
         while True:
             try:
                 try:
-                    with self.app.storage.transaction() as tx:
+                    with self.runtime.storage.transaction() as tx:
                         write(tx)
                     return True
                 except LeaseLostError as exc:
@@ -559,7 +543,7 @@ class Worker:
         event (this worker, this attempt) proves the state change landed.
         """
         settled = {trace.JOB_SUCCEEDED, trace.RETRY_SCHEDULED, trace.JOB_DEAD}
-        with self.app.storage.transaction(readonly=True) as tx:
+        with self.runtime.storage.transaction(readonly=True) as tx:
             return any(
                 e.name in settled
                 and e.data.get("owner_token") == job.owner_token
@@ -569,13 +553,13 @@ class Worker:
 
     def _reject(self, job: Job, exc: LeaseLostError, ctx: Context | None) -> None:
         """Trace a write refused because the lease is gone, with the attempt's events."""
-        now = self.app.clock.now()
+        now = self.runtime.clock.now()
         flight = self._inflight.get(job.id)
         # The attempt's duration and version count in the observed p99 (contract lint):
         # the runs that outlive their lease are the ones the lease must be sized for.
         duration = time.monotonic() - flight.started if flight is not None else None
         version = ctx.handler.contract.version if ctx is not None else None
-        with self.app.storage.transaction() as tx:
+        with self.runtime.storage.transaction() as tx:
             if ctx is not None:
                 ctx.flush(tx, failed=True)
             tx.trace_append(
@@ -584,7 +568,7 @@ class Worker:
                         trace.WRITE_REJECTED,
                         job,
                         now=now,
-                        hlc=self.app.hlc.tick(),
+                        hlc=self.runtime.hlc.tick(),
                         worker_id=self.worker_id,
                         status="rejected",
                         reason="owner token no longer holds the lease",
@@ -622,12 +606,12 @@ class Worker:
         def write(tx: Transaction) -> None:
             nonlocal leased, leased_at
             leased = []  # a retried write starts over; only the committed try's jobs count
-            now, hlc = self.app.clock.now(), self.app.hlc.tick()
+            now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
             ctx.flush(tx)
             assert job.owner_token is not None
             if not tx.job_complete(JobComplete(job.id, job.owner_token, now, result_json, hlc)):
                 raise LeaseLostError("job.succeeded")
-            self.app.hlc.observe(hlc)
+            self.runtime.hlc.observe(hlc)
             succeeded = trace.lifecycle(
                 trace.JOB_SUCCEEDED,
                 job,
@@ -660,7 +644,7 @@ class Worker:
         exhausted = job.attempt >= job.max_attempts
 
         def write(tx: Transaction) -> None:
-            now = self.app.clock.now()
+            now = self.runtime.clock.now()
             ctx.flush(tx, failed=True)
             assert job.owner_token is not None
             events = [
@@ -668,7 +652,7 @@ class Worker:
                     trace.JOB_FAILED,
                     job,
                     now=now,
-                    hlc=self.app.hlc.tick(),
+                    hlc=self.runtime.hlc.tick(),
                     worker_id=self.worker_id,
                     owner_token=job.owner_token,
                     status="fail",
@@ -679,9 +663,9 @@ class Worker:
                     traceback=traceback.format_exception_only(exc)[-1].strip(),
                 )
             ]
-            hlc = self.app.hlc.tick()
+            hlc = self.runtime.hlc.tick()
             if retryable and not exhausted:
-                delay = retry.delay(job.attempt, self.app.rng)
+                delay = retry.delay(job.attempt, self.runtime.rng)
                 params = JobRetry(
                     job.id, job.owner_token, now, now + delay, failure_class, message, hlc
                 )
@@ -721,7 +705,7 @@ class Worker:
         self, job: Job, reason: DeadReason, failure_class: FailureClass | None, message: str
     ) -> None:
         def write(tx: Transaction) -> None:
-            now, hlc = self.app.clock.now(), self.app.hlc.tick()
+            now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
             tx.trace_append([self._bury_in(tx, job, reason, failure_class, message, now, hlc)])
 
         if self._settle(job, write):
@@ -791,9 +775,9 @@ class Worker:
             self._work.put(_STOP)
 
     def _release(self, job: Job) -> None:
-        now, hlc = self.app.clock.now(), self.app.hlc.tick()
+        now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
         assert job.owner_token is not None
-        with self.app.storage.transaction() as tx:
+        with self.runtime.storage.transaction() as tx:
             if tx.lease_release(job.id, job.owner_token, now, hlc):
                 tx.trace_append(
                     [

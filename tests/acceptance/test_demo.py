@@ -98,7 +98,7 @@ def test_demo_in_process_on_sqlite_establishes_every_fact(
 def test_exported_regression_case_passes_on_v2_and_reports_divergence_on_v1(
     sqlite_demo: tuple[DemoResult, str], tmp_path: Path
 ) -> None:
-    from examples.shop.app import app as shop_app
+    from replayq.demo.shop.app import app as shop_app
 
     result, _ = sqlite_demo
     case = tmp_path / "case.json"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import replayq
-from replayq.jobs import JobState
+from replayq.model import JobState
 from tests.acceptance.workers import WorkerLauncher
 from tests.apps import replay_shop
 from tests.replay_support import APP_SPEC, cli, cli_ok

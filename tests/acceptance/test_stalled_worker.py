@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import replayq
-from replayq.storage.protocol import TraceEvent
+from replayq.model import TraceEvent
 from tests.acceptance.workers import WorkerLauncher, read_lines, wait_for
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 import replayq
-from replayq.outbox import JobSink, publish_pending
+from replayq.recording.outbox import JobSink, publish_pending
 from tests.context_support import count_rows, named, query, run_once
 
 AppFactory = Callable[..., replayq.App]

@@ -15,7 +15,7 @@ import pytest
 import zstandard
 
 import replayq
-from replayq.blobs import INLINE_LIMIT_BYTES
+from replayq.recording.blobs import INLINE_LIMIT_BYTES
 from tests.context_support import count_rows, named, run_once
 
 AppFactory = Callable[..., replayq.App]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import replayq
-from replayq.locks import break_lock, list_locks
+from replayq.recording.locks import break_lock, list_locks
 from tests.context_support import count_rows, named, run_once
 
 AppFactory = Callable[..., replayq.App]

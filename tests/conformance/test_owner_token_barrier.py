@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import replayq
-from replayq.jobs import Job
+from replayq.model import Job
 from replayq.storage.protocol import LeaseExtend
 
 AppFactory = Callable[..., replayq.App]

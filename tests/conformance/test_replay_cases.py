@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import replayq
-from replayq.export import export_case
-from replayq.jobs import JobState
+from replayq.model import JobState
+from replayq.replay.export import export_case
 from replayq.testing import assert_replays, replay_case, run_inline
 from tests.apps import replay_shop
 from tests.replay_support import APP_SPEC, cli_ok, record

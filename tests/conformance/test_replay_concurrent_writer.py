@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import replayq
-from replayq.replay import dry_run
+from replayq.replay.engine import dry_run
 from replayq.testing import run_inline
 
 AppFactory = Callable[..., replayq.App]

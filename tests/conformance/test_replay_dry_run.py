@@ -11,8 +11,8 @@ from collections.abc import Callable
 import pytest
 
 import replayq
-from replayq.recording import Outcome
-from replayq.replay import dry_run, fork, trace_replay
+from replayq.replay.engine import dry_run, fork, trace_replay
+from replayq.replay.recorded import Outcome
 from replayq.testing import run_inline
 from tests.apps import replay_shop
 from tests.replay_support import APP_SPEC, cli, cli_ok, derived_events, record, record_dead

@@ -10,10 +10,10 @@ import pytest
 
 import replayq
 from replayq import codec
-from replayq.diff import diff_traces
-from replayq.recording import Outcome
-from replayq.replay import fork
-from replayq.state import StateStore
+from replayq.recording.state import StateStore
+from replayq.replay.diff import diff_traces
+from replayq.replay.engine import fork
+from replayq.replay.recorded import Outcome
 from tests.apps import replay_shop
 from tests.replay_support import APP_SPEC, cli_ok, derived_events, lineage, record, record_dead
 from tests.services import Service

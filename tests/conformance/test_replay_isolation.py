@@ -10,9 +10,9 @@ from collections.abc import Callable
 import pytest
 
 import replayq
-from replayq.replay import dry_run, fork
-from replayq.rerun import rerun
-from replayq.state import StateStore
+from replayq.recording.state import StateStore
+from replayq.replay.engine import dry_run, fork
+from replayq.replay.rerun import rerun
 from tests.apps import replay_shop
 from tests.context_support import count_rows
 from tests.replay_support import cli_ok, derived_events, lineage_of_job, record

@@ -10,8 +10,8 @@ from collections.abc import Callable
 import pytest
 
 import replayq
-from replayq.jobs import JobState
-from replayq.rerun import rerun
+from replayq.model import JobState
+from replayq.replay.rerun import rerun
 from tests.apps import replay_shop
 from tests.replay_support import (
     APP_SPEC,

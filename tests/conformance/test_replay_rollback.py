@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 import replayq
-from replayq.rollback import RollbackRefused, compensate, rollback
+from replayq.replay.rollback import RollbackRefusedError, compensate, rollback
 from replayq.testing import run_inline
 from tests.apps import replay_shop
 from tests.context_support import named
@@ -75,7 +75,7 @@ def test_rollback_refuses_when_a_later_job_wrote_the_entity_and_force_restores(
     assert app.state.get("order", 1).version == 3
     history = app.state.history("order", 1)
 
-    with pytest.raises(RollbackRefused) as refused:
+    with pytest.raises(RollbackRefusedError) as refused:
         rollback(app, first.id)
     through_cli = cli(app.url, "rollback", str(first.id))
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 
 import replayq
-from replayq.rollback import RollbackRefused, plan_rollback, rollback
+from replayq.replay.rollback import RollbackRefusedError, plan_rollback, rollback
 from replayq.testing import run_inline
 
 
@@ -62,6 +62,6 @@ def test_rollback_refuses_when_another_job_wrote_between_the_jobs_own_writes(
 
     plan = plan_rollback(app, a)
     assert plan.changes[0].later_writers == [b.id]
-    with pytest.raises(RollbackRefused, match=f"job {b.id} wrote order:1"):
+    with pytest.raises(RollbackRefusedError, match=f"job {b.id} wrote order:1"):
         rollback(app, a)
     assert app.state.get("order", 1).data == {"status": "a-2"}

@@ -8,9 +8,9 @@ from collections.abc import Callable
 from click.testing import CliRunner
 
 import replayq
-from replayq.cache import CacheEntry
-from replayq.cli import main
-from replayq.signals import signal_counts
+from replayq.cli.main import main
+from replayq.recording.cache import CacheEntry
+from replayq.replay.signals import signal_counts
 
 
 def test_signals_count_idempotency_conflicts_stale_reads_and_dead_letters(

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import pytest
 
 import replayq
-from replayq.storage.protocol import TraceEvent
+from replayq.model import TraceEvent
 
 AppFactory = Callable[..., replayq.App]
 SEED = 20240607

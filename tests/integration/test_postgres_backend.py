@@ -21,7 +21,7 @@ import pytest
 import replayq
 from replayq.clock import FrozenClock
 from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
-from replayq.jobs import JobState
+from replayq.model import JobState
 from replayq.storage import open_storage
 from replayq.storage.postgres import PostgresStorage, parse_postgres_url
 from replayq.storage.protocol import (

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 import replayq
-from replayq.contracts import (
+from replayq.queue.contracts import (
     JobContract,
     build_contract,
     diff_contracts,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import replayq
-from replayq.contracts import build_contract, diff_contracts
+from replayq.queue.contracts import build_contract, diff_contracts
 
 
 def test_heartbeat_zero_is_a_lease_never_extended() -> None:

@@ -8,8 +8,8 @@ import pytest
 
 import replayq
 from replayq import codec
-from replayq.contracts import build_contract
-from replayq.handlers import Handler, PayloadShape
+from replayq.queue.contracts import build_contract
+from replayq.queue.handlers import Handler, PayloadShape
 
 
 def ship(

@@ -1,7 +1,8 @@
 """``replayq demo``: the ShipOrder incident of seed 003, reproduced, investigated and fixed.
 
-The demo runs the example shop (``examples/shop``) on real local processes: a
-warehouse, a payment and an email HTTP service (``examples.shop.services``) and
+The demo runs the example shop (``replayq.demo.shop``, shipped in the package)
+on real local processes: a warehouse, a payment and an email HTTP service
+(``replayq.demo.shop.services``) and
 two ``replayq worker`` subprocesses. The warehouse slows past ship_order v1's
 lease and the incident happens for real: two workers ship one order. Then it
 walks the runbook of ``docs/runbook.md``, printing each ``replayq`` command
@@ -12,10 +13,10 @@ that run as a regression case.
 Every number it prints comes from a service's ``/_counts`` or from the
 database; ``run_demo`` returns them as a ``DemoResult`` for the tests to assert.
 
-Known limits: it needs the source checkout (``examples/`` beside ``src/``), as
-after ``make venv``. On PostgreSQL it creates a fresh schema in the given
-database and drops it at the end (kept with ``--keep``); a URL that already
-sets ``search_path`` is used as is and nothing is dropped.
+It runs from an installed wheel as well as from a checkout. On PostgreSQL it
+creates a fresh schema in the given database and drops it at the end (kept
+with ``--keep``); a URL that already sets ``search_path`` is used as is and
+nothing is dropped.
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import IO, Any, TypeVar
 
 from replayq.errors import ReplayqError
-from replayq.jobs import JobState
+from replayq.model import JobState
 
-APP_SPEC = "examples.shop.app:app"
+APP_SPEC = "replayq.demo.shop.app:app"
 SERVICES = ("warehouse", "payment", "email")
 SERVICE_ENV = {
     "warehouse": "SHOP_WAREHOUSE_URL",
@@ -83,23 +83,12 @@ class DemoResult:
     kept: str | None = None
 
 
-def source_root() -> Path:
-    """The checkout this replayq runs from (``examples/`` lives beside ``src/``)."""
-    root = Path(__file__).resolve().parents[3]
-    if not (root / "examples" / "shop" / "app.py").is_file():
-        raise DemoError(
-            f"replayq demo needs the source checkout (examples/shop beside src/); not found "
-            f"under {root}. Run it from a clone after `make venv`."
-        )
-    return root
-
-
 def replayq_command() -> list[str]:
     """How to run this virtualenv's ``replayq`` console script."""
     script = Path(sys.executable).with_name("replayq")
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-c", "from replayq.cli import main; main()"]
+    return [sys.executable, "-c", "from replayq.cli.main import main; main()"]
 
 
 def wait_for(condition: Callable[[], T], *, timeout: float, what: str) -> T:
@@ -158,7 +147,6 @@ class Demo:
     """One run: processes, printing, and the facts gathered on the way."""
 
     def __init__(self, db_url: str | None, keep: bool, out: IO[str]) -> None:
-        self.root = source_root()
         self.keep = keep
         self.out = out
         self.started = time.monotonic()
@@ -168,13 +156,8 @@ class Demo:
         self.services: dict[str, str] = {}
         self.db = Database(db_url, self.folder)
         self.result = DemoResult(db_url=self.db.url, folder=str(self.folder))
-        if str(self.root) not in sys.path:
-            sys.path.insert(0, str(self.root))
         self.env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join(
-                p for p in (str(self.root), os.environ.get("PYTHONPATH")) if p
-            ),
             "REPLAYQ_DB": self.db.url,
             "SHOP_SHIP_ORDER_VERSION": "v1",
         }
@@ -201,8 +184,8 @@ class Demo:
 
     def start_service(self, kind: str) -> str:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "examples.shop.services", kind],
-            cwd=self.root,
+            [sys.executable, "-m", "replayq.demo.shop.services", kind],
+            cwd=self.folder,
             env=self.env,
             stdout=subprocess.PIPE,
             stderr=self._log(f"service-{kind}"),
@@ -241,7 +224,7 @@ class Demo:
         ]
         env = {**self.env, "SHOP_SHIP_ORDER_VERSION": version}
         proc = subprocess.Popen(
-            argv, cwd=self.root, env=env, stdout=self._log(worker_id), stderr=subprocess.STDOUT
+            argv, cwd=self.folder, env=env, stdout=self._log(worker_id), stderr=subprocess.STDOUT
         )
         self.processes.append(proc)
         self.result.pids.append(proc.pid)
@@ -311,7 +294,7 @@ class Demo:
         self.say(f"  $ replayq {shown or shlex.join(args)}")
         done = subprocess.run(
             [*replayq_command(), *args],
-            cwd=self.root,
+            cwd=self.folder,
             env=self.env,
             capture_output=True,
             text=True,

@@ -7,7 +7,6 @@ import re
 import subprocess
 import textwrap
 import time
-from pathlib import Path
 from typing import Any
 
 import replayq
@@ -24,16 +23,16 @@ from replayq.demo.harness import (
     http_json,
     wait_for,
 )
-from replayq.diff import diff_traces
-from replayq.jobs import JobState
-from replayq.state import StateStore
+from replayq.model import JobState
+from replayq.recording.state import StateStore
+from replayq.replay.diff import diff_traces
 
 
 def _settled(app: App) -> bool:
     return not app.list_jobs(states=["queued", "running"], limit=1)
 
 
-def _job_events(app: App, job_id: int, name: str) -> list[replayq.storage.protocol.TraceEvent]:
+def _job_events(app: App, job_id: int, name: str) -> list[replayq.model.TraceEvent]:
     return [e for e in app.trace(job_id) if e.name == name]
 
 
@@ -76,10 +75,7 @@ class Story:
         self.demo = demo
         self.say = demo.say
         self.result = demo.result
-        self.shop: Any = importlib.import_module("examples.shop.app")
-        shop_file = Path(str(self.shop.__file__)).resolve()
-        if not shop_file.is_relative_to(demo.root):
-            raise DemoError(f"`examples.shop` resolves to {shop_file}, not this checkout")
+        self.shop: Any = importlib.import_module("replayq.demo.shop.app")
         migrating = App(demo.db.url, auto_migrate=True)
         try:
             migrating.storage  # noqa: B018 (opening migrates)
@@ -107,7 +103,7 @@ class Story:
         elif demo.db.url.startswith("postgresql"):
             self.say("  used as is (the URL sets search_path); nothing is dropped at the end")
         if demo.keep:
-            self.say(f"  kept afterwards; to run the commands below yourself, from {demo.root}:")
+            self.say("  kept afterwards; to run the commands below yourself:")
             self.say(f"    export REPLAYQ_DB='{demo.db.url}'")
         else:
             self.say("  removed at the end (replayq demo --keep keeps it to try the commands)")
@@ -546,7 +542,7 @@ class Story:
 PYTEST_SNIPPET = """\
 # tests/test_ship_order_regression.py
 from replayq.testing import assert_replays
-from examples.shop.app import app
+from replayq.demo.shop.app import app
 
 def test_ship_order_v2_replays_the_slow_warehouse_case():
     assert_replays("case.json", app, version="v2")"""

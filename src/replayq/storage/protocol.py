@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from replayq.jobs import Job
+from replayq.model import Job, TraceEvent
 
 Row = dict[str, Any]
 
@@ -100,30 +100,6 @@ class JobFilter:
     job_type: str | None = None
     origin: str | None = "production"
     limit: int = 100
-
-
-@dataclass(frozen=True)
-class TraceEvent:
-    """One row of the trace: a lifecycle or domain event (fields of seed 000)."""
-
-    trace_id: str
-    name: str
-    ts: float
-    hlc: int
-    job_id: int | None = None
-    attempt: int | None = None
-    kind: str = "lifecycle"
-    seq: int | None = None
-    step: str | None = None
-    worker_id: str | None = None
-    status: str | None = None
-    resource: str | None = None
-    resource_version: int | None = None
-    side_effect: bool = False
-    input_ref: str | None = None
-    output_ref: str | None = None
-    data: dict[str, Any] = field(default_factory=dict)
-    id: int | None = None
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from replayq import codec
-from replayq.jobs import Job, JobState
+from replayq.model import Job, JobState, TraceEvent
 from replayq.storage.context_verbs import ContextVerbs
 from replayq.storage.protocol import (
     JobBury,
@@ -22,7 +22,6 @@ from replayq.storage.protocol import (
     JobRetry,
     LeaseExtend,
     StatRow,
-    TraceEvent,
 )
 
 _JOB_COLUMNS = (

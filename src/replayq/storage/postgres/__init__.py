@@ -63,7 +63,7 @@ from psycopg_pool import ConnectionPool
 
 from replayq import codec
 from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
-from replayq.jobs import Job
+from replayq.model import Job
 from replayq.storage import migrate
 from replayq.storage.protocol import JobLease, MigrationStatus
 from replayq.storage.queries import load_queries

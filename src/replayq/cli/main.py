@@ -10,11 +10,12 @@ from typing import Any
 
 import click
 
-from replayq import codec, render
+from replayq import codec
 from replayq.app import App
-from replayq.contracts import JobContract, diff_contracts, lint_contract
+from replayq.cli import render
 from replayq.errors import ReplayqError
-from replayq.jobs import JobState
+from replayq.model import JobState
+from replayq.queue.contracts import JobContract, diff_contracts, lint_contract
 from replayq.worker import Worker
 
 
@@ -29,7 +30,7 @@ class Env:
         if self._app is None:
             self._app = load_app(spec) if spec else App(self.db)
             if spec and self.db:
-                self._app.url = self.db
+                self._app = self._app.on_database(self.db)
         return self._app
 
 
@@ -288,7 +289,7 @@ def stats(env: Env, as_json: bool) -> None:
 def signals(env: Env, since: str | None, as_json: bool) -> None:
     """Incident signals per job type, counted from the trace (re-deliveries, conflicts, ...)."""
     from replayq.durations import parse_duration
-    from replayq.signals import signal_counts
+    from replayq.replay.signals import signal_counts
 
     app = env.app()
     cutoff = app.clock.now() - parse_duration(since, name="--since") if since else None
@@ -428,7 +429,7 @@ def locks() -> None:
 @pass_env
 def locks_list(env: Env, as_json: bool) -> None:
     """Held locks: resource, owner, fencing token, age, TTL left."""
-    from replayq.locks import list_locks
+    from replayq.recording.locks import list_locks
 
     app = env.app()
     held = list_locks(app)
@@ -455,7 +456,7 @@ def locks_list(env: Env, as_json: bool) -> None:
 @pass_env
 def locks_break(env: Env, resource: str, reason: str) -> None:
     """Force a lock free; the old holder's later writes are fenced off."""
-    from replayq.locks import break_lock
+    from replayq.recording.locks import break_lock
 
     broken = break_lock(env.app(), resource, reason=reason)
     if broken is None:
@@ -478,7 +479,7 @@ def outbox_run(env: Env, sink: str, app_spec: str | None, once: bool, interval: 
     """Publish outbox rows to a sink, at least once, with a stable event id."""
     import time
 
-    from replayq.outbox import open_sink, publish_pending
+    from replayq.recording.outbox import open_sink, publish_pending
 
     app = env.app(app_spec)
     target = open_sink(app, sink)
@@ -578,7 +579,7 @@ def replay(
     as_json: bool,
 ) -> None:
     """Trace replay (no execution) or deterministic dry-run (exit 1 if it diverged)."""
-    from replayq.replay import dry_run, trace_replay
+    from replayq.replay.engine import dry_run, trace_replay
 
     app = env.app(app_spec)
     if mode == "trace":
@@ -633,7 +634,7 @@ def fork_command(
     as_json: bool,
 ) -> None:
     """Branch state before a step and run another version from there; never the real world."""
-    from replayq.replay import fork
+    from replayq.replay.engine import fork
 
     report = fork(
         env.app(app_spec),
@@ -657,8 +658,8 @@ def fork_command(
 @pass_env
 def diff_command(env: Env, original: str, other: str, as_json: bool) -> None:
     """Compare two traces (job ids or trace ids): state, decisions, effects, outcome."""
-    from replayq.diff import diff_traces
-    from replayq.diff import render as render_diff
+    from replayq.replay.diff import diff_traces
+    from replayq.replay.diff import render as render_diff
 
     result = diff_traces(env.app(), original, other)
     if as_json:
@@ -692,7 +693,7 @@ def rerun(
 ) -> None:
     """Re-execute for real, only the named effect kinds running (guarded, never default)."""
     from replayq.durations import parse_duration
-    from replayq.rerun import rerun_many
+    from replayq.replay.rerun import rerun_many
 
     kinds = [k for k in allow_effects.split(",") if k]
     if not kinds:
@@ -743,8 +744,8 @@ def rollback(
     as_json: bool,
 ) -> None:
     """Restore the entities a job wrote to their versions before it (as new versions)."""
-    from replayq.rollback import compensate as run_compensators
-    from replayq.rollback import rollback as do_rollback
+    from replayq.replay.rollback import compensate as run_compensators
+    from replayq.replay.rollback import rollback as do_rollback
 
     app = env.app(app_spec)
     plan = do_rollback(app, job_id, simulate=simulate, force=force, attempt=attempt)
@@ -776,7 +777,7 @@ def rollback(
 @pass_env
 def trace_export(env: Env, job_id: int, attempt: int | None, app_spec: str) -> None:
     """Write a self-contained regression case (JSON) for replayq.testing."""
-    from replayq.export import export_case
+    from replayq.replay.export import export_case
 
     click.echo(json.dumps(export_case(env.app(app_spec), job_id, attempt), indent=1))
 

@@ -1,4 +1,4 @@
-"""Job records and their narrow set of states.
+"""The records every layer speaks in: jobs, their narrow set of states, trace events.
 
 A job is ``queued`` → ``running`` → one of ``succeeded``, ``dead`` (the
 investigation queue) or ``cancelled``. A retry is ``queued`` again with a later
@@ -9,7 +9,7 @@ See ``docs/state_machine.md``.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
@@ -81,3 +81,27 @@ class Job:
         body = dataclasses.asdict(self)
         body["state"] = self.state.value
         return body
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """One row of the trace: a lifecycle or domain event (fields of seed 000)."""
+
+    trace_id: str
+    name: str
+    ts: float
+    hlc: int
+    job_id: int | None = None
+    attempt: int | None = None
+    kind: str = "lifecycle"
+    seq: int | None = None
+    step: str | None = None
+    worker_id: str | None = None
+    status: str | None = None
+    resource: str | None = None
+    resource_version: int | None = None
+    side_effect: bool = False
+    input_ref: str | None = None
+    output_ref: str | None = None
+    data: dict[str, Any] = field(default_factory=dict)
+    id: int | None = None

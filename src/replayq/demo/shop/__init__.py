@@ -1,6 +1,6 @@
 """The shop example: orders, stock, payments, shipping and invoices on replayq.
 
-``examples.shop.app:app`` is the application; ``examples.shop.services`` the
+``replayq.demo.shop.app:app`` is the application; ``replayq.demo.shop.services`` the
 external services it talks to; ``replayq demo`` runs the ShipOrder incident on
 them (see docs/runbook.md).
 """

@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from replayq import codec
-from replayq.recording import load_recording
-from replayq.state import MAIN, read_entity, version_row
-from replayq.storage.protocol import TraceEvent
+from replayq.model import TraceEvent
+from replayq.queue.enqueue import EnqueueRequest, insert_job
+from replayq.recording.state import MAIN, read_entity, version_row
+from replayq.replay.recorded import load_recording
 
 if TYPE_CHECKING:
-    from replayq.app import App
-    from replayq.replay import ReplayReport
+    from replayq.replay.engine import ReplayReport
+    from replayq.runtime import RuntimeSource
 
 CASE_FORMAT = "replayq.case/1"
 _VALUE_KEYS = {"call": "response", "effect.succeeded": "result", "effect.deduplicated": "result"}
@@ -34,12 +35,13 @@ def _event_dict(event: TraceEvent, value: Any = None) -> dict[str, Any]:
     return body
 
 
-def export_case(app: App, job_id: int, attempt: int | None = None) -> dict[str, Any]:
+def export_case(source: RuntimeSource, job_id: int, attempt: int | None = None) -> dict[str, Any]:
     """A JSON-ready, self-contained recording of one attempt of a job."""
-    recording = load_recording(app, job_id, attempt)
+    runtime = source.runtime
+    recording = load_recording(runtime, job_id, attempt)
     job = recording.job
     state = []
-    with app.storage.transaction(readonly=True) as tx:
+    with runtime.storage.transaction(readonly=True) as tx:
         for event in recording.events:
             if event.name != "state.read" or not event.resource_version:
                 continue
@@ -47,13 +49,13 @@ def export_case(app: App, job_id: int, attempt: int | None = None) -> dict[str, 
             row = tx.entity_version_get(MAIN, namespace, key, event.resource_version)
             if row is None:
                 continue
-            from replayq.state import version_from_row
+            from replayq.recording.state import version_from_row
 
             found = version_from_row(tx, row)
             state.append(
                 {"namespace": namespace, "key": key, "version": found.version, "data": found.data}
             )
-    handler = app.handler(job.job_type, job.handler_version)
+    handler = runtime.registry.handler(job.job_type, job.handler_version)
     return {
         "format": CASE_FORMAT,
         "job": {
@@ -74,15 +76,15 @@ def export_case(app: App, job_id: int, attempt: int | None = None) -> dict[str, 
     }
 
 
-def import_case(app: App, case: dict[str, Any]) -> int:
-    """Load a case into ``app``'s (empty) database; returns the new job id."""
+def import_case(source: RuntimeSource, case: dict[str, Any]) -> int:
+    """Load a case into ``runtime``'s (empty) database; returns the new job id."""
+    runtime = source.runtime
     if case.get("format") != CASE_FORMAT:
         raise ValueError(f"not a replayq case (format {case.get('format')!r})")
-    from replayq.app import EnqueueRequest
 
     spec = case["job"]
-    now = app.clock.now()
-    with app.storage.transaction() as tx:
+    now = runtime.clock.now()
+    with runtime.storage.transaction() as tx:
         for item in sorted(case["state"], key=lambda s: (s["namespace"], s["key"], s["version"])):
             current, _ = read_entity(tx, MAIN, item["namespace"], item["key"])
             if current is not None and current.version >= item["version"]:
@@ -101,7 +103,9 @@ def import_case(app: App, case: dict[str, Any]) -> int:
                 tx.entity_put(row, 0)
             else:
                 tx.entity_version_insert(row)
-        job_id = app.insert_job(tx, EnqueueRequest(spec["job_type"], spec["payload"]), check=False)
+        job_id = insert_job(
+            runtime, tx, EnqueueRequest(spec["job_type"], spec["payload"]), check=False
+        )
         job = tx.job_get(job_id)
         assert job is not None
         tx.job_set_recorded(
@@ -117,21 +121,21 @@ def import_case(app: App, case: dict[str, Any]) -> int:
 
 def replay_case_file(
     case: dict[str, Any] | str | Path,
-    app: App,
+    source: RuntimeSource,
     *,
     version: str | None = None,
     handler: str | None = None,
 ) -> ReplayReport:
-    """Dry-run ``app``'s handler (or ``version``) against a case in a temporary database."""
-    from replayq.app import App as AppClass
-    from replayq.replay import dry_run
+    """Dry-run ``runtime``'s handler (or ``version``) against a case in a temporary database."""
+    from replayq.replay.engine import dry_run
+
+    runtime = source.runtime
 
     if not isinstance(case, dict):
         case = codec.loads(Path(case).read_text(encoding="utf-8"))
         assert isinstance(case, dict)
     with tempfile.TemporaryDirectory(prefix="replayq-case-") as folder:
-        scratch = AppClass(f"sqlite:///{folder}/case.db", clock=app.clock)
-        scratch.adopt_handlers(app)
+        scratch = runtime.scratch(f"sqlite:///{folder}/case.db")
         try:
             job_id = import_case(scratch, case)
             return dry_run(scratch, job_id, version=version, handler=handler)

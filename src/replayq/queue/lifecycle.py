@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from replayq.jobs import Job
-from replayq.storage.protocol import TraceEvent
+from replayq.model import Job, TraceEvent
 
 JOB_ENQUEUED = "job.enqueued"
 JOB_DEDUPLICATED = "job.deduplicated"

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from replayq import codec
-from replayq.blobs import load_json
+from replayq.recording.blobs import load_json
 from replayq.storage.protocol import Row, Transaction
 
 if TYPE_CHECKING:
-    from replayq.app import App
-    from replayq.context import Context
+    from replayq.recording.context import Context
+    from replayq.runtime import RuntimeSource
 
 MAIN = "main"
 
@@ -107,10 +107,11 @@ def read_entity(
 
 
 class StateStore:
-    """Read access to entity state from outside a job (``app.state``)."""
+    """Read access to entity state from outside a job (``runtime.state``)."""
 
-    def __init__(self, app: App, branch: str = MAIN) -> None:
-        self._app = app
+    def __init__(self, source: RuntimeSource, branch: str = MAIN) -> None:
+        runtime = source.runtime
+        self._app = runtime
         self.branch = branch
 
     def get(self, namespace: str, key: Any) -> Entity:
@@ -200,20 +201,18 @@ class StateView:
         ident = (namespace, key)
         if ident in self._pending:
             return self._pending[ident]
-        sub = ctx.substitution
+        world = ctx.world
         recorded = (
-            sub.state_version(resource_name(namespace, key))
-            if sub is not None and sub.reads_recorded
-            else None
+            world.state_version(resource_name(namespace, key)) if world.reads_recorded else None
         )
-        with ctx.app.storage.transaction(readonly=True) as tx:
+        with ctx.runtime.storage.transaction(readonly=True) as tx:
             if recorded is not None:
                 row = tx.entity_version_get(MAIN, namespace, key, recorded) if recorded else None
                 found = version_from_row(tx, row) if row else None
                 head_hlc = 0
             else:
                 found, head_hlc = read_entity(tx, ctx.branch, namespace, key)
-        ctx.app.hlc.observe(head_hlc)
+        ctx.runtime.hlc.observe(head_hlc)
         entity = Entity(
             namespace, key, found.version if found else 0, found.data if found else None
         )
@@ -245,14 +244,13 @@ class StateView:
             pending = self._pending.get(ident)
             expected_version = pending.version if pending else self._read_versions.get(ident, -1)
         inline, ref, raw = ctx.encode(data, what=f"state {resource}")
-        if ctx.substitution is not None and not ctx.substitution.writes_apply:
+        if not ctx.world.writes_apply:
             return self._record_only(namespace, key, data, expected_version)
-        with ctx.app.storage.transaction(readonly=True) as tx:
+        with ctx.runtime.storage.transaction(readonly=True) as tx:
             current, _ = read_entity(tx, ctx.branch, namespace, key)
         seen = self._read.get(ident)
         if (
-            ctx.substitution is not None
-            and ctx.substitution.reads_recorded
+            ctx.world.reads_recorded
             and seen is not None
             and (current is None or current.branch != ctx.branch)
         ):
@@ -361,7 +359,7 @@ class StateView:
 
     def history(self, namespace: str, key: Any) -> list[EntityVersion]:
         """Every version of an entity on this job's branch, with the job that wrote it."""
-        return StateStore(self._ctx.app, self._ctx.branch).history(namespace, key)
+        return StateStore(self._ctx.runtime, self._ctx.branch).history(namespace, key)
 
     def _conflict(self, resource: str, expected: int, actual: int) -> None:
         from replayq.errors import ConcurrencyError

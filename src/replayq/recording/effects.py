@@ -25,13 +25,19 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from replayq import codec
-from replayq.blobs import load_json, put_bytes
-from replayq.contracts import render_template
-from replayq.errors import ConfigurationError, EffectInDoubtError
+from replayq.errors import (
+    ConfigurationError,
+    EffectInDoubtError,
+    EffectRefusedError,
+    RecordedFailure,
+)
+from replayq.queue.contracts import render_template
+from replayq.recording.blobs import load_json, put_bytes
+from replayq.recording.world import LIVE
 from replayq.storage.reconnect import retry_unavailable
 
 if TYPE_CHECKING:
-    from replayq.context import Context
+    from replayq.recording.context import Context
 
 IN_DOUBT_POLICIES = ("park", "retry")
 # How long the record's claim or completion is retried while the database is unreachable.
@@ -57,47 +63,34 @@ class EffectRunner:
     def run(self, kind: str, fn: Callable[[], Any], *, key: str | None) -> Any:
         ctx = self._ctx
         key = key or self.default_key(kind)
-        if ctx.substitution is not None:
-            from replayq.errors import RecordedFailure
-
-            try:
-                result = ctx.substitution.answer("effect", kind, key)
-            except RecordedFailure as exc:
-                ctx.record(
-                    "effect.failed",
-                    status="fail",
-                    resource=key,
-                    kind=kind,
-                    key=key,
-                    error=exc.error,
-                    replayed=True,
-                )
-                raise
-            ctx.record("effect.replayed", resource=key, kind=kind, key=key, result=result)
-            return result
-        if ctx.effect_gate is not None:
-            try:
-                run_for_real, recorded = ctx.effect_gate.decide(kind, key)
-            except Exception as exc:
-                ctx.record(
-                    "effect.refused",
-                    status="fail",
-                    resource=key,
-                    kind=kind,
-                    key=key,
-                    reason=str(exc),
-                )
-                raise
-            if not run_for_real:
-                ctx.record("effect.replayed", resource=key, kind=kind, key=key, result=recorded)
-                return recorded
+        try:
+            answer = ctx.world.answer("effect", kind, key)
+        except RecordedFailure as exc:
+            ctx.record(
+                "effect.failed",
+                status="fail",
+                resource=key,
+                kind=kind,
+                key=key,
+                error=exc.error,
+                replayed=True,
+            )
+            raise
+        except EffectRefusedError as exc:
+            ctx.record(
+                "effect.refused", status="fail", resource=key, kind=kind, key=key, reason=str(exc)
+            )
+            raise
+        if answer is not LIVE:
+            ctx.record("effect.replayed", resource=key, kind=kind, key=key, result=answer)
+            return answer
         claim_token = uuid.uuid4().hex
-        app = ctx.app
+        runtime = ctx.runtime
         claim = {
             "key": key,
             "operation": kind,
             "claim_token": claim_token,
-            "now": app.clock.now(),
+            "now": runtime.clock.now(),
             "trace_id": ctx.trace_id,
             "job_id": ctx.job.id,
             "attempt": ctx.attempt,
@@ -105,7 +98,7 @@ class EffectRunner:
 
         # A claim whose COMMIT reply was lost is recognised by its claim token on the retry.
         def claim_once(retrying: bool) -> Any:
-            with app.storage.transaction() as tx:
+            with runtime.storage.transaction() as tx:
                 claimed = tx.idem_claim(claim)
                 existing = None if claimed else tx.idem_get(key)
                 ours = existing is not None and existing["claim_token"] == claim_token
@@ -130,9 +123,14 @@ class EffectRunner:
             result = fn()
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-            with app.storage.transaction() as tx:
+            with runtime.storage.transaction() as tx:
                 tx.idem_fail(
-                    {"key": key, "claim_token": claim_token, "error": error, "now": app.clock.now()}
+                    {
+                        "key": key,
+                        "claim_token": claim_token,
+                        "error": error,
+                        "now": runtime.clock.now(),
+                    }
                 )
                 tx.trace_append(
                     [
@@ -175,17 +173,17 @@ class EffectRunner:
         first: bool,
     ) -> None:
         ctx = self._ctx
-        app = ctx.app
-        with app.storage.transaction() as tx:
+        runtime = ctx.runtime
+        with runtime.storage.transaction() as tx:
             if raw is not None:
-                put_bytes(tx, raw, now=app.clock.now(), limit=ctx.blob_limit, what=kind)
+                put_bytes(tx, raw, now=runtime.clock.now(), limit=ctx.blob_limit, what=kind)
             changed = tx.idem_succeed(
                 {
                     "key": key,
                     "claim_token": claim_token,
                     "result": None if ref else codec.dumps(inline),
                     "result_ref": ref,
-                    "now": app.clock.now(),
+                    "now": runtime.clock.now(),
                 }
             )
             if not changed and not first:

@@ -20,8 +20,8 @@ from replayq.durations import parse_duration
 from replayq.errors import ConfigurationError, LockTimeoutError
 
 if TYPE_CHECKING:
-    from replayq.app import App
-    from replayq.context import Context
+    from replayq.recording.context import Context
+    from replayq.runtime import RuntimeSource
 
 DEFAULT_WAIT_SECONDS = 10.0
 _POLL_SECONDS = 0.05
@@ -95,24 +95,24 @@ class LockManager:
 
     def fences(self) -> dict[str, int]:
         """The fencing token of every lock this attempt holds, by resource (none in replay)."""
-        if self._ctx.replaying:
+        if not self._ctx.world.is_live:
             return {}
         return {r: h.fencing_token for r, h in self.held.items() if h.fencing_token is not None}
 
     def acquire(self, handle: LockHandle) -> None:
         ctx = self._ctx
-        app = ctx.app
+        runtime = ctx.runtime
         started = time.monotonic()
-        if ctx.replaying:
+        if not ctx.world.is_live:
             # A replay never contends with production: it takes no real lock.
             handle.fencing_token = 0
             self.held[handle.resource] = handle
             ctx.record("lock.acquired", resource=handle.resource, replayed=True)
             return
         while True:
-            now = app.clock.now()
-            hlc = app.hlc.tick()
-            with app.storage.transaction() as tx:
+            now = runtime.clock.now()
+            hlc = runtime.hlc.tick()
+            with runtime.storage.transaction() as tx:
                 row = tx.lock_acquire(
                     {
                         "resource": handle.resource,
@@ -125,7 +125,7 @@ class LockManager:
                     }
                 )
                 if row is not None:
-                    app.hlc.observe(int(row["hlc"]))
+                    runtime.hlc.observe(int(row["hlc"]))
                     handle.fencing_token = int(row["fencing_token"])
                     event = ctx.event(
                         "lock.acquired",
@@ -161,12 +161,12 @@ class LockManager:
     def release(self, handle: LockHandle) -> None:
         ctx = self._ctx
         self.held.pop(handle.resource, None)
-        if ctx.replaying:
+        if not ctx.world.is_live:
             ctx.record("lock.released", resource=handle.resource, replayed=True)
             return
-        app = ctx.app
-        hlc = app.hlc.tick()
-        with app.storage.transaction() as tx:
+        runtime = ctx.runtime
+        hlc = runtime.hlc.tick()
+        with runtime.storage.transaction() as tx:
             released = tx.lock_release(handle.resource, handle.owner_token, hlc)
             name = "lock.released" if released else "lock.expired"
             event = ctx.event(
@@ -183,30 +183,32 @@ class LockManager:
 
     def renew_all(self) -> list[str]:
         """Extend every held lock by its TTL; returns the resources whose lock was lost."""
-        app = self._ctx.app
+        runtime = self._ctx.runtime
         lost = []
-        now = app.clock.now()
-        with app.storage.transaction() as tx:
+        now = runtime.clock.now()
+        with runtime.storage.transaction() as tx:
             for handle in list(self.held.values()):
                 if not tx.lock_renew(handle.resource, handle.owner_token, now, handle.ttl):
                     lost.append(handle.resource)
         return lost
 
 
-def list_locks(app: App) -> list[LockInfo]:
+def list_locks(source: RuntimeSource) -> list[LockInfo]:
     """Locks currently held (owner set), for ``replayq locks list``."""
-    with app.storage.transaction(readonly=True) as tx:
+    runtime = source.runtime
+    with runtime.storage.transaction(readonly=True) as tx:
         return [_info(row) for row in tx.lock_list()]
 
 
-def break_lock(app: App, resource: str, *, reason: str) -> LockInfo | None:
+def break_lock(source: RuntimeSource, resource: str, *, reason: str) -> LockInfo | None:
     """Force a lock free (the holder's later writes are fenced off); the reason is traced."""
-    from replayq.storage.protocol import TraceEvent
+    runtime = source.runtime
+    from replayq.model import TraceEvent
 
     if not reason.strip():
         raise ConfigurationError("breaking a lock needs a reason")
-    now, hlc = app.clock.now(), app.hlc.tick()
-    with app.storage.transaction() as tx:
+    now, hlc = runtime.clock.now(), runtime.hlc.tick()
+    with runtime.storage.transaction() as tx:
         row = tx.lock_break(resource, hlc)
         if row is None:
             return None

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from replayq.clock import HybridLogicalClock
-from replayq.jobs import Job
-from replayq.storage.protocol import StatRow, TraceEvent
+from replayq.model import Job, TraceEvent
+from replayq.storage.protocol import StatRow
 
 _SKIP_DATA = {"traceback", "read"}
 

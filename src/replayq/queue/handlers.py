@@ -1,4 +1,5 @@
-"""A registered handler: its contract, its function and how its payload is checked."""
+"""Registered handlers: each one's contract, function and payload check, and the registry
+of every job type and version an application declares."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from replayq import codec
-from replayq.contracts import JobContract
-from replayq.errors import FailureClass, PayloadError
+from replayq.errors import ContractError, FailureClass, PayloadError, UnknownJobTypeError
+from replayq.queue.contracts import JobContract
 
 _SIMPLE_TYPES: dict[Any, tuple[type, ...]] = {
     int: (int,),
@@ -111,3 +112,58 @@ class Handler:
             )
         self.shape.check(name, payload)
         return text
+
+
+class HandlerRegistry:
+    """Every declared job type and version, which version is active, and the compensators.
+
+    The newest declaration of a type becomes the active version (the one
+    workers run), unless it is declared as a candidate (kept for replay, fork
+    and verification).
+    """
+
+    def __init__(self) -> None:
+        self._versions: dict[str, dict[str, Handler]] = {}
+        self._active: dict[str, str] = {}
+        self.compensators: dict[str, Callable[[str, Any], Any]] = {}
+
+    def declare(self, handler: Handler, *, candidate: bool = False) -> None:
+        name, version = handler.contract.name, handler.contract.version
+        versions = self._versions.setdefault(name, {})
+        if version in versions:
+            raise ContractError(f"{name} {version} is declared twice")
+        versions[version] = handler
+        if not candidate or name not in self._active:
+            self._active[name] = version
+
+    def adopt(self, other: HandlerRegistry) -> None:
+        """Declare every job type of ``other`` here too (replaying a case in a scratch database)."""
+        for job_type, versions in other._versions.items():
+            self._versions[job_type] = dict(versions)
+        self._active.update(other._active)
+        self.compensators.update(other.compensators)
+
+    def handler(self, job_type: str, version: str | None = None) -> Handler:
+        """The handler for a type (the active version unless one is named)."""
+        versions = self._versions.get(job_type)
+        if not versions:
+            raise UnknownJobTypeError(f"no handler is registered for job type {job_type!r}")
+        chosen = version or self._active[job_type]
+        if chosen not in versions:
+            raise UnknownJobTypeError(
+                f"{job_type} has no version {chosen!r} (declared: {', '.join(versions)})"
+            )
+        return versions[chosen]
+
+    def declares(self, job_type: str) -> bool:
+        return job_type in self._versions
+
+    def job_types(self) -> list[str]:
+        return sorted(self._versions)
+
+    def handlers(self) -> list[Handler]:
+        """Every declared handler, all versions."""
+        return [h for versions in self._versions.values() for h in versions.values()]
+
+    def active_version(self, job_type: str) -> str | None:
+        return self._active.get(job_type)

@@ -5,7 +5,7 @@ services, in-process, with guardrails:
 
 * only effect kinds named in ``allow_effects`` run for real; any other effect
   returns its recorded result if the recording has one, and is refused
-  (``EffectRefusedError``, reported) if not;
+  (``EffectRefusedError``, reported) if not (the ``GatedWorld``);
 * idempotency records are honoured: an allowed effect whose key already
   succeeded is not repeated (the normal ``ctx.effect`` path);
 * locks are taken as in a worker; state writes are real and fenced;
@@ -24,40 +24,42 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from replayq import codec
-from replayq.context import Context
-from replayq.errors import ConfigurationError, ReplayqError
-from replayq.recording import EFFECT_OUTCOMES, Outcome, load_recording
-from replayq.storage.protocol import TraceEvent
+from replayq.errors import ConfigurationError, EffectRefusedError
+from replayq.model import TraceEvent
+from replayq.recording.context import Context
+from replayq.recording.world import LIVE, LiveWorld
+from replayq.replay.recorded import EFFECT_OUTCOMES, Outcome, load_recording
 
 if TYPE_CHECKING:
-    from replayq.app import App
+    from replayq.runtime import RuntimeSource
 
 
-class EffectRefusedError(ReplayqError):
-    """A rerun met an effect kind it is not allowed to run and has no recorded result for."""
+class GatedWorld(LiveWorld):
+    """The real world, effect kind by effect kind: a rerun's ``World``.
 
-
-class EffectGate:
-    """Decides, per effect, whether a rerun runs it for real or answers from the recording."""
+    Calls, clock and random reads, state and locks are real. An effect of an
+    allowed kind runs for real (behind its idempotency record, as in a worker);
+    any other effect returns its recorded result, or is refused.
+    """
 
     def __init__(self, allowed: Sequence[str], recorded: dict[str, list[Any]]) -> None:
+        super().__init__()
         self.allowed = set(allowed)
         self._recorded = {kind: list(values) for kind, values in recorded.items()}
         self.refused: list[str] = []
         self.substituted: list[str] = []
 
-    def decide(self, kind: str, key: str) -> tuple[bool, Any]:
-        """``(True, None)`` to run for real; ``(False, result)`` to use the recorded result."""
-        if kind in self.allowed:
-            return True, None
-        values = self._recorded.get(kind)
+    def answer(self, name: str, label: str, fingerprint: str) -> Any:
+        if name != "effect" or label in self.allowed:
+            return LIVE
+        values = self._recorded.get(label)
         if values:
-            self.substituted.append(kind)
-            return False, values.pop(0)
-        self.refused.append(kind)
+            self.substituted.append(label)
+            return values.pop(0)
+        self.refused.append(label)
         raise EffectRefusedError(
-            f"effect {kind!r} (key {key!r}) is not in --allow-effects and the recording has no "
-            "result for it; refused"
+            f"effect {label!r} (key {fingerprint!r}) is not in --allow-effects and the recording "
+            "has no result for it; refused"
         )
 
 
@@ -76,23 +78,24 @@ class RerunReport:
         return body
 
 
-def rerun(app: App, job_id: int, *, allow_effects: Sequence[str]) -> RerunReport:
+def rerun(source: RuntimeSource, job_id: int, *, allow_effects: Sequence[str]) -> RerunReport:
     """Re-execute one job for real with only ``allow_effects`` kinds running."""
+    runtime = source.runtime
     if not allow_effects:
         raise ConfigurationError(
             "a rerun touches the real world: name the effect kinds it may run (--allow-effects)"
         )
-    recording = load_recording(app, job_id)
+    recording = load_recording(runtime, job_id)
     recorded: dict[str, list[Any]] = {}
     for event in recording.events:
         if event.name in EFFECT_OUTCOMES:
             recorded.setdefault(str(event.data.get("kind")), []).append(
                 recording.value(event, "result")
             )
-    gate = EffectGate(allow_effects, recorded)
+    gate = GatedWorld(allow_effects, recorded)
     trace_id = f"rerun-{uuid.uuid4().hex[:16]}"
-    now = app.clock.now()
-    with app.storage.transaction() as tx:
+    now = runtime.clock.now()
+    with runtime.storage.transaction() as tx:
         tx.lineage_put(
             {
                 "trace_id": trace_id,
@@ -104,10 +107,9 @@ def rerun(app: App, job_id: int, *, allow_effects: Sequence[str]) -> RerunReport
                 "now": now,
             }
         )
-    handler = app.handler(recording.job.job_type)
+    handler = runtime.registry.handler(recording.job.job_type)
     job = recording.job.evolve(origin="rerun", attempt=recording.job.attempt + 1)
-    ctx = Context(app, job, handler, worker_id="rerun", trace_id=trace_id)
-    ctx.effect_gate = gate
+    ctx = Context(runtime, job, handler, worker_id="rerun", trace_id=trace_id, world=gate)
     try:
         result = ctx.run()
         ctx.commit_now()
@@ -116,15 +118,15 @@ def rerun(app: App, job_id: int, *, allow_effects: Sequence[str]) -> RerunReport
         ctx.discard_writes()
         ctx.commit_now(failed=True)
         outcome = Outcome("failed", error_class=type(exc).__name__, error=str(exc))
-    with app.storage.transaction() as tx:
+    with runtime.storage.transaction() as tx:
         tx.trace_append(
             [
                 TraceEvent(
                     trace_id=trace_id,
                     name="rerun.finished",
                     kind="domain",
-                    ts=app.clock.now(),
-                    hlc=app.hlc.tick(),
+                    ts=runtime.clock.now(),
+                    hlc=runtime.hlc.tick(),
                     worker_id="rerun",
                     status=outcome.status,
                     data=outcome.to_dict(),
@@ -137,9 +139,14 @@ def rerun(app: App, job_id: int, *, allow_effects: Sequence[str]) -> RerunReport
 
 
 def rerun_many(
-    app: App, job_ids: Sequence[int], *, allow_effects: Sequence[str], rate: float | None
+    source: RuntimeSource,
+    job_ids: Sequence[int],
+    *,
+    allow_effects: Sequence[str],
+    rate: float | None,
 ) -> list[RerunReport]:
     """Rerun several jobs, at most ``rate`` per second."""
+    runtime = source.runtime
     reports = []
     interval = 1.0 / rate if rate else 0.0
     next_start = time.monotonic()
@@ -148,5 +155,5 @@ def rerun_many(
         if wait > 0:
             time.sleep(wait)
         next_start = max(next_start, time.monotonic()) + interval
-        reports.append(rerun(app, job_id, allow_effects=allow_effects))
+        reports.append(rerun(runtime, job_id, allow_effects=allow_effects))
     return reports

@@ -7,8 +7,9 @@ acked: the step's state writes, outbox rows, child jobs and events commit in one
 transaction. Two things commit at once because other workers must see them:
 lock acquisition/release and idempotency records around effects.
 
-During replay (``replayq.replay``) a ``Substitution`` answers calls, effects,
-clock/random reads and cache reads from the recording instead of the world.
+Every read of the outside world goes through the context's ``World``
+(``replayq.recording.world``): live for workers; recorded, gated or stubbed
+for the replay engine. The context never asks which world it is in.
 """
 
 from __future__ import annotations
@@ -21,52 +22,25 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from replayq import codec
-from replayq.blobs import DEFAULT_BLOB_LIMIT_BYTES, INLINE_LIMIT_BYTES, put_bytes, ref_of
-from replayq.contracts import render_template
-from replayq.errors import LeaseLostError, PayloadError
-from replayq.jobs import Job
-from replayq.storage.protocol import TraceEvent, Transaction
+from replayq.errors import LeaseLostError, PayloadError, RecordedFailure
+from replayq.model import Job, TraceEvent
+from replayq.queue.contracts import render_template
+from replayq.queue.enqueue import EnqueueRequest, insert_job
+from replayq.recording.blobs import put_bytes, ref_of
+from replayq.recording.world import LIVE, LiveWorld, World
+from replayq.storage.protocol import Transaction
 
 if TYPE_CHECKING:
-    from replayq.app import App
-    from replayq.cache import CacheView
-    from replayq.effects import EffectRunner
-    from replayq.handlers import Handler
-    from replayq.locks import LockHandle, LockManager
-    from replayq.outbox import OutboxView
-    from replayq.rerun import EffectGate
-    from replayq.state import StateView
-    from replayq.worker import InFlight
-
-
-class Substitution(Protocol):
-    """Where a replaying context gets recorded answers (see ``replayq.replay``).
-
-    ``reads_recorded``: state reads return the versions the recorded attempt read.
-    ``writes_apply``: state writes go to the replay branch (else they are only
-    recorded, because the branch already holds them: the steps before a fork point).
-    """
-
-    @property
-    def reads_recorded(self) -> bool: ...
-
-    @property
-    def writes_apply(self) -> bool: ...
-
-    def answer(self, name: str, label: str, fingerprint: str) -> Any:
-        """The recorded result for the next ``name`` event (``call``, ``effect``, ...)."""
-        ...
-
-    def state_version(self, resource: str) -> int | None:
-        """The version of ``resource`` the recorded attempt read next, if it read one."""
-        ...
-
-    def on_step(self, name: str) -> None:
-        """A step starts (a fork switches from recorded to live at its fork step)."""
-        ...
+    from replayq.queue.handlers import Handler
+    from replayq.recording.cache import CacheView
+    from replayq.recording.effects import EffectRunner
+    from replayq.recording.locks import LockHandle, LockManager
+    from replayq.recording.outbox import OutboxView
+    from replayq.recording.state import StateView
+    from replayq.runtime import RuntimeSource
 
 
 @dataclass
@@ -80,61 +54,59 @@ class Context:
 
     def __init__(
         self,
-        app: App,
+        source: RuntimeSource,
         job: Job,
         handler: Handler,
         *,
         worker_id: str,
-        flight: InFlight | None = None,
+        world: World | None = None,
         branch: str = "main",
-        substitution: Substitution | None = None,
         trace_id: str | None = None,
         namespace: str = "",
     ) -> None:
-        self.app = app
+        runtime = source.runtime
+        self.runtime = runtime
         self.job = job
         self.handler = handler
         self.worker_id = worker_id
         self.branch = branch
-        self.substitution = substitution
+        self.world: World = world or LiveWorld()
         self.namespace = namespace
         self._trace_id = trace_id or job.trace_id
-        self._flight = flight
         self._pending = _Pending()
-        self.effect_gate: EffectGate | None = None
         self._seq = 0
         self._steps: list[str] = []
-        self.blob_limit = getattr(app, "blob_limit_bytes", DEFAULT_BLOB_LIMIT_BYTES)
+        self.blob_limit = runtime.limits.blob_limit_bytes
 
     # -- views, built on first use (most handlers touch few of them, many touch none) -------
 
     @cached_property
     def locks(self) -> LockManager:
-        from replayq.locks import LockManager
+        from replayq.recording.locks import LockManager
 
         return LockManager(self)
 
     @cached_property
     def state(self) -> StateView:
-        from replayq.state import StateView
+        from replayq.recording.state import StateView
 
         return StateView(self)
 
     @cached_property
     def cache(self) -> CacheView:
-        from replayq.cache import CacheView
+        from replayq.recording.cache import CacheView
 
         return CacheView(self)
 
     @cached_property
     def outbox(self) -> OutboxView:
-        from replayq.outbox import OutboxView
+        from replayq.recording.outbox import OutboxView
 
         return OutboxView(self)
 
     @cached_property
     def effects(self) -> EffectRunner:
-        from replayq.effects import EffectRunner
+        from replayq.recording.effects import EffectRunner
 
         return EffectRunner(self)
 
@@ -169,13 +141,9 @@ class Context:
         return self._steps[-1] if self._steps else None
 
     @property
-    def replaying(self) -> bool:
-        return self.substitution is not None
-
-    @property
     def lease_lost(self) -> bool:
         """True once a heartbeat found this worker no longer holds the job's lease."""
-        return self._flight is not None and self._flight.lost.is_set()
+        return self.world.lease_lost()
 
     # -- running ----------------------------------------------------------------------------
 
@@ -224,8 +192,8 @@ class Context:
             name=name,
             seq=self._seq,
             step=self.current_step,
-            ts=self.app.clock.now(),
-            hlc=hlc if hlc is not None else self.app.hlc.tick(),
+            ts=self.runtime.clock.now(),
+            hlc=hlc if hlc is not None else self.runtime.hlc.tick(),
             worker_id=self.worker_id,
             status=status,
             resource=resource,
@@ -256,7 +224,7 @@ class Context:
             raise PayloadError(
                 f"{what}: {size} bytes is above the blob limit of {self.blob_limit} bytes"
             )
-        if size <= INLINE_LIMIT_BYTES:
+        if size <= self.runtime.limits.inline_limit_bytes:
             return value, None, None
         raw = text.encode()
         return None, ref_of(raw), raw
@@ -265,7 +233,7 @@ class Context:
         """Schedule a large value for the blob store in the step's transaction."""
         if raw is None:
             return
-        now = self.app.clock.now()
+        now = self.runtime.clock.now()
         limit = self.blob_limit
 
         def write(tx: Transaction) -> None:
@@ -302,7 +270,7 @@ class Context:
         The check comes after the writes' own checks, so a write under a re-acquired lock
         is still reported as fenced (``StaleFencingTokenError``).
         """
-        with self.app.storage.transaction() as tx:
+        with self.runtime.storage.transaction() as tx:
             self.flush(tx, failed=failed)
             if not failed and self._pending.writes and self.lease_lost:
                 raise LeaseLostError(
@@ -316,8 +284,7 @@ class Context:
     @contextmanager
     def step(self, name: str) -> Iterator[None]:
         """A logical step. Its state writes, outbox rows, child jobs and events commit together."""
-        if self.substitution is not None:
-            self.substitution.on_step(name)
+        self.world.on_step(name)
         self.record("step.started", status="started", step_name=name)
         self._steps.append(name)
         started = time.monotonic()
@@ -366,23 +333,21 @@ class Context:
         """Run an external read and record request, response (or error) and duration."""
         request = {"args": list(args), "kwargs": kwargs}
         fingerprint = codec.fingerprint(_summarise(request))
-        if self.substitution is not None:
-            from replayq.errors import RecordedFailure
-
-            try:
-                result = self.substitution.answer("call", name, fingerprint)
-            except RecordedFailure as exc:
-                self.record(
-                    "call",
-                    status="fail",
-                    call=name,
-                    fingerprint=fingerprint,
-                    error=exc.error,
-                    replayed=True,
-                )
-                raise
-            self.record("call", call=name, fingerprint=fingerprint, response=result, replayed=True)
-            return result
+        try:
+            answer = self.world.answer("call", name, fingerprint)
+        except RecordedFailure as exc:
+            self.record(
+                "call",
+                status="fail",
+                call=name,
+                fingerprint=fingerprint,
+                error=exc.error,
+                replayed=True,
+            )
+            raise
+        if answer is not LIVE:
+            self.record("call", call=name, fingerprint=fingerprint, response=answer, replayed=True)
+            return answer
         started = time.monotonic()
         try:
             response = fn(*args, **kwargs)
@@ -413,22 +378,21 @@ class Context:
         return response
 
     def effect(self, kind: str, fn: Callable[[], Any], *, key: str | None = None) -> Any:
-        """Run a side effect once per idempotency key (see ``replayq.effects``)."""
+        """Run a side effect once per idempotency key (see ``replayq.recording.effects``)."""
         return self.effects.run(kind, fn, key=key)
 
     # -- recorded nondeterminism ------------------------------------------------------------
 
     def _nondeterministic(self, name: str, produce: Callable[[], Any]) -> Any:
-        if self.substitution is not None:
-            value = self.substitution.answer(name, name, "")
-        else:
+        value = self.world.answer(name, name, "")
+        if value is LIVE:
             value = produce()
         self.record(name, value=value)
         return value
 
     def now(self) -> float:
         """The current time, recorded (replay returns the recorded value)."""
-        return float(self._nondeterministic("clock.now", self.app.clock.now))
+        return float(self._nondeterministic("clock.now", self.runtime.clock.now))
 
     def random(self) -> float:
         """A random float in [0, 1), recorded."""
@@ -456,7 +420,7 @@ class Context:
         deduplicated). A replay or fork never runs ``fn``.
         """
         event = self.record("db.write", resource=key, key=key)
-        if self.replaying:
+        if not self.world.is_live:
             event.data["replayed"] = True
             return
         job, trace_id, attempt = self.job, self.trace_id, self.attempt
@@ -491,20 +455,20 @@ class Context:
 
     def enqueue(self, job_type: str, payload: dict[str, Any] | None = None, **options: Any) -> None:
         """Enqueue a child job in the step's transaction (causation: this job)."""
-        from replayq.app import EnqueueRequest
 
         request = EnqueueRequest(job_type, payload or {}, **options)
-        if job_type in self.app.job_types():
-            self.app.handler(job_type).encode_payload(request.payload)
+        if job_type in self.runtime.registry.job_types():
+            self.runtime.registry.handler(job_type).encode_payload(request.payload)
         origin = self.job.origin
         correlation = self.job.correlation_id or self.job.trace_id
         event = self.record("child.enqueued", child_type=job_type, payload=request.payload)
 
-        if self.replaying:
+        if not self.world.is_live:
             return
 
         def write(tx: Transaction) -> None:
-            child = self.app.insert_job(
+            child = insert_job(
+                self.runtime,
                 tx,
                 request,
                 correlation_id=correlation,

@@ -9,7 +9,7 @@
   version from there on the branch, and records a trace of its own linked to
   the original.
 * ``rerun`` re-executes against the real world with an allowlist of effect
-  kinds (see ``replayq.rerun``).
+  kinds (see ``replayq.replay.rerun``).
 
 Every derived trace is tagged with its origin, kept out of the job's own
 timeline and of production listings, and linked to its source in ``rq_lineage``.
@@ -24,14 +24,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from replayq import codec
-from replayq.context import Context
 from replayq.errors import ConfigurationError, JobError, ReplayDivergenceError, classify
-from replayq.handlers import Handler, PayloadShape
-from replayq.recording import Outcome, RecordedAnswers, Recording, load_recording
-from replayq.storage.protocol import TraceEvent
+from replayq.model import TraceEvent
+from replayq.queue.handlers import Handler, PayloadShape
+from replayq.recording.context import Context
+from replayq.replay.recorded import Outcome, RecordedWorld, Recording, load_recording
 
 if TYPE_CHECKING:
-    from replayq.app import App
+    from replayq.runtime import Runtime, RuntimeSource
 
 REPLAY_WORKER = "replay"
 
@@ -213,23 +213,24 @@ def load_handler_spec(spec: str, template: Handler) -> Handler:
 
 
 def choose_handler(
-    app: App, recording: Recording, version: str | None, handler_spec: str | None
+    source: RuntimeSource, recording: Recording, version: str | None, handler_spec: str | None
 ) -> Handler:
+    runtime = source.runtime
     job = recording.job
-    recorded = app.handler(job.job_type, job.handler_version)
+    recorded = runtime.registry.handler(job.job_type, job.handler_version)
     if handler_spec:
         return load_handler_spec(handler_spec, recorded)
-    return app.handler(job.job_type, version or job.handler_version)
+    return runtime.registry.handler(job.job_type, version or job.handler_version)
 
 
 def _begin(
-    app: App, recording: Recording, origin: str, base_hlc: int, details: dict[str, Any]
+    runtime: Runtime, recording: Recording, origin: str, base_hlc: int, details: dict[str, Any]
 ) -> tuple[str, str]:
     """Create the derived trace's branch and lineage row."""
     trace_id = f"{origin}-{uuid.uuid4().hex[:16]}"
     branch = f"{origin}:{trace_id}"
-    now = app.clock.now()
-    with app.storage.transaction() as tx:
+    now = runtime.clock.now()
+    with runtime.storage.transaction() as tx:
         tx.branch_create(branch, "main", base_hlc, origin, now)
         tx.lineage_put(
             {
@@ -261,16 +262,16 @@ def _execute(ctx: Context) -> Outcome:
     return Outcome("succeeded", result=result)
 
 
-def _finish(app: App, trace_id: str, outcome: Outcome, origin: str) -> None:
-    with app.storage.transaction() as tx:
+def _finish(runtime: Runtime, trace_id: str, outcome: Outcome, origin: str) -> None:
+    with runtime.storage.transaction() as tx:
         tx.trace_append(
             [
                 TraceEvent(
                     trace_id=trace_id,
                     name=f"{origin}.finished",
                     kind="domain",
-                    ts=app.clock.now(),
-                    hlc=app.hlc.tick(),
+                    ts=runtime.clock.now(),
+                    hlc=runtime.hlc.tick(),
                     worker_id=REPLAY_WORKER,
                     status=outcome.status,
                     data=outcome.to_dict(),
@@ -280,7 +281,7 @@ def _finish(app: App, trace_id: str, outcome: Outcome, origin: str) -> None:
 
 
 def _run_derived(
-    app: App,
+    runtime: Runtime,
     recording: Recording,
     handler: Handler,
     *,
@@ -296,20 +297,20 @@ def _run_derived(
         "fork_step": fork_step,
         "overrides": overrides,
     }
-    trace_id, branch = _begin(app, recording, origin, base_hlc, details)
-    answers = RecordedAnswers(recording, fork_step=fork_step, stubs=stubs)
+    trace_id, branch = _begin(runtime, recording, origin, base_hlc, details)
+    answers = RecordedWorld(recording, fork_step=fork_step, stubs=stubs)
     job = recording.job.evolve(
         attempt=recording.attempt,
         payload={**recording.job.payload, **overrides},
         origin=origin,
     )
     ctx = Context(
-        app,
+        runtime,
         job,
         handler,
         worker_id=REPLAY_WORKER,
         branch=branch,
-        substitution=answers,
+        world=answers,
         trace_id=trace_id,
         namespace=branch,
     )
@@ -322,8 +323,8 @@ def _run_derived(
         ctx.discard_writes()
         ctx.commit_now(failed=True)
         outcome = Outcome("failed", error_class="replay", error=error)
-    _finish(app, trace_id, outcome, origin)
-    with app.storage.transaction(readonly=True) as tx:
+    _finish(runtime, trace_id, outcome, origin)
+    with runtime.storage.transaction(readonly=True) as tx:
         now_events = [e for e in tx.trace_for_trace(trace_id) if e.name != f"{origin}.finished"]
     recorded = recording.events
     if fork_step is not None:
@@ -360,7 +361,7 @@ def _from_step(events: list[TraceEvent], step: str) -> list[TraceEvent]:
 
 
 def dry_run(
-    app: App,
+    source: RuntimeSource,
     job_id: int,
     *,
     attempt: int | None = None,
@@ -368,10 +369,11 @@ def dry_run(
     handler: str | None = None,
 ) -> ReplayReport:
     """Re-run a recorded attempt with every external answer from the recording."""
-    recording = load_recording(app, job_id, attempt)
-    chosen = choose_handler(app, recording, version, handler)
+    runtime = source.runtime
+    recording = load_recording(runtime, job_id, attempt)
+    chosen = choose_handler(runtime, recording, version, handler)
     return _run_derived(
-        app,
+        runtime,
         recording,
         chosen,
         origin="replay",
@@ -383,7 +385,7 @@ def dry_run(
 
 
 def fork(
-    app: App,
+    source: RuntimeSource,
     job_id: int,
     *,
     from_step: str,
@@ -394,7 +396,8 @@ def fork(
     stubs: dict[str, Any] | None = None,
 ) -> ReplayReport:
     """Branch the state as it was before ``from_step`` and run the chosen code from there."""
-    recording = load_recording(app, job_id, attempt)
+    runtime = source.runtime
+    recording = load_recording(runtime, job_id, attempt)
     starts = [
         e
         for e in recording.events
@@ -408,9 +411,9 @@ def fork(
             f"job {job_id} attempt {recording.attempt} has no step {from_step!r}; "
             f"recorded steps: {', '.join(steps) or 'none'}"
         )
-    chosen = choose_handler(app, recording, version, handler)
+    chosen = choose_handler(runtime, recording, version, handler)
     return _run_derived(
-        app,
+        runtime,
         recording,
         chosen,
         origin="fork",
@@ -429,9 +432,10 @@ class AttemptTimeline:
     side_effect_steps: list[str]
 
 
-def trace_replay(app: App, job_id: int) -> list[AttemptTimeline]:
+def trace_replay(source: RuntimeSource, job_id: int) -> list[AttemptTimeline]:
     """The recorded timeline of every attempt of a job; executes nothing."""
-    events = app.trace(job_id)
+    with source.runtime.storage.transaction(readonly=True) as tx:
+        events = tx.trace_for_job(job_id)
     attempts: dict[int, list[TraceEvent]] = {}
     for event in events:
         attempts.setdefault(event.attempt or 0, []).append(event)

@@ -13,11 +13,10 @@ import zstandard
 
 from replayq import codec
 from replayq.errors import PayloadError, StorageError
+from replayq.runtime import INLINE_LIMIT_BYTES
 from replayq.storage.protocol import Transaction
 
 REF_PREFIX = "blob:sha256:"
-INLINE_LIMIT_BYTES = 2048
-DEFAULT_BLOB_LIMIT_BYTES = 16 * 1024 * 1024
 
 _compressor = zstandard.ZstdCompressor(level=3)
 _decompressor = zstandard.ZstdDecompressor()

@@ -1,7 +1,7 @@
 """A recorded attempt, read back from the trace, and the answers it gives a replay.
 
 ``Recording`` holds one attempt's domain events (large values resolved from the
-blob store) and its outcome. ``RecordedAnswers`` is the ``Substitution`` a
+blob store) and its outcome. ``RecordedWorld`` is the ``World`` a
 replaying context consults: calls, effects, clock and random reads and cache
 reads come from the recording, in order; a call or effect that failed in the
 recording raises ``RecordedFailure`` again; anything the recording lacks raises
@@ -15,13 +15,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from replayq.blobs import load_json
 from replayq.errors import RecordedFailure, ReplayDivergenceError, ReplayqError
-from replayq.jobs import Job
-from replayq.storage.protocol import TraceEvent
+from replayq.model import Job, TraceEvent
+from replayq.queue.enqueue import get_job
+from replayq.recording.blobs import load_json
 
 if TYPE_CHECKING:
-    from replayq.app import App
+    from replayq.runtime import RuntimeSource
 
 EFFECT_OUTCOMES = ("effect.succeeded", "effect.deduplicated", "effect.replayed")
 
@@ -63,10 +63,11 @@ def attempts_with_events(events: list[TraceEvent]) -> list[int]:
     return sorted({e.attempt for e in events if e.kind == "domain" and e.attempt})
 
 
-def load_recording(app: App, job_id: int, attempt: int | None = None) -> Recording:
+def load_recording(source: RuntimeSource, job_id: int, attempt: int | None = None) -> Recording:
     """Read a job's attempt (default: the last one that recorded domain events)."""
-    job = app.get_job(job_id)
-    with app.storage.transaction(readonly=True) as tx:
+    runtime = source.runtime
+    job = get_job(runtime, job_id)
+    with runtime.storage.transaction(readonly=True) as tx:
         events = tx.trace_for_job(job_id)
         values = {
             e.id: load_json(tx, None, e.output_ref)
@@ -108,8 +109,8 @@ def outcome_of(job: Job, lifecycle: list[TraceEvent]) -> Outcome:
     return Outcome("incomplete", error="the attempt never settled (worker died or stalled)")
 
 
-class RecordedAnswers:
-    """The ``Substitution`` for dry-run, fork and rerun contexts.
+class RecordedWorld:
+    """The ``World`` of dry-run and fork contexts: answers from the recording, sealed.
 
     ``fork_step``: recorded answers until that step starts, live (branch) state
     after it; past the fork point a call must match a recorded one by name and
@@ -148,6 +149,12 @@ class RecordedAnswers:
         if event.name == "cache.read":
             return ("cache.read", str(event.data.get("key")))
         return None
+
+    is_live = False
+    sealed = True
+
+    def lease_lost(self) -> bool:
+        return False
 
     @property
     def reads_recorded(self) -> bool:

@@ -6,7 +6,7 @@ event in the job's trace. If a later job has written the same entity since, it
 refuses and names that job and entity; ``force=True`` restores anyway, undoing
 the later writes too (the plan lists them). Cache entries derived from a
 restored entity are dropped. External effects are never silently undone: an
-effect kind with a registered compensator (``@app.compensator(kind)``) can be
+effect kind with a registered compensator (``@runtime.compensator(kind)``) can be
 compensated explicitly, and the record and trace then say ``compensated``.
 """
 
@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from replayq import codec
-from replayq.errors import ConcurrencyError, ReplayqError
-from replayq.state import MAIN, delta_of, read_entity, resource_name, version_row
-from replayq.storage.protocol import TraceEvent
+from replayq.errors import ConcurrencyError, RollbackRefusedError
+from replayq.model import TraceEvent
+from replayq.queue.enqueue import get_job
+from replayq.recording.state import MAIN, delta_of, read_entity, resource_name, version_row
 
 if TYPE_CHECKING:
-    from replayq.app import App
+    from replayq.runtime import RuntimeSource
 
 
 @dataclass
@@ -60,19 +61,16 @@ class RollbackPlan:
         }
 
 
-class RollbackRefused(ReplayqError):
-    """A later job wrote an entity this job wrote; rollback would undo its work too."""
-
-
-def plan_rollback(app: App, job_id: int, attempt: int | None = None) -> RollbackPlan:
+def plan_rollback(source: RuntimeSource, job_id: int, attempt: int | None = None) -> RollbackPlan:
     """What a rollback of ``job_id`` (or of one of its attempts) would change; writes nothing.
 
     With ``attempt``, only the versions that attempt wrote are undone, e.g. the
     writes of an attempt that had lost its lease while another attempt ran; a
     later write by another attempt of the same job then counts as a later writer.
     """
+    runtime = source.runtime
     changes = []
-    with app.storage.transaction(readonly=True) as tx:
+    with runtime.storage.transaction(readonly=True) as tx:
         rows = [
             r
             for r in tx.entity_versions_by_job(job_id)
@@ -89,7 +87,7 @@ def plan_rollback(app: App, job_id: int, attempt: int | None = None) -> Rollback
             restored = None
             if restore_version is not None:
                 before = tx.entity_version_get(MAIN, namespace, key, restore_version)
-                from replayq.state import version_from_row
+                from replayq.recording.state import version_from_row
 
                 restored = version_from_row(tx, before).data if before else None
             # Every version since the job's *first* write that someone else wrote: writes
@@ -121,7 +119,7 @@ def plan_rollback(app: App, job_id: int, attempt: int | None = None) -> Rollback
 
 
 def rollback(
-    app: App,
+    source: RuntimeSource,
     job_id: int,
     *,
     simulate: bool = False,
@@ -132,26 +130,27 @@ def rollback(
 
     The restored data is written as new versions (history is kept).
     """
-    plan = plan_rollback(app, job_id, attempt)
+    runtime = source.runtime
+    plan = plan_rollback(runtime, job_id, attempt)
     plan.simulated = simulate
     if simulate:
         return plan
     if plan.blocked and not force:
         first = plan.blocked[0]
-        raise RollbackRefused(
+        raise RollbackRefusedError(
             f"job {first.later_writers[0]} wrote {first.resource} after job {job_id}; rolling back "
             f"would undo its work too (use --force to restore anyway; --simulate to see the plan)"
         )
-    job = app.get_job(job_id)
-    now = app.clock.now()
-    with app.storage.transaction() as tx:
+    job = get_job(runtime, job_id)
+    now = runtime.clock.now()
+    with runtime.storage.transaction() as tx:
         events = []
         for change in plan.changes:
             current, _ = read_entity(tx, MAIN, change.namespace, change.key)
             assert current is not None
             if current.version != change.current_version:
                 raise ConcurrencyError(f"{change.resource} changed while rolling back; try again")
-            hlc = app.hlc.tick()
+            hlc = runtime.hlc.tick()
             row = version_row(
                 MAIN,
                 change.namespace,
@@ -192,22 +191,23 @@ def rollback(
     return plan
 
 
-def compensate(app: App, job_id: int, *, kinds: list[str] | None = None) -> list[str]:
+def compensate(source: RuntimeSource, job_id: int, *, kinds: list[str] | None = None) -> list[str]:
     """Run registered compensators for the job's succeeded effects; returns the keys compensated."""
-    job = app.get_job(job_id)
+    runtime = source.runtime
+    job = get_job(runtime, job_id)
     done = []
-    with app.storage.transaction(readonly=True) as tx:
+    with runtime.storage.transaction(readonly=True) as tx:
         records = [r for r in tx.idem_by_job(job_id) if r["status"] == "succeeded"]
     for record in records:
         kind = record["operation"]
         if kinds is not None and kind not in kinds:
             continue
-        compensator = app.compensators.get(kind)
+        compensator = runtime.registry.compensators.get(kind)
         if compensator is None:
             continue
         compensator(record["key"], codec.loads(record["result"]))
-        now = app.clock.now()
-        with app.storage.transaction() as tx:
+        now = runtime.clock.now()
+        with runtime.storage.transaction() as tx:
             if tx.idem_compensate(record["key"], now):
                 tx.trace_append(
                     [
@@ -217,7 +217,7 @@ def compensate(app: App, job_id: int, *, kinds: list[str] | None = None) -> list
                             name="effect.compensated",
                             kind="domain",
                             ts=now,
-                            hlc=app.hlc.tick(),
+                            hlc=runtime.hlc.tick(),
                             worker_id="rollback",
                             status="compensated",
                             resource=record["key"],

@@ -3,7 +3,7 @@
 Run one per process; it binds a free port, prints ``READY <port>`` on stdout
 and serves until terminated::
 
-    python -m examples.shop.services warehouse
+    python -m replayq.demo.shop.services warehouse
 
 * ``warehouse``: ``POST /shipments {"order_id", "key"}`` creates a shipment
   (``{"id": "shp-N", ...}``). Its latency can be raised while it runs:

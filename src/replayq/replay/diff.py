@@ -11,10 +11,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from replayq.storage.protocol import TraceEvent
+from replayq.model import TraceEvent
 
 if TYPE_CHECKING:
-    from replayq.app import App
+    from replayq.runtime import RuntimeSource
 
 EFFECT_EVENTS = ("effect.succeeded", "effect.replayed", "effect.failed")
 
@@ -101,9 +101,10 @@ class TraceDiff:
         }
 
 
-def resolve(app: App, ref: str) -> tuple[str, str, list[TraceEvent]]:
+def resolve(source: RuntimeSource, ref: str) -> tuple[str, str, list[TraceEvent]]:
     """A job id or trace id → (trace id, label, events)."""
-    with app.storage.transaction(readonly=True) as tx:
+    runtime = source.runtime
+    with runtime.storage.transaction(readonly=True) as tx:
         if ref.isdigit():
             job = tx.job_get(int(ref))
             if job is None:
@@ -117,10 +118,11 @@ def resolve(app: App, ref: str) -> tuple[str, str, list[TraceEvent]]:
     return ref, label, events
 
 
-def diff_traces(app: App, a: str, b: str) -> TraceDiff:
+def diff_traces(source: RuntimeSource, a: str, b: str) -> TraceDiff:
     """Compare two traces (job ids or trace ids) key by key."""
-    left = summarise(*resolve(app, a))
-    right = summarise(*resolve(app, b))
+    runtime = source.runtime
+    left = summarise(*resolve(runtime, a))
+    right = summarise(*resolve(runtime, b))
     state = []
     for resource in sorted(set(left.writes) | set(right.writes)):
         fields_a, fields_b = left.writes.get(resource, {}), right.writes.get(resource, {})

@@ -24,7 +24,7 @@ import os
 from typing import Any
 
 import replayq
-from examples.shop import clients
+from replayq.demo.shop import clients
 
 ORDER = "order"
 STOCK = "stock"

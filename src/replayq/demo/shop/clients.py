@@ -1,7 +1,7 @@
 """HTTP clients for the shop's external services; base URLs come from the environment.
 
 ``$SHOP_WAREHOUSE_URL``, ``$SHOP_PAYMENT_URL`` and ``$SHOP_EMAIL_URL`` (set by
-``replayq demo``, which starts ``examples.shop.services``). A 5xx reply or an
+``replayq demo``, which starts ``replayq.demo.shop.services``). A 5xx reply or an
 unreachable service is a ``DependencyError`` (retried by contracts that list
 ``dependency``); a 4xx reply is a ``ValidationError`` (never retried).
 """

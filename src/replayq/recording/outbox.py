@@ -23,11 +23,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from replayq import codec
-from replayq.storage.protocol import Row, TraceEvent, Transaction
+from replayq.model import TraceEvent
+from replayq.queue.enqueue import EnqueueRequest, insert_job
+from replayq.storage.protocol import Row, Transaction
 
 if TYPE_CHECKING:
-    from replayq.app import App
-    from replayq.context import Context
+    from replayq.recording.context import Context
+    from replayq.runtime import Runtime, RuntimeSource
 
 
 class OutboxView:
@@ -45,7 +47,7 @@ class OutboxView:
         )
         event_id = f"{ctx.trace_id}-{ctx.attempt}-{event.seq}"
         event.data["event_id"] = event_id
-        if ctx.replaying:
+        if not ctx.world.is_live:
             return event_id
         params = {
             "event_id": event_id,
@@ -77,18 +79,17 @@ class Sink:
 class JobSink(Sink):
     in_transaction = True
 
-    def __init__(self, app: App) -> None:
-        self._app = app
+    def __init__(self, source: RuntimeSource) -> None:
+        runtime = source.runtime
+        self._runtime = runtime
 
     def deliver(self, tx: Transaction, row: Row) -> None:
-        from replayq.app import EnqueueRequest
-
         request = EnqueueRequest(
             row["topic"],
             {"event_id": row["event_id"], "payload": codec.loads(row["payload"])},
             message_id=f"outbox:{row['event_id']}",
         )
-        self._app.insert_job(tx, request, check=False, causation_id=str(row["job_id"]))
+        insert_job(self._runtime, tx, request, check=False, causation_id=str(row["job_id"]))
 
 
 class RedisStreamSink(Sink):
@@ -128,9 +129,10 @@ class WebhookSink(Sink):
                 raise OSError(f"webhook answered {response.status}")
 
 
-def open_sink(app: App, spec: str) -> Sink:
+def open_sink(source: RuntimeSource, spec: str) -> Sink:
+    runtime = source.runtime
     if spec == "job":
-        return JobSink(app)
+        return JobSink(runtime)
     if spec.startswith(("redis://", "rediss://")):
         return RedisStreamSink(spec)
     if spec.startswith(("http://", "https://")):
@@ -143,38 +145,39 @@ def open_sink(app: App, spec: str) -> Sink:
 
 
 def publish_pending(
-    app: App, sink: Sink, *, limit: int = 100, claim_seconds: float = 30.0
+    source: RuntimeSource, sink: Sink, *, limit: int = 100, claim_seconds: float = 30.0
 ) -> PublishResult:
     """Publish up to ``limit`` unpublished rows once; returns the counts."""
+    runtime = source.runtime
     result = PublishResult()
-    now = app.clock.now()
-    with app.storage.transaction() as tx:
+    now = runtime.clock.now()
+    with runtime.storage.transaction() as tx:
         rows = tx.outbox_claim(now, claim_seconds, limit)
     for row in rows:
         try:
-            with app.storage.transaction() as tx:
+            with runtime.storage.transaction() as tx:
                 # A job sink enqueues inside this transaction (exactly once); other sinks
                 # deliver first and the row is marked after (at least once).
                 sink.deliver(tx, row)
-                published_at = app.clock.now()
+                published_at = runtime.clock.now()
                 if tx.outbox_mark_published(row["id"], published_at):
-                    tx.trace_append([_published_event(app, row, published_at)])
+                    tx.trace_append([_published_event(runtime, row, published_at)])
             result.published += 1
         except Exception as exc:
-            with app.storage.transaction() as tx:
+            with runtime.storage.transaction() as tx:
                 tx.outbox_mark_failed(row["id"], f"{type(exc).__name__}: {exc}")
             result.failed += 1
     return result
 
 
-def _published_event(app: App, row: Row, published_at: float) -> TraceEvent:
+def _published_event(runtime: Runtime, row: Row, published_at: float) -> TraceEvent:
     return TraceEvent(
         trace_id=row["trace_id"] or f"outbox:{row['event_id']}",
         job_id=row["job_id"],
         name="outbox.published",
         kind="domain",
         ts=published_at,
-        hlc=app.hlc.tick(),
+        hlc=runtime.hlc.tick(),
         resource=f"outbox:{row['topic']}",
         data={
             "event_id": row["event_id"],

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from replayq.app import App
+    from replayq.runtime import RuntimeSource
 
 SIGNALS: dict[str, str] = {
     "lease.expired": "lease-expiry re-deliveries",
@@ -36,8 +36,9 @@ class SignalCount:
     count: int
 
 
-def signal_counts(app: App, *, since: float | None = None) -> list[SignalCount]:
+def signal_counts(source: RuntimeSource, *, since: float | None = None) -> list[SignalCount]:
     """Counts per job type of every signal event since ``since`` (default: all time)."""
-    with app.storage.transaction(readonly=True) as tx:
+    runtime = source.runtime
+    with runtime.storage.transaction(readonly=True) as tx:
         rows = tx.signal_counts(list(SIGNALS), since if since is not None else 0.0)
     return [SignalCount(job_type, SIGNALS[name], name, count) for job_type, name, count in rows]

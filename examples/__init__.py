@@ -1,1 +1,0 @@
-"""Example applications built on replayq (importable from a source checkout)."""

@@ -1,0 +1,1 @@
+"""The queue: job types, their contracts, and each job's lifecycle."""

@@ -1,0 +1,1 @@
+"""The recording context: a handler's only door to the world."""

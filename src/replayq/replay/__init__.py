@@ -1,0 +1,1 @@
+"""The replay engine: trace replay, dry-run, fork, rerun, rollback, diff."""

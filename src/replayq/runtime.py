@@ -1,0 +1,130 @@
+"""The runtime: what every layer below the facade is given instead of the ``App``.
+
+``App`` is the composition root: it reads the URL and options once and builds a
+``Runtime`` — storage (opened, and on SQLite migrated, on first use), clock,
+hybrid logical clock, random source, the handler registry, limits and the cache
+backend. The queue, the recording context, the replay engine and the worker
+take a ``Runtime`` (or, for the public replay verbs, anything with a
+``runtime`` attribute, such as the ``App`` itself) and never import ``App``.
+
+The runtime is frozen: its parts are chosen once. The storage and cache backend
+are opened lazily behind a lock, so importing a handler module connects to
+nothing; ``close()`` closes them (the next use opens them again).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import threading
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from replayq.clock import Clock, HybridLogicalClock
+from replayq.errors import SchemaError
+from replayq.queue.handlers import HandlerRegistry
+from replayq.storage import open_storage
+from replayq.storage.cache import CacheBackend, open_cache
+from replayq.storage.migrate import pending
+from replayq.storage.protocol import Storage
+
+INLINE_LIMIT_BYTES = 2048
+DEFAULT_BLOB_LIMIT_BYTES = 16 * 1024 * 1024
+UNCHECKED_MAX_PAYLOAD_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Sizes replayq enforces: recorded values, and payloads of undeclared job types."""
+
+    blob_limit_bytes: int = DEFAULT_BLOB_LIMIT_BYTES
+    inline_limit_bytes: int = INLINE_LIMIT_BYTES
+    unchecked_max_payload_bytes: int = UNCHECKED_MAX_PAYLOAD_BYTES
+
+
+class RuntimeSource(Protocol):
+    """Anything that carries a runtime: the ``App``, or a ``Runtime`` itself."""
+
+    @property
+    def runtime(self) -> Runtime: ...
+
+
+class _Opened:
+    """The lazily opened connections of one runtime (the one mutable part, behind a lock)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.storage: Storage | None = None
+        self.cache: CacheBackend | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Runtime:
+    """Storage, clocks, randomness, handlers and limits, as the layers below ``App`` see them."""
+
+    url: str
+    clock: Clock
+    hlc: HybridLogicalClock
+    rng: random.Random
+    registry: HandlerRegistry
+    limits: Limits = field(default_factory=Limits)
+    cache_url: str | None = None
+    auto_migrate: bool | None = None
+    _opened: _Opened = field(default_factory=_Opened, repr=False)
+
+    @property
+    def runtime(self) -> Runtime:
+        return self
+
+    def scratch(self, url: str) -> Runtime:
+        """A runtime on another database with the same handlers (replaying an exported case)."""
+        return dataclasses.replace(
+            self, url=url, hlc=HybridLogicalClock(self.clock), auto_migrate=True, _opened=_Opened()
+        )
+
+    @property
+    def storage(self) -> Storage:
+        """The backend, opened (and on SQLite migrated) on first use."""
+        opened = self._opened
+        if opened.storage is not None:
+            return opened.storage
+        with opened.lock:
+            if opened.storage is None:
+                opened.storage = self._open_storage()
+            return opened.storage
+
+    def _open_storage(self) -> Storage:
+        storage = open_storage(self.url)
+        auto = self.auto_migrate
+        if auto is None:
+            auto = storage.dialect == "sqlite"
+        if auto:
+            storage.migrate(self.clock.now())
+            return storage
+        todo = pending(storage.migration_status())
+        if todo:
+            storage.close()
+            raise SchemaError(
+                f"the schema of {storage.dialect} database is behind (pending migrations "
+                f"{todo}); run: replayq --db URL db upgrade"
+            )
+        return storage
+
+    @property
+    def cache_backend(self) -> CacheBackend:
+        """Where ``ctx.cache`` keeps entries: the database, or Redis with ``cache_url``."""
+        opened = self._opened
+        if opened.cache is None:
+            storage = self.storage
+            with opened.lock:
+                if opened.cache is None:
+                    opened.cache = open_cache(storage, self.cache_url)
+        return opened.cache
+
+    def close(self) -> None:
+        """Close every connection this runtime opened."""
+        with self._opened.lock:
+            if self._opened.storage is not None:
+                self._opened.storage.close()
+            self._opened.storage = None
+            self._opened.cache = None

@@ -1,0 +1,154 @@
+"""Where ``ctx.cache`` keeps its entries: replayq's own database (default) or Redis.
+
+Known limits: Redis entries are written after the step's database commit, so a
+crash between the two leaves the database ahead of the cache (a miss, never a
+value newer than its source). The database backend commits each write on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from replayq import codec
+from replayq.errors import ConfigurationError
+from replayq.storage.protocol import Row, Storage
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    key: str
+    base_key: str
+    value: Any
+    version: int | None
+    source_namespace: str | None
+    source_key: str | None
+    written_at: float
+    expires_at: float | None
+
+
+class CacheBackend(Protocol):
+    """Where cache entries live. Writes run after the step's database commit."""
+
+    def get(self, key: str, now: float) -> CacheEntry | None: ...
+
+    def latest(self, base_key: str, now: float) -> CacheEntry | None: ...
+
+    def put(self, entry: CacheEntry) -> None: ...
+
+    def delete_base(self, base_key: str) -> None: ...
+
+
+def _entry(row: Row) -> CacheEntry:
+    return CacheEntry(
+        row["key"],
+        row["base_key"],
+        codec.loads(row["value"]),
+        row["version"],
+        row["source_namespace"],
+        row["source_key"],
+        row["written_at"],
+        row["expires_at"],
+    )
+
+
+class DatabaseCache:
+    """The default backend: the ``rq_cache`` table of replayq's own database."""
+
+    def __init__(self, storage: Storage) -> None:
+        self._storage = storage
+
+    def get(self, key: str, now: float) -> CacheEntry | None:
+        with self._storage.transaction(readonly=True) as tx:
+            row = tx.cache_get(key, now)
+        return _entry(row) if row else None
+
+    def latest(self, base_key: str, now: float) -> CacheEntry | None:
+        with self._storage.transaction(readonly=True) as tx:
+            row = tx.cache_latest(base_key, now)
+        return _entry(row) if row else None
+
+    def put(self, entry: CacheEntry) -> None:
+        with self._storage.transaction() as tx:
+            tx.cache_put(_params(entry))
+
+    def delete_base(self, base_key: str) -> None:
+        with self._storage.transaction() as tx:
+            tx.cache_delete_base(base_key)
+
+
+def _params(entry: CacheEntry) -> dict[str, Any]:
+    return {
+        "key": entry.key,
+        "base_key": entry.base_key,
+        "value": codec.dumps(entry.value, what=f"cache {entry.key}"),
+        "version": entry.version,
+        "source_namespace": entry.source_namespace,
+        "source_key": entry.source_key,
+        "now": entry.written_at,
+        "expires_at": entry.expires_at,
+    }
+
+
+class RedisCache:
+    """Redis backend: one hash per key, a sorted set per base key ordered by write time."""
+
+    def __init__(self, url: str, prefix: str = "replayq:cache:") -> None:
+        import redis
+
+        self._redis = redis.Redis.from_url(url)
+        self._prefix = prefix
+
+    def _hash(self, key: str) -> str:
+        return f"{self._prefix}{key}"
+
+    def _index(self, base_key: str) -> str:
+        return f"{self._prefix}index:{base_key}"
+
+    def get(self, key: str, now: float) -> CacheEntry | None:
+        raw = self._redis.hget(self._hash(key), "entry")
+        if raw is None:
+            return None
+        entry = CacheEntry(**codec.loads(raw))
+        if entry.expires_at is not None and entry.expires_at <= now:
+            return None
+        return entry
+
+    def latest(self, base_key: str, now: float) -> CacheEntry | None:
+        for key in self._redis.zrevrange(self._index(base_key), 0, 10):
+            entry = self.get(_text(key), now)
+            if entry is not None:
+                return entry
+        return None
+
+    def put(self, entry: CacheEntry) -> None:
+        body = codec.dumps(vars(entry), what=f"cache {entry.key}")
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.hset(self._hash(entry.key), "entry", body)
+        if entry.expires_at is not None:
+            pipe.expireat(self._hash(entry.key), int(entry.expires_at) + 1)
+        pipe.zadd(self._index(entry.base_key), {entry.key: entry.written_at})
+        pipe.execute()
+
+    def delete_base(self, base_key: str) -> None:
+        keys = [_text(k) for k in self._redis.zrange(self._index(base_key), 0, -1)]
+        pipe = self._redis.pipeline(transaction=True)
+        for key in keys:
+            pipe.delete(self._hash(key))
+        pipe.delete(self._index(base_key))
+        pipe.execute()
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def open_cache(storage: Storage, url: str | None) -> CacheBackend:
+    """The cache backend named by ``url``: ``None``/``database`` or ``redis://...``."""
+    if url is None or url == "database":
+        return DatabaseCache(storage)
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        return RedisCache(url)
+    raise ConfigurationError(
+        f"unknown cache backend {url!r}; use 'database' or redis://host:port/db"
+    )
