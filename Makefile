@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py
 	$(BIN)/python benchmarks/context_overhead.py
 	$(BIN)/python benchmarks/replay_speed.py
+	$(BIN)/python benchmarks/seal_overhead.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -109,7 +109,7 @@ def replayq_command() -> list[str]:
     script = Path(sys.executable).with_name("replayq")
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-c", "from replayq.cli.main import main; main()"]
+    return [sys.executable, "-c", "from replayq.cli import main; main()"]
 
 
 # -- SQLite ---------------------------------------------------------------------------------

@@ -1,27 +1,62 @@
-"""replayq: a job queue whose executions can be traced, replayed, forked and reversed."""
+"""replayq: a job queue whose executions can be traced, replayed, forked and reversed.
+
+The public API, by layer (everything a user or the ``replayq`` command line needs):
+
+* the facade: ``App`` (declare job types, enqueue, inspect), ``Worker``, ``Context``
+  (the ``ctx`` a handler receives) and the records ``Job``, ``JobState``,
+  ``DeadReason``, ``TraceEvent``, ``Entity``, ``StateStore``;
+* contracts: ``JobContract``, ``Retry``, ``diff_contracts``, ``lint_contract``;
+* the replay engine: ``trace_replay``, ``dry_run``, ``fork``, ``rerun``,
+  ``rerun_many``, ``plan_rollback``, ``rollback``, ``compensate``,
+  ``diff_traces``, ``render_diff``, ``export_case``, ``import_case``,
+  ``signal_counts``;
+* shared resources: ``list_locks``, ``break_lock``, ``open_sink``, ``publish_pending``;
+* clocks: ``Clock``, ``SystemClock``, ``FrozenClock``, ``HybridLogicalClock``;
+* every exception replayq raises (the tree is drawn in ``replayq.errors``).
+
+``replayq.testing`` holds the helpers for users' own test suites.
+"""
 
 from replayq.app import App, EnqueueRequest
 from replayq.clock import Clock, FrozenClock, HybridLogicalClock, SystemClock
+from replayq.durations import parse_duration
 from replayq.errors import (
     ConcurrencyError,
     ConfigurationError,
     ContractError,
     DatabaseUnavailableError,
     DependencyError,
+    EffectInDoubtError,
+    EffectRefusedError,
     FailureClass,
     JobError,
     LeaseLostError,
+    LockTimeoutError,
     PayloadError,
+    RecordedFailure,
+    ReplayDivergenceError,
     ReplayqError,
+    RollbackRefusedError,
     SchemaError,
+    StaleFencingTokenError,
     StorageError,
     TransientError,
     UnknownJobTypeError,
     ValidationError,
 )
-from replayq.model import DeadReason, Job, JobState
-from replayq.queue.contracts import JobContract, Retry
+from replayq.model import DeadReason, Job, JobState, StatRow, TraceEvent
+from replayq.queue.contracts import JobContract, Retry, diff_contracts, lint_contract
 from replayq.recording.context import Context
+from replayq.recording.locks import break_lock, list_locks
+from replayq.recording.outbox import open_sink, publish_pending
+from replayq.recording.state import Entity, StateStore
+from replayq.replay.diff import diff_traces
+from replayq.replay.diff import render as render_diff
+from replayq.replay.engine import ReplayReport, dry_run, fork, trace_replay
+from replayq.replay.export import export_case, import_case
+from replayq.replay.rerun import RerunReport, rerun, rerun_many
+from replayq.replay.rollback import compensate, plan_rollback, rollback
+from replayq.replay.signals import signal_counts
 from replayq.worker import Worker
 
 __all__ = [
@@ -34,7 +69,10 @@ __all__ = [
     "DatabaseUnavailableError",
     "DeadReason",
     "DependencyError",
+    "EffectInDoubtError",
+    "EffectRefusedError",
     "EnqueueRequest",
+    "Entity",
     "FailureClass",
     "FrozenClock",
     "HybridLogicalClock",
@@ -43,14 +81,44 @@ __all__ = [
     "JobError",
     "JobState",
     "LeaseLostError",
+    "LockTimeoutError",
     "PayloadError",
+    "RecordedFailure",
+    "ReplayDivergenceError",
+    "ReplayReport",
     "ReplayqError",
+    "RerunReport",
     "Retry",
+    "RollbackRefusedError",
     "SchemaError",
+    "StaleFencingTokenError",
+    "StatRow",
+    "StateStore",
     "StorageError",
     "SystemClock",
+    "TraceEvent",
     "TransientError",
     "UnknownJobTypeError",
     "ValidationError",
     "Worker",
+    "break_lock",
+    "compensate",
+    "diff_contracts",
+    "diff_traces",
+    "dry_run",
+    "export_case",
+    "fork",
+    "import_case",
+    "lint_contract",
+    "list_locks",
+    "open_sink",
+    "parse_duration",
+    "plan_rollback",
+    "publish_pending",
+    "render_diff",
+    "rerun",
+    "rerun_many",
+    "rollback",
+    "signal_counts",
+    "trace_replay",
 ]

@@ -19,8 +19,9 @@ from replayq.queue.enqueue import EnqueueRequest, get_job, insert_job
 from replayq.queue.handlers import Handler, HandlerRegistry, PayloadShape
 from replayq.recording.state import StateStore
 from replayq.runtime import DEFAULT_BLOB_LIMIT_BYTES, Limits, Runtime
+from replayq.storage import open_storage
 from replayq.storage.cache import CacheBackend
-from replayq.storage.protocol import JobFilter, Storage, Transaction
+from replayq.storage.protocol import JobFilter, MigrationStatus, Storage, Transaction
 
 __all__ = ["App", "EnqueueRequest"]
 
@@ -95,6 +96,22 @@ class App:
     def cache_backend(self) -> CacheBackend:
         """Where ``ctx.cache`` keeps entries: the database, or Redis with ``cache_url``."""
         return self.runtime.cache_backend
+
+    def schema_upgrade(self) -> list[MigrationStatus]:
+        """Apply pending migrations (without opening the app's own storage); returns them."""
+        storage = open_storage(self.url)
+        try:
+            return storage.migrate(self.clock.now())
+        finally:
+            storage.close()
+
+    def schema_status(self) -> list[MigrationStatus]:
+        """Every migration and whether it is applied."""
+        storage = open_storage(self.url)
+        try:
+            return storage.migration_status()
+        finally:
+            storage.close()
 
     def close(self) -> None:
         """Close every connection this app opened."""

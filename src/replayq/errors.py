@@ -15,6 +15,8 @@ The tree::
     ├── RecordedFailure             in a replay, a call or effect that failed in the recording
     ├── EffectRefusedError          a rerun met an effect kind it may not run, with no recording
     ├── RollbackRefusedError        a later job wrote what a rollback would restore
+    ├── UnrecordedIOError           in a sealed replay, handler I/O that bypassed ``ctx``
+    │                               (also a ``PermissionError``: see the class)
     └── JobError                    raised *by handlers*; its class decides retries
         ├── TransientError          class ``transient``   — retried by default
         ├── DependencyError         class ``dependency``  — retried by default
@@ -172,6 +174,29 @@ class RecordedFailure(ReplayqError):
     def __init__(self, name: str, label: str, error: str | None) -> None:
         super().__init__(f"{name} {label!r} failed in the recording: {error}")
         self.error = error
+
+
+class UnrecordedIOError(ReplayqError, PermissionError):
+    """Under the seal, handler code reached for the outside world without going through ``ctx``.
+
+    ``call`` is the audit event (``socket.connect``, ``subprocess.Popen``, ``open``),
+    ``target`` what it reached (``127.0.0.1:8123``, a command line, a path) and
+    ``step`` the handler's step at the time (``None`` outside any step). The
+    message reads ``unrecorded I/O at step 'charge': socket.connect 127.0.0.1:8123``.
+
+    It is also a ``PermissionError`` because it is raised from inside the refused
+    OS call: code that cleans up after a failed call still does (``socket.create_connection``
+    closes its socket, ``importlib`` skips a bytecode write), and libraries that wrap
+    ``OSError`` carry it (``urllib`` raises ``URLError`` with this as its ``reason``).
+    The seal's report lists the call whatever the handler makes of the exception.
+    """
+
+    def __init__(self, call: str, target: str, step: str | None) -> None:
+        where = f"at step {step!r}" if step is not None else "outside any step"
+        super().__init__(f"unrecorded I/O {where}: {call} {target}")
+        self.call = call
+        self.target = target
+        self.step = step
 
 
 DEFAULT_ERROR_MAP: dict[type[BaseException], FailureClass] = {

@@ -105,3 +105,13 @@ class TraceEvent:
     output_ref: str | None = None
     data: dict[str, Any] = field(default_factory=dict)
     id: int | None = None
+
+
+@dataclass(frozen=True)
+class StatRow:
+    """How many jobs of a type are in a state, and the oldest one's ``run_at``."""
+
+    job_type: str
+    state: str
+    count: int
+    oldest_run_at: float | None

@@ -2,6 +2,9 @@
 
 * ``run_inline(app, job_type, payload)`` enqueues and runs one job in-process,
   exactly as a worker would (lease, contract lock, ack), and returns the job.
+  With ``seal=True`` the handler runs sealed: I/O that bypasses ``ctx``
+  (sockets, host names, subprocesses, file writes) raises ``UnrecordedIOError``
+  — the guard a replay runs under — while ``ctx.call`` and ``ctx.effect`` work.
 * ``FrozenClock`` (re-exported) makes lease and retry timing deterministic.
 * ``replay_case(case, app)`` dry-runs a handler against a case exported with
   ``replayq trace export JOB > case.json``; ``assert_replays(case, app)`` fails
@@ -10,22 +13,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from replayq.app import App
 from replayq.clock import FrozenClock
+from replayq.model import Job
+from replayq.replay.engine import ReplayReport
 from replayq.replay.export import replay_case_file
-
-if TYPE_CHECKING:
-    from replayq.app import App
-    from replayq.model import Job
-    from replayq.replay.engine import ReplayReport
+from replayq.seal import seal as seal_io
 
 __all__ = ["FrozenClock", "assert_replays", "replay_case", "run_inline"]
 
 
 def run_inline(
-    app: App, job_type: str, payload: dict[str, Any] | None = None, **options: Any
+    app: App,
+    job_type: str,
+    payload: dict[str, Any] | None = None,
+    *,
+    seal: bool = False,
+    **options: Any,
 ) -> Job:
     """Enqueue one job and run it to a settled state in this process; returns the job after.
 
@@ -44,7 +53,8 @@ def run_inline(
         if not leased:
             break
         for job in leased:
-            worker.execute(job)
+            with sealed_if(seal):
+                worker.execute(job)
     return app.get_job(job_id)
 
 
@@ -54,9 +64,10 @@ def replay_case(
     *,
     version: str | None = None,
     handler: str | None = None,
+    allow_io: bool = False,
 ) -> ReplayReport:
-    """Dry-run ``app``'s handler for the case's job type against the recorded case."""
-    return replay_case_file(case, app, version=version, handler=handler)
+    """Dry-run ``app``'s handler for the case's job type against the recorded case (sealed)."""
+    return replay_case_file(case, app, version=version, handler=handler, allow_io=allow_io)
 
 
 def assert_replays(
@@ -64,6 +75,10 @@ def assert_replays(
 ) -> ReplayReport:
     """Fail (``AssertionError`` naming the first divergence) unless the handler replays the case."""
     report = replay_case(case, app, version=version)
+    if report.unrecorded_io:
+        raise AssertionError(
+            "the handler tried I/O that bypasses ctx: " + "; ".join(report.unrecorded_io)
+        )
     if report.diverged:
         where = report.first_divergence
         detail = (
@@ -73,3 +88,13 @@ def assert_replays(
         )
         raise AssertionError(f"the handler diverges from the recorded case {detail}")
     return report
+
+
+@contextmanager
+def sealed_if(active: bool) -> Iterator[None]:
+    """``seal()`` when ``active``; a refused call raises ``UnrecordedIOError`` in the handler."""
+    if not active:
+        yield
+        return
+    with seal_io():
+        yield

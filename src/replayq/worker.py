@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from replayq import codec
 from replayq.errors import (
@@ -44,6 +44,7 @@ from replayq.queue.catalog import register_contracts
 from replayq.queue.handlers import Handler
 from replayq.recording.context import Context
 from replayq.recording.world import LiveWorld, LostFlag
+from replayq.runtime import RuntimeSource
 from replayq.storage.protocol import (
     JobBury,
     JobComplete,
@@ -53,9 +54,6 @@ from replayq.storage.protocol import (
     Transaction,
 )
 from replayq.storage.reconnect import Backoff
-
-if TYPE_CHECKING:
-    from replayq.runtime import RuntimeSource
 
 log = logging.getLogger("replayq.worker")
 

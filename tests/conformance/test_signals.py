@@ -8,7 +8,7 @@ from collections.abc import Callable
 from click.testing import CliRunner
 
 import replayq
-from replayq.cli.main import main
+from replayq.cli import main
 from replayq.recording.cache import CacheEntry
 from replayq.replay.signals import signal_counts
 

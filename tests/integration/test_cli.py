@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 import replayq
-from replayq.cli.main import main
+from replayq.cli import main
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 import replayq
-from replayq.cli.main import main
+from replayq.cli import main
 
 
 def unopenable(tmp_path: Path, kind: str) -> str:

@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 import replayq
-from replayq.cli.main import main
+from replayq.cli import main
 from replayq.storage.queries import load_migrations
 from replayq.storage.sqlite import SqliteStorage
 

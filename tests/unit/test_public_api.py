@@ -33,3 +33,41 @@ def test_every_exception_descends_from_the_one_root() -> None:
     ]
     assert errors
     assert all(issubclass(error, replayq.ReplayqError) for error in errors)
+
+
+def test_the_replay_verbs_are_public() -> None:
+    for verb in ("trace_replay", "dry_run", "fork", "rerun", "rollback", "diff_traces"):
+        assert verb in replayq.__all__
+    for verb in ("plan_rollback", "compensate", "export_case", "import_case", "signal_counts"):
+        assert verb in replayq.__all__
+
+
+def test_every_exception_class_in_the_package_is_in_the_one_tree() -> None:
+    import importlib
+    import pkgutil
+
+    strays = []
+    for info in pkgutil.walk_packages(replayq.__path__, "replayq."):
+        module = importlib.import_module(info.name)
+        for value in vars(module).values():
+            if (
+                isinstance(value, type)
+                and issubclass(value, BaseException)
+                and value.__module__ == info.name
+                and not issubclass(value, replayq.ReplayqError)
+            ):
+                strays.append(f"{info.name}.{value.__name__}")
+    assert strays == []
+
+
+def test_no_module_of_the_package_takes_part_in_an_import_cycle() -> None:
+    import grimp
+
+    graph = grimp.build_graph("replayq", include_external_packages=False)
+    cycles = []
+    for module in sorted(graph.modules):
+        for imported in graph.find_modules_directly_imported_by(module):
+            path = graph.find_shortest_chain(importer=imported, imported=module)
+            if path is not None and module != imported:
+                cycles.append(" -> ".join((module, *path)))
+    assert cycles == []

@@ -6,9 +6,8 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
+from replayq import Job, StatRow, TraceEvent
 from replayq.clock import HybridLogicalClock
-from replayq.model import Job, TraceEvent
-from replayq.storage.protocol import StatRow
 
 _SKIP_DATA = {"traceback", "read"}
 

@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-from replayq.errors import ReplayqError
-from replayq.model import JobState
+from replayq import JobState, ReplayqError
 
 APP_SPEC = "replayq.demo.shop.app:app"
 SERVICES = ("warehouse", "payment", "email")
@@ -88,7 +87,7 @@ def replayq_command() -> list[str]:
     script = Path(sys.executable).with_name("replayq")
     if script.exists():
         return [str(script)]
-    return [sys.executable, "-c", "from replayq.cli.main import main; main()"]
+    return [sys.executable, "-c", "from replayq.cli import main; main()"]
 
 
 def wait_for(condition: Callable[[], T], *, timeout: float, what: str) -> T:

@@ -10,7 +10,7 @@ import time
 from typing import Any
 
 import replayq
-from replayq.app import App
+from replayq import App, JobState, StateStore, diff_traces
 from replayq.demo.harness import (
     APP_SPEC,
     FIXED_ORDER,
@@ -23,16 +23,13 @@ from replayq.demo.harness import (
     http_json,
     wait_for,
 )
-from replayq.model import JobState
-from replayq.recording.state import StateStore
-from replayq.replay.diff import diff_traces
 
 
 def _settled(app: App) -> bool:
     return not app.list_jobs(states=["queued", "running"], limit=1)
 
 
-def _job_events(app: App, job_id: int, name: str) -> list[replayq.model.TraceEvent]:
+def _job_events(app: App, job_id: int, name: str) -> list[replayq.TraceEvent]:
     return [e for e in app.trace(job_id) if e.name == name]
 
 

@@ -1,1 +1,15 @@
-"""The queue: job types, their contracts, and each job's lifecycle."""
+"""The queue: job types, their contracts, and each job's lifecycle.
+
+::
+
+    queue/
+    ├── contracts.py   JobContract, Retry: declared, validated, frozen per version;
+    │                  diff_contracts, lint_contract
+    ├── handlers.py    Handler (contract + function + payload shape), HandlerRegistry
+    ├── lifecycle.py   the lifecycle event names and their builder (job.enqueued, job.leased, ...)
+    ├── enqueue.py     EnqueueRequest, insert_job (row + job.enqueued in one transaction), get_job
+    └── catalog.py     register_contracts, stored_contracts
+
+Imports: storage and the foundations; ``replayq.runtime`` shares this layer
+(it is the queue's composition: registry, storage, clocks).
+"""

@@ -1,1 +1,20 @@
-"""The recording context: a handler's only door to the world."""
+"""The recording context: a handler's only door to the world.
+
+::
+
+    recording/
+    ├── world.py     the World port: LIVE or a substituted answer for every outside read;
+    │                LiveWorld (workers), LostFlag
+    ├── attempt.py   Attempt: the port the views below are written against
+    ├── context.py   Context (ctx): steps, decisions, calls, clock/random, child jobs,
+    │                db_write; the pending events and writes of the current step
+    ├── state.py     ctx.state: versioned, copy-on-write entities; StateStore from outside
+    ├── locks.py     ctx.lock: lease locks with owner and fencing tokens; list/break
+    ├── effects.py   ctx.effect: side effects behind idempotency records
+    ├── cache.py     ctx.cache: versioned keys, recorded reads, stale-read detection
+    ├── outbox.py    ctx.outbox and the relay (sinks: job, Redis stream, webhook)
+    └── blobs.py     large values by content hash, compressed, deduplicated
+
+Imports: the runtime, the queue, storage and the foundations — never the
+replay engine: replay behaviour arrives as another ``World``.
+"""

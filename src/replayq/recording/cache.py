@@ -15,13 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from replayq.recording.attempt import Attempt
 from replayq.recording.state import read_entity
 from replayq.storage.cache import CacheEntry
-
-if TYPE_CHECKING:
-    from replayq.recording.context import Context
 
 
 @dataclass(frozen=True)
@@ -43,7 +41,7 @@ def _versioned(base: str, version: int | None) -> str:
 class CacheView:
     """``ctx.cache``: recorded reads; writes and invalidations after the step commits."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Attempt) -> None:
         self._ctx = ctx
         self._after_commit: list[Callable[[], None]] = []
         self._namespace_prefix = f"{ctx.namespace}:" if ctx.namespace else ""

@@ -22,25 +22,24 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from replayq import codec
 from replayq.errors import LeaseLostError, PayloadError, RecordedFailure
 from replayq.model import Job, TraceEvent
 from replayq.queue.contracts import render_template
 from replayq.queue.enqueue import EnqueueRequest, insert_job
+from replayq.queue.handlers import Handler
 from replayq.recording.blobs import put_bytes, ref_of
+from replayq.recording.cache import CacheView
+from replayq.recording.effects import EffectRunner
+from replayq.recording.locks import LockHandle, LockManager
+from replayq.recording.outbox import OutboxView
+from replayq.recording.state import StateView
 from replayq.recording.world import LIVE, LiveWorld, World
+from replayq.runtime import RuntimeSource
+from replayq.seal import unsealed
 from replayq.storage.protocol import Transaction
-
-if TYPE_CHECKING:
-    from replayq.queue.handlers import Handler
-    from replayq.recording.cache import CacheView
-    from replayq.recording.effects import EffectRunner
-    from replayq.recording.locks import LockHandle, LockManager
-    from replayq.recording.outbox import OutboxView
-    from replayq.recording.state import StateView
-    from replayq.runtime import RuntimeSource
 
 
 @dataclass
@@ -82,33 +81,27 @@ class Context:
 
     @cached_property
     def locks(self) -> LockManager:
-        from replayq.recording.locks import LockManager
-
         return LockManager(self)
 
     @cached_property
     def state(self) -> StateView:
-        from replayq.recording.state import StateView
-
         return StateView(self)
 
     @cached_property
     def cache(self) -> CacheView:
-        from replayq.recording.cache import CacheView
-
         return CacheView(self)
 
     @cached_property
     def outbox(self) -> OutboxView:
-        from replayq.recording.outbox import OutboxView
-
         return OutboxView(self)
 
     @cached_property
     def effects(self) -> EffectRunner:
-        from replayq.recording.effects import EffectRunner
-
         return EffectRunner(self)
+
+    def fences(self) -> dict[str, int]:
+        """The fencing token of every lock this attempt holds, by resource."""
+        return self.locks.fences() if self._built("locks") else {}
 
     def _built(self, view: str) -> bool:
         """Whether the view ``view`` was used (built) in this attempt."""
@@ -350,7 +343,8 @@ class Context:
             return answer
         started = time.monotonic()
         try:
-            response = fn(*args, **kwargs)
+            with unsealed():  # a recorded call is the door the seal leaves open
+                response = fn(*args, **kwargs)
         except Exception as exc:
             self.record(
                 "call",

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from replayq import codec
 from replayq.errors import (
@@ -32,12 +32,11 @@ from replayq.errors import (
     RecordedFailure,
 )
 from replayq.queue.contracts import render_template
+from replayq.recording.attempt import Attempt
 from replayq.recording.blobs import load_json, put_bytes
 from replayq.recording.world import LIVE
+from replayq.seal import unsealed
 from replayq.storage.reconnect import retry_unavailable
-
-if TYPE_CHECKING:
-    from replayq.recording.context import Context
 
 IN_DOUBT_POLICIES = ("park", "retry")
 # How long the record's claim or completion is retried while the database is unreachable.
@@ -47,7 +46,7 @@ RECONNECT_SECONDS = 60.0
 class EffectRunner:
     """Runs ``ctx.effect`` calls for one attempt."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Attempt) -> None:
         self._ctx = ctx
 
     def default_key(self, kind: str) -> str:
@@ -120,7 +119,8 @@ class EffectRunner:
             return outcome
         started = time.monotonic()
         try:
-            result = fn()
+            with unsealed():  # the effect itself is the door the seal leaves open
+                result = fn()
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             with runtime.storage.transaction() as tx:
@@ -176,7 +176,13 @@ class EffectRunner:
         runtime = ctx.runtime
         with runtime.storage.transaction() as tx:
             if raw is not None:
-                put_bytes(tx, raw, now=runtime.clock.now(), limit=ctx.blob_limit, what=kind)
+                put_bytes(
+                    tx,
+                    raw,
+                    now=runtime.clock.now(),
+                    limit=runtime.limits.blob_limit_bytes,
+                    what=kind,
+                )
             changed = tx.idem_succeed(
                 {
                     "key": key,

@@ -14,14 +14,12 @@ import time
 import uuid
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from replayq.durations import parse_duration
 from replayq.errors import ConfigurationError, LockTimeoutError
-
-if TYPE_CHECKING:
-    from replayq.recording.context import Context
-    from replayq.runtime import RuntimeSource
+from replayq.recording.attempt import Attempt
+from replayq.runtime import RuntimeSource
 
 DEFAULT_WAIT_SECONDS = 10.0
 _POLL_SECONDS = 0.05
@@ -79,7 +77,7 @@ class LockHandle:
 class LockManager:
     """``ctx.locks``: acquires, renews and releases the locks of one job attempt."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Attempt) -> None:
         self._ctx = ctx
         self.held: dict[str, LockHandle] = {}
 

@@ -20,22 +20,20 @@ from __future__ import annotations
 import json
 import urllib.request
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from replayq import codec
 from replayq.model import TraceEvent
 from replayq.queue.enqueue import EnqueueRequest, insert_job
+from replayq.recording.attempt import Attempt
+from replayq.runtime import Runtime, RuntimeSource
 from replayq.storage.protocol import Row, Transaction
-
-if TYPE_CHECKING:
-    from replayq.recording.context import Context
-    from replayq.runtime import Runtime, RuntimeSource
 
 
 class OutboxView:
     """``ctx.outbox``."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Attempt) -> None:
         self._ctx = ctx
 
     def publish(self, topic: str, payload: dict[str, Any]) -> str:

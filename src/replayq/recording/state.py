@@ -9,15 +9,13 @@ through to its base branch as of the branch point for entities it has not writte
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from replayq import codec
+from replayq.recording.attempt import Attempt
 from replayq.recording.blobs import load_json
+from replayq.runtime import RuntimeSource
 from replayq.storage.protocol import Row, Transaction
-
-if TYPE_CHECKING:
-    from replayq.recording.context import Context
-    from replayq.runtime import RuntimeSource
 
 MAIN = "main"
 
@@ -186,7 +184,7 @@ def version_row(
 class StateView:
     """``ctx.state``: reads and writes of versioned entities inside a job."""
 
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Attempt) -> None:
         self._ctx = ctx
         self._read_versions: dict[tuple[str, str], int] = {}
         self._read: dict[tuple[str, str], Entity] = {}
@@ -285,7 +283,7 @@ class StateView:
             ctx.record("state.unchanged", resource=resource, resource_version=base)
             return Entity(namespace, key, base, data)
         new_version = base + 1
-        fences = ctx.locks.fences()
+        fences = ctx.fences()
         event = ctx.record(
             "state.write",
             resource=resource,

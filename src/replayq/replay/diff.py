@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from replayq.model import TraceEvent
-
-if TYPE_CHECKING:
-    from replayq.runtime import RuntimeSource
+from replayq.runtime import RuntimeSource
 
 EFFECT_EVENTS = ("effect.succeeded", "effect.replayed", "effect.failed")
 

@@ -21,7 +21,7 @@ import importlib
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from replayq import codec
 from replayq.errors import ConfigurationError, JobError, ReplayDivergenceError, classify
@@ -29,9 +29,8 @@ from replayq.model import TraceEvent
 from replayq.queue.handlers import Handler, PayloadShape
 from replayq.recording.context import Context
 from replayq.replay.recorded import Outcome, RecordedWorld, Recording, load_recording
-
-if TYPE_CHECKING:
-    from replayq.runtime import Runtime, RuntimeSource
+from replayq.runtime import Runtime, RuntimeSource
+from replayq.seal import SealReport, Violation, seal
 
 REPLAY_WORKER = "replay"
 
@@ -68,11 +67,15 @@ class ReplayReport:
     error: str | None = None
     fork_step: str | None = None
     reached_fork: bool | None = None
+    unrecorded_io: list[str] = field(default_factory=list)
+    allowed_io: list[str] = field(default_factory=list)
+    allow_io: bool = False
 
     @property
     def diverged(self) -> bool:
         return (
             self.first_divergence is not None
+            or bool(self.unrecorded_io)
             or self.outcome_recorded.status != self.outcome_now.status
             or bool(self.decisions)
             or bool(self.state_writes)
@@ -290,6 +293,7 @@ def _run_derived(
     overrides: dict[str, Any],
     stubs: dict[str, Any],
     base_hlc: int,
+    allow_io: bool,
 ) -> ReplayReport:
     details = {
         "attempt": recording.attempt,
@@ -315,14 +319,16 @@ def _run_derived(
         namespace=branch,
     )
     error = None
-    try:
-        outcome = _execute(ctx)
-    except ReplayDivergenceError as exc:
-        error = str(exc)
-        ctx.record("replay.denied", status="fail", error=error)
-        ctx.discard_writes()
-        ctx.commit_now(failed=True)
-        outcome = Outcome("failed", error_class="replay", error=error)
+    with seal(step=lambda: ctx.current_step, allow_io=allow_io) as sealed:
+        try:
+            outcome = _execute(ctx)
+        except ReplayDivergenceError as exc:
+            error = str(exc)
+            ctx.record("replay.denied", status="fail", error=error)
+            ctx.discard_writes()
+            ctx.commit_now(failed=True)
+            outcome = Outcome("failed", error_class="replay", error=error)
+    unrecorded = _record_unrecorded_io(runtime, ctx, sealed)
     _finish(runtime, trace_id, outcome, origin)
     with runtime.storage.transaction(readonly=True) as tx:
         now_events = [e for e in tx.trace_for_trace(trace_id) if e.name != f"{origin}.finished"]
@@ -347,10 +353,37 @@ def _run_derived(
         error=error,
         fork_step=fork_step,
         reached_fork=answers.reached_fork if fork_step else None,
+        unrecorded_io=[str(v) for v in unrecorded if not v.allowed],
+        allowed_io=[str(v) for v in unrecorded if v.allowed],
+        allow_io=allow_io,
     )
-    if error and report.first_divergence is None:
+    if report.unrecorded_io:
+        # I/O that bypassed ctx is the divergence that matters most: name it first.
+        first = next(v for v in unrecorded if not v.allowed)
+        report.first_divergence = Divergence(0, first.step, None, None, None, None, str(first))
+    elif error and report.first_divergence is None:
         report.first_divergence = Divergence(0, ctx.current_step, None, None, None, None, error)
     return report
+
+
+def _record_unrecorded_io(runtime: Runtime, ctx: Context, sealed: SealReport) -> list[Violation]:
+    """Write each call that bypassed ``ctx`` into the derived trace (``io.unrecorded``)."""
+    if not sealed.violations:
+        return []
+    events = [
+        ctx.event(
+            "io.unrecorded",
+            status="allowed" if v.allowed else "fail",
+            call=v.call,
+            target=v.target,
+            at_step=v.step,
+            allowed=v.allowed,
+        )
+        for v in sealed.violations
+    ]
+    with runtime.storage.transaction() as tx:
+        tx.trace_append(events)
+    return list(sealed.violations)
 
 
 def _from_step(events: list[TraceEvent], step: str) -> list[TraceEvent]:
@@ -367,8 +400,15 @@ def dry_run(
     attempt: int | None = None,
     version: str | None = None,
     handler: str | None = None,
+    allow_io: bool = False,
 ) -> ReplayReport:
-    """Re-run a recorded attempt with every external answer from the recording."""
+    """Re-run a recorded attempt with every external answer from the recording.
+
+    The handler runs sealed: I/O that bypasses ``ctx`` (sockets, host names,
+    subprocesses, file writes outside the run's temporary directory) is refused
+    with ``UnrecordedIOError`` and reported as the first divergence.
+    ``allow_io=True`` lets it happen and still lists it.
+    """
     runtime = source.runtime
     recording = load_recording(runtime, job_id, attempt)
     chosen = choose_handler(runtime, recording, version, handler)
@@ -381,6 +421,7 @@ def dry_run(
         overrides={},
         stubs={},
         base_hlc=recording.start_hlc,
+        allow_io=allow_io,
     )
 
 
@@ -394,8 +435,12 @@ def fork(
     handler: str | None = None,
     overrides: dict[str, Any] | None = None,
     stubs: dict[str, Any] | None = None,
+    allow_io: bool = False,
 ) -> ReplayReport:
-    """Branch the state as it was before ``from_step`` and run the chosen code from there."""
+    """Branch the state as it was before ``from_step`` and run the chosen code from there.
+
+    Sealed like ``dry_run``: I/O that bypasses ``ctx`` is refused and reported.
+    """
     runtime = source.runtime
     recording = load_recording(runtime, job_id, attempt)
     starts = [
@@ -421,6 +466,7 @@ def fork(
         overrides=overrides or {},
         stubs=stubs or {},
         base_hlc=starts[0].hlc - 1,
+        allow_io=allow_io,
     )
 
 

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from replayq import codec
 from replayq.model import TraceEvent
 from replayq.queue.enqueue import EnqueueRequest, insert_job
 from replayq.recording.state import MAIN, read_entity, version_row
+from replayq.replay.engine import ReplayReport
 from replayq.replay.recorded import load_recording
-
-if TYPE_CHECKING:
-    from replayq.replay.engine import ReplayReport
-    from replayq.runtime import RuntimeSource
+from replayq.runtime import RuntimeSource
 
 CASE_FORMAT = "replayq.case/1"
 _VALUE_KEYS = {"call": "response", "effect.succeeded": "result", "effect.deduplicated": "result"}
@@ -125,6 +123,7 @@ def replay_case_file(
     *,
     version: str | None = None,
     handler: str | None = None,
+    allow_io: bool = False,
 ) -> ReplayReport:
     """Dry-run ``runtime``'s handler (or ``version``) against a case in a temporary database."""
     from replayq.replay.engine import dry_run
@@ -138,6 +137,6 @@ def replay_case_file(
         scratch = runtime.scratch(f"sqlite:///{folder}/case.db")
         try:
             job_id = import_case(scratch, case)
-            return dry_run(scratch, job_id, version=version, handler=handler)
+            return dry_run(scratch, job_id, version=version, handler=handler, allow_io=allow_io)
         finally:
             scratch.close()

@@ -13,15 +13,13 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from replayq.errors import RecordedFailure, ReplayDivergenceError, ReplayqError
 from replayq.model import Job, TraceEvent
 from replayq.queue.enqueue import get_job
 from replayq.recording.blobs import load_json
-
-if TYPE_CHECKING:
-    from replayq.runtime import RuntimeSource
+from replayq.runtime import RuntimeSource
 
 EFFECT_OUTCOMES = ("effect.succeeded", "effect.deduplicated", "effect.replayed")
 

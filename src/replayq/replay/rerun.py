@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from replayq import codec
 from replayq.errors import ConfigurationError, EffectRefusedError
@@ -29,9 +29,7 @@ from replayq.model import TraceEvent
 from replayq.recording.context import Context
 from replayq.recording.world import LIVE, LiveWorld
 from replayq.replay.recorded import EFFECT_OUTCOMES, Outcome, load_recording
-
-if TYPE_CHECKING:
-    from replayq.runtime import RuntimeSource
+from replayq.runtime import RuntimeSource
 
 
 class GatedWorld(LiveWorld):

@@ -13,16 +13,14 @@ compensated explicitly, and the record and trace then say ``compensated``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from replayq import codec
 from replayq.errors import ConcurrencyError, RollbackRefusedError
 from replayq.model import TraceEvent
 from replayq.queue.enqueue import get_job
 from replayq.recording.state import MAIN, delta_of, read_entity, resource_name, version_row
-
-if TYPE_CHECKING:
-    from replayq.runtime import RuntimeSource
+from replayq.runtime import RuntimeSource
 
 
 @dataclass

@@ -7,10 +7,8 @@ counted per job type by ``replayq signals``; nothing is sampled or guessed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from replayq.runtime import RuntimeSource
+from replayq.runtime import RuntimeSource
 
 SIGNALS: dict[str, str] = {
     "lease.expired": "lease-expiry re-deliveries",

@@ -7,11 +7,14 @@ value newer than its source). The database backend commits each write on its own
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, cast
 
 from replayq import codec
 from replayq.errors import ConfigurationError
+from replayq.seal import unsealed
 from replayq.storage.protocol import Row, Storage
 
 
@@ -90,6 +93,20 @@ def _params(entry: CacheEntry) -> dict[str, Any]:
     }
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _replayq_io(method: F) -> F:
+    """Redis is replayq's own connection: a sealed replay must not refuse it."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with unsealed():
+            return method(*args, **kwargs)
+
+    return cast(F, wrapper)
+
+
 class RedisCache:
     """Redis backend: one hash per key, a sorted set per base key ordered by write time."""
 
@@ -105,6 +122,7 @@ class RedisCache:
     def _index(self, base_key: str) -> str:
         return f"{self._prefix}index:{base_key}"
 
+    @_replayq_io
     def get(self, key: str, now: float) -> CacheEntry | None:
         raw = self._redis.hget(self._hash(key), "entry")
         if raw is None:
@@ -114,6 +132,7 @@ class RedisCache:
             return None
         return entry
 
+    @_replayq_io
     def latest(self, base_key: str, now: float) -> CacheEntry | None:
         for key in self._redis.zrevrange(self._index(base_key), 0, 10):
             entry = self.get(_text(key), now)
@@ -121,6 +140,7 @@ class RedisCache:
                 return entry
         return None
 
+    @_replayq_io
     def put(self, entry: CacheEntry) -> None:
         body = codec.dumps(vars(entry), what=f"cache {entry.key}")
         pipe = self._redis.pipeline(transaction=True)
@@ -130,6 +150,7 @@ class RedisCache:
         pipe.zadd(self._index(entry.base_key), {entry.key: entry.written_at})
         pipe.execute()
 
+    @_replayq_io
     def delete_base(self, base_key: str) -> None:
         keys = [_text(k) for k in self._redis.zrange(self._index(base_key), 0, -1)]
         pipe = self._redis.pipeline(transaction=True)

@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from replayq.model import Job, TraceEvent
+from replayq.model import Job, StatRow, TraceEvent
 
 Row = dict[str, Any]
 
@@ -100,14 +100,6 @@ class JobFilter:
     job_type: str | None = None
     origin: str | None = "production"
     limit: int = 100
-
-
-@dataclass(frozen=True)
-class StatRow:
-    job_type: str
-    state: str
-    count: int
-    oldest_run_at: float | None
 
 
 @dataclass(frozen=True)

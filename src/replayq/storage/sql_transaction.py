@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from replayq import codec
-from replayq.model import Job, JobState, TraceEvent
+from replayq.model import Job, JobState, StatRow, TraceEvent
 from replayq.storage.context_verbs import ContextVerbs
 from replayq.storage.protocol import (
     JobBury,
@@ -21,7 +21,6 @@ from replayq.storage.protocol import (
     JobLease,
     JobRetry,
     LeaseExtend,
-    StatRow,
 )
 
 _JOB_COLUMNS = (

@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
+from replayq.seal import unsealed
 from replayq.storage import migrate
 from replayq.storage.protocol import MigrationStatus
 from replayq.storage.queries import load_queries
@@ -93,9 +94,10 @@ class SqliteStorage:
         if conn is not None:
             return conn
         try:
-            conn = sqlite3.connect(
-                self.path, isolation_level=None, check_same_thread=False, timeout=0
-            )
+            with unsealed():  # replayq's own database, also during a sealed replay
+                conn = sqlite3.connect(
+                    self.path, isolation_level=None, check_same_thread=False, timeout=0
+                )
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
             conn.execute("PRAGMA journal_mode = WAL")
             # PRAGMA values cannot be bound parameters; this one is checked against _SYNC_MODES.

@@ -1,0 +1,233 @@
+"""``replayq db``, ``contract``, ``locks``, ``outbox``, ``state``, ``demo``: the shared parts."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import click
+
+import replayq
+from replayq import codec
+from replayq.cli import render
+from replayq.cli.env import Env, emit_json, pass_env
+
+
+@click.group()
+def db() -> None:
+    """Schema migrations."""
+
+
+@db.command("upgrade")
+@pass_env
+def db_upgrade(env: Env) -> None:
+    """Apply pending migrations."""
+    applied = replayq.App(env.db, auto_migrate=False).schema_upgrade()
+    for status in applied:
+        click.echo(f"applied {status.version:04d}_{status.name}")
+    if not applied:
+        click.echo("schema is up to date")
+
+
+@db.command("status")
+@click.option("--json", "as_json", is_flag=True)
+@pass_env
+def db_status(env: Env, as_json: bool) -> None:
+    """List migrations and whether each is applied."""
+    statuses = replayq.App(env.db, auto_migrate=False).schema_status()
+    if as_json:
+        emit_json([vars(s) for s in statuses])
+        return
+    for status in statuses:
+        state = "applied " + render.timestamp(status.applied_at) if status.applied_at else "PENDING"
+        click.echo(f"{status.version:04d}_{status.name:<24} {state}")
+
+
+@click.group()
+def contract() -> None:
+    """Show, diff and lint stored job contracts."""
+
+
+def _stored(app: replayq.App, job_type: str) -> dict[str, replayq.JobContract]:
+    found = {c.version: c for c in app.contracts(job_type)}
+    if not found:
+        raise click.ClickException(
+            f"no stored contract for {job_type!r}; contracts are stored when a worker starts"
+        )
+    return found
+
+
+@contract.command("show")
+@click.argument("job_type")
+@click.option("--json", "as_json", is_flag=True)
+@pass_env
+def contract_show(env: Env, job_type: str, as_json: bool) -> None:
+    """Every stored version of a job type's contract."""
+    found = _stored(env.app(), job_type)
+    if as_json:
+        emit_json({v: c.to_dict() for v, c in found.items()})
+        return
+    for version, item in found.items():
+        click.echo(f"{job_type} {version}")
+        for key, value in item.to_dict().items():
+            if key not in ("name", "version"):
+                click.echo(f"  {key:<18} {codec.dumps(value)}")
+
+
+@contract.command("diff")
+@click.argument("job_type")
+@click.argument("old")
+@click.argument("new")
+@click.option("--json", "as_json", is_flag=True)
+@pass_env
+def contract_diff(env: Env, job_type: str, old: str, new: str, as_json: bool) -> None:
+    """Every operational difference between two versions (exit 1 if any)."""
+    found = _stored(env.app(), job_type)
+    for version in (old, new):
+        if version not in found:
+            raise click.ClickException(f"{job_type} has no stored version {version!r}")
+    changes = replayq.diff_contracts(found[old], found[new])
+    if as_json:
+        emit_json([vars(c) for c in changes])
+    elif not changes:
+        click.echo(f"{job_type}: {old} and {new} have the same contract")
+    else:
+        for change in changes:
+            click.echo(f"{change.concern:<28} {change.field:<20} {change.old!r} -> {change.new!r}")
+    sys.exit(1 if changes else 0)
+
+
+@contract.command("lint")
+@click.argument("job_type", required=False)
+@click.option("--json", "as_json", is_flag=True)
+@pass_env
+def contract_lint(env: Env, job_type: str | None, as_json: bool) -> None:
+    """Flag contracts that break the rules (exit 1 if any finding)."""
+    app = env.app()
+    findings = []
+    for item in app.contracts(job_type):
+        with app.storage.transaction(readonly=True) as tx:
+            durations = sorted(tx.job_durations(item.name, item.version))
+        p99 = durations[min(len(durations) - 1, int(len(durations) * 0.99))] if durations else None
+        findings.extend(replayq.lint_contract(item, p99_duration=p99))
+    if as_json:
+        emit_json([vars(f) for f in findings])
+    elif not findings:
+        click.echo("no findings")
+    else:
+        for finding in findings:
+            click.echo(f"{finding.job_type} {finding.version}: {finding.rule}: {finding.message}")
+    sys.exit(1 if findings else 0)
+
+
+@click.group()
+def locks() -> None:
+    """Lease locks: who holds what, with fencing tokens."""
+
+
+@locks.command("list")
+@click.option("--json", "as_json", is_flag=True)
+@pass_env
+def locks_list(env: Env, as_json: bool) -> None:
+    """Held locks: resource, owner, fencing token, age, TTL left."""
+
+    app = env.app()
+    held = replayq.list_locks(app)
+    if as_json:
+        emit_json([vars(lock) for lock in held])
+        return
+    if not held:
+        click.echo("(no locks held)")
+        return
+    now = app.clock.now()
+    click.echo(f"{'resource':<28} {'token':>6}  {'job':>6}  {'age':>8}  {'ttl left':>8}  owner")
+    for lock in held:
+        age = now - (lock.acquired_at or now)
+        left = (lock.expires_at or now) - now
+        click.echo(
+            f"{lock.resource:<28} {lock.fencing_token:>6}  {lock.job_id or '-':>6}  "
+            f"{age:>7.1f}s  {left:>7.1f}s  {lock.worker_id}"
+        )
+
+
+@locks.command("break")
+@click.argument("resource")
+@click.option("--reason", required=True, help="Why; recorded in the trace.")
+@pass_env
+def locks_break(env: Env, resource: str, reason: str) -> None:
+    """Force a lock free; the old holder's later writes are fenced off."""
+
+    broken = replayq.break_lock(env.app(), resource, reason=reason)
+    if broken is None:
+        raise click.ClickException(f"no lock is held on {resource!r}")
+    click.echo(f"broke lock {resource} (was held by {broken.worker_id}, job {broken.job_id})")
+
+
+@click.group()
+def outbox() -> None:
+    """The transactional outbox."""
+
+
+@outbox.command("run")
+@click.option("--sink", default="job", show_default=True, help="job, redis://..., http(s)://...")
+@click.option("--app", "app_spec", default=None, help="module:attribute of your replayq.App")
+@click.option("--once", is_flag=True, help="Publish what is pending, then exit.")
+@click.option("--interval", default=1.0, show_default=True)
+@pass_env
+def outbox_run(env: Env, sink: str, app_spec: str | None, once: bool, interval: float) -> None:
+    """Publish outbox rows to a sink, at least once, with a stable event id."""
+
+    app = env.app(app_spec)
+    target = replayq.open_sink(app, sink)
+    while True:
+        result = replayq.publish_pending(app, target)
+        if result.published or result.failed:
+            click.echo(f"published={result.published} failed={result.failed}")
+        if once and result.published + result.failed == 0:
+            return
+        if not once and result.published == 0:
+            time.sleep(interval)
+
+
+@click.group()
+def state() -> None:
+    """Versioned entity state."""
+
+
+@state.command("history")
+@click.argument("namespace")
+@click.argument("key")
+@click.option("--json", "as_json", is_flag=True)
+@pass_env
+def state_history(env: Env, namespace: str, key: str, as_json: bool) -> None:
+    """Every version of an entity with the job that wrote it."""
+    versions = env.app().state.history(namespace, key)
+    if as_json:
+        emit_json([vars(v) for v in versions])
+        return
+    for v in versions:
+        click.echo(
+            f"v{v.version:<4} parent={v.parent_version or '-':<4} job={v.job_id or '-':<6} "
+            f"token={v.fencing_token or '-':<4} {render.timestamp(v.created_at)}  "
+            f"delta={codec.dumps(v.delta)}"
+        )
+
+
+@click.command("demo")
+@click.option("--db", "demo_db", default=None, help="Database (default: a temporary SQLite file).")
+@click.option("--keep", is_flag=True, help="Keep the database, logs and case.json afterwards.")
+@click.pass_context
+def demo_command(ctx: click.Context, demo_db: str | None, keep: bool) -> None:
+    """Reproduce the ShipOrder incident on local services, investigate it, prove the fix.
+
+    On PostgreSQL (--db postgresql://...) the demo works in a fresh schema that it
+    drops at the end. $REPLAYQ_DB is ignored: the demo writes only where it is told.
+    """
+    from click.core import ParameterSource
+
+    from replayq.demo import run_demo
+
+    root = ctx.find_root()
+    if demo_db is None and root.get_parameter_source("db") is ParameterSource.COMMANDLINE:
+        demo_db = root.params.get("db")
+    run_demo(demo_db, keep)

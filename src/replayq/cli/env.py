@@ -1,0 +1,49 @@
+"""What every command shares: the database URL, the user's app, JSON output."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+from typing import Any
+
+import click
+
+from replayq import App
+
+
+class Env:
+    """What the root command collected: the database URL and, if given, the user's app."""
+
+    def __init__(self, db: str | None) -> None:
+        self.db = db
+        self._app: App | None = None
+
+    def app(self, spec: str | None = None) -> App:
+        if self._app is None:
+            self._app = load_app(spec) if spec else App(self.db)
+            if spec and self.db:
+                self._app = self._app.on_database(self.db)
+        return self._app
+
+
+def load_app(spec: str) -> App:
+    """Import ``module:attribute`` and return the ``App`` it names."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise click.BadParameter(f"{spec!r}: use module:attribute, e.g. shop.jobs:app")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    module = importlib.import_module(module_name)
+    app = getattr(module, attribute, None)
+    if not isinstance(app, App):
+        raise click.BadParameter(f"{spec!r} is not a replayq.App")
+    return app
+
+
+def emit_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=True, default=str))
+
+
+pass_env = click.make_pass_decorator(Env)

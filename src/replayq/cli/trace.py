@@ -1,0 +1,58 @@
+"""``replayq trace``: a job's timeline, a resource's timeline across workers, exported cases."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+import replayq
+from replayq.cli import render
+from replayq.cli.env import Env, emit_json, pass_env
+
+
+@click.group("trace")
+def trace_group() -> None:
+    """Read traces."""
+
+
+@trace_group.command("show")
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+@pass_env
+def trace_show(env: Env, job_id: int, as_json: bool) -> None:
+    """A job's timeline: every attempt, decision and transition."""
+    app = env.app()
+    app.get_job(job_id)
+    events = app.trace(job_id)
+    if as_json:
+        emit_json([vars(e) for e in events])
+    else:
+        click.echo(render.timeline(events))
+
+
+@trace_group.command("resource")
+@click.argument("resource")
+@click.option(
+    "--leases", is_flag=True, help="Also show the lease transitions of the jobs that touched it."
+)
+@click.option("--json", "as_json", is_flag=True)
+@pass_env
+def trace_resource(env: Env, resource: str, leases: bool, as_json: bool) -> None:
+    """Every event on one resource across jobs and workers, in happens-before order."""
+    events = env.app().resource_trace(resource, leases=leases)
+    if as_json:
+        emit_json([vars(e) for e in events])
+    else:
+        click.echo(render.timeline(events, show_job=True))
+
+
+@trace_group.command("export")
+@click.argument("job_id", type=int)
+@click.option("--attempt", type=int, default=None)
+@click.option("--app", "app_spec", required=True, help="module:attribute of your replayq.App")
+@pass_env
+def trace_export(env: Env, job_id: int, attempt: int | None, app_spec: str) -> None:
+    """Write a self-contained regression case (JSON) for replayq.testing."""
+
+    click.echo(json.dumps(replayq.export_case(env.app(app_spec), job_id, attempt), indent=1))

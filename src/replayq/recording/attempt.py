@@ -1,0 +1,57 @@
+"""The port the context's views are written against: one job attempt being recorded.
+
+``state``, ``locks``, ``effects``, ``cache`` and ``outbox`` each take an
+``Attempt`` — the parts of ``Context`` they use — so they import this small
+protocol and never the context itself (the context builds them on first use).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from replayq.model import Job, TraceEvent
+from replayq.queue.handlers import Handler
+from replayq.recording.world import World
+from replayq.runtime import Runtime
+from replayq.storage.protocol import Transaction
+
+
+class Attempt(Protocol):
+    """One attempt of a job as its recording views see it."""
+
+    runtime: Runtime
+    job: Job
+    handler: Handler
+    world: World
+    worker_id: str
+    branch: str
+    namespace: str
+
+    @property
+    def trace_id(self) -> str: ...
+
+    @property
+    def attempt(self) -> int: ...
+
+    def event(self, name: str, **fields: Any) -> TraceEvent:
+        """Build the next domain event of this attempt (not yet recorded)."""
+        ...
+
+    def record(self, name: str, **fields: Any) -> TraceEvent:
+        """Record a domain event; it commits with the step (or the ack)."""
+        ...
+
+    def defer(self, write: Callable[[Transaction], None]) -> None:
+        """Run ``write(tx)`` in the transaction that commits the current step."""
+        ...
+
+    def encode(self, value: Any, *, what: str) -> tuple[Any, str | None, bytes | None]:
+        """Check a value for recording: ``(inline value, blob ref, blob bytes)``."""
+        ...
+
+    def store_blob(self, raw: bytes | None, what: str) -> None: ...
+
+    def fences(self) -> dict[str, int]:
+        """The fencing token of every lock this attempt holds, by resource."""
+        ...

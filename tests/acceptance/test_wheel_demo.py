@@ -1,0 +1,39 @@
+"""The wheel carries everything the demo needs: a fresh virtualenv with only the wheel runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_fresh_virtualenv_with_only_the_built_wheel_runs_the_demo(tmp_path: Path) -> None:
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(dist), str(ROOT)],
+        check=True,
+        timeout=300,
+    )
+    (wheel,) = dist.glob("replayq-*.whl")
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    python = env_dir / "bin" / "python"
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "--quiet", str(wheel)], check=True, timeout=300
+    )
+
+    demo = subprocess.run(
+        [str(env_dir / "bin" / "replayq"), "demo"],
+        cwd=tmp_path,  # not the checkout: nothing may come from the source tree
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    assert "assert_replays(case, app, version='v2')  -> passes" in demo.stdout
+    assert "What happened:" in demo.stdout
