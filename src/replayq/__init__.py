@@ -47,6 +47,7 @@ from replayq.errors import (
 from replayq.model import DeadReason, Job, JobState, StatRow, TraceEvent
 from replayq.queue.contracts import JobContract, Retry, diff_contracts, lint_contract
 from replayq.recording.context import Context
+from replayq.recording.in_doubt import EffectRecord, EffectResolution
 from replayq.recording.locks import break_lock, list_locks
 from replayq.recording.outbox import open_sink, publish_pending
 from replayq.recording.state import Entity, StateStore
@@ -70,7 +71,9 @@ __all__ = [
     "DeadReason",
     "DependencyError",
     "EffectInDoubtError",
+    "EffectRecord",
     "EffectRefusedError",
+    "EffectResolution",
     "EnqueueRequest",
     "Entity",
     "FailureClass",

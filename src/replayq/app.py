@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import inspect
 import os
 import random
@@ -15,6 +16,7 @@ from replayq.model import Job, TraceEvent
 from replayq.queue import lifecycle
 from replayq.queue.catalog import register_contracts, stored_contracts
 from replayq.queue.contracts import (
+    DEFAULT_RESUME,
     JobContract,
     LintFinding,
     Retry,
@@ -23,6 +25,13 @@ from replayq.queue.contracts import (
 )
 from replayq.queue.enqueue import EnqueueRequest, get_job, insert_job
 from replayq.queue.handlers import Handler, HandlerRegistry, PayloadShape
+from replayq.recording.in_doubt import (
+    EffectRecord,
+    EffectResolution,
+    list_effects,
+    reconcile_effects,
+    resolve_effect,
+)
 from replayq.recording.state import StateStore
 from replayq.runtime import DEFAULT_BLOB_LIMIT_BYTES, Limits, Runtime
 from replayq.storage import open_storage
@@ -32,6 +41,15 @@ from replayq.storage.protocol import JobFilter, MigrationStatus, Storage, Transa
 __all__ = ["App", "EnqueueRequest"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+def os_user() -> str:
+    """Who is at the keyboard, for the ``by`` of a resolution (``$USER`` or the login name)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry (containers) and no $USER
+        return "unknown"
+
 
 DEFAULT_URL = "sqlite:///replayq.db"
 # The lifecycle events a resource timeline shows for the jobs that touched the resource.
@@ -144,11 +162,15 @@ class App:
         cache_namespace: str | None = None,
         cache_ttl: Duration | None = None,
         errors: Mapping[type[BaseException], str] | None = None,
+        resume: str = DEFAULT_RESUME,
     ) -> Callable[[F], F]:
         """Declare a job type with its contract; the contract is validated here.
 
         The newest declaration of a type becomes the version workers run, unless
         it is declared ``candidate=True`` (kept for replay, fork and verification).
+        ``resume="step"`` (the default): a retry returns the recorded result of each
+        ``ctx.step(name, fn)`` an earlier attempt committed instead of running it again;
+        ``"none"``: every attempt runs every step.
         """
 
         def decorate(fn: F) -> F:
@@ -172,6 +194,7 @@ class App:
                 cache_namespace=cache_namespace,
                 cache_ttl=cache_ttl,
                 errors=errors,
+                resume=resume,
             )
             error_map = {exc: FailureClass(cls) for exc, cls in (errors or {}).items()}
             self.registry.declare(Handler(contract, fn, shape, error_map), candidate=candidate)
@@ -190,6 +213,56 @@ class App:
             return fn
 
         return decorate
+
+    def reconciler(self, kind: str) -> Callable[[F], F]:
+        """Register ``fn(record) -> EffectResolution | None`` that asks the provider the truth.
+
+        Called for an in-doubt effect of ``kind`` (``record`` is an ``EffectRecord``)
+        by the worker before it parks the job, and by ``replayq effects resolve
+        --auto``. Return ``None`` when the provider does not know; an exception
+        counts as unknown too.
+        """
+
+        def decorate(fn: F) -> F:
+            self.registry.reconcilers[kind] = fn
+            return fn
+
+        return decorate
+
+    def effects(
+        self, *, in_doubt: bool = False, kind: str | None = None, limit: int = 100
+    ) -> list[EffectRecord]:
+        """Effect records (idempotency ledger), newest first; ``in_doubt`` for the unsettled."""
+        return list_effects(self, in_doubt=in_doubt, kind=kind, limit=limit)
+
+    def effects_in_doubt(self, *, kind: str | None = None) -> list[EffectRecord]:
+        """Effects started by an attempt that ended without recording their outcome."""
+        return list_effects(self, in_doubt=True, kind=kind, limit=10_000)
+
+    def resolve_effect(
+        self,
+        key: str,
+        *,
+        succeeded: bool,
+        result: Any = None,
+        reason: str | None = None,
+        by: str | None = None,
+    ) -> EffectRecord:
+        """Settle an in-doubt effect; then ``requeue`` its parked job to continue.
+
+        ``succeeded=True``: the job's next attempt gets ``result`` from the ledger
+        without calling the effect. ``succeeded=False``: it calls the effect again.
+        ``by`` (default: the OS user) and ``reason`` go into the trace.
+        """
+        return resolve_effect(
+            self, key, succeeded=succeeded, result=result, reason=reason, by=by or os_user()
+        )
+
+    def reconcile_effects(
+        self, *, kind: str | None = None, by: str | None = None
+    ) -> list[tuple[EffectRecord, EffectResolution | None, str | None]]:
+        """Ask each in-doubt effect's reconciler; settle those it knows (see ``reconciler``)."""
+        return reconcile_effects(self, kind=kind, by=by or f"reconciler ({os_user()})")
 
     def on_database(self, url: str) -> App:
         """The same job types, clock and options on another database (``--db`` with ``--app``)."""

@@ -11,6 +11,7 @@ The tree::
     │   ├── DatabaseUnavailableError   the database cannot be opened or reached
     │   └── SchemaError             the schema is missing or newer than this code
     ├── LeaseLostError              a write by a worker whose lease on the job is gone
+    │                               (refused in the database: ``write.fenced``)
     ├── ReplayDivergenceError       a replay asked for something the recording does not have
     ├── RecordedFailure             in a replay, a call or effect that failed in the recording
     │                               (also a JobError of its recorded class: see recorded_failure)
@@ -25,8 +26,9 @@ The tree::
         │   ├── StaleFencingTokenError  a write under a lock that has since been re-acquired
         │   └── LockTimeoutError        a lock held by someone else past the wait
         ├── ValidationError         class ``validation``  — never retried
-        └── EffectInDoubtError      class ``validation`` — an effect's outcome is unknown and
-                                    its kind's policy is ``park``: a human decides
+        └── EffectInDoubtError      class ``in_doubt`` — an effect's outcome is unknown and
+                                    its kind's policy is ``park``: a human (or the kind's
+                                    reconciler) settles it, then the job is requeued
 
 Any other exception a handler raises is class ``unknown`` unless the job
 contract maps it (``errors={TimeoutError: "transient"}``); ``TimeoutError``
@@ -42,6 +44,7 @@ transient      retried if listed in ``Retry.on`` (default: yes)
 dependency     retried if listed in ``Retry.on`` (default: yes)
 concurrency    retried if listed in ``Retry.on`` (default: yes)
 validation     never retried: straight to ``dead``
+in_doubt       never retried: ``dead`` (``effect_in_doubt``) until the effect is settled
 unknown        retried only if listed in ``Retry.on`` (default: no)
 =============  =====================================================
 """
@@ -58,6 +61,7 @@ class FailureClass(StrEnum):
     DEPENDENCY = "dependency"
     CONCURRENCY = "concurrency"
     VALIDATION = "validation"
+    IN_DOUBT = "in_doubt"
     UNKNOWN = "unknown"
 
 
@@ -66,6 +70,7 @@ RETRY_TABLE: dict[FailureClass, str] = {
     FailureClass.DEPENDENCY: "retried if listed in Retry.on (default: yes)",
     FailureClass.CONCURRENCY: "retried if listed in Retry.on (default: yes)",
     FailureClass.VALIDATION: "never retried",
+    FailureClass.IN_DOUBT: "never retried: dead until the effect is settled (replayq effects)",
     FailureClass.UNKNOWN: "retried only if listed in Retry.on (default: no)",
 }
 
@@ -148,10 +153,12 @@ class EffectInDoubtError(JobError):
     """An earlier attempt started this effect and never recorded its outcome.
 
     Raised when the effect kind's in-doubt policy is ``park``; the job goes to
-    ``dead`` (reason ``effect_in_doubt``) so that a human checks the real world.
+    ``dead`` (reason ``effect_in_doubt``) so that a human checks the real world,
+    settles the record (``replayq effects resolve KEY``) and requeues the job.
+    Its own class: retrying cannot help, and the input is not at fault.
     """
 
-    failure_class = FailureClass.VALIDATION
+    failure_class = FailureClass.IN_DOUBT
 
 
 class ReplayDivergenceError(ReplayqError):

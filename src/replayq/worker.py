@@ -43,6 +43,7 @@ from replayq.queue import lifecycle as trace
 from replayq.queue.catalog import register_contracts
 from replayq.queue.handlers import Handler
 from replayq.recording.context import Context
+from replayq.recording.ledger import ledger_loader
 from replayq.recording.world import LiveWorld, LostFlag
 from replayq.runtime import RuntimeSource
 from replayq.storage.protocol import (
@@ -464,14 +465,28 @@ class Worker:
         except PayloadError as exc:
             self._bury(job, DeadReason.MALFORMED_PAYLOAD, FailureClass.VALIDATION, str(exc))
             return
-        world = LiveWorld(flight.lost if flight is not None else None)
-        ctx = Context(self.runtime, job, handler, worker_id=self.worker_id, world=world)
+        # Only a later attempt can find steps an earlier one committed.
+        steps = ledger_loader(self.runtime, job.id) if job.attempt > 1 else None
+        world = LiveWorld(flight.lost if flight is not None else None, steps)
+        ctx = Context(
+            self.runtime,
+            job,
+            handler,
+            worker_id=self.worker_id,
+            world=world,
+            owner_token=job.owner_token,
+        )
         if flight is not None:
             flight.ctx = ctx
         started = time.monotonic()
         try:
             result = ctx.run(self._loop if handler.is_async else None)
             result_json = codec.dumps(result, what=f"{job.job_type} result")
+        except LeaseLostError as exc:
+            # A commit or effect claim was fenced: another worker holds the job now. The
+            # attempt ends here; only its events (with ``write.fenced``) are kept.
+            self._reject(job, exc, ctx)
+            return
         except Exception as exc:
             ctx.discard_writes()
             self._fail(job, handler, ctx, exc, time.monotonic() - started)
@@ -559,6 +574,10 @@ class Worker:
         version = ctx.handler.contract.version if ctx is not None else None
         with self.runtime.storage.transaction() as tx:
             if ctx is not None:
+                refused = ctx.pending_writes()
+                if refused:  # writes made outside steps, refused with the ack
+                    ctx.record_fenced(refused, at="ack")
+                ctx.discard_writes()
                 ctx.flush(tx, failed=True)
             tx.trace_append(
                 [

@@ -51,6 +51,7 @@ def test_defaults_derive_heartbeat_and_lock_ttl_from_the_lease() -> None:
         ({"lock": "order:{0}"}, "named payload fields"),
         ({"max_payload_bytes": 0}, "max_payload_bytes"),
         ({"errors": {KeyError: "sometimes"}}, "unknown class 'sometimes'"),
+        ({"resume": "attempt"}, "resume='attempt'; use 'step'"),
     ],
 )
 def test_contract_that_cannot_work_is_rejected_when_declared(
@@ -123,6 +124,23 @@ def test_contract_survives_its_stored_form() -> None:
     stored = made.to_dict()
     assert JobContract.from_dict(stored).to_dict() == stored
     assert diff_contracts(JobContract.from_dict(stored), made) == []
+
+
+def test_retries_resume_at_the_failed_step_unless_the_contract_says_none() -> None:
+    assert contract().resume == "step"
+    assert contract(resume="none").to_dict()["resume"] == "none"
+
+
+def test_a_contract_stored_before_resume_existed_reads_as_the_default() -> None:
+    stored = contract().to_dict()
+    del stored["resume"]
+    assert JobContract.from_dict(stored) == contract()
+
+
+def test_diff_flags_a_change_of_retry_resumption() -> None:
+    [change] = diff_contracts(contract(), contract(version="v2", resume="none"))
+    assert (change.field, change.old, change.new) == ("resume", "step", "none")
+    assert change.concern == "retry resumption"
 
 
 # -- diff -------------------------------------------------------------------------------------

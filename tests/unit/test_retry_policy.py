@@ -91,3 +91,12 @@ def test_contract_mapping_classifies_foreign_exceptions_before_defaults() -> Non
     assert classify(TimeoutError(), mapping) is FailureClass.DEPENDENCY
     assert classify(replayq.ValidationError("x"), mapping) is FailureClass.VALIDATION
     assert TimeoutError in DEFAULT_ERROR_MAP
+
+
+def test_in_doubt_is_its_own_class_and_never_retried_even_if_listed() -> None:
+    from replayq.errors import RETRY_TABLE, EffectInDoubtError, FailureClass, classify
+    from replayq.queue.contracts import Retry
+
+    assert classify(EffectInDoubtError("x")) is FailureClass.IN_DOUBT
+    assert FailureClass.IN_DOUBT in RETRY_TABLE
+    assert not Retry(on=("in_doubt", "transient")).retries(FailureClass.IN_DOUBT)

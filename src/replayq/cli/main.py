@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from replayq import ReplayqError
-from replayq.cli import admin, jobs, replay, trace
+from replayq.cli import admin, effects, jobs, replay, trace
 from replayq.cli.env import Env
 
 
@@ -41,6 +41,7 @@ main.add_command(jobs.worker)
 main.add_command(jobs.enqueue)
 main.add_command(jobs.jobs)
 main.add_command(jobs.dead)
+main.add_command(effects.effects)
 main.add_command(jobs.stats)
 main.add_command(jobs.signals)
 main.add_command(trace.trace_group)

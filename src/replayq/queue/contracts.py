@@ -17,6 +17,11 @@ from replayq.errors import ContractError, FailureClass
 
 JitterMode = Literal["full", "none"]
 ACK_AFTER_COMMIT = "after_commit"
+RESUME_MODES = ("step", "none")
+"""``resume="step"``: a retry returns the recorded result of every ``ctx.step(name, fn)``
+that committed in an earlier attempt instead of running it again; ``"none"``: every
+attempt runs every step (see docs/recording-context.md, "Retries resume at the failed step")."""
+DEFAULT_RESUME = "step"
 
 
 @dataclass(frozen=True)
@@ -74,8 +79,9 @@ class Retry:
         return rng.uniform(0, ceiling) if self.jitter == "full" else ceiling
 
     def retries(self, failure_class: FailureClass) -> bool:
-        """Whether this policy retries ``failure_class`` (validation: never)."""
-        return failure_class is not FailureClass.VALIDATION and failure_class.value in self.on
+        """Whether this policy retries ``failure_class`` (validation and in_doubt: never)."""
+        never = (FailureClass.VALIDATION, FailureClass.IN_DOUBT)
+        return failure_class not in never and failure_class.value in self.on
 
 
 def template_fields(template: str) -> list[str]:
@@ -119,6 +125,7 @@ class JobContract:
     errors: Mapping[str, str] = field(default_factory=dict)
     ack: str = ACK_AFTER_COMMIT
     fields: tuple[str, ...] = ()
+    resume: str = DEFAULT_RESUME
 
     def effect_policy(self, kind: str) -> str:
         """What to do with an in-doubt effect of ``kind``: ``park`` (default) or ``retry``."""
@@ -141,6 +148,12 @@ class JobContract:
 
     @classmethod
     def from_dict(cls, body: Mapping[str, Any]) -> JobContract:
+        """Read a stored contract; a field a newer replayq added takes its default.
+
+        A contract stored before ``resume`` existed reads as the default, ``"step"``:
+        only ``ctx.step(name, fn)`` can be skipped, and that form did not exist then, so
+        such a version behaves the same under either value.
+        """
         data = dict(body)
         retry = data.pop("retry")
         return cls(
@@ -175,6 +188,7 @@ def build_contract(
     cache_namespace: str | None = None,
     cache_ttl: Duration | None = None,
     errors: Mapping[type[BaseException], str] | None = None,
+    resume: str = DEFAULT_RESUME,
 ) -> JobContract:
     """Validate a declaration and return its contract; ``ContractError`` says what is wrong."""
     if not name or not name.replace("_", "").replace(".", "").replace("-", "").isalnum():
@@ -226,6 +240,11 @@ def build_contract(
             )
     if max_payload_bytes <= 0:
         raise ContractError(f"{name}: max_payload_bytes must be positive")
+    if resume not in RESUME_MODES:
+        raise ContractError(
+            f"{name}: resume={resume!r}; use 'step' (a retry skips the steps an earlier "
+            "attempt committed) or 'none' (every attempt runs every step)"
+        )
     error_names: dict[str, str] = {}
     for exc_type, class_name in (errors or {}).items():
         try:
@@ -252,6 +271,7 @@ def build_contract(
         cache_ttl=parse_duration(cache_ttl, name=f"{name}: cache_ttl") if cache_ttl else None,
         errors=error_names,
         fields=field_set,
+        resume=resume,
     )
 
 
@@ -281,6 +301,7 @@ _CONCERNS = {
     "errors": "error classification",
     "queue": "routing",
     "fields": "payload shape",
+    "resume": "retry resumption",
 }
 
 

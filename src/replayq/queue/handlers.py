@@ -126,6 +126,8 @@ class HandlerRegistry:
         self._versions: dict[str, dict[str, Handler]] = {}
         self._active: dict[str, str] = {}
         self.compensators: dict[str, Callable[[str, Any], Any]] = {}
+        # Per effect kind: asks the provider whether an in-doubt effect happened.
+        self.reconcilers: dict[str, Callable[[Any], Any]] = {}
 
     def declare(self, handler: Handler, *, candidate: bool = False) -> None:
         name, version = handler.contract.name, handler.contract.version
@@ -142,6 +144,7 @@ class HandlerRegistry:
             self._versions[job_type] = dict(versions)
         self._active.update(other._active)
         self.compensators.update(other.compensators)
+        self.reconcilers.update(other.reconcilers)
 
     def handler(self, job_type: str, version: str | None = None) -> Handler:
         """The handler for a type (the active version unless one is named)."""

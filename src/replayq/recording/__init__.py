@@ -8,6 +8,9 @@
     ├── attempt.py   Attempt: the port the views below are written against
     ├── context.py   Context (ctx): steps, decisions, calls, clock/random, child jobs,
     │                db_write; the pending events and writes of the current step
+    ├── steps.py     ctx.step(name, fn): a step with a result; skipped on a retry once
+    │                it committed (contract resume="step")
+    ├── ledger.py    the step ledger: committed step positions of a job and their results
     ├── state.py     ctx.state: versioned, copy-on-write entities; StateStore from outside
     ├── locks.py     ctx.lock: lease locks with owner and fencing tokens; list/break
     ├── effects.py   ctx.effect: side effects behind idempotency records

@@ -34,6 +34,11 @@ class Attempt(Protocol):
     @property
     def attempt(self) -> int: ...
 
+    @property
+    def current_step_key(self) -> str | None:
+        """The position of the innermost running step (``load``, ``load#2``), if any."""
+        ...
+
     def event(self, name: str, **fields: Any) -> TraceEvent:
         """Build the next domain event of this attempt (not yet recorded)."""
         ...
@@ -42,8 +47,12 @@ class Attempt(Protocol):
         """Record a domain event; it commits with the step (or the ack)."""
         ...
 
-    def defer(self, write: Callable[[Transaction], None]) -> None:
-        """Run ``write(tx)`` in the transaction that commits the current step."""
+    def defer(self, write: Callable[[Transaction], None], what: str = "write") -> None:
+        """Run ``write(tx)`` in the transaction that commits the current step (named ``what``)."""
+        ...
+
+    def fence(self, tx: Transaction, refused: list[str], **details: Any) -> None:
+        """Raise ``LeaseLostError`` (traced ``write.fenced``) unless the job's lease is held."""
         ...
 
     def encode(self, value: Any, *, what: str) -> tuple[Any, str | None, bytes | None]:

@@ -44,6 +44,9 @@ class CacheView:
     def __init__(self, ctx: Attempt) -> None:
         self._ctx = ctx
         self._after_commit: list[Callable[[], None]] = []
+        # What the pending actions are, for ``write.fenced``; the step's commit is fenced
+        # on the job's lease even when the cache is all it writes.
+        self.pending: list[str] = []
         self._namespace_prefix = f"{ctx.namespace}:" if ctx.namespace else ""
 
     def _base(self, namespace: str, ident: Any) -> str:
@@ -154,6 +157,7 @@ class CacheView:
         # A replay writes only under its own namespace, and not before a fork point.
         if ctx.world.writes_apply:
             self._after_commit.append(lambda: ctx.runtime.cache_backend.put(entry))
+            self.pending.append(f"cache {logical}")
         return logical
 
     def invalidate(self, namespace: str, ident: Any) -> None:
@@ -164,11 +168,14 @@ class CacheView:
         ctx.record("cache.invalidate", resource=logical, key=logical)
         if ctx.world.writes_apply:
             self._after_commit.append(lambda: ctx.runtime.cache_backend.delete_base(base))
+            self.pending.append(f"cache invalidation {logical}")
 
     def after_commit(self) -> None:
         todo, self._after_commit = self._after_commit, []
+        self.pending = []
         for action in todo:
             action()
 
     def discard_pending(self) -> None:
         self._after_commit.clear()
+        self.pending = []

@@ -2,10 +2,18 @@
 
 Everything that passes through ``ctx`` is recorded as a domain event in the
 job's trace. Events and state writes wait in the context until the step that
-made them commits (``with ctx.step(...)``) or, outside steps, until the job is
-acked: the step's state writes, outbox rows, child jobs and events commit in one
-transaction. Two things commit at once because other workers must see them:
-lock acquisition/release and idempotency records around effects.
+made them commits (``with ctx.step(...)`` or ``ctx.step(name, fn)``) or, outside
+steps, until the job is acked: the step's state writes, outbox rows, child jobs and
+events commit in one transaction. Two things commit at once because other workers
+must see them: lock acquisition/release and idempotency records around effects.
+
+Fencing: a worker's context carries the job's ``owner_token``. Every transaction
+that writes for the job — a step's commit, an effect's claim and its result, a
+lock's acquisition — first asks the database whether that token still holds the
+job's lease (``tx.lease_check``). Once the lease was taken by another worker the
+write is refused with ``LeaseLostError``, nothing of it commits, and the trace
+records ``write.fenced`` naming what was refused. Contexts without a lease
+(replays, forks, guarded reruns) have no owner token and are not fenced by one.
 
 Every read of the outside world goes through the context's ``World``
 (``replayq.recording.world``): live for workers; recorded, gated or stubbed
@@ -19,10 +27,10 @@ import random as _random
 import time
 import uuid as _uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from replayq import codec
 from replayq.errors import LeaseLostError, PayloadError, RecordedFailure, classify
@@ -33,19 +41,25 @@ from replayq.queue.handlers import Handler
 from replayq.recording.blobs import put_bytes, ref_of
 from replayq.recording.cache import CacheView
 from replayq.recording.effects import EffectRunner
+from replayq.recording.ledger import step_key
 from replayq.recording.locks import LockHandle, LockManager
 from replayq.recording.outbox import OutboxView
 from replayq.recording.state import StateView
+from replayq.recording.steps import run_step
 from replayq.recording.world import LIVE, LiveWorld, World
 from replayq.runtime import RuntimeSource
 from replayq.seal import unsealed
 from replayq.storage.protocol import Transaction
+
+T = TypeVar("T")
 
 
 @dataclass
 class _Pending:
     events: list[TraceEvent] = field(default_factory=list)
     writes: list[Callable[[Transaction], None]] = field(default_factory=list)
+    # What each write is, for ``write.fenced`` ("state order:1", "outbox orders.paid", ...).
+    what: list[str] = field(default_factory=list)
 
 
 class Context:
@@ -62,6 +76,7 @@ class Context:
         branch: str = "main",
         trace_id: str | None = None,
         namespace: str = "",
+        owner_token: str | None = None,
     ) -> None:
         runtime = source.runtime
         self.runtime = runtime
@@ -71,10 +86,13 @@ class Context:
         self.branch = branch
         self.world: World = world or LiveWorld()
         self.namespace = namespace
+        self.owner_token = owner_token
         self._trace_id = trace_id or job.trace_id
         self._pending = _Pending()
         self._seq = 0
         self._steps: list[str] = []
+        self._step_keys: list[str] = []
+        self._step_counts: dict[str, int] = {}
         self.blob_limit = runtime.limits.blob_limit_bytes
 
     # -- views, built on first use (most handlers touch few of them, many touch none) -------
@@ -134,6 +152,16 @@ class Context:
         return self._steps[-1] if self._steps else None
 
     @property
+    def current_step_key(self) -> str | None:
+        """The position of the innermost running step (``load``, ``load#2``), if any."""
+        return self._step_keys[-1] if self._step_keys else None
+
+    @property
+    def owns_job_trace(self) -> bool:
+        """Whether this run records into the job's own trace (not a replay, fork or rerun)."""
+        return self._trace_id == self.job.trace_id
+
+    @property
     def lease_lost(self) -> bool:
         """True once a heartbeat found this worker no longer holds the job's lease."""
         return self.world.lease_lost()
@@ -179,7 +207,7 @@ class Context:
         return TraceEvent(
             trace_id=self._trace_id,
             # A derived trace (replay, fork) is not part of the job's own timeline.
-            job_id=self.job.id if self._trace_id == self.job.trace_id else None,
+            job_id=self.job.id if self.owns_job_trace else None,
             attempt=self.job.attempt,
             kind="domain",
             name=name,
@@ -202,9 +230,55 @@ class Context:
         self._pending.events.append(event)
         return event
 
-    def defer(self, write: Callable[[Transaction], None]) -> None:
-        """Run ``write(tx)`` in the transaction that commits the current step."""
+    def defer(self, write: Callable[[Transaction], None], what: str = "write") -> None:
+        """Run ``write(tx)`` in the transaction that commits the current step.
+
+        ``what`` names the write in ``write.fenced`` should the lease be gone by then.
+        """
         self._pending.writes.append(write)
+        self._pending.what.append(what)
+
+    # -- fencing ----------------------------------------------------------------------------
+
+    def lease_held(self, tx: Transaction) -> bool:
+        """Whether this context's owner token still holds the job's lease, inside ``tx``.
+
+        Contexts without an owner token (replays, reruns) hold no lease and are not
+        fenced by one. On PostgreSQL the job row stays locked until ``tx`` ends.
+        """
+        if self.owner_token is None:
+            return True
+        return tx.lease_check(self.job.id, self.owner_token)
+
+    def fence(self, tx: Transaction, refused: list[str], **details: Any) -> None:
+        """Raise ``LeaseLostError`` in ``tx`` unless the lease is held; the refusal is traced.
+
+        The ``write.fenced`` event waits with the attempt's other events (``tx`` is
+        about to roll back) and commits with the attempt's failure or rejection.
+        """
+        if self.lease_held(tx):
+            return
+        self.record_fenced(refused, **details)
+        raise LeaseLostError(
+            f"job {self.job.id} attempt {self.attempt}: the lease was taken by another "
+            f"worker; refused: {', '.join(refused)}"
+        )
+
+    def record_fenced(self, refused: list[str], **details: Any) -> TraceEvent:
+        """Record ``write.fenced``: what the database refused because the lease is gone."""
+        return self.record(
+            "write.fenced",
+            status="rejected",
+            refused=refused,
+            reason="owner token no longer holds the job's lease",
+            owner_token=self.owner_token,
+            **details,
+        )
+
+    def pending_writes(self) -> list[str]:
+        """What the next commit would write (for ``write.fenced``)."""
+        cached = self.cache.pending if self._built("cache") else []
+        return [*self._pending.what, *cached]
 
     def encode(self, value: Any, *, what: str) -> tuple[Any, str | None, bytes | None]:
         """Check a recorded value: JSON only, under the blob limit; large ones go to blobs."""
@@ -232,7 +306,7 @@ class Context:
         def write(tx: Transaction) -> None:
             put_bytes(tx, raw, now=now, limit=limit, what=what)
 
-        self.defer(write)
+        self.defer(write, f"blob of {what}")
 
     def flush(self, tx: Transaction, *, failed: bool = False) -> None:
         """Write what is pending into ``tx``: events always; writes unless the attempt failed."""
@@ -250,6 +324,7 @@ class Context:
     def discard_writes(self) -> None:
         """A step failed: its writes never happen; its events are kept for the record."""
         self._pending.writes.clear()
+        self._pending.what.clear()
         if self._built("state"):
             self.state.discard_pending()
         if self._built("cache"):
@@ -258,34 +333,83 @@ class Context:
     def commit_now(self, *, failed: bool = False) -> None:
         """Commit what is pending in a transaction of its own (a step boundary).
 
-        Once the worker knows its lease on the job is gone, a step's writes are refused
-        (``LeaseLostError``): the job belongs to another worker now. Events are still kept.
-        The check comes after the writes' own checks, so a write under a re-acquired lock
-        is still reported as fenced (``StaleFencingTokenError``).
+        The writes commit only if this context's owner token still holds the job's
+        lease, checked in the database in the same transaction (``lease_check``): once
+        another worker took the job they are refused (``LeaseLostError``, traced as
+        ``write.fenced``); the attempt's events are still kept. The lease is checked
+        (and on PostgreSQL the job row locked) before the writes, and the refusal
+        raised after the writes' own checks, so a write under a re-acquired lock is
+        also traced as refused by the lock (``state.write_rejected``); everything
+        rolls back, and without the lease the error is always ``LeaseLostError``.
         """
+        refused = self.pending_writes() if not failed else []
         with self.runtime.storage.transaction() as tx:
-            self.flush(tx, failed=failed)
-            if not failed and self._pending.writes and self.lease_lost:
-                raise LeaseLostError(
-                    f"job {self.job.id} attempt {self.attempt}: the lease was lost; "
-                    "this step's writes are not committed"
-                )
+            held = not refused or self.lease_held(tx)
+            lost = LeaseLostError(
+                f"job {self.job.id} attempt {self.attempt}: the lease was taken by "
+                f"another worker; not committed: {', '.join(refused)}"
+            )
+            try:
+                self.flush(tx, failed=failed)
+            except Exception as exc:
+                # A write's own check refused it too (a version conflict, a stale lock
+                # token; its event is recorded): without the lease, the lease is the reason.
+                if held:
+                    raise
+                raise lost from exc
+            if not held:
+                raise lost
         self.committed()
 
     # -- steps and decisions ----------------------------------------------------------------
 
+    @overload
+    def step(self, name: str, /) -> AbstractContextManager[None]: ...
+
+    @overload
+    def step(self, name: str, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T: ...
+
+    def step(
+        self, name: str, fn: Callable[..., Any] | None = None, /, *args: Any, **kwargs: Any
+    ) -> Any:
+        """A logical step: its state writes, outbox rows, child jobs and events commit together.
+
+        ``result = ctx.step("load", fn, *args, **kwargs)`` runs ``fn`` as the step and
+        returns its result (JSON), recorded with the step's commit. Under the contract's
+        ``resume="step"`` (the default) a retry does not run a step that committed in an
+        earlier attempt: the recorded result is returned and the trace says
+        ``step.skipped`` (see ``replayq.recording.steps``).
+
+        ``with ctx.step("load"):`` is the same commit boundary around a block. A block
+        always runs, so it is never skipped: it runs again on every attempt.
+        """
+        if fn is None:
+            return self.step_block(name, self.next_step_key(name))
+        return run_step(self, name, fn, args, kwargs)
+
+    def next_step_key(self, name: str) -> str:
+        """Take the next position for a step called ``name`` (``load``, ``load#2``, ...)."""
+        occurrence = self._step_counts.get(name, 0) + 1
+        self._step_counts[name] = occurrence
+        return step_key(name, occurrence)
+
     @contextmanager
-    def step(self, name: str) -> Iterator[None]:
-        """A logical step. Its state writes, outbox rows, child jobs and events commit together."""
+    def step_block(
+        self, name: str, key: str, outcome: dict[str, Any] | None = None
+    ) -> Iterator[None]:
+        """The commit boundary of step ``name`` at position ``key``; ``outcome`` joins its
+        ``step.finished`` event (a callable step's result)."""
         self.world.on_step(name)
         self.record("step.started", status="started", step_name=name)
         self._steps.append(name)
+        self._step_keys.append(key)
         started = time.monotonic()
         try:
             yield
         except BaseException as exc:
             duration = time.monotonic() - started
             self._steps.pop()
+            self._step_keys.pop()
             self.discard_writes()
             self.record(
                 "step.finished",
@@ -298,13 +422,23 @@ class Context:
             raise
         duration = time.monotonic() - started
         self._steps.pop()
-        finished = self.record("step.finished", status="success", step_name=name, duration=duration)
+        self._step_keys.pop()
+        finished = self.record(
+            "step.finished",
+            status="success",
+            step_name=name,
+            duration=duration,
+            **(outcome or {}),
+        )
         try:
+            refused = self.pending_writes()
             self.commit_now()
         except BaseException as exc:
-            # The commit itself failed (a version conflict, a stale fencing token): nothing
-            # of the step was written; keep its events and say why. The step did not finish
-            # with success: its end comes after the refusal, as it happened.
+            # The commit itself failed (a version conflict, a stale fencing token, a lost
+            # lease): nothing of the step was written; keep its events and say why. The
+            # step did not finish with success: its end comes after the refusal.
+            if isinstance(exc, LeaseLostError):
+                self.record_fenced(refused, step_name=name)
             self.discard_writes()
             self._pending.events = [e for e in self._pending.events if e is not finished]
             error = f"{type(exc).__name__}: {exc}"
@@ -449,7 +583,7 @@ class Context:
                     }
                 )
 
-        self.defer(write)
+        self.defer(write, f"db_write {key}" if key else "db_write")
 
     def enqueue(self, job_type: str, payload: dict[str, Any] | None = None, **options: Any) -> None:
         """Enqueue a child job in the step's transaction (causation: this job)."""
@@ -475,7 +609,7 @@ class Context:
             )
             event.data["child_job_id"] = child
 
-        self.defer(write)
+        self.defer(write, f"child job {job_type}")
 
     def __repr__(self) -> str:
         return f"<Context job={self.job.id} type={self.job.job_type} attempt={self.attempt}>"

@@ -15,6 +15,18 @@ the job (``effects={"email.send": "retry"}``):
   ``effect_in_doubt`` so that a human checks the real world first;
 * ``retry``: the effect runs again (choose this only when the downstream
   dedups on the key you pass it, or a repeat is harmless).
+
+Before parking, the worker asks the kind's reconciler if one is registered
+(``@app.reconciler("payment.charge")``, see ``replayq.recording.in_doubt``): a
+known outcome settles the record (a success is returned, a failure runs the
+effect again); ``None`` (unknown) parks the job as before. A parked record is
+settled by hand with ``replayq effects resolve KEY`` and the job requeued.
+
+Fencing: the claim and the recorded outcome each commit only while the
+attempt's owner token holds the job's lease (``ctx.fence``). A worker whose
+lease was taken never starts the effect; one that lost it while the effect ran
+cannot record the outcome (the record stays in doubt for the new owner) and the
+outcome it saw is kept in its ``write.fenced`` event for whoever settles it.
 """
 
 from __future__ import annotations
@@ -49,6 +61,8 @@ class EffectRunner:
 
     def __init__(self, ctx: Attempt) -> None:
         self._ctx = ctx
+        # Keys whose reconciler this attempt already asked (asked once, then parked).
+        self._asked: set[str] = set()
 
     def default_key(self, kind: str) -> str:
         template = self._ctx.handler.contract.idempotency
@@ -100,6 +114,8 @@ class EffectRunner:
         # A claim whose COMMIT reply was lost is recognised by its claim token on the retry.
         def claim_once(retrying: bool) -> Any:
             with runtime.storage.transaction() as tx:
+                # Fenced first: a worker whose lease was taken never starts the effect.
+                ctx.fence(tx, [f"effect claim {kind} {key}"], kind=kind, key=key)
                 claimed = tx.idem_claim(claim)
                 existing = None if claimed else tx.idem_get(key)
                 ours = existing is not None and existing["claim_token"] == claim_token
@@ -117,6 +133,13 @@ class EffectRunner:
         outcome = retry_unavailable(
             f"job {ctx.job.id}: claim effect {key!r}", claim_once, seconds=RECONNECT_SECONDS
         )
+        if isinstance(outcome, _Ask):
+            # In doubt under ``park`` with a reconciler: ask it outside any transaction (it
+            # calls the provider), settle the record with its answer, and claim again.
+            self._reconcile(kind, key, outcome.existing)
+            outcome = retry_unavailable(
+                f"job {ctx.job.id}: claim effect {key!r}", claim_once, seconds=RECONNECT_SECONDS
+            )
         if outcome is not _RUN:
             return outcome
         started = time.monotonic()
@@ -126,6 +149,7 @@ class EffectRunner:
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             with runtime.storage.transaction() as tx:
+                ctx.fence(tx, [f"effect failure {kind} {key}"], kind=kind, key=key, error=error)
                 tx.idem_fail(
                     {
                         "key": key,
@@ -178,6 +202,16 @@ class EffectRunner:
         ctx = self._ctx
         runtime = ctx.runtime
         with runtime.storage.transaction() as tx:
+            # The outcome the late worker saw is kept in ``write.fenced`` for whoever settles
+            # the record the new owner finds in doubt.
+            ctx.fence(
+                tx,
+                [f"effect result {kind} {key}"],
+                kind=kind,
+                key=key,
+                result=inline,
+                output_ref=ref,
+            )
             if raw is not None:
                 put_bytes(
                     tx,
@@ -238,6 +272,9 @@ class EffectRunner:
             )
             return result
         policy = ctx.handler.contract.effect_policy(kind)
+        reconciler = ctx.runtime.registry.reconcilers.get(kind)
+        if status == "started" and policy == "park" and reconciler and key not in self._asked:
+            return _Ask(existing)
         if status == "started" and policy == "park":
             # Recorded as pending, not in ``tx``: the raise below rolls ``tx`` back, and the
             # failed attempt's events are flushed with its failure.
@@ -280,6 +317,38 @@ class EffectRunner:
                 ]
             )
         return _RUN
+
+    def _reconcile(self, kind: str, key: str, existing: dict[str, Any]) -> None:
+        """Ask the kind's reconciler about an in-doubt record; settle it if it knows."""
+        from replayq.recording.in_doubt import ask_reconciler, record_of, settle
+
+        ctx = self._ctx
+        record = record_of(existing, in_doubt=True)
+        answer, error = ask_reconciler(ctx.runtime, record)
+        ctx.record(
+            "effect.reconciled",
+            resource=key,
+            kind=kind,
+            key=key,
+            outcome="unknown" if answer is None else answer.outcome,
+            error=error,
+        )
+        if answer is not None:
+            settle(
+                ctx.runtime,
+                record,
+                answer,
+                by=f"reconciler on {ctx.worker_id}",
+                claim_token=existing["claim_token"],
+            )
+        self._asked.add(key)
+
+
+class _Ask:
+    """Claim outcome: the record is in doubt and the kind has a reconciler to ask."""
+
+    def __init__(self, existing: dict[str, Any]) -> None:
+        self.existing = existing
 
 
 _RUN = object()

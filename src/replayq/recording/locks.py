@@ -135,6 +135,9 @@ class LockManager:
             now = runtime.clock.now()
             hlc = runtime.hlc.tick()
             with runtime.storage.transaction() as tx:
+                # A worker whose lease was taken must not bump the fencing token under the
+                # new owner's feet.
+                ctx.fence(tx, [f"lock {handle.resource}"], lock=handle.resource)
                 row = tx.lock_acquire(
                     {
                         "resource": handle.resource,

@@ -1,7 +1,11 @@
 """The transactional outbox: events written with the step, published at least once later.
 
 ``ctx.outbox.publish(topic, payload)`` writes a row in the step's transaction,
-with a stable ``event_id`` consumers dedup on. ``replayq outbox run`` claims
+with a stable ``event_id`` consumers dedup on: ``{trace_id}:step:{step}:{n}`` for
+the n-th publish (from 0) of a step position, ``{trace_id}:job:{n}`` outside
+steps. It is the same on every attempt, so a step that runs again (a retry
+without resume, a ``with`` block) writes no second row: the first one stays and
+the event is recorded as ``deduplicated``. ``replayq outbox run`` claims
 unpublished rows and delivers them to a sink:
 
 * ``job`` (default): enqueue a replayq job of type ``topic`` with payload
@@ -35,6 +39,16 @@ class OutboxView:
 
     def __init__(self, ctx: Attempt) -> None:
         self._ctx = ctx
+        self._published: dict[str, int] = {}
+
+    def _next_event_id(self) -> str:
+        """Stable per job, step position and publish position (the same on every attempt)."""
+        ctx = self._ctx
+        step = ctx.current_step_key
+        scope = f"step:{step}" if step is not None else "job"
+        position = self._published.get(scope, 0)
+        self._published[scope] = position + 1
+        return f"{ctx.job.trace_id}:{scope}:{position}"
 
     def publish(self, topic: str, payload: dict[str, Any]) -> str:
         """Write an outbox row in the step's transaction; returns its stable event id."""
@@ -43,7 +57,7 @@ class OutboxView:
         event = ctx.record(
             "outbox.written", resource=f"outbox:{topic}", topic=topic, payload=payload
         )
-        event_id = f"{ctx.trace_id}-{ctx.attempt}-{event.seq}"
+        event_id = self._next_event_id()
         event.data["event_id"] = event_id
         if not ctx.world.is_live:
             return event_id
@@ -55,7 +69,13 @@ class OutboxView:
             "trace_id": ctx.trace_id,
             "now": event.ts,
         }
-        ctx.defer(lambda tx: tx.outbox_insert(params))
+
+        def write(tx: Transaction) -> None:
+            if not tx.outbox_insert(params):
+                # This step position published this event in an earlier attempt.
+                event.data["deduplicated"] = True
+
+        ctx.defer(write, f"outbox {topic} {event_id}")
         return event_id
 
 

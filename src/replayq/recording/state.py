@@ -339,7 +339,7 @@ class StateView:
                 head = tx.entity_head(ctx.branch, namespace, key)
                 self._conflict(resource, base, int(head["version"]) if head else 0)
 
-        ctx.defer(write)
+        ctx.defer(write, f"state {resource} v{new_version}")
         entity = Entity(namespace, key, new_version, data)
         self._pending[ident] = entity
         return entity

@@ -22,6 +22,9 @@ Every ``ctx`` verb that touches the world asks the context's ``World``:
   ``None`` (the write is not rejected) or how fencing rejected it in the recording.
 * ``lease_lost()`` — the worker learned that its lease on the job is gone.
 * ``on_step(name)`` — a step starts (a fork switches to live answers at its step).
+* ``completed_step(key)`` — whether the step at position ``key`` committed in an
+  earlier attempt of the job, and its result (asked only under ``resume="step"``):
+  the step ledger for workers, the recorded ``step.skipped`` events for replays.
 
 ``LiveWorld`` is the worker's world. The replay engine brings the others:
 ``RecordedWorld`` (dry-run, fork) and ``GatedWorld`` (guarded rerun). Adding a
@@ -32,6 +35,8 @@ if it reads the world, and the answer in each world that substitutes it.
 from __future__ import annotations
 
 from typing import Any, Final, Protocol
+
+from replayq.recording.ledger import CompletedStep, CompletedSteps
 
 
 class _Live:
@@ -74,6 +79,10 @@ class World(Protocol):
 
     def on_step(self, name: str) -> None: ...
 
+    def completed_step(self, key: str) -> CompletedStep | None:
+        """The earlier attempt's completion of the step at position ``key``, or ``None``."""
+        ...
+
     def lease_lost(self) -> bool: ...
 
 
@@ -97,15 +106,19 @@ class LostFlag:
 
 
 class LiveWorld:
-    """A worker's world: everything is real. ``lost`` is set when the worker's lease is gone."""
+    """A worker's world: everything is real. ``lost`` is set when the worker's lease is gone.
+
+    ``steps`` loads the job's step ledger; without it (a rerun) every step runs.
+    """
 
     is_live = True
     sealed = False
     reads_recorded = False
     writes_apply = True
 
-    def __init__(self, lost: LostFlag | None = None) -> None:
+    def __init__(self, lost: LostFlag | None = None, steps: CompletedSteps | None = None) -> None:
         self._lost = lost
+        self._steps = steps
 
     def answer(self, name: str, label: str, fingerprint: str) -> Any:
         return LIVE
@@ -121,6 +134,9 @@ class LiveWorld:
 
     def on_step(self, name: str) -> None:
         return None
+
+    def completed_step(self, key: str) -> CompletedStep | None:
+        return self._steps().get(key) if self._steps is not None else None
 
     def lease_lost(self) -> bool:
         return self._lost is not None and self._lost.is_set()

@@ -123,6 +123,8 @@ def signature(event: TraceEvent) -> tuple[Any, ...] | None:
         return ("step", data.get("step_name"))
     if name == "step.finished":
         return ("step.end", data.get("step_name"), event.status)
+    if name == "step.skipped":
+        return ("step.skipped", data.get("step_key"), data.get("completed_in"))
     if name == "decision":
         return ("decision", data.get("decision"), codec.dumps(data.get("value")))
     if name == "call":
@@ -164,7 +166,7 @@ def _describe(event: TraceEvent) -> dict[str, Any]:
 
 def _step_of(event: TraceEvent) -> str | None:
     """The step an event belongs to; a step boundary (recorded outside it) names its own step."""
-    if event.step is None and event.name in ("step.started", "step.finished"):
+    if event.step is None and event.name in ("step.started", "step.finished", "step.skipped"):
         name = event.data.get("step_name")
         return str(name) if name is not None else None
     return event.step

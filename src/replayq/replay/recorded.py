@@ -3,11 +3,13 @@
 ``Recording`` holds one attempt's domain events (large values resolved from the
 blob store) and its outcome. ``RecordedWorld`` is the ``World`` a
 replaying context consults: calls, effects, clock and random reads and cache
-reads come from the recording, in order; a call or effect that failed in the
-recording raises its failure again, with the recorded class and message
-(``recorded_failure``); locks return what they returned (acquired with which
-fencing token, timed out, released or expired) and a state write that fencing
-rejected is rejected again. Anything the recording lacks raises
+reads come from the recording, in order; a step the attempt skipped (it had
+committed in an earlier attempt) is skipped again with its recorded result; a
+call or effect that failed in the recording raises its failure again, with the
+recorded class and message (``recorded_failure``); locks return what they
+returned (acquired with which fencing token, timed out, released or expired) and
+a state write that fencing rejected is rejected again. Anything the recording
+lacks raises
 ``ReplayDivergenceError`` (deny by default) or, after a fork point, returns an
 explicit stub; an effect the recording lacks is never made up.
 """
@@ -22,6 +24,7 @@ from replayq.errors import ReplayDivergenceError, ReplayqError, recorded_failure
 from replayq.model import Job, TraceEvent
 from replayq.queue.enqueue import get_job
 from replayq.recording.blobs import load_json
+from replayq.recording.ledger import CompletedStep
 from replayq.runtime import RuntimeSource
 
 EFFECT_OUTCOMES = ("effect.succeeded", "effect.deduplicated", "effect.replayed")
@@ -141,7 +144,17 @@ class RecordedWorld:
         self._reads: dict[str, deque[int]] = {}
         self._locks: dict[tuple[str, str], deque[TraceEvent]] = {}
         self._writes: dict[str, deque[dict[str, Any] | None]] = {}
+        self._skipped: dict[str, CompletedStep] = {}
         for event in recording.events:
+            if event.name == "step.skipped":
+                position = str(event.data.get("step_key"))
+                self._skipped[position] = CompletedStep(
+                    key=position,
+                    name=str(event.data.get("step_name")),
+                    attempt=int(event.data.get("completed_in") or 0),
+                    result=recording.value(event, "result"),
+                    result_ref=event.output_ref,
+                )
             key = self._key(event)
             if key is not None:
                 self._queues.setdefault(key, deque()).append(event)
@@ -186,6 +199,11 @@ class RecordedWorld:
     def on_step(self, name: str) -> None:
         if self.fork_step is not None and name == self.fork_step:
             self.reached_fork = True
+
+    def completed_step(self, key: str) -> CompletedStep | None:
+        # What the recorded attempt skipped, it skips again, fork point or not: the step
+        # had committed before that attempt started, so no version of the code reruns it.
+        return self._skipped.get(key)
 
     def state_version(self, resource: str) -> int | None:
         queue = self._reads.get(resource)

@@ -1,9 +1,9 @@
-"""Verbs for what the recording context stores: state, locks, effects, cache, outbox, blobs.
+"""Verbs for what the recording context stores: state, locks, effects, cache, outbox, steps.
 
 A mixin over ``SqlTransaction``'s plumbing (``execute``, ``fetchone``, ``fetchall``,
 ``changed``); the SQL lives in each backend's ``state.sql``, ``locks.sql``,
-``effects.sql``, ``cache.sql``, ``outbox.sql``, ``blobs.sql`` and ``lineage.sql``.
-Rows come back as plain dicts; the domain modules turn them into records.
+``effects.sql``, ``cache.sql``, ``outbox.sql``, ``steps.sql``, ``blobs.sql`` and
+``lineage.sql``. Rows come back as plain dicts; the domain modules turn them into records.
 """
 
 from __future__ import annotations
@@ -143,6 +143,13 @@ class ContextVerbs:
     def idem_by_job(self, job_id: int) -> list[Row]:
         return self.fetchall("idem_by_job", {"job_id": job_id})
 
+    def idem_list(self, operation: str | None, in_doubt: bool, limit: int) -> list[Row]:
+        params = {"operation": operation, "in_doubt": in_doubt, "limit": limit}
+        return self.fetchall("idem_list", params)
+
+    def idem_resolve(self, params: Mapping[str, Any]) -> bool:
+        return self.changed("idem_resolve", params)
+
     # -- cache ------------------------------------------------------------------------------
 
     def cache_put(self, params: Mapping[str, Any]) -> None:
@@ -163,8 +170,9 @@ class ContextVerbs:
 
     # -- outbox -----------------------------------------------------------------------------
 
-    def outbox_insert(self, params: Mapping[str, Any]) -> None:
-        self.execute("outbox_insert", params)
+    def outbox_insert(self, params: Mapping[str, Any]) -> bool:
+        """Insert an outbox row; ``False`` when a row with its ``event_id`` already exists."""
+        return self.changed("outbox_insert", params)
 
     def outbox_claim(self, now: float, claim_seconds: float, limit: int) -> list[Row]:
         params = {"now": now, "claim_seconds": claim_seconds, "limit": limit}
@@ -183,6 +191,15 @@ class ContextVerbs:
 
     def outbox_by_job(self, job_id: int) -> list[Row]:
         return self.fetchall("outbox_by_job", {"job_id": job_id})
+
+    # -- steps ------------------------------------------------------------------------------
+
+    def step_complete(self, params: Mapping[str, Any]) -> bool:
+        """Record a committed step; ``False`` when its position was already recorded."""
+        return self.changed("step_complete", params)
+
+    def step_by_job(self, job_id: int) -> list[Row]:
+        return self.fetchall("step_by_job", {"job_id": job_id})
 
     # -- blobs ------------------------------------------------------------------------------
 

@@ -125,6 +125,15 @@ class Transaction(Protocol):
         """Claim up to ``limit`` ready jobs, honouring priority, ``run_at`` and per-key FIFO."""
         ...
 
+    def lease_check(self, job_id: int, owner_token: str) -> bool:
+        """Whether ``owner_token`` holds the job's lease, kept so until this transaction ends.
+
+        The fence of every write a job makes: a step's commit, an effect's claim and
+        result. ``False`` once the lease was reaped or re-leased; on PostgreSQL the
+        row is locked (``FOR SHARE``) so a concurrent reaper cannot interleave.
+        """
+        ...
+
     def lease_extend(self, params: LeaseExtend) -> bool:
         """Compare-and-set on (job id, owner token); ``False`` when the lease is lost."""
         ...
@@ -148,8 +157,9 @@ class Transaction(Protocol):
     def lease_release(self, job_id: int, owner_token: str, now: float, hlc: int) -> bool:
         """Give a running job back to the queue (shutdown): one more attempt in its budget.
 
-        The attempt number is kept, so the next run is a new attempt whose events and
-        outbox event ids never collide with the released run's.
+        The attempt number is kept, so the next run is a new attempt whose events never
+        collide with the released run's (outbox event ids are per step position, not per
+        attempt: a step the released run committed is not published twice).
         """
         ...
 
@@ -243,6 +253,14 @@ class Transaction(Protocol):
 
     def idem_by_job(self, job_id: int) -> list[Row]: ...
 
+    def idem_list(self, operation: str | None, in_doubt: bool, limit: int) -> list[Row]:
+        """Effect records, newest first; ``in_doubt``: only ``started`` by a finished attempt."""
+        ...
+
+    def idem_resolve(self, params: Mapping[str, Any]) -> bool:
+        """Settle an in-doubt record: compare-and-set on ``status = 'started'`` and its claim."""
+        ...
+
     def cache_put(self, params: Mapping[str, Any]) -> None: ...
 
     def cache_get(self, key: str, now: float) -> Row | None: ...
@@ -253,7 +271,9 @@ class Transaction(Protocol):
 
     def cache_delete_source(self, namespace: str, key: str) -> None: ...
 
-    def outbox_insert(self, params: Mapping[str, Any]) -> None: ...
+    def outbox_insert(self, params: Mapping[str, Any]) -> bool:
+        """Insert an outbox row; ``False`` (nothing written) when its ``event_id`` exists."""
+        ...
 
     def outbox_claim(self, now: float, claim_seconds: float, limit: int) -> list[Row]: ...
 
@@ -264,6 +284,14 @@ class Transaction(Protocol):
     def outbox_backlog(self) -> Row: ...
 
     def outbox_by_job(self, job_id: int) -> list[Row]: ...
+
+    def step_complete(self, params: Mapping[str, Any]) -> bool:
+        """Record that a step of a job committed, with its result; first completion wins."""
+        ...
+
+    def step_by_job(self, job_id: int) -> list[Row]:
+        """The job's committed steps (the step ledger), oldest attempt first."""
+        ...
 
     def blob_put(self, params: Mapping[str, Any]) -> None: ...
 

@@ -172,6 +172,10 @@ class SqlTransaction(ContextVerbs):
         }
         self.execute("job_set_recorded", params)
 
+    def lease_check(self, job_id: int, owner_token: str) -> bool:
+        row = self.fetchone("lease_check", {"job_id": job_id, "owner_token": owner_token})
+        return row is not None
+
     def lease_extend(self, params: LeaseExtend) -> bool:
         return self.changed("lease_extend", vars(params))
 

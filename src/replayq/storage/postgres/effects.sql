@@ -33,3 +33,26 @@ WHERE key = %(key)s AND status = 'succeeded';
 
 -- name: idem_by_job
 SELECT * FROM rq_idempotency WHERE job_id = %(job_id)s ORDER BY started_at;
+
+-- name: idem_list
+-- Effect records, newest first. ``in_doubt``: ``started`` by an attempt that is no longer
+-- running (it crashed or lost its lease mid-effect), so nobody will ever finish the record.
+SELECT i.*,
+       (i.status = 'started' AND NOT EXISTS (
+           SELECT 1 FROM rq_jobs AS j
+           WHERE j.id = i.job_id AND j.state = 'running' AND j.attempt = i.attempt)) AS in_doubt
+FROM rq_idempotency AS i
+WHERE (%(operation)s::text IS NULL OR i.operation = %(operation)s::text)
+  AND (NOT %(in_doubt)s::boolean OR (i.status = 'started' AND NOT EXISTS (
+           SELECT 1 FROM rq_jobs AS j
+           WHERE j.id = i.job_id AND j.state = 'running' AND j.attempt = i.attempt)))
+ORDER BY i.started_at DESC
+LIMIT %(limit)s;
+
+-- name: idem_resolve
+-- Settle an in-doubt record (a human or a reconciler): compare-and-set on the claim
+-- token that was read, so a record taken over meanwhile is left alone.
+UPDATE rq_idempotency
+SET status = %(status)s, result = %(result)s, result_ref = NULL, error = %(error)s,
+    completed_at = %(now)s
+WHERE key = %(key)s AND status = 'started' AND claim_token = %(claim_token)s;

@@ -69,6 +69,15 @@ FROM candidates AS c
 WHERE j.id = c.id AND j.state = 'queued'
 RETURNING j.*;
 
+-- name: lease_check
+-- Fencing: does this owner token still hold the job's lease? Called inside every
+-- transaction that writes for a job. FOR SHARE keeps the row as read until the commit:
+-- a reaper's compare-and-set (an UPDATE) waits for it, so it cannot take the job between
+-- this check and the commit of the writes it guards.
+SELECT id FROM rq_jobs
+WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running'
+FOR SHARE;
+
 -- name: lease_extend
 UPDATE rq_jobs SET lease_deadline = %(now)s + %(lease_seconds)s
 WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running';

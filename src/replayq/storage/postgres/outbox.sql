@@ -2,8 +2,11 @@
 -- PostgreSQL flavour of storage/sqlite/outbox.sql: same query names and parameters.
 
 -- name: outbox_insert
+-- The event id is stable per job, step position and publish position: a step that runs
+-- again (a retry without resume, a with-block) writes the same id, and the first row stays.
 INSERT INTO rq_outbox (event_id, topic, payload, job_id, trace_id, created_at)
-VALUES (%(event_id)s, %(topic)s, %(payload)s, %(job_id)s, %(trace_id)s, %(now)s);
+VALUES (%(event_id)s, %(topic)s, %(payload)s, %(job_id)s, %(trace_id)s, %(now)s)
+ON CONFLICT (event_id) DO NOTHING;
 
 -- name: outbox_claim
 UPDATE rq_outbox

@@ -32,3 +32,25 @@ WHERE key = :key AND status = 'succeeded';
 
 -- name: idem_by_job
 SELECT * FROM rq_idempotency WHERE job_id = :job_id ORDER BY started_at;
+
+-- name: idem_list
+-- Effect records, newest first. ``in_doubt``: ``started`` by an attempt that is no longer
+-- running (it crashed or lost its lease mid-effect), so nobody will ever finish the record.
+SELECT i.*,
+       (i.status = 'started' AND NOT EXISTS (
+           SELECT 1 FROM rq_jobs AS j
+           WHERE j.id = i.job_id AND j.state = 'running' AND j.attempt = i.attempt)) AS in_doubt
+FROM rq_idempotency AS i
+WHERE (:operation IS NULL OR i.operation = :operation)
+  AND (NOT :in_doubt OR (i.status = 'started' AND NOT EXISTS (
+           SELECT 1 FROM rq_jobs AS j
+           WHERE j.id = i.job_id AND j.state = 'running' AND j.attempt = i.attempt)))
+ORDER BY i.started_at DESC
+LIMIT :limit;
+
+-- name: idem_resolve
+-- Settle an in-doubt record (a human or a reconciler): compare-and-set on the claim
+-- token that was read, so a record taken over meanwhile is left alone.
+UPDATE rq_idempotency
+SET status = :status, result = :result, result_ref = NULL, error = :error, completed_at = :now
+WHERE key = :key AND status = 'started' AND claim_token = :claim_token;

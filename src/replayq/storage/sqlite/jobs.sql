@@ -45,6 +45,13 @@ SET state = 'running', attempt = attempt + 1, owner_token = :owner_token,
 WHERE id = :job_id AND state = 'queued'
 RETURNING *;
 
+-- name: lease_check
+-- Fencing: does this owner token still hold the job's lease? Called inside every
+-- transaction that writes for a job; SQLite's write transactions are BEGIN IMMEDIATE,
+-- so no reaper can take the job between this read and the commit.
+SELECT id FROM rq_jobs
+WHERE id = :job_id AND owner_token = :owner_token AND state = 'running';
+
 -- name: lease_extend
 UPDATE rq_jobs SET lease_deadline = :now + :lease_seconds
 WHERE id = :job_id AND owner_token = :owner_token AND state = 'running';

@@ -1,8 +1,11 @@
 -- The transactional outbox: rows written in the step's transaction, published later.
 
 -- name: outbox_insert
+-- The event id is stable per job, step position and publish position: a step that runs
+-- again (a retry without resume, a with-block) writes the same id, and the first row stays.
 INSERT INTO rq_outbox (event_id, topic, payload, job_id, trace_id, created_at)
-VALUES (:event_id, :topic, :payload, :job_id, :trace_id, :now);
+VALUES (:event_id, :topic, :payload, :job_id, :trace_id, :now)
+ON CONFLICT (event_id) DO NOTHING;
 
 -- name: outbox_claim
 UPDATE rq_outbox

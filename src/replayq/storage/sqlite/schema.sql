@@ -199,3 +199,15 @@ CREATE TABLE rq_lineage (
 );
 
 CREATE INDEX rq_lineage_source ON rq_lineage (source_trace_id);
+
+CREATE TABLE rq_steps (
+    job_id       INTEGER NOT NULL,
+    step_key     TEXT    NOT NULL,
+    step_name    TEXT    NOT NULL,
+    attempt      INTEGER NOT NULL,
+    trace_id     TEXT    NOT NULL,
+    result       TEXT,
+    result_ref   TEXT,
+    completed_at REAL    NOT NULL,
+    PRIMARY KEY (job_id, step_key)
+);

@@ -1,0 +1,105 @@
+"""Steps that return a result, so that a retry can resume at the failed step.
+
+``ctx.step(name, fn, *args, **kwargs)`` runs ``fn`` as a step: its state writes,
+outbox rows, child jobs and events commit together with a row of the step ledger
+(``rq_steps``: job, step position, attempt, result; see ``recording.ledger``).
+On a later attempt of the same job, under a contract with ``resume="step"``, the
+context asks its ``World`` whether that position already committed; if it did,
+``fn`` is not called, the recorded result is returned and the trace says
+``step.skipped`` with the attempt it completed in.
+
+A step's position is its name and how many steps of that name came before it
+in the attempt (``load``, then ``load#2``...), so a loop of same-named steps
+resumes at the right iteration as long as the handler runs its steps in the
+same order on every attempt. ``with ctx.step(name):`` cannot skip its body (a
+``with`` block always runs): it takes a position but is never recorded in the
+ledger, and it re-runs on every attempt.
+
+Known limits: the result is a snapshot of the first attempt (JSON only, under
+the blob limit); state is not part of it — later steps read state from the
+database as usual, and a write to an entity that this attempt never read is
+checked against nothing (read it in the step that writes it).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from replayq import codec
+from replayq.recording.attempt import Attempt
+from replayq.storage.protocol import Transaction
+
+RESUME_STEP = "step"
+
+
+class StepAttempt(Attempt, Protocol):
+    """The parts of the context a callable step uses, beyond a view's ``Attempt``."""
+
+    @property
+    def owns_job_trace(self) -> bool: ...
+
+    def next_step_key(self, name: str) -> str: ...
+
+    def step_block(
+        self, name: str, key: str, outcome: dict[str, Any] | None = None
+    ) -> AbstractContextManager[None]: ...
+
+
+def run_step(
+    ctx: StepAttempt,
+    name: str,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """``ctx.step(name, fn, ...)``: skip a position an earlier attempt committed, or run it."""
+    key = ctx.next_step_key(name)
+    resume = ctx.handler.contract.resume == RESUME_STEP
+    done = ctx.world.completed_step(key) if resume else None
+    if done is not None:
+        ctx.record(
+            "step.skipped",
+            status="skipped",
+            step_name=name,
+            step_key=key,
+            completed_in=done.attempt,
+            reason=f"completed in attempt {done.attempt}",
+            result=None if done.result_ref else done.result,
+            output_ref=done.result_ref,
+        )
+        return done.result
+    outcome: dict[str, Any] = {}
+    with ctx.step_block(name, key, outcome):
+        result = fn(*args, **kwargs)
+        if inspect.isawaitable(result):
+            if inspect.iscoroutine(result):
+                result.close()  # never awaited: say so here instead of a RuntimeWarning later
+            raise TypeError(
+                f"ctx.step({name!r}, fn): fn returned an awaitable; the callable form runs "
+                "plain functions (await inside a `with ctx.step(...)` block instead)"
+            )
+        inline, ref, raw = ctx.encode(result, what=f"step {name!r} result")
+        ctx.store_blob(raw, f"step {name!r} result")
+        outcome["result"] = inline
+        outcome["output_ref"] = ref
+        if resume and ctx.world.is_live and ctx.owns_job_trace:
+            params = {
+                "job_id": ctx.job.id,
+                "step_key": key,
+                "step_name": name,
+                "attempt": ctx.attempt,
+                "trace_id": ctx.trace_id,
+                "result": None if ref else codec.dumps(inline),
+                "result_ref": ref,
+                "now": ctx.runtime.clock.now(),
+            }
+
+            def complete(tx: Transaction) -> None:
+                # False: an earlier attempt committed this position (resume was off then).
+                tx.step_complete(params)
+
+            ctx.defer(complete)
+    return result

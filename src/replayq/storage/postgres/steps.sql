@@ -1,0 +1,14 @@
+-- The step ledger: steps of a job that committed, and the result each returned.
+-- PostgreSQL flavour of storage/sqlite/steps.sql: same query names and parameters.
+
+-- name: step_complete
+-- Written in the step's transaction. The first completion of a position wins: a
+-- re-run of the same step (resume off, or a with-block) never replaces it.
+INSERT INTO rq_steps (job_id, step_key, step_name, attempt, trace_id, result, result_ref,
+                      completed_at)
+VALUES (%(job_id)s, %(step_key)s, %(step_name)s, %(attempt)s, %(trace_id)s, %(result)s,
+        %(result_ref)s, %(now)s)
+ON CONFLICT (job_id, step_key) DO NOTHING;
+
+-- name: step_by_job
+SELECT * FROM rq_steps WHERE job_id = %(job_id)s ORDER BY attempt, completed_at;
