@@ -49,8 +49,13 @@ def _fork_trace(output: str) -> tuple[str, str]:
 
 
 def _shipments_intended(summary_effects: dict[str, Counter[str]]) -> int:
+    # A shipment whose outcome was fenced (its worker had lost the lease) still happened.
     return sum(
-        n["succeeded"] for kind, n in summary_effects.items() if kind.startswith("warehouse.")
+        count
+        for kind, counts in summary_effects.items()
+        if kind.startswith("warehouse.")
+        for what, count in counts.items()
+        if what.startswith("succeeded")
     )
 
 

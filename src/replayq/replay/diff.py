@@ -38,6 +38,19 @@ REJECTED = "REJECTED by fencing (stale fencing token)"
 OUTCOME_EVENTS = ("job.succeeded", "replay.finished", "fork.finished", "rerun.finished")
 
 
+def _effect_count(event: TraceEvent) -> str:
+    """How an effect event counts; a fenced one by what was refused: the claim (the effect
+    never ran) or the outcome of an effect that ran (it happened; its record stays in doubt)."""
+    if event.name != "write.fenced":
+        return EFFECT_COUNTS[event.name]
+    refused = " ".join(str(r) for r in event.data.get("refused") or [])
+    if "effect result" in refused:
+        return "succeeded (outcome fenced)"
+    if "effect failure" in refused:
+        return "failed (outcome fenced)"
+    return "fenced"
+
+
 def write_key(event: TraceEvent) -> tuple[str, int | None, int | None]:
     return (event.trace_id, event.attempt, event.seq)
 
@@ -122,7 +135,7 @@ def summarise(trace_id: str, label: str, events: list[TraceEvent]) -> TraceSumma
             summary.decisions.setdefault(str(data.get("decision")), []).append(data.get("value"))
         elif name in EFFECT_COUNTS and (name != "write.fenced" or data.get("kind")):
             label_ = f"{data.get('kind')} [{data.get('key')}]"
-            summary.effects.setdefault(label_, Counter())[EFFECT_COUNTS[name]] += 1
+            summary.effects.setdefault(label_, Counter())[_effect_count(event)] += 1
         elif name == "cache.write":
             summary.cache_writes.append(str(data.get("key")))
         elif name in OUTCOME_EVENTS:

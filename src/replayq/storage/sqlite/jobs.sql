@@ -168,6 +168,15 @@ SELECT job_type, version, body, registered_at FROM rq_contracts
 WHERE (:job_type IS NULL OR job_type = :job_type)
 ORDER BY job_type, registered_at, version;
 
+-- name: contract_activate
+INSERT INTO rq_active_versions (job_type, version, registered_at)
+VALUES (:job_type, :version, :now)
+ON CONFLICT (job_type) DO UPDATE SET version = excluded.version,
+                                     registered_at = excluded.registered_at;
+
+-- name: contract_active
+SELECT version FROM rq_active_versions WHERE job_type = :job_type;
+
 -- name: migrations_create
 CREATE TABLE IF NOT EXISTS rq_schema_migrations (
     version    INTEGER PRIMARY KEY,

@@ -211,3 +211,9 @@ CREATE TABLE rq_steps (
     completed_at REAL    NOT NULL,
     PRIMARY KEY (job_id, step_key)
 );
+
+CREATE TABLE rq_active_versions (
+    job_type      TEXT NOT NULL PRIMARY KEY,
+    version       TEXT NOT NULL,
+    registered_at REAL NOT NULL
+);
