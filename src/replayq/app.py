@@ -357,6 +357,11 @@ class App:
     def get_job(self, job_id: int) -> Job:
         return get_job(self.runtime, job_id)
 
+    def get_job_or_none(self, job_id: int) -> Job | None:
+        """The job, or ``None`` if there is no job ``job_id``."""
+        with self.storage.transaction(readonly=True) as tx:
+            return tx.job_get(job_id)
+
     def list_jobs(
         self,
         *,

@@ -169,6 +169,17 @@ WHERE origin = 'production'
 GROUP BY job_type, state
 ORDER BY job_type, state;
 
+-- name: job_gauges
+-- The fleet's gauges (replayq metrics serve): open jobs by queue, type, version and state,
+-- with the oldest ready job's run_at and the oldest lease start of running ones.
+SELECT queue, job_type, COALESCE(handler_version, '') AS version, state, COUNT(*) AS count,
+       MIN(CASE WHEN state = 'queued' AND run_at <= %(now)s THEN run_at END) AS oldest_ready,
+       MIN(CASE WHEN state = 'running' THEN leased_at END) AS oldest_leased
+FROM rq_jobs
+WHERE origin = 'production' AND state IN ('queued', 'running', 'dead')
+GROUP BY queue, job_type, COALESCE(handler_version, ''), state
+ORDER BY queue, job_type, version, state;
+
 -- name: job_durations
 SELECT (e.data::jsonb ->> 'duration')::float8 AS duration
 FROM rq_events AS e
