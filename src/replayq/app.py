@@ -373,6 +373,12 @@ class App:
         with self.storage.transaction(readonly=True) as tx:
             return tx.job_list(JobFilter(states, job_type, origin, limit))
 
+    def queue_overview(self) -> list[dict[str, Any]]:
+        """Open jobs by queue, type, version and state, with the oldest ready job's ``run_at``
+        (``oldest_ready``) and the oldest running lease (``oldest_leased``)."""
+        with self.storage.transaction(readonly=True) as tx:
+            return tx.job_gauges(self.clock.now())
+
     def trace(self, job_id: int) -> list[TraceEvent]:
         """Every event of a job, ordered by the hybrid logical clock."""
         with self.storage.transaction(readonly=True) as tx:
