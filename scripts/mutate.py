@@ -77,13 +77,22 @@ BUGS: list[Bug] = [
     *_both_backends("retry-owner-token", "owner token", "job_bury_owned", (BARRIER,)),
     *_both_backends("bury-owner-token", "owner token", "job_bury_queued", (BARRIER,)),
     *_both_backends("heartbeat-owner-token", "owner token", "job_complete", (BARRIER,)),
-    Bug(
-        "step-commit-after-lease-lost",
-        "owner token",
-        "if not failed and self._pending.writes and self.lease_lost:",
-        "if not failed and self._pending.writes and False:",
-        (BARRIER,),
-    ),
+    # Every commit of a job (step writes, effect claims and results, outbox, child jobs)
+    # checks the owner token in the database: drop it and a stale worker's writes land.
+    *[
+        Bug(
+            f"commit-fencing-owner-token-{backend}",
+            "owner token",
+            f"WHERE id = {job_id} AND owner_token = {token} AND state = 'running'{end}",
+            f"WHERE id = {job_id} AND state = 'running'{end}",
+            (BARRIER, "tests/conformance/test_fencing.py"),
+            ".sql",
+        )
+        for backend, job_id, token, end in (
+            ("sqlite", ":job_id", ":owner_token", ";\n\n-- name: lease_extend"),
+            ("postgres", "%(job_id)s", "%(owner_token)s", "\nFOR SHARE;"),
+        )
+    ],
     Bug(
         "heartbeat-zero-lease-extended",
         "lease deadline",
@@ -152,8 +161,8 @@ BUGS: list[Bug] = [
     Bug(
         "validation-failure-retried",
         "retry classification",
-        "return failure_class is not FailureClass.VALIDATION and failure_class.value in self.on",
-        "return failure_class.value in self.on",
+        "never = (FailureClass.VALIDATION, FailureClass.IN_DOUBT)",
+        "never = (FailureClass.IN_DOUBT,)",
         ("tests/unit/test_retry_policy.py", "tests/conformance/test_worker_lifecycle.py"),
     ),
     Bug(

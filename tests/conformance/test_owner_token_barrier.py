@@ -7,9 +7,9 @@ the state condition of those writes cannot tell A from B: only the owner token (
 lost-lease check at a step commit) can refuse A. A planted bug that drops that condition
 makes these tests fail, on both backends (``scripts/mutate.py`` plants them).
 
-Paths whose fencing arrives with issue 10 (an effect claim, an outbox row or a child job
-committed before any heartbeat noticed the lost lease) are strict ``xfail`` tests: they
-turn into failures, and so get their marker removed, when the fencing lands.
+An effect claim, an outbox row and a child job committed before any heartbeat noticed
+the lost lease are refused too: every commit checks the owner token in the database
+(``lease_check``), not only the heartbeat's flag.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from replayq.storage.protocol import LeaseExtend
 
 AppFactory = Callable[..., replayq.App]
 LEASE = "1s"
-FENCING_LANDS_WITH_ISSUE_10 = "fencing on this path lands with issue 10"
 
 
 @dataclass
@@ -228,7 +227,6 @@ def b_running(t: Takeover) -> Iterator[None]:
         runner.join(30)
 
 
-@pytest.mark.xfail(strict=True, reason=FENCING_LANDS_WITH_ISSUE_10)
 def test_stale_effect_claim_while_the_new_owner_runs_is_refused_and_the_effect_not_run(
     app_factory: AppFactory,
 ) -> None:
@@ -244,7 +242,6 @@ def test_stale_effect_claim_while_the_new_owner_runs_is_refused_and_the_effect_n
             assert tx.idem_get("write:1:card.charge") is None
 
 
-@pytest.mark.xfail(strict=True, reason=FENCING_LANDS_WITH_ISSUE_10)
 def test_stale_outbox_event_while_the_new_owner_runs_is_not_committed(
     app_factory: AppFactory,
 ) -> None:
@@ -260,7 +257,6 @@ def test_stale_outbox_event_while_the_new_owner_runs_is_not_committed(
             assert tx.outbox_by_job(t.owned.id) == [], "the stale worker's event was committed"
 
 
-@pytest.mark.xfail(strict=True, reason=FENCING_LANDS_WITH_ISSUE_10)
 def test_stale_child_enqueue_while_the_new_owner_runs_is_not_committed(
     app_factory: AppFactory,
 ) -> None:
