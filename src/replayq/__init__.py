@@ -14,7 +14,7 @@ The public API, by layer (everything a user or the ``replayq`` command line need
 * clocks: ``Clock``, ``SystemClock``, ``FrozenClock``, ``HybridLogicalClock``;
 * observing: ``Observer`` (what a ``Worker(observers=...)`` is told), ``WorkerMetrics``
   (Prometheus, needs ``[metrics]``), ``fleet_registry`` and ``serve_metrics``,
-  ``configure_logging``;
+  ``configure_logging``, ``AttemptTracer`` and ``otel_trace_id`` (OpenTelemetry, ``[otel]``);
 * every exception replayq raises (the tree is drawn in ``replayq.errors``).
 
 ``replayq.testing`` holds the helpers for users' own test suites.
@@ -53,6 +53,7 @@ from replayq.observe.hooks import Observer
 from replayq.observe.logs import configure_logging
 from replayq.observe.metrics import WorkerMetrics
 from replayq.observe.metrics import serve as serve_metrics
+from replayq.observe.otel import AttemptTracer, otel_trace_id
 from replayq.queue.contracts import JobContract, Retry, diff_contracts, lint_contract
 from replayq.recording.context import Context
 from replayq.recording.in_doubt import EffectRecord, EffectResolution
@@ -70,6 +71,7 @@ from replayq.worker import Worker
 
 __all__ = [
     "App",
+    "AttemptTracer",
     "Clock",
     "ConcurrencyError",
     "ConfigurationError",
@@ -127,6 +129,7 @@ __all__ = [
     "lint_contract",
     "list_locks",
     "open_sink",
+    "otel_trace_id",
     "parse_duration",
     "plan_rollback",
     "publish_pending",

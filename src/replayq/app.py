@@ -13,6 +13,7 @@ from replayq.clock import Clock, HybridLogicalClock, SystemClock
 from replayq.durations import Duration
 from replayq.errors import ConfigurationError, ContractError, FailureClass
 from replayq.model import Job, TraceEvent
+from replayq.observe.otel import enqueue_span
 from replayq.queue import lifecycle
 from replayq.queue.catalog import register_contracts, stored_contracts
 from replayq.queue.contracts import DEFAULT_RESUME, JobContract, Retry, build_contract
@@ -333,16 +334,19 @@ class App:
         declare (the worker that runs it validates it).
         """
         request = EnqueueRequest(job_type, payload or {}, message_id, delay, run_at, priority)
-        kwargs: dict[str, Any] = {
-            "queue": queue,
-            "correlation_id": correlation_id,
-            "causation_id": causation_id,
-            "check": check,
-        }
-        if conn is not None:
-            return self.insert_job(self.storage.adopt(conn), request, **kwargs)
-        with self.storage.transaction() as tx:
-            return self.insert_job(tx, request, **kwargs)
+        # With OpenTelemetry configured, the job row carries this producer span's context.
+        with enqueue_span(job_type) as trace_context:
+            kwargs: dict[str, Any] = {
+                "queue": queue,
+                "correlation_id": correlation_id,
+                "causation_id": causation_id,
+                "check": check,
+                "trace_context": trace_context,
+            }
+            if conn is not None:
+                return self.insert_job(self.storage.adopt(conn), request, **kwargs)
+            with self.storage.transaction() as tx:
+                return self.insert_job(tx, request, **kwargs)
 
     def enqueue_many(self, requests: Sequence[EnqueueRequest], *, conn: Any = None) -> list[int]:
         """Enqueue many jobs in one transaction; all or none."""

@@ -36,6 +36,8 @@ class JobInsert:
     correlation_id: str | None = None
     causation_id: str | None = None
     origin: str = "production"
+    # The enqueuer's W3C traceparent (OpenTelemetry), for the attempt spans' parent.
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True)

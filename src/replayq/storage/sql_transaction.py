@@ -51,6 +51,7 @@ _JOB_COLUMNS = (
     "correlation_id",
     "causation_id",
     "origin",
+    "trace_context",
 )
 
 _EVENT_COLUMNS = (

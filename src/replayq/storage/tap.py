@@ -41,7 +41,8 @@ class Taps:
 
     def remove(self, listener: Listener) -> None:
         with self._lock:
-            self.listeners = tuple(x for x in self.listeners if x is not listener)
+            # Bound methods are new objects at each access: compare by equality, not identity.
+            self.listeners = tuple(x for x in self.listeners if x != listener)
 
     def emit(self, events: Sequence[TraceEvent]) -> None:
         for listener in self.listeners:

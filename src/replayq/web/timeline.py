@@ -266,7 +266,7 @@ def resource_picture(events: Sequence[TraceEvent]) -> Picture:
                 )
             )
     for rank, event in enumerate(e for e in by_hlc if e.name in MARKERS):
-        lane = lanes[event.worker_id]
+        lane = lanes[str(event.worker_id)]
         cls = MARKERS[event.name]
         if event.name == "cache.read" and event.data.get("stale"):
             cls = "conflict"

@@ -9,11 +9,13 @@
 WITH inserted AS (
     INSERT INTO rq_jobs (job_type, queue, payload, state, priority, run_at, created_at,
                          max_attempts, trace_id, message_id, ordering_key, idempotency_key,
-                         handler_version, hlc, correlation_id, causation_id, origin)
+                         handler_version, hlc, correlation_id, causation_id, origin,
+                         trace_context)
     VALUES (%(job_type)s, %(queue)s, %(payload_json)s, 'queued', %(priority)s, %(run_at)s,
             %(now)s, %(max_attempts)s, %(trace_id)s, %(message_id)s::text,
             %(ordering_key)s::text, %(idempotency_key)s::text, %(handler_version)s::text,
-            %(hlc)s, %(correlation_id)s::text, %(causation_id)s::text, %(origin)s)
+            %(hlc)s, %(correlation_id)s::text, %(causation_id)s::text, %(origin)s,
+            %(trace_context)s::text)
     ON CONFLICT (message_id) DO NOTHING
     RETURNING id, queue, run_at
 )

@@ -4,10 +4,10 @@
 -- name: job_insert
 INSERT INTO rq_jobs (job_type, queue, payload, state, priority, run_at, created_at,
                      max_attempts, trace_id, message_id, ordering_key, idempotency_key,
-                     handler_version, hlc, correlation_id, causation_id, origin)
+                     handler_version, hlc, correlation_id, causation_id, origin, trace_context)
 VALUES (:job_type, :queue, :payload_json, 'queued', :priority, :run_at, :now,
         :max_attempts, :trace_id, :message_id, :ordering_key, :idempotency_key,
-        :handler_version, :hlc, :correlation_id, :causation_id, :origin)
+        :handler_version, :hlc, :correlation_id, :causation_id, :origin, :trace_context)
 ON CONFLICT (message_id) DO NOTHING
 RETURNING id;
 
