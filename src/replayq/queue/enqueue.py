@@ -62,6 +62,7 @@ def insert_job(
     origin: str = "production",
     check: bool = True,
     require_contract: bool = False,
+    trace_context: str | None = None,
 ) -> int:
     """Insert one job inside ``tx`` (with its ``job.enqueued`` event); returns its id.
 
@@ -131,6 +132,7 @@ def insert_job(
         correlation_id=correlation_id,
         causation_id=causation_id,
         origin=origin,
+        trace_context=trace_context,
     )
     job_id, created = tx.job_insert(params)
     job = tx.job_get(job_id)

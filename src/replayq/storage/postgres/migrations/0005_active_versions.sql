@@ -1,4 +1,4 @@
--- 0004 active versions: which declared version of each job type the last worker
+-- 0005 active versions: which declared version of each job type the last worker
 -- to start runs for new jobs, so that a producer that does not declare the type
 -- (replayq enqueue TYPE without --app) enqueues under that version's contract.
 
