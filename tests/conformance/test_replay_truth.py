@@ -180,3 +180,18 @@ def test_fork_past_a_recorded_failed_effect_replays_the_failure(
     assert report.outcome_now.error == report.outcome_recorded.error
     assert report.outcome_now.error_class == report.outcome_recorded.error_class
     assert not report.diverged, report.to_dict()
+
+
+def test_rerun_text_report_prints_the_failure_class_and_message(
+    app: replayq.App, service: Service
+) -> None:
+    service.fail_next("/inventory/sku-1", status=422)
+    job = record_quote(app)
+    service.fail_next("/inventory/sku-1", status=422)
+
+    shown = cli(
+        app.url, "rerun", str(job.id), "--app", TRUTH_APP, "--allow-effects", "sms.send", "--yes"
+    )
+
+    assert shown.returncode == 0, shown.stderr
+    assert "failed [validation] ValidationError: inventory refused sku-1: HTTP 422" in shown.stdout

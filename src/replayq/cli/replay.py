@@ -202,8 +202,8 @@ def rerun(
         return
     for r in reports:
         click.echo(
-            f"job {r.job_id}: {r.outcome.status} (trace {r.trace_id}); allowed={r.allowed} "
-            f"substituted={r.substituted} refused={r.refused}"
+            f"job {r.job_id}: {render.outcome_text(r.outcome)} (trace {r.trace_id}); "
+            f"allowed={r.allowed} substituted={r.substituted} refused={r.refused}"
         )
 
 
