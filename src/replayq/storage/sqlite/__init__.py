@@ -27,6 +27,7 @@ from urllib.parse import parse_qs, urlsplit
 from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
 from replayq.seal import unsealed
 from replayq.storage import migrate
+from replayq.storage.adopted import TupleRows
 from replayq.storage.protocol import MigrationStatus
 from replayq.storage.queries import load_queries
 from replayq.storage.sql_transaction import SqlTransaction
@@ -140,17 +141,26 @@ class SqliteStorage:
             raise StorageError(f"commit failed on {self.path!r}: {exc}") from exc
 
     def adopt(self, connection: Any) -> SqlTransaction:
-        if not isinstance(connection, sqlite3.Connection):
+        """Verbs on the caller's connection to this file, whatever its row factory.
+
+        A ``sqlite3.Connection`` in autocommit (``isolation_level=None``) must be inside
+        ``BEGIN`` already; in the module's default mode the insert itself opens the
+        transaction, as the caller's own writes would. Any other DB-API connection
+        (a framework's wrapper of ``sqlite3`` or ``aiosqlite``) is trusted to be on this
+        file inside the caller's transaction: replayq cannot check it.
+        """
+        if isinstance(connection, sqlite3.Connection):
+            if not connection.in_transaction and connection.isolation_level is None:
+                raise ConfigurationError(
+                    "transactional enqueue needs an open transaction on the connection "
+                    "(execute BEGIN, or any write, first)"
+                )
+        elif not callable(getattr(connection, "cursor", None)):
             raise ConfigurationError(
-                f"transactional enqueue on SQLite takes a sqlite3.Connection, "
-                f"got {type(connection).__name__}"
+                f"transactional enqueue on SQLite takes a sqlite3.Connection (or another "
+                f"DB-API connection to the same file), got {type(connection).__name__}"
             )
-        if not connection.in_transaction:
-            raise ConfigurationError(
-                "transactional enqueue needs an open transaction on the connection "
-                "(execute BEGIN, or any write, first)"
-            )
-        return SqlTransaction(connection, self.queries)
+        return SqlTransaction(TupleRows(connection), self.queries)
 
     def _applied(self, conn: sqlite3.Connection) -> list[tuple[int, str, float]]:
         conn.execute(self.queries["migrations_create"])
