@@ -172,6 +172,10 @@ CREATE TABLE IF NOT EXISTS rq_schema_migrations (
     applied_at REAL NOT NULL
 );
 
+-- name: migrations_table_exists
+SELECT COUNT(*) AS present FROM sqlite_master
+WHERE type = 'table' AND name = 'rq_schema_migrations';
+
 -- name: migrations_applied
 SELECT version, name, applied_at FROM rq_schema_migrations ORDER BY version;
 
