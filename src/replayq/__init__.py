@@ -17,8 +17,11 @@ The public API, by layer (everything a user or the ``replayq`` command line need
   ``configure_logging``, ``AttemptTracer`` and ``otel_trace_id`` (OpenTelemetry, ``[otel]``);
 * every exception replayq raises (the tree is drawn in ``replayq.errors``).
 
-``replayq.testing`` holds the helpers for users' own test suites.
+``replayq.testing`` holds the helpers for users' own test suites; ``replayq.contrib``
+the integrations (Django, SQLAlchemy). ``replayq.__version__`` is the installed version.
 """
+
+import importlib.metadata as _metadata
 
 from replayq.app import App, EnqueueRequest
 from replayq.clock import Clock, FrozenClock, HybridLogicalClock, SystemClock
@@ -68,6 +71,11 @@ from replayq.replay.rerun import RerunReport, rerun, rerun_many
 from replayq.replay.rollback import compensate, plan_rollback, rollback
 from replayq.replay.signals import signal_counts
 from replayq.worker import Worker
+
+try:
+    __version__ = _metadata.version("replayq")
+except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "App",

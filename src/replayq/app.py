@@ -36,6 +36,7 @@ from replayq.recording.in_doubt import (
 from replayq.recording.state import StateStore
 from replayq.runtime import DEFAULT_BLOB_LIMIT_BYTES, Limits, Runtime
 from replayq.storage import open_storage
+from replayq.storage.adopted import AsyncConnectionView, run_bridged
 from replayq.storage.cache import CacheBackend
 from replayq.storage.protocol import JobFilter, MigrationStatus, Storage, Transaction
 
@@ -354,9 +355,11 @@ class App:
 
         The payload is checked against the handler's signature and contract
         (``PayloadError`` names the field or limit). The same ``message_id``
-        returns the existing job. With ``conn`` (a connection of the caller's,
-        inside an open transaction on the same database), the job exists only
-        if the caller commits. ``check=False`` enqueues a type this app does not
+        returns the existing job. With ``conn`` — the caller's own DB-API
+        connection to the same database (``sqlite3``, psycopg with any row
+        factory, a framework's), inside its open transaction — the job exists
+        only if the caller commits; ``replayq.contrib`` finds that connection for
+        Django and SQLAlchemy. ``check=False`` enqueues a type this app does not
         declare (the worker that runs it validates it).
         """
         request = EnqueueRequest(job_type, payload or {}, message_id, delay, run_at, priority)
@@ -374,6 +377,40 @@ class App:
                 return self.insert_job(self.storage.adopt(conn), request, **kwargs)
             with self.storage.transaction() as tx:
                 return self.insert_job(tx, request, **kwargs)
+
+    async def enqueue_async(
+        self,
+        job_type: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        conn: Any,
+        message_id: str | None = None,
+        delay: Duration | None = None,
+        run_at: float | None = None,
+        priority: int = 0,
+        queue: str | None = None,
+        correlation_id: str | None = None,
+        causation_id: str | None = None,
+        check: bool = True,
+    ) -> int:
+        """``enqueue`` on the caller's async connection (``psycopg.AsyncConnection``).
+
+        The job is inserted inside the caller's open transaction on this event loop
+        and exists only if the caller commits. Checks and options are ``enqueue``'s.
+        The app's own storage is opened (blocking, once) if it was not yet.
+        """
+        request = EnqueueRequest(job_type, payload or {}, message_id, delay, run_at, priority)
+        storage = self.storage
+        return await run_bridged(
+            lambda: self.insert_job(
+                storage.adopt(AsyncConnectionView(conn)),
+                request,
+                queue=queue,
+                correlation_id=correlation_id,
+                causation_id=causation_id,
+                check=check,
+            )
+        )
 
     def enqueue_many(self, requests: Sequence[EnqueueRequest], *, conn: Any = None) -> list[int]:
         """Enqueue many jobs in one transaction; all or none."""

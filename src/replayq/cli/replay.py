@@ -36,12 +36,18 @@ def _print_report(report: Any, as_json: bool) -> None:
 @click.command()
 @click.argument("job_id", type=int)
 @click.option("--app", "app_spec", default=None, help="module:attribute (needed to execute).")
-@click.option("--mode", type=click.Choice(["trace", "dry-run"]), default="trace", show_default=True)
-@click.option("--attempt", type=int, default=None)
+@click.option(
+    "--mode",
+    type=click.Choice(["trace", "dry-run"]),
+    default="trace",
+    show_default=True,
+    help="trace: show what was recorded; dry-run: run the handler on recorded answers.",
+)
+@click.option("--attempt", type=int, default=None, help="Which attempt (default: the last).")
 @click.option("--version", default=None, help="Run this declared handler version.")
 @click.option("--handler", "handler_spec", default=None, help="Run module:function instead.")
 @click.option("--allow-io", is_flag=True, help="Let handler I/O that bypasses ctx happen.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def replay(
     env: Env,
@@ -94,14 +100,14 @@ def replay(
 @click.command("fork")
 @click.argument("job_id", type=int)
 @click.option("--app", "app_spec", required=True, help="module:attribute of your replayq.App")
-@click.option("--from-step", required=True)
-@click.option("--attempt", type=int, default=None)
-@click.option("--version", default=None)
-@click.option("--handler", "handler_spec", default=None)
+@click.option("--from-step", required=True, help="Re-execute from this step on.")
+@click.option("--attempt", type=int, default=None, help="Which attempt (default: the last).")
+@click.option("--version", default=None, help="Run this declared handler version.")
+@click.option("--handler", "handler_spec", default=None, help="Run module:function instead.")
 @click.option("--override", "overrides", multiple=True, help="payload field=value (JSON)")
 @click.option("--stub", "stubs", multiple=True, help="call-or-effect-name=JSON result")
 @click.option("--allow-io", is_flag=True, help="Let handler I/O that bypasses ctx happen.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def fork_command(
     env: Env,
@@ -141,7 +147,7 @@ def fork_command(
 @click.command("diff")
 @click.argument("original")
 @click.argument("other")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def diff_command(env: Env, original: str, other: str, as_json: bool) -> None:
     """Compare two traces (job ids or trace ids): state, decisions, effects, outcome."""
@@ -162,7 +168,7 @@ def diff_command(env: Env, original: str, other: str, as_json: bool) -> None:
 @click.option("--state", "job_state", default=None, help="...in this state...")
 @click.option("--since", default=None, help="...finished within this long, e.g. 1h")
 @click.option("--yes", is_flag=True, help="Confirm: this touches the real world.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def rerun(
     env: Env,
@@ -214,7 +220,7 @@ def rerun(
 @click.option("--compensate", is_flag=True, help="Also run registered effect compensators.")
 @click.option("--attempt", type=int, default=None, help="Undo only this attempt's writes.")
 @click.option("--app", "app_spec", default=None, help="module:app (for compensators).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def rollback(
     env: Env,

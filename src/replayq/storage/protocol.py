@@ -171,6 +171,10 @@ class Transaction(Protocol):
 
     def job_list(self, params: JobFilter) -> list[Job]: ...
 
+    def job_scheduled(self, now: float, queues: Sequence[str] | None) -> tuple[int, float | None]:
+        """Queued jobs not due yet (delayed or backing off): ``(count, first run_at)``."""
+        ...
+
     def job_stats(self) -> list[StatRow]: ...
 
     def job_gauges(self, now: float) -> list[Row]:

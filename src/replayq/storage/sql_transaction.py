@@ -222,6 +222,10 @@ class SqlTransaction(ContextVerbs):
         )
         return [row_to_job(r) for r in rows]
 
+    def job_scheduled(self, now: float, queues: Sequence[str] | None) -> tuple[int, float | None]:
+        row = self.fetchone("job_scheduled", {"now": now, "queues": self.list_param(queues)})
+        return int(row["count"]), row["next_run_at"]
+
     def job_stats(self) -> list[StatRow]:
         return [
             StatRow(r["job_type"], r["state"], int(r["count"]), r["oldest_run_at"])

@@ -65,6 +65,7 @@ from replayq import codec
 from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
 from replayq.model import Job
 from replayq.storage import migrate
+from replayq.storage.adopted import AsyncConnectionView, TupleRows
 from replayq.storage.protocol import JobLease, MigrationStatus
 from replayq.storage.queries import load_queries
 from replayq.storage.sql_transaction import SqlTransaction, row_to_job
@@ -376,22 +377,31 @@ class PostgresStorage:
             yield PostgresTransaction(conn, self.queries)
 
     def adopt(self, connection: Any) -> PostgresTransaction:
-        if not isinstance(connection, psycopg.Connection):
+        """Verbs on the caller's open transaction, whatever the connection's row factory.
+
+        A psycopg connection (sync, or async seen through ``AsyncConnectionView``) is
+        checked: not in a failed transaction, not in autocommit outside one. Any other
+        DB-API connection (a framework's adapter) is trusted to be on this database
+        inside the caller's transaction.
+        """
+        driver = connection.raw if isinstance(connection, AsyncConnectionView) else connection
+        if isinstance(driver, psycopg.Connection | psycopg.AsyncConnection):
+            status = driver.info.transaction_status
+            if status == pq.TransactionStatus.INERROR:
+                raise ConfigurationError(
+                    "the connection's transaction has failed; roll it back before enqueueing"
+                )
+            if status != pq.TransactionStatus.INTRANS and driver.autocommit:
+                raise ConfigurationError(
+                    "transactional enqueue needs an open transaction: the connection is in "
+                    "autocommit mode (use `with conn.transaction():` or autocommit=False)"
+                )
+        elif not callable(getattr(connection, "cursor", None)):
             raise ConfigurationError(
-                f"transactional enqueue on PostgreSQL takes a psycopg.Connection, "
-                f"got {type(connection).__name__}"
+                f"transactional enqueue on PostgreSQL takes a psycopg connection (or another "
+                f"DB-API connection to the same database), got {type(connection).__name__}"
             )
-        status = connection.info.transaction_status
-        if status == pq.TransactionStatus.INERROR:
-            raise ConfigurationError(
-                "the connection's transaction has failed; roll it back before enqueueing"
-            )
-        if status != pq.TransactionStatus.INTRANS and connection.autocommit:
-            raise ConfigurationError(
-                "transactional enqueue needs an open transaction: the connection is in "
-                "autocommit mode (use `with conn.transaction():` or autocommit=False)"
-            )
-        return PostgresTransaction(connection, self.queries)
+        return PostgresTransaction(TupleRows(connection), self.queries)
 
     def listen(self, callback: Callable[[str | None], None]) -> Notifier:
         """Call ``callback(queue)`` when a job becomes ready; ``close()`` the result to stop."""

@@ -264,3 +264,12 @@ WHERE e.name = ANY(%(names)s)
   AND e.ts >= %(since)s
 GROUP BY j.job_type, e.name
 ORDER BY j.job_type, e.name;
+
+-- name: job_scheduled
+-- Queued jobs not yet due (delayed, or waiting out a retry's backoff): how many, and
+-- when the first one is due. A burst worker waits for them or says why it left.
+SELECT COUNT(*) AS count, MIN(run_at) AS next_run_at
+FROM rq_jobs
+WHERE state = 'queued'
+  AND run_at > %(now)s
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]));

@@ -195,6 +195,10 @@ CREATE TABLE IF NOT EXISTS rq_schema_migrations (
     applied_at REAL NOT NULL
 );
 
+-- name: migrations_table_exists
+SELECT COUNT(*) AS present FROM sqlite_master
+WHERE type = 'table' AND name = 'rq_schema_migrations';
+
 -- name: migrations_applied
 SELECT version, name, applied_at FROM rq_schema_migrations ORDER BY version;
 
@@ -217,3 +221,12 @@ WHERE e.name IN (SELECT value FROM json_each(:names))
   AND e.ts >= :since
 GROUP BY j.job_type, e.name
 ORDER BY j.job_type, e.name;
+
+-- name: job_scheduled
+-- Queued jobs not yet due (delayed, or waiting out a retry's backoff): how many, and
+-- when the first one is due. A burst worker waits for them or says why it left.
+SELECT COUNT(*) AS count, MIN(run_at) AS next_run_at
+FROM rq_jobs
+WHERE state = 'queued'
+  AND run_at > :now
+  AND (:queues IS NULL OR queue IN (SELECT value FROM json_each(:queues)));
