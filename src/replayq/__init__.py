@@ -6,6 +6,7 @@ The public API, by layer (everything a user or the ``replayq`` command line need
   (the ``ctx`` a handler receives) and the records ``Job``, ``JobState``,
   ``DeadReason``, ``TraceEvent``, ``Entity``, ``StateStore``;
 * contracts: ``JobContract``, ``Retry``, ``diff_contracts``, ``lint_contract``;
+* periodic jobs: ``Schedule``, ``ScheduleStatus``, ``MissedSlots`` (``App.periodic``);
 * the replay engine: ``trace_replay``, ``dry_run``, ``fork``, ``rerun``,
   ``rerun_many``, ``plan_rollback``, ``rollback``, ``compensate``,
   ``diff_traces``, ``render_diff``, ``uncommitted_writes``, ``export_case``,
@@ -58,6 +59,8 @@ from replayq.observe.metrics import WorkerMetrics
 from replayq.observe.metrics import serve as serve_metrics
 from replayq.observe.otel import AttemptTracer, otel_trace_id
 from replayq.queue.contracts import JobContract, Retry, diff_contracts, lint_contract
+from replayq.queue.schedule import MissedSlots, Schedule
+from replayq.queue.scheduler import ScheduleStatus
 from replayq.recording.context import Context
 from replayq.recording.in_doubt import EffectRecord, EffectResolution
 from replayq.recording.locks import break_lock, list_locks
@@ -103,6 +106,7 @@ __all__ = [
     "JobState",
     "LeaseLostError",
     "LockTimeoutError",
+    "MissedSlots",
     "Observer",
     "PayloadError",
     "RecordedFailure",
@@ -112,6 +116,8 @@ __all__ = [
     "RerunReport",
     "Retry",
     "RollbackRefusedError",
+    "Schedule",
+    "ScheduleStatus",
     "SchemaError",
     "StaleFencingTokenError",
     "StatRow",

@@ -26,6 +26,8 @@ from replayq.queue.contracts import (
 )
 from replayq.queue.enqueue import EnqueueRequest, get_job, insert_job
 from replayq.queue.handlers import Handler, HandlerRegistry, PayloadShape
+from replayq.queue.schedule import DEFAULT_CATCH_UP, MissedSlots, Schedule, parse_grace
+from replayq.queue.scheduler import ScheduleStatus, schedule_statuses
 from replayq.recording.in_doubt import (
     EffectRecord,
     EffectResolution,
@@ -105,6 +107,7 @@ class App:
         self.rng = self.runtime.rng
         self.registry = self.runtime.registry
         self.compensators = self.registry.compensators
+        self.schedules: list[Schedule] = self.registry.schedules
 
     # -- storage ----------------------------------------------------------------------------
 
@@ -204,6 +207,73 @@ class App:
 
         return decorate
 
+    def periodic(
+        self,
+        cron: str,
+        *,
+        job: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        timezone: str = "UTC",
+        missed: str = "skip",
+        catch_up: int = DEFAULT_CATCH_UP,
+        grace: Duration | None = None,
+        queue: str | None = None,
+        priority: int = 0,
+    ) -> Callable[[F], F]:
+        """Enqueue a job on a cron schedule (``croniter`` syntax; a sixth field is seconds).
+
+        Use it above ``@app.job(...)`` (the job type is the decorated handler's), or call
+        it with ``job="type"`` on its own. Every worker runs the scheduler unless started
+        with ``--no-scheduler``; each slot is enqueued once however many run, as a job
+        with the message id ``schedule:NAME:SLOT``. ``missed`` says what happens to slots
+        that passed while no scheduler ran: ``skip``, ``run_once`` or ``run_all`` (the
+        newest ``catch_up`` of them). A slot counts as on time for ``min(grace, period)``
+        (``grace`` defaults to 60 seconds). ``name`` defaults to the job type.
+        """
+        try:
+            policy = MissedSlots(missed)
+        except ValueError:
+            raise ConfigurationError(
+                f"missed={missed!r}: use one of {', '.join(m.value for m in MissedSlots)}"
+            ) from None
+
+        def declare(job_type: str) -> None:
+            schedule = Schedule(
+                name=name or job_type,
+                cron=cron,
+                job_type=job_type,
+                payload=dict(payload or {}),
+                timezone=timezone,
+                missed=policy,
+                catch_up=catch_up,
+                grace_seconds=parse_grace(grace),
+                queue=queue,
+                priority=priority,
+            )
+            if any(s.name == schedule.name for s in self.schedules):
+                raise ConfigurationError(f"a schedule named {schedule.name!r} is declared twice")
+            self.schedules.append(schedule)
+
+        if job is not None:
+            declare(job)
+
+        def decorate(fn: F) -> F:
+            if job is None:
+                found = [h.contract.name for h in self.registry.handlers() if h.fn is fn]
+                if not found:
+                    raise ContractError(
+                        "@app.periodic without job= goes above @app.job(...) on the handler"
+                    )
+                declare(found[0])
+            return fn
+
+        return decorate
+
+    def schedule_statuses(self) -> list[ScheduleStatus]:
+        """Each schedule: its cron, the last slot it enqueued and that job, the next slot."""
+        return schedule_statuses(self.runtime, self.schedules)
+
     def compensator(self, kind: str) -> Callable[[F], F]:
         """Register ``fn(key, result)`` that undoes an effect of ``kind`` in the real world.
 
@@ -278,6 +348,7 @@ class App:
             blob_limit_bytes=runtime.limits.blob_limit_bytes,
         )
         other.adopt_handlers(self)
+        other.schedules.extend(self.schedules)
         return other
 
     def adopt_handlers(self, other: App) -> None:

@@ -6,6 +6,8 @@ succeeds leases its slot's next job in the ack's own transaction (one commit per
 job). A heartbeat thread extends the lease
 of every job in flight. Every write about a job is a compare-and-set on (job
 id, owner token): a worker that lost its lease cannot change the job's state.
+The dispatcher also runs the scheduler of the app's periodic jobs (off with
+``scheduler=False``, ``--no-scheduler``) between its looks for work.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from replayq.observe.hooks import Observer, Observers
 from replayq.queue import lifecycle as trace
 from replayq.queue.catalog import register_contracts
 from replayq.queue.handlers import Handler
+from replayq.queue.scheduler import Scheduler
 from replayq.recording.context import Context
 from replayq.recording.ledger import ledger_loader
 from replayq.recording.world import LiveWorld, LostFlag
@@ -108,6 +111,7 @@ class Worker:
         reap_interval: float = 1.0,
         grace_period: float = 30.0,
         observers: Sequence[Observer] = (),
+        scheduler: bool = True,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -137,6 +141,11 @@ class Worker:
         self._stop_requested: float | None = None
         # The backend's wake-up listener while running (PostgreSQL LISTEN), else None.
         self.notifier: Any = None
+        # Periodic jobs: every worker runs the scheduler unless told not to; the slots'
+        # compare-and-set makes that safe (``queue/schedule.py``).
+        schedules = self.runtime.registry.schedules
+        self.scheduler = Scheduler(self.runtime, schedules) if scheduler and schedules else None
+        self._next_schedule_tick = 0.0
 
     # -- control ----------------------------------------------------------------------------
 
@@ -156,6 +165,8 @@ class Worker:
     def run(self) -> WorkerStats:
         """Lease and run jobs until stopped; returns what this run did."""
         register_contracts(self.runtime)
+        if self.scheduler is not None:
+            self.scheduler.register()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
@@ -200,6 +211,9 @@ class Worker:
                 if now >= self._next_reap:
                     self.reap()
                     self._next_reap = now + self.reap_interval
+                if self.scheduler is not None and now >= self._next_schedule_tick:
+                    due = self.scheduler.tick()
+                    self._next_schedule_tick = due if due is not None else now + 60.0
                 free, jobs = self._lease_free_slots()
             except StorageError as exc:
                 # Killed session, restart, partition: retry until the database is back or we
@@ -211,7 +225,10 @@ class Worker:
                 continue
             if self.burst and free == self.concurrency and self._burst_done(now):
                 return
-            self._wake.wait(self.poll_interval)
+            wait = self.poll_interval
+            if self.scheduler is not None:
+                wait = max(0.0, min(wait, self._next_schedule_tick - now))
+            self._wake.wait(wait)
             self._wake.clear()
 
     def _burst_done(self, now: float) -> bool:

@@ -47,6 +47,12 @@ from replayq.cli.env import Env, emit_json, log_options, pass_env
     show_default=True,
     help="Address the metrics server binds to.",
 )
+@click.option(
+    "--no-scheduler",
+    "no_scheduler",
+    is_flag=True,
+    help="Do not enqueue the app's periodic jobs here (each slot is enqueued once anyway).",
+)
 @log_options
 @pass_env
 def worker(
@@ -61,10 +67,11 @@ def worker(
     poll_interval: float,
     metrics_port: int | None,
     metrics_host: str,
+    no_scheduler: bool,
     log_level: str,
     log_format: str,
 ) -> None:
-    """Run a worker."""
+    """Run a worker (and, unless --no-scheduler, the scheduler of periodic jobs)."""
     replayq.configure_logging(log_level, log_format)
     app = env.app(app_spec)
     observers: list[replayq.Observer] = []
@@ -82,6 +89,7 @@ def worker(
         worker_id=worker_id,
         poll_interval=poll_interval,
         observers=observers,
+        scheduler=not no_scheduler,
     )
     stats = run.run()
     click.echo(

@@ -1,7 +1,7 @@
 """The ``replayq`` command line: a thin layer over the public Python API.
 
 One module per command group: ``jobs`` (worker, enqueue, jobs, dead, stats,
-signals), ``trace``, ``replay`` (replay, fork, diff, rerun, rollback) and
+signals), ``schedules``, ``trace``, ``replay`` (replay, fork, diff, rerun, rollback) and
 ``admin`` (db, contract, locks, outbox, state, demo). Each imports only the
 public ``replayq`` package; a new command goes in its group's module and is
 registered here.
@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from replayq import ReplayqError, __version__
-from replayq.cli import admin, effects, jobs, metrics, replay, trace, web
+from replayq.cli import admin, effects, jobs, metrics, replay, schedules, trace, web
 from replayq.cli.env import Env
 
 
@@ -49,6 +49,7 @@ main.add_command(jobs.dead)
 main.add_command(effects.effects)
 main.add_command(jobs.stats)
 main.add_command(jobs.signals)
+main.add_command(schedules.schedules)
 main.add_command(metrics.metrics)
 main.add_command(web.web)
 main.add_command(trace.trace_group)

@@ -320,6 +320,22 @@ class Transaction(Protocol):
 
     def lineage_for_source(self, source_trace_id: str) -> list[Row]: ...
 
+    def schedule_register(self, params: Mapping[str, Any]) -> None:
+        """Store a periodic job's declaration; a new one is anchored at ``now``."""
+        ...
+
+    def schedule_get(self, name: str) -> Row | None: ...
+
+    def schedule_advance(self, params: Mapping[str, Any]) -> bool:
+        """Compare-and-set of a schedule's anchor (the newest decided slot); ``False`` if moved."""
+        ...
+
+    def schedule_made(self, name: str, slot: float, job_id: int) -> None:
+        """Note the newest slot a schedule enqueued and the job it made."""
+        ...
+
+    def schedule_list(self) -> list[Row]: ...
+
 
 class Storage(Protocol):
     """A database that replayq keeps its queue, trace and state in."""

@@ -217,3 +217,16 @@ CREATE TABLE rq_active_versions (
     version       TEXT NOT NULL,
     registered_at REAL NOT NULL
 );
+
+CREATE TABLE rq_schedules (
+    name          TEXT NOT NULL PRIMARY KEY,
+    cron          TEXT NOT NULL,
+    job_type      TEXT NOT NULL,
+    timezone      TEXT NOT NULL,
+    missed        TEXT NOT NULL,
+    anchor        REAL NOT NULL,
+    last_slot     REAL,
+    last_job_id   INTEGER,
+    next_slot     REAL,
+    updated_at    REAL NOT NULL
+);
