@@ -7,6 +7,7 @@ The public API, by layer (everything a user or the ``replayq`` command line need
   ``DeadReason``, ``TraceEvent``, ``Entity``, ``StateStore``;
 * contracts: ``JobContract``, ``Retry``, ``diff_contracts``, ``lint_contract``;
 * periodic jobs: ``Schedule``, ``ScheduleStatus``, ``MissedSlots`` (``App.periodic``);
+* bulk actions: ``JobMatch`` (the filters), ``BulkPreview``, ``BulkResult`` (``App.bulk``);
 * the replay engine: ``trace_replay``, ``dry_run``, ``fork``, ``rerun``,
   ``rerun_many``, ``plan_rollback``, ``rollback``, ``compensate``,
   ``diff_traces``, ``render_diff``, ``uncommitted_writes``, ``export_case``,
@@ -58,6 +59,7 @@ from replayq.observe.logs import configure_logging
 from replayq.observe.metrics import WorkerMetrics
 from replayq.observe.metrics import serve as serve_metrics
 from replayq.observe.otel import AttemptTracer, otel_trace_id
+from replayq.queue.bulk import BulkPreview, BulkResult
 from replayq.queue.contracts import JobContract, Retry, diff_contracts, lint_contract
 from replayq.queue.schedule import MissedSlots, Schedule
 from replayq.queue.scheduler import ScheduleStatus
@@ -73,6 +75,7 @@ from replayq.replay.export import export_case, import_case
 from replayq.replay.rerun import RerunReport, rerun, rerun_many
 from replayq.replay.rollback import compensate, plan_rollback, rollback
 from replayq.replay.signals import signal_counts
+from replayq.storage.protocol import JobMatch
 from replayq.worker import Worker
 
 try:
@@ -83,6 +86,8 @@ except _metadata.PackageNotFoundError:  # imported from a source tree that was n
 __all__ = [
     "App",
     "AttemptTracer",
+    "BulkPreview",
+    "BulkResult",
     "Clock",
     "ConcurrencyError",
     "ConfigurationError",
@@ -103,6 +108,7 @@ __all__ = [
     "Job",
     "JobContract",
     "JobError",
+    "JobMatch",
     "JobState",
     "LeaseLostError",
     "LockTimeoutError",

@@ -15,6 +15,7 @@ from replayq.errors import ConfigurationError, ContractError, FailureClass
 from replayq.model import Job, TraceEvent
 from replayq.observe.otel import enqueue_span
 from replayq.queue import lifecycle
+from replayq.queue.bulk import BulkPreview, BulkResult, bulk_apply, bulk_preview
 from replayq.queue.catalog import register_contracts, stored_contracts
 from replayq.queue.contracts import (
     DEFAULT_RESUME,
@@ -40,7 +41,7 @@ from replayq.runtime import DEFAULT_BLOB_LIMIT_BYTES, Limits, Runtime
 from replayq.storage import open_storage
 from replayq.storage.adopted import AsyncConnectionView, run_bridged
 from replayq.storage.cache import CacheBackend
-from replayq.storage.protocol import JobFilter, MigrationStatus, Storage, Transaction
+from replayq.storage.protocol import JobFilter, JobMatch, MigrationStatus, Storage, Transaction
 
 __all__ = ["App", "EnqueueRequest"]
 
@@ -569,6 +570,37 @@ class App:
                 ]
             )
         return True
+
+    def bulk_preview(self, match: JobMatch, *, sample: int = 5) -> BulkPreview:
+        """How many jobs a bulk action with these filters would touch, and a sample."""
+        return bulk_preview(self.runtime, match, sample=sample)
+
+    def bulk(
+        self,
+        action: str,
+        match: JobMatch,
+        *,
+        reason: str,
+        by: str | None = None,
+        job_ids: Sequence[int] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> BulkResult:
+        """``requeue`` (dead jobs) or ``cancel`` (queued jobs) every job ``match`` selects.
+
+        Give ``job_ids`` (a preview's) to act on exactly what was previewed. Each changed
+        job's trace records the action's id (``bulk_action``), ``reason`` and ``by``
+        (default: the OS user); jobs no longer in a state the action applies to are
+        skipped. ``progress`` is told the size of each committed batch.
+        """
+        return bulk_apply(
+            self.runtime,
+            action,
+            match,
+            reason=reason,
+            by=by or os_user(),
+            job_ids=job_ids,
+            progress=progress,
+        )
 
     def requeue(self, job_id: int, *, reason: str) -> bool:
         """Move a dead job back to the queue with one more attempt; the reason is traced."""

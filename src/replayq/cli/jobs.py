@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
 import replayq
-from replayq.cli import render
+from replayq.cli import bulk, render
 from replayq.cli.env import Env, emit_json, log_options, pass_env
 
 
@@ -201,13 +202,46 @@ def jobs_show(env: Env, job_id: int, as_json: bool) -> None:
 
 
 @jobs.command("cancel")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=int, required=False)
+@bulk.filter_options
+@click.option("--reason", default=None, help="Why; recorded in each job's trace (bulk).")
+@click.option("--yes", is_flag=True, help="Act; without it a bulk cancel only previews.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
-def jobs_cancel(env: Env, job_id: int) -> None:
-    """Cancel a queued job."""
+def jobs_cancel(
+    env: Env, /, job_id: int | None, reason: str | None, yes: bool, as_json: bool, **filters: Any
+) -> None:
+    """Cancel a queued job, or (no JOB_ID) every job the filters select (default: queued)."""
+    if job_id is None:
+        bulk.run_bulk(env, "cancel", reason, yes, as_json, **filters)
+        return
     if not env.app().cancel(job_id):
         raise click.ClickException(f"job {job_id} is not queued; only queued jobs can be cancelled")
     click.echo(f"job {job_id} cancelled")
+
+
+@jobs.command("requeue")
+@bulk.filter_options
+@click.option("--reason", default=None, help="Why; recorded in each job's trace.")
+@click.option("--yes", is_flag=True, help="Act; without it only a preview is printed.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@pass_env
+def jobs_requeue(env: Env, /, reason: str | None, yes: bool, as_json: bool, **filters: Any) -> None:
+    """Requeue every dead job the filters select, one more attempt each (preview, then --yes)."""
+    bulk.run_bulk(env, "requeue", reason, yes, as_json, **filters)
+
+
+@jobs.command("dry-run")
+@bulk.filter_options
+@click.option("--app", "app_spec", required=True, help="module:attribute of your replayq.App")
+@click.option("--with-version", "with_version", default=None, help="Replay with this version.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@pass_env
+def jobs_dry_run(
+    env: Env, /, app_spec: str, with_version: str | None, as_json: bool, **filters: Any
+) -> None:
+    """Dry-run every recorded job the filters select; print a summary of the divergences."""
+    bulk.bulk_dry_run(env, app_spec, with_version, as_json, **filters)
 
 
 @click.group()

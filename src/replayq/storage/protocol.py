@@ -105,6 +105,23 @@ class JobFilter:
 
 
 @dataclass(frozen=True)
+class JobMatch:
+    """The filters of a bulk action (``replayq jobs requeue|cancel|dry-run``); ``None``: any.
+
+    ``since``/``until`` bound when a job settled, or when it was enqueued if it is open.
+    """
+
+    states: Sequence[str] | None = None
+    job_type: str | None = None
+    version: str | None = None
+    queue: str | None = None
+    error_class: str | None = None
+    since: float | None = None
+    until: float | None = None
+    limit: int = 10_000
+
+
+@dataclass(frozen=True)
 class MigrationStatus:
     version: int
     name: str
@@ -170,6 +187,10 @@ class Transaction(Protocol):
         ...
 
     def job_list(self, params: JobFilter) -> list[Job]: ...
+
+    def job_match(self, params: JobMatch) -> list[int]:
+        """Ids of production jobs matching every filter of a bulk action, oldest first."""
+        ...
 
     def job_scheduled(self, now: float, queues: Sequence[str] | None) -> tuple[int, float | None]:
         """Queued jobs not due yet (delayed or backing off): ``(count, first run_at)``."""

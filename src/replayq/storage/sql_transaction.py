@@ -19,6 +19,7 @@ from replayq.storage.protocol import (
     JobFilter,
     JobInsert,
     JobLease,
+    JobMatch,
     JobRetry,
     LeaseExtend,
 )
@@ -209,6 +210,10 @@ class SqlTransaction(ContextVerbs):
     def lease_release(self, job_id: int, owner_token: str, now: float, hlc: int) -> bool:
         params = {"job_id": job_id, "owner_token": owner_token, "now": now, "hlc": hlc}
         return self.changed("lease_release", params)
+
+    def job_match(self, params: JobMatch) -> list[int]:
+        values = {**vars(params), "states": self.list_param(params.states)}
+        return [int(row["id"]) for row in self.fetchall("job_match", values)]
 
     def job_list(self, params: JobFilter) -> list[Job]:
         rows = self.fetchall(

@@ -164,6 +164,24 @@ WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
 ORDER BY id DESC
 LIMIT %(limit)s;
 
+-- name: job_match
+-- Bulk actions: the ids of production jobs matching every given filter, oldest first.
+-- The window is on when a job settled (finished, died, was cancelled), or, while it
+-- is open, when it was enqueued.
+SELECT id FROM rq_jobs
+WHERE origin = 'production'
+  AND (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
+  AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+  AND (%(version)s::text IS NULL OR handler_version = %(version)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(error_class)s::text IS NULL OR last_error_class = %(error_class)s::text)
+  AND (%(since)s::double precision IS NULL
+       OR COALESCE(finished_at, created_at) >= %(since)s::double precision)
+  AND (%(until)s::double precision IS NULL
+       OR COALESCE(finished_at, created_at) < %(until)s::double precision)
+ORDER BY id
+LIMIT %(limit)s;
+
 -- name: job_stats
 SELECT job_type, state, COUNT(*) AS count, MIN(run_at) AS oldest_run_at
 FROM rq_jobs

@@ -120,6 +120,22 @@ WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
 ORDER BY id DESC
 LIMIT :limit;
 
+-- name: job_match
+-- Bulk actions: the ids of production jobs matching every given filter, oldest first.
+-- The window is on when a job settled (finished, died, was cancelled), or, while it
+-- is open, when it was enqueued.
+SELECT id FROM rq_jobs
+WHERE origin = 'production'
+  AND (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
+  AND (:job_type IS NULL OR job_type = :job_type)
+  AND (:version IS NULL OR handler_version = :version)
+  AND (:queue IS NULL OR queue = :queue)
+  AND (:error_class IS NULL OR last_error_class = :error_class)
+  AND (:since IS NULL OR COALESCE(finished_at, created_at) >= :since)
+  AND (:until IS NULL OR COALESCE(finished_at, created_at) < :until)
+ORDER BY id
+LIMIT :limit;
+
 -- name: job_stats
 SELECT job_type, state, COUNT(*) AS count, MIN(run_at) AS oldest_run_at
 FROM rq_jobs
