@@ -555,9 +555,18 @@ class App:
         return sorted(events, key=lambda e: (e.hlc, e.id or 0))
 
     def cancel(self, job_id: int) -> bool:
-        """Cancel a queued job; ``False`` if it is no longer queued."""
+        """Cancel a queued job, or ask a running one to stop; ``False`` if it is neither.
+
+        A running job stops at its handler's next step boundary or ``ctx`` call
+        (``JobCancelledError``; ``ctx.cancelled`` reads it), once its worker's heartbeat
+        has seen the request: the attempt ends ``cancelled`` with the steps it committed.
+        Its lease is no longer extended, so a handler that reaches no boundary within
+        the lease is cancelled by the reaper and its late writes are refused.
+        """
         now, hlc = self.clock.now(), self.hlc.tick()
         with self.storage.transaction() as tx:
+            if tx.job_cancel_request(job_id, now, hlc):
+                return True
             if not tx.job_cancel(job_id, now, hlc):
                 return False
             job = tx.job_get(job_id)

@@ -12,6 +12,8 @@ The tree::
     │   └── SchemaError             the schema is missing or newer than this code
     ├── LeaseLostError              a write by a worker whose lease on the job is gone
     │                               (refused in the database: ``write.fenced``)
+    ├── JobCancelledError           raised in a handler at its next step boundary or ctx
+    │                               call once the running job was asked to stop
     ├── ReplayDivergenceError       a replay asked for something the recording does not have
     ├── RecordedFailure             in a replay, a call or effect that failed in the recording
     │                               (also a JobError of its recorded class: see recorded_failure)
@@ -109,6 +111,12 @@ class SchemaError(StorageError):
 
 class LeaseLostError(ReplayqError):
     """A worker tried to write a job whose lease it no longer holds."""
+
+
+class JobCancelledError(ReplayqError):
+    """The running job was asked to stop (``replayq jobs cancel``); raised in the handler at
+    its next step boundary or ``ctx`` call. Let it propagate: the attempt ends ``cancelled``
+    with the steps it had committed. Not a ``JobError``: it is never retried."""
 
 
 class JobError(ReplayqError):

@@ -32,6 +32,7 @@ from replayq.errors import (
     DatabaseUnavailableError,
     EffectInDoubtError,
     FailureClass,
+    JobCancelledError,
     JobError,
     LeaseLostError,
     PayloadError,
@@ -76,6 +77,8 @@ class InFlight:
     next_heartbeat: float
     started: float
     lost: LostFlag = field(default_factory=LostFlag)
+    # Set by the heartbeat when the job was asked to stop (``App.cancel`` on a running job).
+    cancel: LostFlag = field(default_factory=LostFlag)
     ctx: Context | None = None
 
 
@@ -88,6 +91,7 @@ class WorkerStats:
     retried: int = 0
     dead: int = 0
     rejected: int = 0
+    cancelled: int = 0
     redelivered: int = 0
     released: int = 0
     # A burst run that ended with jobs still scheduled for later (delayed or backing off).
@@ -349,7 +353,14 @@ class Worker:
                 )
                 assert job.owner_token is not None
                 hlc = self.runtime.hlc.tick()
-                if job.attempt >= job.max_attempts:
+                if job.cancel_requested_at is not None:
+                    if tx.job_cancel_running(job.id, job.owner_token, now, hlc):
+                        cancelled = self._cancel_event(
+                            tx, job, now, hlc, "the lease ran out before a step boundary"
+                        )
+                        tx.trace_append([expired, cancelled])
+                        count += 1
+                elif job.attempt >= job.max_attempts:
                     reason = DeadReason.LEASE_EXPIRED_ATTEMPTS_EXHAUSTED
                     if tx.job_bury(
                         JobBury(job.id, job.owner_token, now, reason, None, "lease expired", hlc)
@@ -414,9 +425,18 @@ class Worker:
         now = self.runtime.clock.now()
         with self.runtime.storage.transaction() as tx:
             events = []
+            asked_to_stop = tx.job_cancel_requested(self.worker_id)
             for flight in flights:
                 job = flight.job
                 assert job.owner_token is not None
+                if job.id in asked_to_stop:
+                    # Not extended: a handler that reaches no step boundary within the
+                    # lease is cancelled by the reaper, its late writes fenced.
+                    if not flight.cancel.is_set():
+                        log.info("job %s: asked to stop; it stops at its next step", job.id)
+                    flight.cancel.set()
+                    flight.next_heartbeat = time.monotonic() + flight.heartbeat_seconds
+                    continue
                 extended = tx.lease_extend(
                     LeaseExtend(job.id, job.owner_token, now, flight.lease_seconds)
                 )
@@ -535,6 +555,7 @@ class Worker:
             worker_id=self.worker_id,
             world=world,
             owner_token=job.owner_token,
+            cancel=flight.cancel if flight is not None else None,
         )
         if flight is not None:
             flight.ctx = ctx
@@ -547,9 +568,17 @@ class Worker:
             # attempt ends here; only its events (with ``write.fenced``) are kept.
             self._reject(job, exc, ctx)
             return
+        except JobCancelledError as exc:
+            self._cancelled(job, ctx, str(exc), time.monotonic() - started)
+            return
         except Exception as exc:
             ctx.discard_writes()
             self._fail(job, handler, ctx, exc, time.monotonic() - started)
+            return
+        if ctx.cancelled:
+            # The handler saw ``ctx.cancelled`` and returned: the attempt still ends cancelled,
+            # and what it did outside a step is not committed.
+            self._cancelled(job, ctx, "the handler returned after the cancel", 0.0)
             return
         try:
             self._succeed(job, handler, ctx, result_json, time.monotonic() - started, refill)
@@ -713,6 +742,42 @@ class Worker:
             self.stats.succeeded += 1
             log.info("job %s succeeded in %.3fs", job.id, duration)
 
+    def _cancel_event(
+        self, tx: Transaction, job: Job, now: float, hlc: int, reason: str
+    ) -> TraceEvent:
+        """``job.cancelled`` for a running job: the steps it committed, the effects it claimed."""
+        steps = [row["step_key"] for row in tx.step_by_job(job.id)]
+        effects = [{"key": row["key"], "status": row["status"]} for row in tx.idem_by_job(job.id)]
+        return trace.lifecycle(
+            trace.JOB_CANCELLED,
+            job,
+            now=now,
+            hlc=hlc,
+            worker_id=self.worker_id,
+            status="cancelled",
+            owner_token=job.owner_token,
+            reason=reason,
+            committed_steps=steps,
+            claimed_effects=effects,
+        )
+
+    def _cancelled(self, job: Job, ctx: Context, reason: str, duration: float) -> None:
+        """End an attempt that was asked to stop: its steps stay committed, nothing else is."""
+        ctx.discard_writes()
+
+        def write(tx: Transaction) -> None:
+            now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
+            ctx.flush(tx, failed=True)
+            assert job.owner_token is not None
+            if not tx.job_cancel_running(job.id, job.owner_token, now, hlc):
+                raise LeaseLostError("job.cancelled")
+            tx.trace_append([self._cancel_event(tx, job, now, hlc, reason)])
+
+        if self._settle(job, write, ctx):
+            ctx.committed()
+            self.stats.cancelled += 1
+            log.warning("job %s cancelled while running (%s)", job.id, reason)
+
     def _fail(
         self, job: Job, handler: Handler, ctx: Context, exc: Exception, duration: float
     ) -> None:
@@ -721,11 +786,22 @@ class Worker:
         retryable = retry.retries(failure_class)
         message = f"{type(exc).__name__}: {exc}"
         exhausted = job.attempt >= job.max_attempts
+        cancelled = False
 
         def write(tx: Transaction) -> None:
+            nonlocal cancelled
             now = self.runtime.clock.now()
             ctx.flush(tx, failed=True)
             assert job.owner_token is not None
+            # Asked to stop before the heartbeat told us: a failure ends it, never a retry.
+            cancelled = job.id in tx.job_cancel_requested(self.worker_id)
+            if cancelled:
+                hlc = self.runtime.hlc.tick()
+                if not tx.job_cancel_running(job.id, job.owner_token, now, hlc):
+                    raise LeaseLostError("job.cancelled")
+                event = self._cancel_event(tx, job, now, hlc, f"failed after the cancel: {message}")
+                tx.trace_append([event])
+                return
             events = [
                 trace.lifecycle(
                     trace.JOB_FAILED,
@@ -775,7 +851,9 @@ class Worker:
 
         if self._settle(job, write, ctx):
             ctx.committed()
-            if retryable and not exhausted:
+            if cancelled:
+                self.stats.cancelled += 1
+            elif retryable and not exhausted:
                 self.stats.retried += 1
                 log.warning("job %s failed (%s), retrying: %s", job.id, failure_class, message)
             else:

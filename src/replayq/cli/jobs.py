@@ -211,13 +211,19 @@ def jobs_show(env: Env, job_id: int, as_json: bool) -> None:
 def jobs_cancel(
     env: Env, /, job_id: int | None, reason: str | None, yes: bool, as_json: bool, **filters: Any
 ) -> None:
-    """Cancel a queued job, or (no JOB_ID) every job the filters select (default: queued)."""
+    """Cancel a queued job or stop a running one; no JOB_ID: every job the filters select."""
     if job_id is None:
         bulk.run_bulk(env, "cancel", reason, yes, as_json, **filters)
         return
-    if not env.app().cancel(job_id):
-        raise click.ClickException(f"job {job_id} is not queued; only queued jobs can be cancelled")
-    click.echo(f"job {job_id} cancelled")
+    app = env.app()
+    if not app.cancel(job_id):
+        raise click.ClickException(
+            f"job {job_id} is neither queued nor running; only those can be cancelled"
+        )
+    if app.get_job(job_id).state == replayq.JobState.RUNNING:
+        click.echo(f"job {job_id} asked to stop; it stops at its next step boundary")
+    else:
+        click.echo(f"job {job_id} cancelled")
 
 
 @jobs.command("requeue")

@@ -165,6 +165,18 @@ class Transaction(Protocol):
 
     def job_cancel(self, job_id: int, now: float, hlc: int) -> bool: ...
 
+    def job_cancel_request(self, job_id: int, now: float, hlc: int) -> bool:
+        """Ask a running job to stop; ``False`` if it is not running (or already asked)."""
+        ...
+
+    def job_cancel_requested(self, worker_id: str) -> set[int]:
+        """Which of this worker's running jobs were asked to stop."""
+        ...
+
+    def job_cancel_running(self, job_id: int, owner_token: str, now: float, hlc: int) -> bool:
+        """End a running job that was asked to stop as ``cancelled`` (CAS on the owner)."""
+        ...
+
     def job_requeue(self, job_id: int, now: float, hlc: int, extra_attempts: int = 1) -> bool:
         """Move a ``dead`` job back to ``queued`` with a fresh attempt budget."""
         ...

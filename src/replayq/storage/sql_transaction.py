@@ -53,6 +53,7 @@ _JOB_COLUMNS = (
     "causation_id",
     "origin",
     "trace_context",
+    "cancel_requested_at",
 )
 
 _EVENT_COLUMNS = (
@@ -193,6 +194,17 @@ class SqlTransaction(ContextVerbs):
 
     def job_cancel(self, job_id: int, now: float, hlc: int) -> bool:
         return self.changed("job_cancel", {"job_id": job_id, "now": now, "hlc": hlc})
+
+    def job_cancel_request(self, job_id: int, now: float, hlc: int) -> bool:
+        return self.changed("job_cancel_request", {"job_id": job_id, "now": now, "hlc": hlc})
+
+    def job_cancel_requested(self, worker_id: str) -> set[int]:
+        rows = self.fetchall("job_cancel_requested", {"worker_id": worker_id})
+        return {int(row["id"]) for row in rows}
+
+    def job_cancel_running(self, job_id: int, owner_token: str, now: float, hlc: int) -> bool:
+        params = {"job_id": job_id, "owner_token": owner_token, "now": now, "hlc": hlc}
+        return self.changed("job_cancel_running", params)
 
     def job_requeue(self, job_id: int, now: float, hlc: int, extra_attempts: int = 1) -> bool:
         return self.changed(

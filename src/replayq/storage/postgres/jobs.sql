@@ -115,6 +115,24 @@ SET state = 'cancelled', finished_at = %(now)s, owner_token = NULL, lease_deadli
     hlc = %(hlc)s
 WHERE id = %(job_id)s AND state = 'queued';
 
+-- name: job_cancel_request
+-- A running job is asked to stop; it is cancelled by its worker (or the reaper).
+UPDATE rq_jobs SET cancel_requested_at = %(now)s, hlc = %(hlc)s
+WHERE id = %(job_id)s AND state = 'running' AND cancel_requested_at IS NULL;
+
+-- name: job_cancel_requested
+-- The worker's heartbeat: which of its running jobs were asked to stop.
+SELECT id FROM rq_jobs
+WHERE worker_id = %(worker_id)s AND state = 'running' AND cancel_requested_at IS NOT NULL;
+
+-- name: job_cancel_running
+-- The attempt that was asked to stop ends cancelled (a compare-and-set on the owner).
+UPDATE rq_jobs
+SET state = 'cancelled', finished_at = %(now)s, owner_token = NULL, lease_deadline = NULL,
+    hlc = %(hlc)s
+WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running'
+  AND cancel_requested_at IS NOT NULL;
+
 -- name: job_requeue
 WITH requeued AS (
     UPDATE rq_jobs

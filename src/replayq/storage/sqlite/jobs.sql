@@ -86,6 +86,24 @@ SET state = 'cancelled', finished_at = :now, owner_token = NULL, lease_deadline 
     hlc = :hlc
 WHERE id = :job_id AND state = 'queued';
 
+-- name: job_cancel_request
+-- A running job is asked to stop; it is cancelled by its worker (or the reaper).
+UPDATE rq_jobs SET cancel_requested_at = :now, hlc = :hlc
+WHERE id = :job_id AND state = 'running' AND cancel_requested_at IS NULL;
+
+-- name: job_cancel_requested
+-- The worker's heartbeat: which of its running jobs were asked to stop.
+SELECT id FROM rq_jobs
+WHERE worker_id = :worker_id AND state = 'running' AND cancel_requested_at IS NOT NULL;
+
+-- name: job_cancel_running
+-- The attempt that was asked to stop ends cancelled (a compare-and-set on the owner).
+UPDATE rq_jobs
+SET state = 'cancelled', finished_at = :now, owner_token = NULL, lease_deadline = NULL,
+    hlc = :hlc
+WHERE id = :job_id AND owner_token = :owner_token AND state = 'running'
+  AND cancel_requested_at IS NOT NULL;
+
 -- name: job_requeue
 UPDATE rq_jobs
 SET state = 'queued', run_at = :now, max_attempts = attempt + :extra_attempts,

@@ -1,4 +1,6 @@
--- 0006 schedules: one row per periodic job (@app.periodic). `anchor` is the newest
+-- 0006 schedules and cancels.
+--
+-- One row per periodic job (@app.periodic). `anchor` is the newest
 -- slot already decided (enqueued or skipped, or the moment the schedule was first
 -- seen); a scheduler moves it with a compare-and-set, so however many schedulers
 -- run, each slot is decided by exactly one of them.
@@ -15,3 +17,8 @@ CREATE TABLE rq_schedules (
     next_slot     REAL,
     updated_at    REAL NOT NULL
 );
+
+-- A cancel asked of a running job: its worker sees it at the next heartbeat, stops
+-- extending the lease and raises JobCancelledError at the handler's next step
+-- boundary or ctx call; the reaper cancels it if its lease runs out first.
+ALTER TABLE rq_jobs ADD COLUMN cancel_requested_at REAL;
