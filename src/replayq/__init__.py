@@ -12,6 +12,8 @@ The public API, by layer (everything a user or the ``replayq`` command line need
   ``rerun_many``, ``plan_rollback``, ``rollback``, ``compensate``,
   ``diff_traces``, ``render_diff``, ``uncommitted_writes``, ``export_case``,
   ``import_case``, ``signal_counts``;
+* questions across jobs by time: ``events_between`` (``WindowEvent``), ``signal_series``
+  (``SignalPoint``);
 * shared resources: ``list_locks``, ``break_lock``, ``open_sink``, ``publish_pending``;
 * clocks: ``Clock``, ``SystemClock``, ``FrozenClock``, ``HybridLogicalClock``;
 * observing: ``Observer`` (what a ``Worker(observers=...)`` is told), ``WorkerMetrics``
@@ -76,6 +78,7 @@ from replayq.replay.export import export_case, import_case
 from replayq.replay.rerun import RerunReport, rerun, rerun_many
 from replayq.replay.rollback import compensate, plan_rollback, rollback
 from replayq.replay.signals import signal_counts
+from replayq.replay.window import SignalPoint, WindowEvent, events_between, signal_series
 from replayq.storage.protocol import JobMatch
 from replayq.worker import Worker
 
@@ -127,6 +130,7 @@ __all__ = [
     "Schedule",
     "ScheduleStatus",
     "SchemaError",
+    "SignalPoint",
     "StaleFencingTokenError",
     "StatRow",
     "StateStore",
@@ -136,6 +140,7 @@ __all__ = [
     "TransientError",
     "UnknownJobTypeError",
     "ValidationError",
+    "WindowEvent",
     "Worker",
     "WorkerMetrics",
     "break_lock",
@@ -144,6 +149,7 @@ __all__ = [
     "diff_contracts",
     "diff_traces",
     "dry_run",
+    "events_between",
     "export_case",
     "fleet_registry",
     "fork",
@@ -161,6 +167,7 @@ __all__ = [
     "rollback",
     "serve_metrics",
     "signal_counts",
+    "signal_series",
     "trace_replay",
     "uncommitted_writes",
 ]

@@ -294,14 +294,42 @@ def stats(env: Env, as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--since", default=None, help="Only this recent, e.g. 1h, 30m.")
+@click.option(
+    "--since",
+    default=None,
+    help="Only this recent (1h, 30m), or from a time (2026-11-30T18:00).",
+)
+@click.option("--until", default=None, help="With --by: up to this time (same forms).")
+@click.option(
+    "--by",
+    type=click.Choice(["second", "minute", "hour"]),
+    default=None,
+    help="A time series: counts per bucket, job type and version.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
-def signals(env: Env, since: str | None, as_json: bool) -> None:
+def signals(env: Env, since: str | None, until: str | None, by: str | None, as_json: bool) -> None:
     """Incident signals per job type, counted from the trace (re-deliveries, conflicts, ...)."""
 
     app = env.app()
-    cutoff = app.clock.now() - replayq.parse_duration(since, name="--since") if since else None
+    now = app.clock.now()
+    cutoff = bulk.parse_moment(since, now, "--since")
+    if by is not None:
+        series = replayq.signal_series(
+            app, by=by, since=cutoff, until=bulk.parse_moment(until, now, "--until")
+        )
+        if as_json:
+            emit_json([vars(p) for p in series])
+        elif not series:
+            click.echo("(no signals)")
+        else:
+            click.echo(f"{'time':<20} {'type':<20} {'version':<8} {'signal':<40} {'count':>6}")
+            for p in series:
+                click.echo(
+                    f"{render.date_time(p.bucket):<20} {p.job_type:<20} {p.version or '-':<8} "
+                    f"{p.signal:<40} {p.count:>6}"
+                )
+        return
     counts = replayq.signal_counts(app, since=cutoff)
     if as_json:
         emit_json([vars(c) for c in counts])

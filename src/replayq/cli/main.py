@@ -1,10 +1,10 @@
 """The ``replayq`` command line: a thin layer over the public Python API.
 
 One module per command group: ``jobs`` (worker, enqueue, jobs, dead, stats,
-signals), ``schedules``, ``trace``, ``replay`` (replay, fork, diff, rerun, rollback) and
-``admin`` (db, contract, locks, outbox, state, demo). Each imports only the
-public ``replayq`` package; a new command goes in its group's module and is
-registered here.
+signals; its bulk actions in ``bulk``), ``schedules``, ``events``, ``trace``,
+``replay`` (replay, fork, diff, rerun, rollback) and ``admin`` (db, contract,
+locks, outbox, state, demo). Each imports only the public ``replayq`` package; a
+new command goes in its group's module and is registered here.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from replayq import ReplayqError, __version__
-from replayq.cli import admin, effects, jobs, metrics, replay, schedules, trace, web
+from replayq.cli import admin, effects, events, jobs, metrics, replay, schedules, trace, web
 from replayq.cli.env import Env
 
 
@@ -50,6 +50,7 @@ main.add_command(effects.effects)
 main.add_command(jobs.stats)
 main.add_command(jobs.signals)
 main.add_command(schedules.schedules)
+main.add_command(events.events)
 main.add_command(metrics.metrics)
 main.add_command(web.web)
 main.add_command(trace.trace_group)

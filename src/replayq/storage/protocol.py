@@ -122,6 +122,24 @@ class JobMatch:
 
 
 @dataclass(frozen=True)
+class TraceWindow:
+    """Events of production jobs with ``since_hlc <= hlc < until_hlc``, after a cursor.
+
+    ``resource`` is a prefix; ``None`` filters nothing. Pages follow ``(after_hlc, after_id)``.
+    """
+
+    since_hlc: int
+    until_hlc: int
+    job_type: str | None = None
+    version: str | None = None
+    name: str | None = None
+    resource: str | None = None
+    after_hlc: int = -1
+    after_id: int = -1
+    limit: int = 1000
+
+
+@dataclass(frozen=True)
 class MigrationStatus:
     version: int
     name: str
@@ -220,6 +238,16 @@ class Transaction(Protocol):
     def signal_counts(self, names: Sequence[str], since: float) -> list[tuple[str, str, int]]: ...
 
     def trace_append(self, events: Sequence[TraceEvent]) -> None: ...
+
+    def trace_window(self, params: TraceWindow) -> list[tuple[TraceEvent, str, str | None]]:
+        """``(event, job type, version)`` in HLC order: a page of a time window."""
+        ...
+
+    def signal_series(
+        self, names: Sequence[str], since_hlc: int, until_hlc: int, bucket_ms: int
+    ) -> list[Row]:
+        """Counts of the named events per time bucket, job type, version and name."""
+        ...
 
     def trace_for_job(self, job_id: int) -> list[TraceEvent]: ...
 

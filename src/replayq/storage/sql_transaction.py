@@ -22,6 +22,7 @@ from replayq.storage.protocol import (
     JobMatch,
     JobRetry,
     LeaseExtend,
+    TraceWindow,
 )
 
 _JOB_COLUMNS = (
@@ -275,6 +276,21 @@ class SqlTransaction(ContextVerbs):
             rows.append(row)
         if rows:
             self.executemany("trace_append", rows)
+
+    def trace_window(self, params: TraceWindow) -> list[tuple[TraceEvent, str, str | None]]:
+        rows = self.fetchall("trace_window", vars(params))
+        return [(row_to_event(r), r["job_type"], r["version"]) for r in rows]
+
+    def signal_series(
+        self, names: Sequence[str], since_hlc: int, until_hlc: int, bucket_ms: int
+    ) -> list[dict[str, Any]]:
+        params = {
+            "names": self.list_param(names),
+            "since_hlc": since_hlc,
+            "until_hlc": until_hlc,
+            "bucket_ms": bucket_ms,
+        }
+        return self.fetchall("signal_series", params)
 
     def trace_for_job(self, job_id: int) -> list[TraceEvent]:
         return [row_to_event(r) for r in self.fetchall("trace_for_job", {"job_id": job_id})]

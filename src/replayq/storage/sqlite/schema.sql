@@ -230,3 +230,5 @@ CREATE TABLE rq_schedules (
     next_slot     REAL,
     updated_at    REAL NOT NULL
 );
+
+CREATE INDEX rq_events_hlc ON rq_events (hlc);

@@ -22,3 +22,6 @@ CREATE TABLE rq_schedules (
 -- extending the lease and raises JobCancelledError at the handler's next step
 -- boundary or ctx call; the reaper cancels it if its lease runs out first.
 ALTER TABLE rq_jobs ADD COLUMN cancel_requested_at DOUBLE PRECISION;
+
+-- Questions across jobs by time (replayq events, signals --by): the trace by HLC.
+CREATE INDEX rq_events_hlc ON rq_events (hlc);
