@@ -6,6 +6,8 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 from click.testing import CliRunner
 
@@ -91,3 +93,41 @@ def test_bulk_cancel_needs_a_reason_and_skips_jobs_no_longer_queued(
     assert result.changed == ids[1:] and result.skipped == ids[:1]
     (event,) = [e for e in app.trace(ids[1]) if e.name == "job.cancelled"]
     assert event.data == {"reason": "type retired", "by": "ops", "bulk_action": result.action_id}
+
+
+def recorded(ctx: replayq.Context, n: int) -> int:
+    return int(ctx.call("lookup", lambda: n + 1))
+
+
+def test_bulk_dry_run_summarises_the_divergences_of_every_matching_job(
+    app_factory: Callable[..., replayq.App], db_url: str, tmp_path: Path, monkeypatch: Any
+) -> None:
+    (tmp_path / "bulk_dry_run_app.py").write_text(
+        "import replayq\n"
+        "from tests.conformance.test_bulk_actions import recorded\n"
+        "app = replayq.App()\n"
+        "app.job('recorded')(recorded)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    app = app_factory()
+    app.job("recorded")(recorded)
+    ids = [app.enqueue("recorded", {"n": n}) for n in range(3)]
+    replayq.Worker(app, burst=True).run()
+    result = CliRunner().invoke(
+        main,
+        [
+            "--db",
+            db_url,
+            "jobs",
+            "dry-run",
+            "--app",
+            "bulk_dry_run_app:app",
+            "--type",
+            "recorded",
+            "--json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.output)
+    assert summary["matched"] == len(ids)
+    assert summary["outcomes"] == {"same": 3} and summary["diverged"] == []

@@ -134,7 +134,7 @@ def run_bulk(
 
 
 def bulk_dry_run(
-    env: Env, app_spec: str, version: str | None, as_json: bool, **filters: Any
+    env: Env, app_spec: str, with_version: str | None, as_json: bool, **filters: Any
 ) -> None:
     """Dry-run every matched job's recording; print the divergences summed up."""
     app = env.app(app_spec)
@@ -146,7 +146,7 @@ def bulk_dry_run(
         task = bar.add_task("dry-run", total=found.matched)
         for job_id in found.job_ids:
             try:
-                report = replayq.dry_run(app, job_id, version=version)
+                report = replayq.dry_run(app, job_id, version=with_version)
             except replayq.ReplayqError as exc:
                 outcomes["could not replay"] += 1
                 diverged.append({"job_id": job_id, "divergence": f"could not replay: {exc}"})
