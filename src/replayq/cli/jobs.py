@@ -96,7 +96,7 @@ def worker(
     click.echo(
         f"worker {run.worker_id}: leased={stats.leased} succeeded={stats.succeeded} "
         f"retried={stats.retried} dead={stats.dead} rejected={stats.rejected} "
-        f"released={stats.released}",
+        f"released={stats.released} cancelled={stats.cancelled}",
         err=True,
     )
     if stats.scheduled_later and stats.next_run_at is not None:
