@@ -10,6 +10,9 @@ The public API, by layer (everything a user or the ``replayq`` command line need
   ``rerun_many``, ``plan_rollback``, ``rollback``, ``compensate``,
   ``diff_traces``, ``render_diff``, ``uncommitted_writes``, ``export_case``,
   ``import_case``, ``signal_counts``;
+* rollouts: ``freeze_contracts``/``check_contracts`` (``replayq.contracts.lock``),
+  ``Rollout`` (``App.rollout(type)``), ``Routing``, ``PinRule``,
+  ``RoutingChange``, ``RollbackResult``, ``Gate``, ``GateReport``;
 * shared resources: ``list_locks``, ``break_lock``, ``open_sink``, ``publish_pending``;
 * clocks: ``Clock``, ``SystemClock``, ``FrozenClock``, ``HybridLogicalClock``;
 * observing: ``Observer`` (what a ``Worker(observers=...)`` is told), ``WorkerMetrics``
@@ -43,6 +46,7 @@ from replayq.errors import (
     ReplayDivergenceError,
     ReplayqError,
     RollbackRefusedError,
+    RolloutRefusedError,
     SchemaError,
     StaleFencingTokenError,
     StorageError,
@@ -70,6 +74,18 @@ from replayq.replay.export import export_case, import_case
 from replayq.replay.rerun import RerunReport, rerun, rerun_many
 from replayq.replay.rollback import compensate, plan_rollback, rollback
 from replayq.replay.signals import signal_counts
+from replayq.rollout import (
+    Gate,
+    GateReport,
+    LockDifference,
+    PinRule,
+    RollbackResult,
+    Rollout,
+    Routing,
+    RoutingChange,
+    check_contracts,
+    freeze_contracts,
+)
 from replayq.worker import Worker
 
 try:
@@ -96,15 +112,19 @@ __all__ = [
     "Entity",
     "FailureClass",
     "FrozenClock",
+    "Gate",
+    "GateReport",
     "HybridLogicalClock",
     "Job",
     "JobContract",
     "JobError",
     "JobState",
     "LeaseLostError",
+    "LockDifference",
     "LockTimeoutError",
     "Observer",
     "PayloadError",
+    "PinRule",
     "RecordedFailure",
     "ReplayDivergenceError",
     "ReplayReport",
@@ -112,6 +132,11 @@ __all__ = [
     "RerunReport",
     "Retry",
     "RollbackRefusedError",
+    "RollbackResult",
+    "Rollout",
+    "RolloutRefusedError",
+    "Routing",
+    "RoutingChange",
     "SchemaError",
     "StaleFencingTokenError",
     "StatRow",
@@ -125,6 +150,7 @@ __all__ = [
     "Worker",
     "WorkerMetrics",
     "break_lock",
+    "check_contracts",
     "compensate",
     "configure_logging",
     "diff_contracts",
@@ -133,6 +159,7 @@ __all__ = [
     "export_case",
     "fleet_registry",
     "fork",
+    "freeze_contracts",
     "import_case",
     "lint_contract",
     "list_locks",

@@ -46,6 +46,7 @@ from replayq.queue.handlers import Handler
 from replayq.recording.context import Context
 from replayq.recording.ledger import ledger_loader
 from replayq.recording.world import LiveWorld, LostFlag
+from replayq.rollout.router import REFRESH_SECONDS, Router
 from replayq.runtime import RuntimeSource
 from replayq.storage.protocol import (
     JobBury,
@@ -108,6 +109,7 @@ class Worker:
         reap_interval: float = 1.0,
         grace_period: float = 30.0,
         observers: Sequence[Observer] = (),
+        routing_refresh: float = REFRESH_SECONDS,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -137,6 +139,8 @@ class Worker:
         self._stop_requested: float | None = None
         # The backend's wake-up listener while running (PostgreSQL LISTEN), else None.
         self.notifier: Any = None
+        # Routing records (replayq rollout), read again at most every half second.
+        self.router = Router(self.runtime.registry, routing_refresh)
 
     # -- control ----------------------------------------------------------------------------
 
@@ -238,6 +242,8 @@ class Worker:
 
     def _lease_params(self, limit: int) -> JobLease:
         handlers = {t: self.runtime.registry.handler(t) for t in self.runtime.registry.job_types()}
+        # A routed type's new jobs are leased without a version and routed below, one by one.
+        routed = self.router.routed_types()
         return JobLease(
             worker_id=self.worker_id,
             owner_token=uuid.uuid4().hex,
@@ -246,7 +252,7 @@ class Worker:
             limit=limit,
             default_lease_seconds=30.0,
             lease_for={t: h.contract.lease for t, h in handlers.items()},
-            version_for={t: h.contract.version for t, h in handlers.items()},
+            version_for={t: h.contract.version for t, h in handlers.items() if t not in routed},
             queues=self.queues,
         )
 
@@ -266,8 +272,9 @@ class Worker:
         batch). Returns (jobs, lease time). The caller hands them to ``_hold`` once
         ``tx`` has committed, never before: a rolled-back lease holds nothing.
         """
+        self.router.refresh(tx)
         params = self._lease_params(limit)
-        jobs = tx.job_lease(params)
+        jobs = [self._routed(tx, job, params.owner_token) for job in tx.job_lease(params)]
         events = list(also)
         for job in jobs:
             self.runtime.hlc.observe(job.hlc)
@@ -287,6 +294,13 @@ class Worker:
             )
         tx.trace_append(events)
         return jobs, params.now
+
+    def _routed(self, tx: Transaction, job: Job, owner_token: str) -> Job:
+        """The leased job with its version: kept from its first lease, else chosen now."""
+        version = self.router.choose(job)
+        if version is None or not tx.job_route(job.id, owner_token, version):
+            return job
+        return job.evolve(handler_version=version)
 
     def _hold(self, jobs: Sequence[Job], now: float) -> None:
         """Jobs whose lease committed: track them for heartbeats and queue them to run."""
