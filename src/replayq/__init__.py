@@ -12,7 +12,8 @@ The public API, by layer (everything a user or the ``replayq`` command line need
   ``import_case``, ``signal_counts``;
 * rollouts: ``freeze_contracts``/``check_contracts`` (``replayq.contracts.lock``),
   ``Rollout`` (``App.rollout(type)``), ``Routing``, ``PinRule``,
-  ``RoutingChange``, ``RollbackResult``, ``Gate``, ``GateReport``;
+  ``RoutingChange``, ``RollbackResult``, ``Gate``, ``GateReport``, ``verify_rollout`` and its
+  ``VerifyReport`` of ``AttemptComparison``s;
 * shared resources: ``list_locks``, ``break_lock``, ``open_sink``, ``publish_pending``;
 * clocks: ``Clock``, ``SystemClock``, ``FrozenClock``, ``HybridLogicalClock``;
 * observing: ``Observer`` (what a ``Worker(observers=...)`` is told), ``WorkerMetrics``
@@ -75,6 +76,7 @@ from replayq.replay.rerun import RerunReport, rerun, rerun_many
 from replayq.replay.rollback import compensate, plan_rollback, rollback
 from replayq.replay.signals import signal_counts
 from replayq.rollout import (
+    AttemptComparison,
     Gate,
     GateReport,
     LockDifference,
@@ -83,8 +85,10 @@ from replayq.rollout import (
     Rollout,
     Routing,
     RoutingChange,
+    VerifyReport,
     check_contracts,
     freeze_contracts,
+    verify_rollout,
 )
 from replayq.worker import Worker
 
@@ -95,6 +99,7 @@ except _metadata.PackageNotFoundError:  # imported from a source tree that was n
 
 __all__ = [
     "App",
+    "AttemptComparison",
     "AttemptTracer",
     "Clock",
     "ConcurrencyError",
@@ -147,6 +152,7 @@ __all__ = [
     "TransientError",
     "UnknownJobTypeError",
     "ValidationError",
+    "VerifyReport",
     "Worker",
     "WorkerMetrics",
     "break_lock",
@@ -176,4 +182,5 @@ __all__ = [
     "signal_counts",
     "trace_replay",
     "uncommitted_writes",
+    "verify_rollout",
 ]

@@ -82,8 +82,13 @@ def test_a_pinned_key_stays_on_its_version_through_retries_and_ramps(
     rollout = app.rollout("charge", actor="ci")
     rollout.start("v2", canary="0%", reason="pin first")
     rollout.pin("tenant", values=["acme"], to="v2", reason="acme asked for the new client")
-    pinned = [app.enqueue("charge", {"tenant": "acme", "order": i, "fail_first": True}) for i in range(5)]
-    others = [app.enqueue("charge", {"tenant": f"o{i}", "order": i, "fail_first": True}) for i in range(20)]
+    pinned = [
+        app.enqueue("charge", {"tenant": "acme", "order": i, "fail_first": True}) for i in range(5)
+    ]
+    others = [
+        app.enqueue("charge", {"tenant": f"o{i}", "order": i, "fail_first": True})
+        for i in range(20)
+    ]
     worker = replayq.Worker(app, routing_refresh=0)
 
     for job in worker.lease(100):  # first attempts: every one fails and is retried
@@ -115,8 +120,20 @@ def test_a_ramp_only_moves_keys_from_the_baseline_to_the_candidate(
     routing = rollout.routing()
     assert routing is not None
     jobs = [
-        replayq.Job(i, "charge", "default", {}, replayq.JobState.QUEUED, 0, 0.0, 0.0, 0, 1,
-                    f"trace-{i}", ordering_key=f"key-{i}")
+        replayq.Job(
+            i,
+            "charge",
+            "default",
+            {},
+            replayq.JobState.QUEUED,
+            0,
+            0.0,
+            0.0,
+            0,
+            1,
+            f"trace-{i}",
+            ordering_key=f"key-{i}",
+        )
         for i in range(500)
     ]
     at_10 = {job.id: routing.choose(job) for job in jobs}

@@ -23,9 +23,17 @@ from replayq.rollout.lockfile import LOCK_FILE, LockDifference
 from replayq.rollout.lockfile import check as check_contracts
 from replayq.rollout.lockfile import freeze as freeze_contracts
 from replayq.rollout.routing import PinRule, Routing
+from replayq.rollout.verify import (
+    DIFFERENCE_CLASSES,
+    AttemptComparison,
+    VerifyReport,
+    verify_rollout,
+)
 
 __all__ = [
+    "DIFFERENCE_CLASSES",
     "LOCK_FILE",
+    "AttemptComparison",
     "Gate",
     "GateReport",
     "LockDifference",
@@ -34,6 +42,8 @@ __all__ = [
     "Rollout",
     "Routing",
     "RoutingChange",
+    "VerifyReport",
     "check_contracts",
     "freeze_contracts",
+    "verify_rollout",
 ]

@@ -86,6 +86,27 @@ class Rollout:
             for r in rows
         ]
 
+    def comparisons(self, mode: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+        """Stored shadow and dual-run comparisons, newest first."""
+        with self.runtime.storage.transaction(readonly=True) as tx:
+            rows = tx.comparison_list(self.job_type, mode, limit)
+        for row in rows:
+            row["classes"] = codec.loads(row["classes"])
+            row["report"] = codec.loads(row["report"])
+        return rows
+
+    def comparison_summary(self) -> dict[str, dict[str, Any]]:
+        """Per mode (shadow, dual-run): how many compared, how many differed, by class."""
+        summary: dict[str, dict[str, Any]] = {}
+        for row in self.comparisons():
+            mode = summary.setdefault(row["mode"], {"compared": 0, "differing": 0, "classes": {}})
+            mode["compared"] += 1
+            if row["classes"]:
+                mode["differing"] += 1
+            for name in row["classes"]:
+                mode["classes"][name] = mode["classes"].get(name, 0) + 1
+        return summary
+
     def gates(self, *, since: float | None = None, min_sample: int = 50) -> GateReport:
         """The candidate against the baseline on every gate (see ``rollout.gates``)."""
         routing = self._require()
