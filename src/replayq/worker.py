@@ -274,10 +274,13 @@ class Worker:
         """
         self.router.refresh(tx)
         params = self._lease_params(limit)
-        jobs = [self._routed(tx, job, params.owner_token) for job in tx.job_lease(params)]
+        routed = [self._routed(tx, job, params.owner_token) for job in tx.job_lease(params)]
+        jobs = [job for job, _ in routed]
         events = list(also)
-        for job in jobs:
+        for job, moved_from in routed:
             self.runtime.hlc.observe(job.hlc)
+            # A job whose routing no longer names its version (rolled back): the trace says so.
+            moved: dict[str, Any] = {"version_moved_from": moved_from} if moved_from else {}
             events.append(
                 trace.lifecycle(
                     trace.JOB_LEASED,
@@ -290,17 +293,19 @@ class Worker:
                     lease_deadline=job.lease_deadline,
                     version=job.handler_version,
                     redelivery_count=job.redelivery_count,
+                    **moved,
                 )
             )
         tx.trace_append(events)
         return jobs, params.now
 
-    def _routed(self, tx: Transaction, job: Job, owner_token: str) -> Job:
-        """The leased job with its version: kept from its first lease, else chosen now."""
+    def _routed(self, tx: Transaction, job: Job, owner_token: str) -> tuple[Job, str | None]:
+        """The leased job with its version (kept from its first lease, else chosen now),
+        and the version it was moved from, if it had one its routing no longer names."""
         version = self.router.choose(job)
         if version is None or not tx.job_route(job.id, owner_token, version):
-            return job
-        return job.evolve(handler_version=version)
+            return job, None
+        return job.evolve(handler_version=version), job.handler_version
 
     def _hold(self, jobs: Sequence[Job], now: float) -> None:
         """Jobs whose lease committed: track them for heartbeats and queue them to run."""

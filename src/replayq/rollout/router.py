@@ -47,33 +47,30 @@ class Router:
     def choose(self, job: Job) -> str | None:
         """The version this worker runs ``job`` under; ``None``: keep what the lease set.
 
-        A job that already has a version keeps it if this worker declares it. A
-        version this worker does not declare (a routing naming a version deployed
-        elsewhere, or a version since removed) falls back to the baseline, else to
-        the worker's active version, and the move is logged.
+        A job keeps the version of its first lease through every later attempt,
+        as long as its type's routing still names that version (weights, even at
+        0 %, pins, baseline). After a rollback it does not: the job's next attempt
+        runs on the baseline (its attempt in flight finished where it ran). A
+        version this worker does not declare (deployed elsewhere, or since
+        removed) falls back to the baseline, else to the worker's active version.
         """
         declared = self.registry.versions(job.job_type)
         if not declared:
             return None
-        if job.handler_version is not None and job.handler_version in declared:
-            return None
         with self._lock:
             routing = self._routes.get(job.job_type)
-        wanted = routing.choose(job) if routing is not None else None
-        if job.handler_version is not None and wanted is None:
-            wanted = self.registry.active_version(job.job_type)
+        kept = job.handler_version
+        still_routed = routing is None or kept in routing.versions()
+        if kept is not None and kept in declared and still_routed:
+            return None
+        wanted = routing.choose(job) if routing is not None and kept is None else None
         for candidate in (
             wanted,
             routing.baseline if routing else None,
             self.registry.active_version(job.job_type),
         ):
             if candidate is not None and candidate in declared:
-                if job.handler_version is not None:
-                    log.warning(
-                        "job %s: version %s is not declared here, running %s",
-                        job.id,
-                        job.handler_version,
-                        candidate,
-                    )
+                if kept is not None:
+                    log.info("job %s: version %s moved to %s at its lease", job.id, kept, candidate)
                 return candidate
         return None
