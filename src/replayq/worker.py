@@ -47,6 +47,7 @@ from replayq.recording.context import Context
 from replayq.recording.ledger import ledger_loader
 from replayq.recording.world import LiveWorld, LostFlag
 from replayq.rollout.router import REFRESH_SECONDS, Router
+from replayq.rollout.shadow import compare_attempt
 from replayq.runtime import RuntimeSource
 from replayq.storage.protocol import (
     JobBury,
@@ -552,6 +553,7 @@ class Worker:
         except Exception as exc:
             ctx.discard_writes()
             self._fail(job, handler, ctx, exc, time.monotonic() - started)
+            self._compare(job, handler)
             return
         try:
             self._succeed(job, handler, ctx, result_json, time.monotonic() - started, refill)
@@ -562,6 +564,19 @@ class Worker:
             # and runs again, never buried for the database's fault.
             ctx.discard_writes()
             self._fail(job, handler, ctx, exc, time.monotonic() - started)
+        self._compare(job, handler)
+
+    def _compare(self, job: Job, handler: Handler) -> None:
+        """Shadow and dual-run: the candidate re-runs this settled attempt, sealed.
+
+        Only the authoritative run made real effects; the candidate gets its recorded
+        answers (observe-only) and the comparison is stored for ``rollout status``.
+        """
+        for mode, version in self.router.comparisons_for(job, handler.contract.version):
+            try:
+                compare_attempt(self.runtime, job, version, mode=mode)
+            except Exception:  # a comparison never fails the job it observes
+                log.exception("job %s: %s run of %s failed", job.id, mode, version)
 
     def _settle(self, job: Job, write: Any, ctx: Context | None = None) -> bool:
         """Run ``write(tx)`` in one transaction; a lost lease rolls it all back and is traced.

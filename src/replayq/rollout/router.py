@@ -44,6 +44,20 @@ class Router:
         with self._lock:
             return frozenset(self._routes)
 
+    def comparisons_for(self, job: Job, ran: str) -> list[tuple[str, str]]:
+        """``(mode, version)`` runs to compare with a settled attempt of ``job`` on ``ran``."""
+        with self._lock:
+            routing = self._routes.get(job.job_type)
+        if routing is None or ran != routing.baseline:
+            return []
+        declared = self.registry.versions(job.job_type)
+        wanted = []
+        if routing.dual_run_version:
+            wanted.append(("dual-run", routing.dual_run_version))
+        elif routing.shadow_version and routing.shadows(job):
+            wanted.append(("shadow", routing.shadow_version))
+        return [(m, v) for m, v in wanted if v != ran and v in declared]
+
     def choose(self, job: Job) -> str | None:
         """The version this worker runs ``job`` under; ``None``: keep what the lease set.
 
