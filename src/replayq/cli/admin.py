@@ -247,7 +247,7 @@ def state_history(env: Env, namespace: str, key: str, as_json: bool) -> None:
     click.echo(render.state_history(versions))
 
 
-@click.command("demo")
+@click.group("demo", invoke_without_command=True)
 @click.option("--db", "demo_db", default=None, help="Database (default: a temporary SQLite file).")
 @click.option("--keep", is_flag=True, help="Keep the database, logs and case.json afterwards.")
 @click.pass_context
@@ -256,7 +256,10 @@ def demo_command(ctx: click.Context, demo_db: str | None, keep: bool) -> None:
 
     On PostgreSQL (--db postgresql://...) the demo works in a fresh schema that it
     drops at the end. $REPLAYQ_DB is ignored: the demo writes only where it is told.
+    ``replayq demo rollout``: the rollout demo instead.
     """
+    if ctx.invoked_subcommand is not None:
+        return
     from click.core import ParameterSource
 
     from replayq.demo import run_demo
@@ -265,3 +268,12 @@ def demo_command(ctx: click.Context, demo_db: str | None, keep: bool) -> None:
     if demo_db is None and root.get_parameter_source("db") is ParameterSource.COMMANDLINE:
         demo_db = root.params.get("db")
     run_demo(demo_db, keep)
+
+
+@demo_command.command("rollout")
+@click.option("--keep", "keep_files", is_flag=True, help="Keep the demo's database afterwards.")
+def demo_rollout(keep_files: bool) -> None:
+    """A v2 that retries every exception: caught by verify, held by a gate, rolled back."""
+    from replayq.demo.rollout import run_rollout_demo
+
+    run_rollout_demo(keep=keep_files)
