@@ -6,13 +6,16 @@ and ramps; a pinned key never moves; every change is an event with who and why.
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
 from collections.abc import Callable
 
 import pytest
+from click.testing import CliRunner
 
 import replayq
+from replayq.cli.main import main
 from replayq.model import TraceEvent
 
 AppFactory = Callable[..., replayq.App]
@@ -165,3 +168,68 @@ def test_unknown_versions_and_ramps_without_a_rollout_are_refused(app_factory: A
         app.rollout("charge").ramp("50%")
     with pytest.raises(replayq.ConfigurationError, match="between 0% and 100%"):
         app.rollout("charge").start("v2", canary="150%")
+
+
+def test_dead_v2_jobs_are_listed_by_version_and_requeued_to_v1(app_factory: AppFactory) -> None:
+    app = app_factory()
+
+    @app.job("import", version="v1")
+    def import_v1(ctx: replayq.Context, n: int) -> str:
+        return "v1"
+
+    @app.job("import", version="v2", candidate=True)
+    def import_v2(ctx: replayq.Context, n: int) -> str:
+        raise replayq.ValidationError("v2 cannot parse this")
+
+    app.rollout("import").start("v2", canary="100%", reason="all in")
+    ids = [app.enqueue("import", {"n": n}) for n in range(4)]
+    replayq.Worker(app, burst=True, routing_refresh=0).run()
+    runner = CliRunner()
+    listed = runner.invoke(
+        main,
+        [
+            "--db",
+            app.url,
+            "jobs",
+            "list",
+            "--type",
+            "import",
+            "--state",
+            "dead",
+            "--version",
+            "v2",
+            "--json",
+        ],
+    )
+    assert listed.exit_code == 0, listed.output
+    assert sorted(job["id"] for job in json.loads(listed.output)) == sorted(ids)
+
+    app.rollout("import").rollback(reason="v2 fails everything")
+    moved = runner.invoke(
+        main,
+        [
+            "--db",
+            app.url,
+            "dead",
+            "requeue",
+            "--type",
+            "import",
+            "--version",
+            "v2",
+            "--to-version",
+            "v1",
+            "--reason",
+            "back to v1",
+        ],
+    )
+    assert moved.exit_code == 0, moved.output
+    replayq.Worker(app, burst=True, routing_refresh=0).run()
+    for job_id in ids:
+        job = app.get_job(job_id)
+        assert (job.state, job.handler_version, job.result) == (
+            replayq.JobState.SUCCEEDED,
+            "v1",
+            "v1",
+        )
+        assert leased_versions(app, job_id) == ["v2", "v1"]
+    assert app.list_jobs(job_type="import", version="v2") == []
