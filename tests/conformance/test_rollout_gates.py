@@ -13,8 +13,10 @@ import replayq
 from replayq.cli.main import main
 
 AppFactory = Callable[..., replayq.App]
-BASELINE = replayq.Retry(max_attempts=5, base="30s", cap="60s", on=("transient",))
-RETRY_ALL = replayq.Retry(max_attempts=5, base="30s", cap="60s", on=("transient", "unknown"))
+BASELINE = replayq.Retry(max_attempts=5, base="30s", cap="60s", jitter="none", on=("transient",))
+RETRY_ALL = replayq.Retry(
+    max_attempts=5, base="30s", cap="60s", jitter="none", on=("transient", "unknown")
+)
 
 
 def sync_app(app_factory: AppFactory) -> replayq.App:
@@ -59,7 +61,7 @@ def test_a_ramp_is_refused_while_the_candidate_retries_more_naming_gate_and_marg
 
     report = rollout.gates()
     [retry] = [g for g in report.gates if g.name == "retry rate"]
-    assert not retry.passed and retry.candidate is not None and retry.candidate > 0.2
+    assert not retry.passed and retry.candidate is not None and retry.candidate > 0.1
 
     forced = rollout.ramp("75%", force=True, reason="accepting the retries for now")
     assert forced.weights == {"v2": 0.75}
