@@ -14,6 +14,10 @@ The public API, by layer (everything a user or the ``replayq`` command line need
   ``import_case``, ``signal_counts``;
 * questions across jobs by time: ``events_between`` (``WindowEvent``), ``signal_series``
   (``SignalPoint``);
+* rollouts: ``freeze_contracts``/``check_contracts`` (``replayq.contracts.lock``),
+  ``Rollout`` (``App.rollout(type)``), ``Routing``, ``PinRule``,
+  ``RoutingChange``, ``RollbackResult``, ``Gate``, ``GateReport``, ``verify_rollout`` and its
+  ``VerifyReport`` of ``AttemptComparison``s;
 * shared resources: ``list_locks``, ``break_lock``, ``open_sink``, ``publish_pending``;
 * clocks: ``Clock``, ``SystemClock``, ``FrozenClock``, ``HybridLogicalClock``;
 * observing: ``Observer`` (what a ``Worker(observers=...)`` is told), ``WorkerMetrics``
@@ -48,6 +52,7 @@ from replayq.errors import (
     ReplayDivergenceError,
     ReplayqError,
     RollbackRefusedError,
+    RolloutRefusedError,
     SchemaError,
     StaleFencingTokenError,
     StorageError,
@@ -79,6 +84,21 @@ from replayq.replay.rerun import RerunReport, rerun, rerun_many
 from replayq.replay.rollback import compensate, plan_rollback, rollback
 from replayq.replay.signals import signal_counts
 from replayq.replay.window import SignalPoint, WindowEvent, events_between, signal_series
+from replayq.rollout import (
+    AttemptComparison,
+    Gate,
+    GateReport,
+    LockDifference,
+    PinRule,
+    RollbackResult,
+    Rollout,
+    Routing,
+    RoutingChange,
+    VerifyReport,
+    check_contracts,
+    freeze_contracts,
+    verify_rollout,
+)
 from replayq.storage.protocol import JobMatch
 from replayq.worker import Worker
 
@@ -89,6 +109,7 @@ except _metadata.PackageNotFoundError:  # imported from a source tree that was n
 
 __all__ = [
     "App",
+    "AttemptComparison",
     "AttemptTracer",
     "BulkPreview",
     "BulkResult",
@@ -108,6 +129,8 @@ __all__ = [
     "Entity",
     "FailureClass",
     "FrozenClock",
+    "Gate",
+    "GateReport",
     "HybridLogicalClock",
     "Job",
     "JobCancelledError",
@@ -116,10 +139,12 @@ __all__ = [
     "JobMatch",
     "JobState",
     "LeaseLostError",
+    "LockDifference",
     "LockTimeoutError",
     "MissedSlots",
     "Observer",
     "PayloadError",
+    "PinRule",
     "RecordedFailure",
     "ReplayDivergenceError",
     "ReplayReport",
@@ -127,6 +152,11 @@ __all__ = [
     "RerunReport",
     "Retry",
     "RollbackRefusedError",
+    "RollbackResult",
+    "Rollout",
+    "RolloutRefusedError",
+    "Routing",
+    "RoutingChange",
     "Schedule",
     "ScheduleStatus",
     "SchemaError",
@@ -140,10 +170,12 @@ __all__ = [
     "TransientError",
     "UnknownJobTypeError",
     "ValidationError",
+    "VerifyReport",
     "WindowEvent",
     "Worker",
     "WorkerMetrics",
     "break_lock",
+    "check_contracts",
     "compensate",
     "configure_logging",
     "diff_contracts",
@@ -153,6 +185,7 @@ __all__ = [
     "export_case",
     "fleet_registry",
     "fork",
+    "freeze_contracts",
     "import_case",
     "lint_contract",
     "list_locks",
@@ -170,4 +203,5 @@ __all__ = [
     "signal_series",
     "trace_replay",
     "uncommitted_writes",
+    "verify_rollout",
 ]

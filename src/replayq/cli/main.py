@@ -2,9 +2,9 @@
 
 One module per command group: ``jobs`` (worker, enqueue, jobs, dead, stats,
 signals; its bulk actions in ``bulk``), ``schedules``, ``events``, ``trace``,
-``replay`` (replay, fork, diff, rerun, rollback) and ``admin`` (db, contract,
-locks, outbox, state, demo). Each imports only the public ``replayq`` package; a
-new command goes in its group's module and is registered here.
+``replay`` (replay, fork, diff, rerun, rollback), ``admin`` (db, contract,
+locks, outbox, state, demo) and ``rollout``. Each imports only the public
+``replayq`` package; a new command goes in its group's module and is registered here.
 """
 
 from __future__ import annotations
@@ -14,7 +14,18 @@ from typing import Any
 import click
 
 from replayq import ReplayqError, __version__
-from replayq.cli import admin, effects, events, jobs, metrics, replay, schedules, trace, web
+from replayq.cli import (
+    admin,
+    effects,
+    events,
+    jobs,
+    metrics,
+    replay,
+    rollout,
+    schedules,
+    trace,
+    web,
+)
 from replayq.cli.env import Env
 
 
@@ -65,3 +76,4 @@ main.add_command(replay.fork_command)
 main.add_command(replay.diff_command)
 main.add_command(replay.rerun)
 main.add_command(replay.rollback)
+main.add_command(rollout.rollout)
