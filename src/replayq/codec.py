@@ -47,7 +47,9 @@ def dumps(value: Any, *, what: str = "value") -> str:
 def dumps_own(value: Any, *, what: str = "value") -> str:
     """``dumps`` without the validation walk, for values replayq built itself.
 
-    For lifecycle event data: flat string keys, scalar values. The encoder still
+    For lifecycle event data and for domain event data whose user values the
+    recording context already checked once (``Context.encoded``): a value is
+    walked once, not again each time it is written. The encoder still
     refuses NaN, infinity and non-JSON types; those fall back to ``dumps`` for
     its ``PayloadError`` naming the path. What it cannot catch is a non-string
     key (json would coerce it), so the caller vouches for the keys.
@@ -67,4 +69,9 @@ def loads(text: str | bytes | None) -> Any:
 
 def fingerprint(value: Any) -> str:
     """A short, stable hash of a JSON value, for comparing arguments across runs."""
-    return hashlib.sha256(dumps(value).encode()).hexdigest()[:16]
+    return fingerprint_text(dumps(value))
+
+
+def fingerprint_text(text: str) -> str:
+    """``fingerprint`` of a value already encoded by ``dumps`` (the text is not encoded again)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

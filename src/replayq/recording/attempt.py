@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from replayq.model import Job, TraceEvent
 from replayq.queue.handlers import Handler
+from replayq.recording.blobs import Encoded
 from replayq.recording.world import World
 from replayq.runtime import Runtime
 from replayq.storage.protocol import Transaction
@@ -59,7 +60,11 @@ class Attempt(Protocol):
         """Check a value for recording: ``(inline value, blob ref, blob bytes)``."""
         ...
 
-    def store_blob(self, raw: bytes | None, what: str) -> None: ...
+    def encoded(self, value: Any, *, what: str) -> Encoded:
+        """``encode`` keeping the text (serialised once, reused for rows and hashes)."""
+        ...
+
+    def store_blob(self, raw: bytes | None, what: str, ref: str | None = None) -> None: ...
 
     def fences(self) -> dict[str, int]:
         """The fencing token of every lock this attempt holds, by resource."""

@@ -38,7 +38,7 @@ from replayq.model import Job, TraceEvent
 from replayq.queue.contracts import render_template
 from replayq.queue.enqueue import EnqueueRequest, insert_job
 from replayq.queue.handlers import Handler
-from replayq.recording.blobs import put_bytes, ref_of
+from replayq.recording.blobs import Encoded, put_bytes, ref_of
 from replayq.recording.cache import CacheView
 from replayq.recording.effects import EffectRunner
 from replayq.recording.ledger import step_key
@@ -282,21 +282,27 @@ class Context:
 
     def encode(self, value: Any, *, what: str) -> tuple[Any, str | None, bytes | None]:
         """Check a recorded value: JSON only, under the blob limit; large ones go to blobs."""
+        inline, ref, raw, _ = self.encoded(value, what=what)
+        return inline, ref, raw
+
+    def encoded(self, value: Any, *, what: str) -> Encoded:
+        """``encode``, keeping the canonical text: the value is walked and serialised once
+        here; the size check, the version row, the blob and its hash reuse the text."""
         try:
             text = codec.dumps(value, what=what)
         except PayloadError as exc:
             raise PayloadError(f"{what} cannot be recorded: {exc}") from exc
-        size = len(text.encode())
+        raw = text.encode()
+        size = len(raw)
         if size > self.blob_limit:
             raise PayloadError(
                 f"{what}: {size} bytes is above the blob limit of {self.blob_limit} bytes"
             )
         if size <= self.runtime.limits.inline_limit_bytes:
-            return value, None, None
-        raw = text.encode()
-        return None, ref_of(raw), raw
+            return Encoded(value, None, None, text)
+        return Encoded(None, ref_of(raw), raw, text)
 
-    def store_blob(self, raw: bytes | None, what: str) -> None:
+    def store_blob(self, raw: bytes | None, what: str, ref: str | None = None) -> None:
         """Schedule a large value for the blob store in the step's transaction."""
         if raw is None:
             return
@@ -304,7 +310,7 @@ class Context:
         limit = self.blob_limit
 
         def write(tx: Transaction) -> None:
-            put_bytes(tx, raw, now=now, limit=limit, what=what)
+            put_bytes(tx, raw, now=now, limit=limit, what=what, ref=ref)
 
         self.defer(write, f"blob of {what}")
 
@@ -450,7 +456,8 @@ class Context:
 
     def decide(self, name: str, value: Any, **why: Any) -> Any:
         """Record a decision and its reasons; returns ``value``."""
-        self.encode(value, what=f"decision {name!r}")
+        # One walk checks the value and the reasons (events are written without one).
+        self.encode({"value": value, "why": why}, what=f"decision {name!r}")
         self.record("decision", decision=name, value=value, why=why)
         return value
 
@@ -459,7 +466,8 @@ class Context:
     def call(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run an external read and record request, response (or error) and duration."""
         request = {"args": list(args), "kwargs": kwargs}
-        fingerprint = codec.fingerprint(_summarise(request))
+        summary, summary_text = _summarise_encoded(request)
+        fingerprint = codec.fingerprint_text(summary_text)
         try:
             answer = self.world.answer("call", name, fingerprint)
         except RecordedFailure as exc:
@@ -485,20 +493,20 @@ class Context:
                 status="fail",
                 call=name,
                 fingerprint=fingerprint,
-                request=_summarise(request),
+                request=summary,
                 error=f"{type(exc).__name__}: {exc}",
                 duration=time.monotonic() - started,
             )
             raise
         duration = time.monotonic() - started
-        inline, ref, raw = self.encode(response, what=f"ctx.call({name!r}) response")
-        self.store_blob(raw, f"ctx.call({name!r}) response")
+        inline, ref, raw, _ = self.encoded(response, what=f"ctx.call({name!r}) response")
+        self.store_blob(raw, f"ctx.call({name!r}) response", ref)
         self.record(
             "call",
             status="success",
             call=name,
             fingerprint=fingerprint,
-            request=_summarise(request),
+            request=summary,
             response=inline,
             output_ref=ref,
             duration=duration,
@@ -609,6 +617,15 @@ class Context:
 
     def __repr__(self) -> str:
         return f"<Context job={self.job.id} type={self.job.job_type} attempt={self.attempt}>"
+
+
+def _summarise_encoded(request: Any) -> tuple[Any, str]:
+    """``_summarise`` and its canonical text, walking a JSON request once."""
+    try:
+        return request, codec.dumps(request)
+    except PayloadError:
+        summary = _summarise(request)
+        return summary, codec.dumps(summary)
 
 
 def _summarise(request: Any) -> Any:

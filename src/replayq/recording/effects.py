@@ -45,7 +45,7 @@ from replayq.errors import (
 )
 from replayq.queue.contracts import render_template
 from replayq.recording.attempt import Attempt
-from replayq.recording.blobs import load_json, put_bytes
+from replayq.recording.blobs import Encoded, load_json, put_bytes
 from replayq.recording.world import LIVE
 from replayq.seal import unsealed
 from replayq.storage.reconnect import retry_unavailable
@@ -171,14 +171,14 @@ class EffectRunner:
                     ]
                 )
             raise
-        inline, ref, raw = ctx.encode(result, what=f"ctx.effect({kind!r}) result")
+        encoded = ctx.encoded(result, what=f"ctx.effect({kind!r}) result")
         # The effect happened: record it even across an outage, or the next attempt would
         # find the key ``started`` (in doubt). A retry after a lost COMMIT reply changes
         # nothing (compare-and-set on the claim token) and adds no second event.
         retry_unavailable(
             f"job {ctx.job.id}: record effect {key!r}",
             lambda retrying: self._record_success(
-                kind, key, claim_token, inline, ref, raw, started, first=not retrying
+                kind, key, claim_token, encoded, started, first=not retrying
             ),
             seconds=RECONNECT_SECONDS,
         )
@@ -189,15 +189,14 @@ class EffectRunner:
         kind: str,
         key: str,
         claim_token: str,
-        inline: Any,
-        ref: str | None,
-        raw: bytes | None,
+        encoded: Encoded,
         started: float,
         *,
         first: bool,
     ) -> None:
         ctx = self._ctx
         runtime = ctx.runtime
+        inline, ref, raw, text = encoded
         with runtime.storage.transaction() as tx:
             # The outcome the late worker saw is kept in ``write.fenced`` for whoever settles
             # the record the new owner finds in doubt.
@@ -216,12 +215,13 @@ class EffectRunner:
                     now=runtime.clock.now(),
                     limit=runtime.limits.blob_limit_bytes,
                     what=kind,
+                    ref=ref,
                 )
             changed = tx.idem_succeed(
                 {
                     "key": key,
                     "claim_token": claim_token,
-                    "result": None if ref else codec.dumps(inline),
+                    "result": None if ref else text,
                     "result_ref": ref,
                     "now": runtime.clock.now(),
                 }

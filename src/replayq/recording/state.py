@@ -161,17 +161,32 @@ def version_row(
     attempt: int | None = None,
     fencing_token: int | None = None,
     data_ref: str | None = None,
+    data_json: str | None = None,
+    delta: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The row for a new version (``data`` inline unless ``data_ref`` points to a blob)."""
+    """The row for a new version (``data`` inline unless ``data_ref`` points to a blob).
+
+    ``data_json`` is ``data`` already checked and encoded (``Context.encoded``) and
+    ``delta`` the delta already computed: neither is walked or computed again.
+    """
+    if data_ref:
+        data_text = None
+    elif data_json is not None:
+        data_text = data_json
+    else:
+        data_text = codec.dumps(data, what=resource_name(namespace, key))
+    if delta is None:
+        delta = delta_of(parent.data if parent else None, data)
     return {
         "branch": branch,
         "namespace": namespace,
         "key": key,
         "version": version,
         "parent_version": parent.version if parent else None,
-        "data": None if data_ref else codec.dumps(data, what=resource_name(namespace, key)),
+        "data": data_text,
         "data_ref": data_ref,
-        "delta": codec.dumps(delta_of(parent.data if parent else None, data)),
+        # Built from checked values (the new data, a stored version): no second walk.
+        "delta": codec.dumps_own(delta),
         "job_id": job_id,
         "trace_id": trace_id,
         "attempt": attempt,
@@ -241,7 +256,7 @@ class StateView:
         if expected_version is None:
             pending = self._pending.get(ident)
             expected_version = pending.version if pending else self._read_versions.get(ident, -1)
-        inline, ref, raw = ctx.encode(data, what=f"state {resource}")
+        inline, ref, raw, text = ctx.encoded(data, what=f"state {resource}")
         if not ctx.world.writes_apply:
             return self._record_only(namespace, key, data, expected_version)
         with ctx.runtime.storage.transaction(readonly=True) as tx:
@@ -284,17 +299,18 @@ class StateView:
             return Entity(namespace, key, base, data)
         new_version = base + 1
         fences = ctx.fences()
+        delta = delta_of(previous, data)
         event = ctx.record(
             "state.write",
             resource=resource,
             resource_version=new_version,
             parent_version=base,
             expected_version=expected_version if expected_version != -1 else None,
-            delta=delta_of(previous, data),
+            delta=delta,
             fencing=dict(fences) or None,
             branch=ctx.branch,
         )
-        ctx.store_blob(raw, f"state {resource}")
+        ctx.store_blob(raw, f"state {resource}", ref)
         parent = (
             EntityVersion(
                 namespace, key, base, None, pending.data, {}, None, None, None, None, 0, ""
@@ -323,6 +339,8 @@ class StateView:
                 attempt=ctx.attempt,
                 fencing_token=token,
                 data_ref=ref,
+                data_json=text,
+                delta=delta,
             )
             # A branch's first write of an entity starts its own head (copy-on-write).
             fresh = ctx.branch != MAIN and tx.entity_head(ctx.branch, namespace, key) is None
