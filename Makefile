@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint typecheck soak chaos bench clean
+.PHONY: venv demo test lint typecheck soak chaos mutate bench clean
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,17 +20,22 @@ demo: $(STAMP)
 	$(BIN)/replayq demo
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks scripts
+	$(BIN)/ruff format --check src tests benchmarks scripts
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/pytest -m "not soak" -p no:cacheprovider
 
+# Minutes-long SIGKILL loops on both backends (REPLAYQ_SOAK_SECONDS per backend, default 300).
 soak: $(STAMP)
-	$(BIN)/pytest -m soak -p no:cacheprovider
+	$(BIN)/pytest -m soak -p no:cacheprovider -s
 
 chaos: $(STAMP)
 	$(BIN)/pytest -q -p no:cacheprovider tests/acceptance/test_postgres_chaos.py -s
+
+# Plant each named bug of scripts/mutate.py in a copy of the tree; exit 1 if one survives.
+mutate: $(STAMP)
+	$(BIN)/python scripts/mutate.py
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -r benchmarks/requirements.txt

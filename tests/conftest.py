@@ -1,8 +1,9 @@
 """Shared fixtures: real SQLite files and a real PostgreSQL server, one schema per test.
 
 ``app_factory`` is parametrized over every backend; tests that take it form the
-conformance suite. With ``REPLAYQ_REQUIRE_POSTGRES=1`` (set by ``.ci/run``) a
-PostgreSQL test fails, never skips, when the server cannot be reached.
+conformance suite. In CI (``CI=true``, or ``REPLAYQ_REQUIRE_POSTGRES=1`` as set by
+``.ci/run``) nothing skips silently: a test whose service or capability is missing
+(PostgreSQL, Redis, ``pg_ctlcluster``, network namespaces) fails with what to install.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -19,6 +20,7 @@ import replayq
 
 PG_URL = os.environ.get("REPLAYQ_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
 REQUIRE_PG = os.environ.get("REPLAYQ_REQUIRE_POSTGRES") == "1"
+IN_CI = REQUIRE_PG or os.environ.get("CI", "").lower() == "true"
 
 BACKENDS = ["sqlite", "postgres"]
 
@@ -39,13 +41,20 @@ def postgres_available() -> str | None:
     return None
 
 
+def missing(reason: str, *, install: str) -> NoReturn:
+    """Skip on a developer's machine; in CI fail, saying what to install or start."""
+    if IN_CI:
+        pytest.fail(f"{reason}; CI runs every test, so provide it: {install}", pytrace=False)
+    pytest.skip(reason)
+
+
 def require_postgres() -> None:
     reason = postgres_available()
-    if reason is None:
-        return
-    if REQUIRE_PG:
-        pytest.fail(f"PostgreSQL is required here (REPLAYQ_REQUIRE_POSTGRES=1): {reason}")
-    pytest.skip(reason)
+    if reason is not None:
+        missing(
+            reason,
+            install=f"install and start PostgreSQL (apt-get install postgresql) at {PG_URL}",
+        )
 
 
 @pytest.fixture

@@ -1,4 +1,10 @@
-"""Fixtures for acceptance tests: a real SQLite file shared by real worker subprocesses."""
+"""Fixtures for acceptance tests: one database shared by real worker subprocesses.
+
+``launcher`` is parametrized over every backend, as ``app_factory`` is for the
+conformance suite: each kill, stall, heartbeat, shutdown and ordering test runs once
+on a real SQLite file and once on a fresh PostgreSQL schema (migrated before the
+first worker starts, so that two workers never race to create it).
+"""
 
 from __future__ import annotations
 
@@ -13,30 +19,21 @@ from tests.apps import sleepy
 from tests.conftest import BACKENDS
 
 
-@pytest.fixture
-def launcher(tmp_path: Path) -> Iterator[WorkerLauncher]:
-    """Start ``replayq worker`` subprocesses on this test's database; all killed afterwards."""
-    workers = WorkerLauncher(tmp_path / "queue.db", tmp_path)
-    yield workers
-    workers.kill_all()
-    for worker in workers.started:  # shown by pytest only when the test failed
-        print(f"--- worker {worker.worker_id} (pid {worker.pid}) ---\n{worker.log()}")
-
-
 @pytest.fixture(params=BACKENDS)
-def any_launcher(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[WorkerLauncher]:
-    """Like ``launcher``, over every backend: a SQLite file, or the test's PostgreSQL schema."""
-    url = None
-    if request.param == "postgres":
+def launcher(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[WorkerLauncher]:
+    """Start ``replayq worker`` subprocesses on this test's database; all killed afterwards."""
+    if request.param == "sqlite":
+        workers = WorkerLauncher(tmp_path / "queue.db", tmp_path)
+    else:
         url = str(request.getfixturevalue("pg_schema_url"))
         migrator = replayq.App(url, auto_migrate=True)
         migrator.storage  # noqa: B018 - opening it migrates the test's schema
         migrator.close()
-    workers = WorkerLauncher(tmp_path / "queue.db", tmp_path, db_url=url)
+        workers = WorkerLauncher(url, tmp_path)
     yield workers
     workers.kill_all()
     for worker in workers.started:  # shown by pytest only when the test failed
-        print(f"--- worker {worker.worker_id} (pid {worker.pid}) ---\n{worker.log()[-6000:]}")
+        print(f"--- worker {worker.worker_id} (pid {worker.pid}) ---\n{worker.log()}")
 
 
 @pytest.fixture

@@ -27,8 +27,8 @@ JOBS = 30
 
 
 @pytest.fixture
-def fenced_app(any_launcher: WorkerLauncher) -> Iterator[replayq.App]:
-    app = fenced.build(any_launcher.url)
+def fenced_app(launcher: WorkerLauncher) -> Iterator[replayq.App]:
+    app = fenced.build(launcher.url)
     app.register_contracts()  # migrates a SQLite file on first use
     with app.storage.transaction() as tx:
         tx.connection.execute("CREATE TABLE fenced_rows (job_id INTEGER, worker TEXT)")
@@ -58,14 +58,14 @@ def _written_by(app: replayq.App, worker: str) -> dict[str, int]:
 
 
 def test_frozen_worker_past_its_lease_gets_no_write_and_no_effect_accepted(
-    any_launcher: WorkerLauncher, fenced_app: replayq.App, service: Service, tmp_path: Path
+    launcher: WorkerLauncher, fenced_app: replayq.App, service: Service, tmp_path: Path
 ) -> None:
     sink = tmp_path / "effects.jsonl"
     ids = [
         fenced_app.enqueue("charge", {"n": n, "sink": str(sink), "step_seconds": 0.4})
         for n in range(JOBS)
     ]
-    frozen = any_launcher.start("frozen", app=APP, concurrency=4)
+    frozen = launcher.start("frozen", app=APP, concurrency=4)
     wait_for(
         lambda: len([x for x in read_lines(sink) if x["event"] == "start"]) >= 6,
         timeout=30,
@@ -78,7 +78,7 @@ def test_frozen_worker_past_its_lease_gets_no_write_and_no_effect_accepted(
         if j.worker_id == "frozen"
     ]
 
-    any_launcher.start("taker", app=APP, concurrency=4)
+    launcher.start("taker", app=APP, concurrency=4)
     wait_for(
         lambda: all(fenced_app.get_job(i).state is replayq.JobState.SUCCEEDED for i in ids),
         timeout=90,
@@ -136,7 +136,7 @@ def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize("truth", ["succeeded", "failed"])
 def test_effect_in_doubt_after_sigkill_is_settled_and_the_requeued_job_continues(
-    any_launcher: WorkerLauncher,
+    launcher: WorkerLauncher,
     fenced_app: replayq.App,
     service: Service,
     tmp_path: Path,
@@ -144,11 +144,11 @@ def test_effect_in_doubt_after_sigkill_is_settled_and_the_requeued_job_continues
 ) -> None:
     sink = tmp_path / "effects.jsonl"
     job_id = fenced_app.enqueue("charge_once", {"n": 7, "sink": str(sink), "after_seconds": 30})
-    doomed = any_launcher.start("doomed", app=APP)
+    doomed = launcher.start("doomed", app=APP)
     wait_for(lambda: read_lines(sink), timeout=30, what="the effect to reach the provider")
     doomed.kill()  # SIGKILL: the charge went out, the ledger still says "started"
 
-    any_launcher.start("survivor", app=APP)
+    launcher.start("survivor", app=APP)
     dead = wait_for(
         lambda: (job := fenced_app.get_job(job_id)).state is replayq.JobState.DEAD and job,
         timeout=30,
@@ -158,7 +158,7 @@ def test_effect_in_doubt_after_sigkill_is_settled_and_the_requeued_job_continues
     assert dead.last_error_class == "in_doubt"
     assert service.counts()["/warehouse/shipments"] == 1
 
-    listed = _cli(any_launcher.url, "effects", "list", "--in-doubt", "--json")
+    listed = _cli(launcher.url, "effects", "list", "--in-doubt", "--json")
     assert listed.returncode == 0, listed.stderr
     [record] = json.loads(listed.stdout)
     assert (record["key"], record["kind"], record["job_id"]) == ("ship-7", "warehouse.ship", job_id)
@@ -168,9 +168,9 @@ def test_effect_in_doubt_after_sigkill_is_settled_and_the_requeued_job_continues
         resolve += ["--succeeded", "--result", '{"shipment_id": "shp-1"}']
     else:
         resolve += ["--failed"]
-    settled = _cli(any_launcher.url, *resolve)
+    settled = _cli(launcher.url, *resolve)
     assert settled.returncode == 0, settled.stderr
-    requeued = _cli(any_launcher.url, "dead", "requeue", str(job_id), "--reason", "settled")
+    requeued = _cli(launcher.url, "dead", "requeue", str(job_id), "--reason", "settled")
     assert requeued.returncode == 0, requeued.stderr
 
     done = wait_for(

@@ -1,8 +1,8 @@
 """Real worker subprocesses for acceptance tests, and waiting for conditions with deadlines.
 
 A worker is started exactly as a user starts one: the ``replayq`` console
-script of this virtualenv, ``--db`` pointing at a real SQLite file and
-``--app`` naming a module under ``tests/apps``. Its stdout and stderr go to
+script of this virtualenv, ``--db`` pointing at a real SQLite file or a
+PostgreSQL schema and ``--app`` naming a module under ``tests/apps``. Its stdout and stderr go to
 files (never pipes, which can fill and stall the worker) so a failing test can
 show them.
 """
@@ -87,16 +87,24 @@ class WorkerProcess:
 
 @dataclass
 class WorkerLauncher:
-    """Starts workers on one database file; kills whatever is left at teardown."""
+    """Starts workers on one database; kills whatever is left at teardown.
 
-    db_path: Path
+    ``database``: a SQLite file, or a database URL (a PostgreSQL schema's).
+    """
+
+    database: Path | str
     directory: Path
     started: list[WorkerProcess] = field(default_factory=list)
-    db_url: str | None = None  # another database (PostgreSQL) instead of the SQLite file
 
     @property
     def url(self) -> str:
-        return self.db_url or f"sqlite:///{self.db_path}"
+        if isinstance(self.database, Path):
+            return f"sqlite:///{self.database}"
+        return self.database
+
+    @property
+    def backend(self) -> str:
+        return "sqlite" if self.url.startswith("sqlite") else "postgres"
 
     def start(
         self,

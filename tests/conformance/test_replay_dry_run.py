@@ -13,6 +13,7 @@ import pytest
 import replayq
 from replayq.replay.engine import dry_run, fork, trace_replay
 from replayq.replay.recorded import Outcome
+from replayq.testing import run_inline
 from tests.apps import replay_shop
 from tests.replay_support import APP_SPEC, cli, cli_ok, derived_events, record, record_dead
 from tests.services import Service
@@ -169,3 +170,33 @@ def test_dry_run_of_a_failed_attempt_fails_the_same_way_without_real_calls(
     assert "effect 'email.send' failed in the recording: HTTPError" in report.outcome_now.error
     [failed] = [e for e in derived_events(app, report.trace_id) if e.name == "effect.failed"]
     assert failed.data["replayed"] is True
+
+
+def test_dry_run_of_a_call_with_other_arguments_diverges_instead_of_reusing_the_answer(
+    app_factory: AppFactory,
+) -> None:
+    """A recorded response answers only the request it was recorded for."""
+    app = app_factory()
+    asked: list[str] = []
+
+    def price(sku: str) -> dict[str, int]:
+        asked.append(sku)
+        return {"cents": 100 if sku == "sku-1" else 999}
+
+    @app.job("quote", version="v1")
+    def quote_v1(ctx: replayq.Context, sku: str) -> dict[str, int]:
+        return dict(ctx.call("price.get", price, sku))
+
+    @app.job("quote", version="v2", candidate=True)
+    def quote_v2(ctx: replayq.Context, sku: str) -> dict[str, int]:
+        return dict(ctx.call("price.get", price, sku + "-eu"))
+
+    job = run_inline(app, "quote", {"sku": "sku-1"})
+    assert asked == ["sku-1"]
+
+    report = dry_run(app, job.id, version="v2")
+
+    assert asked == ["sku-1"], "a dry-run must never call the real function"
+    assert report.diverged
+    assert report.outcome_now.status == "failed"
+    assert report.error is not None and "other arguments" in report.error

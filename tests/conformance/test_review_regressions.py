@@ -1,5 +1,6 @@
 """Guarantees that a review found broken, kept by tests: per-key order after a requeue,
-rollback refusing writes interleaved between a job's own, no step commit after the lease."""
+rollback refusing writes interleaved between a job's own. (No step commit after the lease
+was lost: ``test_owner_token_barrier.py``.)"""
 
 from __future__ import annotations
 

@@ -1,11 +1,13 @@
 """The Redis cache backend against the real Redis server on 127.0.0.1:6379.
 
 Each test uses its own entity ids, so its keys form a namespace of their own
-(``replayq:cache:profile:<id>...``), and deletes them afterwards.
+(``replayq:cache:profile:<id>...``), and deletes them afterwards. Without Redis
+they skip on a developer's machine and fail in CI (``tests/conftest.py``, ``missing``).
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -13,6 +15,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 import replayq
+from tests.conftest import missing
 from tests.context_support import (
     assert_stale_read_recorded,
     count_rows,
@@ -29,12 +32,19 @@ AppFactory = Callable[..., replayq.App]
 
 @pytest.fixture
 def redis_client() -> Iterator[object]:
-    redis = pytest.importorskip("redis")
+    try:
+        redis = importlib.import_module("redis")
+    except ImportError as exc:
+        missing(f"the redis client is not installed: {exc}", install="pip install 'replayq[redis]'")
     client = redis.Redis.from_url(REDIS_URL)
     try:
         client.ping()
     except redis.RedisError as exc:
-        pytest.skip(f"Redis at {REDIS_URL} is not reachable: {exc}")
+        client.close()
+        missing(
+            f"Redis at {REDIS_URL} is not reachable: {exc}",
+            install="apt-get install redis-server, and start it (.ci/run does)",
+        )
     yield client
     client.close()
 

@@ -1,0 +1,71 @@
+"""``heartbeat=0`` is a fixed visibility timeout: a running worker never moves the deadline.
+
+``tests/unit/test_fixed_visibility_timeout.py`` reads the contract; this runs a real
+``Worker`` (its heartbeat thread included) and reads the lease deadline in the database
+while the handler runs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+import replayq
+from tests.acceptance.workers import wait_for
+
+AppFactory = Callable[..., replayq.App]
+
+
+def deadlines_while_running(app: replayq.App, heartbeat: str | int, seconds: float) -> list[float]:
+    """Run one job under a real worker; the lease deadlines read while its handler runs."""
+    started, release = threading.Event(), threading.Event()
+
+    @app.job("hold", lease="5s", heartbeat=heartbeat)
+    def hold(ctx: replayq.Context) -> None:
+        started.set()
+        assert release.wait(30), "the test never let the handler finish"
+
+    job_id = app.enqueue("hold", {})
+    worker = replayq.Worker(app, worker_id="w", poll_interval=0.05)
+    runner = threading.Thread(target=worker.run, name="worker")
+    runner.start()
+    seen: list[float] = []
+    try:
+        assert started.wait(30), "the job never started"
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            deadline = app.get_job(job_id).lease_deadline
+            assert deadline is not None
+            seen.append(deadline)
+            time.sleep(0.05)
+    finally:
+        release.set()
+        wait_for(
+            lambda: app.get_job(job_id).state is replayq.JobState.SUCCEEDED,
+            timeout=30,
+            what="the held job to succeed",
+        )
+        worker.stop()
+        runner.join(30)
+    names = [e.name for e in app.trace(job_id)]
+    assert ("lease.extended" in names) == (heartbeat != 0)
+    return seen
+
+
+def test_heartbeat_zero_lease_deadline_never_moves_while_the_job_runs(
+    app_factory: AppFactory,
+) -> None:
+    deadlines = deadlines_while_running(app_factory(), heartbeat=0, seconds=1.0)
+    assert len(set(deadlines)) == 1, f"the fixed lease deadline moved: {sorted(set(deadlines))}"
+
+
+@pytest.mark.parametrize("heartbeat", ["0.1s"])
+def test_a_heartbeating_lease_deadline_moves_while_the_job_runs(
+    app_factory: AppFactory, heartbeat: str
+) -> None:
+    """The control: the same measurement sees a heartbeat, so the test above can fail."""
+    deadlines = deadlines_while_running(app_factory(), heartbeat=heartbeat, seconds=1.0)
+    assert len(set(deadlines)) > 1
