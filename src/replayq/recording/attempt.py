@@ -27,6 +27,7 @@ class Attempt(Protocol):
     world: World
     worker_id: str
     branch: str
+    branch_base: tuple[str, int] | None
     namespace: str
 
     @property

@@ -77,6 +77,7 @@ class Context:
         trace_id: str | None = None,
         namespace: str = "",
         owner_token: str | None = None,
+        branch_base: tuple[str, int] | None = None,
     ) -> None:
         runtime = source.runtime
         self.runtime = runtime
@@ -84,6 +85,9 @@ class Context:
         self.handler = handler
         self.worker_id = worker_id
         self.branch = branch
+        # (base branch, base HLC) of a branch whose row is not written yet: reads go through
+        # to it as they would through the row (a dry-run writes its branch at the end).
+        self.branch_base = branch_base
         self.world: World = world or LiveWorld()
         self.namespace = namespace
         self.owner_token = owner_token
@@ -320,6 +324,13 @@ class Context:
             for write in self._pending.writes:
                 write(tx)
         tx.trace_append(self._pending.events)
+
+    def take_pending(self, *, failed: bool = False) -> tuple[list[Any], list[TraceEvent]]:
+        """Hand over what is pending — writes (none if ``failed``) and events — instead of
+        committing it now; for a caller that commits them later (a dry-run)."""
+        pending = self._pending
+        self.committed()
+        return ([] if failed else pending.writes), pending.events
 
     def committed(self) -> None:
         """The transaction that ``flush`` wrote into has committed: forget what it held."""

@@ -14,6 +14,7 @@ from typing import Any
 from replayq import codec
 from replayq.recording.attempt import Attempt
 from replayq.recording.blobs import load_json
+from replayq.recording.world import LIVE
 from replayq.runtime import RuntimeSource
 from replayq.storage.protocol import Row, Transaction
 
@@ -87,15 +88,24 @@ def version_from_row(tx: Transaction, row: Row) -> EntityVersion:
 
 
 def read_entity(
-    tx: Transaction, branch: str, namespace: str, key: str
+    tx: Transaction,
+    branch: str,
+    namespace: str,
+    key: str,
+    base: tuple[str, int] | None = None,
 ) -> tuple[EntityVersion | None, int]:
-    """The current version on ``branch`` (reading through to its base), and the head HLC."""
+    """The current version on ``branch`` (reading through to its base), and the head HLC.
+
+    ``base``: (base branch, base HLC) of a branch whose row is not written yet.
+    """
     head = tx.entity_head(branch, namespace, key)
     if head is not None:
         row = tx.entity_version_get(branch, namespace, key, int(head["version"]))
         assert row is not None
         return version_from_row(tx, row), int(head["hlc"])
     info = tx.branch_get(branch) if branch != MAIN else None
+    if info is None and base is not None and branch != MAIN:
+        info = {"base_branch": base[0], "base_hlc": base[1]}
     if info is None:
         return None, 0
     row = tx.entity_version_at(info["base_branch"], namespace, key, int(info["base_hlc"]))
@@ -218,17 +228,24 @@ class StateView:
         recorded = (
             world.state_version(resource_name(namespace, key)) if world.reads_recorded else None
         )
-        with ctx.runtime.storage.transaction(readonly=True) as tx:
-            if recorded is not None:
-                row = tx.entity_version_get(MAIN, namespace, key, recorded) if recorded else None
-                found = version_from_row(tx, row) if row else None
-                head_hlc = 0
-            else:
-                found, head_hlc = read_entity(tx, ctx.branch, namespace, key)
-        ctx.runtime.hlc.observe(head_hlc)
-        entity = Entity(
-            namespace, key, found.version if found else 0, found.data if found else None
+        held = (
+            LIVE if not recorded else world.recorded_state(resource_name(namespace, key), recorded)
         )
+        if recorded == 0 or held is not LIVE:
+            # The version the attempt read, already loaded with the recording: no read here.
+            entity = Entity(namespace, key, recorded or 0, held if recorded else None)
+        else:
+            with ctx.runtime.storage.transaction(readonly=True) as tx:
+                if recorded is not None:
+                    row = tx.entity_version_get(MAIN, namespace, key, recorded)
+                    found = version_from_row(tx, row) if row else None
+                    head_hlc = 0
+                else:
+                    found, head_hlc = read_entity(tx, ctx.branch, namespace, key, ctx.branch_base)
+            ctx.runtime.hlc.observe(head_hlc)
+            entity = Entity(
+                namespace, key, found.version if found else 0, found.data if found else None
+            )
         self._read_versions[ident] = entity.version
         self._read[ident] = entity
         ctx.record(
@@ -259,9 +276,12 @@ class StateView:
         inline, ref, raw, text = ctx.encoded(data, what=f"state {resource}")
         if not ctx.world.writes_apply:
             return self._record_only(namespace, key, data, expected_version)
-        with ctx.runtime.storage.transaction(readonly=True) as tx:
-            current, _ = read_entity(tx, ctx.branch, namespace, key)
         seen = self._read.get(ident)
+        current: EntityVersion | None = None
+        if not (ctx.world.reads_recorded and seen is not None):
+            # (A dry-run that read the entity writes on top of what it read, below: no read.)
+            with ctx.runtime.storage.transaction(readonly=True) as tx:
+                current, _ = read_entity(tx, ctx.branch, namespace, key, ctx.branch_base)
         if (
             ctx.world.reads_recorded
             and seen is not None
