@@ -61,6 +61,18 @@ class Attempt(Protocol):
         """Check a value for recording: ``(inline value, blob ref, blob bytes)``."""
         ...
 
+    def reads_commit_events(self) -> bool:
+        """Whether a state read writes its event in the read's own transaction."""
+        ...
+
+    def ride_along(self) -> list[TraceEvent]:
+        """Pending events that may commit in a transaction opened now (none if writes wait)."""
+        ...
+
+    def rode(self, events: list[TraceEvent]) -> None:
+        """The events ``ride_along`` returned committed."""
+        ...
+
     def encoded(self, value: Any, *, what: str) -> Encoded:
         """``encode`` keeping the text (serialised once, reused for rows and hashes)."""
         ...

@@ -279,6 +279,24 @@ class Context:
             **details,
         )
 
+    def reads_commit_events(self) -> bool:
+        """Whether a state read writes its ``state.read`` event (and the pending events that
+        may ride along) in the read's own transaction: for an attempt in the real world, so
+        that what it read survives a crash before its next commit."""
+        return self.world.is_live
+
+    def ride_along(self) -> list[TraceEvent]:
+        """Pending events that may commit in a transaction the attempt opens now (an
+        effect's claim or result), so that they need no commit of their own. None while
+        a write is pending: a step's events commit with that step's writes."""
+        return [] if self.pending_writes() else list(self._pending.events)
+
+    def rode(self, events: list[TraceEvent]) -> None:
+        """``events`` (from ``ride_along``) committed: they are no longer pending."""
+        if events:
+            gone = {id(e) for e in events}
+            self._pending.events = [e for e in self._pending.events if id(e) not in gone]
+
     def pending_writes(self) -> list[str]:
         """What the next commit would write (for ``write.fenced``)."""
         cached = self.cache.pending if self._built("cache") else []
@@ -447,8 +465,12 @@ class Context:
             duration=duration,
             **(outcome or {}),
         )
+        refused = self.pending_writes()
+        if not refused:
+            # Nothing to write: the step's events wait for the next commit of this
+            # attempt (a step's writes, an effect's claim or result, the ack or failure).
+            return
         try:
-            refused = self.pending_writes()
             self.commit_now()
         except BaseException as exc:
             # The commit itself failed (a version conflict, a stale fencing token, a lost

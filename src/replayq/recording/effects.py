@@ -109,6 +109,9 @@ class EffectRunner:
             "attempt": ctx.attempt,
         }
 
+        # The step's events so far commit with the claim (not in a commit of their own).
+        riding = ctx.ride_along()
+
         # A claim whose COMMIT reply was lost is recognised by its claim token on the retry.
         def claim_once(retrying: bool) -> Any:
             with runtime.storage.transaction() as tx:
@@ -125,8 +128,9 @@ class EffectRunner:
                     event = ctx.event(
                         "effect.claimed", resource=key, kind=kind, key=key, claim=claim_token
                     )
-                    tx.trace_append([event])
-            return _RUN
+                    tx.trace_append([*riding, event])
+            # ``riding`` committed now, or with this claim by the try whose reply was lost.
+            return _RUN_RODE
 
         outcome = retry_unavailable(
             f"job {ctx.job.id}: claim effect {key!r}", claim_once, seconds=RECONNECT_SECONDS
@@ -138,6 +142,9 @@ class EffectRunner:
             outcome = retry_unavailable(
                 f"job {ctx.job.id}: claim effect {key!r}", claim_once, seconds=RECONNECT_SECONDS
             )
+        if outcome is _RUN_RODE:
+            ctx.rode(riding)
+            outcome = _RUN
         if outcome is not _RUN:
             return outcome
         started = time.monotonic()
@@ -172,16 +179,18 @@ class EffectRunner:
                 )
             raise
         encoded = ctx.encoded(result, what=f"ctx.effect({kind!r}) result")
+        riding = ctx.ride_along()
         # The effect happened: record it even across an outage, or the next attempt would
         # find the key ``started`` (in doubt). A retry after a lost COMMIT reply changes
         # nothing (compare-and-set on the claim token) and adds no second event.
         retry_unavailable(
             f"job {ctx.job.id}: record effect {key!r}",
             lambda retrying: self._record_success(
-                kind, key, claim_token, encoded, started, first=not retrying
+                kind, key, claim_token, encoded, started, riding, first=not retrying
             ),
             seconds=RECONNECT_SECONDS,
         )
+        ctx.rode(riding)
         return result
 
     def _record_success(
@@ -191,6 +200,7 @@ class EffectRunner:
         claim_token: str,
         encoded: Encoded,
         started: float,
+        riding: list[Any],
         *,
         first: bool,
     ) -> None:
@@ -227,9 +237,10 @@ class EffectRunner:
                 }
             )
             if not changed and not first:
-                return
+                return  # committed by the try whose reply was lost, with ``riding``
             tx.trace_append(
                 [
+                    *riding,
                     ctx.event(
                         "effect.succeeded",
                         status="success",
@@ -240,7 +251,7 @@ class EffectRunner:
                         result=inline,
                         output_ref=ref,
                         duration=time.monotonic() - started,
-                    )
+                    ),
                 ]
             )
 
@@ -349,3 +360,4 @@ class _Ask:
 
 
 _RUN = object()
+_RUN_RODE = object()  # run it; the events riding with the claim committed

@@ -228,33 +228,49 @@ class StateView:
         recorded = (
             world.state_version(resource_name(namespace, key)) if world.reads_recorded else None
         )
-        held = (
-            LIVE if not recorded else world.recorded_state(resource_name(namespace, key), recorded)
-        )
+        resource = resource_name(namespace, key)
+        held = LIVE if not recorded else world.recorded_state(resource, recorded)
         if recorded == 0 or held is not LIVE:
             # The version the attempt read, already loaded with the recording: no read here.
             entity = Entity(namespace, key, recorded or 0, held if recorded else None)
-        else:
-            with ctx.runtime.storage.transaction(readonly=True) as tx:
-                if recorded is not None:
-                    row = tx.entity_version_get(MAIN, namespace, key, recorded)
-                    found = version_from_row(tx, row) if row else None
-                    head_hlc = 0
-                else:
-                    found, head_hlc = read_entity(tx, ctx.branch, namespace, key, ctx.branch_base)
+            return self._recorded_read(ident, entity)
+        # A worker's read commits its ``state.read`` event (and the attempt's pending events,
+        # unless writes wait for their step) in the read's own transaction: the versions an
+        # attempt read stay in the trace even if it crashes before its next commit.
+        riding = ctx.ride_along() if recorded is None and ctx.reads_commit_events() else None
+        with ctx.runtime.storage.transaction(readonly=riding is None) as tx:
+            if recorded is not None:
+                row = tx.entity_version_get(MAIN, namespace, key, recorded)
+                found = version_from_row(tx, row) if row else None
+                head_hlc = 0
+            else:
+                found, head_hlc = read_entity(tx, ctx.branch, namespace, key, ctx.branch_base)
             ctx.runtime.hlc.observe(head_hlc)
             entity = Entity(
                 namespace, key, found.version if found else 0, found.data if found else None
             )
+            if riding is not None:
+                tx.trace_append([*riding, ctx.event("state.read", **self._read_fields(entity))])
+        if riding is None:
+            return self._recorded_read(ident, entity)
+        ctx.rode(riding)
         self._read_versions[ident] = entity.version
         self._read[ident] = entity
-        ctx.record(
-            "state.read",
-            resource=resource_name(namespace, key),
-            resource_version=entity.version,
-            exists=entity.exists,
-            branch=ctx.branch,
-        )
+        return entity
+
+    def _read_fields(self, entity: Entity) -> dict[str, Any]:
+        return {
+            "resource": entity.resource,
+            "resource_version": entity.version,
+            "exists": entity.exists,
+            "branch": self._ctx.branch,
+        }
+
+    def _recorded_read(self, ident: tuple[str, str], entity: Entity) -> Entity:
+        """Remember a read and record its ``state.read`` event (it commits with the step)."""
+        self._read_versions[ident] = entity.version
+        self._read[ident] = entity
+        self._ctx.record("state.read", **self._read_fields(entity))
         return entity
 
     def put(
@@ -278,17 +294,14 @@ class StateView:
             return self._record_only(namespace, key, data, expected_version)
         seen = self._read.get(ident)
         current: EntityVersion | None = None
-        if not (ctx.world.reads_recorded and seen is not None):
-            # (A dry-run that read the entity writes on top of what it read, below: no read.)
+        if seen is None and ident not in self._pending:
             with ctx.runtime.storage.transaction(readonly=True) as tx:
                 current, _ = read_entity(tx, ctx.branch, namespace, key, ctx.branch_base)
-        if (
-            ctx.world.reads_recorded
-            and seen is not None
-            and (current is None or current.branch != ctx.branch)
-        ):
-            # A dry-run read the version the attempt read, which another worker may have
-            # written mid-attempt, after the branch point: write on top of that version.
+        elif seen is not None:
+            # Written on top of the version this attempt read, without reading the head
+            # again: the step's commit is a compare-and-set on that version anyway (a
+            # newer head fails it with ``ConcurrencyError`` then). A dry-run's read is the
+            # version the attempt read, even if another worker wrote after the branch point.
             current = (
                 EntityVersion(
                     namespace=namespace,

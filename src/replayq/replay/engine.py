@@ -286,6 +286,9 @@ class BufferedContext(Context):
         self.kept_writes: list[Callable[[Transaction], None]] = []
         self.kept_events: list[TraceEvent] = []
 
+    def reads_commit_events(self) -> bool:
+        return False
+
     def commit_now(self, *, failed: bool = False) -> None:
         writes, events = self.take_pending(failed=failed)
         self.kept_writes.extend(writes)
