@@ -668,7 +668,7 @@ def _watch() -> list[tuple[str, Any]]:
 
     ctx, view = context.Context, state.StateView
     return [
-        ("Context.step_block (enter + exit, incl. its commit)", ctx.step_block.__wrapped__.__code__),
+        ("Context.step_block (incl. its commit)", ctx.step_block.__wrapped__.__code__),
         ("Context.commit_now (a step's transaction)", ctx.commit_now.__code__),
         ("Context.call", ctx.call.__code__),
         ("Context.encode (JSON check, size, sha256)", ctx.encode.__code__),

@@ -191,7 +191,13 @@ VALUES (%(trace_id)s, %(job_id)s::bigint, %(attempt)s::integer, %(kind)s, %(name
 SELECT * FROM rq_events WHERE job_id = %(job_id)s ORDER BY hlc, id;
 
 -- name: trace_for_trace
-SELECT * FROM rq_events WHERE trace_id = %(trace_id)s ORDER BY hlc, id;
+-- A derived trace's events (rq_events_derived), or a job's by its trace id (rq_jobs_trace,
+-- then rq_events_job).
+SELECT * FROM rq_events WHERE trace_id = %(trace_id)s AND job_id IS NULL
+UNION ALL
+SELECT * FROM rq_events
+WHERE job_id IN (SELECT id FROM rq_jobs WHERE trace_id = %(trace_id)s) AND trace_id = %(trace_id)s
+ORDER BY hlc, id;
 
 -- name: trace_for_resource
 SELECT * FROM rq_events WHERE resource = %(resource)s ORDER BY hlc, id;

@@ -75,8 +75,6 @@ CREATE TABLE rq_events (
 
 CREATE INDEX rq_events_job ON rq_events (job_id, id);
 
-CREATE INDEX rq_events_trace ON rq_events (trace_id, id);
-
 CREATE INDEX rq_events_resource ON rq_events (resource, hlc) WHERE resource IS NOT NULL;
 
 CREATE TABLE rq_contracts (
@@ -211,3 +209,5 @@ CREATE TABLE rq_steps (
     completed_at REAL    NOT NULL,
     PRIMARY KEY (job_id, step_key)
 );
+
+CREATE INDEX rq_events_derived ON rq_events (trace_id, id) WHERE job_id IS NULL;
