@@ -12,6 +12,9 @@ The public API, by layer (everything a user or the ``replayq`` command line need
   ``signal_counts``;
 * shared resources: ``list_locks``, ``break_lock``, ``open_sink``, ``publish_pending``;
 * clocks: ``Clock``, ``SystemClock``, ``FrozenClock``, ``HybridLogicalClock``;
+* observing: ``Observer`` (what a ``Worker(observers=...)`` is told), ``WorkerMetrics``
+  (Prometheus, needs ``[metrics]``), ``fleet_registry`` and ``serve_metrics``,
+  ``configure_logging``, ``AttemptTracer`` and ``otel_trace_id`` (OpenTelemetry, ``[otel]``);
 * every exception replayq raises (the tree is drawn in ``replayq.errors``).
 
 ``replayq.testing`` holds the helpers for users' own test suites.
@@ -45,6 +48,12 @@ from replayq.errors import (
     ValidationError,
 )
 from replayq.model import DeadReason, Job, JobState, StatRow, TraceEvent
+from replayq.observe.fleet import fleet_registry
+from replayq.observe.hooks import Observer
+from replayq.observe.logs import configure_logging
+from replayq.observe.metrics import WorkerMetrics
+from replayq.observe.metrics import serve as serve_metrics
+from replayq.observe.otel import AttemptTracer, otel_trace_id
 from replayq.queue.contracts import JobContract, Retry, diff_contracts, lint_contract
 from replayq.recording.context import Context
 from replayq.recording.in_doubt import EffectRecord, EffectResolution
@@ -62,6 +71,7 @@ from replayq.worker import Worker
 
 __all__ = [
     "App",
+    "AttemptTracer",
     "Clock",
     "ConcurrencyError",
     "ConfigurationError",
@@ -85,6 +95,7 @@ __all__ = [
     "JobState",
     "LeaseLostError",
     "LockTimeoutError",
+    "Observer",
     "PayloadError",
     "RecordedFailure",
     "ReplayDivergenceError",
@@ -104,18 +115,22 @@ __all__ = [
     "UnknownJobTypeError",
     "ValidationError",
     "Worker",
+    "WorkerMetrics",
     "break_lock",
     "compensate",
+    "configure_logging",
     "diff_contracts",
     "diff_traces",
     "dry_run",
     "dry_run_many",
     "export_case",
+    "fleet_registry",
     "fork",
     "import_case",
     "lint_contract",
     "list_locks",
     "open_sink",
+    "otel_trace_id",
     "parse_duration",
     "plan_rollback",
     "publish_pending",
@@ -123,6 +138,7 @@ __all__ = [
     "rerun",
     "rerun_many",
     "rollback",
+    "serve_metrics",
     "signal_counts",
     "trace_replay",
 ]

@@ -13,6 +13,7 @@ from replayq.clock import Clock, HybridLogicalClock, SystemClock
 from replayq.durations import Duration
 from replayq.errors import ConfigurationError, ContractError, FailureClass
 from replayq.model import Job, TraceEvent
+from replayq.observe.otel import enqueue_span
 from replayq.queue import lifecycle
 from replayq.queue.catalog import register_contracts, stored_contracts
 from replayq.queue.contracts import DEFAULT_RESUME, JobContract, Retry, build_contract
@@ -333,16 +334,19 @@ class App:
         declare (the worker that runs it validates it).
         """
         request = EnqueueRequest(job_type, payload or {}, message_id, delay, run_at, priority)
-        kwargs: dict[str, Any] = {
-            "queue": queue,
-            "correlation_id": correlation_id,
-            "causation_id": causation_id,
-            "check": check,
-        }
-        if conn is not None:
-            return self.insert_job(self.storage.adopt(conn), request, **kwargs)
-        with self.storage.transaction() as tx:
-            return self.insert_job(tx, request, **kwargs)
+        # With OpenTelemetry configured, the job row carries this producer span's context.
+        with enqueue_span(job_type) as trace_context:
+            kwargs: dict[str, Any] = {
+                "queue": queue,
+                "correlation_id": correlation_id,
+                "causation_id": causation_id,
+                "check": check,
+                "trace_context": trace_context,
+            }
+            if conn is not None:
+                return self.insert_job(self.storage.adopt(conn), request, **kwargs)
+            with self.storage.transaction() as tx:
+                return self.insert_job(tx, request, **kwargs)
 
     def enqueue_many(self, requests: Sequence[EnqueueRequest], *, conn: Any = None) -> list[int]:
         """Enqueue many jobs in one transaction; all or none."""
@@ -357,6 +361,11 @@ class App:
     def get_job(self, job_id: int) -> Job:
         return get_job(self.runtime, job_id)
 
+    def get_job_or_none(self, job_id: int) -> Job | None:
+        """The job, or ``None`` if there is no job ``job_id``."""
+        with self.storage.transaction(readonly=True) as tx:
+            return tx.job_get(job_id)
+
     def list_jobs(
         self,
         *,
@@ -367,6 +376,12 @@ class App:
     ) -> list[Job]:
         with self.storage.transaction(readonly=True) as tx:
             return tx.job_list(JobFilter(states, job_type, origin, limit))
+
+    def queue_overview(self) -> list[dict[str, Any]]:
+        """Open jobs by queue, type, version and state, with the oldest ready job's ``run_at``
+        (``oldest_ready``) and the oldest running lease (``oldest_leased``)."""
+        with self.storage.transaction(readonly=True) as tx:
+            return tx.job_gauges(self.clock.now())
 
     def trace(self, job_id: int) -> list[TraceEvent]:
         """Every event of a job, ordered by the hybrid logical clock."""

@@ -71,6 +71,7 @@ class Job:
     correlation_id: str | None = None
     causation_id: str | None = None
     origin: str = "production"
+    trace_context: str | None = None
 
     def evolve(self, **changes: Any) -> Job:
         """A copy with ``changes`` applied."""

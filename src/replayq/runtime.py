@@ -27,6 +27,7 @@ from replayq.storage import open_storage
 from replayq.storage.cache import CacheBackend, open_cache
 from replayq.storage.migrate import pending
 from replayq.storage.protocol import Storage
+from replayq.storage.tap import Listener, TappedStorage, Taps
 
 INLINE_LIMIT_BYTES = 2048
 DEFAULT_BLOB_LIMIT_BYTES = 16 * 1024 * 1024
@@ -56,6 +57,9 @@ class _Opened:
         self.lock = threading.Lock()
         self.storage: Storage | None = None
         self.cache: CacheBackend | None = None
+        # Listeners of committed trace events (metrics, OpenTelemetry, job logs).
+        self.taps = Taps()
+        self.tapped: Storage | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,12 +90,33 @@ class Runtime:
     def storage(self) -> Storage:
         """The backend, opened (and on SQLite migrated) on first use."""
         opened = self._opened
-        if opened.storage is not None:
+        if opened.tapped is not None:
+            return opened.tapped
+        if opened.storage is not None and not opened.taps.listeners:
             return opened.storage
         with opened.lock:
             if opened.storage is None:
                 opened.storage = self._open_storage()
-            return opened.storage
+            if opened.taps.listeners and opened.tapped is None:
+                opened.tapped = TappedStorage(opened.storage, opened.taps)
+            return opened.tapped or opened.storage
+
+    def add_tap(self, listener: Listener) -> None:
+        """Call ``listener(events)`` with the trace events of every transaction that commits.
+
+        See ``replayq.storage.tap``. Until a listener is added storage is not wrapped.
+        """
+        with self._opened.lock:
+            self._opened.taps.add(listener)
+        self.storage  # noqa: B018 -- opens and wraps the storage now
+
+    def remove_tap(self, listener: Listener) -> None:
+        """Stop calling ``listener``; the last one removed unwraps storage."""
+        opened = self._opened
+        with opened.lock:
+            opened.taps.remove(listener)
+            if not opened.taps.listeners:
+                opened.tapped = None
 
     def _open_storage(self) -> Storage:
         storage = open_storage(self.url)
@@ -127,4 +152,5 @@ class Runtime:
             if self._opened.storage is not None:
                 self._opened.storage.close()
             self._opened.storage = None
+            self._opened.tapped = None
             self._opened.cache = None

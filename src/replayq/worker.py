@@ -39,6 +39,7 @@ from replayq.errors import (
     classify,
 )
 from replayq.model import DeadReason, Job, TraceEvent
+from replayq.observe.hooks import Observer, Observers
 from replayq.queue import lifecycle as trace
 from replayq.queue.catalog import register_contracts
 from replayq.queue.handlers import Handler
@@ -102,6 +103,7 @@ class Worker:
         poll_interval: float = 0.2,
         reap_interval: float = 1.0,
         grace_period: float = 30.0,
+        observers: Sequence[Observer] = (),
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -114,6 +116,8 @@ class Worker:
         self.reap_interval = reap_interval
         self.grace_period = grace_period
         self.stats = WorkerStats()
+        # Metrics, tracing and logs: told about attempts, and about every committed event.
+        self.observers = Observers(observers)
         self._inflight: dict[int, InFlight] = {}
         self._inflight_lock = threading.Lock()
         # One thread leases at a time, so two threads never fill the same free slot.
@@ -154,6 +158,8 @@ class Worker:
             for i in range(self.concurrency)
         ]
         heartbeat = threading.Thread(target=self._heartbeat, name="replayq-heartbeat", daemon=True)
+        if self.observers.members:
+            self.runtime.add_tap(self.observers.events)
         for thread in [*executors, heartbeat]:
             thread.start()
         # Optional storage capability: backends that can push wake-ups have ``listen``.
@@ -165,6 +171,8 @@ class Worker:
             if self.notifier is not None:
                 self.notifier.close()
             self._shutdown(executors)
+            if self.observers.members:
+                self.runtime.remove_tap(self.observers.events)
         return self.stats
 
     def _on_notify(self, queue_name: str | None) -> None:
@@ -270,6 +278,7 @@ class Worker:
                 self._inflight[job.id] = InFlight(
                     job, lease_seconds, beat, first_beat, time.monotonic()
                 )
+            self.observers.job_seen(job)
             self._work.put(job)
         self.stats.leased += len(jobs)
 
@@ -280,6 +289,14 @@ class Worker:
         with self.runtime.storage.transaction() as tx:
             for job in tx.lease_reap(now, 100):
                 self.runtime.hlc.observe(job.hlc)
+                self.observers.job_seen(job)
+                log.warning(
+                    "worker %s: job %s lease of %s expired; %s",
+                    self.worker_id,
+                    job.id,
+                    job.worker_id,
+                    "attempts exhausted" if job.attempt >= job.max_attempts else "re-delivered",
+                )
                 expired = trace.lifecycle(
                     trace.LEASE_EXPIRED,
                     job,
@@ -450,6 +467,10 @@ class Worker:
 
     def _execute(self, job: Job, *, refill: bool) -> None:
         """``execute``; with ``refill``, a success leases this slot's next job in its ack."""
+        with self.observers.attempt(job, self.worker_id):
+            self._attempt(job, refill=refill)
+
+    def _attempt(self, job: Job, *, refill: bool) -> None:
         flight = self._flight_of(job)
         handler = self._handler_or_none(job)
         if handler is None:
@@ -596,6 +617,7 @@ class Worker:
                 ]
             )
         self.stats.rejected += 1
+        log.warning("job %s: settle refused, the lease was taken by another worker", job.id)
 
     def _succeed(
         self,
@@ -650,6 +672,7 @@ class Worker:
             self._hold(leased, leased_at)
             ctx.committed()
             self.stats.succeeded += 1
+            log.info("job %s succeeded in %.3fs", job.id, duration)
 
     def _fail(
         self, job: Job, handler: Handler, ctx: Context, exc: Exception, duration: float
@@ -715,8 +738,10 @@ class Worker:
             ctx.committed()
             if retryable and not exhausted:
                 self.stats.retried += 1
+                log.warning("job %s failed (%s), retrying: %s", job.id, failure_class, message)
             else:
                 self.stats.dead += 1
+                log.error("job %s failed (%s), dead: %s", job.id, failure_class, message)
 
     def _bury(
         self, job: Job, reason: DeadReason, failure_class: FailureClass | None, message: str
@@ -727,6 +752,7 @@ class Worker:
 
         if self._settle(job, write):
             self.stats.dead += 1
+            log.error("job %s dead (%s): %s", job.id, reason.value, message)
 
     def _bury_in(
         self,

@@ -115,6 +115,7 @@ class WorkerLauncher:
         grace: float = 10.0,
         burst: bool = False,
         env: dict[str, str] | None = None,
+        options: tuple[str, ...] = (),
     ) -> WorkerProcess:
         argv = [
             REPLAYQ,
@@ -134,6 +135,7 @@ class WorkerLauncher:
         ]
         if burst:
             argv.append("--burst")
+        argv.extend(options)
         output = self.directory / f"worker-{worker_id}.log"
         python_path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
         full_env = {**os.environ, "REPLAYQ_DB": self.url, "PYTHONPATH": python_path, **(env or {})}

@@ -47,3 +47,20 @@ def emit_json(value: Any) -> None:
 
 
 pass_env = click.make_pass_decorator(Env)
+
+
+def log_options(command: Any) -> Any:
+    """``--log-level`` and ``--log-format`` for a long-running command (worker, web, metrics)."""
+    command = click.option(
+        "--log-format",
+        type=click.Choice(["text", "json"]),
+        default="text",
+        show_default=True,
+        help="json: one object per line, with job_id, trace_id, attempt, version, worker_id.",
+    )(command)
+    return click.option(
+        "--log-level",
+        type=click.Choice(["debug", "info", "warning", "error"]),
+        default="info",
+        show_default=True,
+    )(command)

@@ -8,7 +8,7 @@ import click
 
 import replayq
 from replayq.cli import render
-from replayq.cli.env import Env, emit_json, pass_env
+from replayq.cli.env import Env, emit_json, log_options, pass_env
 
 
 @click.command()
@@ -19,6 +19,14 @@ from replayq.cli.env import Env, emit_json, pass_env
 @click.option("--grace", default=30.0, show_default=True, help="Seconds in-flight jobs get.")
 @click.option("--worker-id", default=None)
 @click.option("--poll-interval", default=0.2, show_default=True)
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=None,
+    help="Serve this worker's Prometheus metrics on /metrics (needs replayq[metrics]).",
+)
+@click.option("--metrics-host", default="127.0.0.1", show_default=True)
+@log_options
 @pass_env
 def worker(
     env: Env,
@@ -29,9 +37,19 @@ def worker(
     grace: float,
     worker_id: str | None,
     poll_interval: float,
+    metrics_port: int | None,
+    metrics_host: str,
+    log_level: str,
+    log_format: str,
 ) -> None:
     """Run a worker."""
+    replayq.configure_logging(log_level, log_format)
     app = env.app(app_spec)
+    observers: list[replayq.Observer] = []
+    if metrics_port is not None:
+        metrics = replayq.WorkerMetrics(app.get_job_or_none)
+        replayq.serve_metrics(metrics.registry, metrics_port, metrics_host)
+        observers.append(metrics)
     run = replayq.Worker(
         app,
         concurrency=concurrency,
@@ -40,6 +58,7 @@ def worker(
         grace_period=grace,
         worker_id=worker_id,
         poll_interval=poll_interval,
+        observers=observers,
     )
     stats = run.run()
     click.echo(

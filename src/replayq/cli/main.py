@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from replayq import ReplayqError
-from replayq.cli import admin, effects, jobs, replay, trace
+from replayq.cli import admin, effects, jobs, metrics, replay, trace, web
 from replayq.cli.env import Env
 
 
@@ -44,6 +44,8 @@ main.add_command(jobs.dead)
 main.add_command(effects.effects)
 main.add_command(jobs.stats)
 main.add_command(jobs.signals)
+main.add_command(metrics.metrics)
+main.add_command(web.web)
 main.add_command(trace.trace_group)
 main.add_command(admin.db)
 main.add_command(admin.contract)

@@ -23,11 +23,14 @@ def trace_group() -> None:
 def trace_show(env: Env, job_id: int, as_json: bool) -> None:
     """A job's timeline: every attempt, decision and transition."""
     app = env.app()
-    app.get_job(job_id)
+    job = app.get_job(job_id)
     events = app.trace(job_id)
     if as_json:
         emit_json([vars(e) for e in events])
     else:
+        otel = replayq.otel_trace_id(job.trace_context)
+        if otel:
+            click.echo(f"OpenTelemetry trace {otel}")
         click.echo(render.timeline(events))
 
 

@@ -47,6 +47,7 @@ def insert_job(
     causation_id: str | None = None,
     origin: str = "production",
     check: bool = True,
+    trace_context: str | None = None,
 ) -> int:
     """Insert one job inside ``tx`` (with its ``job.enqueued`` event); returns its id."""
     now = runtime.clock.now()
@@ -97,6 +98,7 @@ def insert_job(
         correlation_id=correlation_id,
         causation_id=causation_id,
         origin=origin,
+        trace_context=trace_context,
     )
     job_id, created = tx.job_insert(params)
     job = tx.job_get(job_id)

@@ -167,19 +167,34 @@ class LockManager:
             return
         runtime = ctx.runtime
         hlc = runtime.hlc.tick()
+        now = runtime.clock.now()
         with runtime.storage.transaction() as tx:
-            released = tx.lock_release(handle.resource, handle.owner_token, hlc)
-            name = "lock.released" if released else "lock.expired"
-            event = ctx.event(
-                name,
-                status=None if released else "fail",
-                resource=handle.resource,
-                fencing_token=handle.fencing_token,
-                hlc=hlc,
-                note=None
-                if released
-                else "the lock expired or was broken before the holder finished",
+            row = tx.lock_get(handle.resource)
+            # Ran out while held, even if nobody took it meanwhile: "expired before completion".
+            overdue = (
+                row is not None
+                and row["owner_token"] == handle.owner_token
+                and (row["expires_at"] is not None and row["expires_at"] < now)
             )
+            released = tx.lock_release(handle.resource, handle.owner_token, hlc)
+            if released and not overdue:
+                event = ctx.event(
+                    "lock.released",
+                    resource=handle.resource,
+                    fencing_token=handle.fencing_token,
+                    hlc=hlc,
+                )
+            else:
+                event = ctx.event(
+                    "lock.expired",
+                    status="fail",
+                    resource=handle.resource,
+                    fencing_token=handle.fencing_token,
+                    hlc=hlc,
+                    note="the lock's lease ran out before the holder released it"
+                    if released
+                    else "the lock expired or was broken before the holder finished",
+                )
             tx.trace_append([event])
 
     def renew_all(self) -> list[str]:

@@ -36,6 +36,8 @@ class JobInsert:
     correlation_id: str | None = None
     causation_id: str | None = None
     origin: str = "production"
+    # The enqueuer's W3C traceparent (OpenTelemetry), for the attempt spans' parent.
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True)
@@ -170,6 +172,11 @@ class Transaction(Protocol):
     def job_list(self, params: JobFilter) -> list[Job]: ...
 
     def job_stats(self) -> list[StatRow]: ...
+
+    def job_gauges(self, now: float) -> list[Row]:
+        """Open jobs (queued, running, dead) counted by queue, type, version and state,
+        with ``oldest_ready`` (the earliest ``run_at`` due by ``now``) and ``oldest_leased``."""
+        ...
 
     def job_durations(self, job_type: str, version: str | None) -> list[float]: ...
 

@@ -51,6 +51,7 @@ _JOB_COLUMNS = (
     "correlation_id",
     "causation_id",
     "origin",
+    "trace_context",
 )
 
 _EVENT_COLUMNS = (
@@ -226,6 +227,9 @@ class SqlTransaction(ContextVerbs):
             StatRow(r["job_type"], r["state"], int(r["count"]), r["oldest_run_at"])
             for r in self.fetchall("job_stats")
         ]
+
+    def job_gauges(self, now: float) -> list[dict[str, Any]]:
+        return [dict(r) for r in self.fetchall("job_gauges", {"now": now})]
 
     def signal_counts(self, names: Sequence[str], since: float) -> list[tuple[str, str, int]]:
         """``(job_type, event name, count)`` for the given event names since ``since``."""

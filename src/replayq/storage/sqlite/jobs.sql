@@ -4,10 +4,10 @@
 -- name: job_insert
 INSERT INTO rq_jobs (job_type, queue, payload, state, priority, run_at, created_at,
                      max_attempts, trace_id, message_id, ordering_key, idempotency_key,
-                     handler_version, hlc, correlation_id, causation_id, origin)
+                     handler_version, hlc, correlation_id, causation_id, origin, trace_context)
 VALUES (:job_type, :queue, :payload_json, 'queued', :priority, :run_at, :now,
         :max_attempts, :trace_id, :message_id, :ordering_key, :idempotency_key,
-        :handler_version, :hlc, :correlation_id, :causation_id, :origin)
+        :handler_version, :hlc, :correlation_id, :causation_id, :origin, :trace_context)
 ON CONFLICT (message_id) DO NOTHING
 RETURNING id;
 
@@ -126,6 +126,17 @@ FROM rq_jobs
 WHERE origin = 'production'
 GROUP BY job_type, state
 ORDER BY job_type, state;
+
+-- name: job_gauges
+-- The fleet's gauges (replayq metrics serve): open jobs by queue, type, version and state,
+-- with the oldest ready job's run_at and the oldest lease start of running ones.
+SELECT queue, job_type, COALESCE(handler_version, '') AS version, state, COUNT(*) AS count,
+       MIN(CASE WHEN state = 'queued' AND run_at <= :now THEN run_at END) AS oldest_ready,
+       MIN(CASE WHEN state = 'running' THEN leased_at END) AS oldest_leased
+FROM rq_jobs
+WHERE origin = 'production' AND state IN ('queued', 'running', 'dead')
+GROUP BY queue, job_type, COALESCE(handler_version, ''), state
+ORDER BY queue, job_type, version, state;
 
 -- name: job_durations
 SELECT json_extract(e.data, '$.duration') AS duration

@@ -39,7 +39,7 @@ CREATE TABLE rq_jobs (
     correlation_id   TEXT,
     causation_id     TEXT,
     origin           TEXT    NOT NULL DEFAULT 'production'
-);
+, trace_context TEXT);
 
 CREATE INDEX rq_jobs_ready ON rq_jobs (priority DESC, run_at, id) WHERE state = 'queued';
 

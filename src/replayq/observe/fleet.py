@@ -1,0 +1,93 @@
+"""Fleet gauges read from the database at scrape time (``replayq metrics serve``).
+
+A worker's counters say what that process did; these gauges say what the
+queue looks like now, whichever worker (or none) is running: backlog, age of
+the oldest ready job, jobs in flight, dead jobs, outbox lag, locks held and
+expired, effects in doubt. One scrape is a handful of aggregate queries in one
+read transaction; scrape no more often than every few seconds on a big table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from replayq.runtime import RuntimeSource
+
+
+class FleetCollector:
+    """A ``prometheus_client`` custom collector over one database."""
+
+    def __init__(self, source: RuntimeSource) -> None:
+        self.runtime = source.runtime
+
+    def describe(self) -> list[Any]:
+        return []  # collected at scrape time only; no read at registration
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        now = self.runtime.clock.now()
+        with self.runtime.storage.transaction(readonly=True) as tx:
+            gauges = tx.job_gauges(now)
+            outbox = tx.outbox_backlog()
+            locks = tx.lock_list()
+            in_doubt = tx.idem_list(None, True, 100_000)
+        labels = ["queue", "job_type", "version"]
+        jobs = GaugeMetricFamily(
+            "replayq_jobs",
+            "Open jobs by state (queued: backlog; running: in flight; dead: DLQ).",
+            labels=[*labels, "state"],
+        )
+        oldest = GaugeMetricFamily(
+            "replayq_oldest_ready_age_seconds",
+            "Age of the oldest job due to run and not yet leased (starvation).",
+            labels=labels,
+        )
+        longest = GaugeMetricFamily(
+            "replayq_oldest_running_seconds",
+            "How long the longest-running leased job has held its lease.",
+            labels=labels,
+        )
+        for row in gauges:
+            key = [row["queue"], row["job_type"], row["version"] or "none"]
+            jobs.add_metric([*key, row["state"]], float(row["count"]))
+            if row["oldest_ready"] is not None:
+                oldest.add_metric(key, max(0.0, now - float(row["oldest_ready"])))
+            if row["oldest_leased"] is not None:
+                longest.add_metric(key, max(0.0, now - float(row["oldest_leased"])))
+        yield jobs
+        yield oldest
+        yield longest
+        yield GaugeMetricFamily(
+            "replayq_outbox_pending",
+            "Outbox rows written but not yet published.",
+            value=float(outbox["pending"] or 0),
+        )
+        lag = now - float(outbox["oldest"]) if outbox["oldest"] is not None else 0.0
+        yield GaugeMetricFamily(
+            "replayq_outbox_lag_seconds", "Age of the oldest unpublished outbox row.", value=lag
+        )
+        held = [lock for lock in locks if (lock["expires_at"] or 0) > now]
+        yield GaugeMetricFamily(
+            "replayq_locks_held", "Locks held with a live lease.", value=len(held)
+        )
+        yield GaugeMetricFamily(
+            "replayq_locks_orphaned",
+            "Locks whose lease ran out without a release (left by a crashed or stalled holder).",
+            value=len(locks) - len(held),
+        )
+        yield GaugeMetricFamily(
+            "replayq_effects_in_doubt",
+            "Effects in doubt, waiting to be resolved.",
+            value=len(in_doubt),
+        )
+
+
+def fleet_registry(source: RuntimeSource) -> Any:
+    """A registry holding only the fleet collector over ``source``'s database."""
+    from prometheus_client import CollectorRegistry
+
+    registry = CollectorRegistry()
+    registry.register(FleetCollector(source))
+    return registry

@@ -1,0 +1,116 @@
+"""Logging: ``--log-level``, ``--log-format text|json``, and job fields on every record.
+
+While a worker runs an attempt, every log record made on that thread (by
+replayq or by the handler's own loggers) carries ``job_id``, ``trace_id``,
+``attempt``, ``version``, ``job_type`` and ``worker_id``: a context variable
+set around the attempt, copied onto records by a filter on the handler. The
+JSON format writes one object per line with those fields at the top level;
+the text format appends them as ``key=value``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any, TextIO
+
+from replayq.model import Job
+
+JOB_FIELDS = ("job_id", "trace_id", "attempt", "version", "job_type", "worker_id")
+LEVELS = ("debug", "info", "warning", "error")
+FORMATS = ("text", "json")
+
+_current: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+    "replayq_job_fields", default=None
+)
+
+
+@contextmanager
+def job_fields(job: Job, worker_id: str) -> Iterator[None]:
+    """Records logged inside this block (on this thread) carry the job's fields."""
+    token = _current.set(
+        {
+            "job_id": job.id,
+            "trace_id": job.trace_id,
+            "attempt": job.attempt,
+            "version": job.handler_version,
+            "job_type": job.job_type,
+            "worker_id": worker_id,
+        }
+    )
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+class JobFieldsFilter(logging.Filter):
+    """Copies the current attempt's fields onto each record (never drops a record)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        fields = _current.get()
+        if fields:
+            for name, value in fields.items():
+                if not hasattr(record, name):
+                    setattr(record, name, value)
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time (UTC, ISO 8601), level, logger, message, job fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        body: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for name in JOB_FIELDS:
+            value = getattr(record, name, None)
+            if value is not None:
+                body[name] = value
+        if record.exc_info:
+            body["exception"] = self.formatException(record.exc_info)
+        return json.dumps(body, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """``time level logger: message key=value…`` with the job fields that are set."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        extra = " ".join(
+            f"{name}={getattr(record, name)}"
+            for name in JOB_FIELDS
+            if getattr(record, name, None) is not None
+        )
+        return f"{line} {extra}" if extra else line
+
+
+def configure_logging(
+    level: str = "info", fmt: str = "text", stream: TextIO | None = None
+) -> logging.Handler:
+    """Configure the root logger once for a long-running command; returns its handler."""
+    if level.lower() not in LEVELS:
+        raise ValueError(f"log level {level!r}: use one of {', '.join(LEVELS)}")
+    if fmt not in FORMATS:
+        raise ValueError(f"log format {fmt!r}: use one of {', '.join(FORMATS)}")
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(JobFieldsFilter())
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if getattr(h, "_replayq", False)]:
+        root.removeHandler(old)
+    handler._replayq = True  # type: ignore[attr-defined]  # ours to replace on reconfigure
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    return handler

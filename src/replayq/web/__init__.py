@@ -1,0 +1,1 @@
+"""The web dashboard (``replayq web``): a surface like the CLI, over the public API only."""

@@ -1,0 +1,172 @@
+"""The dashboard in a real headless Chromium, against a real ``replayq web`` process.
+
+An operator opens the overview, follows the dead count to the dead job, sees its
+attempt drawn as a timeline, signs in with the token and forks the job onto v2
+from the page, and lands on the diff that shows v2 would have shipped. Without
+the token (or without the form's CSRF token) the same fork is refused with 403
+and nothing is written. A payload carrying ``<script>`` shows as text and never runs.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import replayq
+from tests.apps import dashboard_shop
+from tests.browser.conftest import TOKEN, Dashboard, start_dashboard
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = "<script>document.title='pwned';window.pwned=1</script>"
+# Screenshots for docs/dashboard.md: REPLAYQ_SCREENSHOTS=1 writes them into docs/img/.
+SHOTS = ROOT / "docs" / "img" if os.environ.get("REPLAYQ_SCREENSHOTS") else None
+
+
+def incident(app: replayq.App) -> int:
+    """Order 1 is paid; v1 misreads the status and the job dies. A second job for the
+    same order runs on another worker (the resource page's two lanes)."""
+    app.state.put("order", 1, {"status": "paid", "sku": "sku-1"}, expected_version=0)
+    dead = app.enqueue("ship_order", {"order_id": 1, "note": SCRIPT})
+    replayq.Worker(app, burst=True, worker_id="host-a:41").run()
+    # The second delivery for the same order, on another worker.
+    app.enqueue("ship_order", {"order_id": 1, "note": "second delivery"})
+    replayq.Worker(app, burst=True, worker_id="host-b:42").run()
+    assert app.get_job(dead).state == "dead"
+    return dead
+
+
+def forks_of(app: replayq.App, job_id: int) -> list[Any]:
+    trace_id = app.get_job(job_id).trace_id
+    with app.storage.transaction(readonly=True) as tx:
+        return list(tx.lineage_for_source(trace_id))
+
+
+def shot(page: Any, name: str, tmp_path: Path, selector: str | None = None) -> Path:
+    path = (SHOTS or tmp_path) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if selector:
+        page.locator(selector).screenshot(path=str(path))
+    else:
+        page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def test_overview_to_dead_job_to_timeline_to_fork_on_v2_to_diff(
+    app_factory: Any, browser: Any, dashboards: list[Dashboard], tmp_path: Path
+) -> None:
+    app = dashboard_shop.declare(app_factory())
+    job_id = incident(app)
+    web = start_dashboard(app.url, tmp_path, token=TOKEN)
+    dashboards.append(web)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+
+    page.goto(web.url + "/")
+    assert page.locator(".card.alarm .n").inner_text() == "2"
+    page.click("text=dead")
+    assert page.url.endswith("/dead")
+    page.click(f"a[href='/jobs/{job_id}']")
+    assert page.url.endswith(f"/jobs/{job_id}")
+
+    # The attempt drawn: a lane, its lease, its steps as bars, its decision and lock.
+    lanes = page.locator("svg.timeline .lane-label").all_text_contents()
+    assert lanes == ["attempt 1 · host-a:41"]
+    steps = page.locator("svg.timeline .bar-label").all_text_contents()
+    assert steps == ["load_order", "check_stock", "decide"]
+    assert page.locator("svg.timeline rect.step-fail").count() == 1
+    assert page.locator("svg.timeline circle.mark-decision").count() == 1
+    assert page.locator("svg.timeline rect.lock").count() == 1
+    assert page.locator("svg.timeline rect.lease").count() == 1
+    # The payload and the error carry <script>: shown as text, never run.
+    assert SCRIPT in page.locator("pre.payload").first.inner_text()
+    assert SCRIPT in page.locator("dd.error").last.inner_text()
+    assert page.evaluate("window.pwned") is None
+    assert page.title() == f"Job {job_id} · replayq"
+    shot(page, "job-timeline.png", tmp_path, "main")
+
+    # Signed out, the fork button is disabled; sign in with the token.
+    assert page.locator("form.fork button").is_disabled()
+    page.click("text=Sign in with the token")
+    page.fill("input[name=token]", TOKEN)
+    page.click("button:has-text('Sign in')")
+    assert page.url.endswith(f"/jobs/{job_id}")
+
+    page.select_option("form.fork select[name=from_step]", "decide")
+    page.select_option("form.fork select[name=version]", "v2")
+    page.click("form.fork button")
+    page.wait_for_url("**/diff?**")
+    query = urllib.parse.parse_qs(urllib.parse.urlparse(page.url).query)
+    assert query["a"] == [str(job_id)]
+    [fork] = forks_of(app, job_id)
+    assert query["b"] == [fork["trace_id"]]
+    table = page.locator("table.side-by-side").inner_text()
+    assert "decision ship" in table
+    assert "false" in table and "true" in table
+    assert "shipped" in table
+    assert "warehouse.create_shipment [ship:1]" in table
+    outcome = page.locator("tr:has(th:text-is('outcome')) td").all_inner_texts()
+    assert outcome[0].startswith("dead") and outcome[1] == "succeeded"
+    shot(page, "fork-diff.png", tmp_path, "main")
+
+    # The resource: one lane per worker, both jobs' leases and locks on order:1.
+    page.goto(f"{web.url}/jobs/{job_id}")
+    page.click("a.chip:text-is('order:1')")
+    assert page.url.endswith("/resources/order:1")
+    assert page.locator("svg.timeline .lane-label").all_text_contents() == [
+        "host-a:41",
+        "host-b:42",
+    ]
+    assert page.locator("svg.timeline rect.lease").count() == 2
+    assert page.locator("svg.timeline rect.lock").count() == 2
+    shot(page, "resource-swimlanes.png", tmp_path, "main")
+    page.goto(web.url + "/")
+    shot(page, "overview.png", tmp_path, "main")
+    page.close()
+
+
+def test_without_the_token_an_action_is_refused_and_nothing_changes(
+    app_factory: Any, browser: Any, dashboards: list[Dashboard], tmp_path: Path
+) -> None:
+    app = dashboard_shop.declare(app_factory())
+    job_id = incident(app)
+    before = (app.get_job(job_id), len(app.trace(job_id)))
+    fork_form = {"from_step": "decide", "version": "v2", "csrf": "guessed"}
+
+    # A dashboard started without REPLAYQ_WEB_TOKEN: read-only, every action 403.
+    readonly = start_dashboard(app.url, tmp_path, token=None)
+    dashboards.append(readonly)
+    page = browser.new_page()
+    page.goto(f"{readonly.url}/jobs/{job_id}")
+    assert "read-only" in page.locator("header .who").inner_text()
+    response = page.request.post(f"{readonly.url}/jobs/{job_id}/fork", form=fork_form)
+    assert response.status == 403
+    response = page.request.post(
+        f"{readonly.url}/jobs/{job_id}/requeue",
+        form={"reason": "x"},
+        headers={"Authorization": f"Bearer {TOKEN}"},
+    )
+    assert response.status == 403
+
+    # With a token configured: no session, a wrong bearer, a session without the form's
+    # CSRF token (a cross-site post) are all refused.
+    guarded = start_dashboard(app.url, tmp_path, token=TOKEN)
+    dashboards.append(guarded)
+    url = f"{guarded.url}/jobs/{job_id}"
+    assert page.request.post(f"{url}/fork", form=fork_form).status == 403
+    assert (
+        page.request.post(
+            f"{url}/requeue", form={"reason": "x"}, headers={"Authorization": "Bearer nope"}
+        ).status
+        == 403
+    )
+    page.goto(f"{guarded.url}/login?next=/jobs/{job_id}")
+    page.fill("input[name=token]", TOKEN)
+    page.click("button:has-text('Sign in')")
+    assert page.url.endswith(f"/jobs/{job_id}")
+    assert page.request.post(f"{url}/fork", form=fork_form).status == 403
+    assert page.request.post(f"{url}/requeue", form={"reason": "x", "csrf": ""}).status == 403
+    page.close()
+
+    assert forks_of(app, job_id) == []
+    assert (app.get_job(job_id), len(app.trace(job_id))) == before
