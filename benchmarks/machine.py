@@ -40,8 +40,16 @@ def machine(workdir: Path, extra: Sequence[tuple[str, str]] = ()) -> list[tuple[
 
 
 def commit() -> str:
-    """The commit the benchmark ran on (``+dirty`` when the work tree has changes)."""
+    """The commit the benchmark ran on (``+dirty`` when the work tree has changes).
+
+    ``$REPLAYQ_BENCH_COMMIT`` names it for a tree that is not a git work tree (an
+    exported snapshot, as the before/after comparison in docs/benchmarks.md uses).
+    """
     import subprocess
+
+    named = os.environ.get("REPLAYQ_BENCH_COMMIT")
+    if named:
+        return named
 
     here = Path(__file__).resolve().parent
     try:

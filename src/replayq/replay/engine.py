@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -526,11 +527,15 @@ def dry_run_many(
 
     One handler is chosen per (job type, recorded version) and reused; the runs share
     this thread's connection. ``processes > 1`` splits the jobs over forked processes
-    (POSIX), each with its own connection; ``keep=False`` writes nothing.
+    (POSIX), each with its own connection — only when this process runs no other
+    thread (a fork copies locks other threads hold); otherwise the jobs run here, one
+    after the other. ``keep=False`` writes nothing.
     """
     runtime = source.runtime
     ids = list(job_ids)
-    if processes > 1 and len(ids) > 1:
+    # Forking a process that runs other threads can copy a lock one of them holds into a
+    # child that then waits for it forever: fork only from a single-threaded process.
+    if processes > 1 and len(ids) > 1 and threading.active_count() == 1:
         return _dry_run_forked(runtime, ids, version, handler, allow_io, keep, processes)
     chosen: dict[tuple[str, str | None], Handler] = {}
     reports = []
