@@ -35,6 +35,7 @@ import sqlite3
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -142,6 +143,28 @@ def record(app: replayq.App, jobs: int) -> tuple[list[int], float]:
     return ids, elapsed
 
 
+def record_apart(url: str, jobs: int) -> tuple[list[int], float]:
+    """``record`` in a forked child: a burst Worker leaves its daemon heartbeat thread
+    running, and ``dry_run_many`` forks only from a process without other threads."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+
+    def child() -> None:
+        app = make_app(url)
+        try:
+            results.put(record(app, jobs))
+        finally:
+            app.close()
+
+    process = context.Process(target=child)
+    process.start()
+    outcome: tuple[list[int], float] = results.get()
+    process.join()
+    return outcome
+
+
 def checked_dry_run(app: replayq.App, job_id: int, *, keep: bool = True) -> None:
     report = dry_run(app, job_id) if keep else dry_run(app, job_id, keep=False)
     if report.diverged:
@@ -155,10 +178,14 @@ def bulk_dry_run(app: replayq.App, ids: list[int], *, keep: bool, processes: int
         for job_id in ids:
             checked_dry_run(app, job_id, keep=keep)
         return "dry_run in a loop"
+    # dry_run_many forks only from a single-threaded process (see record_apart).
+    forked = processes > 1 and threading.active_count() == 1
     reports = many(app, ids, keep=keep, processes=processes)
     for report in reports:
         if report.diverged:
             raise SystemExit(f"job {report.job_id}: the dry-run diverged: {report.to_dict()}")
+    if processes > 1 and not forked:
+        return f"dry_run_many (keep={keep}; {processes} processes asked, ran in one: threads)"
     return f"dry_run_many (keep={keep}, processes={processes})"
 
 
@@ -183,7 +210,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     app = make_app(url)
     keep = not args.no_keep
     try:
-        ids, recording_seconds = record(app, args.jobs)
+        if args.processes > 1:
+            ids, recording_seconds = record_apart(url, args.jobs)
+        else:
+            ids, recording_seconds = record(app, args.jobs)
         real_after_recording = dict(REAL_CALLS)
         events = len([e for e in app.trace(ids[0]) if e.kind == "domain"])
         print(f"  recorded {args.jobs} jobs in {recording_seconds:.2f}s", file=sys.stderr)
