@@ -245,3 +245,32 @@ def test_dry_run_many_reports_each_job_as_dry_run_does(
     with app.storage.transaction(readonly=True) as tx:
         assert all(tx.trace_for_trace(r.trace_id) == [] for r in many)
         assert all(tx.trace_for_trace(r.trace_id) for r in changed)
+
+
+def test_cli_dry_run_with_no_keep_reports_the_divergence_and_writes_no_branch(
+    app: replayq.App, service: Service
+) -> None:
+    job = record(app)
+    with app.storage.transaction(readonly=True) as tx:
+        before = len(tx.trace_for_job(job.id))
+
+    flipped = cli(
+        app.url,
+        "replay",
+        str(job.id),
+        "--mode",
+        "dry-run",
+        "--version",
+        "v2",
+        "--no-keep",
+        "--app",
+        APP_SPEC,
+    )
+
+    assert flipped.returncode == 1, flipped.stdout + flipped.stderr
+    assert "FIRST DIVERGENCE at step 'decide'" in flipped.stdout
+    with app.storage.transaction(readonly=True) as tx:
+        assert len(tx.trace_for_job(job.id)) == before
+        branches = tx.connection.execute("SELECT COUNT(*) FROM rq_branches").fetchone()[0]
+        lineage = tx.connection.execute("SELECT COUNT(*) FROM rq_lineage").fetchone()[0]
+    assert (branches, lineage) == (0, 0), "a --no-keep dry-run wrote its branch or lineage"
