@@ -20,8 +20,8 @@ demo: $(STAMP)
 	$(BIN)/replayq demo
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks scripts
-	$(BIN)/ruff format --check src tests benchmarks scripts
+	$(BIN)/ruff check src tests benchmarks scripts examples
+	$(BIN)/ruff format --check src tests benchmarks scripts examples
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 	$(BIN)/pytest -m "not soak" -p no:cacheprovider

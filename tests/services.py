@@ -11,8 +11,9 @@ are not counted). Paths the test apps use:
 * ``POST /warehouse/shipments`` — a write: ``{"shipment_id": "shp-<n>"}``;
 * ``POST /warehouse/cancellations`` — a write (a compensator's undo);
 * ``POST /email`` — the email sink: keeps each message (``GET /_mail``);
-* ``POST /_fail`` ``{"path": ..., "times": N}`` — the next N requests to that
-  path answer 503 (and are counted: they reached the network).
+* ``POST /_fail`` ``{"path": ..., "times": N, "status": 503}`` — the next N
+  requests to that path answer ``status`` (default 503; and are counted: they
+  reached the network).
 
 ``running_service`` (the ``service`` fixture) starts it, waits until it answers,
 and kills it afterwards.
@@ -46,6 +47,7 @@ class _State:
         self.lock = threading.Lock()
         self.counts: Counter[str] = Counter()
         self.failures: Counter[str] = Counter()
+        self.failure_status: dict[str, int] = {}
         self.stock: dict[str, int] = {}
         self.mail: list[Any] = []
         self.shipments = 0
@@ -71,11 +73,13 @@ class _Handler(BaseHTTPRequestHandler):
         return json.loads(self.rfile.read(length) or b"null")
 
     def _count(self, path: str) -> bool:
-        """Count a request; ``False`` when it must fail (``/_fail``)."""
+        """Count a request; ``False`` (after answering the failure) when told to fail."""
         with STATE.lock:
             STATE.counts[path] += 1
             if STATE.failures[path] > 0:
                 STATE.failures[path] -= 1
+                status = STATE.failure_status.get(path, 503)
+                self._reply(status, {"error": f"told to fail with {status}"})
                 return False
         return True
 
@@ -90,7 +94,6 @@ class _Handler(BaseHTTPRequestHandler):
                 self._reply(200, list(STATE.mail))
             return
         if not self._count(path):
-            self._reply(503, {"error": "unavailable (told to fail)"})
             return
         if path.startswith("/fraud/"):
             self._reply(200, {"score": 0.1})
@@ -109,6 +112,7 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/_fail":
             with STATE.lock:
                 STATE.failures[body["path"]] += int(body.get("times", 1))
+                STATE.failure_status[body["path"]] = int(body.get("status", 503))
             self._reply(200, {"ok": True})
             return
         if path == "/_stock":
@@ -117,7 +121,6 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(200, {"ok": True})
             return
         if not self._count(path):
-            self._reply(503, {"error": "unavailable (told to fail)"})
             return
         if path == "/warehouse/shipments":
             with STATE.lock:
@@ -177,8 +180,8 @@ class Service:
         assert isinstance(received, list)
         return received
 
-    def fail_next(self, path: str, times: int = 1) -> None:
-        request("POST", f"{self.base_url}/_fail", {"path": path, "times": times})
+    def fail_next(self, path: str, times: int = 1, status: int = 503) -> None:
+        request("POST", f"{self.base_url}/_fail", {"path": path, "times": times, "status": status})
 
     def set_stock(self, sku: str, available: int) -> None:
         request("POST", f"{self.base_url}/_stock", {"sku": sku, "available": available})

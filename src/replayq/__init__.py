@@ -8,8 +8,8 @@ The public API, by layer (everything a user or the ``replayq`` command line need
 * contracts: ``JobContract``, ``Retry``, ``diff_contracts``, ``lint_contract``;
 * the replay engine: ``trace_replay``, ``dry_run``, ``dry_run_many``, ``fork``, ``rerun``,
   ``rerun_many``, ``plan_rollback``, ``rollback``, ``compensate``,
-  ``diff_traces``, ``render_diff``, ``export_case``, ``import_case``,
-  ``signal_counts``;
+  ``diff_traces``, ``render_diff``, ``uncommitted_writes``, ``export_case``,
+  ``import_case``, ``signal_counts``;
 * shared resources: ``list_locks``, ``break_lock``, ``open_sink``, ``publish_pending``;
 * clocks: ``Clock``, ``SystemClock``, ``FrozenClock``, ``HybridLogicalClock``;
 * observing: ``Observer`` (what a ``Worker(observers=...)`` is told), ``WorkerMetrics``
@@ -17,8 +17,11 @@ The public API, by layer (everything a user or the ``replayq`` command line need
   ``configure_logging``, ``AttemptTracer`` and ``otel_trace_id`` (OpenTelemetry, ``[otel]``);
 * every exception replayq raises (the tree is drawn in ``replayq.errors``).
 
-``replayq.testing`` holds the helpers for users' own test suites.
+``replayq.testing`` holds the helpers for users' own test suites; ``replayq.contrib``
+the integrations (Django, SQLAlchemy). ``replayq.__version__`` is the installed version.
 """
+
+import importlib.metadata as _metadata
 
 from replayq.app import App, EnqueueRequest
 from replayq.clock import Clock, FrozenClock, HybridLogicalClock, SystemClock
@@ -60,7 +63,7 @@ from replayq.recording.in_doubt import EffectRecord, EffectResolution
 from replayq.recording.locks import break_lock, list_locks
 from replayq.recording.outbox import open_sink, publish_pending
 from replayq.recording.state import Entity, StateStore
-from replayq.replay.diff import diff_traces
+from replayq.replay.diff import diff_traces, uncommitted_writes
 from replayq.replay.diff import render as render_diff
 from replayq.replay.engine import ReplayReport, dry_run, dry_run_many, fork, trace_replay
 from replayq.replay.export import export_case, import_case
@@ -68,6 +71,11 @@ from replayq.replay.rerun import RerunReport, rerun, rerun_many
 from replayq.replay.rollback import compensate, plan_rollback, rollback
 from replayq.replay.signals import signal_counts
 from replayq.worker import Worker
+
+try:
+    __version__ = _metadata.version("replayq")
+except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "App",
@@ -141,4 +149,5 @@ __all__ = [
     "serve_metrics",
     "signal_counts",
     "trace_replay",
+    "uncommitted_writes",
 ]

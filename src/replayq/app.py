@@ -16,7 +16,14 @@ from replayq.model import Job, TraceEvent
 from replayq.observe.otel import enqueue_span
 from replayq.queue import lifecycle
 from replayq.queue.catalog import register_contracts, stored_contracts
-from replayq.queue.contracts import DEFAULT_RESUME, JobContract, Retry, build_contract
+from replayq.queue.contracts import (
+    DEFAULT_RESUME,
+    JobContract,
+    LintFinding,
+    Retry,
+    build_contract,
+    lint_contract,
+)
 from replayq.queue.enqueue import EnqueueRequest, get_job, insert_job
 from replayq.queue.handlers import Handler, HandlerRegistry, PayloadShape
 from replayq.recording.in_doubt import (
@@ -29,6 +36,7 @@ from replayq.recording.in_doubt import (
 from replayq.recording.state import StateStore
 from replayq.runtime import DEFAULT_BLOB_LIMIT_BYTES, Limits, Runtime
 from replayq.storage import open_storage
+from replayq.storage.adopted import AsyncConnectionView, run_bridged
 from replayq.storage.cache import CacheBackend
 from replayq.storage.protocol import JobFilter, MigrationStatus, Storage, Transaction
 
@@ -298,6 +306,24 @@ class App:
         """Contracts stored in the database (every version that a worker registered)."""
         return stored_contracts(self.runtime, job_type)
 
+    def lint(self, job_type: str | None = None) -> list[LintFinding]:
+        """Lint every stored contract against the rules and what its jobs were seen doing:
+        the p99 run time against the lease, each lock hold against the TTL it used."""
+        from replayq.recording.locks import observed_holds
+
+        findings = []
+        for item in self.contracts(job_type):
+            with self.storage.transaction(readonly=True) as tx:
+                durations = sorted(tx.job_durations(item.name, item.version))
+            p99 = (
+                durations[min(len(durations) - 1, int(len(durations) * 0.99))]
+                if durations
+                else None
+            )
+            holds = observed_holds(self.runtime, item.name, item.version)
+            findings.extend(lint_contract(item, p99_duration=p99, lock_holds=holds))
+        return findings
+
     # -- enqueue ----------------------------------------------------------------------------
 
     def insert_job(
@@ -323,14 +349,17 @@ class App:
         correlation_id: str | None = None,
         causation_id: str | None = None,
         check: bool = True,
+        require_contract: bool = False,
     ) -> int:
         """Enqueue one job and return its id.
 
         The payload is checked against the handler's signature and contract
         (``PayloadError`` names the field or limit). The same ``message_id``
-        returns the existing job. With ``conn`` (a connection of the caller's,
-        inside an open transaction on the same database), the job exists only
-        if the caller commits. ``check=False`` enqueues a type this app does not
+        returns the existing job. With ``conn`` — the caller's own DB-API
+        connection to the same database (``sqlite3``, psycopg with any row
+        factory, a framework's), inside its open transaction — the job exists
+        only if the caller commits; ``replayq.contrib`` finds that connection for
+        Django and SQLAlchemy. ``check=False`` enqueues a type this app does not
         declare (the worker that runs it validates it).
         """
         request = EnqueueRequest(job_type, payload or {}, message_id, delay, run_at, priority)
@@ -341,12 +370,47 @@ class App:
                 "correlation_id": correlation_id,
                 "causation_id": causation_id,
                 "check": check,
+                "require_contract": require_contract,
                 "trace_context": trace_context,
             }
             if conn is not None:
                 return self.insert_job(self.storage.adopt(conn), request, **kwargs)
             with self.storage.transaction() as tx:
                 return self.insert_job(tx, request, **kwargs)
+
+    async def enqueue_async(
+        self,
+        job_type: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        conn: Any,
+        message_id: str | None = None,
+        delay: Duration | None = None,
+        run_at: float | None = None,
+        priority: int = 0,
+        queue: str | None = None,
+        correlation_id: str | None = None,
+        causation_id: str | None = None,
+        check: bool = True,
+    ) -> int:
+        """``enqueue`` on the caller's async connection (``psycopg.AsyncConnection``).
+
+        The job is inserted inside the caller's open transaction on this event loop
+        and exists only if the caller commits. Checks and options are ``enqueue``'s.
+        The app's own storage is opened (blocking, once) if it was not yet.
+        """
+        request = EnqueueRequest(job_type, payload or {}, message_id, delay, run_at, priority)
+        storage = self.storage
+        return await run_bridged(
+            lambda: self.insert_job(
+                storage.adopt(AsyncConnectionView(conn)),
+                request,
+                queue=queue,
+                correlation_id=correlation_id,
+                causation_id=causation_id,
+                check=check,
+            )
+        )
 
     def enqueue_many(self, requests: Sequence[EnqueueRequest], *, conn: Any = None) -> list[int]:
         """Enqueue many jobs in one transaction; all or none."""
@@ -388,16 +452,27 @@ class App:
         with self.storage.transaction(readonly=True) as tx:
             return tx.trace_for_job(job_id)
 
-    def resource_trace(self, resource: str, *, leases: bool = False) -> list[TraceEvent]:
+    def resource_trace(
+        self, resource: str, *, leases: bool = False, all_origins: bool = False
+    ) -> list[TraceEvent]:
         """Every event touching one resource, across jobs and workers, in HLC order.
 
-        With ``leases`` the lease transitions of the jobs that touched the
-        resource are merged in (leased, lease expired, re-delivered, settled,
-        write rejected): which worker held which job between its reads and
-        writes of the resource.
+        A versioned key's events (a cache entry ``price:sku-1:v3``) are found from
+        its base resource (``price:sku-1``). Only production traces are shown:
+        replay, fork and rerun traces are kept out unless ``all_origins``. With
+        ``leases`` the lease transitions of the jobs that touched the resource are
+        merged in (leased, lease expired, re-delivered, settled, write rejected):
+        which worker held which job between its reads and writes of the resource.
         """
         with self.storage.transaction(readonly=True) as tx:
-            events = tx.trace_for_resource(resource)
+            events = [
+                e
+                for e in tx.trace_for_resource(resource)
+                if e.resource == resource or (e.resource or "")[len(resource) + 2 :].isdigit()
+            ]
+            if not all_origins:
+                derived = {t for t in {e.trace_id for e in events} if tx.lineage_get(t)}
+                events = [e for e in events if e.trace_id not in derived]
             if leases:
                 for job_id in sorted({e.job_id for e in events if e.job_id is not None}):
                     events.extend(

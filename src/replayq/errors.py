@@ -14,6 +14,7 @@ The tree::
     │                               (refused in the database: ``write.fenced``)
     ├── ReplayDivergenceError       a replay asked for something the recording does not have
     ├── RecordedFailure             in a replay, a call or effect that failed in the recording
+    │                               (also a JobError of its recorded class: see recorded_failure)
     ├── EffectRefusedError          a rerun met an effect kind it may not run, with no recording
     ├── RollbackRefusedError        a later job wrote what a rollback would restore
     ├── UnrecordedIOError           in a sealed replay, handler I/O that bypassed ``ctx``
@@ -175,12 +176,72 @@ class RollbackRefusedError(ReplayqError):
 class RecordedFailure(ReplayqError):
     """In a replay, a call or effect that failed in the recorded attempt fails again.
 
-    ``error`` is the recorded ``Type: message``, so a failed attempt replays as failed.
+    ``error`` is the recorded ``Type: message`` and ``failure_class`` the recorded
+    class, so a failed attempt replays as failed, with the same class and message.
+    Build one with ``recorded_failure``: it is also an instance of the ``JobError``
+    of its class, so ``except ValidationError`` in a handler catches it in a replay
+    as it caught the original.
     """
+
+    failure_class: FailureClass = FailureClass.UNKNOWN
 
     def __init__(self, name: str, label: str, error: str | None) -> None:
         super().__init__(f"{name} {label!r} failed in the recording: {error}")
         self.error = error
+
+
+_CLASS_ERRORS: dict[FailureClass, type[JobError]] = {
+    FailureClass.TRANSIENT: TransientError,
+    FailureClass.DEPENDENCY: DependencyError,
+    FailureClass.CONCURRENCY: ConcurrencyError,
+    FailureClass.VALIDATION: ValidationError,
+}
+_RECORDED_TYPES: dict[FailureClass, type[RecordedFailure]] = {
+    failure_class: type(
+        f"Recorded{base.__name__}", (RecordedFailure, base), {"failure_class": failure_class}
+    )
+    for failure_class, base in _CLASS_ERRORS.items()
+}
+
+
+def recorded_failure(
+    name: str, label: str, error: str | None, error_class: str | None
+) -> RecordedFailure:
+    """The exception a replay raises for a recorded failure of ``name`` ``label``.
+
+    ``error_class`` is the class recorded with the failure; older recordings that
+    lack it are classed from the recorded exception type's name.
+    """
+    failure_class = failure_class_named(error_class) or failure_class_of_error(error)
+    kind = _RECORDED_TYPES.get(failure_class, RecordedFailure)
+    return kind(name, label, error)
+
+
+def failure_class_named(name: str | None) -> FailureClass | None:
+    try:
+        return FailureClass(name) if name else None
+    except ValueError:
+        return None
+
+
+def failure_class_of_error(error: str | None) -> FailureClass:
+    """The class of a recorded ``Type: message`` from the type's name (``unknown`` if unsure)."""
+    type_name = (error or "").partition(":")[0].strip()
+    if not type_name:
+        return FailureClass.UNKNOWN
+    known: list[type[BaseException]] = [ValidationError, EffectInDoubtError]
+    stack: list[type[BaseException]] = [JobError]
+    while stack:
+        cls = stack.pop()
+        known.append(cls)
+        stack.extend(cls.__subclasses__())
+    for cls in known:
+        if cls.__name__ == type_name and issubclass(cls, JobError):
+            return cls.failure_class
+    for exc_type, failure_class in DEFAULT_ERROR_MAP.items():
+        if exc_type.__name__ == type_name:
+            return failure_class
+    return FailureClass.UNKNOWN
 
 
 class UnrecordedIOError(ReplayqError, PermissionError):

@@ -87,6 +87,9 @@ class WorkerStats:
     rejected: int = 0
     redelivered: int = 0
     released: int = 0
+    # A burst run that ended with jobs still scheduled for later (delayed or backing off).
+    scheduled_later: int = 0
+    next_run_at: float | None = None
 
 
 class Worker:
@@ -99,6 +102,7 @@ class Worker:
         concurrency: int = 1,
         queues: Sequence[str] | None = None,
         burst: bool = False,
+        burst_wait: float = 0.0,
         worker_id: str | None = None,
         poll_interval: float = 0.2,
         reap_interval: float = 1.0,
@@ -111,6 +115,8 @@ class Worker:
         self.concurrency = concurrency
         self.queues = list(queues) if queues else None
         self.burst = burst
+        # A burst run waits for jobs due within this many seconds (delayed, retrying).
+        self.burst_wait = burst_wait
         self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.poll_interval = poll_interval
         self.reap_interval = reap_interval
@@ -203,10 +209,26 @@ class Worker:
             backoff.reset()
             if jobs:
                 continue
-            if self.burst and free == self.concurrency:
+            if self.burst and free == self.concurrency and self._burst_done(now):
                 return
             self._wake.wait(self.poll_interval)
             self._wake.clear()
+
+    def _burst_done(self, now: float) -> bool:
+        """Whether a burst run may end: nothing is due within ``burst_wait`` seconds.
+
+        Leaving, it notes in ``stats`` how many jobs are scheduled later, so the caller
+        can say so instead of implying the queue is empty.
+        """
+        try:
+            with self.runtime.storage.transaction(readonly=True) as tx:
+                count, next_run_at = tx.job_scheduled(now, self.queues)
+        except StorageError:
+            return False  # the next lease meets the outage and backs off
+        if next_run_at is not None and next_run_at - now <= self.burst_wait:
+            return False
+        self.stats.scheduled_later, self.stats.next_run_at = count, next_run_at
+        return True
 
     def _lease_free_slots(self) -> tuple[int, list[Job]]:
         """Lease up to the number of free slots; returns (free slots before, jobs leased)."""

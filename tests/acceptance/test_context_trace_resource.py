@@ -80,7 +80,8 @@ def test_trace_resource_orders_two_workers_lock_read_write_release_per_job(
     assert [line.split()[0] for line in history] == [f"v{n}" for n in range(1, JOBS + 2)]
     writes = events[2 :: len(CYCLE)]
     for line, write in zip(history[1:], writes, strict=True):
-        assert f"parent={write.resource_version - 1}" in line and f"job={write.job_id}" in line
+        assert f"parent={write.resource_version - 1}" in line
+        assert f"by=job {write.job_id} attempt {write.attempt}" in line
     as_json: list[dict[str, Any]] = json.loads(
         cli(app.url, "trace", "resource", "order:1", "--json")
     )

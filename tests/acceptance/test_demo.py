@@ -48,15 +48,19 @@ def assert_incident_reproduced_investigated_and_fixed(result: DemoResult) -> Non
     assert result.fork_shipments_intended == 1
     assert result.fork_cache_consistent
 
-    # The rollback of the late attempt leaves one shipment recorded and a consistent cache.
-    assert result.rollback_restored == ["order:1001"]
-    assert result.order_after_rollback["status"] == "shipped"
-    assert len(result.order_after_rollback["shipments"]) == 1
-    assert result.cache_after_rollback == (
+    # The late attempt's writes were refused by fencing: nothing of it to roll back, the
+    # order keeps attempt 2's one shipment, and the refreshed cache is consistent.
+    assert result.late_writes_fenced == [
+        "effect result warehouse.create_shipment ship_order:1001:attempt-1"
+    ]
+    assert result.rollback_would_restore == []
+    assert result.order_after_repair["status"] == "shipped"
+    assert len(result.order_after_repair["shipments"]) == 1
+    assert result.cache_after_repair == (
         {"status": "shipped"},
-        result.order_version_after_rollback,
+        result.order_version_after_repair,
     )
-    assert result.cache_consistent_after_rollback
+    assert result.cache_consistent_after_repair
 
     # v2 deployed under the same slow warehouse: one shipment, no re-delivery.
     assert result.shipments_v2 == 1

@@ -33,7 +33,10 @@ def chromium_path() -> str:
     missing("no chromium on PATH", install="apt-get install -y chromium")
 
 
-@pytest.fixture(scope="session")
+# Module scope, not session: while sync_playwright is open the main thread has a running
+# event loop, and every later test's asyncio.run() raised "cannot be called from a running
+# event loop" (test_seal, the async enqueue tests) when the browser tests ran first.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     executable = chromium_path()
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -253,3 +254,22 @@ def test_hostile_message_ids_and_ordering_keys_round_trip_byte_exact(
     assert len(app.list_jobs()) == 2, "the table is intact and holds exactly what was enqueued"
     [leased, *_] = lease_all(app)
     assert leased.ordering_key == f"account:{text}"
+
+
+def test_a_burst_worker_waits_for_a_job_due_within_burst_wait_and_counts_the_rest(
+    app: replayq.App, clock: replayq.FrozenClock
+) -> None:
+    app.enqueue("charge", {"account": "a", "amount": 1}, delay="10s")
+    app.enqueue("charge", {"account": "b", "amount": 1}, delay="1h")
+
+    left = replayq.Worker(app, burst=True, poll_interval=0.01).run()
+    assert (left.leased, left.scheduled_later) == (0, 2)
+    assert left.next_run_at == clock.now() + 10
+
+    clock.advance(9.99)  # due in 10 ms of frozen time: the worker waits, then runs it
+    waiting = replayq.Worker(app, burst=True, burst_wait=60, poll_interval=0.01)
+    timer = threading.Timer(0.2, clock.advance, args=(0.02,))
+    timer.start()
+    stats = waiting.run()
+    timer.join()
+    assert (stats.succeeded, stats.scheduled_later) == (1, 1)

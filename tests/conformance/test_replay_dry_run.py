@@ -166,8 +166,10 @@ def test_dry_run_of_a_failed_attempt_fails_the_same_way_without_real_calls(
     assert service.counts() == before
     assert report.outcome_recorded.status == report.outcome_now.status == "failed"
     assert not report.diverged, report.to_dict()
+    assert report.outcome_now == report.outcome_recorded, "same class, same message"
     assert report.outcome_now.error is not None
-    assert "effect 'email.send' failed in the recording: HTTPError" in report.outcome_now.error
+    assert report.outcome_now.error.startswith("HTTPError: ")
+    assert report.retry_now == report.retry_recorded == "dead: not_retryable"
     [failed] = [e for e in derived_events(app, report.trace_id) if e.name == "effect.failed"]
     assert failed.data["replayed"] is True
 

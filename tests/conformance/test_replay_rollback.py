@@ -110,7 +110,7 @@ def test_rollback_compensate_runs_the_compensator_and_marks_the_effect(
     assert idempotency_status(app, "email:1:shipped") == "succeeded", "no compensator for email"
     [event] = named(app, job.id, "effect.compensated")
     assert event.status == "compensated"
-    assert event.data == {"kind": "warehouse.ship", "key": "ship:1"}
+    assert event.data == {"kind": "warehouse.ship", "key": "ship:1", "attempt": 1}
     assert app.state.get("order", 1).data == replay_shop.ORDER
     assert compensate(app, job.id) == [], "a compensated effect is not compensated twice"
     assert service.counts()["/warehouse/cancellations"] == 1

@@ -56,6 +56,7 @@ def run_all(app: replayq.App) -> None:
 
 
 def test_enqueue_prints_the_job_id_and_rejects_bad_json(url: str, app: replayq.App) -> None:
+    app.register_contracts()  # what a worker does when it starts
     job_id = int(ok(url, "enqueue", "ship", "--payload", '{"order_id": 5}').stdout)
     assert app.get_job(job_id).payload == {"order_id": 5}
 

@@ -30,7 +30,7 @@ def db_upgrade(env: Env) -> None:
 
 
 @db.command("status")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def db_status(env: Env, as_json: bool) -> None:
     """List migrations and whether each is applied."""
@@ -59,7 +59,7 @@ def _stored(app: replayq.App, job_type: str) -> dict[str, replayq.JobContract]:
 
 @contract.command("show")
 @click.argument("job_type")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def contract_show(env: Env, job_type: str, as_json: bool) -> None:
     """Every stored version of a job type's contract."""
@@ -78,7 +78,7 @@ def contract_show(env: Env, job_type: str, as_json: bool) -> None:
 @click.argument("job_type")
 @click.argument("old")
 @click.argument("new")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def contract_diff(env: Env, job_type: str, old: str, new: str, as_json: bool) -> None:
     """Every operational difference between two versions (exit 1 if any)."""
@@ -99,17 +99,11 @@ def contract_diff(env: Env, job_type: str, old: str, new: str, as_json: bool) ->
 
 @contract.command("lint")
 @click.argument("job_type", required=False)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def contract_lint(env: Env, job_type: str | None, as_json: bool) -> None:
     """Flag contracts that break the rules (exit 1 if any finding)."""
-    app = env.app()
-    findings = []
-    for item in app.contracts(job_type):
-        with app.storage.transaction(readonly=True) as tx:
-            durations = sorted(tx.job_durations(item.name, item.version))
-        p99 = durations[min(len(durations) - 1, int(len(durations) * 0.99))] if durations else None
-        findings.extend(replayq.lint_contract(item, p99_duration=p99))
+    findings = env.app().lint(job_type)
     if as_json:
         emit_json([vars(f) for f in findings])
     elif not findings:
@@ -126,7 +120,7 @@ def locks() -> None:
 
 
 @locks.command("list")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def locks_list(env: Env, as_json: bool) -> None:
     """Held locks: resource, owner, fencing token, age, TTL left."""
@@ -172,7 +166,9 @@ def outbox() -> None:
 @click.option("--sink", default="job", show_default=True, help="job, redis://..., http(s)://...")
 @click.option("--app", "app_spec", default=None, help="module:attribute of your replayq.App")
 @click.option("--once", is_flag=True, help="Publish what is pending, then exit.")
-@click.option("--interval", default=1.0, show_default=True)
+@click.option(
+    "--interval", default=1.0, show_default=True, help="Seconds between publishing rounds."
+)
 @pass_env
 def outbox_run(env: Env, sink: str, app_spec: str | None, once: bool, interval: float) -> None:
     """Publish outbox rows to a sink, at least once, with a stable event id."""
@@ -197,7 +193,7 @@ def state() -> None:
 @state.command("history")
 @click.argument("namespace")
 @click.argument("key")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def state_history(env: Env, namespace: str, key: str, as_json: bool) -> None:
     """Every version of an entity with the job that wrote it."""
@@ -205,12 +201,7 @@ def state_history(env: Env, namespace: str, key: str, as_json: bool) -> None:
     if as_json:
         emit_json([vars(v) for v in versions])
         return
-    for v in versions:
-        click.echo(
-            f"v{v.version:<4} parent={v.parent_version or '-':<4} job={v.job_id or '-':<6} "
-            f"token={v.fencing_token or '-':<4} {render.timestamp(v.created_at)}  "
-            f"delta={codec.dumps(v.delta)}"
-        )
+    click.echo(render.state_history(versions))
 
 
 @click.command("demo")

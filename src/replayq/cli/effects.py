@@ -30,8 +30,8 @@ def effects() -> None:
 @effects.command("list")
 @click.option("--in-doubt", is_flag=True, help="Only effects whose outcome nobody recorded.")
 @click.option("--kind", default=None, help="Only this effect kind (e.g. payment.charge).")
-@click.option("--limit", default=100, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--limit", default=100, show_default=True, help="Show at most this many.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def effects_list(env: Env, in_doubt: bool, kind: str | None, limit: int, as_json: bool) -> None:
     """List effect records, newest first."""
@@ -59,7 +59,7 @@ def effects_list(env: Env, in_doubt: bool, kind: str | None, limit: int, as_json
 @click.option("--auto", is_flag=True, help="Ask each kind's reconciler (needs --app).")
 @click.option("--kind", default=None, help="With --auto: only this effect kind.")
 @click.option("--app", "app_spec", default=None, help="module:attribute of your replayq.App")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def effects_resolve(
     env: Env,

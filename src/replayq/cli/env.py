@@ -63,4 +63,5 @@ def log_options(command: Any) -> Any:
         type=click.Choice(["debug", "info", "warning", "error"]),
         default="info",
         show_default=True,
+        help="The least severe log records shown.",
     )(command)

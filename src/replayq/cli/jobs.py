@@ -13,19 +13,40 @@ from replayq.cli.env import Env, emit_json, log_options, pass_env
 
 @click.command()
 @click.option("--app", "app_spec", required=True, help="module:attribute of your replayq.App")
-@click.option("--concurrency", default=1, show_default=True)
-@click.option("--burst", is_flag=True, help="Exit when nothing is left to do.")
+@click.option("--concurrency", default=1, show_default=True, help="Jobs run at once.")
+@click.option(
+    "--burst",
+    is_flag=True,
+    help="Exit when no job is due (and --burst-wait finds none due soon); says how many "
+    "are scheduled later.",
+)
+@click.option(
+    "--burst-wait",
+    default=0.0,
+    show_default=True,
+    help="With --burst: wait for delayed and retrying jobs due within this many seconds.",
+)
 @click.option("--queues", default=None, help="Comma-separated queues (default: all).")
 @click.option("--grace", default=30.0, show_default=True, help="Seconds in-flight jobs get.")
-@click.option("--worker-id", default=None)
-@click.option("--poll-interval", default=0.2, show_default=True)
+@click.option("--worker-id", default=None, help="Name in traces (default: host:pid:random).")
+@click.option(
+    "--poll-interval",
+    default=0.2,
+    show_default=True,
+    help="Seconds between looks for work when idle (PostgreSQL also wakes on NOTIFY).",
+)
 @click.option(
     "--metrics-port",
     type=int,
     default=None,
     help="Serve this worker's Prometheus metrics on /metrics (needs replayq[metrics]).",
 )
-@click.option("--metrics-host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address the metrics server binds to.",
+)
 @log_options
 @pass_env
 def worker(
@@ -33,6 +54,7 @@ def worker(
     app_spec: str,
     concurrency: int,
     burst: bool,
+    burst_wait: float,
     queues: str | None,
     grace: float,
     worker_id: str | None,
@@ -54,6 +76,7 @@ def worker(
         app,
         concurrency=concurrency,
         burst=burst,
+        burst_wait=burst_wait,
         queues=queues.split(",") if queues else None,
         grace_period=grace,
         worker_id=worker_id,
@@ -67,15 +90,27 @@ def worker(
         f"released={stats.released}",
         err=True,
     )
+    if stats.scheduled_later and stats.next_run_at is not None:
+        due_in = max(0.0, stats.next_run_at - app.clock.now())
+        click.echo(
+            f"worker {run.worker_id}: {stats.scheduled_later} job(s) scheduled later, the "
+            f"first due in {due_in:.1f}s (--burst-wait SECONDS waits for them)",
+            err=True,
+        )
 
 
 @click.command()
 @click.argument("job_type")
 @click.option("--payload", default="{}", help="JSON object.")
-@click.option("--message-id", default=None)
+@click.option("--message-id", default=None, help="Dedup key: the same id yields the same job.")
 @click.option("--delay", default=None, help="e.g. 30s, 5m")
-@click.option("--priority", default=0)
-@click.option("--app", "app_spec", default=None, help="Validate against this app's handlers.")
+@click.option("--priority", default=0, help="Higher runs first.")
+@click.option(
+    "--app",
+    "app_spec",
+    default=None,
+    help="Validate against this app's handlers (default: the active version's stored contract).",
+)
 @pass_env
 def enqueue(
     env: Env,
@@ -86,7 +121,7 @@ def enqueue(
     priority: int,
     app_spec: str | None,
 ) -> None:
-    """Enqueue one job; prints its id."""
+    """Enqueue one job under its contract (ordering, idempotency, attempts); prints its id."""
     try:
         body = json.loads(payload)
     except json.JSONDecodeError as exc:
@@ -99,6 +134,8 @@ def enqueue(
         delay=delay,
         priority=priority,
         check=app_spec is not None,
+        # Without --app: the stored contract of the active version, or a clear refusal.
+        require_contract=app_spec is None,
     )
     click.echo(job_id)
 
@@ -110,12 +147,16 @@ def jobs() -> None:
 
 @jobs.command("list")
 @click.option(
-    "--state", "states", multiple=True, type=click.Choice([s.value for s in replayq.JobState])
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice([s.value for s in replayq.JobState]),
+    help="Only jobs in this state (repeatable).",
 )
-@click.option("--type", "job_type", default=None)
-@click.option("--limit", default=50, show_default=True)
+@click.option("--type", "job_type", default=None, help="Only jobs of this type.")
+@click.option("--limit", default=50, show_default=True, help="Show at most this many.")
 @click.option("--all-origins", is_flag=True, help="Include replay, fork and rerun jobs.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def jobs_list(
     env: Env,
@@ -140,7 +181,7 @@ def jobs_list(
 
 @jobs.command("show")
 @click.argument("job_id", type=int)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def jobs_show(env: Env, job_id: int, as_json: bool) -> None:
     """Show one job."""
@@ -167,8 +208,8 @@ def dead() -> None:
 
 
 @dead.command("list")
-@click.option("--type", "job_type", default=None)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--type", "job_type", default=None, help="Only jobs of this type.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def dead_list(env: Env, job_type: str | None, as_json: bool) -> None:
     """List dead jobs with their reasons."""
@@ -191,7 +232,7 @@ def dead_requeue(env: Env, job_id: int, reason: str) -> None:
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def stats(env: Env, as_json: bool) -> None:
     """Depth per type and state, oldest queued age."""
@@ -206,7 +247,7 @@ def stats(env: Env, as_json: bool) -> None:
 
 @click.command()
 @click.option("--since", default=None, help="Only this recent, e.g. 1h, 30m.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def signals(env: Env, since: str | None, as_json: bool) -> None:
     """Incident signals per job type, counted from the trace (re-deliveries, conflicts, ...)."""

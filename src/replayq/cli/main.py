@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from replayq import ReplayqError
+from replayq import ReplayqError, __version__
 from replayq.cli import admin, effects, jobs, metrics, replay, trace, web
 from replayq.cli.env import Env
 
@@ -30,7 +30,12 @@ class Cli(click.Group):
 
 
 @click.group(cls=Cli)
-@click.option("--db", envvar="REPLAYQ_DB", help="Database URL (default: $REPLAYQ_DB).")
+@click.version_option(__version__, prog_name="replayq")
+@click.option(
+    "--db",
+    envvar="REPLAYQ_DB",
+    help="Database URL; beats $REPLAYQ_DB, which beats the URL in the --app module's App(...).",
+)
 @click.pass_context
 def main(ctx: click.Context, db: str | None) -> None:
     """replayq: a job queue whose executions can be traced, replayed, forked and reversed."""

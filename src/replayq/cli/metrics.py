@@ -17,7 +17,7 @@ def metrics() -> None:
 
 
 @metrics.command("serve")
-@click.option("--port", default=9465, show_default=True)
+@click.option("--port", default=9465, show_default=True, help="Port to serve /metrics on.")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @log_options
 @pass_env

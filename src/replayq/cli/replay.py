@@ -29,46 +29,26 @@ def _parse_assignments(items: tuple[str, ...], what: str) -> dict[str, Any]:
 def _print_report(report: Any, as_json: bool) -> None:
     if as_json:
         emit_json(report.to_dict())
-        return
-    click.echo(
-        f"{report.mode} of job {report.job_id} attempt {report.attempt} with {report.version}"
-    )
-    click.echo(f"  derived trace: {report.trace_id} (branch {report.branch})")
-    if report.fork_step:
-        click.echo(f"  fork point: step {report.fork_step!r} (reached: {report.reached_fork})")
-    click.echo(
-        f"  outcome: recorded {report.outcome_recorded.status}, now {report.outcome_now.status}"
-    )
-    if report.error:
-        click.echo(f"  stopped: {report.error}")
-    for line in report.unrecorded_io:
-        click.echo(f"  UNRECORDED I/O, refused: {line}")
-    for line in report.allowed_io:
-        click.echo(f"  WARNING --allow-io: real I/O that bypassed ctx happened: {line}")
-    where = report.first_divergence
-    if where is None:
-        click.echo("  no divergence: the run matched the recording event by event")
     else:
-        click.echo(f"  FIRST DIVERGENCE at step {where.step!r}, event #{where.index}")
-        click.echo(f"    recorded (seq {where.recorded_seq}): {where.recorded}")
-        click.echo(f"    now      (seq {where.now_seq}): {where.now}")
-        click.echo(f"    {where.reason}")
-    for row in report.decisions:
-        click.echo(f"  decision {row['decision']}: recorded {row['recorded']} now {row['now']}")
-    for row in report.state_writes:
-        click.echo(f"  state {row['resource']}: recorded {row['recorded']} now {row['now']}")
+        click.echo(render.replay_report(report))
 
 
 @click.command()
 @click.argument("job_id", type=int)
 @click.option("--app", "app_spec", default=None, help="module:attribute (needed to execute).")
-@click.option("--mode", type=click.Choice(["trace", "dry-run"]), default="trace", show_default=True)
-@click.option("--attempt", type=int, default=None)
+@click.option(
+    "--mode",
+    type=click.Choice(["trace", "dry-run"]),
+    default="trace",
+    show_default=True,
+    help="trace: show what was recorded; dry-run: run the handler on recorded answers.",
+)
+@click.option("--attempt", type=int, default=None, help="Which attempt (default: the last).")
 @click.option("--version", default=None, help="Run this declared handler version.")
 @click.option("--handler", "handler_spec", default=None, help="Run module:function instead.")
 @click.option("--allow-io", is_flag=True, help="Let handler I/O that bypasses ctx happen.")
 @click.option("--no-keep", is_flag=True, help="Dry-run: write nothing (no derived trace, branch).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def replay(
     env: Env,
@@ -130,14 +110,14 @@ def replay(
 @click.command("fork")
 @click.argument("job_id", type=int)
 @click.option("--app", "app_spec", required=True, help="module:attribute of your replayq.App")
-@click.option("--from-step", required=True)
-@click.option("--attempt", type=int, default=None)
-@click.option("--version", default=None)
-@click.option("--handler", "handler_spec", default=None)
+@click.option("--from-step", required=True, help="Re-execute from this step on.")
+@click.option("--attempt", type=int, default=None, help="Which attempt (default: the last).")
+@click.option("--version", default=None, help="Run this declared handler version.")
+@click.option("--handler", "handler_spec", default=None, help="Run module:function instead.")
 @click.option("--override", "overrides", multiple=True, help="payload field=value (JSON)")
 @click.option("--stub", "stubs", multiple=True, help="call-or-effect-name=JSON result")
 @click.option("--allow-io", is_flag=True, help="Let handler I/O that bypasses ctx happen.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def fork_command(
     env: Env,
@@ -177,7 +157,7 @@ def fork_command(
 @click.command("diff")
 @click.argument("original")
 @click.argument("other")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def diff_command(env: Env, original: str, other: str, as_json: bool) -> None:
     """Compare two traces (job ids or trace ids): state, decisions, effects, outcome."""
@@ -198,7 +178,7 @@ def diff_command(env: Env, original: str, other: str, as_json: bool) -> None:
 @click.option("--state", "job_state", default=None, help="...in this state...")
 @click.option("--since", default=None, help="...finished within this long, e.g. 1h")
 @click.option("--yes", is_flag=True, help="Confirm: this touches the real world.")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def rerun(
     env: Env,
@@ -238,8 +218,8 @@ def rerun(
         return
     for r in reports:
         click.echo(
-            f"job {r.job_id}: {r.outcome.status} (trace {r.trace_id}); allowed={r.allowed} "
-            f"substituted={r.substituted} refused={r.refused}"
+            f"job {r.job_id}: {render.outcome_text(r.outcome)} (trace {r.trace_id}); "
+            f"allowed={r.allowed} substituted={r.substituted} refused={r.refused}"
         )
 
 
@@ -250,7 +230,7 @@ def rerun(
 @click.option("--compensate", is_flag=True, help="Also run registered effect compensators.")
 @click.option("--attempt", type=int, default=None, help="Undo only this attempt's writes.")
 @click.option("--app", "app_spec", default=None, help="module:app (for compensators).")
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def rollback(
     env: Env,
@@ -267,7 +247,7 @@ def rollback(
     app = env.app(app_spec)
     plan = replayq.rollback(app, job_id, simulate=simulate, force=force, attempt=attempt)
     if compensate and not simulate:
-        plan.compensated = replayq.compensate(app, job_id)
+        plan.compensated = replayq.compensate(app, job_id, attempt=attempt)
     if as_json:
         emit_json(plan.to_dict())
         return

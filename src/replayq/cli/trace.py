@@ -18,7 +18,7 @@ def trace_group() -> None:
 
 @trace_group.command("show")
 @click.argument("job_id", type=int)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def trace_show(env: Env, job_id: int, as_json: bool) -> None:
     """A job's timeline: every attempt, decision and transition."""
@@ -39,11 +39,13 @@ def trace_show(env: Env, job_id: int, as_json: bool) -> None:
 @click.option(
     "--leases", is_flag=True, help="Also show the lease transitions of the jobs that touched it."
 )
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--all-origins", is_flag=True, help="Include replay, fork and rerun traces.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
-def trace_resource(env: Env, resource: str, leases: bool, as_json: bool) -> None:
-    """Every event on one resource across jobs and workers, in happens-before order."""
-    events = env.app().resource_trace(resource, leases=leases)
+def trace_resource(env: Env, resource: str, leases: bool, all_origins: bool, as_json: bool) -> None:
+    """Every event on one resource (and its versioned keys) across jobs and workers, in
+    happens-before order; production traces only unless --all-origins."""
+    events = env.app().resource_trace(resource, leases=leases, all_origins=all_origins)
     if as_json:
         emit_json([vars(e) for e in events])
     else:
@@ -52,7 +54,7 @@ def trace_resource(env: Env, resource: str, leases: bool, as_json: bool) -> None
 
 @trace_group.command("export")
 @click.argument("job_id", type=int)
-@click.option("--attempt", type=int, default=None)
+@click.option("--attempt", type=int, default=None, help="Which attempt (default: the last).")
 @click.option("--app", "app_spec", required=True, help="module:attribute of your replayq.App")
 @pass_env
 def trace_export(env: Env, job_id: int, attempt: int | None, app_spec: str) -> None:

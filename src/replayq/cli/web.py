@@ -11,7 +11,7 @@ from replayq.cli.env import Env, log_options, pass_env
 
 
 @click.command("web")
-@click.option("--port", default=8080, show_default=True)
+@click.option("--port", default=8080, show_default=True, help="Port to serve the dashboard on.")
 @click.option(
     "--host",
     default="127.0.0.1",

@@ -64,11 +64,12 @@ class DemoResult:
     original_shipments_intended: int = 0
     fork_shipments_intended: int = 0
     fork_cache_consistent: bool = False
-    rollback_restored: list[str] = field(default_factory=list)
-    order_after_rollback: dict[str, Any] = field(default_factory=dict)
-    order_version_after_rollback: int = 0
-    cache_after_rollback: tuple[Any, int | None] | None = None
-    cache_consistent_after_rollback: bool = False
+    late_writes_fenced: list[str] = field(default_factory=list)
+    rollback_would_restore: list[str] = field(default_factory=lambda: ["?"])
+    order_after_repair: dict[str, Any] = field(default_factory=dict)
+    order_version_after_repair: int = 0
+    cache_after_repair: tuple[Any, int | None] | None = None
+    cache_consistent_after_repair: bool = False
     v2_job_id: int = 0
     resend_deduplicated: bool = False
     shipments_v2: int = 0

@@ -7,6 +7,7 @@ import re
 import subprocess
 import textwrap
 import time
+from collections import Counter
 from typing import Any
 
 import replayq
@@ -47,8 +48,15 @@ def _fork_trace(output: str) -> tuple[str, str]:
     return match.group(1), match.group(2)
 
 
-def _shipments_intended(summary_effects: dict[str, int]) -> int:
-    return sum(n for kind, n in summary_effects.items() if kind.startswith("warehouse."))
+def _shipments_intended(summary_effects: dict[str, Counter[str]]) -> int:
+    # A shipment whose outcome was fenced (its worker had lost the lease) still happened.
+    return sum(
+        count
+        for kind, counts in summary_effects.items()
+        if kind.startswith("warehouse.")
+        for what, count in counts.items()
+        if what.startswith("succeeded")
+    )
 
 
 INTRO = """\
@@ -306,6 +314,9 @@ class Story:
             "create_shipment",
             "--version",
             "v2",
+            # v2's shipment key is not in the v1 recording: a fork is told what it returns.
+            "--stub",
+            'warehouse.create_shipment={"id": "shp-fork"}',
             "--app",
             APP_SPEC,
         )
@@ -322,9 +333,9 @@ class Story:
         demo, app, result, job = self.demo, self.app, self.result, str(self.job_id)
         demo.section("7. Runbook step 6: compare the original with the fork")
         demo.cli("diff", job, fork_trace)
-        diff = diff_traces(app, job, fork_trace)
-        result.original_shipments_intended = _shipments_intended(dict(diff.a.effects))
-        result.fork_shipments_intended = _shipments_intended(dict(diff.b.effects))
+        diff = diff_traces(app, f"{job}@all", fork_trace)
+        result.original_shipments_intended = _shipments_intended(diff.a.effects)
+        result.fork_shipments_intended = _shipments_intended(diff.b.effects)
         self.say()
         self.say("  And the contracts, field by field:")
         demo.cli("contract", "diff", "ship_order", "v1", "v2", ok=(0, 1), note="they differ")
@@ -339,32 +350,39 @@ class Story:
         demo, app, shop, result, job = self.demo, self.app, self.shop, self.result, str(self.job_id)
         demo.section("8. Runbook step 7: decide and repair")
         self.say(
-            "  Decision: deploy v2; undo what attempt 1 wrote after it had lost its lease; the\n"
-            "  extra shipment at the warehouse is for the warehouse team (a registered\n"
-            "  compensator would let `replayq rollback JOB --compensate` cancel it)."
+            "  Decision: deploy v2. Attempt 1 came back after its lease was taken; its late\n"
+            "  writes never landed: every commit checks the job's owner token in the database,\n"
+            "  so they were refused (write.fenced in its trace). The extra shipment at the\n"
+            "  warehouse is for the warehouse team (a registered compensator would let\n"
+            "  `replayq rollback JOB --compensate` cancel it). A rollback has nothing to undo:"
         )
         demo.cli("rollback", job, "--attempt", "1", "--simulate")
-        demo.cli("rollback", job, "--attempt", "1")
+        plan = replayq.plan_rollback(app, self.job_id, attempt=1)
+        result.rollback_would_restore = [change.resource for change in plan.changes]
+        result.late_writes_fenced = [
+            item
+            for e in app.trace(self.job_id)
+            if e.name == "write.fenced" and e.attempt == 1
+            for item in e.data.get("refused", [])
+        ]
+        self.say(f"  refused from attempt 1: {', '.join(result.late_writes_fenced) or 'nothing'}")
         demo.cli("state", "history", "order", str(INCIDENT_ORDER))
         order = app.state.get("order", INCIDENT_ORDER)
         dropped = shop.cached_status(app, INCIDENT_ORDER)
-        result.rollback_restored = [
-            e.resource or "" for e in app.trace(self.job_id) if e.name == "state.rolled_back"
-        ]
-        result.order_after_rollback = dict(order.data)
-        result.order_version_after_rollback = order.version
+        result.order_after_repair = dict(order.data)
+        result.order_version_after_repair = order.version
         self.say()
         self.say(
             f"  order:{INCIDENT_ORDER} @v{order.version}: status={order.data['status']!r} "
             f"shipments={order.data['shipments']} (the state attempt 2 wrote)"
         )
         self.say(
-            f"  status page before the rollback: {_status(result.cache_before)} while the order "
+            f"  status page during the incident: {_status(result.cache_before)} while the order "
             f"was @v{result.order_version_before} -> stale"
         )
         self.say(
-            f"  status page after the rollback:  {_status(dropped)} (the rollback drops the "
-            "entries derived from a restored entity)"
+            f"  status page now:                 {_status(dropped)} (still what the "
+            "cache held before attempt 2's write)"
         )
         self.say()
         self.say("  The status page's next read (a cache-aside job) refills it from the order:")
@@ -373,13 +391,13 @@ class Story:
         demo.cli("worker", "--app", APP_SPEC, "--burst", "--poll-interval", "0.05")
         cached = shop.cached_status(app, INCIDENT_ORDER)
         order = app.state.get("order", INCIDENT_ORDER)
-        result.cache_after_rollback = cached
-        result.cache_consistent_after_rollback = (
+        result.cache_after_repair = cached
+        result.cache_consistent_after_repair = (
             cached is not None
             and cached[1] == order.version
             and cached[0].get("status") == order.data["status"]
         )
-        verdict = "consistent" if result.cache_consistent_after_rollback else "STILL STALE"
+        verdict = "consistent" if result.cache_consistent_after_repair else "STILL STALE"
         self.say()
         self.say(
             f"  status page now: {_status(cached)}, order @v{order.version} "
@@ -513,9 +531,9 @@ class Story:
             ("real requests during the dry-run and the fork", zero),
             (
                 f"order:{INCIDENT_ORDER} after rolling back attempt 1",
-                f"v{result.order_version_after_rollback} "
-                f"{result.order_after_rollback.get('shipments')}, cache "
-                + ("consistent" if result.cache_consistent_after_rollback else "STALE"),
+                f"v{result.order_version_after_repair} "
+                f"{result.order_after_repair.get('shipments')}, cache "
+                + ("consistent" if result.cache_consistent_after_repair else "STALE"),
             ),
             (
                 f"v2 deployed, same slow warehouse (order {FIXED_ORDER})",

@@ -1,4 +1,11 @@
-"""The stored contracts: every declared version's contract, frozen once a worker registers it."""
+"""The stored contracts: every declared version's contract, frozen once a worker registers it.
+
+Beside the versions, ``rq_active_versions`` names per job type the version that
+the last worker to register runs for new jobs: the *active* version. A producer
+that does not declare the type (``replayq enqueue TYPE`` without ``--app``)
+enqueues under that version's contract — its ordering key, idempotency key,
+queue and attempt budget — never under defaults.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +13,7 @@ from replayq import codec
 from replayq.errors import ContractError
 from replayq.queue.contracts import JobContract
 from replayq.runtime import Runtime
+from replayq.storage.protocol import Transaction
 
 
 def register_contracts(runtime: Runtime) -> None:
@@ -26,6 +34,10 @@ def register_contracts(runtime: Runtime) -> None:
                 )
             if stored is None:
                 tx.contract_put(contract.name, contract.version, body, now)
+        for job_type in runtime.registry.job_types():
+            active = runtime.registry.active_version(job_type)
+            if active is not None:
+                tx.contract_activate(job_type, active, now)
 
 
 def stored_contracts(runtime: Runtime, job_type: str | None = None) -> list[JobContract]:
@@ -33,3 +45,17 @@ def stored_contracts(runtime: Runtime, job_type: str | None = None) -> list[JobC
     with runtime.storage.transaction(readonly=True) as tx:
         rows = tx.contract_list(job_type)
     return [JobContract.from_dict(codec.loads(body)) for _, _, body, _ in rows]
+
+
+def active_contract(runtime: Runtime, tx: Transaction, job_type: str) -> JobContract | None:
+    """The stored contract of ``job_type``'s active version (``None`` if none is stored).
+
+    Without an active version recorded (registered by older code), a type with
+    exactly one stored version uses it; with several, none is chosen.
+    """
+    active = tx.contract_active(job_type)
+    if active is not None:
+        body = tx.contract_get(job_type, active)
+        return JobContract.from_dict(codec.loads(body)) if body is not None else None
+    versions = [body for _, _, body, _ in tx.contract_list(job_type)]
+    return JobContract.from_dict(codec.loads(versions[0])) if len(versions) == 1 else None

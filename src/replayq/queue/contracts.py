@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 import string
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -338,12 +338,51 @@ class LintFinding:
     message: str
 
 
-def lint_contract(contract: JobContract, *, p99_duration: float | None) -> list[LintFinding]:
-    """Check a contract against the rules of seed 003 and the observed p99 duration."""
+@dataclass(frozen=True)
+class LockHold:
+    """One observed lock hold: from ``lock.acquired`` to ``lock.released`` (or ``lock.expired``),
+    with the TTL the lock was taken with (the contract's, or the one passed to ``ctx.lock``)."""
+
+    resource: str
+    ttl: float
+    held: float
+    expired: bool = False
+
+
+def lint_contract(
+    contract: JobContract,
+    *,
+    p99_duration: float | None,
+    lock_holds: Sequence[LockHold] = (),
+) -> list[LintFinding]:
+    """Check a contract against the rules of seed 003 and recorded behaviour.
+
+    ``p99_duration`` is the observed p99 run time; ``lock_holds`` the locks the
+    version's jobs took, with the TTL each was taken with and how long it was held.
+    """
     findings = []
 
     def flag(rule: str, message: str) -> None:
         findings.append(LintFinding(contract.name, contract.version, rule, message))
+
+    short = [h for h in lock_holds if h.ttl < contract.lease]
+    if short:
+        worst = min(short, key=lambda h: h.ttl)
+        flag(
+            "lock-ttl-below-lease",
+            f"lock {worst.resource!r} was taken with TTL {worst.ttl:g}s < lease "
+            f"{contract.lease:g}s ({len(short)} of {len(lock_holds)} observed holds): it can "
+            "expire while the job still legitimately runs",
+        )
+    overdue = [h for h in lock_holds if h.held > h.ttl or h.expired]
+    if overdue:
+        worst = max(overdue, key=lambda h: h.held - h.ttl)
+        flag(
+            "lock-held-past-ttl",
+            f"lock {worst.resource!r} was held {worst.held:.3g}s with TTL {worst.ttl:g}s "
+            f"({len(overdue)} of {len(lock_holds)} observed holds outlived their TTL): another "
+            "holder could take it meanwhile and fencing refuses the late writes",
+        )
 
     if p99_duration is not None and contract.lease < p99_duration:
         flag(
@@ -352,10 +391,12 @@ def lint_contract(contract: JobContract, *, p99_duration: float | None) -> list[
             f"{p99_duration:.3g}s: slow runs will be re-delivered while still running",
         )
     if (
-        contract.lock is not None
+        not short
+        and contract.lock is not None
         and contract.lock_ttl is not None
         and (contract.lock_ttl < contract.lease)
     ):
+        # Declaring this is refused; a contract stored by older code can still carry it.
         flag(
             "lock-ttl-below-lease",
             f"lock TTL {contract.lock_ttl:g}s < lease {contract.lease:g}s",

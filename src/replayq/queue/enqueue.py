@@ -11,7 +11,8 @@ from replayq.durations import Duration, parse_duration
 from replayq.errors import ConfigurationError, PayloadError, ReplayqError, UnknownJobTypeError
 from replayq.model import Job
 from replayq.queue import lifecycle
-from replayq.queue.contracts import Retry, render_template
+from replayq.queue.catalog import active_contract
+from replayq.queue.contracts import Retry, render_template, template_fields
 from replayq.runtime import Runtime
 from replayq.storage.protocol import JobInsert, Transaction
 
@@ -37,6 +38,19 @@ class EnqueueRequest:
     priority: int = 0
 
 
+def _checked_payload(runtime: Runtime, request: EnqueueRequest) -> str:
+    """The JSON of a payload no declared handler checks: an object, under the size limit."""
+    if not isinstance(request.payload, dict):
+        raise PayloadError("payload must be a JSON object")
+    payload_json = codec.dumps(request.payload, what=f"{request.job_type} payload")
+    if len(payload_json.encode()) > runtime.limits.unchecked_max_payload_bytes:
+        raise PayloadError(
+            f"payload is above the {runtime.limits.unchecked_max_payload_bytes} bytes allowed "
+            "for job types this app does not declare"
+        )
+    return payload_json
+
+
 def insert_job(
     runtime: Runtime,
     tx: Transaction,
@@ -47,9 +61,15 @@ def insert_job(
     causation_id: str | None = None,
     origin: str = "production",
     check: bool = True,
+    require_contract: bool = False,
     trace_context: str | None = None,
 ) -> int:
-    """Insert one job inside ``tx`` (with its ``job.enqueued`` event); returns its id."""
+    """Insert one job inside ``tx`` (with its ``job.enqueued`` event); returns its id.
+
+    A type this app does not declare (``check=False``) is enqueued under the stored
+    contract of its active version; with ``require_contract`` a type with no stored
+    contract is refused rather than enqueued under defaults.
+    """
     now = runtime.clock.now()
     if request.run_at is not None and request.delay is not None:
         raise ConfigurationError("give either delay or run_at, not both")
@@ -63,6 +83,13 @@ def insert_job(
             f"no handler is registered for job type {request.job_type!r}; "
             f"declared: {', '.join(registry.job_types()) or 'none'}"
         )
+    stored = None if handler is not None else active_contract(runtime, tx, request.job_type)
+    if handler is None and stored is None and require_contract:
+        raise UnknownJobTypeError(
+            f"no stored contract for job type {request.job_type!r}, so its ordering key, "
+            "idempotency key and attempt budget are unknown; start a worker that declares it "
+            "(contracts are stored when a worker starts) or give --app module:app"
+        )
     if handler is not None:
         payload_json = handler.encode_payload(request.payload)
         contract = handler.contract
@@ -70,15 +97,22 @@ def insert_job(
         ordering_key = render_template(contract.ordering, request.payload)
         idempotency_key = render_template(contract.idempotency, request.payload)
         job_queue = queue or contract.queue
+    elif stored is not None:
+        # A type this process does not declare: the stored contract of its active version.
+        payload_json = _checked_payload(runtime, request)
+        for label, template in (("ordering", stored.ordering), ("idempotency", stored.idempotency)):
+            missing = [f for f in template_fields(template or "") if f not in request.payload]
+            if missing:
+                raise PayloadError(
+                    f"{request.job_type} {stored.version}: the {label} key {template!r} needs "
+                    f"payload field(s) {', '.join(missing)}"
+                )
+        max_attempts = stored.retry.max_attempts
+        ordering_key = render_template(stored.ordering, request.payload)
+        idempotency_key = render_template(stored.idempotency, request.payload)
+        job_queue = queue or stored.queue
     else:
-        if not isinstance(request.payload, dict):
-            raise PayloadError("payload must be a JSON object")
-        payload_json = codec.dumps(request.payload, what=f"{request.job_type} payload")
-        if len(payload_json.encode()) > runtime.limits.unchecked_max_payload_bytes:
-            raise PayloadError(
-                f"payload is above the {runtime.limits.unchecked_max_payload_bytes} bytes allowed "
-                "for job types this app does not declare"
-            )
+        payload_json = _checked_payload(runtime, request)
         max_attempts, ordering_key, idempotency_key = Retry().max_attempts, None, None
         job_queue = queue or "default"
     hlc = runtime.hlc.tick()

@@ -18,6 +18,21 @@ from replayq.runtime import Runtime
 from replayq.storage.protocol import Transaction
 
 
+class Refusal:
+    """A deferred write that only refuses (raises) and needs no transaction.
+
+    A replay that must reject a write where the recording's commit was rejected
+    defers one of these: a context that commits later (a dry-run) still raises it at
+    the step's commit, where the recorded attempt's commit failed.
+    """
+
+    def __init__(self, refuse: Callable[[], None]) -> None:
+        self.refuse = refuse
+
+    def __call__(self, tx: Transaction | None) -> None:
+        self.refuse()
+
+
 class Attempt(Protocol):
     """One attempt of a job as its recording views see it."""
 

@@ -33,7 +33,7 @@ from functools import cached_property
 from typing import Any, TypeVar, overload
 
 from replayq import codec
-from replayq.errors import LeaseLostError, PayloadError, RecordedFailure
+from replayq.errors import LeaseLostError, PayloadError, RecordedFailure, classify
 from replayq.model import Job, TraceEvent
 from replayq.queue.contracts import render_template
 from replayq.queue.enqueue import EnqueueRequest, insert_job
@@ -343,6 +343,10 @@ class Context:
                 write(tx)
         tx.trace_append(self._pending.events)
 
+    def pending_write_calls(self) -> list[Callable[[Transaction], None]]:
+        """The writes the next commit would run, in order."""
+        return list(self._pending.writes)
+
     def take_pending(self, *, failed: bool = False) -> tuple[list[Any], list[TraceEvent]]:
         """Hand over what is pending — writes (none if ``failed``) and events — instead of
         committing it now; for a caller that commits them later (a dry-run)."""
@@ -458,7 +462,7 @@ class Context:
         duration = time.monotonic() - started
         self._steps.pop()
         self._step_keys.pop()
-        self.record(
+        finished = self.record(
             "step.finished",
             status="success",
             step_name=name,
@@ -474,15 +478,16 @@ class Context:
             self.commit_now()
         except BaseException as exc:
             # The commit itself failed (a version conflict, a stale fencing token, a lost
-            # lease): nothing of the step was written; keep its events and say why.
+            # lease): nothing of the step was written; keep its events and say why. The
+            # step did not finish with success: its end comes after the refusal.
             if isinstance(exc, LeaseLostError):
                 self.record_fenced(refused, step_name=name)
             self.discard_writes()
+            self._pending.events = [e for e in self._pending.events if e is not finished]
+            error = f"{type(exc).__name__}: {exc}"
+            self.record("step.rolled_back", status="fail", step_name=name, error=error)
             self.record(
-                "step.rolled_back",
-                status="fail",
-                step_name=name,
-                error=f"{type(exc).__name__}: {exc}",
+                "step.finished", status="fail", step_name=name, duration=duration, error=error
             )
             self.commit_now(failed=True)
             raise
@@ -510,6 +515,7 @@ class Context:
                 call=name,
                 fingerprint=fingerprint,
                 error=exc.error,
+                error_class=exc.failure_class.value,
                 replayed=True,
             )
             raise
@@ -528,6 +534,8 @@ class Context:
                 fingerprint=fingerprint,
                 request=summary,
                 error=f"{type(exc).__name__}: {exc}",
+                # Recorded so that a replay raises the failure with the class it had.
+                error_class=classify(exc, dict(self.handler.error_map)).value,
                 duration=time.monotonic() - started,
             )
             raise

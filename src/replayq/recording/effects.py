@@ -42,6 +42,7 @@ from replayq.errors import (
     EffectInDoubtError,
     EffectRefusedError,
     RecordedFailure,
+    classify,
 )
 from replayq.queue.contracts import render_template
 from replayq.recording.attempt import Attempt
@@ -86,6 +87,7 @@ class EffectRunner:
                 kind=kind,
                 key=key,
                 error=exc.error,
+                error_class=exc.failure_class.value,
                 replayed=True,
             )
             raise
@@ -173,6 +175,7 @@ class EffectRunner:
                             kind=kind,
                             key=key,
                             error=error,
+                            error_class=classify(exc, dict(ctx.handler.error_map)).value,
                             duration=time.monotonic() - started,
                         )
                     ]

@@ -18,8 +18,12 @@ from typing import Any
 
 from replayq.durations import parse_duration
 from replayq.errors import ConfigurationError, LockTimeoutError
+from replayq.model import TraceEvent
+from replayq.queue.contracts import LockHold
 from replayq.recording.attempt import Attempt
+from replayq.recording.world import LIVE
 from replayq.runtime import RuntimeSource
+from replayq.storage.protocol import JobFilter
 
 DEFAULT_WAIT_SECONDS = 10.0
 _POLL_SECONDS = 0.05
@@ -101,11 +105,31 @@ class LockManager:
         ctx = self._ctx
         runtime = ctx.runtime
         started = time.monotonic()
-        if not ctx.world.is_live:
-            # A replay never contends with production: it takes no real lock.
-            handle.fencing_token = 0
+        recorded = ctx.world.lock_outcome("acquire", handle.resource)
+        if recorded is not LIVE:
+            # A replay never contends with production: it takes no real lock, and is told
+            # what the lock did in the recording.
+            if recorded["event"] == "lock.timeout":
+                ctx.record(
+                    "lock.timeout",
+                    status="fail",
+                    resource=handle.resource,
+                    wait=recorded.get("wait"),
+                    holder=recorded.get("holder"),
+                    holder_job=recorded.get("holder_job"),
+                    holder_token=recorded.get("holder_token"),
+                    replayed=True,
+                )
+                raise _timeout(handle.resource, recorded, float(recorded.get("wait") or 0.0))
+            handle.fencing_token = recorded.get("fencing_token") or 0
             self.held[handle.resource] = handle
-            ctx.record("lock.acquired", resource=handle.resource, replayed=True)
+            ctx.record(
+                "lock.acquired",
+                resource=handle.resource,
+                fencing_token=recorded.get("fencing_token"),
+                ttl=handle.ttl,
+                replayed=True,
+            )
             return
         while True:
             now = runtime.clock.now()
@@ -151,19 +175,31 @@ class LockManager:
                     holder_job=holder["job_id"] if holder else None,
                     holder_token=holder["fencing_token"] if holder else None,
                 )
-                raise LockTimeoutError(
-                    f"lock {handle.resource!r} is held by worker "
-                    f"{holder['worker_id'] if holder else '?'} (job "
-                    f"{holder['job_id'] if holder else '?'}, fencing token "
-                    f"{holder['fencing_token'] if holder else '?'}); waited {waited:.2f}s"
+                raise _timeout(
+                    handle.resource,
+                    {
+                        "holder": holder["worker_id"] if holder else None,
+                        "holder_job": holder["job_id"] if holder else None,
+                        "holder_token": holder["fencing_token"] if holder else None,
+                    },
+                    waited,
                 )
             time.sleep(_POLL_SECONDS)
 
     def release(self, handle: LockHandle) -> None:
         ctx = self._ctx
         self.held.pop(handle.resource, None)
-        if not ctx.world.is_live:
-            ctx.record("lock.released", resource=handle.resource, replayed=True)
+        recorded = ctx.world.lock_outcome("release", handle.resource)
+        if recorded is not LIVE:
+            expired = recorded["event"] == "lock.expired"
+            ctx.record(
+                recorded["event"],
+                status="fail" if expired else None,
+                resource=handle.resource,
+                fencing_token=handle.fencing_token or None,
+                note=recorded.get("note"),
+                replayed=True,
+            )
             return
         runtime = ctx.runtime
         hlc = runtime.hlc.tick()
@@ -207,6 +243,47 @@ class LockManager:
                 if not tx.lock_renew(handle.resource, handle.owner_token, now, handle.ttl):
                     lost.append(handle.resource)
         return lost
+
+
+def _timeout(resource: str, holder: dict[str, Any], waited: float) -> LockTimeoutError:
+    return LockTimeoutError(
+        f"lock {resource!r} is held by worker {holder.get('holder') or '?'} (job "
+        f"{holder.get('holder_job') or '?'}, fencing token {holder.get('holder_token') or '?'}); "
+        f"waited {waited:.2f}s"
+    )
+
+
+def observed_holds(
+    source: RuntimeSource, job_type: str, version: str, *, jobs: int = 1000
+) -> list[LockHold]:
+    """The lock holds recorded by the last ``jobs`` production jobs of ``job_type`` ``version``:
+    each ``lock.acquired`` paired with its attempt's ``lock.released`` or ``lock.expired``.
+
+    A hold whose release was never recorded (the process died) is not counted: its
+    length is unknown.
+    """
+    runtime = source.runtime
+    holds: list[LockHold] = []
+    with runtime.storage.transaction(readonly=True) as tx:
+        for job in tx.job_list(JobFilter(None, job_type, "production", jobs)):
+            if job.handler_version != version:
+                continue
+            taken: dict[tuple[int | None, str | None], TraceEvent] = {}
+            for event in tx.trace_for_job(job.id):
+                key = (event.attempt, event.resource)
+                if event.name == "lock.acquired" and event.data.get("ttl") is not None:
+                    taken[key] = event
+                elif event.name in ("lock.released", "lock.expired") and key in taken:
+                    start = taken.pop(key)
+                    holds.append(
+                        LockHold(
+                            str(event.resource),
+                            float(start.data["ttl"]),
+                            event.ts - start.ts,
+                            expired=event.name == "lock.expired",
+                        )
+                    )
+    return holds
 
 
 def list_locks(source: RuntimeSource) -> list[LockInfo]:

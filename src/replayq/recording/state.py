@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from replayq import codec
-from replayq.recording.attempt import Attempt
+from replayq.recording.attempt import Attempt, Refusal
 from replayq.recording.blobs import load_json
 from replayq.recording.world import LIVE
 from replayq.runtime import RuntimeSource
@@ -352,6 +352,23 @@ class StateView:
             else current
         )
         token = max(fences.values()) if fences else None
+        # A replay is told whether fencing rejected this write in the recording.
+        rejection = ctx.world.write_rejection(resource)
+        if isinstance(rejection, dict):
+            ctx.defer(
+                Refusal(
+                    lambda: self._stale(
+                        resource,
+                        str(rejection.get("lock")),
+                        int(rejection.get("fencing_token") or 0),
+                        int(rejection.get("newest_token") or 0),
+                    )
+                ),
+                f"state {resource} v{new_version}",
+            )
+            entity = Entity(namespace, key, new_version, data)
+            self._pending[ident] = entity
+            return entity
 
         def write(tx: Transaction) -> None:
             for lock_resource, fencing_token in fences.items():

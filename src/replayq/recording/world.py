@@ -18,6 +18,11 @@ Every ``ctx`` verb that touches the world asks the context's ``World``:
 * ``is_live`` — the attempt reaches production: real locks, outbox rows,
   ``ctx.db_write`` rows and child jobs.
 * ``sealed`` — handler I/O that bypasses ``ctx`` is refused (see ``replayq.seal``).
+* ``lock_outcome(action, resource)`` — ``LIVE`` (take or release the lock for
+  real), or what the lock did in the recording: ``{"event": "lock.acquired",
+  "fencing_token": ...}``, ``lock.timeout``, ``lock.released`` or ``lock.expired``.
+* ``write_rejection(resource)`` — ``LIVE`` (fencing checks the write for real),
+  ``None`` (the write is not rejected) or how fencing rejected it in the recording.
 * ``lease_lost()`` — the worker learned that its lease on the job is gone.
 * ``on_step(name)`` — a step starts (a fork switches to live answers at its step).
 * ``completed_step(key)`` — whether the step at position ``key`` committed in an
@@ -71,6 +76,14 @@ class World(Protocol):
         """The data of ``resource`` at ``version`` if this world holds it, else ``LIVE``."""
         ...
 
+    def lock_outcome(self, action: str, resource: str) -> Any:
+        """``LIVE``, or what ``action`` (acquire, release) on ``resource`` returned."""
+        ...
+
+    def write_rejection(self, resource: str) -> Any:
+        """``LIVE``, ``None``, or the recorded fencing rejection of this write."""
+        ...
+
     def on_step(self, name: str) -> None: ...
 
     def completed_step(self, key: str) -> CompletedStep | None:
@@ -121,6 +134,12 @@ class LiveWorld:
         return None
 
     def recorded_state(self, resource: str, version: int) -> Any:
+        return LIVE
+
+    def lock_outcome(self, action: str, resource: str) -> Any:
+        return LIVE
+
+    def write_rejection(self, resource: str) -> Any:
         return LIVE
 
     def on_step(self, name: str) -> None:

@@ -26,10 +26,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replayq import codec
-from replayq.errors import ConfigurationError, JobError, ReplayDivergenceError, classify
+from replayq.errors import (
+    ConfigurationError,
+    EffectInDoubtError,
+    JobError,
+    RecordedFailure,
+    ReplayDivergenceError,
+    classify,
+)
 from replayq.model import TraceEvent
 from replayq.queue.handlers import Handler, PayloadShape
+from replayq.recording.attempt import Refusal
 from replayq.recording.context import Context
+from replayq.replay.decision import contract_decision, recorded_decision
 from replayq.replay.recorded import Outcome, RecordedWorld, Recording, load_recording
 from replayq.runtime import Runtime, RuntimeSource
 from replayq.seal import SealReport, Violation, seal
@@ -70,16 +79,33 @@ class ReplayReport:
     error: str | None = None
     fork_step: str | None = None
     reached_fork: bool | None = None
+    retry_recorded: str | None = None
+    retry_now: str | None = None
     unrecorded_io: list[str] = field(default_factory=list)
     allowed_io: list[str] = field(default_factory=list)
     allow_io: bool = False
+
+    @property
+    def outcome_divergence(self) -> str | None:
+        """How the outcome (status, failure class, message, retry decision) differs, if it does."""
+        a, b = self.outcome_recorded, self.outcome_now
+        if a.status != b.status:
+            return f"recorded {a.status}, now {b.status}"
+        if a.status == "failed":
+            if a.error_class != b.error_class:
+                return f"recorded failure class {a.error_class}, now {b.error_class}"
+            if a.error != b.error:
+                return f"recorded error {a.error!r}, now {b.error!r}"
+        if self.retry_recorded and self.retry_now and self.retry_recorded != self.retry_now:
+            return f"recorded decision {self.retry_recorded!r}, now {self.retry_now!r}"
+        return None
 
     @property
     def diverged(self) -> bool:
         return (
             self.first_divergence is not None
             or bool(self.unrecorded_io)
-            or self.outcome_recorded.status != self.outcome_now.status
+            or self.outcome_divergence is not None
             or bool(self.decisions)
             or bool(self.state_writes)
         )
@@ -89,6 +115,7 @@ class ReplayReport:
         body["outcome_recorded"] = self.outcome_recorded.to_dict()
         body["outcome_now"] = self.outcome_now.to_dict()
         body["first_divergence"] = vars(self.first_divergence) if self.first_divergence else None
+        body["outcome_divergence"] = self.outcome_divergence
         body["diverged"] = self.diverged
         return body
 
@@ -122,8 +149,10 @@ def signature(event: TraceEvent) -> tuple[Any, ...] | None:
         return ("outbox", data.get("topic"), codec.dumps(data.get("payload")))
     if name == "child.enqueued":
         return ("child", data.get("child_type"), codec.dumps(data.get("payload")))
-    if name in ("lock.acquired", "lock.released", "lock.expired"):
-        return ("lock", event.resource, "released" if name != "lock.acquired" else "acquired")
+    if name in ("lock.acquired", "lock.released", "lock.expired", "lock.timeout"):
+        return ("lock", event.resource, name.removeprefix("lock."))
+    if name == "state.write_rejected":
+        return ("state.write_rejected", event.resource)
     return None
 
 
@@ -291,6 +320,11 @@ class BufferedContext(Context):
         return False
 
     def commit_now(self, *, failed: bool = False) -> None:
+        if not failed:
+            # What the recorded commit refused is refused here, at the step's commit.
+            for write in self.pending_write_calls():
+                if isinstance(write, Refusal):
+                    write(None)
         writes, events = self.take_pending(failed=failed)
         self.kept_writes.extend(writes)
         self.kept_events.extend(events)
@@ -304,6 +338,9 @@ def _execute(ctx: Context) -> Outcome:
     except Exception as exc:
         ctx.discard_writes()
         ctx.commit_now(failed=True)
+        if isinstance(exc, RecordedFailure):
+            # The recorded failure, as it was recorded: its class and its message.
+            return Outcome("failed", error_class=exc.failure_class.value, error=exc.error)
         failure = classify(exc, dict(ctx.handler.error_map))
         if isinstance(exc, JobError):
             failure = exc.failure_class
@@ -427,6 +464,15 @@ def _run_derived(
         allowed_io=[str(v) for v in unrecorded if v.allowed],
         allow_io=allow_io,
     )
+    if recording.outcome.status == "failed":
+        report.retry_recorded = recorded_decision(recording.lifecycle, recording.job.max_attempts)
+    if outcome.status == "failed" and outcome.error_class != "replay":
+        report.retry_now = contract_decision(
+            handler.contract,
+            outcome.error_class,
+            recording.attempt,
+            in_doubt=(outcome.error or "").startswith(EffectInDoubtError.__name__),
+        )
     if report.unrecorded_io:
         # I/O that bypassed ctx is the divergence that matters most: name it first.
         first = next(v for v in unrecorded if not v.allowed)

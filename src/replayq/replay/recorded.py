@@ -5,10 +5,13 @@ blob store) and its outcome. ``RecordedWorld`` is the ``World`` a
 replaying context consults: calls, effects, clock and random reads and cache
 reads come from the recording, in order; a step the attempt skipped (it had
 committed in an earlier attempt) is skipped again with its recorded result; a
-call or effect that failed in the
-recording raises ``RecordedFailure`` again; anything the recording lacks raises
+call or effect that failed in the recording raises its failure again, with the
+recorded class and message (``recorded_failure``); locks return what they
+returned (acquired with which fencing token, timed out, released or expired) and
+a state write that fencing rejected is rejected again. Anything the recording
+lacks raises
 ``ReplayDivergenceError`` (deny by default) or, after a fork point, returns an
-explicit stub.
+explicit stub; an effect the recording lacks is never made up.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from replayq.errors import RecordedFailure, ReplayDivergenceError, ReplayqError
+from replayq.errors import ReplayDivergenceError, ReplayqError, recorded_failure
 from replayq.model import Job, TraceEvent
 from replayq.recording.blobs import load_json
 from replayq.recording.ledger import CompletedStep
@@ -27,6 +30,14 @@ from replayq.runtime import RuntimeSource
 from replayq.storage.protocol import Transaction
 
 EFFECT_OUTCOMES = ("effect.succeeded", "effect.deduplicated", "effect.replayed")
+LOCK_EVENTS = {
+    "acquire": ("lock.acquired", "lock.timeout"),
+    "release": ("lock.released", "lock.expired"),
+}
+UNRECORDED_EFFECT = (
+    "effect not in the recording: stub it with --stub {kind}=JSON or run it with "
+    "rerun --allow-effects {kind}"
+)
 
 
 @dataclass(frozen=True)
@@ -166,6 +177,8 @@ class RecordedWorld:
         self.reached_fork = False
         self._queues: dict[tuple[str, str], deque[TraceEvent]] = {}
         self._reads: dict[str, deque[int]] = {}
+        self._locks: dict[tuple[str, str], deque[TraceEvent]] = {}
+        self._writes: dict[str, deque[dict[str, Any] | None]] = {}
         self._skipped: dict[str, CompletedStep] = {}
         for event in recording.events:
             if event.name == "step.skipped":
@@ -182,6 +195,14 @@ class RecordedWorld:
                 self._queues.setdefault(key, deque()).append(event)
             if event.name == "state.read" and event.resource is not None:
                 self._reads.setdefault(event.resource, deque()).append(event.resource_version or 0)
+            for action, names in LOCK_EVENTS.items():
+                if event.name in names and event.resource is not None:
+                    self._locks.setdefault((action, event.resource), deque()).append(event)
+            if event.name == "state.write" and event.resource is not None:
+                self._writes.setdefault(event.resource, deque()).append(None)
+            if event.name == "state.write_rejected" and event.resource in self._writes:
+                # Fencing refused the last write of this resource at its step's commit.
+                self._writes[event.resource][-1] = dict(event.data)
         self.missing: list[str] = []
 
     @staticmethod
@@ -226,6 +247,27 @@ class RecordedWorld:
     def recorded_state(self, resource: str, version: int) -> Any:
         return self.recording.states.get((resource, version), LIVE)
 
+    def lock_outcome(self, action: str, resource: str) -> dict[str, Any]:
+        """What the recorded attempt's lock ``action`` on ``resource`` returned.
+
+        A replay takes no real lock; it is told what the lock did. Past a fork
+        point, or where the recording has no such lock, the lock is taken (released)
+        without a fencing token.
+        """
+        queue = self._locks.get((action, resource))
+        if self.reached_fork or not queue:
+            name = LOCK_EVENTS[action][0]
+            return {"event": name, "fencing_token": None}
+        event = queue.popleft()
+        return {"event": event.name, **event.data}
+
+    def write_rejection(self, resource: str) -> dict[str, Any] | None:
+        """How fencing rejected this write of ``resource`` when recorded (``None``: it did not)."""
+        queue = self._writes.get(resource)
+        if self.reached_fork or not queue:
+            return None
+        return queue.popleft()
+
     def answer(self, name: str, label: str, fingerprint: str) -> Any:
         queue = self._queues.get((name, label), deque())
         if self.reached_fork:
@@ -251,26 +293,50 @@ class RecordedWorld:
                 f"{event.data.get('key')!r}"
             )
         if event.status == "fail":
-            raise RecordedFailure(name, label, event.data.get("error"))
+            raise recorded_failure(
+                name, label, event.data.get("error"), event.data.get("error_class")
+            )
         return self._value(name, event)
 
     def _answer_live(
         self, name: str, label: str, fingerprint: str, queue: deque[TraceEvent]
     ) -> Any:
-        # Past the fork point a recorded failure is no answer: the new code gets a stub or an error.
+        """Past the fork point: a matching recorded answer, else a stub, else a divergence.
+
+        A recorded success matching the request is returned; a stub given for
+        ``label`` comes next; a recorded failure matching the request fails again (the
+        world said no then, and a fork does not get to assume it says yes now).
+        """
+
+        def matches(event: TraceEvent) -> bool:
+            if name == "call":
+                return event.data.get("fingerprint") == fingerprint
+            if name == "effect":
+                return event.data.get("key") == fingerprint
+            return True
+
         for event in [e for e in queue if e.status != "fail"]:
-            if name != "call" or event.data.get("fingerprint") == fingerprint:
+            if matches(event):
                 queue.remove(event)
                 return self._value(name, event)
         if label in self.stubs:
             return self.stubs[label]
-        if name == "effect":
-            return None  # an intended effect: recorded by the context, never executed
+        for event in [e for e in queue if e.status == "fail"]:
+            if matches(event):
+                queue.remove(event)
+                raise recorded_failure(
+                    name, label, event.data.get("error"), event.data.get("error_class")
+                )
         if name == "cache.read":
             return {"key": label, "hit": False}
         if name in ("clock.now", "random.random", "random.uuid"):
             raise ReplayDivergenceError(f"the fork asked for {name} past the recording; stub it")
         self.missing.append(f"{name} {label!r}")
+        if name == "effect":
+            raise ReplayDivergenceError(
+                f"fork: effect {label!r} (key {fingerprint!r}): "
+                + UNRECORDED_EFFECT.format(kind=label)
+            )
         raise ReplayDivergenceError(
             f"fork: {name} {label!r} (fingerprint {fingerprint}) is not in the recording and no "
             f"stub was given (--stub {label}=JSON); a fork never reaches the real world"

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replayq import codec
-from replayq.errors import ConfigurationError, EffectRefusedError
+from replayq.errors import ConfigurationError, EffectRefusedError, classify
 from replayq.model import TraceEvent
 from replayq.recording.context import Context
 from replayq.recording.world import LIVE, LiveWorld
@@ -115,7 +115,9 @@ def rerun(source: RuntimeSource, job_id: int, *, allow_effects: Sequence[str]) -
     except Exception as exc:
         ctx.discard_writes()
         ctx.commit_now(failed=True)
-        outcome = Outcome("failed", error_class=type(exc).__name__, error=str(exc))
+        # The failure class (as the worker would class it) and ``Type: message``, as everywhere.
+        failure = classify(exc, dict(handler.error_map))
+        outcome = Outcome("failed", error_class=failure.value, error=f"{type(exc).__name__}: {exc}")
     with runtime.storage.transaction() as tx:
         tx.trace_append(
             [

@@ -22,6 +22,8 @@ from replayq.queue.enqueue import get_job
 from replayq.recording.state import MAIN, delta_of, read_entity, resource_name, version_row
 from replayq.runtime import RuntimeSource
 
+ROLLBACK_TRACE_PREFIX = "rollback:job-"
+
 
 @dataclass
 class RollbackChange:
@@ -158,7 +160,8 @@ def rollback(
                 change.restored_data,
                 now=now,
                 hlc=hlc,
-                trace_id=f"rollback:{job.trace_id}",
+                # Provenance of the restored version: which job's rollback wrote it.
+                trace_id=f"{ROLLBACK_TRACE_PREFIX}{job.id}:{job.trace_id}",
             )
             if not tx.entity_put(row, current.version):
                 raise ConcurrencyError(f"{change.resource} changed while rolling back; try again")
@@ -189,13 +192,28 @@ def rollback(
     return plan
 
 
-def compensate(source: RuntimeSource, job_id: int, *, kinds: list[str] | None = None) -> list[str]:
-    """Run registered compensators for the job's succeeded effects; returns the keys compensated."""
+def compensate(
+    source: RuntimeSource,
+    job_id: int,
+    *,
+    kinds: list[str] | None = None,
+    attempt: int | None = None,
+) -> list[str]:
+    """Run registered compensators for the job's succeeded effects; returns the keys compensated.
+
+    With ``attempt``, only the effects that attempt made are compensated: an
+    earlier attempt's legitimate effect (a hold that a later attempt relied on)
+    is left alone.
+    """
     runtime = source.runtime
     job = get_job(runtime, job_id)
     done = []
     with runtime.storage.transaction(readonly=True) as tx:
-        records = [r for r in tx.idem_by_job(job_id) if r["status"] == "succeeded"]
+        records = [
+            r
+            for r in tx.idem_by_job(job_id)
+            if r["status"] == "succeeded" and (attempt is None or r["attempt"] == attempt)
+        ]
     for record in records:
         kind = record["operation"]
         if kinds is not None and kind not in kinds:
@@ -220,7 +238,7 @@ def compensate(source: RuntimeSource, job_id: int, *, kinds: list[str] | None = 
                             status="compensated",
                             resource=record["key"],
                             side_effect=True,
-                            data={"kind": kind, "key": record["key"]},
+                            data={"kind": kind, "key": record["key"], "attempt": record["attempt"]},
                         )
                     ]
                 )

@@ -222,6 +222,10 @@ class SqlTransaction(ContextVerbs):
         )
         return [row_to_job(r) for r in rows]
 
+    def job_scheduled(self, now: float, queues: Sequence[str] | None) -> tuple[int, float | None]:
+        row = self.fetchone("job_scheduled", {"now": now, "queues": self.list_param(queues)})
+        return int(row["count"]), row["next_run_at"]
+
     def job_stats(self) -> list[StatRow]:
         return [
             StatRow(r["job_type"], r["state"], int(r["count"]), r["oldest_run_at"])
@@ -279,3 +283,10 @@ class SqlTransaction(ContextVerbs):
     def contract_list(self, job_type: str | None) -> list[tuple[str, str, str, float]]:
         rows = self.fetchall("contract_list", {"job_type": job_type})
         return [(r["job_type"], r["version"], r["body"], r["registered_at"]) for r in rows]
+
+    def contract_activate(self, job_type: str, version: str, now: float) -> None:
+        self.execute("contract_activate", {"job_type": job_type, "version": version, "now": now})
+
+    def contract_active(self, job_type: str) -> str | None:
+        row = self.fetchone("contract_active", {"job_type": job_type})
+        return None if row is None else str(row["version"])

@@ -255,7 +255,11 @@ class Dashboard:
         if not from_step:
             raise HTTPException(400, "a fork needs the step to branch before")
         report = replayq.fork(
-            self.app, job_id, from_step=from_step, version=form.get("version") or None
+            self.app,
+            job_id,
+            from_step=from_step,
+            version=form.get("version") or None,
+            stubs=_stubs(form.get("stubs") or ""),
         )
         return RedirectResponse(f"/diff?a={job_id}&b={report.trace_id}", status_code=303)
 
@@ -275,6 +279,22 @@ class Dashboard:
             return self.app.get_job(job_id)
         except replayq.ReplayqError as exc:
             raise HTTPException(404, str(exc)) from exc
+
+
+def _stubs(text: str) -> dict[str, Any]:
+    """``name=JSON`` per line: what an effect or call the recording lacks returns in a fork."""
+    stubs: dict[str, Any] = {}
+    for line in text.splitlines():
+        name, sep, raw = line.strip().partition("=")
+        if not line.strip():
+            continue
+        if not sep or not name:
+            raise HTTPException(400, f"stub {line.strip()!r}: use name=JSON")
+        try:
+            stubs[name.strip()] = json.loads(raw)
+        except json.JSONDecodeError:
+            stubs[name.strip()] = raw
+    return stubs
 
 
 def create_app(app: replayq.App, *, token: str | None = None) -> Starlette:

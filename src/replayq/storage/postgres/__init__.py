@@ -37,6 +37,12 @@ Known limits, up front:
   call has found the database gone, a checkout waits ``OUTAGE_WAIT``, not
   ``pool_timeout``, until the pool connects again: callers retry with their own
   backoff, and a worker told to stop in an outage is not held for 30 s.
+* A worker frozen inside a transaction (SIGSTOP, a paused VM) holds its job row
+  ``FOR SHARE`` (the fencing check), and the reaper skips locked rows. Pooled
+  sessions therefore set ``idle_in_transaction_session_timeout``
+  (``?idle_in_transaction_timeout=`` seconds, default 10): the server ends a
+  frozen session and releases its locks, the reaper takes the job, and the
+  worker, when it resumes, finds its connection gone and its lease lost.
 * Half-open sockets (a partitioned host): libpq TCP keepalives and
   ``tcp_user_timeout`` (``DEFAULT_TCP_USER_TIMEOUT_MS`` unless the URL sets it)
   turn a silent peer into an error within seconds instead of the kernel's
@@ -65,6 +71,7 @@ from replayq import codec
 from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
 from replayq.model import Job
 from replayq.storage import migrate
+from replayq.storage.adopted import AsyncConnectionView, TupleRows
 from replayq.storage.protocol import JobLease, MigrationStatus
 from replayq.storage.queries import load_queries
 from replayq.storage.sql_transaction import SqlTransaction, row_to_job
@@ -94,7 +101,11 @@ _LIVENESS = {
     "tcp_user_timeout": str(DEFAULT_TCP_USER_TIMEOUT_MS),
 }
 # URL options replayq reads itself; everything else (options, sslmode, …) goes to libpq.
-_REPLAYQ_OPTIONS = {"pool_size", "pool_timeout"}
+_REPLAYQ_OPTIONS = {"pool_size", "pool_timeout", "idle_in_transaction_timeout"}
+# Seconds a session may sit idle inside a transaction before the server ends it. A worker
+# frozen mid-commit (SIGSTOP, a paused VM) holds its job row FOR SHARE (fencing); without
+# a bound the reaper would skip that row for as long as the process stays frozen.
+DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT = 10.0
 
 
 def parse_postgres_url(url: str) -> tuple[str, dict[str, str]]:
@@ -293,6 +304,10 @@ class PostgresStorage:
         self.conninfo, options = parse_postgres_url(url)
         self.pool_size = int(_positive(url, options, "pool_size", DEFAULT_POOL_SIZE))
         pool_timeout = _positive(url, options, "pool_timeout", DEFAULT_POOL_TIMEOUT)
+        idle = _positive(
+            url, options, "idle_in_transaction_timeout", DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT
+        )
+        self._idle_in_transaction_ms = str(int(idle * 1000))
         self.queries = load_queries("replayq.storage.postgres")
         # Cleared when a call finds the database gone (a dead or broken connection), set
         # again by the next connection the pool opens: while clear, waits are short.
@@ -326,7 +341,16 @@ class PostgresStorage:
             ) from exc
 
     def _connected(self, conn: psycopg.Connection[Any]) -> None:
-        """The pool's ``configure`` hook: a new connection proves the server answers."""
+        """The pool's ``configure`` hook: a new connection proves the server answers.
+
+        It also bounds how long the session may sit idle inside a transaction, so a
+        frozen worker's row locks are released by the server, not by the worker.
+        """
+        conn.execute(
+            "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+            (self._idle_in_transaction_ms,),
+        )
+        conn.commit()
         self._reachable.set()
 
     def _wait(self) -> float | None:
@@ -376,22 +400,31 @@ class PostgresStorage:
             yield PostgresTransaction(conn, self.queries)
 
     def adopt(self, connection: Any) -> PostgresTransaction:
-        if not isinstance(connection, psycopg.Connection):
+        """Verbs on the caller's open transaction, whatever the connection's row factory.
+
+        A psycopg connection (sync, or async seen through ``AsyncConnectionView``) is
+        checked: not in a failed transaction, not in autocommit outside one. Any other
+        DB-API connection (a framework's adapter) is trusted to be on this database
+        inside the caller's transaction.
+        """
+        driver = connection.raw if isinstance(connection, AsyncConnectionView) else connection
+        if isinstance(driver, psycopg.Connection | psycopg.AsyncConnection):
+            status = driver.info.transaction_status
+            if status == pq.TransactionStatus.INERROR:
+                raise ConfigurationError(
+                    "the connection's transaction has failed; roll it back before enqueueing"
+                )
+            if status != pq.TransactionStatus.INTRANS and driver.autocommit:
+                raise ConfigurationError(
+                    "transactional enqueue needs an open transaction: the connection is in "
+                    "autocommit mode (use `with conn.transaction():` or autocommit=False)"
+                )
+        elif not callable(getattr(connection, "cursor", None)):
             raise ConfigurationError(
-                f"transactional enqueue on PostgreSQL takes a psycopg.Connection, "
-                f"got {type(connection).__name__}"
+                f"transactional enqueue on PostgreSQL takes a psycopg connection (or another "
+                f"DB-API connection to the same database), got {type(connection).__name__}"
             )
-        status = connection.info.transaction_status
-        if status == pq.TransactionStatus.INERROR:
-            raise ConfigurationError(
-                "the connection's transaction has failed; roll it back before enqueueing"
-            )
-        if status != pq.TransactionStatus.INTRANS and connection.autocommit:
-            raise ConfigurationError(
-                "transactional enqueue needs an open transaction: the connection is in "
-                "autocommit mode (use `with conn.transaction():` or autocommit=False)"
-            )
-        return PostgresTransaction(connection, self.queries)
+        return PostgresTransaction(TupleRows(connection), self.queries)
 
     def listen(self, callback: Callable[[str | None], None]) -> Notifier:
         """Call ``callback(queue)`` when a job becomes ready; ``close()`` the result to stop."""

@@ -213,7 +213,10 @@ WHERE job_id IN (SELECT id FROM rq_jobs WHERE trace_id = %(trace_id)s) AND trace
 ORDER BY hlc, id;
 
 -- name: trace_for_resource
-SELECT * FROM rq_events WHERE resource = %(resource)s ORDER BY hlc, id;
+-- The resource and its versioned keys (a cache key ``price:sku-1`` written as ``price:sku-1:v3``).
+SELECT * FROM rq_events
+WHERE resource = %(resource)s::text OR substr(resource, 1, length(%(resource)s::text) + 2) = %(resource)s::text || ':v'
+ORDER BY hlc, id;
 
 -- name: contract_put
 INSERT INTO rq_contracts (job_type, version, body, registered_at)
@@ -227,6 +230,15 @@ SELECT body FROM rq_contracts WHERE job_type = %(job_type)s AND version = %(vers
 SELECT job_type, version, body, registered_at FROM rq_contracts
 WHERE (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
 ORDER BY job_type, registered_at, version;
+
+-- name: contract_activate
+INSERT INTO rq_active_versions (job_type, version, registered_at)
+VALUES (%(job_type)s, %(version)s, %(now)s)
+ON CONFLICT (job_type) DO UPDATE SET version = excluded.version,
+                                     registered_at = excluded.registered_at;
+
+-- name: contract_active
+SELECT version FROM rq_active_versions WHERE job_type = %(job_type)s;
 
 -- name: migrations_create
 CREATE TABLE IF NOT EXISTS rq_schema_migrations (
@@ -258,3 +270,12 @@ WHERE e.name = ANY(%(names)s)
   AND e.ts >= %(since)s
 GROUP BY j.job_type, e.name
 ORDER BY j.job_type, e.name;
+
+-- name: job_scheduled
+-- Queued jobs not yet due (delayed, or waiting out a retry's backoff): how many, and
+-- when the first one is due. A burst worker waits for them or says why it left.
+SELECT COUNT(*) AS count, MIN(run_at) AS next_run_at
+FROM rq_jobs
+WHERE state = 'queued'
+  AND run_at > %(now)s
+  AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]));

@@ -7,6 +7,10 @@ Known limits, up front:
   raises ``database is locked`` (``SQLITE_BUSY``), surfaced as ``StorageError``.
 * Many worker *processes* on one host share the file safely; many *hosts* must
   not (network file systems break SQLite locking): use PostgreSQL for that.
+* Transactional enqueue (``App.enqueue(conn=)``) needs replayq's schema in the file
+  before the caller's transaction takes the write lock: replayq cannot create its
+  tables while another connection writes. The first ``App`` use, or
+  ``replayq --db URL db upgrade``, creates them; later opens take no write lock.
 * Durability: ``journal_mode=WAL`` with ``synchronous=NORMAL``. A committed
   transaction survives a crash of any process; on power loss or an OS crash
   the last transactions before the failure may roll back (the database stays
@@ -27,6 +31,7 @@ from urllib.parse import parse_qs, urlsplit
 from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
 from replayq.seal import unsealed
 from replayq.storage import migrate
+from replayq.storage.adopted import TupleRows
 from replayq.storage.protocol import MigrationStatus
 from replayq.storage.queries import load_queries
 from replayq.storage.sql_transaction import SqlTransaction
@@ -99,7 +104,10 @@ class SqliteStorage:
                     self.path, isolation_level=None, check_same_thread=False, timeout=0
                 )
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
-            conn.execute("PRAGMA journal_mode = WAL")
+            # Switching the mode needs the file to itself; asking does not, so a process
+            # opening a WAL file while another connection writes is not blocked.
+            if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                conn.execute("PRAGMA journal_mode = WAL")
             # PRAGMA values cannot be bound parameters; this one is checked against _SYNC_MODES.
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
             # A job's commit dirties ~8 pages (rows, indexes, trace; docs/benchmarks.md): at
@@ -140,25 +148,53 @@ class SqliteStorage:
             raise StorageError(f"commit failed on {self.path!r}: {exc}") from exc
 
     def adopt(self, connection: Any) -> SqlTransaction:
-        if not isinstance(connection, sqlite3.Connection):
+        """Verbs on the caller's connection to this file, whatever its row factory.
+
+        A ``sqlite3.Connection`` in autocommit (``isolation_level=None``) must be inside
+        ``BEGIN`` already; in the module's default mode the insert itself opens the
+        transaction, as the caller's own writes would. Any other DB-API connection
+        (a framework's wrapper of ``sqlite3`` or ``aiosqlite``) is trusted to be on this
+        file inside the caller's transaction: replayq cannot check it.
+        """
+        if isinstance(connection, sqlite3.Connection):
+            if not connection.in_transaction and connection.isolation_level is None:
+                raise ConfigurationError(
+                    "transactional enqueue needs an open transaction on the connection "
+                    "(execute BEGIN, or any write, first)"
+                )
+        elif not callable(getattr(connection, "cursor", None)):
             raise ConfigurationError(
-                f"transactional enqueue on SQLite takes a sqlite3.Connection, "
-                f"got {type(connection).__name__}"
+                f"transactional enqueue on SQLite takes a sqlite3.Connection (or another "
+                f"DB-API connection to the same file), got {type(connection).__name__}"
             )
-        if not connection.in_transaction:
-            raise ConfigurationError(
-                "transactional enqueue needs an open transaction on the connection "
-                "(execute BEGIN, or any write, first)"
-            )
-        return SqlTransaction(connection, self.queries)
+        return SqlTransaction(TupleRows(connection), self.queries)
 
     def _applied(self, conn: sqlite3.Connection) -> list[tuple[int, str, float]]:
         conn.execute(self.queries["migrations_create"])
         rows = conn.execute(self.queries["migrations_applied"]).fetchall()
         return [(int(version), str(name), float(at)) for version, name, at in rows]
 
+    def _up_to_date(self, conn: sqlite3.Connection) -> bool:
+        """Whether every migration is applied, asked without the write lock."""
+        conn.execute("BEGIN")
+        try:
+            if not conn.execute(self.queries["migrations_table_exists"]).fetchone()[0]:
+                return False
+            rows = conn.execute(self.queries["migrations_applied"]).fetchall()
+        finally:
+            conn.execute("COMMIT")
+        applied = [(int(version), str(name), float(at)) for version, name, at in rows]
+        return not migrate.pending(migrate.migration_status(applied, _MIGRATIONS))
+
     def migrate(self, now: float) -> list[MigrationStatus]:
+        """Apply pending migrations; with none pending, the write lock is never taken.
+
+        So a process whose app opens while the caller's own transaction holds the write
+        lock (transactional enqueue as the first use) does not wait on itself.
+        """
         conn = self._connection()
+        if self._up_to_date(conn):
+            return []
         conn.execute("BEGIN IMMEDIATE")
         try:
             done = migrate.apply_pending(

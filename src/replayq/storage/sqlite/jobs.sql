@@ -167,7 +167,10 @@ WHERE job_id IN (SELECT id FROM rq_jobs WHERE trace_id = :trace_id) AND trace_id
 ORDER BY hlc, id;
 
 -- name: trace_for_resource
-SELECT * FROM rq_events WHERE resource = :resource ORDER BY hlc, id;
+-- The resource and its versioned keys (a cache key ``price:sku-1`` written as ``price:sku-1:v3``).
+SELECT * FROM rq_events
+WHERE resource = :resource OR substr(resource, 1, length(:resource) + 2) = :resource || ':v'
+ORDER BY hlc, id;
 
 -- name: contract_put
 INSERT INTO rq_contracts (job_type, version, body, registered_at)
@@ -182,12 +185,25 @@ SELECT job_type, version, body, registered_at FROM rq_contracts
 WHERE (:job_type IS NULL OR job_type = :job_type)
 ORDER BY job_type, registered_at, version;
 
+-- name: contract_activate
+INSERT INTO rq_active_versions (job_type, version, registered_at)
+VALUES (:job_type, :version, :now)
+ON CONFLICT (job_type) DO UPDATE SET version = excluded.version,
+                                     registered_at = excluded.registered_at;
+
+-- name: contract_active
+SELECT version FROM rq_active_versions WHERE job_type = :job_type;
+
 -- name: migrations_create
 CREATE TABLE IF NOT EXISTS rq_schema_migrations (
     version    INTEGER PRIMARY KEY,
     name       TEXT NOT NULL,
     applied_at REAL NOT NULL
 );
+
+-- name: migrations_table_exists
+SELECT COUNT(*) AS present FROM sqlite_master
+WHERE type = 'table' AND name = 'rq_schema_migrations';
 
 -- name: migrations_applied
 SELECT version, name, applied_at FROM rq_schema_migrations ORDER BY version;
@@ -211,3 +227,12 @@ WHERE e.name IN (SELECT value FROM json_each(:names))
   AND e.ts >= :since
 GROUP BY j.job_type, e.name
 ORDER BY j.job_type, e.name;
+
+-- name: job_scheduled
+-- Queued jobs not yet due (delayed, or waiting out a retry's backoff): how many, and
+-- when the first one is due. A burst worker waits for them or says why it left.
+SELECT COUNT(*) AS count, MIN(run_at) AS next_run_at
+FROM rq_jobs
+WHERE state = 'queued'
+  AND run_at > :now
+  AND (:queues IS NULL OR queue IN (SELECT value FROM json_each(:queues)));

@@ -210,4 +210,10 @@ CREATE TABLE rq_steps (
     PRIMARY KEY (job_id, step_key)
 );
 
+CREATE TABLE rq_active_versions (
+    job_type      TEXT NOT NULL PRIMARY KEY,
+    version       TEXT NOT NULL,
+    registered_at REAL NOT NULL
+);
+
 CREATE INDEX rq_events_derived ON rq_events (trace_id, id) WHERE job_id IS NULL;

@@ -1,4 +1,4 @@
--- 0005 trace indexes: only the indexes the trace's queries need.
+-- 0006 trace indexes: only the indexes the trace's queries need.
 -- A job's events are found by job_id (rq_events_job: trace_for_job, `replayq trace
 -- show JOB`); a job's own trace_id is found through rq_jobs_trace. Only derived traces
 -- (dry-run, fork, rerun: job_id NULL) need events by trace_id, so that index covers
