@@ -89,3 +89,34 @@ def test_a_jobs_events_are_found_by_its_trace_id_and_a_dry_runs_by_its_own(
     assert [e.name for e in own] == [e.name for e in app.trace(job.id)]
     assert "decision" in [e.name for e in derived]
     assert all(e.job_id is None for e in derived)
+
+
+def test_a_resource_trace_holds_its_versioned_keys_and_nothing_that_only_looks_alike(
+    app_factory: AppFactory,
+) -> None:
+    from replayq.model import TraceEvent
+
+    app = app_factory()
+    resources = [
+        "price:sku-1",
+        "price:sku-1:v3",
+        "price:sku-1:v12",
+        "price:sku-10",
+        "price:sku-1:x",
+    ]
+    with app.storage.transaction() as tx:
+        tx.trace_append(
+            [
+                TraceEvent(
+                    trace_id="replay-resources",
+                    name="cache.write",
+                    kind="domain",
+                    ts=1.0,
+                    hlc=n + 1,
+                    resource=resource,
+                )
+                for n, resource in enumerate(resources)
+            ]
+        )
+        found = [e.resource for e in tx.trace_for_resource("price:sku-1")]
+    assert found == ["price:sku-1", "price:sku-1:v3", "price:sku-1:v12"]

@@ -214,8 +214,12 @@ ORDER BY hlc, id;
 
 -- name: trace_for_resource
 -- The resource and its versioned keys (a cache key ``price:sku-1`` written as ``price:sku-1:v3``).
+-- Both terms are ranges on rq_events_resource, built on resource COLLATE "C" so that the
+-- prefix [':v', ':w') is a byte range whatever the database's collation.
 SELECT * FROM rq_events
-WHERE resource = %(resource)s::text OR substr(resource, 1, length(%(resource)s::text) + 2) = %(resource)s::text || ':v'
+WHERE (resource COLLATE "C") = %(resource)s::text
+   OR ((resource COLLATE "C") >= %(resource)s::text || ':v'
+       AND (resource COLLATE "C") < %(resource)s::text || ':w')
 ORDER BY hlc, id;
 
 -- name: contract_put

@@ -168,8 +168,11 @@ ORDER BY hlc, id;
 
 -- name: trace_for_resource
 -- The resource and its versioned keys (a cache key ``price:sku-1`` written as ``price:sku-1:v3``).
+-- Both terms are ranges on rq_events_resource (a prefix as [':v', ':w') in byte order), so
+-- the index serves them; a substr() comparison made this a scan of every event.
 SELECT * FROM rq_events
-WHERE resource = :resource OR substr(resource, 1, length(:resource) + 2) = :resource || ':v'
+WHERE resource = :resource
+   OR (resource >= :resource || ':v' AND resource < :resource || ':w')
 ORDER BY hlc, id;
 
 -- name: contract_put

@@ -9,3 +9,11 @@
 DROP INDEX rq_events_trace;
 
 CREATE INDEX rq_events_derived ON rq_events (trace_id, id) WHERE job_id IS NULL;
+
+-- trace_for_resource matches a resource and its versioned keys (``price:sku-1:v3``) as a
+-- byte range: the index is on the resource in the "C" collation so that the range is one
+-- whatever the database's collation (SQLite compares bytes already).
+DROP INDEX rq_events_resource;
+
+CREATE INDEX rq_events_resource ON rq_events ((resource COLLATE "C"), hlc)
+WHERE resource IS NOT NULL;
