@@ -10,6 +10,10 @@ The public API, by layer (everything a user or the ``replayq`` command line need
   ``rerun_many``, ``plan_rollback``, ``rollback``, ``compensate``,
   ``diff_traces``, ``render_diff``, ``uncommitted_writes``, ``export_case``,
   ``import_case``, ``signal_counts``;
+* rollouts: ``freeze_contracts``/``check_contracts`` (``replayq.contracts.lock``),
+  ``Rollout`` (``App.rollout(type)``), ``Routing``, ``PinRule``,
+  ``RoutingChange``, ``RollbackResult``, ``Gate``, ``GateReport``, ``verify_rollout`` and its
+  ``VerifyReport`` of ``AttemptComparison``s;
 * shared resources: ``list_locks``, ``break_lock``, ``open_sink``, ``publish_pending``;
 * clocks: ``Clock``, ``SystemClock``, ``FrozenClock``, ``HybridLogicalClock``;
 * observing: ``Observer`` (what a ``Worker(observers=...)`` is told), ``WorkerMetrics``
@@ -43,6 +47,7 @@ from replayq.errors import (
     ReplayDivergenceError,
     ReplayqError,
     RollbackRefusedError,
+    RolloutRefusedError,
     SchemaError,
     StaleFencingTokenError,
     StorageError,
@@ -70,6 +75,21 @@ from replayq.replay.export import export_case, import_case
 from replayq.replay.rerun import RerunReport, rerun, rerun_many
 from replayq.replay.rollback import compensate, plan_rollback, rollback
 from replayq.replay.signals import signal_counts
+from replayq.rollout import (
+    AttemptComparison,
+    Gate,
+    GateReport,
+    LockDifference,
+    PinRule,
+    RollbackResult,
+    Rollout,
+    Routing,
+    RoutingChange,
+    VerifyReport,
+    check_contracts,
+    freeze_contracts,
+    verify_rollout,
+)
 from replayq.worker import Worker
 
 try:
@@ -79,6 +99,7 @@ except _metadata.PackageNotFoundError:  # imported from a source tree that was n
 
 __all__ = [
     "App",
+    "AttemptComparison",
     "AttemptTracer",
     "Clock",
     "ConcurrencyError",
@@ -96,15 +117,19 @@ __all__ = [
     "Entity",
     "FailureClass",
     "FrozenClock",
+    "Gate",
+    "GateReport",
     "HybridLogicalClock",
     "Job",
     "JobContract",
     "JobError",
     "JobState",
     "LeaseLostError",
+    "LockDifference",
     "LockTimeoutError",
     "Observer",
     "PayloadError",
+    "PinRule",
     "RecordedFailure",
     "ReplayDivergenceError",
     "ReplayReport",
@@ -112,6 +137,11 @@ __all__ = [
     "RerunReport",
     "Retry",
     "RollbackRefusedError",
+    "RollbackResult",
+    "Rollout",
+    "RolloutRefusedError",
+    "Routing",
+    "RoutingChange",
     "SchemaError",
     "StaleFencingTokenError",
     "StatRow",
@@ -122,9 +152,11 @@ __all__ = [
     "TransientError",
     "UnknownJobTypeError",
     "ValidationError",
+    "VerifyReport",
     "Worker",
     "WorkerMetrics",
     "break_lock",
+    "check_contracts",
     "compensate",
     "configure_logging",
     "diff_contracts",
@@ -134,6 +166,7 @@ __all__ = [
     "export_case",
     "fleet_registry",
     "fork",
+    "freeze_contracts",
     "import_case",
     "lint_contract",
     "list_locks",
@@ -150,4 +183,5 @@ __all__ = [
     "signal_counts",
     "trace_replay",
     "uncommitted_writes",
+    "verify_rollout",
 ]

@@ -34,6 +34,7 @@ from replayq.recording.in_doubt import (
     resolve_effect,
 )
 from replayq.recording.state import StateStore
+from replayq.rollout import Rollout
 from replayq.runtime import DEFAULT_BLOB_LIMIT_BYTES, Limits, Runtime
 from replayq.storage import open_storage
 from replayq.storage.adopted import AsyncConnectionView, run_bridged
@@ -437,9 +438,11 @@ class App:
         job_type: str | None = None,
         origin: str | None = "production",
         limit: int = 100,
+        version: str | None = None,
     ) -> list[Job]:
+        """Jobs, newest first; ``version``: only those routed to that handler version."""
         with self.storage.transaction(readonly=True) as tx:
-            return tx.job_list(JobFilter(states, job_type, origin, limit))
+            return tx.job_list(JobFilter(states, job_type, origin, limit, version))
 
     def queue_overview(self) -> list[dict[str, Any]]:
         """Open jobs by queue, type, version and state, with the oldest ready job's ``run_at``
@@ -482,6 +485,10 @@ class App:
                     )
         return sorted(events, key=lambda e: (e.hlc, e.id or 0))
 
+    def rollout(self, job_type: str, *, actor: str | None = None) -> Rollout:
+        """The routing of ``job_type``: read it, and change it (each change recorded)."""
+        return Rollout(self, job_type, actor=actor)
+
     def cancel(self, job_id: int) -> bool:
         """Cancel a queued job; ``False`` if it is no longer queued."""
         now, hlc = self.clock.now(), self.hlc.tick()
@@ -499,17 +506,30 @@ class App:
             )
         return True
 
-    def requeue(self, job_id: int, *, reason: str) -> bool:
-        """Move a dead job back to the queue with one more attempt; the reason is traced."""
+    def requeue(self, job_id: int, *, reason: str, to_version: str | None = None) -> bool:
+        """Move a dead job back to the queue with one more attempt; the reason is traced.
+
+        The job runs under ``to_version`` (which must be declared here if this app
+        declares the type), or is routed afresh at its next lease.
+        """
         if not reason.strip():
             raise ConfigurationError("requeue needs a reason; it goes into the job's trace")
         now, hlc = self.clock.now(), self.hlc.tick()
         with self.storage.transaction() as tx:
-            if not tx.job_requeue(job_id, now, hlc):
+            if not tx.job_requeue(job_id, now, hlc, to_version=to_version):
                 return False
             job = tx.job_get(job_id)
             assert job is not None
             tx.trace_append(
-                [lifecycle.lifecycle(lifecycle.JOB_REQUEUED, job, now=now, hlc=hlc, reason=reason)]
+                [
+                    lifecycle.lifecycle(
+                        lifecycle.JOB_REQUEUED,
+                        job,
+                        now=now,
+                        hlc=hlc,
+                        reason=reason,
+                        to_version=to_version,
+                    )
+                ]
             )
         return True

@@ -17,6 +17,8 @@ The tree::
     │                               (also a JobError of its recorded class: see recorded_failure)
     ├── EffectRefusedError          a rerun met an effect kind it may not run, with no recording
     ├── RollbackRefusedError        a later job wrote what a rollback would restore
+    ├── RolloutRefusedError         a routing change refused: a gate says the candidate is
+    │                               worse, a version not declared, a concurrent change
     ├── UnrecordedIOError           in a sealed replay, handler I/O that bypassed ``ctx``
     │                               (also a ``PermissionError``: see the class)
     └── JobError                    raised *by handlers*; its class decides retries
@@ -105,6 +107,10 @@ class DatabaseUnavailableError(StorageError):
 
 class SchemaError(StorageError):
     """The schema is missing, or newer than this version of replayq understands."""
+
+
+class RolloutRefusedError(ReplayqError):
+    """A rollout change was refused; the message says which gate, version or race, and why."""
 
 
 class LeaseLostError(ReplayqError):

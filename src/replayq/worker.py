@@ -46,6 +46,8 @@ from replayq.queue.handlers import Handler
 from replayq.recording.context import Context
 from replayq.recording.ledger import ledger_loader
 from replayq.recording.world import LiveWorld, LostFlag
+from replayq.rollout.router import REFRESH_SECONDS, Router
+from replayq.rollout.shadow import compare_attempt
 from replayq.runtime import RuntimeSource
 from replayq.storage.protocol import (
     JobBury,
@@ -108,6 +110,7 @@ class Worker:
         reap_interval: float = 1.0,
         grace_period: float = 30.0,
         observers: Sequence[Observer] = (),
+        routing_refresh: float = REFRESH_SECONDS,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -137,6 +140,8 @@ class Worker:
         self._stop_requested: float | None = None
         # The backend's wake-up listener while running (PostgreSQL LISTEN), else None.
         self.notifier: Any = None
+        # Routing records (replayq rollout), read again at most every half second.
+        self.router = Router(self.runtime.registry, routing_refresh)
 
     # -- control ----------------------------------------------------------------------------
 
@@ -238,6 +243,8 @@ class Worker:
 
     def _lease_params(self, limit: int) -> JobLease:
         handlers = {t: self.runtime.registry.handler(t) for t in self.runtime.registry.job_types()}
+        # A routed type's new jobs are leased without a version and routed below, one by one.
+        routed = self.router.routed_types()
         return JobLease(
             worker_id=self.worker_id,
             owner_token=uuid.uuid4().hex,
@@ -246,7 +253,7 @@ class Worker:
             limit=limit,
             default_lease_seconds=30.0,
             lease_for={t: h.contract.lease for t, h in handlers.items()},
-            version_for={t: h.contract.version for t, h in handlers.items()},
+            version_for={t: h.contract.version for t, h in handlers.items() if t not in routed},
             queues=self.queues,
         )
 
@@ -266,11 +273,15 @@ class Worker:
         batch). Returns (jobs, lease time). The caller hands them to ``_hold`` once
         ``tx`` has committed, never before: a rolled-back lease holds nothing.
         """
+        self.router.refresh(tx)
         params = self._lease_params(limit)
-        jobs = tx.job_lease(params)
+        routed = [self._routed(tx, job, params.owner_token) for job in tx.job_lease(params)]
+        jobs = [job for job, _ in routed]
         events = list(also)
-        for job in jobs:
+        for job, moved_from in routed:
             self.runtime.hlc.observe(job.hlc)
+            # A job whose routing no longer names its version (rolled back): the trace says so.
+            moved: dict[str, Any] = {"version_moved_from": moved_from} if moved_from else {}
             events.append(
                 trace.lifecycle(
                     trace.JOB_LEASED,
@@ -283,10 +294,19 @@ class Worker:
                     lease_deadline=job.lease_deadline,
                     version=job.handler_version,
                     redelivery_count=job.redelivery_count,
+                    **moved,
                 )
             )
         tx.trace_append(events)
         return jobs, params.now
+
+    def _routed(self, tx: Transaction, job: Job, owner_token: str) -> tuple[Job, str | None]:
+        """The leased job with its version (kept from its first lease, else chosen now),
+        and the version it was moved from, if it had one its routing no longer names."""
+        version = self.router.choose(job)
+        if version is None or not tx.job_route(job.id, owner_token, version):
+            return job, None
+        return job.evolve(handler_version=version), job.handler_version
 
     def _hold(self, jobs: Sequence[Job], now: float) -> None:
         """Jobs whose lease committed: track them for heartbeats and queue them to run."""
@@ -533,6 +553,7 @@ class Worker:
         except Exception as exc:
             ctx.discard_writes()
             self._fail(job, handler, ctx, exc, time.monotonic() - started)
+            self._compare(job, handler)
             return
         try:
             self._succeed(job, handler, ctx, result_json, time.monotonic() - started, refill)
@@ -543,6 +564,19 @@ class Worker:
             # and runs again, never buried for the database's fault.
             ctx.discard_writes()
             self._fail(job, handler, ctx, exc, time.monotonic() - started)
+        self._compare(job, handler)
+
+    def _compare(self, job: Job, handler: Handler) -> None:
+        """Shadow and dual-run: the candidate re-runs this settled attempt, sealed.
+
+        Only the authoritative run made real effects; the candidate gets its recorded
+        answers (observe-only) and the comparison is stored for ``rollout status``.
+        """
+        for mode, version in self.router.comparisons_for(job, handler.contract.version):
+            try:
+                compare_attempt(self.runtime, job, version, mode=mode)
+            except Exception:  # a comparison never fails the job it observes
+                log.exception("job %s: %s run of %s failed", job.id, mode, version)
 
     def _settle(self, job: Job, write: Any, ctx: Context | None = None) -> bool:
         """Run ``write(tx)`` in one transaction; a lost lease rolls it all back and is traced.

@@ -156,6 +156,9 @@ def jobs() -> None:
 @click.option("--type", "job_type", default=None, help="Only jobs of this type.")
 @click.option("--limit", default=50, show_default=True, help="Show at most this many.")
 @click.option("--all-origins", is_flag=True, help="Include replay, fork and rerun jobs.")
+@click.option(
+    "--version", "version", default=None, help="Only jobs routed to this handler version."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def jobs_list(
@@ -164,14 +167,16 @@ def jobs_list(
     job_type: str | None,
     limit: int,
     all_origins: bool,
+    version: str | None,
     as_json: bool,
 ) -> None:
-    """List jobs, newest first."""
+    """List jobs, newest first (``--version v2 --state running``: what is still on v2)."""
     found = env.app().list_jobs(
         states=states or None,
         job_type=job_type,
         origin=None if all_origins else "production",
         limit=limit,
+        version=version,
     )
     if as_json:
         emit_json([job.to_dict() for job in found])
@@ -221,14 +226,41 @@ def dead_list(env: Env, job_type: str | None, as_json: bool) -> None:
 
 
 @dead.command("requeue")
-@click.argument("job_id", type=int)
+@click.argument("job_ids", type=int, nargs=-1)
 @click.option("--reason", required=True, help="Why; recorded in the job's trace.")
+@click.option("--type", "job_type", default=None, help="Every dead job of this type (no JOB_IDS).")
+@click.option(
+    "--version", "version", default=None, help="With --type: only those that ran this version."
+)
+@click.option(
+    "--to-version",
+    default=None,
+    help="Run them under this version (default: routed afresh at their next lease).",
+)
 @pass_env
-def dead_requeue(env: Env, job_id: int, reason: str) -> None:
-    """Put a dead job back in the queue with one more attempt."""
-    if not env.app().requeue(job_id, reason=reason):
-        raise click.ClickException(f"job {job_id} is not dead")
-    click.echo(f"job {job_id} requeued")
+def dead_requeue(
+    env: Env,
+    job_ids: tuple[int, ...],
+    reason: str,
+    job_type: str | None,
+    version: str | None,
+    to_version: str | None,
+) -> None:
+    """Put dead jobs back in the queue with one more attempt each."""
+    app = env.app()
+    if not job_ids and job_type is None:
+        raise click.UsageError("give JOB_IDS, or --type (and --version) to requeue a selection")
+    ids = list(job_ids) or [
+        job.id
+        for job in app.list_jobs(states=["dead"], job_type=job_type, version=version, limit=100_000)
+    ]
+    for job_id in ids:
+        if not app.requeue(job_id, reason=reason, to_version=to_version):
+            raise click.ClickException(f"job {job_id} is not dead")
+        target = f" to {to_version}" if to_version else ""
+        click.echo(f"job {job_id} requeued{target}")
+    if not ids:
+        click.echo("no dead jobs match")
 
 
 @click.command()

@@ -2,7 +2,7 @@
 
 One module per command group: ``jobs`` (worker, enqueue, jobs, dead, stats,
 signals), ``trace``, ``replay`` (replay, fork, diff, rerun, rollback) and
-``admin`` (db, contract, locks, outbox, state, demo). Each imports only the
+``admin`` (db, contract, locks, outbox, state, demo) and ``rollout``. Each imports only the
 public ``replayq`` package; a new command goes in its group's module and is
 registered here.
 """
@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from replayq import ReplayqError, __version__
-from replayq.cli import admin, effects, jobs, metrics, replay, trace, web
+from replayq.cli import admin, effects, jobs, metrics, replay, rollout, trace, web
 from replayq.cli.env import Env
 
 
@@ -63,3 +63,4 @@ main.add_command(replay.fork_command)
 main.add_command(replay.diff_command)
 main.add_command(replay.rerun)
 main.add_command(replay.rollback)
+main.add_command(rollout.rollout)

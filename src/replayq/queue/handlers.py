@@ -161,6 +161,10 @@ class HandlerRegistry:
     def declares(self, job_type: str) -> bool:
         return job_type in self._versions
 
+    def versions(self, job_type: str) -> list[str]:
+        """The declared versions of a type, in declaration order."""
+        return list(self._versions.get(job_type, {}))
+
     def job_types(self) -> list[str]:
         return sorted(self._versions)
 

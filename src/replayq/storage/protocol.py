@@ -102,6 +102,25 @@ class JobFilter:
     job_type: str | None = None
     origin: str | None = "production"
     limit: int = 100
+    # Only jobs routed to this handler version (``jobs list --version``).
+    version: str | None = None
+
+
+@dataclass(frozen=True)
+class RoutingPut:
+    """Write a job type's routing record: compare-and-set on the revision the caller read.
+
+    ``expected_revision=0`` creates the record. The change is appended to the type's
+    routing events with who made it and why, in the same transaction.
+    """
+
+    job_type: str
+    body_json: str
+    expected_revision: int
+    action: str
+    actor: str
+    reason: str | None
+    now: float
 
 
 @dataclass(frozen=True)
@@ -148,8 +167,18 @@ class Transaction(Protocol):
 
     def job_cancel(self, job_id: int, now: float, hlc: int) -> bool: ...
 
-    def job_requeue(self, job_id: int, now: float, hlc: int, extra_attempts: int = 1) -> bool:
-        """Move a ``dead`` job back to ``queued`` with a fresh attempt budget."""
+    def job_requeue(
+        self,
+        job_id: int,
+        now: float,
+        hlc: int,
+        extra_attempts: int = 1,
+        to_version: str | None = None,
+    ) -> bool:
+        """Move a ``dead`` job back to ``queued`` with a fresh attempt budget.
+
+        Its version is ``to_version``, or chosen afresh at its next lease when ``None``.
+        """
         ...
 
     def lease_reap(self, now: float, limit: int) -> list[Job]:
@@ -207,6 +236,38 @@ class Transaction(Protocol):
         ...
 
     def contract_active(self, job_type: str) -> str | None: ...
+
+    # Rollouts: routing records, a job's version chosen at its first lease, comparisons.
+
+    def routing_get(self, job_type: str) -> Row | None:
+        """``{job_type, body, revision, updated_at}`` of the type's routing, if it has one."""
+        ...
+
+    def routing_list(self) -> list[Row]: ...
+
+    def routing_put(self, params: RoutingPut) -> int | None:
+        """The new revision, or ``None`` when the record changed since it was read."""
+        ...
+
+    def routing_events(self, job_type: str) -> list[Row]:
+        """Every change of the type's routing, oldest first, with actor and reason."""
+        ...
+
+    def job_route(self, job_id: int, owner_token: str, version: str) -> bool:
+        """Set the version of a job this owner just leased, if it has none yet."""
+        ...
+
+    def job_reroute(self, job_type: str, from_version: str, to_version: str) -> int:
+        """Move queued jobs of a type from one version to another; returns how many."""
+        ...
+
+    def comparison_put(self, params: Mapping[str, Any]) -> None: ...
+
+    def comparison_list(self, job_type: str, mode: str | None, limit: int) -> list[Row]: ...
+
+    def version_outcomes(self, job_type: str, since: float) -> list[Row]:
+        """Attempt ends, decisions and incidents of a type since ``since``, with the version."""
+        ...
 
     # The recording context's verbs (rows as dicts; see storage/context_verbs.py).
 

@@ -21,6 +21,8 @@ from replayq.storage.protocol import (
     JobLease,
     JobRetry,
     LeaseExtend,
+    RoutingPut,
+    Row,
 )
 
 _JOB_COLUMNS = (
@@ -193,11 +195,22 @@ class SqlTransaction(ContextVerbs):
     def job_cancel(self, job_id: int, now: float, hlc: int) -> bool:
         return self.changed("job_cancel", {"job_id": job_id, "now": now, "hlc": hlc})
 
-    def job_requeue(self, job_id: int, now: float, hlc: int, extra_attempts: int = 1) -> bool:
-        return self.changed(
-            "job_requeue",
-            {"job_id": job_id, "now": now, "hlc": hlc, "extra_attempts": extra_attempts},
-        )
+    def job_requeue(
+        self,
+        job_id: int,
+        now: float,
+        hlc: int,
+        extra_attempts: int = 1,
+        to_version: str | None = None,
+    ) -> bool:
+        params = {
+            "job_id": job_id,
+            "now": now,
+            "hlc": hlc,
+            "extra_attempts": extra_attempts,
+            "to_version": to_version,
+        }
+        return self.changed("job_requeue", params)
 
     def lease_reap(self, now: float, limit: int) -> list[Job]:
         return [row_to_job(r) for r in self.fetchall("lease_reap", {"now": now, "limit": limit})]
@@ -217,6 +230,7 @@ class SqlTransaction(ContextVerbs):
                 "states": self.list_param(params.states),
                 "job_type": params.job_type,
                 "origin": params.origin,
+                "version": params.version,
                 "limit": params.limit,
             },
         )
@@ -290,3 +304,59 @@ class SqlTransaction(ContextVerbs):
     def contract_active(self, job_type: str) -> str | None:
         row = self.fetchone("contract_active", {"job_type": job_type})
         return None if row is None else str(row["version"])
+
+    # -- rollouts ---------------------------------------------------------------------------
+
+    def routing_get(self, job_type: str) -> Row | None:
+        row = self.fetchone("routing_get", {"job_type": job_type})
+        return dict(row) if row is not None else None
+
+    def routing_list(self) -> list[Row]:
+        return [dict(r) for r in self.fetchall("routing_list")]
+
+    def routing_put(self, params: RoutingPut) -> int | None:
+        body = {"job_type": params.job_type, "body": params.body_json, "now": params.now}
+        if params.expected_revision == 0:
+            changed = self.changed("routing_insert", body)
+        else:
+            changed = self.changed(
+                "routing_update", {**body, "expected_revision": params.expected_revision}
+            )
+        if not changed:
+            return None
+        revision = params.expected_revision + 1
+        self.execute(
+            "routing_event_append",
+            {
+                "job_type": params.job_type,
+                "revision": revision,
+                "action": params.action,
+                "actor": params.actor,
+                "reason": params.reason,
+                "body": params.body_json,
+                "now": params.now,
+            },
+        )
+        return revision
+
+    def routing_events(self, job_type: str) -> list[Row]:
+        return [dict(r) for r in self.fetchall("routing_events", {"job_type": job_type})]
+
+    def job_route(self, job_id: int, owner_token: str, version: str) -> bool:
+        params = {"job_id": job_id, "owner_token": owner_token, "version": version}
+        return self.changed("job_route", params)
+
+    def job_reroute(self, job_type: str, from_version: str, to_version: str) -> int:
+        params = {"job_type": job_type, "from_version": from_version, "to_version": to_version}
+        return int(self.execute("job_reroute", params).rowcount)
+
+    def comparison_put(self, params: Mapping[str, Any]) -> None:
+        self.execute("comparison_put", params)
+
+    def comparison_list(self, job_type: str, mode: str | None, limit: int) -> list[Row]:
+        params = {"job_type": job_type, "mode": mode, "limit": limit}
+        return [dict(r) for r in self.fetchall("comparison_list", params)]
+
+    def version_outcomes(self, job_type: str, since: float) -> list[Row]:
+        params = {"job_type": job_type, "since": since}
+        return [dict(r) for r in self.fetchall("version_outcomes", params)]

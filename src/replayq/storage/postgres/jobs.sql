@@ -34,7 +34,7 @@ SELECT * FROM rq_jobs WHERE id = %(job_id)s;
 UPDATE rq_jobs
 SET state = 'running', attempt = attempt + 1, owner_token = %(owner_token)s,
     worker_id = %(worker_id)s, leased_at = %(now)s, lease_deadline = %(now)s + %(lease_seconds)s,
-    handler_version = %(handler_version)s::text, hlc = GREATEST(hlc + 1, %(hlc)s)
+    handler_version = COALESCE(handler_version, %(handler_version)s::text), hlc = GREATEST(hlc + 1, %(hlc)s)
 WHERE id = %(job_id)s AND state = 'queued'
 RETURNING *;
 
@@ -65,7 +65,8 @@ SET state = 'running', attempt = j.attempt + 1, owner_token = %(owner_token)s,
     worker_id = %(worker_id)s, leased_at = %(now)s,
     lease_deadline = %(now)s + COALESCE((%(lease_for)s::jsonb ->> j.job_type)::float8,
                                         %(default_lease_seconds)s),
-    handler_version = %(version_for)s::jsonb ->> j.job_type,
+    -- A job keeps the version of its first lease through every later attempt.
+    handler_version = COALESCE(j.handler_version, %(version_for)s::jsonb ->> j.job_type),
     hlc = GREATEST(j.hlc + 1, %(hlc)s)
 FROM candidates AS c
 WHERE j.id = c.id AND j.state = 'queued'
@@ -119,7 +120,9 @@ WHERE id = %(job_id)s AND state = 'queued';
 WITH requeued AS (
     UPDATE rq_jobs
     SET state = 'queued', run_at = %(now)s, max_attempts = attempt + %(extra_attempts)s,
-        dead_reason = NULL, finished_at = NULL, hlc = %(hlc)s
+        dead_reason = NULL, finished_at = NULL, hlc = %(hlc)s,
+        -- A requeued job is routed afresh at its next lease unless a version is named.
+        handler_version = %(to_version)s::text
     WHERE id = %(job_id)s AND state = 'dead'
     RETURNING queue
 )
@@ -161,6 +164,7 @@ SELECT * FROM rq_jobs
 WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
   AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
+  AND (%(version)s::text IS NULL OR handler_version = %(version)s::text)
 ORDER BY id DESC
 LIMIT %(limit)s;
 

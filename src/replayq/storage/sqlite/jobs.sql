@@ -41,7 +41,8 @@ LIMIT :limit;
 UPDATE rq_jobs
 SET state = 'running', attempt = attempt + 1, owner_token = :owner_token,
     worker_id = :worker_id, leased_at = :now, lease_deadline = :now + :lease_seconds,
-    handler_version = :handler_version, hlc = MAX(hlc + 1, :hlc)
+    -- A job keeps the version of its first lease through every later attempt.
+    handler_version = COALESCE(handler_version, :handler_version), hlc = MAX(hlc + 1, :hlc)
 WHERE id = :job_id AND state = 'queued'
 RETURNING *;
 
@@ -89,7 +90,9 @@ WHERE id = :job_id AND state = 'queued';
 -- name: job_requeue
 UPDATE rq_jobs
 SET state = 'queued', run_at = :now, max_attempts = attempt + :extra_attempts,
-    dead_reason = NULL, finished_at = NULL, hlc = :hlc
+    dead_reason = NULL, finished_at = NULL, hlc = :hlc,
+    -- A requeued job is routed afresh at its next lease unless a version is named.
+    handler_version = :to_version
 WHERE id = :job_id AND state = 'dead';
 
 -- name: lease_reap
@@ -117,6 +120,7 @@ SELECT * FROM rq_jobs
 WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
   AND (:job_type IS NULL OR job_type = :job_type)
   AND (:origin IS NULL OR origin = :origin)
+  AND (:version IS NULL OR handler_version = :version)
 ORDER BY id DESC
 LIMIT :limit;
 
