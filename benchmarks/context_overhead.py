@@ -27,7 +27,14 @@ So the difference is the recording: trace events, blobs, HLC stamps, step
 bookkeeping and its commits, entity version rows with deltas.
 
     python benchmarks/context_overhead.py [--jobs 2000] [--repeat 3] [--lines 32]
+                                          [--backend sqlite|postgres] [--json]
                                           [--dir DIR] [--profile]
+
+``--json`` prints one object instead of the tables: each side's µs/job, the
+overhead %, transactions, event rows, rows and bytes per job, the load average
+and the commit, so that runs on different commits can be compared.
+``--backend postgres`` runs every drain in a fresh schema on ``--pg-url``
+(default ``$REPLAYQ_TEST_PG``); the plain side then uses ``psycopg``.
 
 ``--profile`` also runs the traced and plain handlers inline (lease + execute
 on the main thread, as ``replayq.testing.run_inline`` does), once with every
@@ -42,6 +49,7 @@ import argparse
 import cProfile
 import json
 import pstats
+import re
 import shutil
 import sqlite3
 import statistics
@@ -56,7 +64,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from machine import machine
+from machine import PG_URL, PgSchemas, commit, load_average, machine, schema_of
 
 import replayq
 
@@ -154,7 +162,7 @@ CREATE TABLE IF NOT EXISTS app_idempotency (
 # A versioned upsert: insert version 1, or bump the version if it is still the one read.
 UPSERT = """
 INSERT INTO app_entities (namespace, key, version, data) VALUES (:ns, :key, 1, :data)
-ON CONFLICT (namespace, key) DO UPDATE SET version = version + 1, data = excluded.data
+ON CONFLICT (namespace, key) DO UPDATE SET version = app_entities.version + 1, data = excluded.data
 WHERE app_entities.version = :expected
 """
 CLAIM = """
@@ -169,29 +177,54 @@ WHERE key = :key AND claim_token = :claim AND status = 'started'
 READ = "SELECT version, data FROM app_entities WHERE namespace = ? AND key = ?"
 
 
+def _pg_style(sql: str) -> str:
+    """sqlite3's ``:name`` and ``?`` placeholders as psycopg's."""
+    return re.sub(r"(?<!:):([a-z_]+)", r"%(\1)s", sql).replace("?", "%s")
+
+
 class PlainDatabase:
     """The application's own connections (one per thread), set up as replayq sets up its own."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, place: Place) -> None:
+        self.place = place
         self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
-        self.conn().executescript(PLAIN_SCHEMA)
+        self._all: list[Any] = []
+        if place.backend == "sqlite":
+            self.conn().executescript(PLAIN_SCHEMA)
+        else:
+            for statement in PLAIN_SCHEMA.split(";"):
+                if statement.strip():
+                    self.conn().execute(statement)
 
-    def conn(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+    def conn(self) -> Any:
+        conn: Any = getattr(self._local, "conn", None)
         if conn is None:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
+            if self.place.backend == "sqlite":
+                conn = sqlite3.connect(
+                    self.place.path, isolation_level=None, check_same_thread=False
+                )
+                conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+                conn.execute("PRAGMA journal_mode = WAL")
+                conn.execute("PRAGMA synchronous = NORMAL")
+            else:
+                import psycopg
+
+                conn = psycopg.connect(self.place.conninfo, autocommit=True)
             self._local.conn = conn
             self._all.append(conn)
         return conn
 
+    def sql(self, statement: str) -> str:
+        return statement if self.place.backend == "sqlite" else _pg_style(statement)
+
     @contextmanager
     def transaction(self, *, readonly: bool = False) -> Any:
+        count_transaction()
         conn = self.conn()
+        if self.place.backend == "postgres":
+            with conn.transaction():
+                yield conn
+            return
         conn.execute("BEGIN" if readonly else "BEGIN IMMEDIATE")
         try:
             yield conn
@@ -205,14 +238,16 @@ class PlainDatabase:
             conn.close()
 
 
-def _read(conn: sqlite3.Connection, namespace: str, key: int) -> tuple[int, Any]:
-    row = conn.execute(READ, (namespace, str(key))).fetchone()
+def _read(db: PlainDatabase, conn: Any, namespace: str, key: int) -> tuple[int, Any]:
+    row = conn.execute(db.sql(READ), (namespace, str(key))).fetchone()
     return (0, None) if row is None else (int(row[0]), json.loads(row[1]))
 
 
-def _upsert(conn: sqlite3.Connection, namespace: str, key: int, data: Any, expected: int) -> None:
+def _upsert(
+    db: PlainDatabase, conn: Any, namespace: str, key: int, data: Any, expected: int
+) -> None:
     params = {"ns": namespace, "key": str(key), "data": json.dumps(data), "expected": expected}
-    if conn.execute(UPSERT, params).rowcount != 1:
+    if conn.execute(db.sql(UPSERT), params).rowcount != 1:
         raise replayq.ConcurrencyError(f"{namespace}:{key}: not at version {expected}")
 
 
@@ -222,23 +257,23 @@ def make_plain_app(url: str, db: PlainDatabase, lines: int) -> replayq.App:
     @app.job("order.process", lease="60s", heartbeat="20s")
     def process(ctx: replayq.Context, order_id: int, customer: int) -> dict[str, Any]:
         with db.transaction(readonly=True) as conn:  # load
-            order_version, order = _read(conn, "order", order_id)
-            account_version, account = _read(conn, "account", customer)
+            order_version, order = _read(db, conn, "order", order_id)
+            account_version, account = _read(db, conn, "account", customer)
         priced = quote(order_id, lines)  # price
         total = priced["total_cents"]
         with db.transaction() as conn:  # reserve
             data = {**(order or {}), "customer": customer, "status": "reserved", "total": total}
-            _upsert(conn, "order", order_id, data, order_version)
+            _upsert(db, conn, "order", order_id, data, order_version)
         key, claim = f"charge:{order_id}", uuid.uuid4().hex  # charge
         with db.transaction() as conn:
             params = {"key": key, "operation": "payment.charge", "claim": claim}
             params.update(now=time.time(), job_id=ctx.job_id, attempt=ctx.attempt)
-            if conn.execute(CLAIM, params).fetchone() is None:
+            if conn.execute(db.sql(CLAIM), params).fetchone() is None:
                 raise RuntimeError(f"{key} already claimed (the benchmark never repeats a key)")
         receipt = charge(order_id, total)
         with db.transaction() as conn:
             params = {"key": key, "claim": claim, "result": json.dumps(receipt), "now": time.time()}
-            conn.execute(SUCCEED, params)
+            conn.execute(db.sql(SUCCEED), params)
         before = account or {"balance_cents": 0, "orders": 0}  # confirm
         with db.transaction() as conn:
             data = {
@@ -246,7 +281,7 @@ def make_plain_app(url: str, db: PlainDatabase, lines: int) -> replayq.App:
                 "orders": before["orders"] + 1,
                 "last_order": order_id,
             }
-            _upsert(conn, "account", customer, data, account_version)
+            _upsert(db, conn, "account", customer, data, account_version)
         return {"charge_id": receipt["charge_id"]}
 
     return app
@@ -271,6 +306,27 @@ class Options:
     repeat: int
     lines: int
     workdir: Path
+    backend: str = "sqlite"
+    schemas: PgSchemas | None = None
+
+    def place(self, label: str) -> Place:
+        """A fresh database for one drain: a SQLite file, or a new PostgreSQL schema."""
+        if self.backend == "sqlite":
+            path = self.workdir / f"{label}.db"
+            return Place("sqlite", f"sqlite:///{path}", path, "")
+        assert self.schemas is not None
+        url = self.schemas.fresh(label)
+        return Place("postgres", url, None, url)  # a libpq URL is a conninfo as it is
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where one drain's database is."""
+
+    backend: str
+    url: str
+    path: Path | None
+    conninfo: str
 
 
 @dataclass(frozen=True)
@@ -283,12 +339,46 @@ class Stored:
     pages: int
 
 
-def open_app(side: str, path: Path, lines: int) -> tuple[replayq.App, PlainDatabase | None]:
-    url = f"sqlite:///{path}"
+# Transactions begun during a drain, by replayq's storage and by the plain handler's own.
+_TX_LOCK = threading.Lock()
+TRANSACTIONS = [0]
+
+
+def count_transaction() -> None:
+    with _TX_LOCK:
+        TRANSACTIONS[0] += 1
+
+
+def _count_storage_transactions() -> None:
+    """Wrap both storages' ``transaction`` once so that every begin is counted."""
+    from replayq.storage.sqlite import SqliteStorage
+
+    classes: list[Any] = [SqliteStorage]
+    try:
+        from replayq.storage.postgres import PostgresStorage
+
+        classes.append(PostgresStorage)
+    except ImportError:
+        pass
+    for cls in classes:
+        original = cls.transaction
+        if getattr(original, "_counted", False):
+            continue
+
+        def counted(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            count_transaction()
+            return _original(self, *args, **kwargs)
+
+        counted._counted = True  # type: ignore[attr-defined]
+        cls.transaction = counted
+
+
+def open_app(side: str, place: Place, lines: int) -> tuple[replayq.App, PlainDatabase | None]:
+    url = place.url
     if side == "traced":
         return make_traced_app(url, lines), None
     if side == "plain":
-        db = PlainDatabase(path)
+        db = PlainDatabase(place)
         return make_plain_app(url, db, lines), db
     return make_queue_only_app(url), None
 
@@ -300,27 +390,39 @@ def requests(jobs: int) -> list[replayq.EnqueueRequest]:
     ]
 
 
-def drain(side: str, path: Path, opts: Options) -> float:
-    """Enqueue ``opts.jobs`` jobs on a fresh file, drain them with one Worker; seconds."""
-    app, db = open_app(side, path, opts.lines)
+@dataclass(frozen=True)
+class Drained:
+    seconds: float
+    transactions: int
+
+
+def drain(side: str, place: Place, opts: Options) -> Drained:
+    """Enqueue ``opts.jobs`` jobs on a fresh database, drain them with one Worker."""
+    if place.backend == "postgres":
+        replayq.App(place.url).schema_upgrade()  # PostgreSQL schemas are migrated explicitly
+    app, db = open_app(side, place, opts.lines)
     try:
         app.enqueue_many(requests(opts.jobs))
         worker = replayq.Worker(app, burst=True, worker_id=f"bench-{side}")
+        TRANSACTIONS[0] = 0
         started = time.perf_counter()
         stats = worker.run()
         elapsed = time.perf_counter() - started
+        transactions = TRANSACTIONS[0]
         if stats.succeeded != opts.jobs:
             raise SystemExit(f"{side}: {stats.succeeded} of {opts.jobs} jobs succeeded: {stats}")
-        return elapsed
+        return Drained(elapsed, transactions)
     finally:
         app.close()
         if db is not None:
             db.close()
 
 
-def stored(path: Path) -> dict[str, Stored]:
+def stored(place: Place) -> dict[str, Stored]:
     """Rows, payload bytes and page bytes per table, indexes counted with their table."""
-    conn = sqlite3.connect(path)
+    if place.backend == "postgres":
+        return _pg_stored(place)
+    conn = sqlite3.connect(place.path or "")
     try:
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         owner = dict(conn.execute("SELECT name, tbl_name FROM sqlite_master").fetchall())
@@ -340,52 +442,91 @@ def stored(path: Path) -> dict[str, Stored]:
         conn.close()
 
 
-def event_bytes(path: Path) -> dict[str, tuple[int, int]]:
+def _pg_stored(place: Place) -> dict[str, Stored]:
+    """PostgreSQL: rows, the rows' own bytes (``pg_column_size``) and relation bytes with
+    indexes and TOAST (``pg_total_relation_size``, after a VACUUM)."""
+    import psycopg
+
+    out: dict[str, Stored] = {}
+    with psycopg.connect(place.conninfo, autocommit=True) as conn:
+        schema = schema_of(place.url)
+        tables = [
+            r[0]
+            for r in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = %s", (schema,)
+            ).fetchall()
+        ]
+        for table in tables:
+            conn.execute(f"VACUUM {table}")
+            rows, payload = conn.execute(
+                f"SELECT COUNT(*), COALESCE(SUM(pg_column_size(t.*)), 0) FROM {table} t"
+            ).fetchone()
+            pages = conn.execute(
+                "SELECT pg_total_relation_size(%s)", (f"{schema}.{table}",)
+            ).fetchone()[0]
+            out[table] = Stored(table, int(rows), int(payload), int(pages))
+    return out
+
+
+def event_bytes(place: Place) -> dict[str, tuple[int, int]]:
     """rq_events by kind: (rows, bytes of the row's text and number columns as stored)."""
-    conn = sqlite3.connect(path)
-    try:
-        rows = conn.execute(
-            "SELECT kind, COUNT(*), SUM(LENGTH(data) + LENGTH(trace_id) + LENGTH(name)"
-            " + IFNULL(LENGTH(step), 0) + IFNULL(LENGTH(worker_id), 0)"
-            " + IFNULL(LENGTH(status), 0) + IFNULL(LENGTH(resource), 0)"
-            " + IFNULL(LENGTH(output_ref), 0)) FROM rq_events GROUP BY kind"
-        ).fetchall()
-        return {kind: (count, size) for kind, count, size in rows}
-    finally:
-        conn.close()
+    sql = (
+        "SELECT kind, COUNT(*), SUM(LENGTH(data) + LENGTH(trace_id) + LENGTH(name)"
+        " + COALESCE(LENGTH(step), 0) + COALESCE(LENGTH(worker_id), 0)"
+        " + COALESCE(LENGTH(status), 0) + COALESCE(LENGTH(resource), 0)"
+        " + COALESCE(LENGTH(output_ref), 0)) FROM rq_events GROUP BY kind"
+    )
+    return {kind: (int(count), int(size)) for kind, count, size in _query(place, sql)}
 
 
-def blob_bytes(path: Path) -> tuple[int, int, int]:
+def blob_bytes(place: Place) -> tuple[int, int, int]:
     """rq_blobs: (rows, uncompressed bytes, stored bytes)."""
-    conn = sqlite3.connect(path)
-    try:
-        row = conn.execute(
-            "SELECT COUNT(*), IFNULL(SUM(size), 0), IFNULL(SUM(LENGTH(body)), 0) FROM rq_blobs"
-        ).fetchone()
-        return int(row[0]), int(row[1]), int(row[2])
-    finally:
-        conn.close()
+    sql = "SELECT COUNT(*), COALESCE(SUM(size), 0), COALESCE(SUM(LENGTH(body)), 0) FROM rq_blobs"
+    row = _query(place, sql)[0]
+    return int(row[0]), int(row[1]), int(row[2])
 
 
-def run(opts: Options) -> tuple[dict[str, list[float]], dict[str, Path]]:
-    times: dict[str, list[float]] = {side: [] for side in SIDES}
-    last: dict[str, Path] = {}
-    warm = Options(min(200, opts.jobs), 1, opts.lines, opts.workdir)
+def _query(place: Place, sql: str) -> list[Any]:
+    if place.backend == "sqlite":
+        conn = sqlite3.connect(place.path or "")
+        try:
+            return conn.execute(sql).fetchall()
+        finally:
+            conn.close()
+    import psycopg
+
+    with psycopg.connect(place.conninfo, autocommit=True) as pg:
+        return pg.execute(sql).fetchall()
+
+
+@dataclass
+class Runs:
+    times: dict[str, list[float]]
+    transactions: dict[str, list[int]]
+    last: dict[str, Place]
+
+
+def run(opts: Options) -> Runs:
+    _count_storage_transactions()
+    runs = Runs({side: [] for side in SIDES}, {side: [] for side in SIDES}, {})
+    warm = Options(min(200, opts.jobs), 1, opts.lines, opts.workdir, opts.backend, opts.schemas)
     for side in SIDES:  # imports, statement caches, first-file effects: not measured
-        drain(side, opts.workdir / f"warmup-{side.replace(' ', '-')}.db", warm)
+        drain(side, warm.place(f"warmup-{side.replace(' ', '-')}"), warm)
     for number in range(opts.repeat):
         # Interleaved, rotating the order, so a slow spell of a busy machine hits all sides.
         order = SIDES[number % 3 :] + SIDES[: number % 3]
         for side in order:
-            path = opts.workdir / f"{side.replace(' ', '-')}-{number}.db"
-            times[side].append(drain(side, path, opts))
-            last[side] = path
+            place = opts.place(f"{side.replace(' ', '-')}-{number}")
+            drained = drain(side, place, opts)
+            runs.times[side].append(drained.seconds)
+            runs.transactions[side].append(drained.transactions)
+            runs.last[side] = place
         print(
             f"  run {number + 1}/{opts.repeat}: "
-            + ", ".join(f"{side} {times[side][-1]:.2f}s" for side in SIDES),
+            + ", ".join(f"{side} {runs.times[side][-1]:.2f}s" for side in SIDES),
             file=sys.stderr,
         )
-    return times, last
+    return runs
 
 
 # -- profile --------------------------------------------------------------------------------
@@ -393,7 +534,7 @@ def run(opts: Options) -> tuple[dict[str, list[float]], dict[str, Path]]:
 
 def run_inline(side: str, path: Path, opts: Options, profiler: cProfile.Profile | None) -> float:
     """Lease + execute one job at a time on this thread (no executor threads); seconds."""
-    app, db = open_app(side, path, opts.lines)
+    app, db = open_app(side, Place("sqlite", f"sqlite:///{path}", path, ""), opts.lines)
     try:
         app.enqueue_many(requests(opts.jobs))
         app.register_contracts()
@@ -527,7 +668,7 @@ def _watch() -> list[tuple[str, Any]]:
 
     ctx, view = context.Context, state.StateView
     return [
-        ("Context.step (enter + exit, incl. its commit)", ctx.step.__wrapped__.__code__),
+        ("Context.step_block (incl. its commit)", ctx.step_block.__wrapped__.__code__),
         ("Context.commit_now (a step's transaction)", ctx.commit_now.__code__),
         ("Context.call", ctx.call.__code__),
         ("Context.encode (JSON check, size, sha256)", ctx.encode.__code__),
@@ -615,11 +756,61 @@ def spread(values: Sequence[float], fmt: Callable[[float], str]) -> str:
     return f"{fmt(min(values))} to {fmt(max(values))}"
 
 
-def report(opts: Options, times: dict[str, list[float]], last: dict[str, Path]) -> str:
+def overheads(runs: Runs, n: int) -> tuple[list[float], list[float], list[float]]:
+    """Per run (the sides of one run ran back to back): µs/job, % of plain, % of the handler."""
+    times = runs.times
+    per_run = [
+        (tr - pl, tr / pl - 1, (tr - pl) / (pl - q) if pl > q else float("nan"))
+        for tr, pl, q in zip(times["traced"], times["plain"], times["queue only"], strict=True)
+    ]
+    return (
+        [d / n * 1e6 for d, _, _ in per_run],
+        [p for _, p, _ in per_run],
+        [h for _, _, h in per_run],
+    )
+
+
+def figures(opts: Options, runs: Runs) -> dict[str, Any]:
+    """The ``--json`` object: one comparable set of figures for this commit."""
+    n, med = opts.jobs, statistics.median
+    us, pct, handler_pct = overheads(runs, n)
+    out: dict[str, Any] = {
+        "benchmark": "context_overhead",
+        "backend": opts.backend,
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "load_average": load_average(),
+        "jobs": n,
+        "repeat": opts.repeat,
+        "sides": {},
+        "overhead_pct": round(med(pct) * 100, 1),
+        "overhead_pct_runs": [round(p * 100, 1) for p in pct],
+        "overhead_us_per_job": round(med(us), 1),
+        "overhead_of_handler_pct": round(med(handler_pct) * 100, 1),
+    }
+    for side in SIDES:
+        tables = stored(runs.last[side])
+        events = tables.get("rq_events")
+        out["sides"][side] = {
+            "us_per_job": round(med(runs.times[side]) / n * 1e6, 1),
+            "us_per_job_runs": [round(t / n * 1e6, 1) for t in runs.times[side]],
+            "transactions_per_job": round(med(runs.transactions[side]) / n, 2),
+            "event_rows_per_job": round(events.rows / n, 2) if events else 0,
+            "rows_per_job": round(sum(t.rows for t in tables.values()) / n, 2),
+            "bytes_per_job": round(sum(t.pages for t in tables.values()) / n),
+            "payload_bytes_per_job": round(sum(t.payload for t in tables.values()) / n),
+        }
+    return out
+
+
+def report(opts: Options, runs: Runs) -> str:
     n = opts.jobs
+    times, last = runs.times, runs.last
     med = statistics.median
-    lines = [f"## Recording overhead — SQLite, {n} jobs, median of {opts.repeat}", ""]
+    backend = "SQLite" if opts.backend == "sqlite" else "PostgreSQL"
+    lines = [f"## Recording overhead — {backend}, {n} jobs, median of {opts.repeat}", ""]
     lines += [f"- {key}: {value}" for key, value in machine(opts.workdir)]
+    lines += [f"- commit: {commit()}"]
     lines += [
         f"- the call's response: {opts.lines} lines, "
         f"{len(json.dumps(quote(1, opts.lines)))} bytes of JSON",
@@ -633,14 +824,8 @@ def report(opts: Options, times: dict[str, list[float]], last: dict[str, Path]) 
             f"| {side} | {med(t):.3f} | {spread(t, lambda v: f'{v:.3f}')} "
             f"| {n / med(t):,.0f} | {med(t) / n * 1e6:,.0f} |"
         )
-    # Overhead per run (the sides of one run ran back to back), then the median of those.
-    per_run = [
-        (tr - pl, tr / pl - 1, (tr - pl) / (pl - q) if pl > q else float("nan"))
-        for tr, pl, q in zip(times["traced"], times["plain"], times["queue only"], strict=True)
-    ]
-    us = [d / n * 1e6 for d, _, _ in per_run]
-    pct = [p for _, p, _ in per_run]
-    handler_pct = [h for _, _, h in per_run]
+    us, pct, handler_pct = overheads(runs, n)
+    tx = {side: med(runs.transactions[side]) / n for side in SIDES}
     lines += [
         "",
         "| overhead of recording | median | spread over runs | aim |",
@@ -650,12 +835,17 @@ def report(opts: Options, times: dict[str, list[float]], last: dict[str, Path]) 
         f"| {spread(pct, lambda v: f'{v:.0%}')} | ≤ {AIM:.0%} |",
         f"| % of the plain handler's own time (queue-only time subtracted) "
         f"| {med(handler_pct):.0%} | {spread(handler_pct, lambda v: f'{v:.0%}')} | |",
+        "",
+        "| transactions per job (begun during the drain) | "
+        + " | ".join(f"{side}: {tx[side]:.2f}" for side in SIDES)
+        + " |",
     ]
     traced, plain = stored(last["traced"]), stored(last["plain"])
     lines += [
         "",
-        f"Bytes stored per job (last run; `dbstat` payload = row bytes, pages = bytes of the "
-        f"table's and its indexes' pages, after a checkpoint; {n} jobs):",
+        f"Bytes stored per job (last run; SQLite: `dbstat` payload = row bytes, pages = bytes "
+        f"of the table's and its indexes' pages, after a checkpoint; PostgreSQL: "
+        f"`pg_column_size` of the rows and `pg_total_relation_size` after a VACUUM; {n} jobs):",
         "",
         "| side | table (+ indexes) | rows/job | payload B/job | pages B/job |",
         "|---|---|---:|---:|---:|",
@@ -701,21 +891,30 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=2000, help="jobs per drain")
     parser.add_argument("--repeat", type=int, default=3, help="drains per side (median)")
     parser.add_argument("--lines", type=int, default=32, help="lines in the call's response")
+    parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--pg-url", default=PG_URL, help="PostgreSQL server (--backend postgres)")
     parser.add_argument("--dir", type=Path, default=None, help="where the databases go")
     parser.add_argument("--keep", action="store_true", help="keep the databases afterwards")
     parser.add_argument("--profile", action="store_true", help="add an inline cProfile breakdown")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="replayq-ctx-bench-", dir=args.dir))
-    opts = Options(args.jobs, args.repeat, args.lines, workdir)
+    schemas = PgSchemas(args.pg_url) if args.backend == "postgres" else None
+    opts = Options(args.jobs, args.repeat, args.lines, workdir, args.backend, schemas)
     try:
-        times, last = run(opts)
-        text = report(opts, times, last)
+        runs = run(opts)
+        if args.json:
+            print(json.dumps(figures(opts, runs), indent=1))
+            return
+        text = report(opts, runs)
         if args.profile:
             text += "\n" + sql_split(opts) + "\n" + profile_report(opts)
         print(text)
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
+            if schemas is not None:
+                schemas.drop_all()
 
 
 if __name__ == "__main__":

@@ -37,3 +37,80 @@ def machine(workdir: Path, extra: Sequence[tuple[str, str]] = ()) -> list[tuple[
         ("load average at the end (1/5/15 min)", load),
         ("databases in", f"{workdir} on {device}"),
     ]
+
+
+def commit() -> str:
+    """The commit the benchmark ran on (``+dirty`` when the work tree has changes).
+
+    ``$REPLAYQ_BENCH_COMMIT`` names it for a tree that is not a git work tree (an
+    exported snapshot, as the before/after comparison in docs/benchmarks.md uses).
+    """
+    import subprocess
+
+    named = os.environ.get("REPLAYQ_BENCH_COMMIT")
+    if named:
+        return named
+
+    here = Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(here), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(here), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return f"{head}+dirty" if dirty else head
+
+
+def load_average() -> list[float]:
+    """1, 5 and 15 minute load averages (empty where the OS has none)."""
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else []
+
+
+PG_URL = os.environ.get("REPLAYQ_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+class PgSchemas:
+    """Fresh PostgreSQL schemas for benchmark databases, dropped by ``drop_all``."""
+
+    def __init__(self, url: str = PG_URL) -> None:
+        self.url = url
+        self.made: list[str] = []
+
+    def fresh(self, label: str) -> str:
+        """A URL whose search_path is a new, empty schema."""
+        import uuid
+
+        import psycopg
+
+        schema = f"rq_bench_{label.replace('-', '_')}_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(psycopg.sql.SQL("CREATE SCHEMA {}").format(psycopg.sql.Identifier(schema)))
+        self.made.append(schema)
+        sep = "&" if "?" in self.url else "?"
+        return f"{self.url}{sep}options=-csearch_path%3D{schema}"
+
+    def drop_all(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            for schema in self.made:
+                conn.execute(
+                    psycopg.sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(
+                        psycopg.sql.Identifier(schema)
+                    )
+                )
+        self.made.clear()
+
+
+def schema_of(url: str) -> str:
+    """The schema a ``PgSchemas.fresh`` URL points at."""
+    return url.rsplit("search_path%3D", 1)[1]

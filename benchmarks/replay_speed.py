@@ -17,24 +17,34 @@ trace and compares it with the recording. The script checks that no dry-run
 diverged and that the handler's outside functions were never called during them.
 
     python benchmarks/replay_speed.py [--jobs 1000] [--runs 50] [--dir DIR]
+                                      [--backend sqlite|postgres] [--json] [--no-keep]
+
+``--json`` prints one object (dry-run median, p10/p90, bulk jobs/s, load
+average, commit). ``--backend postgres`` records into a fresh schema on
+``--pg-url``. Where ``replayq.replay.engine.dry_run_many`` exists the bulk
+measurement uses it (one loaded handler and connection for every job); with
+``--no-keep`` the dry-runs write nothing (``keep=False``: verification only).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sqlite3
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from machine import machine
+from machine import PG_URL, PgSchemas, commit, load_average, machine
 
 import replayq
+from replayq.replay import engine
 from replayq.replay.engine import dry_run
 
 CUSTOMERS = 50
@@ -133,58 +143,135 @@ def record(app: replayq.App, jobs: int) -> tuple[list[int], float]:
     return ids, elapsed
 
 
-def checked_dry_run(app: replayq.App, job_id: int) -> None:
-    report = dry_run(app, job_id)
+def record_apart(url: str, jobs: int) -> tuple[list[int], float]:
+    """``record`` in a forked child: a burst Worker leaves its daemon heartbeat thread
+    running, and ``dry_run_many`` forks only from a process without other threads."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+
+    def child() -> None:
+        app = make_app(url)
+        try:
+            results.put(record(app, jobs))
+        finally:
+            app.close()
+
+    process = context.Process(target=child)
+    process.start()
+    outcome: tuple[list[int], float] = results.get()
+    process.join()
+    return outcome
+
+
+def checked_dry_run(app: replayq.App, job_id: int, *, keep: bool = True) -> None:
+    report = dry_run(app, job_id) if keep else dry_run(app, job_id, keep=False)
     if report.diverged:
         raise SystemExit(f"job {job_id}: the dry-run diverged: {report.to_dict()}")
+
+
+def bulk_dry_run(app: replayq.App, ids: list[int], *, keep: bool, processes: int) -> str:
+    """Dry-run every job once; returns how (``dry_run_many`` where it exists)."""
+    many = getattr(engine, "dry_run_many", None)
+    if many is None:
+        for job_id in ids:
+            checked_dry_run(app, job_id, keep=keep)
+        return "dry_run in a loop"
+    # dry_run_many forks only from a single-threaded process (see record_apart).
+    forked = processes > 1 and threading.active_count() == 1
+    reports = many(app, ids, keep=keep, processes=processes)
+    for report in reports:
+        if report.diverged:
+            raise SystemExit(f"job {report.job_id}: the dry-run diverged: {report.to_dict()}")
+    if processes > 1 and not forked:
+        return f"dry_run_many (keep={keep}; {processes} processes asked, ran in one: threads)"
+    return f"dry_run_many (keep={keep}, processes={processes})"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=1000, help="recorded jobs (bulk dry-run)")
     parser.add_argument("--runs", type=int, default=50, help="dry-runs of the single job")
+    parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--pg-url", default=PG_URL, help="PostgreSQL server (--backend postgres)")
+    parser.add_argument("--no-keep", action="store_true", help="dry-runs write nothing")
+    parser.add_argument("--processes", type=int, default=1, help="bulk dry-run processes")
     parser.add_argument("--dir", type=Path, default=None, help="where the database goes")
     parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="replayq-replay-bench-", dir=args.dir))
     path = workdir / "replay.db"
-    app = make_app(f"sqlite:///{path}")
+    schemas = PgSchemas(args.pg_url) if args.backend == "postgres" else None
+    url = f"sqlite:///{path}" if schemas is None else schemas.fresh("replay")
+    if schemas is not None:
+        replayq.App(url).schema_upgrade()
+    app = make_app(url)
+    keep = not args.no_keep
     try:
-        ids, recording_seconds = record(app, args.jobs)
+        if args.processes > 1:
+            ids, recording_seconds = record_apart(url, args.jobs)
+        else:
+            ids, recording_seconds = record(app, args.jobs)
         real_after_recording = dict(REAL_CALLS)
         events = len([e for e in app.trace(ids[0]) if e.kind == "domain"])
         print(f"  recorded {args.jobs} jobs in {recording_seconds:.2f}s", file=sys.stderr)
 
-        checked_dry_run(app, ids[-1])  # warm-up: imports, statement caches (not measured)
+        checked_dry_run(app, ids[-1], keep=keep)  # warm-up: imports, statement caches
         single = []
         for _ in range(args.runs):
             started = time.perf_counter()
-            checked_dry_run(app, ids[0])
+            checked_dry_run(app, ids[0], keep=keep)
             single.append(time.perf_counter() - started)
         print(f"  single: median {statistics.median(single) * 1e3:.1f} ms", file=sys.stderr)
 
         started = time.perf_counter()
-        for job_id in ids:
-            checked_dry_run(app, job_id)
+        how = bulk_dry_run(app, ids, keep=keep, processes=args.processes)
         bulk = time.perf_counter() - started
-        print(f"  bulk: {bulk:.2f}s", file=sys.stderr)
+        print(f"  bulk: {bulk:.2f}s ({how})", file=sys.stderr)
         if real_after_recording != REAL_CALLS:
             raise SystemExit(f"a dry-run reached the outside functions: {REAL_CALLS}")
         app.close()
-        conn = sqlite3.connect(path)
-        size = conn.execute(
-            "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()"
-        ).fetchone()[0]
-        conn.close()
+        size = 0
+        if schemas is None:
+            conn = sqlite3.connect(path)
+            size = conn.execute(
+                "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()"
+            ).fetchone()[0]
+            conn.close()
 
         ms = [s * 1e3 for s in single]
-        lines = ["## Dry-run speed — SQLite", ""]
+        if args.json:
+            figures = {
+                "benchmark": "replay_speed",
+                "backend": args.backend,
+                "commit": commit(),
+                "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "load_average": load_average(),
+                "jobs": args.jobs,
+                "keep": keep,
+                "dry_run_ms_median": round(statistics.median(ms), 3),
+                "dry_run_ms_p10": round(percentile(ms, 0.1), 3),
+                "dry_run_ms_p90": round(percentile(ms, 0.9), 3),
+                "bulk_jobs_per_s": round(len(ids) / bulk, 1),
+                "bulk_how": how,
+                "recording_jobs_per_s": round(args.jobs / recording_seconds, 1),
+                "domain_events_per_job": events,
+            }
+            print(json.dumps(figures, indent=1))
+            return
+        backend = "SQLite" if schemas is None else "PostgreSQL"
+        lines = [f"## Dry-run speed — {backend}", ""]
         lines += [f"- {key}: {value}" for key, value in machine(workdir)]
         lines += [
+            f"- commit: {commit()}",
             f"- recorded job: 10 steps, {events} domain events; {args.jobs} jobs recorded by one "
             f"in-process worker in {recording_seconds:.2f}s ({args.jobs / recording_seconds:,.0f}"
             " jobs/s)",
-            f"- database after all dry-runs: {size / 1e6:.1f} MB (dry-runs add their own traces)",
+            f"- database after all dry-runs: {size / 1e6:.1f} MB (dry-runs add their own traces)"
+            if size
+            else "- database: PostgreSQL",
             "",
             "| measurement | runs | median | p10 | p90 | spread |",
             "|---|---:|---:|---:|---:|---|",
@@ -194,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "",
             "| bulk dry-run | jobs | seconds | jobs/s | ms/job |",
             "|---|---:|---:|---:|---:|",
-            f"| every recorded job once, sequentially | {len(ids)} | {bulk:.2f} "
+            f"| every recorded job once, {how} | {len(ids)} | {bulk:.2f} "
             f"| {len(ids) / bulk:,.0f} | {bulk / len(ids) * 1e3:.2f} |",
             "",
             "No dry-run diverged; the outside functions were called 0 times during the dry-runs.",
@@ -204,6 +291,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         app.close()
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
+            if schemas is not None:
+                schemas.drop_all()
 
 
 if __name__ == "__main__":

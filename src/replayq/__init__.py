@@ -8,7 +8,7 @@ The public API, by layer (everything a user or the ``replayq`` command line need
 * contracts: ``JobContract``, ``Retry``, ``diff_contracts``, ``lint_contract``;
 * periodic jobs: ``Schedule``, ``ScheduleStatus``, ``MissedSlots`` (``App.periodic``);
 * bulk actions: ``JobMatch`` (the filters), ``BulkPreview``, ``BulkResult`` (``App.bulk``);
-* the replay engine: ``trace_replay``, ``dry_run``, ``fork``, ``rerun``,
+* the replay engine: ``trace_replay``, ``dry_run``, ``dry_run_many``, ``fork``, ``rerun``,
   ``rerun_many``, ``plan_rollback``, ``rollback``, ``compensate``,
   ``diff_traces``, ``render_diff``, ``uncommitted_writes``, ``export_case``,
   ``import_case``, ``signal_counts``;
@@ -78,7 +78,7 @@ from replayq.recording.outbox import open_sink, publish_pending
 from replayq.recording.state import Entity, StateStore
 from replayq.replay.diff import diff_traces, uncommitted_writes
 from replayq.replay.diff import render as render_diff
-from replayq.replay.engine import ReplayReport, dry_run, fork, trace_replay
+from replayq.replay.engine import ReplayReport, dry_run, dry_run_many, fork, trace_replay
 from replayq.replay.export import export_case, import_case
 from replayq.replay.rerun import RerunReport, rerun, rerun_many
 from replayq.replay.rollback import compensate, plan_rollback, rollback
@@ -181,6 +181,7 @@ __all__ = [
     "diff_contracts",
     "diff_traces",
     "dry_run",
+    "dry_run_many",
     "events_between",
     "export_case",
     "fleet_registry",

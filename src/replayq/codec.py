@@ -32,6 +32,28 @@ def _check(value: Any, path: str) -> None:
     raise PayloadError(f"{path}: {type(value).__name__} is not JSON-serialisable")
 
 
+def _valid(value: Any) -> bool:
+    """Whether ``value`` is JSON (string keys, finite floats): ``_check`` without building a
+    path per element, which was most of its cost. ``_check`` runs only to name a bad path."""
+    kind = type(value)
+    if kind is str or kind is int or kind is bool or value is None:
+        return True
+    if kind is float:
+        return math.isfinite(value)
+    if kind is dict:
+        for key, item in value.items():
+            if not isinstance(key, str) or not _valid(item):
+                return False
+        return True
+    if kind is list or kind is tuple:
+        return all(map(_valid, value))
+    try:  # subclasses (an IntEnum, an OrderedDict): the exact rules of ``_check``
+        _check(value, "")
+    except PayloadError:
+        return False
+    return True
+
+
 # One encoder, built once: json.dumps with non-default options builds a new one per call.
 _ENCODER = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
@@ -40,14 +62,17 @@ _ENCODER = json.JSONEncoder(
 
 def dumps(value: Any, *, what: str = "value") -> str:
     """Encode canonically (sorted keys, no spaces); ``PayloadError`` names the bad path."""
-    _check(value, what)
+    if not _valid(value):
+        _check(value, what)
     return _ENCODER.encode(value)
 
 
 def dumps_own(value: Any, *, what: str = "value") -> str:
     """``dumps`` without the validation walk, for values replayq built itself.
 
-    For lifecycle event data: flat string keys, scalar values. The encoder still
+    For lifecycle event data and for domain event data whose user values the
+    recording context already checked once (``Context.encoded``): a value is
+    walked once, not again each time it is written. The encoder still
     refuses NaN, infinity and non-JSON types; those fall back to ``dumps`` for
     its ``PayloadError`` naming the path. What it cannot catch is a non-string
     key (json would coerce it), so the caller vouches for the keys.
@@ -67,4 +92,9 @@ def loads(text: str | bytes | None) -> Any:
 
 def fingerprint(value: Any) -> str:
     """A short, stable hash of a JSON value, for comparing arguments across runs."""
-    return hashlib.sha256(dumps(value).encode()).hexdigest()[:16]
+    return fingerprint_text(dumps(value))
+
+
+def fingerprint_text(text: str) -> str:
+    """``fingerprint`` of a value already encoded by ``dumps`` (the text is not encoded again)."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -102,6 +102,7 @@ import shutil
 import sys
 import tempfile
 import threading
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -133,11 +134,24 @@ class Violation:
 
 @dataclass
 class SealReport:
-    """What a seal saw. ``violations`` fills in while the block runs, in order."""
+    """What a seal saw. ``violations`` fills in while the block runs, in order.
 
-    temp_dir: Path
+    ``temp_dir`` is the run's own directory, created on first use (most runs write
+    no file: creating and removing a directory per dry-run was half its cost).
+    """
+
+    reserved_dir: Path
     allow_io: bool
     violations: list[Violation] = field(default_factory=list)
+    created: bool = False
+
+    @property
+    def temp_dir(self) -> Path:
+        if not self.created:
+            with unsealed():
+                self.reserved_dir.mkdir(mode=0o700)  # fails if it exists, as mkdtemp's does
+            self.created = True
+        return self.reserved_dir
 
     @property
     def refused(self) -> list[Violation]:
@@ -184,18 +198,30 @@ def seal(
     refuses nothing and records each such call as allowed.
     """
     _install()
-    with unsealed():  # the seal's own directory, even when a seal is already active
-        temp_dir = Path(tempfile.mkdtemp(prefix="replayq-seal-"))
-    dirs = (temp_dir, *(Path(d) for d in allow_dirs))
-    report = SealReport(temp_dir=temp_dir, allow_io=allow_io)
-    active = _Seal(report, step, tuple(os.path.realpath(d) for d in dirs))
+    # The run's own directory: a name no one else can guess, created on first use.
+    temp_dir = Path(_temp_root()) / f"replayq-seal-{uuid.uuid4().hex}"
+    report = SealReport(reserved_dir=temp_dir, allow_io=allow_io)
+    allowed = (str(temp_dir), *(os.path.realpath(d) for d in allow_dirs))
+    active = _Seal(report, step, allowed)
     token = _ACTIVE.set(active)
     try:
         yield report
     finally:
         _ACTIVE.reset(token)
+        if report.created:
+            with unsealed():
+                shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+_TEMP_ROOT: list[str] = []
+
+
+def _temp_root() -> str:
+    """The system's temporary directory with symbolic links resolved (looked up once)."""
+    if not _TEMP_ROOT:
         with unsealed():
-            shutil.rmtree(temp_dir, ignore_errors=True)
+            _TEMP_ROOT.append(os.path.realpath(tempfile.gettempdir()))
+    return _TEMP_ROOT[0]
 
 
 @contextmanager
@@ -224,7 +250,7 @@ def _install() -> None:
         sys.addaudithook(_audit)
         _installed = True
     # An earlier hook can veto sys.addaudithook without an error: make sure ours runs.
-    probe = SealReport(temp_dir=Path(tempfile.gettempdir()), allow_io=True)
+    probe = SealReport(reserved_dir=Path(tempfile.gettempdir()), allow_io=True, created=True)
     token = _ACTIVE.set(_Seal(probe, _no_step, ()))
     try:
         sys.audit(_PROBE)

@@ -202,3 +202,77 @@ def test_dry_run_of_a_call_with_other_arguments_diverges_instead_of_reusing_the_
     assert report.diverged
     assert report.outcome_now.status == "failed"
     assert report.error is not None and "other arguments" in report.error
+
+
+def test_dry_run_without_keep_writes_nothing_and_reports_the_same(
+    app: replayq.App, service: Service
+) -> None:
+    job = record(app)
+    before = service.counts()
+
+    kept = dry_run(app, job.id, version="v2")
+    unkept = dry_run(app, job.id, version="v2", keep=False)
+
+    assert service.counts() == before
+    with app.storage.transaction(readonly=True) as tx:
+        assert tx.trace_for_trace(unkept.trace_id) == []
+        assert tx.branch_get(unkept.branch) is None
+        assert tx.branch_get(kept.branch) is not None
+        assert [e.name for e in tx.trace_for_trace(kept.trace_id)][-1] == "replay.finished"
+    assert unkept.diverged and kept.diverged
+    assert unkept.first_divergence == kept.first_divergence
+    assert unkept.decisions == kept.decisions
+    assert unkept.state_writes == kept.state_writes
+    assert unkept.outcome_now == kept.outcome_now
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_dry_run_many_reports_each_job_as_dry_run_does(
+    app: replayq.App, service: Service, processes: int
+) -> None:
+    jobs = [record(app, order_id) for order_id in (1, 2, 3)]
+    before = service.counts()
+    from replayq.replay.engine import dry_run_many
+
+    many = dry_run_many(app, [j.id for j in jobs], keep=False, processes=processes)
+    changed = dry_run_many(app, [j.id for j in jobs], version="v2", processes=processes)
+
+    assert service.counts() == before, "a bulk dry-run made real requests"
+    assert [r.job_id for r in many] == [j.id for j in jobs]
+    assert not any(r.diverged for r in many), [r.to_dict() for r in many]
+    assert [r.outcome_now for r in many] == [Outcome("succeeded", result=j.result) for j in jobs]
+    assert all(r.diverged and r.decisions for r in changed)
+    single = dry_run(app, jobs[0].id, version="v2")
+    assert changed[0].first_divergence == single.first_divergence
+    with app.storage.transaction(readonly=True) as tx:
+        assert all(tx.trace_for_trace(r.trace_id) == [] for r in many)
+        assert all(tx.trace_for_trace(r.trace_id) for r in changed)
+
+
+def test_cli_dry_run_with_no_keep_reports_the_divergence_and_writes_no_branch(
+    app: replayq.App, service: Service
+) -> None:
+    job = record(app)
+    with app.storage.transaction(readonly=True) as tx:
+        before = len(tx.trace_for_job(job.id))
+
+    flipped = cli(
+        app.url,
+        "replay",
+        str(job.id),
+        "--mode",
+        "dry-run",
+        "--version",
+        "v2",
+        "--no-keep",
+        "--app",
+        APP_SPEC,
+    )
+
+    assert flipped.returncode == 1, flipped.stdout + flipped.stderr
+    assert "FIRST DIVERGENCE at step 'decide'" in flipped.stdout
+    with app.storage.transaction(readonly=True) as tx:
+        assert len(tx.trace_for_job(job.id)) == before
+        branches = tx.connection.execute("SELECT COUNT(*) FROM rq_branches").fetchone()[0]
+        lineage = tx.connection.execute("SELECT COUNT(*) FROM rq_lineage").fetchone()[0]
+    assert (branches, lineage) == (0, 0), "a --no-keep dry-run wrote its branch or lineage"

@@ -47,6 +47,7 @@ def _print_report(report: Any, as_json: bool) -> None:
 @click.option("--version", default=None, help="Run this declared handler version.")
 @click.option("--handler", "handler_spec", default=None, help="Run module:function instead.")
 @click.option("--allow-io", is_flag=True, help="Let handler I/O that bypasses ctx happen.")
+@click.option("--no-keep", is_flag=True, help="Dry-run: write nothing (no derived trace, branch).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def replay(
@@ -58,12 +59,15 @@ def replay(
     version: str | None,
     handler_spec: str | None,
     allow_io: bool,
+    no_keep: bool,
     as_json: bool,
 ) -> None:
     """Trace replay (no execution) or deterministic dry-run (exit 1 if it diverged).
 
     The dry-run is sealed: handler I/O that bypasses ctx (sockets, host names,
     subprocesses, file writes) is refused and reported; --allow-io lets it happen.
+    It writes its trace, branch state and lineage once at the end; --no-keep writes
+    nothing (verification only: the report is the result).
     """
 
     app = env.app(app_spec)
@@ -91,7 +95,13 @@ def replay(
     if app_spec is None:
         raise click.UsageError("--mode dry-run executes handler code: give --app module:app")
     report = replayq.dry_run(
-        app, job_id, attempt=attempt, version=version, handler=handler_spec, allow_io=allow_io
+        app,
+        job_id,
+        attempt=attempt,
+        version=version,
+        handler=handler_spec,
+        allow_io=allow_io,
+        keep=not no_keep,
     )
     _print_report(report, as_json)
     sys.exit(1 if report.diverged else 0)

@@ -12,9 +12,25 @@ from typing import Any, Protocol
 
 from replayq.model import Job, TraceEvent
 from replayq.queue.handlers import Handler
+from replayq.recording.blobs import Encoded
 from replayq.recording.world import World
 from replayq.runtime import Runtime
 from replayq.storage.protocol import Transaction
+
+
+class Refusal:
+    """A deferred write that only refuses (raises) and needs no transaction.
+
+    A replay that must reject a write where the recording's commit was rejected
+    defers one of these: a context that commits later (a dry-run) still raises it at
+    the step's commit, where the recorded attempt's commit failed.
+    """
+
+    def __init__(self, refuse: Callable[[], None]) -> None:
+        self.refuse = refuse
+
+    def __call__(self, tx: Transaction | None) -> None:
+        self.refuse()
 
 
 class Attempt(Protocol):
@@ -26,6 +42,7 @@ class Attempt(Protocol):
     world: World
     worker_id: str
     branch: str
+    branch_base: tuple[str, int] | None
     namespace: str
 
     @property
@@ -59,7 +76,23 @@ class Attempt(Protocol):
         """Check a value for recording: ``(inline value, blob ref, blob bytes)``."""
         ...
 
-    def store_blob(self, raw: bytes | None, what: str) -> None: ...
+    def reads_commit_events(self) -> bool:
+        """Whether a state read writes its event in the read's own transaction."""
+        ...
+
+    def ride_along(self) -> list[TraceEvent]:
+        """Pending events that may commit in a transaction opened now (none if writes wait)."""
+        ...
+
+    def rode(self, events: list[TraceEvent]) -> None:
+        """The events ``ride_along`` returned committed."""
+        ...
+
+    def encoded(self, value: Any, *, what: str) -> Encoded:
+        """``encode`` keeping the text (serialised once, reused for rows and hashes)."""
+        ...
+
+    def store_blob(self, raw: bytes | None, what: str, ref: str | None = None) -> None: ...
 
     def fences(self) -> dict[str, int]:
         """The fencing token of every lock this attempt holds, by resource."""

@@ -7,7 +7,7 @@ above ``App(blob_limit_bytes=...)`` are refused with ``PayloadError``.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, NamedTuple
 
 import zstandard
 
@@ -22,6 +22,16 @@ _compressor = zstandard.ZstdCompressor(level=3)
 _decompressor = zstandard.ZstdDecompressor()
 
 
+class Encoded(NamedTuple):
+    """A value checked and serialised once: the text is reused for the size check, the row,
+    the blob and its hash. ``inline`` is the value when it stays in the row, else ``None``."""
+
+    inline: Any
+    ref: str | None
+    raw: bytes | None
+    text: str
+
+
 def is_ref(value: Any) -> bool:
     return isinstance(value, str) and value.startswith(REF_PREFIX)
 
@@ -31,11 +41,16 @@ def ref_of(data: bytes) -> str:
     return REF_PREFIX + hashlib.sha256(data).hexdigest()
 
 
-def put_bytes(tx: Transaction, data: bytes, *, now: float, limit: int, what: str) -> str:
-    """Store ``data`` once (by hash) and return its reference."""
+def put_bytes(
+    tx: Transaction, data: bytes, *, now: float, limit: int, what: str, ref: str | None = None
+) -> str:
+    """Store ``data`` once (by hash) and return its reference.
+
+    ``ref``: the reference the caller already computed with ``ref_of(data)`` (not hashed again).
+    """
     if len(data) > limit:
         raise PayloadError(f"{what}: {len(data)} bytes is above the blob limit of {limit} bytes")
-    ref = ref_of(data)
+    ref = ref or ref_of(data)
     body = _compressor.compress(data)
     tx.blob_put(
         {

@@ -44,7 +44,7 @@ from replayq.model import Job, TraceEvent
 from replayq.queue.contracts import render_template
 from replayq.queue.enqueue import EnqueueRequest, insert_job
 from replayq.queue.handlers import Handler
-from replayq.recording.blobs import put_bytes, ref_of
+from replayq.recording.blobs import Encoded, put_bytes, ref_of
 from replayq.recording.cache import CacheView
 from replayq.recording.effects import EffectRunner
 from replayq.recording.ledger import step_key
@@ -84,6 +84,7 @@ class Context:
         namespace: str = "",
         owner_token: str | None = None,
         cancel: LostFlag | None = None,
+        branch_base: tuple[str, int] | None = None,
     ) -> None:
         runtime = source.runtime
         self.runtime = runtime
@@ -91,6 +92,9 @@ class Context:
         self.handler = handler
         self.worker_id = worker_id
         self.branch = branch
+        # (base branch, base HLC) of a branch whose row is not written yet: reads go through
+        # to it as they would through the row (a dry-run writes its branch at the end).
+        self.branch_base = branch_base
         self.world: World = world or LiveWorld()
         self.namespace = namespace
         self.owner_token = owner_token
@@ -302,6 +306,24 @@ class Context:
             **details,
         )
 
+    def reads_commit_events(self) -> bool:
+        """Whether a state read writes its ``state.read`` event (and the pending events that
+        may ride along) in the read's own transaction: for an attempt in the real world, so
+        that what it read survives a crash before its next commit."""
+        return self.world.is_live
+
+    def ride_along(self) -> list[TraceEvent]:
+        """Pending events that may commit in a transaction the attempt opens now (an
+        effect's claim or result), so that they need no commit of their own. None while
+        a write is pending: a step's events commit with that step's writes."""
+        return [] if self.pending_writes() else list(self._pending.events)
+
+    def rode(self, events: list[TraceEvent]) -> None:
+        """``events`` (from ``ride_along``) committed: they are no longer pending."""
+        if events:
+            gone = {id(e) for e in events}
+            self._pending.events = [e for e in self._pending.events if id(e) not in gone]
+
     def pending_writes(self) -> list[str]:
         """What the next commit would write (for ``write.fenced``)."""
         cached = self.cache.pending if self._built("cache") else []
@@ -309,21 +331,27 @@ class Context:
 
     def encode(self, value: Any, *, what: str) -> tuple[Any, str | None, bytes | None]:
         """Check a recorded value: JSON only, under the blob limit; large ones go to blobs."""
+        inline, ref, raw, _ = self.encoded(value, what=what)
+        return inline, ref, raw
+
+    def encoded(self, value: Any, *, what: str) -> Encoded:
+        """``encode``, keeping the canonical text: the value is walked and serialised once
+        here; the size check, the version row, the blob and its hash reuse the text."""
         try:
             text = codec.dumps(value, what=what)
         except PayloadError as exc:
             raise PayloadError(f"{what} cannot be recorded: {exc}") from exc
-        size = len(text.encode())
+        raw = text.encode()
+        size = len(raw)
         if size > self.blob_limit:
             raise PayloadError(
                 f"{what}: {size} bytes is above the blob limit of {self.blob_limit} bytes"
             )
         if size <= self.runtime.limits.inline_limit_bytes:
-            return value, None, None
-        raw = text.encode()
-        return None, ref_of(raw), raw
+            return Encoded(value, None, None, text)
+        return Encoded(None, ref_of(raw), raw, text)
 
-    def store_blob(self, raw: bytes | None, what: str) -> None:
+    def store_blob(self, raw: bytes | None, what: str, ref: str | None = None) -> None:
         """Schedule a large value for the blob store in the step's transaction."""
         if raw is None:
             return
@@ -331,7 +359,7 @@ class Context:
         limit = self.blob_limit
 
         def write(tx: Transaction) -> None:
-            put_bytes(tx, raw, now=now, limit=limit, what=what)
+            put_bytes(tx, raw, now=now, limit=limit, what=what, ref=ref)
 
         self.defer(write, f"blob of {what}")
 
@@ -341,6 +369,17 @@ class Context:
             for write in self._pending.writes:
                 write(tx)
         tx.trace_append(self._pending.events)
+
+    def pending_write_calls(self) -> list[Callable[[Transaction], None]]:
+        """The writes the next commit would run, in order."""
+        return list(self._pending.writes)
+
+    def take_pending(self, *, failed: bool = False) -> tuple[list[Any], list[TraceEvent]]:
+        """Hand over what is pending — writes (none if ``failed``) and events — instead of
+        committing it now; for a caller that commits them later (a dry-run)."""
+        pending = self._pending
+        self.committed()
+        return ([] if failed else pending.writes), pending.events
 
     def committed(self) -> None:
         """The transaction that ``flush`` wrote into has committed: forget what it held."""
@@ -458,8 +497,12 @@ class Context:
             duration=duration,
             **(outcome or {}),
         )
+        refused = self.pending_writes()
+        if not refused:
+            # Nothing to write: the step's events wait for the next commit of this
+            # attempt (a step's writes, an effect's claim or result, the ack or failure).
+            return
         try:
-            refused = self.pending_writes()
             self.commit_now()
         except BaseException as exc:
             # The commit itself failed (a version conflict, a stale fencing token, a lost
@@ -480,7 +523,8 @@ class Context:
     def decide(self, name: str, value: Any, **why: Any) -> Any:
         """Record a decision and its reasons; returns ``value``."""
         self.check_cancelled()
-        self.encode(value, what=f"decision {name!r}")
+        # One walk checks the value and the reasons (events are written without one).
+        self.encode({"value": value, "why": why}, what=f"decision {name!r}")
         self.record("decision", decision=name, value=value, why=why)
         return value
 
@@ -490,7 +534,8 @@ class Context:
         """Run an external read and record request, response (or error) and duration."""
         self.check_cancelled()
         request = {"args": list(args), "kwargs": kwargs}
-        fingerprint = codec.fingerprint(_summarise(request))
+        summary, summary_text = _summarise_encoded(request)
+        fingerprint = codec.fingerprint_text(summary_text)
         try:
             answer = self.world.answer("call", name, fingerprint)
         except RecordedFailure as exc:
@@ -517,7 +562,7 @@ class Context:
                 status="fail",
                 call=name,
                 fingerprint=fingerprint,
-                request=_summarise(request),
+                request=summary,
                 error=f"{type(exc).__name__}: {exc}",
                 # Recorded so that a replay raises the failure with the class it had.
                 error_class=classify(exc, dict(self.handler.error_map)).value,
@@ -525,14 +570,14 @@ class Context:
             )
             raise
         duration = time.monotonic() - started
-        inline, ref, raw = self.encode(response, what=f"ctx.call({name!r}) response")
-        self.store_blob(raw, f"ctx.call({name!r}) response")
+        inline, ref, raw, _ = self.encoded(response, what=f"ctx.call({name!r}) response")
+        self.store_blob(raw, f"ctx.call({name!r}) response", ref)
         self.record(
             "call",
             status="success",
             call=name,
             fingerprint=fingerprint,
-            request=_summarise(request),
+            request=summary,
             response=inline,
             output_ref=ref,
             duration=duration,
@@ -647,6 +692,15 @@ class Context:
 
     def __repr__(self) -> str:
         return f"<Context job={self.job.id} type={self.job.job_type} attempt={self.attempt}>"
+
+
+def _summarise_encoded(request: Any) -> tuple[Any, str]:
+    """``_summarise`` and its canonical text, walking a JSON request once."""
+    try:
+        return request, codec.dumps(request)
+    except PayloadError:
+        summary = _summarise(request)
+        return summary, codec.dumps(summary)
 
 
 def _summarise(request: Any) -> Any:

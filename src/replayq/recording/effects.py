@@ -46,7 +46,7 @@ from replayq.errors import (
 )
 from replayq.queue.contracts import render_template
 from replayq.recording.attempt import Attempt
-from replayq.recording.blobs import load_json, put_bytes
+from replayq.recording.blobs import Encoded, load_json, put_bytes
 from replayq.recording.world import LIVE
 from replayq.seal import unsealed
 from replayq.storage.reconnect import retry_unavailable
@@ -111,6 +111,9 @@ class EffectRunner:
             "attempt": ctx.attempt,
         }
 
+        # The step's events so far commit with the claim (not in a commit of their own).
+        riding = ctx.ride_along()
+
         # A claim whose COMMIT reply was lost is recognised by its claim token on the retry.
         def claim_once(retrying: bool) -> Any:
             with runtime.storage.transaction() as tx:
@@ -127,8 +130,9 @@ class EffectRunner:
                     event = ctx.event(
                         "effect.claimed", resource=key, kind=kind, key=key, claim=claim_token
                     )
-                    tx.trace_append([event])
-            return _RUN
+                    tx.trace_append([*riding, event])
+            # ``riding`` committed now, or with this claim by the try whose reply was lost.
+            return _RUN_RODE
 
         outcome = retry_unavailable(
             f"job {ctx.job.id}: claim effect {key!r}", claim_once, seconds=RECONNECT_SECONDS
@@ -140,6 +144,9 @@ class EffectRunner:
             outcome = retry_unavailable(
                 f"job {ctx.job.id}: claim effect {key!r}", claim_once, seconds=RECONNECT_SECONDS
             )
+        if outcome is _RUN_RODE:
+            ctx.rode(riding)
+            outcome = _RUN
         if outcome is not _RUN:
             return outcome
         started = time.monotonic()
@@ -174,17 +181,19 @@ class EffectRunner:
                     ]
                 )
             raise
-        inline, ref, raw = ctx.encode(result, what=f"ctx.effect({kind!r}) result")
+        encoded = ctx.encoded(result, what=f"ctx.effect({kind!r}) result")
+        riding = ctx.ride_along()
         # The effect happened: record it even across an outage, or the next attempt would
         # find the key ``started`` (in doubt). A retry after a lost COMMIT reply changes
         # nothing (compare-and-set on the claim token) and adds no second event.
         retry_unavailable(
             f"job {ctx.job.id}: record effect {key!r}",
             lambda retrying: self._record_success(
-                kind, key, claim_token, inline, ref, raw, started, first=not retrying
+                kind, key, claim_token, encoded, started, riding, first=not retrying
             ),
             seconds=RECONNECT_SECONDS,
         )
+        ctx.rode(riding)
         return result
 
     def _record_success(
@@ -192,15 +201,15 @@ class EffectRunner:
         kind: str,
         key: str,
         claim_token: str,
-        inline: Any,
-        ref: str | None,
-        raw: bytes | None,
+        encoded: Encoded,
         started: float,
+        riding: list[Any],
         *,
         first: bool,
     ) -> None:
         ctx = self._ctx
         runtime = ctx.runtime
+        inline, ref, raw, text = encoded
         with runtime.storage.transaction() as tx:
             # The outcome the late worker saw is kept in ``write.fenced`` for whoever settles
             # the record the new owner finds in doubt.
@@ -219,20 +228,22 @@ class EffectRunner:
                     now=runtime.clock.now(),
                     limit=runtime.limits.blob_limit_bytes,
                     what=kind,
+                    ref=ref,
                 )
             changed = tx.idem_succeed(
                 {
                     "key": key,
                     "claim_token": claim_token,
-                    "result": None if ref else codec.dumps(inline),
+                    "result": None if ref else text,
                     "result_ref": ref,
                     "now": runtime.clock.now(),
                 }
             )
             if not changed and not first:
-                return
+                return  # committed by the try whose reply was lost, with ``riding``
             tx.trace_append(
                 [
+                    *riding,
                     ctx.event(
                         "effect.succeeded",
                         status="success",
@@ -243,7 +254,7 @@ class EffectRunner:
                         result=inline,
                         output_ref=ref,
                         duration=time.monotonic() - started,
-                    )
+                    ),
                 ]
             )
 
@@ -352,3 +363,4 @@ class _Ask:
 
 
 _RUN = object()
+_RUN_RODE = object()  # run it; the events riding with the claim committed

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from replayq import codec
-from replayq.recording.attempt import Attempt
+from replayq.recording.attempt import Attempt, Refusal
 from replayq.recording.blobs import load_json
+from replayq.recording.world import LIVE
 from replayq.runtime import RuntimeSource
 from replayq.storage.protocol import Row, Transaction
 
@@ -87,15 +88,24 @@ def version_from_row(tx: Transaction, row: Row) -> EntityVersion:
 
 
 def read_entity(
-    tx: Transaction, branch: str, namespace: str, key: str
+    tx: Transaction,
+    branch: str,
+    namespace: str,
+    key: str,
+    base: tuple[str, int] | None = None,
 ) -> tuple[EntityVersion | None, int]:
-    """The current version on ``branch`` (reading through to its base), and the head HLC."""
+    """The current version on ``branch`` (reading through to its base), and the head HLC.
+
+    ``base``: (base branch, base HLC) of a branch whose row is not written yet.
+    """
     head = tx.entity_head(branch, namespace, key)
     if head is not None:
         row = tx.entity_version_get(branch, namespace, key, int(head["version"]))
         assert row is not None
         return version_from_row(tx, row), int(head["hlc"])
     info = tx.branch_get(branch) if branch != MAIN else None
+    if info is None and base is not None and branch != MAIN:
+        info = {"base_branch": base[0], "base_hlc": base[1]}
     if info is None:
         return None, 0
     row = tx.entity_version_at(info["base_branch"], namespace, key, int(info["base_hlc"]))
@@ -161,17 +171,32 @@ def version_row(
     attempt: int | None = None,
     fencing_token: int | None = None,
     data_ref: str | None = None,
+    data_json: str | None = None,
+    delta: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The row for a new version (``data`` inline unless ``data_ref`` points to a blob)."""
+    """The row for a new version (``data`` inline unless ``data_ref`` points to a blob).
+
+    ``data_json`` is ``data`` already checked and encoded (``Context.encoded``) and
+    ``delta`` the delta already computed: neither is walked or computed again.
+    """
+    if data_ref:
+        data_text = None
+    elif data_json is not None:
+        data_text = data_json
+    else:
+        data_text = codec.dumps(data, what=resource_name(namespace, key))
+    if delta is None:
+        delta = delta_of(parent.data if parent else None, data)
     return {
         "branch": branch,
         "namespace": namespace,
         "key": key,
         "version": version,
         "parent_version": parent.version if parent else None,
-        "data": None if data_ref else codec.dumps(data, what=resource_name(namespace, key)),
+        "data": data_text,
         "data_ref": data_ref,
-        "delta": codec.dumps(delta_of(parent.data if parent else None, data)),
+        # Built from checked values (the new data, a stored version): no second walk.
+        "delta": codec.dumps_own(delta),
         "job_id": job_id,
         "trace_id": trace_id,
         "attempt": attempt,
@@ -203,26 +228,49 @@ class StateView:
         recorded = (
             world.state_version(resource_name(namespace, key)) if world.reads_recorded else None
         )
-        with ctx.runtime.storage.transaction(readonly=True) as tx:
+        resource = resource_name(namespace, key)
+        held = LIVE if not recorded else world.recorded_state(resource, recorded)
+        if recorded == 0 or held is not LIVE:
+            # The version the attempt read, already loaded with the recording: no read here.
+            entity = Entity(namespace, key, recorded or 0, held if recorded else None)
+            return self._recorded_read(ident, entity)
+        # A worker's read commits its ``state.read`` event (and the attempt's pending events,
+        # unless writes wait for their step) in the read's own transaction: the versions an
+        # attempt read stay in the trace even if it crashes before its next commit.
+        riding = ctx.ride_along() if recorded is None and ctx.reads_commit_events() else None
+        with ctx.runtime.storage.transaction(readonly=riding is None) as tx:
             if recorded is not None:
-                row = tx.entity_version_get(MAIN, namespace, key, recorded) if recorded else None
+                row = tx.entity_version_get(MAIN, namespace, key, recorded)
                 found = version_from_row(tx, row) if row else None
                 head_hlc = 0
             else:
-                found, head_hlc = read_entity(tx, ctx.branch, namespace, key)
-        ctx.runtime.hlc.observe(head_hlc)
-        entity = Entity(
-            namespace, key, found.version if found else 0, found.data if found else None
-        )
+                found, head_hlc = read_entity(tx, ctx.branch, namespace, key, ctx.branch_base)
+            ctx.runtime.hlc.observe(head_hlc)
+            entity = Entity(
+                namespace, key, found.version if found else 0, found.data if found else None
+            )
+            if riding is not None:
+                tx.trace_append([*riding, ctx.event("state.read", **self._read_fields(entity))])
+        if riding is None:
+            return self._recorded_read(ident, entity)
+        ctx.rode(riding)
         self._read_versions[ident] = entity.version
         self._read[ident] = entity
-        ctx.record(
-            "state.read",
-            resource=resource_name(namespace, key),
-            resource_version=entity.version,
-            exists=entity.exists,
-            branch=ctx.branch,
-        )
+        return entity
+
+    def _read_fields(self, entity: Entity) -> dict[str, Any]:
+        return {
+            "resource": entity.resource,
+            "resource_version": entity.version,
+            "exists": entity.exists,
+            "branch": self._ctx.branch,
+        }
+
+    def _recorded_read(self, ident: tuple[str, str], entity: Entity) -> Entity:
+        """Remember a read and record its ``state.read`` event (it commits with the step)."""
+        self._read_versions[ident] = entity.version
+        self._read[ident] = entity
+        self._ctx.record("state.read", **self._read_fields(entity))
         return entity
 
     def put(
@@ -241,19 +289,19 @@ class StateView:
         if expected_version is None:
             pending = self._pending.get(ident)
             expected_version = pending.version if pending else self._read_versions.get(ident, -1)
-        inline, ref, raw = ctx.encode(data, what=f"state {resource}")
+        inline, ref, raw, text = ctx.encoded(data, what=f"state {resource}")
         if not ctx.world.writes_apply:
             return self._record_only(namespace, key, data, expected_version)
-        with ctx.runtime.storage.transaction(readonly=True) as tx:
-            current, _ = read_entity(tx, ctx.branch, namespace, key)
         seen = self._read.get(ident)
-        if (
-            ctx.world.reads_recorded
-            and seen is not None
-            and (current is None or current.branch != ctx.branch)
-        ):
-            # A dry-run read the version the attempt read, which another worker may have
-            # written mid-attempt, after the branch point: write on top of that version.
+        current: EntityVersion | None = None
+        if seen is None and ident not in self._pending:
+            with ctx.runtime.storage.transaction(readonly=True) as tx:
+                current, _ = read_entity(tx, ctx.branch, namespace, key, ctx.branch_base)
+        elif seen is not None:
+            # Written on top of the version this attempt read, without reading the head
+            # again: the step's commit is a compare-and-set on that version anyway (a
+            # newer head fails it with ``ConcurrencyError`` then). A dry-run's read is the
+            # version the attempt read, even if another worker wrote after the branch point.
             current = (
                 EntityVersion(
                     namespace=namespace,
@@ -284,17 +332,18 @@ class StateView:
             return Entity(namespace, key, base, data)
         new_version = base + 1
         fences = ctx.fences()
+        delta = delta_of(previous, data)
         event = ctx.record(
             "state.write",
             resource=resource,
             resource_version=new_version,
             parent_version=base,
             expected_version=expected_version if expected_version != -1 else None,
-            delta=delta_of(previous, data),
+            delta=delta,
             fencing=dict(fences) or None,
             branch=ctx.branch,
         )
-        ctx.store_blob(raw, f"state {resource}")
+        ctx.store_blob(raw, f"state {resource}", ref)
         parent = (
             EntityVersion(
                 namespace, key, base, None, pending.data, {}, None, None, None, None, 0, ""
@@ -305,15 +354,23 @@ class StateView:
         token = max(fences.values()) if fences else None
         # A replay is told whether fencing rejected this write in the recording.
         rejection = ctx.world.write_rejection(resource)
+        if isinstance(rejection, dict):
+            ctx.defer(
+                Refusal(
+                    lambda: self._stale(
+                        resource,
+                        str(rejection.get("lock")),
+                        int(rejection.get("fencing_token") or 0),
+                        int(rejection.get("newest_token") or 0),
+                    )
+                ),
+                f"state {resource} v{new_version}",
+            )
+            entity = Entity(namespace, key, new_version, data)
+            self._pending[ident] = entity
+            return entity
 
         def write(tx: Transaction) -> None:
-            if isinstance(rejection, dict):
-                self._stale(
-                    resource,
-                    str(rejection.get("lock")),
-                    int(rejection.get("fencing_token") or 0),
-                    int(rejection.get("newest_token") or 0),
-                )
             for lock_resource, fencing_token in fences.items():
                 newest = tx.fence_current(lock_resource)
                 if newest is not None and newest > fencing_token:
@@ -332,6 +389,8 @@ class StateView:
                 attempt=ctx.attempt,
                 fencing_token=token,
                 data_ref=ref,
+                data_json=text,
+                delta=delta,
             )
             # A branch's first write of an entity starts its own head (copy-on-write).
             fresh = ctx.branch != MAIN and tx.entity_head(ctx.branch, namespace, key) is None

@@ -28,7 +28,6 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
-from replayq import codec
 from replayq.recording.attempt import Attempt
 from replayq.storage.protocol import Transaction
 
@@ -81,8 +80,8 @@ def run_step(
                 f"ctx.step({name!r}, fn): fn returned an awaitable; the callable form runs "
                 "plain functions (await inside a `with ctx.step(...)` block instead)"
             )
-        inline, ref, raw = ctx.encode(result, what=f"step {name!r} result")
-        ctx.store_blob(raw, f"step {name!r} result")
+        inline, ref, raw, text = ctx.encoded(result, what=f"step {name!r} result")
+        ctx.store_blob(raw, f"step {name!r} result", ref)
         outcome["result"] = inline
         outcome["output_ref"] = ref
         if resume and ctx.world.is_live and ctx.owns_job_trace:
@@ -92,7 +91,7 @@ def run_step(
                 "step_name": name,
                 "attempt": ctx.attempt,
                 "trace_id": ctx.trace_id,
-                "result": None if ref else codec.dumps(inline),
+                "result": None if ref else text,
                 "result_ref": ref,
                 "now": ctx.runtime.clock.now(),
             }

@@ -10,6 +10,9 @@ Every ``ctx`` verb that touches the world asks the context's ``World``:
   ``ReplayDivergenceError``.
 * ``state_version(resource)`` — the version a state read must return (the one
   the recorded attempt read), or ``None`` for the branch's current version.
+* ``recorded_state(resource, version)`` — the data of that version if the world
+  already holds it (a dry-run loads what the attempt read with the recording),
+  or ``LIVE``: read it from the database.
 * ``reads_recorded`` / ``writes_apply`` — state and cache reads come from the
   recording; state and cache writes go to the context's branch.
 * ``is_live`` — the attempt reaches production: real locks, outbox rows,
@@ -69,6 +72,10 @@ class World(Protocol):
 
     def state_version(self, resource: str) -> int | None: ...
 
+    def recorded_state(self, resource: str, version: int) -> Any:
+        """The data of ``resource`` at ``version`` if this world holds it, else ``LIVE``."""
+        ...
+
     def lock_outcome(self, action: str, resource: str) -> Any:
         """``LIVE``, or what ``action`` (acquire, release) on ``resource`` returned."""
         ...
@@ -125,6 +132,9 @@ class LiveWorld:
 
     def state_version(self, resource: str) -> int | None:
         return None
+
+    def recorded_state(self, resource: str, version: int) -> Any:
+        return LIVE
 
     def lock_outcome(self, action: str, resource: str) -> Any:
         return LIVE

@@ -17,9 +17,11 @@ timeline and of production listings, and linked to its source in ``rq_lineage``.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,11 +36,13 @@ from replayq.errors import (
 )
 from replayq.model import TraceEvent
 from replayq.queue.handlers import Handler, PayloadShape
+from replayq.recording.attempt import Refusal
 from replayq.recording.context import Context
 from replayq.replay.decision import contract_decision, recorded_decision
 from replayq.replay.recorded import Outcome, RecordedWorld, Recording, load_recording
 from replayq.runtime import Runtime, RuntimeSource
 from replayq.seal import SealReport, Violation, seal
+from replayq.storage.protocol import Transaction
 
 REPLAY_WORKER = "replay"
 
@@ -256,27 +260,74 @@ def choose_handler(
     return runtime.registry.handler(job.job_type, version or job.handler_version)
 
 
+def _names(origin: str) -> tuple[str, str]:
+    """A new derived trace id and its branch."""
+    trace_id = f"{origin}-{uuid.uuid4().hex[:16]}"
+    return trace_id, f"{origin}:{trace_id}"
+
+
+def _write_begin(
+    tx: Transaction,
+    runtime: Runtime,
+    recording: Recording,
+    origin: str,
+    base_hlc: int,
+    details: dict[str, Any],
+    trace_id: str,
+    branch: str,
+) -> None:
+    """The derived trace's branch and lineage rows."""
+    now = runtime.clock.now()
+    tx.branch_create(branch, "main", base_hlc, origin, now)
+    tx.lineage_put(
+        {
+            "trace_id": trace_id,
+            "origin": origin,
+            "source_trace_id": recording.job.trace_id,
+            "source_job_id": recording.job.id,
+            "branch": branch,
+            "details": codec.dumps(details),
+            "now": now,
+        }
+    )
+
+
 def _begin(
     runtime: Runtime, recording: Recording, origin: str, base_hlc: int, details: dict[str, Any]
 ) -> tuple[str, str]:
     """Create the derived trace's branch and lineage row."""
-    trace_id = f"{origin}-{uuid.uuid4().hex[:16]}"
-    branch = f"{origin}:{trace_id}"
-    now = runtime.clock.now()
+    trace_id, branch = _names(origin)
     with runtime.storage.transaction() as tx:
-        tx.branch_create(branch, "main", base_hlc, origin, now)
-        tx.lineage_put(
-            {
-                "trace_id": trace_id,
-                "origin": origin,
-                "source_trace_id": recording.job.trace_id,
-                "source_job_id": recording.job.id,
-                "branch": branch,
-                "details": codec.dumps(details),
-                "now": now,
-            }
-        )
+        _write_begin(tx, runtime, recording, origin, base_hlc, details, trace_id, branch)
     return trace_id, branch
+
+
+class BufferedContext(Context):
+    """A dry-run's context: each step's commit is kept in memory, not written.
+
+    The engine compares the kept events with the recording and writes them, the
+    branch's state and the lineage in one transaction at the end (or, with
+    ``keep=False``, never). A dry-run's branch is its own: nothing else writes it,
+    so the compare-and-set checks at the end see what they would have seen per step.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.kept_writes: list[Callable[[Transaction], None]] = []
+        self.kept_events: list[TraceEvent] = []
+
+    def reads_commit_events(self) -> bool:
+        return False
+
+    def commit_now(self, *, failed: bool = False) -> None:
+        if not failed:
+            # What the recorded commit refused is refused here, at the step's commit.
+            for write in self.pending_write_calls():
+                if isinstance(write, Refusal):
+                    write(None)
+        writes, events = self.take_pending(failed=failed)
+        self.kept_writes.extend(writes)
+        self.kept_events.extend(events)
 
 
 def _execute(ctx: Context) -> Outcome:
@@ -298,22 +349,22 @@ def _execute(ctx: Context) -> Outcome:
     return Outcome("succeeded", result=result)
 
 
+def _finished(runtime: Runtime, trace_id: str, outcome: Outcome, origin: str) -> TraceEvent:
+    return TraceEvent(
+        trace_id=trace_id,
+        name=f"{origin}.finished",
+        kind="domain",
+        ts=runtime.clock.now(),
+        hlc=runtime.hlc.tick(),
+        worker_id=REPLAY_WORKER,
+        status=outcome.status,
+        data=outcome.to_dict(),
+    )
+
+
 def _finish(runtime: Runtime, trace_id: str, outcome: Outcome, origin: str) -> None:
     with runtime.storage.transaction() as tx:
-        tx.trace_append(
-            [
-                TraceEvent(
-                    trace_id=trace_id,
-                    name=f"{origin}.finished",
-                    kind="domain",
-                    ts=runtime.clock.now(),
-                    hlc=runtime.hlc.tick(),
-                    worker_id=REPLAY_WORKER,
-                    status=outcome.status,
-                    data=outcome.to_dict(),
-                )
-            ]
-        )
+        tx.trace_append([_finished(runtime, trace_id, outcome, origin)])
 
 
 def _run_derived(
@@ -327,21 +378,32 @@ def _run_derived(
     stubs: dict[str, Any],
     base_hlc: int,
     allow_io: bool,
+    buffered: bool = False,
+    keep: bool = True,
 ) -> ReplayReport:
+    """Run ``handler`` against the recording on a branch of its own and compare.
+
+    ``buffered`` (dry-run): the steps' commits stay in memory, the comparison is made
+    from them, and the derived trace, the branch's state and the lineage are written
+    in one transaction at the end — or not at all with ``keep=False``.
+    """
     details = {
         "attempt": recording.attempt,
         "version": handler.contract.version,
         "fork_step": fork_step,
         "overrides": overrides,
     }
-    trace_id, branch = _begin(runtime, recording, origin, base_hlc, details)
+    if buffered:
+        trace_id, branch = _names(origin)
+    else:
+        trace_id, branch = _begin(runtime, recording, origin, base_hlc, details)
     answers = RecordedWorld(recording, fork_step=fork_step, stubs=stubs)
     job = recording.job.evolve(
         attempt=recording.attempt,
         payload={**recording.job.payload, **overrides},
         origin=origin,
     )
-    ctx = Context(
+    ctx = (BufferedContext if buffered else Context)(
         runtime,
         job,
         handler,
@@ -350,6 +412,7 @@ def _run_derived(
         world=answers,
         trace_id=trace_id,
         namespace=branch,
+        branch_base=("main", base_hlc) if buffered else None,
     )
     error = None
     with seal(step=lambda: ctx.current_step, allow_io=allow_io) as sealed:
@@ -361,10 +424,21 @@ def _run_derived(
             ctx.discard_writes()
             ctx.commit_now(failed=True)
             outcome = Outcome("failed", error_class="replay", error=error)
-    unrecorded = _record_unrecorded_io(runtime, ctx, sealed)
-    _finish(runtime, trace_id, outcome, origin)
-    with runtime.storage.transaction(readonly=True) as tx:
-        now_events = [e for e in tx.trace_for_trace(trace_id) if e.name != f"{origin}.finished"]
+    if isinstance(ctx, BufferedContext):
+        unrecorded = list(sealed.violations)
+        ctx.kept_events.extend(_unrecorded_events(ctx, sealed))
+        now_events = list(ctx.kept_events)
+        if keep:
+            with runtime.storage.transaction() as tx:
+                _write_begin(tx, runtime, recording, origin, base_hlc, details, trace_id, branch)
+                for write in ctx.kept_writes:
+                    write(tx)
+                tx.trace_append([*now_events, _finished(runtime, trace_id, outcome, origin)])
+    else:
+        unrecorded = _record_unrecorded_io(runtime, ctx, sealed)
+        _finish(runtime, trace_id, outcome, origin)
+        with runtime.storage.transaction(readonly=True) as tx:
+            now_events = [e for e in tx.trace_for_trace(trace_id) if e.name != f"{origin}.finished"]
     recorded = recording.events
     if fork_step is not None:
         # Compare only from the fork point on; before it the fork used the recording.
@@ -408,11 +482,9 @@ def _run_derived(
     return report
 
 
-def _record_unrecorded_io(runtime: Runtime, ctx: Context, sealed: SealReport) -> list[Violation]:
-    """Write each call that bypassed ``ctx`` into the derived trace (``io.unrecorded``)."""
-    if not sealed.violations:
-        return []
-    events = [
+def _unrecorded_events(ctx: Context, sealed: SealReport) -> list[TraceEvent]:
+    """An ``io.unrecorded`` event for each call that bypassed ``ctx``."""
+    return [
         ctx.event(
             "io.unrecorded",
             status="allowed" if v.allowed else "fail",
@@ -423,8 +495,14 @@ def _record_unrecorded_io(runtime: Runtime, ctx: Context, sealed: SealReport) ->
         )
         for v in sealed.violations
     ]
+
+
+def _record_unrecorded_io(runtime: Runtime, ctx: Context, sealed: SealReport) -> list[Violation]:
+    """Write each call that bypassed ``ctx`` into the derived trace (``io.unrecorded``)."""
+    if not sealed.violations:
+        return []
     with runtime.storage.transaction() as tx:
-        tx.trace_append(events)
+        tx.trace_append(_unrecorded_events(ctx, sealed))
     return list(sealed.violations)
 
 
@@ -443,6 +521,7 @@ def dry_run(
     version: str | None = None,
     handler: str | None = None,
     allow_io: bool = False,
+    keep: bool = True,
 ) -> ReplayReport:
     """Re-run a recorded attempt with every external answer from the recording.
 
@@ -450,10 +529,21 @@ def dry_run(
     subprocesses, file writes outside the run's temporary directory) is refused
     with ``UnrecordedIOError`` and reported as the first divergence.
     ``allow_io=True`` lets it happen and still lists it.
+
+    The recording (job, events, blobs, the state versions the attempt read) is
+    loaded in one read transaction; the run commits nothing per step; the derived
+    trace, its branch's state and lineage are written in one transaction at the end.
+    ``keep=False`` writes nothing at all (bulk verification): the report is the result.
     """
     runtime = source.runtime
     recording = load_recording(runtime, job_id, attempt)
     chosen = choose_handler(runtime, recording, version, handler)
+    return _dry_run_recording(runtime, recording, chosen, allow_io=allow_io, keep=keep)
+
+
+def _dry_run_recording(
+    runtime: Runtime, recording: Recording, chosen: Handler, *, allow_io: bool, keep: bool
+) -> ReplayReport:
     return _run_derived(
         runtime,
         recording,
@@ -464,7 +554,86 @@ def dry_run(
         stubs={},
         base_hlc=recording.start_hlc,
         allow_io=allow_io,
+        buffered=True,
+        keep=keep,
     )
+
+
+def dry_run_many(
+    source: RuntimeSource,
+    job_ids: Sequence[int],
+    *,
+    version: str | None = None,
+    handler: str | None = None,
+    allow_io: bool = False,
+    keep: bool = True,
+    processes: int = 1,
+) -> list[ReplayReport]:
+    """``dry_run`` of each job (its last recorded attempt), reports in the order given.
+
+    One handler is chosen per (job type, recorded version) and reused; the runs share
+    this thread's connection. ``processes > 1`` splits the jobs over forked processes
+    (POSIX), each with its own connection — only when this process runs no other
+    thread (a fork copies locks other threads hold); otherwise the jobs run here, one
+    after the other. ``keep=False`` writes nothing.
+    """
+    runtime = source.runtime
+    ids = list(job_ids)
+    # Forking a process that runs other threads can copy a lock one of them holds into a
+    # child that then waits for it forever: fork only from a single-threaded process.
+    if processes > 1 and len(ids) > 1 and threading.active_count() == 1:
+        return _dry_run_forked(runtime, ids, version, handler, allow_io, keep, processes)
+    chosen: dict[tuple[str, str | None], Handler] = {}
+    reports = []
+    for job_id in ids:
+        recording = load_recording(runtime, job_id)
+        which = (recording.job.job_type, recording.job.handler_version)
+        if which not in chosen:
+            chosen[which] = choose_handler(runtime, recording, version, handler)
+        reports.append(
+            _dry_run_recording(runtime, recording, chosen[which], allow_io=allow_io, keep=keep)
+        )
+    return reports
+
+
+_FORKED: dict[str, Any] = {}
+
+
+def _dry_run_chunk(ids: list[int]) -> list[ReplayReport]:
+    """In a forked process: a runtime with connections of its own (never the parent's)."""
+    parent: Runtime = _FORKED["runtime"]
+    own = dataclasses.replace(parent, _opened=type(parent._opened)())
+    try:
+        return dry_run_many(own, ids, **_FORKED["options"])
+    finally:
+        own.close()
+
+
+def _dry_run_forked(
+    runtime: Runtime,
+    ids: list[int],
+    version: str | None,
+    handler: str | None,
+    allow_io: bool,
+    keep: bool,
+    processes: int,
+) -> list[ReplayReport]:
+    import multiprocessing
+
+    _FORKED["runtime"] = runtime
+    _FORKED["options"] = {
+        "version": version,
+        "handler": handler,
+        "allow_io": allow_io,
+        "keep": keep,
+    }
+    size = -(-len(ids) // processes)
+    chunks = [ids[n : n + size] for n in range(0, len(ids), size)]
+    try:
+        with multiprocessing.get_context("fork").Pool(len(chunks)) as pool:
+            return [report for part in pool.map(_dry_run_chunk, chunks) for report in part]
+    finally:
+        _FORKED.clear()
 
 
 def fork(

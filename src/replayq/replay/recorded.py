@@ -22,10 +22,12 @@ from typing import Any
 
 from replayq.errors import ReplayDivergenceError, ReplayqError, recorded_failure
 from replayq.model import Job, TraceEvent
-from replayq.queue.enqueue import get_job
 from replayq.recording.blobs import load_json
 from replayq.recording.ledger import CompletedStep
+from replayq.recording.state import MAIN, version_from_row
+from replayq.recording.world import LIVE
 from replayq.runtime import RuntimeSource
+from replayq.storage.protocol import Transaction
 
 EFFECT_OUTCOMES = ("effect.succeeded", "effect.deduplicated", "effect.replayed")
 LOCK_EVENTS = {
@@ -63,6 +65,9 @@ class Recording:
     outcome: Outcome
     start_hlc: int
     values: dict[int, Any] = field(default_factory=dict)
+    # The data of each entity version the attempt read, by (resource, version), loaded with
+    # the events so that a dry-run reads no state of its own.
+    states: dict[tuple[str, int], Any] = field(default_factory=dict)
 
     def value(self, event: TraceEvent, key: str) -> Any:
         """A recorded value of an event, read from the blob store when it was large."""
@@ -78,14 +83,19 @@ def attempts_with_events(events: list[TraceEvent]) -> list[int]:
 def load_recording(source: RuntimeSource, job_id: int, attempt: int | None = None) -> Recording:
     """Read a job's attempt (default: the last one that recorded domain events)."""
     runtime = source.runtime
-    job = get_job(runtime, job_id)
+    # One read transaction: the job, its events, their blobs, the state versions read.
     with runtime.storage.transaction(readonly=True) as tx:
+        found = tx.job_get(job_id)
+        if found is None:
+            raise ReplayqError(f"no job with id {job_id}")
+        job = found
         events = tx.trace_for_job(job_id)
         values = {
             e.id: load_json(tx, None, e.output_ref)
             for e in events
             if e.output_ref is not None and e.id is not None
         }
+        states = _read_states(tx, events, attempt)
     candidates = attempts_with_events(events)
     if attempt is None:
         if not candidates:
@@ -103,7 +113,32 @@ def load_recording(source: RuntimeSource, job_id: int, attempt: int | None = Non
     lifecycle = [e for e in events if e.kind == "lifecycle" and e.attempt == attempt]
     leased = [e.hlc for e in lifecycle if e.name == "job.leased"]
     start_hlc = leased[0] if leased else (domain[0].hlc - 1)
-    return Recording(job, attempt, domain, lifecycle, outcome_of(job, lifecycle), start_hlc, values)
+    outcome = outcome_of(job, lifecycle)
+    return Recording(job, attempt, domain, lifecycle, outcome, start_hlc, values, states)
+
+
+def _read_states(
+    tx: Transaction, events: list[TraceEvent], attempt: int | None
+) -> dict[tuple[str, int], Any]:
+    """The data of the entity versions the attempt's ``state.read`` events name (main branch).
+
+    A resource whose namespace holds a ``:`` may split wrongly; its version is then simply
+    not found here and the replay reads it from the database as before.
+    """
+    states: dict[tuple[str, int], Any] = {}
+    for event in events:
+        if event.name != "state.read" or event.kind != "domain" or not event.resource_version:
+            continue
+        if attempt is not None and event.attempt != attempt:
+            continue
+        resource, version = event.resource or "", int(event.resource_version)
+        if (resource, version) in states or ":" not in resource:
+            continue
+        namespace, _, key = resource.partition(":")
+        row = tx.entity_version_get(MAIN, namespace, key, version)
+        if row is not None:
+            states[(resource, version)] = version_from_row(tx, row).data
+    return states
 
 
 def outcome_of(job: Job, lifecycle: list[TraceEvent]) -> Outcome:
@@ -208,6 +243,9 @@ class RecordedWorld:
     def state_version(self, resource: str) -> int | None:
         queue = self._reads.get(resource)
         return queue.popleft() if queue else None
+
+    def recorded_state(self, resource: str, version: int) -> Any:
+        return self.recording.states.get((resource, version), LIVE)
 
     def lock_outcome(self, action: str, resource: str) -> dict[str, Any]:
         """What the recorded attempt's lock ``action`` on ``resource`` returned.

@@ -284,9 +284,9 @@ class SqlTransaction(ContextVerbs):
             row = vars(event).copy()
             row.pop("id")
             row["side_effect"] = int(event.side_effect)
-            # Lifecycle data is built by trace.lifecycle (string keys, scalars): no walk.
-            encode = codec.dumps_own if event.kind == "lifecycle" else codec.dumps
-            row["data"] = encode(event.data, what=f"event {event.name} data")
+            # Lifecycle data is built by trace.lifecycle (string keys, scalars) and the user
+            # values in domain data were checked once when recorded (Context.encoded): no walk.
+            row["data"] = codec.dumps_own(event.data, what=f"event {event.name} data")
             rows.append(row)
         if rows:
             self.executemany("trace_append", rows)

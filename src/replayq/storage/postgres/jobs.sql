@@ -244,12 +244,22 @@ VALUES (%(trace_id)s, %(job_id)s::bigint, %(attempt)s::integer, %(kind)s, %(name
 SELECT * FROM rq_events WHERE job_id = %(job_id)s ORDER BY hlc, id;
 
 -- name: trace_for_trace
-SELECT * FROM rq_events WHERE trace_id = %(trace_id)s ORDER BY hlc, id;
+-- A derived trace's events (rq_events_derived), or a job's by its trace id (rq_jobs_trace,
+-- then rq_events_job).
+SELECT * FROM rq_events WHERE trace_id = %(trace_id)s AND job_id IS NULL
+UNION ALL
+SELECT * FROM rq_events
+WHERE job_id IN (SELECT id FROM rq_jobs WHERE trace_id = %(trace_id)s) AND trace_id = %(trace_id)s
+ORDER BY hlc, id;
 
 -- name: trace_for_resource
 -- The resource and its versioned keys (a cache key ``price:sku-1`` written as ``price:sku-1:v3``).
+-- Both terms are ranges on rq_events_resource, built on resource COLLATE "C" so that the
+-- prefix [':v', ':w') is a byte range whatever the database's collation.
 SELECT * FROM rq_events
-WHERE resource = %(resource)s::text OR substr(resource, 1, length(%(resource)s::text) + 2) = %(resource)s::text || ':v'
+WHERE (resource COLLATE "C") = %(resource)s::text
+   OR ((resource COLLATE "C") >= %(resource)s::text || ':v'
+       AND (resource COLLATE "C") < %(resource)s::text || ':w')
 ORDER BY hlc, id;
 
 -- name: contract_put

@@ -196,12 +196,21 @@ VALUES (:trace_id, :job_id, :attempt, :kind, :name, :seq, :step, :ts, :hlc, :wor
 SELECT * FROM rq_events WHERE job_id = :job_id ORDER BY hlc, id;
 
 -- name: trace_for_trace
-SELECT * FROM rq_events WHERE trace_id = :trace_id ORDER BY hlc, id;
+-- A derived trace's events (rq_events_derived), or a job's by its trace id (rq_jobs_trace,
+-- then rq_events_job).
+SELECT * FROM rq_events WHERE trace_id = :trace_id AND job_id IS NULL
+UNION ALL
+SELECT * FROM rq_events
+WHERE job_id IN (SELECT id FROM rq_jobs WHERE trace_id = :trace_id) AND trace_id = :trace_id
+ORDER BY hlc, id;
 
 -- name: trace_for_resource
 -- The resource and its versioned keys (a cache key ``price:sku-1`` written as ``price:sku-1:v3``).
+-- Both terms are ranges on rq_events_resource (a prefix as [':v', ':w') in byte order), so
+-- the index serves them; a substr() comparison made this a scan of every event.
 SELECT * FROM rq_events
-WHERE resource = :resource OR substr(resource, 1, length(:resource) + 2) = :resource || ':v'
+WHERE resource = :resource
+   OR (resource >= :resource || ':v' AND resource < :resource || ':w')
 ORDER BY hlc, id;
 
 -- name: contract_put

@@ -75,8 +75,6 @@ CREATE TABLE rq_events (
 
 CREATE INDEX rq_events_job ON rq_events (job_id, id);
 
-CREATE INDEX rq_events_trace ON rq_events (trace_id, id);
-
 CREATE INDEX rq_events_resource ON rq_events (resource, hlc) WHERE resource IS NOT NULL;
 
 CREATE TABLE rq_contracts (
@@ -267,3 +265,5 @@ CREATE TABLE rq_schedules (
 );
 
 CREATE INDEX rq_events_hlc ON rq_events (hlc);
+
+CREATE INDEX rq_events_derived ON rq_events (trace_id, id) WHERE job_id IS NULL;
