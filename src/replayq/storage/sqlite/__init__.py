@@ -28,6 +28,7 @@ Known limits, up front:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
@@ -102,10 +103,8 @@ def create_private(path: str) -> None:
     """Create the database file ``0600`` if it does not exist yet (SQLite would use 0644)."""
     if path == ":memory:" or path.startswith("file:") or os.path.exists(path):
         return
-    try:
+    with contextlib.suppress(FileExistsError):  # another process created it first
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _DB_FILE_MODE))
-    except FileExistsError:
-        pass  # another process created it first
 
 
 def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
