@@ -8,12 +8,18 @@ import click
 
 import replayq
 from replayq.cli import render
-from replayq.cli.env import Env, emit_json, log_options, pass_env
+from replayq.cli.env import Env, JobId, emit_json, log_options, pass_env
 
 
 @click.command()
 @click.option("--app", "app_spec", required=True, help="module:attribute of your replayq.App")
-@click.option("--concurrency", default=1, show_default=True, help="Jobs run at once.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Jobs run at once.",
+)
 @click.option(
     "--burst",
     is_flag=True,
@@ -126,6 +132,8 @@ def enqueue(
         body = json.loads(payload)
     except json.JSONDecodeError as exc:
         raise click.UsageError(f"--payload is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise click.UsageError("--payload nests too deeply to be read") from exc
     app = env.app(app_spec)
     job_id = app.enqueue(
         job_type,
@@ -180,7 +188,7 @@ def jobs_list(
 
 
 @jobs.command("show")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JobId)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def jobs_show(env: Env, job_id: int, as_json: bool) -> None:
@@ -193,7 +201,7 @@ def jobs_show(env: Env, job_id: int, as_json: bool) -> None:
 
 
 @jobs.command("cancel")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JobId)
 @pass_env
 def jobs_cancel(env: Env, job_id: int) -> None:
     """Cancel a queued job."""
@@ -221,7 +229,7 @@ def dead_list(env: Env, job_type: str | None, as_json: bool) -> None:
 
 
 @dead.command("requeue")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JobId)
 @click.option("--reason", required=True, help="Why; recorded in the job's trace.")
 @pass_env
 def dead_requeue(env: Env, job_id: int, reason: str) -> None:
