@@ -6,10 +6,18 @@ The public API, by layer (everything a user or the ``replayq`` command line need
   (the ``ctx`` a handler receives) and the records ``Job``, ``JobState``,
   ``DeadReason``, ``TraceEvent``, ``Entity``, ``StateStore``;
 * contracts: ``JobContract``, ``Retry``, ``diff_contracts``, ``lint_contract``;
+* periodic jobs: ``Schedule``, ``ScheduleStatus``, ``MissedSlots`` (``App.periodic``);
+* bulk actions: ``JobMatch`` (the filters), ``BulkPreview``, ``BulkResult`` (``App.bulk``);
 * the replay engine: ``trace_replay``, ``dry_run``, ``fork``, ``rerun``,
   ``rerun_many``, ``plan_rollback``, ``rollback``, ``compensate``,
   ``diff_traces``, ``render_diff``, ``uncommitted_writes``, ``export_case``,
   ``import_case``, ``signal_counts``;
+* questions across jobs by time: ``events_between`` (``WindowEvent``), ``signal_series``
+  (``SignalPoint``);
+* rollouts: ``freeze_contracts``/``check_contracts`` (``replayq.contracts.lock``),
+  ``Rollout`` (``App.rollout(type)``), ``Routing``, ``PinRule``,
+  ``RoutingChange``, ``RollbackResult``, ``Gate``, ``GateReport``, ``verify_rollout`` and its
+  ``VerifyReport`` of ``AttemptComparison``s;
 * shared resources: ``list_locks``, ``break_lock``, ``open_sink``, ``publish_pending``;
 * clocks: ``Clock``, ``SystemClock``, ``FrozenClock``, ``HybridLogicalClock``;
 * observing: ``Observer`` (what a ``Worker(observers=...)`` is told), ``WorkerMetrics``
@@ -35,6 +43,7 @@ from replayq.errors import (
     EffectInDoubtError,
     EffectRefusedError,
     FailureClass,
+    JobCancelledError,
     JobError,
     LeaseLostError,
     LockTimeoutError,
@@ -43,6 +52,7 @@ from replayq.errors import (
     ReplayDivergenceError,
     ReplayqError,
     RollbackRefusedError,
+    RolloutRefusedError,
     SchemaError,
     StaleFencingTokenError,
     StorageError,
@@ -57,7 +67,10 @@ from replayq.observe.logs import configure_logging
 from replayq.observe.metrics import WorkerMetrics
 from replayq.observe.metrics import serve as serve_metrics
 from replayq.observe.otel import AttemptTracer, otel_trace_id
+from replayq.queue.bulk import BulkPreview, BulkResult
 from replayq.queue.contracts import JobContract, Retry, diff_contracts, lint_contract
+from replayq.queue.schedule import MissedSlots, Schedule
+from replayq.queue.scheduler import ScheduleStatus
 from replayq.recording.context import Context
 from replayq.recording.in_doubt import EffectRecord, EffectResolution
 from replayq.recording.locks import break_lock, list_locks
@@ -70,6 +83,23 @@ from replayq.replay.export import export_case, import_case
 from replayq.replay.rerun import RerunReport, rerun, rerun_many
 from replayq.replay.rollback import compensate, plan_rollback, rollback
 from replayq.replay.signals import signal_counts
+from replayq.replay.window import SignalPoint, WindowEvent, events_between, signal_series
+from replayq.rollout import (
+    AttemptComparison,
+    Gate,
+    GateReport,
+    LockDifference,
+    PinRule,
+    RollbackResult,
+    Rollout,
+    Routing,
+    RoutingChange,
+    VerifyReport,
+    check_contracts,
+    freeze_contracts,
+    verify_rollout,
+)
+from replayq.storage.protocol import JobMatch
 from replayq.worker import Worker
 
 try:
@@ -79,7 +109,10 @@ except _metadata.PackageNotFoundError:  # imported from a source tree that was n
 
 __all__ = [
     "App",
+    "AttemptComparison",
     "AttemptTracer",
+    "BulkPreview",
+    "BulkResult",
     "Clock",
     "ConcurrencyError",
     "ConfigurationError",
@@ -96,15 +129,22 @@ __all__ = [
     "Entity",
     "FailureClass",
     "FrozenClock",
+    "Gate",
+    "GateReport",
     "HybridLogicalClock",
     "Job",
+    "JobCancelledError",
     "JobContract",
     "JobError",
+    "JobMatch",
     "JobState",
     "LeaseLostError",
+    "LockDifference",
     "LockTimeoutError",
+    "MissedSlots",
     "Observer",
     "PayloadError",
+    "PinRule",
     "RecordedFailure",
     "ReplayDivergenceError",
     "ReplayReport",
@@ -112,7 +152,15 @@ __all__ = [
     "RerunReport",
     "Retry",
     "RollbackRefusedError",
+    "RollbackResult",
+    "Rollout",
+    "RolloutRefusedError",
+    "Routing",
+    "RoutingChange",
+    "Schedule",
+    "ScheduleStatus",
     "SchemaError",
+    "SignalPoint",
     "StaleFencingTokenError",
     "StatRow",
     "StateStore",
@@ -122,17 +170,22 @@ __all__ = [
     "TransientError",
     "UnknownJobTypeError",
     "ValidationError",
+    "VerifyReport",
+    "WindowEvent",
     "Worker",
     "WorkerMetrics",
     "break_lock",
+    "check_contracts",
     "compensate",
     "configure_logging",
     "diff_contracts",
     "diff_traces",
     "dry_run",
+    "events_between",
     "export_case",
     "fleet_registry",
     "fork",
+    "freeze_contracts",
     "import_case",
     "lint_contract",
     "list_locks",
@@ -147,6 +200,8 @@ __all__ = [
     "rollback",
     "serve_metrics",
     "signal_counts",
+    "signal_series",
     "trace_replay",
     "uncommitted_writes",
+    "verify_rollout",
 ]

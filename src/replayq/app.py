@@ -15,6 +15,7 @@ from replayq.errors import ConfigurationError, ContractError, FailureClass
 from replayq.model import Job, TraceEvent
 from replayq.observe.otel import enqueue_span
 from replayq.queue import lifecycle
+from replayq.queue.bulk import BulkPreview, BulkResult, bulk_apply, bulk_preview
 from replayq.queue.catalog import register_contracts, stored_contracts
 from replayq.queue.contracts import (
     DEFAULT_RESUME,
@@ -26,6 +27,8 @@ from replayq.queue.contracts import (
 )
 from replayq.queue.enqueue import EnqueueRequest, get_job, insert_job
 from replayq.queue.handlers import Handler, HandlerRegistry, PayloadShape
+from replayq.queue.schedule import DEFAULT_CATCH_UP, MissedSlots, Schedule, parse_grace
+from replayq.queue.scheduler import ScheduleStatus, schedule_statuses
 from replayq.recording.in_doubt import (
     EffectRecord,
     EffectResolution,
@@ -34,11 +37,12 @@ from replayq.recording.in_doubt import (
     resolve_effect,
 )
 from replayq.recording.state import StateStore
+from replayq.rollout import Rollout
 from replayq.runtime import DEFAULT_BLOB_LIMIT_BYTES, Limits, Runtime
 from replayq.storage import open_storage
 from replayq.storage.adopted import AsyncConnectionView, run_bridged
 from replayq.storage.cache import CacheBackend
-from replayq.storage.protocol import JobFilter, MigrationStatus, Storage, Transaction
+from replayq.storage.protocol import JobFilter, JobMatch, MigrationStatus, Storage, Transaction
 
 __all__ = ["App", "EnqueueRequest"]
 
@@ -105,6 +109,7 @@ class App:
         self.rng = self.runtime.rng
         self.registry = self.runtime.registry
         self.compensators = self.registry.compensators
+        self.schedules: list[Schedule] = self.registry.schedules
 
     # -- storage ----------------------------------------------------------------------------
 
@@ -204,6 +209,73 @@ class App:
 
         return decorate
 
+    def periodic(
+        self,
+        cron: str,
+        *,
+        job: str | None = None,
+        payload: Mapping[str, Any] | None = None,
+        name: str | None = None,
+        timezone: str = "UTC",
+        missed: str = "skip",
+        catch_up: int = DEFAULT_CATCH_UP,
+        grace: Duration | None = None,
+        queue: str | None = None,
+        priority: int = 0,
+    ) -> Callable[[F], F]:
+        """Enqueue a job on a cron schedule (``croniter`` syntax; a sixth field is seconds).
+
+        Use it above ``@app.job(...)`` (the job type is the decorated handler's), or call
+        it with ``job="type"`` on its own. Every worker runs the scheduler unless started
+        with ``--no-scheduler``; each slot is enqueued once however many run, as a job
+        with the message id ``schedule:NAME:SLOT``. ``missed`` says what happens to slots
+        that passed while no scheduler ran: ``skip``, ``run_once`` or ``run_all`` (the
+        newest ``catch_up`` of them). A slot counts as on time for ``min(grace, period)``
+        (``grace`` defaults to 60 seconds). ``name`` defaults to the job type.
+        """
+        try:
+            policy = MissedSlots(missed)
+        except ValueError:
+            raise ConfigurationError(
+                f"missed={missed!r}: use one of {', '.join(m.value for m in MissedSlots)}"
+            ) from None
+
+        def declare(job_type: str) -> None:
+            schedule = Schedule(
+                name=name or job_type,
+                cron=cron,
+                job_type=job_type,
+                payload=dict(payload or {}),
+                timezone=timezone,
+                missed=policy,
+                catch_up=catch_up,
+                grace_seconds=parse_grace(grace),
+                queue=queue,
+                priority=priority,
+            )
+            if any(s.name == schedule.name for s in self.schedules):
+                raise ConfigurationError(f"a schedule named {schedule.name!r} is declared twice")
+            self.schedules.append(schedule)
+
+        if job is not None:
+            declare(job)
+
+        def decorate(fn: F) -> F:
+            if job is None:
+                found = [h.contract.name for h in self.registry.handlers() if h.fn is fn]
+                if not found:
+                    raise ContractError(
+                        "@app.periodic without job= goes above @app.job(...) on the handler"
+                    )
+                declare(found[0])
+            return fn
+
+        return decorate
+
+    def schedule_statuses(self) -> list[ScheduleStatus]:
+        """Each schedule: its cron, the last slot it enqueued and that job, the next slot."""
+        return schedule_statuses(self.runtime, self.schedules)
+
     def compensator(self, kind: str) -> Callable[[F], F]:
         """Register ``fn(key, result)`` that undoes an effect of ``kind`` in the real world.
 
@@ -278,6 +350,7 @@ class App:
             blob_limit_bytes=runtime.limits.blob_limit_bytes,
         )
         other.adopt_handlers(self)
+        other.schedules.extend(self.schedules)
         return other
 
     def adopt_handlers(self, other: App) -> None:
@@ -437,9 +510,11 @@ class App:
         job_type: str | None = None,
         origin: str | None = "production",
         limit: int = 100,
+        version: str | None = None,
     ) -> list[Job]:
+        """Jobs, newest first; ``version``: only those routed to that handler version."""
         with self.storage.transaction(readonly=True) as tx:
-            return tx.job_list(JobFilter(states, job_type, origin, limit))
+            return tx.job_list(JobFilter(states, job_type, origin, limit, version))
 
     def queue_overview(self) -> list[dict[str, Any]]:
         """Open jobs by queue, type, version and state, with the oldest ready job's ``run_at``
@@ -482,10 +557,23 @@ class App:
                     )
         return sorted(events, key=lambda e: (e.hlc, e.id or 0))
 
+    def rollout(self, job_type: str, *, actor: str | None = None) -> Rollout:
+        """The routing of ``job_type``: read it, and change it (each change recorded)."""
+        return Rollout(self, job_type, actor=actor)
+
     def cancel(self, job_id: int) -> bool:
-        """Cancel a queued job; ``False`` if it is no longer queued."""
+        """Cancel a queued job, or ask a running one to stop; ``False`` if it is neither.
+
+        A running job stops at its handler's next step boundary or ``ctx`` call
+        (``JobCancelledError``; ``ctx.cancelled`` reads it), once its worker's heartbeat
+        has seen the request: the attempt ends ``cancelled`` with the steps it committed.
+        Its lease is no longer extended, so a handler that reaches no boundary within
+        the lease is cancelled by the reaper and its late writes are refused.
+        """
         now, hlc = self.clock.now(), self.hlc.tick()
         with self.storage.transaction() as tx:
+            if tx.job_cancel_request(job_id, now, hlc):
+                return True
             if not tx.job_cancel(job_id, now, hlc):
                 return False
             job = tx.job_get(job_id)
@@ -499,17 +587,61 @@ class App:
             )
         return True
 
-    def requeue(self, job_id: int, *, reason: str) -> bool:
-        """Move a dead job back to the queue with one more attempt; the reason is traced."""
+    def bulk_preview(self, match: JobMatch, *, sample: int = 5) -> BulkPreview:
+        """How many jobs a bulk action with these filters would touch, and a sample."""
+        return bulk_preview(self.runtime, match, sample=sample)
+
+    def bulk(
+        self,
+        action: str,
+        match: JobMatch,
+        *,
+        reason: str,
+        by: str | None = None,
+        job_ids: Sequence[int] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> BulkResult:
+        """``requeue`` (dead jobs) or ``cancel`` (queued jobs) every job ``match`` selects.
+
+        Give ``job_ids`` (a preview's) to act on exactly what was previewed. Each changed
+        job's trace records the action's id (``bulk_action``), ``reason`` and ``by``
+        (default: the OS user); jobs no longer in a state the action applies to are
+        skipped. ``progress`` is told the size of each committed batch.
+        """
+        return bulk_apply(
+            self.runtime,
+            action,
+            match,
+            reason=reason,
+            by=by or os_user(),
+            job_ids=job_ids,
+            progress=progress,
+        )
+
+    def requeue(self, job_id: int, *, reason: str, to_version: str | None = None) -> bool:
+        """Move a dead job back to the queue with one more attempt; the reason is traced.
+
+        The job runs under ``to_version`` (which must be declared here if this app
+        declares the type), or is routed afresh at its next lease.
+        """
         if not reason.strip():
             raise ConfigurationError("requeue needs a reason; it goes into the job's trace")
         now, hlc = self.clock.now(), self.hlc.tick()
         with self.storage.transaction() as tx:
-            if not tx.job_requeue(job_id, now, hlc):
+            if not tx.job_requeue(job_id, now, hlc, to_version=to_version):
                 return False
             job = tx.job_get(job_id)
             assert job is not None
             tx.trace_append(
-                [lifecycle.lifecycle(lifecycle.JOB_REQUEUED, job, now=now, hlc=hlc, reason=reason)]
+                [
+                    lifecycle.lifecycle(
+                        lifecycle.JOB_REQUEUED,
+                        job,
+                        now=now,
+                        hlc=hlc,
+                        reason=reason,
+                        to_version=to_version,
+                    )
+                ]
             )
         return True

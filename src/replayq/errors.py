@@ -12,11 +12,15 @@ The tree::
     │   └── SchemaError             the schema is missing or newer than this code
     ├── LeaseLostError              a write by a worker whose lease on the job is gone
     │                               (refused in the database: ``write.fenced``)
+    ├── JobCancelledError           raised in a handler at its next step boundary or ctx
+    │                               call once the running job was asked to stop
     ├── ReplayDivergenceError       a replay asked for something the recording does not have
     ├── RecordedFailure             in a replay, a call or effect that failed in the recording
     │                               (also a JobError of its recorded class: see recorded_failure)
     ├── EffectRefusedError          a rerun met an effect kind it may not run, with no recording
     ├── RollbackRefusedError        a later job wrote what a rollback would restore
+    ├── RolloutRefusedError         a routing change refused: a gate says the candidate is
+    │                               worse, a version not declared, a concurrent change
     ├── UnrecordedIOError           in a sealed replay, handler I/O that bypassed ``ctx``
     │                               (also a ``PermissionError``: see the class)
     └── JobError                    raised *by handlers*; its class decides retries
@@ -107,8 +111,18 @@ class SchemaError(StorageError):
     """The schema is missing, or newer than this version of replayq understands."""
 
 
+class RolloutRefusedError(ReplayqError):
+    """A rollout change was refused; the message says which gate, version or race, and why."""
+
+
 class LeaseLostError(ReplayqError):
     """A worker tried to write a job whose lease it no longer holds."""
+
+
+class JobCancelledError(ReplayqError):
+    """The running job was asked to stop (``replayq jobs cancel``); raised in the handler at
+    its next step boundary or ``ctx`` call. Let it propagate: the attempt ends ``cancelled``
+    with the steps it had committed. Not a ``JobError``: it is never retried."""
 
 
 class JobError(ReplayqError):

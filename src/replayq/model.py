@@ -72,6 +72,8 @@ class Job:
     causation_id: str | None = None
     origin: str = "production"
     trace_context: str | None = None
+    # When a cancel was asked of the job while it ran (``jobs cancel``); None if never.
+    cancel_requested_at: float | None = None
 
     def evolve(self, **changes: Any) -> Job:
         """A copy with ``changes`` applied."""

@@ -6,6 +6,8 @@ succeeds leases its slot's next job in the ack's own transaction (one commit per
 job). A heartbeat thread extends the lease
 of every job in flight. Every write about a job is a compare-and-set on (job
 id, owner token): a worker that lost its lease cannot change the job's state.
+The dispatcher also runs the scheduler of the app's periodic jobs (off with
+``scheduler=False``, ``--no-scheduler``) between its looks for work.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from replayq.errors import (
     DatabaseUnavailableError,
     EffectInDoubtError,
     FailureClass,
+    JobCancelledError,
     JobError,
     LeaseLostError,
     PayloadError,
@@ -43,9 +46,12 @@ from replayq.observe.hooks import Observer, Observers
 from replayq.queue import lifecycle as trace
 from replayq.queue.catalog import register_contracts
 from replayq.queue.handlers import Handler
+from replayq.queue.scheduler import Scheduler
 from replayq.recording.context import Context
 from replayq.recording.ledger import ledger_loader
 from replayq.recording.world import LiveWorld, LostFlag
+from replayq.rollout.router import REFRESH_SECONDS, Router
+from replayq.rollout.shadow import compare_attempt
 from replayq.runtime import RuntimeSource
 from replayq.storage.protocol import (
     JobBury,
@@ -73,6 +79,8 @@ class InFlight:
     next_heartbeat: float
     started: float
     lost: LostFlag = field(default_factory=LostFlag)
+    # Set by the heartbeat when the job was asked to stop (``App.cancel`` on a running job).
+    cancel: LostFlag = field(default_factory=LostFlag)
     ctx: Context | None = None
 
 
@@ -85,6 +93,7 @@ class WorkerStats:
     retried: int = 0
     dead: int = 0
     rejected: int = 0
+    cancelled: int = 0
     redelivered: int = 0
     released: int = 0
     # A burst run that ended with jobs still scheduled for later (delayed or backing off).
@@ -108,6 +117,8 @@ class Worker:
         reap_interval: float = 1.0,
         grace_period: float = 30.0,
         observers: Sequence[Observer] = (),
+        scheduler: bool = True,
+        routing_refresh: float = REFRESH_SECONDS,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
@@ -137,6 +148,13 @@ class Worker:
         self._stop_requested: float | None = None
         # The backend's wake-up listener while running (PostgreSQL LISTEN), else None.
         self.notifier: Any = None
+        # Periodic jobs: every worker runs the scheduler unless told not to; the slots'
+        # compare-and-set makes that safe (``queue/schedule.py``).
+        schedules = self.runtime.registry.schedules
+        self.scheduler = Scheduler(self.runtime, schedules) if scheduler and schedules else None
+        self._next_schedule_tick = 0.0
+        # Routing records (replayq rollout), read again at most every half second.
+        self.router = Router(self.runtime.registry, routing_refresh)
 
     # -- control ----------------------------------------------------------------------------
 
@@ -183,7 +201,7 @@ class Worker:
         return self.stats
 
     def _register_contracts(self) -> bool:
-        """Store the contracts, waiting out an unavailable database; ``False``: stopped first.
+        """Store contracts and schedules, waiting out an unavailable database; False: stopped.
 
         A worker started while the database is locked, full or restarting waits for it
         like a running one does, rather than exiting for its supervisor to restart.
@@ -192,6 +210,8 @@ class Worker:
         while True:
             try:
                 register_contracts(self.runtime)
+                if self.scheduler is not None:
+                    self.scheduler.register()
             except DatabaseUnavailableError as exc:
                 if not backoff.wait(exc, self._stopping):
                     return False
@@ -218,6 +238,9 @@ class Worker:
                 if now >= self._next_reap:
                     self.reap()
                     self._next_reap = now + self.reap_interval
+                if self.scheduler is not None and now >= self._next_schedule_tick:
+                    due = self.scheduler.tick()
+                    self._next_schedule_tick = due if due is not None else now + 60.0
                 free, jobs = self._lease_free_slots()
             except StorageError as exc:
                 # Killed session, restart, partition: retry until the database is back or we
@@ -229,7 +252,10 @@ class Worker:
                 continue
             if self.burst and free == self.concurrency and self._burst_done(now):
                 return
-            self._wake.wait(self.poll_interval)
+            wait = self.poll_interval
+            if self.scheduler is not None:
+                wait = max(0.0, min(wait, self._next_schedule_tick - now))
+            self._wake.wait(wait)
             self._wake.clear()
 
     def _burst_done(self, now: float) -> bool:
@@ -256,6 +282,8 @@ class Worker:
 
     def _lease_params(self, limit: int) -> JobLease:
         handlers = {t: self.runtime.registry.handler(t) for t in self.runtime.registry.job_types()}
+        # A routed type's new jobs are leased without a version and routed below, one by one.
+        routed = self.router.routed_types()
         return JobLease(
             worker_id=self.worker_id,
             owner_token=uuid.uuid4().hex,
@@ -264,7 +292,7 @@ class Worker:
             limit=limit,
             default_lease_seconds=30.0,
             lease_for={t: h.contract.lease for t, h in handlers.items()},
-            version_for={t: h.contract.version for t, h in handlers.items()},
+            version_for={t: h.contract.version for t, h in handlers.items() if t not in routed},
             queues=self.queues,
         )
 
@@ -284,11 +312,15 @@ class Worker:
         batch). Returns (jobs, lease time). The caller hands them to ``_hold`` once
         ``tx`` has committed, never before: a rolled-back lease holds nothing.
         """
+        self.router.refresh(tx)
         params = self._lease_params(limit)
-        jobs = tx.job_lease(params)
+        routed = [self._routed(tx, job, params.owner_token) for job in tx.job_lease(params)]
+        jobs = [job for job, _ in routed]
         events = list(also)
-        for job in jobs:
+        for job, moved_from in routed:
             self.runtime.hlc.observe(job.hlc)
+            # A job whose routing no longer names its version (rolled back): the trace says so.
+            moved: dict[str, Any] = {"version_moved_from": moved_from} if moved_from else {}
             events.append(
                 trace.lifecycle(
                     trace.JOB_LEASED,
@@ -301,10 +333,19 @@ class Worker:
                     lease_deadline=job.lease_deadline,
                     version=job.handler_version,
                     redelivery_count=job.redelivery_count,
+                    **moved,
                 )
             )
         tx.trace_append(events)
         return jobs, params.now
+
+    def _routed(self, tx: Transaction, job: Job, owner_token: str) -> tuple[Job, str | None]:
+        """The leased job with its version (kept from its first lease, else chosen now),
+        and the version it was moved from, if it had one its routing no longer names."""
+        version = self.router.choose(job)
+        if version is None or not tx.job_route(job.id, owner_token, version):
+            return job, None
+        return job.evolve(handler_version=version), job.handler_version
 
     def _hold(self, jobs: Sequence[Job], now: float) -> None:
         """Jobs whose lease committed: track them for heartbeats and queue them to run."""
@@ -350,7 +391,14 @@ class Worker:
                 )
                 assert job.owner_token is not None
                 hlc = self.runtime.hlc.tick()
-                if job.attempt >= job.max_attempts:
+                if job.cancel_requested_at is not None:
+                    if tx.job_cancel_running(job.id, job.owner_token, now, hlc):
+                        cancelled = self._cancel_event(
+                            tx, job, now, hlc, "the lease ran out before a step boundary"
+                        )
+                        tx.trace_append([expired, cancelled])
+                        count += 1
+                elif job.attempt >= job.max_attempts:
                     reason = DeadReason.LEASE_EXPIRED_ATTEMPTS_EXHAUSTED
                     if tx.job_bury(
                         JobBury(job.id, job.owner_token, now, reason, None, "lease expired", hlc)
@@ -415,9 +463,18 @@ class Worker:
         now = self.runtime.clock.now()
         with self.runtime.storage.transaction() as tx:
             events = []
+            asked_to_stop = tx.job_cancel_requested(self.worker_id)
             for flight in flights:
                 job = flight.job
                 assert job.owner_token is not None
+                if job.id in asked_to_stop:
+                    # Not extended: a handler that reaches no step boundary within the
+                    # lease is cancelled by the reaper, its late writes fenced.
+                    if not flight.cancel.is_set():
+                        log.info("job %s: asked to stop; it stops at its next step", job.id)
+                    flight.cancel.set()
+                    flight.next_heartbeat = time.monotonic() + flight.heartbeat_seconds
+                    continue
                 extended = tx.lease_extend(
                     LeaseExtend(job.id, job.owner_token, now, flight.lease_seconds)
                 )
@@ -536,6 +593,7 @@ class Worker:
             worker_id=self.worker_id,
             world=world,
             owner_token=job.owner_token,
+            cancel=flight.cancel if flight is not None else None,
         )
         if flight is not None:
             flight.ctx = ctx
@@ -548,9 +606,18 @@ class Worker:
             # attempt ends here; only its events (with ``write.fenced``) are kept.
             self._reject(job, exc, ctx)
             return
+        except JobCancelledError as exc:
+            self._cancelled(job, ctx, str(exc), time.monotonic() - started)
+            return
         except Exception as exc:
             ctx.discard_writes()
             self._fail(job, handler, ctx, exc, time.monotonic() - started)
+            self._compare(job, handler)
+            return
+        if ctx.cancelled:
+            # The handler saw ``ctx.cancelled`` and returned: the attempt still ends cancelled,
+            # and what it did outside a step is not committed.
+            self._cancelled(job, ctx, "the handler returned after the cancel", 0.0)
             return
         try:
             self._succeed(job, handler, ctx, result_json, time.monotonic() - started, refill)
@@ -561,6 +628,19 @@ class Worker:
             # and runs again, never buried for the database's fault.
             ctx.discard_writes()
             self._fail(job, handler, ctx, exc, time.monotonic() - started)
+        self._compare(job, handler)
+
+    def _compare(self, job: Job, handler: Handler) -> None:
+        """Shadow and dual-run: the candidate re-runs this settled attempt, sealed.
+
+        Only the authoritative run made real effects; the candidate gets its recorded
+        answers (observe-only) and the comparison is stored for ``rollout status``.
+        """
+        for mode, version in self.router.comparisons_for(job, handler.contract.version):
+            try:
+                compare_attempt(self.runtime, job, version, mode=mode)
+            except Exception:  # a comparison never fails the job it observes
+                log.exception("job %s: %s run of %s failed", job.id, mode, version)
 
     def _settle(self, job: Job, write: Any, ctx: Context | None = None) -> bool:
         """Run ``write(tx)`` in one transaction; a lost lease rolls it all back and is traced.
@@ -714,6 +794,42 @@ class Worker:
             self.stats.succeeded += 1
             log.info("job %s succeeded in %.3fs", job.id, duration)
 
+    def _cancel_event(
+        self, tx: Transaction, job: Job, now: float, hlc: int, reason: str
+    ) -> TraceEvent:
+        """``job.cancelled`` for a running job: the steps it committed, the effects it claimed."""
+        steps = [row["step_key"] for row in tx.step_by_job(job.id)]
+        effects = [{"key": row["key"], "status": row["status"]} for row in tx.idem_by_job(job.id)]
+        return trace.lifecycle(
+            trace.JOB_CANCELLED,
+            job,
+            now=now,
+            hlc=hlc,
+            worker_id=self.worker_id,
+            status="cancelled",
+            owner_token=job.owner_token,
+            reason=reason,
+            committed_steps=steps,
+            claimed_effects=effects,
+        )
+
+    def _cancelled(self, job: Job, ctx: Context, reason: str, duration: float) -> None:
+        """End an attempt that was asked to stop: its steps stay committed, nothing else is."""
+        ctx.discard_writes()
+
+        def write(tx: Transaction) -> None:
+            now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
+            ctx.flush(tx, failed=True)
+            assert job.owner_token is not None
+            if not tx.job_cancel_running(job.id, job.owner_token, now, hlc):
+                raise LeaseLostError("job.cancelled")
+            tx.trace_append([self._cancel_event(tx, job, now, hlc, reason)])
+
+        if self._settle(job, write, ctx):
+            ctx.committed()
+            self.stats.cancelled += 1
+            log.warning("job %s cancelled while running (%s)", job.id, reason)
+
     def _fail(
         self, job: Job, handler: Handler, ctx: Context, exc: Exception, duration: float
     ) -> None:
@@ -722,11 +838,22 @@ class Worker:
         retryable = retry.retries(failure_class)
         message = f"{type(exc).__name__}: {exc}"
         exhausted = job.attempt >= job.max_attempts
+        cancelled = False
 
         def write(tx: Transaction) -> None:
+            nonlocal cancelled
             now = self.runtime.clock.now()
             ctx.flush(tx, failed=True)
             assert job.owner_token is not None
+            # Asked to stop before the heartbeat told us: a failure ends it, never a retry.
+            cancelled = job.id in tx.job_cancel_requested(self.worker_id)
+            if cancelled:
+                hlc = self.runtime.hlc.tick()
+                if not tx.job_cancel_running(job.id, job.owner_token, now, hlc):
+                    raise LeaseLostError("job.cancelled")
+                event = self._cancel_event(tx, job, now, hlc, f"failed after the cancel: {message}")
+                tx.trace_append([event])
+                return
             events = [
                 trace.lifecycle(
                     trace.JOB_FAILED,
@@ -776,7 +903,9 @@ class Worker:
 
         if self._settle(job, write, ctx):
             ctx.committed()
-            if retryable and not exhausted:
+            if cancelled:
+                self.stats.cancelled += 1
+            elif retryable and not exhausted:
                 self.stats.retried += 1
                 log.warning("job %s failed (%s), retrying: %s", job.id, failure_class, message)
             else:

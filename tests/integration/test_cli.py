@@ -99,13 +99,13 @@ def test_jobs_show_prints_the_job_and_fails_clearly_for_a_missing_one(
     assert missing.stderr.strip() == "error: no job with id 999"
 
 
-def test_jobs_cancel_cancels_only_queued_jobs(url: str, app: replayq.App) -> None:
+def test_jobs_cancel_cancels_only_queued_or_running_jobs(url: str, app: replayq.App) -> None:
     job_id = app.enqueue("ship", {"order_id": 3})
     assert "cancelled" in ok(url, "jobs", "cancel", str(job_id)).stdout
     assert app.get_job(job_id).state is replayq.JobState.CANCELLED
     again = cli(url, "jobs", "cancel", str(job_id))
     assert again.exit_code == 1
-    assert "only queued jobs" in again.output
+    assert "neither queued nor running" in again.output
 
 
 # -- dead jobs --------------------------------------------------------------------------------

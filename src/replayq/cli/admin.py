@@ -10,7 +10,7 @@ import click
 import replayq
 from replayq import codec
 from replayq.cli import render
-from replayq.cli.env import Env, emit_json, pass_env
+from replayq.cli.env import Env, emit_json, load_app, pass_env
 
 
 @click.group()
@@ -45,7 +45,7 @@ def db_status(env: Env, as_json: bool) -> None:
 
 @click.group()
 def contract() -> None:
-    """Show, diff and lint stored job contracts."""
+    """Show, diff and lint stored job contracts; freeze and check the app's lock file."""
 
 
 def _stored(app: replayq.App, job_type: str) -> dict[str, replayq.JobContract]:
@@ -112,6 +112,49 @@ def contract_lint(env: Env, job_type: str | None, as_json: bool) -> None:
         for finding in findings:
             click.echo(f"{finding.job_type} {finding.version}: {finding.rule}: {finding.message}")
     sys.exit(1 if findings else 0)
+
+
+@contract.command("freeze")
+@click.argument("job_types", nargs=-1)
+@click.option("--app", "app_spec", required=True, help="module:attribute of your replayq.App")
+@click.option(
+    "--lock",
+    "lock_path",
+    default="replayq.contracts.lock",
+    show_default=True,
+    help="The lock file.",
+)
+def contract_freeze(job_types: tuple[str, ...], app_spec: str, lock_path: str) -> None:
+    """Write the app's contracts to the lock file (only TYPEs if given; the others kept)."""
+    frozen = replayq.freeze_contracts(load_app(app_spec), lock_path, job_types)
+    click.echo(f"froze {len(frozen)} contract version(s) in {lock_path}")
+
+
+@contract.command("check")
+@click.option("--app", "app_spec", required=True, help="module:attribute of your replayq.App")
+@click.option(
+    "--lock",
+    "lock_path",
+    default="replayq.contracts.lock",
+    show_default=True,
+    help="The lock file.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def contract_check(app_spec: str, lock_path: str, as_json: bool) -> None:
+    """Compare the app's contracts with the lock file, field by field (exit 1 if they differ)."""
+    differences = replayq.check_contracts(load_app(app_spec), lock_path)
+    if as_json:
+        emit_json([vars(d) for d in differences])
+    elif not differences:
+        click.echo(f"contracts match {lock_path}")
+    else:
+        for difference in differences:
+            click.echo(difference.describe())
+        click.echo(
+            f"{len(differences)} difference(s): declare a new version, or re-freeze "
+            "(replayq contract freeze) if the change is meant"
+        )
+    sys.exit(1 if differences else 0)
 
 
 @click.group()
@@ -204,7 +247,7 @@ def state_history(env: Env, namespace: str, key: str, as_json: bool) -> None:
     click.echo(render.state_history(versions))
 
 
-@click.command("demo")
+@click.group("demo", invoke_without_command=True)
 @click.option("--db", "demo_db", default=None, help="Database (default: a temporary SQLite file).")
 @click.option("--keep", is_flag=True, help="Keep the database, logs and case.json afterwards.")
 @click.pass_context
@@ -213,7 +256,10 @@ def demo_command(ctx: click.Context, demo_db: str | None, keep: bool) -> None:
 
     On PostgreSQL (--db postgresql://...) the demo works in a fresh schema that it
     drops at the end. $REPLAYQ_DB is ignored: the demo writes only where it is told.
+    ``replayq demo rollout``: the rollout demo instead.
     """
+    if ctx.invoked_subcommand is not None:
+        return
     from click.core import ParameterSource
 
     from replayq.demo import run_demo
@@ -222,3 +268,12 @@ def demo_command(ctx: click.Context, demo_db: str | None, keep: bool) -> None:
     if demo_db is None and root.get_parameter_source("db") is ParameterSource.COMMANDLINE:
         demo_db = root.params.get("db")
     run_demo(demo_db, keep)
+
+
+@demo_command.command("rollout")
+@click.option("--keep", "keep_files", is_flag=True, help="Keep the demo's database afterwards.")
+def demo_rollout(keep_files: bool) -> None:
+    """A v2 that retries every exception: caught by verify, held by a gate, rolled back."""
+    from replayq.demo.rollout import run_rollout_demo
+
+    run_rollout_demo(keep=keep_files)

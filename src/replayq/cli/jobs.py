@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
 
 import replayq
-from replayq.cli import render
+from replayq.cli import bulk, render
 from replayq.cli.env import Env, JobId, emit_json, log_options, pass_env
 
 
@@ -53,6 +54,12 @@ from replayq.cli.env import Env, JobId, emit_json, log_options, pass_env
     show_default=True,
     help="Address the metrics server binds to.",
 )
+@click.option(
+    "--no-scheduler",
+    "no_scheduler",
+    is_flag=True,
+    help="Do not enqueue the app's periodic jobs here (each slot is enqueued once anyway).",
+)
 @log_options
 @pass_env
 def worker(
@@ -67,10 +74,11 @@ def worker(
     poll_interval: float,
     metrics_port: int | None,
     metrics_host: str,
+    no_scheduler: bool,
     log_level: str,
     log_format: str,
 ) -> None:
-    """Run a worker."""
+    """Run a worker (and, unless --no-scheduler, the scheduler of periodic jobs)."""
     replayq.configure_logging(log_level, log_format)
     app = env.app(app_spec)
     observers: list[replayq.Observer] = []
@@ -88,12 +96,13 @@ def worker(
         worker_id=worker_id,
         poll_interval=poll_interval,
         observers=observers,
+        scheduler=not no_scheduler,
     )
     stats = run.run()
     click.echo(
         f"worker {run.worker_id}: leased={stats.leased} succeeded={stats.succeeded} "
         f"retried={stats.retried} dead={stats.dead} rejected={stats.rejected} "
-        f"released={stats.released}",
+        f"released={stats.released} cancelled={stats.cancelled}",
         err=True,
     )
     if stats.scheduled_later and stats.next_run_at is not None:
@@ -164,6 +173,9 @@ def jobs() -> None:
 @click.option("--type", "job_type", default=None, help="Only jobs of this type.")
 @click.option("--limit", default=50, show_default=True, help="Show at most this many.")
 @click.option("--all-origins", is_flag=True, help="Include replay, fork and rerun jobs.")
+@click.option(
+    "--version", "version", default=None, help="Only jobs routed to this handler version."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def jobs_list(
@@ -172,14 +184,16 @@ def jobs_list(
     job_type: str | None,
     limit: int,
     all_origins: bool,
+    version: str | None,
     as_json: bool,
 ) -> None:
-    """List jobs, newest first."""
+    """List jobs, newest first (``--version v2 --state running``: what is still on v2)."""
     found = env.app().list_jobs(
         states=states or None,
         job_type=job_type,
         origin=None if all_origins else "production",
         limit=limit,
+        version=version,
     )
     if as_json:
         emit_json([job.to_dict() for job in found])
@@ -201,13 +215,52 @@ def jobs_show(env: Env, job_id: int, as_json: bool) -> None:
 
 
 @jobs.command("cancel")
-@click.argument("job_id", type=JobId)
+@click.argument("job_id", type=JobId, required=False)
+@bulk.filter_options
+@click.option("--reason", default=None, help="Why; recorded in each job's trace (bulk).")
+@click.option("--yes", is_flag=True, help="Act; without it a bulk cancel only previews.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
-def jobs_cancel(env: Env, job_id: int) -> None:
-    """Cancel a queued job."""
-    if not env.app().cancel(job_id):
-        raise click.ClickException(f"job {job_id} is not queued; only queued jobs can be cancelled")
-    click.echo(f"job {job_id} cancelled")
+def jobs_cancel(
+    env: Env, /, job_id: int | None, reason: str | None, yes: bool, as_json: bool, **filters: Any
+) -> None:
+    """Cancel a queued job or stop a running one; no JOB_ID: every job the filters select."""
+    if job_id is None:
+        bulk.run_bulk(env, "cancel", reason, yes, as_json, **filters)
+        return
+    app = env.app()
+    if not app.cancel(job_id):
+        raise click.ClickException(
+            f"job {job_id} is neither queued nor running; only those can be cancelled"
+        )
+    if app.get_job(job_id).state == replayq.JobState.RUNNING:
+        click.echo(f"job {job_id} asked to stop; it stops at its next step boundary")
+    else:
+        click.echo(f"job {job_id} cancelled")
+
+
+@jobs.command("requeue")
+@bulk.filter_options
+@click.option("--reason", default=None, help="Why; recorded in each job's trace.")
+@click.option("--yes", is_flag=True, help="Act; without it only a preview is printed.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@pass_env
+def jobs_requeue(env: Env, /, reason: str | None, yes: bool, as_json: bool, **filters: Any) -> None:
+    """Requeue every dead job the filters select, one more attempt each (preview, then --yes)."""
+    bulk.run_bulk(env, "requeue", reason, yes, as_json, **filters)
+
+
+@jobs.command("dry-run")
+@bulk.filter_options
+@click.option("--app", "app_spec", required=True, help="module:attribute of your replayq.App")
+@click.option("--with-version", "with_version", default=None, help="Replay with this version.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@pass_env
+def jobs_dry_run(
+    env: Env, /, app_spec: str, with_version: str | None, as_json: bool, **filters: Any
+) -> None:
+    """Dry-run every recorded job the filters select; print a summary of the divergences."""
+    bulk.bulk_dry_run(env, app_spec, with_version, as_json, **filters)
 
 
 @click.group()
@@ -229,14 +282,41 @@ def dead_list(env: Env, job_type: str | None, as_json: bool) -> None:
 
 
 @dead.command("requeue")
-@click.argument("job_id", type=JobId)
+@click.argument("job_ids", type=JobId, nargs=-1)
 @click.option("--reason", required=True, help="Why; recorded in the job's trace.")
+@click.option("--type", "job_type", default=None, help="Every dead job of this type (no JOB_IDS).")
+@click.option(
+    "--version", "version", default=None, help="With --type: only those that ran this version."
+)
+@click.option(
+    "--to-version",
+    default=None,
+    help="Run them under this version (default: routed afresh at their next lease).",
+)
 @pass_env
-def dead_requeue(env: Env, job_id: int, reason: str) -> None:
-    """Put a dead job back in the queue with one more attempt."""
-    if not env.app().requeue(job_id, reason=reason):
-        raise click.ClickException(f"job {job_id} is not dead")
-    click.echo(f"job {job_id} requeued")
+def dead_requeue(
+    env: Env,
+    job_ids: tuple[int, ...],
+    reason: str,
+    job_type: str | None,
+    version: str | None,
+    to_version: str | None,
+) -> None:
+    """Put dead jobs back in the queue with one more attempt each."""
+    app = env.app()
+    if not job_ids and job_type is None:
+        raise click.UsageError("give JOB_IDS, or --type (and --version) to requeue a selection")
+    ids = list(job_ids) or [
+        job.id
+        for job in app.list_jobs(states=["dead"], job_type=job_type, version=version, limit=100_000)
+    ]
+    for job_id in ids:
+        if not app.requeue(job_id, reason=reason, to_version=to_version):
+            raise click.ClickException(f"job {job_id} is not dead")
+        target = f" to {to_version}" if to_version else ""
+        click.echo(f"job {job_id} requeued{target}")
+    if not ids:
+        click.echo("no dead jobs match")
 
 
 @click.command()
@@ -254,14 +334,42 @@ def stats(env: Env, as_json: bool) -> None:
 
 
 @click.command()
-@click.option("--since", default=None, help="Only this recent, e.g. 1h, 30m.")
+@click.option(
+    "--since",
+    default=None,
+    help="Only this recent (1h, 30m), or from a time (2026-11-30T18:00).",
+)
+@click.option("--until", default=None, help="With --by: up to this time (same forms).")
+@click.option(
+    "--by",
+    type=click.Choice(["second", "minute", "hour"]),
+    default=None,
+    help="A time series: counts per bucket, job type and version.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
-def signals(env: Env, since: str | None, as_json: bool) -> None:
+def signals(env: Env, since: str | None, until: str | None, by: str | None, as_json: bool) -> None:
     """Incident signals per job type, counted from the trace (re-deliveries, conflicts, ...)."""
 
     app = env.app()
-    cutoff = app.clock.now() - replayq.parse_duration(since, name="--since") if since else None
+    now = app.clock.now()
+    cutoff = bulk.parse_moment(since, now, "--since")
+    if by is not None:
+        series = replayq.signal_series(
+            app, by=by, since=cutoff, until=bulk.parse_moment(until, now, "--until")
+        )
+        if as_json:
+            emit_json([vars(p) for p in series])
+        elif not series:
+            click.echo("(no signals)")
+        else:
+            click.echo(f"{'time':<20} {'type':<20} {'version':<8} {'signal':<40} {'count':>6}")
+            for p in series:
+                click.echo(
+                    f"{render.date_time(p.bucket):<20} {p.job_type:<20} {p.version or '-':<8} "
+                    f"{p.signal:<40} {p.count:>6}"
+                )
+        return
     counts = replayq.signal_counts(app, since=cutoff)
     if as_json:
         emit_json([vars(c) for c in counts])

@@ -1,10 +1,10 @@
 """The ``replayq`` command line: a thin layer over the public Python API.
 
 One module per command group: ``jobs`` (worker, enqueue, jobs, dead, stats,
-signals), ``trace``, ``replay`` (replay, fork, diff, rerun, rollback) and
-``admin`` (db, contract, locks, outbox, state, demo). Each imports only the
-public ``replayq`` package; a new command goes in its group's module and is
-registered here.
+signals; its bulk actions in ``bulk``), ``schedules``, ``events``, ``trace``,
+``replay`` (replay, fork, diff, rerun, rollback), ``admin`` (db, contract,
+locks, outbox, state, demo) and ``rollout``. Each imports only the public
+``replayq`` package; a new command goes in its group's module and is registered here.
 
 Exit codes (docs/reliability.md), one table for every command:
 
@@ -33,7 +33,18 @@ from typing import Any, NoReturn
 import click
 
 from replayq import DatabaseUnavailableError, ReplayqError, __version__
-from replayq.cli import admin, effects, jobs, metrics, replay, trace, web
+from replayq.cli import (
+    admin,
+    effects,
+    events,
+    jobs,
+    metrics,
+    replay,
+    rollout,
+    schedules,
+    trace,
+    web,
+)
 from replayq.cli.env import Env
 
 EXIT_OK = 0
@@ -121,6 +132,8 @@ main.add_command(jobs.dead)
 main.add_command(effects.effects)
 main.add_command(jobs.stats)
 main.add_command(jobs.signals)
+main.add_command(schedules.schedules)
+main.add_command(events.events)
 main.add_command(metrics.metrics)
 main.add_command(web.web)
 main.add_command(trace.trace_group)
@@ -135,3 +148,4 @@ main.add_command(replay.fork_command)
 main.add_command(replay.diff_command)
 main.add_command(replay.rerun)
 main.add_command(replay.rollback)
+main.add_command(rollout.rollout)

@@ -18,6 +18,13 @@ def timestamp(value: float | None) -> str:
     return moment.strftime("%H:%M:%S.") + f"{moment.microsecond // 1000:03d}"
 
 
+def date_time(value: float | None) -> str:
+    """A moment as ``2026-11-30 18:05:00Z`` (UTC); ``-`` for none."""
+    if value is None:
+        return "-"
+    return dt.datetime.fromtimestamp(value, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
 def _brief(value: Any, width: int = 60) -> str:
     text = str(value)
     return text if len(text) <= width else text[: width - 1] + "…"

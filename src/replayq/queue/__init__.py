@@ -8,7 +8,9 @@
     ├── handlers.py    Handler (contract + function + payload shape), HandlerRegistry
     ├── lifecycle.py   the lifecycle event names and their builder (job.enqueued, job.leased, ...)
     ├── enqueue.py     EnqueueRequest, insert_job (row + job.enqueued in one transaction), get_job
-    └── catalog.py     register_contracts, stored_contracts
+    ├── catalog.py     register_contracts, stored_contracts
+    ├── schedule.py    Schedule (@app.periodic), MissedSlots, decide_slots: which slots are due
+    └── scheduler.py   Scheduler: each due slot enqueued once (anchor compare-and-set)
 
 Imports: storage and the foundations; ``replayq.runtime`` shares this layer
 (it is the queue's composition: registry, storage, clocks).

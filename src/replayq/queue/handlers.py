@@ -12,6 +12,7 @@ from typing import Any
 from replayq import codec
 from replayq.errors import ContractError, FailureClass, PayloadError, UnknownJobTypeError
 from replayq.queue.contracts import JobContract
+from replayq.queue.schedule import Schedule
 
 _SIMPLE_TYPES: dict[Any, tuple[type, ...]] = {
     int: (int,),
@@ -115,7 +116,8 @@ class Handler:
 
 
 class HandlerRegistry:
-    """Every declared job type and version, which version is active, and the compensators.
+    """Every declared job type and version, which version is active, the compensators,
+    reconcilers and schedules.
 
     The newest declaration of a type becomes the active version (the one
     workers run), unless it is declared as a candidate (kept for replay, fork
@@ -128,6 +130,9 @@ class HandlerRegistry:
         self.compensators: dict[str, Callable[[str, Any], Any]] = {}
         # Per effect kind: asks the provider whether an in-doubt effect happened.
         self.reconcilers: dict[str, Callable[[Any], Any]] = {}
+        # Periodic jobs (``App.periodic``): the worker's scheduler enqueues their slots.
+        # Not adopted: a scratch database for a replay must not start enqueueing them.
+        self.schedules: list[Schedule] = []
 
     def declare(self, handler: Handler, *, candidate: bool = False) -> None:
         name, version = handler.contract.name, handler.contract.version
@@ -160,6 +165,10 @@ class HandlerRegistry:
 
     def declares(self, job_type: str) -> bool:
         return job_type in self._versions
+
+    def versions(self, job_type: str) -> list[str]:
+        """The declared versions of a type, in declaration order."""
+        return list(self._versions.get(job_type, {}))
 
     def job_types(self) -> list[str]:
         return sorted(self._versions)

@@ -26,6 +26,8 @@ JOB_DEAD = "job.dead"
 JOB_CANCELLED = "job.cancelled"
 JOB_REQUEUED = "job.requeued"
 WRITE_REJECTED = "job.write_rejected"
+# A job type's routing changed (replayq rollout …): not a job's event, the type's.
+ROUTING_CHANGED = "routing.changed"
 
 LIFECYCLE_EVENTS = (
     JOB_ENQUEUED,

@@ -38,6 +38,21 @@ def _versioned(base: str, version: int | None) -> str:
     return base if version is None else f"{base}:v{version}"
 
 
+def value_shape(value: Any) -> Any:
+    """The structure of a value: field names and JSON types, no content.
+
+    ``{"price": 10000, "stock": 5}`` → ``{"price": "int", "stock": "int"}``; a list
+    is the shape of its first item (``[]`` when empty).
+    """
+    if isinstance(value, dict):
+        return {str(k): value_shape(v) for k, v in sorted(value.items(), key=lambda i: str(i[0]))}
+    if isinstance(value, list | tuple):
+        return [value_shape(value[0])] if value else []
+    if value is None:
+        return "null"
+    return type(value).__name__
+
+
 class CacheView:
     """``ctx.cache``: recorded reads; writes and invalidations after the step commits."""
 
@@ -153,7 +168,15 @@ class CacheView:
             now,
             now + ttl if ttl else None,
         )
-        ctx.record("cache.write", resource=logical, resource_version=version, key=logical, ttl=ttl)
+        ctx.record(
+            "cache.write",
+            resource=logical,
+            resource_version=version,
+            key=logical,
+            ttl=ttl,
+            # The value's shape, not its content: rollout verify flags a new shape under an old key.
+            shape=value_shape(value),
+        )
         # A replay writes only under its own namespace, and not before a fork point.
         if ctx.world.writes_apply:
             self._after_commit.append(lambda: ctx.runtime.cache_backend.put(entry))

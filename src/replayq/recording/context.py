@@ -33,7 +33,13 @@ from functools import cached_property
 from typing import Any, TypeVar, overload
 
 from replayq import codec
-from replayq.errors import LeaseLostError, PayloadError, RecordedFailure, classify
+from replayq.errors import (
+    JobCancelledError,
+    LeaseLostError,
+    PayloadError,
+    RecordedFailure,
+    classify,
+)
 from replayq.model import Job, TraceEvent
 from replayq.queue.contracts import render_template
 from replayq.queue.enqueue import EnqueueRequest, insert_job
@@ -46,7 +52,7 @@ from replayq.recording.locks import LockHandle, LockManager
 from replayq.recording.outbox import OutboxView
 from replayq.recording.state import StateView
 from replayq.recording.steps import run_step
-from replayq.recording.world import LIVE, LiveWorld, World
+from replayq.recording.world import LIVE, LiveWorld, LostFlag, World
 from replayq.runtime import RuntimeSource
 from replayq.seal import unsealed
 from replayq.storage.protocol import Transaction
@@ -77,6 +83,7 @@ class Context:
         trace_id: str | None = None,
         namespace: str = "",
         owner_token: str | None = None,
+        cancel: LostFlag | None = None,
     ) -> None:
         runtime = source.runtime
         self.runtime = runtime
@@ -87,6 +94,8 @@ class Context:
         self.world: World = world or LiveWorld()
         self.namespace = namespace
         self.owner_token = owner_token
+        # Set by the worker's heartbeat once the running job was asked to stop.
+        self._cancel = cancel
         self._trace_id = trace_id or job.trace_id
         self._pending = _Pending()
         self._seq = 0
@@ -160,6 +169,24 @@ class Context:
     def owns_job_trace(self) -> bool:
         """Whether this run records into the job's own trace (not a replay, fork or rerun)."""
         return self._trace_id == self.job.trace_id
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the job was asked to stop (``replayq jobs cancel``) while it ran.
+
+        A handler in a long loop can check it and return; otherwise its next step
+        boundary or ``ctx`` call raises ``JobCancelledError``. The worker notices a
+        cancel at its next heartbeat.
+        """
+        return self._cancel is not None and self._cancel.is_set()
+
+    def check_cancelled(self) -> None:
+        """Raise ``JobCancelledError`` if the job was asked to stop (a cancel point)."""
+        if self.cancelled:
+            raise JobCancelledError(
+                f"job {self.job.id} attempt {self.attempt} was asked to stop; "
+                f"it stops before {self.current_step or 'its next step'}"
+            )
 
     @property
     def lease_lost(self) -> bool:
@@ -383,6 +410,7 @@ class Context:
         ``with ctx.step("load"):`` is the same commit boundary around a block. A block
         always runs, so it is never skipped: it runs again on every attempt.
         """
+        self.check_cancelled()
         if fn is None:
             return self.step_block(name, self.next_step_key(name))
         return run_step(self, name, fn, args, kwargs)
@@ -451,6 +479,7 @@ class Context:
 
     def decide(self, name: str, value: Any, **why: Any) -> Any:
         """Record a decision and its reasons; returns ``value``."""
+        self.check_cancelled()
         self.encode(value, what=f"decision {name!r}")
         self.record("decision", decision=name, value=value, why=why)
         return value
@@ -459,6 +488,7 @@ class Context:
 
     def call(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run an external read and record request, response (or error) and duration."""
+        self.check_cancelled()
         request = {"args": list(args), "kwargs": kwargs}
         fingerprint = codec.fingerprint(_summarise(request))
         try:
@@ -511,6 +541,7 @@ class Context:
 
     def effect(self, kind: str, fn: Callable[[], Any], *, key: str | None = None) -> Any:
         """Run a side effect once per idempotency key (see ``replayq.recording.effects``)."""
+        self.check_cancelled()
         return self.effects.run(kind, fn, key=key)
 
     # -- recorded nondeterminism ------------------------------------------------------------
@@ -538,6 +569,7 @@ class Context:
 
     def lock(self, resource: str, *, ttl: Any = None, wait: Any = None) -> LockHandle:
         """A lease lock with an owner token and a fencing token (``with ctx.lock(...) as lk:``)."""
+        self.check_cancelled()
         return self.locks.handle(resource, ttl=ttl, wait=wait)
 
     def db_write(self, fn: Callable[[Any], Any], *, key: str | None = None) -> None:
@@ -551,6 +583,7 @@ class Context:
         transaction, and a later attempt finding it skips ``fn`` (recorded as
         deduplicated). A replay or fork never runs ``fn``.
         """
+        self.check_cancelled()
         event = self.record("db.write", resource=key, key=key)
         if not self.world.is_live:
             event.data["replayed"] = True
@@ -587,6 +620,7 @@ class Context:
 
     def enqueue(self, job_type: str, payload: dict[str, Any] | None = None, **options: Any) -> None:
         """Enqueue a child job in the step's transaction (causation: this job)."""
+        self.check_cancelled()
 
         request = EnqueueRequest(job_type, payload or {}, **options)
         if job_type in self.runtime.registry.job_types():

@@ -9,7 +9,8 @@
     ├── rollback.py   plan_rollback, rollback, compensate
     ├── diff.py       diff_traces, render
     ├── export.py     export_case, import_case, replay_case_file (regression cases)
-    └── signals.py    the seed-003 signals counted from the trace
+    ├── signals.py    the seed-003 signals counted from the trace
+    └── window.py     questions across jobs by time: events in an HLC window, signals per bucket
 
 Imports: recording and everything below it. Nothing below imports this package.
 """

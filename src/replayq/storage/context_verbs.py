@@ -1,9 +1,11 @@
-"""Verbs for what the recording context stores: state, locks, effects, cache, outbox, steps.
+"""Verbs for what the recording context stores (state, locks, effects, cache, outbox, steps),
+and the schedules of periodic jobs.
 
 A mixin over ``SqlTransaction``'s plumbing (``execute``, ``fetchone``, ``fetchall``,
 ``changed``); the SQL lives in each backend's ``state.sql``, ``locks.sql``,
-``effects.sql``, ``cache.sql``, ``outbox.sql``, ``steps.sql``, ``blobs.sql`` and
-``lineage.sql``. Rows come back as plain dicts; the domain modules turn them into records.
+``effects.sql``, ``cache.sql``, ``outbox.sql``, ``steps.sql``, ``blobs.sql``,
+``lineage.sql`` and ``schedules.sql``. Rows come back as plain dicts; the domain modules
+turn them into records.
 """
 
 from __future__ import annotations
@@ -219,3 +221,20 @@ class ContextVerbs:
 
     def lineage_for_source(self, source_trace_id: str) -> list[Row]:
         return self.fetchall("lineage_for_source", {"source_trace_id": source_trace_id})
+
+    # -- schedules --------------------------------------------------------------------------
+
+    def schedule_register(self, params: Mapping[str, Any]) -> None:
+        self.execute("schedule_register", params)
+
+    def schedule_get(self, name: str) -> Row | None:
+        return self.fetchone("schedule_get", {"name": name})
+
+    def schedule_advance(self, params: Mapping[str, Any]) -> bool:
+        return self.changed("schedule_advance", params)
+
+    def schedule_made(self, name: str, slot: float, job_id: int) -> None:
+        self.execute("schedule_made", {"name": name, "last_slot": slot, "last_job_id": job_id})
+
+    def schedule_list(self) -> list[Row]:
+        return self.fetchall("schedule_list")

@@ -102,6 +102,60 @@ class JobFilter:
     job_type: str | None = None
     origin: str | None = "production"
     limit: int = 100
+    # Only jobs routed to this handler version (``jobs list --version``).
+    version: str | None = None
+
+
+@dataclass(frozen=True)
+class RoutingPut:
+    """Write a job type's routing record: compare-and-set on the revision the caller read.
+
+    ``expected_revision=0`` creates the record. The change is appended to the type's
+    routing events with who made it and why, in the same transaction.
+    """
+
+    job_type: str
+    body_json: str
+    expected_revision: int
+    action: str
+    actor: str
+    reason: str | None
+    now: float
+
+
+@dataclass(frozen=True)
+class JobMatch:
+    """The filters of a bulk action (``replayq jobs requeue|cancel|dry-run``); ``None``: any.
+
+    ``since``/``until`` bound when a job settled, or when it was enqueued if it is open.
+    """
+
+    states: Sequence[str] | None = None
+    job_type: str | None = None
+    version: str | None = None
+    queue: str | None = None
+    error_class: str | None = None
+    since: float | None = None
+    until: float | None = None
+    limit: int = 10_000
+
+
+@dataclass(frozen=True)
+class TraceWindow:
+    """Events of production jobs with ``since_hlc <= hlc < until_hlc``, after a cursor.
+
+    ``resource`` is a prefix; ``None`` filters nothing. Pages follow ``(after_hlc, after_id)``.
+    """
+
+    since_hlc: int
+    until_hlc: int
+    job_type: str | None = None
+    version: str | None = None
+    name: str | None = None
+    resource: str | None = None
+    after_hlc: int = -1
+    after_id: int = -1
+    limit: int = 1000
 
 
 @dataclass(frozen=True)
@@ -148,8 +202,30 @@ class Transaction(Protocol):
 
     def job_cancel(self, job_id: int, now: float, hlc: int) -> bool: ...
 
-    def job_requeue(self, job_id: int, now: float, hlc: int, extra_attempts: int = 1) -> bool:
-        """Move a ``dead`` job back to ``queued`` with a fresh attempt budget."""
+    def job_cancel_request(self, job_id: int, now: float, hlc: int) -> bool:
+        """Ask a running job to stop; ``False`` if it is not running (or already asked)."""
+        ...
+
+    def job_cancel_requested(self, worker_id: str) -> set[int]:
+        """Which of this worker's running jobs were asked to stop."""
+        ...
+
+    def job_cancel_running(self, job_id: int, owner_token: str, now: float, hlc: int) -> bool:
+        """End a running job that was asked to stop as ``cancelled`` (CAS on the owner)."""
+        ...
+
+    def job_requeue(
+        self,
+        job_id: int,
+        now: float,
+        hlc: int,
+        extra_attempts: int = 1,
+        to_version: str | None = None,
+    ) -> bool:
+        """Move a ``dead`` job back to ``queued`` with a fresh attempt budget.
+
+        Its version is ``to_version``, or chosen afresh at its next lease when ``None``.
+        """
         ...
 
     def lease_reap(self, now: float, limit: int) -> list[Job]:
@@ -171,6 +247,10 @@ class Transaction(Protocol):
 
     def job_list(self, params: JobFilter) -> list[Job]: ...
 
+    def job_match(self, params: JobMatch) -> list[int]:
+        """Ids of production jobs matching every filter of a bulk action, oldest first."""
+        ...
+
     def job_scheduled(self, now: float, queues: Sequence[str] | None) -> tuple[int, float | None]:
         """Queued jobs not due yet (delayed or backing off): ``(count, first run_at)``."""
         ...
@@ -187,6 +267,16 @@ class Transaction(Protocol):
     def signal_counts(self, names: Sequence[str], since: float) -> list[tuple[str, str, int]]: ...
 
     def trace_append(self, events: Sequence[TraceEvent]) -> None: ...
+
+    def trace_window(self, params: TraceWindow) -> list[tuple[TraceEvent, str, str | None]]:
+        """``(event, job type, version)`` in HLC order: a page of a time window."""
+        ...
+
+    def signal_series(
+        self, names: Sequence[str], since_hlc: int, until_hlc: int, bucket_ms: int
+    ) -> list[Row]:
+        """Counts of the named events per time bucket, job type, version and name."""
+        ...
 
     def trace_for_job(self, job_id: int) -> list[TraceEvent]: ...
 
@@ -207,6 +297,38 @@ class Transaction(Protocol):
         ...
 
     def contract_active(self, job_type: str) -> str | None: ...
+
+    # Rollouts: routing records, a job's version chosen at its first lease, comparisons.
+
+    def routing_get(self, job_type: str) -> Row | None:
+        """``{job_type, body, revision, updated_at}`` of the type's routing, if it has one."""
+        ...
+
+    def routing_list(self) -> list[Row]: ...
+
+    def routing_put(self, params: RoutingPut) -> int | None:
+        """The new revision, or ``None`` when the record changed since it was read."""
+        ...
+
+    def routing_events(self, job_type: str) -> list[Row]:
+        """Every change of the type's routing, oldest first, with actor and reason."""
+        ...
+
+    def job_route(self, job_id: int, owner_token: str, version: str) -> bool:
+        """Set the version of a job this owner just leased, if it has none yet."""
+        ...
+
+    def job_reroute(self, job_type: str, from_version: str, to_version: str) -> int:
+        """Move queued jobs of a type from one version to another; returns how many."""
+        ...
+
+    def comparison_put(self, params: Mapping[str, Any]) -> None: ...
+
+    def comparison_list(self, job_type: str, mode: str | None, limit: int) -> list[Row]: ...
+
+    def version_outcomes(self, job_type: str, since: float) -> list[Row]:
+        """Attempt ends, decisions and incidents of a type since ``since``, with the version."""
+        ...
 
     # The recording context's verbs (rows as dicts; see storage/context_verbs.py).
 
@@ -319,6 +441,22 @@ class Transaction(Protocol):
     def lineage_get(self, trace_id: str) -> Row | None: ...
 
     def lineage_for_source(self, source_trace_id: str) -> list[Row]: ...
+
+    def schedule_register(self, params: Mapping[str, Any]) -> None:
+        """Store a periodic job's declaration; a new one is anchored at ``now``."""
+        ...
+
+    def schedule_get(self, name: str) -> Row | None: ...
+
+    def schedule_advance(self, params: Mapping[str, Any]) -> bool:
+        """Compare-and-set of a schedule's anchor (the newest decided slot); ``False`` if moved."""
+        ...
+
+    def schedule_made(self, name: str, slot: float, job_id: int) -> None:
+        """Note the newest slot a schedule enqueued and the job it made."""
+        ...
+
+    def schedule_list(self) -> list[Row]: ...
 
 
 class Storage(Protocol):

@@ -19,8 +19,12 @@ from replayq.storage.protocol import (
     JobFilter,
     JobInsert,
     JobLease,
+    JobMatch,
     JobRetry,
     LeaseExtend,
+    RoutingPut,
+    Row,
+    TraceWindow,
 )
 
 _JOB_COLUMNS = (
@@ -52,6 +56,7 @@ _JOB_COLUMNS = (
     "causation_id",
     "origin",
     "trace_context",
+    "cancel_requested_at",
 )
 
 _EVENT_COLUMNS = (
@@ -193,11 +198,33 @@ class SqlTransaction(ContextVerbs):
     def job_cancel(self, job_id: int, now: float, hlc: int) -> bool:
         return self.changed("job_cancel", {"job_id": job_id, "now": now, "hlc": hlc})
 
-    def job_requeue(self, job_id: int, now: float, hlc: int, extra_attempts: int = 1) -> bool:
-        return self.changed(
-            "job_requeue",
-            {"job_id": job_id, "now": now, "hlc": hlc, "extra_attempts": extra_attempts},
-        )
+    def job_cancel_request(self, job_id: int, now: float, hlc: int) -> bool:
+        return self.changed("job_cancel_request", {"job_id": job_id, "now": now, "hlc": hlc})
+
+    def job_cancel_requested(self, worker_id: str) -> set[int]:
+        rows = self.fetchall("job_cancel_requested", {"worker_id": worker_id})
+        return {int(row["id"]) for row in rows}
+
+    def job_cancel_running(self, job_id: int, owner_token: str, now: float, hlc: int) -> bool:
+        params = {"job_id": job_id, "owner_token": owner_token, "now": now, "hlc": hlc}
+        return self.changed("job_cancel_running", params)
+
+    def job_requeue(
+        self,
+        job_id: int,
+        now: float,
+        hlc: int,
+        extra_attempts: int = 1,
+        to_version: str | None = None,
+    ) -> bool:
+        params = {
+            "job_id": job_id,
+            "now": now,
+            "hlc": hlc,
+            "extra_attempts": extra_attempts,
+            "to_version": to_version,
+        }
+        return self.changed("job_requeue", params)
 
     def lease_reap(self, now: float, limit: int) -> list[Job]:
         return [row_to_job(r) for r in self.fetchall("lease_reap", {"now": now, "limit": limit})]
@@ -210,6 +237,10 @@ class SqlTransaction(ContextVerbs):
         params = {"job_id": job_id, "owner_token": owner_token, "now": now, "hlc": hlc}
         return self.changed("lease_release", params)
 
+    def job_match(self, params: JobMatch) -> list[int]:
+        values = {**vars(params), "states": self.list_param(params.states)}
+        return [int(row["id"]) for row in self.fetchall("job_match", values)]
+
     def job_list(self, params: JobFilter) -> list[Job]:
         rows = self.fetchall(
             "job_list",
@@ -217,6 +248,7 @@ class SqlTransaction(ContextVerbs):
                 "states": self.list_param(params.states),
                 "job_type": params.job_type,
                 "origin": params.origin,
+                "version": params.version,
                 "limit": params.limit,
             },
         )
@@ -259,6 +291,21 @@ class SqlTransaction(ContextVerbs):
         if rows:
             self.executemany("trace_append", rows)
 
+    def trace_window(self, params: TraceWindow) -> list[tuple[TraceEvent, str, str | None]]:
+        rows = self.fetchall("trace_window", vars(params))
+        return [(row_to_event(r), r["job_type"], r["version"]) for r in rows]
+
+    def signal_series(
+        self, names: Sequence[str], since_hlc: int, until_hlc: int, bucket_ms: int
+    ) -> list[dict[str, Any]]:
+        params = {
+            "names": self.list_param(names),
+            "since_hlc": since_hlc,
+            "until_hlc": until_hlc,
+            "bucket_ms": bucket_ms,
+        }
+        return self.fetchall("signal_series", params)
+
     def trace_for_job(self, job_id: int) -> list[TraceEvent]:
         return [row_to_event(r) for r in self.fetchall("trace_for_job", {"job_id": job_id})]
 
@@ -290,3 +337,59 @@ class SqlTransaction(ContextVerbs):
     def contract_active(self, job_type: str) -> str | None:
         row = self.fetchone("contract_active", {"job_type": job_type})
         return None if row is None else str(row["version"])
+
+    # -- rollouts ---------------------------------------------------------------------------
+
+    def routing_get(self, job_type: str) -> Row | None:
+        row = self.fetchone("routing_get", {"job_type": job_type})
+        return dict(row) if row is not None else None
+
+    def routing_list(self) -> list[Row]:
+        return [dict(r) for r in self.fetchall("routing_list")]
+
+    def routing_put(self, params: RoutingPut) -> int | None:
+        body = {"job_type": params.job_type, "body": params.body_json, "now": params.now}
+        if params.expected_revision == 0:
+            changed = self.changed("routing_insert", body)
+        else:
+            changed = self.changed(
+                "routing_update", {**body, "expected_revision": params.expected_revision}
+            )
+        if not changed:
+            return None
+        revision = params.expected_revision + 1
+        self.execute(
+            "routing_event_append",
+            {
+                "job_type": params.job_type,
+                "revision": revision,
+                "action": params.action,
+                "actor": params.actor,
+                "reason": params.reason,
+                "body": params.body_json,
+                "now": params.now,
+            },
+        )
+        return revision
+
+    def routing_events(self, job_type: str) -> list[Row]:
+        return [dict(r) for r in self.fetchall("routing_events", {"job_type": job_type})]
+
+    def job_route(self, job_id: int, owner_token: str, version: str) -> bool:
+        params = {"job_id": job_id, "owner_token": owner_token, "version": version}
+        return self.changed("job_route", params)
+
+    def job_reroute(self, job_type: str, from_version: str, to_version: str) -> int:
+        params = {"job_type": job_type, "from_version": from_version, "to_version": to_version}
+        return int(self.execute("job_reroute", params).rowcount)
+
+    def comparison_put(self, params: Mapping[str, Any]) -> None:
+        self.execute("comparison_put", params)
+
+    def comparison_list(self, job_type: str, mode: str | None, limit: int) -> list[Row]:
+        params = {"job_type": job_type, "mode": mode, "limit": limit}
+        return [dict(r) for r in self.fetchall("comparison_list", params)]
+
+    def version_outcomes(self, job_type: str, since: float) -> list[Row]:
+        params = {"job_type": job_type, "since": since}
+        return [dict(r) for r in self.fetchall("version_outcomes", params)]

@@ -34,7 +34,7 @@ SELECT * FROM rq_jobs WHERE id = %(job_id)s;
 UPDATE rq_jobs
 SET state = 'running', attempt = attempt + 1, owner_token = %(owner_token)s,
     worker_id = %(worker_id)s, leased_at = %(now)s, lease_deadline = %(now)s + %(lease_seconds)s,
-    handler_version = %(handler_version)s::text, hlc = GREATEST(hlc + 1, %(hlc)s)
+    handler_version = COALESCE(handler_version, %(handler_version)s::text), hlc = GREATEST(hlc + 1, %(hlc)s)
 WHERE id = %(job_id)s AND state = 'queued'
 RETURNING *;
 
@@ -65,7 +65,8 @@ SET state = 'running', attempt = j.attempt + 1, owner_token = %(owner_token)s,
     worker_id = %(worker_id)s, leased_at = %(now)s,
     lease_deadline = %(now)s + COALESCE((%(lease_for)s::jsonb ->> j.job_type)::float8,
                                         %(default_lease_seconds)s),
-    handler_version = %(version_for)s::jsonb ->> j.job_type,
+    -- A job keeps the version of its first lease through every later attempt.
+    handler_version = COALESCE(j.handler_version, %(version_for)s::jsonb ->> j.job_type),
     hlc = GREATEST(j.hlc + 1, %(hlc)s)
 FROM candidates AS c
 WHERE j.id = c.id AND j.state = 'queued'
@@ -115,11 +116,31 @@ SET state = 'cancelled', finished_at = %(now)s, owner_token = NULL, lease_deadli
     hlc = %(hlc)s
 WHERE id = %(job_id)s AND state = 'queued';
 
+-- name: job_cancel_request
+-- A running job is asked to stop; it is cancelled by its worker (or the reaper).
+UPDATE rq_jobs SET cancel_requested_at = %(now)s, hlc = %(hlc)s
+WHERE id = %(job_id)s AND state = 'running' AND cancel_requested_at IS NULL;
+
+-- name: job_cancel_requested
+-- The worker's heartbeat: which of its running jobs were asked to stop.
+SELECT id FROM rq_jobs
+WHERE worker_id = %(worker_id)s AND state = 'running' AND cancel_requested_at IS NOT NULL;
+
+-- name: job_cancel_running
+-- The attempt that was asked to stop ends cancelled (a compare-and-set on the owner).
+UPDATE rq_jobs
+SET state = 'cancelled', finished_at = %(now)s, owner_token = NULL, lease_deadline = NULL,
+    hlc = %(hlc)s
+WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running'
+  AND cancel_requested_at IS NOT NULL;
+
 -- name: job_requeue
 WITH requeued AS (
     UPDATE rq_jobs
     SET state = 'queued', run_at = %(now)s, max_attempts = attempt + %(extra_attempts)s,
-        dead_reason = NULL, finished_at = NULL, hlc = %(hlc)s
+        dead_reason = NULL, finished_at = NULL, hlc = %(hlc)s,
+        -- A requeued job is routed afresh at its next lease unless a version is named.
+        handler_version = %(to_version)s::text
     WHERE id = %(job_id)s AND state = 'dead'
     RETURNING queue
 )
@@ -161,7 +182,26 @@ SELECT * FROM rq_jobs
 WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
   AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
+  AND (%(version)s::text IS NULL OR handler_version = %(version)s::text)
 ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: job_match
+-- Bulk actions: the ids of production jobs matching every given filter, oldest first.
+-- The window is on when a job settled (finished, died, was cancelled), or, while it
+-- is open, when it was enqueued.
+SELECT id FROM rq_jobs
+WHERE origin = 'production'
+  AND (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
+  AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+  AND (%(version)s::text IS NULL OR handler_version = %(version)s::text)
+  AND (%(queue)s::text IS NULL OR queue = %(queue)s::text)
+  AND (%(error_class)s::text IS NULL OR last_error_class = %(error_class)s::text)
+  AND (%(since)s::double precision IS NULL
+       OR COALESCE(finished_at, created_at) >= %(since)s::double precision)
+  AND (%(until)s::double precision IS NULL
+       OR COALESCE(finished_at, created_at) < %(until)s::double precision)
+ORDER BY id
 LIMIT %(limit)s;
 
 -- name: job_stats

@@ -41,7 +41,8 @@ LIMIT :limit;
 UPDATE rq_jobs
 SET state = 'running', attempt = attempt + 1, owner_token = :owner_token,
     worker_id = :worker_id, leased_at = :now, lease_deadline = :now + :lease_seconds,
-    handler_version = :handler_version, hlc = MAX(hlc + 1, :hlc)
+    -- A job keeps the version of its first lease through every later attempt.
+    handler_version = COALESCE(handler_version, :handler_version), hlc = MAX(hlc + 1, :hlc)
 WHERE id = :job_id AND state = 'queued'
 RETURNING *;
 
@@ -86,10 +87,30 @@ SET state = 'cancelled', finished_at = :now, owner_token = NULL, lease_deadline 
     hlc = :hlc
 WHERE id = :job_id AND state = 'queued';
 
+-- name: job_cancel_request
+-- A running job is asked to stop; it is cancelled by its worker (or the reaper).
+UPDATE rq_jobs SET cancel_requested_at = :now, hlc = :hlc
+WHERE id = :job_id AND state = 'running' AND cancel_requested_at IS NULL;
+
+-- name: job_cancel_requested
+-- The worker's heartbeat: which of its running jobs were asked to stop.
+SELECT id FROM rq_jobs
+WHERE worker_id = :worker_id AND state = 'running' AND cancel_requested_at IS NOT NULL;
+
+-- name: job_cancel_running
+-- The attempt that was asked to stop ends cancelled (a compare-and-set on the owner).
+UPDATE rq_jobs
+SET state = 'cancelled', finished_at = :now, owner_token = NULL, lease_deadline = NULL,
+    hlc = :hlc
+WHERE id = :job_id AND owner_token = :owner_token AND state = 'running'
+  AND cancel_requested_at IS NOT NULL;
+
 -- name: job_requeue
 UPDATE rq_jobs
 SET state = 'queued', run_at = :now, max_attempts = attempt + :extra_attempts,
-    dead_reason = NULL, finished_at = NULL, hlc = :hlc
+    dead_reason = NULL, finished_at = NULL, hlc = :hlc,
+    -- A requeued job is routed afresh at its next lease unless a version is named.
+    handler_version = :to_version
 WHERE id = :job_id AND state = 'dead';
 
 -- name: lease_reap
@@ -117,7 +138,24 @@ SELECT * FROM rq_jobs
 WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
   AND (:job_type IS NULL OR job_type = :job_type)
   AND (:origin IS NULL OR origin = :origin)
+  AND (:version IS NULL OR handler_version = :version)
 ORDER BY id DESC
+LIMIT :limit;
+
+-- name: job_match
+-- Bulk actions: the ids of production jobs matching every given filter, oldest first.
+-- The window is on when a job settled (finished, died, was cancelled), or, while it
+-- is open, when it was enqueued.
+SELECT id FROM rq_jobs
+WHERE origin = 'production'
+  AND (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
+  AND (:job_type IS NULL OR job_type = :job_type)
+  AND (:version IS NULL OR handler_version = :version)
+  AND (:queue IS NULL OR queue = :queue)
+  AND (:error_class IS NULL OR last_error_class = :error_class)
+  AND (:since IS NULL OR COALESCE(finished_at, created_at) >= :since)
+  AND (:until IS NULL OR COALESCE(finished_at, created_at) < :until)
+ORDER BY id
 LIMIT :limit;
 
 -- name: job_stats

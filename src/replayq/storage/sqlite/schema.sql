@@ -39,7 +39,7 @@ CREATE TABLE rq_jobs (
     correlation_id   TEXT,
     causation_id     TEXT,
     origin           TEXT    NOT NULL DEFAULT 'production'
-, trace_context TEXT);
+, trace_context TEXT, cancel_requested_at REAL);
 
 CREATE INDEX rq_jobs_ready ON rq_jobs (priority DESC, run_at, id) WHERE state = 'queued';
 
@@ -217,3 +217,53 @@ CREATE TABLE rq_active_versions (
     version       TEXT NOT NULL,
     registered_at REAL NOT NULL
 );
+
+CREATE TABLE rq_routing (
+    job_type   TEXT    NOT NULL PRIMARY KEY,
+    body       TEXT    NOT NULL,
+    revision   INTEGER NOT NULL,
+    updated_at REAL    NOT NULL
+);
+
+CREATE TABLE rq_routing_events (
+    id       INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_type TEXT    NOT NULL,
+    revision INTEGER NOT NULL,
+    action   TEXT    NOT NULL,
+    actor    TEXT    NOT NULL,
+    reason   TEXT,
+    body     TEXT    NOT NULL,
+    ts       REAL    NOT NULL
+);
+
+CREATE INDEX rq_routing_events_type ON rq_routing_events (job_type, id);
+
+CREATE TABLE rq_rollout_comparisons (
+    id           INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_type     TEXT    NOT NULL,
+    job_id       INTEGER NOT NULL,
+    attempt      INTEGER NOT NULL,
+    mode         TEXT    NOT NULL,
+    from_version TEXT,
+    to_version   TEXT    NOT NULL,
+    classes      TEXT    NOT NULL,
+    report       TEXT    NOT NULL,
+    ts           REAL    NOT NULL
+);
+
+CREATE INDEX rq_rollout_comparisons_type ON rq_rollout_comparisons (job_type, to_version, id);
+
+CREATE TABLE rq_schedules (
+    name          TEXT NOT NULL PRIMARY KEY,
+    cron          TEXT NOT NULL,
+    job_type      TEXT NOT NULL,
+    timezone      TEXT NOT NULL,
+    missed        TEXT NOT NULL,
+    anchor        REAL NOT NULL,
+    last_slot     REAL,
+    last_job_id   INTEGER,
+    next_slot     REAL,
+    updated_at    REAL NOT NULL
+);
+
+CREATE INDEX rq_events_hlc ON rq_events (hlc);

@@ -1,0 +1,90 @@
+"""The worker's view of routing: every type's record, read again at most every half second.
+
+A change made with ``replayq rollout`` reaches every worker within
+``REFRESH_SECONDS`` plus one lease round. The read runs inside the lease's own
+transaction, so a lease never mixes two revisions of one type's routing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from replayq.model import Job
+from replayq.queue.handlers import HandlerRegistry
+from replayq.rollout.routing import Routing
+from replayq.storage.protocol import Transaction
+
+log = logging.getLogger("replayq.rollout")
+
+REFRESH_SECONDS = 0.5
+
+
+class Router:
+    """Routing records cached for ``refresh_seconds``; chooses a leased job's version."""
+
+    def __init__(self, registry: HandlerRegistry, refresh_seconds: float = REFRESH_SECONDS) -> None:
+        self.registry = registry
+        self.refresh_seconds = refresh_seconds
+        self._routes: dict[str, Routing] = {}
+        self._read_at = float("-inf")
+        self._lock = threading.Lock()
+
+    def refresh(self, tx: Transaction, *, force: bool = False) -> dict[str, Routing]:
+        """The routing records, read from ``tx`` if the cached ones are older than the refresh."""
+        with self._lock:
+            now = time.monotonic()
+            if force or now - self._read_at >= self.refresh_seconds:
+                self._routes = {r["job_type"]: Routing.from_row(r) for r in tx.routing_list()}
+                self._read_at = now
+            return self._routes
+
+    def routed_types(self) -> frozenset[str]:
+        with self._lock:
+            return frozenset(self._routes)
+
+    def comparisons_for(self, job: Job, ran: str) -> list[tuple[str, str]]:
+        """``(mode, version)`` runs to compare with a settled attempt of ``job`` on ``ran``."""
+        with self._lock:
+            routing = self._routes.get(job.job_type)
+        if routing is None or ran != routing.baseline:
+            return []
+        declared = self.registry.versions(job.job_type)
+        wanted = []
+        if routing.dual_run_version:
+            wanted.append(("dual-run", routing.dual_run_version))
+        elif routing.shadow_version and routing.shadows(job):
+            wanted.append(("shadow", routing.shadow_version))
+        return [(m, v) for m, v in wanted if v != ran and v in declared]
+
+    def choose(self, job: Job) -> str | None:
+        """The version this worker runs ``job`` under; ``None``: keep what the lease set.
+
+        A job keeps the version of its first lease through every later attempt,
+        as long as its type's routing still names that version (weights, even at
+        0 %, pins, baseline). After a rollback it does not: the job's next attempt
+        runs on the baseline (its attempt in flight finished where it ran). A
+        version this worker does not declare (deployed elsewhere, or since
+        removed) falls back to the baseline, else to the worker's active version.
+        """
+        declared = self.registry.versions(job.job_type)
+        if not declared:
+            return None
+        with self._lock:
+            routing = self._routes.get(job.job_type)
+        kept = job.handler_version
+        still_routed = routing is None or kept in routing.versions()
+        if kept is not None and kept in declared and still_routed:
+            return None
+        wanted = routing.choose(job) if routing is not None and kept is None else None
+        for candidate in (
+            wanted,
+            routing.baseline if routing else None,
+            self.registry.active_version(job.job_type),
+        ):
+            if candidate is not None and candidate in declared:
+                if kept is not None:
+                    log.info("job %s: version %s moved to %s at its lease", job.id, kept, candidate)
+                return candidate
+        return None

@@ -1,0 +1,94 @@
+"""Cancelling a running job on every backend: it stops at its next step boundary with its
+committed steps kept and no further effect; one that reaches no boundary within its
+lease is cancelled by the reaper and never runs twice at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import replayq
+from tests.acceptance.workers import wait_for
+
+
+@contextmanager
+def running(app: replayq.App) -> Iterator[replayq.Worker]:
+    worker = replayq.Worker(app, poll_interval=0.02, reap_interval=0.1, grace_period=5)
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        thread.join(10)
+
+
+def test_a_running_job_cancelled_between_steps_ends_cancelled_with_its_steps_kept(
+    app_factory: Callable[..., replayq.App],
+) -> None:
+    app = app_factory()
+    effects: list[str] = []
+    between_steps = threading.Event()
+
+    def two_steps(ctx: replayq.Context) -> str:
+        ctx.step("one", lambda: effects.append("one") or "done")
+        between_steps.set()
+        deadline = time.monotonic() + 10
+        while not ctx.cancelled and time.monotonic() < deadline:
+            time.sleep(0.01)  # work that is not a step: the heartbeat brings the cancel
+        ctx.step("two", lambda: effects.append("two"))
+        return "finished"
+
+    app.job("two_steps", lease="2s", heartbeat="0.1s")(two_steps)
+    job_id = app.enqueue("two_steps")
+    with running(app) as worker:
+        assert between_steps.wait(10)
+        assert app.get_job(job_id).state == replayq.JobState.RUNNING
+        assert app.cancel(job_id)
+        wait_for(
+            lambda: app.get_job(job_id).state == replayq.JobState.CANCELLED,
+            timeout=10,
+            what="the job ends cancelled",
+        )
+    assert effects == ["one"]
+    assert worker.stats.cancelled == 1 and worker.stats.succeeded == 0
+    events = app.trace(job_id)
+    (cancelled,) = [e for e in events if e.name == "job.cancelled"]
+    assert cancelled.data["committed_steps"] == ["one"]
+    assert "two" not in {e.data.get("step_name") for e in events if e.name == "step.started"}
+    assert app.get_job(job_id).attempt == 1  # never retried
+
+
+def test_a_job_that_reaches_no_boundary_within_its_lease_is_cancelled_not_run_again(
+    app_factory: Callable[..., replayq.App],
+) -> None:
+    app = app_factory()
+    runs: list[str] = []
+    started = threading.Event()
+
+    def stuck(ctx: replayq.Context) -> None:
+        runs.append("start")
+        started.set()
+        time.sleep(2.5)  # past its 1 s lease, with no step boundary or ctx call
+        ctx.step("after", lambda: runs.append("after"))
+
+    app.job("stuck", lease="1s", heartbeat="0.2s")(stuck)
+    job_id = app.enqueue("stuck")
+    with running(app):
+        assert started.wait(10)
+        assert app.cancel(job_id)
+        wait_for(
+            lambda: app.get_job(job_id).state == replayq.JobState.CANCELLED,
+            timeout=10,
+            what="the reaper cancels the job whose lease ran out",
+        )
+        time.sleep(2.0)  # the stuck handler wakes and tries its next step
+    assert runs == ["start"]
+    names = [e.name for e in app.trace(job_id)]
+    assert names.count("job.leased") == 1  # never handed to a second run
+    assert "lease.expired" in names
+    (cancelled,) = [e for e in app.trace(job_id) if e.name == "job.cancelled"]
+    assert cancelled.data["reason"] == "the lease ran out before a step boundary"
+    assert app.get_job(job_id).state == replayq.JobState.CANCELLED
