@@ -77,6 +77,7 @@ def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(tmp_path: Path) -
             app.enqueue("deliver", {"n": total, "sink": str(sink)})
         assert isinstance(info.value.__cause__, sqlite3.OperationalError)
         assert holder.wait(30) == 0
+        holder.stdout.close()
         assert time.monotonic() - started >= 10, "the lock really outlasted the busy timeout"
 
         wait_for(
