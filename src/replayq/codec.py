@@ -9,10 +9,30 @@ from typing import Any
 
 from replayq.errors import PayloadError
 
+# Deeper than any real payload; well inside Python's recursion limit for the walk below.
+MAX_DEPTH = 200
 
-def _check(value: Any, path: str) -> None:
-    if value is None or isinstance(value, bool | str):
+
+def _check_text(text: str, path: str) -> None:
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError as exc:
+            raise PayloadError(
+                f"{path}: {text[exc.start : exc.end]!r} at {exc.start} is a lone surrogate, "
+                "not a character; it cannot be stored as UTF-8"
+            ) from None
+
+
+def _check(value: Any, path: str, depth: int = 0) -> None:
+    if value is None or isinstance(value, bool):
         return
+    if isinstance(value, str):
+        _check_text(value, path)
+        return
+    if depth > MAX_DEPTH:
+        shown = path if len(path) <= 80 else path[:80] + "…"
+        raise PayloadError(f"{shown}: nested more than {MAX_DEPTH} levels deep")
     if isinstance(value, int):
         return
     if isinstance(value, float):
@@ -21,13 +41,14 @@ def _check(value: Any, path: str) -> None:
         return
     if isinstance(value, list | tuple):
         for index, item in enumerate(value):
-            _check(item, f"{path}[{index}]")
+            _check(item, f"{path}[{index}]", depth + 1)
         return
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
                 raise PayloadError(f"{path}: object key {key!r} is not a string")
-            _check(item, f"{path}.{key}")
+            _check_text(key, f"{path} key")
+            _check(item, f"{path}.{key}", depth + 1)
         return
     raise PayloadError(f"{path}: {type(value).__name__} is not JSON-serialisable")
 

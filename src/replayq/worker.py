@@ -173,12 +173,11 @@ class Worker:
 
     def run(self) -> WorkerStats:
         """Lease and run jobs until stopped; returns what this run did."""
-        register_contracts(self.runtime)
-        if self.scheduler is not None:
-            self.scheduler.register()
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
+        if not self._register_contracts():
+            return self.stats
         executors = [
             threading.Thread(target=self._executor, name=f"replayq-exec-{i}", daemon=True)
             for i in range(self.concurrency)
@@ -200,6 +199,25 @@ class Worker:
             if self.observers.members:
                 self.runtime.remove_tap(self.observers.events)
         return self.stats
+
+    def _register_contracts(self) -> bool:
+        """Store contracts and schedules, waiting out an unavailable database; False: stopped.
+
+        A worker started while the database is locked, full or restarting waits for it
+        like a running one does, rather than exiting for its supervisor to restart.
+        """
+        backoff = Backoff(f"worker {self.worker_id}: start")
+        while True:
+            try:
+                register_contracts(self.runtime)
+                if self.scheduler is not None:
+                    self.scheduler.register()
+            except DatabaseUnavailableError as exc:
+                if not backoff.wait(exc, self._stopping):
+                    return False
+                continue
+            backoff.reset()
+            return True
 
     def _on_notify(self, queue_name: str | None) -> None:
         """A backend wake-up: a job became ready on ``queue_name`` (``None``: look anyway)."""

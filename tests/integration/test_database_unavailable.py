@@ -39,12 +39,14 @@ def test_unopenable_database_raises_database_unavailable_naming_the_path(
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_cli_prints_one_error_line_and_exits_2_when_the_database_cannot_be_opened(
+def test_cli_prints_one_error_line_and_exits_3_when_the_database_cannot_be_opened(
     tmp_path: Path, kind: str
 ) -> None:
     url = unopenable(tmp_path, kind)
     result = CliRunner().invoke(main, ["--db", url, "jobs", "list"])
-    assert result.exit_code == 2
+    assert result.exit_code == 3, (
+        "storage unavailable, in the exit-code table (docs/reliability.md)"
+    )
     lines = result.stderr.splitlines()
     assert len(lines) == 1
     assert lines[0].startswith("error: cannot open SQLite database")

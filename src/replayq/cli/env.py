@@ -12,20 +12,38 @@ import click
 
 from replayq import App
 
+DEFAULT_DB_FILE = "replayq.db"
+
+# Job, attempt and trace ids are SQLite / PostgreSQL BIGINTs: a larger number is a typo.
+JobId = click.IntRange(1, 2**63 - 1)
+
 
 class Env:
     """What the root command collected: the database URL and, if given, the user's app."""
 
-    def __init__(self, db: str | None) -> None:
+    def __init__(self, db: str | None, *, debug: bool = False) -> None:
         self.db = db
+        self.debug = debug
         self._app: App | None = None
 
     def app(self, spec: str | None = None) -> App:
         if self._app is None:
-            self._app = load_app(spec) if spec else App(self.db)
+            app = load_app(spec) if spec else App(self.db)
             if spec and self.db:
-                self._app = self._app.on_database(self.db)
+                app = app.on_database(self.db)
+            _announce_default_database(app)
+            self._app = app
         return self._app
+
+
+def _announce_default_database(app: App) -> None:
+    """Name the default database on stderr, once: when this command is about to create it."""
+    if app.url == f"sqlite:///{DEFAULT_DB_FILE}" and not os.path.exists(DEFAULT_DB_FILE):
+        click.echo(
+            f"replayq: no --db or $REPLAYQ_DB given; creating the SQLite database "
+            f"{os.path.abspath(DEFAULT_DB_FILE)}",
+            err=True,
+        )
 
 
 def load_app(spec: str) -> App:
@@ -35,7 +53,12 @@ def load_app(spec: str) -> App:
         raise click.BadParameter(f"{spec!r}: use module:attribute, e.g. shop.jobs:app")
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    module = importlib.import_module(module_name)
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.BadParameter(
+            f"cannot import {module_name!r} (from {spec!r}): {exc}", param_hint="--app"
+        ) from exc
     app = getattr(module, attribute, None)
     if not isinstance(app, App):
         raise click.BadParameter(f"{spec!r} is not a replayq.App")

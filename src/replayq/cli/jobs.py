@@ -9,12 +9,18 @@ import click
 
 import replayq
 from replayq.cli import bulk, render
-from replayq.cli.env import Env, emit_json, log_options, pass_env
+from replayq.cli.env import Env, JobId, emit_json, log_options, pass_env
 
 
 @click.command()
 @click.option("--app", "app_spec", required=True, help="module:attribute of your replayq.App")
-@click.option("--concurrency", default=1, show_default=True, help="Jobs run at once.")
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Jobs run at once.",
+)
 @click.option(
     "--burst",
     is_flag=True,
@@ -135,6 +141,8 @@ def enqueue(
         body = json.loads(payload)
     except json.JSONDecodeError as exc:
         raise click.UsageError(f"--payload is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise click.UsageError("--payload nests too deeply to be read") from exc
     app = env.app(app_spec)
     job_id = app.enqueue(
         job_type,
@@ -194,7 +202,7 @@ def jobs_list(
 
 
 @jobs.command("show")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JobId)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def jobs_show(env: Env, job_id: int, as_json: bool) -> None:
@@ -207,7 +215,7 @@ def jobs_show(env: Env, job_id: int, as_json: bool) -> None:
 
 
 @jobs.command("cancel")
-@click.argument("job_id", type=int, required=False)
+@click.argument("job_id", type=JobId, required=False)
 @bulk.filter_options
 @click.option("--reason", default=None, help="Why; recorded in each job's trace (bulk).")
 @click.option("--yes", is_flag=True, help="Act; without it a bulk cancel only previews.")
@@ -274,7 +282,7 @@ def dead_list(env: Env, job_type: str | None, as_json: bool) -> None:
 
 
 @dead.command("requeue")
-@click.argument("job_ids", type=int, nargs=-1)
+@click.argument("job_ids", type=JobId, nargs=-1)
 @click.option("--reason", required=True, help="Why; recorded in the job's trace.")
 @click.option("--type", "job_type", default=None, help="Every dead job of this type (no JOB_IDS).")
 @click.option(

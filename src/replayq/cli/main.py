@@ -5,15 +5,34 @@ signals; its bulk actions in ``bulk``), ``schedules``, ``events``, ``trace``,
 ``replay`` (replay, fork, diff, rerun, rollback), ``admin`` (db, contract,
 locks, outbox, state, demo) and ``rollout``. Each imports only the public
 ``replayq`` package; a new command goes in its group's module and is registered here.
+
+Exit codes (docs/reliability.md), one table for every command:
+
+====  ==========================================================================
+code  meaning
+====  ==========================================================================
+0     done
+1     findings: a replay diverged, a check found drift, a seal refused I/O
+2     usage: a bad option or input, or a job, trace or fork that does not exist
+3     storage unavailable: the database cannot be reached or take writes for now
+      (locked, full, read-only, down); trying again later may work
+4     internal error: a bug in replayq (``--debug`` shows the traceback to report)
+====  ==========================================================================
+
+Every error is one line on stderr, ``error: …``, with any password in a
+database URL masked; ``--debug`` (or ``REPLAYQ_DEBUG=1``) shows the traceback.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import re
+import sys
+import traceback
+from typing import Any, NoReturn
 
 import click
 
-from replayq import ReplayqError, __version__
+from replayq import DatabaseUnavailableError, ReplayqError, __version__
 from replayq.cli import (
     admin,
     effects,
@@ -28,16 +47,53 @@ from replayq.cli import (
 )
 from replayq.cli.env import Env
 
+EXIT_OK = 0
+EXIT_FINDINGS = 1
+EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3
+EXIT_INTERNAL = 4
+
+_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]+@", re.IGNORECASE)
+
+
+def mask_passwords(text: str) -> str:
+    """``postgresql://user:secret@host`` → ``postgresql://user:***@host``, wherever it occurs."""
+    return _URL_PASSWORD.sub(r"\g<head>***@", text)
+
+
+def _fail(ctx: click.Context, exc: BaseException, message: str, code: int) -> NoReturn:
+    if ctx.obj is not None and getattr(ctx.obj, "debug", False):
+        traceback.print_exception(exc, file=sys.stderr)
+    # One line: driver messages (psycopg's hints) come on several.
+    line = "; ".join(part.strip() for part in message.splitlines() if part.strip())
+    click.echo(f"error: {mask_passwords(line)}", err=True)
+    ctx.exit(code)
+
 
 class Cli(click.Group):
-    """Turns replayq errors into one clear line and exit code 2."""
+    """The one error handler: each failure is one line on stderr and a code from the table."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except DatabaseUnavailableError as exc:
+            _fail(ctx, exc, str(exc), EXIT_UNAVAILABLE)
         except ReplayqError as exc:
-            click.echo(f"error: {exc}", err=True)
-            ctx.exit(2)
+            _fail(ctx, exc, str(exc), EXIT_USAGE)
+        except click.UsageError as exc:
+            where = f" (see: {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
+            _fail(ctx, exc, exc.format_message() + where, EXIT_USAGE)
+        except (click.exceptions.Exit, click.Abort, click.ClickException):
+            raise
+        # The last line of defence: a bug is one line too, with --debug for the traceback.
+        except Exception as exc:
+            _fail(
+                ctx,
+                exc,
+                f"internal error (a bug in replayq): {type(exc).__name__}: {exc}; "
+                "rerun with --debug for the traceback",
+                EXIT_INTERNAL,
+            )
 
 
 @click.group(cls=Cli)
@@ -47,10 +103,26 @@ class Cli(click.Group):
     envvar="REPLAYQ_DB",
     help="Database URL; beats $REPLAYQ_DB, which beats the URL in the --app module's App(...).",
 )
+@click.option(
+    "--debug",
+    is_flag=True,
+    envvar="REPLAYQ_DEBUG",
+    help="On an error, print the traceback too.",
+)
 @click.pass_context
-def main(ctx: click.Context, db: str | None) -> None:
-    """replayq: a job queue whose executions can be traced, replayed, forked and reversed."""
-    ctx.obj = Env(db)
+def main(ctx: click.Context, db: str | None, debug: bool) -> None:
+    """replayq: a job queue whose executions can be traced, replayed, forked and reversed.
+
+    Exit codes: 0 done, 1 findings (diverged, drift), 2 usage or not found,
+    3 storage unavailable, 4 internal error.
+    """
+    ctx.obj = Env(db, debug=debug)
+    if db is not None and "://" not in db:
+        raise click.BadParameter(
+            f"{db!r} is not a database URL; use sqlite:///path/to/file.db or "
+            "postgresql://user@host/name",
+            param_hint="--db",
+        )
 
 
 main.add_command(jobs.worker)

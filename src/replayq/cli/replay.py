@@ -10,7 +10,7 @@ import click
 
 import replayq
 from replayq.cli import render
-from replayq.cli.env import Env, emit_json, pass_env
+from replayq.cli.env import Env, JobId, emit_json, pass_env
 
 
 def _parse_assignments(items: tuple[str, ...], what: str) -> dict[str, Any]:
@@ -34,7 +34,7 @@ def _print_report(report: Any, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JobId)
 @click.option("--app", "app_spec", default=None, help="module:attribute (needed to execute).")
 @click.option(
     "--mode",
@@ -71,6 +71,7 @@ def replay(
     """
 
     app = env.app(app_spec)
+    app.get_job(job_id)  # a missing job is an error (exit 2), not an empty timeline
     if mode == "trace":
         timelines = replayq.trace_replay(app, job_id)
         if as_json:
@@ -108,7 +109,7 @@ def replay(
 
 
 @click.command("fork")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JobId)
 @click.option("--app", "app_spec", required=True, help="module:attribute of your replayq.App")
 @click.option("--from-step", required=True, help="Re-execute from this step on.")
 @click.option("--attempt", type=int, default=None, help="Which attempt (default: the last).")
@@ -170,7 +171,7 @@ def diff_command(env: Env, original: str, other: str, as_json: bool) -> None:
 
 
 @click.command()
-@click.argument("job_id", type=int, required=False)
+@click.argument("job_id", type=JobId, required=False)
 @click.option("--app", "app_spec", required=True, help="module:attribute of your replayq.App")
 @click.option("--allow-effects", default="", help="Comma-separated effect kinds that may run.")
 @click.option("--rate", default=None, help="Bulk reruns per second, e.g. 5/s")
@@ -224,7 +225,7 @@ def rerun(
 
 
 @click.command()
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JobId)
 @click.option("--simulate", is_flag=True, help="Show what would change; write nothing.")
 @click.option("--force", is_flag=True, help="Restore even if later jobs wrote the entities.")
 @click.option("--compensate", is_flag=True, help="Also run registered effect compensators.")

@@ -8,7 +8,7 @@ import click
 
 import replayq
 from replayq.cli import render
-from replayq.cli.env import Env, emit_json, pass_env
+from replayq.cli.env import Env, JobId, emit_json, pass_env
 
 
 @click.group("trace")
@@ -17,7 +17,7 @@ def trace_group() -> None:
 
 
 @trace_group.command("show")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JobId)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def trace_show(env: Env, job_id: int, as_json: bool) -> None:
@@ -53,7 +53,7 @@ def trace_resource(env: Env, resource: str, leases: bool, all_origins: bool, as_
 
 
 @trace_group.command("export")
-@click.argument("job_id", type=int)
+@click.argument("job_id", type=JobId)
 @click.option("--attempt", type=int, default=None, help="Which attempt (default: the last).")
 @click.option("--app", "app_spec", required=True, help="module:attribute of your replayq.App")
 @pass_env

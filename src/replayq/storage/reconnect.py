@@ -2,8 +2,13 @@
 
 Workers, heartbeats, settles and ``ctx.effect`` bookkeeping retry
 ``DatabaseUnavailableError`` (refused connection, killed session, server restart,
-pool timeout): the statement never ran or its outcome is unknown, and every write
-replayq retries is a compare-and-set, so running it again is safe. Other
+pool timeout; on SQLite a lock held past ``busy_timeout``, disk full, a read-only
+file system, an I/O error): the statement never ran or its outcome is unknown, and
+every write replayq retries is a compare-and-set, so running it again is safe.
+
+An outage is logged once, as a warning naming its cause, when it starts (and again
+only if the cause changes), and once when it ends; the retries between are debug
+records, so a 30-second outage is two lines per worker loop, not a hundred. Other
 ``StorageError``s are raised at once, except by a job's settle, which tries a few
 times (e.g. SQLite's write lock held past ``busy_timeout``) before leaving the job
 to the reaper.
@@ -36,11 +41,13 @@ class Backoff:
         self.first = first
         self.cap = cap
         self.failures = 0
+        self._cause: str | None = None
 
     def reset(self) -> None:
         if self.failures:
             log.info("%s: database reachable again after %d failed tries", self.what, self.failures)
         self.failures = 0
+        self._cause = None
 
     def next_delay(self, exc: BaseException) -> float:
         """Count one failure, log it, and return how long to wait before the next try."""
@@ -48,13 +55,18 @@ class Backoff:
         self.failures += 1
         # Jitter keeps a fleet of workers from reconnecting in lock step after a restart.
         delay = random.uniform(ceiling / 2, ceiling)
-        log.warning(
-            "%s: database unavailable (%s); retry %d in %.2fs",
-            self.what,
-            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__,
-            self.failures,
-            delay,
-        )
+        cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if cause != self._cause:
+            log.warning(
+                "%s: database unavailable (%s); retrying with backoff (at most %.0fs apart) "
+                "until it is back",
+                self.what,
+                cause,
+                self.cap,
+            )
+            self._cause = cause
+        else:
+            log.debug("%s: still unavailable; retry %d in %.2fs", self.what, self.failures, delay)
         return delay
 
     def wait(self, exc: BaseException, stop: threading.Event) -> bool:

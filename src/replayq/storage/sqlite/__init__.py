@@ -4,7 +4,15 @@ Known limits, up front:
 
 * One writer at a time. Every write transaction is ``BEGIN IMMEDIATE`` and
   waits up to ``busy_timeout`` (5 s) for the write lock; past that the driver
-  raises ``database is locked`` (``SQLITE_BUSY``), surfaced as ``StorageError``.
+  raises ``database is locked`` (``SQLITE_BUSY``), surfaced as
+  ``DatabaseUnavailableError``: the worker waits it out like a server restart.
+* Faults of the file rather than of a statement — busy or locked, disk full,
+  read-only file system, I/O error, cannot open — are ``DatabaseUnavailableError``
+  too (``_UNAVAILABLE_CODES``); nothing was written, and they clear by themselves
+  or by an operator's hand, so retrying is right. A failed ``ROLLBACK`` after such
+  a fault is ignored: the original error is the one reported.
+* Database files are created ``0600`` (the WAL and shared-memory files inherit
+  the mode): traces hold payloads and call arguments.
 * Many worker *processes* on one host share the file safely; many *hosts* must
   not (network file systems break SQLite locking): use PostgreSQL for that.
 * Transactional enqueue (``App.enqueue(conn=)``) needs replayq's schema in the file
@@ -20,6 +28,9 @@ Known limits, up front:
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -40,6 +51,60 @@ _MIGRATIONS = "replayq.storage.sqlite.migrations"
 _SYNC_MODES = {"OFF", "NORMAL", "FULL", "EXTRA"}
 _WAL_AUTOCHECKPOINT_PAGES = 4000
 _JOURNAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
+# Primary result codes of a fault that passes (or is fixed outside replayq) rather than a
+# bad statement: BUSY 5, LOCKED 6, NOMEM 7, READONLY 8, IOERR 10, FULL 13, CANTOPEN 14,
+# PROTOCOL 15 (https://sqlite.org/rescode.html).
+_UNAVAILABLE_CODES = frozenset({5, 6, 7, 8, 10, 13, 14, 15})
+_SQLITE_FULL = 13
+_DB_FILE_MODE = 0o600
+
+log = logging.getLogger("replayq.storage.sqlite")
+
+
+def storage_error(what: str, exc: sqlite3.Error) -> StorageError:
+    """The replayq error for a driver error: a passing fault of the file vs. anything else."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None and code & 0xFF in _UNAVAILABLE_CODES:
+        return DatabaseUnavailableError(f"{what}: {exc}")
+    return StorageError(f"{what}: {exc}")
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Roll back if a transaction is open; a failure here never hides the error that led here.
+
+    After ``SQLITE_FULL`` or ``SQLITE_IOERR`` SQLite may have rolled back already, and
+    ``ROLLBACK`` then fails with ``cannot rollback - no transaction is active``.
+    """
+    if not conn.in_transaction:
+        return
+    try:
+        conn.execute("ROLLBACK")
+    except sqlite3.Error as exc:
+        log.debug("ROLLBACK failed after an earlier error: %s", exc)
+
+
+def _after_fault(conn: sqlite3.Connection, exc: sqlite3.Error) -> None:
+    """Roll back; after ``SQLITE_FULL`` also checkpoint the WAL, so the next write can fit.
+
+    The WAL only restarts from its beginning after a checkpoint, and the automatic one
+    runs after a successful commit: on a full disk none succeeds, so without this the
+    WAL can never reuse its own pages, even once space is freed elsewhere.
+    ``TRUNCATE`` also gives the file's space back to the file system.
+    """
+    _rollback(conn)
+    if (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF == _SQLITE_FULL:
+        try:
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        except sqlite3.Error as checkpoint_exc:
+            log.debug("checkpoint after a full disk failed: %s", checkpoint_exc)
+
+
+def create_private(path: str) -> None:
+    """Create the database file ``0600`` if it does not exist yet (SQLite would use 0644)."""
+    if path == ":memory:" or path.startswith("file:") or os.path.exists(path):
+        return
+    with contextlib.suppress(FileExistsError):  # another process created it first
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _DB_FILE_MODE))
 
 
 def parse_sqlite_url(url: str) -> tuple[str, dict[str, str]]:
@@ -100,6 +165,7 @@ class SqliteStorage:
             return conn
         try:
             with unsealed():  # replayq's own database, also during a sealed replay
+                create_private(self.path)
                 conn = sqlite3.connect(
                     self.path, isolation_level=None, check_same_thread=False, timeout=0
                 )
@@ -116,7 +182,7 @@ class SqliteStorage:
             conn.execute(f"PRAGMA wal_autocheckpoint = {_WAL_AUTOCHECKPOINT_PAGES}")
             conn.execute(f"PRAGMA journal_size_limit = {_JOURNAL_SIZE_LIMIT_BYTES}")
             conn.execute("PRAGMA foreign_keys = ON")
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             raise DatabaseUnavailableError(
                 f"cannot open SQLite database {self.path!r}: {exc}"
             ) from exc
@@ -131,21 +197,21 @@ class SqliteStorage:
         try:
             conn.execute("BEGIN" if readonly else "BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            raise StorageError(f"cannot begin a transaction on {self.path!r}: {exc}") from exc
+            raise storage_error(f"cannot begin a transaction on {self.path!r}", exc) from exc
         try:
             yield SqlTransaction(conn, self.queries)
         except sqlite3.Error as exc:
-            conn.execute("ROLLBACK")
+            _after_fault(conn, exc)
             # Storage errors keep the driver's as __cause__ (as on PostgreSQL).
-            raise StorageError(f"{self.path}: {exc}") from exc
+            raise storage_error(self.path, exc) from exc
         except BaseException:
-            conn.execute("ROLLBACK")
+            _rollback(conn)
             raise
         try:
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            conn.execute("ROLLBACK")
-            raise StorageError(f"commit failed on {self.path!r}: {exc}") from exc
+            _after_fault(conn, exc)
+            raise storage_error(f"commit failed on {self.path!r}", exc) from exc
 
     def adopt(self, connection: Any) -> SqlTransaction:
         """Verbs on the caller's connection to this file, whatever its row factory.
@@ -182,7 +248,7 @@ class SqliteStorage:
                 return False
             rows = conn.execute(self.queries["migrations_applied"]).fetchall()
         finally:
-            conn.execute("COMMIT")
+            _rollback(conn)  # read only: nothing to commit
         applied = [(int(version), str(name), float(at)) for version, name, at in rows]
         return not migrate.pending(migrate.migration_status(applied, _MIGRATIONS))
 
@@ -193,31 +259,40 @@ class SqliteStorage:
         lock (transactional enqueue as the first use) does not wait on itself.
         """
         conn = self._connection()
-        if self._up_to_date(conn):
-            return []
-        conn.execute("BEGIN IMMEDIATE")
         try:
-            done = migrate.apply_pending(
-                _MIGRATIONS,
-                self._applied(conn),
-                lambda script: [conn.execute(s) for s in split_statements(script)],
-                lambda version, name: conn.execute(
-                    self.queries["migration_record"], {"version": version, "name": name, "now": now}
-                ),
-            )
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        conn.execute("COMMIT")
+            if self._up_to_date(conn):
+                return []
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                done = migrate.apply_pending(
+                    _MIGRATIONS,
+                    self._applied(conn),
+                    lambda script: [conn.execute(s) for s in split_statements(script)],
+                    lambda version, name: conn.execute(
+                        self.queries["migration_record"],
+                        {"version": version, "name": name, "now": now},
+                    ),
+                )
+            except BaseException:
+                _rollback(conn)
+                raise
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            _rollback(conn)
+            raise storage_error(f"cannot migrate {self.path!r}", exc) from exc
         return done
 
     def migration_status(self) -> list[MigrationStatus]:
         conn = self._connection()
-        conn.execute("BEGIN IMMEDIATE")
         try:
-            return migrate.migration_status(self._applied(conn), _MIGRATIONS)
-        finally:
-            conn.execute("COMMIT")
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                return migrate.migration_status(self._applied(conn), _MIGRATIONS)
+            finally:
+                conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            _rollback(conn)
+            raise storage_error(f"cannot read the migrations of {self.path!r}", exc) from exc
 
     def close(self) -> None:
         with self._all_lock:

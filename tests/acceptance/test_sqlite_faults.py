@@ -1,0 +1,181 @@
+"""SQLite faults are waited out: a write lock held past ``busy_timeout``, a full disk.
+
+Real worker processes on a real file. The fault lands while they drain jobs whose
+handler runs an effect; afterwards every job has succeeded, none is dead, no effect
+is in doubt, each effect ran once, and the workers are the same processes (no
+restart). The disk-full test needs root (it mounts a small tmpfs) and is skipped
+otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import replayq
+from tests.acceptance.workers import WorkerLauncher, read_lines, wait_for
+from tests.apps import storage_faults
+
+APP = "tests.apps.storage_faults:app"
+HOLD_LOCK = """
+import sqlite3, sys, time
+conn = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)
+conn.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+conn.execute("COMMIT")
+"""
+
+
+def _counts(app: replayq.App) -> Counter[str]:
+    return Counter(job.state.value for job in app.list_jobs(limit=10_000))
+
+
+def _assert_all_delivered_once(app: replayq.App, sink: Path, total: int) -> None:
+    jobs = app.list_jobs(limit=10_000)
+    assert Counter(j.state for j in jobs) == {replayq.JobState.SUCCEEDED: total}
+    effects = Counter(line["n"] for line in read_lines(sink) if line["event"] == "effect")
+    assert sorted(effects) == list(range(total)), "every effect ran"
+    assert max(effects.values()) == 1, f"an effect ran twice: {effects.most_common(3)}"
+    with app.storage.transaction(readonly=True) as tx:
+        in_doubt = [
+            n
+            for n in range(total)
+            if (tx.idem_get(f"deliver:{n}:parcel.deliver") or {}).get("status") != "succeeded"
+        ]
+    assert in_doubt == [], "no effect record left started (in doubt)"
+
+
+def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(tmp_path: Path) -> None:
+    database = tmp_path / "queue.db"
+    launcher = WorkerLauncher(database, tmp_path)
+    sink = tmp_path / "effects.jsonl"
+    app = storage_faults.build(launcher.url)
+    total = 500
+    try:
+        for n in range(total):
+            app.enqueue("deliver", {"n": n, "sink": str(sink)})
+        workers = [launcher.start(f"w{i}", app=APP, concurrency=2) for i in range(4)]
+        wait_for(lambda: _counts(app)["succeeded"] >= 20, timeout=30, what="work under way")
+
+        holder = subprocess.Popen(
+            [sys.executable, "-c", HOLD_LOCK, str(database), "12"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        started = time.monotonic()
+        # An enqueue meets the lock too: it waits busy_timeout, then says why, with the cause.
+        with pytest.raises(replayq.DatabaseUnavailableError, match="database is locked") as info:
+            app.enqueue("deliver", {"n": total, "sink": str(sink)})
+        assert isinstance(info.value.__cause__, sqlite3.OperationalError)
+        assert holder.wait(30) == 0
+        holder.stdout.close()
+        assert time.monotonic() - started >= 10, "the lock really outlasted the busy timeout"
+
+        wait_for(
+            lambda: _counts(app)["succeeded"] == total,
+            timeout=120,
+            what=f"all {total} jobs to succeed after the lock",
+        )
+        _assert_all_delivered_once(app, sink, total)
+        for worker in workers:
+            assert worker.proc.poll() is None, f"worker {worker.worker_id} died\n{worker.log()}"
+        logs = "\n".join(w.log() for w in workers)
+        assert "Traceback" not in logs
+        assert "database unavailable" in logs and "database is locked" in logs
+    finally:
+        launcher.kill_all()
+        app.close()
+
+
+TMPFS_SIZE = "8m"
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
+    """An 8 MB tmpfs mounted for this test (needs root); unmounted afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount = tmp_path / "small"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={TMPFS_SIZE}", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.xfail(
+    run=False,
+    reason="known gap (issue 15): on an 8 MB disk the WAL grows into all the space freed and "
+    "no checkpoint can find room to run, so writes stay refused; the worker survives and says "
+    "why, but does not resume. Needs a checkpoint before the WAL may grow (not yet built).",
+)
+@pytest.mark.timeout(300)
+def test_a_full_disk_is_waited_out_and_the_worker_resumes_when_space_is_freed(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    database = small_disk / "queue.db"
+    launcher = WorkerLauncher(database, tmp_path)
+    sink = tmp_path / "effects.jsonl"
+    app = storage_faults.build(launcher.url)
+    total = 128
+    try:
+        for n in range(total):
+            app.enqueue("deliver", {"n": n, "sink": str(sink)})
+        # As in a queue that has run a while, the data is in the file, not only in the WAL
+        # (with all of it in the WAL, a checkpoint could never find room on 8 MB).
+        with sqlite3.connect(database) as checkpoint:
+            checkpoint.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        # Fill the disk: the worker's first commits hit the wall.
+        ballast = small_disk / "ballast"
+        with ballast.open("wb") as out:
+            try:
+                while True:
+                    out.write(b"\0" * 65536)
+                    out.flush()
+            except OSError:
+                pass
+        # Enqueue on a full disk: the cause is named, never masked by a failed ROLLBACK.
+        with pytest.raises(replayq.DatabaseUnavailableError, match="full") as info:
+            for n in range(total, total + 100_000):
+                app.enqueue("deliver", {"n": n, "sink": str(sink)})
+        assert "cannot rollback" not in str(info.value)
+        # Jobs the loop above managed to write before the disk filled are real jobs too.
+        total = len(app.list_jobs(limit=100_000))
+
+        worker = launcher.start("w0", app=APP, concurrency=2)
+        wait_for(
+            lambda: "database or disk is full" in worker.log(),
+            timeout=60,
+            what="the worker to say the disk is full",
+        )
+        time.sleep(2)
+        assert worker.proc.poll() is None, f"the worker died on a full disk\n{worker.log()}"
+
+        ballast.unlink()
+        wait_for(
+            lambda: _counts(app)["succeeded"] == total,
+            timeout=120,
+            what=f"all {total} jobs to succeed once space is freed",
+        )
+        _assert_all_delivered_once(app, sink, total)
+        assert worker.proc.poll() is None
+        assert "Traceback" not in worker.log()
+    finally:
+        launcher.kill_all()
+        app.close()

@@ -1,0 +1,34 @@
+"""A job with a recorded call and an effect, for storage-fault tests (locks, disk full).
+
+``deliver`` asks a recorded ``ctx.call`` for a quote, then runs one ``ctx.effect``
+under the business key ``deliver:{n}`` that appends a line to ``sink``: the ground
+truth of how often the effect really ran. The lease (30 s) outlasts the faults the
+tests hold, so a worker that cannot heartbeat through an outage keeps its jobs.
+"""
+
+from __future__ import annotations
+
+import replayq
+from tests.apps.sleepy import record
+
+
+def deliver(ctx: replayq.Context, n: int, sink: str) -> dict[str, int]:
+    quote: int = ctx.call("quote", lambda: n * 2)
+    with ctx.step("deliver"):
+        ctx.effect("parcel.deliver", lambda: record(sink, "effect", n))
+    return {"n": n, "quote": quote}
+
+
+def build(url: str | None = None) -> replayq.App:
+    built = replayq.App(url)
+    built.job(
+        "deliver",
+        idempotency="deliver:{n}",
+        lease="30s",
+        heartbeat="2s",
+        retry=replayq.Retry(max_attempts=3, base="0.05s", cap="0.2s"),
+    )(deliver)
+    return built
+
+
+app = build()

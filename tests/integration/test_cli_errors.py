@@ -1,0 +1,121 @@
+"""A user's mistake gets one line on stderr and the exit code from the table, never a traceback.
+
+The real ``replayq`` console script in a subprocess, as a user runs it. Exit codes
+(``replayq.cli.main``, docs/reliability.md): 0 done, 1 findings, 2 usage or not
+found, 3 storage unavailable, 4 internal error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPLAYQ = str(Path(sys.executable).with_name("replayq"))
+ROOT = Path(__file__).resolve().parents[2]
+
+APP_MODULE = """
+import replayq
+app = replayq.App()
+
+@app.job("echo")
+def echo(ctx, value):
+    return value
+"""
+
+
+def run(cwd: Path, *args: str, db: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("REPLAYQ_DB", "REPLAYQ_DEBUG")}
+    env["PYTHONPATH"] = os.pathsep.join([str(cwd), str(ROOT)])
+    argv = [REPLAYQ, *(["--db", db] if db else []), *args]
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+
+
+def one_line_error(done: subprocess.CompletedProcess[str], code: int, *fragments: str) -> str:
+    assert done.returncode == code, (done.returncode, done.stdout, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def workdir(tmp_path: Path) -> Path:
+    (tmp_path / "userapp.py").write_text(APP_MODULE)
+    return tmp_path
+
+
+@pytest.fixture
+def db(workdir: Path) -> str:
+    url = f"sqlite:///{workdir / 'queue.db'}"
+    assert run(workdir, "db", "upgrade", db=url).returncode == 0
+    return url
+
+
+def test_a_lone_surrogate_in_a_payload_is_refused_naming_the_field(workdir: Path, db: str) -> None:
+    payload = '{"value": "\\ud800"}'
+    done = run(workdir, "enqueue", "echo", "--app", "userapp:app", "--payload", payload, db=db)
+    one_line_error(done, 2, "payload.value", "lone surrogate")
+
+
+def test_a_payload_nested_ten_thousand_deep_is_refused(workdir: Path, db: str) -> None:
+    payload = json.dumps({"value": 0})[:-2] + "[" * 10_000 + "]" * 10_000 + "}"
+    done = run(workdir, "enqueue", "echo", "--app", "userapp:app", "--payload", payload, db=db)
+    one_line_error(done, 2, "nests too deeply")
+
+
+def test_a_job_id_beyond_bigint_is_a_usage_error(workdir: Path, db: str) -> None:
+    done = run(workdir, "trace", "show", "99999999999999999999999", db=db)
+    one_line_error(done, 2, "JOB_ID", "99999999999999999999999")
+
+
+def test_a_missing_app_module_is_named(workdir: Path, db: str) -> None:
+    done = run(workdir, "worker", "--app", "nosuchmodule:app", db=db)
+    one_line_error(done, 2, "--app", "nosuchmodule")
+
+
+def test_concurrency_zero_is_refused(workdir: Path, db: str) -> None:
+    done = run(workdir, "worker", "--app", "userapp:app", "--concurrency", "0", db=db)
+    one_line_error(done, 2, "--concurrency")
+
+
+def test_replay_of_a_missing_job_exits_2_naming_it(workdir: Path, db: str) -> None:
+    one_line_error(run(workdir, "replay", "424242", db=db), 2, "424242")
+
+
+def test_diff_of_unknown_ids_exits_2_naming_them(workdir: Path, db: str) -> None:
+    one_line_error(run(workdir, "diff", "xxx", "yyy", db=db), 2, "'xxx'")
+
+
+def test_a_db_that_is_not_a_url_is_refused_and_creates_nothing(workdir: Path) -> None:
+    one_line_error(run(workdir, "stats", db="not a url"), 2, "not a database URL")
+    assert not (workdir / "not a url").exists()
+
+
+def test_an_unreachable_database_exits_3_with_the_password_masked(workdir: Path) -> None:
+    url = "postgresql://alice:hunter2@127.0.0.1:1/nothing"
+    line = one_line_error(run(workdir, "stats", db=url), 3)
+    assert "hunter2" not in line and "alice:***@" in line
+
+
+def test_debug_shows_the_traceback(workdir: Path, db: str) -> None:
+    done = run(workdir, "--debug", "replay", "424242", db=db)
+    assert done.returncode == 2 and "Traceback" in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == "error: no job with id 424242"
+
+
+def test_the_default_database_is_announced_once_and_created_private(workdir: Path) -> None:
+    first = run(workdir, "stats")
+    assert first.returncode == 0, first.stderr
+    assert first.stderr.count("creating the SQLite database") == 1
+    assert str(workdir / "replayq.db") in first.stderr
+    assert stat.S_IMODE((workdir / "replayq.db").stat().st_mode) == 0o600
+    again = run(workdir, "stats")
+    assert again.returncode == 0 and again.stderr == ""
