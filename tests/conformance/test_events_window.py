@@ -71,7 +71,9 @@ def test_signals_by_second_show_the_retry_rate_through_a_503_outage(
 
         return str(ctx.call("price-api", upstream))
 
-    app.job("fetch_price", retry=replayq.Retry(max_attempts=5, base="60s", cap="60s"))(fetch_price)
+    # No jitter: every retry waits its full 60 s, so none comes due again inside the window.
+    no_jitter = replayq.Retry(max_attempts=5, base="60s", cap="60s", jitter="none")
+    app.job("fetch_price", retry=no_jitter)(fetch_price)
     per_second = [3, 5, 2, 4]  # jobs arriving in each second; the outage covers the first 3
     for second, arriving in enumerate(per_second):
         clock.set(T0 + second + 0.5)
