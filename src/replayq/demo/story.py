@@ -517,8 +517,8 @@ class Story:
             f"The warehouse slowed to {SLOW_WAREHOUSE_SECONDS:g}s; ship_order v1's 0.5s lease "
             f"was never extended, so job {result.job_id} was re-delivered to {second} while "
             f"{first} was still inside the call. The effect key contained the attempt and the "
-            "per-type lock had expired, so both shipped; the late attempt overwrote the order "
-            "and the status cache kept an old version. The order service's re-send "
+            "per-type lock had expired, so both shipped; the late attempt's writes were refused "
+            "by fencing, but the status cache kept an old version. The order service's re-send "
             f"(job {result.resent_job_id}) was not deduplicated: the hash included sent_at."
         )
         self.say("  What happened:")
@@ -530,7 +530,7 @@ class Story:
             ("shipments intended by the v2 fork", result.fork_shipments_intended),
             ("real requests during the dry-run and the fork", zero),
             (
-                f"order:{INCIDENT_ORDER} after rolling back attempt 1",
+                f"order:{INCIDENT_ORDER} after the repair (attempt 1 fenced)",
                 f"v{result.order_version_after_repair} "
                 f"{result.order_after_repair.get('shipments')}, cache "
                 + ("consistent" if result.cache_consistent_after_repair else "STALE"),
