@@ -53,23 +53,39 @@ def _check(value: Any, path: str, depth: int = 0) -> None:
     raise PayloadError(f"{path}: {type(value).__name__} is not JSON-serialisable")
 
 
-def _valid(value: Any) -> bool:
-    """Whether ``value`` is JSON (string keys, finite floats): ``_check`` without building a
-    path per element, which was most of its cost. ``_check`` runs only to name a bad path."""
+def _utf8(text: str) -> bool:
+    """Whether ``text`` can be stored as UTF-8 (no lone surrogates); ASCII needs no encode."""
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _valid(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` is JSON (string keys, finite floats, UTF-8 text, at most
+    ``MAX_DEPTH`` deep): ``_check`` without building a path per element, which was most of
+    its cost. ``_check`` runs only to name a bad path."""
     kind = type(value)
-    if kind is str or kind is int or kind is bool or value is None:
+    if kind is str:
+        return _utf8(value)
+    if kind is int or kind is bool or value is None:
         return True
     if kind is float:
         return math.isfinite(value)
+    if depth > MAX_DEPTH:
+        return False
     if kind is dict:
         for key, item in value.items():
-            if not isinstance(key, str) or not _valid(item):
+            if not isinstance(key, str) or not _utf8(key) or not _valid(item, depth + 1):
                 return False
         return True
     if kind is list or kind is tuple:
-        return all(map(_valid, value))
+        return all(_valid(item, depth + 1) for item in value)
     try:  # subclasses (an IntEnum, an OrderedDict): the exact rules of ``_check``
-        _check(value, "")
+        _check(value, "", depth)
     except PayloadError:
         return False
     return True
