@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -57,6 +59,31 @@ def _written_by(app: replayq.App, worker: str) -> dict[str, int]:
     return {"state": states, "db_write": int(rows), "outbox": int(outbox)}
 
 
+def freeze_outside_a_write(launcher: WorkerLauncher, worker: Any) -> None:
+    """SIGSTOP ``worker``; on SQLite, not while it holds the database's write lock.
+
+    A process frozen inside a SQLite write transaction blocks every writer until it
+    resumes (a known limit of the SQLite backend: no server can end its session), so
+    no other worker could take its jobs. On SQLite the test probes the write lock after
+    freezing and, if the frozen worker holds it, lets it run a moment and freezes again.
+    """
+    for _ in range(200):
+        worker.signal(signal.SIGSTOP)
+        if not isinstance(launcher.database, Path):
+            return
+        probe = sqlite3.connect(launcher.database, timeout=0.05, isolation_level=None)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+            return
+        except sqlite3.OperationalError:
+            worker.signal(signal.SIGCONT)
+            time.sleep(0.02)
+        finally:
+            probe.close()
+    raise AssertionError("the worker always held the write lock when frozen")
+
+
 def test_frozen_worker_past_its_lease_gets_no_write_and_no_effect_accepted(
     launcher: WorkerLauncher, fenced_app: replayq.App, service: Service, tmp_path: Path
 ) -> None:
@@ -71,7 +98,7 @@ def test_frozen_worker_past_its_lease_gets_no_write_and_no_effect_accepted(
         timeout=30,
         what="the first worker to be busy with several jobs",
     )
-    frozen.signal(signal.SIGSTOP)
+    freeze_outside_a_write(launcher, frozen)
     held = [
         j.id
         for j in fenced_app.list_jobs(states=[replayq.JobState.RUNNING], limit=100)

@@ -6,6 +6,11 @@ Known limits, up front:
   waits up to ``busy_timeout`` (5 s) for the write lock; past that the driver
   raises ``database is locked`` (``SQLITE_BUSY``), surfaced as
   ``DatabaseUnavailableError``: the worker waits it out like a server restart.
+* A worker process frozen (SIGSTOP, a paused VM) *inside* a write transaction
+  keeps the write lock until it resumes or dies: no server can end its session,
+  so every other writer waits (and retries) meanwhile. Fencing still holds once it
+  resumes; but on one host with that risk, PostgreSQL (which ends such sessions
+  after ``idle_in_transaction_timeout``) is the backend to choose.
 * Faults of the file rather than of a statement — busy or locked, disk full,
   read-only file system, I/O error, cannot open — are ``DatabaseUnavailableError``
   too (``_UNAVAILABLE_CODES``); nothing was written, and they clear by themselves
