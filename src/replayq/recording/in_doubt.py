@@ -24,14 +24,12 @@ asks it for every in-doubt record.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from replayq import codec
 from replayq.errors import ConfigurationError
 from replayq.model import TraceEvent
-
-if TYPE_CHECKING:
-    from replayq.runtime import Runtime, RuntimeSource
+from replayq.runtime import Runtime, RuntimeSource
 
 
 @dataclass(frozen=True)
