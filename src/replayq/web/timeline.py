@@ -99,6 +99,30 @@ def _summary(event: TraceEvent) -> str:
     return " · ".join(str(p) for p in parts)[:300]
 
 
+def _lock_bar(
+    axis: _Axis,
+    y: float,
+    opened: TraceEvent,
+    closed: TraceEvent | None,
+    end: float,
+    title: str,
+    href: str | None = None,
+) -> Shape:
+    """A lock's hold as a bar in a lane: acquired to released (or expired, marked so)."""
+    cls = "lock lock-expired" if closed and closed.name == "lock.expired" else "lock"
+    return Shape(
+        "bar",
+        cls,
+        axis.x(opened.ts),
+        y + ROW - 22,
+        max(axis.x(end) - axis.x(opened.ts), 2),
+        6,
+        f"{title} (fencing {opened.data.get('fencing_token')})"
+        + (f" · {closed.name}" if closed else ""),
+        href=href,
+    )
+
+
 def _intervals(
     events: Sequence[TraceEvent], opens: set[str], closes: set[str], key: Any
 ) -> Iterable[tuple[TraceEvent, TraceEvent | None]]:
@@ -151,20 +175,9 @@ def job_picture(events: Sequence[TraceEvent]) -> Picture:
             chunk, {"lock.acquired"}, {"lock.released", "lock.expired"}, lambda e: e.resource
         ):
             end = closed.ts if closed else chunk[-1].ts
-            cls = "lock lock-expired" if closed and closed.name == "lock.expired" else "lock"
-            lane.shapes.append(
-                Shape(
-                    "bar",
-                    cls,
-                    axis.x(opened.ts),
-                    y + ROW - 22,
-                    max(axis.x(end) - axis.x(opened.ts), 2),
-                    6,
-                    f"lock {opened.resource} (fencing {opened.data.get('fencing_token')})"
-                    + (f" · {closed.name}" if closed else ""),
-                    href=_resource_href(opened.resource),
-                )
-            )
+            title = f"lock {opened.resource}"
+            href = _resource_href(opened.resource)
+            lane.shapes.append(_lock_bar(axis, y, opened, closed, end, title, href))
         for opened, closed in _intervals(
             chunk, {"step.started"}, {"step.finished"}, lambda e: e.data.get("step_name")
         ):
@@ -252,19 +265,8 @@ def resource_picture(events: Sequence[TraceEvent]) -> Picture:
             mine, {"lock.acquired"}, {"lock.released", "lock.expired"}, lambda e: e.job_id
         ):
             end = closed.ts if closed else axis.start + axis.span
-            cls = "lock lock-expired" if closed and closed.name == "lock.expired" else "lock"
-            lane.shapes.append(
-                Shape(
-                    "bar",
-                    cls,
-                    axis.x(opened.ts),
-                    y + ROW - 22,
-                    max(axis.x(end) - axis.x(opened.ts), 2),
-                    6,
-                    f"job {opened.job_id}: lock (fencing {opened.data.get('fencing_token')})"
-                    + (f" · {closed.name}" if closed else ""),
-                )
-            )
+            title = f"job {opened.job_id}: lock"
+            lane.shapes.append(_lock_bar(axis, y, opened, closed, end, title))
     for rank, event in enumerate(e for e in by_hlc if e.name in MARKERS):
         lane = lanes[str(event.worker_id)]
         cls = MARKERS[event.name]
