@@ -511,10 +511,24 @@ class App:
         origin: str | None = "production",
         limit: int = 100,
         version: str | None = None,
+        before: int | None = None,
     ) -> list[Job]:
-        """Jobs, newest first; ``version``: only those routed to that handler version."""
+        """Jobs, newest first; ``version``: only those routed to that handler version;
+        ``before``: only ids below it (the next page starts below the last id shown)."""
         with self.storage.transaction(readonly=True) as tx:
-            return tx.job_list(JobFilter(states, job_type, origin, limit, version))
+            return tx.job_list(JobFilter(states, job_type, origin, limit, version, before))
+
+    def count_jobs(
+        self,
+        *,
+        states: Sequence[str] | None = None,
+        job_type: str | None = None,
+        origin: str | None = "production",
+        version: str | None = None,
+    ) -> int:
+        """How many jobs ``list_jobs`` with the same filters pages through."""
+        with self.storage.transaction(readonly=True) as tx:
+            return tx.job_count(JobFilter(states, job_type, origin, version=version))
 
     def queue_overview(self) -> list[dict[str, Any]]:
         """Open jobs by queue, type, version and state, with the oldest ready job's ``run_at``

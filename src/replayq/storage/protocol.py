@@ -104,6 +104,8 @@ class JobFilter:
     limit: int = 100
     # Only jobs routed to this handler version (``jobs list --version``).
     version: str | None = None
+    # Keyset pagination: only jobs with a smaller id (the last id of the page before).
+    before: int | None = None
 
 
 @dataclass(frozen=True)
@@ -245,7 +247,13 @@ class Transaction(Protocol):
         """Re-queue a job whose lease expired; compare-and-set on the expired owner token."""
         ...
 
-    def job_list(self, params: JobFilter) -> list[Job]: ...
+    def job_list(self, params: JobFilter) -> list[Job]:
+        """Jobs matching ``params``, newest (highest id) first, at most ``params.limit``."""
+        ...
+
+    def job_count(self, params: JobFilter) -> int:
+        """How many jobs match ``params``'s filters (``limit`` and ``before`` ignored)."""
+        ...
 
     def job_match(self, params: JobMatch) -> list[int]:
         """Ids of production jobs matching every filter of a bulk action, oldest first."""

@@ -249,10 +249,23 @@ class SqlTransaction(ContextVerbs):
                 "job_type": params.job_type,
                 "origin": params.origin,
                 "version": params.version,
+                "before": params.before,
                 "limit": params.limit,
             },
         )
         return [row_to_job(r) for r in rows]
+
+    def job_count(self, params: JobFilter) -> int:
+        row = self.fetchone(
+            "job_count",
+            {
+                "states": self.list_param(params.states),
+                "job_type": params.job_type,
+                "origin": params.origin,
+                "version": params.version,
+            },
+        )
+        return int(row["count"])
 
     def job_scheduled(self, now: float, queues: Sequence[str] | None) -> tuple[int, float | None]:
         row = self.fetchone("job_scheduled", {"now": now, "queues": self.list_param(queues)})

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import jinja2
 from starlette.applications import Starlette
@@ -56,6 +57,15 @@ def _when(ts: float | None) -> str:
 
 def _json(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, default=str)
+
+
+def _whole(value: str | None, name: str) -> int | None:
+    """A positive whole number from the query string, or a 400 naming the parameter."""
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise HTTPException(400, f"{name} must be a positive whole number")
+    return int(value)
 
 
 def _local(target: str | None) -> str:
@@ -124,18 +134,30 @@ class Dashboard:
         state = query.get("state") or None
         job_type = query.get("type") or None
         version = query.get("version") or None
-        limit = min(int(query.get("limit") or 100), 1000)
+        limit = min(_whole(query.get("limit"), "limit") or 100, 1000)
+        before = _whole(query.get("before"), "before")
         if state and state not in STATES:
             raise HTTPException(400, f"unknown state {state!r}")
-        found = self.app.list_jobs(
-            states=[state] if state else None, job_type=job_type, limit=limit
-        )
-        if version:
-            found = [j for j in found if j.handler_version == version]
+        # Every filter is in the query, so a page holds `limit` matches and the count is
+        # of matches; filtering a fetched page would show short pages and a wrong count.
+        filters: dict[str, Any] = {
+            "states": [state] if state else None,
+            "job_type": job_type,
+            "version": version,
+        }
+        found = self.app.list_jobs(**filters, limit=limit, before=before)
+        matched = self.app.count_jobs(**filters)
+        older = None
+        if len(found) == limit:
+            params = {k: v for k, v in query.items() if k != "before" and v}
+            older = "/jobs?" + urlencode({**params, "before": found[-1].id})
         return self.page(
             request,
             "jobs.html",
             jobs=found,
+            matched=matched,
+            paged=before is not None,
+            older=older,
             states=STATES,
             state=state or "",
             job_type=job_type or "",

@@ -183,8 +183,17 @@ WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
   AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
   AND (%(version)s::text IS NULL OR handler_version = %(version)s::text)
+  AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
 ORDER BY id DESC
 LIMIT %(limit)s;
+
+-- name: job_count
+-- The number of jobs job_list would page through with the same filters.
+SELECT count(*) AS count FROM rq_jobs
+WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
+  AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+  AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
+  AND (%(version)s::text IS NULL OR handler_version = %(version)s::text);
 
 -- name: job_match
 -- Bulk actions: the ids of production jobs matching every given filter, oldest first.

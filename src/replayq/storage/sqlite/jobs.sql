@@ -139,8 +139,17 @@ WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
   AND (:job_type IS NULL OR job_type = :job_type)
   AND (:origin IS NULL OR origin = :origin)
   AND (:version IS NULL OR handler_version = :version)
+  AND (:before IS NULL OR id < :before)
 ORDER BY id DESC
 LIMIT :limit;
+
+-- name: job_count
+-- The number of jobs job_list would page through with the same filters.
+SELECT count(*) AS count FROM rq_jobs
+WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
+  AND (:job_type IS NULL OR job_type = :job_type)
+  AND (:origin IS NULL OR origin = :origin)
+  AND (:version IS NULL OR handler_version = :version);
 
 -- name: job_match
 -- Bulk actions: the ids of production jobs matching every given filter, oldest first.
