@@ -2,8 +2,9 @@
 
 The worker is ``replayq worker --metrics-port`` as an operator starts it; the run
 has a retry, a dead job, a lease expiry, a lock that expired before completion, a
-stale cache read and a deduplicated effect. Each must be counted, with the job
-type, version and queue (and error class) it belongs to, and nothing else.
+stale cache read, a cache entry that cannot be decoded and a value that cannot be
+encoded, and a deduplicated effect. Each must be counted, with the job type,
+version and queue (and error class, cache namespace) it belongs to, and nothing else.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import replayq
 from tests.acceptance.workers import REPLAYQ, ROOT, WorkerLauncher, wait_for
 from tests.apps import observed
+from tests.context_support import query
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -48,6 +51,12 @@ def value(samples: Samples, name: str, **labels: str) -> float:
 def run_everything_once(app: replayq.App) -> dict[str, int]:
     app.state.put("user", 1, {"name": "Ada"}, expected_version=0)
     app.state.put("user", 1, {"name": "Ada L."}, expected_version=1)
+    # Another writer cached sku-1's price in a format replayq's codec cannot read.
+    query(
+        app.url,
+        "INSERT INTO rq_cache (key, base_key, value, version, written_at) VALUES (?, ?, ?, ?, ?)",
+        ("price:sku-1:v1", "price:sku-1", "\x80\x04binary-format-v0", 1, time.time()),
+    )
     return {
         "flaky": app.enqueue("flaky", {"n": 1}),
         "doomed": app.enqueue("doomed", {"reason": "<script>alert(1)</script> not paid"}),
@@ -56,6 +65,7 @@ def run_everything_once(app: replayq.App) -> dict[str, int]:
         "stale_profile": app.enqueue("stale_profile", {"user_id": 1}),
         "notify": app.enqueue("notify", {"order_id": 7}, message_id="n-1"),
         "notify_again": app.enqueue("notify", {"order_id": 7}, message_id="n-2"),
+        "price_codec": app.enqueue("price_codec", {"sku": "sku-1"}),
     }
 
 
@@ -113,7 +123,25 @@ def test_a_real_workers_metrics_count_each_incident_with_bounded_labels(
     assert value(samples, "replayq_locks_expired_total", job_type="lock_overrun", **base) == 1
     assert value(samples, "replayq_locks_acquired_total", job_type="lock_overrun") == 1
     assert value(samples, "replayq_cache_stale_reads_total", job_type="stale_profile", **base) == 1
-    assert value(samples, "replayq_cache_reads_total", job_type="stale_profile", result="hit") == 1
+    assert (
+        value(
+            samples,
+            "replayq_cache_reads_total",
+            job_type="stale_profile",
+            namespace="profile",
+            result="hit",
+        )
+        == 1
+    )
+    codec_errors = {"job_type": "price_codec", "namespace": "price", **base}
+    assert (
+        value(samples, "replayq_cache_codec_errors_total", direction="decode", **codec_errors) == 1
+    )
+    assert (
+        value(samples, "replayq_cache_codec_errors_total", direction="encode", **codec_errors) == 1
+    )
+    # The undecodable entry read as a miss: the handler went on and the job succeeded.
+    assert value(samples, "replayq_cache_reads_total", result="miss", **codec_errors) == 1
     assert value(samples, "replayq_effects_total", job_type="notify", kind="mail.send") == 1
     assert (
         value(
@@ -126,7 +154,7 @@ def test_a_real_workers_metrics_count_each_incident_with_bounded_labels(
         == 1
     )
     # The duration histogram saw every attempt that settled, including the failed ones.
-    assert value(samples, "replayq_job_duration_seconds_count", outcome="succeeded") == 6
+    assert value(samples, "replayq_job_duration_seconds_count", outcome="succeeded") == 7
     assert value(samples, "replayq_job_duration_seconds_count", outcome="failed") == 2
     assert value(samples, "replayq_attempts_per_job_count", job_type="flaky") == 1
     assert value(samples, "replayq_attempts_per_job_sum", job_type="flaky") == 2
@@ -144,6 +172,8 @@ def test_a_real_workers_metrics_count_each_incident_with_bounded_labels(
         "outcome",
         "where",
         "deduplicated",
+        "namespace",
+        "direction",
         "le",
     }
     for (name, labels), _ in samples.items():
@@ -159,7 +189,11 @@ def test_a_real_workers_metrics_count_each_incident_with_bounded_labels(
     assert flaky_retry["version"] == "v1"
     assert flaky_retry["worker_id"] == "w1"
     assert flaky_retry["trace_id"] == app.get_job(jobs["flaky"]).trace_id
-    handler_records = [r for r in records if r["logger"] == "tests.apps.observed"]
+    handler_records = [
+        r
+        for r in records
+        if r["logger"] == "tests.apps.observed" and r["message"].startswith("flaky")
+    ]
     assert {r["attempt"] for r in handler_records} == {1, 2}
     assert all(r["job_id"] == jobs["flaky"] for r in handler_records)
     app.close()

@@ -9,7 +9,10 @@
 * ``stale_profile``: caches a profile from user version 1 while the user is at version 2,
   then reads it back (a stale cache read);
 * ``notify``: sends one mail per order through ``ctx.effect`` (the second job for the
-  same order is deduplicated).
+  same order is deduplicated);
+* ``price_codec``: reads a price that another writer cached in a format this code
+  cannot decode (a decode error, read as a miss), then tries to cache a value that is
+  not JSON (an encode error, caught by the handler).
 """
 
 from __future__ import annotations
@@ -56,6 +59,17 @@ def declare(app: replayq.App) -> replayq.App:
     @app.job("notify", retry=FAST_RETRY, effects=["mail.send"])
     def notify(ctx: replayq.Context, order_id: int) -> str:
         return str(ctx.effect("mail.send", lambda: f"sent {order_id}", key=f"mail:{order_id}"))
+
+    @app.job("price_codec", retry=FAST_RETRY)
+    def price_codec(ctx: replayq.Context, sku: str) -> bool:
+        with ctx.step("read"):
+            found = ctx.cache.get("price", sku, version=1)
+        with ctx.step("write"):
+            try:
+                ctx.cache.set("price", sku, {"tags": {"sale"}}, version=1)
+            except replayq.PayloadError:
+                log.info("price %s not cached: not JSON", sku)
+        return found.hit
 
     return app
 

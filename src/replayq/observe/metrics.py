@@ -44,6 +44,12 @@ def _error_class(event: TraceEvent) -> tuple[str, ...]:
     return (str(event.data.get("error_class") or event.data.get("reason") or "unknown"),)
 
 
+def _namespace(event: TraceEvent) -> tuple[str, ...]:
+    """The cache namespace of a read's key (``profile`` of ``profile:7:v3``): a name in code,
+    where a key's schema version lives (a new value format gets a new namespace)."""
+    return (str(event.data.get("key") or "unknown").split(":", 1)[0],)
+
+
 def _kind(event: TraceEvent) -> tuple[str, ...]:
     return (str(event.data.get("kind") or "unknown"),)
 
@@ -96,9 +102,21 @@ COUNTERS: dict[str, Counted] = {
     "lock.broken": Counted("replayq_locks_broken_total", "Orphaned locks broken by an operator."),
     "cache.read": Counted(
         "replayq_cache_reads_total",
-        "Cache reads, hit or miss.",
-        ("result",),
-        lambda e: ("hit" if e.data.get("hit") else "miss",),
+        "Cache reads, hit or miss, per cache namespace (the key's schema version).",
+        ("namespace", "result"),
+        lambda e: (*_namespace(e), "hit" if e.data.get("hit") else "miss"),
+    ),
+    "cache.decode_error": Counted(
+        "replayq_cache_codec_errors_total",
+        "Cache entries that could not be decoded (read as a miss) or values not encodable.",
+        ("namespace", "direction"),
+        lambda e: (*_namespace(e), "decode"),
+    ),
+    "cache.encode_error": Counted(
+        "replayq_cache_codec_errors_total",
+        "Cache entries that could not be decoded (read as a miss) or values not encodable.",
+        ("namespace", "direction"),
+        lambda e: (*_namespace(e), "encode"),
     ),
     "cache.stale_read": Counted(
         "replayq_cache_stale_reads_total", "Cache reads older than the source entity."

@@ -8,6 +8,12 @@ the shape of an unversioned cache — and is checked against the source entity:
 an entry older than the entity's current version is a **stale read**, recorded
 and counted. Writes and invalidations take effect when the step commits.
 
+An entry that cannot be decoded (written in another format, by an older or newer
+writer, or damaged) reads as a miss and is recorded as ``cache.decode_error``; a
+value that cannot be encoded is recorded as ``cache.encode_error`` before the
+``PayloadError`` reaches the handler. Both are counted (seed 004's cache
+(de)serialisation errors); neither carries the value.
+
 Backends: the database (default) and Redis (``App(cache_url="redis://...")``).
 """
 
@@ -17,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from replayq.errors import PayloadError
 from replayq.recording.attempt import Attempt
 from replayq.recording.state import read_entity
 from replayq.storage.cache import CacheEntry
@@ -32,6 +39,13 @@ class CacheRead:
     version: int | None = None
     stale: bool = False
     current_version: int | None = None
+
+
+def _kind(exc: Exception) -> str:
+    """What went wrong, without the value or the key: the exception's class (and, for
+    undecodable JSON, the parser's reason, e.g. ``Expecting value``)."""
+    reason = getattr(exc, "msg", None)
+    return f"{type(exc).__name__}: {reason}" if isinstance(reason, str) else type(exc).__name__
 
 
 def _versioned(base: str, version: int | None) -> str:
@@ -90,7 +104,14 @@ class CacheView:
         read: CacheRead | None = None
         world = ctx.world
         if not world.reads_recorded:
-            entry = self._lookup(namespace, ident, version, now)
+            try:
+                entry = self._lookup(namespace, ident, version, now)
+            except ValueError as exc:
+                # Cache-aside: an entry this code cannot read is a miss, recomputed.
+                ctx.record(
+                    "cache.decode_error", status="fail", resource=key, key=key, error=_kind(exc)
+                )
+                entry = None
             if entry is not None or world.is_live:
                 read = self._judge(
                     key, entry, source or (entry.source_namespace if entry else None), ident
@@ -155,7 +176,13 @@ class CacheView:
         ctx = self._ctx
         key = self.key(namespace, ident, version)
         logical = _versioned(f"{namespace}:{ident}", version)
-        ctx.encode(value, what=f"cache {logical}")
+        try:
+            ctx.encode(value, what=f"cache {logical}")
+        except PayloadError as exc:
+            ctx.record(
+                "cache.encode_error", status="fail", resource=logical, key=logical, error=_kind(exc)
+            )
+            raise
         ttl = ttl if ttl is not None else ctx.handler.contract.cache_ttl
         now = ctx.runtime.clock.now()
         entry = CacheEntry(

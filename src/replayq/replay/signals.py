@@ -23,6 +23,8 @@ SIGNALS: dict[str, str] = {
     "lock.expired": "locks expired before completion",
     "lock.timeout": "lock waits timed out",
     "cache.stale_read": "stale cache reads",
+    "cache.decode_error": "cache entries that could not be decoded",
+    "cache.encode_error": "cache values that could not be encoded",
 }
 
 

@@ -127,7 +127,10 @@ class RedisCache:
         raw = self._redis.hget(self._hash(key), "entry")
         if raw is None:
             return None
-        entry = CacheEntry(**codec.loads(raw))
+        try:
+            entry = CacheEntry(**codec.loads(raw))
+        except TypeError as exc:  # another writer's shape: undecodable, like bad JSON
+            raise ValueError("a cache entry of an unknown shape") from exc
         if entry.expires_at is not None and entry.expires_at <= now:
             return None
         return entry

@@ -37,6 +37,8 @@ MARKERS = {
     "write.fenced": "conflict",
     "cache.read": "cache",
     "cache.stale_read": "conflict",
+    "cache.decode_error": "conflict",
+    "cache.encode_error": "conflict",
     "lock.timeout": "conflict",
 }
 
