@@ -22,7 +22,8 @@ The public API, by layer (everything a user or the ``replayq`` command line need
 * clocks: ``Clock``, ``SystemClock``, ``FrozenClock``, ``HybridLogicalClock``;
 * observing: ``Observer`` (what a ``Worker(observers=...)`` is told), ``WorkerMetrics``
   (Prometheus, needs ``[metrics]``), ``fleet_registry`` and ``serve_metrics``,
-  ``configure_logging``, ``AttemptTracer`` and ``otel_trace_id`` (OpenTelemetry, ``[otel]``);
+  ``configure_logging``, ``AttemptTracer``, ``otel_provider_from_env`` and ``otel_trace_id``
+  (OpenTelemetry, ``[otel]``);
 * every exception replayq raises (the tree is drawn in ``replayq.errors``).
 
 ``replayq.testing`` holds the helpers for users' own test suites; ``replayq.contrib``
@@ -66,7 +67,7 @@ from replayq.observe.hooks import Observer
 from replayq.observe.logs import configure_logging
 from replayq.observe.metrics import WorkerMetrics
 from replayq.observe.metrics import serve as serve_metrics
-from replayq.observe.otel import AttemptTracer, otel_trace_id
+from replayq.observe.otel import AttemptTracer, otel_provider_from_env, otel_trace_id
 from replayq.queue.bulk import BulkPreview, BulkResult
 from replayq.queue.contracts import JobContract, Retry, diff_contracts, lint_contract
 from replayq.queue.schedule import MissedSlots, Schedule
@@ -191,6 +192,7 @@ __all__ = [
     "lint_contract",
     "list_locks",
     "open_sink",
+    "otel_provider_from_env",
     "otel_trace_id",
     "parse_duration",
     "plan_rollback",

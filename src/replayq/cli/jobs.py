@@ -55,6 +55,13 @@ from replayq.cli.env import Env, JobId, emit_json, log_options, pass_env
     help="Address the metrics server binds to.",
 )
 @click.option(
+    "--otel",
+    is_flag=True,
+    help="Export an OpenTelemetry span per attempt (needs replayq[otel]); the exporter and "
+    "its settings come from the standard OTEL_* variables (OTEL_TRACES_EXPORTER: otlp by "
+    "default, or console; OTEL_SERVICE_NAME, OTEL_EXPORTER_OTLP_ENDPOINT...).",
+)
+@click.option(
     "--no-scheduler",
     "no_scheduler",
     is_flag=True,
@@ -74,6 +81,7 @@ def worker(
     poll_interval: float,
     metrics_port: int | None,
     metrics_host: str,
+    otel: bool,
     no_scheduler: bool,
     log_level: str,
     log_format: str,
@@ -86,6 +94,18 @@ def worker(
         metrics = replayq.WorkerMetrics(app.get_job_or_none)
         replayq.serve_metrics(metrics.registry, metrics_port, metrics_host)
         observers.append(metrics)
+    provider = None
+    if otel:
+        try:
+            provider = replayq.otel_provider_from_env()
+        except replayq.ConfigurationError as exc:
+            raise click.ClickException(str(exc)) from exc
+    if provider is not None:
+        from opentelemetry import trace
+
+        # Global too: the handler's own spans and ctx.enqueue's producer spans export alike.
+        trace.set_tracer_provider(provider)
+        observers.append(replayq.AttemptTracer(provider))
     run = replayq.Worker(
         app,
         concurrency=concurrency,
@@ -98,7 +118,11 @@ def worker(
         observers=observers,
         scheduler=not no_scheduler,
     )
-    stats = run.run()
+    try:
+        stats = run.run()
+    finally:
+        if provider is not None:
+            provider.shutdown()  # flush the batch of spans not yet exported
     click.echo(
         f"worker {run.worker_id}: leased={stats.leased} succeeded={stats.succeeded} "
         f"retried={stats.retried} dead={stats.dead} rejected={stats.rejected} "

@@ -14,17 +14,23 @@ no-op tracer makes all of this free). The shape:
   committed events with their recorded start and duration (so a rolled-back step is
   still shown, as failed, and nothing is reported that did not commit).
 
+``otel_provider_from_env`` is what ``replayq worker --otel`` uses: a ``TracerProvider``
+configured only by the standard ``OTEL_*`` environment variables, the way every
+OpenTelemetry SDK reads them, so nothing replayq-specific has to be learnt.
+
 Known limit: links to earlier attempts reach only attempts run by this process (the
 span ids of another worker's attempts are not stored).
 """
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from replayq.errors import ConfigurationError
 from replayq.model import Job, TraceEvent
 from replayq.observe.hooks import Observer
 
@@ -61,6 +67,52 @@ def enqueue_span(job_type: str) -> Iterator[str | None]:
         carrier: dict[str, str] = {}
         TraceContextTextMapPropagator().inject(carrier, context=trace.set_span_in_context(span))
         yield carrier.get("traceparent")
+
+
+def otel_provider_from_env(default_service: str = "replayq-worker") -> Any:
+    """A ``TracerProvider`` built from the standard ``OTEL_*`` variables; ``None`` if disabled.
+
+    * ``OTEL_TRACES_EXPORTER``: comma-separated exporter names, looked up in the
+      ``opentelemetry_traces_exporter`` entry points as the SDK's own configurator does
+      (``otlp``, the default, needs ``opentelemetry-exporter-otlp``; ``console`` ships
+      with the SDK; ``none`` exports nothing);
+    * ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES``: the resource (service name
+      ``default_service`` when neither names one);
+    * ``OTEL_TRACES_SAMPLER`` (and ``_ARG``), ``OTEL_BSP_*`` and each exporter's own
+      variables (``OTEL_EXPORTER_OTLP_ENDPOINT``...): read by the SDK itself;
+    * ``OTEL_SDK_DISABLED=true``: returns ``None``.
+
+    Spans leave through a ``BatchSpanProcessor``; call ``shutdown()`` on the provider
+    to flush them before the process exits.
+    """
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    try:
+        from importlib.metadata import entry_points
+
+        from opentelemetry.sdk.resources import OTELResourceDetector, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"OpenTelemetry needs the otel extra: pip install 'replayq[otel]' ({exc})"
+        ) from exc
+    detected = OTELResourceDetector().detect().attributes
+    resource = Resource.create(
+        {} if "service.name" in detected else {"service.name": default_service}
+    )
+    provider = TracerProvider(resource=resource)
+    names = [n.strip() for n in os.environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",")]
+    for name in [n for n in names if n and n != "none"]:
+        found = entry_points(group="opentelemetry_traces_exporter", name=name)
+        if not found:
+            hint = " (pip install opentelemetry-exporter-otlp)" if name == "otlp" else ""
+            raise ConfigurationError(
+                f"OTEL_TRACES_EXPORTER names {name!r}: no such span exporter is installed{hint}"
+            )
+        exporter_class = next(iter(found)).load()
+        provider.add_span_processor(BatchSpanProcessor(exporter_class()))
+    return provider
 
 
 def otel_trace_id(traceparent: str | None) -> str | None:
