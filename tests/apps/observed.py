@@ -10,6 +10,8 @@
   then reads it back (a stale cache read);
 * ``notify``: sends one mail per order through ``ctx.effect`` (the second job for the
   same order is deduplicated);
+* ``order_event``: per-order events in order (``ordering="order:{order_id}"``); the
+  ``create`` of order 13 is invalid and dies, so its ``cancel`` runs out of order;
 * ``price_codec``: reads a price that another writer cached in a format this code
   cannot decode (a decode error, read as a miss), then tries to cache a value that is
   not JSON (an encode error, caught by the handler).
@@ -59,6 +61,12 @@ def declare(app: replayq.App) -> replayq.App:
     @app.job("notify", retry=FAST_RETRY, effects=["mail.send"])
     def notify(ctx: replayq.Context, order_id: int) -> str:
         return str(ctx.effect("mail.send", lambda: f"sent {order_id}", key=f"mail:{order_id}"))
+
+    @app.job("order_event", retry=FAST_RETRY, ordering="order:{order_id}")
+    def order_event(ctx: replayq.Context, order_id: int, event: str) -> str:
+        if event == "create" and order_id == 13:
+            raise replayq.ValidationError("order 13 has no lines")
+        return event
 
     @app.job("price_codec", retry=FAST_RETRY)
     def price_codec(ctx: replayq.Context, sku: str) -> bool:

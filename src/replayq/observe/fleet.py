@@ -2,8 +2,8 @@
 
 A worker's counters say what that process did; these gauges say what the
 queue looks like now, whichever worker (or none) is running: backlog, age of
-the oldest ready job, jobs in flight, dead jobs, outbox lag, locks held and
-expired, effects in doubt. One scrape is a handful of aggregate queries in one
+the oldest ready job, jobs in flight, dead jobs, jobs out of order against their
+ordering key, outbox lag, locks held and expired, effects in doubt. One scrape is a handful of aggregate queries in one
 read transaction; scrape no more often than every few seconds on a big table.
 """
 
@@ -30,6 +30,7 @@ class FleetCollector:
         now = self.runtime.clock.now()
         with self.runtime.storage.transaction(readonly=True) as tx:
             gauges = tx.job_gauges(now)
+            out_of_order = tx.job_out_of_order()
             outbox = tx.outbox_backlog()
             locks = tx.lock_list()
             in_doubt = tx.idem_list(None, True, 100_000)
@@ -59,6 +60,16 @@ class FleetCollector:
         yield jobs
         yield oldest
         yield longest
+        broken = GaugeMetricFamily(
+            "replayq_jobs_out_of_order",
+            "Jobs run (or waiting) after an earlier job of their ordering key died or was "
+            "cancelled: per-key order broken (e.g. a cancel handled without its create).",
+            labels=labels,
+        )
+        for row in out_of_order:
+            key = [row["queue"], row["job_type"], row["version"] or "none"]
+            broken.add_metric(key, float(row["count"]))
+        yield broken
         yield GaugeMetricFamily(
             "replayq_outbox_pending",
             "Outbox rows written but not yet published.",

@@ -280,6 +280,9 @@ class SqlTransaction(ContextVerbs):
     def job_gauges(self, now: float) -> list[dict[str, Any]]:
         return [dict(r) for r in self.fetchall("job_gauges", {"now": now})]
 
+    def job_out_of_order(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self.fetchall("job_out_of_order")]
+
     def signal_counts(self, names: Sequence[str], since: float) -> list[tuple[str, str, int]]:
         """``(job_type, event name, count)`` for the given event names since ``since``."""
         rows = self.fetchall("signal_counts", {"names": self.list_param(names), "since": since})

@@ -185,6 +185,22 @@ WHERE origin = 'production' AND state IN ('queued', 'running', 'dead')
 GROUP BY queue, job_type, COALESCE(handler_version, ''), state
 ORDER BY queue, job_type, version, state;
 
+-- name: job_out_of_order
+-- Jobs with an ordering key leased (or waiting) after an earlier job of the same key
+-- died or was cancelled: per-key order is broken for them ("cancel before create").
+-- Cancelled later jobs never ran and do not count. By queue, type and version.
+WITH broken AS (
+    SELECT ordering_key, MIN(id) AS first_id FROM rq_jobs
+    WHERE ordering_key IS NOT NULL AND origin = 'production'
+      AND state IN ('dead', 'cancelled')
+    GROUP BY ordering_key)
+SELECT j.queue AS queue, j.job_type AS job_type,
+       COALESCE(j.handler_version, '') AS version, COUNT(*) AS count
+FROM rq_jobs AS j
+JOIN broken AS b ON b.ordering_key = j.ordering_key AND j.id > b.first_id
+WHERE j.origin = 'production' AND j.state <> 'cancelled'
+GROUP BY j.queue, j.job_type, COALESCE(j.handler_version, '');
+
 -- name: job_durations
 SELECT json_extract(e.data, '$.duration') AS duration
 FROM rq_events AS e
