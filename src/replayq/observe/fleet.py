@@ -3,8 +3,9 @@
 A worker's counters say what that process did; these gauges say what the
 queue looks like now, whichever worker (or none) is running: backlog, age of
 the oldest ready job, jobs in flight, dead jobs, jobs out of order against their
-ordering key, outbox lag, locks held and expired, effects in doubt. One scrape is a handful of aggregate queries in one
-read transaction; scrape no more often than every few seconds on a big table.
+ordering key, outbox lag, locks held and expired, effects in doubt. One scrape is
+a handful of aggregate queries in one read transaction; scrape no more often than
+every few seconds on a big table.
 """
 
 from __future__ import annotations
