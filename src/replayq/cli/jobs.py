@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import click
+from rich.progress import Progress
 
 import replayq
 from replayq.cli import bulk, render
@@ -334,11 +335,15 @@ def dead_requeue(
         job.id
         for job in app.list_jobs(states=["dead"], job_type=job_type, version=version, limit=100_000)
     ]
-    for job_id in ids:
-        if not app.requeue(job_id, reason=reason, to_version=to_version):
-            raise click.ClickException(f"job {job_id} is not dead")
-        target = f" to {to_version}" if to_version else ""
-        click.echo(f"job {job_id} requeued{target}")
+    # A bar when a selection is requeued (--type); job ids given one by one need none.
+    with Progress(disable=bool(job_ids)) as bar:
+        task = bar.add_task("requeue", total=len(ids))
+        for job_id in ids:
+            if not app.requeue(job_id, reason=reason, to_version=to_version):
+                raise click.ClickException(f"job {job_id} is not dead")
+            target = f" to {to_version}" if to_version else ""
+            click.echo(f"job {job_id} requeued{target}")
+            bar.advance(task)
     if not ids:
         click.echo("no dead jobs match")
 

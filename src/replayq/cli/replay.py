@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 import click
+from rich.progress import Progress
 
 import replayq
 from replayq.cli import render
@@ -213,7 +214,16 @@ def rerun(
     else:
         raise click.UsageError("give a JOB_ID, or --type and --state for a bulk rerun")
     per_second = float(rate.removesuffix("/s")) if rate else None
-    reports = replayq.rerun_many(app, ids, allow_effects=kinds, rate=per_second)
+    # A bar for a bulk rerun (it can run for minutes under --rate); never on --json.
+    with Progress(disable=as_json or job_id is not None) as bar:
+        task = bar.add_task("rerun", total=len(ids))
+        reports = replayq.rerun_many(
+            app,
+            ids,
+            allow_effects=kinds,
+            rate=per_second,
+            progress=lambda n: bar.advance(task, n),
+        )
     if as_json:
         emit_json([r.to_dict() for r in reports])
         return

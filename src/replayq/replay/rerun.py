@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -144,8 +144,9 @@ def rerun_many(
     *,
     allow_effects: Sequence[str],
     rate: float | None,
+    progress: Callable[[int], None] | None = None,
 ) -> list[RerunReport]:
-    """Rerun several jobs, at most ``rate`` per second."""
+    """Rerun several jobs, at most ``rate`` per second; ``progress`` is told of each one done."""
     runtime = source.runtime
     reports = []
     interval = 1.0 / rate if rate else 0.0
@@ -156,4 +157,6 @@ def rerun_many(
             time.sleep(wait)
         next_start = max(next_start, time.monotonic()) + interval
         reports.append(rerun(runtime, job_id, allow_effects=allow_effects))
+        if progress is not None:
+            progress(1)
     return reports
