@@ -241,6 +241,41 @@ def test_the_fleet_metrics_read_backlog_dead_and_in_flight_from_the_database(
         )
         assert value(samples, "replayq_jobs_out_of_order") == 1
         assert value(samples, "replayq_effects_in_doubt") == 0
+        assert value(samples, "replayq_replays_total") == 0
+
+        # Replays run in the operator's process; the fleet counts them from the database.
+        replayq.dry_run(app, jobs["stale_profile"])  # again: the same success
+        replayq.dry_run(app, jobs["doomed"])  # fails the same way: reproduced too
+        replayq.fork(app, jobs["notify"], from_step="send", overrides={"order_id": 8})
+        samples = scrape(port)
+        replays = "replayq_replays_total"
+        assert value(samples, replays) == 3
+        assert (
+            value(
+                samples,
+                replays,
+                mode="replay",
+                job_type="stale_profile",
+                version="v1",
+                outcome="succeeded",
+                diverged="false",
+            )
+            == 1
+        )
+        assert (
+            value(
+                samples,
+                replays,
+                mode="replay",
+                job_type="doomed",
+                outcome="failed",
+                diverged="false",
+            )
+            == 1
+        )
+        # The fork mailed order 8 where the original mailed order 7: its effects differ.
+        assert value(samples, replays, mode="fork", job_type="notify", diverged="true") == 1
+        assert value(samples, replays) == 3  # counted once, however often scraped
     finally:
         server.kill()
         server.wait(10)

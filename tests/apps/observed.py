@@ -38,7 +38,8 @@ def declare(app: replayq.App) -> replayq.App:
 
     @app.job("doomed", retry=FAST_RETRY)
     def doomed(ctx: replayq.Context, reason: str) -> None:
-        raise replayq.ValidationError(reason)
+        with ctx.step("check"):
+            raise replayq.ValidationError(reason)
 
     @app.job("overrun", lease="1s", heartbeat=0, retry=FAST_RETRY)
     def overrun(ctx: replayq.Context) -> int:
@@ -60,7 +61,8 @@ def declare(app: replayq.App) -> replayq.App:
 
     @app.job("notify", retry=FAST_RETRY, effects=["mail.send"])
     def notify(ctx: replayq.Context, order_id: int) -> str:
-        return str(ctx.effect("mail.send", lambda: f"sent {order_id}", key=f"mail:{order_id}"))
+        with ctx.step("send"):
+            return str(ctx.effect("mail.send", lambda: f"sent {order_id}", key=f"mail:{order_id}"))
 
     @app.job("order_event", retry=FAST_RETRY, ordering="order:{order_id}")
     def order_event(ctx: replayq.Context, order_id: int, event: str) -> str:

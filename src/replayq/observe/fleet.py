@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from replayq.observe.replays import LABELS, DerivedRuns
 from replayq.runtime import RuntimeSource
 
 
@@ -21,12 +22,13 @@ class FleetCollector:
 
     def __init__(self, source: RuntimeSource) -> None:
         self.runtime = source.runtime
+        self.derived = DerivedRuns(source)
 
     def describe(self) -> list[Any]:
         return []  # collected at scrape time only; no read at registration
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         now = self.runtime.clock.now()
         with self.runtime.storage.transaction(readonly=True) as tx:
@@ -94,6 +96,16 @@ class FleetCollector:
             "Effects in doubt, waiting to be resolved.",
             value=len(in_doubt),
         )
+        self.derived.refresh()
+        replays = CounterMetricFamily(
+            "replayq_replays",
+            "Finished dry-runs (mode=replay), forks and reruns, by how they ended and whether "
+            "their diff against the original attempt is not empty (diverged).",
+            labels=list(LABELS),
+        )
+        for labelled, count in sorted(self.derived.counts.items()):
+            replays.add_metric(list(labelled), float(count))
+        yield replays
 
 
 def fleet_registry(source: RuntimeSource) -> Any:

@@ -173,6 +173,14 @@ class TraceDiff:
             self.outcome["a"] == self.outcome["b"]
         )
 
+    @property
+    def diverged(self) -> bool:
+        """``b`` did something ``a`` did not: a state field, a decision, an effect count, or
+        it ended otherwise (succeeded, failed, incomplete). Unlike ``identical``, a dead
+        job's last attempt and a replay that failed the same way end alike."""
+        endings = {ending(self.outcome["a"]), ending(self.outcome["b"])}
+        return bool(self.state or self.decisions or self.effects) or len(endings) > 1
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "a": self.a.to_dict(),
@@ -186,6 +194,13 @@ class TraceDiff:
 
 
 ALL_ATTEMPTS = 0
+
+
+def ending(outcome: str) -> str:
+    """How a run ended, without its detail: ``succeeded``, ``failed`` (a dead job's last
+    attempt too), ``incomplete`` or ``unknown`` (not finished yet)."""
+    word = outcome.split(" ", 1)[0].rstrip(":")
+    return "failed" if word in ("failed", "dead") else word
 
 
 def parse_ref(ref: str) -> tuple[str, int | None]:

@@ -222,6 +222,12 @@ class ContextVerbs:
     def lineage_for_source(self, source_trace_id: str) -> list[Row]:
         return self.fetchall("lineage_for_source", {"source_trace_id": source_trace_id})
 
+    def lineage_page(self, after: tuple[float, str], limit: int) -> list[Row]:
+        created_at, trace_id = after
+        return self.fetchall(
+            "lineage_page", {"created_at": created_at, "trace_id": trace_id, "limit": limit}
+        )
+
     # -- schedules --------------------------------------------------------------------------
 
     def schedule_register(self, params: Mapping[str, Any]) -> None:

@@ -455,6 +455,10 @@ class Transaction(Protocol):
 
     def lineage_for_source(self, source_trace_id: str) -> list[Row]: ...
 
+    def lineage_page(self, after: tuple[float, str], limit: int) -> list[Row]:
+        """Derived traces created after the ``(created_at, trace_id)`` cursor, oldest first."""
+        ...
+
     def schedule_register(self, params: Mapping[str, Any]) -> None:
         """Store a periodic job's declaration; a new one is anchored at ``now``."""
         ...

@@ -11,3 +11,11 @@ SELECT * FROM rq_lineage WHERE trace_id = %(trace_id)s;
 
 -- name: lineage_for_source
 SELECT * FROM rq_lineage WHERE source_trace_id = %(source_trace_id)s ORDER BY created_at;
+
+-- name: lineage_page
+-- Derived traces after a (created_at, trace_id) cursor, oldest first (the fleet's replay
+-- counters read each new one once).
+SELECT * FROM rq_lineage
+WHERE (created_at, trace_id) > (%(created_at)s::double precision, %(trace_id)s::text)
+ORDER BY created_at, trace_id
+LIMIT %(limit)s;

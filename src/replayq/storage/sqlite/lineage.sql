@@ -10,3 +10,11 @@ SELECT * FROM rq_lineage WHERE trace_id = :trace_id;
 
 -- name: lineage_for_source
 SELECT * FROM rq_lineage WHERE source_trace_id = :source_trace_id ORDER BY created_at;
+
+-- name: lineage_page
+-- Derived traces after a (created_at, trace_id) cursor, oldest first (the fleet's replay
+-- counters read each new one once).
+SELECT * FROM rq_lineage
+WHERE created_at > :created_at OR (created_at = :created_at AND trace_id > :trace_id)
+ORDER BY created_at, trace_id
+LIMIT :limit;
