@@ -146,7 +146,9 @@ class Dashboard:
             "version": version,
         }
         found = self.app.list_jobs(**filters, limit=limit, before=before)
-        matched = self.app.count_jobs(**filters)
+        # A short first page holds every match: no second scan to count them.
+        short = before is None and len(found) < limit
+        matched = len(found) if short else self.app.count_jobs(**filters)
         older = None
         if len(found) == limit:
             params = {k: v for k, v in query.items() if k != "before" and v}
