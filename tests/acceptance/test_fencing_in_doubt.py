@@ -8,10 +8,8 @@ real effect, with the worker) are the ground truth of what happened outside.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sqlite3
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +18,7 @@ from typing import Any
 import pytest
 
 import replayq
-from tests.acceptance.workers import REPLAYQ, ROOT, WorkerLauncher, read_lines, wait_for
+from tests.acceptance.workers import WorkerLauncher, read_lines, run_cli, wait_for
 from tests.apps import fenced
 from tests.services import Service
 
@@ -148,19 +146,6 @@ def test_frozen_worker_past_its_lease_gets_no_write_and_no_effect_accepted(
     assert all(e.data["refused"] for e in fenced_events)
 
 
-def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run(
-        [REPLAYQ, "--db", url, *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
 @pytest.mark.parametrize("truth", ["succeeded", "failed"])
 def test_effect_in_doubt_after_sigkill_is_settled_and_the_requeued_job_continues(
     launcher: WorkerLauncher,
@@ -185,7 +170,7 @@ def test_effect_in_doubt_after_sigkill_is_settled_and_the_requeued_job_continues
     assert dead.last_error_class == "in_doubt"
     assert service.counts()["/warehouse/shipments"] == 1
 
-    listed = _cli(launcher.url, "effects", "list", "--in-doubt", "--json")
+    listed = run_cli(launcher.url, "effects", "list", "--in-doubt", "--json")
     assert listed.returncode == 0, listed.stderr
     [record] = json.loads(listed.stdout)
     assert (record["key"], record["kind"], record["job_id"]) == ("ship-7", "warehouse.ship", job_id)
@@ -195,9 +180,9 @@ def test_effect_in_doubt_after_sigkill_is_settled_and_the_requeued_job_continues
         resolve += ["--succeeded", "--result", '{"shipment_id": "shp-1"}']
     else:
         resolve += ["--failed"]
-    settled = _cli(launcher.url, *resolve)
+    settled = run_cli(launcher.url, *resolve)
     assert settled.returncode == 0, settled.stderr
-    requeued = _cli(launcher.url, "dead", "requeue", str(job_id), "--reason", "settled")
+    requeued = run_cli(launcher.url, "dead", "requeue", str(job_id), "--reason", "settled")
     assert requeued.returncode == 0, requeued.stderr
 
     done = wait_for(

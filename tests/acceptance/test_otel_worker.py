@@ -4,13 +4,12 @@ The worker is configured the way any OpenTelemetry process is: ``OTEL_TRACES_EXP
 picks the SDK's console exporter (its spans go to the worker's stdout, a file here)
 and ``OTEL_SERVICE_NAME`` names the service. The job was enqueued inside the
 caller's span, so the attempts must be its children; the retry must link to the
-first attempt; the effect must be a child of its attempt.
+first attempt; the effect must be a child of its step, the step of its attempt.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ from typing import Any
 from opentelemetry.sdk.trace import TracerProvider
 
 import replayq
-from tests.acceptance.workers import REPLAYQ, ROOT
+from tests.acceptance.workers import run_cli
 from tests.apps import observed
 
 
@@ -33,17 +32,8 @@ def spans_in(text: str) -> list[dict[str, Any]]:
 
 
 def run_worker(url: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    python_path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    return subprocess.run(
-        [REPLAYQ, "--db", url, "worker", "--app", "tests.apps.observed:app", "--burst", "--otel"],
-        cwd=ROOT,
-        env={**clean, "PYTHONPATH": python_path, **env},
-        capture_output=True,
-        text=True,
-        timeout=90,
-        check=False,
-    )
+    worker = ("worker", "--app", "tests.apps.observed:app", "--burst", "--otel")
+    return run_cli(url, *worker, env=env, unset=("OTEL_",), timeout=90)
 
 
 def test_worker_otel_exports_attempt_spans_with_parent_links_and_children(
@@ -77,7 +67,9 @@ def test_worker_otel_exports_attempt_spans_with_parent_links_and_children(
     assert first["status"]["status_code"] == "ERROR"
     assert [link["context"]["span_id"] for link in retry["links"]] == [first["context"]["span_id"]]
     [effect] = [s for s in spans if s["name"] == "effect mail.send"]
-    assert effect["parent_id"] == attempts[(notify, 1)]["context"]["span_id"]
+    [step] = [s for s in spans if s["name"] == "step send"]
+    assert effect["parent_id"] == step["context"]["span_id"]
+    assert step["parent_id"] == attempts[(notify, 1)]["context"]["span_id"]
 
 
 def test_an_exporter_that_is_not_installed_is_named_and_no_job_runs(

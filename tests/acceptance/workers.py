@@ -26,6 +26,31 @@ REPLAYQ = str(Path(sys.executable).with_name("replayq"))
 T = TypeVar("T")
 
 
+def run_cli(
+    url: str,
+    *args: str,
+    env: dict[str, str] | None = None,
+    unset: tuple[str, ...] = (),
+    timeout: float = 60,
+) -> subprocess.CompletedProcess[str]:
+    """``replayq --db URL ARGS`` in a fresh process, output captured (a short command).
+
+    ``env`` is added to this process's environment, without the variables whose names
+    start with one of ``unset`` (``OTEL_``: nothing of the caller's OpenTelemetry set-up).
+    """
+    python_path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(unset)}
+    return subprocess.run(
+        [REPLAYQ, "--db", url, *args],
+        cwd=ROOT,
+        env={**inherited, "PYTHONPATH": python_path, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
 def wait_for(condition: Callable[[], T], *, timeout: float, what: str, interval: float = 0.05) -> T:
     """Poll ``condition`` until it returns something truthy; fail naming ``what`` on timeout."""
     deadline = time.monotonic() + timeout

@@ -7,30 +7,17 @@ output as a terminal, the way it would draw for an operator.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import replayq
-from tests.acceptance.workers import REPLAYQ, ROOT
+from tests.acceptance.workers import run_cli
 from tests.apps import observed
 
 
 def run(url: str, *args: str, terminal: bool) -> subprocess.CompletedProcess[str]:
-    python_path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = {k: v for k, v in os.environ.items() if k not in ("TTY_COMPATIBLE", "NO_COLOR")}
-    env.update(PYTHONPATH=python_path, COLUMNS="100")
-    if terminal:
-        env["TTY_COMPATIBLE"] = "1"
-    done = subprocess.run(
-        [REPLAYQ, "--db", url, *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    env = {"COLUMNS": "100", **({"TTY_COMPATIBLE": "1"} if terminal else {})}
+    done = run_cli(url, *args, env=env, unset=("TTY_COMPATIBLE", "NO_COLOR"))
     assert done.returncode == 0, done.stderr
     return done
 
