@@ -27,6 +27,9 @@ from replayq.storage.protocol import (
     TraceWindow,
 )
 
+# Above every job id (BIGINT's largest): the bound of a job list's first page.
+LAST_ID = 2**63 - 1
+
 _JOB_COLUMNS = (
     "id",
     "job_type",
@@ -249,7 +252,8 @@ class SqlTransaction(ContextVerbs):
                 "job_type": params.job_type,
                 "origin": params.origin,
                 "version": params.version,
-                "before": params.before,
+                # No page yet: below every id (a plain bound lets the scan seek to it).
+                "before": params.before if params.before is not None else LAST_ID,
                 "limit": params.limit,
             },
         )

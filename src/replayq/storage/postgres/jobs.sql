@@ -183,7 +183,7 @@ WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
   AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
   AND (%(version)s::text IS NULL OR handler_version = %(version)s::text)
-  AND (%(before)s::bigint IS NULL OR id < %(before)s::bigint)
+  AND id < %(before)s::bigint  -- a bound, never NULL: the scan starts at it
 ORDER BY id DESC
 LIMIT %(limit)s;
 

@@ -139,7 +139,7 @@ WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
   AND (:job_type IS NULL OR job_type = :job_type)
   AND (:origin IS NULL OR origin = :origin)
   AND (:version IS NULL OR handler_version = :version)
-  AND (:before IS NULL OR id < :before)
+  AND id < :before  -- a bound, never NULL: the scan starts at it (a rowid seek)
 ORDER BY id DESC
 LIMIT :limit;
 
