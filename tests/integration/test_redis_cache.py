@@ -21,6 +21,7 @@ from tests.context_support import (
     count_rows,
     declare_profile_jobs,
     fill_then_update,
+    named,
     run_once,
 )
 
@@ -102,3 +103,26 @@ def test_invalidate_on_redis_drops_every_version_after_the_step_commits(
         "version": None,
         "stale": False,
     }
+
+
+@pytest.mark.parametrize(
+    "foreign", ['{"payload": "v0 layout"}', "\x80\x04 not json"], ids=["other-shape", "not-json"]
+)
+def test_an_entry_redis_holds_in_another_format_reads_as_a_recorded_miss(
+    app: replayq.App, redis_client: object, user_id: int, foreign: str
+) -> None:
+    fill_then_update(app, user_id)
+    # Another writer (an older deployment, another service) left its own format under the key.
+    redis_client.hset(f"{PREFIX}profile:{user_id}:v1", "entry", foreign)  # type: ignore[attr-defined]
+    job_id = app.enqueue("show_profile", {"user_id": user_id, "versioned": False})
+    run_once(replayq.Worker(app))
+
+    job = app.get_job(job_id)
+    assert job.state == "succeeded", job.last_error
+    assert job.result == {"hit": False, "value": None, "version": None, "stale": False}
+    [error] = named(app, job_id, "cache.decode_error")
+    assert error.data["key"] == f"profile:{user_id}"
+    assert error.status == "fail"
+    assert "v0 layout" not in error.data["error"] and "not json" not in error.data["error"]
+    [read] = named(app, job_id, "cache.read")
+    assert read.status == "miss"
