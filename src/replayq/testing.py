@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ __all__ = ["FrozenClock", "assert_replays", "replay_case", "run_inline"]
 def run_inline(
     app: App,
     job_type: str,
-    payload: dict[str, Any] | None = None,
+    payload: Mapping[str, Any] | Any = None,
     *,
     seal: bool = False,
     **options: Any,

@@ -28,7 +28,7 @@ import time
 import uuid as _uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, TypeVar, overload
 
@@ -203,16 +203,23 @@ class Context:
         """Call the handler with the job's payload, inside the contract's lock if it has one."""
         handler, payload = self.handler, self.job.payload
         resource = render_template(handler.contract.lock, payload)
+        # Typed fields (Decimal, datetime, a dataclass...) from their stored JSON form.
+        args = handler.shape.decode(handler.contract.name, payload)
+
+        def invoke() -> Any:
+            if isinstance(args, tuple):
+                return handler.fn(self, *args)
+            return handler.fn(self, **args)
 
         def call() -> Any:
             if handler.is_async:
                 loop = loop_factory() if loop_factory else asyncio.new_event_loop()
                 try:
-                    return loop.run_until_complete(handler.fn(self, **payload))
+                    return loop.run_until_complete(invoke())
                 finally:
                     if loop_factory is None:
                         loop.close()
-            return handler.fn(self, **payload)
+            return invoke()
 
         if resource is None:
             return call()
@@ -669,7 +676,8 @@ class Context:
 
         request = EnqueueRequest(job_type, payload or {}, **options)
         if job_type in self.runtime.registry.job_types():
-            self.runtime.registry.handler(job_type).encode_payload(request.payload)
+            plain, _ = self.runtime.registry.handler(job_type).prepare_payload(request.payload)
+            request = replace(request, payload=plain)
         origin = self.job.origin
         correlation = self.job.correlation_id or self.job.trace_id
         event = self.record("child.enqueued", child_type=job_type, payload=request.payload)
