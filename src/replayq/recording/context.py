@@ -44,6 +44,7 @@ from replayq.model import Job, TraceEvent
 from replayq.queue.contracts import render_template
 from replayq.queue.enqueue import EnqueueRequest, insert_job
 from replayq.queue.handlers import Handler
+from replayq.recording.aio import Flow, outside_call, run_flow
 from replayq.recording.blobs import Encoded, put_bytes, ref_of
 from replayq.recording.cache import CacheView
 from replayq.recording.effects import EffectRunner
@@ -538,7 +539,16 @@ class Context:
     # -- external reads ---------------------------------------------------------------------
 
     def call(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run an external read and record request, response (or error) and duration."""
+        """Run an external read and record request, response (or error) and duration.
+
+        With a coroutine function (or a coroutine) it returns a coroutine to await on the
+        handler's loop: ``await ctx.call(name, client.get, url)`` (``recording.aio``).
+        """
+        return run_flow(self._call_flow(name, fn, args, kwargs), fn)
+
+    def _call_flow(
+        self, name: str, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Flow[Any]:
         self.check_cancelled()
         request = {"args": list(args), "kwargs": kwargs}
         summary, summary_text = _summarise_encoded(request)
@@ -562,7 +572,7 @@ class Context:
         started = time.monotonic()
         try:
             with unsealed():  # a recorded call is the door the seal leaves open
-                response = fn(*args, **kwargs)
+                response = yield outside_call(fn, *args, **kwargs)
         except Exception as exc:
             self.record(
                 "call",
@@ -592,9 +602,13 @@ class Context:
         return response
 
     def effect(self, kind: str, fn: Callable[[], Any], *, key: str | None = None) -> Any:
-        """Run a side effect once per idempotency key (see ``replayq.recording.effects``)."""
+        """Run a side effect once per idempotency key (see ``replayq.recording.effects``).
+
+        With a coroutine function (or a coroutine) it returns a coroutine to await:
+        ``await ctx.effect(kind, send_async, key=...)``.
+        """
         self.check_cancelled()
-        return self.effects.run(kind, fn, key=key)
+        return run_flow(self.effects.flow(kind, fn, key=key), fn)
 
     # -- recorded nondeterminism ------------------------------------------------------------
 
