@@ -7,6 +7,7 @@ import inspect
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from replayq import codec
@@ -100,25 +101,33 @@ class PayloadShape:
         except PayloadError as exc:
             raise PayloadError(f"{job_type}: {exc}") from None
 
+    @cached_property
+    def _fields(self) -> Fields:
+        return Fields(self.required, self.optional, self.types)
+
     def check(self, job_type: str, payload: Mapping[str, Any]) -> None:
         """Raise ``PayloadError`` naming the first missing, unknown or mistyped field."""
         self.decode(job_type, payload)
 
-    def decode(self, job_type: str, payload: Mapping[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
+    def decode(
+        self, job_type: str, payload: Mapping[str, Any]
+    ) -> tuple[Any, ...] | Mapping[str, Any]:
         """What the handler is called with: the record (a 1-tuple, positional) or the
-        keyword fields, each converted from its stored JSON form."""
+        keyword fields, each converted from its stored JSON form (``payload`` itself
+        when no field needs converting)."""
         try:
             if self.record is not None:
                 return (self.record.from_json(payload, ""),)
-            check_names(
-                Fields(self.required, self.optional, self.types), payload, "", self.accepts_extra
-            )
-            decoded = dict(payload)
+            check_names(self._fields, payload, "", self.accepts_extra)
+            decoded: dict[str, Any] | None = None
             for name, kind in self.types.items():
                 if name not in payload or (payload[name] is None and name in self.optional):
                     continue
-                decoded[name] = kind.from_json(payload[name], name)
-            return decoded
+                value = kind.from_json(payload[name], name)
+                if kind.rich:
+                    decoded = decoded if decoded is not None else dict(payload)
+                    decoded[name] = value
+            return decoded if decoded is not None else payload
         except PayloadError as exc:
             raise PayloadError(f"{job_type}: {exc}") from None
 
