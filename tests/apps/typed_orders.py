@@ -68,10 +68,26 @@ def refund(ctx: replayq.Context, refund: Refund) -> dict[str, Any]:
     return {"amount": str(refund.amount)}
 
 
+def reorder(ctx: replayq.Context, order_id: uuid.UUID, amount: Decimal) -> None:
+    """Enqueues a ``charge`` child with typed values, as a producer would."""
+    with ctx.step("enqueue"):
+        ctx.enqueue(
+            "charge",
+            {
+                "order_id": order_id,
+                "amount": amount,
+                "at": datetime.fromisoformat("2026-12-01T09:00:00+01:00"),
+                "currency": Currency.USD,
+                "lines": [Line("sku-9", 1)],
+            },
+        )
+
+
 def declare(app: replayq.App) -> replayq.App:
     one = replayq.Retry(max_attempts=3, base="10ms", cap="10ms")
     app.job("charge", retry=one, idempotency="charge:{order_id}:{amount}")(charge)
     app.job("refund", retry=one)(refund)
+    app.job("reorder", retry=one)(reorder)
     return app
 
 

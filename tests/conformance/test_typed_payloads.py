@@ -209,3 +209,21 @@ def test_the_contract_records_the_payload_schema_and_contract_diff_shows_its_cha
     assert "payload_schema.amount" in changed.stdout
     assert "'float' -> 'decimal'" in changed.stdout
     assert "payload_schema.at?" in changed.stdout
+
+
+def test_a_child_job_enqueued_with_typed_values_is_stored_in_json_form_and_runs(
+    app: replayq.App,
+) -> None:
+    parent = run_inline(app, "reorder", {"order_id": ORDER, "amount": Decimal("5.00")})
+    assert parent.state == JobState.SUCCEEDED, parent.last_error
+
+    recorded = next(e for e in trace(app, parent.id) if e.name == "child.enqueued")
+    assert recorded.data["payload"]["amount"] == "5.00"
+    assert recorded.data["payload"]["at"] == "2026-12-01T09:00:00+01:00"
+    (child,) = [j for j in app.list_jobs(job_type="charge")]
+    Worker(app, burst=True, worker_id="w-child", scheduler=False).run()
+    child = app.get_job(child.id)
+    assert child.state == JobState.SUCCEEDED, child.last_error
+    assert decisions(trace(app, child.id))["amount"] == "Decimal:Decimal('5.00')"
+    assert decisions(trace(app, child.id))["currency"] == "Currency:<Currency.USD: 'USD'>"
+    assert not dry_run(app, parent.id).diverged
