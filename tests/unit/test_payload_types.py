@@ -3,6 +3,7 @@ a pydantic model as the whole payload, and untyped payloads stored exactly as be
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Optional
@@ -100,3 +101,36 @@ def test_a_contract_stored_before_payload_schemas_is_no_change() -> None:
     assert stored.payload_schema is None
     assert diff_contracts(stored, declared) == []
     assert declared.payload_schema == {"amount": "decimal"}
+
+
+def priced(ctx: replayq.Context, amount: Decimal, note: str = "") -> None: ...
+
+
+def test_none_in_an_optional_field_passes_beside_typed_fields() -> None:
+    plain, _ = handler_of(priced).prepare_payload({"amount": Decimal("1.5"), "note": None})
+    assert plain == {"amount": "1.5", "note": None}
+
+
+@dataclass
+class Node:
+    name: str
+    children: list[Node] = field(default_factory=list)
+
+
+def tree(ctx: replayq.Context, root: Node) -> None: ...
+
+
+def test_a_recursive_dataclass_is_checked_at_every_depth() -> None:
+    handler = handler_of(tree)
+    given = Node("a", [Node("b", [Node("c")])])
+    plain, _ = handler.prepare_payload(given)
+
+    assert plain == {
+        "name": "a",
+        "children": [{"name": "b", "children": [{"name": "c", "children": []}]}],
+    }
+    assert handler.shape.decode("tree", plain) == (given,)
+    with pytest.raises(replayq.PayloadError, match=r"field 'children\[0\]\.children\[0\]\.name'"):
+        handler.encode_payload(
+            {"name": "a", "children": [{"name": "b", "children": [{"name": 1}]}]}
+        )

@@ -94,8 +94,11 @@ class PayloadShape:
                 raise PayloadError(f"payload must be a JSON object, got {type(payload).__name__}")
             if not self.rich:
                 return payload
+            # None in an optional field passes unchecked, as ``decode`` lets it.
             return {
-                name: self.types[name].to_json(value, name) if name in self.types else value
+                name: self.types[name].to_json(value, name)
+                if name in self.types and not (value is None and name in self.optional)
+                else value
                 for name, value in payload.items()
             }
         except PayloadError as exc:

@@ -238,8 +238,35 @@ class Fields:
         }
 
 
+# Each dataclass's check, built once; a recursive one (a tree of nodes) refers to its own
+# check by name, looked up when a value is converted (it is built by then).
+_DATACLASSES: dict[type, FieldType] = {}
+_BUILDING: set[type] = set()
+
+
 def _dataclass(cls: type[Any]) -> FieldType:
-    hints = typing.get_type_hints(cls)
+    if cls in _DATACLASSES:
+        return _DATACLASSES[cls]
+    if cls in _BUILDING:
+        return FieldType(
+            cls.__name__,
+            lambda v, p: _DATACLASSES[cls].to_json(v, p),
+            lambda v, p: _DATACLASSES[cls].from_json(v, p),
+            {"ref": cls.__name__},
+        )
+    _BUILDING.add(cls)
+    try:
+        built = _DATACLASSES[cls] = _dataclass_fields(cls)
+    finally:
+        _BUILDING.discard(cls)
+    return built
+
+
+def _dataclass_fields(cls: type[Any]) -> FieldType:
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # unresolvable annotations: check field names, not types
+        hints = {}
     required: list[str] = []
     optional: list[str] = []
     field_types: dict[str, FieldType] = {}
@@ -332,9 +359,9 @@ def is_record(annotation: Any) -> bool:
 def field_type(annotation: Any) -> FieldType | None:
     """The check for one annotation; ``None`` for one replayq does not check (``Any``,
     a class it does not know, no annotation)."""
-    if annotation in _PLAIN:
-        return _PLAIN[annotation]
     if isinstance(annotation, type):
+        if annotation in _PLAIN:
+            return _PLAIN[annotation]
         if issubclass(annotation, enum.Enum):
             return _enum(annotation)
         if issubclass(annotation, Decimal):
