@@ -48,13 +48,16 @@ def run_inline(
     job_id = app.enqueue(job_type, payload or {}, **options)
     worker = Worker(app, worker_id="inline")
     app.register_contracts()
-    while app.get_job(job_id).state in (JobState.QUEUED, JobState.RUNNING):
-        leased = worker.lease(1)
-        if not leased:
-            break
-        for job in leased:
-            with sealed_if(seal):
-                worker.execute(job)
+    try:
+        while app.get_job(job_id).state in (JobState.QUEUED, JobState.RUNNING):
+            leased = worker.lease(1)
+            if not leased:
+                break
+            for job in leased:
+                with sealed_if(seal):
+                    worker.execute(job)
+    finally:
+        worker.event_loop.close()
     return app.get_job(job_id)
 
 

@@ -3,7 +3,8 @@
 client (``asyncio.open_connection``: no thread, the request is awaited on the loop).
 
 ``nap`` appends a JSON line per start and end to its side file (``log``), with the
-event loop and thread it ran on. ``build(url)`` makes the app for tests; the module's
+event loop and thread it ran on. ``peek`` also reads the service directly, bypassing
+``ctx``, for the seal. ``build(url)`` makes the app for tests; the module's
 ``app`` is for the CLI (``--app tests.apps.async_jobs:app``).
 """
 
@@ -70,14 +71,29 @@ async def notify(ctx: replayq.Context, order_id: int) -> dict[str, Any]:
     return {"available": stock["available"], "shipment": shipment["shipment_id"]}
 
 
+async def peek(ctx: replayq.Context, sku: str) -> dict[str, Any]:
+    """Reads stock through ``ctx`` (recorded) and once more directly (the seal's business)."""
+    base = os.environ[SERVICE_ENV]
+    with ctx.step("read"):
+        stock = await ctx.call("inventory.get", http, "GET", f"{base}/inventory/{sku}")
+    with ctx.step("charge"):
+        direct = await http("GET", f"{base}/inventory/{sku}")  # bypasses ctx
+    return {"available": stock["available"], "direct": direct["available"]}
+
+
 def build(url: str | None = None) -> replayq.App:
-    built = replayq.App(url)
+    return build_on(replayq.App(url))
+
+
+def build_on(built: replayq.App) -> replayq.App:
+    """Declare the job types on ``built`` (the conformance tests' ``app_factory`` apps)."""
     built.job("nap", lease="5s", heartbeat="1s")(nap)
     built.job(
         "notify",
         idempotency="notify:{order_id}",
         retry=replayq.Retry(max_attempts=3, base="0.05s", cap="0.05s"),
     )(notify)
+    built.job("peek", retry=replayq.Retry(max_attempts=1))(peek)
     return built
 
 

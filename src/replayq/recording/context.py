@@ -26,7 +26,7 @@ import asyncio
 import random as _random
 import time
 import uuid as _uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -200,27 +200,31 @@ class Context:
 
     # -- running ----------------------------------------------------------------------------
 
-    def run(self, loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None) -> Any:
-        """Call the handler with the job's payload, inside the contract's lock if it has one."""
+    def run(self, run_coroutine: Callable[[Coroutine[Any, Any, Any]], Any] | None = None) -> Any:
+        """Call the handler with the job's payload, inside the contract's lock if it has one.
+
+        An ``async def`` handler's coroutine is handed to ``run_coroutine`` (a worker's
+        one event loop, shared by its async jobs) or, without one, run on a new loop.
+        """
         handler, payload = self.handler, self.job.payload
         resource = render_template(handler.contract.lock, payload)
         # Typed fields (Decimal, datetime, a dataclass...) from their stored JSON form.
         args = handler.shape.decode(handler.contract.name, payload)
 
-        def invoke() -> Any:
-            if isinstance(args, tuple):
-                return handler.fn(self, *args)
-            return handler.fn(self, **args)
-
         def call() -> Any:
-            if handler.is_async:
-                loop = loop_factory() if loop_factory else asyncio.new_event_loop()
-                try:
-                    return loop.run_until_complete(invoke())
-                finally:
-                    if loop_factory is None:
-                        loop.close()
-            return invoke()
+            if isinstance(args, tuple):
+                result = handler.fn(self, *args)
+            else:
+                result = handler.fn(self, **args)
+            if not handler.is_async:
+                return result
+            if run_coroutine is not None:
+                return run_coroutine(result)
+            loop = asyncio.new_event_loop()
+            try:
+                return loop.run_until_complete(result)
+            finally:
+                loop.close()
 
         if resource is None:
             return call()

@@ -12,6 +12,7 @@
     ├── heartbeat.py  Heartbeat: the thread that extends leases and sees cancel requests
     ├── execute.py    Executing: the executor threads; one attempt through its handler
     │                 under a Context over a LiveWorld; shadow comparisons
+    ├── event_loop.py EventLoopThread: the one asyncio loop every async def handler runs on
     ├── outcome.py    Outcomes: succeeded (+ refill), cancelled, failed (retry or dead), buried
     ├── settle.py     Settling: one compare-and-set transaction per outcome, retried while
     │                 the database is away; write.rejected when the lease is gone
