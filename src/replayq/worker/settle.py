@@ -13,14 +13,14 @@ from replayq.model import Job
 from replayq.queue import lifecycle as trace
 from replayq.recording.context import Context
 from replayq.storage.reconnect import Backoff
-from replayq.worker.lease import Leasing
+from replayq.worker.core import WorkerCore
 
 log = logging.getLogger("replayq.worker")
 
 _SETTLE_STORAGE_TRIES = 5
 
 
-class Settling(Leasing):
+class Settling(WorkerCore):
     """Run a settle's write once, whatever the database does meanwhile."""
 
     def _settle(self, job: Job, write: Any, ctx: Context | None = None) -> bool:
