@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from typing import Any
 
 from replayq.errors import DatabaseUnavailableError, LeaseLostError, StorageError
@@ -39,7 +40,11 @@ class Settling(WorkerCore):
         while True:
             try:
                 try:
-                    with self.runtime.storage.transaction() as tx:
+                    flight = self._inflight.get(job.id)
+                    with (
+                        flight.beat if flight is not None else nullcontext(),
+                        self.runtime.storage.transaction() as tx,
+                    ):
                         write(tx)
                     return True
                 except LeaseLostError as exc:
