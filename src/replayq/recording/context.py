@@ -612,7 +612,7 @@ class Context:
         ``await ctx.effect(kind, send_async, key=...)``.
         """
         self.check_cancelled()
-        return run_flow(self.effects.flow(kind, fn, key=key), fn)
+        return self.effects.run(kind, fn, key=key)
 
     # -- recorded nondeterminism ------------------------------------------------------------
 
