@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -258,6 +259,7 @@ def rollout_status(
     if routing is not None and routing.candidate is not None:
         gates = control.gates(min_sample=min_sample)
     comparisons = control.comparison_summary()
+    runs = replayq.verify_runs(app, job_type, limit=5)
     if as_json:
         emit_json(
             {
@@ -265,6 +267,7 @@ def rollout_status(
                 "open_jobs": open_jobs,
                 "gates": gates.to_dict() if gates else None,
                 "comparisons": comparisons,
+                "verify_runs": [run.to_dict() for run in runs],
             }
         )
         return
@@ -292,6 +295,8 @@ def rollout_status(
             f"{mode}: {summary['compared']} compared, {summary['differing']} differing "
             f"{summary['classes']}"
         )
+    for run in runs:
+        click.echo(f"verify: {describe_run(run)}")
 
 
 def _fmt(value: Any) -> str:
@@ -324,6 +329,18 @@ def _fmt(value: Any) -> str:
     help="A difference class that does not fail the run (repeatable).",
 )
 @click.option("--rate", type=float, default=None, help="At most this many attempts a second.")
+@click.option(
+    "--background",
+    is_flag=True,
+    help="Enqueue it as a job a worker runs in chunks (resumable); prints the job id.",
+)
+@click.option(
+    "--chunk",
+    type=click.IntRange(min=1),
+    default=200,
+    show_default=True,
+    help="With --background: attempts per chunk (the most a killed run does again).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def rollout_verify(
@@ -337,39 +354,120 @@ def rollout_verify(
     states: tuple[str, ...],
     allowed: tuple[str, ...],
     rate: float | None,
+    background: bool,
+    chunk: int,
     as_json: bool,
 ) -> None:
     """Run --to over recorded attempts of --from in the sealed world; exit 1 on differences."""
     app = env.app(app_spec)
     cutoff = app.clock.now() - replayq.parse_duration(since, name="since") if since else None
-    show = not as_json and sys.stderr.isatty()
-
-    def progress(done: int, total: int) -> None:
-        if show:  # a progress line on a terminal only
-            width = 30
-            filled = width * done // max(total, 1)
-            sys.stderr.write(f"\rverifying [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-            sys.stderr.flush()
-
-    report = replayq.verify_rollout(
-        app,
-        job_type,
-        from_version=from_version,
-        to_version=to_version,
-        sample=sample,
-        since=cutoff,
-        states=states or None,
-        allow=allowed,
-        progress=progress,
-        max_per_second=rate,
-    )
-    if show:
-        sys.stderr.write("\n")
+    if background:
+        job_id = replayq.start_verify(
+            app,
+            job_type,
+            from_version=from_version,
+            to_version=to_version,
+            sample=sample,
+            since=cutoff,
+            states=states or None,
+            allow=allowed,
+            max_per_second=rate,
+            chunk=chunk,
+        )
+        if as_json:
+            emit_json({"job_id": job_id})
+        else:
+            click.echo(
+                f"verification enqueued as job {job_id}; a worker runs it "
+                f"(replayq rollout verify-status {job_id})"
+            )
+        return
+    with _progress_bar(enabled=not as_json and sys.stderr.isatty()) as progress:
+        report = replayq.verify_rollout(
+            app,
+            job_type,
+            from_version=from_version,
+            to_version=to_version,
+            sample=sample,
+            since=cutoff,
+            states=states or None,
+            allow=allowed,
+            progress=progress,
+            max_per_second=rate,
+        )
     if as_json:
         emit_json(report.to_dict())
     else:
         click.echo(render_verify(report))
     raise SystemExit(0 if report.passed else 1)
+
+
+@contextmanager
+def _progress_bar(*, enabled: bool) -> Iterator[Callable[[int, int], None]]:
+    """A rich progress bar on stderr (a terminal only): ``update(done, total)``."""
+    if not enabled:
+        yield lambda done, total: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+        task = bar.add_task("verifying", total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
+
+
+@rollout.command("verify-status")
+@click.argument("job_id", type=int, required=False)
+@click.option("--type", "job_type", default=None, help="Only verifications of this job type.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@pass_env
+def rollout_verify_status(
+    env: Env, job_id: int | None, job_type: str | None, as_json: bool
+) -> None:
+    """Background verifications: progress, and the report so far (or final)."""
+    app = env.app()
+    if job_id is not None:
+        run = replayq.verify_run(app, job_id)
+        if as_json:
+            emit_json(run.to_dict())
+            return
+        click.echo(describe_run(run))
+        if run.report.attempts:
+            click.echo(render_verify(run.report))
+        return
+    runs = replayq.verify_runs(app, job_type)
+    if as_json:
+        emit_json([run.to_dict() for run in runs])
+        return
+    if not runs:
+        click.echo("no background verification (rollout verify ... --background)")
+    for run in runs:
+        click.echo(describe_run(run))
+
+
+def describe_run(run: replayq.VerifyRun) -> str:
+    report = run.report
+    total = "?" if run.total is None else str(run.total)
+    verdict = ""
+    if run.finished:
+        verdict = "  passed" if report.passed else f"  FAILED {report.disallowed}"
+    return (
+        f"job {run.job_id}  {report.job_type} {report.from_version} → {report.to_version}  "
+        f"{run.state} (attempt {run.attempt})  {run.done}/{total} attempts, "
+        f"{run.chunks_done} chunk(s) committed{verdict}"
+        + (f"  last error: {run.error}" if run.error and not run.finished else "")
+    )
 
 
 def render_verify(report: replayq.VerifyReport) -> str:
