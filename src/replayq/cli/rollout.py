@@ -1,7 +1,8 @@
 """``replayq rollout``: move a job type to a new version in stages, and back in one switch.
 
 ``start`` a canary, ``pin`` keys, ``ramp`` behind the gates, ``shadow`` and
-``dual-run`` for comparisons, ``rollback``, and ``status``/``history``/``verify``
+``dual-run`` for comparisons, then ``finish`` (the candidate becomes the only
+route) or ``rollback``, and ``status``/``history``/``verify``/``verify-status``
 to see the evidence. Every change is recorded with who (``--by``) and why
 (``--reason``).
 """
@@ -56,7 +57,8 @@ def describe(routing: replayq.Routing | None) -> str:
 
 @click.group()
 def rollout() -> None:
-    """Roll a job type out to a new version: verify, shadow, canary, pin, ramp, rollback."""
+    """Roll a job type out to a new version: verify, shadow, canary, pin, ramp, finish or
+    rollback."""
 
 
 @rollout.command("start")
@@ -218,6 +220,36 @@ def rollout_rollback(
         f"moved {result.requeued_to_baseline} queued job(s) to {result.routing.baseline}; "
         f"{result.in_flight} attempt(s) still running on other versions finish where they are "
         f"(replayq jobs list --type {job_type} --state running --version VERSION)"
+    )
+
+
+@rollout.command("finish")
+@click.argument("job_type")
+@click.option(
+    "--force", is_flag=True, help="Finish even if a gate fails (recorded as an override)."
+)
+@click.option(
+    "--min-sample", default=50, show_default=True, help="Candidate attempts the gates need."
+)
+@_common
+@pass_env
+def rollout_finish(
+    env: Env,
+    job_type: str,
+    force: bool,
+    min_sample: int,
+    app_spec: str | None,
+    actor: str | None,
+    reason: str | None,
+) -> None:
+    """Accept the candidate: it becomes the baseline and the only route (behind the gates)."""
+    result = _rollout(env, app_spec, job_type, actor).finish(
+        force=force, reason=reason, min_sample=min_sample
+    )
+    click.echo(describe(result.routing))
+    click.echo(
+        f"moved {result.requeued_to_baseline} queued job(s) to {result.routing.baseline}; "
+        f"{result.in_flight} attempt(s) still running on other versions finish where they are"
     )
 
 
