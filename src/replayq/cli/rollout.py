@@ -291,7 +291,7 @@ def rollout_status(
     if routing is not None and routing.candidate is not None:
         gates = control.gates(min_sample=min_sample)
     comparisons = control.comparison_summary()
-    runs = replayq.verify_runs(app, job_type, limit=5)
+    runs = control.verify_runs(limit=5)
     if as_json:
         emit_json(
             {
@@ -310,15 +310,7 @@ def rollout_status(
     if gates is not None:
         base, cand = gates.baseline.to_dict(), gates.candidate.to_dict()
         click.echo(f"{'figure':<20} {base['version']:>12} {cand['version']:>12}")
-        for key in (
-            "attempts",
-            "retry_rate",
-            "dlq_rate",
-            "redelivery_rate",
-            "lock_expiry_rate",
-            "stale_read_rate",
-            "p99_seconds",
-        ):
+        for key in replayq.GateReport.FIGURES:
             click.echo(f"  {key:<18} {_fmt(base[key]):>12} {_fmt(cand[key]):>12}")
         for gate in gates.gates:
             click.echo(f"  [{'ok' if gate.passed else 'FAIL'}] {gate.describe()}")

@@ -19,6 +19,7 @@ from replayq import codec
 from replayq.errors import RolloutRefusedError
 from replayq.model import TraceEvent
 from replayq.queue import lifecycle
+from replayq.rollout.background import VerifyRun, verify_runs
 from replayq.rollout.gates import GateReport, evaluate_gates
 from replayq.rollout.routing import PinRule, Routing, parse_share
 from replayq.runtime import Runtime, RuntimeSource
@@ -109,6 +110,10 @@ class Rollout:
             for name in row["classes"]:
                 mode["classes"][name] = mode["classes"].get(name, 0) + 1
         return summary
+
+    def verify_runs(self, limit: int = 20) -> list[VerifyRun]:
+        """Background verifications of this type (``rollout verify --background``), newest first."""
+        return verify_runs(self.runtime, self.job_type, limit=limit)
 
     def gates(self, *, since: float | None = None, min_sample: int = 50) -> GateReport:
         """The candidate against the baseline on every gate (see ``rollout.gates``)."""
