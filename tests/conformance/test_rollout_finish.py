@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 import replayq
 from replayq.cli.main import main
+from tests.conformance.test_rollout_gates import run_canary
 
 AppFactory = Callable[..., replayq.App]
 SLOW_RETRY = replayq.Retry(max_attempts=5, base="60s", cap="60s", jitter="none", on=("transient",))
@@ -44,12 +45,6 @@ def sync_app(app_factory: AppFactory, candidate_retry: replayq.Retry) -> replayq
         return body(ctx, n)
 
     return app
-
-
-def run_canary(app: replayq.App, jobs: int = 400) -> None:
-    app.rollout("sync", actor="ops").start("v2", canary="50%", reason="canary")
-    app.enqueue_many([replayq.EnqueueRequest("sync", {"n": n}) for n in range(jobs)])
-    replayq.Worker(app, burst=True, concurrency=4, routing_refresh=0).run()
 
 
 def test_finish_makes_the_candidate_the_only_route_and_moves_the_old_versions_queue(

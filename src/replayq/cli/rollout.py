@@ -385,19 +385,17 @@ def rollout_verify(
     """Run --to over recorded attempts of --from in the sealed world; exit 1 on differences."""
     app = env.app(app_spec)
     cutoff = app.clock.now() - replayq.parse_duration(since, name="since") if since else None
+    selection: dict[str, Any] = {
+        "from_version": from_version,
+        "to_version": to_version,
+        "sample": sample,
+        "since": cutoff,
+        "states": states or None,
+        "allow": allowed,
+        "max_per_second": rate,
+    }
     if background:
-        job_id = replayq.start_verify(
-            app,
-            job_type,
-            from_version=from_version,
-            to_version=to_version,
-            sample=sample,
-            since=cutoff,
-            states=states or None,
-            allow=allowed,
-            max_per_second=rate,
-            chunk=chunk,
-        )
+        job_id = replayq.start_verify(app, job_type, chunk=chunk, **selection)
         if as_json:
             emit_json({"job_id": job_id})
         else:
@@ -407,18 +405,7 @@ def rollout_verify(
             )
         return
     with _progress_bar(enabled=not as_json and sys.stderr.isatty()) as progress:
-        report = replayq.verify_rollout(
-            app,
-            job_type,
-            from_version=from_version,
-            to_version=to_version,
-            sample=sample,
-            since=cutoff,
-            states=states or None,
-            allow=allowed,
-            progress=progress,
-            max_per_second=rate,
-        )
+        report = replayq.verify_rollout(app, job_type, progress=progress, **selection)
     if as_json:
         emit_json(report.to_dict())
     else:
