@@ -92,7 +92,9 @@ def test_finish_is_refused_while_a_gate_fails_and_force_records_the_override(
 
     done = rollout.finish(force=True, reason="accepted")
     assert done.routing.baseline == "v2" and done.routing.candidate is None
-    assert rollout.history()[-1].action.startswith("finish (forced over: retry rate: v2")
+    # Other gates may fail too (the canary's split of the transient failures is random).
+    action = rollout.history()[-1].action
+    assert action.startswith("finish (forced over: ") and "retry rate: v2 " in action
 
 
 def test_finish_needs_a_rollout_under_way(app_factory: AppFactory) -> None:
