@@ -39,7 +39,7 @@ from replayq.recording.in_doubt import (
     resolve_effect,
 )
 from replayq.recording.state import StateStore
-from replayq.rollout import Rollout
+from replayq.rollout import Rollout, verify_handler
 from replayq.runtime import DEFAULT_BLOB_LIMIT_BYTES, Limits, Runtime
 from replayq.storage import open_storage
 from replayq.storage.adopted import AsyncConnectionView, run_bridged
@@ -96,6 +96,8 @@ class App:
         self.hlc = self.runtime.hlc
         self.rng = self.runtime.rng
         self.registry = self.runtime.registry
+        # replayq's own job types (background verification), run by any worker of this app.
+        self.registry.declare_system(verify_handler())
         self.compensators = self.registry.compensators
         self.schedules: list[Schedule] = self.registry.schedules
 

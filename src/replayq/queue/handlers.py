@@ -186,6 +186,16 @@ class HandlerRegistry:
         # Periodic jobs (``App.periodic``): the worker's scheduler enqueues their slots.
         # Not adopted: a scratch database for a replay must not start enqueueing them.
         self.schedules: list[Schedule] = []
+        # replayq's own job types (``replayq.verify``): run by every worker, never listed
+        # among the app's types, contracts or lock file.
+        self._system: dict[str, Handler] = {}
+
+    def declare_system(self, handler: Handler) -> None:
+        """Declare one of replayq's own job types (one version, not listed by ``job_types``)."""
+        self._system[handler.contract.name] = handler
+
+    def system_types(self) -> list[str]:
+        return sorted(self._system)
 
     def declare(self, handler: Handler, *, candidate: bool = False) -> None:
         name, version = handler.contract.name, handler.contract.version
@@ -203,10 +213,13 @@ class HandlerRegistry:
         self._active.update(other._active)
         self.compensators.update(other.compensators)
         self.reconcilers.update(other.reconcilers)
+        self._system.update(other._system)
 
     def handler(self, job_type: str, version: str | None = None) -> Handler:
         """The handler for a type (the active version unless one is named)."""
         versions = self._versions.get(job_type)
+        if not versions and job_type in self._system and version in (None, "v1"):
+            return self._system[job_type]
         if not versions:
             raise UnknownJobTypeError(f"no handler is registered for job type {job_type!r}")
         chosen = version or self._active[job_type]
@@ -217,7 +230,7 @@ class HandlerRegistry:
         return versions[chosen]
 
     def declares(self, job_type: str) -> bool:
-        return job_type in self._versions
+        return job_type in self._versions or job_type in self._system
 
     def versions(self, job_type: str) -> list[str]:
         """The declared versions of a type, in declaration order."""
