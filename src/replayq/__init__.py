@@ -17,7 +17,8 @@ The public API, by layer (everything a user or the ``replayq`` command line need
 * rollouts: ``freeze_contracts``/``check_contracts`` (``replayq.contracts.lock``),
   ``Rollout`` (``App.rollout(type)``), ``Routing``, ``PinRule``,
   ``RoutingChange``, ``RollbackResult``, ``Gate``, ``GateReport``, ``verify_rollout`` and its
-  ``VerifyReport`` of ``AttemptComparison``s;
+  ``VerifyReport`` of ``AttemptComparison``s, ``start_verify`` (in the background,
+  resumable) and its ``VerifyRun`` (``verify_run``, ``verify_runs``);
 * shared resources: ``list_locks``, ``break_lock``, ``open_sink``, ``publish_pending``;
 * clocks: ``Clock``, ``SystemClock``, ``FrozenClock``, ``HybridLogicalClock``;
 * observing: ``Observer`` (what a ``Worker(observers=...)`` is told), ``WorkerMetrics``
@@ -96,9 +97,13 @@ from replayq.rollout import (
     Routing,
     RoutingChange,
     VerifyReport,
+    VerifyRun,
     check_contracts,
     freeze_contracts,
+    start_verify,
     verify_rollout,
+    verify_run,
+    verify_runs,
 )
 from replayq.storage.protocol import JobMatch
 from replayq.worker import Worker
@@ -172,6 +177,7 @@ __all__ = [
     "UnknownJobTypeError",
     "ValidationError",
     "VerifyReport",
+    "VerifyRun",
     "WindowEvent",
     "Worker",
     "WorkerMetrics",
@@ -204,7 +210,10 @@ __all__ = [
     "serve_metrics",
     "signal_counts",
     "signal_series",
+    "start_verify",
     "trace_replay",
     "uncommitted_writes",
     "verify_rollout",
+    "verify_run",
+    "verify_runs",
 ]

@@ -39,7 +39,7 @@ from replayq.recording.in_doubt import (
     resolve_effect,
 )
 from replayq.recording.state import StateStore
-from replayq.rollout import Rollout
+from replayq.rollout import Rollout, verify_handler
 from replayq.runtime import DEFAULT_BLOB_LIMIT_BYTES, Limits, Runtime
 from replayq.storage import open_storage
 from replayq.storage.adopted import AsyncConnectionView, run_bridged
@@ -96,6 +96,8 @@ class App:
         self.hlc = self.runtime.hlc
         self.rng = self.runtime.rng
         self.registry = self.runtime.registry
+        # replayq's own job types (background verification), run by any worker of this app.
+        self.registry.declare_system(verify_handler())
         self.compensators = self.registry.compensators
         self.schedules: list[Schedule] = self.registry.schedules
 
@@ -190,6 +192,7 @@ class App:
                 cache_ttl=cache_ttl,
                 errors=errors,
                 resume=resume,
+                payload_schema=shape.schema(),
             )
             error_map = {exc: FailureClass(cls) for exc, cls in (errors or {}).items()}
             self.registry.declare(Handler(contract, fn, shape, error_map), candidate=candidate)
@@ -374,7 +377,7 @@ class App:
     def enqueue(
         self,
         job_type: str,
-        payload: dict[str, Any] | None = None,
+        payload: Mapping[str, Any] | Any = None,
         *,
         message_id: str | None = None,
         delay: Duration | None = None,
@@ -390,8 +393,10 @@ class App:
         """Enqueue one job and return its id.
 
         The payload is checked against the handler's signature and contract
-        (``PayloadError`` names the field or limit). The same ``message_id``
-        returns the existing job. With ``conn`` — the caller's own DB-API
+        (``PayloadError`` names the field or limit): a JSON object whose typed fields
+        may hold ``Decimal``, aware ``datetime``, ``UUID``, enums, dataclasses..., or the
+        dataclass / pydantic model the handler declares as its whole payload. The same
+        ``message_id`` returns the existing job. With ``conn`` — the caller's own DB-API
         connection to the same database (``sqlite3``, psycopg with any row
         factory, a framework's), inside its open transaction — the job exists
         only if the caller commits; ``replayq.contrib`` finds that connection for
@@ -417,7 +422,7 @@ class App:
     async def enqueue_async(
         self,
         job_type: str,
-        payload: dict[str, Any] | None = None,
+        payload: Mapping[str, Any] | Any = None,
         *,
         conn: Any,
         message_id: str | None = None,

@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ __all__ = ["FrozenClock", "assert_replays", "replay_case", "run_inline"]
 def run_inline(
     app: App,
     job_type: str,
-    payload: dict[str, Any] | None = None,
+    payload: Mapping[str, Any] | Any = None,
     *,
     seal: bool = False,
     **options: Any,
@@ -48,13 +48,16 @@ def run_inline(
     job_id = app.enqueue(job_type, payload or {}, **options)
     worker = Worker(app, worker_id="inline")
     app.register_contracts()
-    while app.get_job(job_id).state in (JobState.QUEUED, JobState.RUNNING):
-        leased = worker.lease(1)
-        if not leased:
-            break
-        for job in leased:
-            with sealed_if(seal):
-                worker.execute(job)
+    try:
+        while app.get_job(job_id).state in (JobState.QUEUED, JobState.RUNNING):
+            leased = worker.lease(1)
+            if not leased:
+                break
+            for job in leased:
+                with sealed_if(seal):
+                    worker.execute(job)
+    finally:
+        worker.event_loop.close()
     return app.get_job(job_id)
 
 

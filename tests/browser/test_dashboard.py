@@ -172,3 +172,69 @@ def test_without_the_token_an_action_is_refused_and_nothing_changes(
 
     assert forks_of(app, job_id) == []
     assert (app.get_job(job_id), len(app.trace(job_id))) == before
+
+
+def test_the_rollout_panel_shows_routing_both_versions_gates_and_the_stored_verify_report(
+    app_factory: Any, browser: Any, dashboards: list[Dashboard], tmp_path: Path
+) -> None:
+    app = dashboard_shop.declare(app_factory())
+    for order_id in range(1, 61):
+        app.state.put("order", order_id, {"status": "paid"}, expected_version=0)
+    # History: v1 misreads the status, every job dies.
+    app.enqueue_many([replayq.EnqueueRequest("ship_order", {"order_id": n}) for n in range(1, 21)])
+    replayq.Worker(app, burst=True).run()
+    # A stored verify report, from a background run: v2 ships where v1 died.
+    run_id = replayq.start_verify(app, "ship_order", from_version="v1", to_version="v2")
+    replayq.Worker(app, burst=True).run()
+    run = replayq.verify_run(app, run_id)
+    assert run.finished and not run.report.passed
+    # A canary: half the new jobs on v2, so both versions have figures.
+    app.rollout("ship_order", actor="ops").start("v2", canary="50%", reason="canary")
+    app.enqueue_many([replayq.EnqueueRequest("ship_order", {"order_id": n}) for n in range(21, 61)])
+    replayq.Worker(app, burst=True, routing_refresh=0).run()
+
+    web = start_dashboard(app.url, tmp_path, token=None)
+    dashboards.append(web)
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(web.url + "/rollout")
+    panel = page.locator("#rollout-ship_order")
+
+    routing = panel.locator("table.routing").inner_text()
+    assert "baseline\tv1" in routing and "candidate\tv2" in routing
+    assert "v1 50.0 %" in routing and "v2 50.0 %" in routing
+
+    gates = panel.locator("table.gates")
+    assert gates.locator("thead th").all_inner_texts() == [
+        "figure",
+        "v1 (baseline)",
+        "v2 (candidate)",
+    ]
+    figures = {
+        row.locator("th").inner_text(): row.locator("td").all_inner_texts()
+        for row in gates.locator("tbody tr").all()
+    }
+    assert list(figures) == list(replayq.GateReport.FIGURES)
+    report = app.rollout("ship_order").gates()
+    assert figures["attempts"] == [str(report.baseline.attempts), str(report.candidate.attempts)]
+    assert figures["dlq_rate"] == [
+        f"{report.baseline.to_dict()['dlq_rate']:.3f}",
+        f"{report.candidate.to_dict()['dlq_rate']:.3f}",
+    ]
+    verdicts = panel.locator("ul.gate-verdicts li").all_inner_texts()
+    assert len(verdicts) == len(report.gates)
+
+    [row] = panel.locator("table.verify-runs tbody tr").all()
+    cells = row.locator("td").all_inner_texts()
+    assert cells[0] == str(run_id) and cells[1] == "v1 → v2" and cells[2] == "succeeded"
+    assert cells[3] == f"{run.total}/{run.total}" and cells[-1] == "failed"
+    header = panel.locator("table.verify-runs thead th").all_inner_texts()
+    counted = {
+        name: cells[header.index(name)]
+        for name in replayq.VerifyReport.CLASSES
+        if cells[header.index(name)]
+    }
+    assert counted == {name: str(n) for name, n in run.report.counts.items()}
+    assert f"replayq fork {run.report.examples()[0].job_id}" in panel.inner_text()
+    assert "ops: start — canary" in panel.locator("ul.history").inner_text()
+    shot(page, "rollout-panel.png", tmp_path)
+    page.close()

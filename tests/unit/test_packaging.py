@@ -26,6 +26,7 @@ EXTRA_MODULES = {
     "web": ["starlette", "jinja2", "uvicorn", "python_multipart"],
     "django": ["django", "replayq.contrib.django", "replayq.contrib.django.apps"],
     "sqlalchemy": ["sqlalchemy", "replayq.contrib.sqlalchemy"],
+    "pydantic": ["pydantic"],
 }
 
 

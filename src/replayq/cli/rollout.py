@@ -1,7 +1,8 @@
 """``replayq rollout``: move a job type to a new version in stages, and back in one switch.
 
 ``start`` a canary, ``pin`` keys, ``ramp`` behind the gates, ``shadow`` and
-``dual-run`` for comparisons, ``rollback``, and ``status``/``history``/``verify``
+``dual-run`` for comparisons, then ``finish`` (the candidate becomes the only
+route) or ``rollback``, and ``status``/``history``/``verify``/``verify-status``
 to see the evidence. Every change is recorded with who (``--by``) and why
 (``--reason``).
 """
@@ -11,7 +12,8 @@ from __future__ import annotations
 import json
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -55,7 +57,8 @@ def describe(routing: replayq.Routing | None) -> str:
 
 @click.group()
 def rollout() -> None:
-    """Roll a job type out to a new version: verify, shadow, canary, pin, ramp, rollback."""
+    """Roll a job type out to a new version: verify, shadow, canary, pin, ramp, finish or
+    rollback."""
 
 
 @rollout.command("start")
@@ -220,6 +223,36 @@ def rollout_rollback(
     )
 
 
+@rollout.command("finish")
+@click.argument("job_type")
+@click.option(
+    "--force", is_flag=True, help="Finish even if a gate fails (recorded as an override)."
+)
+@click.option(
+    "--min-sample", default=50, show_default=True, help="Candidate attempts the gates need."
+)
+@_common
+@pass_env
+def rollout_finish(
+    env: Env,
+    job_type: str,
+    force: bool,
+    min_sample: int,
+    app_spec: str | None,
+    actor: str | None,
+    reason: str | None,
+) -> None:
+    """Accept the candidate: it becomes the baseline and the only route (behind the gates)."""
+    result = _rollout(env, app_spec, job_type, actor).finish(
+        force=force, reason=reason, min_sample=min_sample
+    )
+    click.echo(describe(result.routing))
+    click.echo(
+        f"moved {result.requeued_to_baseline} queued job(s) to {result.routing.baseline}; "
+        f"{result.in_flight} attempt(s) still running on other versions finish where they are"
+    )
+
+
 @rollout.command("history")
 @click.argument("job_type")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
@@ -258,6 +291,7 @@ def rollout_status(
     if routing is not None and routing.candidate is not None:
         gates = control.gates(min_sample=min_sample)
     comparisons = control.comparison_summary()
+    runs = control.verify_runs(limit=5)
     if as_json:
         emit_json(
             {
@@ -265,6 +299,7 @@ def rollout_status(
                 "open_jobs": open_jobs,
                 "gates": gates.to_dict() if gates else None,
                 "comparisons": comparisons,
+                "verify_runs": [run.to_dict() for run in runs],
             }
         )
         return
@@ -275,15 +310,7 @@ def rollout_status(
     if gates is not None:
         base, cand = gates.baseline.to_dict(), gates.candidate.to_dict()
         click.echo(f"{'figure':<20} {base['version']:>12} {cand['version']:>12}")
-        for key in (
-            "attempts",
-            "retry_rate",
-            "dlq_rate",
-            "redelivery_rate",
-            "lock_expiry_rate",
-            "stale_read_rate",
-            "p99_seconds",
-        ):
+        for key in replayq.GateReport.FIGURES:
             click.echo(f"  {key:<18} {_fmt(base[key]):>12} {_fmt(cand[key]):>12}")
         for gate in gates.gates:
             click.echo(f"  [{'ok' if gate.passed else 'FAIL'}] {gate.describe()}")
@@ -292,6 +319,8 @@ def rollout_status(
             f"{mode}: {summary['compared']} compared, {summary['differing']} differing "
             f"{summary['classes']}"
         )
+    for run in runs:
+        click.echo(f"verify: {describe_run(run)}")
 
 
 def _fmt(value: Any) -> str:
@@ -324,6 +353,18 @@ def _fmt(value: Any) -> str:
     help="A difference class that does not fail the run (repeatable).",
 )
 @click.option("--rate", type=float, default=None, help="At most this many attempts a second.")
+@click.option(
+    "--background",
+    is_flag=True,
+    help="Enqueue it as a job a worker runs in chunks (resumable); prints the job id.",
+)
+@click.option(
+    "--chunk",
+    type=click.IntRange(min=1),
+    default=200,
+    show_default=True,
+    help="With --background: attempts per chunk (the most a killed run does again).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def rollout_verify(
@@ -337,39 +378,107 @@ def rollout_verify(
     states: tuple[str, ...],
     allowed: tuple[str, ...],
     rate: float | None,
+    background: bool,
+    chunk: int,
     as_json: bool,
 ) -> None:
     """Run --to over recorded attempts of --from in the sealed world; exit 1 on differences."""
     app = env.app(app_spec)
     cutoff = app.clock.now() - replayq.parse_duration(since, name="since") if since else None
-    show = not as_json and sys.stderr.isatty()
-
-    def progress(done: int, total: int) -> None:
-        if show:  # a progress line on a terminal only
-            width = 30
-            filled = width * done // max(total, 1)
-            sys.stderr.write(f"\rverifying [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-            sys.stderr.flush()
-
-    report = replayq.verify_rollout(
-        app,
-        job_type,
-        from_version=from_version,
-        to_version=to_version,
-        sample=sample,
-        since=cutoff,
-        states=states or None,
-        allow=allowed,
-        progress=progress,
-        max_per_second=rate,
-    )
-    if show:
-        sys.stderr.write("\n")
+    selection: dict[str, Any] = {
+        "from_version": from_version,
+        "to_version": to_version,
+        "sample": sample,
+        "since": cutoff,
+        "states": states or None,
+        "allow": allowed,
+        "max_per_second": rate,
+    }
+    if background:
+        job_id = replayq.start_verify(app, job_type, chunk=chunk, **selection)
+        if as_json:
+            emit_json({"job_id": job_id})
+        else:
+            click.echo(
+                f"verification enqueued as job {job_id}; a worker runs it "
+                f"(replayq rollout verify-status {job_id})"
+            )
+        return
+    with _progress_bar(enabled=not as_json and sys.stderr.isatty()) as progress:
+        report = replayq.verify_rollout(app, job_type, progress=progress, **selection)
     if as_json:
         emit_json(report.to_dict())
     else:
         click.echo(render_verify(report))
     raise SystemExit(0 if report.passed else 1)
+
+
+@contextmanager
+def _progress_bar(*, enabled: bool) -> Iterator[Callable[[int, int], None]]:
+    """A rich progress bar on stderr (a terminal only): ``update(done, total)``."""
+    if not enabled:
+        yield lambda done, total: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    with Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
+        task = bar.add_task("verifying", total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
+
+
+@rollout.command("verify-status")
+@click.argument("job_id", type=int, required=False)
+@click.option("--type", "job_type", default=None, help="Only verifications of this job type.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@pass_env
+def rollout_verify_status(
+    env: Env, job_id: int | None, job_type: str | None, as_json: bool
+) -> None:
+    """Background verifications: progress, and the report so far (or final)."""
+    app = env.app()
+    if job_id is not None:
+        run = replayq.verify_run(app, job_id)
+        if as_json:
+            emit_json(run.to_dict())
+            return
+        click.echo(describe_run(run))
+        if run.report.attempts:
+            click.echo(render_verify(run.report))
+        return
+    runs = replayq.verify_runs(app, job_type)
+    if as_json:
+        emit_json([run.to_dict() for run in runs])
+        return
+    if not runs:
+        click.echo("no background verification (rollout verify ... --background)")
+    for run in runs:
+        click.echo(describe_run(run))
+
+
+def describe_run(run: replayq.VerifyRun) -> str:
+    report = run.report
+    total = "?" if run.total is None else str(run.total)
+    verdict = ""
+    if run.finished:
+        verdict = "  passed" if report.passed else f"  FAILED {report.disallowed}"
+    return (
+        f"job {run.job_id}  {report.job_type} {report.from_version} → {report.to_version}  "
+        f"{run.state} (attempt {run.attempt})  {run.done}/{total} attempts, "
+        f"{run.chunks_done} chunk(s) committed{verdict}"
+        + (f"  last error: {run.error}" if run.error and not run.finished else "")
+    )
 
 
 def render_verify(report: replayq.VerifyReport) -> str:

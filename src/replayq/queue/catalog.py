@@ -9,6 +9,8 @@ queue and attempt budget — never under defaults.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from replayq import codec
 from replayq.errors import ContractError
 from replayq.queue.contracts import JobContract
@@ -26,7 +28,10 @@ def register_contracts(runtime: Runtime) -> None:
             stored = tx.contract_get(contract.name, contract.version)
             # Compared as read back: a field a newer replayq added (``resume``) is absent
             # from an older stored body and takes its default, which is no change.
-            if stored is not None and JobContract.from_dict(codec.loads(stored)) != contract:
+            # So is a payload schema a contract stored before schemas existed lacks.
+            if stored is not None and not _same(
+                JobContract.from_dict(codec.loads(stored)), contract
+            ):
                 raise ContractError(
                     f"the contract of {contract.name} {contract.version} differs from the one "
                     "stored; contracts are frozen per version: declare a new version "
@@ -38,6 +43,12 @@ def register_contracts(runtime: Runtime) -> None:
             active = runtime.registry.active_version(job_type)
             if active is not None:
                 tx.contract_activate(job_type, active, now)
+
+
+def _same(stored: JobContract, declared: JobContract) -> bool:
+    if stored.payload_schema is None:
+        declared = replace(declared, payload_schema=None)
+    return stored == declared
 
 
 def stored_contracts(runtime: Runtime, job_type: str | None = None) -> list[JobContract]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import string
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from replayq.durations import Duration, parse_duration
@@ -126,6 +126,9 @@ class JobContract:
     ack: str = ACK_AFTER_COMMIT
     fields: tuple[str, ...] = ()
     resume: str = DEFAULT_RESUME
+    # Each payload field's type (``PayloadShape.schema``): ``{"amount": "decimal", ...}``.
+    # ``None``: not recorded (a contract stored before payload schemas existed).
+    payload_schema: Mapping[str, Any] | None = None
 
     def effect_policy(self, kind: str) -> str:
         """What to do with an in-doubt effect of ``kind``: ``park`` (default) or ``retry``."""
@@ -144,6 +147,10 @@ class JobContract:
         body["effects"] = dict(self.effects)
         body["fields"] = list(self.fields)
         body["errors"] = dict(self.errors)
+        if self.payload_schema is None:
+            del body["payload_schema"]
+        else:
+            body["payload_schema"] = dict(self.payload_schema)
         return body
 
     @classmethod
@@ -189,6 +196,7 @@ def build_contract(
     cache_ttl: Duration | None = None,
     errors: Mapping[type[BaseException], str] | None = None,
     resume: str = DEFAULT_RESUME,
+    payload_schema: Mapping[str, Any] | None = None,
 ) -> JobContract:
     """Validate a declaration and return its contract; ``ContractError`` says what is wrong."""
     if not name or not name.replace("_", "").replace(".", "").replace("-", "").isalnum():
@@ -272,6 +280,7 @@ def build_contract(
         errors=error_names,
         fields=field_set,
         resume=resume,
+        payload_schema=payload_schema,
     )
 
 
@@ -302,13 +311,14 @@ _CONCERNS = {
     "queue": "routing",
     "fields": "payload shape",
     "resume": "retry resumption",
+    "payload_schema": "payload schema",
 }
 
 
 def _flatten(body: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in body.items():
-        if isinstance(value, Mapping) and key == "retry":
+        if isinstance(value, Mapping) and key in ("retry", "payload_schema"):
             flat.update(_flatten(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value
@@ -317,6 +327,9 @@ def _flatten(body: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def diff_contracts(old: JobContract, new: JobContract) -> list[ContractChange]:
     """Every operational difference between two contracts of one job type."""
+    if old.payload_schema is None or new.payload_schema is None:
+        # Not recorded on one side (stored by an older replayq): not a change.
+        old, new = replace(old, payload_schema=None), replace(new, payload_schema=None)
     before, after = _flatten(old.to_dict()), _flatten(new.to_dict())
     changes = []
     for key in sorted(set(before) | set(after)):

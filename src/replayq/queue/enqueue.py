@@ -31,7 +31,8 @@ class EnqueueRequest:
     """One job to enqueue, for ``App.enqueue_many``."""
 
     job_type: str
-    payload: dict[str, Any] = field(default_factory=dict)
+    # A JSON object, or the dataclass / pydantic model the handler declares as its payload.
+    payload: Any = field(default_factory=dict)
     message_id: str | None = None
     delay: Duration | None = None
     run_at: float | None = None
@@ -91,11 +92,12 @@ def insert_job(
             "(contracts are stored when a worker starts) or give --app module:app"
         )
     if handler is not None:
-        payload_json = handler.encode_payload(request.payload)
+        # Keys are rendered from the JSON form: one text per value, whatever object was passed.
+        plain, payload_json = handler.prepare_payload(request.payload)
         contract = handler.contract
         max_attempts = contract.retry.max_attempts
-        ordering_key = render_template(contract.ordering, request.payload)
-        idempotency_key = render_template(contract.idempotency, request.payload)
+        ordering_key = render_template(contract.ordering, plain)
+        idempotency_key = render_template(contract.idempotency, plain)
         job_queue = queue or contract.queue
     elif stored is not None:
         # A type this process does not declare: the stored contract of its active version.

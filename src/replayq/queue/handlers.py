@@ -7,35 +7,49 @@ import inspect
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from replayq import codec
 from replayq.errors import ContractError, FailureClass, PayloadError, UnknownJobTypeError
 from replayq.queue.contracts import JobContract
+from replayq.queue.payload_types import Fields, FieldType, check_names, field_type, is_record
 from replayq.queue.schedule import Schedule
-
-_SIMPLE_TYPES: dict[Any, tuple[type, ...]] = {
-    int: (int,),
-    float: (int, float),
-    str: (str,),
-    bool: (bool,),
-    dict: (dict,),
-    list: (list,),
-}
 
 
 @dataclass(frozen=True)
 class PayloadShape:
-    """The fields a handler takes, read from its signature after ``ctx``."""
+    """The fields a handler takes, read from its signature after ``ctx``.
+
+    Either keyword fields (``def ship(ctx, order_id: int, amount: Decimal)``), each
+    checked by its annotation (``replayq.queue.payload_types``), or one record for the
+    whole payload: a handler whose only parameter after ``ctx`` is annotated with a
+    dataclass or a pydantic model (``def pay(ctx, order: Order)``) receives the
+    payload as that class, and its fields are the payload's fields.
+    """
 
     required: tuple[str, ...]
     optional: tuple[str, ...]
     accepts_extra: bool
-    types: Mapping[str, tuple[type, ...]]
+    types: Mapping[str, FieldType]
+    # The whole payload as one dataclass / pydantic model, if the handler declares one.
+    record: FieldType | None = None
 
     @property
     def fields(self) -> tuple[str, ...]:
         return self.required + self.optional
+
+    @property
+    def rich(self) -> bool:
+        """Whether any field's JSON form differs from the value a handler receives."""
+        return self.record is not None or any(t.rich for t in self.types.values())
+
+    def schema(self) -> dict[str, Any]:
+        """The payload schema the contract records: each field's type, ``?`` if optional."""
+        if self.record is not None:
+            return dict(self.record.schema)
+        fields = Fields(self.required, self.optional, self.types).schema()
+        return {**fields, "**": "any"} if self.accepts_extra else fields
 
     @classmethod
     def from_function(cls, fn: Callable[..., Any]) -> PayloadShape:
@@ -44,9 +58,18 @@ class PayloadShape:
             hints = typing.get_type_hints(fn)
         except Exception:  # unresolvable annotations: skip type checks, keep field checks
             hints = {}
+        if (
+            len(params) == 1
+            and params[0].kind
+            in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+            and is_record(hints.get(params[0].name))
+        ):
+            record = field_type(hints[params[0].name])
+            assert record is not None and record.fields is not None
+            return cls(record.fields.required, record.fields.optional, False, {}, record)
         required: list[str] = []
         optional: list[str] = []
-        types: dict[str, tuple[type, ...]] = {}
+        types: dict[str, FieldType] = {}
         accepts_extra = False
         for param in params:
             if param.kind is inspect.Parameter.VAR_KEYWORD:
@@ -55,33 +78,61 @@ class PayloadShape:
             if param.kind is inspect.Parameter.VAR_POSITIONAL:
                 continue
             (required if param.default is inspect.Parameter.empty else optional).append(param.name)
-            simple = _SIMPLE_TYPES.get(hints.get(param.name))
-            if simple is not None:
-                types[param.name] = simple
+            checked = field_type(hints.get(param.name))
+            if checked is not None:
+                types[param.name] = checked
         return cls(tuple(required), tuple(optional), accepts_extra, types)
+
+    def to_json(self, job_type: str, payload: Any) -> dict[str, Any]:
+        """The payload's JSON form: rich values (``Decimal``, a dataclass...) converted,
+        checked; a payload with no rich field is returned as it is."""
+        try:
+            if self.record is not None:
+                plain: dict[str, Any] = self.record.to_json(payload, "")
+                return plain
+            if not isinstance(payload, dict):
+                raise PayloadError(f"payload must be a JSON object, got {type(payload).__name__}")
+            if not self.rich:
+                return payload
+            # None in an optional field passes unchecked, as ``decode`` lets it.
+            return {
+                name: self.types[name].to_json(value, name)
+                if name in self.types and not (value is None and name in self.optional)
+                else value
+                for name, value in payload.items()
+            }
+        except PayloadError as exc:
+            raise PayloadError(f"{job_type}: {exc}") from None
+
+    @cached_property
+    def _fields(self) -> Fields:
+        return Fields(self.required, self.optional, self.types)
 
     def check(self, job_type: str, payload: Mapping[str, Any]) -> None:
         """Raise ``PayloadError`` naming the first missing, unknown or mistyped field."""
-        missing = [name for name in self.required if name not in payload]
-        if missing:
-            raise PayloadError(f"{job_type}: payload is missing required field {missing[0]!r}")
-        if not self.accepts_extra:
-            unknown = sorted(set(payload) - set(self.fields))
-            if unknown:
-                raise PayloadError(
-                    f"{job_type}: payload has unknown field {unknown[0]!r} "
-                    f"(fields: {', '.join(self.fields) or 'none'})"
-                )
-        for name, allowed in self.types.items():
-            if name not in payload or (payload[name] is None and name in self.optional):
-                continue
-            value = payload[name]
-            bad_bool = isinstance(value, bool) and bool not in allowed
-            if bad_bool or not isinstance(value, allowed):
-                raise PayloadError(
-                    f"{job_type}: field {name!r} expects {allowed[-1].__name__}, "
-                    f"got {type(value).__name__} {value!r}"
-                )
+        self.decode(job_type, payload)
+
+    def decode(
+        self, job_type: str, payload: Mapping[str, Any]
+    ) -> tuple[Any, ...] | Mapping[str, Any]:
+        """What the handler is called with: the record (a 1-tuple, positional) or the
+        keyword fields, each converted from its stored JSON form (``payload`` itself
+        when no field needs converting)."""
+        try:
+            if self.record is not None:
+                return (self.record.from_json(payload, ""),)
+            check_names(self._fields, payload, "", self.accepts_extra)
+            decoded: dict[str, Any] | None = None
+            for name, kind in self.types.items():
+                if name not in payload or (payload[name] is None and name in self.optional):
+                    continue
+                value = kind.from_json(payload[name], name)
+                if kind.rich:
+                    decoded = decoded if decoded is not None else dict(payload)
+                    decoded[name] = value
+            return decoded if decoded is not None else payload
+        except PayloadError as exc:
+            raise PayloadError(f"{job_type}: {exc}") from None
 
 
 @dataclass(frozen=True)
@@ -99,20 +150,22 @@ class Handler:
 
     def encode_payload(self, payload: Any) -> str:
         """Check and encode a payload; ``PayloadError`` names the field or the limit."""
+        return self.prepare_payload(payload)[1]
+
+    def prepare_payload(self, payload: Any) -> tuple[dict[str, Any], str]:
+        """The payload's JSON form (rich values converted) and its canonical text, checked
+        against the handler's fields and the contract's size limit."""
         name = self.contract.name
-        if not isinstance(payload, dict):
-            raise PayloadError(
-                f"{name}: payload must be a JSON object, got {type(payload).__name__}"
-            )
-        text = codec.dumps(payload, what=f"{name} payload")
+        plain = self.shape.to_json(name, payload)
+        text = codec.dumps(plain, what=f"{name} payload")
         size = len(text.encode())
         if size > self.contract.max_payload_bytes:
             raise PayloadError(
                 f"{name}: payload is {size} bytes, above max_payload_bytes="
                 f"{self.contract.max_payload_bytes}"
             )
-        self.shape.check(name, payload)
-        return text
+        self.shape.check(name, plain)
+        return plain, text
 
 
 class HandlerRegistry:
@@ -133,6 +186,16 @@ class HandlerRegistry:
         # Periodic jobs (``App.periodic``): the worker's scheduler enqueues their slots.
         # Not adopted: a scratch database for a replay must not start enqueueing them.
         self.schedules: list[Schedule] = []
+        # replayq's own job types (``replayq.verify``): run by every worker, never listed
+        # among the app's types, contracts or lock file.
+        self._system: dict[str, Handler] = {}
+
+    def declare_system(self, handler: Handler) -> None:
+        """Declare one of replayq's own job types (one version, not listed by ``job_types``)."""
+        self._system[handler.contract.name] = handler
+
+    def system_types(self) -> list[str]:
+        return sorted(self._system)
 
     def declare(self, handler: Handler, *, candidate: bool = False) -> None:
         name, version = handler.contract.name, handler.contract.version
@@ -150,10 +213,13 @@ class HandlerRegistry:
         self._active.update(other._active)
         self.compensators.update(other.compensators)
         self.reconcilers.update(other.reconcilers)
+        self._system.update(other._system)
 
     def handler(self, job_type: str, version: str | None = None) -> Handler:
         """The handler for a type (the active version unless one is named)."""
         versions = self._versions.get(job_type)
+        if not versions and job_type in self._system and version in (None, "v1"):
+            return self._system[job_type]
         if not versions:
             raise UnknownJobTypeError(f"no handler is registered for job type {job_type!r}")
         chosen = version or self._active[job_type]
@@ -164,7 +230,7 @@ class HandlerRegistry:
         return versions[chosen]
 
     def declares(self, job_type: str) -> bool:
-        return job_type in self._versions
+        return job_type in self._versions or job_type in self._system
 
     def versions(self, job_type: str) -> list[str]:
         """The declared versions of a type, in declaration order."""

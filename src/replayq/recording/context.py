@@ -26,9 +26,9 @@ import asyncio
 import random as _random
 import time
 import uuid as _uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any, TypeVar, overload
 
@@ -44,6 +44,7 @@ from replayq.model import Job, TraceEvent
 from replayq.queue.contracts import render_template
 from replayq.queue.enqueue import EnqueueRequest, insert_job
 from replayq.queue.handlers import Handler
+from replayq.recording.aio import Flow, outside_call, run_flow
 from replayq.recording.blobs import Encoded, put_bytes, ref_of
 from replayq.recording.cache import CacheView
 from replayq.recording.effects import EffectRunner
@@ -199,20 +200,31 @@ class Context:
 
     # -- running ----------------------------------------------------------------------------
 
-    def run(self, loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None) -> Any:
-        """Call the handler with the job's payload, inside the contract's lock if it has one."""
+    def run(self, run_coroutine: Callable[[Coroutine[Any, Any, Any]], Any] | None = None) -> Any:
+        """Call the handler with the job's payload, inside the contract's lock if it has one.
+
+        An ``async def`` handler's coroutine is handed to ``run_coroutine`` (a worker's
+        one event loop, shared by its async jobs) or, without one, run on a new loop.
+        """
         handler, payload = self.handler, self.job.payload
         resource = render_template(handler.contract.lock, payload)
+        # Typed fields (Decimal, datetime, a dataclass...) from their stored JSON form.
+        args = handler.shape.decode(handler.contract.name, payload)
 
         def call() -> Any:
-            if handler.is_async:
-                loop = loop_factory() if loop_factory else asyncio.new_event_loop()
-                try:
-                    return loop.run_until_complete(handler.fn(self, **payload))
-                finally:
-                    if loop_factory is None:
-                        loop.close()
-            return handler.fn(self, **payload)
+            if isinstance(args, tuple):
+                result = handler.fn(self, *args)
+            else:
+                result = handler.fn(self, **args)
+            if not handler.is_async:
+                return result
+            if run_coroutine is not None:
+                return run_coroutine(result)
+            loop = asyncio.new_event_loop()
+            try:
+                return loop.run_until_complete(result)
+            finally:
+                loop.close()
 
         if resource is None:
             return call()
@@ -531,7 +543,16 @@ class Context:
     # -- external reads ---------------------------------------------------------------------
 
     def call(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run an external read and record request, response (or error) and duration."""
+        """Run an external read and record request, response (or error) and duration.
+
+        With a coroutine function (or a coroutine) it returns a coroutine to await on the
+        handler's loop: ``await ctx.call(name, client.get, url)`` (``recording.aio``).
+        """
+        return run_flow(self._call_flow(name, fn, args, kwargs), fn)
+
+    def _call_flow(
+        self, name: str, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Flow[Any]:
         self.check_cancelled()
         request = {"args": list(args), "kwargs": kwargs}
         summary, summary_text = _summarise_encoded(request)
@@ -555,7 +576,7 @@ class Context:
         started = time.monotonic()
         try:
             with unsealed():  # a recorded call is the door the seal leaves open
-                response = fn(*args, **kwargs)
+                response = yield outside_call(fn, *args, **kwargs)
         except Exception as exc:
             self.record(
                 "call",
@@ -585,7 +606,11 @@ class Context:
         return response
 
     def effect(self, kind: str, fn: Callable[[], Any], *, key: str | None = None) -> Any:
-        """Run a side effect once per idempotency key (see ``replayq.recording.effects``)."""
+        """Run a side effect once per idempotency key (see ``replayq.recording.effects``).
+
+        With a coroutine function (or a coroutine) it returns a coroutine to await:
+        ``await ctx.effect(kind, send_async, key=...)``.
+        """
         self.check_cancelled()
         return self.effects.run(kind, fn, key=key)
 
@@ -669,7 +694,8 @@ class Context:
 
         request = EnqueueRequest(job_type, payload or {}, **options)
         if job_type in self.runtime.registry.job_types():
-            self.runtime.registry.handler(job_type).encode_payload(request.payload)
+            plain, _ = self.runtime.registry.handler(job_type).prepare_payload(request.payload)
+            request = replace(request, payload=plain)
         origin = self.job.origin
         correlation = self.job.correlation_id or self.job.trace_id
         event = self.record("child.enqueued", child_type=job_type, payload=request.payload)

@@ -45,6 +45,7 @@ from replayq.errors import (
     classify,
 )
 from replayq.queue.contracts import render_template
+from replayq.recording.aio import Flow, outside_call, run_flow
 from replayq.recording.attempt import Attempt
 from replayq.recording.blobs import Encoded, load_json, put_bytes
 from replayq.recording.world import LIVE
@@ -75,6 +76,11 @@ class EffectRunner:
         return f"{base}:{kind}"
 
     def run(self, kind: str, fn: Callable[[], Any], *, key: str | None) -> Any:
+        """Run ``fn`` as the effect of ``kind`` under ``key`` (plain or async, see ``aio``)."""
+        return run_flow(self.flow(kind, fn, key=key), fn)
+
+    def flow(self, kind: str, fn: Any, *, key: str | None) -> Flow[Any]:
+        """The effect's recording, yielding where ``fn`` runs (``recording.aio``)."""
         ctx = self._ctx
         key = key or self.default_key(kind)
         try:
@@ -152,7 +158,7 @@ class EffectRunner:
         started = time.monotonic()
         try:
             with unsealed():  # the effect itself is the door the seal leaves open
-                result = fn()
+                result = yield outside_call(fn)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
             with runtime.storage.transaction() as tx:

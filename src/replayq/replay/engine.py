@@ -84,6 +84,9 @@ class ReplayReport:
     unrecorded_io: list[str] = field(default_factory=list)
     allowed_io: list[str] = field(default_factory=list)
     allow_io: bool = False
+    # The re-execution's own events (a dry-run's kept events, a fork's derived trace):
+    # what a comparison reads when ``keep=False`` wrote nothing. Not part of ``to_dict``.
+    events_now: list[TraceEvent] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def outcome_divergence(self) -> str | None:
@@ -111,7 +114,8 @@ class ReplayReport:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        body = {k: v for k, v in vars(self).items() if k not in ("outcome_recorded", "outcome_now")}
+        skip = ("outcome_recorded", "outcome_now", "events_now")
+        body = {k: v for k, v in vars(self).items() if k not in skip}
         body["outcome_recorded"] = self.outcome_recorded.to_dict()
         body["outcome_now"] = self.outcome_now.to_dict()
         body["first_divergence"] = vars(self.first_divergence) if self.first_divergence else None
@@ -463,6 +467,7 @@ def _run_derived(
         unrecorded_io=[str(v) for v in unrecorded if not v.allowed],
         allowed_io=[str(v) for v in unrecorded if v.allowed],
         allow_io=allow_io,
+        events_now=now_events,
     )
     if recording.outcome.status == "failed":
         report.retry_recorded = recorded_decision(recording.lifecycle, recording.job.max_attempts)

@@ -11,12 +11,21 @@ The part, by module::
     ├── gates.py     candidate against baseline per version: error rate per class,
     │                retry, DLQ, redeliveries, lock expiries, stale reads, p99/lease
     ├── verify.py    a candidate over recorded attempts in the sealed world, classed
+    ├── background.py  verification as a job (``replayq.verify``), resumable per chunk
     └── lockfile.py  replayq.contracts.lock: contracts frozen in the app's repository
 
 Above the replay engine (verification and shadow runs are dry-runs), below the
 worker, which reads routing at lease time.
 """
 
+from replayq.rollout.background import (
+    VERIFY_JOB_TYPE,
+    VerifyRun,
+    start_verify,
+    verify_handler,
+    verify_run,
+    verify_runs,
+)
 from replayq.rollout.control import RollbackResult, Rollout, RoutingChange
 from replayq.rollout.gates import Gate, GateReport
 from replayq.rollout.lockfile import LOCK_FILE, LockDifference
@@ -33,6 +42,7 @@ from replayq.rollout.verify import (
 __all__ = [
     "DIFFERENCE_CLASSES",
     "LOCK_FILE",
+    "VERIFY_JOB_TYPE",
     "AttemptComparison",
     "Gate",
     "GateReport",
@@ -43,7 +53,12 @@ __all__ = [
     "Routing",
     "RoutingChange",
     "VerifyReport",
+    "VerifyRun",
     "check_contracts",
     "freeze_contracts",
+    "start_verify",
+    "verify_handler",
     "verify_rollout",
+    "verify_run",
+    "verify_runs",
 ]

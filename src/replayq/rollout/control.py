@@ -2,8 +2,10 @@
 
 ``Rollout(app, "charge")`` is the one way in (the ``replayq rollout`` commands
 call it): ``start`` a canary, ``pin`` keys, ``ramp`` (behind the gates),
-``shadow``, ``dual_run``, and ``rollback`` — one switch that routes new and
-queued jobs back to the baseline while in-flight attempts finish where they run.
+``shadow``, ``dual_run``, then one of the two ends: ``finish`` (behind the gates:
+the candidate becomes the baseline and the only route) or ``rollback`` — one
+switch that routes new and queued jobs back to the baseline while in-flight
+attempts finish where they run.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from replayq import codec
 from replayq.errors import RolloutRefusedError
 from replayq.model import TraceEvent
 from replayq.queue import lifecycle
+from replayq.rollout.background import VerifyRun, verify_runs
 from replayq.rollout.gates import GateReport, evaluate_gates
 from replayq.rollout.routing import PinRule, Routing, parse_share
 from replayq.runtime import Runtime, RuntimeSource
@@ -49,7 +52,8 @@ class RoutingChange:
 
 @dataclass(frozen=True)
 class RollbackResult:
-    """What ``rollback`` did: the routing now, and how many queued jobs it moved."""
+    """What ``rollback`` (or ``finish``) did: the routing now, how many queued jobs it
+    moved to the baseline, how many attempts still run on other versions."""
 
     routing: Routing
     requeued_to_baseline: int
@@ -107,6 +111,10 @@ class Rollout:
                 mode["classes"][name] = mode["classes"].get(name, 0) + 1
         return summary
 
+    def verify_runs(self, limit: int = 20) -> list[VerifyRun]:
+        """Background verifications of this type (``rollout verify --background``), newest first."""
+        return verify_runs(self.runtime, self.job_type, limit=limit)
+
     def gates(self, *, since: float | None = None, min_sample: int = 50) -> GateReport:
         """The candidate against the baseline on every gate (see ``rollout.gates``)."""
         routing = self._require()
@@ -161,20 +169,56 @@ class Rollout:
             raise RolloutRefusedError(f"{self.job_type}: no rollout under way (rollout start)")
         action = "ramp"
         if target > routing.share_of(routing.candidate):
-            report = self.gates(min_sample=min_sample)
-            failing = report.failing()
-            if failing and not force:
-                raise RolloutRefusedError(
-                    f"{self.job_type}: ramp to {target:.0%} refused: "
-                    + "; ".join(g.describe() for g in failing)
-                    + " (--force records an override)"
-                )
-            if failing:
-                action = "ramp (forced over: " + "; ".join(g.describe() for g in failing) + ")"
+            action = self._gated("ramp", f"ramp to {target:.0%}", force, min_sample)
         candidate = routing.candidate
         return self._change(
             action, lambda current: self._have(current).evolve(weights={candidate: target}), reason
         )
+
+    def finish(
+        self, *, force: bool = False, reason: str | None = None, min_sample: int = 50
+    ) -> RollbackResult:
+        """Accept the candidate: it becomes the baseline and the only route.
+
+        Refused while a gate says the candidate is worse (``force`` records an
+        override, as ``ramp`` does). Weights, pins, shadow and dual-run are cleared,
+        and queued jobs of other versions move to the new baseline in the same
+        transaction (their next attempt runs it); running attempts finish where they
+        run. The mirror of ``rollback``: the rollout ends, one way or the other.
+        """
+        routing = self._require()
+        if routing.candidate is None:
+            raise RolloutRefusedError(f"{self.job_type}: no rollout under way (rollout start)")
+        candidate = routing.candidate
+        action = self._gated("finish", f"finish on {candidate}", force, min_sample)
+
+        def change(current: Routing | None) -> Routing:
+            if self._have(current).candidate != candidate:
+                raise RolloutRefusedError(f"{self.job_type}: the rollout changed under finish")
+            return self._have(current).evolve(
+                baseline=candidate,
+                candidate=None,
+                weights={},
+                pins=(),
+                shadow_version=None,
+                shadow_fraction=0.0,
+                dual_run_version=None,
+            )
+
+        return self._settle(action, change, reason)
+
+    def _gated(self, action: str, what: str, force: bool, min_sample: int) -> str:
+        """``action``, or refused while a gate fails; with ``force`` the override is named."""
+        failing = self.gates(min_sample=min_sample).failing()
+        if failing and not force:
+            raise RolloutRefusedError(
+                f"{self.job_type}: {what} refused: "
+                + "; ".join(g.describe() for g in failing)
+                + " (--force records an override)"
+            )
+        if failing:
+            return f"{action} (forced over: " + "; ".join(g.describe() for g in failing) + ")"
+        return action
 
     def pin(
         self,
@@ -240,8 +284,6 @@ class Rollout:
         baseline in the same transaction. Running attempts are left alone: each
         finishes on the version it started on, and is never run by two at once.
         """
-        moved = 0
-        in_flight = 0
 
         def change(current: Routing | None) -> Routing:
             routing = self._have(current)
@@ -252,6 +294,16 @@ class Rollout:
                 shadow_fraction=0.0,
                 dual_run_version=None,
             )
+
+        return self._settle("rollback", change, reason)
+
+    def _settle(
+        self, action: str, change: Callable[[Routing | None], Routing], reason: str | None
+    ) -> RollbackResult:
+        """A change to one route (rollback, finish): queued jobs of other versions move to
+        the baseline in the same transaction; running attempts are counted, left alone."""
+        moved = 0
+        in_flight = 0
 
         def also(tx: Transaction, before: Routing, after: Routing) -> None:
             nonlocal moved, in_flight
@@ -265,7 +317,7 @@ class Rollout:
                 if job.handler_version not in (None, after.baseline)
             )
 
-        routing = self._change("rollback", change, reason, also=also)
+        routing = self._change(action, change, reason, also=also)
         return RollbackResult(routing, moved, in_flight)
 
     # -- plumbing ---------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from replayq.rollout.routing import Routing
 from replayq.runtime import Runtime
@@ -88,6 +88,16 @@ class GateReport:
     baseline: VersionFigures
     candidate: VersionFigures
     gates: list[Gate]
+    # The figures shown side by side (``rollout status``, the dashboard), in order.
+    FIGURES: ClassVar[tuple[str, ...]] = (
+        "attempts",
+        "retry_rate",
+        "dlq_rate",
+        "redelivery_rate",
+        "lock_expiry_rate",
+        "stale_read_rate",
+        "p99_seconds",
+    )
     min_sample: int
 
     def failing(self) -> list[Gate]:

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from replayq import codec
 from replayq.model import TraceEvent
-from replayq.replay.engine import ReplayReport, dry_run
+from replayq.replay.engine import ReplayReport, dry_run, dry_run_many
 from replayq.replay.recorded import attempts_with_events
 from replayq.runtime import RuntimeSource
 from replayq.storage.protocol import JobFilter
@@ -76,6 +76,10 @@ class AttemptComparison:
     def to_dict(self) -> dict[str, Any]:
         return vars(self).copy()
 
+    @classmethod
+    def from_dict(cls, body: Mapping[str, Any]) -> AttemptComparison:
+        return cls(**{f.name: body[f.name] for f in fields(cls)})
+
 
 @dataclass
 class VerifyReport:
@@ -111,6 +115,37 @@ class VerifyReport:
     def examples(self, limit: int = EXAMPLES) -> list[AttemptComparison]:
         return self.differing[:limit]
 
+    def add(self, comparison: AttemptComparison) -> None:
+        """Count one more compared attempt."""
+        self.comparisons.append(comparison)
+        self.counts.update(comparison.classes)
+        if comparison.classes:
+            self.first_divergence_steps[comparison.first_divergence_step or "(same steps)"] += 1
+        self.attempts += 1
+
+    def merge(self, part: Mapping[str, Any]) -> None:
+        """Add a part's summary (``summary()`` of a report over a slice of the attempts).
+
+        Parts merged in order give the report of one run over all of them: the
+        counts add up and the examples stay the first differing attempts.
+        """
+        self.attempts += int(part["attempts"])
+        self.seconds += float(part["seconds"])
+        self.counts.update(part["counts"])
+        self.first_divergence_steps.update(part["first_divergence_steps"])
+        kept = EXAMPLES - len(self.differing)
+        self.comparisons.extend(AttemptComparison.from_dict(c) for c in part["examples"][:kept])
+
+    def summary(self) -> dict[str, Any]:
+        """Counts, histogram and the first differing examples: what ``merge`` adds up."""
+        return {
+            "attempts": self.attempts,
+            "seconds": self.seconds,
+            "counts": dict(self.counts),
+            "first_divergence_steps": dict(self.first_divergence_steps),
+            "examples": [c.to_dict() for c in self.examples()],
+        }
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "job_type": self.job_type,
@@ -128,6 +163,10 @@ class VerifyReport:
         }
 
 
+RecordedAttempt = tuple[int, int, bool]
+"""``(job id, attempt, whether it is the job's last recorded attempt)``."""
+
+
 def recorded_attempts(
     source: RuntimeSource,
     job_type: str,
@@ -136,10 +175,10 @@ def recorded_attempts(
     sample: int | None = None,
     since: float | None = None,
     states: Sequence[str] | None = None,
-) -> list[tuple[int, int]]:
-    """``(job id, attempt)`` of recorded attempts that ran ``from_version``, newest jobs first."""
+) -> list[RecordedAttempt]:
+    """Recorded attempts that ran ``from_version``, newest jobs first."""
     runtime = source.runtime
-    found: list[tuple[int, int]] = []
+    found: list[RecordedAttempt] = []
     with runtime.storage.transaction(readonly=True) as tx:
         jobs = tx.job_list(JobFilter(states, job_type, "production", 1_000_000, from_version))
         for job in jobs:
@@ -151,7 +190,8 @@ def recorded_attempts(
                 for e in events
                 if e.name == "job.leased" and e.data.get("version") == from_version
             }
-            found.extend((job.id, a) for a in attempts_with_events(events) if a in ran)
+            recorded = attempts_with_events(events)
+            found.extend((job.id, a, a == recorded[-1]) for a in recorded if a in ran)
             if sample is not None and len(found) >= sample:
                 break
     return found[:sample] if sample is not None else found
@@ -218,6 +258,79 @@ def classify(
     return [c for c in DIFFERENCE_CLASSES if c in classes], classes
 
 
+BATCH = 50
+"""Attempts dry-run together (one ``dry_run_many`` call), and the throttle's unit."""
+
+
+def _replay_batch(
+    source: RuntimeSource, batch: Sequence[RecordedAttempt], to_version: str
+) -> list[ReplayReport]:
+    """Dry-run each attempt of ``batch`` under ``to_version``, writing nothing.
+
+    Jobs' last attempts go through ``dry_run_many`` (the bulk path) together; an earlier
+    attempt (a failure that was retried), or one that stopped being the last since it
+    was selected, is dry-run on its own.
+    """
+    last = [job_id for job_id, _, is_last in batch if is_last]
+    bulk = dry_run_many(source, last, version=to_version, keep=False) if last else []
+    by_job = {report.job_id: report for report in bulk}
+    reports = []
+    for job_id, attempt, _ in batch:
+        report = by_job.get(job_id)
+        if report is None or report.attempt != attempt:
+            report = dry_run(source, job_id, attempt=attempt, version=to_version, keep=False)
+        reports.append(report)
+    return reports
+
+
+def compare_attempts(
+    source: RuntimeSource,
+    todo: Sequence[RecordedAttempt],
+    to_version: str,
+    *,
+    max_per_second: float | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> Iterator[AttemptComparison]:
+    """Each attempt of ``todo`` run under ``to_version`` in the sealed world, compared.
+
+    Runs in batches of ``BATCH``; ``progress(n)`` after each batch with the number
+    just done; ``max_per_second`` throttles between batches. An attempt's
+    ``duration_now`` is its batch's mean (the runs of a batch are timed together).
+    """
+    runtime = source.runtime
+    for start in range(0, len(todo), BATCH):
+        batch = todo[start : start + BATCH]
+        tick = time.perf_counter()
+        reports = _replay_batch(source, batch, to_version)
+        elapsed = (time.perf_counter() - tick) / len(batch)
+        with runtime.storage.transaction(readonly=True) as tx:
+            recorded_by_job = {job_id: tx.trace_for_job(job_id) for job_id, _, _ in batch}
+        for (job_id, attempt, _), replayed in zip(batch, reports, strict=True):
+            recorded_all = [e for e in recorded_by_job[job_id] if e.attempt == attempt]
+            recorded = [e for e in recorded_all if e.kind == "domain"]
+            classes, details = classify(replayed, recorded, replayed.events_now)
+            step = replayed.first_divergence.step if replayed.first_divergence else None
+            yield AttemptComparison(
+                job_id=job_id,
+                attempt=attempt,
+                classes=classes,
+                details=details,
+                first_divergence_step=step,
+                duration_recorded=_duration([e for e in recorded_all if e.kind == "lifecycle"]),
+                duration_now=elapsed,
+                fork_command=(
+                    f"replayq fork {job_id} --attempt {attempt} --version {to_version} "
+                    f"--from-step {step or 'STEP'} --app MODULE:APP"
+                ),
+            )
+        if progress is not None:
+            progress(len(batch))
+        if max_per_second:
+            pause = len(batch) / max_per_second - (time.perf_counter() - tick)
+            if pause > 0:
+                time.sleep(pause)
+
+
 def verify_rollout(
     source: RuntimeSource,
     job_type: str,
@@ -234,7 +347,9 @@ def verify_rollout(
     """Dry-run ``to_version`` over recorded attempts of ``from_version``; class the differences.
 
     ``allow``: classes that do not fail the report. ``progress(done, total)`` is
-    called after each attempt; ``max_per_second`` throttles (a shared database).
+    called after each batch of attempts; ``max_per_second`` throttles (a shared
+    database). Nothing is written: run it in the background, resumable, with
+    ``replayq.start_verify`` (``rollout verify --background``).
     """
     runtime = source.runtime
     runtime.registry.handler(job_type, to_version)  # refuse an undeclared version up front
@@ -243,40 +358,14 @@ def verify_rollout(
     )
     report = VerifyReport(job_type, from_version, to_version, tuple(allow))
     started = time.perf_counter()
-    for done, (job_id, attempt) in enumerate(todo, 1):
-        tick = time.perf_counter()
-        replayed = dry_run(source, job_id, attempt=attempt, version=to_version)
-        elapsed = time.perf_counter() - tick
-        with runtime.storage.transaction(readonly=True) as tx:
-            recorded_all = [e for e in tx.trace_for_job(job_id) if e.attempt == attempt]
-            now = tx.trace_for_trace(replayed.trace_id)
-        recorded = [e for e in recorded_all if e.kind == "domain"]
-        classes, details = classify(replayed, recorded, now)
-        step = replayed.first_divergence.step if replayed.first_divergence else None
-        report.comparisons.append(
-            AttemptComparison(
-                job_id=job_id,
-                attempt=attempt,
-                classes=classes,
-                details=details,
-                first_divergence_step=step,
-                duration_recorded=_duration([e for e in recorded_all if e.kind == "lifecycle"]),
-                duration_now=elapsed,
-                fork_command=(
-                    f"replayq fork {job_id} --attempt {attempt} --version {to_version} "
-                    f"--from-step {step or 'STEP'} --app MODULE:APP"
-                ),
-            )
-        )
-        report.counts.update(classes)
-        if classes:
-            report.first_divergence_steps[step or "(same steps)"] += 1
-        report.attempts = done
+
+    def advance(n: int) -> None:
         if progress is not None:
-            progress(done, len(todo))
-        if max_per_second:
-            pause = 1 / max_per_second - (time.perf_counter() - tick)
-            if pause > 0:
-                time.sleep(pause)
+            progress(report.attempts, len(todo))
+
+    for comparison in compare_attempts(
+        source, todo, to_version, max_per_second=max_per_second, progress=advance
+    ):
+        report.add(comparison)
     report.seconds = time.perf_counter() - started
     return report

@@ -215,7 +215,43 @@ class Dashboard:
         return self.page(request, "diff.html", diff=result, a=a, b=b)
 
     def rollout(self, request: Request) -> Response:
-        return self.page(request, "rollout.html", job_types=self.app.job_types())
+        """Per job type: the routing, both versions' gates side by side, the shadow and
+        dual-run comparisons, the stored verify reports and the routing history."""
+        panels: list[dict[str, Any]] = []
+        for job_type in self.app.job_types():
+            control = self.app.rollout(job_type)
+            routing = control.routing()
+            runs = control.verify_runs(limit=10)
+            if routing is None and not runs:
+                panels.append({"job_type": job_type, "routing": None, "runs": []})
+                continue
+            gates = None
+            if routing is not None and routing.candidate is not None:
+                gates = control.gates()
+            panels.append(
+                {
+                    "job_type": job_type,
+                    "routing": routing,
+                    "shares": (
+                        [(v, routing.share_of(v)) for v in routing.versions()] if routing else []
+                    ),
+                    "gates": gates,
+                    "figures": (
+                        [
+                            (name, gates.baseline.to_dict()[name], gates.candidate.to_dict()[name])
+                            for name in replayq.GateReport.FIGURES
+                        ]
+                        if gates
+                        else []
+                    ),
+                    "comparisons": control.comparison_summary(),
+                    "runs": runs,
+                    "history": control.history()[-10:],
+                }
+            )
+        return self.page(
+            request, "rollout.html", panels=panels, classes=replayq.VerifyReport.CLASSES
+        )
 
     # -- signing in -------------------------------------------------------------------------
 

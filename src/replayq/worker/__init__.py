@@ -12,14 +12,15 @@
     ├── heartbeat.py  Heartbeat: the thread that extends leases and sees cancel requests
     ├── execute.py    Executing: the executor threads; one attempt through its handler
     │                 under a Context over a LiveWorld; shadow comparisons
+    ├── event_loop.py EventLoopThread: the one asyncio loop every async def handler runs on
     ├── outcome.py    Outcomes: succeeded (+ refill), cancelled, failed (retry or dead), buried
     ├── settle.py     Settling: one compare-and-set transaction per outcome, retried while
     │                 the database is away; write.rejected when the lease is gone
     └── reap.py       Reaping: expired leases re-delivered, buried or cancelled
 
-    Worker ─▶ Executing ─▶ Outcomes ─▶ Settling ─▶ Leasing ─▶ WorkerCore
-           ├▶ Reaping ───▶ Outcomes                             ▲
-           └▶ Heartbeat ────────────────────────────────────────┘
+    Worker ─┬▶ Executing ─┬▶ Outcomes ─┬▶ Settling ─┬▶ WorkerCore
+            ├▶ Reaping ───┘             └▶ Leasing ──┤
+            └▶ Heartbeat ────────────────────────────┘
 
 Each part is a class the next one builds on (the arrows); ``Worker`` is all of
 them, so the threads and the job's state machine read apart while sharing one

@@ -25,6 +25,7 @@ from replayq.recording.context import Context
 from replayq.recording.world import LostFlag
 from replayq.rollout.router import REFRESH_SECONDS, Router
 from replayq.runtime import RuntimeSource
+from replayq.worker.event_loop import EventLoopThread
 
 # Put on the work queue once per executor at shutdown: the executor ends.
 STOP = object()
@@ -43,6 +44,9 @@ class InFlight:
     # Set by the heartbeat when the job was asked to stop (``App.cancel`` on a running job).
     cancel: LostFlag = field(default_factory=LostFlag)
     ctx: Context | None = None
+    # Held while the heartbeat extends this lease and while the job settles: the two
+    # never interleave, so their events' clock order is their commit order.
+    beat: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass
@@ -104,7 +108,8 @@ class WorkerCore:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._force = threading.Event()
-        self._loops = threading.local()
+        # Every async handler of this worker runs on this one loop (started on first use).
+        self.event_loop = EventLoopThread(f"replayq-async-{self.worker_id}")
         self._next_reap = 0.0
         self._stop_requested: float | None = None
         # The backend's wake-up listener while running (PostgreSQL LISTEN), else None.

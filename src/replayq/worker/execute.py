@@ -7,7 +7,6 @@ of the outcomes; on a busy queue a success leases the slot's next job in its ack
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import queue
 import time
@@ -65,13 +64,6 @@ class Executing(Outcomes):
             self._wake.set()
         return self._work.get()
 
-    def _loop(self) -> asyncio.AbstractEventLoop:
-        """This executor thread's event loop, for ``async def`` handlers."""
-        loop: asyncio.AbstractEventLoop | None = getattr(self._loops, "loop", None)
-        if loop is None:
-            loop = self._loops.loop = asyncio.new_event_loop()
-        return loop
-
     def execute(self, job: Job) -> None:
         """Run one leased job to a settled state (succeeded, retry scheduled, or dead)."""
         self._execute(job, refill=False)
@@ -113,7 +105,7 @@ class Executing(Outcomes):
             flight.ctx = ctx
         started = time.monotonic()
         try:
-            result = ctx.run(self._loop if handler.is_async else None)
+            result = ctx.run(self.event_loop.run if handler.is_async else None)
             result_json = codec.dumps(result, what=f"{job.job_type} result")
         except LeaseLostError as exc:
             # A commit or effect claim was fenced: another worker holds the job now. The

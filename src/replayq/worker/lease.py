@@ -27,7 +27,10 @@ class Leasing(WorkerCore):
             return free, (self.lease(free) if free > 0 else [])
 
     def _lease_params(self, limit: int) -> JobLease:
-        handlers = {t: self.runtime.registry.handler(t) for t in self.runtime.registry.job_types()}
+        registry = self.runtime.registry
+        handlers = {
+            t: registry.handler(t) for t in (*registry.job_types(), *registry.system_types())
+        }
         # A routed type's new jobs are leased without a version and routed below, one by one.
         routed = self.router.routed_types()
         return JobLease(

@@ -74,6 +74,7 @@ class Worker(Executing, Reaping, Heartbeat):
             if self.notifier is not None:
                 self.notifier.close()
             self._shutdown(executors)
+            self.event_loop.close()
             if self.observers.members:
                 self.runtime.remove_tap(self.observers.events)
         return self.stats

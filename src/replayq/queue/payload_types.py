@@ -1,0 +1,408 @@
+"""Typed payload fields: what a handler's annotations promise, checked at enqueue and
+decoded for the handler.
+
+A payload is stored as JSON, so every annotation maps to one JSON form and back:
+
+=====================================  =====================================  ==================
+annotation                             stored as                              the handler gets
+=====================================  =====================================  ==================
+``int`` ``float`` ``str`` ``bool``     itself (``float`` also takes an int)   the same value
+``dict`` ``list`` (bare)               itself, contents unchecked             the same value
+``Decimal``                            a string, ``"12.30"`` (an int too;     ``Decimal("12.30")``
+                                       a float is refused: it is not exact)
+``datetime``                           ISO 8601 with its UTC offset           an aware datetime
+                                       (a naive datetime is refused)          (fixed offset)
+``date`` ``UUID``                      ISO string / canonical string          ``date`` / ``UUID``
+an ``Enum``                            its value                              the member
+``list[T]`` ``dict[str, T]``           list / object, each item as ``T``      list / dict of T
+``T | None``, ``Optional[T]``          ``null`` or ``T``                      ``None`` or T
+a dataclass                            an object of its fields, each typed    an instance
+a pydantic model (extra ``pydantic``)  ``model_dump(mode="json")``            ``model_validate``
+anything else, or no annotation        not checked                            the stored JSON
+=====================================  =====================================  ==================
+
+Every check names the path of the bad value (``'order.lines[2].qty'``). The JSON
+form is canonical, so fingerprints, idempotency keys and dry-run comparisons see
+one value whatever object the producer passed; a payload with no typed field is
+stored exactly as it was before types existed. A datetime comes back with a fixed
+offset (``+01:00``), not the ``ZoneInfo`` it was made with: the same instant and
+offset, compared equal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import enum
+import sys
+import types
+import typing
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from replayq.errors import PayloadError
+
+
+def join(path: str, name: str) -> str:
+    """The path of field ``name`` under ``path`` (``order`` + ``qty`` = ``order.qty``)."""
+    return f"{path}.{name}" if path else name
+
+
+def _wrong(path: str, expected: str, value: Any, hint: str = "") -> PayloadError:
+    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:80] + "…"
+    return PayloadError(
+        f"field {path!r} expects {expected}, got {type(value).__name__} {shown}{hint}"
+    )
+
+
+@dataclass(frozen=True)
+class FieldType:
+    """One annotation's check and conversion, both ways.
+
+    ``to_json`` takes what a producer passed (a rich value or its JSON form) and
+    returns the JSON form; ``from_json`` takes the stored form and returns what the
+    handler receives. Both raise ``PayloadError`` naming ``path``. ``rich`` is False
+    when both are the identity on valid input (plain JSON types).
+    """
+
+    name: str
+    to_json: Callable[[Any, str], Any]
+    from_json: Callable[[Any, str], Any]
+    schema: Any
+    rich: bool = True
+    # A record's (dataclass, pydantic model) own fields: a whole payload can be one.
+    fields: Fields | None = None
+
+
+def _plain(name: str, allowed: tuple[type, ...]) -> FieldType:
+    def check(value: Any, path: str) -> Any:
+        if (isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed):
+            raise _wrong(path, name, value)
+        return value
+
+    return FieldType(name, check, check, name, rich=False)
+
+
+_PLAIN: dict[Any, FieldType] = {
+    int: _plain("int", (int,)),
+    float: _plain("float", (int, float)),
+    str: _plain("str", (str,)),
+    bool: _plain("bool", (bool,)),
+    dict: _plain("dict", (dict,)),
+    list: _plain("list", (list,)),
+}
+
+
+def _decimal_in(value: Any, path: str) -> Decimal:
+    if isinstance(value, Decimal):
+        number = value
+    elif isinstance(value, int) and not isinstance(value, bool):
+        number = Decimal(value)
+    elif isinstance(value, str):
+        try:
+            number = Decimal(value)
+        except InvalidOperation:
+            raise _wrong(path, "Decimal", value) from None
+    else:
+        hint = " (a float is not exact: pass a Decimal or a string)" if type(value) is float else ""
+        raise _wrong(path, "Decimal", value, hint)
+    if not number.is_finite():
+        raise _wrong(path, "a finite Decimal", value)
+    return number
+
+
+DECIMAL = FieldType("Decimal", lambda v, p: str(_decimal_in(v, p)), _decimal_in, "decimal")
+
+
+def _datetime_in(value: Any, path: str) -> _dt.datetime:
+    if isinstance(value, str):
+        try:
+            value = _dt.datetime.fromisoformat(value)
+        except ValueError:
+            raise _wrong(path, "an ISO 8601 datetime", value) from None
+    if not isinstance(value, _dt.datetime):
+        raise _wrong(path, "datetime", value)
+    if value.utcoffset() is None:
+        raise _wrong(path, "a timezone-aware datetime", value, " (naive: give it a tzinfo)")
+    return value
+
+
+DATETIME = FieldType(
+    "datetime", lambda v, p: _datetime_in(v, p).isoformat(), _datetime_in, "datetime"
+)
+
+
+def _date_in(value: Any, path: str) -> _dt.date:
+    if isinstance(value, str):
+        try:
+            return _dt.date.fromisoformat(value)
+        except ValueError:
+            raise _wrong(path, "an ISO 8601 date", value) from None
+    if isinstance(value, _dt.datetime) or not isinstance(value, _dt.date):
+        raise _wrong(path, "date", value)
+    return value
+
+
+DATE = FieldType("date", lambda v, p: _date_in(v, p).isoformat(), _date_in, "date")
+
+
+def _uuid_in(value: Any, path: str) -> uuid.UUID:
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(value)
+    except (TypeError, ValueError, AttributeError):
+        raise _wrong(path, "UUID", value) from None
+
+
+UUID = FieldType("UUID", lambda v, p: str(_uuid_in(v, p)), _uuid_in, "uuid")
+
+
+def _enum(cls: type[enum.Enum]) -> FieldType:
+    def from_json(value: Any, path: str) -> enum.Enum:
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls(value)
+        except ValueError:
+            allowed = ", ".join(repr(m.value) for m in cls)
+            raise _wrong(path, f"{cls.__name__} (one of {allowed})", value) from None
+
+    values = [m.value for m in cls]
+    return FieldType(cls.__name__, lambda v, p: from_json(v, p).value, from_json, {"enum": values})
+
+
+def _optional(inner: FieldType) -> FieldType:
+    return FieldType(
+        f"{inner.name} | None",
+        lambda v, p: None if v is None else inner.to_json(v, p),
+        lambda v, p: None if v is None else inner.from_json(v, p),
+        {"optional": inner.schema},
+        inner.rich,
+    )
+
+
+def _list_of(inner: FieldType) -> FieldType:
+    def each(convert: Callable[[Any, str], Any]) -> Callable[[Any, str], list[Any]]:
+        def walk(value: Any, path: str) -> list[Any]:
+            if not isinstance(value, list | tuple):
+                raise _wrong(path, f"list[{inner.name}]", value)
+            return [convert(item, f"{path}[{i}]") for i, item in enumerate(value)]
+
+        return walk
+
+    name = f"list[{inner.name}]"
+    return FieldType(name, each(inner.to_json), each(inner.from_json), {"list": inner.schema})
+
+
+def _dict_of(inner: FieldType) -> FieldType:
+    def each(convert: Callable[[Any, str], Any]) -> Callable[[Any, str], dict[str, Any]]:
+        def walk(value: Any, path: str) -> dict[str, Any]:
+            if not isinstance(value, Mapping):
+                raise _wrong(path, f"dict[str, {inner.name}]", value)
+            out = {}
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise _wrong(join(path, "<key>"), "str", key)
+                out[key] = convert(item, join(path, key))
+            return out
+
+        return walk
+
+    name = f"dict[str, {inner.name}]"
+    return FieldType(name, each(inner.to_json), each(inner.from_json), {"dict": inner.schema})
+
+
+@dataclass(frozen=True)
+class Fields:
+    """A record's typed fields: which are required, and each one's type (if checked)."""
+
+    required: tuple[str, ...]
+    optional: tuple[str, ...]
+    types: Mapping[str, FieldType]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.required + self.optional
+
+    def schema(self) -> dict[str, Any]:
+        """Per field: its type's schema (``"any"`` if unchecked), ``?`` marking optional."""
+        return {
+            name if name in self.required else f"{name}?": (
+                self.types[name].schema if name in self.types else "any"
+            )
+            for name in self.names
+        }
+
+
+# Each dataclass's check, built once; a recursive one (a tree of nodes) refers to its own
+# check by name, looked up when a value is converted (it is built by then).
+_DATACLASSES: dict[type, FieldType] = {}
+_BUILDING: set[type] = set()
+
+
+def _dataclass(cls: type[Any]) -> FieldType:
+    if cls in _DATACLASSES:
+        return _DATACLASSES[cls]
+    if cls in _BUILDING:
+        return FieldType(
+            cls.__name__,
+            lambda v, p: _DATACLASSES[cls].to_json(v, p),
+            lambda v, p: _DATACLASSES[cls].from_json(v, p),
+            {"ref": cls.__name__},
+        )
+    _BUILDING.add(cls)
+    try:
+        built = _DATACLASSES[cls] = _dataclass_fields(cls)
+    finally:
+        _BUILDING.discard(cls)
+    return built
+
+
+def _dataclass_fields(cls: type[Any]) -> FieldType:
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # unresolvable annotations: check field names, not types
+        hints = {}
+    required: list[str] = []
+    optional: list[str] = []
+    field_types: dict[str, FieldType] = {}
+    for f in dataclasses.fields(cls):
+        has_default = (
+            f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+        )
+        (optional if has_default else required).append(f.name)
+        checked = field_type(hints.get(f.name))
+        if checked is not None:
+            field_types[f.name] = checked
+    record = Fields(tuple(required), tuple(optional), field_types)
+
+    def items(value: Any, path: str) -> Mapping[str, Any]:
+        if isinstance(value, cls):
+            return {f.name: getattr(value, f.name) for f in dataclasses.fields(cls)}
+        if not isinstance(value, Mapping):
+            raise _wrong(path or "payload", cls.__name__, value)
+        check_names(record, value, path)
+        return value
+
+    def to_json(value: Any, path: str) -> dict[str, Any]:
+        return {
+            name: record.types[name].to_json(item, join(path, name))
+            if name in record.types
+            else item
+            for name, item in items(value, path).items()
+        }
+
+    def from_json(value: Any, path: str) -> Any:
+        if isinstance(value, cls):
+            return value
+        fields = items(value, path)
+        return cls(
+            **{
+                name: record.types[name].from_json(item, join(path, name))
+                if name in record.types
+                else item
+                for name, item in fields.items()
+            }
+        )
+
+    return FieldType(
+        cls.__name__, to_json, from_json, {cls.__name__: record.schema()}, fields=record
+    )
+
+
+def _pydantic(cls: type[Any]) -> FieldType:
+    pydantic = sys.modules["pydantic"]
+
+    def validated(value: Any, path: str) -> Any:
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls.model_validate(value)
+        except pydantic.ValidationError as exc:
+            first = exc.errors()[0]
+            where = path
+            for part in first["loc"]:
+                where = f"{where}[{part}]" if isinstance(part, int) else join(where, str(part))
+            raise PayloadError(
+                f"field {where or cls.__name__!r}: {first['msg']}, got {first['input']!r}"
+            ) from None
+
+    model_fields = cls.model_fields.items()
+    return FieldType(
+        cls.__name__,
+        lambda v, p: validated(v, p).model_dump(mode="json"),
+        validated,
+        {cls.__name__: cls.model_json_schema()},
+        fields=Fields(
+            tuple(name for name, info in model_fields if info.is_required()),
+            tuple(name for name, info in model_fields if not info.is_required()),
+            {},
+        ),
+    )
+
+
+def is_record(annotation: Any) -> bool:
+    """Whether ``annotation`` is a class whose instances are a whole payload: a dataclass
+    or a pydantic model."""
+    if not isinstance(annotation, type):
+        return False
+    if dataclasses.is_dataclass(annotation):
+        return True
+    pydantic = sys.modules.get("pydantic")
+    return pydantic is not None and issubclass(annotation, pydantic.BaseModel)
+
+
+def field_type(annotation: Any) -> FieldType | None:
+    """The check for one annotation; ``None`` for one replayq does not check (``Any``,
+    a class it does not know, no annotation)."""
+    if isinstance(annotation, type):
+        if annotation in _PLAIN:
+            return _PLAIN[annotation]
+        if issubclass(annotation, enum.Enum):
+            return _enum(annotation)
+        if issubclass(annotation, Decimal):
+            return DECIMAL
+        if issubclass(annotation, _dt.datetime):
+            return DATETIME
+        if issubclass(annotation, _dt.date):
+            return DATE
+        if issubclass(annotation, uuid.UUID):
+            return UUID
+        if dataclasses.is_dataclass(annotation):
+            return _dataclass(annotation)
+        if is_record(annotation):
+            return _pydantic(annotation)
+        return None
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        inner = field_type(rest[0]) if len(rest) == 1 else None
+        if inner is None or len(rest) == len(args):
+            return None  # a union of several types is not checked
+        return _optional(inner)
+    if origin is list and len(args) == 1:
+        inner = field_type(args[0])
+        return _list_of(inner) if inner is not None else _PLAIN[list]
+    if origin is dict and len(args) == 2 and args[0] is str:
+        inner = field_type(args[1])
+        return _dict_of(inner) if inner is not None else _PLAIN[dict]
+    return None
+
+
+def check_names(record: Fields, value: Mapping[str, Any], path: str, extra: bool = False) -> None:
+    """Raise ``PayloadError`` for the first missing required or unknown field of a record."""
+    where = f" of {path!r}" if path else ""
+    missing = [name for name in record.required if name not in value]
+    if missing:
+        raise PayloadError(f"payload is missing required field {join(path, missing[0])!r}")
+    if not extra:
+        unknown = sorted(set(value) - set(record.names))
+        if unknown:
+            raise PayloadError(
+                f"payload has unknown field {join(path, unknown[0])!r}"
+                f" (fields{where}: {', '.join(record.names) or 'none'})"
+            )

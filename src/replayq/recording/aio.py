@@ -1,0 +1,103 @@
+"""One recording flow, two ways to make the outside call: plain or awaited.
+
+``ctx.call`` and ``ctx.effect`` are written once, as a *flow*: a generator that
+does the recording (the world's answer, the idempotency claim, the events) and
+yields exactly where the outside call happens, receiving its result (or its
+exception, thrown in). ``run_flow`` drives it:
+
+* a plain function is called in place and the verb returns its result, as
+  before;
+* a coroutine function (``async def``, or a ``functools.partial`` of one) or a
+  coroutine object makes the verb return a coroutine: ``await ctx.call(...)``
+  runs the same flow and awaits the call on the handler's event loop.
+
+So recording, replay (a recorded answer: the flow returns without yielding, and
+the coroutine is closed, never started) and the seal (a context variable, which
+an awaited call inherits from its task) behave the same either way. Whether the
+verb is awaitable is decided from ``fn`` before anything runs, so a replay that
+never calls ``fn`` still returns an awaitable to a handler that awaits.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, TypeVar
+
+from replayq.errors import ConfigurationError
+
+T = TypeVar("T")
+
+Flow = Generator[Callable[[], Any], Any, T]
+"""Yields the outside call once (or never, when the answer is recorded); returns the result."""
+
+
+def is_async(fn: Any) -> bool:
+    """Whether ``fn`` is a coroutine function or already a coroutine (or other awaitable)."""
+    return inspect.iscoroutinefunction(fn) or inspect.isawaitable(fn)
+
+
+def outside_call(fn: Any, *args: Any, **kwargs: Any) -> Callable[[], Any]:
+    """The thunk a flow yields: calls ``fn`` (or hands over an awaitable ``fn`` as it is)."""
+    if inspect.isawaitable(fn):
+        if args or kwargs:
+            raise ConfigurationError("pass arguments to the coroutine function, not with it")
+        return lambda: fn
+    return lambda: fn(*args, **kwargs)
+
+
+def run_flow(flow: Flow[T], fn: Any) -> T | Coroutine[Any, Any, T]:
+    """Drive ``flow``: in place for a plain ``fn``, as a coroutine for an async one."""
+    if is_async(fn):
+        return _drive_async(flow, fn)
+    return _drive(flow)
+
+
+def _drive(flow: Flow[T]) -> T:
+    try:
+        thunk = next(flow)
+        while True:
+            try:
+                value = thunk()
+                if inspect.isawaitable(value):
+                    _close(value)
+                    raise ConfigurationError(
+                        "the function returned an awaitable: pass the coroutine function "
+                        "itself (or the coroutine) and await the verb, "
+                        "e.g. await ctx.effect(kind, send_async)"
+                    )
+            except Exception as exc:
+                thunk = flow.throw(exc)
+            else:
+                thunk = flow.send(value)
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+
+
+async def _drive_async(flow: Flow[T], fn: Any) -> T:
+    started = False
+    try:
+        thunk = next(flow)
+        while True:
+            try:
+                started = True
+                awaitable = thunk()
+                value = await awaitable if inspect.isawaitable(awaitable) else awaitable
+            except Exception as exc:
+                thunk = flow.throw(exc)
+            else:
+                thunk = flow.send(value)
+    except StopIteration as stop:
+        result: T = stop.value
+        return result
+    finally:
+        if not started:
+            # Replayed or refused: the coroutine the handler passed is never run.
+            _close(fn)
+
+
+def _close(value: Any) -> None:
+    close = getattr(value, "close", None)
+    if inspect.iscoroutine(value) and close is not None:
+        close()

@@ -1,0 +1,236 @@
+"""``rollout verify --background``: verification as a job, resumable chunk by chunk.
+
+``start_verify`` enqueues a job of replayq's own type ``replayq.verify``; any
+worker runs it (every ``App`` declares the type; it is not listed among the
+app's types, contracts or lock file). Its handler is ordinary replayq code:
+
+1. ``ctx.step("select attempts", ...)`` picks the recorded attempts once; the
+   list is the step's recorded result.
+2. ``ctx.step("chunk N", ...)`` dry-runs each slice of ``chunk`` attempts
+   (``compare_attempts``: ``dry_run_many(..., keep=False)``, nothing written)
+   and returns the slice's summary (counts, first-divergence histogram, first
+   differing examples) — recorded in the step ledger in the step's commit.
+3. The job's result is the report, the summaries merged in order.
+
+A worker killed mid-run loses only the chunk it was in: the job's lease expires,
+another worker leases it, and under ``resume="step"`` every committed step
+returns its recorded result instead of running again. Merged in order, the
+summaries give the same report as an uninterrupted run.
+
+``verify_runs`` / ``verify_run`` read a run's progress and partial report from
+the job and its step ledger (``rollout verify-status``, ``rollout status``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from replayq.errors import ReplayqError
+from replayq.model import Job
+from replayq.queue.contracts import Retry, build_contract
+from replayq.queue.enqueue import EnqueueRequest, insert_job
+from replayq.queue.handlers import Handler, PayloadShape
+from replayq.recording.context import Context
+from replayq.recording.ledger import CompletedStep, ledger_loader
+from replayq.rollout.verify import DIFFERENCE_CLASSES, VerifyReport, compare_attempts
+from replayq.rollout.verify import recorded_attempts as select_attempts
+from replayq.runtime import Runtime, RuntimeSource
+from replayq.storage.protocol import JobFilter
+
+VERIFY_JOB_TYPE = "replayq.verify"
+CHUNK = 200
+"""Attempts per chunk: the most a killed run does again."""
+SELECT_STEP = "select attempts"
+
+
+def _chunk_step(index: int) -> str:
+    return f"chunk {index + 1}"
+
+
+def _select(
+    runtime: Runtime,
+    job_type: str,
+    from_version: str,
+    sample: int | None,
+    since: float | None,
+    states: list[str] | None,
+) -> list[list[Any]]:
+    return [
+        [job_id, attempt, last]
+        for job_id, attempt, last in select_attempts(
+            runtime, job_type, from_version, sample=sample, since=since, states=states
+        )
+    ]
+
+
+def _verify_chunk(
+    runtime: Runtime, request: dict[str, Any], part: list[list[Any]]
+) -> dict[str, Any]:
+    report = _empty_report(request)
+    todo = [(int(j), int(a), bool(last)) for j, a, last in part]
+    started = time.perf_counter()
+    for comparison in compare_attempts(
+        runtime, todo, request["to_version"], max_per_second=request.get("rate")
+    ):
+        report.add(comparison)
+    report.seconds = time.perf_counter() - started
+    return report.summary()
+
+
+def _empty_report(request: dict[str, Any]) -> VerifyReport:
+    return VerifyReport(
+        request["job_type"],
+        request["from_version"],
+        request["to_version"],
+        tuple(request.get("allow") or ()),
+    )
+
+
+def _run(
+    ctx: Context,
+    job_type: str,
+    from_version: str,
+    to_version: str,
+    sample: int | None = None,
+    since: float | None = None,
+    states: list[str] | None = None,
+    allow: list[str] | None = None,
+    rate: float | None = None,
+    chunk: int = CHUNK,
+) -> dict[str, Any]:
+    """The ``replayq.verify`` handler: select once, then one step per chunk."""
+    runtime = ctx.runtime
+    request = dict(ctx.job.payload)
+    runtime.registry.handler(job_type, to_version)  # this worker must declare the candidate
+    todo = ctx.step(SELECT_STEP, _select, runtime, job_type, from_version, sample, since, states)
+    report = _empty_report(request)
+    for index, start in enumerate(range(0, len(todo), max(1, chunk))):
+        part = todo[start : start + max(1, chunk)]
+        report.merge(ctx.step(_chunk_step(index), _verify_chunk, runtime, request, part))
+    return report.to_dict()
+
+
+def verify_handler() -> Handler:
+    """The handler of ``replayq.verify`` (declared by every ``App``)."""
+    contract = build_contract(
+        VERIFY_JOB_TYPE,
+        fields=PayloadShape.from_function(_run).fields,
+        # A short lease, kept alive by heartbeats: a killed run is picked up again soon.
+        lease="10s",
+        heartbeat="2s",
+        retry=Retry(max_attempts=10, base="1s", cap="30s"),
+    )
+    return Handler(contract, _run, PayloadShape.from_function(_run), {})
+
+
+def start_verify(
+    source: RuntimeSource,
+    job_type: str,
+    *,
+    from_version: str,
+    to_version: str,
+    sample: int | None = None,
+    since: float | None = None,
+    states: Sequence[str] | None = None,
+    allow: Sequence[str] = (),
+    max_per_second: float | None = None,
+    chunk: int = CHUNK,
+) -> int:
+    """Enqueue a background verification (a ``replayq.verify`` job); returns its job id."""
+    runtime = source.runtime
+    runtime.registry.handler(job_type, to_version)  # refuse an undeclared version up front
+    unknown = [c for c in allow if c not in DIFFERENCE_CLASSES]
+    if unknown:
+        raise ReplayqError(f"unknown difference class {unknown[0]!r}")
+    payload = {
+        "job_type": job_type,
+        "from_version": from_version,
+        "to_version": to_version,
+        "sample": sample,
+        "since": since,
+        "states": list(states) if states else None,
+        "allow": list(allow),
+        "rate": max_per_second,
+        "chunk": chunk,
+    }
+    with runtime.storage.transaction() as tx:
+        return insert_job(runtime, tx, EnqueueRequest(VERIFY_JOB_TYPE, payload))
+
+
+@dataclass(frozen=True)
+class VerifyRun:
+    """A background verification: its job, progress and (partial) report."""
+
+    job_id: int
+    state: str
+    attempt: int
+    total: int | None
+    chunks_done: int
+    report: VerifyReport
+    error: str | None
+
+    @property
+    def done(self) -> int:
+        return self.report.attempts
+
+    @property
+    def finished(self) -> bool:
+        return self.state == "succeeded"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "state": self.state,
+            "attempt": self.attempt,
+            "total": self.total,
+            "done": self.done,
+            "chunks_done": self.chunks_done,
+            "finished": self.finished,
+            "error": self.error,
+            "report": self.report.to_dict(),
+        }
+
+
+def _run_of(runtime: Runtime, job: Job) -> VerifyRun:
+    steps: dict[str, CompletedStep] = dict(ledger_loader(runtime, job.id)())
+    request = dict(job.payload)
+    report = _empty_report(request)
+    selected = steps.get(SELECT_STEP)
+    chunks = 0
+    while _chunk_step(chunks) in steps:
+        report.merge(steps[_chunk_step(chunks)].result)
+        chunks += 1
+    return VerifyRun(
+        job_id=job.id,
+        state=job.state.value,
+        attempt=job.attempt,
+        total=len(selected.result) if selected is not None else None,
+        chunks_done=chunks,
+        report=report,
+        error=job.last_error,
+    )
+
+
+def verify_run(source: RuntimeSource, job_id: int) -> VerifyRun:
+    """One background verification, read from its job and step ledger."""
+    runtime = source.runtime
+    with runtime.storage.transaction(readonly=True) as tx:
+        job = tx.job_get(job_id)
+    if job is None or job.job_type != VERIFY_JOB_TYPE:
+        raise ReplayqError(f"no background verification with job id {job_id}")
+    return _run_of(runtime, job)
+
+
+def verify_runs(
+    source: RuntimeSource, job_type: str | None = None, *, limit: int = 20
+) -> list[VerifyRun]:
+    """Background verifications (of ``job_type``, if given), newest first."""
+    runtime = source.runtime
+    with runtime.storage.transaction(readonly=True) as tx:
+        jobs = tx.job_list(JobFilter(None, VERIFY_JOB_TYPE, None, 1000))
+    jobs = [j for j in jobs if job_type is None or j.payload.get("job_type") == job_type]
+    jobs.sort(key=lambda j: j.id, reverse=True)
+    return [_run_of(runtime, job) for job in jobs[:limit]]
