@@ -32,7 +32,9 @@ def spans_in(text: str) -> list[dict[str, Any]]:
 
 
 def run_worker(url: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    worker = ("worker", "--app", "tests.apps.observed:app", "--burst", "--otel")
+    # --burst-wait: the flaky job's retry is due a few ms after its first attempt fails.
+    burst = ("--burst", "--burst-wait", "5")
+    worker = ("worker", "--app", "tests.apps.observed:app", *burst, "--otel")
     return run_cli(url, *worker, env=env, unset=("OTEL_",), timeout=90)
 
 
