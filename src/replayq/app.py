@@ -37,6 +37,7 @@ from replayq.recording.in_doubt import (
     resolve_effect,
 )
 from replayq.recording.state import StateStore
+from replayq.redaction import Redaction, Redactor
 from replayq.rollout import Rollout
 from replayq.runtime import DEFAULT_BLOB_LIMIT_BYTES, Limits, Runtime
 from replayq.storage import open_storage
@@ -91,6 +92,7 @@ class App:
         rng: random.Random | None = None,
         cache_url: str | None = None,
         blob_limit_bytes: int = DEFAULT_BLOB_LIMIT_BYTES,
+        redaction: Redaction | None = None,
     ) -> None:
         self.url = url or os.environ.get("REPLAYQ_DB") or DEFAULT_URL
         self.cache_url = cache_url or os.environ.get("REPLAYQ_CACHE")
@@ -104,6 +106,7 @@ class App:
             limits=Limits(blob_limit_bytes=blob_limit_bytes),
             cache_url=self.cache_url,
             auto_migrate=auto_migrate,
+            redactor=Redactor.build(redaction),
         )
         self.hlc = self.runtime.hlc
         self.rng = self.runtime.rng
@@ -170,6 +173,7 @@ class App:
         cache_ttl: Duration | None = None,
         errors: Mapping[type[BaseException], str] | None = None,
         resume: str = DEFAULT_RESUME,
+        redact: Redaction | None = None,
     ) -> Callable[[F], F]:
         """Declare a job type with its contract; the contract is validated here.
 
@@ -178,6 +182,8 @@ class App:
         ``resume="step"`` (the default): a retry returns the recorded result of each
         ``ctx.step(name, fn)`` an earlier attempt committed instead of running it again;
         ``"none"``: every attempt runs every step.
+        ``redact``: field names and patterns secret in this job type, on top of the app's
+        ``redaction`` (see ``replayq.redaction``).
         """
 
         def decorate(fn: F) -> F:
@@ -204,7 +210,9 @@ class App:
                 resume=resume,
             )
             error_map = {exc: FailureClass(cls) for exc, cls in (errors or {}).items()}
-            self.registry.declare(Handler(contract, fn, shape, error_map), candidate=candidate)
+            redactor = self.runtime.redactor.extended(redact) if redact else None
+            handler = Handler(contract, fn, shape, error_map, redactor)
+            self.registry.declare(handler, candidate=candidate)
             return fn
 
         return decorate

@@ -43,6 +43,7 @@ from replayq.errors import (
 )
 from replayq.model import DeadReason, Job, TraceEvent
 from replayq.observe.hooks import Observer, Observers
+from replayq.observe.logs import redact_with as redact_logs_with
 from replayq.queue import lifecycle as trace
 from replayq.queue.catalog import register_contracts
 from replayq.queue.handlers import Handler
@@ -123,6 +124,8 @@ class Worker:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.runtime = app.runtime
+        # Log lines are redacted with the rules of the job type they are about.
+        redact_logs_with(self.runtime.redactor_for)
         self.concurrency = concurrency
         self.queues = list(queues) if queues else None
         self.burst = burst
@@ -836,7 +839,8 @@ class Worker:
         failure_class = classify(exc, dict(handler.error_map))
         retry = handler.contract.retry
         retryable = retry.retries(failure_class)
-        message = f"{type(exc).__name__}: {exc}"
+        redactor = handler.redactor or self.runtime.redactor
+        message = redactor.error(exc)
         exhausted = job.attempt >= job.max_attempts
         cancelled = False
 
@@ -867,7 +871,7 @@ class Worker:
                     error=message,
                     duration=duration,
                     version=handler.contract.version,
-                    traceback=traceback.format_exception_only(exc)[-1].strip(),
+                    traceback=redactor.text(traceback.format_exception_only(exc)[-1].strip()),
                 )
             ]
             hlc = self.runtime.hlc.tick()

@@ -13,6 +13,7 @@ from replayq import codec
 from replayq.errors import ContractError, FailureClass, PayloadError, UnknownJobTypeError
 from replayq.queue.contracts import JobContract
 from replayq.queue.schedule import Schedule
+from replayq.redaction import Redactor, is_marker
 
 _SIMPLE_TYPES: dict[Any, tuple[type, ...]] = {
     int: (int,),
@@ -76,6 +77,8 @@ class PayloadShape:
             if name not in payload or (payload[name] is None and name in self.optional):
                 continue
             value = payload[name]
+            if is_marker(value):  # a redacted secret: its type was checked at enqueue
+                continue
             bad_bool = isinstance(value, bool) and bool not in allowed
             if bad_bool or not isinstance(value, allowed):
                 raise PayloadError(
@@ -92,6 +95,8 @@ class Handler:
     fn: Callable[..., Any]
     shape: PayloadShape
     error_map: Mapping[type[BaseException], FailureClass]
+    # The app's redaction rules plus this job type's own (``None``: the app's alone).
+    redactor: Redactor | None = None
 
     @property
     def is_async(self) -> bool:
