@@ -119,12 +119,6 @@ def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-@pytest.mark.xfail(
-    run=False,
-    reason="known gap (issue 15): on an 8 MB disk the WAL grows into all the space freed and "
-    "no checkpoint can find room to run, so writes stay refused; the worker survives and says "
-    "why, but does not resume. Needs a checkpoint before the WAL may grow (not yet built).",
-)
 @pytest.mark.timeout(300)
 def test_a_full_disk_is_waited_out_and_the_worker_resumes_when_space_is_freed(
     small_disk: Path, tmp_path: Path
