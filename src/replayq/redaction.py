@@ -71,6 +71,9 @@ DEFAULT_PATTERNS: tuple[str, ...] = (
 
 # 13 to 19 digits, single spaces or dashes between groups; kept only if Luhn-valid.
 _CARD = re.compile(r"(?<![\w.])(?:\d[ -]?){12,18}\d(?![\w.])")
+_CARD_SCREEN = (
+    r"\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d"
+)
 MARKER = re.compile(r"\[redacted(?::[0-9a-f]{16})?\]")
 
 
@@ -145,6 +148,8 @@ class Redactor:
     cards: bool = False
     key: bytes | None = None
     _seen: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
+    # One search that every text with a secret matches (most texts have none).
+    _screen: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def build(cls, redaction: Redaction | None = None, *, key: bytes | None = None) -> Redactor:
@@ -178,12 +183,14 @@ class Redactor:
                 raise ConfigurationError(f"redaction pattern {pattern!r}: {exc}") from None
             if compiled not in patterns:
                 patterns.append(compiled)
+        cards = self.cards or redaction.defaults
         return Redactor(
             names=frozenset(names),
             globs=tuple(dict.fromkeys(globs)),
             patterns=tuple(patterns),
-            cards=self.cards or redaction.defaults,
+            cards=cards,
             key=self.key if key is None else key,
+            _screen=_screen_of(patterns, cards),
         )
 
     @property
@@ -215,7 +222,10 @@ class Redactor:
 
     def text(self, text: str) -> str:
         """``text`` with every secret the patterns find replaced (markers are left alone)."""
-        if not (self.patterns or self.cards) or not text:
+        if not text or not (self.patterns or self.cards):
+            return text
+        screen = self._screen
+        if screen is not None and not screen.search(text):
             return text
         if "[redacted" in text:
             parts = MARKER.split(text)
@@ -230,7 +240,7 @@ class Redactor:
         for pattern in self.patterns:
             if pattern.search(text):
                 text = pattern.sub(self._replace, text)
-        if self.cards and sum(c.isdigit() for c in text) >= 13:
+        if self.cards:
             text = _CARD.sub(self._card, text)
         return text
 
@@ -266,6 +276,8 @@ class Redactor:
         kind = type(value)
         if kind is str:
             return self.text(value)
+        if kind is int or kind is float or kind is bool or value is None:
+            return value
         if depth > 256:  # deeper than the codec allows: the codec names the problem
             return value
         if kind is dict or isinstance(value, dict):
@@ -280,7 +292,7 @@ class Redactor:
                 if out is not None:
                     out[key] = new
             return value if out is None else out
-        if kind is list or kind is tuple or isinstance(value, list | tuple):
+        if kind is list or kind is tuple or isinstance(value, (list, tuple)):
             items = [self._walk(item, depth + 1) for item in value]
             if all(a is b for a, b in zip(items, value, strict=True)):
                 return value
@@ -307,6 +319,23 @@ class Redactor:
         except (TypeError, ValueError):
             text = repr(value)
         return self.marker(text)
+
+
+_GLOBAL_FLAGS = re.compile(r"^\(\?([aiLmsux]+)\)")
+
+
+def _screen_of(patterns: list[re.Pattern[str]], cards: bool) -> re.Pattern[str] | None:
+    """One regex matching wherever any pattern (or a card-like digit run) matches, so a
+    text without secrets costs one search; ``None`` if the patterns cannot be joined."""
+    parts = [
+        _GLOBAL_FLAGS.sub(r"(?\1:", p.pattern) + (")" if _GLOBAL_FLAGS.match(p.pattern) else "")
+        for p in patterns
+    ]
+    parts = [f"(?:{part})" for part in parts] + ([_CARD_SCREEN] if cards else [])
+    try:
+        return re.compile("|".join(parts)) if parts else None
+    except re.error:
+        return None
 
 
 def _has_marker(value: Any) -> bool:
