@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from decimal import Decimal
 from pathlib import Path
 
 import pytest
@@ -105,5 +107,29 @@ def test_a_job_types_rules_add_to_the_apps(tmp_path: Path) -> None:
         call = next(e for e in app.trace(paid.id) if e.name == "call")
         assert call.data["response"]["iban"] == paid.payload["iban"]
         assert call.data["request"]["kwargs"]["password"] == paid.payload["password"]
+    finally:
+        app.close()
+
+
+@dataclass
+class Card:
+    card_number: int
+    amount: Decimal
+
+
+def test_a_redacted_field_of_a_whole_payload_dataclass_reaches_the_handler_as_its_marker(
+    tmp_path: Path,
+) -> None:
+    app = replayq.App(f"sqlite:///{tmp_path / 'q.db'}", redaction=Redaction(key="k"))
+    seen: list[Card] = []
+
+    @app.job("charge")
+    def charge(ctx: replayq.Context, card: Card) -> None:
+        seen.append(card)
+
+    try:
+        job = run_inline(app, "charge", Card(int(CARD), Decimal("12.30")))
+        assert job.state.value == "succeeded", job.last_error
+        assert is_marker(seen[0].card_number) and seen[0].amount == Decimal("12.30")
     finally:
         app.close()
