@@ -30,8 +30,10 @@ test: $(STAMP)
 soak: $(STAMP)
 	$(BIN)/pytest -m soak -p no:cacheprovider -s
 
+# The fault tests on both backends; each prints the chaos checker's table (tests/chaos_check.py).
 chaos: $(STAMP)
-	$(BIN)/pytest -q -p no:cacheprovider tests/acceptance/test_postgres_chaos.py -s
+	$(BIN)/pytest -q -p no:cacheprovider -s tests/acceptance/test_postgres_chaos.py \
+		tests/acceptance/test_sqlite_faults.py tests/acceptance/test_postgres_read_only.py
 
 # Plant each named bug of scripts/mutate.py in a copy of the tree; exit 1 if one survives.
 mutate: $(STAMP)

@@ -10,6 +10,8 @@ are not counted). Paths the test apps use:
   ``/_stock``, default 10);
 * ``POST /warehouse/shipments`` — a write: ``{"shipment_id": "shp-<n>"}``;
 * ``POST /warehouse/cancellations`` — a write (a compensator's undo);
+* ``POST /effects/<key>`` — a real effect of the chaos suite, counted per key
+  (``tests/chaos_check.py`` reads the counts);
 * ``POST /email`` — the email sink: keeps each message (``GET /_mail``);
 * ``POST /_fail`` ``{"path": ..., "times": N, "status": 503}`` — the next N
   requests to that path answer ``status`` (default 503; and are counted: they
@@ -130,6 +132,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if path == "/warehouse/cancellations":
             self._reply(200, {"cancelled": body.get("shipment_id")})
+            return
+        if path.startswith("/effects/"):  # the chaos suite's effects: counted per key
+            self._reply(200, {"ok": True})
             return
         if path == "/email":
             with STATE.lock:

@@ -78,6 +78,7 @@ from replayq.recording.in_doubt import EffectRecord, EffectResolution
 from replayq.recording.locks import break_lock, list_locks
 from replayq.recording.outbox import open_sink, publish_pending
 from replayq.recording.state import Entity, StateStore
+from replayq.redaction import Redaction
 from replayq.replay.diff import diff_traces, uncommitted_writes
 from replayq.replay.diff import render as render_diff
 from replayq.replay.engine import ReplayReport, dry_run, dry_run_many, fork, trace_replay
@@ -152,6 +153,7 @@ __all__ = [
     "PayloadError",
     "PinRule",
     "RecordedFailure",
+    "Redaction",
     "ReplayDivergenceError",
     "ReplayReport",
     "ReplayqError",

@@ -39,6 +39,7 @@ from replayq.recording.in_doubt import (
     resolve_effect,
 )
 from replayq.recording.state import StateStore
+from replayq.redaction import Redaction, Redactor
 from replayq.rollout import Rollout, verify_handler
 from replayq.runtime import DEFAULT_BLOB_LIMIT_BYTES, Limits, Runtime
 from replayq.storage import open_storage
@@ -79,6 +80,7 @@ class App:
         rng: random.Random | None = None,
         cache_url: str | None = None,
         blob_limit_bytes: int = DEFAULT_BLOB_LIMIT_BYTES,
+        redaction: Redaction | None = None,
     ) -> None:
         self.url = url or os.environ.get("REPLAYQ_DB") or DEFAULT_URL
         self.cache_url = cache_url or os.environ.get("REPLAYQ_CACHE")
@@ -92,6 +94,7 @@ class App:
             limits=Limits(blob_limit_bytes=blob_limit_bytes),
             cache_url=self.cache_url,
             auto_migrate=auto_migrate,
+            redactor=Redactor.build(redaction),
         )
         self.hlc = self.runtime.hlc
         self.rng = self.runtime.rng
@@ -160,6 +163,7 @@ class App:
         cache_ttl: Duration | None = None,
         errors: Mapping[type[BaseException], str] | None = None,
         resume: str = DEFAULT_RESUME,
+        redact: Redaction | None = None,
     ) -> Callable[[F], F]:
         """Declare a job type with its contract; the contract is validated here.
 
@@ -168,6 +172,8 @@ class App:
         ``resume="step"`` (the default): a retry returns the recorded result of each
         ``ctx.step(name, fn)`` an earlier attempt committed instead of running it again;
         ``"none"``: every attempt runs every step.
+        ``redact``: field names and patterns secret in this job type, on top of the app's
+        ``redaction`` (see ``replayq.redaction``).
         """
 
         def decorate(fn: F) -> F:
@@ -195,7 +201,9 @@ class App:
                 payload_schema=shape.schema(),
             )
             error_map = {exc: FailureClass(cls) for exc, cls in (errors or {}).items()}
-            self.registry.declare(Handler(contract, fn, shape, error_map), candidate=candidate)
+            redactor = self.runtime.redactor.extended(redact) if redact else None
+            handler = Handler(contract, fn, shape, error_map, redactor)
+            self.registry.declare(handler, candidate=candidate)
             return fn
 
         return decorate

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 from replayq.errors import ConfigurationError
@@ -17,7 +18,10 @@ def parse_duration(value: Duration, *, name: str = "duration") -> float:
     if isinstance(value, bool):
         raise ConfigurationError(f"{name}: expected seconds or a string like '30s', got {value!r}")
     if isinstance(value, int | float):
-        return float(value)
+        seconds = float(value)
+        if not math.isfinite(seconds):
+            raise ConfigurationError(f"{name}: {value!r} is not a finite number of seconds")
+        return seconds
     match = _PATTERN.match(value) if isinstance(value, str) else None
     if match is None:
         raise ConfigurationError(
@@ -25,7 +29,10 @@ def parse_duration(value: Duration, *, name: str = "duration") -> float:
             "use seconds or '500ms', '30s', '5m', '1h'"
         )
     number, unit = match.groups()
-    return float(number) * _UNITS[unit or "s"]
+    seconds = float(number) * _UNITS[unit or "s"]
+    if not math.isfinite(seconds):
+        raise ConfigurationError(f"{name}: {value!r} is not a finite number of seconds")
+    return seconds
 
 
 def format_duration(seconds: float) -> str:

@@ -23,6 +23,7 @@ from typing import Protocol
 from replayq.clock import Clock, HybridLogicalClock
 from replayq.errors import SchemaError
 from replayq.queue.handlers import HandlerRegistry
+from replayq.redaction import Redactor
 from replayq.storage import open_storage
 from replayq.storage.cache import CacheBackend, open_cache
 from replayq.storage.migrate import pending
@@ -74,11 +75,22 @@ class Runtime:
     limits: Limits = field(default_factory=Limits)
     cache_url: str | None = None
     auto_migrate: bool | None = None
+    # Secrets redaction (``replayq.redaction``): the app's rules and HMAC key.
+    redactor: Redactor = field(default_factory=Redactor.build)
     _opened: _Opened = field(default_factory=_Opened, repr=False)
 
     @property
     def runtime(self) -> Runtime:
         return self
+
+    def redactor_for(self, job_type: str | None) -> Redactor:
+        """The redaction rules of ``job_type``: its handler's, else the app's."""
+        registry = self.registry
+        if job_type is not None and registry.declares(job_type):
+            own = registry.handler(job_type).redactor
+            if own is not None:
+                return own
+        return self.redactor
 
     def scratch(self, url: str) -> Runtime:
         """A runtime on another database with the same handlers (replaying an exported case)."""

@@ -6,6 +6,9 @@ replayq or by the handler's own loggers) carries ``job_id``, ``trace_id``,
 set around the attempt, copied onto records by a filter on the handler. The
 JSON format writes one object per line with those fields at the top level;
 the text format appends them as ``key=value``.
+
+Every line is redacted (``replayq.redaction``) with the rules of the record's
+job type once a worker named them (``redact_with``), the defaults before that.
 """
 
 from __future__ import annotations
@@ -14,12 +17,13 @@ import contextvars
 import json
 import logging
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
 from replayq.model import Job
+from replayq.redaction import Redactor
 
 JOB_FIELDS = ("job_id", "trace_id", "attempt", "version", "job_type", "worker_id")
 LEVELS = ("debug", "info", "warning", "error")
@@ -28,6 +32,25 @@ FORMATS = ("text", "json")
 _current: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
     "replayq_job_fields", default=None
 )
+
+
+_chooser: list[Callable[[str | None], Redactor]] = []
+
+
+def redact_with(choose: Callable[[str | None], Redactor]) -> None:
+    """Redact log lines with ``choose(job_type)`` (``None`` outside an attempt)."""
+    _chooser[:] = [choose]
+
+
+def _redact(record: logging.LogRecord, text: str) -> str:
+    if not _chooser:
+        _chooser.append(_default_redactor())
+    return _chooser[0](getattr(record, "job_type", None)).text(text)
+
+
+def _default_redactor() -> Callable[[str | None], Redactor]:
+    default = Redactor.build()
+    return lambda _job_type: default
 
 
 @contextmanager
@@ -69,14 +92,14 @@ class JsonFormatter(logging.Formatter):
             "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
             "level": record.levelname.lower(),
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": _redact(record, record.getMessage()),
         }
         for name in JOB_FIELDS:
             value = getattr(record, name, None)
             if value is not None:
                 body[name] = value
         if record.exc_info:
-            body["exception"] = self.formatException(record.exc_info)
+            body["exception"] = _redact(record, self.formatException(record.exc_info))
         return json.dumps(body, default=str)
 
 
@@ -93,7 +116,7 @@ class TextFormatter(logging.Formatter):
             for name in JOB_FIELDS
             if getattr(record, name, None) is not None
         )
-        return f"{line} {extra}" if extra else line
+        return _redact(record, f"{line} {extra}" if extra else line)
 
 
 def configure_logging(

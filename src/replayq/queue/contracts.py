@@ -71,7 +71,9 @@ class Retry:
 
     def ceiling(self, attempt: int) -> float:
         """The largest delay after failed attempt ``attempt`` (1-based)."""
-        return min(self.cap_seconds, self.base_seconds * 2.0 ** max(attempt - 1, 0))
+        # 2.0**1024 overflows a float: past the cap, doubling further changes nothing.
+        exponent = min(max(attempt - 1, 0), 1023)
+        return min(self.cap_seconds, self.base_seconds * 2.0**exponent)
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         """The delay before the retry that follows failed attempt ``attempt``."""

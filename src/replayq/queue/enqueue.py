@@ -13,6 +13,7 @@ from replayq.model import Job
 from replayq.queue import lifecycle
 from replayq.queue.catalog import active_contract
 from replayq.queue.contracts import Retry, render_template, template_fields
+from replayq.redaction import Redactor
 from replayq.runtime import Runtime
 from replayq.storage.protocol import JobInsert, Transaction
 
@@ -50,6 +51,12 @@ def _checked_payload(runtime: Runtime, request: EnqueueRequest) -> str:
             "for job types this app does not declare"
         )
     return payload_json
+
+
+def _redacted(redactor: Redactor, payload: Any, text: str) -> tuple[Any, str]:
+    """``payload`` and its JSON with secrets replaced (the same objects if it has none)."""
+    redacted = redactor.value(payload)
+    return (payload, text) if redacted is payload else (redacted, codec.dumps(redacted))
 
 
 def insert_job(
@@ -91,9 +98,14 @@ def insert_job(
             "idempotency key and attempt budget are unknown; start a worker that declares it "
             "(contracts are stored when a worker starts) or give --app module:app"
         )
+    # Secrets never reach the database: the payload is stored, and keys are rendered,
+    # with its secret fields replaced by their markers (``replayq.redaction``).
+    redactor = runtime.redactor_for(request.job_type)
+    payload = request.payload
     if handler is not None:
         # Keys are rendered from the JSON form: one text per value, whatever object was passed.
-        plain, payload_json = handler.prepare_payload(request.payload)
+        plain, payload_json = handler.prepare_payload(payload)
+        plain, payload_json = _redacted(redactor, plain, payload_json)
         contract = handler.contract
         max_attempts = contract.retry.max_attempts
         ordering_key = render_template(contract.ordering, plain)
@@ -109,12 +121,14 @@ def insert_job(
                     f"{request.job_type} {stored.version}: the {label} key {template!r} needs "
                     f"payload field(s) {', '.join(missing)}"
                 )
+        payload, payload_json = _redacted(redactor, payload, payload_json)
         max_attempts = stored.retry.max_attempts
-        ordering_key = render_template(stored.ordering, request.payload)
-        idempotency_key = render_template(stored.idempotency, request.payload)
+        ordering_key = render_template(stored.ordering, payload)
+        idempotency_key = render_template(stored.idempotency, payload)
         job_queue = queue or stored.queue
     else:
         payload_json = _checked_payload(runtime, request)
+        payload, payload_json = _redacted(redactor, payload, payload_json)
         max_attempts, ordering_key, idempotency_key = Retry().max_attempts, None, None
         job_queue = queue or "default"
     hlc = runtime.hlc.tick()

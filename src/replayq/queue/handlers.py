@@ -15,6 +15,7 @@ from replayq.errors import ContractError, FailureClass, PayloadError, UnknownJob
 from replayq.queue.contracts import JobContract
 from replayq.queue.payload_types import Fields, FieldType, check_names, field_type, is_record
 from replayq.queue.schedule import Schedule
+from replayq.redaction import Redactor, is_marker
 
 
 @dataclass(frozen=True)
@@ -126,6 +127,8 @@ class PayloadShape:
             for name, kind in self.types.items():
                 if name not in payload or (payload[name] is None and name in self.optional):
                     continue
+                if is_marker(payload[name]):  # a redacted secret: checked at enqueue
+                    continue
                 value = kind.from_json(payload[name], name)
                 if kind.rich:
                     decoded = decoded if decoded is not None else dict(payload)
@@ -143,6 +146,8 @@ class Handler:
     fn: Callable[..., Any]
     shape: PayloadShape
     error_map: Mapping[type[BaseException], FailureClass]
+    # The app's redaction rules plus this job type's own (``None``: the app's alone).
+    redactor: Redactor | None = None
 
     @property
     def is_async(self) -> bool:

@@ -44,6 +44,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from replayq.errors import PayloadError
+from replayq.redaction import is_marker
 
 
 def join(path: str, name: str) -> str:
@@ -302,8 +303,9 @@ def _dataclass_fields(cls: type[Any]) -> FieldType:
         fields = items(value, path)
         return cls(
             **{
+                # A redacted secret reaches the handler as its marker (checked at enqueue).
                 name: record.types[name].from_json(item, join(path, name))
-                if name in record.types
+                if name in record.types and not is_marker(item)
                 else item
                 for name, item in fields.items()
             }

@@ -14,6 +14,7 @@ from replayq.model import Job, TraceEvent
 from replayq.queue.handlers import Handler
 from replayq.recording.blobs import Encoded
 from replayq.recording.world import World
+from replayq.redaction import Redactor
 from replayq.runtime import Runtime
 from replayq.storage.protocol import Transaction
 
@@ -44,6 +45,7 @@ class Attempt(Protocol):
     branch: str
     branch_base: tuple[str, int] | None
     namespace: str
+    redactor: Redactor
 
     @property
     def trace_id(self) -> str: ...

@@ -108,6 +108,8 @@ class Context:
         self._step_keys: list[str] = []
         self._step_counts: dict[str, int] = {}
         self.blob_limit = runtime.limits.blob_limit_bytes
+        # Applied to every value before it enters the recording (``redacted``).
+        self.redactor = handler.redactor or runtime.redactor
 
     # -- views, built on first use (most handlers touch few of them, many touch none) -------
 
@@ -264,7 +266,7 @@ class Context:
             resource_version=resource_version,
             side_effect=side_effect,
             output_ref=output_ref,
-            data=data,
+            data=self.redacted(data),
         )
 
     def record(self, name: str, **kwargs: Any) -> TraceEvent:
@@ -341,6 +343,14 @@ class Context:
         cached = self.cache.pending if self._built("cache") else []
         return [*self._pending.what, *cached]
 
+    def redacted(self, value: Any) -> Any:
+        """``value`` with its secrets replaced by markers (``replayq.redaction``).
+
+        The one boundary where values enter the recording: every event's data and
+        every encoded value (blobs, effect results, step results) pass through here.
+        """
+        return self.redactor.value(value)
+
     def encode(self, value: Any, *, what: str) -> tuple[Any, str | None, bytes | None]:
         """Check a recorded value: JSON only, under the blob limit; large ones go to blobs."""
         inline, ref, raw, _ = self.encoded(value, what=what)
@@ -350,6 +360,7 @@ class Context:
         """``encode``, keeping the canonical text: the value is walked and serialised once
         here; the size check, the version row, the blob and its hash reuse the text."""
         try:
+            value = self.redacted(value)
             text = codec.dumps(value, what=what)
         except PayloadError as exc:
             raise PayloadError(f"{what} cannot be recorded: {exc}") from exc
@@ -495,7 +506,7 @@ class Context:
                 status="fail",
                 step_name=name,
                 duration=duration,
-                error=f"{type(exc).__name__}: {exc}",
+                error=self.redactor.error(exc),
             )
             self.commit_now(failed=True)
             raise
@@ -524,7 +535,7 @@ class Context:
                 self.record_fenced(refused, step_name=name)
             self.discard_writes()
             self._pending.events = [e for e in self._pending.events if e is not finished]
-            error = f"{type(exc).__name__}: {exc}"
+            error = self.redactor.error(exc)
             self.record("step.rolled_back", status="fail", step_name=name, error=error)
             self.record(
                 "step.finished", status="fail", step_name=name, duration=duration, error=error
@@ -554,7 +565,9 @@ class Context:
         self, name: str, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Flow[Any]:
         self.check_cancelled()
-        request = {"args": list(args), "kwargs": kwargs}
+        # The fingerprint is over the redacted request: a replay that passes the marker
+        # (read back from a redacted payload) or the secret itself matches it.
+        request = self.redacted({"args": list(args), "kwargs": kwargs})
         summary, summary_text = _summarise_encoded(request)
         fingerprint = codec.fingerprint_text(summary_text)
         try:
@@ -584,7 +597,7 @@ class Context:
                 call=name,
                 fingerprint=fingerprint,
                 request=summary,
-                error=f"{type(exc).__name__}: {exc}",
+                error=self.redactor.error(exc),
                 # Recorded so that a replay raises the failure with the class it had.
                 error_class=classify(exc, dict(self.handler.error_map)).value,
                 duration=time.monotonic() - started,

@@ -160,7 +160,7 @@ class EffectRunner:
             with unsealed():  # the effect itself is the door the seal leaves open
                 result = yield outside_call(fn)
         except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            error = ctx.redactor.error(exc)
             with runtime.storage.transaction() as tx:
                 ctx.fence(tx, [f"effect failure {kind} {key}"], kind=kind, key=key, error=error)
                 tx.idem_fail(

@@ -183,7 +183,7 @@ def publish_pending(
             result.published += 1
         except Exception as exc:
             with runtime.storage.transaction() as tx:
-                tx.outbox_mark_failed(row["id"], f"{type(exc).__name__}: {exc}")
+                tx.outbox_mark_failed(row["id"], runtime.redactor.error(exc))
             result.failed += 1
     return result
 

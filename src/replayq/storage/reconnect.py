@@ -51,7 +51,8 @@ class Backoff:
 
     def next_delay(self, exc: BaseException) -> float:
         """Count one failure, log it, and return how long to wait before the next try."""
-        ceiling = min(self.cap, self.first * 2**self.failures)
+        # The exponent is bounded: 2**1024 is no float, and an outage may last hours.
+        ceiling = min(self.cap, self.first * 2 ** min(self.failures, 60))
         self.failures += 1
         # Jitter keeps a fleet of workers from reconnecting in lock step after a restart.
         delay = random.uniform(ceiling / 2, ceiling)

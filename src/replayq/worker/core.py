@@ -19,6 +19,7 @@ from typing import Any
 from replayq.errors import UnknownJobTypeError
 from replayq.model import Job
 from replayq.observe.hooks import Observer, Observers
+from replayq.observe.logs import redact_with as redact_logs_with
 from replayq.queue.handlers import Handler
 from replayq.queue.scheduler import Scheduler
 from replayq.recording.context import Context
@@ -88,6 +89,8 @@ class WorkerCore:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         self.runtime = app.runtime
+        # Log lines are redacted with the rules of the job type they are about.
+        redact_logs_with(self.runtime.redactor_for)
         self.concurrency = concurrency
         self.queues = list(queues) if queues else None
         self.burst = burst

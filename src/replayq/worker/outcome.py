@@ -121,7 +121,8 @@ class Outcomes(Settling, Leasing):
         failure_class = classify(exc, dict(handler.error_map))
         retry = handler.contract.retry
         retryable = retry.retries(failure_class)
-        message = f"{type(exc).__name__}: {exc}"
+        redactor = handler.redactor or self.runtime.redactor
+        message = redactor.error(exc)
         exhausted = job.attempt >= job.max_attempts
         cancelled = False
 
@@ -152,7 +153,7 @@ class Outcomes(Settling, Leasing):
                     error=message,
                     duration=duration,
                     version=handler.contract.version,
-                    traceback=traceback.format_exception_only(exc)[-1].strip(),
+                    traceback=redactor.text(traceback.format_exception_only(exc)[-1].strip()),
                 )
             ]
             hlc = self.runtime.hlc.tick()

@@ -43,6 +43,13 @@ Known limits, up front:
   (``?idle_in_transaction_timeout=`` seconds, default 10): the server ends a
   frozen session and releases its locks, the reaper takes the job, and the
   worker, when it resumes, finds its connection gone and its lease lost.
+* A server that takes no writes (SQLSTATE 25006: a standby after a failover, or
+  ``default_transaction_read_only``) is ``DatabaseUnavailableError`` like a server
+  that is down, unless replayq asked for a read-only transaction itself. The
+  session that met it is closed, so the pool's next connection can reach the
+  primary that took over. Transactions begin with the server's default mode
+  (never ``BEGIN READ WRITE``, which would override that setting, and which a
+  standby refuses with another code).
 * Half-open sockets (a partitioned host): libpq TCP keepalives and
   ``tcp_user_timeout`` (``DEFAULT_TCP_USER_TIMEOUT_MS`` unless the URL sets it)
   turn a silent peer into an error within seconds instead of the kernel's
@@ -77,6 +84,20 @@ from replayq.storage.queries import load_queries
 from replayq.storage.sql_transaction import SqlTransaction, row_to_job
 
 log = logging.getLogger("replayq.storage.postgres")
+
+
+class _QuietDiscards(logging.Filter):
+    """Drops psycopg_pool's warning for each closed connection handed back to the pool.
+
+    replayq closes dead and read-only sessions on purpose and hands them back, once per
+    retry in an outage; the outage itself is logged once, with its cause, by the caller.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("discarding closed connection")
+
+
+logging.getLogger("psycopg.pool").addFilter(_QuietDiscards())
 
 _MIGRATIONS = "replayq.storage.postgres.migrations"
 DEFAULT_POOL_SIZE = 4
@@ -156,8 +177,26 @@ def _redact(conninfo: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
-def storage_error(what: str, exc: psycopg.Error) -> StorageError:
-    """The replayq error for a driver error: unreachable server vs. anything else."""
+def _read_only(exc: BaseException) -> bool:
+    """Whether ``exc`` (or its cause) is SQLSTATE 25006: a write refused as read-only."""
+    return isinstance(exc, psycopg.errors.ReadOnlySqlTransaction) or isinstance(
+        exc.__cause__, psycopg.errors.ReadOnlySqlTransaction
+    )
+
+
+def storage_error(what: str, exc: psycopg.Error, *, read_only_asked: bool = False) -> StorageError:
+    """The replayq error for a driver error: unreachable server vs. anything else.
+
+    A write refused because the session is read-only (SQLSTATE 25006) is the server
+    being unable to take writes — a standby after a failover, or
+    ``default_transaction_read_only`` — unless replayq itself asked for a read-only
+    transaction (then it is a bug, and retrying would never end).
+    """
+    if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction) and not read_only_asked:
+        return DatabaseUnavailableError(
+            f"{what}: the server takes no writes now (read-only, SQLSTATE 25006: a standby "
+            f"after a failover?): {exc}"
+        )
     if isinstance(exc, psycopg.OperationalError) and not isinstance(
         exc, psycopg.errors.QueryCanceled
     ):
@@ -176,13 +215,17 @@ class PostgresTransaction(SqlTransaction):
         try:
             return super().execute(name, params)
         except psycopg.Error as exc:
-            raise storage_error(f"query {name} failed", exc) from exc
+            raise storage_error(
+                f"query {name} failed", exc, read_only_asked=bool(self.connection.read_only)
+            ) from exc
 
     def executemany(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
         try:
             super().executemany(name, rows)
         except psycopg.Error as exc:
-            raise storage_error(f"query {name} failed", exc) from exc
+            raise storage_error(
+                f"query {name} failed", exc, read_only_asked=bool(self.connection.read_only)
+            ) from exc
 
     def job_lease(self, params: JobLease) -> list[Job]:
         """Claim the whole batch in one statement (``job_lease_batch``).
@@ -381,15 +424,26 @@ class PostgresStorage:
             conn = self._live_connection()
             try:
                 with conn:  # commit on success, roll back on an exception
-                    conn.read_only = readonly
+                    # Not ``False``: psycopg would BEGIN READ WRITE, which a standby refuses
+                    # with another code (0A000) and which overrides a server told to take
+                    # no writes; with the server's default a refused write is 25006.
+                    conn.read_only = True if readonly else None
                     yield conn
+            except BaseException as exc:
+                if not readonly and _read_only(exc):
+                    # A read-only session (a standby after a failover): drop it, so that
+                    # the pool's next connection can reach the primary that took over.
+                    conn.close()
+                raise
             finally:
                 self.pool.putconn(conn)
         except psycopg.Error as exc:
-            raise storage_error("PostgreSQL transaction failed", exc) from exc
+            raise storage_error(
+                "PostgreSQL transaction failed", exc, read_only_asked=readonly
+            ) from exc
         finally:
             # No connection to be had, or it broke under us: the database is gone for now.
-            if conn is None or conn.broken:
+            if conn is None or conn.broken or conn.closed:
                 self._reachable.clear()
             elif not self._reachable.is_set():
                 self._reachable.set()

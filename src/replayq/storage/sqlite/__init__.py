@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -56,6 +57,11 @@ _MIGRATIONS = "replayq.storage.sqlite.migrations"
 _SYNC_MODES = {"OFF", "NORMAL", "FULL", "EXTRA"}
 _WAL_AUTOCHECKPOINT_PAGES = 4000
 _JOURNAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
+# On a small or nearly full disk the WAL must never take the room a checkpoint needs:
+# it is checkpointed once it holds a quarter of the free space (at least this many pages).
+_WAL_MIN_PAGES = 64
+# How many write transactions of one connection between two looks at the free space.
+_RETUNE_EVERY = 128
 # Primary result codes of a fault that passes (or is fixed outside replayq) rather than a
 # bad statement: BUSY 5, LOCKED 6, NOMEM 7, READONLY 8, IOERR 10, FULL 13, CANTOPEN 14,
 # PROTOCOL 15 (https://sqlite.org/rescode.html).
@@ -88,6 +94,10 @@ def _rollback(conn: sqlite3.Connection) -> None:
         log.debug("ROLLBACK failed after an earlier error: %s", exc)
 
 
+def _is_full(exc: sqlite3.Error) -> bool:
+    return (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF == _SQLITE_FULL
+
+
 def _after_fault(conn: sqlite3.Connection, exc: sqlite3.Error) -> None:
     """Roll back; after ``SQLITE_FULL`` also checkpoint the WAL, so the next write can fit.
 
@@ -97,7 +107,7 @@ def _after_fault(conn: sqlite3.Connection, exc: sqlite3.Error) -> None:
     ``TRUNCATE`` also gives the file's space back to the file system.
     """
     _rollback(conn)
-    if (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF == _SQLITE_FULL:
+    if _is_full(exc):
         try:
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         except sqlite3.Error as checkpoint_exc:
@@ -156,7 +166,11 @@ class SqliteStorage:
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
+        # Set by SQLITE_FULL: writes wait until a checkpoint has emptied the WAL (see
+        # ``_checkpoint_after_full``), so that space freed goes to the checkpoint first.
+        self._full = threading.Event()
         parent = Path(self.path).expanduser().resolve().parent
+        self._directory = parent
         if self.path != ":memory:" and not parent.is_dir():
             raise DatabaseUnavailableError(
                 f"cannot open SQLite database {self.path!r}: "
@@ -184,8 +198,10 @@ class SqliteStorage:
             # A job's commit dirties ~8 pages (rows, indexes, trace; docs/benchmarks.md): at
             # the default 1000-page WAL a checkpoint (two fsyncs) came every ~100 jobs. Durability
             # is the same; the WAL reaches ~16 MB between checkpoints, truncated above 64 MB.
-            conn.execute(f"PRAGMA wal_autocheckpoint = {_WAL_AUTOCHECKPOINT_PAGES}")
-            conn.execute(f"PRAGMA journal_size_limit = {_JOURNAL_SIZE_LIMIT_BYTES}")
+            self._local.page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+            self._local.writes = 0
+            self._local.wal_pages = 0
+            self._fit_wal(conn)
             conn.execute("PRAGMA foreign_keys = ON")
         except (sqlite3.Error, OSError) as exc:
             raise DatabaseUnavailableError(
@@ -196,9 +212,63 @@ class SqliteStorage:
             self._all.append(conn)
         return conn
 
+    def _fit_wal(self, conn: sqlite3.Connection) -> None:
+        """Size this connection's automatic checkpoint to the disk's free space.
+
+        At most ``_WAL_AUTOCHECKPOINT_PAGES`` (16 MB), and at most a quarter of the free
+        space: on a small or nearly full disk the WAL is checkpointed (and, past
+        ``journal_size_limit``, truncated) long before it could fill the disk, which
+        would leave no room for the checkpoint that empties it.
+        """
+        local = self._local
+        pages = _WAL_AUTOCHECKPOINT_PAGES
+        if self.path != ":memory:":
+            try:
+                free = shutil.disk_usage(self._directory).free
+            except OSError:
+                free = None
+            if free is not None:
+                pages = max(_WAL_MIN_PAGES, min(pages, free // 4 // local.page_size))
+        if pages != local.wal_pages:
+            conn.execute(f"PRAGMA wal_autocheckpoint = {int(pages)}")
+            limit = min(_JOURNAL_SIZE_LIMIT_BYTES, pages * local.page_size)
+            conn.execute(f"PRAGMA journal_size_limit = {int(limit)}")
+            local.wal_pages = pages
+
+    def _checkpoint_after_full(self, conn: sqlite3.Connection) -> None:
+        """After ``SQLITE_FULL``: empty the WAL before writing again, or say why not.
+
+        A write would append to the WAL (it cannot restart before a complete
+        checkpoint) and take the very space the checkpoint needs to copy pages into
+        the database file. So until ``wal_checkpoint(TRUNCATE)`` succeeds, every write
+        is refused as unavailable, and the worker's backoff tries again.
+        """
+        try:
+            busy, _, _ = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        except sqlite3.Error as exc:
+            _rollback(conn)
+            raise storage_error(
+                f"{self.path!r}: the disk was full and the WAL cannot be checkpointed yet", exc
+            ) from exc
+        if busy:
+            raise DatabaseUnavailableError(
+                f"{self.path!r}: database or disk is full; the WAL checkpoint that must run "
+                "first is waiting for readers"
+            )
+        self._full.clear()
+        log.info("%s: the WAL is checkpointed after a full disk; writes resume", self.path)
+        self._fit_wal(conn)
+
     @contextmanager
     def transaction(self, *, readonly: bool = False) -> Iterator[SqlTransaction]:
         conn = self._connection()
+        if not readonly:
+            if self._full.is_set():
+                self._checkpoint_after_full(conn)
+            local = self._local
+            local.writes += 1
+            if local.writes % _RETUNE_EVERY == 0:
+                self._fit_wal(conn)
         try:
             conn.execute("BEGIN" if readonly else "BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
@@ -206,7 +276,7 @@ class SqliteStorage:
         try:
             yield SqlTransaction(conn, self.queries)
         except sqlite3.Error as exc:
-            _after_fault(conn, exc)
+            self._fault(conn, exc)
             # Storage errors keep the driver's as __cause__ (as on PostgreSQL).
             raise storage_error(self.path, exc) from exc
         except BaseException:
@@ -215,8 +285,13 @@ class SqliteStorage:
         try:
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            _after_fault(conn, exc)
+            self._fault(conn, exc)
             raise storage_error(f"commit failed on {self.path!r}", exc) from exc
+
+    def _fault(self, conn: sqlite3.Connection, exc: sqlite3.Error) -> None:
+        if _is_full(exc):
+            self._full.set()
+        _after_fault(conn, exc)
 
     def adopt(self, connection: Any) -> SqlTransaction:
         """Verbs on the caller's connection to this file, whatever its row factory.

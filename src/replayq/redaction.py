@@ -1,0 +1,356 @@
+"""Secrets redaction: what is replaced before a value is stored, and by what.
+
+A ``Redaction`` names what is secret: field names (exact, any case, ``-``/``_``
+ignored, or ``fnmatch`` globs such as ``*_secret``) and value patterns (regular
+expressions; with a group, only the first group is secret). The defaults cover
+``Authorization``/``Cookie`` headers, passwords, API keys, access tokens, client
+secrets, private keys, card numbers and CVVs, ``Bearer``/``Basic`` credentials,
+passwords in URLs and card numbers (Luhn-checked) anywhere in a text.
+
+A ``Redactor`` applies it. A secret becomes a marker: ``[redacted:<16 hex>]``,
+the first 16 hex digits of an HMAC-SHA256 of the secret under a key that lives
+outside the database (``REPLAYQ_REDACTION_KEY``, or the file named by
+``REPLAYQ_REDACTION_KEY_FILE``, or ``Redaction(key=...)``). Equal secrets get
+equal markers, so a diff still says "same card" and a replay whose arguments
+carry the marker (from the redacted payload) or the secret itself has the same
+call fingerprint. Without a key the marker is ``[redacted]``: the secret is
+still never stored, but two secrets can no longer be told apart.
+
+Redacting is idempotent: a marker is never redacted again, so values read back
+from the database (a replay, an imported case) redact to themselves.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import hmac
+import json
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from replayq.errors import ConfigurationError
+
+KEY_ENV = "REPLAYQ_REDACTION_KEY"
+KEY_FILE_ENV = "REPLAYQ_REDACTION_KEY_FILE"
+
+DEFAULT_FIELDS: tuple[str, ...] = (
+    "password",
+    "passwd",
+    "passphrase",
+    "secret",
+    "client_secret",
+    "api_key",
+    "x_api_key",
+    "access_token",
+    "refresh_token",
+    "id_token",
+    "auth_token",
+    "bearer_token",
+    "session_token",
+    "authorization",
+    "proxy_authorization",
+    "cookie",
+    "set_cookie",
+    "private_key",
+    "card_number",
+    "cvv",
+    "cvc",
+)
+
+DEFAULT_PATTERNS: tuple[str, ...] = (
+    # Authorization header values, wherever they appear in a text.
+    r"(?i)\b(?:bearer|basic)\s+([A-Za-z0-9\-._~+/]{8,}=*)",
+    # user:password@ in a URL.
+    r"://[^/\s:@\[\]]+:([^/\s@\[\]]+)@",
+)
+
+# 13 to 19 digits, single spaces or dashes between groups; kept only if Luhn-valid.
+_CARD = re.compile(r"(?<![\w.])(?:\d[ -]?){12,18}\d(?![\w.])")
+_CARD_SCREEN = (
+    r"\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d"
+)
+MARKER = re.compile(r"\[redacted(?::[0-9a-f]{16})?\]")
+
+
+def _norm(name: str) -> str:
+    return name.lower().replace("-", "").replace("_", "")
+
+
+def _luhn(digits: str) -> bool:
+    total = 0
+    for index, char in enumerate(reversed(digits)):
+        value = int(char)
+        if index % 2:
+            value = value * 2 - 9 if value > 4 else value * 2
+        total += value
+    return total % 10 == 0
+
+
+@dataclass(frozen=True)
+class Redaction:
+    """What is secret: extra field names/globs and value regexes, on top of the defaults.
+
+    ``defaults=False`` drops the built-in names and patterns (card numbers included).
+    ``key`` (text or bytes) overrides ``REPLAYQ_REDACTION_KEY``/``_FILE``; it is only
+    read from the app's ``Redaction``: a job type's adds names and patterns.
+    """
+
+    fields: tuple[str, ...] = ()
+    patterns: tuple[str, ...] = ()
+    defaults: bool = True
+    key: str | bytes | None = None
+
+    def __init__(
+        self,
+        fields: Iterable[str] = (),
+        patterns: Iterable[str] = (),
+        *,
+        defaults: bool = True,
+        key: str | bytes | None = None,
+    ) -> None:
+        object.__setattr__(self, "fields", tuple(fields))
+        object.__setattr__(self, "patterns", tuple(patterns))
+        object.__setattr__(self, "defaults", defaults)
+        object.__setattr__(self, "key", key)
+
+
+def key_from_environment() -> bytes | None:
+    """The HMAC key: ``$REPLAYQ_REDACTION_KEY``, else the file ``$REPLAYQ_REDACTION_KEY_FILE``."""
+    text = os.environ.get(KEY_ENV)
+    if text:
+        return text.encode()
+    path = os.environ.get(KEY_FILE_ENV)
+    if not path:
+        return None
+    try:
+        raw = Path(path).read_bytes().strip()
+    except OSError as exc:
+        raise ConfigurationError(
+            f"{KEY_FILE_ENV}={path}: cannot read the redaction key ({exc.strerror})"
+        ) from None
+    if not raw:
+        raise ConfigurationError(f"{KEY_FILE_ENV}={path}: the redaction key file is empty")
+    return raw
+
+
+@dataclass(frozen=True)
+class Redactor:
+    """Replaces secrets in JSON values and texts by keyed-hash markers (see the module)."""
+
+    names: frozenset[str] = frozenset()
+    globs: tuple[str, ...] = ()
+    patterns: tuple[re.Pattern[str], ...] = ()
+    cards: bool = False
+    key: bytes | None = None
+    _seen: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
+    # One search that every text with a secret matches (most texts have none).
+    _screen: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
+
+    @classmethod
+    def build(cls, redaction: Redaction | None = None, *, key: bytes | None = None) -> Redactor:
+        """The app's redactor: ``redaction`` (defaults when ``None``) and its key."""
+        redaction = redaction or Redaction()
+        if redaction.key is not None:
+            key = redaction.key.encode() if isinstance(redaction.key, str) else redaction.key
+        elif key is None:
+            key = key_from_environment()
+        return cls().extended(redaction, key=key)
+
+    def extended(self, redaction: Redaction | None, *, key: bytes | None = None) -> Redactor:
+        """This redactor plus ``redaction``'s names and patterns (a job type's own)."""
+        if redaction is None:
+            return self
+        names = set(self.names)
+        globs = list(self.globs)
+        patterns = list(self.patterns)
+        sources = (*DEFAULT_FIELDS, *redaction.fields) if redaction.defaults else redaction.fields
+        for name in sources:
+            if any(c in name for c in "*?["):
+                globs.append(name.lower())
+            else:
+                names.add(_norm(name))
+        for pattern in (
+            (*DEFAULT_PATTERNS, *redaction.patterns) if redaction.defaults else (redaction.patterns)
+        ):
+            try:
+                compiled = re.compile(pattern)
+            except re.error as exc:
+                raise ConfigurationError(f"redaction pattern {pattern!r}: {exc}") from None
+            if compiled not in patterns:
+                patterns.append(compiled)
+        cards = self.cards or redaction.defaults
+        return Redactor(
+            names=frozenset(names),
+            globs=tuple(dict.fromkeys(globs)),
+            patterns=tuple(patterns),
+            cards=cards,
+            key=self.key if key is None else key,
+            _screen=_screen_of(patterns, cards),
+        )
+
+    @property
+    def active(self) -> bool:
+        return bool(self.names or self.globs or self.patterns or self.cards)
+
+    # -- markers ----------------------------------------------------------------------------
+
+    def marker(self, secret: str) -> str:
+        """The marker that replaces ``secret`` (keyed hash, or plain without a key)."""
+        if self.key is None:
+            return "[redacted]"
+        digest = hmac.new(self.key, secret.encode("utf-8", "surrogatepass"), hashlib.sha256)
+        return f"[redacted:{digest.hexdigest()[:16]}]"
+
+    def secret_field(self, name: str) -> bool:
+        """Whether a field called ``name`` holds a secret."""
+        known = self._seen.get(name)
+        if known is None:
+            lowered = name.lower()
+            known = _norm(name) in self.names or any(
+                fnmatch.fnmatchcase(lowered, glob) for glob in self.globs
+            )
+            if len(self._seen) < 4096:
+                self._seen[name] = known
+        return known
+
+    # -- texts ------------------------------------------------------------------------------
+
+    def text(self, text: str) -> str:
+        """``text`` with every secret the patterns find replaced (markers are left alone)."""
+        if not text or not (self.patterns or self.cards):
+            return text
+        screen = self._screen
+        if screen is not None and not screen.search(text):
+            return text
+        if "[redacted" in text:
+            parts = MARKER.split(text)
+            found = MARKER.findall(text)
+            out = [self._plain(parts[0])]
+            for marker, part in zip(found, parts[1:], strict=True):
+                out += [marker, self._plain(part)]
+            return "".join(out)
+        return self._plain(text)
+
+    def _plain(self, text: str) -> str:
+        for pattern in self.patterns:
+            if pattern.search(text):
+                text = pattern.sub(self._replace, text)
+        if self.cards:
+            text = _CARD.sub(self._card, text)
+        return text
+
+    def _replace(self, match: re.Match[str]) -> str:
+        if match.re.groups == 0:
+            return self.marker(match.group(0))
+        start, end = match.span(1)
+        if start < 0:
+            return match.group(0)
+        whole = match.group(0)
+        offset = match.start(0)
+        secret = match.group(1)
+        return whole[: start - offset] + self.marker(secret) + whole[end - offset :]
+
+    def _card(self, match: re.Match[str]) -> str:
+        digits = "".join(c for c in match.group(0) if c.isdigit())
+        return self.marker(digits) if _luhn(digits) else match.group(0)
+
+    def error(self, exc: BaseException) -> str:
+        """``"Type: message"`` of an exception, as it is recorded: with secrets replaced."""
+        return self.text(f"{type(exc).__name__}: {exc}")
+
+    # -- values -----------------------------------------------------------------------------
+
+    def value(self, value: Any) -> Any:
+        """A JSON value with secret fields and secret texts replaced; the same object when
+        nothing in it is secret (so a value without secrets costs one walk, no copy)."""
+        if not self.active:
+            return value
+        return self._walk(value, 0)
+
+    def _walk(self, value: Any, depth: int) -> Any:
+        kind = type(value)
+        if kind is str:
+            return self.text(value)
+        if kind is int or kind is float or kind is bool or value is None:
+            return value
+        if depth > 256:  # deeper than the codec allows: the codec names the problem
+            return value
+        if kind is dict or isinstance(value, dict):
+            out: dict[Any, Any] | None = None
+            for index, (key, item) in enumerate(value.items()):
+                if isinstance(key, str) and self.secret_field(key):
+                    new = self.whole(item)
+                else:
+                    new = self._walk(item, depth + 1)
+                if new is not item and out is None:
+                    out = dict(list(value.items())[:index])
+                if out is not None:
+                    out[key] = new
+            return value if out is None else out
+        if kind is list or kind is tuple or isinstance(value, (list, tuple)):
+            items = [self._walk(item, depth + 1) for item in value]
+            if all(a is b for a, b in zip(items, value, strict=True)):
+                return value
+            return items
+        return value
+
+    def whole(self, value: Any) -> Any:
+        """The redaction of a value held by a secret field: all of it is secret.
+
+        A text keeps its shape where a pattern finds the secret in it (``Bearer
+        [redacted:…]``); a text that already carries a marker is left as it is.
+        """
+        if value is None or value == "":
+            return value
+        if isinstance(value, str):
+            redacted = self.text(value)
+            if "[redacted" in redacted and MARKER.search(redacted):
+                return redacted
+            return self.marker(value)
+        if isinstance(value, dict | list | tuple) and _has_marker(value):
+            return value  # redacted before (read back from the database)
+        try:
+            text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        except (TypeError, ValueError):
+            text = repr(value)
+        return self.marker(text)
+
+
+_GLOBAL_FLAGS = re.compile(r"^\(\?([aiLmsux]+)\)")
+
+
+def _screen_of(patterns: list[re.Pattern[str]], cards: bool) -> re.Pattern[str] | None:
+    """One regex matching wherever any pattern (or a card-like digit run) matches, so a
+    text without secrets costs one search; ``None`` if the patterns cannot be joined."""
+    parts = [
+        _GLOBAL_FLAGS.sub(r"(?\1:", p.pattern) + (")" if _GLOBAL_FLAGS.match(p.pattern) else "")
+        for p in patterns
+    ]
+    parts = [f"(?:{part})" for part in parts] + ([_CARD_SCREEN] if cards else [])
+    try:
+        return re.compile("|".join(parts)) if parts else None
+    except re.error:
+        return None
+
+
+def _has_marker(value: Any) -> bool:
+    if isinstance(value, str):
+        return MARKER.search(value) is not None
+    if isinstance(value, dict):
+        return any(_has_marker(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_has_marker(v) for v in value)
+    return False
+
+
+def is_marker(value: Any) -> bool:
+    """Whether ``value`` is a whole redaction marker (a redacted payload field)."""
+    return isinstance(value, str) and MARKER.fullmatch(value) is not None
+
+
+NONE = Redactor()

@@ -1,0 +1,135 @@
+"""Secrets redaction: what counts as a secret, the markers, and where the rules apply."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+
+import replayq
+from replayq.errors import ConfigurationError
+from replayq.redaction import Redaction, Redactor, is_marker
+from replayq.testing import run_inline
+
+CARD = "4111111111111111"
+
+
+def test_defaults_cover_headers_secret_fields_cards_and_url_passwords() -> None:
+    redactor = Redactor.build(key=b"k")
+    value = {
+        "headers": {"Authorization": "Bearer abcdefgh12345", "X-Api-Key": "k-123"},
+        "Password": "pw",
+        "card_number": int(CARD),
+        "note": "paid with 4111 1111 1111 1111 today",
+        "dsn": "postgresql://app:s3cret@db/shop",
+        "order": 12345678901234567,  # not Luhn-valid, not a secret field: kept
+        "ids": ["1234567812345678"],  # sixteen digits failing Luhn: kept
+    }
+    out = redactor.value(value)
+    assert out["headers"]["Authorization"].startswith("Bearer [redacted:")
+    assert is_marker(out["headers"]["X-Api-Key"]) and is_marker(out["Password"])
+    assert is_marker(out["card_number"])
+    assert out["note"].startswith("paid with [redacted:") and out["note"].endswith(" today")
+    assert out["dsn"].startswith("postgresql://app:[redacted:") and "s3cret" not in out["dsn"]
+    assert out["order"] == value["order"] and out["ids"] == value["ids"]
+    assert value["Password"] == "pw", "the input is not modified"
+
+
+def test_markers_are_keyed_hashes_equal_for_equal_secrets_and_redaction_is_idempotent() -> None:
+    one, other = Redactor.build(key=b"one"), Redactor.build(key=b"two")
+    first = one.value({"password": "same", "token": {"password": "same"}})
+    assert first["password"] == first["token"]["password"]
+    assert one.value({"password": "different"})["password"] != first["password"]
+    assert other.value({"password": "same"})["password"] != first["password"]
+    assert one.value(first) == first
+    assert one.value({"password": first["password"]}) == {"password": first["password"]}
+    # A secret inside an already redacted text is still found.
+    mixed = one.text(f"{first['password']} and Bearer abcdefgh12345")
+    assert mixed.startswith(first["password"]) and "abcdefgh12345" not in mixed
+
+
+def test_without_a_key_the_marker_is_plain() -> None:
+    plain = Redactor().extended(Redaction())
+    assert plain.value({"password": "pw"}) == {"password": "[redacted]"}
+
+
+def test_the_key_comes_from_the_environment_or_a_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("REPLAYQ_REDACTION_KEY", raising=False)
+    key_file = tmp_path / "redaction.key"
+    key_file.write_text("from-a-file\n")
+    monkeypatch.setenv("REPLAYQ_REDACTION_KEY_FILE", str(key_file))
+    assert Redactor.build().key == b"from-a-file"
+    monkeypatch.setenv("REPLAYQ_REDACTION_KEY", "from-env")
+    assert Redactor.build().key == b"from-env"
+    monkeypatch.delenv("REPLAYQ_REDACTION_KEY")
+    key_file.write_text("")
+    with pytest.raises(ConfigurationError, match="empty"):
+        Redactor.build()
+
+
+def test_own_fields_globs_and_patterns_and_no_defaults() -> None:
+    redactor = Redactor.build(
+        Redaction(["iban", "*_pin"], [r"ssn=(\d+)", r"ACCT-\d{6}"], defaults=False), key=b"k"
+    )
+    out = redactor.value(
+        {"IBAN": "DE89", "card_pin": 1234, "q": "ssn=123 ACCT-000001", "password": "x"}
+    )
+    assert is_marker(out["IBAN"]) and is_marker(out["card_pin"])
+    assert out["q"].startswith("ssn=[redacted:") and "ACCT-000001" not in out["q"]
+    assert out["password"] == "x", "defaults=False drops the default names"
+    with pytest.raises(ConfigurationError, match="redaction pattern"):
+        Redactor.build(Redaction(patterns=["("]))
+
+
+def test_a_job_types_rules_add_to_the_apps(tmp_path: Path) -> None:
+    app = replayq.App(f"sqlite:///{tmp_path / 'q.db'}", redaction=Redaction(key="k"))
+    seen: list[str] = []
+
+    @app.job("pay", redact=Redaction(["iban"]))
+    def pay(ctx: replayq.Context, iban: str, password: str) -> None:
+        seen.append(iban)
+        ctx.call("bank", lambda i, password: {"ok": True, "iban": i}, iban, password=password)
+
+    @app.job("plain")
+    def plain(ctx: replayq.Context, iban: str) -> None:
+        ctx.call("bank", lambda i: {"ok": True}, iban)
+
+    try:
+        paid = run_inline(app, "pay", {"iban": "DE89370400440532013000", "password": "pw"})
+        other = run_inline(app, "plain", {"iban": "DE89370400440532013000"})
+        assert is_marker(paid.payload["iban"]) and is_marker(paid.payload["password"])
+        assert seen == [paid.payload["iban"]], "the handler sees the marker of a redacted field"
+        assert other.payload["iban"] == "DE89370400440532013000", "iban is pay's rule only"
+        call = next(e for e in app.trace(paid.id) if e.name == "call")
+        assert call.data["response"]["iban"] == paid.payload["iban"]
+        assert call.data["request"]["kwargs"]["password"] == paid.payload["password"]
+    finally:
+        app.close()
+
+
+@dataclass
+class Card:
+    card_number: int
+    amount: Decimal
+
+
+def test_a_redacted_field_of_a_whole_payload_dataclass_reaches_the_handler_as_its_marker(
+    tmp_path: Path,
+) -> None:
+    app = replayq.App(f"sqlite:///{tmp_path / 'q.db'}", redaction=Redaction(key="k"))
+    seen: list[Card] = []
+
+    @app.job("charge")
+    def charge(ctx: replayq.Context, card: Card) -> None:
+        seen.append(card)
+
+    try:
+        job = run_inline(app, "charge", Card(int(CARD), Decimal("12.30")))
+        assert job.state.value == "succeeded", job.last_error
+        assert is_marker(seen[0].card_number) and seen[0].amount == Decimal("12.30")
+    finally:
+        app.close()
