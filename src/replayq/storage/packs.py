@@ -49,10 +49,7 @@ def _group_key(event: TraceEvent) -> tuple[Any, ...]:
 
 def same_pack(earlier: Sequence[TraceEvent], group: Sequence[TraceEvent]) -> bool:
     """Whether ``group`` may join the pack holding ``earlier`` (same group, room left)."""
-    return (
-        _group_key(earlier[0]) == _group_key(group[0])
-        and len(earlier) + len(group) <= PACK_SIZE
-    )
+    return _group_key(earlier[0]) == _group_key(group[0]) and len(earlier) + len(group) <= PACK_SIZE
 
 
 def groups(events: Sequence[TraceEvent]) -> Iterator[list[TraceEvent]]:
