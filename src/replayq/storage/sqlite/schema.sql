@@ -255,7 +255,7 @@ CREATE INDEX rq_trace_job ON rq_trace (job_id, id);
 
 CREATE INDEX rq_trace_derived ON rq_trace (trace_id, id) WHERE job_id IS NULL;
 
-CREATE INDEX rq_trace_hlc ON rq_trace (hlc_last, hlc);
+CREATE INDEX rq_trace_hlc ON rq_trace (hlc_last);
 
 CREATE TABLE rq_trace_resources (
     resource TEXT    NOT NULL,

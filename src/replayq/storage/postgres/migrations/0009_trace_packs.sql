@@ -19,7 +19,7 @@ CREATE INDEX rq_trace_job ON rq_trace (job_id, id);
 -- trace_for_trace of a derived trace (dry-run, fork, rerun: job_id NULL).
 CREATE INDEX rq_trace_derived ON rq_trace (trace_id, id) WHERE job_id IS NULL;
 -- trace_window and signal_series: a pack's events lie in [hlc, hlc_last].
-CREATE INDEX rq_trace_hlc ON rq_trace (hlc_last, hlc);
+CREATE INDEX rq_trace_hlc ON rq_trace (hlc_last);
 
 -- trace_for_resource: the resource in the "C" collation so that a versioned key's
 -- prefix [':v', ':w') is one byte range whatever the database's collation.

@@ -27,7 +27,7 @@ CREATE INDEX rq_trace_job ON rq_trace (job_id, id);
 CREATE INDEX rq_trace_derived ON rq_trace (trace_id, id) WHERE job_id IS NULL;
 -- trace_window and signal_series (`replayq events --since`, `signals --by`): a pack
 -- holds events whose HLC lies in [hlc, hlc_last], found by its last.
-CREATE INDEX rq_trace_hlc ON rq_trace (hlc_last, hlc);
+CREATE INDEX rq_trace_hlc ON rq_trace (hlc_last);
 
 -- trace_for_resource (`replayq trace resource`, the web's resource timeline).
 CREATE TABLE rq_trace_resources (
