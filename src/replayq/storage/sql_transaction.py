@@ -290,20 +290,33 @@ class SqlTransaction(ContextVerbs):
         """
         entries = []
         for group in packs.groups(events):
-            last = self._last_pack
-            if last is not None and packs.same_pack(last[1], group):
-                pack_id, earlier = last
-                joined = [*earlier, *group]
-                self.execute("trace_extend", {**packs.pack_row(joined), "id": pack_id})
-                named = {e.resource for e in earlier}
-                new = [e for e in group if e.resource not in named]
-            else:
-                joined, new = group, group
-                pack_id = self.fetchone("trace_append", packs.pack_row(group))["id"]
+            pack_id, joined, new = self._pack_extended(group) or self._pack_inserted(group)
             self._last_pack = (pack_id, joined)
             entries.extend(packs.pack_resources(new, pack_id))
         if entries:
             self.executemany("trace_resources_append", entries)
+
+    def _pack_extended(
+        self, group: list[TraceEvent]
+    ) -> tuple[int, list[TraceEvent], list[TraceEvent]] | None:
+        """``group`` added to the pack this transaction wrote last, if it continues it:
+        ``(pack id, all its events, the events naming a resource it did not name yet)``."""
+        last = self._last_pack
+        if last is None or not packs.same_pack(last[1], group):
+            return None
+        pack_id, earlier = last
+        joined = [*earlier, *group]
+        # Not found only if the pack was rolled back (to a savepoint): a new one then.
+        if not self.changed("trace_extend", {**packs.pack_row(joined), "id": pack_id}):
+            return None
+        named = {e.resource for e in earlier}
+        return pack_id, joined, [e for e in group if e.resource not in named]
+
+    def _pack_inserted(
+        self, group: list[TraceEvent]
+    ) -> tuple[int, list[TraceEvent], list[TraceEvent]]:
+        pack_id = self.fetchone("trace_append", packs.pack_row(group))["id"]
+        return pack_id, group, group
 
     def trace_window(self, params: TraceWindow) -> list[tuple[TraceEvent, str, str | None]]:
         rows = self.fetchall("trace_window", vars(params))
