@@ -486,6 +486,9 @@ def blob_bytes(place: Place) -> tuple[int, int, int]:
     return int(row[0]), int(row[1]), int(row[2])
 
 
+EVENTS = "SELECT COUNT(*) FROM rq_events"
+
+
 def _query(place: Place, sql: str) -> list[Any]:
     if place.backend == "sqlite":
         conn = sqlite3.connect(place.path or "")
@@ -663,14 +666,14 @@ def _watch() -> list[tuple[str, Any]]:
     """Recording functions whose inclusive time the profile lists: (label, code or name)."""
     from replayq import codec, worker
     from replayq.clock import HybridLogicalClock
-    from replayq.recording import blobs, context, effects, state
+    from replayq.recording import blobs, calls, context, effects, state, steps
     from replayq.storage.sql_transaction import SqlTransaction
 
     ctx, view = context.Context, state.StateView
     return [
-        ("Context.step_block (incl. its commit)", ctx.step_block.__wrapped__.__code__),
+        ("steps.step_boundary (incl. its commit)", steps.step_boundary.__wrapped__.__code__),
         ("Context.commit_now (a step's transaction)", ctx.commit_now.__code__),
-        ("Context.call", ctx.call.__code__),
+        ("ctx.call (calls.record_call)", calls.record_call.__code__),
         ("Context.encode (JSON check, size, sha256)", ctx.encode.__code__),
         ("Context.event (build a TraceEvent)", ctx.event.__code__),
         ("EffectRunner.run (claim + effect + record)", effects.EffectRunner.run.__code__),
@@ -790,12 +793,17 @@ def figures(opts: Options, runs: Runs) -> dict[str, Any]:
     }
     for side in SIDES:
         tables = stored(runs.last[side])
-        events = tables.get("rq_events")
+        # The trace's rows: one per event (rq_events, before migration 0009) or one per
+        # commit and job (rq_trace packs), and the resource index's entries beside them.
+        events = tables.get("rq_trace") or tables.get("rq_events")
+        index = tables.get("rq_trace_resources")
         out["sides"][side] = {
             "us_per_job": round(med(runs.times[side]) / n * 1e6, 1),
             "us_per_job_runs": [round(t / n * 1e6, 1) for t in runs.times[side]],
             "transactions_per_job": round(med(runs.transactions[side]) / n, 2),
             "event_rows_per_job": round(events.rows / n, 2) if events else 0,
+            "events_per_job": round(_query(runs.last[side], EVENTS)[0][0] / n, 2),
+            "trace_index_rows_per_job": round(index.rows / n, 2) if index else 0,
             "rows_per_job": round(sum(t.rows for t in tables.values()) / n, 2),
             "bytes_per_job": round(sum(t.pages for t in tables.values()) / n),
             "payload_bytes_per_job": round(sum(t.payload for t in tables.values()) / n),
@@ -855,7 +863,8 @@ def report(opts: Options, runs: Runs) -> str:
             s
             for s in tables.values()
             if s.table.startswith("app_")
-            or s.table in ("rq_events", "rq_blobs", "rq_entity_versions", "rq_entities")
+            or s.table in ("rq_events", "rq_trace", "rq_trace_resources", "rq_blobs")
+            or s.table in ("rq_entity_versions", "rq_entities")
             or s.table in ("rq_idempotency", "rq_jobs")
         ]
         for s in sorted(shown, key=lambda s: s.table):
@@ -873,7 +882,7 @@ def report(opts: Options, runs: Runs) -> str:
         "|---|---:|",
     ]
     for kind, (count, size) in sorted(kinds.items()):
-        lines.append(f"| rq_events `{kind}` rows | {count / n:.1f} |")
+        lines.append(f"| `{kind}` events | {count / n:.1f} |")
         lines.append(f"| rq_events `{kind}` text bytes (`SUM(LENGTH(...))`) | {size / n:,.0f} |")
     lines += [
         f"| rq_blobs rows | {blobs[0] / n:.2f} |",

@@ -1,8 +1,10 @@
-"""The trace's indexes: each query on ``rq_events`` uses the index kept for it, on both backends.
+"""The trace's indexes: each query on the trace uses the index kept for it, on both backends.
 
-``rq_events`` keeps only the indexes its queries need (docs/recording-context.md lists
-each with the query it serves). Dropping or changing one must fail here, not show up as
-a full scan of every event ever recorded. On PostgreSQL sequential scans are disabled
+The trace is stored as packs (``rq_trace``: one row per commit of a job attempt, holding
+its events) and ``rq_trace_resources`` (the resources the packs' events name); they keep
+only the indexes the trace's queries need (docs/recording-context.md lists each with the
+query it serves). Dropping or changing one must fail here, not show up as a full scan
+of every event ever recorded. On PostgreSQL sequential scans are disabled
 for the check: the tables are empty, and the question is whether an index can serve
 the query, not which plan an empty table gets.
 """
@@ -16,14 +18,16 @@ import replayq
 
 AppFactory = Callable[..., replayq.App]
 
+RESOURCES_KEY = "the key of rq_trace_resources"
+
 # query name -> (parameters, the indexes its plan must use)
 TRACE_QUERIES: dict[str, tuple[dict[str, Any], set[str]]] = {
-    "trace_for_job": ({"job_id": 1}, {"rq_events_job"}),
+    "trace_for_job": ({"job_id": 1}, {"rq_trace_job"}),
     "trace_for_trace": (
         {"trace_id": "replay-0123456789abcdef"},
-        {"rq_events_derived", "rq_jobs_trace", "rq_events_job"},
+        {"rq_trace_derived", "rq_jobs_trace", "rq_trace_job"},
     ),
-    "trace_for_resource": ({"resource": "order:1"}, {"rq_events_resource"}),
+    "trace_for_resource": ({"resource": "order:1"}, {RESOURCES_KEY}),
     "trace_window": (
         {
             "since_hlc": 0,
@@ -36,8 +40,18 @@ TRACE_QUERIES: dict[str, tuple[dict[str, Any], set[str]]] = {
             "resource": None,
             "limit": 100,
         },
-        {"rq_events_hlc"},
+        {"rq_trace_hlc"},
     ),
+    "signal_series": (
+        {"names": ["lock.expired"], "since_hlc": 0, "until_hlc": 1 << 40, "bucket_ms": 1000},
+        {"rq_trace_hlc"},
+    ),
+}
+# rq_trace_resources is its own key's index: a WITHOUT ROWID table on SQLite, its primary
+# key's index on PostgreSQL.
+RESOURCES_PLAN = {
+    "sqlite": "SEARCH rq_trace_resources USING PRIMARY KEY",
+    "postgresql": "rq_trace_resources_pkey",
 }
 
 
@@ -46,6 +60,8 @@ def plan_of(app: replayq.App, name: str, params: dict[str, Any]) -> str:
     sql = storage.queries[name]
     with storage.transaction(readonly=True) as tx:
         conn = tx.connection
+        if "names" in params:
+            params = {**params, "names": tx.list_param(params["names"])}
         if storage.dialect == "sqlite":
             rows = conn.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall()
             return "\n".join(str(row[-1]) for row in rows)
@@ -57,31 +73,36 @@ def test_every_trace_query_is_served_by_its_index(app_factory: AppFactory) -> No
     app = app_factory()
     for name, (params, indexes) in TRACE_QUERIES.items():
         plan = plan_of(app, name, params)
-        missing = {index for index in indexes if index not in plan}
+        dialect = app.storage.dialect
+        wanted = {RESOURCES_PLAN[dialect] if i == RESOURCES_KEY else i for i in indexes}
+        missing = {index for index in wanted if index not in plan}
         assert not missing, f"{name} does not use {sorted(missing)}:\n{plan}"
         full_scans = [
             line
             for line in plan.splitlines()
-            if line.strip() in ("SCAN rq_events", "SCAN e") or "Seq Scan on rq_events" in line
+            if line.strip() in ("SCAN rq_trace", "SCAN p", "SCAN rq_trace_resources")
+            or "Seq Scan on rq_trace" in line
         ]
         assert not full_scans, f"{name} scans every event:\n{plan}"
 
 
-def test_events_keep_only_the_indexes_a_query_needs(app_factory: AppFactory) -> None:
+def test_the_trace_keeps_only_the_indexes_a_query_needs(app_factory: AppFactory) -> None:
     app = app_factory()
     storage: Any = app.storage
+    tables = ("rq_trace", "rq_trace_resources")
     with storage.transaction(readonly=True) as tx:
         if storage.dialect == "sqlite":
-            sql = "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'rq_events'"
-            rows = tx.connection.execute(sql).fetchall()
+            sql = (
+                "SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"
+                " AND tbl_name IN (?, ?)"
+            )
         else:
             sql = (
-                "SELECT indexname FROM pg_indexes WHERE tablename = 'rq_events'"
-                " AND schemaname = current_schema() AND indexname NOT LIKE '%pkey'"
+                "SELECT indexname FROM pg_indexes WHERE tablename IN (%s, %s)"
+                " AND schemaname = current_schema() AND indexname NOT LIKE '%%pkey'"
             )
-            rows = tx.connection.execute(sql).fetchall()
-    expected = {"rq_events_job", "rq_events_derived", "rq_events_resource", "rq_events_hlc"}
-    assert {row[0] for row in rows} == expected
+        rows = tx.connection.execute(sql, tables).fetchall()
+    assert {row[0] for row in rows} == {"rq_trace_job", "rq_trace_derived", "rq_trace_hlc"}
 
 
 def test_a_jobs_events_are_found_by_its_trace_id_and_a_dry_runs_by_its_own(

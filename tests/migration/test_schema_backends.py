@@ -24,7 +24,8 @@ def sqlite_shape(path: Path) -> tuple[Shape, set[str]]:
         tables = [
             name
             for (name,) in conn.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' AND name LIKE 'rq_%'"
+                "SELECT name FROM sqlite_master"
+                " WHERE type IN ('table', 'view') AND name LIKE 'rq_%'"
             )
         ]
         columns = {
@@ -72,7 +73,7 @@ def test_both_backends_migrate_to_the_same_tables_columns_and_indexes(
     sqlite_columns, sqlite_indexes = sqlite_shape(tmp_path / "shape.db")
     pg_columns, pg_indexes = postgres_shape(pg_schema_url)
 
-    assert len(sqlite_columns) >= 15 and len(sqlite_indexes) >= 15  # the whole schema was read
+    assert len(sqlite_columns) >= 15 and len(sqlite_indexes) >= 12  # the whole schema was read
     assert sorted(pg_columns) == sorted(sqlite_columns)
     for table, columns in sqlite_columns.items():
         assert pg_columns[table] == columns, table

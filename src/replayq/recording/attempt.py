@@ -78,10 +78,6 @@ class Attempt(Protocol):
         """Check a value for recording: ``(inline value, blob ref, blob bytes)``."""
         ...
 
-    def reads_commit_events(self) -> bool:
-        """Whether a state read writes its event in the read's own transaction."""
-        ...
-
     def ride_along(self) -> list[TraceEvent]:
         """Pending events that may commit in a transaction opened now (none if writes wait)."""
         ...

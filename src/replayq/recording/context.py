@@ -24,11 +24,10 @@ from __future__ import annotations
 
 import asyncio
 import random as _random
-import time
 import uuid as _uuid
-from collections.abc import Callable, Coroutine, Iterator
-from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Coroutine
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, TypeVar, overload
 
@@ -37,25 +36,23 @@ from replayq.errors import (
     JobCancelledError,
     LeaseLostError,
     PayloadError,
-    RecordedFailure,
-    classify,
 )
 from replayq.model import Job, TraceEvent
 from replayq.queue.contracts import render_template
-from replayq.queue.enqueue import EnqueueRequest, insert_job
 from replayq.queue.handlers import Handler
-from replayq.recording.aio import Flow, outside_call, run_flow
+from replayq.recording.aio import run_flow
 from replayq.recording.blobs import Encoded, put_bytes, ref_of
 from replayq.recording.cache import CacheView
+from replayq.recording.calls import record_call
 from replayq.recording.effects import EffectRunner
 from replayq.recording.ledger import step_key
 from replayq.recording.locks import LockHandle, LockManager
 from replayq.recording.outbox import OutboxView
 from replayq.recording.state import StateView
-from replayq.recording.steps import run_step
+from replayq.recording.steps import run_step, step_boundary
 from replayq.recording.world import LIVE, LiveWorld, LostFlag, World
+from replayq.recording.writes import defer_child_job, defer_db_write
 from replayq.runtime import RuntimeSource
-from replayq.seal import unsealed
 from replayq.storage.protocol import Transaction
 
 T = TypeVar("T")
@@ -65,6 +62,9 @@ T = TypeVar("T")
 class _Pending:
     events: list[TraceEvent] = field(default_factory=list)
     writes: list[Callable[[Transaction], None]] = field(default_factory=list)
+    # Large recorded values (blob store rows) go with the events that name them: they do
+    # not make a step commit on its own, and a failed step's events keep theirs.
+    blobs: list[Callable[[Transaction], None]] = field(default_factory=list)
     # What each write is, for ``write.fenced`` ("state order:1", "outbox orders.paid", ...).
     what: list[str] = field(default_factory=list)
 
@@ -320,17 +320,12 @@ class Context:
             **details,
         )
 
-    def reads_commit_events(self) -> bool:
-        """Whether a state read writes its ``state.read`` event (and the pending events that
-        may ride along) in the read's own transaction: for an attempt in the real world, so
-        that what it read survives a crash before its next commit."""
-        return self.world.is_live
-
     def ride_along(self) -> list[TraceEvent]:
         """Pending events that may commit in a transaction the attempt opens now (an
         effect's claim or result), so that they need no commit of their own. None while
         a write is pending: a step's events commit with that step's writes."""
-        return [] if self.pending_writes() else list(self._pending.events)
+        pending = self._pending
+        return [] if pending.blobs or self.pending_writes() else list(pending.events)
 
     def rode(self, events: list[TraceEvent]) -> None:
         """``events`` (from ``ride_along``) committed: they are no longer pending."""
@@ -375,7 +370,8 @@ class Context:
         return Encoded(None, ref_of(raw), raw, text)
 
     def store_blob(self, raw: bytes | None, what: str, ref: str | None = None) -> None:
-        """Schedule a large value for the blob store in the step's transaction."""
+        """Schedule a large value for the blob store: it commits with the events (the next
+        commit of the attempt, whether or not the step's writes commit)."""
         if raw is None:
             return
         now = self.runtime.clock.now()
@@ -384,10 +380,13 @@ class Context:
         def write(tx: Transaction) -> None:
             put_bytes(tx, raw, now=now, limit=limit, what=what, ref=ref)
 
-        self.defer(write, f"blob of {what}")
+        self._pending.blobs.append(write)
 
     def flush(self, tx: Transaction, *, failed: bool = False) -> None:
-        """Write what is pending into ``tx``: events always; writes unless the attempt failed."""
+        """Write what is pending into ``tx``: events and their blobs always; writes unless
+        the attempt failed."""
+        for blob in self._pending.blobs:
+            blob(tx)
         if not failed:
             for write in self._pending.writes:
                 write(tx)
@@ -395,14 +394,14 @@ class Context:
 
     def pending_write_calls(self) -> list[Callable[[Transaction], None]]:
         """The writes the next commit would run, in order."""
-        return list(self._pending.writes)
+        return [*self._pending.blobs, *self._pending.writes]
 
     def take_pending(self, *, failed: bool = False) -> tuple[list[Any], list[TraceEvent]]:
         """Hand over what is pending — writes (none if ``failed``) and events — instead of
         committing it now; for a caller that commits them later (a dry-run)."""
         pending = self._pending
         self.committed()
-        return ([] if failed else pending.writes), pending.events
+        return [*pending.blobs, *([] if failed else pending.writes)], pending.events
 
     def committed(self) -> None:
         """The transaction that ``flush`` wrote into has committed: forget what it held."""
@@ -483,65 +482,26 @@ class Context:
         self._step_counts[name] = occurrence
         return step_key(name, occurrence)
 
-    @contextmanager
     def step_block(
         self, name: str, key: str, outcome: dict[str, Any] | None = None
-    ) -> Iterator[None]:
+    ) -> AbstractContextManager[None]:
         """The commit boundary of step ``name`` at position ``key``; ``outcome`` joins its
-        ``step.finished`` event (a callable step's result)."""
-        self.world.on_step(name)
-        self.record("step.started", status="started", step_name=name)
+        ``step.finished`` event (a callable step's result). See ``recording.steps``."""
+        return step_boundary(self, name, key, outcome)
+
+    def enter_step(self, name: str, key: str) -> None:
+        """Events recorded from now on belong to step ``name`` at position ``key``."""
         self._steps.append(name)
         self._step_keys.append(key)
-        started = time.monotonic()
-        try:
-            yield
-        except BaseException as exc:
-            duration = time.monotonic() - started
-            self._steps.pop()
-            self._step_keys.pop()
-            self.discard_writes()
-            self.record(
-                "step.finished",
-                status="fail",
-                step_name=name,
-                duration=duration,
-                error=self.redactor.error(exc),
-            )
-            self.commit_now(failed=True)
-            raise
-        duration = time.monotonic() - started
+
+    def leave_step(self) -> None:
+        """The innermost step ended (its events are recorded)."""
         self._steps.pop()
         self._step_keys.pop()
-        finished = self.record(
-            "step.finished",
-            status="success",
-            step_name=name,
-            duration=duration,
-            **(outcome or {}),
-        )
-        refused = self.pending_writes()
-        if not refused:
-            # Nothing to write: the step's events wait for the next commit of this
-            # attempt (a step's writes, an effect's claim or result, the ack or failure).
-            return
-        try:
-            self.commit_now()
-        except BaseException as exc:
-            # The commit itself failed (a version conflict, a stale fencing token, a lost
-            # lease): nothing of the step was written; keep its events and say why. The
-            # step did not finish with success: its end comes after the refusal.
-            if isinstance(exc, LeaseLostError):
-                self.record_fenced(refused, step_name=name)
-            self.discard_writes()
-            self._pending.events = [e for e in self._pending.events if e is not finished]
-            error = self.redactor.error(exc)
-            self.record("step.rolled_back", status="fail", step_name=name, error=error)
-            self.record(
-                "step.finished", status="fail", step_name=name, duration=duration, error=error
-            )
-            self.commit_now(failed=True)
-            raise
+
+    def unrecord(self, event: TraceEvent) -> None:
+        """Take a pending event back (a step's success that its commit refused)."""
+        self._pending.events = [e for e in self._pending.events if e is not event]
 
     def decide(self, name: str, value: Any, **why: Any) -> Any:
         """Record a decision and its reasons; returns ``value``."""
@@ -559,64 +519,8 @@ class Context:
         With a coroutine function (or a coroutine) it returns a coroutine to await on the
         handler's loop: ``await ctx.call(name, client.get, url)`` (``recording.aio``).
         """
-        return run_flow(self._call_flow(name, fn, args, kwargs), fn)
-
-    def _call_flow(
-        self, name: str, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Flow[Any]:
         self.check_cancelled()
-        # The fingerprint is over the redacted request: a replay that passes the marker
-        # (read back from a redacted payload) or the secret itself matches it.
-        request = self.redacted({"args": list(args), "kwargs": kwargs})
-        summary, summary_text = _summarise_encoded(request)
-        fingerprint = codec.fingerprint_text(summary_text)
-        try:
-            answer = self.world.answer("call", name, fingerprint)
-        except RecordedFailure as exc:
-            self.record(
-                "call",
-                status="fail",
-                call=name,
-                fingerprint=fingerprint,
-                error=exc.error,
-                error_class=exc.failure_class.value,
-                replayed=True,
-            )
-            raise
-        if answer is not LIVE:
-            self.record("call", call=name, fingerprint=fingerprint, response=answer, replayed=True)
-            return answer
-        started = time.monotonic()
-        try:
-            with unsealed():  # a recorded call is the door the seal leaves open
-                response = yield outside_call(fn, *args, **kwargs)
-        except Exception as exc:
-            self.record(
-                "call",
-                status="fail",
-                call=name,
-                fingerprint=fingerprint,
-                request=summary,
-                error=self.redactor.error(exc),
-                # Recorded so that a replay raises the failure with the class it had.
-                error_class=classify(exc, dict(self.handler.error_map)).value,
-                duration=time.monotonic() - started,
-            )
-            raise
-        duration = time.monotonic() - started
-        inline, ref, raw, _ = self.encoded(response, what=f"ctx.call({name!r}) response")
-        self.store_blob(raw, f"ctx.call({name!r}) response", ref)
-        self.record(
-            "call",
-            status="success",
-            call=name,
-            fingerprint=fingerprint,
-            request=summary,
-            response=inline,
-            output_ref=ref,
-            duration=duration,
-        )
-        return response
+        return run_flow(record_call(self, name, fn, args, kwargs), fn)
 
     def effect(self, kind: str, fn: Callable[[], Any], *, key: str | None = None) -> Any:
         """Run a side effect once per idempotency key (see ``replayq.recording.effects``).
@@ -667,89 +571,12 @@ class Context:
         deduplicated). A replay or fork never runs ``fn``.
         """
         self.check_cancelled()
-        event = self.record("db.write", resource=key, key=key)
-        if not self.world.is_live:
-            event.data["replayed"] = True
-            return
-        job, trace_id, attempt = self.job, self.trace_id, self.attempt
-
-        def write(tx: Transaction) -> None:
-            if key is not None:
-                claim = {
-                    "key": key,
-                    "operation": "db.write",
-                    "claim_token": f"{trace_id}-{attempt}-{event.seq}",
-                    "now": event.ts,
-                    "trace_id": trace_id,
-                    "job_id": job.id,
-                    "attempt": attempt,
-                }
-                if not tx.idem_claim(claim):
-                    event.data["deduplicated"] = True
-                    return
-            fn(tx.connection)
-            if key is not None:
-                tx.idem_succeed(
-                    {
-                        "key": key,
-                        "claim_token": claim["claim_token"],
-                        "result": "null",
-                        "result_ref": None,
-                        "now": event.ts,
-                    }
-                )
-
-        self.defer(write, f"db_write {key}" if key else "db_write")
+        defer_db_write(self, fn, key)
 
     def enqueue(self, job_type: str, payload: dict[str, Any] | None = None, **options: Any) -> None:
         """Enqueue a child job in the step's transaction (causation: this job)."""
         self.check_cancelled()
-
-        request = EnqueueRequest(job_type, payload or {}, **options)
-        if job_type in self.runtime.registry.job_types():
-            plain, _ = self.runtime.registry.handler(job_type).prepare_payload(request.payload)
-            request = replace(request, payload=plain)
-        origin = self.job.origin
-        correlation = self.job.correlation_id or self.job.trace_id
-        event = self.record("child.enqueued", child_type=job_type, payload=request.payload)
-
-        if not self.world.is_live:
-            return
-
-        def write(tx: Transaction) -> None:
-            child = insert_job(
-                self.runtime,
-                tx,
-                request,
-                correlation_id=correlation,
-                causation_id=str(self.job.id),
-                origin=origin,
-            )
-            event.data["child_job_id"] = child
-
-        self.defer(write, f"child job {job_type}")
+        defer_child_job(self, job_type, payload or {}, options)
 
     def __repr__(self) -> str:
         return f"<Context job={self.job.id} type={self.job.job_type} attempt={self.attempt}>"
-
-
-def _summarise_encoded(request: Any) -> tuple[Any, str]:
-    """``_summarise`` and its canonical text, walking a JSON request once."""
-    try:
-        return request, codec.dumps(request)
-    except PayloadError:
-        summary = _summarise(request)
-        return summary, codec.dumps(summary)
-
-
-def _summarise(request: Any) -> Any:
-    """A JSON form of call arguments (non-JSON values become their type name)."""
-    try:
-        codec.dumps(request)
-        return request
-    except PayloadError:
-        if isinstance(request, dict):
-            return {k: _summarise(v) for k, v in request.items()}
-        if isinstance(request, list | tuple):
-            return [_summarise(v) for v in request]
-        return f"<{type(request).__name__}>"

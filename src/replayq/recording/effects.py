@@ -182,7 +182,7 @@ class EffectRunner:
                             key=key,
                             error=error,
                             error_class=classify(exc, dict(ctx.handler.error_map)).value,
-                            duration=time.monotonic() - started,
+                            duration=round(time.monotonic() - started, 6),
                         )
                     ]
                 )
@@ -259,7 +259,7 @@ class EffectRunner:
                         key=key,
                         result=inline,
                         output_ref=ref,
-                        duration=time.monotonic() - started,
+                        duration=round(time.monotonic() - started, 6),
                     ),
                 ]
             )

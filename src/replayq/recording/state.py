@@ -234,29 +234,20 @@ class StateView:
             # The version the attempt read, already loaded with the recording: no read here.
             entity = Entity(namespace, key, recorded or 0, held if recorded else None)
             return self._recorded_read(ident, entity)
-        # A worker's read commits its ``state.read`` event (and the attempt's pending events,
-        # unless writes wait for their step) in the read's own transaction: the versions an
-        # attempt read stay in the trace even if it crashes before its next commit.
-        riding = ctx.ride_along() if recorded is None and ctx.reads_commit_events() else None
-        with ctx.runtime.storage.transaction(readonly=riding is None) as tx:
+        # The ``state.read`` event waits with the step's other events and commits with the
+        # attempt's next commit (docs/recording-context.md, "What a crash can lose").
+        with ctx.runtime.storage.transaction(readonly=True) as tx:
             if recorded is not None:
                 row = tx.entity_version_get(MAIN, namespace, key, recorded)
                 found = version_from_row(tx, row) if row else None
                 head_hlc = 0
             else:
                 found, head_hlc = read_entity(tx, ctx.branch, namespace, key, ctx.branch_base)
-            ctx.runtime.hlc.observe(head_hlc)
-            entity = Entity(
-                namespace, key, found.version if found else 0, found.data if found else None
-            )
-            if riding is not None:
-                tx.trace_append([*riding, ctx.event("state.read", **self._read_fields(entity))])
-        if riding is None:
-            return self._recorded_read(ident, entity)
-        ctx.rode(riding)
-        self._read_versions[ident] = entity.version
-        self._read[ident] = entity
-        return entity
+        ctx.runtime.hlc.observe(head_hlc)
+        entity = Entity(
+            namespace, key, found.version if found else 0, found.data if found else None
+        )
+        return self._recorded_read(ident, entity)
 
     def _read_fields(self, entity: Entity) -> dict[str, Any]:
         return {

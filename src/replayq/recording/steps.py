@@ -24,10 +24,13 @@ checked against nothing (read it in the step that writes it).
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
-from contextlib import AbstractContextManager
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
+from replayq.errors import LeaseLostError
+from replayq.model import TraceEvent
 from replayq.recording.attempt import Attempt
 from replayq.storage.protocol import Transaction
 
@@ -45,6 +48,20 @@ class StepAttempt(Attempt, Protocol):
     def step_block(
         self, name: str, key: str, outcome: dict[str, Any] | None = None
     ) -> AbstractContextManager[None]: ...
+
+    def enter_step(self, name: str, key: str) -> None: ...
+
+    def leave_step(self) -> None: ...
+
+    def unrecord(self, event: TraceEvent) -> None: ...
+
+    def pending_writes(self) -> list[str]: ...
+
+    def discard_writes(self) -> None: ...
+
+    def commit_now(self, *, failed: bool = False) -> None: ...
+
+    def record_fenced(self, refused: list[str], **details: Any) -> TraceEvent: ...
 
 
 def run_step(
@@ -102,3 +119,63 @@ def run_step(
 
             ctx.defer(complete)
     return result
+
+
+@contextmanager
+def step_boundary(
+    ctx: StepAttempt, name: str, key: str, outcome: dict[str, Any] | None = None
+) -> Iterator[None]:
+    """The commit boundary of a step: its writes and events commit together when it ends.
+
+    A step that wrote nothing does not commit: its events wait for the attempt's next
+    commit. A step that raises, or whose commit is refused, drops its writes and commits
+    its events at once (the failure is the forensic fact).
+    """
+    ctx.world.on_step(name)
+    ctx.record("step.started", status="started", step_name=name)
+    ctx.enter_step(name, key)
+    started = time.monotonic()
+    try:
+        yield
+    except BaseException as exc:
+        duration = round(time.monotonic() - started, 6)  # µs: what a trace can tell
+        ctx.leave_step()
+        ctx.discard_writes()
+        ctx.record(
+            "step.finished",
+            status="fail",
+            step_name=name,
+            duration=duration,
+            error=ctx.redactor.error(exc),
+        )
+        ctx.commit_now(failed=True)
+        raise
+    duration = round(time.monotonic() - started, 6)  # µs: what a trace can tell
+    ctx.leave_step()
+    finished = ctx.record(
+        "step.finished",
+        status="success",
+        step_name=name,
+        duration=duration,
+        **(outcome or {}),
+    )
+    refused = ctx.pending_writes()
+    if not refused:
+        # Nothing to write: the step's events wait for the next commit of this
+        # attempt (a step's writes, an effect's claim or result, the ack or failure).
+        return
+    try:
+        ctx.commit_now()
+    except BaseException as exc:
+        # The commit itself failed (a version conflict, a stale fencing token, a lost
+        # lease): nothing of the step was written; keep its events and say why. The
+        # step did not finish with success: its end comes after the refusal.
+        if isinstance(exc, LeaseLostError):
+            ctx.record_fenced(refused, step_name=name)
+        ctx.discard_writes()
+        ctx.unrecord(finished)
+        error = ctx.redactor.error(exc)
+        ctx.record("step.rolled_back", status="fail", step_name=name, error=error)
+        ctx.record("step.finished", status="fail", step_name=name, duration=duration, error=error)
+        ctx.commit_now(failed=True)
+        raise

@@ -12,6 +12,7 @@ from typing import Any
 
 from replayq import codec
 from replayq.model import Job, JobState, StatRow, TraceEvent
+from replayq.storage import packs
 from replayq.storage.context_verbs import ContextVerbs
 from replayq.storage.protocol import (
     JobBury,
@@ -99,6 +100,8 @@ class SqlTransaction(ContextVerbs):
     def __init__(self, connection: Any, queries: Mapping[str, str]) -> None:
         self.connection = connection
         self._queries = queries
+        # The trace pack this transaction wrote last and its events (trace_append).
+        self._last_pack: tuple[int, list[TraceEvent]] | None = None
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -299,17 +302,41 @@ class SqlTransaction(ContextVerbs):
     # -- trace ------------------------------------------------------------------------------
 
     def trace_append(self, events: Sequence[TraceEvent]) -> None:
-        rows = []
-        for event in events:
-            row = vars(event).copy()
-            row.pop("id")
-            row["side_effect"] = int(event.side_effect)
-            # Lifecycle data is built by trace.lifecycle (string keys, scalars) and the user
-            # values in domain data were checked once when recorded (Context.encoded): no walk.
-            row["data"] = codec.dumps_own(event.data, what=f"event {event.name} data")
-            rows.append(row)
-        if rows:
-            self.executemany("trace_append", rows)
+        """One ``rq_trace`` row per job attempt (or derived trace) among ``events``, with
+        an ``rq_trace_resources`` entry per resource its events name (storage/packs.py).
+
+        Events that continue the pack this transaction wrote last (same trace, job,
+        attempt and worker: a context's pending events, then the ack's) join that pack.
+        """
+        entries = []
+        for group in packs.groups(events):
+            pack_id, joined, new = self._pack_extended(group) or self._pack_inserted(group)
+            self._last_pack = (pack_id, joined)
+            entries.extend(packs.pack_resources(new, pack_id))
+        if entries:
+            self.executemany("trace_resources_append", entries)
+
+    def _pack_extended(
+        self, group: list[TraceEvent]
+    ) -> tuple[int, list[TraceEvent], list[TraceEvent]] | None:
+        """``group`` added to the pack this transaction wrote last, if it continues it:
+        ``(pack id, all its events, the events naming a resource it did not name yet)``."""
+        last = self._last_pack
+        if last is None or not packs.same_pack(last[1], group):
+            return None
+        pack_id, earlier = last
+        joined = [*earlier, *group]
+        # Not found only if the pack was rolled back (to a savepoint): a new one then.
+        if not self.changed("trace_extend", {**packs.pack_row(joined), "id": pack_id}):
+            return None
+        named = {e.resource for e in earlier}
+        return pack_id, joined, [e for e in group if e.resource not in named]
+
+    def _pack_inserted(
+        self, group: list[TraceEvent]
+    ) -> tuple[int, list[TraceEvent], list[TraceEvent]]:
+        pack_id = self.fetchone("trace_append", packs.pack_row(group))["id"]
+        return pack_id, group, group
 
     def trace_window(self, params: TraceWindow) -> list[tuple[TraceEvent, str, str | None]]:
         rows = self.fetchall("trace_window", vars(params))
@@ -327,15 +354,20 @@ class SqlTransaction(ContextVerbs):
         return self.fetchall("signal_series", params)
 
     def trace_for_job(self, job_id: int) -> list[TraceEvent]:
-        return [row_to_event(r) for r in self.fetchall("trace_for_job", {"job_id": job_id})]
+        return packs.unpack_sorted(self.fetchall("trace_for_job", {"job_id": job_id}))
 
     def trace_for_trace(self, trace_id: str) -> list[TraceEvent]:
-        rows = self.fetchall("trace_for_trace", {"trace_id": trace_id})
-        return [row_to_event(r) for r in rows]
+        return packs.unpack_sorted(self.fetchall("trace_for_trace", {"trace_id": trace_id}))
 
     def trace_for_resource(self, resource: str) -> list[TraceEvent]:
         rows = self.fetchall("trace_for_resource", {"resource": resource})
-        return [row_to_event(r) for r in rows]
+        versioned = resource + ":v"
+        return [
+            e
+            for e in packs.unpack_sorted(rows)
+            if e.resource is not None
+            and (e.resource == resource or e.resource.startswith(versioned))
+        ]
 
     # -- contracts --------------------------------------------------------------------------
 

@@ -257,35 +257,43 @@ WHERE e.name IN ('job.succeeded', 'job.failed', 'job.write_rejected')
   AND j.origin = 'production';
 
 -- name: trace_append
-INSERT INTO rq_events (trace_id, job_id, attempt, kind, name, seq, step, ts, hlc, worker_id,
-                       status, resource, resource_version, side_effect, input_ref, output_ref,
-                       data)
-VALUES (%(trace_id)s, %(job_id)s::bigint, %(attempt)s::integer, %(kind)s, %(name)s,
-        %(seq)s::integer, %(step)s::text, %(ts)s, %(hlc)s, %(worker_id)s::text,
-        %(status)s::text, %(resource)s::text, %(resource_version)s::bigint, %(side_effect)s,
-        %(input_ref)s::text, %(output_ref)s::text, %(data)s);
+-- One pack: the events of one commit of one job attempt or derived trace (storage/packs.py).
+INSERT INTO rq_trace (trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events)
+VALUES (%(trace_id)s, %(job_id)s::bigint, %(attempt)s::integer, %(worker_id)s::text,
+        %(hlc)s, %(hlc_last)s, %(ts)s, %(events)s)
+RETURNING id;
+
+-- name: trace_extend
+-- More events of the pack this transaction wrote last (the pack rewritten whole).
+UPDATE rq_trace SET hlc = %(hlc)s, hlc_last = %(hlc_last)s, ts = %(ts)s, events = %(events)s
+WHERE id = %(id)s;
+
+-- name: trace_resources_append
+INSERT INTO rq_trace_resources (resource, hlc, pack_id)
+VALUES (%(resource)s, %(hlc)s, %(pack_id)s)
+ON CONFLICT DO NOTHING;
 
 -- name: trace_for_job
-SELECT * FROM rq_events WHERE job_id = %(job_id)s ORDER BY hlc, id;
+-- rq_trace_job; the caller sorts the unpacked events by (hlc, id).
+SELECT * FROM rq_trace WHERE job_id = %(job_id)s ORDER BY id;
 
 -- name: trace_for_trace
--- A derived trace's events (rq_events_derived), or a job's by its trace id (rq_jobs_trace,
--- then rq_events_job).
-SELECT * FROM rq_events WHERE trace_id = %(trace_id)s AND job_id IS NULL
+-- A derived trace's packs (rq_trace_derived), or a job's by its trace id (rq_jobs_trace,
+-- then rq_trace_job).
+SELECT * FROM rq_trace WHERE trace_id = %(trace_id)s AND job_id IS NULL
 UNION ALL
-SELECT * FROM rq_events
-WHERE job_id IN (SELECT id FROM rq_jobs WHERE trace_id = %(trace_id)s) AND trace_id = %(trace_id)s
-ORDER BY hlc, id;
+SELECT * FROM rq_trace
+WHERE job_id IN (SELECT id FROM rq_jobs WHERE trace_id = %(trace_id)s) AND trace_id = %(trace_id)s;
 
 -- name: trace_for_resource
--- The resource and its versioned keys (a cache key ``price:sku-1`` written as ``price:sku-1:v3``).
--- Both terms are ranges on rq_events_resource, built on resource COLLATE "C" so that the
--- prefix [':v', ':w') is a byte range whatever the database's collation.
-SELECT * FROM rq_events
-WHERE (resource COLLATE "C") = %(resource)s::text
-   OR ((resource COLLATE "C") >= %(resource)s::text || ':v'
-       AND (resource COLLATE "C") < %(resource)s::text || ':w')
-ORDER BY hlc, id;
+-- The packs naming the resource or one of its versioned keys (``price:sku-1:v3``): both
+-- terms are ranges on rq_trace_resources' key, in the "C" collation so that the prefix
+-- [':v', ':w') is a byte range whatever the database's collation.
+SELECT * FROM rq_trace
+WHERE id IN (SELECT pack_id FROM rq_trace_resources
+             WHERE resource = %(resource)s::text
+                OR (resource >= %(resource)s::text || ':v'
+                    AND resource < %(resource)s::text || ':w'));
 
 -- name: contract_put
 INSERT INTO rq_contracts (job_type, version, body, registered_at)

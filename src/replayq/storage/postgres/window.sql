@@ -3,8 +3,25 @@
 -- name: trace_window
 -- Production events (each job's own trace, not replays or forks) whose HLC lies in
 -- [since_hlc, until_hlc), after the (after_hlc, after_id) cursor, in HLC order.
+WITH packs AS MATERIALIZED (
+    -- rq_trace_hlc: a pack's events lie in [hlc, hlc_last].
+    SELECT * FROM rq_trace
+    WHERE hlc_last >= %(since_hlc)s::bigint AND hlc < %(until_hlc)s::bigint
+), e AS (
+    -- The view rq_events over these packs alone (same columns).
+    SELECT p.id * 1024 + x.pos - 1 AS id, p.trace_id, p.job_id, p.attempt,
+           COALESCE(x.ev ->> 'k', 'domain') AS kind, x.ev ->> 'n' AS name,
+           (x.ev ->> 'q')::integer AS seq, x.ev ->> 's' AS step, p.ts + COALESCE((x.ev ->> 'dt')::bigint, 0) / 1e6::float8 AS ts,
+           p.hlc + COALESCE((x.ev ->> 'h')::bigint, 0) AS hlc, p.worker_id,
+           x.ev ->> 'st' AS status, x.ev ->> 'r' AS resource,
+           (x.ev ->> 'v')::bigint AS resource_version,
+           COALESCE((x.ev ->> 'x')::integer, 0) AS side_effect, x.ev ->> 'i' AS input_ref,
+           x.ev ->> 'o' AS output_ref, COALESCE((x.ev -> 'd')::text, '{}') AS data
+    FROM packs AS p
+    CROSS JOIN LATERAL jsonb_array_elements(p.events::jsonb) WITH ORDINALITY AS x(ev, pos)
+)
 SELECT e.*, j.job_type AS job_type, j.handler_version AS version
-FROM rq_events AS e
+FROM e
 JOIN rq_jobs AS j ON j.id = e.job_id AND j.trace_id = e.trace_id
 WHERE e.hlc >= %(since_hlc)s::bigint AND e.hlc < %(until_hlc)s::bigint
   AND (e.hlc > %(after_hlc)s::bigint OR (e.hlc = %(after_hlc)s::bigint AND e.id > %(after_id)s::bigint))
@@ -19,10 +36,27 @@ LIMIT %(limit)s;
 
 -- name: signal_series
 -- Signal events per bucket of the HLC's wall-clock part, per job type and version.
+WITH packs AS MATERIALIZED (
+    -- rq_trace_hlc: a pack's events lie in [hlc, hlc_last].
+    SELECT * FROM rq_trace
+    WHERE hlc_last >= %(since_hlc)s::bigint AND hlc < %(until_hlc)s::bigint
+), e AS (
+    -- The view rq_events over these packs alone (same columns).
+    SELECT p.id * 1024 + x.pos - 1 AS id, p.trace_id, p.job_id, p.attempt,
+           COALESCE(x.ev ->> 'k', 'domain') AS kind, x.ev ->> 'n' AS name,
+           (x.ev ->> 'q')::integer AS seq, x.ev ->> 's' AS step, p.ts + COALESCE((x.ev ->> 'dt')::bigint, 0) / 1e6::float8 AS ts,
+           p.hlc + COALESCE((x.ev ->> 'h')::bigint, 0) AS hlc, p.worker_id,
+           x.ev ->> 'st' AS status, x.ev ->> 'r' AS resource,
+           (x.ev ->> 'v')::bigint AS resource_version,
+           COALESCE((x.ev ->> 'x')::integer, 0) AS side_effect, x.ev ->> 'i' AS input_ref,
+           x.ev ->> 'o' AS output_ref, COALESCE((x.ev -> 'd')::text, '{}') AS data
+    FROM packs AS p
+    CROSS JOIN LATERAL jsonb_array_elements(p.events::jsonb) WITH ORDINALITY AS x(ev, pos)
+)
 SELECT ((e.hlc >> 16) / %(bucket_ms)s::bigint) * %(bucket_ms)s::bigint AS bucket_ms,
        j.job_type AS job_type, j.handler_version AS version, e.name AS name,
        COUNT(*) AS count
-FROM rq_events AS e
+FROM e
 JOIN rq_jobs AS j ON j.id = e.job_id AND j.trace_id = e.trace_id
 WHERE e.name = ANY(%(names)s::text[])
   AND j.origin = 'production'

@@ -211,32 +211,38 @@ WHERE e.name IN ('job.succeeded', 'job.failed', 'job.write_rejected')
   AND j.origin = 'production';
 
 -- name: trace_append
-INSERT INTO rq_events (trace_id, job_id, attempt, kind, name, seq, step, ts, hlc, worker_id,
-                       status, resource, resource_version, side_effect, input_ref, output_ref,
-                       data)
-VALUES (:trace_id, :job_id, :attempt, :kind, :name, :seq, :step, :ts, :hlc, :worker_id,
-        :status, :resource, :resource_version, :side_effect, :input_ref, :output_ref, :data);
+-- One pack: the events of one commit of one job attempt or derived trace (storage/packs.py).
+INSERT INTO rq_trace (trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events)
+VALUES (:trace_id, :job_id, :attempt, :worker_id, :hlc, :hlc_last, :ts, :events)
+RETURNING id;
+
+-- name: trace_extend
+-- More events of the pack this transaction wrote last (the pack rewritten whole).
+UPDATE rq_trace SET hlc = :hlc, hlc_last = :hlc_last, ts = :ts, events = :events WHERE id = :id;
+
+-- name: trace_resources_append
+INSERT OR IGNORE INTO rq_trace_resources (resource, hlc, pack_id) VALUES (:resource, :hlc, :pack_id);
 
 -- name: trace_for_job
-SELECT * FROM rq_events WHERE job_id = :job_id ORDER BY hlc, id;
+-- rq_trace_job; the caller sorts the unpacked events by (hlc, id).
+SELECT * FROM rq_trace WHERE job_id = :job_id ORDER BY id;
 
 -- name: trace_for_trace
--- A derived trace's events (rq_events_derived), or a job's by its trace id (rq_jobs_trace,
--- then rq_events_job).
-SELECT * FROM rq_events WHERE trace_id = :trace_id AND job_id IS NULL
+-- A derived trace's packs (rq_trace_derived), or a job's by its trace id (rq_jobs_trace,
+-- then rq_trace_job).
+SELECT * FROM rq_trace WHERE trace_id = :trace_id AND job_id IS NULL
 UNION ALL
-SELECT * FROM rq_events
-WHERE job_id IN (SELECT id FROM rq_jobs WHERE trace_id = :trace_id) AND trace_id = :trace_id
-ORDER BY hlc, id;
+SELECT * FROM rq_trace
+WHERE job_id IN (SELECT id FROM rq_jobs WHERE trace_id = :trace_id) AND trace_id = :trace_id;
 
 -- name: trace_for_resource
--- The resource and its versioned keys (a cache key ``price:sku-1`` written as ``price:sku-1:v3``).
--- Both terms are ranges on rq_events_resource (a prefix as [':v', ':w') in byte order), so
--- the index serves them; a substr() comparison made this a scan of every event.
-SELECT * FROM rq_events
-WHERE resource = :resource
-   OR (resource >= :resource || ':v' AND resource < :resource || ':w')
-ORDER BY hlc, id;
+-- The packs naming the resource or one of its versioned keys (a cache key ``price:sku-1``
+-- written as ``price:sku-1:v3``): both terms are ranges on rq_trace_resources' key (a
+-- prefix as [':v', ':w') in byte order). The caller keeps the events that name them.
+SELECT * FROM rq_trace
+WHERE id IN (SELECT pack_id FROM rq_trace_resources
+             WHERE resource = :resource
+                OR (resource >= :resource || ':v' AND resource < :resource || ':w'));
 
 -- name: contract_put
 INSERT INTO rq_contracts (job_type, version, body, registered_at)

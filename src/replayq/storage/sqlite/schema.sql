@@ -52,31 +52,6 @@ CREATE INDEX rq_jobs_type ON rq_jobs (job_type);
 
 CREATE INDEX rq_jobs_trace ON rq_jobs (trace_id);
 
-CREATE TABLE rq_events (
-    id               INTEGER PRIMARY KEY,
-    trace_id         TEXT    NOT NULL,
-    job_id           INTEGER,
-    attempt          INTEGER,
-    kind             TEXT    NOT NULL,
-    name             TEXT    NOT NULL,
-    seq              INTEGER,
-    step             TEXT,
-    ts               REAL    NOT NULL,
-    hlc              INTEGER NOT NULL,
-    worker_id        TEXT,
-    status           TEXT,
-    resource         TEXT,
-    resource_version INTEGER,
-    side_effect      INTEGER NOT NULL DEFAULT 0,
-    input_ref        TEXT,
-    output_ref       TEXT,
-    data             TEXT    NOT NULL DEFAULT '{}'
-);
-
-CREATE INDEX rq_events_job ON rq_events (job_id, id);
-
-CREATE INDEX rq_events_resource ON rq_events (resource, hlc) WHERE resource IS NOT NULL;
-
 CREATE TABLE rq_contracts (
     job_type      TEXT NOT NULL,
     version       TEXT NOT NULL,
@@ -264,6 +239,50 @@ CREATE TABLE rq_schedules (
     updated_at    REAL NOT NULL
 );
 
-CREATE INDEX rq_events_hlc ON rq_events (hlc);
+CREATE TABLE rq_trace (
+    id        INTEGER PRIMARY KEY,
+    trace_id  TEXT    NOT NULL,
+    job_id    INTEGER,
+    attempt   INTEGER,
+    worker_id TEXT,
+    hlc       INTEGER NOT NULL,
+    hlc_last  INTEGER NOT NULL,
+    ts        REAL    NOT NULL,
+    events    TEXT    NOT NULL
+);
 
-CREATE INDEX rq_events_derived ON rq_events (trace_id, id) WHERE job_id IS NULL;
+CREATE INDEX rq_trace_job ON rq_trace (job_id, id);
+
+CREATE INDEX rq_trace_derived ON rq_trace (trace_id, id) WHERE job_id IS NULL;
+
+CREATE INDEX rq_trace_hlc ON rq_trace (hlc_last);
+
+CREATE TABLE rq_trace_resources (
+    resource TEXT    NOT NULL,
+    hlc      INTEGER NOT NULL,
+    pack_id  INTEGER NOT NULL,
+    PRIMARY KEY (resource, hlc, pack_id)
+) WITHOUT ROWID;
+
+CREATE VIEW rq_events AS
+SELECT p.id * 1024 + e.key AS id,
+       p.trace_id AS trace_id,
+       p.job_id AS job_id,
+       p.attempt AS attempt,
+       COALESCE(json_extract(e.value, '$.k'), 'domain') AS kind,
+       json_extract(e.value, '$.n') AS name,
+       json_extract(e.value, '$.q') AS seq,
+       json_extract(e.value, '$.s') AS step,
+       p.ts + COALESCE(json_extract(e.value, '$.dt'), 0) / 1e6 AS ts,
+       p.hlc + COALESCE(json_extract(e.value, '$.h'), 0) AS hlc,
+       p.worker_id AS worker_id,
+       json_extract(e.value, '$.st') AS status,
+       json_extract(e.value, '$.r') AS resource,
+       json_extract(e.value, '$.v') AS resource_version,
+       COALESCE(json_extract(e.value, '$.x'), 0) AS side_effect,
+       json_extract(e.value, '$.i') AS input_ref,
+       json_extract(e.value, '$.o') AS output_ref,
+       COALESCE(json_extract(e.value, '$.d'), '{}') AS data,
+       p.hlc AS pack_hlc,
+       p.hlc_last AS pack_hlc_last
+FROM rq_trace AS p, json_each(p.events) AS e;

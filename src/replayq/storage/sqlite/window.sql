@@ -5,7 +5,8 @@
 SELECT e.*, j.job_type AS job_type, j.handler_version AS version
 FROM rq_events AS e
 JOIN rq_jobs AS j ON j.id = e.job_id AND j.trace_id = e.trace_id
-WHERE e.hlc >= :since_hlc AND e.hlc < :until_hlc
+WHERE e.pack_hlc_last >= :since_hlc AND e.pack_hlc < :until_hlc  -- rq_trace_hlc
+  AND e.hlc >= :since_hlc AND e.hlc < :until_hlc
   AND (e.hlc > :after_hlc OR (e.hlc = :after_hlc AND e.id > :after_id))
   AND j.origin = 'production'
   AND (:job_type IS NULL OR j.job_type = :job_type)
@@ -25,6 +26,7 @@ FROM rq_events AS e
 JOIN rq_jobs AS j ON j.id = e.job_id AND j.trace_id = e.trace_id
 WHERE e.name IN (SELECT value FROM json_each(:names))
   AND j.origin = 'production'
+  AND e.pack_hlc_last >= :since_hlc AND e.pack_hlc < :until_hlc  -- rq_trace_hlc
   AND e.hlc >= :since_hlc AND e.hlc < :until_hlc
 GROUP BY 1, j.job_type, j.handler_version, e.name
 ORDER BY 1, j.job_type, j.handler_version, e.name;

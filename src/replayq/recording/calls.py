@@ -1,0 +1,105 @@
+"""External reads: ``ctx.call(name, fn, *args, **kwargs)``.
+
+The request is summarised (JSON; non-JSON arguments become their type name) and
+fingerprinted; the ``World`` answers with a recorded response (replays) or ``LIVE``,
+in which case ``fn`` runs, unsealed, and its response (or failure, with its failure
+class) is recorded. A large response goes to the blob store with the step's commit.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from replayq import codec
+from replayq.errors import PayloadError, RecordedFailure, classify
+from replayq.recording.aio import Flow, outside_call
+from replayq.recording.attempt import Attempt
+from replayq.recording.world import LIVE
+from replayq.seal import unsealed
+
+
+def record_call(
+    ctx: Attempt,
+    name: str,
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+) -> Flow[Any]:
+    """Run (or answer from the world) the external read ``name`` and record it: a flow
+    that ``recording.aio.run_flow`` drives plain or awaited."""
+    # The fingerprint is over the redacted request: a replay that passes the marker
+    # (read back from a redacted payload) or the secret itself matches it.
+    request = ctx.redactor.value({"args": list(args), "kwargs": dict(kwargs)})
+    summary, summary_text = _summarise_encoded(request)
+    fingerprint = codec.fingerprint_text(summary_text)
+    try:
+        answer = ctx.world.answer("call", name, fingerprint)
+    except RecordedFailure as exc:
+        ctx.record(
+            "call",
+            status="fail",
+            call=name,
+            fingerprint=fingerprint,
+            error=exc.error,
+            error_class=exc.failure_class.value,
+            replayed=True,
+        )
+        raise
+    if answer is not LIVE:
+        ctx.record("call", call=name, fingerprint=fingerprint, response=answer, replayed=True)
+        return answer
+    started = time.monotonic()
+    try:
+        with unsealed():  # a recorded call is the door the seal leaves open
+            response = yield outside_call(fn, *args, **kwargs)
+    except Exception as exc:
+        ctx.record(
+            "call",
+            status="fail",
+            call=name,
+            fingerprint=fingerprint,
+            request=summary,
+            error=ctx.redactor.error(exc),
+            # Recorded so that a replay raises the failure with the class it had.
+            error_class=classify(exc, dict(ctx.handler.error_map)).value,
+            duration=round(time.monotonic() - started, 6),
+        )
+        raise
+    duration = round(time.monotonic() - started, 6)
+    inline, ref, raw, _ = ctx.encoded(response, what=f"ctx.call({name!r}) response")
+    ctx.store_blob(raw, f"ctx.call({name!r}) response", ref)
+    ctx.record(
+        "call",
+        status="success",
+        call=name,
+        fingerprint=fingerprint,
+        request=summary,
+        response=inline,
+        output_ref=ref,
+        duration=duration,
+    )
+    return response
+
+
+def _summarise_encoded(request: Any) -> tuple[Any, str]:
+    """``_summarise`` and its canonical text, walking a JSON request once."""
+    try:
+        return request, codec.dumps(request)
+    except PayloadError:
+        summary = _summarise(request)
+        return summary, codec.dumps(summary)
+
+
+def _summarise(request: Any) -> Any:
+    """A JSON form of call arguments (non-JSON values become their type name)."""
+    try:
+        codec.dumps(request)
+        return request
+    except PayloadError:
+        if isinstance(request, dict):
+            return {k: _summarise(v) for k, v in request.items()}
+        if isinstance(request, list | tuple):
+            return [_summarise(v) for v in request]
+        return f"<{type(request).__name__}>"

@@ -1,0 +1,82 @@
+"""Writes a handler defers to its step's commit: its own tables and child jobs.
+
+``ctx.db_write(fn, key=...)`` and ``ctx.enqueue(job_type, payload, ...)`` record their
+event now and run their write in the transaction that commits the step (or the ack);
+a replay or fork records the event and writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+from replayq.queue.enqueue import EnqueueRequest, insert_job
+from replayq.recording.attempt import Attempt
+from replayq.storage.protocol import Transaction
+
+
+def defer_db_write(ctx: Attempt, fn: Callable[[Any], Any], key: str | None) -> None:
+    """``ctx.db_write``: ``fn(connection)`` at the step's commit, at most once per ``key``."""
+    event = ctx.record("db.write", resource=key, key=key)
+    if not ctx.world.is_live:
+        event.data["replayed"] = True
+        return
+    job, trace_id, attempt = ctx.job, ctx.trace_id, ctx.attempt
+
+    def write(tx: Transaction) -> None:
+        if key is not None:
+            claim = {
+                "key": key,
+                "operation": "db.write",
+                "claim_token": f"{trace_id}-{attempt}-{event.seq}",
+                "now": event.ts,
+                "trace_id": trace_id,
+                "job_id": job.id,
+                "attempt": attempt,
+            }
+            if not tx.idem_claim(claim):
+                event.data["deduplicated"] = True
+                return
+        fn(tx.connection)
+        if key is not None:
+            tx.idem_succeed(
+                {
+                    "key": key,
+                    "claim_token": claim["claim_token"],
+                    "result": "null",
+                    "result_ref": None,
+                    "now": event.ts,
+                }
+            )
+
+    ctx.defer(write, f"db_write {key}" if key else "db_write")
+
+
+def defer_child_job(
+    ctx: Attempt, job_type: str, payload: dict[str, Any], options: Mapping[str, Any]
+) -> None:
+    """``ctx.enqueue``: the child is inserted in the step's transaction (causation: this job)."""
+    request = EnqueueRequest(job_type, payload, **options)
+    if job_type in ctx.runtime.registry.job_types():
+        plain, _ = ctx.runtime.registry.handler(job_type).prepare_payload(request.payload)
+        request = replace(request, payload=plain)
+    origin = ctx.job.origin
+    correlation = ctx.job.correlation_id or ctx.job.trace_id
+    event = ctx.record("child.enqueued", child_type=job_type, payload=request.payload)
+
+    if not ctx.world.is_live:
+        return
+
+    def write(tx: Transaction) -> None:
+        child = insert_job(
+            ctx.runtime,
+            tx,
+            request,
+            correlation_id=correlation,
+            causation_id=str(ctx.job.id),
+            origin=origin,
+        )
+        event.data["child_job_id"] = child
+
+    ctx.defer(write, f"child job {job_type}")

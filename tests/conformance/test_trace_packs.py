@@ -1,0 +1,109 @@
+"""The trace stored as packs: every event comes back as recorded, in fewer rows.
+
+A transaction's events of one job attempt are one ``rq_trace`` row (storage/packs.py).
+The readers must still return each event with every field, in HLC order, and the
+``rq_events`` view (what the SQL signal and gate queries read) must hold the same events.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import replayq
+from replayq.model import TraceEvent
+from replayq.testing import run_inline
+
+AppFactory = Callable[..., replayq.App]
+
+
+PACKS = {
+    "sqlite": "SELECT events FROM rq_trace WHERE job_id = ?",
+    "postgresql": "SELECT events FROM rq_trace WHERE job_id = %s",
+}
+VIEW = {
+    "sqlite": "SELECT name, hlc, resource, data FROM rq_events WHERE job_id = ? ORDER BY hlc, id",
+    "postgresql": (
+        "SELECT name, hlc, resource, data FROM rq_events WHERE job_id = %s ORDER BY hlc, id"
+    ),
+}
+
+
+def fields(event: TraceEvent) -> dict[str, Any]:
+    out = dict(vars(event))
+    out.pop("id")
+    return out
+
+
+def test_every_field_of_every_event_reads_back_in_hlc_order(app_factory: AppFactory) -> None:
+    app = app_factory()
+    events = [
+        TraceEvent(
+            trace_id="replay-packs",
+            name=f"event.{n}",
+            kind="domain" if n % 2 else "lifecycle",
+            ts=1_700_000_000.0 + n * 0.25,
+            # Out of order on purpose: a reader sorts by HLC, then by commit order.
+            hlc=1_000 + (n * 7) % 5,
+            attempt=1,
+            seq=n,
+            step=f"step{n}" if n % 3 else None,
+            worker_id="w1",
+            status="success" if n % 2 else None,
+            resource=f"order:{n}" if n % 2 else None,
+            resource_version=n if n % 2 else None,
+            side_effect=n == 3,
+            input_ref="blob:sha256:in" if n == 4 else None,
+            output_ref="blob:sha256:out" if n == 1 else None,
+            data={"n": n, "nested": {"list": [1, 2.5, None, "ü"]}} if n else {},
+        )
+        for n in range(5)
+    ]
+    with app.storage.transaction() as tx:
+        # Two appends of one attempt in one transaction (pending events, then the ack's).
+        tx.trace_append(events[:2])
+        tx.trace_append(events[2:3])
+    with app.storage.transaction() as tx:
+        tx.trace_append(events[3:])
+    with app.storage.transaction(readonly=True) as tx:
+        back = tx.trace_for_trace("replay-packs")
+        rows = tx.connection.execute("SELECT COUNT(*) FROM rq_trace").fetchone()[0]
+    expected = sorted(events, key=lambda e: (e.hlc, events.index(e)))
+    assert [fields(e) for e in back] == [fields(e) for e in expected]
+    assert len({e.id for e in back}) == len(events), "each event keeps an id of its own"
+    assert rows == 2, "one row per transaction of the trace"
+
+
+def test_a_traced_job_is_a_few_rows_and_the_view_holds_every_event(
+    app_factory: AppFactory,
+) -> None:
+    app = app_factory()
+
+    @app.job("order.process")
+    def process(ctx: replayq.Context, order_id: int) -> None:
+        with ctx.step("load"):
+            order = ctx.state.get("order", order_id)
+            ctx.decide("fresh", not order.exists)
+        with ctx.step("price"):
+            ctx.call("pricing.quote", lambda: {"lines": ["x" * 50] * 200})
+        with ctx.step("reserve"):
+            ctx.state.put("order", order_id, {"status": "reserved"})
+        with ctx.step("charge"):
+            ctx.effect("payment.charge", lambda: {"paid": True}, key=f"charge:{order_id}")
+
+    job = run_inline(app, "order.process", {"order_id": 7})
+    assert job.state is replayq.JobState.SUCCEEDED
+    trace = app.trace(job.id)
+    with app.storage.transaction(readonly=True) as tx:
+        packs = tx.connection.execute(PACKS[app.storage.dialect], (job.id,)).fetchall()
+        view = tx.connection.execute(VIEW[app.storage.dialect], (job.id,)).fetchall()
+        by_resource = [e.name for e in tx.trace_for_resource("order:7")]
+    # enqueue, lease, reserve (with load's and price's events), claim, result, ack
+    assert len(packs) <= 6 < len(trace), packs
+    assert [(r[0], r[1], r[2], json.loads(r[3])) for r in view] == [
+        (e.name, e.hlc, e.resource, e.data) for e in trace
+    ]
+    assert by_resource == ["state.read", "state.write"]
+    names = [e.name for e in trace]
+    assert names.index("call") < names.index("state.write") < names.index("effect.claimed")
