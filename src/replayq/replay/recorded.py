@@ -17,6 +17,7 @@ explicit stub; an effect the recording lacks is never made up.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,21 +82,44 @@ def attempts_with_events(events: list[TraceEvent]) -> list[int]:
 
 
 def load_recording(source: RuntimeSource, job_id: int, attempt: int | None = None) -> Recording:
-    """Read a job's attempt (default: the last one that recorded domain events)."""
-    runtime = source.runtime
-    # One read transaction: the job, its events, their blobs, the state versions read.
-    with runtime.storage.transaction(readonly=True) as tx:
-        found = tx.job_get(job_id)
-        if found is None:
-            raise ReplayqError(f"no job with id {job_id}")
-        job = found
-        events = tx.trace_for_job(job_id)
-        values = {
-            e.id: load_json(tx, None, e.output_ref)
-            for e in events
-            if e.output_ref is not None and e.id is not None
-        }
-        states = _read_states(tx, events, attempt)
+    """Read a job's attempt (default: the last one that recorded domain events).
+
+    One read transaction: the job, its events, their blobs, the state versions read.
+    """
+    with source.runtime.storage.transaction(readonly=True) as tx:
+        return read_recording(tx, job_id, attempt)
+
+
+def load_recordings(
+    source: RuntimeSource, job_ids: Sequence[int]
+) -> list[Recording | ReplayqError]:
+    """The last recorded attempt of each job, all read in one read transaction.
+
+    In the order given; a job that cannot be replayed (missing, nothing recorded) is its
+    error in place of its recording, so one bad job does not stop a batch.
+    """
+    found: list[Recording | ReplayqError] = []
+    with source.runtime.storage.transaction(readonly=True) as tx:
+        for job_id in job_ids:
+            try:
+                found.append(read_recording(tx, job_id))
+            except ReplayqError as exc:
+                found.append(exc)
+    return found
+
+
+def read_recording(tx: Transaction, job_id: int, attempt: int | None = None) -> Recording:
+    """``load_recording`` inside an open transaction."""
+    found = tx.job_get(job_id)
+    if found is None:
+        raise ReplayqError(f"no job with id {job_id}")
+    job = found
+    events = tx.trace_for_job(job_id)
+    values = {
+        e.id: load_json(tx, None, e.output_ref)
+        for e in events
+        if e.output_ref is not None and e.id is not None
+    }
     candidates = attempts_with_events(events)
     if attempt is None:
         if not candidates:
@@ -106,6 +130,7 @@ def load_recording(source: RuntimeSource, job_id: int, attempt: int | None = Non
             f"job {job_id} attempt {attempt} recorded nothing; attempts with a recording: "
             f"{candidates or 'none'}"
         )
+    states = _read_states(tx, events, attempt)
     domain = sorted(
         (e for e in events if e.kind == "domain" and e.attempt == attempt),
         key=lambda e: (e.seq or 0, e.hlc),
