@@ -13,6 +13,7 @@ travel as JSON lines over the worker's stdin and stdout.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -174,10 +175,18 @@ class _Worker:
         self.process.stdin.flush()
 
     def close(self) -> None:
-        if self.process.stdin is not None and not self.process.stdin.closed:
-            self.process.stdin.close()
-        if self.process.wait(timeout=30) is None:  # pragma: no cover - wait raises instead
-            self.process.kill()
+        """End the process (it exits at the end of its input) and close its pipes."""
+        process = self.process
+        if process.stdin is not None and not process.stdin.closed:
+            with contextlib.suppress(BrokenPipeError):
+                process.stdin.close()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
 
 
 def _in_processes(
@@ -195,14 +204,17 @@ def _in_processes(
     todo.reverse()
     done: dict[int, ReplayReport] = {}
     failed: list[tuple[int, ReplayqError]] = []
-    workers = [_Worker(runtime, spec, options) for _ in range(min(processes, len(todo)))]
+    workers: list[_Worker] = []
     selector = selectors.DefaultSelector()
+    busy = 0
     try:
-        for worker in workers:
+        for _ in range(min(processes, len(todo))):
+            worker = _Worker(runtime, spec, options)
+            workers.append(worker)
+            busy += 1
             worker.batch = todo.pop()
             worker.send(worker.batch)
             selector.register(worker.stdout, selectors.EVENT_READ, worker)
-        busy = len(workers)
         while busy:
             for key, _ in selector.select():
                 worker = key.data
@@ -226,14 +238,13 @@ def _in_processes(
                     worker.send(worker.batch)
                 else:
                     selector.unregister(worker.stdout)
-                    worker.close()
                     busy -= 1
     finally:
         selector.close()
         for worker in workers:
-            if worker.process.poll() is None:
-                worker.process.kill()
-                worker.process.wait()
+            if busy:
+                worker.process.kill()  # an error above: the rest of the work is abandoned
+            worker.close()
     for job_id, error in failed:
         assert on_error is not None
         on_error(job_id, error)
