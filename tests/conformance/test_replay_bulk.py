@@ -21,7 +21,8 @@ import replayq
 from replayq.replay.engine import dry_run, dry_run_many
 from replayq.testing import run_inline
 from tests.apps import leaky, replay_shop
-from tests.replay_support import APP_SPEC, record
+from tests.context_support import count_rows
+from tests.replay_support import APP_SPEC, derived_events, record
 from tests.services import Service
 
 AppFactory = Callable[..., replayq.App]
@@ -145,3 +146,47 @@ def test_a_job_that_cannot_be_replayed_is_passed_to_on_error_or_raised(
         assert skipped == [(999_999, "no job with id 999999")]
         with pytest.raises(replayq.ReplayqError, match="no job with id 999999"):
             dry_run_many(app, ids, keep=False, processes=processes, app=APP_SPEC)
+
+
+TABLES = [
+    "rq_jobs",
+    "rq_events",
+    "rq_blobs",
+    "rq_entity_versions",
+    "rq_entities",
+    "rq_branches",
+    "rq_locks",
+    "rq_idempotency",
+    "rq_cache",
+    "rq_outbox",
+    "rq_lineage",
+    "rq_steps",
+]
+
+
+def row_counts(url: str) -> dict[str, int]:
+    return {table: count_rows(url, table) for table in TABLES}
+
+
+def test_what_a_dry_run_writes_with_and_without_keep(app: replayq.App, service: Service) -> None:
+    ids = [record(app, order_id).id for order_id in (1, 2)]
+    before = row_counts(app.url)
+
+    for report in [dry_run(app, ids[0], keep=False), *dry_run_many(app, ids, keep=False)]:
+        assert not report.diverged, report.to_dict()
+    unkept = row_counts(app.url)
+    kept = dry_run_many(app, ids)
+    after = row_counts(app.url)
+
+    assert unkept == before, "a dry-run without keep wrote rows"
+    changed = {t: after[t] - before[t] for t in TABLES if after[t] != before[t]}
+    # Per kept dry-run: its events (+ replay.finished), a branch, a lineage row, and the
+    # order's new version on the branch (head and version); nothing else.
+    events = sum(len(derived_events(app, r.trace_id)) for r in kept)
+    assert changed == {
+        "rq_events": events,
+        "rq_branches": 2,
+        "rq_lineage": 2,
+        "rq_entity_versions": 2,
+        "rq_entities": 2,
+    }, changed
