@@ -21,7 +21,7 @@ import replayq
 from replayq.replay.engine import dry_run, dry_run_many
 from replayq.testing import run_inline
 from tests.apps import leaky, replay_shop
-from tests.context_support import count_rows
+from tests.context_support import count_rows, declare_profile_jobs, query
 from tests.replay_support import APP_SPEC, derived_events, record
 from tests.services import Service
 
@@ -190,3 +190,23 @@ def test_what_a_dry_run_writes_with_and_without_keep(app: replayq.App, service: 
         "rq_entity_versions": 2,
         "rq_entities": 2,
     }, changed
+
+
+def test_a_dry_runs_cache_writes_wait_for_its_final_write_or_never_happen(
+    app_factory: AppFactory,
+) -> None:
+    app = app_factory()
+    declare_profile_jobs(app)
+    app.state.put("user", 7, {"name": "Ada"}, expected_version=0)
+    job = run_inline(app, "render_profile", {"user_id": 7})
+    cached = count_rows(app.url, "rq_cache")
+
+    unkept = dry_run_many(app, [job.id, job.id], keep=False)
+    after_unkept = count_rows(app.url, "rq_cache")
+    kept = dry_run(app, job.id)
+
+    assert not any(r.diverged for r in [*unkept, kept])
+    assert after_unkept == cached, "a dry-run without keep wrote the cache"
+    keys = [key for (key,) in query(app.url, "SELECT key FROM rq_cache ORDER BY key")]
+    assert len(keys) == cached + 1
+    assert [k for k in keys if kept.branch in k], keys

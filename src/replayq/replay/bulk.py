@@ -28,9 +28,8 @@ from replayq.errors import ReplayqError
 from replayq.queue.handlers import Handler
 from replayq.replay.compare import ReplayReport
 from replayq.replay.recorded import load_recordings
-from replayq.replay.run import choose_handler, dry_run_recording
+from replayq.replay.run import Deferred, choose_handler, dry_run_recording
 from replayq.runtime import Runtime, RuntimeSource
-from replayq.storage.protocol import Transaction
 
 # Jobs whose recordings are read in one transaction (and, kept, written in one).
 BATCH = 50
@@ -106,7 +105,7 @@ def run_batches(
     reports: list[ReplayReport] = []
     for start in range(0, len(ids), BATCH):
         batch = ids[start : start + BATCH]
-        deferred: list[Callable[[Transaction], None]] | None = [] if options.keep else None
+        deferred = Deferred() if options.keep else None
         for job_id, loaded in zip(batch, load_recordings(runtime, batch), strict=True):
             if isinstance(loaded, ReplayqError):
                 if on_error is None:
@@ -126,10 +125,8 @@ def run_batches(
                     deferred=deferred,
                 )
             )
-        if deferred:
-            with runtime.storage.transaction() as tx:
-                for write in deferred:
-                    write(tx)
+        if deferred is not None:
+            deferred.commit(runtime)
         if progress is not None:
             progress(len(batch))
     return reports

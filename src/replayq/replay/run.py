@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from replayq import codec
@@ -126,6 +126,13 @@ class BufferedContext(Context):
         self.comparison = comparison
         self.kept_writes: list[Callable[[Transaction], None]] = []
         self.kept_events: list[TraceEvent] = []
+        # What waits for a commit outside the database (cache entries): after the end's write.
+        self.kept_after: list[Callable[[], None]] = []
+
+    def committed(self) -> None:
+        if self._built("cache"):
+            self.kept_after.extend(self.cache.take_after_commit())
+        super().committed()
 
     def reads_commit_events(self) -> bool:
         return False
@@ -140,6 +147,23 @@ class BufferedContext(Context):
         self.kept_writes.extend(writes)
         self.kept_events.extend(events)
         self.comparison.add(events)
+
+
+@dataclass
+class Deferred:
+    """The end writes of kept dry-runs, committed together, and what runs after the commit."""
+
+    writes: list[Callable[[Transaction], None]] = field(default_factory=list)
+    after: list[Callable[[], None]] = field(default_factory=list)
+
+    def commit(self, runtime: Runtime) -> None:
+        if self.writes:
+            with runtime.storage.transaction() as tx:
+                for write in self.writes:
+                    write(tx)
+        for action in self.after:
+            action()
+        self.writes, self.after = [], []
 
 
 def execute(ctx: Context) -> Outcome:
@@ -192,7 +216,7 @@ def run_derived(
     allow_io: bool,
     buffered: bool = False,
     keep: bool = True,
-    deferred: list[Callable[[Transaction], None]] | None = None,
+    deferred: Deferred | None = None,
 ) -> ReplayReport:
     """Run ``handler`` against the recording on a branch of its own and compare.
 
@@ -265,11 +289,11 @@ def run_derived(
                     write(tx)
                 tx.trace_append(events)
 
-            if deferred is not None:
-                deferred.append(write_all)
-            else:
-                with runtime.storage.transaction() as tx:
-                    write_all(tx)
+            end = deferred if deferred is not None else Deferred()
+            end.writes.append(write_all)
+            end.after.extend(ctx.kept_after)
+            if deferred is None:
+                end.commit(runtime)
     else:
         unrecorded = _record_unrecorded_io(runtime, ctx, sealed)
         _finish(runtime, trace_id, outcome, origin)
@@ -349,7 +373,7 @@ def dry_run_recording(
     *,
     allow_io: bool,
     keep: bool,
-    deferred: list[Callable[[Transaction], None]] | None = None,
+    deferred: Deferred | None = None,
 ) -> ReplayReport:
     """Dry-run a loaded recording with ``chosen`` (see ``replayq.replay.engine.dry_run``)."""
     return run_derived(
