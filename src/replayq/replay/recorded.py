@@ -35,6 +35,11 @@ LOCK_EVENTS = {
     "acquire": ("lock.acquired", "lock.timeout"),
     "release": ("lock.released", "lock.expired"),
 }
+LOCK_ACTION = {name: action for action, names in LOCK_EVENTS.items() for name in names}
+# The events whose answers ``RecordedWorld.answer`` hands out in order (see ``_key``).
+ANSWERED = frozenset(
+    ("call", "effect.failed", "clock.now", "random.random", "random.uuid", "cache.read")
+) | frozenset(EFFECT_OUTCOMES)
 UNRECORDED_EFFECT = (
     "effect not in the recording: stub it with --stub {kind}=JSON or run it with "
     "rerun --allow-effects {kind}"
@@ -206,7 +211,8 @@ class RecordedWorld:
         self._writes: dict[str, deque[dict[str, Any] | None]] = {}
         self._skipped: dict[str, CompletedStep] = {}
         for event in recording.events:
-            if event.name == "step.skipped":
+            name = event.name
+            if name == "step.skipped":
                 position = str(event.data.get("step_key"))
                 self._skipped[position] = CompletedStep(
                     key=position,
@@ -215,19 +221,23 @@ class RecordedWorld:
                     result=recording.value(event, "result"),
                     result_ref=event.output_ref,
                 )
-            key = self._key(event)
+                continue
+            key = self._key(event) if name in ANSWERED else None
             if key is not None:
                 self._queues.setdefault(key, deque()).append(event)
-            if event.name == "state.read" and event.resource is not None:
-                self._reads.setdefault(event.resource, deque()).append(event.resource_version or 0)
-            for action, names in LOCK_EVENTS.items():
-                if event.name in names and event.resource is not None:
-                    self._locks.setdefault((action, event.resource), deque()).append(event)
-            if event.name == "state.write" and event.resource is not None:
-                self._writes.setdefault(event.resource, deque()).append(None)
-            if event.name == "state.write_rejected" and event.resource in self._writes:
+                continue
+            resource = event.resource
+            if resource is None:
+                continue
+            if name == "state.read":
+                self._reads.setdefault(resource, deque()).append(event.resource_version or 0)
+            elif name in LOCK_ACTION:
+                self._locks.setdefault((LOCK_ACTION[name], resource), deque()).append(event)
+            elif name == "state.write":
+                self._writes.setdefault(resource, deque()).append(None)
+            elif name == "state.write_rejected" and resource in self._writes:
                 # Fencing refused the last write of this resource at its step's commit.
-                self._writes[event.resource][-1] = dict(event.data)
+                self._writes[resource][-1] = dict(event.data)
         self.missing: list[str] = []
 
     @staticmethod
@@ -294,7 +304,7 @@ class RecordedWorld:
         return queue.popleft()
 
     def answer(self, name: str, label: str, fingerprint: str) -> Any:
-        queue = self._queues.get((name, label), deque())
+        queue = self._queues.get((name, label)) or deque()
         if self.reached_fork:
             return self._answer_live(name, label, fingerprint, queue)
         if not queue:
