@@ -99,9 +99,10 @@ def recorded(ctx: replayq.Context, n: int) -> int:
     return int(ctx.call("lookup", lambda: n + 1))
 
 
-def test_bulk_dry_run_summarises_the_divergences_of_every_matching_job(
-    app_factory: Callable[..., replayq.App], db_url: str, tmp_path: Path, monkeypatch: Any
-) -> None:
+def recorded_jobs(
+    app_factory: Callable[..., replayq.App], tmp_path: Path, monkeypatch: Any, count: int
+) -> tuple[replayq.App, list[int]]:
+    """``count`` recorded jobs, and an importable ``bulk_dry_run_app:app`` for ``--app``."""
     (tmp_path / "bulk_dry_run_app.py").write_text(
         "import replayq\n"
         "from tests.conformance.test_bulk_actions import recorded\n"
@@ -111,8 +112,15 @@ def test_bulk_dry_run_summarises_the_divergences_of_every_matching_job(
     monkeypatch.syspath_prepend(str(tmp_path))
     app = app_factory()
     app.job("recorded")(recorded)
-    ids = [app.enqueue("recorded", {"n": n}) for n in range(3)]
+    ids = [app.enqueue("recorded", {"n": n}) for n in range(count)]
     replayq.Worker(app, burst=True).run()
+    return app, ids
+
+
+def test_bulk_dry_run_summarises_the_divergences_of_every_matching_job(
+    app_factory: Callable[..., replayq.App], db_url: str, tmp_path: Path, monkeypatch: Any
+) -> None:
+    _, ids = recorded_jobs(app_factory, tmp_path, monkeypatch, 3)
     result = CliRunner().invoke(
         main,
         [
@@ -136,17 +144,7 @@ def test_bulk_dry_run_summarises_the_divergences_of_every_matching_job(
 def test_bulk_dry_run_in_worker_processes_with_no_keep_writes_nothing(
     app_factory: Callable[..., replayq.App], db_url: str, tmp_path: Path, monkeypatch: Any
 ) -> None:
-    (tmp_path / "bulk_dry_run_app.py").write_text(
-        "import replayq\n"
-        "from tests.conformance.test_bulk_actions import recorded\n"
-        "app = replayq.App()\n"
-        "app.job('recorded')(recorded)\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    app = app_factory()
-    app.job("recorded")(recorded)
-    ids = [app.enqueue("recorded", {"n": n}) for n in range(4)]
-    replayq.Worker(app, burst=True).run()
+    app, ids = recorded_jobs(app_factory, tmp_path, monkeypatch, 4)
     command = ["--db", db_url, "jobs", "dry-run", "--app", "bulk_dry_run_app:app"]
     command += ["--type", "recorded", "--json"]
 

@@ -240,38 +240,41 @@ def first_divergence(recorded: list[TraceEvent], now: list[TraceEvent]) -> Diver
     return comparison.first()
 
 
-def _pairs(events: list[TraceEvent], name: str, key: Callable[[TraceEvent], Any]) -> dict[Any, Any]:
-    found: dict[Any, Any] = {}
-    for event in events:
-        if event.name == name:
-            found.setdefault(key(event), []).append(event)
-    return found
+def _differing(
+    recorded: list[TraceEvent],
+    now: list[TraceEvent],
+    name: str,
+    key: Callable[[TraceEvent], Any],
+    value: str,
+    label: str,
+) -> list[dict[str, Any]]:
+    """Per ``key``, the ``value`` of each ``name`` event in order, where the two sides differ."""
+
+    def grouped(events: list[TraceEvent]) -> dict[Any, list[Any]]:
+        found: dict[Any, list[Any]] = {}
+        for event in events:
+            if event.name == name:
+                found.setdefault(key(event), []).append(event.data.get(value))
+        return found
+
+    a, b = grouped(recorded), grouped(now)
+    return [
+        {label: k, "recorded": a.get(k, []), "now": b.get(k, [])}
+        for k in sorted(set(a) | set(b), key=str)
+        if a.get(k, []) != b.get(k, [])
+    ]
 
 
 def compare_decisions(recorded: list[TraceEvent], now: list[TraceEvent]) -> list[dict[str, Any]]:
     """Decisions whose values differ (by name, in order)."""
-    a = _pairs(recorded, "decision", lambda e: e.data.get("decision"))
-    b = _pairs(now, "decision", lambda e: e.data.get("decision"))
-    out = []
-    for name in sorted(set(a) | set(b), key=str):
-        va = [e.data.get("value") for e in a.get(name, [])]
-        vb = [e.data.get("value") for e in b.get(name, [])]
-        if va != vb:
-            out.append({"decision": name, "recorded": va, "now": vb})
-    return out
+    return _differing(
+        recorded, now, "decision", lambda e: e.data.get("decision"), "value", "decision"
+    )
 
 
 def compare_writes(recorded: list[TraceEvent], now: list[TraceEvent]) -> list[dict[str, Any]]:
     """State writes whose deltas differ (by resource)."""
-    a = _pairs(recorded, "state.write", lambda e: e.resource)
-    b = _pairs(now, "state.write", lambda e: e.resource)
-    out = []
-    for resource in sorted(set(a) | set(b), key=str):
-        da = [e.data.get("delta") for e in a.get(resource, [])]
-        db = [e.data.get("delta") for e in b.get(resource, [])]
-        if da != db:
-            out.append({"resource": resource, "recorded": da, "now": db})
-    return out
+    return _differing(recorded, now, "state.write", lambda e: e.resource, "delta", "resource")
 
 
 def from_step(events: list[TraceEvent], step: str) -> list[TraceEvent]:
