@@ -25,14 +25,20 @@ be a divergence, which is checked too).
                                       [--backend sqlite|postgres] [--json] [--no-keep]
 
 ``--json`` prints one object (dry-run median, p10/p90, bulk jobs/s per process
-count, load average, commit). ``--backend postgres`` records into a fresh schema on
-``--pg-url``.
+count, load average, commit) and CPU figures beside the wall times: the median CPU
+time of one dry-run and the CPU time per job of each bulk pass (this process plus
+its finished worker processes), which a busy machine inflates less.
+``--backend postgres`` records into a fresh schema on ``--pg-url``. The script runs
+on an earlier tree too (``PYTHONPATH=<tree>/src``): where ``dry_run_many`` takes no
+``app``, it is called without one.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
+import resource
 import shutil
 import sqlite3
 import statistics
@@ -150,17 +156,31 @@ def checked_dry_run(app: replayq.App, job_id: int, *, keep: bool = True) -> None
         raise SystemExit(f"job {job_id}: the dry-run diverged: {report.to_dict()}")
 
 
-def bulk_dry_run(app: replayq.App, ids: list[int], *, keep: bool, processes: int) -> float:
-    """Dry-run every job once with ``dry_run_many``; the seconds it took."""
-    started = time.perf_counter()
-    reports = dry_run_many(app, ids, keep=keep, processes=processes, app="replay_speed:APP")
-    elapsed = time.perf_counter() - started
+def cpu_seconds() -> float:
+    """CPU time of this process and of its finished children (the bulk worker processes)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+def bulk_dry_run(
+    app: replayq.App, ids: list[int], *, keep: bool, processes: int
+) -> tuple[float, float]:
+    """Dry-run every job once with ``dry_run_many``; the wall and CPU seconds it took.
+
+    On a tree whose ``dry_run_many`` takes no ``app`` (before worker processes), it is
+    called without it."""
+    options: dict[str, Any] = {"keep": keep, "processes": processes}
+    if "app" in inspect.signature(dry_run_many).parameters:
+        options["app"] = "replay_speed:APP"
+    started, cpu = time.perf_counter(), cpu_seconds()
+    reports = dry_run_many(app, ids, **options)
+    elapsed, cpu = time.perf_counter() - started, cpu_seconds() - cpu
     if len(reports) != len(ids):
         raise SystemExit(f"{len(reports)} reports for {len(ids)} jobs")
     for report in reports:
         if report.diverged:
             raise SystemExit(f"job {report.job_id}: the dry-run diverged: {report.to_dict()}")
-    return elapsed
+    return elapsed, cpu
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -193,16 +213,20 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"  recorded {args.jobs} jobs in {recording_seconds:.2f}s", file=sys.stderr)
 
         checked_dry_run(app, ids[-1], keep=keep)  # warm-up: imports, statement caches
-        single = []
+        single, single_cpu = [], []
         for _ in range(args.runs):
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             checked_dry_run(app, ids[0], keep=keep)
             single.append(time.perf_counter() - started)
+            single_cpu.append(time.process_time() - cpu)
         print(f"  single: median {statistics.median(single) * 1e3:.1f} ms", file=sys.stderr)
 
         bulk: dict[int, float] = {}
+        bulk_cpu: dict[int, float] = {}
         for processes in counts:
-            bulk[processes] = bulk_dry_run(app, ids, keep=keep, processes=processes)
+            bulk[processes], bulk_cpu[processes] = bulk_dry_run(
+                app, ids, keep=keep, processes=processes
+            )
             print(f"  bulk, {processes} process(es): {bulk[processes]:.2f}s", file=sys.stderr)
         if real_after_recording != REAL_CALLS:
             raise SystemExit(f"a dry-run reached the outside functions: {REAL_CALLS}")
@@ -228,8 +252,16 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "dry_run_ms_median": round(statistics.median(ms), 3),
                 "dry_run_ms_p10": round(percentile(ms, 0.1), 3),
                 "dry_run_ms_p90": round(percentile(ms, 0.9), 3),
+                "dry_run_cpu_ms_median": round(statistics.median(single_cpu) * 1e3, 3),
                 "bulk_jobs_per_s": {str(n): round(len(ids) / t, 1) for n, t in bulk.items()},
-                "bulk_how": "dry_run_many, worker processes importing replay_speed:APP",
+                # CPU seconds of this process and the worker processes, per job: what the
+                # machine's other load does not inflate as much as wall time.
+                "bulk_cpu_ms_per_job": {
+                    str(n): round(t / len(ids) * 1e3, 3) for n, t in bulk_cpu.items()
+                },
+                "bulk_how": "dry_run_many, worker processes importing replay_speed:APP"
+                if "app" in inspect.signature(dry_run_many).parameters
+                else "dry_run_many (no worker processes in this tree)",
                 "recording_jobs_per_s": round(args.jobs / recording_seconds, 1),
                 "domain_events_per_job": events,
             }
