@@ -15,12 +15,13 @@ from replayq.queue import lifecycle as trace
 from replayq.queue.handlers import Handler
 from replayq.recording.context import Context
 from replayq.storage.protocol import JobBury, JobComplete, JobRetry, Transaction
+from replayq.worker.lease import Leasing
 from replayq.worker.settle import Settling
 
 log = logging.getLogger("replayq.worker")
 
 
-class Outcomes(Settling):
+class Outcomes(Settling, Leasing):
     """The state machine's last step for an attempt this worker ran."""
 
     def _succeed(
