@@ -106,19 +106,19 @@ class ReplayReport:
 _DERIVED = ("outcome_recorded", "outcome_now", "first_divergence", "outcome_divergence", "diverged")
 
 
-def _canonical(value: Any) -> Any:
-    """What ``codec.dumps(value)`` would compare, cheaply for a scalar: equal exactly when
-    the canonical texts are equal (``json`` writes an ``int``/``float``/``str`` subclass as
-    its base type, a float by its ``repr``)."""
-    if value is None or isinstance(value, bool):
-        return value
+def _canonical(value: Any) -> str:
+    """``codec.dumps(value)``, the canonical text, without a validation walk: recorded values
+    were checked once when recorded; a scalar is written as ``json`` writes it."""
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
     if isinstance(value, int):
-        return ("int", int(value))
+        return int.__repr__(value)
     if isinstance(value, float):
-        return ("float", float.__repr__(value))
-    if isinstance(value, str):
-        return ("str", str(value))
-    # Recorded values were checked once when recorded: no second validation walk.
+        return float.__repr__(value)
     return codec.dumps_own(value)
 
 
