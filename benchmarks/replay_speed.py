@@ -1,41 +1,49 @@
 """How fast a recorded job dry-runs: one 10-step job many times, and 1,000 recorded jobs in bulk.
 
-A fresh SQLite file; ``--jobs`` jobs of a 10-step handler (two ``ctx.call``,
-two ``ctx.effect``, three ``ctx.state.get``, three ``ctx.state.put``, a
-``ctx.now`` and three ``ctx.decide``) are recorded by an in-process
-``Worker(app, burst=True)``. Then, with the Python API (``replayq.replay.engine.dry_run``,
-what ``replayq replay JOB --mode dry-run`` calls after its process start):
+A fresh SQLite file (or PostgreSQL schema); ``--jobs`` jobs of a 10-step handler
+(two ``ctx.call``, two ``ctx.effect``, three ``ctx.state.get``, three
+``ctx.state.put``, a ``ctx.now`` and three ``ctx.decide``) are recorded by an
+in-process ``Worker(app, burst=True)``. Then, with the Python API
+(``replayq.replay.engine.dry_run``, what ``replayq replay JOB --mode dry-run`` calls
+after its process start):
 
 * **single**: the first recorded job dry-run ``--runs`` times; the median, the
   10th and 90th percentiles and the spread of the wall time of one dry-run;
-* **bulk**: every recorded job dry-run once, one after the other; jobs/s.
+* **bulk**: every recorded job dry-run once with ``dry_run_many``, for each
+  process count of ``--processes`` (``1,2``: one pass in this process, one with two
+  worker processes that import ``replay_speed:APP``); jobs/s for each.
 
-Each dry-run reads the recording (events, blobs), creates its branch and
-lineage row, runs the handler with every call, effect, clock read and state read
-answered from the recording, writes its state to the branch, records its own
-trace and compares it with the recording. The script checks that no dry-run
-diverged and that the handler's outside functions were never called during them.
+Each dry-run reads the recording (events, blobs), runs the handler with every call,
+effect, clock read and state read answered from the recording, compares it with the
+recording as it runs and, unless ``--no-keep``, writes its derived trace, branch state
+and lineage at the end (``keep=False``: verification only, nothing written). The
+script checks that no dry-run diverged and that the handler's outside functions were
+never called in this process during them (in worker processes a missing answer would
+be a divergence, which is checked too).
 
-    python benchmarks/replay_speed.py [--jobs 1000] [--runs 50] [--dir DIR]
+    python benchmarks/replay_speed.py [--jobs 1000] [--runs 50] [--processes 1,2]
                                       [--backend sqlite|postgres] [--json] [--no-keep]
 
-``--json`` prints one object (dry-run median, p10/p90, bulk jobs/s, load
-average, commit). ``--backend postgres`` records into a fresh schema on
-``--pg-url``. Where ``replayq.replay.engine.dry_run_many`` exists the bulk
-measurement uses it (one loaded handler and connection for every job); with
-``--no-keep`` the dry-runs write nothing (``keep=False``: verification only).
+``--json`` prints one object (dry-run median, p10/p90, bulk jobs/s per process
+count, load average, commit) and CPU figures beside the wall times: the median CPU
+time of one dry-run and the CPU time per job of each bulk pass (this process plus
+its finished worker processes), which a busy machine inflates less.
+``--backend postgres`` records into a fresh schema on ``--pg-url``. The script runs
+on an earlier tree too (``PYTHONPATH=<tree>/src``): where ``dry_run_many`` takes no
+``app``, it is called without one.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
+import resource
 import shutil
 import sqlite3
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -44,8 +52,7 @@ from typing import Any
 from machine import PG_URL, PgSchemas, commit, load_average, machine
 
 import replayq
-from replayq.replay import engine
-from replayq.replay.engine import dry_run
+from replayq.replay.engine import dry_run, dry_run_many
 
 CUSTOMERS = 50
 REAL_CALLS = {"quote": 0, "stock": 0, "charge": 0, "email": 0}
@@ -143,50 +150,37 @@ def record(app: replayq.App, jobs: int) -> tuple[list[int], float]:
     return ids, elapsed
 
 
-def record_apart(url: str, jobs: int) -> tuple[list[int], float]:
-    """``record`` in a forked child: a burst Worker leaves its daemon heartbeat thread
-    running, and ``dry_run_many`` forks only from a process without other threads."""
-    import multiprocessing
-
-    context = multiprocessing.get_context("fork")
-    results = context.Queue()
-
-    def child() -> None:
-        app = make_app(url)
-        try:
-            results.put(record(app, jobs))
-        finally:
-            app.close()
-
-    process = context.Process(target=child)
-    process.start()
-    outcome: tuple[list[int], float] = results.get()
-    process.join()
-    return outcome
-
-
 def checked_dry_run(app: replayq.App, job_id: int, *, keep: bool = True) -> None:
     report = dry_run(app, job_id) if keep else dry_run(app, job_id, keep=False)
     if report.diverged:
         raise SystemExit(f"job {job_id}: the dry-run diverged: {report.to_dict()}")
 
 
-def bulk_dry_run(app: replayq.App, ids: list[int], *, keep: bool, processes: int) -> str:
-    """Dry-run every job once; returns how (``dry_run_many`` where it exists)."""
-    many = getattr(engine, "dry_run_many", None)
-    if many is None:
-        for job_id in ids:
-            checked_dry_run(app, job_id, keep=keep)
-        return "dry_run in a loop"
-    # dry_run_many forks only from a single-threaded process (see record_apart).
-    forked = processes > 1 and threading.active_count() == 1
-    reports = many(app, ids, keep=keep, processes=processes)
+def cpu_seconds() -> float:
+    """CPU time of this process and of its finished children (the bulk worker processes)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+def bulk_dry_run(
+    app: replayq.App, ids: list[int], *, keep: bool, processes: int
+) -> tuple[float, float]:
+    """Dry-run every job once with ``dry_run_many``; the wall and CPU seconds it took.
+
+    On a tree whose ``dry_run_many`` takes no ``app`` (before worker processes), it is
+    called without it."""
+    options: dict[str, Any] = {"keep": keep, "processes": processes}
+    if "app" in inspect.signature(dry_run_many).parameters:
+        options["app"] = "replay_speed:APP"
+    started, cpu = time.perf_counter(), cpu_seconds()
+    reports = dry_run_many(app, ids, **options)
+    elapsed, cpu = time.perf_counter() - started, cpu_seconds() - cpu
+    if len(reports) != len(ids):
+        raise SystemExit(f"{len(reports)} reports for {len(ids)} jobs")
     for report in reports:
         if report.diverged:
             raise SystemExit(f"job {report.job_id}: the dry-run diverged: {report.to_dict()}")
-    if processes > 1 and not forked:
-        return f"dry_run_many (keep={keep}; {processes} processes asked, ran in one: threads)"
-    return f"dry_run_many (keep={keep}, processes={processes})"
+    return elapsed, cpu
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -196,7 +190,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument("--pg-url", default=PG_URL, help="PostgreSQL server (--backend postgres)")
     parser.add_argument("--no-keep", action="store_true", help="dry-runs write nothing")
-    parser.add_argument("--processes", type=int, default=1, help="bulk dry-run processes")
+    parser.add_argument(
+        "--processes", default="1", help="bulk dry-run process counts, comma-separated: 1,2"
+    )
     parser.add_argument("--dir", type=Path, default=None, help="where the database goes")
     parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
@@ -209,27 +205,29 @@ def main(argv: Sequence[str] | None = None) -> None:
         replayq.App(url).schema_upgrade()
     app = make_app(url)
     keep = not args.no_keep
+    counts = [int(n) for n in str(args.processes).split(",")]
     try:
-        if args.processes > 1:
-            ids, recording_seconds = record_apart(url, args.jobs)
-        else:
-            ids, recording_seconds = record(app, args.jobs)
+        ids, recording_seconds = record(app, args.jobs)
         real_after_recording = dict(REAL_CALLS)
         events = len([e for e in app.trace(ids[0]) if e.kind == "domain"])
         print(f"  recorded {args.jobs} jobs in {recording_seconds:.2f}s", file=sys.stderr)
 
         checked_dry_run(app, ids[-1], keep=keep)  # warm-up: imports, statement caches
-        single = []
+        single, single_cpu = [], []
         for _ in range(args.runs):
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             checked_dry_run(app, ids[0], keep=keep)
             single.append(time.perf_counter() - started)
+            single_cpu.append(time.process_time() - cpu)
         print(f"  single: median {statistics.median(single) * 1e3:.1f} ms", file=sys.stderr)
 
-        started = time.perf_counter()
-        how = bulk_dry_run(app, ids, keep=keep, processes=args.processes)
-        bulk = time.perf_counter() - started
-        print(f"  bulk: {bulk:.2f}s ({how})", file=sys.stderr)
+        bulk: dict[int, float] = {}
+        bulk_cpu: dict[int, float] = {}
+        for processes in counts:
+            bulk[processes], bulk_cpu[processes] = bulk_dry_run(
+                app, ids, keep=keep, processes=processes
+            )
+            print(f"  bulk, {processes} process(es): {bulk[processes]:.2f}s", file=sys.stderr)
         if real_after_recording != REAL_CALLS:
             raise SystemExit(f"a dry-run reached the outside functions: {REAL_CALLS}")
         app.close()
@@ -254,8 +252,16 @@ def main(argv: Sequence[str] | None = None) -> None:
                 "dry_run_ms_median": round(statistics.median(ms), 3),
                 "dry_run_ms_p10": round(percentile(ms, 0.1), 3),
                 "dry_run_ms_p90": round(percentile(ms, 0.9), 3),
-                "bulk_jobs_per_s": round(len(ids) / bulk, 1),
-                "bulk_how": how,
+                "dry_run_cpu_ms_median": round(statistics.median(single_cpu) * 1e3, 3),
+                "bulk_jobs_per_s": {str(n): round(len(ids) / t, 1) for n, t in bulk.items()},
+                # CPU seconds of this process and the worker processes, per job: what the
+                # machine's other load does not inflate as much as wall time.
+                "bulk_cpu_ms_per_job": {
+                    str(n): round(t / len(ids) * 1e3, 3) for n, t in bulk_cpu.items()
+                },
+                "bulk_how": "dry_run_many, worker processes importing replay_speed:APP"
+                if "app" in inspect.signature(dry_run_many).parameters
+                else "dry_run_many (no worker processes in this tree)",
                 "recording_jobs_per_s": round(args.jobs / recording_seconds, 1),
                 "domain_events_per_job": events,
             }
@@ -279,10 +285,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             f"| {percentile(ms, 0.1):.2f} | {percentile(ms, 0.9):.2f} "
             f"| {min(ms):.2f} to {max(ms):.2f} |",
             "",
-            "| bulk dry-run | jobs | seconds | jobs/s | ms/job |",
+            "| bulk dry-run (`dry_run_many`) | jobs | seconds | jobs/s | ms/job |",
             "|---|---:|---:|---:|---:|",
-            f"| every recorded job once, {how} | {len(ids)} | {bulk:.2f} "
-            f"| {len(ids) / bulk:,.0f} | {bulk / len(ids) * 1e3:.2f} |",
+            *(
+                f"| every recorded job once, {n} process(es), keep={keep} | {len(ids)} "
+                f"| {t:.2f} | {len(ids) / t:,.0f} | {t / len(ids) * 1e3:.2f} |"
+                for n, t in bulk.items()
+            ),
             "",
             "No dry-run diverged; the outside functions were called 0 times during the dry-runs.",
         ]
@@ -294,6 +303,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             if schemas is not None:
                 schemas.drop_all()
 
+
+# What the bulk dry-run's worker processes import (``--app``-style): the same handlers; each
+# worker points them at the benchmark's database.
+APP = make_app("sqlite:///:memory:")
 
 if __name__ == "__main__":
     main()

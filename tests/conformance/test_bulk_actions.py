@@ -99,9 +99,10 @@ def recorded(ctx: replayq.Context, n: int) -> int:
     return int(ctx.call("lookup", lambda: n + 1))
 
 
-def test_bulk_dry_run_summarises_the_divergences_of_every_matching_job(
-    app_factory: Callable[..., replayq.App], db_url: str, tmp_path: Path, monkeypatch: Any
-) -> None:
+def recorded_jobs(
+    app_factory: Callable[..., replayq.App], tmp_path: Path, monkeypatch: Any, count: int
+) -> tuple[replayq.App, list[int]]:
+    """``count`` recorded jobs, and an importable ``bulk_dry_run_app:app`` for ``--app``."""
     (tmp_path / "bulk_dry_run_app.py").write_text(
         "import replayq\n"
         "from tests.conformance.test_bulk_actions import recorded\n"
@@ -111,8 +112,15 @@ def test_bulk_dry_run_summarises_the_divergences_of_every_matching_job(
     monkeypatch.syspath_prepend(str(tmp_path))
     app = app_factory()
     app.job("recorded")(recorded)
-    ids = [app.enqueue("recorded", {"n": n}) for n in range(3)]
+    ids = [app.enqueue("recorded", {"n": n}) for n in range(count)]
     replayq.Worker(app, burst=True).run()
+    return app, ids
+
+
+def test_bulk_dry_run_summarises_the_divergences_of_every_matching_job(
+    app_factory: Callable[..., replayq.App], db_url: str, tmp_path: Path, monkeypatch: Any
+) -> None:
+    _, ids = recorded_jobs(app_factory, tmp_path, monkeypatch, 3)
     result = CliRunner().invoke(
         main,
         [
@@ -131,3 +139,25 @@ def test_bulk_dry_run_summarises_the_divergences_of_every_matching_job(
     summary = json.loads(result.output)
     assert summary["matched"] == len(ids)
     assert summary["outcomes"] == {"same": 3} and summary["diverged"] == []
+
+
+def test_bulk_dry_run_in_worker_processes_with_no_keep_writes_nothing(
+    app_factory: Callable[..., replayq.App], db_url: str, tmp_path: Path, monkeypatch: Any
+) -> None:
+    app, ids = recorded_jobs(app_factory, tmp_path, monkeypatch, 4)
+    command = ["--db", db_url, "jobs", "dry-run", "--app", "bulk_dry_run_app:app"]
+    command += ["--type", "recorded", "--json"]
+
+    traces = [app.get_job(i).trace_id for i in ids]
+
+    unkept = CliRunner().invoke(main, [*command, "--no-keep", "--processes", "2"])
+    with app.storage.transaction(readonly=True) as tx:
+        derived = [tx.lineage_for_source(trace_id) for trace_id in traces]
+    kept = CliRunner().invoke(main, [*command, "--processes", "2"])
+
+    assert unkept.exit_code == 0 and kept.exit_code == 0, unkept.output + kept.output
+    assert json.loads(unkept.output) == json.loads(kept.output)
+    assert json.loads(unkept.output)["outcomes"] == {"same": 4}
+    assert derived == [[], [], [], []], "a --no-keep dry-run wrote a derived trace"
+    with app.storage.transaction(readonly=True) as tx:
+        assert all(len(tx.lineage_for_source(trace_id)) == 1 for trace_id in traces)

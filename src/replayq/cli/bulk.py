@@ -134,7 +134,14 @@ def run_bulk(
 
 
 def bulk_dry_run(
-    env: Env, app_spec: str, with_version: str | None, as_json: bool, **filters: Any
+    env: Env,
+    app_spec: str,
+    with_version: str | None,
+    as_json: bool,
+    *,
+    keep: bool = True,
+    processes: int = 1,
+    **filters: Any,
 ) -> None:
     """Dry-run every matched job's recording; print the divergences summed up."""
     app = env.app(app_spec)
@@ -142,20 +149,30 @@ def bulk_dry_run(
     found = app.bulk_preview(match, sample=0)
     outcomes: Counter[str] = Counter()
     diverged: list[dict[str, Any]] = []
+
+    def could_not(job_id: int, exc: replayq.ReplayqError) -> None:
+        outcomes["could not replay"] += 1
+        diverged.append({"job_id": job_id, "divergence": f"could not replay: {exc}"})
+
     with Progress(disable=as_json) as bar:
         task = bar.add_task("dry-run", total=found.matched)
-        for job_id in found.job_ids:
-            try:
-                report = replayq.dry_run(app, job_id, version=with_version)
-            except replayq.ReplayqError as exc:
-                outcomes["could not replay"] += 1
-                diverged.append({"job_id": job_id, "divergence": f"could not replay: {exc}"})
-            else:
-                where = report.first_divergence or report.outcome_divergence
-                outcomes["diverged" if where else "same"] += 1
-                if where:
-                    diverged.append({"job_id": job_id, "divergence": str(where)})
-            bar.advance(task)
+        reports = replayq.dry_run_many(
+            app,
+            found.job_ids,
+            version=with_version,
+            keep=keep,
+            processes=processes,
+            app=app_spec,
+            on_error=could_not,
+            progress=lambda n: bar.advance(task, n),
+        )
+    for report in reports:
+        where = report.first_divergence or report.outcome_divergence
+        outcomes["diverged" if where else "same"] += 1
+        if where:
+            diverged.append({"job_id": report.job_id, "divergence": str(where)})
+    position = {job_id: n for n, job_id in enumerate(found.job_ids)}
+    diverged.sort(key=lambda d: position[d["job_id"]])
     if as_json:
         emit_json({"matched": found.matched, "outcomes": dict(outcomes), "diverged": diverged})
         return

@@ -279,13 +279,34 @@ def jobs_requeue(env: Env, /, reason: str | None, yes: bool, as_json: bool, **fi
 @bulk.filter_options
 @click.option("--app", "app_spec", required=True, help="module:attribute of your replayq.App")
 @click.option("--with-version", "with_version", default=None, help="Replay with this version.")
+@click.option("--no-keep", is_flag=True, help="Write nothing (no derived traces, branches).")
+@click.option(
+    "--processes",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Worker processes (each imports --app and opens the database itself).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def jobs_dry_run(
-    env: Env, /, app_spec: str, with_version: str | None, as_json: bool, **filters: Any
+    env: Env,
+    /,
+    app_spec: str,
+    with_version: str | None,
+    no_keep: bool,
+    processes: int,
+    as_json: bool,
+    **filters: Any,
 ) -> None:
-    """Dry-run every recorded job the filters select; print a summary of the divergences."""
-    bulk.bulk_dry_run(env, app_spec, with_version, as_json, **filters)
+    """Dry-run every recorded job the filters select; print a summary of the divergences.
+
+    Each dry-run writes its derived trace, branch state and lineage at its end
+    (a batch's together); --no-keep writes nothing (verification only).
+    """
+    bulk.bulk_dry_run(
+        env, app_spec, with_version, as_json, keep=not no_keep, processes=processes, **filters
+    )
 
 
 @click.group()

@@ -226,6 +226,13 @@ class CacheView:
         for action in todo:
             action()
 
+    def take_after_commit(self) -> list[Callable[[], None]]:
+        """Hand over what waits for the step's commit instead of running it: a dry-run runs
+        it after its one write at the end, or (``keep=False``) never."""
+        todo, self._after_commit = self._after_commit, []
+        self.pending = []
+        return todo
+
     def discard_pending(self) -> None:
         self._after_commit.clear()
         self.pending = []

@@ -249,24 +249,28 @@ class Context:
     ) -> TraceEvent:
         """Build the next domain event of this attempt (sequence numbered)."""
         self._seq += 1
-        return TraceEvent(
-            trace_id=self._trace_id,
-            # A derived trace (replay, fork) is not part of the job's own timeline.
-            job_id=self.job.id if self.owns_job_trace else None,
-            attempt=self.job.attempt,
-            kind="domain",
-            name=name,
-            seq=self._seq,
-            step=self.current_step,
-            ts=self.runtime.clock.now(),
-            hlc=hlc if hlc is not None else self.runtime.hlc.tick(),
-            worker_id=self.worker_id,
-            status=status,
-            resource=resource,
-            resource_version=resource_version,
-            side_effect=side_effect,
-            output_ref=output_ref,
-            data=self.redacted(data),
+        return TraceEvent.of(
+            {
+                "trace_id": self._trace_id,
+                # A derived trace (replay, fork) is not part of the job's own timeline.
+                "job_id": self.job.id if self.owns_job_trace else None,
+                "attempt": self.job.attempt,
+                "kind": "domain",
+                "name": name,
+                "seq": self._seq,
+                "step": self.current_step,
+                "ts": self.runtime.clock.now(),
+                "hlc": hlc if hlc is not None else self.runtime.hlc.tick(),
+                "worker_id": self.worker_id,
+                "status": status,
+                "resource": resource,
+                "resource_version": resource_version,
+                "side_effect": side_effect,
+                "input_ref": None,
+                "output_ref": output_ref,
+                "data": self.redacted(data),
+                "id": None,
+            }
         )
 
     def record(self, name: str, **kwargs: Any) -> TraceEvent:

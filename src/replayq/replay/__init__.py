@@ -3,8 +3,11 @@
 ::
 
     replay/
-    ├── recorded.py   Recording (one attempt read back), RecordedWorld (answers from it)
-    ├── engine.py     trace_replay, dry_run, fork; first divergence; the seal around the handler
+    ├── recorded.py   Recording (one attempt read back, or a batch of them), RecordedWorld
+    ├── engine.py     trace_replay, dry_run, fork (the public verbs)
+    ├── compare.py    signatures, the first divergence (as the run goes), ReplayReport
+    ├── run.py        a handler run against a recording on its branch, sealed; BufferedContext
+    ├── bulk.py       dry_run_many: batches, one handler, worker processes (worker_process.py)
     ├── rerun.py      guarded real re-execution: GatedWorld, rerun, rerun_many
     ├── rollback.py   plan_rollback, rollback, compensate
     ├── diff.py       diff_traces, render

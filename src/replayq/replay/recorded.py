@@ -17,6 +17,7 @@ explicit stub; an effect the recording lacks is never made up.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,11 @@ LOCK_EVENTS = {
     "acquire": ("lock.acquired", "lock.timeout"),
     "release": ("lock.released", "lock.expired"),
 }
+LOCK_ACTION = {name: action for action, names in LOCK_EVENTS.items() for name in names}
+# The events whose answers ``RecordedWorld.answer`` hands out in order (see ``_key``).
+ANSWERED = frozenset(
+    ("call", "effect.failed", "clock.now", "random.random", "random.uuid", "cache.read")
+) | frozenset(EFFECT_OUTCOMES)
 UNRECORDED_EFFECT = (
     "effect not in the recording: stub it with --stub {kind}=JSON or run it with "
     "rerun --allow-effects {kind}"
@@ -81,21 +87,44 @@ def attempts_with_events(events: list[TraceEvent]) -> list[int]:
 
 
 def load_recording(source: RuntimeSource, job_id: int, attempt: int | None = None) -> Recording:
-    """Read a job's attempt (default: the last one that recorded domain events)."""
-    runtime = source.runtime
-    # One read transaction: the job, its events, their blobs, the state versions read.
-    with runtime.storage.transaction(readonly=True) as tx:
-        found = tx.job_get(job_id)
-        if found is None:
-            raise ReplayqError(f"no job with id {job_id}")
-        job = found
-        events = tx.trace_for_job(job_id)
-        values = {
-            e.id: load_json(tx, None, e.output_ref)
-            for e in events
-            if e.output_ref is not None and e.id is not None
-        }
-        states = _read_states(tx, events, attempt)
+    """Read a job's attempt (default: the last one that recorded domain events).
+
+    One read transaction: the job, its events, their blobs, the state versions read.
+    """
+    with source.runtime.storage.transaction(readonly=True) as tx:
+        return read_recording(tx, job_id, attempt)
+
+
+def load_recordings(
+    source: RuntimeSource, job_ids: Sequence[int]
+) -> list[Recording | ReplayqError]:
+    """The last recorded attempt of each job, all read in one read transaction.
+
+    In the order given; a job that cannot be replayed (missing, nothing recorded) is its
+    error in place of its recording, so one bad job does not stop a batch.
+    """
+    found: list[Recording | ReplayqError] = []
+    with source.runtime.storage.transaction(readonly=True) as tx:
+        for job_id in job_ids:
+            try:
+                found.append(read_recording(tx, job_id))
+            except ReplayqError as exc:
+                found.append(exc)
+    return found
+
+
+def read_recording(tx: Transaction, job_id: int, attempt: int | None = None) -> Recording:
+    """``load_recording`` inside an open transaction."""
+    found = tx.job_get(job_id)
+    if found is None:
+        raise ReplayqError(f"no job with id {job_id}")
+    job = found
+    events = tx.trace_for_job(job_id)
+    values = {
+        e.id: load_json(tx, None, e.output_ref)
+        for e in events
+        if e.output_ref is not None and e.id is not None
+    }
     candidates = attempts_with_events(events)
     if attempt is None:
         if not candidates:
@@ -106,6 +135,7 @@ def load_recording(source: RuntimeSource, job_id: int, attempt: int | None = Non
             f"job {job_id} attempt {attempt} recorded nothing; attempts with a recording: "
             f"{candidates or 'none'}"
         )
+    states = _read_states(tx, events, attempt)
     domain = sorted(
         (e for e in events if e.kind == "domain" and e.attempt == attempt),
         key=lambda e: (e.seq or 0, e.hlc),
@@ -181,7 +211,8 @@ class RecordedWorld:
         self._writes: dict[str, deque[dict[str, Any] | None]] = {}
         self._skipped: dict[str, CompletedStep] = {}
         for event in recording.events:
-            if event.name == "step.skipped":
+            name = event.name
+            if name == "step.skipped":
                 position = str(event.data.get("step_key"))
                 self._skipped[position] = CompletedStep(
                     key=position,
@@ -190,19 +221,23 @@ class RecordedWorld:
                     result=recording.value(event, "result"),
                     result_ref=event.output_ref,
                 )
-            key = self._key(event)
+                continue
+            key = self._key(event) if name in ANSWERED else None
             if key is not None:
                 self._queues.setdefault(key, deque()).append(event)
-            if event.name == "state.read" and event.resource is not None:
-                self._reads.setdefault(event.resource, deque()).append(event.resource_version or 0)
-            for action, names in LOCK_EVENTS.items():
-                if event.name in names and event.resource is not None:
-                    self._locks.setdefault((action, event.resource), deque()).append(event)
-            if event.name == "state.write" and event.resource is not None:
-                self._writes.setdefault(event.resource, deque()).append(None)
-            if event.name == "state.write_rejected" and event.resource in self._writes:
+                continue
+            resource = event.resource
+            if resource is None:
+                continue
+            if name == "state.read":
+                self._reads.setdefault(resource, deque()).append(event.resource_version or 0)
+            elif name in LOCK_ACTION:
+                self._locks.setdefault((LOCK_ACTION[name], resource), deque()).append(event)
+            elif name == "state.write":
+                self._writes.setdefault(resource, deque()).append(None)
+            elif name == "state.write_rejected" and resource in self._writes:
                 # Fencing refused the last write of this resource at its step's commit.
-                self._writes[event.resource][-1] = dict(event.data)
+                self._writes[resource][-1] = dict(event.data)
         self.missing: list[str] = []
 
     @staticmethod
@@ -269,7 +304,7 @@ class RecordedWorld:
         return queue.popleft()
 
     def answer(self, name: str, label: str, fingerprint: str) -> Any:
-        queue = self._queues.get((name, label), deque())
+        queue = self._queues.get((name, label)) or deque()
         if self.reached_fork:
             return self._answer_live(name, label, fingerprint, queue)
         if not queue:

@@ -91,7 +91,9 @@ def row_to_job(row: Mapping[str, Any]) -> Job:
 
 def row_to_event(row: Mapping[str, Any]) -> TraceEvent:
     fields = {name: row[name] for name in _EVENT_COLUMNS}
-    return TraceEvent(side_effect=bool(row["side_effect"]), data=codec.loads(row["data"]), **fields)
+    fields["side_effect"] = bool(row["side_effect"])
+    fields["data"] = codec.loads(row["data"])
+    return TraceEvent.of(fields)
 
 
 class SqlTransaction(ContextVerbs):

@@ -1,0 +1,297 @@
+"""Bulk dry-run: many recorded jobs, one loaded handler, recordings read in batches.
+
+``dry_run_many`` is ``dry_run`` of each job, cheaper per job: the handler is chosen
+once per (job type, recorded version), the recordings of ``BATCH`` jobs are read in
+one read transaction, and with ``keep=True`` the derived traces of a batch are
+written in one transaction. ``processes > 1`` runs the batches in that many worker
+processes (``python -m replayq.replay.worker_process``): each is a fresh interpreter
+(never a fork of this one, whatever threads it runs), imports the application named
+by ``app`` (``module:attribute``, as ``--app`` takes it), opens its own connection to
+the same database and dry-runs sealed, like this process would. Batches and reports
+travel as JSON lines over the worker's stdin and stdout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+from replayq import errors
+from replayq.errors import ReplayqError
+from replayq.queue.handlers import Handler
+from replayq.replay.compare import ReplayReport
+from replayq.replay.recorded import load_recordings
+from replayq.replay.run import Deferred, choose_handler, dry_run_recording
+from replayq.runtime import Runtime, RuntimeSource
+
+# Jobs whose recordings are read in one transaction (and, kept, written in one).
+BATCH = 50
+
+OnError = Callable[[int, ReplayqError], None]
+Progress = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class Options:
+    """What every job of a bulk dry-run is run with."""
+
+    version: str | None = None
+    handler: str | None = None
+    allow_io: bool = False
+    keep: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+def dry_run_many(
+    source: RuntimeSource,
+    job_ids: Sequence[int],
+    *,
+    version: str | None = None,
+    handler: str | None = None,
+    allow_io: bool = False,
+    keep: bool = True,
+    processes: int = 1,
+    app: str | None = None,
+    on_error: OnError | None = None,
+    progress: Progress | None = None,
+) -> list[ReplayReport]:
+    """``dry_run`` of each job (its last recorded attempt), reports in the order given.
+
+    One handler is chosen per (job type, recorded version) and reused; recordings are
+    read ``BATCH`` jobs per read transaction; the runs share one connection. Each run
+    is sealed as ``dry_run`` is. ``keep=False`` writes nothing (verification: the
+    reports are the result); ``keep=True`` writes each job's derived trace, branch and
+    lineage, a batch's in one transaction.
+
+    ``processes > 1`` splits the batches over that many worker processes, fresh
+    interpreters that import ``app`` (``module:attribute`` naming the ``App`` whose
+    handlers to run; default: the module attribute that is ``source`` itself, if
+    there is one) and open their own connection to this database. Without an
+    importable application the jobs run here, one batch after another.
+
+    A job that cannot be replayed (missing, nothing recorded) raises its
+    ``ReplayqError``; with ``on_error(job_id, error)`` it is passed there instead and
+    left out of the reports. ``progress(n)`` is called as each batch of ``n`` jobs is
+    done. Every argument after ``job_ids`` is keyword-only and optional, so callers
+    written for the first form (``version``, ``handler``, ``allow_io``, ``keep``,
+    ``processes``) keep working.
+    """
+    ids = list(job_ids)
+    options = Options(version=version, handler=handler, allow_io=allow_io, keep=keep)
+    spec = (app or _module_attribute(source)) if processes > 1 and len(ids) > 1 else None
+    if spec is not None:
+        return _in_processes(source.runtime, spec, ids, options, processes, on_error, progress)
+    return run_batches(source.runtime, ids, options, on_error, progress)
+
+
+def run_batches(
+    runtime: Runtime,
+    ids: list[int],
+    options: Options,
+    on_error: OnError | None,
+    progress: Progress | None,
+) -> list[ReplayReport]:
+    """Dry-run ``ids`` here, ``BATCH`` at a time."""
+    chosen: dict[tuple[str, str | None], Handler] = {}
+    reports: list[ReplayReport] = []
+    for start in range(0, len(ids), BATCH):
+        batch = ids[start : start + BATCH]
+        deferred = Deferred() if options.keep else None
+        for job_id, loaded in zip(batch, load_recordings(runtime, batch), strict=True):
+            if isinstance(loaded, ReplayqError):
+                if on_error is None:
+                    raise loaded
+                on_error(job_id, loaded)
+                continue
+            which = (loaded.job.job_type, loaded.job.handler_version)
+            if which not in chosen:
+                chosen[which] = choose_handler(runtime, loaded, options.version, options.handler)
+            reports.append(
+                dry_run_recording(
+                    runtime,
+                    loaded,
+                    chosen[which],
+                    allow_io=options.allow_io,
+                    keep=options.keep,
+                    deferred=deferred,
+                )
+            )
+        if deferred is not None:
+            deferred.commit(runtime)
+        if progress is not None:
+            progress(len(batch))
+    return reports
+
+
+def _module_attribute(source: RuntimeSource) -> str | None:
+    """``module:attribute`` of a module-level name bound to ``source`` (or its runtime)."""
+    runtime = source.runtime
+    # A script's own module (``__main__``) is not importable by name in a fresh process.
+    modules = {h.fn.__module__ for h in runtime.registry.handlers()} - {"__main__"}
+    for name in sorted(modules):
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        for attribute, value in vars(module).items():
+            if value is source or getattr(value, "runtime", None) is runtime:
+                return f"{name}:{attribute}"
+    return None
+
+
+class _Worker:
+    """One worker process and the batch it is running."""
+
+    def __init__(self, runtime: Runtime, spec: str, options: Options) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "replayq.replay.worker_process"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
+        )
+        self.batch: list[int] = []
+        self.send({"url": runtime.url, "app": spec, "options": options.to_dict()})
+
+    @property
+    def stdout(self) -> IO[str]:
+        assert self.process.stdout is not None
+        return self.process.stdout
+
+    def send(self, message: Any) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(json.dumps(message) + "\n")
+        self.process.stdin.flush()
+
+    def close(self) -> None:
+        """End the process (it exits at the end of its input) and close its pipes."""
+        process = self.process
+        if process.stdin is not None and not process.stdin.closed:
+            with contextlib.suppress(BrokenPipeError):
+                process.stdin.close()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.stdout is not None:
+            process.stdout.close()
+
+
+def _in_processes(
+    runtime: Runtime,
+    spec: str,
+    ids: list[int],
+    options: Options,
+    processes: int,
+    on_error: OnError | None,
+    progress: Progress | None,
+) -> list[ReplayReport]:
+    """Hand out batches to worker processes as they finish one; reports in ``ids`` order."""
+    size = max(1, min(BATCH, -(-len(ids) // processes)))
+    todo = [ids[n : n + size] for n in range(0, len(ids), size)]
+    todo.reverse()
+    done: dict[int, ReplayReport] = {}
+    failed: list[tuple[int, ReplayqError]] = []
+    workers: list[_Worker] = []
+    selector = selectors.DefaultSelector()
+    busy = 0
+    try:
+        for _ in range(min(processes, len(todo))):
+            worker = _Worker(runtime, spec, options)
+            workers.append(worker)
+            busy += 1
+            worker.batch = todo.pop()
+            worker.send(worker.batch)
+            selector.register(worker.stdout, selectors.EVENT_READ, worker)
+        while busy:
+            for key, _ in selector.select():
+                worker = key.data
+                line = worker.stdout.readline()
+                if not line:
+                    raise ReplayqError(
+                        f"a dry-run worker process exited ({worker.process.wait()}) "
+                        f"with {len(worker.batch)} job(s) unfinished; see its error output"
+                    )
+                for job_id, entry in zip(worker.batch, json.loads(line), strict=True):
+                    if "report" in entry:
+                        done[job_id] = ReplayReport.from_dict(entry["report"])
+                    else:
+                        failed.append((job_id, _error(entry)))
+                if failed and on_error is None:
+                    raise failed[0][1]
+                if progress is not None:
+                    progress(len(worker.batch))
+                if todo:
+                    worker.batch = todo.pop()
+                    worker.send(worker.batch)
+                else:
+                    selector.unregister(worker.stdout)
+                    busy -= 1
+    finally:
+        selector.close()
+        for worker in workers:
+            if busy:
+                worker.process.kill()  # an error above: the rest of the work is abandoned
+            worker.close()
+    for job_id, error in failed:
+        assert on_error is not None
+        on_error(job_id, error)
+    return [done[job_id] for job_id in ids if job_id in done]
+
+
+def _error(entry: dict[str, Any]) -> ReplayqError:
+    """The ``ReplayqError`` a worker process reported, as its own class where it is one."""
+    kind = getattr(errors, str(entry.get("error_type")), None)
+    message = str(entry.get("error"))
+    if isinstance(kind, type) and issubclass(kind, ReplayqError):
+        try:
+            return kind(message)
+        except TypeError:
+            pass
+    return ReplayqError(message)
+
+
+def serve(lines: IO[str], out: IO[str]) -> None:
+    """A worker process's loop: the set-up line, then a batch of job ids per line.
+
+    Answers one line per batch: for each job, ``{"report": ...}`` or
+    ``{"error": ..., "error_type": ...}``, in the batch's order.
+    """
+    import dataclasses
+    import importlib
+
+    setup = json.loads(lines.readline())
+    module_name, _, attribute = str(setup["app"]).partition(":")
+    found = getattr(importlib.import_module(module_name), attribute)
+    base: Runtime = found.runtime
+    # The application's handlers, on the parent's database, with connections of its own.
+    runtime = dataclasses.replace(base, url=setup["url"], _opened=type(base._opened)())
+    options = Options(**setup["options"])
+    try:
+        for line in lines:
+            batch = json.loads(line)
+            out.write(json.dumps(_answers(runtime, batch, options), default=str) + "\n")
+            out.flush()
+    finally:
+        runtime.close()
+
+
+def _answers(runtime: Runtime, batch: list[int], options: Options) -> list[dict[str, Any]]:
+    """One entry per job of ``batch``: its report, or why it could not be replayed."""
+    entries: dict[int, dict[str, Any]] = {}
+
+    def failed(job_id: int, error: ReplayqError) -> None:
+        entries[job_id] = {"error": str(error), "error_type": type(error).__name__}
+
+    for report in run_batches(runtime, batch, options, failed, None):
+        entries[report.job_id] = {"report": report.to_dict()}
+    return [entries[job_id] for job_id in batch]

@@ -1,0 +1,390 @@
+"""Running a handler against a recording: the derived trace, its branch, the seal around it.
+
+``run_derived`` is what dry-run and fork share: a ``Context`` whose world is the
+recording (``RecordedWorld``), a branch of its own, the seal around the handler
+(``replayq.seal``: I/O that bypasses ``ctx`` is refused), and the comparison with
+the recording. A dry-run's context (``BufferedContext``) commits nothing per step:
+its commits stay in memory and are compared with the recording as they are made;
+the derived trace, the branch's state and the lineage row are written in one
+transaction at the end, or not at all with ``keep=False``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from replayq import codec
+from replayq.errors import (
+    ConfigurationError,
+    EffectInDoubtError,
+    JobError,
+    RecordedFailure,
+    ReplayDivergenceError,
+    classify,
+)
+from replayq.model import TraceEvent
+from replayq.queue.handlers import Handler, PayloadShape
+from replayq.recording.attempt import Refusal
+from replayq.recording.context import Context
+from replayq.replay.compare import (
+    Comparison,
+    Divergence,
+    ReplayReport,
+    compare_decisions,
+    compare_writes,
+    first_divergence,
+    from_step,
+)
+from replayq.replay.decision import contract_decision, recorded_decision
+from replayq.replay.recorded import Outcome, RecordedWorld, Recording
+from replayq.runtime import Runtime, RuntimeSource
+from replayq.seal import SealReport, Violation, seal
+from replayq.storage.protocol import Transaction
+
+REPLAY_WORKER = "replay"
+
+
+def load_handler_spec(spec: str, template: Handler) -> Handler:
+    """A ``module:function`` handler run under the recorded job's contract."""
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ConfigurationError(f"{spec!r}: use module:function")
+    fn = getattr(importlib.import_module(module_name), attribute)
+    contract = template.contract
+    return Handler(replace(contract, version=spec), fn, PayloadShape.from_function(fn), {})
+
+
+def choose_handler(
+    source: RuntimeSource, recording: Recording, version: str | None, handler_spec: str | None
+) -> Handler:
+    runtime = source.runtime
+    job = recording.job
+    recorded = runtime.registry.handler(job.job_type, job.handler_version)
+    if handler_spec:
+        return load_handler_spec(handler_spec, recorded)
+    return runtime.registry.handler(job.job_type, version or job.handler_version)
+
+
+def _names(origin: str) -> tuple[str, str]:
+    """A new derived trace id and its branch."""
+    trace_id = f"{origin}-{uuid.uuid4().hex[:16]}"
+    return trace_id, f"{origin}:{trace_id}"
+
+
+def _write_begin(
+    tx: Transaction,
+    runtime: Runtime,
+    recording: Recording,
+    origin: str,
+    base_hlc: int,
+    details: dict[str, Any],
+    trace_id: str,
+    branch: str,
+) -> None:
+    """The derived trace's branch and lineage rows."""
+    now = runtime.clock.now()
+    tx.branch_create(branch, "main", base_hlc, origin, now)
+    tx.lineage_put(
+        {
+            "trace_id": trace_id,
+            "origin": origin,
+            "source_trace_id": recording.job.trace_id,
+            "source_job_id": recording.job.id,
+            "branch": branch,
+            "details": codec.dumps(details),
+            "now": now,
+        }
+    )
+
+
+def _begin(
+    runtime: Runtime, recording: Recording, origin: str, base_hlc: int, details: dict[str, Any]
+) -> tuple[str, str]:
+    """Create the derived trace's branch and lineage row."""
+    trace_id, branch = _names(origin)
+    with runtime.storage.transaction() as tx:
+        _write_begin(tx, runtime, recording, origin, base_hlc, details, trace_id, branch)
+    return trace_id, branch
+
+
+class BufferedContext(Context):
+    """A dry-run's context: each step's commit is kept in memory, not written.
+
+    Each commit's events are compared with the recording as the run makes them
+    (``comparison``). The engine writes the kept events, the branch's state and the
+    lineage in one transaction at the end (or, with ``keep=False``, never). A dry-run's
+    branch is its own: nothing else writes it, so the compare-and-set checks at the end
+    see what they would have seen per step.
+    """
+
+    def __init__(self, *args: Any, comparison: Comparison, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.comparison = comparison
+        self.kept_writes: list[Callable[[Transaction], None]] = []
+        self.kept_events: list[TraceEvent] = []
+        # What waits for a commit outside the database (cache entries): after the end's write.
+        self.kept_after: list[Callable[[], None]] = []
+
+    def committed(self) -> None:
+        if self._built("cache"):
+            self.kept_after.extend(self.cache.take_after_commit())
+        super().committed()
+
+    def commit_now(self, *, failed: bool = False) -> None:
+        if not failed:
+            # What the recorded commit refused is refused here, at the step's commit.
+            for write in self.pending_write_calls():
+                if isinstance(write, Refusal):
+                    write(None)
+        writes, events = self.take_pending(failed=failed)
+        self.kept_writes.extend(writes)
+        self.kept_events.extend(events)
+        self.comparison.add(events)
+
+
+@dataclass
+class Deferred:
+    """The end writes of kept dry-runs, committed together, and what runs after the commit."""
+
+    writes: list[Callable[[Transaction], None]] = field(default_factory=list)
+    after: list[Callable[[], None]] = field(default_factory=list)
+
+    def commit(self, runtime: Runtime) -> None:
+        if self.writes:
+            with runtime.storage.transaction() as tx:
+                for write in self.writes:
+                    write(tx)
+        for action in self.after:
+            action()
+        self.writes, self.after = [], []
+
+
+def execute(ctx: Context) -> Outcome:
+    try:
+        result = ctx.run()
+    except ReplayDivergenceError:
+        raise
+    except Exception as exc:
+        ctx.discard_writes()
+        ctx.commit_now(failed=True)
+        if isinstance(exc, RecordedFailure):
+            # The recorded failure, as it was recorded: its class and its message.
+            return Outcome("failed", error_class=exc.failure_class.value, error=exc.error)
+        failure = classify(exc, dict(ctx.handler.error_map))
+        if isinstance(exc, JobError):
+            failure = exc.failure_class
+        return Outcome("failed", error_class=failure.value, error=f"{type(exc).__name__}: {exc}")
+    ctx.commit_now()
+    return Outcome("succeeded", result=result)
+
+
+def _finished(runtime: Runtime, trace_id: str, outcome: Outcome, origin: str) -> TraceEvent:
+    return TraceEvent(
+        trace_id=trace_id,
+        name=f"{origin}.finished",
+        kind="domain",
+        ts=runtime.clock.now(),
+        hlc=runtime.hlc.tick(),
+        worker_id=REPLAY_WORKER,
+        status=outcome.status,
+        data=outcome.to_dict(),
+    )
+
+
+def _finish(runtime: Runtime, trace_id: str, outcome: Outcome, origin: str) -> None:
+    with runtime.storage.transaction() as tx:
+        tx.trace_append([_finished(runtime, trace_id, outcome, origin)])
+
+
+def run_derived(
+    runtime: Runtime,
+    recording: Recording,
+    handler: Handler,
+    *,
+    origin: str,
+    fork_step: str | None,
+    overrides: dict[str, Any],
+    stubs: dict[str, Any],
+    base_hlc: int,
+    allow_io: bool,
+    buffered: bool = False,
+    keep: bool = True,
+    deferred: Deferred | None = None,
+) -> ReplayReport:
+    """Run ``handler`` against the recording on a branch of its own and compare.
+
+    ``buffered`` (dry-run, no fork step): the steps' commits stay in memory and are
+    compared with the recording as they are made; the derived trace, the branch's
+    state and the lineage are written in one transaction at the end — or not at all
+    with ``keep=False``; with ``deferred`` that one write is appended there for the
+    caller to commit (a bulk dry-run commits a batch's writes together). Otherwise
+    (fork) each step commits on the branch and the derived trace is read back and
+    compared from the fork step on.
+    """
+    details = {
+        "attempt": recording.attempt,
+        "version": handler.contract.version,
+        "fork_step": fork_step,
+        "overrides": overrides,
+    }
+    if buffered:
+        trace_id, branch = _names(origin)
+    else:
+        trace_id, branch = _begin(runtime, recording, origin, base_hlc, details)
+    answers = RecordedWorld(recording, fork_step=fork_step, stubs=stubs)
+    job = recording.job.evolve(
+        attempt=recording.attempt,
+        payload={**recording.job.payload, **overrides},
+        origin=origin,
+    )
+    options: dict[str, Any] = {
+        "worker_id": REPLAY_WORKER,
+        "branch": branch,
+        "world": answers,
+        "trace_id": trace_id,
+        "namespace": branch,
+    }
+    if buffered:
+        comparison = Comparison(recording.events)
+        ctx: Context = BufferedContext(
+            runtime,
+            job,
+            handler,
+            comparison=comparison,
+            branch_base=("main", base_hlc),
+            **options,
+        )
+    else:
+        ctx = Context(runtime, job, handler, **options)
+    error = None
+    with seal(step=lambda: ctx.current_step, allow_io=allow_io) as sealed:
+        try:
+            outcome = execute(ctx)
+        except ReplayDivergenceError as exc:
+            error = str(exc)
+            ctx.record("replay.denied", status="fail", error=error)
+            ctx.discard_writes()
+            ctx.commit_now(failed=True)
+            outcome = Outcome("failed", error_class="replay", error=error)
+    recorded = recording.events
+    if isinstance(ctx, BufferedContext):
+        unrecorded = list(sealed.violations)
+        ctx.kept_events.extend(_unrecorded_events(ctx, sealed))
+        now_events = ctx.kept_events
+        divergence = ctx.comparison.first()
+        if keep:
+            kept = ctx.kept_writes
+            events = [*now_events, _finished(runtime, trace_id, outcome, origin)]
+
+            def write_all(tx: Transaction) -> None:
+                _write_begin(tx, runtime, recording, origin, base_hlc, details, trace_id, branch)
+                for write in kept:
+                    write(tx)
+                tx.trace_append(events)
+
+            end = deferred if deferred is not None else Deferred()
+            end.writes.append(write_all)
+            end.after.extend(ctx.kept_after)
+            if deferred is None:
+                end.commit(runtime)
+    else:
+        unrecorded = _record_unrecorded_io(runtime, ctx, sealed)
+        _finish(runtime, trace_id, outcome, origin)
+        with runtime.storage.transaction(readonly=True) as tx:
+            now_events = [e for e in tx.trace_for_trace(trace_id) if e.name != f"{origin}.finished"]
+        if fork_step is not None:
+            # Compare only from the fork point on; before it the fork used the recording.
+            recorded = from_step(recorded, fork_step)
+            now_events = from_step(now_events, fork_step)
+        divergence = first_divergence(recorded, now_events)
+    report = ReplayReport(
+        mode=origin,
+        job_id=recording.job.id,
+        attempt=recording.attempt,
+        trace_id=trace_id,
+        source_trace_id=recording.job.trace_id,
+        version=handler.contract.version,
+        branch=branch,
+        outcome_recorded=recording.outcome,
+        outcome_now=outcome,
+        first_divergence=divergence,
+        decisions=compare_decisions(recorded, now_events),
+        state_writes=compare_writes(recorded, now_events),
+        error=error,
+        fork_step=fork_step,
+        reached_fork=answers.reached_fork if fork_step else None,
+        unrecorded_io=[str(v) for v in unrecorded if not v.allowed],
+        allowed_io=[str(v) for v in unrecorded if v.allowed],
+        allow_io=allow_io,
+        events_now=list(now_events),
+    )
+    if recording.outcome.status == "failed":
+        report.retry_recorded = recorded_decision(recording.lifecycle, recording.job.max_attempts)
+    if outcome.status == "failed" and outcome.error_class != "replay":
+        report.retry_now = contract_decision(
+            handler.contract,
+            outcome.error_class,
+            recording.attempt,
+            in_doubt=(outcome.error or "").startswith(EffectInDoubtError.__name__),
+        )
+    if report.unrecorded_io:
+        # I/O that bypassed ctx is the divergence that matters most: name it first.
+        first = next(v for v in unrecorded if not v.allowed)
+        report.first_divergence = Divergence(0, first.step, None, None, None, None, str(first))
+    elif error and report.first_divergence is None:
+        report.first_divergence = Divergence(0, ctx.current_step, None, None, None, None, error)
+    return report
+
+
+def _unrecorded_events(ctx: Context, sealed: SealReport) -> list[TraceEvent]:
+    """An ``io.unrecorded`` event for each call that bypassed ``ctx``."""
+    return [
+        ctx.event(
+            "io.unrecorded",
+            status="allowed" if v.allowed else "fail",
+            call=v.call,
+            target=v.target,
+            at_step=v.step,
+            allowed=v.allowed,
+        )
+        for v in sealed.violations
+    ]
+
+
+def _record_unrecorded_io(runtime: Runtime, ctx: Context, sealed: SealReport) -> list[Violation]:
+    """Write each call that bypassed ``ctx`` into the derived trace (``io.unrecorded``)."""
+    if not sealed.violations:
+        return []
+    with runtime.storage.transaction() as tx:
+        tx.trace_append(_unrecorded_events(ctx, sealed))
+    return list(sealed.violations)
+
+
+def dry_run_recording(
+    runtime: Runtime,
+    recording: Recording,
+    chosen: Handler,
+    *,
+    allow_io: bool,
+    keep: bool,
+    deferred: Deferred | None = None,
+) -> ReplayReport:
+    """Dry-run a loaded recording with ``chosen`` (see ``replayq.replay.engine.dry_run``)."""
+    return run_derived(
+        runtime,
+        recording,
+        chosen,
+        origin="replay",
+        fork_step=None,
+        overrides={},
+        stubs={},
+        base_hlc=recording.start_hlc,
+        allow_io=allow_io,
+        buffered=True,
+        keep=keep,
+        deferred=deferred,
+    )
