@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import inspect
 import os
@@ -42,7 +43,17 @@ from replayq.runtime import DEFAULT_BLOB_LIMIT_BYTES, Limits, Runtime
 from replayq.storage import open_storage
 from replayq.storage.adopted import AsyncConnectionView, run_bridged
 from replayq.storage.cache import CacheBackend
-from replayq.storage.protocol import JobFilter, JobMatch, MigrationStatus, Storage, Transaction
+from replayq.storage.protocol import (
+    JobCancel,
+    JobCancelRequest,
+    JobFilter,
+    JobMatch,
+    JobRequeue,
+    MigrationStatus,
+    Storage,
+    TraceQuery,
+    Transaction,
+)
 
 __all__ = ["App", "EnqueueRequest"]
 
@@ -520,12 +531,12 @@ class App:
         """Open jobs by queue, type, version and state, with the oldest ready job's ``run_at``
         (``oldest_ready``) and the oldest running lease (``oldest_leased``)."""
         with self.storage.transaction(readonly=True) as tx:
-            return tx.job_gauges(self.clock.now())
+            return [dataclasses.asdict(row) for row in tx.job_gauges(self.clock.now())]
 
     def trace(self, job_id: int) -> list[TraceEvent]:
         """Every event of a job, ordered by the hybrid logical clock."""
         with self.storage.transaction(readonly=True) as tx:
-            return tx.trace_for_job(job_id)
+            return tx.trace_query(TraceQuery(job_id=job_id))
 
     def resource_trace(
         self, resource: str, *, leases: bool = False, all_origins: bool = False
@@ -542,17 +553,17 @@ class App:
         with self.storage.transaction(readonly=True) as tx:
             events = [
                 e
-                for e in tx.trace_for_resource(resource)
+                for e in tx.trace_query(TraceQuery(resource=resource))
                 if e.resource == resource or (e.resource or "")[len(resource) + 2 :].isdigit()
             ]
             if not all_origins:
-                derived = {t for t in {e.trace_id for e in events} if tx.lineage_get(t)}
+                derived = {t for t in {e.trace_id for e in events} if tx.lineage_list(trace_id=t)}
                 events = [e for e in events if e.trace_id not in derived]
             if leases:
                 for job_id in sorted({e.job_id for e in events if e.job_id is not None}):
                     events.extend(
                         e
-                        for e in tx.trace_for_job(job_id)
+                        for e in tx.trace_query(TraceQuery(job_id=job_id))
                         if e.kind == "lifecycle" and e.name in RESOURCE_LIFECYCLE
                     )
         return sorted(events, key=lambda e: (e.hlc, e.id or 0))
@@ -572,9 +583,9 @@ class App:
         """
         now, hlc = self.clock.now(), self.hlc.tick()
         with self.storage.transaction() as tx:
-            if tx.job_cancel_request(job_id, now, hlc):
+            if tx.job_transition(JobCancelRequest(job_id, now, hlc)):
                 return True
-            if not tx.job_cancel(job_id, now, hlc):
+            if not tx.job_transition(JobCancel(job_id, now, hlc)):
                 return False
             job = tx.job_get(job_id)
             assert job is not None
@@ -628,7 +639,7 @@ class App:
             raise ConfigurationError("requeue needs a reason; it goes into the job's trace")
         now, hlc = self.clock.now(), self.hlc.tick()
         with self.storage.transaction() as tx:
-            if not tx.job_requeue(job_id, now, hlc, to_version=to_version):
+            if not tx.job_transition(JobRequeue(job_id, now, hlc, to_version=to_version)):
                 return False
             job = tx.job_get(job_id)
             assert job is not None

@@ -54,11 +54,18 @@ from replayq.rollout.router import REFRESH_SECONDS, Router
 from replayq.rollout.shadow import compare_attempt
 from replayq.runtime import RuntimeSource
 from replayq.storage.protocol import (
+    IdemFilter,
     JobBury,
+    JobCancelRunning,
     JobComplete,
     JobLease,
+    JobRedeliver,
     JobRetry,
+    JobRoute,
     LeaseExtend,
+    LeaseRelease,
+    Listener,
+    TraceQuery,
     Transaction,
 )
 from replayq.storage.reconnect import Backoff
@@ -187,9 +194,9 @@ class Worker:
             self.runtime.add_tap(self.observers.events)
         for thread in [*executors, heartbeat]:
             thread.start()
-        # Optional storage capability: backends that can push wake-ups have ``listen``.
-        listen = getattr(self.runtime.storage, "listen", None)
-        self.notifier = listen(self._on_notify) if listen is not None else None
+        # Optional storage capability: backends that push wake-ups (PostgreSQL LISTEN).
+        storage = self.runtime.storage
+        self.notifier = storage.listen(self._on_notify) if isinstance(storage, Listener) else None
         try:
             self._dispatch()
         finally:
@@ -343,7 +350,7 @@ class Worker:
         """The leased job with its version (kept from its first lease, else chosen now),
         and the version it was moved from, if it had one its routing no longer names."""
         version = self.router.choose(job)
-        if version is None or not tx.job_route(job.id, owner_token, version):
+        if version is None or not tx.job_transition(JobRoute(job.id, owner_token, version)):
             return job, None
         return job.evolve(handler_version=version), job.handler_version
 
@@ -392,7 +399,7 @@ class Worker:
                 assert job.owner_token is not None
                 hlc = self.runtime.hlc.tick()
                 if job.cancel_requested_at is not None:
-                    if tx.job_cancel_running(job.id, job.owner_token, now, hlc):
+                    if tx.job_transition(JobCancelRunning(job.id, job.owner_token, now, hlc)):
                         cancelled = self._cancel_event(
                             tx, job, now, hlc, "the lease ran out before a step boundary"
                         )
@@ -400,7 +407,7 @@ class Worker:
                         count += 1
                 elif job.attempt >= job.max_attempts:
                     reason = DeadReason.LEASE_EXPIRED_ATTEMPTS_EXHAUSTED
-                    if tx.job_bury(
+                    if tx.job_transition(
                         JobBury(job.id, job.owner_token, now, reason, None, "lease expired", hlc)
                     ):
                         tx.trace_append(
@@ -418,7 +425,7 @@ class Worker:
                             ]
                         )
                         count += 1
-                elif tx.job_redeliver(job.id, job.owner_token, now, hlc):
+                elif tx.job_transition(JobRedeliver(job.id, job.owner_token, now, hlc)):
                     tx.trace_append(
                         [
                             expired,
@@ -475,7 +482,7 @@ class Worker:
                     flight.cancel.set()
                     flight.next_heartbeat = time.monotonic() + flight.heartbeat_seconds
                     continue
-                extended = tx.lease_extend(
+                extended = tx.job_transition(
                     LeaseExtend(job.id, job.owner_token, now, flight.lease_seconds)
                 )
                 name = trace.LEASE_EXTENDED if extended else trace.LEASE_LOST
@@ -702,7 +709,7 @@ class Worker:
                 e.name in settled
                 and e.data.get("owner_token") == job.owner_token
                 and e.attempt == job.attempt
-                for e in tx.trace_for_job(job.id)
+                for e in tx.trace_query(TraceQuery(job_id=job.id))
             )
 
     def _reject(self, job: Job, exc: LeaseLostError, ctx: Context | None) -> None:
@@ -768,7 +775,7 @@ class Worker:
             now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
             ctx.flush(tx)
             assert job.owner_token is not None
-            if not tx.job_complete(JobComplete(job.id, job.owner_token, now, result_json, hlc)):
+            if not tx.job_transition(JobComplete(job.id, job.owner_token, now, result_json, hlc)):
                 raise LeaseLostError("job.succeeded")
             self.runtime.hlc.observe(hlc)
             succeeded = trace.lifecycle(
@@ -798,8 +805,11 @@ class Worker:
         self, tx: Transaction, job: Job, now: float, hlc: int, reason: str
     ) -> TraceEvent:
         """``job.cancelled`` for a running job: the steps it committed, the effects it claimed."""
-        steps = [row["step_key"] for row in tx.step_by_job(job.id)]
-        effects = [{"key": row["key"], "status": row["status"]} for row in tx.idem_by_job(job.id)]
+        steps = [row.step_key for row in tx.step_by_job(job.id)]
+        effects = [
+            {"key": row.key, "status": row.status}
+            for row in tx.idem_list(IdemFilter(job_id=job.id))
+        ]
         return trace.lifecycle(
             trace.JOB_CANCELLED,
             job,
@@ -821,7 +831,7 @@ class Worker:
             now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
             ctx.flush(tx, failed=True)
             assert job.owner_token is not None
-            if not tx.job_cancel_running(job.id, job.owner_token, now, hlc):
+            if not tx.job_transition(JobCancelRunning(job.id, job.owner_token, now, hlc)):
                 raise LeaseLostError("job.cancelled")
             tx.trace_append([self._cancel_event(tx, job, now, hlc, reason)])
 
@@ -849,7 +859,7 @@ class Worker:
             cancelled = job.id in tx.job_cancel_requested(self.worker_id)
             if cancelled:
                 hlc = self.runtime.hlc.tick()
-                if not tx.job_cancel_running(job.id, job.owner_token, now, hlc):
+                if not tx.job_transition(JobCancelRunning(job.id, job.owner_token, now, hlc)):
                     raise LeaseLostError("job.cancelled")
                 event = self._cancel_event(tx, job, now, hlc, f"failed after the cancel: {message}")
                 tx.trace_append([event])
@@ -876,7 +886,7 @@ class Worker:
                 params = JobRetry(
                     job.id, job.owner_token, now, now + delay, failure_class, message, hlc
                 )
-                if not tx.job_retry(params):
+                if not tx.job_transition(params):
                     raise LeaseLostError("retry.scheduled")
                 events.append(
                     trace.lifecycle(
@@ -936,7 +946,7 @@ class Worker:
         """Move the job this worker holds to ``dead`` in ``tx``; returns its ``job.dead`` event."""
         assert job.owner_token is not None
         error_class = failure_class.value if failure_class else None
-        if not tx.job_bury(
+        if not tx.job_transition(
             JobBury(job.id, job.owner_token, now, reason, error_class, message, hlc)
         ):
             raise LeaseLostError("job.dead")
@@ -990,7 +1000,7 @@ class Worker:
         now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
         assert job.owner_token is not None
         with self.runtime.storage.transaction() as tx:
-            if tx.lease_release(job.id, job.owner_token, now, hlc):
+            if tx.job_transition(LeaseRelease(job.id, job.owner_token, now, hlc)):
                 tx.trace_append(
                     [
                         trace.lifecycle(

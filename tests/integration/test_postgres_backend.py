@@ -30,6 +30,7 @@ from replayq.storage.protocol import (
     JobFilter,
     JobInsert,
     JobLease,
+    JobRedeliver,
     JobRetry,
 )
 from replayq.worker import Worker
@@ -178,8 +179,8 @@ def test_enqueue_lease_complete_round_trip(storage: PostgresStorage) -> None:
     assert job.payload == {"a": [1, "é"]} and job.handler_version == "v7"
     assert job.lease_deadline == pytest.approx(1_700_000_031.0)
     with storage.transaction() as tx:
-        assert not tx.job_complete(JobComplete(job_id, "someone else", 1_700_000_002.0, "1", 3))
-        assert tx.job_complete(JobComplete(job_id, "tok", 1_700_000_002.0, '{"ok":true}', 3))
+        assert not tx.job_transition(JobComplete(job_id, "someone else", 1_700_000_002.0, "1", 3))
+        assert tx.job_transition(JobComplete(job_id, "tok", 1_700_000_002.0, '{"ok":true}', 3))
     with storage.transaction(readonly=True) as tx:
         done = tx.job_get(job_id)
     assert done is not None and done.state is JobState.SUCCEEDED and done.result == {"ok": True}
@@ -191,17 +192,19 @@ def test_retry_then_bury_are_compare_and_set_on_the_owner_token(
     with storage.transaction() as tx:
         job_id, _ = tx.job_insert(insert())
         assert [j.id for j in tx.job_lease(lease())] == [job_id]
-        assert tx.job_retry(
+        assert tx.job_transition(
             JobRetry(job_id, "tok", 1_700_000_002.0, 1_700_000_010.0, "transient", "boom", 3)
         )
-        assert not tx.job_retry(
+        assert not tx.job_transition(
             JobRetry(job_id, "tok", 1_700_000_002.0, 1_700_000_010.0, "transient", "boom", 3)
         )
         assert tx.job_lease(lease(now=1_700_000_005.0)) == []  # not due yet
         [again] = tx.job_lease(lease(now=1_700_000_010.0, owner="tok2"))
         assert again.attempt == 2 and again.last_error_class == "transient"
-        assert not tx.job_bury(JobBury(job_id, "tok", 1_700_000_011.0, "x", None, None, 4))
-        assert tx.job_bury(JobBury(job_id, "tok2", 1_700_000_011.0, "gave up", "unknown", "e", 4))
+        assert not tx.job_transition(JobBury(job_id, "tok", 1_700_000_011.0, "x", None, None, 4))
+        assert tx.job_transition(
+            JobBury(job_id, "tok2", 1_700_000_011.0, "gave up", "unknown", "e", 4)
+        )
         dead = tx.job_get(job_id)
     assert dead is not None and dead.state is JobState.DEAD and dead.dead_reason == "gave up"
 
@@ -215,9 +218,9 @@ def test_expired_lease_is_reaped_and_redelivered_once(storage: PostgresStorage) 
         assert tx.lease_reap(1_700_000_005.0, 10) == []
         [expired] = tx.lease_reap(1_700_000_007.0, 10)
         assert expired.owner_token == "tok"
-        assert tx.job_redeliver(job_id, "tok", 1_700_000_007.0, 5)
-        assert not tx.job_redeliver(job_id, "tok", 1_700_000_007.0, 5)
-        assert not tx.job_complete(JobComplete(job_id, "tok", 1_700_000_008.0, None, 6))
+        assert tx.job_transition(JobRedeliver(job_id, "tok", 1_700_000_007.0, 5))
+        assert not tx.job_transition(JobRedeliver(job_id, "tok", 1_700_000_007.0, 5))
+        assert not tx.job_transition(JobComplete(job_id, "tok", 1_700_000_008.0, None, 6))
         requeued = tx.job_get(job_id)
     assert requeued is not None and requeued.state is JobState.QUEUED
     assert requeued.redelivery_count == 1
@@ -299,7 +302,7 @@ def test_a_late_committed_older_job_does_not_run_beside_the_running_one(
         late.commit()
         with storage.transaction() as tx:
             assert tx.job_lease(lease(owner="other")) == []
-            assert tx.job_complete(JobComplete(newer_id, "tok", 1_700_000_002.0, None, 3))
+            assert tx.job_transition(JobComplete(newer_id, "tok", 1_700_000_002.0, None, 3))
             [next_job] = tx.job_lease(lease(owner="other"))
         assert next_job.id == late_id
     finally:

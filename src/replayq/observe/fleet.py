@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from replayq.runtime import RuntimeSource
+from replayq.storage.protocol import IdemFilter
 
 
 class FleetCollector:
@@ -32,7 +33,7 @@ class FleetCollector:
             gauges = tx.job_gauges(now)
             outbox = tx.outbox_backlog()
             locks = tx.lock_list()
-            in_doubt = tx.idem_list(None, True, 100_000)
+            in_doubt = tx.idem_list(IdemFilter(in_doubt=True, limit=100_000))
         labels = ["queue", "job_type", "version"]
         jobs = GaugeMetricFamily(
             "replayq_jobs",
@@ -50,25 +51,25 @@ class FleetCollector:
             labels=labels,
         )
         for row in gauges:
-            key = [row["queue"], row["job_type"], row["version"] or "none"]
-            jobs.add_metric([*key, row["state"]], float(row["count"]))
-            if row["oldest_ready"] is not None:
-                oldest.add_metric(key, max(0.0, now - float(row["oldest_ready"])))
-            if row["oldest_leased"] is not None:
-                longest.add_metric(key, max(0.0, now - float(row["oldest_leased"])))
+            key = [row.queue, row.job_type, row.version or "none"]
+            jobs.add_metric([*key, row.state], float(row.count))
+            if row.oldest_ready is not None:
+                oldest.add_metric(key, max(0.0, now - float(row.oldest_ready)))
+            if row.oldest_leased is not None:
+                longest.add_metric(key, max(0.0, now - float(row.oldest_leased)))
         yield jobs
         yield oldest
         yield longest
         yield GaugeMetricFamily(
             "replayq_outbox_pending",
             "Outbox rows written but not yet published.",
-            value=float(outbox["pending"] or 0),
+            value=float(outbox.pending),
         )
-        lag = now - float(outbox["oldest"]) if outbox["oldest"] is not None else 0.0
+        lag = now - float(outbox.oldest) if outbox.oldest is not None else 0.0
         yield GaugeMetricFamily(
             "replayq_outbox_lag_seconds", "Age of the oldest unpublished outbox row.", value=lag
         )
-        held = [lock for lock in locks if (lock["expires_at"] or 0) > now]
+        held = [lock for lock in locks if (lock.expires_at or 0) > now]
         yield GaugeMetricFamily(
             "replayq_locks_held", "Locks held with a live lease.", value=len(held)
         )

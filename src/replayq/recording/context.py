@@ -55,7 +55,7 @@ from replayq.recording.steps import run_step
 from replayq.recording.world import LIVE, LiveWorld, LostFlag, World
 from replayq.runtime import RuntimeSource
 from replayq.seal import unsealed
-from replayq.storage.protocol import Transaction
+from replayq.storage.protocol import IdemClaim, IdemSucceed, Transaction
 
 T = TypeVar("T")
 
@@ -637,29 +637,14 @@ class Context:
 
         def write(tx: Transaction) -> None:
             if key is not None:
-                claim = {
-                    "key": key,
-                    "operation": "db.write",
-                    "claim_token": f"{trace_id}-{attempt}-{event.seq}",
-                    "now": event.ts,
-                    "trace_id": trace_id,
-                    "job_id": job.id,
-                    "attempt": attempt,
-                }
-                if not tx.idem_claim(claim):
+                claim_token = f"{trace_id}-{attempt}-{event.seq}"
+                claim = IdemClaim(key, "db.write", claim_token, event.ts, trace_id, job.id, attempt)
+                if not tx.idem_transition(claim):
                     event.data["deduplicated"] = True
                     return
             fn(tx.connection)
             if key is not None:
-                tx.idem_succeed(
-                    {
-                        "key": key,
-                        "claim_token": claim["claim_token"],
-                        "result": "null",
-                        "result_ref": None,
-                        "now": event.ts,
-                    }
-                )
+                tx.idem_transition(IdemSucceed(key, claim_token, "null", None, event.ts))
 
         self.defer(write, f"db_write {key}" if key else "db_write")
 

@@ -42,7 +42,7 @@ from replayq.replay.decision import contract_decision, recorded_decision
 from replayq.replay.recorded import Outcome, RecordedWorld, Recording, load_recording
 from replayq.runtime import Runtime, RuntimeSource
 from replayq.seal import SealReport, Violation, seal
-from replayq.storage.protocol import Transaction
+from replayq.storage.protocol import BranchCreate, LineagePut, TraceQuery, Transaction
 
 REPLAY_WORKER = "replay"
 
@@ -278,17 +278,17 @@ def _write_begin(
 ) -> None:
     """The derived trace's branch and lineage rows."""
     now = runtime.clock.now()
-    tx.branch_create(branch, "main", base_hlc, origin, now)
+    tx.branch_create(BranchCreate(branch, "main", base_hlc, origin, now))
     tx.lineage_put(
-        {
-            "trace_id": trace_id,
-            "origin": origin,
-            "source_trace_id": recording.job.trace_id,
-            "source_job_id": recording.job.id,
-            "branch": branch,
-            "details": codec.dumps(details),
-            "now": now,
-        }
+        LineagePut(
+            trace_id=trace_id,
+            origin=origin,
+            source_trace_id=recording.job.trace_id,
+            source_job_id=recording.job.id,
+            branch=branch,
+            details=codec.dumps(details),
+            now=now,
+        )
     )
 
 
@@ -438,7 +438,11 @@ def _run_derived(
         unrecorded = _record_unrecorded_io(runtime, ctx, sealed)
         _finish(runtime, trace_id, outcome, origin)
         with runtime.storage.transaction(readonly=True) as tx:
-            now_events = [e for e in tx.trace_for_trace(trace_id) if e.name != f"{origin}.finished"]
+            now_events = [
+                e
+                for e in tx.trace_query(TraceQuery(trace_id=trace_id))
+                if e.name != f"{origin}.finished"
+            ]
     recorded = recording.events
     if fork_step is not None:
         # Compare only from the fork point on; before it the fork used the recording.
@@ -692,7 +696,7 @@ class AttemptTimeline:
 def trace_replay(source: RuntimeSource, job_id: int) -> list[AttemptTimeline]:
     """The recorded timeline of every attempt of a job; executes nothing."""
     with source.runtime.storage.transaction(readonly=True) as tx:
-        events = tx.trace_for_job(job_id)
+        events = tx.trace_query(TraceQuery(job_id=job_id))
     attempts: dict[int, list[TraceEvent]] = {}
     for event in events:
         attempts.setdefault(event.attempt or 0, []).append(event)

@@ -34,7 +34,7 @@ from replayq.model import TraceEvent
 from replayq.replay.engine import ReplayReport, dry_run
 from replayq.replay.recorded import attempts_with_events
 from replayq.runtime import RuntimeSource
-from replayq.storage.protocol import JobFilter
+from replayq.storage.protocol import JobFilter, TraceQuery
 
 DIFFERENCE_CLASSES = (
     "outcome",
@@ -145,7 +145,7 @@ def recorded_attempts(
         for job in jobs:
             if since is not None and job.created_at < since:
                 continue
-            events = tx.trace_for_job(job.id)
+            events = tx.trace_query(TraceQuery(job_id=job.id))
             ran = {
                 e.attempt
                 for e in events
@@ -248,8 +248,10 @@ def verify_rollout(
         replayed = dry_run(source, job_id, attempt=attempt, version=to_version)
         elapsed = time.perf_counter() - tick
         with runtime.storage.transaction(readonly=True) as tx:
-            recorded_all = [e for e in tx.trace_for_job(job_id) if e.attempt == attempt]
-            now = tx.trace_for_trace(replayed.trace_id)
+            recorded_all = [
+                e for e in tx.trace_query(TraceQuery(job_id=job_id)) if e.attempt == attempt
+            ]
+            now = tx.trace_query(TraceQuery(trace_id=replayed.trace_id))
         recorded = [e for e in recorded_all if e.kind == "domain"]
         classes, details = classify(replayed, recorded, now)
         step = replayed.first_divergence.step if replayed.first_divergence else None

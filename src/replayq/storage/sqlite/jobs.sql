@@ -218,12 +218,10 @@ INSERT INTO rq_contracts (job_type, version, body, registered_at)
 VALUES (:job_type, :version, :body, :now)
 ON CONFLICT (job_type, version) DO UPDATE SET body = excluded.body;
 
--- name: contract_get
-SELECT body FROM rq_contracts WHERE job_type = :job_type AND version = :version;
-
 -- name: contract_list
 SELECT job_type, version, body, registered_at FROM rq_contracts
 WHERE (:job_type IS NULL OR job_type = :job_type)
+  AND (:version IS NULL OR version = :version)
 ORDER BY job_type, registered_at, version;
 
 -- name: contract_activate
