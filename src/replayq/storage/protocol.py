@@ -84,7 +84,7 @@ class JobRetry:
 
 @dataclass(frozen=True, slots=True)
 class JobBury:
-    """Move a job to ``dead``. ``owner_token=None`` buries regardless of owner (reaper, admin)."""
+    """Move a running job to ``dead`` (CAS on its owner); ``owner_token=None``: a queued one."""
 
     job_id: int
     owner_token: str | None
@@ -169,7 +169,7 @@ class MigrationStatus:
 
 @dataclass(frozen=True, slots=True)
 class JobCancel:
-    """Cancel a job that is not running (``queued`` or ``dead``)."""
+    """Cancel a job that is still ``queued`` (a running one is asked: ``JobCancelRequest``)."""
 
     job_id: int
     now: float
@@ -236,7 +236,8 @@ class JobRedeliver:
 
 @dataclass(frozen=True, slots=True)
 class JobRoute:
-    """Set the version of a job this owner just leased, if it has none yet."""
+    """Set the version of a running job this owner holds: leased without one, or with one
+    its routing no longer names (the worker decides; the row is a CAS on the owner)."""
 
     job_id: int
     owner_token: str
