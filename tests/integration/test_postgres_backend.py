@@ -15,7 +15,6 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import psycopg  # a plain import: in CI a missing driver must fail, never skip
 import pytest
@@ -29,10 +28,9 @@ from replayq.storage.postgres import PostgresStorage, parse_postgres_url
 from replayq.storage.protocol import (
     JobComplete,
     JobFilter,
-    JobInsert,
-    JobLease,
 )
 from replayq.worker import Worker
+from tests.conformance.test_storage_verbs import insert, lease
 
 pytestmark = pytest.mark.postgres
 
@@ -49,35 +47,6 @@ def storage(pg_schema_url: str) -> Iterator[PostgresStorage]:
 def conninfo(pg_schema_url: str) -> str:
     """libpq conninfo of the test's schema, for the application's own connections."""
     return parse_postgres_url(pg_schema_url)[0]
-
-
-def insert(job_type: str = "t", **overrides: Any) -> JobInsert:
-    fields: dict[str, Any] = {
-        "job_type": job_type,
-        "queue": "default",
-        "payload_json": '{"n":1}',
-        "priority": 0,
-        "run_at": 1_700_000_000.0,
-        "now": 1_700_000_000.0,
-        "max_attempts": 3,
-        "trace_id": "trace",
-        "hlc": 1,
-    }
-    fields.update(overrides)
-    return JobInsert(**fields)
-
-
-def lease(now: float = 1_700_000_001.0, limit: int = 10, owner: str = "tok") -> JobLease:
-    return JobLease(
-        worker_id="w",
-        owner_token=owner,
-        now=now,
-        hlc=2,
-        limit=limit,
-        default_lease_seconds=30.0,
-        lease_for={"short": 5.0},
-        version_for={"t": "v7"},
-    )
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
