@@ -72,7 +72,7 @@ from replayq.errors import ConfigurationError, DatabaseUnavailableError, Storage
 from replayq.model import Job
 from replayq.storage import migrate
 from replayq.storage.adopted import AsyncConnectionView, TupleRows
-from replayq.storage.protocol import JobLease, MigrationStatus
+from replayq.storage.protocol import JobLease, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
 from replayq.storage.sql_transaction import SqlTransaction, row_to_job
 
@@ -463,3 +463,7 @@ class PostgresStorage:
 
     def close(self) -> None:
         self.pool.close(timeout=5.0)
+
+
+# The optional capability the worker looks for, checked here by the type checker.
+_LISTENER: type[Listener] = PostgresStorage
