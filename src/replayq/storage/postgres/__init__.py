@@ -24,6 +24,8 @@ Known limits, up front:
   commit. A ``Notifier`` thread holds one dedicated connection outside the pool,
   re-``LISTEN``s after every reconnect and wakes its callback then, since
   notifications sent while it was away are lost. Workers keep their fallback poll.
+  ``listen`` makes this backend a ``storage.protocol.Listener``, the optional
+  capability a worker checks for with ``isinstance``; SQLite has none and polls.
   The channel is per database, not per schema: installations in sibling schemas
   wake each other's workers needlessly (harmless, one empty lease each).
 * Connections: a ``ConnectionPool`` of ``?pool_size=`` connections (default 4)
