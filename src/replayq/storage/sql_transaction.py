@@ -209,10 +209,7 @@ class SqlTransaction(ContextVerbs):
             query = "job_bury_queued" if change.owner_token is None else "job_bury_owned"
         else:
             query = _JOB_QUERIES[type(change)]
-        values = query_params(change)
-        if isinstance(change, JobSetRecorded):
-            values["result"] = values.pop("result_json")
-        return self.changed(query, values)
+        return self.changed(query, query_params(change))
 
     def job_cancel_requested(self, worker_id: str) -> set[int]:
         rows = self.fetchall("job_cancel_requested", {"worker_id": worker_id})

@@ -298,7 +298,7 @@ VALUES (%(version)s, %(name)s, %(now)s);
 
 -- name: job_set_recorded
 -- Importing a regression case: the job as it was recorded.
-UPDATE rq_jobs SET handler_version = %(handler_version)s, result = %(result)s,
+UPDATE rq_jobs SET handler_version = %(handler_version)s, result = %(result_json)s,
     attempt = %(attempt)s, state = 'succeeded'
 WHERE id = %(job_id)s;
 

@@ -252,7 +252,7 @@ INSERT INTO rq_schema_migrations (version, name, applied_at) VALUES (:version, :
 
 -- name: job_set_recorded
 -- Importing a regression case: the job as it was recorded.
-UPDATE rq_jobs SET handler_version = :handler_version, result = :result, attempt = :attempt,
+UPDATE rq_jobs SET handler_version = :handler_version, result = :result_json, attempt = :attempt,
     state = 'succeeded'
 WHERE id = :job_id;
 
