@@ -139,7 +139,7 @@ def figures(runtime: Runtime, job_type: str, since: float) -> dict[str, VersionF
             figures_.lock_expired += 1
         elif name == "cache.read":
             figures_.cache_reads += 1
-            figures_.stale_reads += 1 if row.stale in (True, 1, "true") else 0
+            figures_.stale_reads += 1 if row.stale else 0
     return by_version
 
 

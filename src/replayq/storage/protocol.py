@@ -579,7 +579,7 @@ class VersionOutcome:
     error_class: str | None
     duration: float | None
     reason: str | None
-    stale: Any
+    stale: bool | None
 
 
 @dataclass(frozen=True, slots=True)

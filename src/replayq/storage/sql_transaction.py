@@ -364,4 +364,9 @@ class SqlTransaction(ContextVerbs):
 
     def version_outcomes(self, job_type: str, since: float) -> list[VersionOutcome]:
         values = {"job_type": job_type, "since": since}
-        return [record(VersionOutcome, r) for r in self.fetchall("version_outcomes", values)]
+        rows = self.fetchall("version_outcomes", values)
+        # SQLite's json_extract gives 1/0 for a JSON boolean, PostgreSQL a boolean.
+        return [
+            record(VersionOutcome, {**r, "stale": None if r["stale"] is None else bool(r["stale"])})
+            for r in rows
+        ]
