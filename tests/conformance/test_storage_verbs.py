@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from replayq.errors import ConfigurationError
 from replayq.model import JobState, TraceEvent
 from replayq.storage import open_storage
 from replayq.storage.protocol import (
@@ -288,7 +289,7 @@ def test_trace_query_reads_a_job_a_trace_or_a_resource_in_hlc_order(storage: Sto
         by_job = [e.name for e in tx.trace_query(TraceQuery(job_id=job_id))]
         by_trace = [e.name for e in tx.trace_query(TraceQuery(trace_id="fork-1"))]
         by_resource = [e.name for e in tx.trace_query(TraceQuery(resource="price:sku-1"))]
-        with pytest.raises(ValueError, match="job_id"):
+        with pytest.raises(ConfigurationError, match="job_id"):
             tx.trace_query(TraceQuery())
     assert by_job == ["a", "b"]
     assert by_trace == ["derived", "other"]

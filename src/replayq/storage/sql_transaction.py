@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from replayq import codec
+from replayq.errors import ConfigurationError
 from replayq.model import Job, JobState, StatRow, TraceEvent
 from replayq.storage.context_verbs import ContextVerbs, query_params, record
 from replayq.storage.protocol import (
@@ -295,7 +296,7 @@ class SqlTransaction(ContextVerbs):
         elif query.resource is not None:
             rows = self.fetchall("trace_for_resource", {"resource": query.resource})
         else:
-            raise ValueError("TraceQuery needs a job_id, a trace_id or a resource")
+            raise ConfigurationError("TraceQuery needs a job_id, a trace_id or a resource")
         return [row_to_event(r) for r in rows]
 
     # -- contracts --------------------------------------------------------------------------
