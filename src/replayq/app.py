@@ -12,10 +12,10 @@ from typing import Any, TypeVar
 
 from replayq.clock import Clock, HybridLogicalClock, SystemClock
 from replayq.durations import Duration
-from replayq.errors import ConfigurationError, ContractError, FailureClass
+from replayq.errors import ContractError, FailureClass
 from replayq.model import Job, TraceEvent
 from replayq.observe.otel import enqueue_span
-from replayq.queue import lifecycle
+from replayq.queue.actions import cancel_job, requeue_job
 from replayq.queue.bulk import BulkPreview, BulkResult, bulk_apply, bulk_preview
 from replayq.queue.catalog import register_contracts, stored_contracts
 from replayq.queue.contracts import (
@@ -28,7 +28,9 @@ from replayq.queue.contracts import (
 )
 from replayq.queue.enqueue import EnqueueRequest, get_job, insert_job
 from replayq.queue.handlers import Handler, HandlerRegistry, PayloadShape
-from replayq.queue.schedule import DEFAULT_CATCH_UP, MissedSlots, Schedule, parse_grace
+from replayq.queue.periodic import periodic_decorator
+from replayq.queue.resources import resource_trace
+from replayq.queue.schedule import DEFAULT_CATCH_UP, Schedule
 from replayq.queue.scheduler import ScheduleStatus, schedule_statuses
 from replayq.recording.in_doubt import (
     EffectRecord,
@@ -44,11 +46,8 @@ from replayq.storage import open_storage
 from replayq.storage.adopted import AsyncConnectionView, run_bridged
 from replayq.storage.cache import CacheBackend
 from replayq.storage.protocol import (
-    JobCancel,
-    JobCancelRequest,
     JobFilter,
     JobMatch,
-    JobRequeue,
     MigrationStatus,
     Storage,
     TraceQuery,
@@ -69,20 +68,6 @@ def os_user() -> str:
 
 
 DEFAULT_URL = "sqlite:///replayq.db"
-# The lifecycle events a resource timeline shows for the jobs that touched the resource.
-RESOURCE_LIFECYCLE = frozenset(
-    {
-        lifecycle.JOB_LEASED,
-        lifecycle.LEASE_EXPIRED,
-        lifecycle.LEASE_LOST,
-        lifecycle.JOB_REDELIVERED,
-        lifecycle.RETRY_SCHEDULED,
-        lifecycle.JOB_SUCCEEDED,
-        lifecycle.JOB_FAILED,
-        lifecycle.JOB_DEAD,
-        lifecycle.WRITE_REJECTED,
-    }
-)
 
 
 class App:
@@ -244,44 +229,19 @@ class App:
         newest ``catch_up`` of them). A slot counts as on time for ``min(grace, period)``
         (``grace`` defaults to 60 seconds). ``name`` defaults to the job type.
         """
-        try:
-            policy = MissedSlots(missed)
-        except ValueError:
-            raise ConfigurationError(
-                f"missed={missed!r}: use one of {', '.join(m.value for m in MissedSlots)}"
-            ) from None
-
-        def declare(job_type: str) -> None:
-            schedule = Schedule(
-                name=name or job_type,
-                cron=cron,
-                job_type=job_type,
-                payload=dict(payload or {}),
-                timezone=timezone,
-                missed=policy,
-                catch_up=catch_up,
-                grace_seconds=parse_grace(grace),
-                queue=queue,
-                priority=priority,
-            )
-            if any(s.name == schedule.name for s in self.schedules):
-                raise ConfigurationError(f"a schedule named {schedule.name!r} is declared twice")
-            self.schedules.append(schedule)
-
-        if job is not None:
-            declare(job)
-
-        def decorate(fn: F) -> F:
-            if job is None:
-                found = [h.contract.name for h in self.registry.handlers() if h.fn is fn]
-                if not found:
-                    raise ContractError(
-                        "@app.periodic without job= goes above @app.job(...) on the handler"
-                    )
-                declare(found[0])
-            return fn
-
-        return decorate
+        return periodic_decorator(
+            self.registry,
+            cron,
+            job=job,
+            payload=payload,
+            name=name,
+            timezone=timezone,
+            missed=missed,
+            catch_up=catch_up,
+            grace=grace,
+            queue=queue,
+            priority=priority,
+        )
 
     def schedule_statuses(self) -> list[ScheduleStatus]:
         """Each schedule: its cron, the last slot it enqueued and that job, the next slot."""
@@ -550,23 +510,7 @@ class App:
         merged in (leased, lease expired, re-delivered, settled, write rejected):
         which worker held which job between its reads and writes of the resource.
         """
-        with self.storage.transaction(readonly=True) as tx:
-            events = [
-                e
-                for e in tx.trace_query(TraceQuery(resource=resource))
-                if e.resource == resource or (e.resource or "")[len(resource) + 2 :].isdigit()
-            ]
-            if not all_origins:
-                derived = {t for t in {e.trace_id for e in events} if tx.lineage_list(trace_id=t)}
-                events = [e for e in events if e.trace_id not in derived]
-            if leases:
-                for job_id in sorted({e.job_id for e in events if e.job_id is not None}):
-                    events.extend(
-                        e
-                        for e in tx.trace_query(TraceQuery(job_id=job_id))
-                        if e.kind == "lifecycle" and e.name in RESOURCE_LIFECYCLE
-                    )
-        return sorted(events, key=lambda e: (e.hlc, e.id or 0))
+        return resource_trace(self.runtime, resource, leases=leases, all_origins=all_origins)
 
     def rollout(self, job_type: str, *, actor: str | None = None) -> Rollout:
         """The routing of ``job_type``: read it, and change it (each change recorded)."""
@@ -581,22 +525,7 @@ class App:
         Its lease is no longer extended, so a handler that reaches no boundary within
         the lease is cancelled by the reaper and its late writes are refused.
         """
-        now, hlc = self.clock.now(), self.hlc.tick()
-        with self.storage.transaction() as tx:
-            if tx.job_transition(JobCancelRequest(job_id, now, hlc)):
-                return True
-            if not tx.job_transition(JobCancel(job_id, now, hlc)):
-                return False
-            job = tx.job_get(job_id)
-            assert job is not None
-            tx.trace_append(
-                [
-                    lifecycle.lifecycle(
-                        lifecycle.JOB_CANCELLED, job, now=now, hlc=hlc, status="cancelled"
-                    )
-                ]
-            )
-        return True
+        return cancel_job(self.runtime, job_id)
 
     def bulk_preview(self, match: JobMatch, *, sample: int = 5) -> BulkPreview:
         """How many jobs a bulk action with these filters would touch, and a sample."""
@@ -635,24 +564,4 @@ class App:
         The job runs under ``to_version`` (which must be declared here if this app
         declares the type), or is routed afresh at its next lease.
         """
-        if not reason.strip():
-            raise ConfigurationError("requeue needs a reason; it goes into the job's trace")
-        now, hlc = self.clock.now(), self.hlc.tick()
-        with self.storage.transaction() as tx:
-            if not tx.job_transition(JobRequeue(job_id, now, hlc, to_version=to_version)):
-                return False
-            job = tx.job_get(job_id)
-            assert job is not None
-            tx.trace_append(
-                [
-                    lifecycle.lifecycle(
-                        lifecycle.JOB_REQUEUED,
-                        job,
-                        now=now,
-                        hlc=hlc,
-                        reason=reason,
-                        to_version=to_version,
-                    )
-                ]
-            )
-        return True
+        return requeue_job(self.runtime, job_id, reason=reason, to_version=to_version)

@@ -17,6 +17,22 @@ It runs from an installed wheel as well as from a checkout. On PostgreSQL it
 creates a fresh schema in the given database and drops it at the end (kept
 with ``--keep``); a URL that already sets ``search_path`` is used as is and
 nothing is dropped.
+
+::
+
+    demo/
+    ├── harness.py      Demo: the services, the worker subprocesses, the CLI runner, the
+    │                   database (a fresh PostgreSQL schema or a SQLite file); DemoResult
+    ├── chapter.py      Chapter: the state the chapters below share, and their helpers
+    ├── story.py        Story: setup, 1. the incident, the damage; the runbook's order
+    ├── investigate.py  Investigation: 2-7, identify, quarantine, classify, dry-run, fork,
+    │                   compare
+    ├── repair.py       Repair: 8-10, repair, deploy v2, the regression case; the summary
+    ├── rollout.py      ``replayq demo rollout``
+    └── shop/           the example shop and its HTTP services
+
+    Story ─▶ Investigation ─▶ Chapter
+          └▶ Repair ────────▶ Chapter
 """
 
 from __future__ import annotations

@@ -9,7 +9,11 @@
     ├── lifecycle.py   the lifecycle event names and their builder (job.enqueued, job.leased, ...)
     ├── enqueue.py     EnqueueRequest, insert_job (row + job.enqueued in one transaction), get_job
     ├── catalog.py     register_contracts, stored_contracts
+    ├── actions.py     one job: cancel_job, requeue_job (App.cancel, App.requeue)
+    ├── bulk.py        the same over a JobMatch filter, previewed, in batches (App.bulk)
+    ├── resources.py   resource_trace: a resource's events across jobs (App.resource_trace)
     ├── schedule.py    Schedule (@app.periodic), MissedSlots, decide_slots: which slots are due
+    ├── periodic.py    periodic_decorator: the body of @app.periodic
     └── scheduler.py   Scheduler: each due slot enqueued once (anchor compare-and-set)
 
 Imports: storage and the foundations; ``replayq.runtime`` shares this layer

@@ -1,0 +1,34 @@
+"""The worker: lease, heartbeat, run, classify, retry or bury, ack after commit, reap.
+
+::
+
+    worker/
+    ├── process.py    Worker: run() starts the threads, the dispatcher loop (lease, reap,
+    │                 periodic jobs, burst end), signals, stop, shutdown and release
+    ├── core.py       WorkerCore: options, the in-flight table (InFlight), WorkerStats,
+    │                 the thread events every part shares
+    ├── lease.py      Leasing: lease for the free slots with job.leased, route the version,
+    │                 hold a committed lease (heartbeat it, queue it)
+    ├── heartbeat.py  Heartbeat: the thread that extends leases and sees cancel requests
+    ├── execute.py    Executing: the executor threads; one attempt through its handler
+    │                 under a Context over a LiveWorld; shadow comparisons
+    ├── outcome.py    Outcomes: succeeded (+ refill), cancelled, failed (retry or dead), buried
+    ├── settle.py     Settling: one compare-and-set transaction per outcome, retried while
+    │                 the database is away; write.rejected when the lease is gone
+    └── reap.py       Reaping: expired leases re-delivered, buried or cancelled
+
+    Worker ─▶ Executing ─▶ Outcomes ─▶ Settling ─▶ Leasing ─▶ WorkerCore
+           ├▶ Reaping ───▶ Outcomes                             ▲
+           └▶ Heartbeat ────────────────────────────────────────┘
+
+Each part is a class the next one builds on (the arrows); ``Worker`` is all of
+them, so the threads and the job's state machine read apart while sharing one
+in-flight table. Imports: ``rollout``, ``observe``, ``recording``, the runtime,
+the queue, storage and the foundations; the worker sits beside ``app.py``, and
+nothing below imports it.
+"""
+
+from replayq.worker.core import InFlight, WorkerStats
+from replayq.worker.process import Worker
+
+__all__ = ["InFlight", "Worker", "WorkerStats"]

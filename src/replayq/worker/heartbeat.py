@@ -1,0 +1,77 @@
+"""The heartbeat thread: extends the lease of every job in flight, and sees cancel requests."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from replayq.errors import DatabaseUnavailableError, ReplayqError
+from replayq.queue import lifecycle as trace
+from replayq.storage.protocol import LeaseExtend
+from replayq.storage.reconnect import Backoff
+from replayq.worker.core import InFlight, WorkerCore
+
+log = logging.getLogger("replayq.worker")
+
+
+class Heartbeat(WorkerCore):
+    """Keep this worker's leases alive; mark a lease lost when its compare-and-set fails."""
+
+    def _heartbeat(self) -> None:
+        backoff = Backoff(f"worker {self.worker_id}: heartbeat")
+        while not (self._stopping.is_set() and self._free_slots() == self.concurrency):
+            with self._inflight_lock:
+                due = [f for f in self._inflight.values() if f.next_heartbeat <= time.monotonic()]
+            if due:
+                try:
+                    self.extend_leases(due)
+                    backoff.reset()
+                except DatabaseUnavailableError as exc:
+                    # Beat again after the backoff; an outage longer than the lease gets the
+                    # jobs reaped, and their late settle is then rejected (fenced).
+                    retry_at = time.monotonic() + backoff.next_delay(exc)
+                    for flight in due:
+                        flight.next_heartbeat = min(flight.next_heartbeat, retry_at)
+                except ReplayqError:
+                    log.exception("worker %s: heartbeat failed", self.worker_id)
+            time.sleep(0.05)
+
+    def extend_leases(self, flights: Sequence[InFlight]) -> None:
+        """Extend the given leases; a failed compare-and-set marks the lease lost."""
+        now = self.runtime.clock.now()
+        with self.runtime.storage.transaction() as tx:
+            events = []
+            asked_to_stop = tx.job_cancel_requested(self.worker_id)
+            for flight in flights:
+                job = flight.job
+                assert job.owner_token is not None
+                if job.id in asked_to_stop:
+                    # Not extended: a handler that reaches no step boundary within the
+                    # lease is cancelled by the reaper, its late writes fenced.
+                    if not flight.cancel.is_set():
+                        log.info("job %s: asked to stop; it stops at its next step", job.id)
+                    flight.cancel.set()
+                    flight.next_heartbeat = time.monotonic() + flight.heartbeat_seconds
+                    continue
+                extended = tx.job_transition(
+                    LeaseExtend(job.id, job.owner_token, now, flight.lease_seconds)
+                )
+                name = trace.LEASE_EXTENDED if extended else trace.LEASE_LOST
+                events.append(
+                    trace.lifecycle(
+                        name,
+                        job,
+                        now=now,
+                        hlc=self.runtime.hlc.tick(),
+                        worker_id=self.worker_id,
+                        lease_deadline=now + flight.lease_seconds if extended else None,
+                    )
+                )
+                flight.next_heartbeat = time.monotonic() + flight.heartbeat_seconds
+                if not extended:
+                    flight.lost.set()
+            tx.trace_append(events)
+        for flight in flights:
+            if flight.ctx is not None and flight.ctx.locks.held and not flight.lost.is_set():
+                flight.ctx.locks.renew_all()

@@ -1,0 +1,110 @@
+"""Leasing: the jobs for the free slots, their ``job.leased`` events, their routed version.
+
+A lease is held (tracked for heartbeats, queued for an executor) only once its
+transaction committed: a rolled-back lease holds nothing.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from replayq.model import Job, TraceEvent
+from replayq.queue import lifecycle as trace
+from replayq.storage.protocol import JobLease, JobRoute, Transaction
+from replayq.worker.core import InFlight, WorkerCore
+
+
+class Leasing(WorkerCore):
+    """Lease up to the free slots and hand the jobs to the executors."""
+
+    def _lease_free_slots(self) -> tuple[int, list[Job]]:
+        """Lease up to the number of free slots; returns (free slots before, jobs leased)."""
+        with self._lease_lock:
+            free = self._free_slots()
+            return free, (self.lease(free) if free > 0 else [])
+
+    def _lease_params(self, limit: int) -> JobLease:
+        handlers = {t: self.runtime.registry.handler(t) for t in self.runtime.registry.job_types()}
+        # A routed type's new jobs are leased without a version and routed below, one by one.
+        routed = self.router.routed_types()
+        return JobLease(
+            worker_id=self.worker_id,
+            owner_token=uuid.uuid4().hex,
+            now=self.runtime.clock.now(),
+            hlc=self.runtime.hlc.tick(),
+            limit=limit,
+            default_lease_seconds=30.0,
+            lease_for={t: h.contract.lease for t, h in handlers.items()},
+            version_for={t: h.contract.version for t, h in handlers.items() if t not in routed},
+            queues=self.queues,
+        )
+
+    def lease(self, limit: int) -> list[Job]:
+        """Lease up to ``limit`` jobs and queue them for the executors."""
+        with self.runtime.storage.transaction() as tx:
+            jobs, now = self._lease_in(tx, limit)
+        self._hold(jobs, now)
+        return jobs
+
+    def _lease_in(
+        self, tx: Transaction, limit: int, also: Sequence[TraceEvent] = ()
+    ) -> tuple[list[Job], float]:
+        """Lease up to ``limit`` jobs inside ``tx`` with their ``job.leased`` events.
+
+        ``also``: events of the same transaction appended before those (one insert
+        batch). Returns (jobs, lease time). The caller hands them to ``_hold`` once
+        ``tx`` has committed, never before: a rolled-back lease holds nothing.
+        """
+        self.router.refresh(tx)
+        params = self._lease_params(limit)
+        routed = [self._routed(tx, job, params.owner_token) for job in tx.job_lease(params)]
+        jobs = [job for job, _ in routed]
+        events = list(also)
+        for job, moved_from in routed:
+            self.runtime.hlc.observe(job.hlc)
+            # A job whose routing no longer names its version (rolled back): the trace says so.
+            moved: dict[str, Any] = {"version_moved_from": moved_from} if moved_from else {}
+            events.append(
+                trace.lifecycle(
+                    trace.JOB_LEASED,
+                    job,
+                    now=params.now,
+                    hlc=self.runtime.hlc.tick(),
+                    worker_id=self.worker_id,
+                    status="running",
+                    owner_token=params.owner_token,
+                    lease_deadline=job.lease_deadline,
+                    version=job.handler_version,
+                    redelivery_count=job.redelivery_count,
+                    **moved,
+                )
+            )
+        tx.trace_append(events)
+        return jobs, params.now
+
+    def _routed(self, tx: Transaction, job: Job, owner_token: str) -> tuple[Job, str | None]:
+        """The leased job with its version (kept from its first lease, else chosen now),
+        and the version it was moved from, if it had one its routing no longer names."""
+        version = self.router.choose(job)
+        if version is None or not tx.job_transition(JobRoute(job.id, owner_token, version)):
+            return job, None
+        return job.evolve(handler_version=version), job.handler_version
+
+    def _hold(self, jobs: Sequence[Job], now: float) -> None:
+        """Jobs whose lease committed: track them for heartbeats and queue them to run."""
+        for job in jobs:
+            lease_seconds = (job.lease_deadline or now) - now
+            handler = self._handler_or_none(job)
+            beat = handler.contract.heartbeat if handler else lease_seconds / 3
+            # heartbeat 0: a fixed visibility timeout, the lease is never extended.
+            first_beat = time.monotonic() + beat if beat > 0 else float("inf")
+            with self._inflight_lock:
+                self._inflight[job.id] = InFlight(
+                    job, lease_seconds, beat, first_beat, time.monotonic()
+                )
+            self.observers.job_seen(job)
+            self._work.put(job)
+        self.stats.leased += len(jobs)

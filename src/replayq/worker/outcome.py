@@ -1,0 +1,248 @@
+"""Outcomes: how an attempt ends — succeeded, cancelled, failed (retried or dead), buried.
+
+Each is one write given to ``Settling._settle``: the job's state change (a
+compare-and-set on id and owner token) and its lifecycle events commit together.
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+
+from replayq.errors import EffectInDoubtError, FailureClass, LeaseLostError, classify
+from replayq.model import DeadReason, Job, TraceEvent
+from replayq.queue import lifecycle as trace
+from replayq.queue.handlers import Handler
+from replayq.recording.context import Context
+from replayq.storage.protocol import (
+    IdemFilter,
+    JobBury,
+    JobCancelRunning,
+    JobComplete,
+    JobRetry,
+    Transaction,
+)
+from replayq.worker.settle import Settling
+
+log = logging.getLogger("replayq.worker")
+
+
+class Outcomes(Settling):
+    """The state machine's last step for an attempt this worker ran."""
+
+    def _succeed(
+        self,
+        job: Job,
+        handler: Handler,
+        ctx: Context,
+        result_json: str,
+        duration: float,
+        refill: bool = False,
+    ) -> None:
+        """Ack ``job`` with the handler's pending writes and its ``job.succeeded`` event.
+
+        With ``refill`` (an executor loop, the worker not stopping) the same
+        transaction leases the next job for the slot this one frees, so a busy
+        queue costs one commit per job instead of two. The lease comes after the
+        compare-and-set ack: a rejected ack rolls the refill back with it, and a
+        refill is only held (heartbeated, queued) once the transaction committed.
+        If a try committed but its reply was lost (``_settle`` then finds the ack
+        in the trace), that try's refill is not known here: it stays ``running``
+        and is reaped after its lease, like any claim whose commit reply was lost.
+        """
+        leased: list[Job] = []
+        leased_at = 0.0
+
+        def write(tx: Transaction) -> None:
+            nonlocal leased, leased_at
+            leased = []  # a retried write starts over; only the committed try's jobs count
+            now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
+            ctx.flush(tx)
+            assert job.owner_token is not None
+            if not tx.job_transition(JobComplete(job.id, job.owner_token, now, result_json, hlc)):
+                raise LeaseLostError("job.succeeded")
+            self.runtime.hlc.observe(hlc)
+            succeeded = trace.lifecycle(
+                trace.JOB_SUCCEEDED,
+                job,
+                now=now,
+                hlc=hlc,
+                worker_id=self.worker_id,
+                owner_token=job.owner_token,
+                status="succeeded",
+                duration=duration,
+                version=handler.contract.version,
+            )
+            if refill and not self._stopping.is_set():
+                leased, leased_at = self._lease_in(tx, 1, also=[succeeded])
+            else:
+                tx.trace_append([succeeded])
+
+        if self._settle(job, write, ctx):
+            # Held first: were anything below to raise, the leased job still runs.
+            self._hold(leased, leased_at)
+            ctx.committed()
+            self.stats.succeeded += 1
+            log.info("job %s succeeded in %.3fs", job.id, duration)
+
+    def _cancel_event(
+        self, tx: Transaction, job: Job, now: float, hlc: int, reason: str
+    ) -> TraceEvent:
+        """``job.cancelled`` for a running job: the steps it committed, the effects it claimed."""
+        steps = [row.step_key for row in tx.step_by_job(job.id)]
+        effects = [
+            {"key": row.key, "status": row.status}
+            for row in tx.idem_list(IdemFilter(job_id=job.id))
+        ]
+        return trace.lifecycle(
+            trace.JOB_CANCELLED,
+            job,
+            now=now,
+            hlc=hlc,
+            worker_id=self.worker_id,
+            status="cancelled",
+            owner_token=job.owner_token,
+            reason=reason,
+            committed_steps=steps,
+            claimed_effects=effects,
+        )
+
+    def _cancelled(self, job: Job, ctx: Context, reason: str, duration: float) -> None:
+        """End an attempt that was asked to stop: its steps stay committed, nothing else is."""
+        ctx.discard_writes()
+
+        def write(tx: Transaction) -> None:
+            now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
+            ctx.flush(tx, failed=True)
+            assert job.owner_token is not None
+            if not tx.job_transition(JobCancelRunning(job.id, job.owner_token, now, hlc)):
+                raise LeaseLostError("job.cancelled")
+            tx.trace_append([self._cancel_event(tx, job, now, hlc, reason)])
+
+        if self._settle(job, write, ctx):
+            ctx.committed()
+            self.stats.cancelled += 1
+            log.warning("job %s cancelled while running (%s)", job.id, reason)
+
+    def _fail(
+        self, job: Job, handler: Handler, ctx: Context, exc: Exception, duration: float
+    ) -> None:
+        failure_class = classify(exc, dict(handler.error_map))
+        retry = handler.contract.retry
+        retryable = retry.retries(failure_class)
+        message = f"{type(exc).__name__}: {exc}"
+        exhausted = job.attempt >= job.max_attempts
+        cancelled = False
+
+        def write(tx: Transaction) -> None:
+            nonlocal cancelled
+            now = self.runtime.clock.now()
+            ctx.flush(tx, failed=True)
+            assert job.owner_token is not None
+            # Asked to stop before the heartbeat told us: a failure ends it, never a retry.
+            cancelled = job.id in tx.job_cancel_requested(self.worker_id)
+            if cancelled:
+                hlc = self.runtime.hlc.tick()
+                if not tx.job_transition(JobCancelRunning(job.id, job.owner_token, now, hlc)):
+                    raise LeaseLostError("job.cancelled")
+                event = self._cancel_event(tx, job, now, hlc, f"failed after the cancel: {message}")
+                tx.trace_append([event])
+                return
+            events = [
+                trace.lifecycle(
+                    trace.JOB_FAILED,
+                    job,
+                    now=now,
+                    hlc=self.runtime.hlc.tick(),
+                    worker_id=self.worker_id,
+                    owner_token=job.owner_token,
+                    status="fail",
+                    error_class=failure_class.value,
+                    error=message,
+                    duration=duration,
+                    version=handler.contract.version,
+                    traceback=traceback.format_exception_only(exc)[-1].strip(),
+                )
+            ]
+            hlc = self.runtime.hlc.tick()
+            if retryable and not exhausted:
+                delay = retry.delay(job.attempt, self.runtime.rng)
+                params = JobRetry(
+                    job.id, job.owner_token, now, now + delay, failure_class, message, hlc
+                )
+                if not tx.job_transition(params):
+                    raise LeaseLostError("retry.scheduled")
+                events.append(
+                    trace.lifecycle(
+                        trace.RETRY_SCHEDULED,
+                        job,
+                        now=now,
+                        hlc=hlc,
+                        worker_id=self.worker_id,
+                        owner_token=job.owner_token,
+                        status="queued",
+                        reason=failure_class.value,
+                        delay=delay,
+                        ceiling=retry.ceiling(job.attempt),
+                        run_at=now + delay,
+                        next_attempt=job.attempt + 1,
+                    )
+                )
+            else:
+                reason = DeadReason.ATTEMPTS_EXHAUSTED if retryable else DeadReason.NOT_RETRYABLE
+                if isinstance(exc, EffectInDoubtError):
+                    reason = DeadReason.EFFECT_IN_DOUBT
+                events.append(self._bury_in(tx, job, reason, failure_class, message, now, hlc))
+            tx.trace_append(events)
+
+        if self._settle(job, write, ctx):
+            ctx.committed()
+            if cancelled:
+                self.stats.cancelled += 1
+            elif retryable and not exhausted:
+                self.stats.retried += 1
+                log.warning("job %s failed (%s), retrying: %s", job.id, failure_class, message)
+            else:
+                self.stats.dead += 1
+                log.error("job %s failed (%s), dead: %s", job.id, failure_class, message)
+
+    def _bury(
+        self, job: Job, reason: DeadReason, failure_class: FailureClass | None, message: str
+    ) -> None:
+        def write(tx: Transaction) -> None:
+            now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
+            tx.trace_append([self._bury_in(tx, job, reason, failure_class, message, now, hlc)])
+
+        if self._settle(job, write):
+            self.stats.dead += 1
+            log.error("job %s dead (%s): %s", job.id, reason.value, message)
+
+    def _bury_in(
+        self,
+        tx: Transaction,
+        job: Job,
+        reason: DeadReason,
+        failure_class: FailureClass | None,
+        message: str,
+        now: float,
+        hlc: int,
+    ) -> TraceEvent:
+        """Move the job this worker holds to ``dead`` in ``tx``; returns its ``job.dead`` event."""
+        assert job.owner_token is not None
+        error_class = failure_class.value if failure_class else None
+        if not tx.job_transition(
+            JobBury(job.id, job.owner_token, now, reason, error_class, message, hlc)
+        ):
+            raise LeaseLostError("job.dead")
+        return trace.lifecycle(
+            trace.JOB_DEAD,
+            job,
+            now=now,
+            hlc=hlc,
+            worker_id=self.worker_id,
+            owner_token=job.owner_token,
+            status="dead",
+            reason=reason.value,
+            error_class=error_class,
+            error=message,
+        )

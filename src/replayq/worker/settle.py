@@ -1,0 +1,122 @@
+"""Settling: a job's final write, one compare-and-set transaction, retried while the
+database is away and traced as ``write.rejected`` when the lease is gone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from replayq.errors import DatabaseUnavailableError, LeaseLostError, StorageError
+from replayq.model import Job
+from replayq.queue import lifecycle as trace
+from replayq.recording.context import Context
+from replayq.storage.protocol import TraceQuery
+from replayq.storage.reconnect import Backoff
+from replayq.worker.lease import Leasing
+
+log = logging.getLogger("replayq.worker")
+
+_SETTLE_STORAGE_TRIES = 5
+
+
+class Settling(Leasing):
+    """Run a settle's write once, whatever the database does meanwhile."""
+
+    def _settle(self, job: Job, write: Any, ctx: Context | None = None) -> bool:
+        """Run ``write(tx)`` in one transaction; a lost lease rolls it all back and is traced.
+
+        On a lost lease the attempt's domain events are still kept (the record of
+        what the late worker did), but none of its writes. While the database is
+        unreachable the write is retried with backoff: it is a compare-and-set on
+        the owner token, so a retry after the lease was reaped is rejected, never
+        applied. At the end of the shutdown grace it gives up; the job, still
+        ``running``, is reaped after its lease.
+        """
+        backoff = Backoff(f"worker {self.worker_id}: settle job {job.id}")
+        outcome_unknown = False
+        failures = 0
+        while True:
+            try:
+                try:
+                    with self.runtime.storage.transaction() as tx:
+                        write(tx)
+                    return True
+                except LeaseLostError as exc:
+                    if outcome_unknown and self._settled_by_this_attempt(job):
+                        return True  # an earlier try committed; only its reply was lost
+                    self._reject(job, exc, ctx)
+                    return False
+            except DatabaseUnavailableError as exc:
+                outcome_unknown = True  # the connection may have died after COMMIT was sent
+                if not backoff.wait(exc, self._force):
+                    log.warning(
+                        "worker %s: gave up settling job %s at shutdown; it stays running "
+                        "and is reaped after its lease",
+                        self.worker_id,
+                        job.id,
+                    )
+                    return False
+            except StorageError as exc:
+                # Rolled back for sure (e.g. SQLite's write lock held past busy_timeout):
+                # try a few times, then leave the job running to be reaped and re-run.
+                failures += 1
+                if failures >= _SETTLE_STORAGE_TRIES or not backoff.wait(exc, self._force):
+                    log.error(
+                        "worker %s: could not settle job %s (%s); it stays running and is "
+                        "reaped after its lease",
+                        self.worker_id,
+                        job.id,
+                        exc,
+                    )
+                    return False
+
+    def _settled_by_this_attempt(self, job: Job) -> bool:
+        """Whether this attempt's settle committed: its terminal event is in the trace.
+
+        A settle's state change and its event commit in one transaction, so the
+        event (this worker, this attempt) proves the state change landed.
+        """
+        settled = {trace.JOB_SUCCEEDED, trace.RETRY_SCHEDULED, trace.JOB_DEAD}
+        with self.runtime.storage.transaction(readonly=True) as tx:
+            return any(
+                e.name in settled
+                and e.data.get("owner_token") == job.owner_token
+                and e.attempt == job.attempt
+                for e in tx.trace_query(TraceQuery(job_id=job.id))
+            )
+
+    def _reject(self, job: Job, exc: LeaseLostError, ctx: Context | None) -> None:
+        """Trace a write refused because the lease is gone, with the attempt's events."""
+        now = self.runtime.clock.now()
+        flight = self._inflight.get(job.id)
+        # The attempt's duration and version count in the observed p99 (contract lint):
+        # the runs that outlive their lease are the ones the lease must be sized for.
+        duration = time.monotonic() - flight.started if flight is not None else None
+        version = ctx.handler.contract.version if ctx is not None else None
+        with self.runtime.storage.transaction() as tx:
+            if ctx is not None:
+                refused = ctx.pending_writes()
+                if refused:  # writes made outside steps, refused with the ack
+                    ctx.record_fenced(refused, at="ack")
+                ctx.discard_writes()
+                ctx.flush(tx, failed=True)
+            tx.trace_append(
+                [
+                    trace.lifecycle(
+                        trace.WRITE_REJECTED,
+                        job,
+                        now=now,
+                        hlc=self.runtime.hlc.tick(),
+                        worker_id=self.worker_id,
+                        status="rejected",
+                        reason="owner token no longer holds the lease",
+                        attempted=str(exc),
+                        duration=duration,
+                        version=version,
+                    )
+                ]
+            )
+        self.stats.rejected += 1
+        log.warning("job %s: settle refused, the lease was taken by another worker", job.id)
