@@ -17,9 +17,9 @@
     │                 the database is away; write.rejected when the lease is gone
     └── reap.py       Reaping: expired leases re-delivered, buried or cancelled
 
-    Worker ─▶ Executing ─▶ Outcomes ─▶ Settling ─▶ Leasing ─▶ WorkerCore
-           ├▶ Reaping ───▶ Outcomes                             ▲
-           └▶ Heartbeat ────────────────────────────────────────┘
+    Worker ─┬▶ Executing ─┬▶ Outcomes ─┬▶ Settling ─┬▶ WorkerCore
+            ├▶ Reaping ───┘             └▶ Leasing ──┤
+            └▶ Heartbeat ────────────────────────────┘
 
 Each part is a class the next one builds on (the arrows); ``Worker`` is all of
 them, so the threads and the job's state machine read apart while sharing one

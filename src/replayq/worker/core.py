@@ -43,6 +43,9 @@ class InFlight:
     # Set by the heartbeat when the job was asked to stop (``App.cancel`` on a running job).
     cancel: LostFlag = field(default_factory=LostFlag)
     ctx: Context | None = None
+    # Held while the heartbeat extends this lease and while the job settles: the two
+    # never interleave, so their events' clock order is their commit order.
+    beat: threading.Lock = field(default_factory=threading.Lock)
 
 
 @dataclass

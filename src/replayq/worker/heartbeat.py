@@ -38,7 +38,21 @@ class Heartbeat(WorkerCore):
             time.sleep(0.05)
 
     def extend_leases(self, flights: Sequence[InFlight]) -> None:
-        """Extend the given leases; a failed compare-and-set marks the lease lost."""
+        """Extend the given leases; a failed compare-and-set marks the lease lost.
+
+        A job settling right now is skipped: its settle holds ``beat``, and a lease
+        extended between the settle's clock tick and its commit would be traced
+        after the job's end although it committed before it.
+        """
+        held = [flight for flight in flights if flight.beat.acquire(blocking=False)]
+        try:
+            if held:
+                self._extend(held)
+        finally:
+            for flight in held:
+                flight.beat.release()
+
+    def _extend(self, flights: Sequence[InFlight]) -> None:
         now = self.runtime.clock.now()
         with self.runtime.storage.transaction() as tx:
             events = []

@@ -22,12 +22,13 @@ from replayq.storage.protocol import (
     JobRetry,
     Transaction,
 )
+from replayq.worker.lease import Leasing
 from replayq.worker.settle import Settling
 
 log = logging.getLogger("replayq.worker")
 
 
-class Outcomes(Settling):
+class Outcomes(Settling, Leasing):
     """The state machine's last step for an attempt this worker ran."""
 
     def _succeed(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from typing import Any
 
 from replayq.errors import DatabaseUnavailableError, LeaseLostError, StorageError
@@ -14,14 +15,14 @@ from replayq.queue import lifecycle as trace
 from replayq.recording.context import Context
 from replayq.storage.protocol import TraceQuery
 from replayq.storage.reconnect import Backoff
-from replayq.worker.lease import Leasing
+from replayq.worker.core import WorkerCore
 
 log = logging.getLogger("replayq.worker")
 
 _SETTLE_STORAGE_TRIES = 5
 
 
-class Settling(Leasing):
+class Settling(WorkerCore):
     """Run a settle's write once, whatever the database does meanwhile."""
 
     def _settle(self, job: Job, write: Any, ctx: Context | None = None) -> bool:
@@ -40,7 +41,11 @@ class Settling(Leasing):
         while True:
             try:
                 try:
-                    with self.runtime.storage.transaction() as tx:
+                    flight = self._inflight.get(job.id)
+                    with (
+                        flight.beat if flight is not None else nullcontext(),
+                        self.runtime.storage.transaction() as tx,
+                    ):
                         write(tx)
                     return True
                 except LeaseLostError as exc:
