@@ -191,8 +191,8 @@ BUGS: list[Bug] = [
     Bug(
         "rollback-restores-wrong-version",
         "rollback version",
-        'restore_version = first["parent_version"]',
-        'restore_version = first["version"]',
+        "restore_version = first.parent_version",
+        "restore_version = first.version",
         ("tests/conformance/test_replay_rollback.py",),
     ),
 ]

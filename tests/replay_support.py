@@ -8,6 +8,7 @@ a user runs it, with the service's address in its environment.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from typing import Any
 
 import replayq
 from replayq.model import JobState, TraceEvent
+from replayq.storage.protocol import TraceQuery, idem_get
 from replayq.testing import run_inline
 from tests.apps import replay_shop
 
@@ -66,23 +68,23 @@ def record_dead(app: replayq.App, order_id: int = 1) -> replayq.Job:
 def derived_events(app: replayq.App, trace_id: str) -> list[TraceEvent]:
     """The events of a replay, fork or rerun trace."""
     with app.storage.transaction(readonly=True) as tx:
-        return tx.trace_for_trace(trace_id)
+        return tx.trace_query(TraceQuery(trace_id=trace_id))
 
 
 def lineage(app: replayq.App, trace_id: str) -> dict[str, Any]:
     with app.storage.transaction(readonly=True) as tx:
-        row = tx.lineage_get(trace_id)
-    assert row is not None, f"no lineage row for {trace_id}"
-    return dict(row)
+        rows = tx.lineage_list(trace_id=trace_id)
+    assert rows, f"no lineage row for {trace_id}"
+    return dataclasses.asdict(rows[0])
 
 
 def lineage_of_job(app: replayq.App, job: replayq.Job) -> list[dict[str, Any]]:
     with app.storage.transaction(readonly=True) as tx:
-        return [dict(row) for row in tx.lineage_for_source(job.trace_id)]
+        return [dataclasses.asdict(row) for row in tx.lineage_list(source_trace_id=job.trace_id)]
 
 
 def idempotency_status(app: replayq.App, key: str) -> str:
     with app.storage.transaction(readonly=True) as tx:
-        row = tx.idem_get(key)
+        row = idem_get(tx, key)
     assert row is not None, f"no idempotency record for {key!r}"
-    return str(row["status"])
+    return row.status

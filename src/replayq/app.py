@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import inspect
 import os
@@ -45,7 +46,14 @@ from replayq.runtime import DEFAULT_BLOB_LIMIT_BYTES, Limits, Runtime
 from replayq.storage import open_storage
 from replayq.storage.adopted import AsyncConnectionView, run_bridged
 from replayq.storage.cache import CacheBackend
-from replayq.storage.protocol import JobFilter, JobMatch, MigrationStatus, Storage, Transaction
+from replayq.storage.protocol import (
+    JobFilter,
+    JobMatch,
+    MigrationStatus,
+    Storage,
+    TraceQuery,
+    Transaction,
+)
 
 __all__ = ["App", "EnqueueRequest"]
 
@@ -510,12 +518,12 @@ class App:
         """Open jobs by queue, type, version and state, with the oldest ready job's ``run_at``
         (``oldest_ready``) and the oldest running lease (``oldest_leased``)."""
         with self.storage.transaction(readonly=True) as tx:
-            return tx.job_gauges(self.clock.now())
+            return [dataclasses.asdict(row) for row in tx.job_gauges(self.clock.now())]
 
     def trace(self, job_id: int) -> list[TraceEvent]:
         """Every event of a job, ordered by the hybrid logical clock."""
         with self.storage.transaction(readonly=True) as tx:
-            return tx.trace_for_job(job_id)
+            return tx.trace_query(TraceQuery(job_id=job_id))
 
     def resource_trace(
         self, resource: str, *, leases: bool = False, all_origins: bool = False

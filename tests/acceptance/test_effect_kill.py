@@ -13,6 +13,7 @@ import signal
 from pathlib import Path
 
 import replayq
+from replayq.storage.protocol import idem_get
 from tests.acceptance.workers import WorkerLauncher, read_lines, wait_for
 from tests.apps import effect_kill
 
@@ -31,9 +32,9 @@ def test_sigkill_inside_an_effect_parks_the_job_in_doubt_and_the_effect_ran_once
         doomed.signal(signal.SIGKILL)  # inside the effect: claimed, no result recorded
         doomed.wait(10)
         with app.storage.transaction(readonly=True) as tx:
-            record = tx.idem_get("charge:1:ledger.charge")
-        assert record is not None and record["status"] == "started"
-        assert (record["job_id"], record["attempt"]) == (job_id, 1)
+            record = idem_get(tx, "charge:1:ledger.charge")
+        assert record is not None and record.status == "started"
+        assert (record.job_id, record.attempt) == (job_id, 1)
 
         launcher.start("survivor", app=APP)
         finished = {replayq.JobState.DEAD, replayq.JobState.SUCCEEDED}
@@ -50,8 +51,8 @@ def test_sigkill_inside_an_effect_parks_the_job_in_doubt_and_the_effect_ran_once
             "the effect ran once: the survivor must not run an effect that may have happened"
         )
         with app.storage.transaction(readonly=True) as tx:
-            after = tx.idem_get("charge:1:ledger.charge")
-        assert after is not None and after["status"] == "started", "still in doubt, not guessed"
+            after = idem_get(tx, "charge:1:ledger.charge")
+        assert after is not None and after.status == "started", "still in doubt, not guessed"
         events = [(e.name, e.worker_id, e.attempt) for e in app.trace(job_id)]
         assert ("effect.claimed", "doomed", 1) in events
         assert ("effect.in_doubt", "survivor", 2) in events

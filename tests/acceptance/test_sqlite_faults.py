@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import replayq
+from replayq.storage.protocol import idem_get
 from tests import chaos_check
 from tests.acceptance.workers import WorkerLauncher, read_lines, wait_for
 from tests.apps import storage_faults
@@ -60,7 +61,7 @@ def _assert_all_delivered_once(
         in_doubt = [
             n
             for n in range(total)
-            if (tx.idem_get(f"deliver:{n}:parcel.deliver") or {}).get("status") != "succeeded"
+            if getattr(idem_get(tx, f"deliver:{n}:parcel.deliver"), "status", None) != "succeeded"
         ]
     assert in_doubt == [], "no effect record left started (in doubt)"
 

@@ -40,7 +40,7 @@ def incident(app: replayq.App) -> int:
 def forks_of(app: replayq.App, job_id: int) -> list[Any]:
     trace_id = app.get_job(job_id).trace_id
     with app.storage.transaction(readonly=True) as tx:
-        return list(tx.lineage_for_source(trace_id))
+        return list(tx.lineage_list(source_trace_id=trace_id))
 
 
 def shot(page: Any, name: str, tmp_path: Path, selector: str | None = None) -> Path:
@@ -101,7 +101,7 @@ def test_overview_to_dead_job_to_timeline_to_fork_on_v2_to_diff(
     query = urllib.parse.parse_qs(urllib.parse.urlparse(page.url).query)
     assert query["a"] == [str(job_id)]
     [fork] = forks_of(app, job_id)
-    assert query["b"] == [fork["trace_id"]]
+    assert query["b"] == [fork.trace_id]
     table = page.locator("table.side-by-side").inner_text()
     assert "decision ship" in table
     assert "false" in table and "true" in table

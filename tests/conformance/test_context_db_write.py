@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import replayq
+from replayq.storage.protocol import idem_get
 from replayq.testing import run_inline
 
 
@@ -59,9 +60,9 @@ def test_db_write_commits_with_the_step_and_only_once_per_key(
     assert writes[0].data["deduplicated"] is True
     assert again.state is replayq.JobState.SUCCEEDED
     with app.storage.transaction(readonly=True) as tx:
-        record = tx.idem_get("invoice:7")
+        record = idem_get(tx, "invoice:7")
         assert record is not None
-        assert (record["status"], record["job_id"]) == ("succeeded", first.id)
+        assert (record.status, record.job_id) == ("succeeded", first.id)
         # The step's other writes still commit: the key guards the application's rows only.
         assert len(tx.outbox_by_job(first.id)) == len(tx.outbox_by_job(again.id)) == 1
 
@@ -84,7 +85,7 @@ def test_db_write_rolls_back_when_its_step_fails(
     assert job.state is replayq.JobState.DEAD
     assert rows() == []
     with app.storage.transaction(readonly=True) as tx:
-        assert tx.idem_get("invoice:8") is None
+        assert idem_get(tx, "invoice:8") is None
         assert tx.outbox_by_job(job.id) == []
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 import replayq
+from replayq.storage.protocol import IdemClaim, idem_get
 from tests.context_support import named, query, run_once
 
 AppFactory = Callable[..., replayq.App]
@@ -26,9 +28,9 @@ def app(app_factory: AppFactory, clock: replayq.FrozenClock) -> replayq.App:
 
 def idempotency_record(app: replayq.App, key: str) -> dict[str, Any]:
     with app.storage.transaction(readonly=True) as tx:
-        row = tx.idem_get(key)
+        row = idem_get(tx, key)
     assert row is not None, f"no idempotency record for {key!r}"
-    return dict(row)
+    return dataclasses.asdict(row)
 
 
 def test_effect_runs_once_per_key_and_a_second_job_gets_the_stored_result(
@@ -181,16 +183,16 @@ def test_a_started_record_left_by_a_crashed_attempt_follows_the_kinds_policy(
         return "sent"
 
     with app.storage.transaction() as tx:
-        assert tx.idem_claim(
-            {
-                "key": "notify:8:email.send",
-                "operation": "email.send",
-                "claim_token": "claim-of-the-crashed-attempt",
-                "now": app.clock.now(),
-                "trace_id": "trace-of-the-crashed-attempt",
-                "job_id": None,
-                "attempt": 1,
-            }
+        assert tx.idem_transition(
+            IdemClaim(
+                key="notify:8:email.send",
+                operation="email.send",
+                claim_token="claim-of-the-crashed-attempt",
+                now=app.clock.now(),
+                trace_id="trace-of-the-crashed-attempt",
+                job_id=None,
+                attempt=1,
+            )
         )
     job_id = app.enqueue("notify", {"user_id": 8})
     run_once(replayq.Worker(app))

@@ -8,6 +8,7 @@ straight from the database.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from collections.abc import Callable
@@ -18,6 +19,7 @@ import pytest
 import replayq
 from replayq.replay.engine import dry_run
 from replayq.replay.recorded import Outcome
+from replayq.storage.protocol import OutboxInsert, TraceQuery
 from tests.context_support import count_rows, named, query, run_once
 
 AppFactory = Callable[..., replayq.App]
@@ -189,7 +191,7 @@ def test_a_dry_run_of_the_resumed_attempt_replays_the_skips_without_divergence(
     # steps again (answers from the recording), and the confirm step of both.
     assert ran - Counter(before) == {"load": 1, "reserve": 1, "charge": 1, "confirm": 2}
     with app.storage.transaction(readonly=True) as tx:
-        replayed = tx.trace_for_trace(resumed.trace_id)
+        replayed = tx.trace_query(TraceQuery(trace_id=resumed.trace_id))
     assert [e.data["step_name"] for e in replayed if e.name == "step.skipped"] == [
         "load",
         "reserve",
@@ -308,21 +310,16 @@ def test_the_step_ledger_and_the_outbox_keep_the_first_write_of_a_position(
         "result_ref": None,
         "now": 1.0,
     }
-    row = {
-        "event_id": "t-1:step:load:0",
-        "topic": "t",
-        "payload": "{}",
-        "job_id": 1,
-        "trace_id": "t-1",
-        "now": 1.0,
-    }
+    row = OutboxInsert(
+        event_id="t-1:step:load:0", topic="t", payload="{}", job_id=1, trace_id="t-1", now=1.0
+    )
     with app.storage.transaction() as tx:
         assert tx.step_complete({**step, "attempt": 1})
         assert not tx.step_complete({**step, "attempt": 2, "result": '{"n": 2}'})
         assert tx.outbox_insert(row)
-        assert not tx.outbox_insert({**row, "payload": '{"again": true}'})
+        assert not tx.outbox_insert(dataclasses.replace(row, payload='{"again": true}'))
     with app.storage.transaction(readonly=True) as tx:
         [ledger] = tx.step_by_job(1)
         [outbox] = tx.outbox_by_job(1)
-    assert (ledger["attempt"], ledger["result"]) == (1, '{"n": 1}')
-    assert outbox["payload"] == "{}"
+    assert (ledger.attempt, ledger.result) == (1, '{"n": 1}')
+    assert outbox.payload == "{}"

@@ -137,7 +137,7 @@ def test_stale_step_commit_is_refused_while_the_new_owner_runs_the_job(
     assert service.counts()["/warehouse/shipments"] == 1
     with app.storage.transaction(readonly=True) as tx:
         outbox = tx.outbox_by_job(job_id)
-    assert len(outbox) == 1 and '"owner"' in outbox[0]["payload"]
+    assert len(outbox) == 1 and '"owner"' in outbox[0].payload
 
     events = app.trace(job_id)
     [fenced] = [e for e in events if e.name == "write.fenced"]

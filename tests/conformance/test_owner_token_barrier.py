@@ -24,7 +24,7 @@ import pytest
 
 import replayq
 from replayq.model import Job
-from replayq.storage.protocol import LeaseExtend
+from replayq.storage.protocol import LeaseExtend, idem_get
 
 AppFactory = Callable[..., replayq.App]
 LEASE = "1s"
@@ -157,7 +157,7 @@ def test_stale_heartbeat_while_the_new_owner_runs_does_not_extend_the_lease(
     with taken_over(app_factory, "succeed") as t:
         t.clock.advance(0.5)  # a lease extended now would end later than B's
         with t.app.storage.transaction() as tx:
-            extended = tx.lease_extend(
+            extended = tx.job_transition(
                 LeaseExtend(t.stale.id, str(t.stale.owner_token), t.clock.now(), 30.0)
             )
         assert extended is False
@@ -239,7 +239,7 @@ def test_stale_effect_claim_while_the_new_owner_runs_is_refused_and_the_effect_n
         t.assert_still_owned_by_b()
         assert charged == [], "a worker without the lease ran a real effect"
         with t.app.storage.transaction(readonly=True) as tx:
-            assert tx.idem_get("write:1:card.charge") is None
+            assert idem_get(tx, "write:1:card.charge") is None
 
 
 def test_stale_outbox_event_while_the_new_owner_runs_is_not_committed(

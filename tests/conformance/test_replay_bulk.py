@@ -19,6 +19,7 @@ import pytest
 
 import replayq
 from replayq.replay.engine import dry_run, dry_run_many
+from replayq.storage.protocol import TraceQuery
 from replayq.testing import run_inline
 from tests.apps import leaky, replay_shop
 from tests.context_support import count_rows, declare_profile_jobs, query
@@ -88,9 +89,9 @@ def test_kept_dry_runs_in_worker_processes_write_their_traces(
     assert not any(r.diverged for r in reports), [r.to_dict() for r in reports]
     with app.storage.transaction(readonly=True) as tx:
         for report in reports:
-            names = [e.name for e in tx.trace_for_trace(report.trace_id)]
+            names = [e.name for e in tx.trace_query(TraceQuery(trace_id=report.trace_id))]
             assert "replay.finished" in names and "decision" in names, names
-            assert tx.lineage_get(report.trace_id) is not None
+            assert tx.lineage_list(trace_id=report.trace_id)
 
 
 def run_leaky(app: replayq.App, job_type: str, payload: dict[str, Any]) -> int:

@@ -13,6 +13,7 @@ import pytest
 import replayq
 from replayq.replay.engine import dry_run, fork, trace_replay
 from replayq.replay.recorded import Outcome
+from replayq.storage.protocol import TraceQuery
 from replayq.testing import run_inline
 from tests.apps import replay_shop
 from tests.replay_support import APP_SPEC, cli, cli_ok, derived_events, record, record_dead
@@ -215,10 +216,12 @@ def test_dry_run_without_keep_writes_nothing_and_reports_the_same(
 
     assert service.counts() == before
     with app.storage.transaction(readonly=True) as tx:
-        assert tx.trace_for_trace(unkept.trace_id) == []
+        assert tx.trace_query(TraceQuery(trace_id=unkept.trace_id)) == []
         assert tx.branch_get(unkept.branch) is None
         assert tx.branch_get(kept.branch) is not None
-        assert [e.name for e in tx.trace_for_trace(kept.trace_id)][-1] == "replay.finished"
+        assert [e.name for e in tx.trace_query(TraceQuery(trace_id=kept.trace_id))][
+            -1
+        ] == "replay.finished"
     assert unkept.diverged and kept.diverged
     assert unkept.first_divergence == kept.first_divergence
     assert unkept.decisions == kept.decisions
@@ -245,8 +248,8 @@ def test_dry_run_many_reports_each_job_as_dry_run_does(
     single = dry_run(app, jobs[0].id, version="v2")
     assert changed[0].first_divergence == single.first_divergence
     with app.storage.transaction(readonly=True) as tx:
-        assert all(tx.trace_for_trace(r.trace_id) == [] for r in many)
-        assert all(tx.trace_for_trace(r.trace_id) for r in changed)
+        assert all(tx.trace_query(TraceQuery(trace_id=r.trace_id)) == [] for r in many)
+        assert all(tx.trace_query(TraceQuery(trace_id=r.trace_id)) for r in changed)
 
 
 def test_cli_dry_run_with_no_keep_reports_the_divergence_and_writes_no_branch(
@@ -254,7 +257,7 @@ def test_cli_dry_run_with_no_keep_reports_the_divergence_and_writes_no_branch(
 ) -> None:
     job = record(app)
     with app.storage.transaction(readonly=True) as tx:
-        before = len(tx.trace_for_job(job.id))
+        before = len(tx.trace_query(TraceQuery(job_id=job.id)))
 
     flipped = cli(
         app.url,
@@ -272,7 +275,7 @@ def test_cli_dry_run_with_no_keep_reports_the_divergence_and_writes_no_branch(
     assert flipped.returncode == 1, flipped.stdout + flipped.stderr
     assert "FIRST DIVERGENCE at step 'decide'" in flipped.stdout
     with app.storage.transaction(readonly=True) as tx:
-        assert len(tx.trace_for_job(job.id)) == before
+        assert len(tx.trace_query(TraceQuery(job_id=job.id))) == before
         branches = tx.connection.execute("SELECT COUNT(*) FROM rq_branches").fetchone()[0]
         lineage = tx.connection.execute("SELECT COUNT(*) FROM rq_lineage").fetchone()[0]
     assert (branches, lineage) == (0, 0), "a --no-keep dry-run wrote its branch or lineage"

@@ -74,7 +74,7 @@ def test_dry_run_and_fork_write_state_on_their_own_branch(
         with app.storage.transaction(readonly=True) as tx:
             info = tx.branch_get(report.branch)
         assert info is not None
-        assert (info["base_branch"], info["origin"]) == ("main", report.mode)
+        assert (info.base_branch, info.origin) == ("main", report.mode)
     assert replayed.branch.startswith("replay:") and forked.branch.startswith("fork:")
 
 

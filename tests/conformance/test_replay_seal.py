@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import replayq
+from replayq.storage.protocol import TraceQuery
 from replayq.testing import assert_replays, run_inline
 from tests.apps import leaky
 from tests.replay_support import cli, cli_ok
@@ -56,7 +57,9 @@ def test_dry_run_refuses_a_direct_http_call_and_reports_it_with_its_step(
     assert report.first_divergence.step == "charge"
     kinds = [
         e.name
-        for e in app.storage.transaction(readonly=True).__enter__().trace_for_trace(report.trace_id)
+        for e in app.storage.transaction(readonly=True)
+        .__enter__()
+        .trace_query(TraceQuery(trace_id=report.trace_id))
     ]
     assert "io.unrecorded" in kinds
 

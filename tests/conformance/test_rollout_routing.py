@@ -17,6 +17,7 @@ from click.testing import CliRunner
 import replayq
 from replayq.cli.main import main
 from replayq.model import TraceEvent
+from replayq.storage.protocol import TraceQuery
 
 AppFactory = Callable[..., replayq.App]
 
@@ -156,7 +157,7 @@ def test_a_routing_change_is_a_compare_and_set_with_an_event(app_factory: AppFac
     assert [(c.revision, c.actor) for c in rollout.history()] == [(1, "alice"), (2, "bob")]
     events: list[TraceEvent] = []
     with app.storage.transaction(readonly=True) as tx:
-        events = tx.trace_for_trace("rollout:charge")
+        events = tx.trace_query(TraceQuery(trace_id="rollout:charge"))
     assert [e.status for e in events] == ["start", "shadow"]
 
 

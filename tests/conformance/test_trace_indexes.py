@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import replayq
+from replayq.storage.protocol import TraceQuery
 
 AppFactory = Callable[..., replayq.App]
 
@@ -120,8 +121,8 @@ def test_a_jobs_events_are_found_by_its_trace_id_and_a_dry_runs_by_its_own(
     job = run_inline(app, "noop", {})
     report = dry_run(app, job.id)
     with app.storage.transaction(readonly=True) as tx:
-        own = tx.trace_for_trace(job.trace_id)
-        derived = tx.trace_for_trace(report.trace_id)
+        own = tx.trace_query(TraceQuery(trace_id=job.trace_id))
+        derived = tx.trace_query(TraceQuery(trace_id=report.trace_id))
     assert [e.name for e in own] == [e.name for e in app.trace(job.id)]
     assert "decision" in [e.name for e in derived]
     assert all(e.job_id is None for e in derived)
@@ -154,5 +155,5 @@ def test_a_resource_trace_holds_its_versioned_keys_and_nothing_that_only_looks_a
                 for n, resource in enumerate(resources)
             ]
         )
-        found = [e.resource for e in tx.trace_for_resource("price:sku-1")]
+        found = [e.resource for e in tx.trace_query(TraceQuery(resource="price:sku-1"))]
     assert found == ["price:sku-1", "price:sku-1:v3", "price:sku-1:v12"]

@@ -13,6 +13,7 @@ from typing import Any
 
 import replayq
 from replayq.model import TraceEvent
+from replayq.storage.protocol import TraceQuery
 from replayq.testing import run_inline
 
 AppFactory = Callable[..., replayq.App]
@@ -67,7 +68,7 @@ def test_every_field_of_every_event_reads_back_in_hlc_order(app_factory: AppFact
     with app.storage.transaction() as tx:
         tx.trace_append(events[3:])
     with app.storage.transaction(readonly=True) as tx:
-        back = tx.trace_for_trace("replay-packs")
+        back = tx.trace_query(TraceQuery(trace_id="replay-packs"))
         rows = tx.connection.execute("SELECT COUNT(*) FROM rq_trace").fetchone()[0]
     expected = sorted(events, key=lambda e: (e.hlc, events.index(e)))
     assert [fields(e) for e in back] == [fields(e) for e in expected]
@@ -98,7 +99,7 @@ def test_a_traced_job_is_a_few_rows_and_the_view_holds_every_event(
     with app.storage.transaction(readonly=True) as tx:
         packs = tx.connection.execute(PACKS[app.storage.dialect], (job.id,)).fetchall()
         view = tx.connection.execute(VIEW[app.storage.dialect], (job.id,)).fetchall()
-        by_resource = [e.name for e in tx.trace_for_resource("order:7")]
+        by_resource = [e.name for e in tx.trace_query(TraceQuery(resource="order:7"))]
     # enqueue, lease, reserve (with load's and price's events), claim, result, ack
     assert len(packs) <= 6 < len(trace), packs
     assert [(r[0], r[1], r[2], json.loads(r[3])) for r in view] == [

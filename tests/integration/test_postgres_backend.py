@@ -1,8 +1,10 @@
 """The PostgreSQL backend against a real server: what SQLite cannot show.
 
-Migrations under a lock, one-statement batch claims under concurrency, per-key
-ordering across two workers, transactional enqueue on the application's own
-psycopg connection, and LISTEN/NOTIFY wake-ups. One fresh schema per test.
+Migrations under a lock, per-key ordering enforced by the database and across
+two workers, transactional enqueue on the application's own psycopg connection,
+and LISTEN/NOTIFY wake-ups. One fresh schema per test. The verbs themselves
+(claims under concurrency included) are in ``tests/conformance/test_storage_verbs.py``,
+run on both backends.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import psycopg  # a plain import: in CI a missing driver must fail, never skip
 import pytest
@@ -25,14 +26,11 @@ from replayq.model import JobState
 from replayq.storage import open_storage
 from replayq.storage.postgres import PostgresStorage, parse_postgres_url
 from replayq.storage.protocol import (
-    JobBury,
     JobComplete,
     JobFilter,
-    JobInsert,
-    JobLease,
-    JobRetry,
 )
 from replayq.worker import Worker
+from tests.conformance.test_storage_verbs import insert, lease
 
 pytestmark = pytest.mark.postgres
 
@@ -49,35 +47,6 @@ def storage(pg_schema_url: str) -> Iterator[PostgresStorage]:
 def conninfo(pg_schema_url: str) -> str:
     """libpq conninfo of the test's schema, for the application's own connections."""
     return parse_postgres_url(pg_schema_url)[0]
-
-
-def insert(job_type: str = "t", **overrides: Any) -> JobInsert:
-    fields: dict[str, Any] = {
-        "job_type": job_type,
-        "queue": "default",
-        "payload_json": '{"n":1}',
-        "priority": 0,
-        "run_at": 1_700_000_000.0,
-        "now": 1_700_000_000.0,
-        "max_attempts": 3,
-        "trace_id": "trace",
-        "hlc": 1,
-    }
-    fields.update(overrides)
-    return JobInsert(**fields)
-
-
-def lease(now: float = 1_700_000_001.0, limit: int = 10, owner: str = "tok") -> JobLease:
-    return JobLease(
-        worker_id="w",
-        owner_token=owner,
-        now=now,
-        hlc=2,
-        limit=limit,
-        default_lease_seconds=30.0,
-        lease_for={"short": 5.0},
-        version_for={"t": "v7"},
-    )
 
 
 def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
@@ -113,17 +82,6 @@ def test_unreachable_server_is_database_unavailable_with_the_driver_error_as_cau
     assert isinstance(caught.value.__cause__, psycopg.Error)
 
 
-def test_migrating_twice_is_a_no_op(pg_schema_url: str) -> None:
-    store = PostgresStorage(pg_schema_url)
-    try:
-        first = store.migrate(1_700_000_000.0)
-        assert [m.version for m in first] == [m.version for m in store.migration_status()]
-        assert store.migrate(1_700_000_001.0) == []
-        assert all(m.applied_at == 1_700_000_000.0 for m in store.migration_status())
-    finally:
-        store.close()
-
-
 def test_two_workers_starting_at_once_apply_each_migration_once(pg_schema_url: str) -> None:
     stores = [PostgresStorage(pg_schema_url) for _ in range(4)]
     applied: list[list[int]] = []
@@ -146,14 +104,6 @@ def test_two_workers_starting_at_once_apply_each_migration_once(pg_schema_url: s
             store.close()
 
 
-def test_status_of_an_empty_schema_lists_every_migration_pending(pg_schema_url: str) -> None:
-    store = PostgresStorage(pg_schema_url)
-    try:
-        assert all(m.applied_at is None for m in store.migration_status())
-    finally:
-        store.close()
-
-
 def test_a_driver_error_inside_a_transaction_is_a_storage_error(
     storage: PostgresStorage,
 ) -> None:
@@ -164,98 +114,7 @@ def test_a_driver_error_inside_a_transaction_is_a_storage_error(
         assert tx.job_list(JobFilter()) == []
 
 
-# -- the verbs ------------------------------------------------------------------------------
-
-
-def test_enqueue_lease_complete_round_trip(storage: PostgresStorage) -> None:
-    with storage.transaction() as tx:
-        job_id, created = tx.job_insert(insert(message_id="m1", payload_json='{"a":[1,"é"]}'))
-        again, created_again = tx.job_insert(insert(message_id="m1"))
-    assert created and not created_again and again == job_id
-    with storage.transaction() as tx:
-        [job] = tx.job_lease(lease())
-    assert job.id == job_id and job.state is JobState.RUNNING and job.attempt == 1
-    assert job.payload == {"a": [1, "é"]} and job.handler_version == "v7"
-    assert job.lease_deadline == pytest.approx(1_700_000_031.0)
-    with storage.transaction() as tx:
-        assert not tx.job_complete(JobComplete(job_id, "someone else", 1_700_000_002.0, "1", 3))
-        assert tx.job_complete(JobComplete(job_id, "tok", 1_700_000_002.0, '{"ok":true}', 3))
-    with storage.transaction(readonly=True) as tx:
-        done = tx.job_get(job_id)
-    assert done is not None and done.state is JobState.SUCCEEDED and done.result == {"ok": True}
-
-
-def test_retry_then_bury_are_compare_and_set_on_the_owner_token(
-    storage: PostgresStorage,
-) -> None:
-    with storage.transaction() as tx:
-        job_id, _ = tx.job_insert(insert())
-        assert [j.id for j in tx.job_lease(lease())] == [job_id]
-        assert tx.job_retry(
-            JobRetry(job_id, "tok", 1_700_000_002.0, 1_700_000_010.0, "transient", "boom", 3)
-        )
-        assert not tx.job_retry(
-            JobRetry(job_id, "tok", 1_700_000_002.0, 1_700_000_010.0, "transient", "boom", 3)
-        )
-        assert tx.job_lease(lease(now=1_700_000_005.0)) == []  # not due yet
-        [again] = tx.job_lease(lease(now=1_700_000_010.0, owner="tok2"))
-        assert again.attempt == 2 and again.last_error_class == "transient"
-        assert not tx.job_bury(JobBury(job_id, "tok", 1_700_000_011.0, "x", None, None, 4))
-        assert tx.job_bury(JobBury(job_id, "tok2", 1_700_000_011.0, "gave up", "unknown", "e", 4))
-        dead = tx.job_get(job_id)
-    assert dead is not None and dead.state is JobState.DEAD and dead.dead_reason == "gave up"
-
-
-def test_expired_lease_is_reaped_and_redelivered_once(storage: PostgresStorage) -> None:
-    with storage.transaction() as tx:
-        job_id, _ = tx.job_insert(insert("short"))
-        [job] = tx.job_lease(lease())
-    assert job.lease_deadline == pytest.approx(1_700_000_006.0)  # per-type lease
-    with storage.transaction() as tx:
-        assert tx.lease_reap(1_700_000_005.0, 10) == []
-        [expired] = tx.lease_reap(1_700_000_007.0, 10)
-        assert expired.owner_token == "tok"
-        assert tx.job_redeliver(job_id, "tok", 1_700_000_007.0, 5)
-        assert not tx.job_redeliver(job_id, "tok", 1_700_000_007.0, 5)
-        assert not tx.job_complete(JobComplete(job_id, "tok", 1_700_000_008.0, None, 6))
-        requeued = tx.job_get(job_id)
-    assert requeued is not None and requeued.state is JobState.QUEUED
-    assert requeued.redelivery_count == 1
-
-
-def test_a_batch_claim_honours_priority_and_run_at(storage: PostgresStorage) -> None:
-    with storage.transaction() as tx:
-        low, _ = tx.job_insert(insert(priority=0))
-        high, _ = tx.job_insert(insert(priority=5))
-        tx.job_insert(insert(priority=9, run_at=1_700_000_100.0))
-        early, _ = tx.job_insert(insert(priority=0, run_at=1_699_999_000.0))
-        jobs = tx.job_lease(lease(limit=10))
-    assert [j.id for j in jobs] == [high, early, low]
-
-
-def test_concurrent_batch_claims_never_hand_one_job_to_two_workers(
-    storage: PostgresStorage,
-) -> None:
-    with storage.transaction() as tx:
-        for n in range(300):
-            tx.job_insert(insert(payload_json=f'{{"n":{n}}}'))
-    claimed: dict[str, list[int]] = defaultdict(list)
-
-    def claim(token: str) -> None:
-        while True:
-            with storage.transaction() as tx:
-                jobs = tx.job_lease(lease(limit=7, owner=token))
-            if not jobs:
-                return
-            claimed[token].extend(j.id for j in jobs)
-
-    threads = [threading.Thread(target=claim, args=(f"w{i}",)) for i in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    every = [job_id for ids in claimed.values() for job_id in ids]
-    assert len(every) == len(set(every)) == 300
+# -- the verbs: tests/conformance/test_storage_verbs.py runs them on both backends ------------
 
 
 # -- ordering keys --------------------------------------------------------------------------
@@ -299,7 +158,7 @@ def test_a_late_committed_older_job_does_not_run_beside_the_running_one(
         late.commit()
         with storage.transaction() as tx:
             assert tx.job_lease(lease(owner="other")) == []
-            assert tx.job_complete(JobComplete(newer_id, "tok", 1_700_000_002.0, None, 3))
+            assert tx.job_transition(JobComplete(newer_id, "tok", 1_700_000_002.0, None, 3))
             [next_job] = tx.job_lease(lease(owner="other"))
         assert next_job.id == late_id
     finally:

@@ -19,6 +19,7 @@ from click.testing import CliRunner
 
 import replayq
 from replayq.cli import main
+from replayq.storage import open_storage
 from replayq.storage.queries import load_migrations
 from replayq.storage.sqlite import SqliteStorage
 
@@ -83,37 +84,54 @@ def test_migrations_are_numbered_in_sequence_from_one() -> None:
     assert all(re.fullmatch(r"\d{4}_\w+\.sql", n) for n in names if n.endswith(".sql"))
 
 
-def test_upgrading_twice_applies_nothing_the_second_time(tmp_path: Path) -> None:
-    storage = SqliteStorage(f"sqlite:///{tmp_path / 'twice.db'}")
-    first = storage.migrate(now=1.0)
-    assert [s.version for s in first] == [v for v, _, _ in load_migrations(MIGRATIONS)]
-    assert storage.migrate(now=2.0) == []
-    assert all(status.applied_at == 1.0 for status in storage.migration_status())
-    storage.close()
+def backend_migrations(db_url: str) -> list[tuple[int, str, str]]:
+    backend = "postgres" if db_url.startswith("postgresql") else "sqlite"
+    return load_migrations(f"replayq.storage.{backend}.migrations")
 
 
-def test_app_refuses_a_schema_that_is_behind_when_not_migrating(tmp_path: Path) -> None:
-    app = replayq.App(f"sqlite:///{tmp_path / 'behind.db'}", auto_migrate=False)
+def test_both_backends_have_the_same_migrations_by_number_and_name() -> None:
+    sqlite = [(v, name) for v, name, _ in load_migrations(MIGRATIONS)]
+    postgres = [(v, name) for v, name, _ in load_migrations("replayq.storage.postgres.migrations")]
+    assert postgres == sqlite
+
+
+def test_upgrading_twice_applies_nothing_the_second_time(db_url: str) -> None:
+    storage = open_storage(db_url)
+    try:
+        assert all(status.applied_at is None for status in storage.migration_status())
+        first = storage.migrate(now=1.0)
+        assert [s.version for s in first] == [v for v, _, _ in backend_migrations(db_url)]
+        assert storage.migrate(now=2.0) == []
+        assert all(status.applied_at == 1.0 for status in storage.migration_status())
+    finally:
+        storage.close()
+
+
+def test_app_refuses_a_schema_that_is_behind_when_not_migrating(db_url: str) -> None:
+    app = replayq.App(db_url, auto_migrate=False)
     with pytest.raises(replayq.SchemaError, match="db upgrade"):
         app.enqueue("anything", {}, check=False)
     app.close()
 
 
-def test_database_newer_than_this_code_is_refused(tmp_path: Path) -> None:
-    path = migrated(tmp_path / "newer.db")
-    with sqlite3.connect(path) as conn:
-        conn.execute("INSERT INTO rq_schema_migrations VALUES (9999, 'from_the_future', 0)")
-    conn.close()
-    app = replayq.App(f"sqlite:///{path}")
+def test_database_newer_than_this_code_is_refused(db_url: str) -> None:
+    storage = open_storage(db_url)
+    storage.migrate(now=0.0)
+    with storage.transaction() as tx:
+        tx.connection.execute(
+            "INSERT INTO rq_schema_migrations VALUES (9999, 'from_the_future', 0)"
+        )
+    storage.close()
+    app = replayq.App(db_url)
     with pytest.raises(replayq.SchemaError, match="9999"):
         app.list_jobs()
     app.close()
 
 
-def test_cli_db_status_and_upgrade_report_each_migration(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'cli.db'}"
+def test_cli_db_status_and_upgrade_report_each_migration(db_url: str) -> None:
+    url = db_url
     runner = CliRunner()
-    names = [f"{v:04d}_{name}" for v, name, _ in load_migrations(MIGRATIONS)]
+    names = [f"{v:04d}_{name}" for v, name, _ in backend_migrations(db_url)]
 
     before = runner.invoke(main, ["--db", url, "db", "status"])
     assert before.exit_code == 0, before.output

@@ -1,9 +1,9 @@
-"""One schema on both backends: the migrations build the same tables, columns and indexes.
+"""One schema on both backends: each backend's migrations build the tables, columns and
+indexes of the canonical ``schema.sql``.
 
-The SQLite migrations are checked statement by statement against ``schema.sql``
-(``test_schema.py``); this test holds the PostgreSQL migrations to the same
-schema: a table, column or index added to one backend's migration and not the
-other's fails here.
+The SQLite migrations are also checked statement by statement against it
+(``test_schema.py``); this test runs on every backend (``db_url``), so a table,
+column or index added to one backend's migration and not the other's fails here.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import psycopg
 
 import replayq
 from replayq.storage.postgres import parse_postgres_url
+from tests.migration.test_schema import SCHEMA_FILE
 
 Shape = dict[str, set[str]]
 
@@ -62,19 +63,27 @@ def postgres_shape(url: str) -> tuple[Shape, set[str]]:
     return columns, indexes
 
 
-def test_both_backends_migrate_to_the_same_tables_columns_and_indexes(
-    tmp_path: Path, pg_schema_url: str
+def migrated_shape(db_url: str) -> tuple[Shape, set[str]]:
+    app = replayq.App(db_url, auto_migrate=True)
+    app.storage  # noqa: B018 - opening it applies every migration
+    app.close()
+    if db_url.startswith("sqlite:///"):
+        return sqlite_shape(Path(db_url.removeprefix("sqlite:///")))
+    return postgres_shape(db_url)
+
+
+def test_each_backends_migrations_build_the_tables_columns_and_indexes_of_the_schema_file(
+    db_url: str, tmp_path: Path
 ) -> None:
-    for url in (f"sqlite:///{tmp_path / 'shape.db'}", pg_schema_url):
-        app = replayq.App(url, auto_migrate=True)
-        app.storage  # noqa: B018 - opening it applies every migration
-        app.close()
+    canonical = tmp_path / "canonical.db"
+    with sqlite3.connect(canonical) as conn:
+        conn.executescript(SCHEMA_FILE.read_text(encoding="utf-8"))
+    conn.close()
+    schema_columns, schema_indexes = sqlite_shape(canonical)
+    columns, indexes = migrated_shape(db_url)
 
-    sqlite_columns, sqlite_indexes = sqlite_shape(tmp_path / "shape.db")
-    pg_columns, pg_indexes = postgres_shape(pg_schema_url)
-
-    assert len(sqlite_columns) >= 15 and len(sqlite_indexes) >= 12  # the whole schema was read
-    assert sorted(pg_columns) == sorted(sqlite_columns)
-    for table, columns in sqlite_columns.items():
-        assert pg_columns[table] == columns, table
-    assert pg_indexes == sqlite_indexes
+    assert len(schema_columns) >= 15 and len(schema_indexes) >= 12  # the whole file was read
+    assert sorted(columns) == sorted(schema_columns)
+    for table, names in schema_columns.items():
+        assert columns[table] == names, table
+    assert indexes == schema_indexes

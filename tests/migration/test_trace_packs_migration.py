@@ -18,6 +18,7 @@ import pytest
 import replayq
 from replayq.model import TraceEvent
 from replayq.storage.postgres import parse_postgres_url
+from replayq.storage.protocol import TraceQuery
 from replayq.storage.queries import load_migrations
 
 OLD = [
@@ -157,9 +158,9 @@ def test_events_recorded_one_row_each_read_back_the_same_after_0009(
     app = replayq.App(url, auto_migrate=True)
     try:
         with app.storage.transaction(readonly=True) as tx:
-            job = tx.trace_for_job(1)
-            derived = tx.trace_for_trace("replay-1")
-            order = tx.trace_for_resource("order:1")
+            job = tx.trace_query(TraceQuery(job_id=1))
+            derived = tx.trace_query(TraceQuery(trace_id="replay-1"))
+            order = tx.trace_query(TraceQuery(resource="order:1"))
             view = tx.connection.execute(
                 "SELECT name, hlc, resource FROM rq_events ORDER BY hlc, id"
             ).fetchall()
@@ -175,7 +176,7 @@ def test_events_recorded_one_row_each_read_back_the_same_after_0009(
                 trace_id="t-1", job_id=1, attempt=2, name="job.leased", ts=20.0, hlc=200
             )
             tx.trace_append([leased])
-            names = [e.name for e in tx.trace_for_job(1)]
+            names = [e.name for e in tx.trace_query(TraceQuery(job_id=1))]
         assert names == ["job.enqueued", "effect.succeeded", "state.read", "job.leased"]
     finally:
         app.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 
@@ -36,7 +37,7 @@ def db_status(env: Env, as_json: bool) -> None:
     """List migrations and whether each is applied."""
     statuses = replayq.App(env.db, auto_migrate=False).schema_status()
     if as_json:
-        emit_json([vars(s) for s in statuses])
+        emit_json([dataclasses.asdict(s) for s in statuses])
         return
     for status in statuses:
         state = "applied " + render.timestamp(status.applied_at) if status.applied_at else "PENDING"

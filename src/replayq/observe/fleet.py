@@ -15,6 +15,7 @@ from typing import Any
 
 from replayq.observe.replays import LABELS, DerivedRuns
 from replayq.runtime import RuntimeSource
+from replayq.storage.protocol import IdemFilter
 
 
 class FleetCollector:
@@ -36,7 +37,7 @@ class FleetCollector:
             out_of_order = tx.job_out_of_order()
             outbox = tx.outbox_backlog()
             locks = tx.lock_list()
-            in_doubt = tx.idem_list(None, True, 100_000)
+            in_doubt = tx.idem_list(IdemFilter(in_doubt=True, limit=100_000))
         labels = ["queue", "job_type", "version"]
         jobs = GaugeMetricFamily(
             "replayq_jobs",
@@ -54,12 +55,12 @@ class FleetCollector:
             labels=labels,
         )
         for row in gauges:
-            key = [row["queue"], row["job_type"], row["version"] or "none"]
-            jobs.add_metric([*key, row["state"]], float(row["count"]))
-            if row["oldest_ready"] is not None:
-                oldest.add_metric(key, max(0.0, now - float(row["oldest_ready"])))
-            if row["oldest_leased"] is not None:
-                longest.add_metric(key, max(0.0, now - float(row["oldest_leased"])))
+            key = [row.queue, row.job_type, row.version or "none"]
+            jobs.add_metric([*key, row.state], float(row.count))
+            if row.oldest_ready is not None:
+                oldest.add_metric(key, max(0.0, now - float(row.oldest_ready)))
+            if row.oldest_leased is not None:
+                longest.add_metric(key, max(0.0, now - float(row.oldest_leased)))
         yield jobs
         yield oldest
         yield longest
@@ -69,20 +70,20 @@ class FleetCollector:
             "cancelled: per-key order broken (e.g. a cancel handled without its create).",
             labels=labels,
         )
-        for row in out_of_order:
-            key = [row["queue"], row["job_type"], row["version"] or "none"]
-            broken.add_metric(key, float(row["count"]))
+        for order_break in out_of_order:
+            key = [order_break.queue, order_break.job_type, order_break.version or "none"]
+            broken.add_metric(key, float(order_break.count))
         yield broken
         yield GaugeMetricFamily(
             "replayq_outbox_pending",
             "Outbox rows written but not yet published.",
-            value=float(outbox["pending"] or 0),
+            value=float(outbox.pending),
         )
-        lag = now - float(outbox["oldest"]) if outbox["oldest"] is not None else 0.0
+        lag = now - float(outbox.oldest) if outbox.oldest is not None else 0.0
         yield GaugeMetricFamily(
             "replayq_outbox_lag_seconds", "Age of the oldest unpublished outbox row.", value=lag
         )
-        held = [lock for lock in locks if (lock["expires_at"] or 0) > now]
+        held = [lock for lock in locks if (lock.expires_at or 0) > now]
         yield GaugeMetricFamily(
             "replayq_locks_held", "Locks held with a live lease.", value=len(held)
         )

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
+from dataclasses import asdict
 from typing import Any
 
 from replayq.errors import ReplayqError
@@ -55,7 +56,7 @@ class DerivedRuns:
                 if self._count(row, give_up=now - float(row["created_at"]) > GIVE_UP):
                     del self._running[trace_id]
             with self.runtime.storage.transaction(readonly=True) as tx:
-                rows = [dict(r) for r in tx.lineage_page(self._cursor, budget)] if budget else []
+                rows = [asdict(r) for r in tx.lineage_page(self._cursor, budget)] if budget else []
             for row in rows:
                 self._cursor = (float(row["created_at"]), str(row["trace_id"]))
                 if not self._count(row):

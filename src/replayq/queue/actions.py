@@ -8,6 +8,7 @@ from __future__ import annotations
 from replayq.errors import ConfigurationError
 from replayq.queue import lifecycle
 from replayq.runtime import Runtime
+from replayq.storage.protocol import JobCancel, JobCancelRequest, JobRequeue
 
 __all__ = ["cancel_job", "requeue_job"]
 
@@ -16,9 +17,9 @@ def cancel_job(runtime: Runtime, job_id: int) -> bool:
     """``App.cancel``: cancel a queued job, or ask a running one to stop; ``False`` if neither."""
     now, hlc = runtime.clock.now(), runtime.hlc.tick()
     with runtime.storage.transaction() as tx:
-        if tx.job_cancel_request(job_id, now, hlc):
+        if tx.job_transition(JobCancelRequest(job_id, now, hlc)):
             return True
-        if not tx.job_cancel(job_id, now, hlc):
+        if not tx.job_transition(JobCancel(job_id, now, hlc)):
             return False
         job = tx.job_get(job_id)
         assert job is not None
@@ -40,7 +41,7 @@ def requeue_job(
         raise ConfigurationError("requeue needs a reason; it goes into the job's trace")
     now, hlc = runtime.clock.now(), runtime.hlc.tick()
     with runtime.storage.transaction() as tx:
-        if not tx.job_requeue(job_id, now, hlc, to_version=to_version):
+        if not tx.job_transition(JobRequeue(job_id, now, hlc, to_version=to_version)):
             return False
         job = tx.job_get(job_id)
         assert job is not None

@@ -18,7 +18,7 @@ from replayq.errors import ConfigurationError
 from replayq.model import Job
 from replayq.queue import lifecycle
 from replayq.runtime import Runtime
-from replayq.storage.protocol import JobMatch, Transaction, iter_chunks
+from replayq.storage.protocol import JobCancel, JobMatch, JobRequeue, Transaction, iter_chunks
 
 __all__ = ["BULK_ACTIONS", "BulkPreview", "BulkResult", "bulk_apply", "bulk_preview"]
 
@@ -46,11 +46,11 @@ class BulkResult:
 
 
 def _requeue(tx: Transaction, job_id: int, now: float, hlc: int) -> tuple[bool, str]:
-    return tx.job_requeue(job_id, now, hlc), lifecycle.JOB_REQUEUED
+    return tx.job_transition(JobRequeue(job_id, now, hlc)), lifecycle.JOB_REQUEUED
 
 
 def _cancel(tx: Transaction, job_id: int, now: float, hlc: int) -> tuple[bool, str]:
-    return tx.job_cancel(job_id, now, hlc), lifecycle.JOB_CANCELLED
+    return tx.job_transition(JobCancel(job_id, now, hlc)), lifecycle.JOB_CANCELLED
 
 
 BULK_ACTIONS: dict[str, Callable[[Transaction, int, float, int], tuple[bool, str]]] = {

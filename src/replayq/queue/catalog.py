@@ -25,19 +25,17 @@ def register_contracts(runtime: Runtime) -> None:
         for handler in runtime.registry.handlers():
             contract = handler.contract
             body = codec.dumps(contract.to_dict())
-            stored = tx.contract_get(contract.name, contract.version)
+            stored = tx.contract_list(contract.name, contract.version)
             # Compared as read back: a field a newer replayq added (``resume``) is absent
             # from an older stored body and takes its default, which is no change.
             # So is a payload schema a contract stored before schemas existed lacks.
-            if stored is not None and not _same(
-                JobContract.from_dict(codec.loads(stored)), contract
-            ):
+            if stored and not _same(JobContract.from_dict(codec.loads(stored[0].body)), contract):
                 raise ContractError(
                     f"the contract of {contract.name} {contract.version} differs from the one "
                     "stored; contracts are frozen per version: declare a new version "
                     f"(see: replayq contract diff {contract.name})"
                 )
-            if stored is None:
+            if not stored:
                 tx.contract_put(contract.name, contract.version, body, now)
         for job_type in runtime.registry.job_types():
             active = runtime.registry.active_version(job_type)
@@ -55,7 +53,7 @@ def stored_contracts(runtime: Runtime, job_type: str | None = None) -> list[JobC
     """Contracts stored in the database (every version that a worker registered)."""
     with runtime.storage.transaction(readonly=True) as tx:
         rows = tx.contract_list(job_type)
-    return [JobContract.from_dict(codec.loads(body)) for _, _, body, _ in rows]
+    return [JobContract.from_dict(codec.loads(row.body)) for row in rows]
 
 
 def active_contract(runtime: Runtime, tx: Transaction, job_type: str) -> JobContract | None:
@@ -66,7 +64,7 @@ def active_contract(runtime: Runtime, tx: Transaction, job_type: str) -> JobCont
     """
     active = tx.contract_active(job_type)
     if active is not None:
-        body = tx.contract_get(job_type, active)
-        return JobContract.from_dict(codec.loads(body)) if body is not None else None
-    versions = [body for _, _, body, _ in tx.contract_list(job_type)]
+        stored = tx.contract_list(job_type, active)
+        return JobContract.from_dict(codec.loads(stored[0].body)) if stored else None
+    versions = [row.body for row in tx.contract_list(job_type)]
     return JobContract.from_dict(codec.loads(versions[0])) if len(versions) == 1 else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 from replayq.model import TraceEvent
 from replayq.queue import lifecycle
 from replayq.runtime import Runtime
+from replayq.storage.protocol import TraceQuery
 
 __all__ = ["RESOURCE_LIFECYCLE", "resource_trace"]
 
@@ -36,17 +37,17 @@ def resource_trace(
     with runtime.storage.transaction(readonly=True) as tx:
         events = [
             e
-            for e in tx.trace_for_resource(resource)
+            for e in tx.trace_query(TraceQuery(resource=resource))
             if e.resource == resource or (e.resource or "")[len(resource) + 2 :].isdigit()
         ]
         if not all_origins:
-            derived = {t for t in {e.trace_id for e in events} if tx.lineage_get(t)}
+            derived = {t for t in {e.trace_id for e in events} if tx.lineage_list(trace_id=t)}
             events = [e for e in events if e.trace_id not in derived]
         if leases:
             for job_id in sorted({e.job_id for e in events if e.job_id is not None}):
                 events.extend(
                     e
-                    for e in tx.trace_for_job(job_id)
+                    for e in tx.trace_query(TraceQuery(job_id=job_id))
                     if e.kind == "lifecycle" and e.name in RESOURCE_LIFECYCLE
                 )
     return sorted(events, key=lambda e: (e.hlc, e.id or 0))

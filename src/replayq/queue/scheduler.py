@@ -19,6 +19,7 @@ from replayq.errors import ConfigurationError, UnknownJobTypeError
 from replayq.queue.enqueue import EnqueueRequest, insert_job
 from replayq.queue.schedule import Schedule, decide_slots, slot_message_id
 from replayq.runtime import Runtime
+from replayq.storage.protocol import ScheduleAdvance, ScheduleMade, ScheduleRegister
 
 __all__ = ["ScheduleStatus", "Scheduler", "schedule_statuses"]
 
@@ -66,16 +67,16 @@ class Scheduler:
         now = self.runtime.clock.now()
         with self.runtime.storage.transaction() as tx:
             for schedule in self.schedules:
-                tx.schedule_register(
-                    {
-                        "name": schedule.name,
-                        "cron": schedule.cron,
-                        "job_type": schedule.job_type,
-                        "timezone": schedule.timezone,
-                        "missed": str(schedule.missed),
-                        "next_slot": schedule.next_slot(now),
-                        "now": now,
-                    }
+                tx.schedule_update(
+                    ScheduleRegister(
+                        name=schedule.name,
+                        cron=schedule.cron,
+                        job_type=schedule.job_type,
+                        timezone=schedule.timezone,
+                        missed=str(schedule.missed),
+                        next_slot=schedule.next_slot(now),
+                        now=now,
+                    )
                 )
 
     def tick(self) -> float | None:
@@ -88,21 +89,22 @@ class Scheduler:
 
     def _decide(self, schedule: Schedule, now: float) -> float:
         with self.runtime.storage.transaction() as tx:
-            row = tx.schedule_get(schedule.name)
+            found = tx.schedule_list(schedule.name)
+            row = found[0] if found else None
             if row is None:
                 raise ConfigurationError(f"schedule {schedule.name!r} is not registered")
-            decision = decide_slots(schedule, float(row["anchor"]), now)
+            decision = decide_slots(schedule, float(row.anchor), now)
             next_slot = schedule.next_slot(now)
             if decision.anchor is None:
                 return next_slot
-            moved = tx.schedule_advance(
-                {
-                    "name": schedule.name,
-                    "expected_anchor": row["anchor"],
-                    "anchor": decision.anchor,
-                    "next_slot": next_slot,
-                    "now": now,
-                }
+            moved = tx.schedule_update(
+                ScheduleAdvance(
+                    name=schedule.name,
+                    expected_anchor=row.anchor,
+                    anchor=decision.anchor,
+                    next_slot=next_slot,
+                    now=now,
+                )
             )
             if not moved:
                 return next_slot  # another scheduler decided these slots
@@ -121,7 +123,7 @@ class Scheduler:
                     queue=schedule.queue,
                     causation_id=f"schedule:{schedule.name}",
                 )
-                tx.schedule_made(schedule.name, slot, job_id)
+                tx.schedule_update(ScheduleMade(schedule.name, slot, job_id))
         self.enqueued += len(decision.enqueue)
         if decision.skipped:
             log.warning(
@@ -136,7 +138,7 @@ class Scheduler:
 def schedule_statuses(runtime: Runtime, declared: Sequence[Schedule]) -> list[ScheduleStatus]:
     """Every stored schedule, and each declared one not yet stored by a worker."""
     with runtime.storage.transaction(readonly=True) as tx:
-        rows = {row["name"]: row for row in tx.schedule_list()}
+        rows = {row.name: row for row in tx.schedule_list()}
     names = {s.name for s in declared}
     now = runtime.clock.now()
 
@@ -146,15 +148,15 @@ def schedule_statuses(runtime: Runtime, declared: Sequence[Schedule]) -> list[Sc
 
     statuses = [
         ScheduleStatus(
-            name=row["name"],
-            cron=row["cron"],
-            job_type=row["job_type"],
-            timezone=row["timezone"],
-            missed=row["missed"],
-            last_slot=row["last_slot"],
-            last_job_id=row["last_job_id"],
-            next_slot=next_slot(row["cron"], row["timezone"]),
-            declared=row["name"] in names,
+            name=row.name,
+            cron=row.cron,
+            job_type=row.job_type,
+            timezone=row.timezone,
+            missed=row.missed,
+            last_slot=row.last_slot,
+            last_job_id=row.last_job_id,
+            next_slot=next_slot(row.cron, row.timezone),
+            declared=row.name in names,
         )
         for row in rows.values()
     ]

@@ -14,7 +14,7 @@ import zstandard
 from replayq import codec
 from replayq.errors import PayloadError, StorageError
 from replayq.runtime import INLINE_LIMIT_BYTES
-from replayq.storage.protocol import Transaction
+from replayq.storage.protocol import BlobPut, Transaction
 
 REF_PREFIX = "blob:sha256:"
 
@@ -53,14 +53,14 @@ def put_bytes(
     ref = ref or ref_of(data)
     body = _compressor.compress(data)
     tx.blob_put(
-        {
-            "hash": ref.removeprefix(REF_PREFIX),
-            "codec": "zstd",
-            "size": len(data),
-            "stored_size": len(body),
-            "body": body,
-            "now": now,
-        }
+        BlobPut(
+            hash=ref.removeprefix(REF_PREFIX),
+            codec="zstd",
+            size=len(data),
+            stored_size=len(body),
+            body=body,
+            now=now,
+        )
     )
     return ref
 
@@ -69,8 +69,7 @@ def get_bytes(tx: Transaction, ref: str) -> bytes:
     row = tx.blob_get(ref.removeprefix(REF_PREFIX))
     if row is None:
         raise StorageError(f"blob {ref} is referenced but missing")
-    body = bytes(row["body"])
-    return _decompressor.decompress(body) if row["codec"] == "zstd" else body
+    return _decompressor.decompress(row.body) if row.codec == "zstd" else row.body
 
 
 def store_json(

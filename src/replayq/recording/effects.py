@@ -50,6 +50,15 @@ from replayq.recording.attempt import Attempt
 from replayq.recording.blobs import Encoded, load_json, put_bytes
 from replayq.recording.world import LIVE
 from replayq.seal import unsealed
+from replayq.storage.protocol import (
+    IdemClaim,
+    IdemFail,
+    IdemRecord,
+    IdemSucceed,
+    IdemTakeover,
+    Transaction,
+    idem_get,
+)
 from replayq.storage.reconnect import retry_unavailable
 
 IN_DOUBT_POLICIES = ("park", "retry")
@@ -107,15 +116,15 @@ class EffectRunner:
             return answer
         claim_token = uuid.uuid4().hex
         runtime = ctx.runtime
-        claim = {
-            "key": key,
-            "operation": kind,
-            "claim_token": claim_token,
-            "now": runtime.clock.now(),
-            "trace_id": ctx.trace_id,
-            "job_id": ctx.job.id,
-            "attempt": ctx.attempt,
-        }
+        claim = IdemClaim(
+            key=key,
+            operation=kind,
+            claim_token=claim_token,
+            now=runtime.clock.now(),
+            trace_id=ctx.trace_id,
+            job_id=ctx.job.id,
+            attempt=ctx.attempt,
+        )
 
         # The step's events so far commit with the claim (not in a commit of their own).
         riding = ctx.ride_along()
@@ -125,9 +134,9 @@ class EffectRunner:
             with runtime.storage.transaction() as tx:
                 # Fenced first: a worker whose lease was taken never starts the effect.
                 ctx.fence(tx, [f"effect claim {kind} {key}"], kind=kind, key=key)
-                claimed = tx.idem_claim(claim)
-                existing = None if claimed else tx.idem_get(key)
-                ours = existing is not None and existing["claim_token"] == claim_token
+                claimed = tx.idem_transition(claim)
+                existing = None if claimed else idem_get(tx, key)
+                ours = existing is not None and existing.claim_token == claim_token
                 if existing is not None and not ours:
                     outcome = self._existing(tx, kind, key, existing, claim)
                     if outcome is not _RUN:
@@ -163,14 +172,7 @@ class EffectRunner:
             error = ctx.redactor.error(exc)
             with runtime.storage.transaction() as tx:
                 ctx.fence(tx, [f"effect failure {kind} {key}"], kind=kind, key=key, error=error)
-                tx.idem_fail(
-                    {
-                        "key": key,
-                        "claim_token": claim_token,
-                        "error": error,
-                        "now": runtime.clock.now(),
-                    }
-                )
+                tx.idem_transition(IdemFail(key, claim_token, error, runtime.clock.now()))
                 tx.trace_append(
                     [
                         ctx.event(
@@ -236,14 +238,14 @@ class EffectRunner:
                     what=kind,
                     ref=ref,
                 )
-            changed = tx.idem_succeed(
-                {
-                    "key": key,
-                    "claim_token": claim_token,
-                    "result": None if ref else text,
-                    "result_ref": ref,
-                    "now": runtime.clock.now(),
-                }
+            changed = tx.idem_transition(
+                IdemSucceed(
+                    key=key,
+                    claim_token=claim_token,
+                    result=None if ref else text,
+                    result_ref=ref,
+                    now=runtime.clock.now(),
+                )
             )
             if not changed and not first:
                 return  # committed by the try whose reply was lost, with ``riding``
@@ -265,13 +267,13 @@ class EffectRunner:
             )
 
     def _existing(
-        self, tx: Any, kind: str, key: str, existing: dict[str, Any], claim: dict[str, Any]
+        self, tx: Transaction, kind: str, key: str, existing: IdemRecord, claim: IdemClaim
     ) -> Any:
         """Decide what a found record means: reuse, take over, or park."""
         ctx = self._ctx
-        status = existing["status"]
+        status = existing.status
         if status in ("succeeded", "compensated"):
-            result = load_json(tx, codec.loads(existing["result"]), existing["result_ref"])
+            result = load_json(tx, codec.loads(existing.result), existing.result_ref)
             tx.trace_append(
                 [
                     ctx.event(
@@ -279,9 +281,9 @@ class EffectRunner:
                         resource=key,
                         kind=kind,
                         key=key,
-                        first_job=existing["job_id"],
-                        first_attempt=existing["attempt"],
-                        first_trace=existing["trace_id"],
+                        first_job=existing.job_id,
+                        first_attempt=existing.attempt,
+                        first_trace=existing.trace_id,
                         status=status,
                         result=result,
                     )
@@ -301,22 +303,27 @@ class EffectRunner:
                 resource=key,
                 kind=kind,
                 key=key,
-                claimed_by_job=existing["job_id"],
-                claimed_by_attempt=existing["attempt"],
-                started_at=existing["started_at"],
+                claimed_by_job=existing.job_id,
+                claimed_by_attempt=existing.attempt,
+                started_at=existing.started_at,
                 policy=policy,
             )
             raise EffectInDoubtError(
-                f"effect {kind!r} with key {key!r} was started by job {existing['job_id']} "
-                f"attempt {existing['attempt']} and never finished; policy 'park': check the "
+                f"effect {kind!r} with key {key!r} was started by job {existing.job_id} "
+                f"attempt {existing.attempt} and never finished; policy 'park': check the "
                 "real world, then requeue (replayq dead requeue) or mark it"
             )
-        takeover = {
-            **claim,
-            "expected_status": status,
-            "expected_claim": existing["claim_token"],
-        }
-        if not tx.idem_takeover(takeover):
+        takeover = IdemTakeover(
+            key=claim.key,
+            claim_token=claim.claim_token,
+            now=claim.now,
+            trace_id=claim.trace_id,
+            job_id=claim.job_id,
+            attempt=claim.attempt,
+            expected_status=status,
+            expected_claim=existing.claim_token,
+        )
+        if not tx.idem_transition(takeover):
             raise EffectInDoubtError(f"effect {kind!r} key {key!r} changed hands while claiming it")
         if status == "started":
             tx.trace_append(
@@ -326,8 +333,8 @@ class EffectRunner:
                         resource=key,
                         kind=kind,
                         key=key,
-                        claimed_by_job=existing["job_id"],
-                        claimed_by_attempt=existing["attempt"],
+                        claimed_by_job=existing.job_id,
+                        claimed_by_attempt=existing.attempt,
                         policy=policy,
                         action="run again",
                     )
@@ -335,7 +342,7 @@ class EffectRunner:
             )
         return _RUN
 
-    def _reconcile(self, kind: str, key: str, existing: dict[str, Any]) -> None:
+    def _reconcile(self, kind: str, key: str, existing: IdemRecord) -> None:
         """Ask the kind's reconciler about an in-doubt record; settle it if it knows."""
         from replayq.recording.in_doubt import ask_reconciler, record_of, settle
 
@@ -356,7 +363,7 @@ class EffectRunner:
                 record,
                 answer,
                 by=f"reconciler on {ctx.worker_id}",
-                claim_token=existing["claim_token"],
+                claim_token=existing.claim_token,
             )
         self._asked.add(key)
 
@@ -364,7 +371,7 @@ class EffectRunner:
 class _Ask:
     """Claim outcome: the record is in doubt and the kind has a reconciler to ask."""
 
-    def __init__(self, existing: dict[str, Any]) -> None:
+    def __init__(self, existing: IdemRecord) -> None:
         self.existing = existing
 
 

@@ -30,6 +30,7 @@ from replayq import codec
 from replayq.errors import ConfigurationError
 from replayq.model import TraceEvent
 from replayq.runtime import Runtime, RuntimeSource
+from replayq.storage.protocol import IdemFilter, IdemRecord, IdemResolve, idem_get
 
 
 @dataclass(frozen=True)
@@ -77,20 +78,20 @@ class EffectResolution:
         return "succeeded" if self.succeeded else "failed"
 
 
-def record_of(row: dict[str, Any], *, in_doubt: bool | None = None) -> EffectRecord:
+def record_of(row: IdemRecord, *, in_doubt: bool | None = None) -> EffectRecord:
     """An ``EffectRecord`` from an ``rq_idempotency`` row."""
     return EffectRecord(
-        key=row["key"],
-        kind=row["operation"],
-        status=row["status"],
-        in_doubt=bool(row.get("in_doubt")) if in_doubt is None else in_doubt,
-        job_id=row["job_id"],
-        attempt=row["attempt"],
-        trace_id=row["trace_id"],
-        started_at=float(row["started_at"]),
-        completed_at=row["completed_at"],
-        error=row["error"],
-        result=codec.loads(row["result"]) if row.get("result") else None,
+        key=row.key,
+        kind=row.operation,
+        status=row.status,
+        in_doubt=bool(row.in_doubt) if in_doubt is None else in_doubt,
+        job_id=row.job_id,
+        attempt=row.attempt,
+        trace_id=row.trace_id,
+        started_at=float(row.started_at),
+        completed_at=row.completed_at,
+        error=row.error,
+        result=codec.loads(row.result) if row.result else None,
     )
 
 
@@ -100,27 +101,27 @@ def list_effects(
     """Effect records, newest first; ``in_doubt`` keeps only those nobody will finish."""
     runtime = source.runtime
     with runtime.storage.transaction(readonly=True) as tx:
-        rows = tx.idem_list(kind, in_doubt, limit)
-    return [record_of(row) for row in rows if row["operation"] != "db.write"]
+        rows = tx.idem_list(IdemFilter(operation=kind, in_doubt=in_doubt, limit=limit))
+    return [record_of(row) for row in rows if row.operation != "db.write"]
 
 
 def _in_doubt_record(runtime: Runtime, key: str) -> tuple[EffectRecord, str]:
     """The in-doubt record of ``key`` and its claim token, or a ``ConfigurationError``."""
     with runtime.storage.transaction(readonly=True) as tx:
-        row = tx.idem_get(key)
-        job = tx.job_get(int(row["job_id"])) if row and row["job_id"] is not None else None
+        row = idem_get(tx, key)
+        job = tx.job_get(row.job_id) if row and row.job_id is not None else None
     if row is None:
         raise ConfigurationError(f"no effect record with key {key!r}")
-    if row["status"] != "started":
+    if row.status != "started":
         raise ConfigurationError(
-            f"effect {key!r} is {row['status']}, not in doubt: there is nothing to resolve"
+            f"effect {key!r} is {row.status}, not in doubt: there is nothing to resolve"
         )
-    if job is not None and job.state.value == "running" and job.attempt == row["attempt"]:
+    if job is not None and job.state.value == "running" and job.attempt == row.attempt:
         raise ConfigurationError(
             f"effect {key!r} is in progress (job {job.id} attempt {job.attempt} is running); "
             "it is in doubt only once that attempt has ended"
         )
-    return record_of(row, in_doubt=True), str(row["claim_token"])
+    return record_of(row, in_doubt=True), row.claim_token
 
 
 def settle(
@@ -135,15 +136,15 @@ def settle(
     result_json = codec.dumps(resolution.result, what=f"resolved result of {record.key!r}")
     now, hlc = runtime.clock.now(), runtime.hlc.tick()
     with runtime.storage.transaction() as tx:
-        changed = tx.idem_resolve(
-            {
-                "key": record.key,
-                "claim_token": claim_token,
-                "status": resolution.outcome,
-                "result": result_json if resolution.succeeded else None,
-                "error": None if resolution.succeeded else (resolution.reason or "resolved failed"),
-                "now": now,
-            }
+        changed = tx.idem_transition(
+            IdemResolve(
+                key=record.key,
+                claim_token=claim_token,
+                status=resolution.outcome,
+                result=result_json if resolution.succeeded else None,
+                error=None if resolution.succeeded else (resolution.reason or "resolved failed"),
+                now=now,
+            )
         )
         if not changed:
             return False
@@ -199,7 +200,7 @@ def resolve_effect(
     if not settle(runtime, record, resolution, by=by, claim_token=claim_token):
         raise ConfigurationError(f"effect {key!r} changed while resolving it; look again")
     with runtime.storage.transaction(readonly=True) as tx:
-        row = tx.idem_get(key)
+        row = idem_get(tx, key)
     assert row is not None
     return record_of(row, in_doubt=False)
 
@@ -236,9 +237,9 @@ def reconcile_effects(
         answer, error = ask_reconciler(runtime, record)
         if answer is not None:
             with runtime.storage.transaction(readonly=True) as tx:
-                row = tx.idem_get(record.key)
+                row = idem_get(tx, record.key)
             if row is None or not settle(
-                runtime, record, answer, by=by, claim_token=str(row["claim_token"])
+                runtime, record, answer, by=by, claim_token=row.claim_token
             ):
                 answer, error = None, "the record changed while reconciling it"
         results.append((record, answer, error))

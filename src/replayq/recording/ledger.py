@@ -15,7 +15,7 @@ from typing import Any
 from replayq import codec
 from replayq.recording.blobs import load_json
 from replayq.runtime import RuntimeSource
-from replayq.storage.protocol import Transaction
+from replayq.storage.protocol import StepRecord, Transaction
 
 
 @dataclass(frozen=True)
@@ -48,12 +48,12 @@ def ledger_loader(source: RuntimeSource, job_id: int) -> CompletedSteps:
         if loaded is None:
             with runtime.storage.transaction(readonly=True) as tx:
                 loaded = {
-                    row["step_key"]: CompletedStep(
-                        key=row["step_key"],
-                        name=row["step_name"],
-                        attempt=int(row["attempt"]),
+                    row.step_key: CompletedStep(
+                        key=row.step_key,
+                        name=row.step_name,
+                        attempt=row.attempt,
                         result=_result(tx, row),
-                        result_ref=row["result_ref"],
+                        result_ref=row.result_ref,
                     )
                     for row in tx.step_by_job(job_id)
                 }
@@ -62,6 +62,6 @@ def ledger_loader(source: RuntimeSource, job_id: int) -> CompletedSteps:
     return load
 
 
-def _result(tx: Transaction, row: Mapping[str, Any]) -> Any:
-    inline = codec.loads(row["result"]) if row["result"] is not None else None
-    return load_json(tx, inline, row["result_ref"])
+def _result(tx: Transaction, row: StepRecord) -> Any:
+    inline = codec.loads(row.result) if row.result is not None else None
+    return load_json(tx, inline, row.result_ref)

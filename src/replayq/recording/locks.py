@@ -23,7 +23,7 @@ from replayq.queue.contracts import LockHold
 from replayq.recording.attempt import Attempt
 from replayq.recording.world import LIVE
 from replayq.runtime import RuntimeSource
-from replayq.storage.protocol import JobFilter
+from replayq.storage.protocol import JobFilter, Lock, LockAcquire, TraceQuery
 
 DEFAULT_WAIT_SECONDS = 10.0
 _POLL_SECONDS = 0.05
@@ -42,15 +42,15 @@ class LockInfo:
     expires_at: float | None
 
 
-def _info(row: dict[str, Any]) -> LockInfo:
+def _info(row: Lock) -> LockInfo:
     return LockInfo(
-        row["resource"],
-        row["owner_token"],
-        int(row["fencing_token"]),
-        row["job_id"],
-        row["worker_id"],
-        row["acquired_at"],
-        row["expires_at"],
+        row.resource,
+        row.owner_token,
+        row.fencing_token,
+        row.job_id,
+        row.worker_id,
+        row.acquired_at,
+        row.expires_at,
     )
 
 
@@ -138,20 +138,20 @@ class LockManager:
                 # A worker whose lease was taken must not bump the fencing token under the
                 # new owner's feet.
                 ctx.fence(tx, [f"lock {handle.resource}"], lock=handle.resource)
-                row = tx.lock_acquire(
-                    {
-                        "resource": handle.resource,
-                        "owner_token": handle.owner_token,
-                        "job_id": ctx.job.id,
-                        "worker_id": ctx.worker_id,
-                        "now": now,
-                        "ttl": handle.ttl,
-                        "hlc": hlc,
-                    }
+                grant = tx.lock_acquire(
+                    LockAcquire(
+                        resource=handle.resource,
+                        owner_token=handle.owner_token,
+                        job_id=ctx.job.id,
+                        worker_id=ctx.worker_id,
+                        now=now,
+                        ttl=handle.ttl,
+                        hlc=hlc,
+                    )
                 )
-                if row is not None:
-                    runtime.hlc.observe(int(row["hlc"]))
-                    handle.fencing_token = int(row["fencing_token"])
+                if grant is not None:
+                    runtime.hlc.observe(grant.hlc)
+                    handle.fencing_token = grant.fencing_token
                     event = ctx.event(
                         "lock.acquired",
                         resource=handle.resource,
@@ -171,16 +171,16 @@ class LockManager:
                     status="fail",
                     resource=handle.resource,
                     wait=waited,
-                    holder=holder["worker_id"] if holder else None,
-                    holder_job=holder["job_id"] if holder else None,
-                    holder_token=holder["fencing_token"] if holder else None,
+                    holder=holder.worker_id if holder else None,
+                    holder_job=holder.job_id if holder else None,
+                    holder_token=holder.fencing_token if holder else None,
                 )
                 raise _timeout(
                     handle.resource,
                     {
-                        "holder": holder["worker_id"] if holder else None,
-                        "holder_job": holder["job_id"] if holder else None,
-                        "holder_token": holder["fencing_token"] if holder else None,
+                        "holder": holder.worker_id if holder else None,
+                        "holder_job": holder.job_id if holder else None,
+                        "holder_token": holder.fencing_token if holder else None,
                     },
                     waited,
                 )
@@ -209,10 +209,10 @@ class LockManager:
             # Ran out while held, even if nobody took it meanwhile: "expired before completion".
             overdue = (
                 row is not None
-                and row["owner_token"] == handle.owner_token
-                and (row["expires_at"] is not None and row["expires_at"] < now)
+                and row.owner_token == handle.owner_token
+                and (row.expires_at is not None and row.expires_at < now)
             )
-            released = tx.lock_release(handle.resource, handle.owner_token, hlc)
+            released = tx.lock_release(handle.resource, handle.owner_token, hlc) is not None
             if released and not overdue:
                 event = ctx.event(
                     "lock.released",
@@ -269,7 +269,7 @@ def observed_holds(
             if job.handler_version != version:
                 continue
             taken: dict[tuple[int | None, str | None], TraceEvent] = {}
-            for event in tx.trace_for_job(job.id):
+            for event in tx.trace_query(TraceQuery(job_id=job.id)):
                 key = (event.attempt, event.resource)
                 if event.name == "lock.acquired" and event.data.get("ttl") is not None:
                     taken[key] = event
@@ -302,7 +302,7 @@ def break_lock(source: RuntimeSource, resource: str, *, reason: str) -> LockInfo
         raise ConfigurationError("breaking a lock needs a reason")
     now, hlc = runtime.clock.now(), runtime.hlc.tick()
     with runtime.storage.transaction() as tx:
-        row = tx.lock_break(resource, hlc)
+        row = tx.lock_release(resource, None, hlc)
         if row is None:
             return None
         tx.trace_append(
@@ -312,11 +312,11 @@ def break_lock(source: RuntimeSource, resource: str, *, reason: str) -> LockInfo
                     name="lock.broken",
                     ts=now,
                     hlc=hlc,
-                    job_id=row["job_id"],
+                    job_id=row.job_id,
                     kind="domain",
                     resource=resource,
-                    resource_version=int(row["fencing_token"]),
-                    data={"reason": reason, "holder": row["worker_id"]},
+                    resource_version=row.fencing_token,
+                    data={"reason": reason, "holder": row.worker_id},
                 )
             ]
         )

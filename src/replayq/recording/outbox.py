@@ -31,7 +31,7 @@ from replayq.model import TraceEvent
 from replayq.queue.enqueue import EnqueueRequest, insert_job
 from replayq.recording.attempt import Attempt
 from replayq.runtime import Runtime, RuntimeSource
-from replayq.storage.protocol import Row, Transaction
+from replayq.storage.protocol import OutboxInsert, OutboxMark, OutboxRecord, Transaction
 
 
 class OutboxView:
@@ -61,14 +61,14 @@ class OutboxView:
         event.data["event_id"] = event_id
         if not ctx.world.is_live:
             return event_id
-        params = {
-            "event_id": event_id,
-            "topic": topic,
-            "payload": codec.dumps(payload),
-            "job_id": ctx.job.id,
-            "trace_id": ctx.trace_id,
-            "now": event.ts,
-        }
+        params = OutboxInsert(
+            event_id=event_id,
+            topic=topic,
+            payload=codec.dumps(payload),
+            job_id=ctx.job.id,
+            trace_id=ctx.trace_id,
+            now=event.ts,
+        )
 
         def write(tx: Transaction) -> None:
             if not tx.outbox_insert(params):
@@ -90,7 +90,7 @@ class Sink:
 
     in_transaction = False
 
-    def deliver(self, tx: Transaction, row: Row) -> None:
+    def deliver(self, tx: Transaction, row: OutboxRecord) -> None:
         raise NotImplementedError
 
 
@@ -101,13 +101,13 @@ class JobSink(Sink):
         runtime = source.runtime
         self._runtime = runtime
 
-    def deliver(self, tx: Transaction, row: Row) -> None:
+    def deliver(self, tx: Transaction, row: OutboxRecord) -> None:
         request = EnqueueRequest(
-            row["topic"],
-            {"event_id": row["event_id"], "payload": codec.loads(row["payload"])},
-            message_id=f"outbox:{row['event_id']}",
+            row.topic,
+            {"event_id": row.event_id, "payload": codec.loads(row.payload)},
+            message_id=f"outbox:{row.event_id}",
         )
-        insert_job(self._runtime, tx, request, check=False, causation_id=str(row["job_id"]))
+        insert_job(self._runtime, tx, request, check=False, causation_id=str(row.job_id))
 
 
 class RedisStreamSink(Sink):
@@ -116,10 +116,10 @@ class RedisStreamSink(Sink):
 
         self._redis = redis.Redis.from_url(url)
 
-    def deliver(self, tx: Transaction, row: Row) -> None:
+    def deliver(self, tx: Transaction, row: OutboxRecord) -> None:
         self._redis.xadd(
-            f"replayq:outbox:{row['topic']}",
-            {"event_id": row["event_id"], "payload": row["payload"]},
+            f"replayq:outbox:{row.topic}",
+            {"event_id": row.event_id, "payload": row.payload},
         )
 
 
@@ -128,19 +128,19 @@ class WebhookSink(Sink):
         self._url = url
         self._timeout = timeout
 
-    def deliver(self, tx: Transaction, row: Row) -> None:
+    def deliver(self, tx: Transaction, row: OutboxRecord) -> None:
         body = json.dumps(
             {
-                "event_id": row["event_id"],
-                "topic": row["topic"],
-                "payload": codec.loads(row["payload"]),
+                "event_id": row.event_id,
+                "topic": row.topic,
+                "payload": codec.loads(row.payload),
             }
         ).encode()
         request = urllib.request.Request(  # noqa: S310 - the operator configures the webhook URL
             self._url,
             data=body,
             method="POST",
-            headers={"Content-Type": "application/json", "Idempotency-Key": row["event_id"]},
+            headers={"Content-Type": "application/json", "Idempotency-Key": row.event_id},
         )
         with urllib.request.urlopen(request, timeout=self._timeout) as response:  # noqa: S310
             if response.status >= 300:
@@ -178,29 +178,29 @@ def publish_pending(
                 # deliver first and the row is marked after (at least once).
                 sink.deliver(tx, row)
                 published_at = runtime.clock.now()
-                if tx.outbox_mark_published(row["id"], published_at):
+                if tx.outbox_mark(OutboxMark(row.id, published_at)):
                     tx.trace_append([_published_event(runtime, row, published_at)])
             result.published += 1
         except Exception as exc:
             with runtime.storage.transaction() as tx:
-                tx.outbox_mark_failed(row["id"], runtime.redactor.error(exc))
+                tx.outbox_mark(OutboxMark(row.id, now, runtime.redactor.error(exc)))
             result.failed += 1
     return result
 
 
-def _published_event(runtime: Runtime, row: Row, published_at: float) -> TraceEvent:
+def _published_event(runtime: Runtime, row: OutboxRecord, published_at: float) -> TraceEvent:
     return TraceEvent(
-        trace_id=row["trace_id"] or f"outbox:{row['event_id']}",
-        job_id=row["job_id"],
+        trace_id=row.trace_id or f"outbox:{row.event_id}",
+        job_id=row.job_id,
         name="outbox.published",
         kind="domain",
         ts=published_at,
         hlc=runtime.hlc.tick(),
-        resource=f"outbox:{row['topic']}",
+        resource=f"outbox:{row.topic}",
         data={
-            "event_id": row["event_id"],
-            "topic": row["topic"],
-            "lag": published_at - row["created_at"],
-            "attempts": row["attempts"],
+            "event_id": row.event_id,
+            "topic": row.topic,
+            "lag": published_at - row.created_at,
+            "attempts": row.attempts,
         },
     )

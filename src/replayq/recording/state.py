@@ -16,7 +16,7 @@ from replayq.recording.attempt import Attempt, Refusal
 from replayq.recording.blobs import load_json
 from replayq.recording.world import LIVE
 from replayq.runtime import RuntimeSource
-from replayq.storage.protocol import Row, Transaction
+from replayq.storage.protocol import EntityFilter, EntityGet, EntityRecord, Transaction
 
 MAIN = "main"
 
@@ -70,20 +70,20 @@ def delta_of(old: Any, new: Any) -> dict[str, Any]:
     return {"replace": new}
 
 
-def version_from_row(tx: Transaction, row: Row) -> EntityVersion:
+def version_from_row(tx: Transaction, row: EntityRecord) -> EntityVersion:
     return EntityVersion(
-        namespace=row["namespace"],
-        key=row["key"],
-        version=int(row["version"]),
-        parent_version=row["parent_version"],
-        data=load_json(tx, codec.loads(row["data"]), row["data_ref"]),
-        delta=codec.loads(row["delta"]),
-        job_id=row["job_id"],
-        trace_id=row["trace_id"],
-        attempt=row["attempt"],
-        fencing_token=row["fencing_token"],
-        created_at=row["created_at"],
-        branch=row["branch"],
+        namespace=row.namespace,
+        key=row.key,
+        version=row.version,
+        parent_version=row.parent_version,
+        data=load_json(tx, codec.loads(row.data), row.data_ref),
+        delta=codec.loads(row.delta),
+        job_id=row.job_id,
+        trace_id=row.trace_id,
+        attempt=row.attempt,
+        fencing_token=row.fencing_token,
+        created_at=row.created_at,
+        branch=row.branch,
     )
 
 
@@ -98,20 +98,21 @@ def read_entity(
 
     ``base``: (base branch, base HLC) of a branch whose row is not written yet.
     """
-    head = tx.entity_head(branch, namespace, key)
+    head = tx.entity_get(EntityGet(branch, namespace, key))
     if head is not None:
-        row = tx.entity_version_get(branch, namespace, key, int(head["version"]))
-        assert row is not None
-        return version_from_row(tx, row), int(head["hlc"])
-    info = tx.branch_get(branch) if branch != MAIN else None
-    if info is None and base is not None and branch != MAIN:
-        info = {"base_branch": base[0], "base_hlc": base[1]}
-    if info is None:
+        # The head moves with its newest version: that version's HLC is the head's.
+        return version_from_row(tx, head), head.hlc
+    if branch == MAIN:
         return None, 0
-    row = tx.entity_version_at(info["base_branch"], namespace, key, int(info["base_hlc"]))
+    info = tx.branch_get(branch)
+    if info is not None:
+        base = (info.base_branch, info.base_hlc)
+    if base is None:
+        return None, 0
+    row = tx.entity_get(EntityGet(base[0], namespace, key, at_hlc=base[1]))
     if row is None:
         return None, 0
-    return version_from_row(tx, row), int(row["hlc"])
+    return version_from_row(tx, row), row.hlc
 
 
 class StateStore:
@@ -132,7 +133,9 @@ class StateStore:
     def history(self, namespace: str, key: Any) -> list[EntityVersion]:
         """Every version on this branch, oldest first, with the job and trace that wrote it."""
         with self._app.storage.transaction(readonly=True) as tx:
-            rows = tx.entity_history(self.branch, namespace, str(key))
+            rows = tx.entity_list(
+                EntityFilter(branch=self.branch, namespace=namespace, key=str(key))
+            )
             return [version_from_row(tx, row) for row in rows]
 
     def put(self, namespace: str, key: Any, data: Any, *, expected_version: int) -> Entity:
@@ -173,7 +176,7 @@ def version_row(
     data_ref: str | None = None,
     data_json: str | None = None,
     delta: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> EntityRecord:
     """The row for a new version (``data`` inline unless ``data_ref`` points to a blob).
 
     ``data_json`` is ``data`` already checked and encoded (``Context.encoded``) and
@@ -187,23 +190,23 @@ def version_row(
         data_text = codec.dumps(data, what=resource_name(namespace, key))
     if delta is None:
         delta = delta_of(parent.data if parent else None, data)
-    return {
-        "branch": branch,
-        "namespace": namespace,
-        "key": key,
-        "version": version,
-        "parent_version": parent.version if parent else None,
-        "data": data_text,
-        "data_ref": data_ref,
+    return EntityRecord(
+        branch=branch,
+        namespace=namespace,
+        key=key,
+        version=version,
+        parent_version=parent.version if parent else None,
+        data=data_text,
+        data_ref=data_ref,
         # Built from checked values (the new data, a stored version): no second walk.
-        "delta": codec.dumps_own(delta),
-        "job_id": job_id,
-        "trace_id": trace_id,
-        "attempt": attempt,
-        "fencing_token": fencing_token,
-        "created_at": now,
-        "hlc": hlc,
-    }
+        delta=codec.dumps_own(delta),
+        job_id=job_id,
+        trace_id=trace_id,
+        attempt=attempt,
+        fencing_token=fencing_token,
+        created_at=now,
+        hlc=hlc,
+    )
 
 
 class StateView:
@@ -238,7 +241,7 @@ class StateView:
         # attempt's next commit (docs/recording-context.md, "What a crash can lose").
         with ctx.runtime.storage.transaction(readonly=True) as tx:
             if recorded is not None:
-                row = tx.entity_version_get(MAIN, namespace, key, recorded)
+                row = tx.entity_get(EntityGet(MAIN, namespace, key, version=recorded))
                 found = version_from_row(tx, row) if row else None
                 head_hlc = 0
             else:
@@ -363,7 +366,8 @@ class StateView:
 
         def write(tx: Transaction) -> None:
             for lock_resource, fencing_token in fences.items():
-                newest = tx.fence_current(lock_resource)
+                held = tx.lock_get(lock_resource)
+                newest = None if held is None else held.fencing_token
                 if newest is not None and newest > fencing_token:
                     self._stale(resource, lock_resource, fencing_token, newest)
             row = version_row(
@@ -384,10 +388,12 @@ class StateView:
                 delta=delta,
             )
             # A branch's first write of an entity starts its own head (copy-on-write).
-            fresh = ctx.branch != MAIN and tx.entity_head(ctx.branch, namespace, key) is None
+            fresh = (
+                ctx.branch != MAIN and tx.entity_get(EntityGet(ctx.branch, namespace, key)) is None
+            )
             if not tx.entity_put(row, 0 if fresh else base):
-                head = tx.entity_head(ctx.branch, namespace, key)
-                self._conflict(resource, base, int(head["version"]) if head else 0)
+                head = tx.entity_get(EntityGet(ctx.branch, namespace, key))
+                self._conflict(resource, base, head.version if head else 0)
 
         ctx.defer(write, f"state {resource} v{new_version}")
         entity = Entity(namespace, key, new_version, data)

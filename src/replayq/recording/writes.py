@@ -13,7 +13,7 @@ from typing import Any
 
 from replayq.queue.enqueue import EnqueueRequest, insert_job
 from replayq.recording.attempt import Attempt
-from replayq.storage.protocol import Transaction
+from replayq.storage.protocol import IdemClaim, IdemSucceed, Transaction
 
 
 def defer_db_write(ctx: Attempt, fn: Callable[[Any], Any], key: str | None) -> None:
@@ -26,29 +26,14 @@ def defer_db_write(ctx: Attempt, fn: Callable[[Any], Any], key: str | None) -> N
 
     def write(tx: Transaction) -> None:
         if key is not None:
-            claim = {
-                "key": key,
-                "operation": "db.write",
-                "claim_token": f"{trace_id}-{attempt}-{event.seq}",
-                "now": event.ts,
-                "trace_id": trace_id,
-                "job_id": job.id,
-                "attempt": attempt,
-            }
-            if not tx.idem_claim(claim):
+            claim_token = f"{trace_id}-{attempt}-{event.seq}"
+            claim = IdemClaim(key, "db.write", claim_token, event.ts, trace_id, job.id, attempt)
+            if not tx.idem_transition(claim):
                 event.data["deduplicated"] = True
                 return
         fn(tx.connection)
         if key is not None:
-            tx.idem_succeed(
-                {
-                    "key": key,
-                    "claim_token": claim["claim_token"],
-                    "result": "null",
-                    "result_ref": None,
-                    "now": event.ts,
-                }
-            )
+            tx.idem_transition(IdemSucceed(key, claim_token, "null", None, event.ts))
 
     ctx.defer(write, f"db_write {key}" if key else "db_write")
 

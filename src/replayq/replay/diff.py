@@ -22,6 +22,7 @@ from replayq import codec
 from replayq.errors import ReplayqError
 from replayq.model import TraceEvent
 from replayq.runtime import RuntimeSource
+from replayq.storage.protocol import TraceQuery
 
 # How each effect event counts: an execution that succeeded (a replayed one stands for the
 # recorded success), failed, was deduplicated by its idempotency record, or was fenced.
@@ -224,7 +225,7 @@ def resolve(
             job = tx.job_get(int(ident))
             if job is None:
                 raise ReplayqError(f"no job with id {ident}")
-            events = tx.trace_for_job(job.id)
+            events = tx.trace_query(TraceQuery(job_id=job.id))
             recorded = sorted({e.attempt for e in events if e.kind == "domain" and e.attempt})
             chosen = attempt if attempt is not None else default_attempt
             if chosen is None and recorded:
@@ -241,13 +242,13 @@ def resolve(
             if chosen is not None:
                 label += f" attempt {chosen}"
             return job.trace_id, label, events
-        lineage = tx.lineage_get(ident)
-        events = tx.trace_for_trace(ident)
+        lineage = next(iter(tx.lineage_list(trace_id=ident)), None)
+        events = tx.trace_query(TraceQuery(trace_id=ident))
     if lineage is None and not events:
         raise ReplayqError(
             f"{ident!r} is neither a job id nor a known trace id (replay, fork or rerun)"
         )
-    label = f"{lineage['origin']} of job {lineage['source_job_id']}" if lineage else ident
+    label = f"{lineage.origin} of job {lineage.source_job_id}" if lineage else ident
     return ident, label, events
 
 
@@ -258,10 +259,10 @@ def _fork_attempt(source: RuntimeSource, ref: str, other: str) -> int | None:
     if attempt is not None or not ident.isdigit() or other_ident.isdigit():
         return None
     with source.runtime.storage.transaction(readonly=True) as tx:
-        lineage = tx.lineage_get(other_ident)
-    if lineage is None or str(lineage["source_job_id"]) != ident:
+        lineage = next(iter(tx.lineage_list(trace_id=other_ident)), None)
+    if lineage is None or str(lineage.source_job_id) != ident:
         return None
-    details = codec.loads(lineage["details"]) or {}
+    details = codec.loads(lineage.details) or {}
     made_from = details.get("attempt")
     return int(made_from) if made_from is not None else None
 

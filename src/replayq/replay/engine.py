@@ -47,6 +47,7 @@ from replayq.replay.run import (
     run_derived,
 )
 from replayq.runtime import RuntimeSource
+from replayq.storage.protocol import TraceQuery
 
 __all__ = [
     "REPLAY_WORKER",
@@ -152,7 +153,7 @@ class AttemptTimeline:
 def trace_replay(source: RuntimeSource, job_id: int) -> list[AttemptTimeline]:
     """The recorded timeline of every attempt of a job; executes nothing."""
     with source.runtime.storage.transaction(readonly=True) as tx:
-        events = tx.trace_for_job(job_id)
+        events = tx.trace_query(TraceQuery(job_id=job_id))
     attempts: dict[int, list[TraceEvent]] = {}
     for event in events:
         attempts.setdefault(event.attempt or 0, []).append(event)

@@ -19,6 +19,7 @@ from replayq.recording.state import MAIN, read_entity, version_row
 from replayq.replay.engine import ReplayReport
 from replayq.replay.recorded import load_recording
 from replayq.runtime import RuntimeSource
+from replayq.storage.protocol import EntityGet, JobSetRecorded
 
 CASE_FORMAT = "replayq.case/1"
 _VALUE_KEYS = {"call": "response", "effect.succeeded": "result", "effect.deduplicated": "result"}
@@ -44,7 +45,7 @@ def export_case(source: RuntimeSource, job_id: int, attempt: int | None = None) 
             if event.name != "state.read" or not event.resource_version:
                 continue
             namespace, _, key = (event.resource or "").partition(":")
-            row = tx.entity_version_get(MAIN, namespace, key, event.resource_version)
+            row = tx.entity_get(EntityGet(MAIN, namespace, key, version=event.resource_version))
             if row is None:
                 continue
             from replayq.recording.state import version_from_row
@@ -97,17 +98,17 @@ def import_case(source: RuntimeSource, case: dict[str, Any]) -> int:
                 now=now,
                 hlc=0,
             )
-            if current is None:
-                tx.entity_put(row, 0)
-            else:
-                tx.entity_version_insert(row)
+            # A newer version than the head's is imported without moving the head.
+            tx.entity_put(row, 0 if current is None else None)
         job_id = insert_job(
             runtime, tx, EnqueueRequest(spec["job_type"], spec["payload"]), check=False
         )
         job = tx.job_get(job_id)
         assert job is not None
-        tx.job_set_recorded(
-            job_id, spec["handler_version"], codec.dumps(spec["result"]), case["attempt"]
+        tx.job_transition(
+            JobSetRecorded(
+                job_id, spec["handler_version"], codec.dumps(spec["result"]), case["attempt"]
+            )
         )
         events = []
         for body in case["events"]:

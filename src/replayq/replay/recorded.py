@@ -28,7 +28,7 @@ from replayq.recording.ledger import CompletedStep
 from replayq.recording.state import MAIN, version_from_row
 from replayq.recording.world import LIVE
 from replayq.runtime import RuntimeSource
-from replayq.storage.protocol import Transaction
+from replayq.storage.protocol import EntityGet, TraceQuery, Transaction
 
 EFFECT_OUTCOMES = ("effect.succeeded", "effect.deduplicated", "effect.replayed")
 LOCK_EVENTS = {
@@ -119,7 +119,7 @@ def read_recording(tx: Transaction, job_id: int, attempt: int | None = None) -> 
     if found is None:
         raise ReplayqError(f"no job with id {job_id}")
     job = found
-    events = tx.trace_for_job(job_id)
+    events = tx.trace_query(TraceQuery(job_id=job_id))
     values = {
         e.id: load_json(tx, None, e.output_ref)
         for e in events
@@ -165,7 +165,7 @@ def _read_states(
         if (resource, version) in states or ":" not in resource:
             continue
         namespace, _, key = resource.partition(":")
-        row = tx.entity_version_get(MAIN, namespace, key, version)
+        row = tx.entity_get(EntityGet(MAIN, namespace, key, version=version))
         if row is not None:
             states[(resource, version)] = version_from_row(tx, row).data
     return states

@@ -30,6 +30,7 @@ from replayq.recording.context import Context
 from replayq.recording.world import LIVE, LiveWorld
 from replayq.replay.recorded import EFFECT_OUTCOMES, Outcome, load_recording
 from replayq.runtime import RuntimeSource
+from replayq.storage.protocol import LineagePut
 
 
 class GatedWorld(LiveWorld):
@@ -95,15 +96,15 @@ def rerun(source: RuntimeSource, job_id: int, *, allow_effects: Sequence[str]) -
     now = runtime.clock.now()
     with runtime.storage.transaction() as tx:
         tx.lineage_put(
-            {
-                "trace_id": trace_id,
-                "origin": "rerun",
-                "source_trace_id": recording.job.trace_id,
-                "source_job_id": job_id,
-                "branch": "main",
-                "details": codec.dumps({"allow_effects": list(allow_effects)}),
-                "now": now,
-            }
+            LineagePut(
+                trace_id=trace_id,
+                origin="rerun",
+                source_trace_id=recording.job.trace_id,
+                source_job_id=job_id,
+                branch="main",
+                details=codec.dumps({"allow_effects": list(allow_effects)}),
+                now=now,
+            )
         )
     handler = runtime.registry.handler(recording.job.job_type)
     job = recording.job.evolve(origin="rerun", attempt=recording.job.attempt + 1)

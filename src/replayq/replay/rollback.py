@@ -21,6 +21,14 @@ from replayq.model import TraceEvent
 from replayq.queue.enqueue import get_job
 from replayq.recording.state import MAIN, delta_of, read_entity, resource_name, version_row
 from replayq.runtime import RuntimeSource
+from replayq.storage.protocol import (
+    CacheDelete,
+    EntityFilter,
+    EntityGet,
+    EntityRecord,
+    IdemCompensate,
+    IdemFilter,
+)
 
 ROLLBACK_TRACE_PREFIX = "rollback:job-"
 
@@ -73,26 +81,28 @@ def plan_rollback(source: RuntimeSource, job_id: int, attempt: int | None = None
     with runtime.storage.transaction(readonly=True) as tx:
         rows = [
             r
-            for r in tx.entity_versions_by_job(job_id)
-            if r["branch"] == MAIN and (attempt is None or r["attempt"] == attempt)
+            for r in tx.entity_list(EntityFilter(job_id=job_id))
+            if r.branch == MAIN and (attempt is None or r.attempt == attempt)
         ]
-        entities: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        entities: dict[tuple[str, str], list[EntityRecord]] = {}
         for row in rows:
-            entities.setdefault((row["namespace"], row["key"]), []).append(row)
+            entities.setdefault((row.namespace, row.key), []).append(row)
         for (namespace, key), written in entities.items():
-            first = min(written, key=lambda r: r["version"])
+            first = min(written, key=lambda r: r.version)
             current, _ = read_entity(tx, MAIN, namespace, key)
             assert current is not None
-            restore_version = first["parent_version"]
+            restore_version = first.parent_version
             restored = None
             if restore_version is not None:
-                before = tx.entity_version_get(MAIN, namespace, key, restore_version)
+                before = tx.entity_get(EntityGet(MAIN, namespace, key, version=restore_version))
                 from replayq.recording.state import version_from_row
 
                 restored = version_from_row(tx, before).data if before else None
             # Every version since the job's *first* write that someone else wrote: writes
             # interleaved between the job's own (e.g. across its retries) would be undone too.
-            later = tx.entity_versions_after(MAIN, namespace, key, int(first["version"]))
+            later = tx.entity_list(
+                EntityFilter(branch=MAIN, namespace=namespace, key=key, after_version=first.version)
+            )
             changes.append(
                 RollbackChange(
                     resource_name(namespace, key),
@@ -104,12 +114,11 @@ def plan_rollback(source: RuntimeSource, job_id: int, attempt: int | None = None
                     restored,
                     sorted(
                         {
-                            r["job_id"]
+                            r.job_id
                             for r in later
-                            if r["job_id"]
+                            if r.job_id
                             and (
-                                r["job_id"] != job_id
-                                or (attempt is not None and r["attempt"] != attempt)
+                                r.job_id != job_id or (attempt is not None and r.attempt != attempt)
                             )
                         }
                     ),
@@ -165,7 +174,7 @@ def rollback(
             )
             if not tx.entity_put(row, current.version):
                 raise ConcurrencyError(f"{change.resource} changed while rolling back; try again")
-            tx.cache_delete_source(change.namespace, change.key)
+            tx.cache_delete(CacheDelete(namespace=change.namespace, key=change.key))
             events.append(
                 TraceEvent(
                     trace_id=job.trace_id,
@@ -211,20 +220,20 @@ def compensate(
     with runtime.storage.transaction(readonly=True) as tx:
         records = [
             r
-            for r in tx.idem_by_job(job_id)
-            if r["status"] == "succeeded" and (attempt is None or r["attempt"] == attempt)
+            for r in tx.idem_list(IdemFilter(job_id=job_id))
+            if r.status == "succeeded" and (attempt is None or r.attempt == attempt)
         ]
     for record in records:
-        kind = record["operation"]
+        kind = record.operation
         if kinds is not None and kind not in kinds:
             continue
         compensator = runtime.registry.compensators.get(kind)
         if compensator is None:
             continue
-        compensator(record["key"], codec.loads(record["result"]))
+        compensator(record.key, codec.loads(record.result))
         now = runtime.clock.now()
         with runtime.storage.transaction() as tx:
-            if tx.idem_compensate(record["key"], now):
+            if tx.idem_transition(IdemCompensate(record.key, now)):
                 tx.trace_append(
                     [
                         TraceEvent(
@@ -236,11 +245,11 @@ def compensate(
                             hlc=runtime.hlc.tick(),
                             worker_id="rollback",
                             status="compensated",
-                            resource=record["key"],
+                            resource=record.key,
                             side_effect=True,
-                            data={"kind": kind, "key": record["key"], "attempt": record["attempt"]},
+                            data={"kind": kind, "key": record.key, "attempt": record.attempt},
                         )
                     ]
                 )
-                done.append(record["key"])
+                done.append(record.key)
     return done

@@ -43,7 +43,7 @@ from replayq.replay.decision import contract_decision, recorded_decision
 from replayq.replay.recorded import Outcome, RecordedWorld, Recording
 from replayq.runtime import Runtime, RuntimeSource
 from replayq.seal import SealReport, Violation, seal
-from replayq.storage.protocol import Transaction
+from replayq.storage.protocol import BranchCreate, LineagePut, TraceQuery, Transaction
 
 REPLAY_WORKER = "replay"
 
@@ -87,17 +87,17 @@ def _write_begin(
 ) -> None:
     """The derived trace's branch and lineage rows."""
     now = runtime.clock.now()
-    tx.branch_create(branch, "main", base_hlc, origin, now)
+    tx.branch_create(BranchCreate(branch, "main", base_hlc, origin, now))
     tx.lineage_put(
-        {
-            "trace_id": trace_id,
-            "origin": origin,
-            "source_trace_id": recording.job.trace_id,
-            "source_job_id": recording.job.id,
-            "branch": branch,
-            "details": codec.dumps(details),
-            "now": now,
-        }
+        LineagePut(
+            trace_id=trace_id,
+            origin=origin,
+            source_trace_id=recording.job.trace_id,
+            source_job_id=recording.job.id,
+            branch=branch,
+            details=codec.dumps(details),
+            now=now,
+        )
     )
 
 
@@ -295,7 +295,11 @@ def run_derived(
         unrecorded = _record_unrecorded_io(runtime, ctx, sealed)
         _finish(runtime, trace_id, outcome, origin)
         with runtime.storage.transaction(readonly=True) as tx:
-            now_events = [e for e in tx.trace_for_trace(trace_id) if e.name != f"{origin}.finished"]
+            now_events = [
+                e
+                for e in tx.trace_query(TraceQuery(trace_id=trace_id))
+                if e.name != f"{origin}.finished"
+            ]
         if fork_step is not None:
             # Compare only from the fork point on; before it the fork used the recording.
             recorded = from_step(recorded, fork_step)

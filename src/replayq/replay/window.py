@@ -9,6 +9,7 @@ job's own trace: not replays, forks or reruns).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -73,7 +74,7 @@ def events_between(
         if len(page) < params.limit:
             return
         last = page[-1][0]
-        params = TraceWindow(**{**vars(params), "after_hlc": last.hlc, "after_id": last.id or 0})
+        params = dataclasses.replace(params, after_hlc=last.hlc, after_id=last.id or 0)
 
 
 @dataclass(frozen=True)
@@ -104,12 +105,12 @@ def signal_series(
         )
     return [
         SignalPoint(
-            bucket=int(row["bucket_ms"]) / 1000,
-            job_type=row["job_type"],
-            version=row["version"],
-            signal=SIGNALS[row["name"]],
-            event=row["name"],
-            count=int(row["count"]),
+            bucket=int(row.bucket_ms) / 1000,
+            job_type=row.job_type,
+            version=row.version,
+            signal=SIGNALS[row.name],
+            event=row.name,
+            count=int(row.count),
         )
         for row in rows
     ]

@@ -10,6 +10,7 @@ attempts finish where they run.
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from replayq.rollout.background import VerifyRun, verify_runs
 from replayq.rollout.gates import GateReport, evaluate_gates
 from replayq.rollout.routing import PinRule, Routing, parse_share
 from replayq.runtime import Runtime, RuntimeSource
-from replayq.storage.protocol import JobFilter, RoutingPut, Transaction
+from replayq.storage.protocol import JobFilter, JobReroute, RoutingPut, Transaction
 
 _CAS_TRIES = 5
 
@@ -72,21 +73,14 @@ class Rollout:
 
     def routing(self) -> Routing | None:
         with self.runtime.storage.transaction(readonly=True) as tx:
-            row = tx.routing_get(self.job_type)
-        return Routing.from_row(row) if row is not None else None
+            rows = tx.routing_list(self.job_type)
+        return Routing.from_row(rows[0]) if rows else None
 
     def history(self) -> list[RoutingChange]:
         with self.runtime.storage.transaction(readonly=True) as tx:
             rows = tx.routing_events(self.job_type)
         return [
-            RoutingChange(
-                int(r["revision"]),
-                str(r["action"]),
-                str(r["actor"]),
-                r["reason"],
-                float(r["ts"]),
-                codec.loads(r["body"]),
-            )
+            RoutingChange(r.revision, r.action, r.actor, r.reason, r.ts, codec.loads(r.body))
             for r in rows
         ]
 
@@ -94,10 +88,14 @@ class Rollout:
         """Stored shadow and dual-run comparisons, newest first."""
         with self.runtime.storage.transaction(readonly=True) as tx:
             rows = tx.comparison_list(self.job_type, mode, limit)
-        for row in rows:
-            row["classes"] = codec.loads(row["classes"])
-            row["report"] = codec.loads(row["report"])
-        return rows
+        return [
+            {
+                **dataclasses.asdict(row),
+                "classes": codec.loads(row.classes),
+                "report": codec.loads(row.report),
+            }
+            for row in rows
+        ]
 
     def comparison_summary(self) -> dict[str, dict[str, Any]]:
         """Per mode (shadow, dual-run): how many compared, how many differed, by class."""
@@ -310,7 +308,7 @@ class Rollout:
             moved = 0
             for version in before.versions():
                 if version != after.baseline:
-                    moved += tx.job_reroute(self.job_type, version, after.baseline)
+                    moved += tx.job_reroute(JobReroute(self.job_type, version, after.baseline))
             in_flight = sum(
                 1
                 for job in tx.job_list(JobFilter(["running"], self.job_type, None, 100_000))
@@ -332,8 +330,8 @@ class Rollout:
         runtime = self.runtime
         for _ in range(_CAS_TRIES):
             with runtime.storage.transaction() as tx:
-                row = tx.routing_get(self.job_type)
-                current = Routing.from_row(row) if row is not None else None
+                rows = tx.routing_list(self.job_type)
+                current = Routing.from_row(rows[0]) if rows else None
                 wanted = change(current)
                 now = runtime.clock.now()
                 expected = current.revision if current else 0
@@ -408,7 +406,7 @@ class Rollout:
             known = registry.versions(self.job_type)
         else:
             with self.runtime.storage.transaction(readonly=True) as tx:
-                known = [v for _, v, _, _ in tx.contract_list(self.job_type)]
+                known = [c.version for c in tx.contract_list(self.job_type)]
         if version not in known:
             raise RolloutRefusedError(
                 f"{self.job_type} has no version {version!r} "

@@ -119,26 +119,26 @@ def figures(runtime: Runtime, job_type: str, since: float) -> dict[str, VersionF
     by_version: dict[str, VersionFigures] = {}
     # An attempt's decision (retry, dead) belongs to the version whose attempt failed,
     # even if a rollback has since moved the queued job to another version.
-    attempt_version: dict[tuple[Any, Any], str] = {}
+    attempt_version: dict[tuple[Any, Any], str | None] = {}
 
     def of(version: str | None) -> VersionFigures:
         name = version or "?"
         return by_version.setdefault(name, VersionFigures(name))
 
     for row in rows:
-        name, key = row["name"], (row["job_id"], row["attempt"])
+        name, key = row.name, (row.job_id, row.attempt)
         if name in ("job.succeeded", "job.failed"):
-            attempt_version[key] = row["version"]
-            figures_ = of(row["version"])
+            attempt_version[key] = row.version
+            figures_ = of(row.version)
             figures_.attempts += 1
-            if row["duration"] is not None:
-                figures_.durations.append(float(row["duration"]))
+            if row.duration is not None:
+                figures_.durations.append(float(row.duration))
             if name == "job.succeeded":
                 figures_.succeeded += 1
             else:
-                figures_.failed_by_class[row["error_class"] or "unknown"] += 1
+                figures_.failed_by_class[row.error_class or "unknown"] += 1
             continue
-        figures_ = of(attempt_version.get(key, row["version"]))
+        figures_ = of(attempt_version.get(key, row.version))
         if name == "retry.scheduled":
             figures_.retries += 1
         elif name == "job.dead":
@@ -149,7 +149,7 @@ def figures(runtime: Runtime, job_type: str, since: float) -> dict[str, VersionF
             figures_.lock_expired += 1
         elif name == "cache.read":
             figures_.cache_reads += 1
-            figures_.stale_reads += 1 if row["stale"] in (True, 1, "true") else 0
+            figures_.stale_reads += 1 if row.stale else 0
     return by_version
 
 

@@ -36,7 +36,7 @@ class Router:
         with self._lock:
             now = time.monotonic()
             if force or now - self._read_at >= self.refresh_seconds:
-                self._routes = {r["job_type"]: Routing.from_row(r) for r in tx.routing_list()}
+                self._routes = {r.job_type: Routing.from_row(r) for r in tx.routing_list()}
                 self._read_at = now
             return self._routes
 

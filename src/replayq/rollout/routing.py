@@ -23,6 +23,7 @@ from typing import Any
 from replayq import codec
 from replayq.errors import ConfigurationError
 from replayq.model import Job
+from replayq.storage.protocol import RoutingRecord
 
 ORDERING_KEY = "ordering_key"
 
@@ -152,10 +153,10 @@ class Routing:
         }
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> Routing:
-        body = codec.loads(row["body"]) if isinstance(row["body"], str) else row["body"]
+    def from_row(cls, row: RoutingRecord) -> Routing:
+        body = codec.loads(row.body)
         return cls(
-            job_type=str(row["job_type"]),
+            job_type=row.job_type,
             baseline=str(body["baseline"]),
             weights={str(k): float(v) for k, v in (body.get("weights") or {}).items()},
             pins=tuple(
@@ -171,6 +172,6 @@ class Routing:
             shadow_fraction=float(body.get("shadow_fraction") or 0.0),
             dual_run_version=body.get("dual_run_version"),
             candidate=body.get("candidate"),
-            revision=int(row["revision"]),
-            updated_at=row.get("updated_at"),
+            revision=row.revision,
+            updated_at=row.updated_at,
         )

@@ -13,6 +13,7 @@ from replayq.model import Job
 from replayq.replay.engine import dry_run
 from replayq.rollout.verify import classify
 from replayq.runtime import Runtime
+from replayq.storage.protocol import ComparisonPut, TraceQuery
 
 
 def compare_attempt(runtime: Runtime, job: Job, version: str, *, mode: str) -> list[str]:
@@ -20,22 +21,24 @@ def compare_attempt(runtime: Runtime, job: Job, version: str, *, mode: str) -> l
     report = dry_run(runtime, job.id, attempt=job.attempt, version=version)
     with runtime.storage.transaction(readonly=True) as tx:
         recorded = [
-            e for e in tx.trace_for_job(job.id) if e.attempt == job.attempt and e.kind == "domain"
+            e
+            for e in tx.trace_query(TraceQuery(job_id=job.id))
+            if e.attempt == job.attempt and e.kind == "domain"
         ]
-        now = tx.trace_for_trace(report.trace_id)
+        now = tx.trace_query(TraceQuery(trace_id=report.trace_id))
     classes, details = classify(report, recorded, now)
     with runtime.storage.transaction() as tx:
         tx.comparison_put(
-            {
-                "job_type": job.job_type,
-                "job_id": job.id,
-                "attempt": job.attempt,
-                "mode": mode,
-                "from_version": job.handler_version,
-                "to_version": version,
-                "classes": codec.dumps(classes),
-                "report": codec.dumps({"details": details, "trace_id": report.trace_id}),
-                "now": runtime.clock.now(),
-            }
+            ComparisonPut(
+                job_type=job.job_type,
+                job_id=job.id,
+                attempt=job.attempt,
+                mode=mode,
+                from_version=job.handler_version,
+                to_version=version,
+                classes=codec.dumps(classes),
+                report=codec.dumps({"details": details, "trace_id": report.trace_id}),
+                now=runtime.clock.now(),
+            )
         )
     return classes

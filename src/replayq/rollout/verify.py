@@ -34,7 +34,7 @@ from replayq.model import TraceEvent
 from replayq.replay.engine import ReplayReport, dry_run, dry_run_many
 from replayq.replay.recorded import attempts_with_events
 from replayq.runtime import RuntimeSource
-from replayq.storage.protocol import JobFilter
+from replayq.storage.protocol import JobFilter, TraceQuery
 
 DIFFERENCE_CLASSES = (
     "outcome",
@@ -184,7 +184,7 @@ def recorded_attempts(
         for job in jobs:
             if since is not None and job.created_at < since:
                 continue
-            events = tx.trace_for_job(job.id)
+            events = tx.trace_query(TraceQuery(job_id=job.id))
             ran = {
                 e.attempt
                 for e in events
@@ -304,7 +304,9 @@ def compare_attempts(
         reports = _replay_batch(source, batch, to_version)
         elapsed = (time.perf_counter() - tick) / len(batch)
         with runtime.storage.transaction(readonly=True) as tx:
-            recorded_by_job = {job_id: tx.trace_for_job(job_id) for job_id, _, _ in batch}
+            recorded_by_job = {
+                job_id: tx.trace_query(TraceQuery(job_id=job_id)) for job_id, _, _ in batch
+            }
         for (job_id, attempt, _), replayed in zip(batch, reports, strict=True):
             recorded_all = [e for e in recorded_by_job[job_id] if e.attempt == attempt]
             recorded = [e for e in recorded_all if e.kind == "domain"]

@@ -1,4 +1,47 @@
-"""Storage backends behind one small protocol (``storage.protocol``)."""
+"""Storage: one typed seam (``storage.protocol``) and two backends behind it.
+
+::
+
+    storage/
+    ├── protocol.py         Storage, Transaction (the verbs), their parameter dataclasses
+    │                       and the records they return; Listener, an optional capability
+    ├── sql_transaction.py  the queue, trace and rollout verbs, once, over named queries
+    ├── context_verbs.py    the recording context's verbs (state, locks, effects, cache,
+    │                       outbox, steps, blobs, lineage, schedules), once, likewise
+    ├── queries.py          loads ``-- name: NAME`` queries from a backend's *.sql files
+    ├── sqlite/             SqliteStorage: one file per noun of SQL, migrations/, schema.sql
+    ├── postgres/           PostgresStorage (+ Listener: LISTEN/NOTIFY wake-ups), likewise
+    ├── migrate.py          applying and reporting migrations
+    ├── adopted.py          verbs on the caller's own connection (transactional enqueue)
+    ├── tap.py              tells listeners which trace events committed (metrics, OTel)
+    ├── reconnect.py        backoff while the database is unreachable
+    └── cache.py            where ``ctx.cache`` keeps entries: this database, or Redis
+
+The verbs, by noun (``Transaction``; each takes a parameter dataclass or a few
+scalars and returns records, never a mapping)::
+
+    jobs      job_insert job_get job_lease lease_check lease_reap job_list job_count job_match
+              job_cancel_requested job_reroute
+              job_transition(LeaseExtend | JobComplete | JobRetry | JobBury | JobCancel |
+                  JobCancelRequest | JobCancelRunning | JobRequeue | LeaseRelease |
+                  JobRedeliver | JobRoute | JobSetRecorded)      one CAS on one job row
+    reports   job_stats job_gauges job_scheduled job_durations version_outcomes
+              signal_counts signal_series outbox_backlog job_out_of_order
+    trace     trace_append trace_query(TraceQuery) trace_window(TraceWindow)
+    rollouts  contract_put contract_list contract_activate contract_active
+              routing_list routing_put routing_events comparison_put comparison_list
+    state     entity_get(EntityGet) entity_list(EntityFilter) entity_put branch_create branch_get
+    locks     lock_acquire lock_get lock_list lock_renew lock_release (owner None: break)
+    effects   idem_transition(IdemClaim | IdemTakeover | IdemSucceed | IdemFail |
+                  IdemCompensate | IdemResolve)  idem_list(IdemFilter)
+    others    cache_put cache_get cache_delete  outbox_insert outbox_claim outbox_mark
+              outbox_by_job  step_complete step_by_job  blob_put blob_get
+              lineage_put lineage_list lineage_page  schedule_update schedule_list
+
+A capability only some backends have is an optional protocol the caller checks
+with ``isinstance`` (``Listener``), never a ``getattr`` probe. Imports: the
+foundations only (``errors``, ``codec``, ``model``, ``seal``).
+"""
 
 from __future__ import annotations
 

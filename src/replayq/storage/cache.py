@@ -15,7 +15,7 @@ from typing import Any, Protocol, TypeVar, cast
 from replayq import codec
 from replayq.errors import ConfigurationError
 from replayq.seal import unsealed
-from replayq.storage.protocol import Row, Storage
+from replayq.storage.protocol import CacheDelete, CacheLookup, CachePut, CacheRecord, Storage
 
 
 @dataclass(frozen=True)
@@ -42,16 +42,16 @@ class CacheBackend(Protocol):
     def delete_base(self, base_key: str) -> None: ...
 
 
-def _entry(row: Row) -> CacheEntry:
+def _entry(row: CacheRecord) -> CacheEntry:
     return CacheEntry(
-        row["key"],
-        row["base_key"],
-        codec.loads(row["value"]),
-        row["version"],
-        row["source_namespace"],
-        row["source_key"],
-        row["written_at"],
-        row["expires_at"],
+        row.key,
+        row.base_key,
+        codec.loads(row.value),
+        row.version,
+        row.source_namespace,
+        row.source_key,
+        row.written_at,
+        row.expires_at,
     )
 
 
@@ -63,13 +63,13 @@ class DatabaseCache:
 
     def get(self, key: str, now: float) -> CacheEntry | None:
         with self._storage.transaction(readonly=True) as tx:
-            row = tx.cache_get(key, now)
-        return _entry(row) if row else None
+            row = tx.cache_get(CacheLookup(now, key=key))
+        return _entry(row) if row is not None else None
 
     def latest(self, base_key: str, now: float) -> CacheEntry | None:
         with self._storage.transaction(readonly=True) as tx:
-            row = tx.cache_latest(base_key, now)
-        return _entry(row) if row else None
+            row = tx.cache_get(CacheLookup(now, base_key=base_key))
+        return _entry(row) if row is not None else None
 
     def put(self, entry: CacheEntry) -> None:
         with self._storage.transaction() as tx:
@@ -77,20 +77,20 @@ class DatabaseCache:
 
     def delete_base(self, base_key: str) -> None:
         with self._storage.transaction() as tx:
-            tx.cache_delete_base(base_key)
+            tx.cache_delete(CacheDelete(base_key=base_key))
 
 
-def _params(entry: CacheEntry) -> dict[str, Any]:
-    return {
-        "key": entry.key,
-        "base_key": entry.base_key,
-        "value": codec.dumps(entry.value, what=f"cache {entry.key}"),
-        "version": entry.version,
-        "source_namespace": entry.source_namespace,
-        "source_key": entry.source_key,
-        "now": entry.written_at,
-        "expires_at": entry.expires_at,
-    }
+def _params(entry: CacheEntry) -> CachePut:
+    return CachePut(
+        key=entry.key,
+        base_key=entry.base_key,
+        value=codec.dumps(entry.value, what=f"cache {entry.key}"),
+        version=entry.version,
+        source_namespace=entry.source_namespace,
+        source_key=entry.source_key,
+        now=entry.written_at,
+        expires_at=entry.expires_at,
+    )
 
 
 F = TypeVar("F", bound=Callable[..., Any])

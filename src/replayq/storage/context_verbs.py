@@ -4,16 +4,94 @@ and the schedules of periodic jobs.
 A mixin over ``SqlTransaction``'s plumbing (``execute``, ``fetchone``, ``fetchall``,
 ``changed``); the SQL lives in each backend's ``state.sql``, ``locks.sql``,
 ``effects.sql``, ``cache.sql``, ``outbox.sql``, ``steps.sql``, ``blobs.sql``,
-``lineage.sql`` and ``schedules.sql``. Rows come back as plain dicts; the domain modules
-turn them into records.
+``lineage.sql`` and ``schedules.sql``. Rows come back as the protocol's records
+(``record(cls, row)``: one field per column, a missing column is an error).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar
+
+from replayq.storage.protocol import (
+    Blob,
+    BlobPut,
+    Branch,
+    BranchCreate,
+    CacheDelete,
+    CacheLookup,
+    CachePut,
+    CacheRecord,
+    EntityFilter,
+    EntityGet,
+    EntityRecord,
+    IdemChange,
+    IdemClaim,
+    IdemCompensate,
+    IdemFail,
+    IdemFilter,
+    IdemRecord,
+    IdemResolve,
+    IdemSucceed,
+    IdemTakeover,
+    LineagePut,
+    LineageRecord,
+    Lock,
+    LockAcquire,
+    LockGrant,
+    OutboxBacklog,
+    OutboxInsert,
+    OutboxMark,
+    OutboxRecord,
+    ScheduleAdvance,
+    ScheduleChange,
+    ScheduleMade,
+    ScheduleRecord,
+    ScheduleRegister,
+    StepRecord,
+)
 
 Row = dict[str, Any]
+R = TypeVar("R")
+
+_FIELDS: dict[type[Any], tuple[str, ...]] = {}
+
+
+def record(cls: type[R], row: Mapping[str, Any]) -> R:
+    """The record ``cls`` from a row, one field per column of the same name.
+
+    A field with a default may be absent from the row (``IdemRecord.in_doubt``).
+    """
+    names = _FIELDS.get(cls)
+    if names is None:
+        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
+    return cls(**{name: row[name] for name in names if name in row})
+
+
+def query_params(obj: Any) -> dict[str, Any]:
+    """A parameter dataclass as the named parameters of its query."""
+    names = _FIELDS.get(type(obj))
+    if names is None:
+        names = _FIELDS[type(obj)] = tuple(f.name for f in dataclasses.fields(obj))
+    return {name: getattr(obj, name) for name in names}
+
+
+# Which named query each compare-and-set runs; ``True`` when it answers with a row.
+_IDEM_QUERIES: dict[type[Any], tuple[str, bool]] = {
+    IdemClaim: ("idem_claim", True),
+    IdemTakeover: ("idem_takeover", False),
+    IdemSucceed: ("idem_succeed", False),
+    IdemFail: ("idem_fail", False),
+    IdemCompensate: ("idem_compensate", False),
+    IdemResolve: ("idem_resolve", False),
+}
+
+_SCHEDULE_QUERIES: dict[type[Any], str] = {
+    ScheduleRegister: "schedule_register",
+    ScheduleAdvance: "schedule_advance",
+    ScheduleMade: "schedule_made",
+}
 
 
 class ContextVerbs:
@@ -33,166 +111,147 @@ class ContextVerbs:
 
     # -- state ------------------------------------------------------------------------------
 
-    def entity_head(self, branch: str, namespace: str, key: str) -> Row | None:
-        return self.fetchone("entity_head", {"branch": branch, "namespace": namespace, "key": key})
+    def entity_get(self, query: EntityGet) -> EntityRecord | None:
+        where = {"branch": query.branch, "namespace": query.namespace, "key": query.key}
+        if query.at_hlc is not None:
+            row = self.fetchone("entity_version_at", {**where, "hlc": query.at_hlc})
+        else:
+            version = query.version
+            if version is None:
+                head = self.fetchone("entity_head", where)
+                if head is None:
+                    return None
+                version = int(head["version"])
+            row = self.fetchone("entity_version_get", {**where, "version": version})
+        return None if row is None else record(EntityRecord, row)
 
-    def entity_version_get(self, branch: str, namespace: str, key: str, version: int) -> Row | None:
-        params = {"branch": branch, "namespace": namespace, "key": key, "version": version}
-        return self.fetchone("entity_version_get", params)
+    def entity_list(self, query: EntityFilter) -> list[EntityRecord]:
+        if query.job_id is not None:
+            rows = self.fetchall("entity_versions_by_job", {"job_id": query.job_id})
+        else:
+            where = {
+                "branch": query.branch,
+                "namespace": query.namespace,
+                "key": query.key,
+                "version": query.after_version,
+            }
+            rows = self.fetchall("entity_versions_after", where)
+        return [record(EntityRecord, r) for r in rows]
 
-    def entity_version_at(self, branch: str, namespace: str, key: str, hlc: int) -> Row | None:
-        params = {"branch": branch, "namespace": namespace, "key": key, "hlc": hlc}
-        return self.fetchone("entity_version_at", params)
-
-    def entity_put(self, row: Mapping[str, Any], expected_version: int) -> bool:
-        """Compare-and-set the head from ``expected_version`` (0: new) and insert the version."""
-        head = {
-            "branch": row["branch"],
-            "namespace": row["namespace"],
-            "key": row["key"],
-            "new_version": row["version"],
-            "expected_version": expected_version,
-            "hlc": row["hlc"],
-        }
-        query = "entity_head_insert" if expected_version == 0 else "entity_head_cas"
-        if not self.changed(query, head):
-            return False
-        self.execute("entity_version_insert", row)
+    def entity_put(self, row: EntityRecord, expected_version: int | None) -> bool:
+        """Compare-and-set the head from ``expected_version`` (0: new) and insert the version;
+        ``None``: insert the version only (importing a recorded case)."""
+        if expected_version is not None:
+            head = {
+                "branch": row.branch,
+                "namespace": row.namespace,
+                "key": row.key,
+                "new_version": row.version,
+                "expected_version": expected_version,
+                "hlc": row.hlc,
+            }
+            query = "entity_head_insert" if expected_version == 0 else "entity_head_cas"
+            if not self.changed(query, head):
+                return False
+        self.execute("entity_version_insert", query_params(row))
         return True
 
-    def entity_version_insert(self, row: Mapping[str, Any]) -> None:
-        """Insert a version row without moving the head (importing a recorded case)."""
-        self.execute("entity_version_insert", row)
+    def branch_create(self, change: BranchCreate) -> None:
+        self.execute("branch_create", query_params(change))
 
-    def entity_history(self, branch: str, namespace: str, key: str) -> list[Row]:
-        params = {"branch": branch, "namespace": namespace, "key": key}
-        return self.fetchall("entity_history", params)
-
-    def entity_versions_by_job(self, job_id: int) -> list[Row]:
-        return self.fetchall("entity_versions_by_job", {"job_id": job_id})
-
-    def entity_versions_after(
-        self, branch: str, namespace: str, key: str, version: int
-    ) -> list[Row]:
-        params = {"branch": branch, "namespace": namespace, "key": key, "version": version}
-        return self.fetchall("entity_versions_after", params)
-
-    def branch_create(
-        self, branch: str, base_branch: str, base_hlc: int, origin: str, now: float
-    ) -> None:
-        params = {
-            "branch": branch,
-            "base_branch": base_branch,
-            "base_hlc": base_hlc,
-            "origin": origin,
-            "now": now,
-        }
-        self.execute("branch_create", params)
-
-    def branch_get(self, branch: str) -> Row | None:
-        return self.fetchone("branch_get", {"branch": branch})
-
-    def branch_entities(self, branch: str) -> list[Row]:
-        return self.fetchall("branch_entities", {"branch": branch})
+    def branch_get(self, branch: str) -> Branch | None:
+        row = self.fetchone("branch_get", {"branch": branch})
+        return None if row is None else record(Branch, row)
 
     # -- locks ------------------------------------------------------------------------------
 
-    def lock_acquire(self, params: Mapping[str, Any]) -> Row | None:
-        """Take the lock if free or expired; returns its new fencing token and HLC."""
-        return self.fetchone("lock_acquire", params)
+    def lock_acquire(self, change: LockAcquire) -> LockGrant | None:
+        row = self.fetchone("lock_acquire", query_params(change))
+        return None if row is None else LockGrant(int(row["fencing_token"]), int(row["hlc"]))
 
-    def lock_get(self, resource: str) -> Row | None:
-        return self.fetchone("lock_get", {"resource": resource})
+    def lock_get(self, resource: str) -> Lock | None:
+        row = self.fetchone("lock_get", {"resource": resource})
+        return None if row is None else record(Lock, row)
+
+    def lock_list(self) -> list[Lock]:
+        return [record(Lock, r) for r in self.fetchall("lock_list")]
 
     def lock_renew(self, resource: str, owner_token: str, now: float, ttl: float) -> bool:
-        params = {"resource": resource, "owner_token": owner_token, "now": now, "ttl": ttl}
-        return self.changed("lock_renew", params)
+        values = {"resource": resource, "owner_token": owner_token, "now": now, "ttl": ttl}
+        return self.changed("lock_renew", values)
 
-    def lock_release(self, resource: str, owner_token: str, hlc: int) -> bool:
-        params = {"resource": resource, "owner_token": owner_token, "hlc": hlc}
-        return self.changed("lock_release", params)
-
-    def lock_list(self) -> list[Row]:
-        return self.fetchall("lock_list")
-
-    def lock_break(self, resource: str, hlc: int) -> Row | None:
-        return self.fetchone("lock_break", {"resource": resource, "hlc": hlc})
-
-    def fence_current(self, resource: str) -> int | None:
-        row = self.fetchone("fence_current", {"resource": resource})
-        return None if row is None else int(row["fencing_token"])
+    def lock_release(self, resource: str, owner_token: str | None, hlc: int) -> Lock | None:
+        if owner_token is None:
+            row = self.fetchone("lock_break", {"resource": resource, "hlc": hlc})
+        else:
+            values = {"resource": resource, "owner_token": owner_token, "hlc": hlc}
+            row = self.fetchone("lock_release", values)
+        return None if row is None else record(Lock, row)
 
     # -- idempotency records ----------------------------------------------------------------
 
-    def idem_claim(self, params: Mapping[str, Any]) -> bool:
-        return self.fetchone("idem_claim", params) is not None
+    def idem_transition(self, change: IdemChange) -> bool:
+        query, returns_row = _IDEM_QUERIES[type(change)]
+        if returns_row:
+            return self.fetchone(query, query_params(change)) is not None
+        return self.changed(query, query_params(change))
 
-    def idem_get(self, key: str) -> Row | None:
-        return self.fetchone("idem_get", {"key": key})
-
-    def idem_takeover(self, params: Mapping[str, Any]) -> bool:
-        return self.changed("idem_takeover", params)
-
-    def idem_succeed(self, params: Mapping[str, Any]) -> bool:
-        return self.changed("idem_succeed", params)
-
-    def idem_fail(self, params: Mapping[str, Any]) -> bool:
-        return self.changed("idem_fail", params)
-
-    def idem_compensate(self, key: str, now: float) -> bool:
-        return self.changed("idem_compensate", {"key": key, "now": now})
-
-    def idem_by_job(self, job_id: int) -> list[Row]:
-        return self.fetchall("idem_by_job", {"job_id": job_id})
-
-    def idem_list(self, operation: str | None, in_doubt: bool, limit: int) -> list[Row]:
-        params = {"operation": operation, "in_doubt": in_doubt, "limit": limit}
-        return self.fetchall("idem_list", params)
-
-    def idem_resolve(self, params: Mapping[str, Any]) -> bool:
-        return self.changed("idem_resolve", params)
+    def idem_list(self, query: IdemFilter) -> list[IdemRecord]:
+        if query.key is not None:
+            row = self.fetchone("idem_get", {"key": query.key})
+            rows = [] if row is None else [row]
+        elif query.job_id is not None:
+            rows = self.fetchall("idem_by_job", {"job_id": query.job_id})
+        else:
+            values = {
+                "operation": query.operation,
+                "in_doubt": query.in_doubt,
+                "limit": query.limit,
+            }
+            rows = self.fetchall("idem_list", values)
+        return [record(IdemRecord, r) for r in rows]
 
     # -- cache ------------------------------------------------------------------------------
 
-    def cache_put(self, params: Mapping[str, Any]) -> None:
-        self.execute("cache_put", params)
+    def cache_put(self, change: CachePut) -> None:
+        self.execute("cache_put", query_params(change))
 
-    def cache_get(self, key: str, now: float) -> Row | None:
-        return self.fetchone("cache_get", {"key": key, "now": now})
+    def cache_get(self, query: CacheLookup) -> CacheRecord | None:
+        if query.key is not None:
+            row = self.fetchone("cache_get", {"key": query.key, "now": query.now})
+        else:
+            row = self.fetchone("cache_latest", {"base_key": query.base_key, "now": query.now})
+        return None if row is None else record(CacheRecord, row)
 
-    def cache_latest(self, base_key: str, now: float) -> Row | None:
-        return self.fetchone("cache_latest", {"base_key": base_key, "now": now})
-
-    def cache_delete_base(self, base_key: str) -> None:
-        self.execute("cache_delete_base", {"base_key": base_key})
-
-    def cache_delete_source(self, namespace: str, key: str) -> None:
-        """Drop database cache entries derived from one entity."""
-        self.execute("cache_delete_source", {"namespace": namespace, "key": key})
+    def cache_delete(self, change: CacheDelete) -> None:
+        if change.base_key is not None:
+            self.execute("cache_delete_base", {"base_key": change.base_key})
+        else:
+            where = {"namespace": change.namespace, "key": change.key}
+            self.execute("cache_delete_source", where)
 
     # -- outbox -----------------------------------------------------------------------------
 
-    def outbox_insert(self, params: Mapping[str, Any]) -> bool:
+    def outbox_insert(self, change: OutboxInsert) -> bool:
         """Insert an outbox row; ``False`` when a row with its ``event_id`` already exists."""
-        return self.changed("outbox_insert", params)
+        return self.changed("outbox_insert", query_params(change))
 
-    def outbox_claim(self, now: float, claim_seconds: float, limit: int) -> list[Row]:
-        params = {"now": now, "claim_seconds": claim_seconds, "limit": limit}
-        return self.fetchall("outbox_claim", params)
+    def outbox_claim(self, now: float, claim_seconds: float, limit: int) -> list[OutboxRecord]:
+        values = {"now": now, "claim_seconds": claim_seconds, "limit": limit}
+        return [record(OutboxRecord, r) for r in self.fetchall("outbox_claim", values)]
 
-    def outbox_mark_published(self, row_id: int, now: float) -> bool:
-        return self.changed("outbox_mark_published", {"id": row_id, "now": now})
+    def outbox_mark(self, change: OutboxMark) -> bool:
+        if change.error is None:
+            return self.changed("outbox_mark_published", {"id": change.row_id, "now": change.now})
+        return self.changed("outbox_mark_failed", {"id": change.row_id, "error": change.error})
 
-    def outbox_mark_failed(self, row_id: int, error: str) -> bool:
-        return self.changed("outbox_mark_failed", {"id": row_id, "error": error})
-
-    def outbox_backlog(self) -> Row:
+    def outbox_backlog(self) -> OutboxBacklog:
         row = self.fetchone("outbox_backlog")
         assert row is not None
-        return dict(row)
+        return OutboxBacklog(int(row["pending"]), row["oldest"])
 
-    def outbox_by_job(self, job_id: int) -> list[Row]:
-        return self.fetchall("outbox_by_job", {"job_id": job_id})
+    def outbox_by_job(self, job_id: int) -> list[OutboxRecord]:
+        return [record(OutboxRecord, r) for r in self.fetchall("outbox_by_job", {"job_id": job_id})]
 
     # -- steps ------------------------------------------------------------------------------
 
@@ -200,47 +259,40 @@ class ContextVerbs:
         """Record a committed step; ``False`` when its position was already recorded."""
         return self.changed("step_complete", params)
 
-    def step_by_job(self, job_id: int) -> list[Row]:
-        return self.fetchall("step_by_job", {"job_id": job_id})
+    def step_by_job(self, job_id: int) -> list[StepRecord]:
+        return [record(StepRecord, r) for r in self.fetchall("step_by_job", {"job_id": job_id})]
 
     # -- blobs ------------------------------------------------------------------------------
 
-    def blob_put(self, params: Mapping[str, Any]) -> None:
-        self.execute("blob_put", params)
+    def blob_put(self, change: BlobPut) -> None:
+        self.execute("blob_put", query_params(change))
 
-    def blob_get(self, digest: str) -> Row | None:
-        return self.fetchone("blob_get", {"hash": digest})
+    def blob_get(self, digest: str) -> Blob | None:
+        row = self.fetchone("blob_get", {"hash": digest})
+        return None if row is None else Blob(str(row["codec"]), bytes(row["body"]))
 
     # -- lineage ----------------------------------------------------------------------------
 
-    def lineage_put(self, params: Mapping[str, Any]) -> None:
-        self.execute("lineage_put", params)
+    def lineage_put(self, change: LineagePut) -> None:
+        self.execute("lineage_put", query_params(change))
 
-    def lineage_get(self, trace_id: str) -> Row | None:
-        return self.fetchone("lineage_get", {"trace_id": trace_id})
+    def lineage_list(
+        self, trace_id: str | None = None, source_trace_id: str | None = None
+    ) -> list[LineageRecord]:
+        where = {"trace_id": trace_id, "source_trace_id": source_trace_id}
+        return [record(LineageRecord, r) for r in self.fetchall("lineage_list", where)]
 
-    def lineage_for_source(self, source_trace_id: str) -> list[Row]:
-        return self.fetchall("lineage_for_source", {"source_trace_id": source_trace_id})
-
-    def lineage_page(self, after: tuple[float, str], limit: int) -> list[Row]:
+    def lineage_page(self, after: tuple[float, str], limit: int) -> list[LineageRecord]:
         created_at, trace_id = after
-        return self.fetchall(
+        rows = self.fetchall(
             "lineage_page", {"created_at": created_at, "trace_id": trace_id, "limit": limit}
         )
+        return [record(LineageRecord, r) for r in rows]
 
     # -- schedules --------------------------------------------------------------------------
 
-    def schedule_register(self, params: Mapping[str, Any]) -> None:
-        self.execute("schedule_register", params)
+    def schedule_update(self, change: ScheduleChange) -> bool:
+        return self.changed(_SCHEDULE_QUERIES[type(change)], query_params(change))
 
-    def schedule_get(self, name: str) -> Row | None:
-        return self.fetchone("schedule_get", {"name": name})
-
-    def schedule_advance(self, params: Mapping[str, Any]) -> bool:
-        return self.changed("schedule_advance", params)
-
-    def schedule_made(self, name: str, slot: float, job_id: int) -> None:
-        self.execute("schedule_made", {"name": name, "last_slot": slot, "last_job_id": job_id})
-
-    def schedule_list(self) -> list[Row]:
-        return self.fetchall("schedule_list")
+    def schedule_list(self, name: str | None = None) -> list[ScheduleRecord]:
+        return [record(ScheduleRecord, r) for r in self.fetchall("schedule_list", {"name": name})]

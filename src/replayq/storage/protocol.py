@@ -8,17 +8,16 @@ depends on time takes ``now`` from the caller's ``Clock``. Backends live in
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from replayq.model import Job, StatRow, TraceEvent
 
-Row = dict[str, Any]
 
-
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobInsert:
     job_type: str
     queue: str
@@ -40,7 +39,7 @@ class JobInsert:
     trace_context: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobLease:
     """Claim up to ``limit`` jobs; each gets the lease (and handler version) of its type."""
 
@@ -55,7 +54,7 @@ class JobLease:
     queues: Sequence[str] | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class LeaseExtend:
     job_id: int
     owner_token: str
@@ -63,7 +62,7 @@ class LeaseExtend:
     lease_seconds: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobComplete:
     job_id: int
     owner_token: str
@@ -72,7 +71,7 @@ class JobComplete:
     hlc: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobRetry:
     job_id: int
     owner_token: str
@@ -83,9 +82,9 @@ class JobRetry:
     hlc: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobBury:
-    """Move a job to ``dead``. ``owner_token=None`` buries regardless of owner (reaper, admin)."""
+    """Move a running job to ``dead`` (CAS on its owner); ``owner_token=None``: a queued one."""
 
     job_id: int
     owner_token: str | None
@@ -96,7 +95,7 @@ class JobBury:
     hlc: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobFilter:
     states: Sequence[str] | None = None
     job_type: str | None = None
@@ -108,7 +107,7 @@ class JobFilter:
     before: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RoutingPut:
     """Write a job type's routing record: compare-and-set on the revision the caller read.
 
@@ -125,7 +124,7 @@ class RoutingPut:
     now: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobMatch:
     """The filters of a bulk action (``replayq jobs requeue|cancel|dry-run``); ``None``: any.
 
@@ -142,7 +141,7 @@ class JobMatch:
     limit: int = 10_000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TraceWindow:
     """Events of production jobs with ``since_hlc <= hlc < until_hlc``, after a cursor.
 
@@ -160,11 +159,628 @@ class TraceWindow:
     limit: int = 1000
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MigrationStatus:
     version: int
     name: str
     applied_at: float | None
+
+
+# -- parameters of the queue's transitions (one verb: ``job_transition``) ----------------------
+
+
+@dataclass(frozen=True, slots=True)
+class JobCancel:
+    """Cancel a job that is still ``queued`` (a running one is asked: ``JobCancelRequest``)."""
+
+    job_id: int
+    now: float
+    hlc: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobCancelRequest:
+    """Ask a running job to stop; fails if it is not running (or was already asked)."""
+
+    job_id: int
+    now: float
+    hlc: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobCancelRunning:
+    """End a running job that was asked to stop as ``cancelled`` (CAS on the owner)."""
+
+    job_id: int
+    owner_token: str
+    now: float
+    hlc: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobRequeue:
+    """Move a ``dead`` job back to ``queued`` with a fresh attempt budget.
+
+    Its version is ``to_version``, or chosen afresh at its next lease when ``None``.
+    """
+
+    job_id: int
+    now: float
+    hlc: int
+    extra_attempts: int = 1
+    to_version: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseRelease:
+    """Give a running job back to the queue (shutdown): one more attempt in its budget.
+
+    The attempt number is kept, so the next run is a new attempt whose events never
+    collide with the released run's (outbox event ids are per step position, not per
+    attempt: a step the released run committed is not published twice).
+    """
+
+    job_id: int
+    owner_token: str
+    now: float
+    hlc: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobRedeliver:
+    """Re-queue a job whose lease expired; compare-and-set on the expired owner token."""
+
+    job_id: int
+    owner_token: str
+    now: float
+    hlc: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobRoute:
+    """Set the version of a running job this owner holds: leased without one, or with one
+    its routing no longer names (the worker decides; the row is a CAS on the owner)."""
+
+    job_id: int
+    owner_token: str
+    version: str
+
+
+@dataclass(frozen=True, slots=True)
+class JobSetRecorded:
+    """Mark an imported regression-case job as it was recorded."""
+
+    job_id: int
+    handler_version: str | None
+    result_json: str
+    attempt: int
+
+
+JobChange = (
+    LeaseExtend
+    | JobComplete
+    | JobRetry
+    | JobBury
+    | JobCancel
+    | JobCancelRequest
+    | JobCancelRunning
+    | JobRequeue
+    | LeaseRelease
+    | JobRedeliver
+    | JobRoute
+    | JobSetRecorded
+)
+"""Every compare-and-set on one job row: ``job_transition`` returns whether it applied."""
+
+
+@dataclass(frozen=True, slots=True)
+class JobReroute:
+    """Move the queued jobs of a type from one version to another."""
+
+    job_type: str
+    from_version: str
+    to_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class TraceQuery:
+    """Which events ``trace_query`` reads: exactly one of the three filters is set.
+
+    ``job_id``: the job's events in HLC order; ``trace_id``: one trace's events;
+    ``resource``: events on the resource or on its versioned keys (``resource:v<N>``),
+    in HLC order, across jobs and workers.
+    """
+
+    job_id: int | None = None
+    trace_id: str | None = None
+    resource: str | None = None
+
+
+# -- parameters of the rollout, state, lock, effect, cache, outbox, blob, lineage and schedule verbs
+
+
+@dataclass(frozen=True, slots=True)
+class ComparisonPut:
+    """One shadow or dual-run comparison of a job under a candidate version."""
+
+    job_type: str
+    job_id: int
+    attempt: int
+    mode: str
+    from_version: str | None
+    to_version: str
+    classes: str
+    report: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class EntityGet:
+    """One version of an entity: the head (neither filter), ``version``, or the newest
+    written at or before ``at_hlc``."""
+
+    branch: str
+    namespace: str
+    key: str
+    version: int | None = None
+    at_hlc: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EntityFilter:
+    """Versions written by ``job_id`` (HLC order), or of one entity after ``after_version``."""
+
+    job_id: int | None = None
+    branch: str | None = None
+    namespace: str | None = None
+    key: str | None = None
+    after_version: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BranchCreate:
+    branch: str
+    base_branch: str
+    base_hlc: int
+    origin: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class LockAcquire:
+    resource: str
+    owner_token: str
+    job_id: int | None
+    worker_id: str | None
+    now: float
+    ttl: float
+    hlc: int
+
+
+@dataclass(frozen=True, slots=True)
+class IdemClaim:
+    """Claim a business key before its side effect runs; fails when the key exists."""
+
+    key: str
+    operation: str
+    claim_token: str
+    now: float
+    trace_id: str | None
+    job_id: int | None
+    attempt: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class IdemTakeover:
+    """Claim again a record left ``expected_status`` by ``expected_claim``."""
+
+    key: str
+    claim_token: str
+    now: float
+    trace_id: str | None
+    job_id: int | None
+    attempt: int | None
+    expected_status: str
+    expected_claim: str
+
+
+@dataclass(frozen=True, slots=True)
+class IdemSucceed:
+    key: str
+    claim_token: str
+    result: str | None
+    result_ref: str | None
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class IdemFail:
+    key: str
+    claim_token: str
+    error: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class IdemCompensate:
+    """A ``succeeded`` record whose effect was reversed (rollback)."""
+
+    key: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class IdemResolve:
+    """Settle an in-doubt record: compare-and-set on ``status = 'started'`` and its claim."""
+
+    key: str
+    claim_token: str
+    status: str
+    result: str | None
+    error: str | None
+    now: float
+
+
+IdemChange = IdemClaim | IdemTakeover | IdemSucceed | IdemFail | IdemCompensate | IdemResolve
+"""Every write of an idempotency record: ``idem_transition`` returns whether it applied."""
+
+
+@dataclass(frozen=True, slots=True)
+class IdemFilter:
+    """Effect records by ``key``, by ``job_id`` (oldest first), or newest first by
+    ``operation``; ``in_doubt``: only ``started`` by an attempt that no longer runs."""
+
+    key: str | None = None
+    job_id: int | None = None
+    operation: str | None = None
+    in_doubt: bool = False
+    limit: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class CachePut:
+    key: str
+    base_key: str
+    value: str
+    version: int | None
+    source_namespace: str | None
+    source_key: str | None
+    now: float
+    expires_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class CacheLookup:
+    """An unexpired entry by ``key``, or the newest one of ``base_key``."""
+
+    now: float
+    key: str | None = None
+    base_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CacheDelete:
+    """Drop the entries of ``base_key``, or those derived from entity ``namespace``/``key``."""
+
+    base_key: str | None = None
+    namespace: str | None = None
+    key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxInsert:
+    event_id: str
+    topic: str
+    payload: str
+    job_id: int | None
+    trace_id: str | None
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxMark:
+    """A claimed row published (``error is None``) or failed with ``error``."""
+
+    row_id: int
+    now: float
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class BlobPut:
+    hash: str
+    codec: str
+    size: int
+    stored_size: int
+    body: bytes
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class LineagePut:
+    trace_id: str
+    origin: str
+    source_trace_id: str
+    source_job_id: int | None
+    branch: str | None
+    details: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRegister:
+    """Store a periodic job's declaration; a new one is anchored at ``now``."""
+
+    name: str
+    cron: str
+    job_type: str
+    timezone: str
+    missed: str
+    next_slot: float | None
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleAdvance:
+    """Compare-and-set of a schedule's anchor (the newest decided slot)."""
+
+    name: str
+    expected_anchor: float
+    anchor: float
+    next_slot: float | None
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleMade:
+    """Note the newest slot a schedule enqueued and the job it made."""
+
+    name: str
+    last_slot: float
+    last_job_id: int
+
+
+ScheduleChange = ScheduleRegister | ScheduleAdvance | ScheduleMade
+
+
+# -- records the verbs return (one column per field) --------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class JobGauge:
+    """Open production jobs of one queue, type, version and state (``replayq metrics``)."""
+
+    queue: str
+    job_type: str
+    version: str
+    state: str
+    count: int
+    oldest_ready: float | None
+    oldest_leased: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class OrderBreak:
+    """Production jobs of one queue, type and version run (or waiting) after an earlier job
+    of their ordering key died or was cancelled (``replayq_jobs_out_of_order``)."""
+
+    queue: str
+    job_type: str
+    version: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class SignalBucket:
+    """How many events of ``name`` fell in one time bucket for a type and version."""
+
+    bucket_ms: int
+    job_type: str
+    version: str | None
+    name: str
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class VersionOutcome:
+    """An attempt's end, a decision or an incident of a job, with the version that ran it."""
+
+    job_id: int
+    attempt: int | None
+    name: str
+    version: str | None
+    error_class: str | None
+    duration: float | None
+    reason: str | None
+    stale: bool | None
+
+
+@dataclass(frozen=True, slots=True)
+class ContractRecord:
+    job_type: str
+    version: str
+    body: str
+    registered_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingRecord:
+    job_type: str
+    body: str
+    revision: int
+    updated_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingEvent:
+    id: int
+    job_type: str
+    revision: int
+    action: str
+    actor: str
+    reason: str | None
+    body: str
+    ts: float
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    id: int
+    job_type: str
+    job_id: int
+    attempt: int
+    mode: str
+    from_version: str | None
+    to_version: str
+    classes: str
+    report: str
+    ts: float
+
+
+@dataclass(frozen=True, slots=True)
+class EntityRecord:
+    """One copy-on-write version of an entity; also what ``entity_put`` writes."""
+
+    branch: str
+    namespace: str
+    key: str
+    version: int
+    parent_version: int | None
+    data: str | None
+    data_ref: str | None
+    delta: str
+    job_id: int | None
+    trace_id: str | None
+    attempt: int | None
+    fencing_token: int | None
+    created_at: float
+    hlc: int
+
+
+@dataclass(frozen=True, slots=True)
+class Branch:
+    branch: str
+    base_branch: str
+    base_hlc: int
+    origin: str
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Lock:
+    """A lock row; ``owner_token is None`` when nobody holds it."""
+
+    resource: str
+    owner_token: str | None
+    fencing_token: int
+    job_id: int | None
+    worker_id: str | None
+    acquired_at: float | None
+    expires_at: float | None
+    hlc: int
+
+
+@dataclass(frozen=True, slots=True)
+class LockGrant:
+    fencing_token: int
+    hlc: int
+
+
+@dataclass(frozen=True, slots=True)
+class IdemRecord:
+    """An idempotency record. ``in_doubt`` is computed by ``idem_list`` only."""
+
+    key: str
+    operation: str
+    status: str
+    result: str | None
+    result_ref: str | None
+    error: str | None
+    claim_token: str
+    started_at: float
+    completed_at: float | None
+    trace_id: str | None
+    job_id: int | None
+    attempt: int | None
+    in_doubt: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CacheRecord:
+    key: str
+    base_key: str
+    value: str
+    version: int | None
+    source_namespace: str | None
+    source_key: str | None
+    written_at: float
+    expires_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRecord:
+    id: int
+    event_id: str
+    topic: str
+    payload: str
+    job_id: int | None
+    trace_id: str | None
+    created_at: float
+    claimed_until: float | None
+    attempts: int
+    published_at: float | None
+    last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxBacklog:
+    pending: int
+    oldest: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class StepRecord:
+    """A step of a job that committed (the step ledger), with the result it returned."""
+
+    job_id: int
+    step_key: str
+    step_name: str
+    attempt: int
+    trace_id: str
+    result: str | None
+    result_ref: str | None
+    completed_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Blob:
+    codec: str
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class LineageRecord:
+    trace_id: str
+    origin: str
+    source_trace_id: str
+    source_job_id: int | None
+    branch: str | None
+    details: str
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRecord:
+    name: str
+    cron: str
+    job_type: str
+    timezone: str
+    missed: str
+    anchor: float
+    last_slot: float | None
+    last_job_id: int | None
+    next_slot: float | None
+    updated_at: float
 
 
 class Transaction(Protocol):
@@ -172,6 +788,8 @@ class Transaction(Protocol):
 
     connection: Any
     """The driver connection the transaction runs on (for ``ctx.db_write``)."""
+
+    # -- jobs -------------------------------------------------------------------------------
 
     def job_insert(self, params: JobInsert) -> tuple[int, bool]:
         """Insert a job; on a duplicate ``message_id`` return ``(existing_id, False)``."""
@@ -192,59 +810,17 @@ class Transaction(Protocol):
         """
         ...
 
-    def lease_extend(self, params: LeaseExtend) -> bool:
-        """Compare-and-set on (job id, owner token); ``False`` when the lease is lost."""
-        ...
-
-    def job_complete(self, params: JobComplete) -> bool: ...
-
-    def job_retry(self, params: JobRetry) -> bool: ...
-
-    def job_bury(self, params: JobBury) -> bool: ...
-
-    def job_cancel(self, job_id: int, now: float, hlc: int) -> bool: ...
-
-    def job_cancel_request(self, job_id: int, now: float, hlc: int) -> bool:
-        """Ask a running job to stop; ``False`` if it is not running (or already asked)."""
-        ...
-
-    def job_cancel_requested(self, worker_id: str) -> set[int]:
-        """Which of this worker's running jobs were asked to stop."""
-        ...
-
-    def job_cancel_running(self, job_id: int, owner_token: str, now: float, hlc: int) -> bool:
-        """End a running job that was asked to stop as ``cancelled`` (CAS on the owner)."""
-        ...
-
-    def job_requeue(
-        self,
-        job_id: int,
-        now: float,
-        hlc: int,
-        extra_attempts: int = 1,
-        to_version: str | None = None,
-    ) -> bool:
-        """Move a ``dead`` job back to ``queued`` with a fresh attempt budget.
-
-        Its version is ``to_version``, or chosen afresh at its next lease when ``None``.
-        """
+    def job_transition(self, change: JobChange) -> bool:
+        """Apply one compare-and-set to a job row; ``False`` when its condition failed
+        (the lease was lost, the job is not in the expected state)."""
         ...
 
     def lease_reap(self, now: float, limit: int) -> list[Job]:
         """Jobs whose lease expired, as they were before this call; the caller re-queues them."""
         ...
 
-    def lease_release(self, job_id: int, owner_token: str, now: float, hlc: int) -> bool:
-        """Give a running job back to the queue (shutdown): one more attempt in its budget.
-
-        The attempt number is kept, so the next run is a new attempt whose events never
-        collide with the released run's (outbox event ids are per step position, not per
-        attempt: a step the released run committed is not published twice).
-        """
-        ...
-
-    def job_redeliver(self, job_id: int, owner_token: str, now: float, hlc: int) -> bool:
-        """Re-queue a job whose lease expired; compare-and-set on the expired owner token."""
+    def job_reroute(self, params: JobReroute) -> int:
+        """Move queued jobs of a type from one version to another; returns how many."""
         ...
 
     def job_list(self, params: JobFilter) -> list[Job]:
@@ -259,51 +835,58 @@ class Transaction(Protocol):
         """Ids of production jobs matching every filter of a bulk action, oldest first."""
         ...
 
+    def job_cancel_requested(self, worker_id: str) -> set[int]:
+        """Which of this worker's running jobs were asked to stop."""
+        ...
+
     def job_scheduled(self, now: float, queues: Sequence[str] | None) -> tuple[int, float | None]:
         """Queued jobs not due yet (delayed or backing off): ``(count, first run_at)``."""
         ...
 
     def job_stats(self) -> list[StatRow]: ...
 
-    def job_gauges(self, now: float) -> list[Row]:
-        """Open jobs (queued, running, dead) counted by queue, type, version and state,
-        with ``oldest_ready`` (the earliest ``run_at`` due by ``now``) and ``oldest_leased``."""
+    def job_gauges(self, now: float) -> list[JobGauge]:
+        """Open jobs (queued, running, dead) counted by queue, type, version and state."""
         ...
 
-    def job_out_of_order(self) -> list[Row]:
+    def job_out_of_order(self) -> list[OrderBreak]:
         """Jobs run (or waiting) after an earlier job of their ordering key died or was
         cancelled, counted by ``queue``, ``job_type`` and ``version``."""
         ...
 
     def job_durations(self, job_type: str, version: str | None) -> list[float]: ...
 
-    def signal_counts(self, names: Sequence[str], since: float) -> list[tuple[str, str, int]]: ...
+    # -- trace ------------------------------------------------------------------------------
 
     def trace_append(self, events: Sequence[TraceEvent]) -> None: ...
+
+    def trace_query(self, params: TraceQuery) -> list[TraceEvent]:
+        """The events of a job, a trace or a resource (see ``TraceQuery``)."""
+        ...
 
     def trace_window(self, params: TraceWindow) -> list[tuple[TraceEvent, str, str | None]]:
         """``(event, job type, version)`` in HLC order: a page of a time window."""
         ...
 
+    def signal_counts(self, names: Sequence[str], since: float) -> list[tuple[str, str, int]]:
+        """``(job type, event name, count)`` of production jobs' events since ``since``."""
+        ...
+
     def signal_series(
         self, names: Sequence[str], since_hlc: int, until_hlc: int, bucket_ms: int
-    ) -> list[Row]:
+    ) -> list[SignalBucket]:
         """Counts of the named events per time bucket, job type, version and name."""
         ...
 
-    def trace_for_job(self, job_id: int) -> list[TraceEvent]: ...
-
-    def trace_for_trace(self, trace_id: str) -> list[TraceEvent]: ...
-
-    def trace_for_resource(self, resource: str) -> list[TraceEvent]:
-        """Events on ``resource`` or on its versioned keys (``resource:v<N>``), in HLC order."""
-        ...
+    # -- contracts and rollouts -------------------------------------------------------------
 
     def contract_put(self, job_type: str, version: str, body_json: str, now: float) -> None: ...
 
-    def contract_get(self, job_type: str, version: str) -> str | None: ...
-
-    def contract_list(self, job_type: str | None) -> list[tuple[str, str, str, float]]: ...
+    def contract_list(
+        self, job_type: str | None, version: str | None = None
+    ) -> list[ContractRecord]:
+        """Stored contracts, of one type (and one version of it) when given."""
+        ...
 
     def contract_activate(self, job_type: str, version: str, now: float) -> None:
         """Record ``version`` as the one new jobs of ``job_type`` run under."""
@@ -311,169 +894,149 @@ class Transaction(Protocol):
 
     def contract_active(self, job_type: str) -> str | None: ...
 
-    # Rollouts: routing records, a job's version chosen at its first lease, comparisons.
-
-    def routing_get(self, job_type: str) -> Row | None:
-        """``{job_type, body, revision, updated_at}`` of the type's routing, if it has one."""
+    def routing_list(self, job_type: str | None = None) -> list[RoutingRecord]:
+        """Every type's routing record, or the one of ``job_type`` (if it has one)."""
         ...
-
-    def routing_list(self) -> list[Row]: ...
 
     def routing_put(self, params: RoutingPut) -> int | None:
         """The new revision, or ``None`` when the record changed since it was read."""
         ...
 
-    def routing_events(self, job_type: str) -> list[Row]:
+    def routing_events(self, job_type: str) -> list[RoutingEvent]:
         """Every change of the type's routing, oldest first, with actor and reason."""
         ...
 
-    def job_route(self, job_id: int, owner_token: str, version: str) -> bool:
-        """Set the version of a job this owner just leased, if it has none yet."""
-        ...
+    def comparison_put(self, params: ComparisonPut) -> None: ...
 
-    def job_reroute(self, job_type: str, from_version: str, to_version: str) -> int:
-        """Move queued jobs of a type from one version to another; returns how many."""
-        ...
+    def comparison_list(self, job_type: str, mode: str | None, limit: int) -> list[Comparison]: ...
 
-    def comparison_put(self, params: Mapping[str, Any]) -> None: ...
-
-    def comparison_list(self, job_type: str, mode: str | None, limit: int) -> list[Row]: ...
-
-    def version_outcomes(self, job_type: str, since: float) -> list[Row]:
+    def version_outcomes(self, job_type: str, since: float) -> list[VersionOutcome]:
         """Attempt ends, decisions and incidents of a type since ``since``, with the version."""
         ...
 
-    # The recording context's verbs (rows as dicts; see storage/context_verbs.py).
+    # -- state ------------------------------------------------------------------------------
 
-    def entity_head(self, branch: str, namespace: str, key: str) -> Row | None: ...
+    def entity_get(self, params: EntityGet) -> EntityRecord | None: ...
 
-    def entity_version_get(
-        self, branch: str, namespace: str, key: str, version: int
-    ) -> Row | None: ...
+    def entity_list(self, params: EntityFilter) -> list[EntityRecord]: ...
 
-    def entity_version_at(self, branch: str, namespace: str, key: str, hlc: int) -> Row | None: ...
+    def entity_put(self, row: EntityRecord, expected_version: int | None) -> bool:
+        """Compare-and-set the head from ``expected_version`` (0: new) and insert the version.
 
-    def entity_put(self, row: Mapping[str, Any], expected_version: int) -> bool: ...
+        ``expected_version=None`` inserts the version without moving the head (importing
+        a recorded case).
+        """
+        ...
 
-    def entity_history(self, branch: str, namespace: str, key: str) -> list[Row]: ...
+    def branch_create(self, params: BranchCreate) -> None: ...
 
-    def entity_version_insert(self, row: Mapping[str, Any]) -> None: ...
+    def branch_get(self, branch: str) -> Branch | None: ...
 
-    def job_set_recorded(
-        self, job_id: int, handler_version: str | None, result_json: str, attempt: int
-    ) -> None: ...
+    # -- locks ------------------------------------------------------------------------------
 
-    def entity_versions_by_job(self, job_id: int) -> list[Row]: ...
+    def lock_acquire(self, params: LockAcquire) -> LockGrant | None:
+        """Take the lock if free or expired; its new fencing token and HLC, else ``None``."""
+        ...
 
-    def entity_versions_after(
-        self, branch: str, namespace: str, key: str, version: int
-    ) -> list[Row]: ...
+    def lock_get(self, resource: str) -> Lock | None:
+        """The lock row (held or not): its holder and current fencing token."""
+        ...
 
-    def branch_create(
-        self, branch: str, base_branch: str, base_hlc: int, origin: str, now: float
-    ) -> None: ...
-
-    def branch_get(self, branch: str) -> Row | None: ...
-
-    def branch_entities(self, branch: str) -> list[Row]: ...
-
-    def lock_acquire(self, params: Mapping[str, Any]) -> Row | None: ...
-
-    def lock_get(self, resource: str) -> Row | None: ...
+    def lock_list(self) -> list[Lock]:
+        """Locks currently held."""
+        ...
 
     def lock_renew(self, resource: str, owner_token: str, now: float, ttl: float) -> bool: ...
 
-    def lock_release(self, resource: str, owner_token: str, hlc: int) -> bool: ...
+    def lock_release(self, resource: str, owner_token: str | None, hlc: int) -> Lock | None:
+        """Free a lock held by ``owner_token``; ``owner_token=None`` breaks it whoever holds
+        it, and bumps the fencing token so the old holder's later writes are refused.
 
-    def lock_list(self) -> list[Row]: ...
-
-    def lock_break(self, resource: str, hlc: int) -> Row | None: ...
-
-    def fence_current(self, resource: str) -> int | None: ...
-
-    def idem_claim(self, params: Mapping[str, Any]) -> bool: ...
-
-    def idem_get(self, key: str) -> Row | None: ...
-
-    def idem_takeover(self, params: Mapping[str, Any]) -> bool: ...
-
-    def idem_succeed(self, params: Mapping[str, Any]) -> bool: ...
-
-    def idem_fail(self, params: Mapping[str, Any]) -> bool: ...
-
-    def idem_compensate(self, key: str, now: float) -> bool: ...
-
-    def idem_by_job(self, job_id: int) -> list[Row]: ...
-
-    def idem_list(self, operation: str | None, in_doubt: bool, limit: int) -> list[Row]:
-        """Effect records, newest first; ``in_doubt``: only ``started`` by a finished attempt."""
+        The lock as left, or ``None`` when it was not held (by that owner).
+        """
         ...
 
-    def idem_resolve(self, params: Mapping[str, Any]) -> bool:
-        """Settle an in-doubt record: compare-and-set on ``status = 'started'`` and its claim."""
+    # -- effects (idempotency records) ------------------------------------------------------
+
+    def idem_transition(self, change: IdemChange) -> bool:
+        """Claim, take over, settle or compensate one record; ``False`` when its
+        compare-and-set failed (the key exists, the claim moved on)."""
         ...
 
-    def cache_put(self, params: Mapping[str, Any]) -> None: ...
+    def idem_list(self, params: IdemFilter) -> list[IdemRecord]: ...
 
-    def cache_get(self, key: str, now: float) -> Row | None: ...
+    # -- cache, outbox, steps, blobs, lineage -----------------------------------------------
 
-    def cache_latest(self, base_key: str, now: float) -> Row | None: ...
+    def cache_put(self, params: CachePut) -> None: ...
 
-    def cache_delete_base(self, base_key: str) -> None: ...
+    def cache_get(self, params: CacheLookup) -> CacheRecord | None: ...
 
-    def cache_delete_source(self, namespace: str, key: str) -> None: ...
+    def cache_delete(self, params: CacheDelete) -> None: ...
 
-    def outbox_insert(self, params: Mapping[str, Any]) -> bool:
+    def outbox_insert(self, params: OutboxInsert) -> bool:
         """Insert an outbox row; ``False`` (nothing written) when its ``event_id`` exists."""
         ...
 
-    def outbox_claim(self, now: float, claim_seconds: float, limit: int) -> list[Row]: ...
+    def outbox_claim(self, now: float, claim_seconds: float, limit: int) -> list[OutboxRecord]: ...
 
-    def outbox_mark_published(self, row_id: int, now: float) -> bool: ...
+    def outbox_mark(self, params: OutboxMark) -> bool: ...
 
-    def outbox_mark_failed(self, row_id: int, error: str) -> bool: ...
+    def outbox_backlog(self) -> OutboxBacklog: ...
 
-    def outbox_backlog(self) -> Row: ...
-
-    def outbox_by_job(self, job_id: int) -> list[Row]: ...
+    def outbox_by_job(self, job_id: int) -> list[OutboxRecord]: ...
 
     def step_complete(self, params: Mapping[str, Any]) -> bool:
         """Record that a step of a job committed, with its result; first completion wins."""
         ...
 
-    def step_by_job(self, job_id: int) -> list[Row]:
+    def step_by_job(self, job_id: int) -> list[StepRecord]:
         """The job's committed steps (the step ledger), oldest attempt first."""
         ...
 
-    def blob_put(self, params: Mapping[str, Any]) -> None: ...
+    def blob_put(self, params: BlobPut) -> None: ...
 
-    def blob_get(self, digest: str) -> Row | None: ...
+    def blob_get(self, digest: str) -> Blob | None: ...
 
-    def lineage_put(self, params: Mapping[str, Any]) -> None: ...
+    def lineage_put(self, params: LineagePut) -> None: ...
 
-    def lineage_get(self, trace_id: str) -> Row | None: ...
+    def lineage_list(
+        self, trace_id: str | None = None, source_trace_id: str | None = None
+    ) -> list[LineageRecord]:
+        """Where ``trace_id`` came from, or every trace derived from ``source_trace_id``."""
+        ...
 
-    def lineage_for_source(self, source_trace_id: str) -> list[Row]: ...
-
-    def lineage_page(self, after: tuple[float, str], limit: int) -> list[Row]:
+    def lineage_page(self, after: tuple[float, str], limit: int) -> list[LineageRecord]:
         """Derived traces created after the ``(created_at, trace_id)`` cursor, oldest first."""
         ...
 
-    def schedule_register(self, params: Mapping[str, Any]) -> None:
-        """Store a periodic job's declaration; a new one is anchored at ``now``."""
+    # -- schedules --------------------------------------------------------------------------
+
+    def schedule_update(self, change: ScheduleChange) -> bool:
+        """Register, advance (compare-and-set on the anchor) or note a schedule's slot."""
         ...
 
-    def schedule_get(self, name: str) -> Row | None: ...
+    def schedule_list(self, name: str | None = None) -> list[ScheduleRecord]: ...
 
-    def schedule_advance(self, params: Mapping[str, Any]) -> bool:
-        """Compare-and-set of a schedule's anchor (the newest decided slot); ``False`` if moved."""
+
+class ListenHandle(Protocol):
+    """What ``Listener.listen`` returns: a running listener the caller closes."""
+
+    listening: threading.Event
+
+    def close(self, timeout: float = 2.0) -> None: ...
+
+
+@runtime_checkable
+class Listener(Protocol):
+    """An optional capability: a backend that pushes wake-ups when jobs are enqueued.
+
+    PostgreSQL has it (``LISTEN``/``NOTIFY``); SQLite does not. The worker checks with
+    ``isinstance(storage, Listener)`` and polls when it is absent.
+    """
+
+    def listen(self, callback: Callable[[str | None], None]) -> ListenHandle:
+        """Call ``callback(queue)`` on each notification until the notifier is closed."""
         ...
-
-    def schedule_made(self, name: str, slot: float, job_id: int) -> None:
-        """Note the newest slot a schedule enqueued and the job it made."""
-        ...
-
-    def schedule_list(self) -> list[Row]: ...
 
 
 class Storage(Protocol):
@@ -503,3 +1066,9 @@ def iter_chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
     """Split ``items`` into slices of at most ``size``."""
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+def idem_get(tx: Transaction, key: str) -> IdemRecord | None:
+    """The idempotency record of ``key``, if there is one."""
+    found = tx.idem_list(IdemFilter(key=key))
+    return found[0] if found else None

@@ -11,21 +11,41 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from replayq import codec
+from replayq.errors import ConfigurationError
 from replayq.model import Job, JobState, StatRow, TraceEvent
 from replayq.storage import packs
-from replayq.storage.context_verbs import ContextVerbs
+from replayq.storage.context_verbs import ContextVerbs, query_params, record
 from replayq.storage.protocol import (
+    Comparison,
+    ComparisonPut,
+    ContractRecord,
     JobBury,
+    JobCancel,
+    JobCancelRequest,
+    JobCancelRunning,
+    JobChange,
     JobComplete,
     JobFilter,
+    JobGauge,
     JobInsert,
     JobLease,
     JobMatch,
+    JobRedeliver,
+    JobRequeue,
+    JobReroute,
     JobRetry,
+    JobRoute,
+    JobSetRecorded,
     LeaseExtend,
+    LeaseRelease,
+    OrderBreak,
+    RoutingEvent,
     RoutingPut,
-    Row,
+    RoutingRecord,
+    SignalBucket,
+    TraceQuery,
     TraceWindow,
+    VersionOutcome,
 )
 
 # Above every job id (BIGINT's largest): the bound of a job list's first page.
@@ -81,6 +101,22 @@ _EVENT_COLUMNS = (
     "input_ref",
     "output_ref",
 )
+
+
+# The named query of each compare-and-set on a job row (``JobBury`` picks one of two).
+_JOB_QUERIES: dict[type[Any], str] = {
+    LeaseExtend: "lease_extend",
+    JobComplete: "job_complete",
+    JobRetry: "job_retry",
+    JobCancel: "job_cancel",
+    JobCancelRequest: "job_cancel_request",
+    JobCancelRunning: "job_cancel_running",
+    JobRequeue: "job_requeue",
+    LeaseRelease: "lease_release",
+    JobRedeliver: "job_redeliver",
+    JobRoute: "job_route",
+    JobSetRecorded: "job_set_recorded",
+}
 
 
 def row_to_job(row: Mapping[str, Any]) -> Job:
@@ -139,7 +175,7 @@ class SqlTransaction(ContextVerbs):
     # -- jobs -------------------------------------------------------------------------------
 
     def job_insert(self, params: JobInsert) -> tuple[int, bool]:
-        row = self.fetchone("job_insert", vars(params))
+        row = self.fetchone("job_insert", query_params(params))
         if row is not None:
             return int(row["id"]), True
         existing = self.fetchone("job_by_message_id", {"message_id": params.message_id})
@@ -174,79 +210,26 @@ class SqlTransaction(ContextVerbs):
                 leased.append(row_to_job(row))
         return leased
 
-    def job_set_recorded(
-        self, job_id: int, handler_version: str | None, result_json: str, attempt: int
-    ) -> None:
-        """Mark an imported regression-case job as it was recorded."""
-        params = {
-            "job_id": job_id,
-            "handler_version": handler_version,
-            "result": result_json,
-            "attempt": attempt,
-        }
-        self.execute("job_set_recorded", params)
-
     def lease_check(self, job_id: int, owner_token: str) -> bool:
         row = self.fetchone("lease_check", {"job_id": job_id, "owner_token": owner_token})
         return row is not None
 
-    def lease_extend(self, params: LeaseExtend) -> bool:
-        return self.changed("lease_extend", vars(params))
-
-    def job_complete(self, params: JobComplete) -> bool:
-        return self.changed("job_complete", vars(params))
-
-    def job_retry(self, params: JobRetry) -> bool:
-        return self.changed("job_retry", vars(params))
-
-    def job_bury(self, params: JobBury) -> bool:
-        query = "job_bury_queued" if params.owner_token is None else "job_bury_owned"
-        return self.changed(query, vars(params))
-
-    def job_cancel(self, job_id: int, now: float, hlc: int) -> bool:
-        return self.changed("job_cancel", {"job_id": job_id, "now": now, "hlc": hlc})
-
-    def job_cancel_request(self, job_id: int, now: float, hlc: int) -> bool:
-        return self.changed("job_cancel_request", {"job_id": job_id, "now": now, "hlc": hlc})
+    def job_transition(self, change: JobChange) -> bool:
+        if isinstance(change, JobBury):
+            query = "job_bury_queued" if change.owner_token is None else "job_bury_owned"
+        else:
+            query = _JOB_QUERIES[type(change)]
+        return self.changed(query, query_params(change))
 
     def job_cancel_requested(self, worker_id: str) -> set[int]:
         rows = self.fetchall("job_cancel_requested", {"worker_id": worker_id})
         return {int(row["id"]) for row in rows}
 
-    def job_cancel_running(self, job_id: int, owner_token: str, now: float, hlc: int) -> bool:
-        params = {"job_id": job_id, "owner_token": owner_token, "now": now, "hlc": hlc}
-        return self.changed("job_cancel_running", params)
-
-    def job_requeue(
-        self,
-        job_id: int,
-        now: float,
-        hlc: int,
-        extra_attempts: int = 1,
-        to_version: str | None = None,
-    ) -> bool:
-        params = {
-            "job_id": job_id,
-            "now": now,
-            "hlc": hlc,
-            "extra_attempts": extra_attempts,
-            "to_version": to_version,
-        }
-        return self.changed("job_requeue", params)
-
     def lease_reap(self, now: float, limit: int) -> list[Job]:
         return [row_to_job(r) for r in self.fetchall("lease_reap", {"now": now, "limit": limit})]
 
-    def job_redeliver(self, job_id: int, owner_token: str, now: float, hlc: int) -> bool:
-        params = {"job_id": job_id, "owner_token": owner_token, "now": now, "hlc": hlc}
-        return self.changed("job_redeliver", params)
-
-    def lease_release(self, job_id: int, owner_token: str, now: float, hlc: int) -> bool:
-        params = {"job_id": job_id, "owner_token": owner_token, "now": now, "hlc": hlc}
-        return self.changed("lease_release", params)
-
     def job_match(self, params: JobMatch) -> list[int]:
-        values = {**vars(params), "states": self.list_param(params.states)}
+        values = {**query_params(params), "states": self.list_param(params.states)}
         return [int(row["id"]) for row in self.fetchall("job_match", values)]
 
     def job_list(self, params: JobFilter) -> list[Job]:
@@ -286,11 +269,11 @@ class SqlTransaction(ContextVerbs):
             for r in self.fetchall("job_stats")
         ]
 
-    def job_gauges(self, now: float) -> list[dict[str, Any]]:
-        return [dict(r) for r in self.fetchall("job_gauges", {"now": now})]
+    def job_gauges(self, now: float) -> list[JobGauge]:
+        return [record(JobGauge, r) for r in self.fetchall("job_gauges", {"now": now})]
 
-    def job_out_of_order(self) -> list[dict[str, Any]]:
-        return [dict(r) for r in self.fetchall("job_out_of_order")]
+    def job_out_of_order(self) -> list[OrderBreak]:
+        return [record(OrderBreak, r) for r in self.fetchall("job_out_of_order")]
 
     def signal_counts(self, names: Sequence[str], since: float) -> list[tuple[str, str, int]]:
         """``(job_type, event name, count)`` for the given event names since ``since``."""
@@ -341,27 +324,29 @@ class SqlTransaction(ContextVerbs):
         return pack_id, group, group
 
     def trace_window(self, params: TraceWindow) -> list[tuple[TraceEvent, str, str | None]]:
-        rows = self.fetchall("trace_window", vars(params))
+        rows = self.fetchall("trace_window", query_params(params))
         return [(row_to_event(r), r["job_type"], r["version"]) for r in rows]
 
     def signal_series(
         self, names: Sequence[str], since_hlc: int, until_hlc: int, bucket_ms: int
-    ) -> list[dict[str, Any]]:
-        params = {
+    ) -> list[SignalBucket]:
+        values = {
             "names": self.list_param(names),
             "since_hlc": since_hlc,
             "until_hlc": until_hlc,
             "bucket_ms": bucket_ms,
         }
-        return self.fetchall("signal_series", params)
+        return [record(SignalBucket, r) for r in self.fetchall("signal_series", values)]
 
-    def trace_for_job(self, job_id: int) -> list[TraceEvent]:
-        return packs.unpack_sorted(self.fetchall("trace_for_job", {"job_id": job_id}))
-
-    def trace_for_trace(self, trace_id: str) -> list[TraceEvent]:
-        return packs.unpack_sorted(self.fetchall("trace_for_trace", {"trace_id": trace_id}))
-
-    def trace_for_resource(self, resource: str) -> list[TraceEvent]:
+    def trace_query(self, query: TraceQuery) -> list[TraceEvent]:
+        if query.job_id is not None:
+            return packs.unpack_sorted(self.fetchall("trace_for_job", {"job_id": query.job_id}))
+        if query.trace_id is not None:
+            rows = self.fetchall("trace_for_trace", {"trace_id": query.trace_id})
+            return packs.unpack_sorted(rows)
+        if query.resource is None:
+            raise ConfigurationError("TraceQuery needs a job_id, a trace_id or a resource")
+        resource = query.resource
         rows = self.fetchall("trace_for_resource", {"resource": resource})
         versioned = resource + ":v"
         return [
@@ -374,16 +359,14 @@ class SqlTransaction(ContextVerbs):
     # -- contracts --------------------------------------------------------------------------
 
     def contract_put(self, job_type: str, version: str, body_json: str, now: float) -> None:
-        params = {"job_type": job_type, "version": version, "body": body_json, "now": now}
-        self.execute("contract_put", params)
+        values = {"job_type": job_type, "version": version, "body": body_json, "now": now}
+        self.execute("contract_put", values)
 
-    def contract_get(self, job_type: str, version: str) -> str | None:
-        row = self.fetchone("contract_get", {"job_type": job_type, "version": version})
-        return None if row is None else str(row["body"])
-
-    def contract_list(self, job_type: str | None) -> list[tuple[str, str, str, float]]:
-        rows = self.fetchall("contract_list", {"job_type": job_type})
-        return [(r["job_type"], r["version"], r["body"], r["registered_at"]) for r in rows]
+    def contract_list(
+        self, job_type: str | None, version: str | None = None
+    ) -> list[ContractRecord]:
+        rows = self.fetchall("contract_list", {"job_type": job_type, "version": version})
+        return [record(ContractRecord, r) for r in rows]
 
     def contract_activate(self, job_type: str, version: str, now: float) -> None:
         self.execute("contract_activate", {"job_type": job_type, "version": version, "now": now})
@@ -394,12 +377,9 @@ class SqlTransaction(ContextVerbs):
 
     # -- rollouts ---------------------------------------------------------------------------
 
-    def routing_get(self, job_type: str) -> Row | None:
-        row = self.fetchone("routing_get", {"job_type": job_type})
-        return dict(row) if row is not None else None
-
-    def routing_list(self) -> list[Row]:
-        return [dict(r) for r in self.fetchall("routing_list")]
+    def routing_list(self, job_type: str | None = None) -> list[RoutingRecord]:
+        rows = self.fetchall("routing_list", {"job_type": job_type})
+        return [record(RoutingRecord, r) for r in rows]
 
     def routing_put(self, params: RoutingPut) -> int | None:
         body = {"job_type": params.job_type, "body": params.body_json, "now": params.now}
@@ -426,24 +406,25 @@ class SqlTransaction(ContextVerbs):
         )
         return revision
 
-    def routing_events(self, job_type: str) -> list[Row]:
-        return [dict(r) for r in self.fetchall("routing_events", {"job_type": job_type})]
+    def routing_events(self, job_type: str) -> list[RoutingEvent]:
+        rows = self.fetchall("routing_events", {"job_type": job_type})
+        return [record(RoutingEvent, r) for r in rows]
 
-    def job_route(self, job_id: int, owner_token: str, version: str) -> bool:
-        params = {"job_id": job_id, "owner_token": owner_token, "version": version}
-        return self.changed("job_route", params)
+    def job_reroute(self, change: JobReroute) -> int:
+        return int(self.execute("job_reroute", query_params(change)).rowcount)
 
-    def job_reroute(self, job_type: str, from_version: str, to_version: str) -> int:
-        params = {"job_type": job_type, "from_version": from_version, "to_version": to_version}
-        return int(self.execute("job_reroute", params).rowcount)
+    def comparison_put(self, change: ComparisonPut) -> None:
+        self.execute("comparison_put", query_params(change))
 
-    def comparison_put(self, params: Mapping[str, Any]) -> None:
-        self.execute("comparison_put", params)
+    def comparison_list(self, job_type: str, mode: str | None, limit: int) -> list[Comparison]:
+        values = {"job_type": job_type, "mode": mode, "limit": limit}
+        return [record(Comparison, r) for r in self.fetchall("comparison_list", values)]
 
-    def comparison_list(self, job_type: str, mode: str | None, limit: int) -> list[Row]:
-        params = {"job_type": job_type, "mode": mode, "limit": limit}
-        return [dict(r) for r in self.fetchall("comparison_list", params)]
-
-    def version_outcomes(self, job_type: str, since: float) -> list[Row]:
-        params = {"job_type": job_type, "since": since}
-        return [dict(r) for r in self.fetchall("version_outcomes", params)]
+    def version_outcomes(self, job_type: str, since: float) -> list[VersionOutcome]:
+        values = {"job_type": job_type, "since": since}
+        rows = self.fetchall("version_outcomes", values)
+        # SQLite's json_extract gives 1/0 for a JSON boolean, PostgreSQL a boolean.
+        return [
+            record(VersionOutcome, {**r, "stale": None if r["stale"] is None else bool(r["stale"])})
+            for r in rows
+        ]

@@ -68,7 +68,7 @@ class Heartbeat(WorkerCore):
                     flight.cancel.set()
                     flight.next_heartbeat = time.monotonic() + flight.heartbeat_seconds
                     continue
-                extended = tx.lease_extend(
+                extended = tx.job_transition(
                     LeaseExtend(job.id, job.owner_token, now, flight.lease_seconds)
                 )
                 name = trace.LEASE_EXTENDED if extended else trace.LEASE_LOST

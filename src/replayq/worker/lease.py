@@ -13,7 +13,7 @@ from typing import Any
 
 from replayq.model import Job, TraceEvent
 from replayq.queue import lifecycle as trace
-from replayq.storage.protocol import JobLease, Transaction
+from replayq.storage.protocol import JobLease, JobRoute, Transaction
 from replayq.worker.core import InFlight, WorkerCore
 
 
@@ -92,7 +92,7 @@ class Leasing(WorkerCore):
         """The leased job with its version (kept from its first lease, else chosen now),
         and the version it was moved from, if it had one its routing no longer names."""
         version = self.router.choose(job)
-        if version is None or not tx.job_route(job.id, owner_token, version):
+        if version is None or not tx.job_transition(JobRoute(job.id, owner_token, version)):
             return job, None
         return job.evolve(handler_version=version), job.handler_version
 

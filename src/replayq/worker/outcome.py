@@ -14,7 +14,14 @@ from replayq.model import DeadReason, Job, TraceEvent
 from replayq.queue import lifecycle as trace
 from replayq.queue.handlers import Handler
 from replayq.recording.context import Context
-from replayq.storage.protocol import JobBury, JobComplete, JobRetry, Transaction
+from replayq.storage.protocol import (
+    IdemFilter,
+    JobBury,
+    JobCancelRunning,
+    JobComplete,
+    JobRetry,
+    Transaction,
+)
 from replayq.worker.lease import Leasing
 from replayq.worker.settle import Settling
 
@@ -53,7 +60,7 @@ class Outcomes(Settling, Leasing):
             now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
             ctx.flush(tx)
             assert job.owner_token is not None
-            if not tx.job_complete(JobComplete(job.id, job.owner_token, now, result_json, hlc)):
+            if not tx.job_transition(JobComplete(job.id, job.owner_token, now, result_json, hlc)):
                 raise LeaseLostError("job.succeeded")
             self.runtime.hlc.observe(hlc)
             succeeded = trace.lifecycle(
@@ -83,8 +90,11 @@ class Outcomes(Settling, Leasing):
         self, tx: Transaction, job: Job, now: float, hlc: int, reason: str
     ) -> TraceEvent:
         """``job.cancelled`` for a running job: the steps it committed, the effects it claimed."""
-        steps = [row["step_key"] for row in tx.step_by_job(job.id)]
-        effects = [{"key": row["key"], "status": row["status"]} for row in tx.idem_by_job(job.id)]
+        steps = [row.step_key for row in tx.step_by_job(job.id)]
+        effects = [
+            {"key": row.key, "status": row.status}
+            for row in tx.idem_list(IdemFilter(job_id=job.id))
+        ]
         return trace.lifecycle(
             trace.JOB_CANCELLED,
             job,
@@ -106,7 +116,7 @@ class Outcomes(Settling, Leasing):
             now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
             ctx.flush(tx, failed=True)
             assert job.owner_token is not None
-            if not tx.job_cancel_running(job.id, job.owner_token, now, hlc):
+            if not tx.job_transition(JobCancelRunning(job.id, job.owner_token, now, hlc)):
                 raise LeaseLostError("job.cancelled")
             tx.trace_append([self._cancel_event(tx, job, now, hlc, reason)])
 
@@ -135,7 +145,7 @@ class Outcomes(Settling, Leasing):
             cancelled = job.id in tx.job_cancel_requested(self.worker_id)
             if cancelled:
                 hlc = self.runtime.hlc.tick()
-                if not tx.job_cancel_running(job.id, job.owner_token, now, hlc):
+                if not tx.job_transition(JobCancelRunning(job.id, job.owner_token, now, hlc)):
                     raise LeaseLostError("job.cancelled")
                 event = self._cancel_event(tx, job, now, hlc, f"failed after the cancel: {message}")
                 tx.trace_append([event])
@@ -162,7 +172,7 @@ class Outcomes(Settling, Leasing):
                 params = JobRetry(
                     job.id, job.owner_token, now, now + delay, failure_class, message, hlc
                 )
-                if not tx.job_retry(params):
+                if not tx.job_transition(params):
                     raise LeaseLostError("retry.scheduled")
                 events.append(
                     trace.lifecycle(
@@ -222,7 +232,7 @@ class Outcomes(Settling, Leasing):
         """Move the job this worker holds to ``dead`` in ``tx``; returns its ``job.dead`` event."""
         assert job.owner_token is not None
         error_class = failure_class.value if failure_class else None
-        if not tx.job_bury(
+        if not tx.job_transition(
             JobBury(job.id, job.owner_token, now, reason, error_class, message, hlc)
         ):
             raise LeaseLostError("job.dead")

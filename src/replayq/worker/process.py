@@ -22,6 +22,7 @@ from replayq.errors import DatabaseUnavailableError, StorageError
 from replayq.model import Job
 from replayq.queue import lifecycle as trace
 from replayq.queue.catalog import register_contracts
+from replayq.storage.protocol import LeaseRelease, Listener
 from replayq.storage.reconnect import Backoff
 from replayq.worker.core import STOP, WorkerStats
 from replayq.worker.execute import Executing
@@ -65,9 +66,9 @@ class Worker(Executing, Reaping, Heartbeat):
             self.runtime.add_tap(self.observers.events)
         for thread in [*executors, heartbeat]:
             thread.start()
-        # Optional storage capability: backends that can push wake-ups have ``listen``.
-        listen = getattr(self.runtime.storage, "listen", None)
-        self.notifier = listen(self._on_notify) if listen is not None else None
+        # Optional storage capability: backends that push wake-ups (PostgreSQL LISTEN).
+        storage = self.runtime.storage
+        self.notifier = storage.listen(self._on_notify) if isinstance(storage, Listener) else None
         try:
             self._dispatch()
         finally:
@@ -186,7 +187,7 @@ class Worker(Executing, Reaping, Heartbeat):
         now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
         assert job.owner_token is not None
         with self.runtime.storage.transaction() as tx:
-            if tx.lease_release(job.id, job.owner_token, now, hlc):
+            if tx.job_transition(LeaseRelease(job.id, job.owner_token, now, hlc)):
                 tx.trace_append(
                     [
                         trace.lifecycle(

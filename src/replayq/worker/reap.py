@@ -6,7 +6,7 @@ import logging
 
 from replayq.model import DeadReason
 from replayq.queue import lifecycle as trace
-from replayq.storage.protocol import JobBury
+from replayq.storage.protocol import JobBury, JobCancelRunning, JobRedeliver
 from replayq.worker.outcome import Outcomes
 
 log = logging.getLogger("replayq.worker")
@@ -44,7 +44,7 @@ class Reaping(Outcomes):
                 assert job.owner_token is not None
                 hlc = self.runtime.hlc.tick()
                 if job.cancel_requested_at is not None:
-                    if tx.job_cancel_running(job.id, job.owner_token, now, hlc):
+                    if tx.job_transition(JobCancelRunning(job.id, job.owner_token, now, hlc)):
                         cancelled = self._cancel_event(
                             tx, job, now, hlc, "the lease ran out before a step boundary"
                         )
@@ -52,7 +52,7 @@ class Reaping(Outcomes):
                         count += 1
                 elif job.attempt >= job.max_attempts:
                     reason = DeadReason.LEASE_EXPIRED_ATTEMPTS_EXHAUSTED
-                    if tx.job_bury(
+                    if tx.job_transition(
                         JobBury(job.id, job.owner_token, now, reason, None, "lease expired", hlc)
                     ):
                         tx.trace_append(
@@ -70,7 +70,7 @@ class Reaping(Outcomes):
                             ]
                         )
                         count += 1
-                elif tx.job_redeliver(job.id, job.owner_token, now, hlc):
+                elif tx.job_transition(JobRedeliver(job.id, job.owner_token, now, hlc)):
                     tx.trace_append(
                         [
                             expired,

@@ -13,6 +13,7 @@ from replayq.errors import DatabaseUnavailableError, LeaseLostError, StorageErro
 from replayq.model import Job
 from replayq.queue import lifecycle as trace
 from replayq.recording.context import Context
+from replayq.storage.protocol import TraceQuery
 from replayq.storage.reconnect import Backoff
 from replayq.worker.core import WorkerCore
 
@@ -88,7 +89,7 @@ class Settling(WorkerCore):
                 e.name in settled
                 and e.data.get("owner_token") == job.owner_token
                 and e.attempt == job.attempt
-                for e in tx.trace_for_job(job.id)
+                for e in tx.trace_query(TraceQuery(job_id=job.id))
             )
 
     def _reject(self, job: Job, exc: LeaseLostError, ctx: Context | None) -> None:

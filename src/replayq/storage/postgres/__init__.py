@@ -24,6 +24,8 @@ Known limits, up front:
   commit. A ``Notifier`` thread holds one dedicated connection outside the pool,
   re-``LISTEN``s after every reconnect and wakes its callback then, since
   notifications sent while it was away are lost. Workers keep their fallback poll.
+  ``listen`` makes this backend a ``storage.protocol.Listener``, the optional
+  capability a worker checks for with ``isinstance``; SQLite has none and polls.
   The channel is per database, not per schema: installations in sibling schemas
   wake each other's workers needlessly (harmless, one empty lease each).
 * Connections: a ``ConnectionPool`` of ``?pool_size=`` connections (default 4)
@@ -79,7 +81,7 @@ from replayq.errors import ConfigurationError, DatabaseUnavailableError, Storage
 from replayq.model import Job
 from replayq.storage import migrate
 from replayq.storage.adopted import AsyncConnectionView, TupleRows
-from replayq.storage.protocol import JobLease, MigrationStatus
+from replayq.storage.protocol import JobLease, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
 from replayq.storage.sql_transaction import SqlTransaction, row_to_job
 
@@ -517,3 +519,7 @@ class PostgresStorage:
 
     def close(self) -> None:
         self.pool.close(timeout=5.0)
+
+
+# The optional capability the worker looks for, checked here by the type checker.
+_LISTENER: type[Listener] = PostgresStorage

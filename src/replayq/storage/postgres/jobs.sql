@@ -300,12 +300,10 @@ INSERT INTO rq_contracts (job_type, version, body, registered_at)
 VALUES (%(job_type)s, %(version)s, %(body)s, %(now)s)
 ON CONFLICT (job_type, version) DO UPDATE SET body = excluded.body;
 
--- name: contract_get
-SELECT body FROM rq_contracts WHERE job_type = %(job_type)s AND version = %(version)s;
-
 -- name: contract_list
 SELECT job_type, version, body, registered_at FROM rq_contracts
 WHERE (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+  AND (%(version)s::text IS NULL OR version = %(version)s::text)
 ORDER BY job_type, registered_at, version;
 
 -- name: contract_activate
@@ -333,7 +331,7 @@ VALUES (%(version)s, %(name)s, %(now)s);
 
 -- name: job_set_recorded
 -- Importing a regression case: the job as it was recorded.
-UPDATE rq_jobs SET handler_version = %(handler_version)s, result = %(result)s,
+UPDATE rq_jobs SET handler_version = %(handler_version)s, result = %(result_json)s,
     attempt = %(attempt)s, state = 'succeeded'
 WHERE id = %(job_id)s;
 

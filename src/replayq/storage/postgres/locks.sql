@@ -25,7 +25,8 @@ WHERE resource = %(resource)s AND owner_token = %(owner_token)s;
 
 -- name: lock_release
 UPDATE rq_locks SET owner_token = NULL, expires_at = NULL, hlc = GREATEST(hlc + 1, %(hlc)s)
-WHERE resource = %(resource)s AND owner_token = %(owner_token)s;
+WHERE resource = %(resource)s AND owner_token = %(owner_token)s
+RETURNING *;
 
 -- name: lock_list
 SELECT * FROM rq_locks WHERE owner_token IS NOT NULL ORDER BY resource;
@@ -37,6 +38,3 @@ SET owner_token = NULL, expires_at = NULL, fencing_token = fencing_token + 1,
     hlc = GREATEST(hlc + 1, %(hlc)s)
 WHERE resource = %(resource)s AND owner_token IS NOT NULL
 RETURNING *;
-
--- name: fence_current
-SELECT fencing_token FROM rq_locks WHERE resource = %(resource)s;

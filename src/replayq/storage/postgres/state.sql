@@ -31,11 +31,6 @@ INSERT INTO rq_entity_versions (branch, namespace, key, version, parent_version,
 VALUES (%(branch)s, %(namespace)s, %(key)s, %(version)s, %(parent_version)s, %(data)s, %(data_ref)s, %(delta)s, %(job_id)s,
         %(trace_id)s, %(attempt)s, %(fencing_token)s, %(created_at)s, %(hlc)s);
 
--- name: entity_history
-SELECT * FROM rq_entity_versions
-WHERE branch = %(branch)s AND namespace = %(namespace)s AND key = %(key)s
-ORDER BY version;
-
 -- name: entity_versions_by_job
 SELECT * FROM rq_entity_versions WHERE job_id = %(job_id)s ORDER BY hlc, version;
 
@@ -50,6 +45,3 @@ VALUES (%(branch)s, %(base_branch)s, %(base_hlc)s, %(origin)s, %(now)s);
 
 -- name: branch_get
 SELECT * FROM rq_branches WHERE branch = %(branch)s;
-
--- name: branch_entities
-SELECT * FROM rq_entity_versions WHERE branch = %(branch)s ORDER BY hlc, version;

@@ -249,12 +249,10 @@ INSERT INTO rq_contracts (job_type, version, body, registered_at)
 VALUES (:job_type, :version, :body, :now)
 ON CONFLICT (job_type, version) DO UPDATE SET body = excluded.body;
 
--- name: contract_get
-SELECT body FROM rq_contracts WHERE job_type = :job_type AND version = :version;
-
 -- name: contract_list
 SELECT job_type, version, body, registered_at FROM rq_contracts
 WHERE (:job_type IS NULL OR job_type = :job_type)
+  AND (:version IS NULL OR version = :version)
 ORDER BY job_type, registered_at, version;
 
 -- name: contract_activate
@@ -285,7 +283,7 @@ INSERT INTO rq_schema_migrations (version, name, applied_at) VALUES (:version, :
 
 -- name: job_set_recorded
 -- Importing a regression case: the job as it was recorded.
-UPDATE rq_jobs SET handler_version = :handler_version, result = :result, attempt = :attempt,
+UPDATE rq_jobs SET handler_version = :handler_version, result = :result_json, attempt = :attempt,
     state = 'succeeded'
 WHERE id = :job_id;
 

@@ -5,11 +5,12 @@ INSERT INTO rq_lineage (trace_id, origin, source_trace_id, source_job_id, branch
                         created_at)
 VALUES (:trace_id, :origin, :source_trace_id, :source_job_id, :branch, :details, :now);
 
--- name: lineage_get
-SELECT * FROM rq_lineage WHERE trace_id = :trace_id;
-
--- name: lineage_for_source
-SELECT * FROM rq_lineage WHERE source_trace_id = :source_trace_id ORDER BY created_at;
+-- name: lineage_list
+-- Where one trace came from (``trace_id``), or every trace derived from ``source_trace_id``.
+SELECT * FROM rq_lineage
+WHERE (:trace_id IS NULL OR trace_id = :trace_id)
+  AND (:source_trace_id IS NULL OR source_trace_id = :source_trace_id)
+ORDER BY created_at, trace_id;
 
 -- name: lineage_page
 -- Derived traces after a (created_at, trace_id) cursor, oldest first (the fleet's replay

@@ -24,7 +24,8 @@ WHERE resource = :resource AND owner_token = :owner_token;
 
 -- name: lock_release
 UPDATE rq_locks SET owner_token = NULL, expires_at = NULL, hlc = MAX(hlc + 1, :hlc)
-WHERE resource = :resource AND owner_token = :owner_token;
+WHERE resource = :resource AND owner_token = :owner_token
+RETURNING *;
 
 -- name: lock_list
 SELECT * FROM rq_locks WHERE owner_token IS NOT NULL ORDER BY resource;
@@ -36,6 +37,3 @@ SET owner_token = NULL, expires_at = NULL, fencing_token = fencing_token + 1,
     hlc = MAX(hlc + 1, :hlc)
 WHERE resource = :resource AND owner_token IS NOT NULL
 RETURNING *;
-
--- name: fence_current
-SELECT fencing_token FROM rq_locks WHERE resource = :resource;

@@ -1,11 +1,10 @@
 -- Named queries for rollouts (SQLite): routing records, their change events, the
 -- version a job is routed to, shadow/dual-run comparisons and per-version outcomes.
 
--- name: routing_get
-SELECT job_type, body, revision, updated_at FROM rq_routing WHERE job_type = :job_type;
-
 -- name: routing_list
-SELECT job_type, body, revision, updated_at FROM rq_routing ORDER BY job_type;
+SELECT job_type, body, revision, updated_at FROM rq_routing
+WHERE (:job_type IS NULL OR job_type = :job_type)
+ORDER BY job_type;
 
 -- name: routing_insert
 INSERT INTO rq_routing (job_type, body, revision, updated_at)

@@ -9,9 +9,6 @@ ON CONFLICT (name) DO UPDATE SET
     cron = excluded.cron, job_type = excluded.job_type, timezone = excluded.timezone,
     missed = excluded.missed;
 
--- name: schedule_get
-SELECT * FROM rq_schedules WHERE name = :name;
-
 -- name: schedule_advance
 -- Only the scheduler that read the expected anchor moves it: a second scheduler that
 -- decided the same slots finds the anchor moved and enqueues nothing.
@@ -23,4 +20,4 @@ UPDATE rq_schedules SET last_slot = :last_slot, last_job_id = :last_job_id
 WHERE name = :name;
 
 -- name: schedule_list
-SELECT * FROM rq_schedules ORDER BY name;
+SELECT * FROM rq_schedules WHERE (:name IS NULL OR name = :name) ORDER BY name;

@@ -30,11 +30,6 @@ INSERT INTO rq_entity_versions (branch, namespace, key, version, parent_version,
 VALUES (:branch, :namespace, :key, :version, :parent_version, :data, :data_ref, :delta, :job_id,
         :trace_id, :attempt, :fencing_token, :created_at, :hlc);
 
--- name: entity_history
-SELECT * FROM rq_entity_versions
-WHERE branch = :branch AND namespace = :namespace AND key = :key
-ORDER BY version;
-
 -- name: entity_versions_by_job
 SELECT * FROM rq_entity_versions WHERE job_id = :job_id ORDER BY hlc, version;
 
@@ -49,6 +44,3 @@ VALUES (:branch, :base_branch, :base_hlc, :origin, :now);
 
 -- name: branch_get
 SELECT * FROM rq_branches WHERE branch = :branch;
-
--- name: branch_entities
-SELECT * FROM rq_entity_versions WHERE branch = :branch ORDER BY hlc, version;

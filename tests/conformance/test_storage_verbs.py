@@ -1,0 +1,522 @@
+"""The storage verbs, one behaviour at a time, on every backend (``db_url`` is parametrized).
+
+Each test drives ``storage.protocol.Transaction`` directly: what a verb promises
+(compare-and-set on owner tokens and claims, first write wins, the filters of
+the merged readers) must hold the same on SQLite and on PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from replayq.errors import ConfigurationError
+from replayq.model import JobState, TraceEvent
+from replayq.storage import open_storage
+from replayq.storage.protocol import (
+    BlobPut,
+    BranchCreate,
+    CacheDelete,
+    CacheLookup,
+    CachePut,
+    EntityFilter,
+    EntityGet,
+    EntityRecord,
+    IdemClaim,
+    IdemCompensate,
+    IdemFail,
+    IdemFilter,
+    IdemResolve,
+    IdemSucceed,
+    IdemTakeover,
+    JobBury,
+    JobCancel,
+    JobCancelRequest,
+    JobCancelRunning,
+    JobComplete,
+    JobFilter,
+    JobInsert,
+    JobLease,
+    JobRedeliver,
+    JobRequeue,
+    JobReroute,
+    JobRetry,
+    JobRoute,
+    LeaseExtend,
+    LeaseRelease,
+    LineagePut,
+    Listener,
+    LockAcquire,
+    OutboxInsert,
+    OutboxMark,
+    ScheduleAdvance,
+    ScheduleMade,
+    ScheduleRegister,
+    Storage,
+    TraceQuery,
+    idem_get,
+)
+
+T0 = 1_700_000_000.0
+
+
+@pytest.fixture
+def storage(db_url: str) -> Iterator[Storage]:
+    store = open_storage(db_url)
+    store.migrate(T0)
+    yield store
+    store.close()
+
+
+def insert(job_type: str = "t", **overrides: Any) -> JobInsert:
+    fields: dict[str, Any] = {
+        "job_type": job_type,
+        "queue": "default",
+        "payload_json": '{"n":1}',
+        "priority": 0,
+        "run_at": T0,
+        "now": T0,
+        "max_attempts": 3,
+        "trace_id": "trace",
+        "hlc": 1,
+    }
+    fields.update(overrides)
+    return JobInsert(**fields)
+
+
+def lease(now: float = T0 + 1, limit: int = 10, owner: str = "tok") -> JobLease:
+    return JobLease(
+        worker_id="w",
+        owner_token=owner,
+        now=now,
+        hlc=2,
+        limit=limit,
+        default_lease_seconds=30.0,
+        lease_for={"short": 5.0},
+        version_for={"t": "v7"},
+    )
+
+
+def leased_job(storage: Storage, **overrides: Any) -> int:
+    with storage.transaction() as tx:
+        job_id, _ = tx.job_insert(insert(**overrides))
+        assert [j.id for j in tx.job_lease(lease())] == [job_id]
+    return job_id
+
+
+# -- jobs -----------------------------------------------------------------------------------
+
+
+def test_enqueue_lease_complete_round_trip(storage: Storage) -> None:
+    with storage.transaction() as tx:
+        job_id, created = tx.job_insert(insert(message_id="m1", payload_json='{"a":[1,"é"]}'))
+        again, created_again = tx.job_insert(insert(message_id="m1"))
+    assert created and not created_again and again == job_id
+    with storage.transaction() as tx:
+        [job] = tx.job_lease(lease())
+    assert job.id == job_id and job.state is JobState.RUNNING and job.attempt == 1
+    assert job.payload == {"a": [1, "é"]} and job.handler_version == "v7"
+    assert job.lease_deadline == pytest.approx(T0 + 31)
+    with storage.transaction() as tx:
+        assert not tx.job_transition(JobComplete(job_id, "someone else", T0 + 2, "1", 3))
+        assert tx.job_transition(JobComplete(job_id, "tok", T0 + 2, '{"ok":true}', 3))
+    with storage.transaction(readonly=True) as tx:
+        done = tx.job_get(job_id)
+    assert done is not None and done.state is JobState.SUCCEEDED and done.result == {"ok": True}
+
+
+def test_retry_then_bury_are_compare_and_set_on_the_owner_token(storage: Storage) -> None:
+    job_id = leased_job(storage)
+    with storage.transaction() as tx:
+        retry = JobRetry(job_id, "tok", T0 + 2, T0 + 10, "transient", "boom", 3)
+        assert tx.job_transition(retry)
+        assert not tx.job_transition(retry)
+        assert tx.job_lease(lease(now=T0 + 5)) == []  # not due yet
+        [again] = tx.job_lease(lease(now=T0 + 10, owner="tok2"))
+        assert again.attempt == 2 and again.last_error_class == "transient"
+        assert not tx.job_transition(JobBury(job_id, "tok", T0 + 11, "x", None, None, 4))
+        assert tx.job_transition(JobBury(job_id, "tok2", T0 + 11, "gave up", "unknown", "e", 4))
+        dead = tx.job_get(job_id)
+    assert dead is not None and dead.state is JobState.DEAD and dead.dead_reason == "gave up"
+
+
+def test_expired_lease_is_reaped_and_redelivered_once(storage: Storage) -> None:
+    job_id = leased_job(storage, job_type="short")
+    with storage.transaction() as tx:
+        assert not tx.job_transition(LeaseExtend(job_id, "not the owner", T0 + 2, 5.0))
+        assert tx.lease_reap(T0 + 5, 10) == []
+        [expired] = tx.lease_reap(T0 + 7, 10)
+        assert expired.owner_token == "tok"
+        assert tx.job_transition(JobRedeliver(job_id, "tok", T0 + 7, 5))
+        assert not tx.job_transition(JobRedeliver(job_id, "tok", T0 + 7, 5))
+        assert not tx.job_transition(JobComplete(job_id, "tok", T0 + 8, None, 6))
+        requeued = tx.job_get(job_id)
+    assert requeued is not None and requeued.state is JobState.QUEUED
+    assert requeued.redelivery_count == 1
+
+
+def test_an_extended_lease_is_not_reaped(storage: Storage) -> None:
+    job_id = leased_job(storage, job_type="short")  # lease ends at T0 + 6
+    with storage.transaction() as tx:
+        assert tx.job_transition(LeaseExtend(job_id, "tok", T0 + 5, 5.0))
+        assert tx.lease_reap(T0 + 7, 10) == []
+        assert [j.id for j in tx.lease_reap(T0 + 11, 10)] == [job_id]
+
+
+def test_a_batch_claim_honours_priority_and_run_at(storage: Storage) -> None:
+    with storage.transaction() as tx:
+        low, _ = tx.job_insert(insert(priority=0))
+        high, _ = tx.job_insert(insert(priority=5))
+        tx.job_insert(insert(priority=9, run_at=T0 + 100))
+        early, _ = tx.job_insert(insert(priority=0, run_at=T0 - 1000))
+        jobs = tx.job_lease(lease(limit=10))
+    assert [j.id for j in jobs] == [high, early, low]
+
+
+def test_concurrent_batch_claims_never_hand_one_job_to_two_workers(storage: Storage) -> None:
+    with storage.transaction() as tx:
+        for n in range(200):
+            tx.job_insert(insert(payload_json=f'{{"n":{n}}}'))
+    claimed: dict[str, list[int]] = defaultdict(list)
+
+    def claim(token: str) -> None:
+        while True:
+            with storage.transaction() as tx:
+                jobs = tx.job_lease(lease(limit=7, owner=token))
+            if not jobs:
+                return
+            claimed[token].extend(j.id for j in jobs)
+
+    threads = [threading.Thread(target=claim, args=(f"w{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    every = [job_id for ids in claimed.values() for job_id in ids]
+    assert len(every) == len(set(every)) == 200
+
+
+def test_a_running_job_is_cancelled_only_after_it_was_asked_and_only_by_its_owner(
+    storage: Storage,
+) -> None:
+    job_id = leased_job(storage)
+    with storage.transaction() as tx:
+        assert not tx.job_transition(JobCancel(job_id, T0 + 2, 3)), "running: ask, not cancel"
+        assert not tx.job_transition(JobCancelRunning(job_id, "tok", T0 + 2, 3)), "not asked"
+        assert tx.job_transition(JobCancelRequest(job_id, T0 + 2, 3))
+        assert not tx.job_transition(JobCancelRequest(job_id, T0 + 2, 3)), "asked once"
+        assert tx.job_cancel_requested("w") == {job_id}
+        assert not tx.job_transition(JobCancelRunning(job_id, "other", T0 + 3, 4))
+        assert tx.job_transition(JobCancelRunning(job_id, "tok", T0 + 3, 4))
+        job = tx.job_get(job_id)
+    assert job is not None and job.state is JobState.CANCELLED
+
+
+def test_a_dead_job_is_requeued_with_more_attempts_and_a_queued_one_cancelled(
+    storage: Storage,
+) -> None:
+    job_id = leased_job(storage)
+    with storage.transaction() as tx:
+        assert not tx.job_transition(JobRequeue(job_id, T0 + 2, 3)), "only a dead job"
+        assert not tx.job_transition(JobBury(job_id, None, T0 + 2, "x", None, None, 3)), "running"
+        assert tx.job_transition(JobBury(job_id, "tok", T0 + 2, "gave up", None, None, 3))
+        assert tx.job_transition(JobRequeue(job_id, T0 + 3, 4, extra_attempts=2, to_version="v2"))
+        job = tx.job_get(job_id)
+        assert job is not None and job.state is JobState.QUEUED
+        assert (job.max_attempts, job.handler_version) == (job.attempt + 2, "v2")
+        assert tx.job_transition(JobCancel(job_id, T0 + 4, 5))
+        assert not tx.job_transition(JobCancel(job_id, T0 + 4, 5))
+        queued, _ = tx.job_insert(insert(message_id="unrunnable"))
+        assert tx.job_transition(JobBury(queued, None, T0 + 5, "unknown type", None, None, 6))
+
+
+def test_a_released_lease_gives_the_job_back_with_one_more_attempt(storage: Storage) -> None:
+    job_id = leased_job(storage)
+    with storage.transaction() as tx:
+        assert not tx.job_transition(LeaseRelease(job_id, "other", T0 + 2, 3))
+        assert tx.job_transition(LeaseRelease(job_id, "tok", T0 + 2, 3))
+        job = tx.job_get(job_id)
+    assert job is not None and job.state is JobState.QUEUED
+    assert (job.attempt, job.max_attempts, job.owner_token) == (1, 4, None)
+
+
+def test_a_version_is_routed_by_the_owner_and_rerouted_while_queued(storage: Storage) -> None:
+    job_id = leased_job(storage, job_type="untyped")  # no version chosen at lease
+    with storage.transaction() as tx:
+        assert not tx.job_transition(JobRoute(job_id, "other", "v1"))
+        assert tx.job_transition(JobRoute(job_id, "tok", "v1"))
+        queued, _ = tx.job_insert(insert("untyped", handler_version="v1"))
+        assert not tx.job_transition(JobRoute(queued, "tok", "v3")), "not leased"
+        assert tx.job_reroute(JobReroute("untyped", "v1", "v2")) == 1
+        running, moved = tx.job_get(job_id), tx.job_get(queued)
+    assert running is not None and running.handler_version == "v1", "running jobs stay"
+    assert moved is not None and moved.handler_version == "v2"
+
+
+def test_job_list_filters_by_state_and_type(storage: Storage) -> None:
+    job_id = leased_job(storage)
+    with storage.transaction() as tx:
+        other, _ = tx.job_insert(insert("other"))
+        running = tx.job_list(JobFilter(states=["running"]))
+        of_type = tx.job_list(JobFilter(job_type="other"))
+    assert [j.id for j in running] == [job_id]
+    assert [j.id for j in of_type] == [other]
+
+
+# -- trace ----------------------------------------------------------------------------------
+
+
+def event(name: str, hlc: int, **fields: Any) -> TraceEvent:
+    return TraceEvent(trace_id=fields.pop("trace_id", "tr"), name=name, ts=T0, hlc=hlc, **fields)
+
+
+def test_trace_query_reads_a_job_a_trace_or_a_resource_in_hlc_order(storage: Storage) -> None:
+    job_id = leased_job(storage)
+    with storage.transaction() as tx:
+        tx.trace_append(
+            [
+                event("b", 20, job_id=job_id, resource="price:sku-1"),
+                event("a", 10, job_id=job_id, resource="price:sku-1:v3"),
+                event("derived", 15, trace_id="fork-1", resource="price:sku-10"),
+                event("other", 30, trace_id="fork-1", resource="price:sku-1:x"),
+            ]
+        )
+    with storage.transaction(readonly=True) as tx:
+        by_job = [e.name for e in tx.trace_query(TraceQuery(job_id=job_id))]
+        by_trace = [e.name for e in tx.trace_query(TraceQuery(trace_id="fork-1"))]
+        by_resource = [e.name for e in tx.trace_query(TraceQuery(resource="price:sku-1"))]
+        with pytest.raises(ConfigurationError, match="job_id"):
+            tx.trace_query(TraceQuery())
+    assert by_job == ["a", "b"]
+    assert by_trace == ["derived", "other"]
+    assert by_resource == ["a", "b"], "the resource and its versioned keys, nothing else"
+
+
+# -- effects --------------------------------------------------------------------------------
+
+
+def claim(key: str, token: str, job_id: int | None = None) -> IdemClaim:
+    return IdemClaim(key, "email.send", token, T0, "tr", job_id, 1)
+
+
+def test_an_idempotency_key_is_claimed_once_and_settled_only_by_its_claim(
+    storage: Storage,
+) -> None:
+    with storage.transaction() as tx:
+        assert tx.idem_transition(claim("k1", "c1"))
+        assert not tx.idem_transition(claim("k1", "c2")), "one claim per key"
+        assert not tx.idem_transition(IdemSucceed("k1", "c2", "1", None, T0 + 1))
+        assert not tx.idem_transition(IdemCompensate("k1", T0 + 1)), "not succeeded yet"
+        assert tx.idem_transition(IdemSucceed("k1", "c1", '{"id": 7}', None, T0 + 1))
+        assert not tx.idem_transition(IdemFail("k1", "c1", "late", T0 + 2)), "settled"
+        assert tx.idem_transition(IdemCompensate("k1", T0 + 3))
+        record = idem_get(tx, "k1")
+    assert record is not None
+    assert (record.status, record.result, record.claim_token) == ("compensated", '{"id": 7}', "c1")
+
+
+def test_a_takeover_and_a_resolution_are_compare_and_set_on_the_claim_read(
+    storage: Storage,
+) -> None:
+    job_id = leased_job(storage)
+    with storage.transaction() as tx:
+        assert tx.idem_transition(claim("k2", "c1", job_id))
+        assert tx.idem_transition(IdemFail("k2", "c1", "boom", T0 + 1))
+        take = IdemTakeover("k2", "c2", T0 + 2, "tr", job_id, 2, "failed", "c1")
+        assert tx.idem_transition(take)
+        assert not tx.idem_transition(take), "the claim moved on"
+        resolve = IdemResolve("k2", "c1", "succeeded", '"ok"', None, T0 + 3)
+        assert not tx.idem_transition(resolve), "resolved against a stale claim"
+        assert tx.idem_transition(IdemResolve("k2", "c2", "failed", None, "gone", T0 + 3))
+        by_job = tx.idem_list(IdemFilter(job_id=job_id))
+        assert idem_get(tx, "missing") is None
+    assert [(r.key, r.status, r.error) for r in by_job] == [("k2", "failed", "gone")]
+
+
+def test_in_doubt_lists_started_records_whose_attempt_no_longer_runs(storage: Storage) -> None:
+    running = leased_job(storage)
+    with storage.transaction() as tx:
+        finished, _ = tx.job_insert(insert(message_id="finished"))
+        assert tx.idem_transition(claim("live", "c1", running))
+        assert tx.idem_transition(claim("orphan", "c2", finished))
+        in_doubt = tx.idem_list(IdemFilter(in_doubt=True))
+        everything = tx.idem_list(IdemFilter(operation="email.send"))
+    assert [(r.key, r.in_doubt) for r in in_doubt] == [("orphan", True)]
+    assert {(r.key, r.in_doubt) for r in everything} == {("live", False), ("orphan", True)}
+
+
+# -- state ----------------------------------------------------------------------------------
+
+
+def version(key: str, number: int, hlc: int, branch: str = "main", job_id: int | None = None):  # type: ignore[no-untyped-def]
+    return EntityRecord(
+        branch, "order", key, number, number - 1 or None, f'{{"v":{number}}}', None, "{}",
+        job_id, None, None, None, T0 + number, hlc,
+    )  # fmt: skip
+
+
+def test_entity_writes_are_compare_and_set_on_the_head_and_readable_three_ways(
+    storage: Storage,
+) -> None:
+    with storage.transaction() as tx:
+        assert tx.entity_put(version("1", 1, 100), 0)
+        assert not tx.entity_put(version("1", 1, 101), 0), "exists already"
+        assert tx.entity_put(version("1", 2, 200, job_id=9), 1)
+        assert not tx.entity_put(version("1", 3, 300), 1), "stale expected version"
+        tx.entity_put(version("1", 3, 300), None)  # imported: the head stays at 2
+        head = tx.entity_get(EntityGet("main", "order", "1"))
+        second = tx.entity_get(EntityGet("main", "order", "1", version=2))
+        as_of = tx.entity_get(EntityGet("main", "order", "1", at_hlc=150))
+        after = tx.entity_list(EntityFilter(branch="main", namespace="order", key="1"))
+        later = tx.entity_list(
+            EntityFilter(branch="main", namespace="order", key="1", after_version=1)
+        )
+        by_job = tx.entity_list(EntityFilter(job_id=9))
+        missing = tx.entity_get(EntityGet("main", "order", "2"))
+    assert head is not None and (head.version, head.hlc, head.data) == (2, 200, '{"v":2}')
+    assert second is not None and second.job_id == 9
+    assert as_of is not None and as_of.version == 1
+    assert [v.version for v in after] == [1, 2, 3] and [v.version for v in later] == [2, 3]
+    assert [v.version for v in by_job] == [2] and missing is None
+
+
+def test_a_branch_is_created_once_with_its_base(storage: Storage) -> None:
+    with storage.transaction() as tx:
+        tx.branch_create(BranchCreate("fork:1", "main", 150, "fork", T0))
+        branch = tx.branch_get("fork:1")
+        assert tx.branch_get("fork:2") is None
+    assert branch is not None and (branch.base_branch, branch.base_hlc) == ("main", 150)
+
+
+# -- locks ----------------------------------------------------------------------------------
+
+
+def acquire(owner: str, now: float, hlc: int) -> LockAcquire:
+    return LockAcquire("res", owner, None, f"worker-{owner}", now, 10.0, hlc)
+
+
+def test_a_lock_is_held_by_one_owner_and_each_acquisition_bumps_its_fencing_token(
+    storage: Storage,
+) -> None:
+    with storage.transaction() as tx:
+        first = tx.lock_acquire(acquire("a", T0, 10))
+        assert tx.lock_acquire(acquire("b", T0 + 1, 11)) is None, "held"
+        assert tx.lock_renew("res", "a", T0 + 5, 10.0)
+        assert not tx.lock_renew("res", "b", T0 + 5, 10.0)
+        assert tx.lock_acquire(acquire("b", T0 + 12, 12)) is None, "renewed until T0 + 15"
+        assert tx.lock_release("res", "b", 13) is None, "not b's to release"
+        released = tx.lock_release("res", "a", 14)
+        assert tx.lock_list() == []
+        second = tx.lock_acquire(acquire("b", T0 + 16, 15))
+        [held] = tx.lock_list()
+        broken = tx.lock_release("res", None, 16)
+        after = tx.lock_get("res")
+    assert first is not None and second is not None
+    assert second.fencing_token == first.fencing_token + 1
+    assert released is not None and released.owner_token is None
+    assert held.owner_token == "b" and held.worker_id == "worker-b"
+    assert broken is not None and broken.fencing_token == second.fencing_token + 1
+    assert after is not None and after.owner_token is None and after.worker_id == "worker-b"
+
+
+# -- cache, outbox, blobs, lineage ----------------------------------------------------------
+
+
+def cache_entry(key: str, version: int, written: float, expires: float | None) -> CachePut:
+    return CachePut(key, "price:1", f'"{key}"', version, "sku", "1", written, expires)
+
+
+def test_cache_reads_by_key_or_newest_of_a_base_key_and_deletes_both_ways(
+    storage: Storage,
+) -> None:
+    with storage.transaction() as tx:
+        tx.cache_put(cache_entry("price:1:v1", 1, T0, None))
+        tx.cache_put(cache_entry("price:1:v2", 2, T0 + 1, T0 + 5))
+        newest = tx.cache_get(CacheLookup(T0 + 2, base_key="price:1"))
+        expired = tx.cache_get(CacheLookup(T0 + 6, key="price:1:v2"))
+        kept = tx.cache_get(CacheLookup(T0 + 6, base_key="price:1"))
+        tx.cache_delete(CacheDelete(namespace="sku", key="1"))
+        assert tx.cache_get(CacheLookup(T0, key="price:1:v1")) is None
+        tx.cache_put(cache_entry("price:1:v3", 3, T0 + 7, None))
+        tx.cache_delete(CacheDelete(base_key="price:1"))
+        assert tx.cache_get(CacheLookup(T0 + 8, base_key="price:1")) is None
+    assert newest is not None and newest.key == "price:1:v2" and newest.value == '"price:1:v2"'
+    assert expired is None
+    assert kept is not None and kept.version == 1
+
+
+def test_an_outbox_row_is_written_once_claimed_and_marked(storage: Storage) -> None:
+    row = OutboxInsert("e1", "orders", '{"n":1}', 1, "tr", T0)
+    with storage.transaction() as tx:
+        assert tx.outbox_insert(row)
+        assert not tx.outbox_insert(OutboxInsert("e1", "orders", '{"n":2}', 1, "tr", T0))
+        assert tx.outbox_insert(OutboxInsert("e2", "orders", "{}", 1, "tr", T0 + 1))
+        [first, second] = tx.outbox_claim(T0 + 2, 30.0, 10)
+        assert tx.outbox_claim(T0 + 3, 30.0, 10) == [], "claimed"
+        assert tx.outbox_mark(OutboxMark(first.id, T0 + 4))
+        assert not tx.outbox_mark(OutboxMark(first.id, T0 + 4)), "published once"
+        assert tx.outbox_mark(OutboxMark(second.id, T0 + 4, "sink down"))
+        backlog = tx.outbox_backlog()
+        [again] = tx.outbox_claim(T0 + 5, 30.0, 10)
+        rows = tx.outbox_by_job(1)
+    assert (first.event_id, first.payload, first.attempts) == ("e1", '{"n":1}', 1)
+    assert (backlog.pending, backlog.oldest) == (1, T0 + 1)
+    assert again.id == second.id and again.attempts == 2 and again.last_error == "sink down"
+    assert [r.published_at for r in rows] == [T0 + 4, None]
+
+
+def test_a_blob_and_a_lineage_row_round_trip(storage: Storage) -> None:
+    with storage.transaction() as tx:
+        tx.blob_put(BlobPut("abc", "zstd", 10, 4, b"\x00\x01\xff\x02", T0))
+        blob = tx.blob_get("abc")
+        assert tx.blob_get("def") is None
+        tx.lineage_put(LineagePut("fork-1", "fork", "tr", 1, "fork:1", "{}", T0))
+        tx.lineage_put(LineagePut("fork-2", "replay", "tr", 1, None, "{}", T0 + 1))
+        tx.lineage_put(LineagePut("fork-3", "replay", "other", 2, None, "{}", T0 + 2))
+        one = tx.lineage_list(trace_id="fork-2")
+        derived = tx.lineage_list(source_trace_id="tr")
+    assert blob is not None and (blob.codec, blob.body) == ("zstd", b"\x00\x01\xff\x02")
+    assert [(r.trace_id, r.origin) for r in one] == [("fork-2", "replay")]
+    assert [r.trace_id for r in derived] == ["fork-1", "fork-2"]
+
+
+# -- schedules, contracts, routing ----------------------------------------------------------
+
+
+def test_a_schedule_anchor_moves_only_from_the_anchor_that_was_read(storage: Storage) -> None:
+    with storage.transaction() as tx:
+        register = ScheduleRegister("tick", "* * * * *", "t", "UTC", "skip", T0 + 60, T0)
+        assert tx.schedule_update(register)
+        assert tx.schedule_update(ScheduleAdvance("tick", T0, T0 + 60, T0 + 120, T0 + 61))
+        assert not tx.schedule_update(ScheduleAdvance("tick", T0, T0 + 60, T0 + 120, T0 + 61))
+        assert tx.schedule_update(ScheduleMade("tick", T0 + 60, 42))
+        tx.schedule_update(ScheduleRegister("other", "0 * * * *", "t", "UTC", "skip", None, T0))
+        [tick] = tx.schedule_list("tick")
+        names = [s.name for s in tx.schedule_list()]
+    assert (tick.anchor, tick.last_slot, tick.last_job_id) == (T0 + 60, T0 + 60, 42)
+    assert names == ["other", "tick"]
+
+
+def test_contracts_are_listed_by_type_and_version_and_one_version_is_active(
+    storage: Storage,
+) -> None:
+    with storage.transaction() as tx:
+        tx.contract_put("t", "v1", '{"n":1}', T0)
+        tx.contract_put("t", "v2", '{"n":2}', T0 + 1)
+        tx.contract_put("u", "v1", '{"n":3}', T0)
+        tx.contract_activate("t", "v2", T0 + 2)
+        [v2] = tx.contract_list("t", "v2")
+        of_t = [c.version for c in tx.contract_list("t")]
+        every = [(c.job_type, c.version) for c in tx.contract_list(None)]
+        active = tx.contract_active("t")
+    assert v2.body == '{"n":2}' and of_t == ["v1", "v2"] and active == "v2"
+    assert every == [("t", "v1"), ("t", "v2"), ("u", "v1")]
+
+
+def test_a_backend_that_pushes_wake_ups_is_a_listener(storage: Storage, db_url: str) -> None:
+    """The worker asks ``isinstance(storage, Listener)``: PostgreSQL has LISTEN, SQLite not."""
+    assert isinstance(storage, Listener) is db_url.startswith("postgresql")
