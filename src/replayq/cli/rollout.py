@@ -208,16 +208,38 @@ def rollout_dual_run(
 
 @rollout.command("rollback")
 @click.argument("job_type")
+@click.option(
+    "--release-inflight",
+    is_flag=True,
+    help="Also send running attempts on other versions back to the queue on the baseline, "
+    "each at its next step boundary (never run twice at once).",
+)
 @_common
 @pass_env
 def rollout_rollback(
-    env: Env, job_type: str, app_spec: str | None, actor: str | None, reason: str | None
+    env: Env,
+    job_type: str,
+    release_inflight: bool,
+    app_spec: str | None,
+    actor: str | None,
+    reason: str | None,
 ) -> None:
     """One switch: new and queued jobs go to the baseline now; running attempts finish."""
-    result = _rollout(env, app_spec, job_type, actor).rollback(reason=reason)
+    result = _rollout(env, app_spec, job_type, actor).rollback(
+        reason=reason, release_inflight=release_inflight
+    )
     click.echo(describe(result.routing))
+    baseline = result.routing.baseline
+    if release_inflight:
+        click.echo(
+            f"moved {result.requeued_to_baseline} queued job(s) to {baseline}; "
+            f"{result.released} running attempt(s) on other versions go back to the queue "
+            f"on {baseline} at their next step boundary "
+            f"(replayq trace JOB_ID shows job.release_requested, then job.released)"
+        )
+        return
     click.echo(
-        f"moved {result.requeued_to_baseline} queued job(s) to {result.routing.baseline}; "
+        f"moved {result.requeued_to_baseline} queued job(s) to {baseline}; "
         f"{result.in_flight} attempt(s) still running on other versions finish where they are "
         f"(replayq jobs list --type {job_type} --state running --version VERSION)"
     )

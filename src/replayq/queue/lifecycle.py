@@ -25,6 +25,8 @@ JOB_FAILED = "job.failed"
 JOB_DEAD = "job.dead"
 JOB_CANCELLED = "job.cancelled"
 JOB_REQUEUED = "job.requeued"
+JOB_RELEASE_REQUESTED = "job.release_requested"
+JOB_RELEASED = "job.released"
 WRITE_REJECTED = "job.write_rejected"
 # A job type's routing changed (replayq rollout …): not a job's event, the type's.
 ROUTING_CHANGED = "routing.changed"
@@ -44,6 +46,8 @@ LIFECYCLE_EVENTS = (
     JOB_DEAD,
     JOB_CANCELLED,
     JOB_REQUEUED,
+    JOB_RELEASE_REQUESTED,
+    JOB_RELEASED,
     WRITE_REJECTED,
 )
 

@@ -20,6 +20,7 @@ from replayq import codec
 from replayq.errors import RolloutRefusedError
 from replayq.model import TraceEvent
 from replayq.queue import lifecycle
+from replayq.queue.actions import request_release
 from replayq.rollout.background import VerifyRun, verify_runs
 from replayq.rollout.gates import GateReport, evaluate_gates
 from replayq.rollout.routing import PinRule, Routing, parse_share
@@ -54,11 +55,13 @@ class RoutingChange:
 @dataclass(frozen=True)
 class RollbackResult:
     """What ``rollback`` (or ``finish``) did: the routing now, how many queued jobs it
-    moved to the baseline, how many attempts still run on other versions."""
+    moved to the baseline, how many attempts still run on other versions, and how many
+    of those were asked to go back to the queue on the baseline (``release_inflight``)."""
 
     routing: Routing
     requeued_to_baseline: int
     in_flight: int
+    released: int = 0
 
 
 class Rollout:
@@ -274,13 +277,19 @@ class Rollout:
 
         return self._change("dual-run", change, reason)
 
-    def rollback(self, *, reason: str | None = None) -> RollbackResult:
+    def rollback(
+        self, *, reason: str | None = None, release_inflight: bool = False
+    ) -> RollbackResult:
         """One switch: new and queued jobs go to the baseline at once.
 
         Weights, pins, shadow and dual-run are cleared in one change; queued jobs
         already routed to another version (retries waiting, backlog) move to the
         baseline in the same transaction. Running attempts are left alone: each
         finishes on the version it started on, and is never run by two at once.
+        With ``release_inflight`` each running attempt on another version is asked,
+        in the same transaction, to stop at its next step boundary and go back to
+        the queue on the baseline (``job.release_requested``, then ``job.released``
+        in its trace); its committed steps stay committed.
         """
 
         def change(current: Routing | None) -> Routing:
@@ -293,30 +302,45 @@ class Rollout:
                 dual_run_version=None,
             )
 
-        return self._settle("rollback", change, reason)
+        action = "rollback --release-inflight" if release_inflight else "rollback"
+        return self._settle(action, change, reason, release=release_inflight)
 
     def _settle(
-        self, action: str, change: Callable[[Routing | None], Routing], reason: str | None
+        self,
+        action: str,
+        change: Callable[[Routing | None], Routing],
+        reason: str | None,
+        release: bool = False,
     ) -> RollbackResult:
         """A change to one route (rollback, finish): queued jobs of other versions move to
-        the baseline in the same transaction; running attempts are counted, left alone."""
+        the baseline in the same transaction; running attempts are counted, and left
+        alone unless ``release`` asks them back to the queue at their next step."""
         moved = 0
         in_flight = 0
+        released = 0
 
         def also(tx: Transaction, before: Routing, after: Routing) -> None:
-            nonlocal moved, in_flight
-            moved = 0
+            nonlocal moved, in_flight, released
+            moved = released = 0
             for version in before.versions():
                 if version != after.baseline:
                     moved += tx.job_reroute(JobReroute(self.job_type, version, after.baseline))
-            in_flight = sum(
-                1
+            running = [
+                job
                 for job in tx.job_list(JobFilter(["running"], self.job_type, None, 100_000))
                 if job.handler_version not in (None, after.baseline)
-            )
+            ]
+            in_flight = len(running)
+            if release:
+                now = self.runtime.clock.now()
+                why = f"{action}: {reason}" if reason else action
+                for job in running:
+                    released += request_release(
+                        tx, job, after.baseline, now=now, hlc=self.runtime.hlc.tick(), reason=why
+                    )
 
         routing = self._change(action, change, reason, also=also)
-        return RollbackResult(routing, moved, in_flight)
+        return RollbackResult(routing, moved, in_flight, released)
 
     # -- plumbing ---------------------------------------------------------------------------
 

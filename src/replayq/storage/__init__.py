@@ -23,7 +23,8 @@ scalars and returns records, never a mapping)::
     jobs      job_insert job_get job_lease lease_check lease_reap job_list job_count job_match
               job_cancel_requested job_reroute
               job_transition(LeaseExtend | JobComplete | JobRetry | JobBury | JobCancel |
-                  JobCancelRequest | JobCancelRunning | JobRequeue | LeaseRelease |
+                  JobCancelRequest | JobCancelRunning | JobReleaseRunning | JobRequeue |
+                  LeaseRelease |
                   JobRedeliver | JobRoute | JobSetRecorded)      one CAS on one job row
     reports   job_stats job_gauges job_scheduled job_durations version_outcomes
               signal_counts signal_series outbox_backlog job_out_of_order

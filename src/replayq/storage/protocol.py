@@ -198,6 +198,21 @@ class JobCancelRunning:
 
 
 @dataclass(frozen=True, slots=True)
+class JobReleaseRunning:
+    """Give a running job that was asked to stop back to the queue on ``to_version``.
+
+    The release of ``rollout rollback --release-inflight``: a CAS on the owner, the
+    attempt number kept and one more in the budget (as ``LeaseRelease``).
+    """
+
+    job_id: int
+    owner_token: str
+    to_version: str
+    now: float
+    hlc: int
+
+
+@dataclass(frozen=True, slots=True)
 class JobRequeue:
     """Move a ``dead`` job back to ``queued`` with a fresh attempt budget.
 
@@ -264,6 +279,7 @@ JobChange = (
     | JobCancel
     | JobCancelRequest
     | JobCancelRunning
+    | JobReleaseRunning
     | JobRequeue
     | LeaseRelease
     | JobRedeliver

@@ -6,12 +6,15 @@ compare-and-set on id and owner token) and its lifecycle events commit together.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import traceback
+from collections.abc import Sequence
 
 from replayq.errors import EffectInDoubtError, FailureClass, LeaseLostError, classify
 from replayq.model import DeadReason, Job, TraceEvent
 from replayq.queue import lifecycle as trace
+from replayq.queue.actions import release_target
 from replayq.queue.handlers import Handler
 from replayq.recording.context import Context
 from replayq.storage.protocol import (
@@ -19,6 +22,7 @@ from replayq.storage.protocol import (
     JobBury,
     JobCancelRunning,
     JobComplete,
+    JobReleaseRunning,
     JobRetry,
     Transaction,
 )
@@ -108,22 +112,55 @@ class Outcomes(Settling, Leasing):
             claimed_effects=effects,
         )
 
+    def _stop(
+        self,
+        tx: Transaction,
+        job: Job,
+        now: float,
+        hlc: int,
+        reason: str,
+        also: Sequence[TraceEvent] = (),
+    ) -> str | None:
+        """End an attempt that was asked to stop: ``cancelled``, or ``released`` back to the
+        queue on the version a rollback named; ``None`` if the compare-and-set failed.
+        ``also``: events traced before the outcome's, only if it applied."""
+        assert job.owner_token is not None
+        to_version = release_target(tx, job)
+        if to_version is None:
+            if not tx.job_transition(JobCancelRunning(job.id, job.owner_token, now, hlc)):
+                return None
+            tx.trace_append([*also, self._cancel_event(tx, job, now, hlc, reason)])
+            return "cancelled"
+        change = JobReleaseRunning(job.id, job.owner_token, to_version, now, hlc)
+        if not tx.job_transition(change):
+            return None
+        stopped = self._cancel_event(tx, job, now, hlc, reason)
+        released = dataclasses.replace(
+            stopped,
+            name=trace.JOB_RELEASED,
+            status="queued",
+            data={**stopped.data, "from_version": job.handler_version, "to_version": to_version},
+        )
+        tx.trace_append([*also, released])
+        return "released"
+
     def _cancelled(self, job: Job, ctx: Context, reason: str, duration: float) -> None:
         """End an attempt that was asked to stop: its steps stay committed, nothing else is."""
         ctx.discard_writes()
+        outcome: str | None = None
 
         def write(tx: Transaction) -> None:
+            nonlocal outcome
             now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
             ctx.flush(tx, failed=True)
-            assert job.owner_token is not None
-            if not tx.job_transition(JobCancelRunning(job.id, job.owner_token, now, hlc)):
+            outcome = self._stop(tx, job, now, hlc, reason)
+            if outcome is None:
                 raise LeaseLostError("job.cancelled")
-            tx.trace_append([self._cancel_event(tx, job, now, hlc, reason)])
 
         if self._settle(job, write, ctx):
             ctx.committed()
-            self.stats.cancelled += 1
-            log.warning("job %s cancelled while running (%s)", job.id, reason)
+            self.stats.cancelled += outcome == "cancelled"
+            log.warning("job %s %s while running (%s)", job.id, outcome, reason)
 
     def _fail(
         self, job: Job, handler: Handler, ctx: Context, exc: Exception, duration: float
@@ -145,10 +182,8 @@ class Outcomes(Settling, Leasing):
             cancelled = job.id in tx.job_cancel_requested(self.worker_id)
             if cancelled:
                 hlc = self.runtime.hlc.tick()
-                if not tx.job_transition(JobCancelRunning(job.id, job.owner_token, now, hlc)):
+                if self._stop(tx, job, now, hlc, f"failed after the stop: {message}") is None:
                     raise LeaseLostError("job.cancelled")
-                event = self._cancel_event(tx, job, now, hlc, f"failed after the cancel: {message}")
-                tx.trace_append([event])
                 return
             events = [
                 trace.lifecycle(

@@ -6,7 +6,7 @@ import logging
 
 from replayq.model import DeadReason
 from replayq.queue import lifecycle as trace
-from replayq.storage.protocol import JobBury, JobCancelRunning, JobRedeliver
+from replayq.storage.protocol import JobBury, JobRedeliver
 from replayq.worker.outcome import Outcomes
 
 log = logging.getLogger("replayq.worker")
@@ -44,11 +44,8 @@ class Reaping(Outcomes):
                 assert job.owner_token is not None
                 hlc = self.runtime.hlc.tick()
                 if job.cancel_requested_at is not None:
-                    if tx.job_transition(JobCancelRunning(job.id, job.owner_token, now, hlc)):
-                        cancelled = self._cancel_event(
-                            tx, job, now, hlc, "the lease ran out before a step boundary"
-                        )
-                        tx.trace_append([expired, cancelled])
+                    why = "the lease ran out before a step boundary"
+                    if self._stop(tx, job, now, hlc, why, also=[expired]):
                         count += 1
                 elif job.attempt >= job.max_attempts:
                     reason = DeadReason.LEASE_EXPIRED_ATTEMPTS_EXHAUSTED

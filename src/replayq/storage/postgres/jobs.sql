@@ -165,6 +165,20 @@ WITH redelivered AS (
 )
 SELECT pg_notify('replayq_jobs', queue) FROM redelivered;
 
+-- name: job_release_running
+-- The attempt asked to be released (rollout rollback --release-inflight) goes back to the
+-- queue on the version named, its attempt number kept and one more in its budget.
+WITH released AS (
+    UPDATE rq_jobs
+    SET state = 'queued', run_at = %(now)s, max_attempts = max_attempts + 1, owner_token = NULL,
+        lease_deadline = NULL, cancel_requested_at = NULL, handler_version = %(to_version)s,
+        hlc = %(hlc)s
+    WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running'
+      AND cancel_requested_at IS NOT NULL
+    RETURNING queue
+)
+SELECT pg_notify('replayq_jobs', queue) FROM released;
+
 -- name: lease_release
 -- Shutdown: the job goes back with one more attempt in its budget; its attempt number
 -- is kept, so the next run's events and outbox ids never collide with this one's.

@@ -105,6 +105,16 @@ SET state = 'cancelled', finished_at = :now, owner_token = NULL, lease_deadline 
 WHERE id = :job_id AND owner_token = :owner_token AND state = 'running'
   AND cancel_requested_at IS NOT NULL;
 
+-- name: job_release_running
+-- The attempt asked to be released (rollout rollback --release-inflight) goes back to the
+-- queue on the version named, its attempt number kept and one more in its budget.
+UPDATE rq_jobs
+SET state = 'queued', run_at = :now, max_attempts = max_attempts + 1, owner_token = NULL,
+    lease_deadline = NULL, cancel_requested_at = NULL, handler_version = :to_version,
+    hlc = :hlc
+WHERE id = :job_id AND owner_token = :owner_token AND state = 'running'
+  AND cancel_requested_at IS NOT NULL;
+
 -- name: job_requeue
 UPDATE rq_jobs
 SET state = 'queued', run_at = :now, max_attempts = attempt + :extra_attempts,
