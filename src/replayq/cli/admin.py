@@ -274,7 +274,8 @@ def demo_command(ctx: click.Context, demo_db: str | None, keep: bool) -> None:
 @demo_command.command("rollout")
 @click.option("--keep", "keep_files", is_flag=True, help="Keep the demo's database afterwards.")
 def demo_rollout(keep_files: bool) -> None:
-    """A v2 that retries every exception: caught by verify, held by a gate, rolled back."""
+    """A v2 that retries every exception: caught by verify, held by a gate, rolled back;
+    then v3, the fix, verified, canaried and finished."""
     from replayq.demo.rollout import run_rollout_demo
 
     run_rollout_demo(keep=keep_files)

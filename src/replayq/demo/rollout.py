@@ -6,7 +6,10 @@ tells a validation error from a timeout; v2, faster, retries every exception.
 1. ``rollout verify`` over v1's recorded history flags every v1 failure as a
    ``retry_decision`` difference (``dead: not_retryable`` → ``retry in ≤ …``);
 2. a 50 % canary runs live, and ``rollout ramp`` refuses on the retry-rate gate;
-3. with a backlog draining, ``rollout rollback`` returns it to v1 at once.
+3. with a backlog draining, ``rollout rollback`` returns it to v1 at once;
+4. v3, the fix (fast, and retrying only what v1 retried), passes ``rollout
+   verify``, runs a canary that the gates accept, and ``rollout finish`` makes it
+   the baseline.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from typing import IO, Any
 import replayq
 
 V1_RETRY = replayq.Retry(max_attempts=4, base="20s", cap="60s", on=("transient",))
+V3_SAMPLE = 100  # recorded v1 attempts act 4 verifies v3 over
+V3_CANARY_JOBS = 100  # half on v3 (binomial): 30 is 4 sigma below the mean of 50
+V3_MIN_SAMPLE = 30
 V2_RETRY = replayq.Retry(max_attempts=4, base="20s", cap="60s", on=("transient", "unknown"))
 
 
@@ -36,6 +42,9 @@ class RolloutDemoResult:
     leased_on_v2_after_rollback: int = 0
     backlog: int = 0
     drained: int = 0
+    v3_verify_counts: dict[str, int] = field(default_factory=dict)
+    v3_verified: int = 0
+    baseline_after_finish: str = ""
     seconds: float = 0.0
 
 
@@ -53,6 +62,9 @@ def _declare(app: replayq.App) -> None:
 
     app.job("price", version="v1", retry=V1_RETRY)(lambda ctx, sku, qty: body(ctx, sku, qty))
     app.job("price", version="v2", retry=V2_RETRY, candidate=True)(
+        lambda ctx, sku, qty: body(ctx, sku, qty)
+    )
+    app.job("price", version="v3", retry=V1_RETRY, candidate=True)(
         lambda ctx, sku, qty: body(ctx, sku, qty)
     )
 
@@ -138,7 +150,29 @@ def run_rollout_demo(out: IO[str] | None = None, keep: bool = False) -> RolloutD
             f"   backlog drained: {len(late)} leases after the switch, "
             f"{result.leased_on_v2_after_rollback} of them on v2\n"
         )
-        say("   $ replayq jobs list --type price --version v2 --state queued   -> (none)\n")
+        say("   $ replayq jobs list --type price --version v2 --state queued   -> (none)\n\n")
+
+        say("== 4. v3 retries only timeouts again: $ replayq rollout verify price --to v3\n")
+        fixed = replayq.verify_rollout(
+            app, "price", from_version="v1", to_version="v3", sample=V3_SAMPLE
+        )
+        result.v3_verify_counts = dict(fixed.counts)
+        result.v3_verified = fixed.attempts
+        say(
+            f"   {fixed.attempts} recorded attempts, "
+            f"{sum(fixed.counts.values())} differences -> exit 0\n"
+        )
+        say("   $ replayq rollout start price --to v3 --canary 50%\n")
+        rollout.start("v3", canary="50%", reason="demo: the fix")
+        app.enqueue_many(_jobs(V3_CANARY_JOBS, 1000))
+        replayq.Worker(app, burst=True, concurrency=4).run()
+        say(f"   $ replayq rollout finish price --min-sample {V3_MIN_SAMPLE}\n")
+        finished = rollout.finish(reason="demo: the gates hold", min_sample=V3_MIN_SAMPLE)
+        result.baseline_after_finish = finished.routing.baseline
+        say(
+            f"   every gate passed: {finished.routing.baseline} is the baseline and the only "
+            f"route; {finished.requeued_to_baseline} queued job(s) moved to it\n"
+        )
     finally:
         app.close()
         if keep:
