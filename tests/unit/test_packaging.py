@@ -27,6 +27,7 @@ EXTRA_MODULES = {
     "django": ["django", "replayq.contrib.django", "replayq.contrib.django.apps"],
     "sqlalchemy": ["sqlalchemy", "replayq.contrib.sqlalchemy"],
     "pydantic": ["pydantic"],
+    "msgspec": ["msgspec"],
 }
 
 

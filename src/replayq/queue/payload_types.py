@@ -18,6 +18,8 @@ an ``Enum``                            its value                              th
 ``T | None``, ``Optional[T]``          ``null`` or ``T``                      ``None`` or T
 a dataclass                            an object of its fields, each typed    an instance
 a pydantic model (extra ``pydantic``)  ``model_dump(mode="json")``            ``model_validate``
+a ``msgspec.Struct`` (extra            ``msgspec.to_builtins``                ``msgspec.convert``
+``msgspec``)
 anything else, or no annotation        not checked                            the stored JSON
 =====================================  =====================================  ==================
 
@@ -34,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import enum
+import re
 import sys
 import types
 import typing
@@ -74,7 +77,7 @@ class FieldType:
     from_json: Callable[[Any, str], Any]
     schema: Any
     rich: bool = True
-    # A record's (dataclass, pydantic model) own fields: a whole payload can be one.
+    # A record's (dataclass, pydantic model, msgspec Struct) own fields: a whole payload can be one.
     fields: Fields | None = None
 
 
@@ -347,12 +350,53 @@ def _pydantic(cls: type[Any]) -> FieldType:
     )
 
 
+def _msgspec_error(message: str, path: str, cls: type[Any]) -> PayloadError:
+    """``msgspec``'s message (``Expected `int`, got `str` - at `$.lines[0].qty```) as
+    replayq's, the field named by its path under ``path``."""
+    what, _, at = message.partition(" - at `$")
+    where = (path + at.rstrip("`")).lstrip(".")
+    missing = re.fullmatch(r"Object missing required field `(.+)`", what)
+    if missing:
+        return PayloadError(f"payload is missing required field {join(where, missing[1])!r}")
+    return PayloadError(f"field {where or cls.__name__!r}: {what}")
+
+
+def _msgspec(cls: type[Any]) -> FieldType:
+    msgspec = sys.modules["msgspec"]
+
+    def validated(value: Any, path: str) -> Any:
+        # A Struct's constructor checks nothing: an instance is checked through its JSON form.
+        given = msgspec.to_builtins(value) if isinstance(value, cls) else value
+        try:
+            return msgspec.convert(given, cls)
+        except msgspec.ValidationError as exc:
+            raise _msgspec_error(str(exc), path, cls) from None
+
+    struct_fields = msgspec.structs.fields(cls)
+    return FieldType(
+        cls.__name__,
+        lambda v, p: msgspec.to_builtins(validated(v, p)),
+        validated,
+        {cls.__name__: msgspec.json.schema(cls)},
+        fields=Fields(
+            tuple(f.encode_name for f in struct_fields if f.required),
+            tuple(f.encode_name for f in struct_fields if not f.required),
+            {},
+        ),
+    )
+
+
+def _is_struct(annotation: type[Any]) -> bool:
+    msgspec = sys.modules.get("msgspec")
+    return msgspec is not None and issubclass(annotation, msgspec.Struct)
+
+
 def is_record(annotation: Any) -> bool:
-    """Whether ``annotation`` is a class whose instances are a whole payload: a dataclass
-    or a pydantic model."""
+    """Whether ``annotation`` is a class whose instances are a whole payload: a dataclass,
+    a pydantic model or a ``msgspec.Struct``."""
     if not isinstance(annotation, type):
         return False
-    if dataclasses.is_dataclass(annotation):
+    if dataclasses.is_dataclass(annotation) or _is_struct(annotation):
         return True
     pydantic = sys.modules.get("pydantic")
     return pydantic is not None and issubclass(annotation, pydantic.BaseModel)
@@ -376,6 +420,8 @@ def field_type(annotation: Any) -> FieldType | None:
             return UUID
         if dataclasses.is_dataclass(annotation):
             return _dataclass(annotation)
+        if _is_struct(annotation):
+            return _msgspec(annotation)
         if is_record(annotation):
             return _pydantic(annotation)
         return None
