@@ -110,6 +110,60 @@ def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(tmp_path: Path) -
         app.close()
 
 
+# On SQLite every worker judges leases by its own clock (lease deadlines are written and
+# compared in the worker's time), so a worker 30 s fast reaps the others' live leases:
+# the redelivered attempt finds the effect claimed and not finished, and the job is
+# buried ``effect_in_doubt`` (seen: 9 wrong reaps, 1 dead of 300). Strict: it must fail
+# until leases are judged by one clock (SQLite's own ``unixepoch('subsec')``, the host's).
+FAST = pytest.param(
+    30.0,
+    marks=pytest.mark.xfail(
+        strict=True, reason="SQLite leases are judged by each worker's own clock"
+    ),
+)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("offset", [FAST, -30.0])
+def test_one_worker_with_its_clock_off_by_30_s_loses_duplicates_and_accepts_nothing_stale(
+    tmp_path: Path, offset: float
+) -> None:
+    """A worker 30 s slow leases nothing due before its own now (every job here is due
+    at its enqueue): it sits idle while the others drain; the table must stay clean."""
+    database = tmp_path / "queue.db"
+    launcher = WorkerLauncher(database, tmp_path)
+    sink = tmp_path / "effects.jsonl"
+    app = storage_faults.build(launcher.url)
+    total = 300
+    try:
+        for n in range(total):
+            app.enqueue("deliver", {"n": n, "sink": str(sink)})
+        started = time.monotonic()
+        workers = [launcher.start(f"w{i}", app=APP, concurrency=2) for i in range(2)]
+        skewed = launcher.start(
+            "skewed", app=APP, concurrency=2, env={"CHAOS_CLOCK_OFFSET": str(offset)}
+        )
+        wait_for(
+            lambda: sum(_counts(app)[s] for s in ("succeeded", "dead")) == total,
+            timeout=180,
+            what=f"all {total} jobs to settle with one worker's clock off by {offset:+.0f} s",
+        )
+        # Every worker stayed alive and heartbeating: any lease judged expired was misjudged.
+        expired = [
+            e
+            for job in app.list_jobs(limit=total)
+            for e in app.trace(job.id)
+            if e.name == "lease.expired"
+        ]
+        assert expired == [], f"{len(expired)} live lease(s) reaped, by {expired[0].worker_id}"
+        _assert_all_delivered_once(app, sink, total, time.monotonic() - started)
+        for worker in [*workers, skewed]:
+            assert worker.proc.poll() is None, f"worker {worker.worker_id} died\n{worker.log()}"
+    finally:
+        launcher.kill_all()
+        app.close()
+
+
 TMPFS_SIZE = "8m"
 
 

@@ -4,12 +4,28 @@
 under the business key ``deliver:{n}`` that appends a line to ``sink``: the ground
 truth of how often the effect really ran. The lease (30 s) outlasts the faults the
 tests hold, so a worker that cannot heartbeat through an outage keeps its jobs.
+
+``$CHAOS_CLOCK_OFFSET`` (seconds, e.g. ``30`` or ``-30``) shifts the clock of the
+process that imports ``app``: a worker whose wall clock is that far off.
 """
 
 from __future__ import annotations
 
+import os
+import time
+
 import replayq
 from tests.apps.sleepy import record
+
+
+class OffsetClock:
+    """The system clock shifted by ``offset`` seconds (a skewed host)."""
+
+    def __init__(self, offset: float) -> None:
+        self.offset = offset
+
+    def now(self) -> float:
+        return time.time() + self.offset
 
 
 def deliver(ctx: replayq.Context, n: int, sink: str) -> dict[str, int]:
@@ -19,8 +35,8 @@ def deliver(ctx: replayq.Context, n: int, sink: str) -> dict[str, int]:
     return {"n": n, "quote": quote}
 
 
-def build(url: str | None = None) -> replayq.App:
-    built = replayq.App(url)
+def build(url: str | None = None, offset: float = 0.0) -> replayq.App:
+    built = replayq.App(url, clock=OffsetClock(offset) if offset else None)
     built.job(
         "deliver",
         idempotency="deliver:{n}",
@@ -31,4 +47,4 @@ def build(url: str | None = None) -> replayq.App:
     return built
 
 
-app = build()
+app = build(offset=float(os.environ.get("CHAOS_CLOCK_OFFSET", "0")))
