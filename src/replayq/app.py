@@ -30,7 +30,7 @@ from replayq.queue.enqueue import EnqueueRequest, get_job, insert_job
 from replayq.queue.handlers import Handler, HandlerRegistry, PayloadShape
 from replayq.queue.periodic import periodic_decorator
 from replayq.queue.resources import resource_trace
-from replayq.queue.retention import GcReport, Retention, RetentionPolicy, run_gc
+from replayq.queue.retention import GC_JOB, GcReport, Retention, RetentionPolicy, run_gc
 from replayq.queue.schedule import DEFAULT_CATCH_UP, Schedule
 from replayq.queue.scheduler import ScheduleStatus, schedule_statuses
 from replayq.recording.in_doubt import (
@@ -361,6 +361,18 @@ class App:
             max_batches=max_batches,
             progress=progress,
         )
+
+    def gc_periodic(
+        self, cron: str = "17 * * * *", *, batch: int = 500, pause: float = 0.05
+    ) -> None:
+        """Run gc as a built-in periodic job (type ``replayq.gc``, hourly by default): the
+        worker's scheduler enqueues it, any worker runs it; its result is the report."""
+
+        def collect(ctx: Any) -> dict[str, Any]:
+            return dataclasses.asdict(self.gc(batch=batch, pause=pause))
+
+        handler = self.job(GC_JOB, lease="10m", retry=Retry(max_attempts=1))(collect)
+        self.periodic(cron, missed="run_once")(handler)
 
     def keep(self, job_id: int, reason: str) -> None:
         """Pin a job so gc never collects it (``replayq keep JOB --reason``)."""

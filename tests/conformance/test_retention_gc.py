@@ -162,3 +162,19 @@ def test_a_gc_killed_midway_resumes_and_ends_with_the_same_result(
     assert report["resumed_from"] > 0, "the second pass resumed where the first stopped"
     for job in jobs:
         assert shape(app.trace(job.id)) == ledger_of(before[job.id])
+
+
+def test_gc_runs_as_a_built_in_periodic_job(app_factory: AppFactory) -> None:
+    clock = replayq.FrozenClock(START)
+    app = make_app(app_factory, clock)
+    app.gc_periodic("0 * * * *")
+    old = replayq.testing.run_inline(app, "credit", {"account": "a", "amount": 1})
+    before = app.trace(old.id)
+    clock.advance(2 * DAY)
+
+    assert [s.job_type for s in app.schedules if s.name == "replayq.gc"] == ["replayq.gc"]
+    collected = replayq.testing.run_inline(app, "replayq.gc")
+
+    assert collected.state is replayq.JobState.SUCCEEDED
+    assert collected.result["trimmed_jobs"] == 1
+    assert shape(app.trace(old.id)) == ledger_of(before)

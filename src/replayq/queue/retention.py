@@ -101,6 +101,8 @@ class GcReport:
 
 
 CURSOR = "trace"
+# The job type of the built-in periodic gc (``App.gc_periodic``).
+GC_JOB = "replayq.gc"
 
 
 def run_gc(
