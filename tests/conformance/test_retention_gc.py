@@ -178,3 +178,22 @@ def test_gc_runs_as_a_built_in_periodic_job(app_factory: AppFactory) -> None:
     assert collected.state is replayq.JobState.SUCCEEDED
     assert collected.result["trimmed_jobs"] == 1
     assert shape(app.trace(old.id)) == ledger_of(before)
+
+
+def test_an_exported_regression_case_pins_its_job(app_factory: AppFactory) -> None:
+    clock = replayq.FrozenClock(START)
+    app = make_app(app_factory, clock)
+    exported = replayq.testing.run_inline(app, "credit", {"account": "a", "amount": 1})
+    other = replayq.testing.run_inline(app, "credit", {"account": "a", "amount": 2})
+    case = json.loads(
+        cli_ok(app.url, "trace", "export", str(exported.id), "--app", RETAINED_SPEC).stdout
+    )
+    assert case["job"]["id"] == exported.id
+    before = {job.id: app.trace(job.id) for job in (exported, other)}
+    clock.advance(2 * DAY)
+
+    app.gc()
+
+    assert [k.job_id for k in app.kept()] == [exported.id]
+    assert app.trace(exported.id) == before[exported.id]
+    assert shape(app.trace(other.id)) == ledger_of(before[other.id])
