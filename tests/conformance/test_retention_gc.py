@@ -107,7 +107,10 @@ def test_ledger_tier_end_deletes_the_job(app_factory: AppFactory) -> None:
     app = retained.declare(
         app_factory(clock=clock, retention=replayq.Retention(full_days=1, ledger_days=2))
     )
-    gone = replayq.testing.run_inline(app, "credit", {"account": "a", "amount": 1})
+    gone = replayq.testing.run_inline(
+        app, "credit", {"account": "a", "amount": 1}, message_id="msg-1"
+    )
+    assert app.enqueue("credit", {"account": "a", "amount": 1}, message_id="msg-1") == gone.id
     clock.advance(DAY + 60)
     trimmed = replayq.testing.run_inline(app, "credit", {"account": "a", "amount": 2})
     clock.advance(DAY + 60)
@@ -121,6 +124,28 @@ def test_ledger_tier_end_deletes_the_job(app_factory: AppFactory) -> None:
     assert {e.name for e in app.trace(trimmed.id)} >= {"job.succeeded", "state.write"}
     # State versions outlive the job that wrote them.
     assert len(app.state.history("account", "a")) == 2
+    # Its message id went with the job: the same message is a new job now.
+    assert app.enqueue("credit", {"account": "a", "amount": 1}, message_id="msg-1") != gone.id
+
+
+def test_idempotency_records_are_forgotten_after_their_own_retention(
+    app_factory: AppFactory,
+) -> None:
+    clock = replayq.FrozenClock(START)
+    app = retained.declare(
+        app_factory(clock=clock, retention=replayq.Retention(full_days=1, idempotency_days=2))
+    )
+    old = replayq.testing.run_inline(app, "credit", {"account": "a", "amount": 1})
+    clock.advance(DAY + 60)
+    younger = replayq.testing.run_inline(app, "credit", {"account": "a", "amount": 2})
+    clock.advance(DAY + 60)
+
+    report = app.gc()
+
+    assert report.idempotency_jobs == 1
+    keys = {e.key for e in app.effects(limit=100)}
+    assert keys == {f"notify:a:{younger.id}"}
+    assert {e.name for e in app.trace(old.id)} >= {"job.succeeded", "effect.succeeded"}
 
 
 def test_a_gc_killed_midway_resumes_and_ends_with_the_same_result(

@@ -52,6 +52,9 @@ class Retention:
 
     full_days: float | None = None
     ledger_days: float | None = None
+    # The job's settled idempotency records (its effects' dedup keys): forgotten this
+    # many days after the job finished (None: kept forever, whatever becomes of the job).
+    idempotency_days: float | None = None
 
     def __post_init__(self) -> None:
         if (
@@ -94,6 +97,7 @@ class GcReport:
     trimmed_jobs: int = 0
     events_removed: int = 0
     purged_jobs: int = 0
+    idempotency_jobs: int = 0
     batches: int = 0
     resumed_from: int = 0
     seconds: float = 0.0
@@ -139,6 +143,10 @@ def run_gc(
                 age = now - candidate.finished_at
                 if rule.full_days is None or age < rule.full_days * DAY:
                     continue
+                if rule.idempotency_days is not None and age >= rule.idempotency_days * DAY:
+                    report.idempotency_jobs += 1
+                    if not dry_run:
+                        tx.idem_purge(candidate.job_id)
                 if rule.ledger_days is not None and age >= rule.ledger_days * DAY:
                     report.purged_jobs += 1
                     if not dry_run:

@@ -1067,6 +1067,10 @@ class Transaction(Protocol):
         """Delete a job: its row, its trace packs and their index entries, its steps."""
         ...
 
+    def idem_purge(self, job_id: int) -> None:
+        """Forget a job's settled idempotency records (an in-flight claim stays)."""
+        ...
+
     def gc_vacuum(self) -> None:
         """Give freed pages back (SQLite incremental vacuum; nothing on PostgreSQL)."""
         ...

@@ -404,6 +404,9 @@ class SqlTransaction(ContextVerbs):
         self.execute("job_steps_delete", {"job_id": job_id})
         self.execute("job_delete", {"job_id": job_id})
 
+    def idem_purge(self, job_id: int) -> None:
+        self.execute("idem_purge", {"job_id": job_id})
+
     def gc_vacuum(self) -> None:
         self.fetchall("gc_vacuum")
 

@@ -47,3 +47,7 @@ DELETE FROM rq_jobs WHERE id = %(job_id)s;
 -- name: gc_vacuum
 -- Nothing on PostgreSQL: autovacuum reclaims the deleted rows' space.
 SELECT 1;
+
+-- name: idem_purge
+-- A job's settled idempotency records (its effect keys may run again afterwards).
+DELETE FROM rq_idempotency WHERE job_id = %(job_id)s AND status <> 'started';

@@ -45,3 +45,7 @@ DELETE FROM rq_jobs WHERE id = :job_id;
 
 -- name: gc_vacuum
 PRAGMA incremental_vacuum(1000);
+
+-- name: idem_purge
+-- A job's settled idempotency records (its effect keys may run again afterwards).
+DELETE FROM rq_idempotency WHERE job_id = :job_id AND status <> 'started';
