@@ -49,6 +49,7 @@ from replayq.storage.adopted import AsyncConnectionView, run_bridged
 from replayq.storage.cache import CacheBackend
 from replayq.storage.protocol import (
     JobFilter,
+    JobHour,
     JobMatch,
     KeepRecord,
     MigrationStatus,
@@ -379,6 +380,11 @@ class App:
         get_job(self.runtime, job_id)
         with self.storage.transaction() as tx:
             tx.job_keep(job_id, reason, self.clock.now())
+
+    def job_hours(self, job_type: str | None = None) -> list[JobHour]:
+        """The aggregates tier: the jobs gc deleted, counted per type, version, hour, state."""
+        with self.storage.transaction(readonly=True) as tx:
+            return tx.job_hours(job_type)
 
     def kept(self) -> list[KeepRecord]:
         with self.storage.transaction(readonly=True) as tx:

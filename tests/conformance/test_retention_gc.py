@@ -124,6 +124,10 @@ def test_ledger_tier_end_deletes_the_job(app_factory: AppFactory) -> None:
     assert {e.name for e in app.trace(trimmed.id)} >= {"job.succeeded", "state.write"}
     # State versions outlive the job that wrote them.
     assert len(app.state.history("account", "a")) == 2
+    # What remains of it: a count in its hour (the aggregates tier).
+    (hour,) = app.job_hours("credit")
+    assert (hour.state, hour.jobs, hour.attempts) == ("succeeded", 1, 1)
+    assert hour.hour <= START < hour.hour + 3600
     # Its message id went with the job: the same message is a new job now.
     assert app.enqueue("credit", {"account": "a", "amount": 1}, message_id="msg-1") != gone.id
 

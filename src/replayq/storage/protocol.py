@@ -786,6 +786,18 @@ class GcCandidate:
 
 
 @dataclass(frozen=True, slots=True)
+class JobHour:
+    """The aggregates tier: deleted jobs of one type, version, hour and final state."""
+
+    job_type: str
+    version: str
+    hour: float
+    state: str
+    jobs: int
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
 class KeepRecord:
     job_id: int
     reason: str
@@ -1064,7 +1076,12 @@ class Transaction(Protocol):
         ...
 
     def job_purge(self, job_id: int) -> None:
-        """Delete a job: its row, its trace packs and their index entries, its steps."""
+        """Count a job into its hour (``job_hours``), then delete it: its row, its trace
+        packs and their index entries, its steps."""
+        ...
+
+    def job_hours(self, job_type: str | None = None) -> list[JobHour]:
+        """The aggregates of the jobs gc deleted, oldest hour first."""
         ...
 
     def idem_purge(self, job_id: int) -> None:

@@ -29,6 +29,7 @@ from replayq.storage.protocol import (
     JobComplete,
     JobFilter,
     JobGauge,
+    JobHour,
     JobInsert,
     JobLease,
     JobMatch,
@@ -400,9 +401,14 @@ class SqlTransaction(ContextVerbs):
         return removed
 
     def job_purge(self, job_id: int) -> None:
+        self.execute("job_hours_add", {"job_id": job_id})
         self.trace_trim(job_id, lambda event: False)
         self.execute("job_steps_delete", {"job_id": job_id})
         self.execute("job_delete", {"job_id": job_id})
+
+    def job_hours(self, job_type: str | None = None) -> list[JobHour]:
+        rows = self.fetchall("job_hours", {"job_type": job_type})
+        return [record(JobHour, r) for r in rows]
 
     def idem_purge(self, job_id: int) -> None:
         self.execute("idem_purge", {"job_id": job_id})

@@ -49,3 +49,18 @@ PRAGMA incremental_vacuum(1000);
 -- name: idem_purge
 -- A job's settled idempotency records (its effect keys may run again afterwards).
 DELETE FROM rq_idempotency WHERE job_id = :job_id AND status <> 'started';
+
+-- name: job_hours_add
+-- The job about to be deleted, counted into its hour (the aggregates tier).
+INSERT INTO rq_job_hours (job_type, version, hour, state, jobs, attempts)
+SELECT job_type, COALESCE(handler_version, ''), CAST(finished_at / 3600 AS INTEGER) * 3600.0,
+       state, 1, attempt
+FROM rq_jobs WHERE id = :job_id AND finished_at IS NOT NULL
+ON CONFLICT (job_type, version, hour, state)
+DO UPDATE SET jobs = rq_job_hours.jobs + 1,
+              attempts = rq_job_hours.attempts + excluded.attempts;
+
+-- name: job_hours
+SELECT job_type, version, hour, state, jobs, attempts FROM rq_job_hours
+WHERE (:job_type IS NULL OR job_type = :job_type)
+ORDER BY hour, job_type, version, state;

@@ -300,3 +300,13 @@ CREATE TABLE rq_gc (
 );
 
 CREATE INDEX rq_jobs_finished ON rq_jobs (finished_at) WHERE finished_at IS NOT NULL;
+
+CREATE TABLE rq_job_hours (
+    job_type  TEXT    NOT NULL,
+    version   TEXT    NOT NULL,
+    hour      REAL NOT NULL,
+    state     TEXT    NOT NULL,
+    jobs      INTEGER NOT NULL,
+    attempts  INTEGER NOT NULL,
+    PRIMARY KEY (job_type, version, hour, state)
+);

@@ -17,3 +17,15 @@ CREATE TABLE rq_gc (
 
 -- gc's scan: finished jobs by id.
 CREATE INDEX rq_jobs_finished ON rq_jobs (finished_at) WHERE finished_at IS NOT NULL;
+
+-- The aggregates tier: what remains of the jobs gc deleted, counted per type, handler
+-- version, hour (of finished_at, as epoch seconds) and final state.
+CREATE TABLE rq_job_hours (
+    job_type  TEXT    NOT NULL,
+    version   TEXT    NOT NULL,
+    hour      DOUBLE PRECISION NOT NULL,
+    state     TEXT    NOT NULL,
+    jobs      BIGINT NOT NULL,
+    attempts  BIGINT NOT NULL,
+    PRIMARY KEY (job_type, version, hour, state)
+);

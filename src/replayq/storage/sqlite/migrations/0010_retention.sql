@@ -16,3 +16,15 @@ CREATE TABLE rq_gc (
 
 -- gc's scan: finished jobs by id.
 CREATE INDEX rq_jobs_finished ON rq_jobs (finished_at) WHERE finished_at IS NOT NULL;
+
+-- The aggregates tier: what remains of the jobs gc deleted, counted per type, handler
+-- version, hour (of finished_at, as epoch seconds) and final state.
+CREATE TABLE rq_job_hours (
+    job_type  TEXT    NOT NULL,
+    version   TEXT    NOT NULL,
+    hour      REAL NOT NULL,
+    state     TEXT    NOT NULL,
+    jobs      INTEGER NOT NULL,
+    attempts  INTEGER NOT NULL,
+    PRIMARY KEY (job_type, version, hour, state)
+);
