@@ -402,7 +402,8 @@ class SqlTransaction(ContextVerbs):
 
     def job_purge(self, job_id: int) -> None:
         self.execute("job_hours_add", {"job_id": job_id})
-        self.trace_trim(job_id, lambda event: False)
+        self.execute("job_trace_resources_delete", {"job_id": job_id})
+        self.execute("job_trace_delete", {"job_id": job_id})
         self.execute("job_steps_delete", {"job_id": job_id})
         self.execute("job_delete", {"job_id": job_id})
 

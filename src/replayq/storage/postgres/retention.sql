@@ -66,3 +66,10 @@ DO UPDATE SET jobs = rq_job_hours.jobs + 1,
 SELECT job_type, version, hour, state, jobs, attempts FROM rq_job_hours
 WHERE (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
 ORDER BY hour, job_type, version, state;
+
+-- name: job_trace_resources_delete
+DELETE FROM rq_trace_resources
+WHERE pack_id IN (SELECT id FROM rq_trace WHERE job_id = %(job_id)s);
+
+-- name: job_trace_delete
+DELETE FROM rq_trace WHERE job_id = %(job_id)s;
