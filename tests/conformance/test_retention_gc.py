@@ -226,3 +226,19 @@ def test_an_exported_regression_case_pins_its_job(app_factory: AppFactory) -> No
     assert [k.job_id for k in app.kept()] == [exported.id]
     assert app.trace(exported.id) == before[exported.id]
     assert shape(app.trace(other.id)) == ledger_of(before[other.id])
+
+
+def test_keep_and_a_dry_run_from_the_command_line(app_factory: AppFactory) -> None:
+    clock = replayq.FrozenClock(time.time() - 3 * DAY)
+    app = make_app(app_factory, clock)
+    kept = replayq.testing.run_inline(app, "credit", {"account": "a", "amount": 1})
+    other = replayq.testing.run_inline(app, "credit", {"account": "a", "amount": 2})
+    before = {job.id: app.trace(job.id) for job in (kept, other)}
+
+    said = cli_ok(app.url, "keep", str(kept.id), "--reason", "incident 7").stdout
+    dry = cli_ok(app.url, "gc", "--app", RETAINED_SPEC, "--dry-run").stdout
+
+    assert f"job {kept.id} kept: incident 7" in said
+    assert [(k.job_id, k.reason) for k in app.kept()] == [(kept.id, "incident 7")]
+    assert "would trim 1 to the ledger" in dry
+    assert {job.id: app.trace(job.id) for job in (kept, other)} == before

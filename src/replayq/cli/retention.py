@@ -83,7 +83,9 @@ def gc(
 
 @click.command()
 @click.argument("job_id", type=int)
-@click.option("--reason", required=True, help="Why the job is kept (shown by `keep --list`).")
+@click.option(
+    "--reason", required=True, help="Why the job is kept (App.kept() lists the kept jobs and why)."
+)
 @click.option("--app", "app_spec", default=None, help="Import the app from module:attribute.")
 @pass_env
 def keep(env: Env, job_id: int, reason: str, app_spec: str | None) -> None:
