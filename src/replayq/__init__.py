@@ -20,6 +20,8 @@ The public API, by layer (everything a user or the ``replayq`` command line need
   ``VerifyReport`` of ``AttemptComparison``s, ``start_verify`` (in the background,
   resumable) and its ``VerifyRun`` (``verify_run``, ``verify_runs``);
 * shared resources: ``list_locks``, ``break_lock``, ``open_sink``, ``publish_pending``;
+* retention: ``Retention`` (``App(retention=..., retention_by_type=...)``), ``App.gc`` and
+  its ``GcReport``, ``App.keep``;
 * clocks: ``Clock``, ``SystemClock``, ``FrozenClock``, ``HybridLogicalClock``;
 * observing: ``Observer`` (what a ``Worker(observers=...)`` is told), ``WorkerMetrics``
   (Prometheus, needs ``[metrics]``), ``fleet_registry`` and ``serve_metrics``,
@@ -71,6 +73,7 @@ from replayq.observe.metrics import serve as serve_metrics
 from replayq.observe.otel import AttemptTracer, otel_provider_from_env, otel_trace_id
 from replayq.queue.bulk import BulkPreview, BulkResult
 from replayq.queue.contracts import JobContract, Retry, diff_contracts, lint_contract
+from replayq.queue.retention import GcReport, Retention
 from replayq.queue.schedule import MissedSlots, Schedule
 from replayq.queue.scheduler import ScheduleStatus
 from replayq.recording.context import Context
@@ -138,6 +141,7 @@ __all__ = [
     "FrozenClock",
     "Gate",
     "GateReport",
+    "GcReport",
     "HybridLogicalClock",
     "Job",
     "JobCancelledError",
@@ -158,6 +162,7 @@ __all__ = [
     "ReplayReport",
     "ReplayqError",
     "RerunReport",
+    "Retention",
     "Retry",
     "RollbackRefusedError",
     "RollbackResult",

@@ -30,6 +30,7 @@ from replayq.queue.enqueue import EnqueueRequest, get_job, insert_job
 from replayq.queue.handlers import Handler, HandlerRegistry, PayloadShape
 from replayq.queue.periodic import periodic_decorator
 from replayq.queue.resources import resource_trace
+from replayq.queue.retention import GC_JOB, GcReport, Retention, RetentionPolicy, run_gc
 from replayq.queue.schedule import DEFAULT_CATCH_UP, Schedule
 from replayq.queue.scheduler import ScheduleStatus, schedule_statuses
 from replayq.recording.in_doubt import (
@@ -48,7 +49,9 @@ from replayq.storage.adopted import AsyncConnectionView, run_bridged
 from replayq.storage.cache import CacheBackend
 from replayq.storage.protocol import (
     JobFilter,
+    JobHour,
     JobMatch,
+    KeepRecord,
     MigrationStatus,
     Storage,
     TraceQuery,
@@ -89,6 +92,8 @@ class App:
         cache_url: str | None = None,
         blob_limit_bytes: int = DEFAULT_BLOB_LIMIT_BYTES,
         redaction: Redaction | None = None,
+        retention: Retention | None = None,
+        retention_by_type: Mapping[str, Retention] | None = None,
     ) -> None:
         self.url = url or os.environ.get("REPLAYQ_DB") or DEFAULT_URL
         self.cache_url = cache_url or os.environ.get("REPLAYQ_CACHE")
@@ -105,6 +110,7 @@ class App:
             redactor=Redactor.build(redaction),
         )
         self.hlc = self.runtime.hlc
+        self.retention = RetentionPolicy(retention or Retention(), dict(retention_by_type or {}))
         self.rng = self.runtime.rng
         self.registry = self.runtime.registry
         # replayq's own job types (background verification), run by any worker of this app.
@@ -333,7 +339,56 @@ class App:
         )
         other.adopt_handlers(self)
         other.schedules.extend(self.schedules)
+        other.retention = self.retention
         return other
+
+    def gc(
+        self,
+        *,
+        dry_run: bool = False,
+        batch: int = 500,
+        pause: float = 0.0,
+        max_batches: int | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> GcReport:
+        """Apply the retention tiers to finished jobs (``replayq gc``; queue/retention.py)."""
+        return run_gc(
+            self.storage,
+            self.clock,
+            self.retention,
+            dry_run=dry_run,
+            batch=batch,
+            pause=pause,
+            max_batches=max_batches,
+            progress=progress,
+        )
+
+    def gc_periodic(
+        self, cron: str = "17 * * * *", *, batch: int = 500, pause: float = 0.05
+    ) -> None:
+        """Run gc as a built-in periodic job (type ``replayq.gc``, hourly by default): the
+        worker's scheduler enqueues it, any worker runs it; its result is the report."""
+
+        def collect(ctx: Any) -> dict[str, Any]:
+            return dataclasses.asdict(self.gc(batch=batch, pause=pause))
+
+        handler = self.job(GC_JOB, lease="10m", retry=Retry(max_attempts=1))(collect)
+        self.periodic(cron, missed="run_once")(handler)
+
+    def keep(self, job_id: int, reason: str) -> None:
+        """Pin a job so gc never collects it (``replayq keep JOB --reason``)."""
+        get_job(self.runtime, job_id)
+        with self.storage.transaction() as tx:
+            tx.job_keep(job_id, reason, self.clock.now())
+
+    def job_hours(self, job_type: str | None = None) -> list[JobHour]:
+        """The aggregates tier: the jobs gc deleted, counted per type, version, hour, state."""
+        with self.storage.transaction(readonly=True) as tx:
+            return tx.job_hours(job_type)
+
+    def kept(self) -> list[KeepRecord]:
+        with self.storage.transaction(readonly=True) as tx:
+            return tx.keep_list()
 
     def adopt_handlers(self, other: App) -> None:
         """Declare every job type of ``other`` here too (replaying a case in a scratch database)."""

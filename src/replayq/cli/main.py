@@ -40,6 +40,7 @@ from replayq.cli import (
     jobs,
     metrics,
     replay,
+    retention,
     rollout,
     schedules,
     trace,
@@ -143,6 +144,8 @@ main.add_command(admin.locks)
 main.add_command(admin.outbox)
 main.add_command(admin.state)
 main.add_command(admin.demo_command)
+main.add_command(retention.gc)
+main.add_command(retention.keep)
 main.add_command(replay.replay)
 main.add_command(replay.fork_command)
 main.add_command(replay.diff_command)

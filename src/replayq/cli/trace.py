@@ -56,8 +56,20 @@ def trace_resource(env: Env, resource: str, leases: bool, all_origins: bool, as_
 @click.argument("job_id", type=JobId)
 @click.option("--attempt", type=int, default=None, help="Which attempt (default: the last).")
 @click.option("--app", "app_spec", required=True, help="module:attribute of your replayq.App")
+@click.option(
+    "--no-keep",
+    is_flag=True,
+    help="Do not pin the job against gc (by default an exported job is kept).",
+)
 @pass_env
-def trace_export(env: Env, job_id: int, attempt: int | None, app_spec: str) -> None:
-    """Write a self-contained regression case (JSON) for replayq.testing."""
+def trace_export(env: Env, job_id: int, attempt: int | None, app_spec: str, no_keep: bool) -> None:
+    """Write a self-contained regression case (JSON) for replayq.testing.
 
-    click.echo(json.dumps(replayq.export_case(env.app(app_spec), job_id, attempt), indent=1))
+    The job is pinned (``replayq keep``) so gc never collects the recording the case
+    came from; ``--no-keep`` leaves it to its retention.
+    """
+    app = env.app(app_spec)
+    case = replayq.export_case(app, job_id, attempt)
+    if not no_keep:
+        app.keep(job_id, "exported as a regression case")
+    click.echo(json.dumps(case, indent=1))

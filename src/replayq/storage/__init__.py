@@ -38,6 +38,8 @@ scalars and returns records, never a mapping)::
     others    cache_put cache_get cache_delete  outbox_insert outbox_claim outbox_mark
               outbox_by_job  step_complete step_by_job  blob_put blob_get
               lineage_put lineage_list lineage_page  schedule_update schedule_list
+    retention job_keep keep_list gc_candidates(GcScan) gc_cursor gc_cursor_put
+              trace_trim job_purge job_hours idem_purge gc_vacuum
 
 A capability only some backends have is an optional protocol the caller checks
 with ``isinstance`` (``Listener``), never a ``getattr`` probe. Imports: the

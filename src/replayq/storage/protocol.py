@@ -786,6 +786,41 @@ class LineageRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class GcScan:
+    """Finished jobs past ``cutoff`` with an id above ``after``, at most ``limit``."""
+
+    after: int
+    cutoff: float
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class GcCandidate:
+    job_id: int
+    job_type: str
+    finished_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class JobHour:
+    """The aggregates tier: deleted jobs of one type, version, hour and final state."""
+
+    job_type: str
+    version: str
+    hour: float
+    state: str
+    jobs: int
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class KeepRecord:
+    job_id: int
+    reason: str
+    kept_at: float
+
+
+@dataclass(frozen=True, slots=True)
 class ScheduleRecord:
     name: str
     cron: str
@@ -1032,6 +1067,46 @@ class Transaction(Protocol):
         ...
 
     def schedule_list(self, name: str | None = None) -> list[ScheduleRecord]: ...
+
+    # -- retention --------------------------------------------------------------------------
+
+    def job_keep(self, job_id: int, reason: str, now: float) -> None:
+        """Pin a job: gc never collects it (``replayq keep``)."""
+        ...
+
+    def keep_list(self) -> list[KeepRecord]: ...
+
+    def gc_candidates(self, params: GcScan) -> list[GcCandidate]:
+        """Finished, unpinned jobs past the cutoff that no younger derived trace uses."""
+        ...
+
+    def gc_cursor(self, name: str) -> int:
+        """The last job id the gc pass ``name`` finished with (0: from the start)."""
+        ...
+
+    def gc_cursor_put(self, name: str, cursor: int, now: float) -> None: ...
+
+    def trace_trim(self, job_id: int, keep: Callable[[TraceEvent], bool]) -> int:
+        """Rewrite the job's trace packs with only the events ``keep`` accepts (a pack left
+        empty is deleted, with its resource index entries); the number of events removed."""
+        ...
+
+    def job_purge(self, job_id: int) -> None:
+        """Count a job into its hour (``job_hours``), then delete it: its row, its trace
+        packs and their index entries, its steps."""
+        ...
+
+    def job_hours(self, job_type: str | None = None) -> list[JobHour]:
+        """The aggregates of the jobs gc deleted, oldest hour first."""
+        ...
+
+    def idem_purge(self, job_id: int) -> None:
+        """Forget a job's settled idempotency records (an in-flight claim stays)."""
+        ...
+
+    def gc_vacuum(self) -> None:
+        """Give freed pages back (SQLite incremental vacuum; nothing on PostgreSQL)."""
+        ...
 
 
 class ListenHandle(Protocol):

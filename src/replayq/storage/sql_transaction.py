@@ -7,7 +7,7 @@ one implementation serves both; what differs lives in each ``queries.sql``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from replayq import codec
@@ -19,6 +19,8 @@ from replayq.storage.protocol import (
     Comparison,
     ComparisonPut,
     ContractRecord,
+    GcCandidate,
+    GcScan,
     JobBury,
     JobCancel,
     JobCancelRequest,
@@ -27,6 +29,7 @@ from replayq.storage.protocol import (
     JobComplete,
     JobFilter,
     JobGauge,
+    JobHour,
     JobInsert,
     JobLease,
     JobMatch,
@@ -37,6 +40,7 @@ from replayq.storage.protocol import (
     JobRetry,
     JobRoute,
     JobSetRecorded,
+    KeepRecord,
     LeaseExtend,
     LeaseRelease,
     OrderBreak,
@@ -357,6 +361,63 @@ class SqlTransaction(ContextVerbs):
             if e.resource is not None
             and (e.resource == resource or e.resource.startswith(versioned))
         ]
+
+    # -- retention ------------------------------------------------------------------------
+
+    def job_keep(self, job_id: int, reason: str, now: float) -> None:
+        self.execute("job_keep", {"job_id": job_id, "reason": reason, "now": now})
+
+    def keep_list(self) -> list[KeepRecord]:
+        return [record(KeepRecord, r) for r in self.fetchall("keep_list")]
+
+    def gc_candidates(self, params: GcScan) -> list[GcCandidate]:
+        return [
+            record(GcCandidate, r) for r in self.fetchall("gc_candidates", query_params(params))
+        ]
+
+    def gc_cursor(self, name: str) -> int:
+        row = self.fetchone("gc_cursor", {"name": name})
+        return int(row["cursor"]) if row is not None else 0
+
+    def gc_cursor_put(self, name: str, cursor: int, now: float) -> None:
+        self.execute("gc_cursor_put", {"name": name, "cursor": cursor, "now": now})
+
+    def trace_trim(self, job_id: int, keep: Callable[[TraceEvent], bool]) -> int:
+        removed = 0
+        for row in self.fetchall("trace_for_job", {"job_id": job_id}):
+            events = packs.unpack(row)
+            kept = [e for e in events if keep(e)]
+            if len(kept) == len(events):
+                continue
+            removed += len(events) - len(kept)
+            pack_id = row["id"]
+            self.execute("trace_pack_resources_delete", {"id": pack_id})
+            if not kept:
+                self.execute("trace_pack_delete", {"id": pack_id})
+                continue
+            packed = packs.pack_row(kept)
+            self.execute("trace_pack_rewrite", {**packed, "id": pack_id})
+            entries = packs.pack_resources(kept, pack_id)
+            if entries:
+                self.executemany("trace_resources_append", entries)
+        return removed
+
+    def job_purge(self, job_id: int) -> None:
+        self.execute("job_hours_add", {"job_id": job_id})
+        self.execute("job_trace_resources_delete", {"job_id": job_id})
+        self.execute("job_trace_delete", {"job_id": job_id})
+        self.execute("job_steps_delete", {"job_id": job_id})
+        self.execute("job_delete", {"job_id": job_id})
+
+    def job_hours(self, job_type: str | None = None) -> list[JobHour]:
+        rows = self.fetchall("job_hours", {"job_type": job_type})
+        return [record(JobHour, r) for r in rows]
+
+    def idem_purge(self, job_id: int) -> None:
+        self.execute("idem_purge", {"job_id": job_id})
+
+    def gc_vacuum(self) -> None:
+        self.fetchall("gc_vacuum")
 
     # -- contracts --------------------------------------------------------------------------
 

@@ -286,3 +286,27 @@ SELECT p.id * 1024 + e.key AS id,
        p.hlc AS pack_hlc,
        p.hlc_last AS pack_hlc_last
 FROM rq_trace AS p, json_each(p.events) AS e;
+
+CREATE TABLE rq_keep (
+    job_id  INTEGER PRIMARY KEY,
+    reason  TEXT    NOT NULL,
+    kept_at REAL    NOT NULL
+);
+
+CREATE TABLE rq_gc (
+    name       TEXT    PRIMARY KEY,
+    cursor     INTEGER NOT NULL,
+    updated_at REAL    NOT NULL
+);
+
+CREATE INDEX rq_jobs_finished ON rq_jobs (finished_at) WHERE finished_at IS NOT NULL;
+
+CREATE TABLE rq_job_hours (
+    job_type  TEXT    NOT NULL,
+    version   TEXT    NOT NULL,
+    hour      REAL NOT NULL,
+    state     TEXT    NOT NULL,
+    jobs      INTEGER NOT NULL,
+    attempts  INTEGER NOT NULL,
+    PRIMARY KEY (job_type, version, hour, state)
+);

@@ -1,0 +1,163 @@
+"""Retention and gc: bytes per finished job in each tier, and the time gc takes.
+
+    python benchmarks/gc.py [--jobs N] [--backend sqlite|postgres] [--json]
+
+A fresh SQLite file (or PostgreSQL schema); ``--jobs`` jobs of a one-step handler
+that reads and writes state, claims an effect, reads the clock and the random
+source, recorded by a worker in this process on an injected clock. Then, with
+``Retention(full_days=1, ledger_days=3)``:
+
+* ``full``: the database as recorded;
+* ``ledger``: two days later, after ``App.gc`` trimmed every job to its lifecycle,
+  effects and state writes (the gc time of this pass is ``gc_ledger_seconds``);
+* ``deleted``: four days later, after gc deleted the jobs (state versions and the
+  idempotency ledger remain: they belong to the entities and effects).
+
+Bytes are the database's own measure after reclaiming free space: SQLite's
+``page_count * page_size`` after ``VACUUM``; PostgreSQL's ``pg_total_relation_size``
+over the schema's tables after ``VACUUM FULL``. Divided by ``--jobs``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from machine import PG_URL, PgSchemas, commit, load_average, machine
+
+import replayq
+from replayq.worker import Worker
+
+DAY = 86_400.0
+START = 1_700_000_000.0
+
+
+def declare(app: replayq.App) -> None:
+    @app.job("credit", retry=replayq.Retry(max_attempts=1))
+    def credit(ctx: replayq.Context, account: str, amount: int) -> int:
+        with ctx.step("credit"):
+            balance = ctx.state.get("account", account)
+            total = (balance.data or {}).get("balance", 0) + amount
+            ctx.now()
+            ctx.random()
+            ctx.state.put("account", account, {"balance": total})
+            ctx.effect("ledger.notify", lambda: total, key=f"notify:{ctx.job_id}")
+        return int(total)
+
+
+def record(app: replayq.App, jobs: int) -> float:
+    started = time.perf_counter()
+    for n in range(jobs):
+        app.enqueue("credit", {"account": f"acct-{n % 1000}", "amount": n % 7})
+    worker = Worker(app, worker_id="bench")
+    app.register_contracts()
+    try:
+        while leased := worker.lease(50):
+            for job in leased:
+                worker.execute(job)
+    finally:
+        worker.event_loop.close()
+    return time.perf_counter() - started
+
+
+def size_bytes(app: replayq.App, url: str, schema: str | None) -> int:
+    if schema is None:
+        app.close()
+        path = url.removeprefix("sqlite:///")
+        with sqlite3.connect(path) as db:
+            db.execute("VACUUM")
+            pages = db.execute("PRAGMA page_count").fetchone()[0]
+            page = db.execute("PRAGMA page_size").fetchone()[0]
+        return int(pages * page)
+    import psycopg
+
+    base = url.split("?")[0]
+    with psycopg.connect(base, autocommit=True) as db:
+        tables = [
+            r[0]
+            for r in db.execute(
+                "SELECT table_name FROM information_schema.tables "
+                "WHERE table_schema = %s AND table_type = 'BASE TABLE'",
+                (schema,),
+            )
+        ]
+        total = 0
+        for table in tables:
+            db.execute(f'VACUUM FULL "{schema}"."{table}"')
+            total += db.execute(
+                "SELECT pg_total_relation_size(%s::regclass)", (f'"{schema}"."{table}"',)
+            ).fetchone()[0]
+    return int(total)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=2_000)
+    parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--pg-url", default=PG_URL, help="PostgreSQL server (--backend postgres)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object instead")
+    args = parser.parse_args(argv)
+
+    workdir = Path(tempfile.mkdtemp(prefix="replayq-gc-bench-"))
+    schemas = PgSchemas(args.pg_url) if args.backend == "postgres" else None
+    url = f"sqlite:///{workdir / 'gc.db'}" if schemas is None else schemas.fresh("gc")
+    schema = None if schemas is None else schemas.made[-1]
+    clock = replayq.FrozenClock(START)
+    retention = replayq.Retention(full_days=1, ledger_days=3)
+
+    def open_app() -> replayq.App:
+        app = replayq.App(url, clock=clock, auto_migrate=True, retention=retention)
+        declare(app)
+        return app
+
+    try:
+        app = open_app()
+        record_seconds = record(app, args.jobs)
+        full = size_bytes(app, url, schema)
+        clock.advance(2 * DAY)
+        app = open_app()
+        ledger_report = app.gc(batch=500)
+        ledger = size_bytes(app, url, schema)
+        clock.advance(2 * DAY)
+        app = open_app()
+        deleted_report = app.gc(batch=500)
+        deleted = size_bytes(app, url, schema)
+    finally:
+        if schemas is not None:
+            schemas.drop_all()
+    result: dict[str, Any] = {
+        "backend": args.backend,
+        "jobs": args.jobs,
+        "record_seconds": round(record_seconds, 2),
+        "bytes_per_job": {
+            "full": round(full / args.jobs),
+            "ledger": round(ledger / args.jobs),
+            "deleted": round(deleted / args.jobs),
+        },
+        "gc_ledger_seconds": round(ledger_report.seconds, 2),
+        "gc_ledger_events_removed": ledger_report.events_removed,
+        "gc_delete_seconds": round(deleted_report.seconds, 2),
+        "gc_deleted_jobs": deleted_report.purged_jobs,
+        "load_average": load_average(),
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+    if args.json:
+        json.dump(result, sys.stdout)
+        print()
+        return
+    for key, value in result.items():
+        print(f"{key:<28} {value}")
+    for key, value in machine(workdir):
+        print(f"{key:<28} {value}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,24 @@
+"""A job type that leaves every kind of event (state read and write, an effect, a
+step), with a 1-day full tier: the app the gc tests and ``replayq gc --app`` use."""
+
+from __future__ import annotations
+
+import replayq
+
+RETENTION = replayq.Retention(full_days=1)
+
+
+def declare(app: replayq.App) -> replayq.App:
+    @app.job("credit", retry=replayq.Retry(max_attempts=1))
+    def credit(ctx: replayq.Context, account: str, amount: int) -> int:
+        with ctx.step("credit"):
+            balance = ctx.state.get("account", account)
+            total = (balance.data or {}).get("balance", 0) + amount
+            ctx.state.put("account", account, {"balance": total})
+            ctx.effect("ledger.notify", lambda: total, key=f"notify:{account}:{ctx.job_id}")
+        return int(total)
+
+    return app
+
+
+app = declare(replayq.App(retention=RETENTION))
