@@ -13,8 +13,10 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import replayq
+from replayq.storage.sqlite.watch import Watcher
 from replayq.worker import Worker
 
 
@@ -90,3 +92,14 @@ def test_an_idle_worker_uses_little_cpu(db_url: str) -> None:
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     # Measured about 2 % of a core on SQLite; a busy poll would take most of one.
     assert cpu / wall < 0.25
+
+
+def test_the_sqlite_watch_reads_only_and_never_creates_the_file(tmp_path: Path) -> None:
+    """The watch's connection is read-only: on a missing file it waits (the worker's poll
+    still runs) rather than creating an empty database with the default file mode."""
+    missing = tmp_path / "missing.db"
+    woken: list[str | None] = []
+    watcher = Watcher(str(missing), woken.append)
+    time.sleep(0.2)
+    watcher.close()
+    assert not missing.exists() and not watcher.listening.is_set() and woken == []

@@ -23,6 +23,7 @@ import logging
 import sqlite3
 import threading
 from collections.abc import Callable
+from urllib.parse import quote
 
 from replayq.seal import unsealed
 
@@ -75,8 +76,12 @@ class Watcher:
             self._stop.wait(0.5)
 
     def _watch(self) -> None:
+        # Read-only: the watch never creates the file (it would not be 0600) nor writes.
+        target, uri = self.path, False
+        if self.path != ":memory:":
+            target, uri = f"file:{quote(self.path)}?mode=ro", True
         with unsealed():  # replayq's own database, also during a sealed replay
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            conn = sqlite3.connect(target, uri=uri, isolation_level=None, check_same_thread=False)
         try:
             version = conn.execute("PRAGMA data_version").fetchone()[0]
             self.listening.set()
