@@ -12,20 +12,12 @@ import resource
 import statistics
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import replayq
 from replayq.storage.sqlite.watch import Watcher
 from replayq.worker import Worker
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.001)
+from tests.integration.test_postgres_backend import wait_for
 
 
 def _idle_worker(app: replayq.App) -> tuple[Worker, threading.Thread]:
@@ -69,8 +61,14 @@ def test_an_idle_worker_starts_a_job_enqueued_by_another_app_well_before_its_pol
         thread.join(30)
         producer.close()
         app.close()
+    p50 = statistics.median(latencies)
+    print(
+        f"\nwake-up, enqueue commit -> handler start: p50 {p50 * 1000:.1f} ms, max "
+        f"{max(latencies) * 1000:.1f} ms over {len(latencies)} jobs"
+    )
     assert max(latencies) < 2.0
-    assert statistics.median(latencies) < 0.5
+    # Without a wake-up the 5 s poll would put the median near 2.5 s.
+    assert p50 < 0.5
 
 
 def test_an_idle_worker_uses_little_cpu(db_url: str) -> None:
