@@ -15,11 +15,15 @@ exits with the queue empty; the time the same process takes on an empty queue
     python benchmarks/throughput.py [--jobs 5000] [--repeat 3] [--backend sqlite]
                                     [--synchronous NORMAL|FULL] [--dir DIR]
     python benchmarks/throughput.py --backend postgres [--jobs 3000] [--repeat 1]
+    python benchmarks/throughput.py --backend sqlite|postgres --idle-only [--idle-poll 30]
+    (any of them with --json: the figures, load average and commit as JSON)
 
 ``--backend postgres`` runs against ``$REPLAYQ_BENCH_PG`` (default: the local server,
 database ``test``) and measures replayq with 1 and 2 worker processes beside a raw
 psycopg ``SKIP LOCKED`` loop (batch 1 and 100), PgQueuer and Procrastinate
-(``postgres_baselines.py``), plus replayq's enqueue→start latency when idle.
+(``postgres_baselines.py``). Both backends also measure replayq's enqueue→start
+latency with one idle worker process (LISTEN on PostgreSQL, the file watch on SQLite)
+and that worker's CPU while idle.
 
 A backend is one ``run_<backend>(options) -> list[Measurement]`` function
 registered in ``BACKENDS``; the report and the ratios are shared.
@@ -28,6 +32,7 @@ registered in ``BACKENDS``; the report and the ratios are shared.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -53,6 +58,8 @@ import replayq
 REPO = Path(__file__).resolve().parent.parent
 APP_SPEC = "benchmarks.noop_app:app"
 AIM_VS_RAW = 0.40
+IDLE_PROBES = 30
+IDLE_CPU_SECONDS = 3.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,7 @@ class Options:
     repeat: int
     synchronous: str
     workdir: Path
+    idle_poll: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -219,6 +227,7 @@ def run_sqlite(opts: Options) -> list[Measurement]:
         Measurement("replayq", "drain", n, col(rq, 2), med(col(rq, 3))),
         Measurement("raw", "drain", n, col(raw, 0), med(col(raw, 1))),
         Measurement("huey", "drain", n, col(hu, 1), med(col(hu, 2))),
+        *idle_rows(sqlite_replayq_latency(opts)),
     ]
 
 
@@ -226,7 +235,6 @@ def run_sqlite(opts: Options) -> list[Measurement]:
 
 PG_URL = os.environ.get("REPLAYQ_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
 PG_CONCURRENCY = 4  # executor threads per replayq worker process
-PG_LATENCY_PROBES = 30
 
 
 @contextmanager
@@ -298,42 +306,70 @@ def pg_replayq_drain(opts: Options, processes: int) -> tuple[float, float, float
     return single, bulk, drain, empty
 
 
-def pg_replayq_latency() -> list[float]:
-    """Seconds from just before ``enqueue`` to the job's lease, one idle worker, LISTEN on.
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a live process, from ``/proc`` (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    The worker polls only every 30 s, so a pickup faster than that came through LISTEN.
-    The lease time is the worker's ``job.leased`` event (same machine, same wall clock).
+
+def replayq_idle_pickup(url: str, app: replayq.App, poll: float) -> tuple[list[float], float]:
+    """(seconds from just before ``enqueue`` to the job's lease, idle worker CPU fraction).
+
+    One idle ``replayq worker`` process polling every ``poll`` seconds: with a poll of
+    30 s, a pickup faster than that came through the backend's wake-up (LISTEN on
+    PostgreSQL, the file watch on SQLite). The lease time is the worker's
+    ``job.leased`` event (same machine, same wall clock). The CPU fraction is the
+    worker's CPU seconds over ``IDLE_CPU_SECONDS`` of an empty queue.
     """
+    mark = "%s" if app.storage.dialect == "postgresql" else "?"
+    leased_sql = f"SELECT ts FROM rq_events WHERE job_id = {mark} AND name = 'job.leased'"
+    argv = [*replayq_command(), "--db", url, "worker", "--app", APP_SPEC]
+    argv += ["--poll-interval", str(poll), "--grace", "1"]
+    worker = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    latencies: list[float] = []
+    try:
+        for n in range(IDLE_PROBES + 1):
+            time.sleep(0.1)  # idle between probes
+            enqueued = time.time()
+            job_id = app.enqueue("noop", {"n": n})
+            leased = None
+            deadline = time.monotonic() + (60 if n == 0 else 10)
+            while leased is None and time.monotonic() < deadline:
+                with app.storage.transaction(readonly=True) as tx:
+                    row = tx.connection.execute(leased_sql, [job_id]).fetchone()
+                leased = row[0] if row else None
+                time.sleep(0.001)
+            if leased is None:
+                raise SystemExit(f"latency probe {n} was not picked up in time")
+            if n:  # the first one waits for the worker to start
+                latencies.append(float(leased) - enqueued)
+        time.sleep(0.5)
+        cpu = process_cpu_seconds(worker.pid)
+        time.sleep(IDLE_CPU_SECONDS)
+        idle_cpu = (process_cpu_seconds(worker.pid) - cpu) / IDLE_CPU_SECONDS
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(20)
+    return latencies, idle_cpu
+
+
+def pg_replayq_latency(opts: Options) -> tuple[list[float], float]:
     with pg_schema("replayq_latency") as url:
         app = pg_replayq_app(url)
-        argv = [*replayq_command(), "--db", url, "worker", "--app", APP_SPEC]
-        argv += ["--poll-interval", "30", "--grace", "1"]
-        worker = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        latencies: list[float] = []
         try:
-            for n in range(PG_LATENCY_PROBES + 1):
-                time.sleep(0.1)  # idle between probes
-                enqueued = time.time()
-                job_id = app.enqueue("noop", {"n": n})
-                leased = None
-                deadline = time.monotonic() + 10
-                while leased is None and time.monotonic() < deadline:
-                    with app.storage.transaction(readonly=True) as tx:
-                        row = tx.connection.execute(
-                            "SELECT ts FROM rq_events WHERE job_id = %s AND name = 'job.leased'",
-                            [job_id],
-                        ).fetchone()
-                    leased = row[0] if row else None
-                    time.sleep(0.001)
-                if leased is None:
-                    raise SystemExit(f"latency probe {n} was not picked up within 10 s")
-                if n:  # the first one waits for the worker to start
-                    latencies.append(float(leased) - enqueued)
+            return replayq_idle_pickup(url, app, opts.idle_poll)
         finally:
-            worker.send_signal(signal.SIGTERM)
-            worker.wait(20)
             app.close()
-    return latencies
+
+
+def sqlite_replayq_latency(opts: Options) -> tuple[list[float], float]:
+    url = sqlite_url(opts.workdir / "replayq-latency.db", opts.synchronous)
+    app = make_app(url)
+    app.storage  # noqa: B018 - create the schema before the worker starts
+    try:
+        return replayq_idle_pickup(url, app, opts.idle_poll)
+    finally:
+        app.close()
 
 
 def pg_raw_drain(opts: Options, batch: int) -> tuple[float, float]:
@@ -407,9 +443,16 @@ def run_postgres(opts: Options) -> list[Measurement]:
             Measurement("pgqueuer", "drain", n, (pgq[2],), pgq[3]),
             Measurement("procrastinate", "drain", n, (proc[2],), proc[3]),
         ]
-    latencies = pg_replayq_latency()
-    rows.append(Measurement("replayq", "enqueue→start latency", 1, tuple(latencies)))
-    return merge_runs(rows)
+    return merge_runs(rows) + idle_rows(pg_replayq_latency(opts))
+
+
+def idle_rows(measured: tuple[list[float], float]) -> list[Measurement]:
+    """The idle pickup probes and the idle worker's CPU fraction as report rows."""
+    latencies, idle_cpu = measured
+    return [
+        Measurement("replayq", "enqueue→start latency", 1, tuple(latencies)),
+        Measurement("replayq", "idle worker CPU fraction", 1, (idle_cpu,)),
+    ]
 
 
 def merge_runs(rows: list[Measurement]) -> list[Measurement]:
@@ -461,6 +504,8 @@ def report(opts: Options, backend: str, rows: list[Measurement]) -> str:
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for m in rows:
+        if m.operation in IDLE_OPERATIONS:
+            continue
         start = "" if m.startup is None else f"{m.startup:.3f}"
         after = "" if m.rate_after_start is None else f"{m.rate_after_start:,.0f}"
         lines.append(
@@ -514,10 +559,8 @@ def report_postgres(opts: Options, rows: list[Measurement], load: tuple[str, str
         "| system | operation | jobs | seconds | jobs/s | empty-queue s | jobs/s after start |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    latency = None
     for m in rows:
-        if m.operation.startswith("enqueue→start"):
-            latency = m
+        if m.operation in IDLE_OPERATIONS:
             continue
         start = "" if m.startup is None else f"{m.startup:.3f}"
         after = "" if m.rate_after_start is None else f"{m.rate_after_start:,.0f}"
@@ -545,16 +588,62 @@ def report_postgres(opts: Options, rows: list[Measurement], load: tuple[str, str
         lines.append(
             f"| replayq / {LABELS[other]} | {ours.rate / base.rate:.0%} | {after} | {aim} |"
         )
-    if latency is not None:
-        ms = sorted(r * 1000 for r in latency.runs)
-        p90 = ms[min(len(ms) - 1, int(len(ms) * 0.9))]
-        lines += [
-            "",
-            f"enqueue→start latency, one idle worker (poll every 30 s, so LISTEN), "
-            f"{len(ms)} probes 0.1 s apart: p50 {statistics.median(ms):.1f} ms, "
-            f"p90 {p90:.1f} ms, max {ms[-1]:.1f} ms (aim: p50 < 20 ms)",
-        ]
-    return "\n".join(lines)
+    return "\n".join(lines + idle_lines(rows, opts.idle_poll, "LISTEN", 5))
+
+
+IDLE_OPERATIONS = ("enqueue→start latency", "idle worker CPU fraction")
+
+
+def idle_lines(rows: Sequence[Measurement], poll: float, wake: str, aim_ms: int) -> list[str]:
+    """The idle pickup (p50, p90, max) and the idle worker's CPU, as report lines."""
+    by_operation = {m.operation: m for m in rows if m.operation in IDLE_OPERATIONS}
+    if not by_operation:
+        return []
+    ms = sorted(r * 1000 for r in by_operation["enqueue→start latency"].runs)
+    p90 = ms[min(len(ms) - 1, int(len(ms) * 0.9))]
+    cpu = by_operation["idle worker CPU fraction"].runs[0]
+    how = f"so {wake}" if poll >= 1 else "wake-up and poll together"
+    return [
+        "",
+        f"enqueue→start latency, one idle worker process (poll every {poll:g} s, {how}), "
+        f"{len(ms)} probes 0.1 s apart: p50 {statistics.median(ms):.1f} ms, "
+        f"p90 {p90:.1f} ms, max {ms[-1]:.1f} ms (aim: p50 < {aim_ms} ms); "
+        f"the idle worker's CPU over {IDLE_CPU_SECONDS:g} s: {cpu:.1%} of a core",
+    ]
+
+
+def git_commit() -> str:
+    done = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+    )
+    return done.stdout.strip() or "unknown"
+
+
+def as_json(
+    backend: str, opts: Options, rows: Sequence[Measurement], load: tuple[str, str]
+) -> dict[str, object]:
+    """Every figure of one run, for tooling: the rows, the load average and the commit."""
+    figures: list[dict[str, object]] = []
+    for m in rows:
+        figure: dict[str, object] = {"system": m.system, "operation": m.operation}
+        if m.operation == "enqueue→start latency":
+            ms = sorted(r * 1000 for r in m.runs)
+            figure |= {"probes": len(ms), "p50_ms": statistics.median(ms), "max_ms": ms[-1]}
+        elif m.operation == "idle worker CPU fraction":
+            figure |= {"cpu_fraction": m.runs[0], "seconds": IDLE_CPU_SECONDS}
+        else:
+            figure |= {"jobs": m.jobs, "seconds": m.seconds, "jobs_per_s": m.rate}
+            figure |= {"process_start_s": m.startup, "jobs_per_s_after_start": m.rate_after_start}
+        figures.append(figure)
+    return {
+        "backend": backend,
+        "synchronous": opts.synchronous,
+        "idle_poll_s": opts.idle_poll,
+        "commit": git_commit(),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_average": {"before": load[0], "after": load[1]},
+        "figures": figures,
+    }
 
 
 def load_average() -> str:
@@ -574,14 +663,34 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("--dir", type=Path, default=None, help="where the databases go")
     parser.add_argument("--keep", action="store_true", help="keep the databases afterwards")
+    parser.add_argument(
+        "--idle-poll",
+        type=float,
+        default=30.0,
+        help="the idle worker's --poll-interval in the pickup probe (30: only a wake-up is fast)",
+    )
+    parser.add_argument(
+        "--idle-only", action="store_true", help="measure only the idle pickup and idle CPU"
+    )
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="replayq-bench-", dir=args.dir))
-    opts = Options(args.jobs, args.repeat, args.synchronous, workdir)
+    opts = Options(args.jobs, args.repeat, args.synchronous, workdir, args.idle_poll)
     try:
         before = load_average()
-        rows = BACKENDS[args.backend](opts)
-        if args.backend == "postgres":
-            print(report_postgres(opts, rows, (before, load_average())))
+        if args.idle_only:
+            probe = pg_replayq_latency if args.backend == "postgres" else sqlite_replayq_latency
+            rows = idle_rows(probe(opts))
+        else:
+            rows = BACKENDS[args.backend](opts)
+        load = (before, load_average())
+        if args.json:
+            print(json.dumps(as_json(args.backend, opts, rows, load), indent=2))
+        elif args.idle_only:
+            print(f"load average before {load[0]}; after {load[1]}")
+            print("\n".join(idle_lines(rows, opts.idle_poll, "the wake-up", 20)))
+        elif args.backend == "postgres":
+            print(report_postgres(opts, rows, load))
         else:
             print(report(opts, args.backend, rows))
     finally:

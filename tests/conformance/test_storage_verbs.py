@@ -8,6 +8,7 @@ the merged readers) must hold the same on SQLite and on PostgreSQL.
 from __future__ import annotations
 
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from typing import Any
@@ -517,6 +518,31 @@ def test_contracts_are_listed_by_type_and_version_and_one_version_is_active(
     assert every == [("t", "v1"), ("t", "v2"), ("u", "v1")]
 
 
-def test_a_backend_that_pushes_wake_ups_is_a_listener(storage: Storage, db_url: str) -> None:
-    """The worker asks ``isinstance(storage, Listener)``: PostgreSQL has LISTEN, SQLite not."""
-    assert isinstance(storage, Listener) is db_url.startswith("postgresql")
+def test_both_backends_push_wake_ups_for_a_commit_from_another_connection(
+    storage: Storage, db_url: str
+) -> None:
+    """The worker asks ``isinstance(storage, Listener)``: LISTEN on PostgreSQL, a watch of
+    the file on SQLite. A job inserted through another storage object (another process's
+    connection, for all either backend can tell) wakes the listener."""
+    assert isinstance(storage, Listener)
+    woken = threading.Event()
+    handle = storage.listen(lambda queue: woken.set())
+    other = open_storage(db_url)
+    try:
+        deadline = time.monotonic() + 10
+        while not handle.listening.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert handle.listening.is_set()
+        time.sleep(0.05)
+        woken.clear()
+        time.sleep(0.1)
+        if db_url.startswith("sqlite"):
+            # An idle file does not wake it (PostgreSQL's channel is shared by the
+            # database's other schemas, whose tests may be enqueuing meanwhile).
+            assert not woken.is_set()
+        with other.transaction() as tx:
+            tx.job_insert(insert(now=T0, run_at=T0))
+        assert woken.wait(5)
+    finally:
+        handle.close()
+        other.close()

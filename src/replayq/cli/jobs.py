@@ -41,7 +41,8 @@ from replayq.cli.env import Env, JobId, emit_json, log_options, pass_env
     "--poll-interval",
     default=0.2,
     show_default=True,
-    help="Seconds between looks for work when idle (PostgreSQL also wakes on NOTIFY).",
+    help="Seconds between looks for work when idle (a wake-up comes sooner: NOTIFY on "
+    "PostgreSQL, a watch of the file on SQLite).",
 )
 @click.option(
     "--metrics-port",

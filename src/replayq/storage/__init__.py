@@ -9,7 +9,7 @@
     ├── context_verbs.py    the recording context's verbs (state, locks, effects, cache,
     │                       outbox, steps, blobs, lineage, schedules), once, likewise
     ├── queries.py          loads ``-- name: NAME`` queries from a backend's *.sql files
-    ├── sqlite/             SqliteStorage: one file per noun of SQL, migrations/, schema.sql
+    ├── sqlite/             SqliteStorage (+ Listener: watch.py, a data_version check), likewise
     ├── postgres/           PostgresStorage (+ Listener: LISTEN/NOTIFY wake-ups), likewise
     ├── migrate.py          applying and reporting migrations
     ├── adopted.py          verbs on the caller's own connection (transactional enqueue)

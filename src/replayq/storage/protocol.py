@@ -1121,8 +1121,9 @@ class ListenHandle(Protocol):
 class Listener(Protocol):
     """An optional capability: a backend that pushes wake-ups when jobs are enqueued.
 
-    PostgreSQL has it (``LISTEN``/``NOTIFY``); SQLite does not. The worker checks with
-    ``isinstance(storage, Listener)`` and polls when it is absent.
+    PostgreSQL has it (``LISTEN``/``NOTIFY``); SQLite too, by watching the file for
+    commits (``sqlite/watch.py``). The worker checks with ``isinstance(storage,
+    Listener)`` and polls when it is absent.
     """
 
     def listen(self, callback: Callable[[str | None], None]) -> ListenHandle:

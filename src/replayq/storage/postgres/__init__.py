@@ -63,7 +63,9 @@ Known limits, up front:
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import select
 import threading
 import time
@@ -291,6 +293,8 @@ class Notifier:
         self.backend_pid: int | None = None
         self._last_check = 0.0
         self._stop = threading.Event()
+        # close() writes here to end the thread's wait on the socket at once.
+        self._closing_r, self._closing_w = os.pipe()
         self._thread = threading.Thread(target=self._run, name="replayq-listen", daemon=True)
         self._thread.start()
 
@@ -318,11 +322,16 @@ class Notifier:
             self.listening.set()
             self.callback(None)
             while not self._stop.is_set():
-                heard = False
-                for notify in conn.notifies(timeout=min(0.5, self.health_check_seconds)):
-                    heard = True
+                # Wait on the socket and on close()'s pipe together: closing never waits
+                # out a timeout. Notifications libpq already read are drained each turn.
+                for notify in conn.notifies(timeout=0):
                     self.callback(notify.payload)
-                if not heard and not self._stop.is_set():
+                readable, _, _ = select.select(
+                    [conn.fileno(), self._closing_r], [], [], self.health_check_seconds
+                )
+                if self._stop.is_set():
+                    return
+                if not readable:
                     self._check_alive(conn)
 
     def _check_alive(self, conn: psycopg.Connection[Any]) -> None:
@@ -334,9 +343,15 @@ class Notifier:
             conn.execute(self.health_sql)
 
     def close(self, timeout: float = 2.0) -> None:
-        """Stop listening; never blocks longer than ``timeout``."""
+        """Stop listening at once (the thread is woken); never blocks longer than ``timeout``."""
         self._stop.set()
+        with contextlib.suppress(OSError):  # closed twice: the pipe is already gone
+            os.write(self._closing_w, b"x")
         self._thread.join(timeout)
+        if not self._thread.is_alive():
+            for fd in (self._closing_r, self._closing_w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
 
 
 class PostgresStorage:
