@@ -28,7 +28,7 @@ import hmac
 import json
 import os
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -271,11 +271,12 @@ class Redactor:
 
     def value(self, value: Any) -> Any:
         """A JSON value with secret fields and secret texts replaced; the same object when
-        nothing in it is secret (so a value without secrets costs one encode and one
-        search of its text, or one walk where the rules cannot be screened that way)."""
+        nothing in it is secret. A flat value is walked (cheaper than anything else); a
+        nested one is encoded and its text screened (``clean_text``), and walked only if
+        the screen finds something or the rules cannot be screened that way."""
         if not self.active:
             return value
-        if self._needles is not None:
+        if self._needles is not None and _nested(value):
             try:
                 text = _SCREEN_ENCODER.encode(value)
             except (TypeError, ValueError, RecursionError):
@@ -304,7 +305,7 @@ class Redactor:
             self.secret_field(key) for key in set(_KEYS.findall(text))
         ):
             return False
-        return not (self.cards and _CARD_RUN in text.translate(_DIGIT_RUNS))
+        return not (self.cards and _CARD_RUN in text.encode().translate(_DIGIT_RUNS, b" -"))
 
     def encoded(self, value: Any, dumps: Callable[[Any], str]) -> tuple[Any, str]:
         """``value`` redacted and its text ``dumps(value)``, encoding it once when nothing
@@ -389,13 +390,28 @@ _NEEDLES: dict[str, tuple[str, ...]] = {
     DEFAULT_PATTERNS[0]: ("bearer", "basic"),
     DEFAULT_PATTERNS[1]: ("://",),
 }
-# ASCII digits to "0", spaces and dashes deleted: a card number (13 to 19 digits with
+# (ASCII) digits to "0", spaces and dashes deleted: a card number (13 to 19 digits with
 # single spaces or dashes between) becomes a run of at least 13 zeros.
-_DIGIT_RUNS = str.maketrans({**{str(d): "0" for d in range(10)}, " ": None, "-": None})
-_CARD_RUN = "0" * 13
+_DIGIT_RUNS = bytes.maketrans(b"123456789", b"000000000")
+_CARD_RUN = b"0" * 13
 # The keys of a JSON text without escapes: a string followed by ":" (a string value is
 # followed by ",", "]" or "}", and without escapes no string holds a '"').
 _KEYS = re.compile(r'"([^"]*)":')
+
+
+def _nested(value: Any) -> bool:
+    """Whether ``value`` holds containers or many items: worth a screen, not a walk."""
+    items: Collection[Any]
+    if type(value) is dict:
+        items = value.values()
+    elif type(value) is list or type(value) is tuple:
+        items = value
+    else:
+        return False
+    return len(items) > 16 or any(type(item) in _CONTAINERS for item in items)
+
+
+_CONTAINERS = (dict, list, tuple)
 
 
 def _needles_of(patterns: list[re.Pattern[str]]) -> tuple[str, ...] | None:
