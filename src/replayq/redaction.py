@@ -28,7 +28,7 @@ import hmac
 import json
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,6 +150,9 @@ class Redactor:
     _seen: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
     # One search that every text with a secret matches (most texts have none).
     _screen: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
+    # The substrings that a value's JSON text must contain to hold a secret under the
+    # built-in patterns (``clean_text``); ``None`` where that cannot be promised.
+    _needles: tuple[str, ...] | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def build(cls, redaction: Redaction | None = None, *, key: bytes | None = None) -> Redactor:
@@ -191,6 +194,7 @@ class Redactor:
             cards=cards,
             key=self.key if key is None else key,
             _screen=_screen_of(patterns, cards),
+            _needles=_needles_of(patterns),
         )
 
     @property
@@ -267,10 +271,50 @@ class Redactor:
 
     def value(self, value: Any) -> Any:
         """A JSON value with secret fields and secret texts replaced; the same object when
-        nothing in it is secret (so a value without secrets costs one walk, no copy)."""
+        nothing in it is secret. A flat value is walked (cheaper than anything else); a
+        nested one is encoded and its text screened (``clean_text``), and walked only if
+        the screen finds something or the rules cannot be screened that way."""
         if not self.active:
             return value
+        if self._needles is not None and _nested(value):
+            try:
+                text = _SCREEN_ENCODER.encode(value)
+            except (TypeError, ValueError, RecursionError):
+                pass  # not JSON: the walk leaves what it cannot read as it is
+            else:
+                if self.clean_text(text):
+                    return value
         return self._walk(value, 0)
+
+    def clean_text(self, text: str) -> bool:
+        """Whether the JSON text of a value certainly holds no secret: no key that is a
+        secret field's name (``secret_field``), none of the substrings that
+        the built-in patterns need, no run of 13 digits. ``False`` means "walk it": so
+        does a text that is not ASCII or has a backslash (a JSON escape), since a pattern
+        matches a string as it is, not as JSON writes it."""
+        needles = self._needles
+        if needles is None:
+            return not self.active
+        if "\\" in text or not text.isascii():
+            return False
+        if needles:
+            lowered = text.lower()
+            if any(needle in lowered for needle in needles):
+                return False
+        if (self.names or self.globs) and any(
+            self.secret_field(key) for key in set(_KEYS.findall(text))
+        ):
+            return False
+        return not (self.cards and _CARD_RUN in text.encode().translate(_DIGIT_RUNS, b" -"))
+
+    def encoded(self, value: Any, dumps: Callable[[Any], str]) -> tuple[Any, str]:
+        """``value`` redacted and its text ``dumps(value)``, encoding it once when nothing
+        in it is secret (the usual case) and twice otherwise."""
+        text = dumps(value)
+        if self.clean_text(text):
+            return value, text
+        redacted = self._walk(value, 0)
+        return redacted, (text if redacted is value else dumps(redacted))
 
     def _walk(self, value: Any, depth: int) -> Any:
         kind = type(value)
@@ -336,6 +380,51 @@ def _screen_of(patterns: list[re.Pattern[str]], cards: bool) -> re.Pattern[str] 
         return re.compile("|".join(parts)) if parts else None
     except re.error:
         return None
+
+
+# Any JSON, keys in their order; ``clean_text`` only searches the text.
+_SCREEN_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False)
+
+# What a text must contain for each built-in pattern to match it (in lower case).
+_NEEDLES: dict[str, tuple[str, ...]] = {
+    DEFAULT_PATTERNS[0]: ("bearer", "basic"),
+    DEFAULT_PATTERNS[1]: ("://",),
+}
+# (ASCII) digits to "0", spaces and dashes deleted: a card number (13 to 19 digits with
+# single spaces or dashes between) becomes a run of at least 13 zeros.
+_DIGIT_RUNS = bytes.maketrans(b"123456789", b"000000000")
+_CARD_RUN = b"0" * 13
+# The keys of a JSON text without escapes: a string followed by ":" (a string value is
+# followed by ",", "]" or "}", and without escapes no string holds a '"').
+_KEYS = re.compile(r'"([^"]*)":')
+
+
+def _nested(value: Any) -> bool:
+    """Whether ``value`` holds containers or many items: worth a screen, not a walk."""
+    items: Collection[Any]
+    if type(value) is dict:
+        items = value.values()
+    elif type(value) is list or type(value) is tuple:
+        items = value
+    else:
+        return False
+    return len(items) > 16 or any(type(item) in _CONTAINERS for item in items)
+
+
+_CONTAINERS = (dict, list, tuple)
+
+
+def _needles_of(patterns: list[re.Pattern[str]]) -> tuple[str, ...] | None:
+    """The substrings behind ``clean_text`` for the built-in patterns; ``None`` when
+    another pattern is in the rules (it may anchor or look around in ways a value's
+    JSON text does not keep: then every value is walked)."""
+    needles: list[str] = []
+    for pattern in patterns:
+        found = _NEEDLES.get(pattern.pattern)
+        if found is None:
+            return None
+        needles += found
+    return tuple(needles)
 
 
 def _has_marker(value: Any) -> bool:

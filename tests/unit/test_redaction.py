@@ -37,6 +37,41 @@ def test_defaults_cover_headers_secret_fields_cards_and_url_passwords() -> None:
     assert value["Password"] == "pw", "the input is not modified"
 
 
+# Values whose JSON text the one-search screen (``Redactor.clean_text``) passes or sends
+# to the walk: escapes, non-ASCII, secrets deep in lists, secret names in values only.
+SCREENED = [
+    {"sku": "SKU-1", "qty": 2, "lines": [{"unit_cents": 212, "tax_rate": 0.2}]},
+    {"note": "the password field is empty"},  # a secret name in a value: kept
+    {"deep": [[{"Client-Secret": "abc"}]]},
+    {"deep": [{"x": "token: Bearer abcdefgh12345 end"}]},
+    {"text": "line one\nBasic dXNlcjpwYXNzd29yZA=="},  # the secret after an escape
+    {"text": "été Bearer abcdefgh12345"},  # not ASCII
+    {"quoted": 'say "Bearer abcdefgh12345"'},
+    {"card": "4111-1111-1111-1111", "ref": 12345678901234567},
+    {"dsn": "redis://u:pw@host/0", "n": None, "ok": True},
+    {'k"ey': {"api_key": "zzz"}},
+    ["Bearer", "abcdefgh12345"],  # neither text alone is a credential: kept
+]
+
+
+@pytest.mark.parametrize("value", SCREENED)
+def test_the_screen_of_a_values_text_decides_as_the_walk_does(value: object) -> None:
+    redactor = Redactor.build(key=b"k")
+    out = redactor.value(value)
+    assert out == redactor._walk(value, 0)
+    if out == value:
+        assert out is value, "a value without secrets is not copied"
+    else:
+        assert "abcdefgh12345" not in str(out) and "4111" not in str(out)
+        assert "zzz" not in str(out) and "abc'" not in str(out) and ":pw@" not in str(out)
+
+
+def test_own_anchored_patterns_and_globs_still_apply_to_every_value() -> None:
+    redactor = Redactor.build(Redaction(fields=["*_pin"], patterns=[r"^(sk_live_\w+)$"]))
+    out = redactor.value({"a": [{"card_pin": "1234"}], "b": ["sk_live_abc"], "c": "x"})
+    assert is_marker(out["a"][0]["card_pin"]) and is_marker(out["b"][0]) and out["c"] == "x"
+
+
 def test_markers_are_keyed_hashes_equal_for_equal_secrets_and_redaction_is_idempotent() -> None:
     one, other = Redactor.build(key=b"one"), Redactor.build(key=b"two")
     first = one.value({"password": "same", "token": {"password": "same"}})

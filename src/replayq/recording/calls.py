@@ -31,8 +31,12 @@ def record_call(
     that ``recording.aio.run_flow`` drives plain or awaited."""
     # The fingerprint is over the redacted request: a replay that passes the marker
     # (read back from a redacted payload) or the secret itself matches it.
-    request = ctx.redactor.value({"args": list(args), "kwargs": dict(kwargs)})
-    summary, summary_text = _summarise_encoded(request)
+    # A JSON request without secrets is encoded once, here, and not walked.
+    request = {"args": list(args), "kwargs": dict(kwargs)}
+    try:
+        summary, summary_text = ctx.redactor.encoded(request, codec.dumps)
+    except PayloadError:
+        summary, summary_text = _summarise_encoded(ctx.redactor.value(request))
     fingerprint = codec.fingerprint_text(summary_text)
     try:
         answer = ctx.world.answer("call", name, fingerprint)

@@ -359,8 +359,7 @@ class Context:
         """``encode``, keeping the canonical text: the value is walked and serialised once
         here; the size check, the version row, the blob and its hash reuse the text."""
         try:
-            value = self.redacted(value)
-            text = codec.dumps(value, what=what)
+            value, text = self.redactor.encoded(value, lambda v: codec.dumps(v, what=what))
         except PayloadError as exc:
             raise PayloadError(f"{what} cannot be recorded: {exc}") from exc
         raw = text.encode()
