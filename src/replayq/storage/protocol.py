@@ -296,6 +296,13 @@ class TraceQuery:
     resource: str | None = None
 
 
+@dataclass(frozen=True)
+class TraceJobs:
+    """Which jobs' events ``trace_jobs`` reads, all in one query (a bulk dry-run's batch)."""
+
+    job_ids: Sequence[int]
+
+
 # -- parameters of the rollout, state, lock, effect, cache, outbox, blob, lineage and schedule verbs
 
 
@@ -862,6 +869,11 @@ class Transaction(Protocol):
 
     def trace_query(self, params: TraceQuery) -> list[TraceEvent]:
         """The events of a job, a trace or a resource (see ``TraceQuery``)."""
+        ...
+
+    def trace_jobs(self, params: TraceJobs) -> dict[int, list[TraceEvent]]:
+        """Each job's events, as ``trace_query(TraceQuery(job_id=...))`` gives them; a job
+        without events is absent."""
         ...
 
     def trace_window(self, params: TraceWindow) -> list[tuple[TraceEvent, str, str | None]]:

@@ -43,6 +43,7 @@ from replayq.storage.protocol import (
     RoutingPut,
     RoutingRecord,
     SignalBucket,
+    TraceJobs,
     TraceQuery,
     TraceWindow,
     VersionOutcome,
@@ -143,7 +144,7 @@ class SqlTransaction(ContextVerbs):
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    def list_param(self, values: Sequence[str] | None) -> Any:
+    def list_param(self, values: Sequence[str] | Sequence[int] | None) -> Any:
         """How a list parameter is passed (SQLite: JSON text for ``json_each``)."""
         return None if values is None else codec.dumps(list(values))
 
@@ -355,6 +356,13 @@ class SqlTransaction(ContextVerbs):
             if e.resource is not None
             and (e.resource == resource or e.resource.startswith(versioned))
         ]
+
+    def trace_jobs(self, params: TraceJobs) -> dict[int, list[TraceEvent]]:
+        rows = self.fetchall("trace_for_jobs", {"job_ids": self.list_param(params.job_ids)})
+        by_job: dict[int, list[Any]] = {}
+        for row in rows:
+            by_job.setdefault(int(row["job_id"]), []).append(row)
+        return {job_id: packs.unpack_sorted(found) for job_id, found in by_job.items()}
 
     # -- contracts --------------------------------------------------------------------------
 
