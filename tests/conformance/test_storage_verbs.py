@@ -307,7 +307,9 @@ def test_trace_jobs_reads_several_jobs_events_in_one_query_as_trace_query_does(
         tx.trace_append([event("a", 10, job_id=first), event("y", 14, job_id=second)])
         tx.trace_append([event("derived", 11, trace_id="fork-2")])
     with storage.transaction(readonly=True) as tx:
-        both = tx.trace_jobs(TraceJobs([first, second, silent, 10_000]))
+        both = {
+            t.job_id: t.events for t in tx.trace_jobs(TraceJobs([first, second, silent, 10_000]))
+        }
         one = {n: tx.trace_query(TraceQuery(job_id=n)) for n in (first, second)}
     assert set(both) == {first, second}, "a job without events (or no job) is absent"
     assert [e.name for e in both[first]] == ["a", "b"]

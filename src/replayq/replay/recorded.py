@@ -106,7 +106,10 @@ def load_recordings(
     """
     found: list[Recording | ReplayqError] = []
     with source.runtime.storage.transaction(readonly=True) as tx:
-        traces = tx.trace_jobs(TraceJobs(list(dict.fromkeys(job_ids))))
+        traces = {
+            found.job_id: found.events
+            for found in tx.trace_jobs(TraceJobs(list(dict.fromkeys(job_ids))))
+        }
         for job_id in job_ids:
             try:
                 found.append(read_recording(tx, job_id, events=traces.get(job_id, [])))

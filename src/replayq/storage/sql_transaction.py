@@ -36,6 +36,7 @@ from replayq.storage.protocol import (
     JobRetry,
     JobRoute,
     JobSetRecorded,
+    JobTrace,
     LeaseExtend,
     LeaseRelease,
     OrderBreak,
@@ -357,12 +358,12 @@ class SqlTransaction(ContextVerbs):
             and (e.resource == resource or e.resource.startswith(versioned))
         ]
 
-    def trace_jobs(self, params: TraceJobs) -> dict[int, list[TraceEvent]]:
+    def trace_jobs(self, params: TraceJobs) -> list[JobTrace]:
         rows = self.fetchall("trace_for_jobs", {"job_ids": self.list_param(params.job_ids)})
         by_job: dict[int, list[Any]] = {}
         for row in rows:
             by_job.setdefault(int(row["job_id"]), []).append(row)
-        return {job_id: packs.unpack_sorted(found) for job_id, found in by_job.items()}
+        return [JobTrace(job_id, packs.unpack_sorted(found)) for job_id, found in by_job.items()]
 
     # -- contracts --------------------------------------------------------------------------
 
