@@ -78,8 +78,10 @@ def dry_run_many(
     ``processes > 1`` splits the batches over that many worker processes, fresh
     interpreters that import ``app`` (``module:attribute`` naming the ``App`` whose
     handlers to run; default: the module attribute that is ``source`` itself, if
-    there is one) and open their own connection to this database. Without an
-    importable application the jobs run here, one batch after another.
+    there is one) and open their own connection to this database; they stay up for
+    the next call on the same database and application (``close_workers`` ends
+    them). Without an importable application the jobs run here, one batch after
+    another.
 
     A job that cannot be replayed (missing, nothing recorded) raises its
     ``ReplayqError``; with ``on_error(job_id, error)`` it is passed there instead and
