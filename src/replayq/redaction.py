@@ -326,9 +326,15 @@ class Redactor:
             return value
         if kind is dict or isinstance(value, dict):
             out: dict[Any, Any] | None = None
+            seen = self._seen
             for index, (key, item) in enumerate(value.items()):
-                if isinstance(key, str) and self.secret_field(key):
+                secret = seen.get(key) if type(key) is str else None
+                if secret is None:
+                    secret = isinstance(key, str) and self.secret_field(key)
+                if secret:
                     new = self.whole(item)
+                elif item is None or type(item) in _SCALARS:
+                    new = item  # most leaves: no call
                 else:
                     new = self._walk(item, depth + 1)
                 if new is not item and out is None:
@@ -365,6 +371,7 @@ class Redactor:
         return self.marker(text)
 
 
+_SCALARS = frozenset((int, float, bool))
 _GLOBAL_FLAGS = re.compile(r"^\(\?([aiLmsux]+)\)")
 
 

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 import replayq
-from replayq.replay.engine import dry_run, dry_run_many
+from replayq.replay.bulk import close_workers
+from replayq.replay.engine import ReplayReport, dry_run, dry_run_many
 from replayq.storage.protocol import TraceQuery
 from replayq.testing import run_inline
 from tests.apps import leaky, replay_shop
@@ -77,6 +78,28 @@ def test_the_reports_come_from_other_processes(app: replayq.App, service: Servic
     pids = {r.decisions[0]["now"][0] for r in reports}
     assert len(pids) == 2, reports[0].decisions
     assert os.getpid() not in pids
+
+
+def test_the_worker_processes_stay_up_for_the_next_call_and_take_its_options(
+    app: replayq.App, service: Service
+) -> None:
+    ids = [record(app, order_id).id for order_id in (1, 2, 3, 4)]
+    handler = f"{__name__}:decide_process"
+
+    first = dry_run_many(app, ids, handler=handler, keep=False, processes=2, app=APP_SPEC)
+    second = dry_run_many(app, ids, handler=handler, keep=False, processes=2, app=APP_SPEC)
+    plain = dry_run_many(app, ids, keep=False, processes=2, app=APP_SPEC)
+    close_workers()
+    after = dry_run_many(app, ids, handler=handler, keep=False, processes=2, app=APP_SPEC)
+    close_workers()
+
+    def pids(reports: list[ReplayReport]) -> set[int]:
+        return {r.decisions[0]["now"][0] for r in reports}
+
+    assert len(pids(first)) == 2
+    assert pids(second) == pids(first), "the second call ran in the same worker processes"
+    assert all(not r.decisions for r in plain), "each call's options reach the workers"
+    assert not pids(after) & pids(first), "closed workers are replaced by new processes"
 
 
 def test_kept_dry_runs_in_worker_processes_write_their_traces(

@@ -58,6 +58,7 @@ from replayq.storage.protocol import (
     ScheduleMade,
     ScheduleRegister,
     Storage,
+    TraceJobs,
     TraceQuery,
     idem_get,
 )
@@ -295,6 +296,26 @@ def test_trace_query_reads_a_job_a_trace_or_a_resource_in_hlc_order(storage: Sto
     assert by_job == ["a", "b"]
     assert by_trace == ["derived", "other"]
     assert by_resource == ["a", "b"], "the resource and its versioned keys, nothing else"
+
+
+def test_trace_jobs_reads_several_jobs_events_in_one_query_as_trace_query_does(
+    storage: Storage,
+) -> None:
+    first, second, silent = leased_job(storage), leased_job(storage), leased_job(storage)
+    with storage.transaction() as tx:
+        tx.trace_append([event("b", 20, job_id=first), event("x", 12, job_id=second)])
+    with storage.transaction() as tx:
+        tx.trace_append([event("a", 10, job_id=first), event("y", 14, job_id=second)])
+        tx.trace_append([event("derived", 11, trace_id="fork-2")])
+    with storage.transaction(readonly=True) as tx:
+        both = {
+            t.job_id: t.events for t in tx.trace_jobs(TraceJobs([first, second, silent, 10_000]))
+        }
+        one = {n: tx.trace_query(TraceQuery(job_id=n)) for n in (first, second)}
+    assert set(both) == {first, second}, "a job without events (or no job) is absent"
+    assert [e.name for e in both[first]] == ["a", "b"]
+    assert [e.name for e in both[second]] == ["x", "y"]
+    assert both == one
 
 
 # -- effects --------------------------------------------------------------------------------

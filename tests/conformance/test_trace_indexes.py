@@ -24,6 +24,7 @@ RESOURCES_KEY = "the key of rq_trace_resources"
 # query name -> (parameters, the indexes its plan must use)
 TRACE_QUERIES: dict[str, tuple[dict[str, Any], set[str]]] = {
     "trace_for_job": ({"job_id": 1}, {"rq_trace_job"}),
+    "trace_for_jobs": ({"job_ids": [1, 2]}, {"rq_trace_job"}),
     "trace_for_trace": (
         {"trace_id": "replay-0123456789abcdef"},
         {"rq_trace_derived", "rq_jobs_trace", "rq_trace_job"},
@@ -61,8 +62,9 @@ def plan_of(app: replayq.App, name: str, params: dict[str, Any]) -> str:
     sql = storage.queries[name]
     with storage.transaction(readonly=True) as tx:
         conn = tx.connection
-        if "names" in params:
-            params = {**params, "names": tx.list_param(params["names"])}
+        for listed in ("names", "job_ids"):
+            if listed in params:
+                params = {**params, listed: tx.list_param(params[listed])}
         if storage.dialect == "sqlite":
             rows = conn.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall()
             return "\n".join(str(row[-1]) for row in rows)

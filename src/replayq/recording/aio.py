@@ -21,6 +21,7 @@ never calls ``fn`` still returns an awaitable to a handler that awaits.
 from __future__ import annotations
 
 import inspect
+import types
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
@@ -32,14 +33,26 @@ Flow = Generator[Callable[[], Any], Any, T]
 """Yields the outside call once (or never, when the answer is recorded); returns the result."""
 
 
+# Types that are never awaitable: checked by type first, since ``inspect.isawaitable``
+# falls back to an ``Awaitable`` ABC check that costs more than the rest of a replayed call.
+_PLAIN = frozenset(
+    {types.FunctionType, types.MethodType, types.BuiltinFunctionType, dict, list, tuple}
+    | {str, bytes, int, float, bool, type(None)}
+)
+
+
+def _awaitable(value: Any) -> bool:
+    return type(value) not in _PLAIN and inspect.isawaitable(value)
+
+
 def is_async(fn: Any) -> bool:
     """Whether ``fn`` is a coroutine function or already a coroutine (or other awaitable)."""
-    return inspect.iscoroutinefunction(fn) or inspect.isawaitable(fn)
+    return inspect.iscoroutinefunction(fn) or _awaitable(fn)
 
 
 def outside_call(fn: Any, *args: Any, **kwargs: Any) -> Callable[[], Any]:
     """The thunk a flow yields: calls ``fn`` (or hands over an awaitable ``fn`` as it is)."""
-    if inspect.isawaitable(fn):
+    if _awaitable(fn):
         if args or kwargs:
             raise ConfigurationError("pass arguments to the coroutine function, not with it")
         return lambda: fn
@@ -59,7 +72,7 @@ def _drive(flow: Flow[T]) -> T:
         while True:
             try:
                 value = thunk()
-                if inspect.isawaitable(value):
+                if _awaitable(value):
                     _close(value)
                     raise ConfigurationError(
                         "the function returned an awaitable: pass the coroutine function "

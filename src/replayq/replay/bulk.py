@@ -8,11 +8,14 @@ processes (``python -m replayq.replay.worker_process``): each is a fresh interpr
 (never a fork of this one, whatever threads it runs), imports the application named
 by ``app`` (``module:attribute``, as ``--app`` takes it), opens its own connection to
 the same database and dry-runs sealed, like this process would. Batches and reports
-travel as JSON lines over the worker's stdin and stdout.
+travel as JSON lines over the worker's stdin and stdout. The worker processes stay
+alive for the next call on the same database and application (``_Pool``), so a caller
+that dry-runs in many small calls pays their start-up once.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -75,8 +78,10 @@ def dry_run_many(
     ``processes > 1`` splits the batches over that many worker processes, fresh
     interpreters that import ``app`` (``module:attribute`` naming the ``App`` whose
     handlers to run; default: the module attribute that is ``source`` itself, if
-    there is one) and open their own connection to this database. Without an
-    importable application the jobs run here, one batch after another.
+    there is one) and open their own connection to this database; they stay up for
+    the next call on the same database and application (``close_workers`` ends
+    them). Without an importable application the jobs run here, one batch after
+    another.
 
     A job that cannot be replayed (missing, nothing recorded) raises its
     ``ReplayqError``; with ``on_error(job_id, error)`` it is passed there instead and
@@ -150,7 +155,7 @@ def _module_attribute(source: RuntimeSource) -> str | None:
 class _Worker:
     """One worker process and the batch it is running."""
 
-    def __init__(self, runtime: Runtime, spec: str, options: Options) -> None:
+    def __init__(self, url: str, spec: str) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "replayq.replay.worker_process"],
             stdin=subprocess.PIPE,
@@ -159,7 +164,7 @@ class _Worker:
             env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
         )
         self.batch: list[int] = []
-        self.send({"url": runtime.url, "app": spec, "options": options.to_dict()})
+        self.send({"url": url, "app": spec})
 
     @property
     def stdout(self) -> IO[str]:
@@ -171,9 +176,11 @@ class _Worker:
         self.process.stdin.write(json.dumps(message) + "\n")
         self.process.stdin.flush()
 
-    def close(self) -> None:
+    def close(self, *, kill: bool = False) -> None:
         """End the process (it exits at the end of its input) and close its pipes."""
         process = self.process
+        if kill:
+            process.kill()
         if process.stdin is not None and not process.stdin.closed:
             with contextlib.suppress(BrokenPipeError):
                 process.stdin.close()
@@ -184,6 +191,43 @@ class _Worker:
             process.wait()
         if process.stdout is not None:
             process.stdout.close()
+
+
+class _Pool:
+    """The worker processes of the last (database, application) a bulk dry-run used.
+
+    They stay alive between ``dry_run_many`` calls (a worker's start-up — a fresh
+    interpreter importing the application — costs more than a batch of dry-runs), are
+    ended when another database or application is asked for, after an error, and at
+    exit. A worker whose process has exited is replaced.
+    """
+
+    def __init__(self) -> None:
+        self.key: tuple[str, str] | None = None
+        self.workers: list[_Worker] = []
+
+    def take(self, url: str, spec: str, count: int) -> list[_Worker]:
+        if self.key != (url, spec):
+            self.close()
+            self.key = (url, spec)
+        self.workers = [w for w in self.workers if w.process.poll() is None]
+        while len(self.workers) < count:
+            self.workers.append(_Worker(url, spec))
+        return self.workers[:count]
+
+    def close(self, *, kill: bool = False) -> None:
+        workers, self.workers, self.key = self.workers, [], None
+        for worker in workers:
+            worker.close(kill=kill)
+
+
+_POOL = _Pool()
+atexit.register(_POOL.close)
+
+
+def close_workers() -> None:
+    """End the bulk dry-run's worker processes now (they are ended at exit otherwise)."""
+    _POOL.close()
 
 
 def _in_processes(
@@ -201,16 +245,14 @@ def _in_processes(
     todo.reverse()
     done: dict[int, ReplayReport] = {}
     failed: list[tuple[int, ReplayqError]] = []
-    workers: list[_Worker] = []
     selector = selectors.DefaultSelector()
+    setup = options.to_dict()
     busy = 0
     try:
-        for _ in range(min(processes, len(todo))):
-            worker = _Worker(runtime, spec, options)
-            workers.append(worker)
+        for worker in _POOL.take(runtime.url, spec, min(processes, len(todo))):
             busy += 1
             worker.batch = todo.pop()
-            worker.send(worker.batch)
+            worker.send({"ids": worker.batch, "options": setup})
             selector.register(worker.stdout, selectors.EVENT_READ, worker)
         while busy:
             for key, _ in selector.select():
@@ -232,16 +274,14 @@ def _in_processes(
                     progress(len(worker.batch))
                 if todo:
                     worker.batch = todo.pop()
-                    worker.send(worker.batch)
+                    worker.send({"ids": worker.batch, "options": setup})
                 else:
                     selector.unregister(worker.stdout)
                     busy -= 1
     finally:
         selector.close()
-        for worker in workers:
-            if busy:
-                worker.process.kill()  # an error above: the rest of the work is abandoned
-            worker.close()
+        if busy:
+            _POOL.close(kill=True)  # an error above: the rest of the work is abandoned
     for job_id, error in failed:
         assert on_error is not None
         on_error(job_id, error)
@@ -261,7 +301,8 @@ def _error(entry: dict[str, Any]) -> ReplayqError:
 
 
 def serve(lines: IO[str], out: IO[str]) -> None:
-    """A worker process's loop: the set-up line, then a batch of job ids per line.
+    """A worker process's loop: the set-up line, then a batch per line (``ids`` and the
+    ``options`` to run them with), until its input ends.
 
     Answers one line per batch: for each job, ``{"report": ...}`` or
     ``{"error": ..., "error_type": ...}``, in the batch's order.
@@ -275,11 +316,12 @@ def serve(lines: IO[str], out: IO[str]) -> None:
     base: Runtime = found.runtime
     # The application's handlers, on the parent's database, with connections of its own.
     runtime = dataclasses.replace(base, url=setup["url"], _opened=type(base._opened)())
-    options = Options(**setup["options"])
     try:
         for line in lines:
-            batch = json.loads(line)
-            out.write(json.dumps(_answers(runtime, batch, options), default=str) + "\n")
+            message = json.loads(line)
+            options = Options(**message["options"])
+            answers = _answers(runtime, message["ids"], options)
+            out.write(json.dumps(answers, default=str) + "\n")
             out.flush()
     finally:
         runtime.close()

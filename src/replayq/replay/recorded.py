@@ -28,7 +28,7 @@ from replayq.recording.ledger import CompletedStep
 from replayq.recording.state import MAIN, version_from_row
 from replayq.recording.world import LIVE
 from replayq.runtime import RuntimeSource
-from replayq.storage.protocol import EntityGet, TraceQuery, Transaction
+from replayq.storage.protocol import EntityGet, TraceJobs, TraceQuery, Transaction
 
 EFFECT_OUTCOMES = ("effect.succeeded", "effect.deduplicated", "effect.replayed")
 LOCK_EVENTS = {
@@ -100,26 +100,38 @@ def load_recordings(
 ) -> list[Recording | ReplayqError]:
     """The last recorded attempt of each job, all read in one read transaction.
 
-    In the order given; a job that cannot be replayed (missing, nothing recorded) is its
-    error in place of its recording, so one bad job does not stop a batch.
+    The jobs' events come from one query (``trace_jobs``). In the order given; a job that
+    cannot be replayed (missing, nothing recorded) is its error in place of its
+    recording, so one bad job does not stop a batch.
     """
     found: list[Recording | ReplayqError] = []
     with source.runtime.storage.transaction(readonly=True) as tx:
+        traces = {
+            found.job_id: found.events
+            for found in tx.trace_jobs(TraceJobs(list(dict.fromkeys(job_ids))))
+        }
         for job_id in job_ids:
             try:
-                found.append(read_recording(tx, job_id))
+                found.append(read_recording(tx, job_id, events=traces.get(job_id, [])))
             except ReplayqError as exc:
                 found.append(exc)
     return found
 
 
-def read_recording(tx: Transaction, job_id: int, attempt: int | None = None) -> Recording:
-    """``load_recording`` inside an open transaction."""
+def read_recording(
+    tx: Transaction,
+    job_id: int,
+    attempt: int | None = None,
+    *,
+    events: list[TraceEvent] | None = None,
+) -> Recording:
+    """``load_recording`` inside an open transaction (``events``: the job's, read already)."""
     found = tx.job_get(job_id)
     if found is None:
         raise ReplayqError(f"no job with id {job_id}")
     job = found
-    events = tx.trace_query(TraceQuery(job_id=job_id))
+    if events is None:
+        events = tx.trace_query(TraceQuery(job_id=job_id))
     values = {
         e.id: load_json(tx, None, e.output_ref)
         for e in events

@@ -28,7 +28,7 @@ scalars and returns records, never a mapping)::
                   JobRedeliver | JobRoute | JobSetRecorded)      one CAS on one job row
     reports   job_stats job_gauges job_scheduled job_durations version_outcomes
               signal_counts signal_series outbox_backlog job_out_of_order
-    trace     trace_append trace_query(TraceQuery) trace_window(TraceWindow)
+    trace     trace_append trace_query(TraceQuery) trace_jobs(TraceJobs) trace_window(TraceWindow)
     rollouts  contract_put contract_list contract_activate contract_active
               routing_list routing_put routing_events comparison_put comparison_list
     state     entity_get(EntityGet) entity_list(EntityFilter) entity_put branch_create branch_get

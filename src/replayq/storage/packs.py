@@ -128,27 +128,34 @@ def pack_resources(events: Sequence[TraceEvent], pack_id: int) -> list[dict[str,
 def unpack(row: Mapping[str, Any]) -> list[TraceEvent]:
     """The events of one ``rq_trace`` row, in the order they were appended."""
     base, base_ts, pack_id = row["hlc"], row["ts"], row["id"]
-    common = {name: row[name] for name in _GROUP}
+    trace_id, job_id, attempt, worker_id = (row[name] for name in _GROUP)
+    first = pack_id * PACK_SIZE
+    of = TraceEvent.of  # every field named: no dataclass ``__init__`` per event
     out = []
     for place, item in enumerate(codec.loads(row["events"])):
         get = item.get
         out.append(
-            TraceEvent(
-                name=item["n"],
-                ts=base_ts + get("dt", 0) / 1e6,
-                hlc=base + get("h", 0),
-                kind=get("k") or "domain",
-                seq=get("q"),
-                step=get("s"),
-                status=get("st"),
-                resource=get("r"),
-                resource_version=get("v"),
-                side_effect=bool(get("x")),
-                input_ref=get("i"),
-                output_ref=get("o"),
-                data=get("d") or {},
-                id=pack_id * PACK_SIZE + place,
-                **common,
+            of(
+                {
+                    "trace_id": trace_id,
+                    "job_id": job_id,
+                    "attempt": attempt,
+                    "worker_id": worker_id,
+                    "name": item["n"],
+                    "ts": base_ts + get("dt", 0) / 1e6,
+                    "hlc": base + get("h", 0),
+                    "kind": get("k") or "domain",
+                    "seq": get("q"),
+                    "step": get("s"),
+                    "status": get("st"),
+                    "resource": get("r"),
+                    "resource_version": get("v"),
+                    "side_effect": bool(get("x")),
+                    "input_ref": get("i"),
+                    "output_ref": get("o"),
+                    "data": get("d") or {},
+                    "id": first + place,
+                }
             )
         )
     return out

@@ -312,6 +312,21 @@ class TraceQuery:
     resource: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class TraceJobs:
+    """Which jobs' events ``trace_jobs`` reads, all in one query (a bulk dry-run's batch)."""
+
+    job_ids: Sequence[int]
+
+
+@dataclass(frozen=True, slots=True)
+class JobTrace:
+    """One job's events as ``trace_jobs`` returns them: in HLC order, like ``trace_query``."""
+
+    job_id: int
+    events: list[TraceEvent]
+
+
 # -- parameters of the rollout, state, lock, effect, cache, outbox, blob, lineage and schedule verbs
 
 
@@ -913,6 +928,11 @@ class Transaction(Protocol):
 
     def trace_query(self, params: TraceQuery) -> list[TraceEvent]:
         """The events of a job, a trace or a resource (see ``TraceQuery``)."""
+        ...
+
+    def trace_jobs(self, params: TraceJobs) -> list[JobTrace]:
+        """Each job's events, as ``trace_query(TraceQuery(job_id=...))`` gives them, in no
+        particular order of jobs; a job without events is absent."""
         ...
 
     def trace_window(self, params: TraceWindow) -> list[tuple[TraceEvent, str, str | None]]:

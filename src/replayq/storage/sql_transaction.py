@@ -41,6 +41,7 @@ from replayq.storage.protocol import (
     JobRoute,
     JobSetRecorded,
     KeepRecord,
+    JobTrace,
     LeaseExtend,
     LeaseRelease,
     OrderBreak,
@@ -48,6 +49,7 @@ from replayq.storage.protocol import (
     RoutingPut,
     RoutingRecord,
     SignalBucket,
+    TraceJobs,
     TraceQuery,
     TraceWindow,
     VersionOutcome,
@@ -149,7 +151,7 @@ class SqlTransaction(ContextVerbs):
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    def list_param(self, values: Sequence[str] | None) -> Any:
+    def list_param(self, values: Sequence[str] | Sequence[int] | None) -> Any:
         """How a list parameter is passed (SQLite: JSON text for ``json_each``)."""
         return None if values is None else codec.dumps(list(values))
 
@@ -418,6 +420,12 @@ class SqlTransaction(ContextVerbs):
 
     def gc_vacuum(self) -> None:
         self.fetchall("gc_vacuum")
+    def trace_jobs(self, params: TraceJobs) -> list[JobTrace]:
+        rows = self.fetchall("trace_for_jobs", {"job_ids": self.list_param(params.job_ids)})
+        by_job: dict[int, list[Any]] = {}
+        for row in rows:
+            by_job.setdefault(int(row["job_id"]), []).append(row)
+        return [JobTrace(job_id, packs.unpack_sorted(found)) for job_id, found in by_job.items()]
 
     # -- contracts --------------------------------------------------------------------------
 

@@ -211,8 +211,8 @@ def storage_error(what: str, exc: psycopg.Error, *, read_only_asked: bool = Fals
 class PostgresTransaction(SqlTransaction):
     """``SqlTransaction`` where PostgreSQL differs: arrays, driver errors, one-statement claims."""
 
-    def list_param(self, values: Sequence[str] | None) -> Any:
-        """A Python list, bound as ``text[]`` for ``= ANY(%(x)s::text[])``."""
+    def list_param(self, values: Sequence[str] | Sequence[int] | None) -> Any:
+        """A Python list, bound as an array for ``= ANY(%(x)s::text[])`` (or ``bigint[]``)."""
         return None if values is None else list(values)
 
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:

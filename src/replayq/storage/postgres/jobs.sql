@@ -291,6 +291,11 @@ ON CONFLICT DO NOTHING;
 -- rq_trace_job; the caller sorts the unpacked events by (hlc, id).
 SELECT * FROM rq_trace WHERE job_id = %(job_id)s ORDER BY id;
 
+-- name: trace_for_jobs
+-- trace_for_job for a list of jobs: rq_trace_job once per job; the caller groups the
+-- rows by job and sorts each job's unpacked events by (hlc, id).
+SELECT * FROM rq_trace WHERE job_id = ANY(%(job_ids)s::bigint[]);
+
 -- name: trace_for_trace
 -- A derived trace's packs (rq_trace_derived), or a job's by its trace id (rq_jobs_trace,
 -- then rq_trace_job).

@@ -237,6 +237,11 @@ INSERT OR IGNORE INTO rq_trace_resources (resource, hlc, pack_id) VALUES (:resou
 -- rq_trace_job; the caller sorts the unpacked events by (hlc, id).
 SELECT * FROM rq_trace WHERE job_id = :job_id ORDER BY id;
 
+-- name: trace_for_jobs
+-- trace_for_job for a list of jobs (JSON array): rq_trace_job once per job; the caller
+-- groups the rows by job and sorts each job's unpacked events by (hlc, id).
+SELECT * FROM rq_trace WHERE job_id IN (SELECT value FROM json_each(:job_ids));
+
 -- name: trace_for_trace
 -- A derived trace's packs (rq_trace_derived), or a job's by its trace id (rq_jobs_trace,
 -- then rq_trace_job).
