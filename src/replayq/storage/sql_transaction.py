@@ -40,8 +40,8 @@ from replayq.storage.protocol import (
     JobRetry,
     JobRoute,
     JobSetRecorded,
-    KeepRecord,
     JobTrace,
+    KeepRecord,
     LeaseExtend,
     LeaseRelease,
     OrderBreak,
@@ -420,6 +420,7 @@ class SqlTransaction(ContextVerbs):
 
     def gc_vacuum(self) -> None:
         self.fetchall("gc_vacuum")
+
     def trace_jobs(self, params: TraceJobs) -> list[JobTrace]:
         rows = self.fetchall("trace_for_jobs", {"job_ids": self.list_param(params.job_ids)})
         by_job: dict[int, list[Any]] = {}
