@@ -3,8 +3,9 @@
 ::
 
     storage/
-    ├── protocol.py         Storage, Transaction (the verbs), their parameter dataclasses
-    │                       and the records they return; Listener, an optional capability
+    ├── protocol.py         Storage, Transaction (the verbs); Listener, an optional capability
+    ├── params.py           the frozen parameter dataclasses the verbs take
+    ├── records.py          the frozen records the verbs return
     ├── sql_transaction.py  the queue, trace and rollout verbs, once, over named queries
     ├── context_verbs.py    the recording context's verbs (state, locks, effects, cache,
     │                       outbox, steps, blobs, lineage, schedules), once, likewise
