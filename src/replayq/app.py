@@ -50,8 +50,11 @@ from replayq.storage.cache import CacheBackend
 from replayq.storage.protocol import (
     JobFilter,
     JobHour,
+    JobHours,
     JobMatch,
+    KeepPin,
     KeepRecord,
+    KeptJobs,
     MigrationStatus,
     Storage,
     TraceQuery,
@@ -178,6 +181,7 @@ class App:
         errors: Mapping[type[BaseException], str] | None = None,
         resume: str = DEFAULT_RESUME,
         redact: Redaction | None = None,
+        retention: Retention | Mapping[str, float | None] | None = None,
     ) -> Callable[[F], F]:
         """Declare a job type with its contract; the contract is validated here.
 
@@ -188,6 +192,9 @@ class App:
         ``"none"``: every attempt runs every step.
         ``redact``: field names and patterns secret in this job type, on top of the app's
         ``redaction`` (see ``replayq.redaction``).
+        ``retention``: this type's retention in its contract, over the app's: a
+        ``Retention`` sets every field (None: forever), a mapping only the fields it names
+        (``{"full_days": 7}``); ``replayq contract diff`` and ``check`` show a change.
         """
 
         def decorate(fn: F) -> F:
@@ -213,6 +220,7 @@ class App:
                 errors=errors,
                 resume=resume,
                 payload_schema=shape.schema(),
+                retention=retention,
             )
             error_map = {exc: FailureClass(cls) for exc, cls in (errors or {}).items()}
             redactor = self.runtime.redactor.extended(redact) if redact else None
@@ -355,7 +363,7 @@ class App:
         return run_gc(
             self.storage,
             self.clock,
-            self.retention,
+            self.retention_policy(),
             dry_run=dry_run,
             batch=batch,
             pause=pause,
@@ -375,20 +383,34 @@ class App:
         handler = self.job(GC_JOB, lease="10m", retry=Retry(max_attempts=1))(collect)
         self.periodic(cron, missed="run_once")(handler)
 
+    def retention_policy(self) -> RetentionPolicy:
+        """The retention gc applies: the app's (``retention``, ``retention_by_type``) with
+        each declared contract's ``retention`` fields over it."""
+        contracts: dict[tuple[str, str | None], dict[str, float | None]] = {}
+        for handler in self.registry.handlers():
+            contract = handler.contract
+            if contract.retention is not None:
+                contracts[(contract.name, contract.version)] = dict(contract.retention)
+        for job_type in self.registry.job_types():
+            active = self.registry.active_version(job_type)
+            if (job_type, active) in contracts:
+                contracts[(job_type, None)] = contracts[(job_type, active)]
+        return dataclasses.replace(self.retention, contracts=contracts)
+
     def keep(self, job_id: int, reason: str) -> None:
         """Pin a job so gc never collects it (``replayq keep JOB --reason``)."""
         get_job(self.runtime, job_id)
         with self.storage.transaction() as tx:
-            tx.job_keep(job_id, reason, self.clock.now())
+            tx.keep_transition(KeepPin(job_id, reason, self.clock.now()))
 
     def job_hours(self, job_type: str | None = None) -> list[JobHour]:
         """The aggregates tier: the jobs gc deleted, counted per type, version, hour, state."""
         with self.storage.transaction(readonly=True) as tx:
-            return tx.job_hours(job_type)
+            return tx.gc_scan(JobHours(job_type))
 
     def kept(self) -> list[KeepRecord]:
         with self.storage.transaction(readonly=True) as tx:
-            return tx.keep_list()
+            return tx.gc_scan(KeptJobs())
 
     def adopt_handlers(self, other: App) -> None:
         """Declare every job type of ``other`` here too (replaying a case in a scratch database)."""

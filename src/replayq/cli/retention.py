@@ -43,7 +43,8 @@ def gc(
 
     Resumable (where a pass got to is recorded), throttled, and safe beside running
     workers: only finished jobs past their tier, never a kept one, never one a
-    younger replay, fork or rerun was derived from.
+    younger replay, fork or rerun was derived from, never one a live fork or rerun holds.
+    Then the derived traces past their days, then the blobs nothing references.
     """
     app = env.app(app_spec)
     show = not as_json and sys.stderr.isatty()
@@ -66,9 +67,10 @@ def gc(
     if as_json:
         emit_json(dataclasses.asdict(report))
         return
-    if app.retention.shortest_full_days() is None:
+    if not app.retention_policy().configured():
         click.echo(
-            "no retention configured (App(retention=Retention(full_days=...))): nothing to do"
+            "no retention configured (App(retention=Retention(full_days=...)) or a job "
+            "contract's retention=): nothing to do"
         )
         return
     verb = "would trim" if dry_run else "trimmed"
@@ -77,7 +79,9 @@ def gc(
         f"scanned {report.scanned} finished jobs past their full tier "
         f"(from job id > {report.resumed_from}); {verb} {report.trimmed_jobs} to the ledger "
         f"({report.events_removed} events); {gone} {report.purged_jobs}; "
-        f"{report.seconds:.2f}s" + ("" if report.complete else "; stopped early, resumes next run")
+        f"{gone} {report.derived_traces} derived traces and {report.blobs} unreferenced "
+        f"blobs ({report.blob_bytes} bytes); {report.seconds:.2f}s"
+        + ("" if report.complete else "; stopped early, resumes next run")
     )
 
 

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from replayq.durations import Duration, parse_duration
 from replayq.errors import ContractError, FailureClass
+from replayq.queue.retention import Retention, check_contract_retention
 
 JitterMode = Literal["full", "none"]
 ACK_AFTER_COMMIT = "after_commit"
@@ -131,6 +132,9 @@ class JobContract:
     # Each payload field's type (``PayloadShape.schema``): ``{"amount": "decimal", ...}``.
     # ``None``: not recorded (a contract stored before payload schemas existed).
     payload_schema: Mapping[str, Any] | None = None
+    # The retention fields this type's contract sets over the app's (``Retention``'s field
+    # names, in days; None: forever). ``None``: the app's retention, unchanged.
+    retention: Mapping[str, float | None] | None = None
 
     def effect_policy(self, kind: str) -> str:
         """What to do with an in-doubt effect of ``kind``: ``park`` (default) or ``retry``."""
@@ -153,6 +157,11 @@ class JobContract:
             del body["payload_schema"]
         else:
             body["payload_schema"] = dict(self.payload_schema)
+        # Left out when not set: a contract stored before retention existed reads the same.
+        if self.retention is None:
+            del body["retention"]
+        else:
+            body["retention"] = dict(self.retention)
         return body
 
     @classmethod
@@ -199,6 +208,7 @@ def build_contract(
     errors: Mapping[type[BaseException], str] | None = None,
     resume: str = DEFAULT_RESUME,
     payload_schema: Mapping[str, Any] | None = None,
+    retention: Retention | Mapping[str, float | None] | None = None,
 ) -> JobContract:
     """Validate a declaration and return its contract; ``ContractError`` says what is wrong."""
     if not name or not name.replace("_", "").replace(".", "").replace("-", "").isalnum():
@@ -255,6 +265,12 @@ def build_contract(
             f"{name}: resume={resume!r}; use 'step' (a retry skips the steps an earlier "
             "attempt committed) or 'none' (every attempt runs every step)"
         )
+    retention_fields = None
+    if retention is not None:
+        try:
+            retention_fields = check_contract_retention(name, retention)
+        except ValueError as exc:
+            raise ContractError(str(exc)) from None
     error_names: dict[str, str] = {}
     for exc_type, class_name in (errors or {}).items():
         try:
@@ -283,6 +299,7 @@ def build_contract(
         fields=field_set,
         resume=resume,
         payload_schema=payload_schema,
+        retention=retention_fields,
     )
 
 
@@ -314,13 +331,14 @@ _CONCERNS = {
     "fields": "payload shape",
     "resume": "retry resumption",
     "payload_schema": "payload schema",
+    "retention": "retention",
 }
 
 
 def _flatten(body: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in body.items():
-        if isinstance(value, Mapping) and key in ("retry", "payload_schema"):
+        if isinstance(value, Mapping) and key in ("retry", "payload_schema", "retention"):
             flat.update(_flatten(value, f"{prefix}{key}."))
         else:
             flat[f"{prefix}{key}"] = value

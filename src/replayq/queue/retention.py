@@ -22,11 +22,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from replayq.clock import Clock
+from replayq.errors import ConfigurationError
 from replayq.model import TraceEvent
-from replayq.storage.protocol import GcScan, Storage, TraceQuery
+from replayq.storage.protocol import (
+    BlobPurge,
+    BlobScan,
+    DerivedPurge,
+    DerivedScan,
+    GcCursor,
+    GcCursorPut,
+    GcScan,
+    GcVacuum,
+    IdemPurge,
+    JobPurge,
+    MessageIdForget,
+    Storage,
+    TraceQuery,
+    TraceTrim,
+)
 
 DAY = 86_400.0
 
@@ -46,6 +62,16 @@ LEDGER_PREFIXES = (
 DROPPED_LIFECYCLE = frozenset({"lease.extended"})
 
 
+# The fields a job contract may set (``App.job(retention=...)``), overriding the app's.
+RETENTION_FIELDS = (
+    "full_days",
+    "ledger_days",
+    "idempotency_days",
+    "message_id_days",
+    "derived_days",
+)
+
+
 @dataclass(frozen=True)
 class Retention:
     """How long a finished job's trace is kept in each tier, in days (None: forever)."""
@@ -55,8 +81,18 @@ class Retention:
     # The job's settled idempotency records (its effects' dedup keys): forgotten this
     # many days after the job finished (None: kept forever, whatever becomes of the job).
     idempotency_days: float | None = None
+    # The job's message id: forgotten (the same message makes a new job again) this many
+    # days after the job finished (None: as long as the job row is kept).
+    message_id_days: float | None = None
+    # The derived traces (dry-runs, forks, verifications) of the job's recordings: deleted
+    # this many days after they were made (None: kept forever).
+    derived_days: float | None = None
 
     def __post_init__(self) -> None:
+        for name in RETENTION_FIELDS:
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"Retention.{name} must not be negative, got {value!r}")
         if (
             self.full_days is not None
             and self.ledger_days is not None
@@ -64,21 +100,74 @@ class Retention:
         ):
             raise ValueError("ledger_days must be at least full_days")
 
+    def fields(self) -> dict[str, float | None]:
+        """Every field, as a contract stores it (None: forever)."""
+        return {name: getattr(self, name) for name in RETENTION_FIELDS}
+
+
+# A job contract's retention: the fields it sets (a field it leaves out: the app's).
+ContractRetention = Mapping[str, "float | None"]
+
+
+def check_contract_retention(
+    job_type: str, given: Retention | ContractRetention
+) -> dict[str, float | None]:
+    """The fields a contract's ``retention=`` sets, checked (``ValueError`` says what is wrong)."""
+    fields = given.fields() if isinstance(given, Retention) else dict(given)
+    unknown = sorted(set(fields) - set(RETENTION_FIELDS))
+    if unknown:
+        raise ValueError(
+            f"{job_type}: unknown retention field(s) {', '.join(unknown)}; "
+            f"known: {', '.join(RETENTION_FIELDS)}"
+        )
+    Retention(**fields)  # the same checks as the app's
+    return {name: fields[name] for name in RETENTION_FIELDS if name in fields}
+
 
 @dataclass(frozen=True)
 class RetentionPolicy:
-    """The app's default retention and its overrides per job type."""
+    """The app's default retention, its overrides per job type, and the job contracts'.
+
+    ``contracts``: the retention fields each contract sets, by ``(type, version)``; the
+    key ``(type, None)`` is the type's active version, for a job whose version is not
+    declared. A contract's field overrides the app's (``by_type``, else ``default``).
+    """
 
     default: Retention = field(default_factory=Retention)
     by_type: Mapping[str, Retention] = field(default_factory=dict)
+    contracts: Mapping[tuple[str, str | None], ContractRetention] = field(default_factory=dict)
 
-    def of(self, job_type: str) -> Retention:
-        return self.by_type.get(job_type, self.default)
+    def of(self, job_type: str, version: str | None = None) -> Retention:
+        base = self.by_type.get(job_type, self.default)
+        fields = self.contracts.get((job_type, version))
+        if fields is None:
+            fields = self.contracts.get((job_type, None))
+        if not fields:
+            return base
+        try:
+            return replace(base, **fields)
+        except ValueError as exc:
+            raise ConfigurationError(
+                f"{job_type} {version or ''}: the contract's retention {dict(fields)} with the "
+                f"app's {base}: {exc}"
+            ) from None
+
+    def _all(self) -> list[Retention]:
+        found = [self.default, *self.by_type.values()]
+        found.extend(self.of(job_type, version) for job_type, version in self.contracts)
+        return found
+
+    def shortest(self, name: str) -> float | None:
+        """The shortest ``name`` (a ``Retention`` field) of any type, app or contract."""
+        known = [d for d in (getattr(r, name) for r in self._all()) if d is not None]
+        return min(known) if known else None
 
     def shortest_full_days(self) -> float | None:
-        days = [r.full_days for r in (self.default, *self.by_type.values())]
-        known = [d for d in days if d is not None]
-        return min(known) if known else None
+        return self.shortest("full_days")
+
+    def configured(self) -> bool:
+        """Whether gc has anything to do by age (a full tier, or derived traces' days)."""
+        return self.shortest("full_days") is not None or self.shortest("derived_days") is not None
 
 
 def in_ledger(event: TraceEvent) -> bool:
@@ -98,6 +187,10 @@ class GcReport:
     events_removed: int = 0
     purged_jobs: int = 0
     idempotency_jobs: int = 0
+    message_id_jobs: int = 0
+    derived_traces: int = 0
+    blobs: int = 0
+    blob_bytes: int = 0
     batches: int = 0
     resumed_from: int = 0
     seconds: float = 0.0
@@ -107,6 +200,9 @@ class GcReport:
 CURSOR = "trace"
 # The job type of the built-in periodic gc (``App.gc_periodic``).
 GC_JOB = "replayq.gc"
+# A blob stored (or stored again) this recently is never collected: a commit in flight may
+# be about to reference it (``blob_put`` touches an existing blob's ``used_at``).
+BLOB_GRACE = 3600.0
 
 
 def run_gc(
@@ -120,42 +216,67 @@ def run_gc(
     max_batches: int | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> GcReport:
-    """One gc pass over the finished jobs past their full tier (see the module's text).
+    """One gc pass (see the module's text): the finished jobs past their full tier, then
+    the derived traces past their days, then the blobs nothing references any more.
 
-    ``progress(done, cursor)`` is called after each batch. ``max_batches`` stops the
-    pass early (the cursor keeps where it got to; the next pass resumes there).
+    ``progress(done, cursor)`` is called after each batch of jobs. ``max_batches`` stops
+    the pass early (the cursor keeps where it got to; the next pass resumes there, and
+    collects derived traces and blobs once it reaches the end).
     """
     started = time.monotonic()
     now = clock.now()
-    shortest = policy.shortest_full_days()
     with storage.transaction() as tx:
-        after = tx.gc_cursor(CURSOR)
+        after = tx.gc_scan(GcCursor(CURSOR))
     report = GcReport(dry_run=dry_run, resumed_from=after)
-    if shortest is None:
-        report.seconds = time.monotonic() - started
-        return report
+    if policy.shortest_full_days() is not None:
+        _jobs(storage, now, policy, report, after, batch, pause, max_batches, progress)
+    if report.complete and policy.configured():
+        _derived(storage, now, policy, report, batch, pause)
+        _blobs(storage, now, report, batch)
+    report.seconds = time.monotonic() - started
+    return report
+
+
+def _jobs(
+    storage: Storage,
+    now: float,
+    policy: RetentionPolicy,
+    report: GcReport,
+    after: int,
+    batch: int,
+    pause: float,
+    max_batches: int | None,
+    progress: Callable[[int, int], None] | None,
+) -> None:
+    """Trim, forget and delete finished jobs by id, ``batch`` per transaction."""
+    dry_run = report.dry_run
+    shortest = policy.shortest_full_days()
+    assert shortest is not None
     cutoff = now - shortest * DAY
     while max_batches is None or report.batches < max_batches:
         with storage.transaction() as tx:
-            found = tx.gc_candidates(GcScan(after=after, cutoff=cutoff, limit=batch))
+            found = tx.gc_scan(GcScan(after=after, cutoff=cutoff, limit=batch, now=now))
             for candidate in found:
-                rule = policy.of(candidate.job_type)
+                job_id = candidate.job_id
+                rule = policy.of(candidate.job_type, candidate.version)
                 age = now - candidate.finished_at
                 if rule.full_days is None or age < rule.full_days * DAY:
                     continue
-                if rule.idempotency_days is not None and age >= rule.idempotency_days * DAY:
+                if _past(rule.idempotency_days, age):
                     report.idempotency_jobs += 1
                     if not dry_run:
-                        tx.idem_purge(candidate.job_id)
-                if rule.ledger_days is not None and age >= rule.ledger_days * DAY:
-                    report.purged_jobs += 1
+                        tx.gc_apply(IdemPurge(job_id))
+                if _past(rule.message_id_days, age):
+                    report.message_id_jobs += 1
                     if not dry_run:
-                        tx.job_purge(candidate.job_id)
+                        tx.gc_apply(MessageIdForget(job_id))
+                if _past(rule.ledger_days, age):
+                    report.purged_jobs += 1 if dry_run else tx.gc_apply(JobPurge(job_id, now))
                     continue
                 removed = (
-                    _count_removed(tx.trace_query, candidate.job_id)
+                    _count_removed(tx.trace_query, job_id)
                     if dry_run
-                    else tx.trace_trim(candidate.job_id, in_ledger)
+                    else tx.gc_apply(TraceTrim(job_id, in_ledger, now))
                 )
                 if removed:
                     report.trimmed_jobs += 1
@@ -165,21 +286,79 @@ def run_gc(
                 after = found[-1].job_id
             if not dry_run:
                 # The end reached: the next pass starts over (jobs age into their tier).
-                tx.gc_cursor_put(CURSOR, after if len(found) == batch else 0, now)
+                tx.gc_apply(GcCursorPut(CURSOR, after if len(found) == batch else 0, now))
         report.batches += 1
         if not dry_run and found:
             with storage.transaction() as tx:
-                tx.gc_vacuum()
+                tx.gc_apply(GcVacuum())
         if progress is not None:
             progress(report.scanned, after)
         if len(found) < batch:
-            break
+            return
         if pause:
             time.sleep(pause)
-    else:
-        report.complete = False
-    report.seconds = time.monotonic() - started
-    return report
+    report.complete = False
+
+
+def _derived(
+    storage: Storage,
+    now: float,
+    policy: RetentionPolicy,
+    report: GcReport,
+    batch: int,
+    pause: float,
+) -> None:
+    """Delete the derived traces past their type's ``derived_days`` (oldest first)."""
+    shortest = policy.shortest("derived_days")
+    if shortest is None:
+        return
+    cutoff = now - shortest * DAY
+    cursor: tuple[float, str] = (-1.0, "")
+    while True:
+        with storage.transaction() as tx:
+            found = tx.gc_scan(DerivedScan(after=cursor, cutoff=cutoff, limit=batch, now=now))
+            for derived in found:
+                rule = (
+                    policy.of(derived.job_type, derived.version)
+                    if derived.job_type is not None
+                    else policy.default
+                )
+                if not _past(rule.derived_days, now - derived.created_at):
+                    continue
+                if report.dry_run:
+                    report.derived_traces += 1
+                else:
+                    report.derived_traces += tx.gc_apply(DerivedPurge(derived.trace_id, now))
+        if found:
+            cursor = (found[-1].created_at, found[-1].trace_id)
+        if len(found) < batch:
+            return
+        if pause:
+            time.sleep(pause)
+
+
+def _blobs(storage: Storage, now: float, report: GcReport, batch: int) -> None:
+    """Delete the blobs nothing references any more (nobody stored within ``BLOB_GRACE``)."""
+    before = now - BLOB_GRACE
+    after = ""
+    while True:
+        with storage.transaction() as tx:
+            found = tx.gc_scan(BlobScan(after=after, before=before, limit=batch))
+            if found and not report.dry_run:
+                removed = tx.gc_apply(BlobPurge([b.hash for b in found], before))
+            else:
+                removed = len(found)
+            report.blobs += removed
+            if removed == len(found):
+                report.blob_bytes += sum(b.stored_size for b in found)
+        if found:
+            after = found[-1].hash
+        if len(found) < batch:
+            return
+
+
+def _past(days: float | None, age: float) -> bool:
+    return days is not None and age >= days * DAY
 
 
 def _count_removed(query: Callable[..., list[TraceEvent]], job_id: int) -> int:

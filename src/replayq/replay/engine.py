@@ -37,6 +37,7 @@ from replayq.replay.compare import (
     first_divergence,
     signature,
 )
+from replayq.replay.hold import held
 from replayq.replay.recorded import load_recording
 from replayq.replay.run import (
     REPLAY_WORKER,
@@ -114,32 +115,34 @@ def fork(
     Sealed like ``dry_run``: I/O that bypasses ``ctx`` is refused and reported.
     """
     runtime = source.runtime
-    recording = load_recording(runtime, job_id, attempt)
-    starts = [
-        e
-        for e in recording.events
-        if e.name == "step.started" and e.data.get("step_name") == from_step
-    ]
-    if not starts:
-        steps = sorted(
-            {str(e.data.get("step_name")) for e in recording.events if e.name == "step.started"}
+    # Held against gc while it runs: the recording it reads, the derived trace it writes.
+    with held(runtime, job_id, "fork"):
+        recording = load_recording(runtime, job_id, attempt)
+        starts = [
+            e
+            for e in recording.events
+            if e.name == "step.started" and e.data.get("step_name") == from_step
+        ]
+        if not starts:
+            steps = sorted(
+                {str(e.data.get("step_name")) for e in recording.events if e.name == "step.started"}
+            )
+            raise ConfigurationError(
+                f"job {job_id} attempt {recording.attempt} has no step {from_step!r}; "
+                f"recorded steps: {', '.join(steps) or 'none'}"
+            )
+        chosen = choose_handler(runtime, recording, version, handler)
+        return run_derived(
+            runtime,
+            recording,
+            chosen,
+            origin="fork",
+            fork_step=from_step,
+            overrides=overrides or {},
+            stubs=stubs or {},
+            base_hlc=starts[0].hlc - 1,
+            allow_io=allow_io,
         )
-        raise ConfigurationError(
-            f"job {job_id} attempt {recording.attempt} has no step {from_step!r}; "
-            f"recorded steps: {', '.join(steps) or 'none'}"
-        )
-    chosen = choose_handler(runtime, recording, version, handler)
-    return run_derived(
-        runtime,
-        recording,
-        chosen,
-        origin="fork",
-        fork_step=from_step,
-        overrides=overrides or {},
-        stubs=stubs or {},
-        base_hlc=starts[0].hlc - 1,
-        allow_io=allow_io,
-    )
 
 
 @dataclass(frozen=True)

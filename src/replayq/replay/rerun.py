@@ -28,8 +28,9 @@ from replayq.errors import ConfigurationError, EffectRefusedError, classify
 from replayq.model import TraceEvent
 from replayq.recording.context import Context
 from replayq.recording.world import LIVE, LiveWorld
+from replayq.replay.hold import held
 from replayq.replay.recorded import EFFECT_OUTCOMES, Outcome, load_recording
-from replayq.runtime import RuntimeSource
+from replayq.runtime import Runtime, RuntimeSource
 from replayq.storage.protocol import LineagePut
 
 
@@ -84,6 +85,12 @@ def rerun(source: RuntimeSource, job_id: int, *, allow_effects: Sequence[str]) -
         raise ConfigurationError(
             "a rerun touches the real world: name the effect kinds it may run (--allow-effects)"
         )
+    # Held against gc while it runs: it appends to the job's trace.
+    with held(runtime, job_id, "rerun"):
+        return _rerun(runtime, job_id, allow_effects)
+
+
+def _rerun(runtime: Runtime, job_id: int, allow_effects: Sequence[str]) -> RerunReport:
     recording = load_recording(runtime, job_id)
     recorded: dict[str, list[Any]] = {}
     for event in recording.events:

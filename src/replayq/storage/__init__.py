@@ -39,8 +39,10 @@ scalars and returns records, never a mapping)::
     others    cache_put cache_get cache_delete  outbox_insert outbox_claim outbox_mark
               outbox_by_job  step_complete step_by_job  blob_put blob_get
               lineage_put lineage_list lineage_page  schedule_update schedule_list
-    retention job_keep keep_list gc_candidates(GcScan) gc_cursor gc_cursor_put
-              trace_trim job_purge job_hours idem_purge gc_vacuum
+    retention keep_transition(KeepPin | KeepHold | KeepRelease)       pins and live holds
+              gc_scan(KeptJobs | GcScan | GcCursor | JobHours | DerivedScan | BlobScan)
+              gc_apply(TraceTrim | JobPurge | IdemPurge | MessageIdForget | DerivedPurge |
+                  BlobPurge | GcCursorPut | GcVacuum)     what gc removes, one change each
 
 A capability only some backends have is an optional protocol the caller checks
 with ``isinstance`` (``Listener``), never a ``getattr`` probe. Imports: the

@@ -11,24 +11,34 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, overload, runtime_checkable
 
 from replayq.model import Job, StatRow, TraceEvent
 from replayq.storage.params import (
+    BlobPurge,
     BlobPut,
+    BlobScan,
     BranchCreate,
     CacheDelete,
     CacheLookup,
     CachePut,
     ComparisonPut,
+    DerivedPurge,
+    DerivedScan,
     EntityFilter,
     EntityGet,
+    GcChange,
+    GcCursor,
+    GcCursorPut,
+    GcQuery,
     GcScan,
+    GcVacuum,
     IdemChange,
     IdemClaim,
     IdemCompensate,
     IdemFail,
     IdemFilter,
+    IdemPurge,
     IdemResolve,
     IdemSucceed,
     IdemTakeover,
@@ -39,9 +49,11 @@ from replayq.storage.params import (
     JobChange,
     JobComplete,
     JobFilter,
+    JobHours,
     JobInsert,
     JobLease,
     JobMatch,
+    JobPurge,
     JobRedeliver,
     JobReleaseRunning,
     JobRequeue,
@@ -50,10 +62,16 @@ from replayq.storage.params import (
     JobRoute,
     JobSetRecorded,
     JobTrace,
+    KeepChange,
+    KeepHold,
+    KeepPin,
+    KeepRelease,
+    KeptJobs,
     LeaseExtend,
     LeaseRelease,
     LineagePut,
     LockAcquire,
+    MessageIdForget,
     MigrationStatus,
     OutboxInsert,
     OutboxMark,
@@ -64,14 +82,17 @@ from replayq.storage.params import (
     ScheduleRegister,
     TraceJobs,
     TraceQuery,
+    TraceTrim,
     TraceWindow,
 )
 from replayq.storage.records import (
     Blob,
+    BlobCandidate,
     Branch,
     CacheRecord,
     Comparison,
     ContractRecord,
+    DerivedCandidate,
     EntityRecord,
     GcCandidate,
     IdemRecord,
@@ -92,9 +113,22 @@ from replayq.storage.records import (
     VersionOutcome,
 )
 
+GcAnswer = (
+    list[KeepRecord]
+    | list[GcCandidate]
+    | int
+    | list[JobHour]
+    | list[DerivedCandidate]
+    | list[BlobCandidate]
+)
+"""What ``gc_scan`` answers, by question."""
+
 __all__ = [
     "Blob",
+    "BlobCandidate",
+    "BlobPurge",
     "BlobPut",
+    "BlobScan",
     "Branch",
     "BranchCreate",
     "CacheDelete",
@@ -104,16 +138,26 @@ __all__ = [
     "Comparison",
     "ComparisonPut",
     "ContractRecord",
+    "DerivedCandidate",
+    "DerivedPurge",
+    "DerivedScan",
     "EntityFilter",
     "EntityGet",
     "EntityRecord",
+    "GcAnswer",
     "GcCandidate",
+    "GcChange",
+    "GcCursor",
+    "GcCursorPut",
+    "GcQuery",
     "GcScan",
+    "GcVacuum",
     "IdemChange",
     "IdemClaim",
     "IdemCompensate",
     "IdemFail",
     "IdemFilter",
+    "IdemPurge",
     "IdemRecord",
     "IdemResolve",
     "IdemSucceed",
@@ -127,9 +171,11 @@ __all__ = [
     "JobFilter",
     "JobGauge",
     "JobHour",
+    "JobHours",
     "JobInsert",
     "JobLease",
     "JobMatch",
+    "JobPurge",
     "JobRedeliver",
     "JobReleaseRunning",
     "JobRequeue",
@@ -138,7 +184,12 @@ __all__ = [
     "JobRoute",
     "JobSetRecorded",
     "JobTrace",
+    "KeepChange",
+    "KeepHold",
+    "KeepPin",
     "KeepRecord",
+    "KeepRelease",
+    "KeptJobs",
     "LeaseExtend",
     "LeaseRelease",
     "LineagePut",
@@ -148,6 +199,7 @@ __all__ = [
     "Lock",
     "LockAcquire",
     "LockGrant",
+    "MessageIdForget",
     "MigrationStatus",
     "OrderBreak",
     "OutboxBacklog",
@@ -167,6 +219,7 @@ __all__ = [
     "Storage",
     "TraceJobs",
     "TraceQuery",
+    "TraceTrim",
     "TraceWindow",
     "Transaction",
     "VersionOutcome",
@@ -416,42 +469,29 @@ class Transaction(Protocol):
 
     # -- retention --------------------------------------------------------------------------
 
-    def job_keep(self, job_id: int, reason: str, now: float) -> None:
-        """Pin a job: gc never collects it (``replayq keep``)."""
+    def keep_transition(self, change: KeepChange) -> bool:
+        """Pin a job, or hold or release one for a live fork (see ``KeepChange``)."""
         ...
 
-    def keep_list(self) -> list[KeepRecord]: ...
-
-    def gc_candidates(self, params: GcScan) -> list[GcCandidate]:
-        """Finished, unpinned jobs past the cutoff that no younger derived trace uses."""
+    @overload
+    def gc_scan(self, query: KeptJobs) -> list[KeepRecord]: ...
+    @overload
+    def gc_scan(self, query: GcScan) -> list[GcCandidate]: ...
+    @overload
+    def gc_scan(self, query: GcCursor) -> int: ...
+    @overload
+    def gc_scan(self, query: JobHours) -> list[JobHour]: ...
+    @overload
+    def gc_scan(self, query: DerivedScan) -> list[DerivedCandidate]: ...
+    @overload
+    def gc_scan(self, query: BlobScan) -> list[BlobCandidate]: ...
+    def gc_scan(self, query: GcQuery) -> GcAnswer:
+        """Answer one of gc's questions (see ``GcQuery``)."""
         ...
 
-    def gc_cursor(self, name: str) -> int:
-        """The last job id the gc pass ``name`` finished with (0: from the start)."""
-        ...
-
-    def gc_cursor_put(self, name: str, cursor: int, now: float) -> None: ...
-
-    def trace_trim(self, job_id: int, keep: Callable[[TraceEvent], bool]) -> int:
-        """Rewrite the job's trace packs with only the events ``keep`` accepts (a pack left
-        empty is deleted, with its resource index entries); the number of events removed."""
-        ...
-
-    def job_purge(self, job_id: int) -> None:
-        """Count a job into its hour (``job_hours``), then delete it: its row, its trace
-        packs and their index entries, its steps."""
-        ...
-
-    def job_hours(self, job_type: str | None = None) -> list[JobHour]:
-        """The aggregates of the jobs gc deleted, oldest hour first."""
-        ...
-
-    def idem_purge(self, job_id: int) -> None:
-        """Forget a job's settled idempotency records (an in-flight claim stays)."""
-        ...
-
-    def gc_vacuum(self) -> None:
-        """Give freed pages back (SQLite incremental vacuum; nothing on PostgreSQL)."""
+    def gc_apply(self, change: GcChange) -> int:
+        """Apply one of gc's changes (see ``GcChange``); how many events, jobs or rows it
+        removed (0: nothing, or the job or derived trace is held)."""
         ...
 
 

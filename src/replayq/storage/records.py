@@ -235,7 +235,27 @@ class LineageRecord:
 class GcCandidate:
     job_id: int
     job_type: str
+    version: str | None
     finished_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class DerivedCandidate:
+    """A derived trace gc may collect, with the type and version of the job it came from
+    (``None``: that job is gone)."""
+
+    trace_id: str
+    origin: str
+    source_job_id: int | None
+    job_type: str | None
+    version: str | None
+    created_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class BlobCandidate:
+    hash: str
+    stored_size: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,8 +7,8 @@ one implementation serves both; what differs lives in each ``queries.sql``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, overload
 
 from replayq import codec
 from replayq.errors import ConfigurationError
@@ -16,11 +16,23 @@ from replayq.model import Job, JobState, StatRow, TraceEvent
 from replayq.storage import packs
 from replayq.storage.context_verbs import ContextVerbs, query_params, record
 from replayq.storage.protocol import (
+    BlobCandidate,
+    BlobPurge,
+    BlobScan,
     Comparison,
     ComparisonPut,
     ContractRecord,
+    DerivedCandidate,
+    DerivedPurge,
+    DerivedScan,
+    GcAnswer,
     GcCandidate,
+    GcChange,
+    GcCursor,
+    GcCursorPut,
+    GcQuery,
     GcScan,
+    IdemPurge,
     JobBury,
     JobCancel,
     JobCancelRequest,
@@ -30,9 +42,11 @@ from replayq.storage.protocol import (
     JobFilter,
     JobGauge,
     JobHour,
+    JobHours,
     JobInsert,
     JobLease,
     JobMatch,
+    JobPurge,
     JobRedeliver,
     JobReleaseRunning,
     JobRequeue,
@@ -41,9 +55,14 @@ from replayq.storage.protocol import (
     JobRoute,
     JobSetRecorded,
     JobTrace,
+    KeepChange,
+    KeepHold,
+    KeepPin,
     KeepRecord,
+    KeptJobs,
     LeaseExtend,
     LeaseRelease,
+    MessageIdForget,
     OrderBreak,
     RoutingEvent,
     RoutingPut,
@@ -51,6 +70,7 @@ from replayq.storage.protocol import (
     SignalBucket,
     TraceJobs,
     TraceQuery,
+    TraceTrim,
     TraceWindow,
     VersionOutcome,
 )
@@ -366,29 +386,92 @@ class SqlTransaction(ContextVerbs):
 
     # -- retention ------------------------------------------------------------------------
 
-    def job_keep(self, job_id: int, reason: str, now: float) -> None:
-        self.execute("job_keep", {"job_id": job_id, "reason": reason, "now": now})
+    def keep_transition(self, change: KeepChange) -> bool:
+        if isinstance(change, KeepPin):
+            self.execute("job_keep", query_params(change))
+            return True
+        if isinstance(change, KeepHold):
+            if self.fetchone("gc_hold_lock", {"job_id": change.job_id}) is None:
+                return False
+            self.execute("gc_hold_put", query_params(change))
+            return True
+        return self.changed("gc_hold_delete", {"holder": change.holder})
 
-    def keep_list(self) -> list[KeepRecord]:
-        return [record(KeepRecord, r) for r in self.fetchall("keep_list")]
+    @overload
+    def gc_scan(self, query: KeptJobs) -> list[KeepRecord]: ...
+    @overload
+    def gc_scan(self, query: GcScan) -> list[GcCandidate]: ...
+    @overload
+    def gc_scan(self, query: GcCursor) -> int: ...
+    @overload
+    def gc_scan(self, query: JobHours) -> list[JobHour]: ...
+    @overload
+    def gc_scan(self, query: DerivedScan) -> list[DerivedCandidate]: ...
+    @overload
+    def gc_scan(self, query: BlobScan) -> list[BlobCandidate]: ...
+    def gc_scan(self, query: GcQuery) -> GcAnswer:
+        if isinstance(query, KeptJobs):
+            return [record(KeepRecord, r) for r in self.fetchall("keep_list")]
+        if isinstance(query, GcScan):
+            return [
+                record(GcCandidate, r) for r in self.fetchall("gc_candidates", query_params(query))
+            ]
+        if isinstance(query, GcCursor):
+            row = self.fetchone("gc_cursor", {"name": query.name})
+            return int(row["cursor"]) if row is not None else 0
+        if isinstance(query, JobHours):
+            return [record(JobHour, r) for r in self.fetchall("job_hours", query_params(query))]
+        if isinstance(query, DerivedScan):
+            values = {
+                "after_at": query.after[0],
+                "after_id": query.after[1],
+                "cutoff": query.cutoff,
+                "limit": query.limit,
+                "now": query.now,
+            }
+            return [record(DerivedCandidate, r) for r in self.fetchall("gc_derived", values)]
+        rows = self.fetchall("gc_blobs", query_params(query))
+        return [record(BlobCandidate, r) for r in rows]
 
-    def gc_candidates(self, params: GcScan) -> list[GcCandidate]:
-        return [
-            record(GcCandidate, r) for r in self.fetchall("gc_candidates", query_params(params))
-        ]
+    def gc_apply(self, change: GcChange) -> int:
+        if isinstance(change, TraceTrim):
+            return 0 if self._held(change.job_id, change.now) else self._trim(change)
+        if isinstance(change, JobPurge):
+            if self._held(change.job_id, change.now):
+                return 0
+            self.execute("job_hours_add", {"job_id": change.job_id})
+            self.execute("job_trace_resources_delete", {"job_id": change.job_id})
+            self.execute("job_trace_delete", {"job_id": change.job_id})
+            self.execute("job_steps_delete", {"job_id": change.job_id})
+            self.execute("job_delete", {"job_id": change.job_id})
+            return 1
+        if isinstance(change, IdemPurge):
+            return int(self.execute("idem_purge", {"job_id": change.job_id}).rowcount)
+        if isinstance(change, MessageIdForget):
+            return int(self.execute("job_message_forget", {"job_id": change.job_id}).rowcount)
+        if isinstance(change, DerivedPurge):
+            return self._derived_purge(change)
+        if isinstance(change, BlobPurge):
+            values = {"hashes": self.list_param(list(change.hashes)), "before": change.before}
+            return int(self.execute("blob_purge", values).rowcount)
+        if isinstance(change, GcCursorPut):
+            self.execute("gc_cursor_put", query_params(change))
+            return 0
+        self.fetchall("gc_vacuum")
+        return 0
 
-    def gc_cursor(self, name: str) -> int:
-        row = self.fetchone("gc_cursor", {"name": name})
-        return int(row["cursor"]) if row is not None else 0
+    def _held(self, job_id: int, now: float) -> bool:
+        """Lock the finished job gc is about to change; whether it is gone, no longer
+        finished, or held by a live fork or dry-run (then gc leaves it alone)."""
+        if self.fetchone("gc_job_lock", {"job_id": job_id}) is None:
+            return True
+        return self.fetchone("gc_held", {"job_id": job_id, "now": now}) is not None
 
-    def gc_cursor_put(self, name: str, cursor: int, now: float) -> None:
-        self.execute("gc_cursor_put", {"name": name, "cursor": cursor, "now": now})
-
-    def trace_trim(self, job_id: int, keep: Callable[[TraceEvent], bool]) -> int:
+    def _trim(self, change: TraceTrim) -> int:
         removed = 0
-        for row in self.fetchall("trace_for_job", {"job_id": job_id}):
+        for row in self.fetchall("trace_for_job", {"job_id": change.job_id}):
             events = packs.unpack(row)
-            kept = [e for e in events if keep(e)]
+            kept = [e for e in events if change.keep(e)]
             if len(kept) == len(events):
                 continue
             removed += len(events) - len(kept)
@@ -404,22 +487,23 @@ class SqlTransaction(ContextVerbs):
                 self.executemany("trace_resources_append", entries)
         return removed
 
-    def job_purge(self, job_id: int) -> None:
-        self.execute("job_hours_add", {"job_id": job_id})
-        self.execute("job_trace_resources_delete", {"job_id": job_id})
-        self.execute("job_trace_delete", {"job_id": job_id})
-        self.execute("job_steps_delete", {"job_id": job_id})
-        self.execute("job_delete", {"job_id": job_id})
-
-    def job_hours(self, job_type: str | None = None) -> list[JobHour]:
-        rows = self.fetchall("job_hours", {"job_type": job_type})
-        return [record(JobHour, r) for r in rows]
-
-    def idem_purge(self, job_id: int) -> None:
-        self.execute("idem_purge", {"job_id": job_id})
-
-    def gc_vacuum(self) -> None:
-        self.fetchall("gc_vacuum")
+    def _derived_purge(self, change: DerivedPurge) -> int:
+        row = self.fetchone("gc_derived_lock", {"trace_id": change.trace_id})
+        if row is None:
+            return 0
+        source = row["source_job_id"]
+        if source is not None and self.fetchone(
+            "gc_held_derived", {"source_job_id": source, "now": change.now}
+        ):
+            return 0
+        self.execute("derived_resources_delete", {"trace_id": change.trace_id})
+        self.execute("derived_trace_delete", {"trace_id": change.trace_id})
+        branch = row["branch"]
+        if branch:
+            for query in ("branch_versions_delete", "branch_entities_delete", "branch_delete"):
+                self.execute(query, {"branch": branch})
+        self.execute("lineage_delete", {"trace_id": change.trace_id})
+        return 1
 
     def trace_jobs(self, params: TraceJobs) -> list[JobTrace]:
         rows = self.fetchall("trace_for_jobs", {"job_ids": self.list_param(params.job_ids)})

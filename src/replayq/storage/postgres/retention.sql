@@ -10,13 +10,17 @@ SELECT job_id, reason, kept_at FROM rq_keep ORDER BY job_id;
 
 -- name: gc_candidates
 -- Finished jobs past ``cutoff`` after the cursor, by id: never a kept one, never one
--- a replay, fork or rerun derived from on or after ``cutoff`` (still in use).
-SELECT j.id AS job_id, j.job_type AS job_type, j.finished_at AS finished_at
+-- held by a live fork or dry-run, never one a replay, fork or rerun derived from on or
+-- after ``cutoff`` (still in use).
+SELECT j.id AS job_id, j.job_type AS job_type, j.handler_version AS version,
+       j.finished_at AS finished_at
 FROM rq_jobs AS j
 WHERE j.id > %(after)s::bigint
   AND j.state IN ('succeeded', 'dead', 'cancelled')
   AND j.finished_at IS NOT NULL AND j.finished_at < %(cutoff)s::double precision
   AND NOT EXISTS (SELECT 1 FROM rq_keep AS k WHERE k.job_id = j.id)
+  AND NOT EXISTS (SELECT 1 FROM rq_gc_holds AS h
+                  WHERE h.job_id = j.id AND h.expires_at > %(now)s::double precision)
   AND NOT EXISTS (SELECT 1 FROM rq_lineage AS l
                   WHERE l.source_job_id = j.id AND l.created_at >= %(cutoff)s::double precision)
 ORDER BY j.id
@@ -73,3 +77,96 @@ WHERE pack_id IN (SELECT id FROM rq_trace WHERE job_id = %(job_id)s);
 
 -- name: job_trace_delete
 DELETE FROM rq_trace WHERE job_id = %(job_id)s;
+
+-- name: gc_hold_lock
+-- A hold's job, locked against gc (FOR SHARE: gc locks it FOR UPDATE before it trims).
+SELECT id FROM rq_jobs WHERE id = %(job_id)s FOR SHARE;
+
+-- name: gc_hold_put
+INSERT INTO rq_gc_holds (holder, job_id, expires_at)
+VALUES (%(holder)s, %(job_id)s, %(expires_at)s)
+ON CONFLICT (holder) DO UPDATE SET job_id = excluded.job_id, expires_at = excluded.expires_at;
+
+-- name: gc_hold_delete
+DELETE FROM rq_gc_holds WHERE holder = %(holder)s;
+
+-- name: gc_job_lock
+-- The job gc is about to trim or delete, still finished, locked (a hold waits for gc to commit).
+SELECT id FROM rq_jobs
+WHERE id = %(job_id)s AND state IN ('succeeded', 'dead', 'cancelled') FOR UPDATE;
+
+-- name: gc_held
+-- Read after gc_job_lock, in a statement of its own: sees every hold committed before it.
+SELECT 1 AS held FROM rq_gc_holds WHERE job_id = %(job_id)s AND expires_at > %(now)s::double precision;
+
+-- name: job_message_forget
+UPDATE rq_jobs SET message_id = NULL WHERE id = %(job_id)s AND message_id IS NOT NULL;
+
+-- name: gc_derived
+-- Derived traces without a job row of their own (dry-runs, forks, verifications; not
+-- reruns, which acted on the world) created before ``cutoff``, after the cursor, oldest
+-- first: never one of a pinned job, nor of a job held by a live fork or dry-run.
+SELECT l.trace_id AS trace_id, l.origin AS origin, l.source_job_id AS source_job_id,
+       j.job_type AS job_type, j.handler_version AS version, l.created_at AS created_at
+FROM rq_lineage AS l
+LEFT JOIN rq_jobs AS j ON j.id = l.source_job_id
+WHERE l.created_at < %(cutoff)s::double precision
+  AND l.origin IN ('replay', 'fork')
+  AND (l.created_at > %(after_at)s::double precision
+       OR (l.created_at = %(after_at)s::double precision AND l.trace_id > %(after_id)s::text))
+  AND NOT EXISTS (SELECT 1 FROM rq_keep AS k WHERE k.job_id = l.source_job_id)
+  AND NOT EXISTS (SELECT 1 FROM rq_gc_holds AS h
+                  WHERE h.job_id = l.source_job_id AND h.expires_at > %(now)s::double precision)
+ORDER BY l.created_at, l.trace_id
+LIMIT %(limit)s;
+
+-- name: gc_derived_lock
+SELECT source_job_id, branch FROM rq_lineage WHERE trace_id = %(trace_id)s FOR UPDATE;
+
+-- name: gc_held_derived
+SELECT 1 AS held FROM rq_gc_holds AS h
+WHERE h.job_id = %(source_job_id)s AND h.expires_at > %(now)s::double precision;
+
+-- name: derived_resources_delete
+DELETE FROM rq_trace_resources
+WHERE pack_id IN (SELECT id FROM rq_trace WHERE trace_id = %(trace_id)s AND job_id IS NULL);
+
+-- name: derived_trace_delete
+DELETE FROM rq_trace WHERE trace_id = %(trace_id)s AND job_id IS NULL;
+
+-- name: branch_versions_delete
+DELETE FROM rq_entity_versions WHERE branch = %(branch)s;
+
+-- name: branch_entities_delete
+DELETE FROM rq_entities WHERE branch = %(branch)s;
+
+-- name: branch_delete
+DELETE FROM rq_branches WHERE branch = %(branch)s;
+
+-- name: lineage_delete
+DELETE FROM rq_lineage WHERE trace_id = %(trace_id)s;
+
+-- name: gc_blobs
+-- Blobs nobody stored since ``before`` that nothing references: no trace event (only
+-- packs that name a blob at all are unpacked), state version, step or idempotency record.
+SELECT b.hash AS hash, b.stored_size AS stored_size
+FROM rq_blobs AS b
+WHERE b.hash > %(after)s::text AND b.used_at < %(before)s::double precision
+  AND 'blob:sha256:' || b.hash NOT IN (
+      SELECT ref FROM (
+          SELECT e.ev ->> 'i' AS ref FROM rq_trace AS p CROSS JOIN LATERAL jsonb_array_elements(p.events::jsonb) AS e(ev) WHERE p.events LIKE '%%blob:sha256:%%'
+          UNION ALL
+          SELECT e.ev ->> 'o' AS ref FROM rq_trace AS p CROSS JOIN LATERAL jsonb_array_elements(p.events::jsonb) AS e(ev) WHERE p.events LIKE '%%blob:sha256:%%'
+          UNION ALL
+          SELECT data_ref AS ref FROM rq_entity_versions
+          UNION ALL
+          SELECT result_ref AS ref FROM rq_steps
+          UNION ALL
+          SELECT result_ref AS ref FROM rq_idempotency
+      ) AS refs
+      WHERE ref IS NOT NULL)
+ORDER BY b.hash
+LIMIT %(limit)s;
+
+-- name: blob_purge
+DELETE FROM rq_blobs WHERE hash = ANY(%(hashes)s::text[]) AND used_at < %(before)s::double precision;

@@ -67,7 +67,7 @@ CREATE TABLE rq_blobs (
     stored_size INTEGER NOT NULL,
     body        BLOB    NOT NULL,
     created_at  REAL    NOT NULL
-);
+, used_at REAL NOT NULL DEFAULT 0);
 
 CREATE TABLE rq_entity_versions (
     branch         TEXT    NOT NULL,
@@ -310,3 +310,13 @@ CREATE TABLE rq_job_hours (
     attempts  INTEGER NOT NULL,
     PRIMARY KEY (job_type, version, hour, state)
 );
+
+CREATE TABLE rq_gc_holds (
+    holder     TEXT    PRIMARY KEY,
+    job_id     INTEGER NOT NULL,
+    expires_at REAL    NOT NULL
+);
+
+CREATE INDEX rq_gc_holds_job ON rq_gc_holds (job_id);
+
+CREATE INDEX rq_lineage_created ON rq_lineage (created_at);
