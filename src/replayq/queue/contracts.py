@@ -335,6 +335,10 @@ _CONCERNS = {
 }
 
 
+# How a diff shows a retention field a contract leaves to the app.
+APP_RETENTION = "(the app's)"
+
+
 def _flatten(body: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in body.items():
@@ -355,9 +359,14 @@ def diff_contracts(old: JobContract, new: JobContract) -> list[ContractChange]:
     for key in sorted(set(before) | set(after)):
         if key in ("name", "version"):
             continue
-        if before.get(key) != after.get(key):
+        old_value, new_value = before.get(key), after.get(key)
+        if key.startswith("retention."):
+            # A retention field the contract leaves out is the app's, not "forever" (None).
+            old_value = old_value if key in before else APP_RETENTION
+            new_value = new_value if key in after else APP_RETENTION
+        if old_value != new_value:
             concern = _CONCERNS.get(key.split(".")[0], key)
-            changes.append(ContractChange(key, before.get(key), after.get(key), concern))
+            changes.append(ContractChange(key, old_value, new_value, concern))
     return changes
 
 
