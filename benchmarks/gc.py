@@ -1,17 +1,21 @@
 """Retention and gc: bytes per finished job in each tier, and the time gc takes.
 
-    python benchmarks/gc.py [--jobs N] [--backend sqlite|postgres] [--json]
+    python benchmarks/gc.py [--jobs N] [--derived N] [--backend sqlite|postgres] [--json]
 
 A fresh SQLite file (or PostgreSQL schema); ``--jobs`` jobs of a one-step handler
 that reads and writes state, claims an effect, reads the clock and the random
-source, recorded by a worker in this process on an injected clock. Then, with
-``Retention(full_days=1, ledger_days=3)``:
+source, recorded by a worker in this process on an injected clock; every 100th job's
+step also returns a 4 KiB document (a blob). ``--derived`` of the jobs are then dry-run,
+keeping their derived traces. Then, with
+``Retention(full_days=1, ledger_days=3, derived_days=1)``:
 
-* ``full``: the database as recorded;
+* ``full``: the database as recorded (with the derived traces);
 * ``ledger``: two days later, after ``App.gc`` trimmed every job to its lifecycle,
-  effects and state writes (the gc time of this pass is ``gc_ledger_seconds``);
-* ``deleted``: four days later, after gc deleted the jobs (state versions and the
-  idempotency ledger remain: they belong to the entities and effects).
+  effects and state writes and deleted the derived traces (the gc time of this pass is
+  ``gc_ledger_seconds``, its CPU time ``gc_ledger_cpu_seconds``);
+* ``deleted``: four days later, after gc deleted the jobs and then the blobs nothing
+  references any more (state versions and the idempotency ledger remain: they belong to
+  the entities and effects).
 
 Bytes are the database's own measure after reclaiming free space: SQLite's
 ``page_count * page_size`` after ``VACUUM``; PostgreSQL's ``pg_total_relation_size``
@@ -49,6 +53,9 @@ def declare(app: replayq.App) -> None:
             ctx.random()
             ctx.state.put("account", account, {"balance": total})
             ctx.effect("ledger.notify", lambda: total, key=f"notify:{ctx.job_id}")
+        if ctx.job_id % 100 == 0:
+            # Every 100th job: a step result above the inline limit, stored as a blob.
+            ctx.step("render", lambda: {"doc": "".join(f"{ctx.job_id * k:x}" for k in range(600))})
         return int(total)
 
 
@@ -64,6 +71,14 @@ def record(app: replayq.App, jobs: int) -> float:
                 worker.execute(job)
     finally:
         worker.event_loop.close()
+    return time.perf_counter() - started
+
+
+def derive(app: replayq.App, count: int) -> float:
+    """Dry-run the first ``count`` jobs, keeping their derived traces; the seconds it took."""
+    started = time.perf_counter()
+    ids = [j.id for j in app.list_jobs(job_type="credit", limit=count)]
+    replayq.dry_run_many(app, ids)
     return time.perf_counter() - started
 
 
@@ -100,6 +115,7 @@ def size_bytes(app: replayq.App, url: str, schema: str | None) -> int:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=2_000)
+    parser.add_argument("--derived", type=int, default=1_000, help="jobs dry-run (kept)")
     parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument("--pg-url", default=PG_URL, help="PostgreSQL server (--backend postgres)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
@@ -110,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     url = f"sqlite:///{workdir / 'gc.db'}" if schemas is None else schemas.fresh("gc")
     schema = None if schemas is None else schemas.made[-1]
     clock = replayq.FrozenClock(START)
-    retention = replayq.Retention(full_days=1, ledger_days=3)
+    retention = replayq.Retention(full_days=1, ledger_days=3, derived_days=1)
 
     def open_app() -> replayq.App:
         app = replayq.App(url, clock=clock, auto_migrate=True, retention=retention)
@@ -120,14 +136,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         app = open_app()
         record_seconds = record(app, args.jobs)
+        derive_seconds = derive(app, args.derived)
         full = size_bytes(app, url, schema)
         clock.advance(2 * DAY)
         app = open_app()
+        cpu = time.process_time()
         ledger_report = app.gc(batch=500)
+        ledger_cpu = time.process_time() - cpu
         ledger = size_bytes(app, url, schema)
         clock.advance(2 * DAY)
         app = open_app()
+        cpu = time.process_time()
         deleted_report = app.gc(batch=500)
+        deleted_cpu = time.process_time() - cpu
         deleted = size_bytes(app, url, schema)
     finally:
         if schemas is not None:
@@ -136,15 +157,22 @@ def main(argv: Sequence[str] | None = None) -> None:
         "backend": args.backend,
         "jobs": args.jobs,
         "record_seconds": round(record_seconds, 2),
+        "derived": args.derived,
+        "derive_seconds": round(derive_seconds, 2),
         "bytes_per_job": {
             "full": round(full / args.jobs),
             "ledger": round(ledger / args.jobs),
             "deleted": round(deleted / args.jobs),
         },
         "gc_ledger_seconds": round(ledger_report.seconds, 2),
+        "gc_ledger_cpu_seconds": round(ledger_cpu, 2),
         "gc_ledger_events_removed": ledger_report.events_removed,
+        "gc_derived_traces": ledger_report.derived_traces,
         "gc_delete_seconds": round(deleted_report.seconds, 2),
+        "gc_delete_cpu_seconds": round(deleted_cpu, 2),
         "gc_deleted_jobs": deleted_report.purged_jobs,
+        "gc_blobs": deleted_report.blobs,
+        "gc_blob_bytes": deleted_report.blob_bytes,
         "load_average": load_average(),
         "commit": commit(),
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
