@@ -14,6 +14,7 @@ import pytest
 
 import replayq
 import replayq.testing
+from replayq.queue import lifecycle
 from replayq.queue.retention import in_ledger
 from replayq.replay.engine import dry_run, fork
 from replayq.storage.protocol import GcScan, KeepHold, KeepRelease, TraceQuery
@@ -302,3 +303,43 @@ def test_message_ids_are_forgotten_after_their_own_retention(app_factory: AppFac
     assert app.enqueue("credit", {"account": "a", "amount": 1}, message_id="m-old") != old.id
     assert app.enqueue("credit", {"account": "a", "amount": 1}, message_id="m-young") == young.id
     assert app.get_job(old.id).state is replayq.JobState.SUCCEEDED, "the job row stays"
+
+
+# -- heartbeats -----------------------------------------------------------------------------
+
+
+def test_the_ledger_keeps_an_attempts_heartbeats_as_one_lease_interval(
+    app_factory: AppFactory,
+) -> None:
+    clock = replayq.FrozenClock(START)
+    app = retained.declare(app_factory(clock=clock, retention=retained.RETENTION))
+    job = replayq.testing.run_inline(app, "credit", {"account": "a", "amount": 1})
+    # Three heartbeats of its attempt, as the worker's heartbeat thread records them.
+    beats = []
+    for n in range(3):
+        beats.append(
+            lifecycle.lifecycle(
+                lifecycle.LEASE_EXTENDED,
+                job,
+                now=START + 10 * n,
+                hlc=app.runtime.hlc.tick(),
+                worker_id="w1",
+                lease_deadline=START + 10 * n + 30,
+            )
+        )
+    with app.storage.transaction() as tx:
+        tx.trace_append(beats)
+    before = app.trace(job.id)
+    assert [e.name for e in before].count("lease.extended") == 3
+    clock.advance(2 * DAY)
+
+    dry = app.gc(dry_run=True)
+    report = app.gc()
+
+    (interval,) = [e for e in app.trace(job.id) if e.name == "lease.extended"]
+    assert interval.data["beats"] == 3
+    assert interval.data["extended_from"] == START
+    assert interval.data["lease_deadline"] == START + 20 + 30
+    rest = [e for e in app.trace(job.id) if e.name != "lease.extended"]
+    assert shape(rest) == shape([e for e in before if in_ledger(e)])
+    assert dry.events_removed == report.events_removed == len(before) - len(rest) - 1

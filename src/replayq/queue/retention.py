@@ -7,7 +7,8 @@ A finished job moves through tiers as it ages (``Retention``):
   ledger (``effect.*``, ``rq_idempotency`` untouched) and its state writes
   (``state.write``, ``rq_entity_versions`` untouched) — enough for ``trace show``,
   ``trace resource``, ``state history`` and ``effects list`` to answer "did it
-  happen, how often, who wrote what" — until ``ledger_days``;
+  happen, how often, who wrote what" — and each attempt's heartbeats as one lease
+  interval (``to_ledger``), until ``ledger_days``;
 * **nothing**: the job row, its trace and its steps are deleted (``ledger_days``
   None: kept in the ledger tier forever).
 
@@ -21,7 +22,7 @@ seconds between batches (the throttle).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from replayq.clock import Clock
@@ -59,7 +60,8 @@ LEDGER_PREFIXES = (
     "outbox.",
     "write.fenced",
 )
-DROPPED_LIFECYCLE = frozenset({"lease.extended"})
+LEASE_EXTENDED = "lease.extended"
+DROPPED_LIFECYCLE = frozenset({LEASE_EXTENDED})
 
 
 # The fields a job contract may set (``App.job(retention=...)``), overriding the app's.
@@ -171,10 +173,30 @@ class RetentionPolicy:
 
 
 def in_ledger(event: TraceEvent) -> bool:
-    """Whether the ledger tier keeps ``event``."""
+    """Whether the ledger tier keeps ``event`` as it is."""
     if event.name.startswith(LEDGER_PREFIXES):
         return True
     return event.kind == "lifecycle" and event.name not in DROPPED_LIFECYCLE
+
+
+def to_ledger(events: Sequence[TraceEvent]) -> list[TraceEvent]:
+    """What the ledger tier keeps of a job's trace: the events ``in_ledger`` accepts, and
+    each attempt's heartbeats as one lease interval: its last ``lease.extended`` event
+    (the lease's last deadline) with ``beats`` (how many) and ``extended_from`` (the time
+    of the first)."""
+    kept: list[TraceEvent] = []
+    beats: dict[int | None, list[TraceEvent]] = {}
+    for event in events:
+        if in_ledger(event):
+            kept.append(event)
+        elif event.name == LEASE_EXTENDED:
+            beats.setdefault(event.attempt, []).append(event)
+    for run in beats.values():
+        last = run[-1]
+        interval = {**last.data, "beats": len(run), "extended_from": run[0].ts}
+        kept.append(replace(last, data=interval))
+    kept.sort(key=lambda e: (e.hlc, e.id or 0))
+    return kept
 
 
 @dataclass
@@ -276,7 +298,7 @@ def _jobs(
                 removed = (
                     _count_removed(tx.trace_query, job_id)
                     if dry_run
-                    else tx.gc_apply(TraceTrim(job_id, in_ledger, now))
+                    else tx.gc_apply(TraceTrim(job_id, to_ledger, now))
                 )
                 if removed:
                     report.trimmed_jobs += 1
@@ -362,4 +384,5 @@ def _past(days: float | None, age: float) -> bool:
 
 
 def _count_removed(query: Callable[..., list[TraceEvent]], job_id: int) -> int:
-    return sum(1 for event in query(TraceQuery(job_id=job_id)) if not in_ledger(event))
+    events = query(TraceQuery(job_id=job_id))
+    return len(events) - len(to_ledger(events))

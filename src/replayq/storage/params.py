@@ -662,11 +662,12 @@ GcQuery = KeptJobs | GcScan | GcCursor | JobHours | DerivedScan | BlobScan
 
 @dataclass(frozen=True, slots=True)
 class TraceTrim:
-    """Rewrite a job's trace packs with only the events ``keep`` accepts (a pack left empty
-    is deleted, with its resource index entries); nothing if the job is held at ``now``."""
+    """Rewrite a job's trace packs with what ``keep`` returns of its events (a subset, an
+    event possibly with other data; a pack left empty is deleted, with its resource index
+    entries); nothing if the job is held at ``now``."""
 
     job_id: int
-    keep: Callable[[TraceEvent], bool]
+    keep: Callable[[list[TraceEvent]], list[TraceEvent]]
     now: float
 
 

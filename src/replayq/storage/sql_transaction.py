@@ -468,24 +468,27 @@ class SqlTransaction(ContextVerbs):
         return self.fetchone("gc_held", {"job_id": job_id, "now": now}) is not None
 
     def _trim(self, change: TraceTrim) -> int:
-        removed = 0
-        for row in self.fetchall("trace_for_job", {"job_id": change.job_id}):
-            events = packs.unpack(row)
-            kept = [e for e in events if change.keep(e)]
-            if len(kept) == len(events):
+        rows = self.fetchall("trace_for_job", {"job_id": change.job_id})
+        unpacked = [(row, packs.unpack(row)) for row in rows]
+        everything = sorted(
+            (e for _, events in unpacked for e in events), key=lambda e: (e.hlc, e.id or 0)
+        )
+        kept = {e.id: e for e in change.keep(everything)}
+        for row, events in unpacked:
+            now_events = [kept[e.id] for e in events if e.id in kept]
+            if now_events == events:
                 continue
-            removed += len(events) - len(kept)
             pack_id = row["id"]
             self.execute("trace_pack_resources_delete", {"id": pack_id})
-            if not kept:
+            if not now_events:
                 self.execute("trace_pack_delete", {"id": pack_id})
                 continue
-            packed = packs.pack_row(kept)
+            packed = packs.pack_row(now_events)
             self.execute("trace_pack_rewrite", {**packed, "id": pack_id})
-            entries = packs.pack_resources(kept, pack_id)
+            entries = packs.pack_resources(now_events, pack_id)
             if entries:
                 self.executemany("trace_resources_append", entries)
-        return removed
+        return len(everything) - len(kept)
 
     def _derived_purge(self, change: DerivedPurge) -> int:
         row = self.fetchone("gc_derived_lock", {"trace_id": change.trace_id})
