@@ -532,6 +532,10 @@ class PostgresStorage:
             applied = self._applied(tx) if present and present["present"] else []
         return migrate.migration_status(applied, _MIGRATIONS)
 
+    def connections(self) -> int:
+        """The pool's open connections (a listener's dedicated one is not counted)."""
+        return int(self.pool.get_stats().get("pool_size", 0))
+
     def close(self) -> None:
         self.pool.close(timeout=5.0)
 
