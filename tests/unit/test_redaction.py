@@ -10,7 +10,7 @@ import pytest
 
 import replayq
 from replayq.errors import ConfigurationError
-from replayq.redaction import Redaction, Redactor, is_marker
+from replayq.redaction import Redaction, Redactor, is_marker, mask_url_passwords
 from replayq.testing import run_inline
 
 CARD = "4111111111111111"
@@ -35,6 +35,17 @@ def test_defaults_cover_headers_secret_fields_cards_and_url_passwords() -> None:
     assert out["dsn"].startswith("postgresql://app:[redacted:") and "s3cret" not in out["dsn"]
     assert out["order"] == value["order"] and out["ids"] == value["ids"]
     assert value["Password"] == "pw", "the input is not modified"
+
+
+def test_url_passwords_are_masked_wherever_they_occur_in_a_message() -> None:
+    line = "cannot connect to postgresql://app:s3cr%40t@db:5432/shop (and redis://:pw@cache/0)"
+    masked = mask_url_passwords(line)
+    assert (
+        masked == "cannot connect to postgresql://app:***@db:5432/shop (and redis://:***@cache/0)"
+    )
+    assert mask_url_passwords("sqlite:///tmp/x.db and postgresql://app@db/shop") == (
+        "sqlite:///tmp/x.db and postgresql://app@db/shop"
+    )
 
 
 # Values whose JSON text the one-search screen (``Redactor.clean_text``) passes or sends
