@@ -157,6 +157,24 @@ def test_a_job_types_rules_add_to_the_apps(tmp_path: Path) -> None:
         app.close()
 
 
+def test_the_same_app_on_another_database_keeps_its_redaction(tmp_path: Path) -> None:
+    # ``--db`` with ``--app``: the CLI runs the app's job types on another database.
+    app = replayq.App(f"sqlite:///{tmp_path / 'a.db'}", redaction=Redaction(["iban"], key="k"))
+
+    @app.job("pay")
+    def pay(ctx: replayq.Context, iban: str) -> None:
+        pass
+
+    other = app.on_database(f"sqlite:///{tmp_path / 'b.db'}")
+    try:
+        done = run_inline(other, "pay", {"iban": "DE89370400440532013000"})
+        assert is_marker(done.payload["iban"])
+        assert b"DE89370400440532013000" not in (tmp_path / "b.db").read_bytes()
+    finally:
+        other.close()
+        app.close()
+
+
 @dataclass
 class Card:
     card_number: int
