@@ -343,3 +343,18 @@ def test_the_ledger_keeps_an_attempts_heartbeats_as_one_lease_interval(
     rest = [e for e in app.trace(job.id) if e.name != "lease.extended"]
     assert shape(rest) == shape([e for e in before if in_ledger(e)])
     assert dry.events_removed == report.events_removed == len(before) - len(rest) - 1
+
+
+def test_message_id_dedup_is_per_job_type(app_factory: AppFactory) -> None:
+    app = retained.declare(app_factory())
+
+    @app.job("audit")
+    def audit(ctx: replayq.Context, account: str) -> None:
+        return None
+
+    credit = app.enqueue("credit", {"account": "a", "amount": 1}, message_id="evt-1")
+    audited = app.enqueue("audit", {"account": "a"}, message_id="evt-1")
+
+    assert credit != audited, "the same message id for another type is another job"
+    assert app.enqueue("credit", {"account": "a", "amount": 1}, message_id="evt-1") == credit
+    assert app.enqueue("audit", {"account": "a"}, message_id="evt-1") == audited

@@ -237,7 +237,8 @@ class Transaction(Protocol):
     # -- jobs -------------------------------------------------------------------------------
 
     def job_insert(self, params: JobInsert) -> tuple[int, bool]:
-        """Insert a job; on a duplicate ``message_id`` return ``(existing_id, False)``."""
+        """Insert a job; on a duplicate ``message_id`` of the same job type return
+        ``(existing_id, False)``."""
         ...
 
     def job_get(self, job_id: int) -> Job | None: ...

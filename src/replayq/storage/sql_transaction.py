@@ -206,7 +206,9 @@ class SqlTransaction(ContextVerbs):
         row = self.fetchone("job_insert", query_params(params))
         if row is not None:
             return int(row["id"]), True
-        existing = self.fetchone("job_by_message_id", {"message_id": params.message_id})
+        existing = self.fetchone(
+            "job_by_message_id", {"job_type": params.job_type, "message_id": params.message_id}
+        )
         return int(existing["id"]), False
 
     def job_get(self, job_id: int) -> Job | None:

@@ -16,14 +16,15 @@ WITH inserted AS (
             %(ordering_key)s::text, %(idempotency_key)s::text, %(handler_version)s::text,
             %(hlc)s, %(correlation_id)s::text, %(causation_id)s::text, %(origin)s,
             %(trace_context)s::text)
-    ON CONFLICT (message_id) DO NOTHING
+    ON CONFLICT (job_type, message_id) DO NOTHING
     RETURNING id, queue, run_at
 )
 SELECT id, CASE WHEN run_at <= %(now)s THEN pg_notify('replayq_jobs', queue) END AS woke
 FROM inserted;
 
 -- name: job_by_message_id
-SELECT id FROM rq_jobs WHERE message_id = %(message_id)s::text;
+-- Message-id dedup is per job type (rq_jobs_message).
+SELECT id FROM rq_jobs WHERE job_type = %(job_type)s AND message_id = %(message_id)s::text;
 
 -- name: job_get
 SELECT * FROM rq_jobs WHERE id = %(job_id)s;

@@ -8,11 +8,12 @@ INSERT INTO rq_jobs (job_type, queue, payload, state, priority, run_at, created_
 VALUES (:job_type, :queue, :payload_json, 'queued', :priority, :run_at, :now,
         :max_attempts, :trace_id, :message_id, :ordering_key, :idempotency_key,
         :handler_version, :hlc, :correlation_id, :causation_id, :origin, :trace_context)
-ON CONFLICT (message_id) DO NOTHING
+ON CONFLICT (job_type, message_id) DO NOTHING
 RETURNING id;
 
 -- name: job_by_message_id
-SELECT id FROM rq_jobs WHERE message_id = :message_id;
+-- Message-id dedup is per job type (rq_jobs_message).
+SELECT id FROM rq_jobs WHERE job_type = :job_type AND message_id = :message_id;
 
 -- name: job_get
 SELECT * FROM rq_jobs WHERE id = :job_id;

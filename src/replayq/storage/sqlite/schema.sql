@@ -8,50 +8,6 @@ CREATE TABLE rq_schema_migrations (
     applied_at REAL NOT NULL
 );
 
-CREATE TABLE rq_jobs (
-    id               INTEGER PRIMARY KEY AUTOINCREMENT,
-    job_type         TEXT    NOT NULL,
-    queue            TEXT    NOT NULL DEFAULT 'default',
-    payload          TEXT    NOT NULL,
-    state            TEXT    NOT NULL
-                     CHECK (state IN ('queued', 'running', 'succeeded', 'dead', 'cancelled')),
-    priority         INTEGER NOT NULL DEFAULT 0,
-    run_at           REAL    NOT NULL,
-    created_at       REAL    NOT NULL,
-    attempt          INTEGER NOT NULL DEFAULT 0,
-    max_attempts     INTEGER NOT NULL,
-    trace_id         TEXT    NOT NULL,
-    message_id       TEXT    UNIQUE,
-    ordering_key     TEXT,
-    idempotency_key  TEXT,
-    handler_version  TEXT,
-    owner_token      TEXT,
-    worker_id        TEXT,
-    leased_at        REAL,
-    lease_deadline   REAL,
-    redelivery_count INTEGER NOT NULL DEFAULT 0,
-    last_error_class TEXT,
-    last_error       TEXT,
-    dead_reason      TEXT,
-    result           TEXT,
-    finished_at      REAL,
-    hlc              INTEGER NOT NULL DEFAULT 0,
-    correlation_id   TEXT,
-    causation_id     TEXT,
-    origin           TEXT    NOT NULL DEFAULT 'production'
-, trace_context TEXT, cancel_requested_at REAL);
-
-CREATE INDEX rq_jobs_ready ON rq_jobs (priority DESC, run_at, id) WHERE state = 'queued';
-
-CREATE INDEX rq_jobs_lease_deadline ON rq_jobs (lease_deadline) WHERE state = 'running';
-
-CREATE INDEX rq_jobs_ordering ON rq_jobs (ordering_key, id)
-    WHERE state IN ('queued', 'running') AND ordering_key IS NOT NULL;
-
-CREATE INDEX rq_jobs_type ON rq_jobs (job_type);
-
-CREATE INDEX rq_jobs_trace ON rq_jobs (trace_id);
-
 CREATE TABLE rq_contracts (
     job_type      TEXT NOT NULL,
     version       TEXT NOT NULL,
@@ -299,8 +255,6 @@ CREATE TABLE rq_gc (
     updated_at REAL    NOT NULL
 );
 
-CREATE INDEX rq_jobs_finished ON rq_jobs (finished_at) WHERE finished_at IS NOT NULL;
-
 CREATE TABLE rq_job_hours (
     job_type  TEXT    NOT NULL,
     version   TEXT    NOT NULL,
@@ -320,3 +274,53 @@ CREATE TABLE rq_gc_holds (
 CREATE INDEX rq_gc_holds_job ON rq_gc_holds (job_id);
 
 CREATE INDEX rq_lineage_created ON rq_lineage (created_at);
+
+CREATE TABLE "rq_jobs" (
+    id               INTEGER PRIMARY KEY AUTOINCREMENT,
+    job_type         TEXT    NOT NULL,
+    queue            TEXT    NOT NULL DEFAULT 'default',
+    payload          TEXT    NOT NULL,
+    state            TEXT    NOT NULL
+                     CHECK (state IN ('queued', 'running', 'succeeded', 'dead', 'cancelled')),
+    priority         INTEGER NOT NULL DEFAULT 0,
+    run_at           REAL    NOT NULL,
+    created_at       REAL    NOT NULL,
+    attempt          INTEGER NOT NULL DEFAULT 0,
+    max_attempts     INTEGER NOT NULL,
+    trace_id         TEXT    NOT NULL,
+    message_id       TEXT,
+    ordering_key     TEXT,
+    idempotency_key  TEXT,
+    handler_version  TEXT,
+    owner_token      TEXT,
+    worker_id        TEXT,
+    leased_at        REAL,
+    lease_deadline   REAL,
+    redelivery_count INTEGER NOT NULL DEFAULT 0,
+    last_error_class TEXT,
+    last_error       TEXT,
+    dead_reason      TEXT,
+    result           TEXT,
+    finished_at      REAL,
+    hlc              INTEGER NOT NULL DEFAULT 0,
+    correlation_id   TEXT,
+    causation_id     TEXT,
+    origin           TEXT    NOT NULL DEFAULT 'production',
+    trace_context    TEXT,
+    cancel_requested_at REAL
+);
+
+CREATE INDEX rq_jobs_ready ON rq_jobs (priority DESC, run_at, id) WHERE state = 'queued';
+
+CREATE INDEX rq_jobs_lease_deadline ON rq_jobs (lease_deadline) WHERE state = 'running';
+
+CREATE INDEX rq_jobs_ordering ON rq_jobs (ordering_key, id)
+    WHERE state IN ('queued', 'running') AND ordering_key IS NOT NULL;
+
+CREATE INDEX rq_jobs_type ON rq_jobs (job_type);
+
+CREATE INDEX rq_jobs_trace ON rq_jobs (trace_id);
+
+CREATE INDEX rq_jobs_finished ON rq_jobs (finished_at) WHERE finished_at IS NOT NULL;
+
+CREATE UNIQUE INDEX rq_jobs_message ON rq_jobs (job_type, message_id);

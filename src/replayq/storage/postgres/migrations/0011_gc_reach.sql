@@ -22,3 +22,9 @@ UPDATE rq_blobs SET used_at = created_at;
 
 -- gc's scan of derived traces (replays, forks, verifications) by age.
 CREATE INDEX rq_lineage_created ON rq_lineage (created_at);
+
+-- Message-id dedup per job type: the same message id enqueued for two job types makes two
+-- jobs (it was unique across every type).
+ALTER TABLE rq_jobs DROP CONSTRAINT rq_jobs_message_id_key;
+
+CREATE UNIQUE INDEX rq_jobs_message ON rq_jobs (job_type, message_id);
