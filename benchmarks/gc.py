@@ -61,8 +61,13 @@ def declare(app: replayq.App) -> None:
 
 def record(app: replayq.App, jobs: int) -> float:
     started = time.perf_counter()
-    for n in range(jobs):
-        app.enqueue("credit", {"account": f"acct-{n % 1000}", "amount": n % 7})
+    for start in range(0, jobs, 500):
+        app.enqueue_many(
+            [
+                replayq.EnqueueRequest("credit", {"account": f"acct-{n % 1000}", "amount": n % 7})
+                for n in range(start, min(start + 500, jobs))
+            ]
+        )
     worker = Worker(app, worker_id="bench")
     app.register_contracts()
     try:
