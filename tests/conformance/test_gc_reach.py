@@ -15,9 +15,16 @@ import pytest
 import replayq
 import replayq.testing
 from replayq.queue import lifecycle
-from replayq.queue.retention import in_ledger
+from replayq.queue.retention import in_ledger, to_ledger
 from replayq.replay.engine import dry_run, fork
-from replayq.storage.protocol import GcScan, KeepHold, KeepRelease, TraceQuery
+from replayq.storage.protocol import (
+    GcScan,
+    JobPurge,
+    KeepHold,
+    KeepRelease,
+    TraceQuery,
+    TraceTrim,
+)
 from tests.apps import retained
 from tests.replay_support import cli, cli_ok
 
@@ -358,3 +365,37 @@ def test_message_id_dedup_is_per_job_type(app_factory: AppFactory) -> None:
     assert credit != audited, "the same message id for another type is another job"
     assert app.enqueue("credit", {"account": "a", "amount": 1}, message_id="evt-1") == credit
     assert app.enqueue("audit", {"account": "a"}, message_id="evt-1") == audited
+
+
+def test_a_hold_and_a_trim_of_the_same_job_are_ordered(app_factory: AppFactory) -> None:
+    clock = replayq.FrozenClock(START)
+    app = retained.declare(app_factory(clock=clock, retention=retained.RETENTION))
+    job = replayq.testing.run_inline(app, "credit", {"account": "a", "amount": 1})
+    before = app.trace(job.id)
+    clock.advance(2 * DAY)
+    now = clock.now()
+    trimming, held = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        assert trimming.wait(30)
+        with app.storage.transaction() as tx:
+            tx.keep_transition(KeepHold("fork-late", job.id, now + 60))
+        held.set()
+
+    fork_thread = threading.Thread(target=hold)
+    fork_thread.start()
+    # gc's batch trims the job and has not committed yet: the hold waits for it.
+    with app.storage.transaction() as tx:
+        assert tx.gc_apply(TraceTrim(job.id, to_ledger, now)) > 0
+        trimming.set()
+        assert not held.wait(0.5), "the hold waited for gc's transaction"
+    fork_thread.join(30)
+    assert held.is_set()
+    assert shape(app.trace(job.id)) == shape([e for e in before if in_ledger(e)])
+
+    # Now held: gc's changes of that job apply nothing.
+    with app.storage.transaction() as tx:
+        assert tx.gc_apply(TraceTrim(job.id, lambda events: [], now)) == 0
+        assert tx.gc_apply(JobPurge(job.id, now)) == 0
+    assert app.get_job(job.id).state is replayq.JobState.SUCCEEDED
+    assert app.trace(job.id), "nothing trimmed while held"
