@@ -391,8 +391,8 @@ class App:
         contracts: dict[tuple[str, str | None], dict[str, float | None]] = {}
         for handler in self.registry.handlers():
             contract = handler.contract
-            if contract.retention is not None:
-                contracts[(contract.name, contract.version)] = dict(contract.retention)
+            # Every declared version, an empty mapping when its contract sets none.
+            contracts[(contract.name, contract.version)] = dict(contract.retention or {})
         for job_type in self.registry.job_types():
             active = self.registry.active_version(job_type)
             if (job_type, active) in contracts:

@@ -399,3 +399,18 @@ def test_a_hold_and_a_trim_of_the_same_job_are_ordered(app_factory: AppFactory) 
         assert tx.gc_apply(JobPurge(job.id, now)) == 0
     assert app.get_job(job.id).state is replayq.JobState.SUCCEEDED
     assert app.trace(job.id), "nothing trimmed while held"
+
+
+def test_a_version_whose_contract_sets_no_retention_gets_the_apps(
+    app_factory: AppFactory,
+) -> None:
+    app = app_factory(retention=replayq.Retention(full_days=10))
+    retained.declare(app)  # v1: no retention in its contract
+    app.job("credit", version="v2", retention={"full_days": 1})(lambda ctx, account, amount: 0)
+
+    policy = app.retention_policy()
+
+    assert policy.of("credit", "v1").full_days == 10
+    assert policy.of("credit", "v2").full_days == 1
+    assert policy.of("credit", "gone").full_days == 1, "an undeclared version: the active one's"
+    assert policy.shortest_full_days() == 1

@@ -12,11 +12,16 @@ A finished job moves through tiers as it ages (``Retention``):
 * **nothing**: the job row, its trace and its steps are deleted (``ledger_days``
   None: kept in the ledger tier forever).
 
+Retention is set on the app (a default and per type) and in a job's contract
+(``@app.job(retention=...)``), whose fields override the app's (``RetentionPolicy``).
+
 Never collected: a job not finished, a job pinned with ``replayq keep``, a job a
-replay, fork or rerun was derived from less than ``full_days`` ago. A pass walks
-finished jobs by id in bounded batches (one transaction each), records the last id
-it finished in ``rq_gc`` so a killed pass resumes there, and sleeps ``pause``
-seconds between batches (the throttle).
+replay, fork or rerun was derived from less than ``full_days`` ago, a job a live fork
+or rerun holds (``replay/hold.py``). A pass walks finished jobs by id in bounded
+batches (one transaction each), records the last id it finished in ``rq_gc`` so a
+killed pass resumes there, and sleeps ``pause`` seconds between batches (the
+throttle). Once it reaches the end it deletes the derived traces past their type's
+``derived_days`` and then the blobs nothing references any more.
 """
 
 from __future__ import annotations
@@ -130,9 +135,10 @@ def check_contract_retention(
 class RetentionPolicy:
     """The app's default retention, its overrides per job type, and the job contracts'.
 
-    ``contracts``: the retention fields each contract sets, by ``(type, version)``; the
-    key ``(type, None)`` is the type's active version, for a job whose version is not
-    declared. A contract's field overrides the app's (``by_type``, else ``default``).
+    ``contracts``: the retention fields each declared contract sets (an empty mapping:
+    none), by ``(type, version)``; the key ``(type, None)`` is the type's active version,
+    for a job whose version is not declared. A contract's field overrides the app's
+    (``by_type``, else ``default``).
     """
 
     default: Retention = field(default_factory=Retention)
@@ -156,7 +162,7 @@ class RetentionPolicy:
 
     def _all(self) -> list[Retention]:
         found = [self.default, *self.by_type.values()]
-        found.extend(self.of(job_type, version) for job_type, version in self.contracts)
+        found.extend(self.of(job_type, version) for job_type, version in self.contracts if version)
         return found
 
     def shortest(self, name: str) -> float | None:
