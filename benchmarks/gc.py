@@ -1,12 +1,17 @@
 """Retention and gc: bytes per finished job in each tier, and the time gc takes.
 
-    python benchmarks/gc.py [--jobs N] [--derived N] [--backend sqlite|postgres] [--json]
+    python benchmarks/gc.py [--jobs N] [--record N] [--derived N]
+                            [--backend sqlite|postgres] [--json]
 
 A fresh SQLite file (or PostgreSQL schema); ``--jobs`` jobs of a one-step handler
 that reads and writes state, claims an effect, reads the clock and the random
 source, recorded by a worker in this process on an injected clock; every 100th job's
-step also returns a 4 KiB document (a blob). ``--derived`` of the jobs are then dry-run,
-keeping their derived traces. Then, with
+step also returns a 4 KiB document (a blob). With ``--record N`` (a divisor of
+``--jobs``) only N jobs are recorded and the database is then filled to ``--jobs`` by
+copying their rows in SQL (``clone``: jobs, trace packs and their index entries, steps,
+idempotency records and state versions, with fresh ids and keys): gc's cost is per row,
+and recording 100,000 jobs on a loaded 2-core machine takes longer than the gc.
+``--derived`` of the jobs are then dry-run, keeping their derived traces. Then, with
 ``Retention(full_days=1, ledger_days=3, derived_days=1)``:
 
 * ``full``: the database as recorded (with the derived traces);
@@ -79,6 +84,81 @@ def record(app: replayq.App, jobs: int) -> float:
     return time.perf_counter() - started
 
 
+def _columns(tx: Any, table: str, postgres: bool) -> list[str]:
+    if postgres:
+        rows = tx.connection.execute(
+            "SELECT column_name FROM information_schema.columns "
+            "WHERE table_schema = current_schema() AND table_name = %(t)s "
+            "ORDER BY ordinal_position",
+            {"t": table},
+        ).fetchall()
+        return [r["column_name"] if isinstance(r, dict) else r[0] for r in rows]
+    return [r[1] for r in tx.connection.execute(f"PRAGMA table_info({table})").fetchall()]
+
+
+# Per table: the rows to copy, and the columns that change in a copy (``off``: added to job
+# ids, ``poff``: to pack ids, ``suffix``: appended to keys).
+_CLONED = {
+    "rq_jobs": (
+        "id <= {max_job}",
+        {"id": "id + {off}", "trace_id": "trace_id || {suffix}", "message_id": "NULL"},
+    ),
+    "rq_trace": (
+        "job_id IS NOT NULL AND job_id <= {max_job}",
+        {"id": "id + {poff}", "job_id": "job_id + {off}", "trace_id": "trace_id || {suffix}"},
+    ),
+    "rq_trace_resources": (
+        "pack_id IN (SELECT id FROM rq_trace WHERE job_id IS NOT NULL AND job_id <= {max_job})",
+        {"pack_id": "pack_id + {poff}", "resource": "resource || {suffix}"},
+    ),
+    "rq_steps": ("job_id <= {max_job}", {"job_id": "job_id + {off}"}),
+    "rq_idempotency": (
+        "job_id <= {max_job}",
+        {"key": "key || {suffix}", "job_id": "job_id + {off}"},
+    ),
+    "rq_entity_versions": (
+        "branch = 'main' AND job_id <= {max_job}",
+        {"key": "key || {suffix}", "job_id": "job_id + {off}"},
+    ),
+    "rq_entities": ("branch = 'main' AND key NOT LIKE '%:c%'", {"key": "key || {suffix}"}),
+}
+
+
+def clone(app: replayq.App, recorded: int, copies: int, postgres: bool) -> float:
+    """Copy the ``recorded`` jobs' rows ``copies - 1`` times (see the module's text)."""
+    started = time.perf_counter()
+
+    def param(name: str) -> str:
+        return f"%({name})s" if postgres else f":{name}"
+
+    with app.storage.transaction() as tx:
+        max_pack = tx.connection.execute("SELECT max(id) FROM rq_trace").fetchone()
+        max_pack = max_pack[0] if not isinstance(max_pack, dict) else max_pack["max"]
+        for copy in range(1, copies):
+            values = {"off": copy * recorded, "poff": copy * max_pack, "suffix": f":c{copy}"}
+            values["max_job"] = recorded
+            for table, (where, changed) in _CLONED.items():
+                columns = _columns(tx, table, postgres)
+                chosen = [
+                    changed.get(c, c).format(**{k: param(k) for k in values}) for c in columns
+                ]
+                sql = (
+                    f"INSERT INTO {table} ({', '.join(columns)}) "
+                    f"SELECT {', '.join(chosen)} FROM {table} "
+                    f"WHERE {where.format(**{k: param(k) for k in values})}"
+                )
+                if postgres:
+                    sql = sql.replace("'%:c%'", "'%%:c%%'")
+                tx.connection.execute(sql, values)
+        if postgres:
+            for table in ("rq_jobs", "rq_trace"):
+                tx.connection.execute(
+                    f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "
+                    f"(SELECT max(id) FROM {table}))"
+                )
+    return time.perf_counter() - started
+
+
 def derive(app: replayq.App, count: int) -> float:
     """Dry-run the first ``count`` jobs, keeping their derived traces; the seconds it took."""
     started = time.perf_counter()
@@ -121,6 +201,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=2_000)
     parser.add_argument("--derived", type=int, default=1_000, help="jobs dry-run (kept)")
+    parser.add_argument(
+        "--record", type=int, default=None, help="jobs recorded; the rest copied in SQL"
+    )
     parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument("--pg-url", default=PG_URL, help="PostgreSQL server (--backend postgres)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
@@ -140,7 +223,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     try:
         app = open_app()
-        record_seconds = record(app, args.jobs)
+        recorded = args.record or args.jobs
+        if args.jobs % recorded:
+            parser.error("--jobs must be a multiple of --record")
+        record_seconds = record(app, recorded)
+        clone_seconds = clone(app, recorded, args.jobs // recorded, schemas is not None)
         derive_seconds = derive(app, args.derived)
         full = size_bytes(app, url, schema)
         clock.advance(2 * DAY)
@@ -161,7 +248,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     result: dict[str, Any] = {
         "backend": args.backend,
         "jobs": args.jobs,
+        "recorded": recorded,
         "record_seconds": round(record_seconds, 2),
+        "cloned": args.jobs - recorded,
+        "clone_seconds": round(clone_seconds, 2),
         "derived": args.derived,
         "derive_seconds": round(derive_seconds, 2),
         "bytes_per_job": {
