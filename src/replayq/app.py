@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from replayq.clock import Clock, HybridLogicalClock, SystemClock
 from replayq.durations import Duration
 from replayq.errors import ContractError, FailureClass
-from replayq.model import Job, TraceEvent
+from replayq.model import Job, StatRow, TraceEvent
 from replayq.observe.otel import enqueue_span
 from replayq.queue.actions import cancel_job, requeue_job
 from replayq.queue.bulk import BulkPreview, BulkResult, bulk_apply, bulk_preview
@@ -57,6 +57,7 @@ from replayq.storage.protocol import (
     TraceQuery,
     Transaction,
 )
+from replayq.storage.reports import JobCount, JobDurations, JobGauges, JobStats
 
 __all__ = ["App", "EnqueueRequest"]
 
@@ -424,7 +425,7 @@ class App:
         findings = []
         for item in self.contracts(job_type):
             with self.storage.transaction(readonly=True) as tx:
-                durations = sorted(tx.job_durations(item.name, item.version))
+                durations = sorted(tx.report(JobDurations(item.name, item.version)))
             p99 = (
                 durations[min(len(durations) - 1, int(len(durations) * 0.99))]
                 if durations
@@ -567,13 +568,18 @@ class App:
     ) -> int:
         """How many jobs ``list_jobs`` with the same filters pages through."""
         with self.storage.transaction(readonly=True) as tx:
-            return tx.job_count(JobFilter(states, job_type, origin, version=version))
+            return tx.report(JobCount(JobFilter(states, job_type, origin, version=version)))
+
+    def stats(self) -> list[StatRow]:
+        """Production jobs counted by type and state, with the oldest ``run_at`` of each."""
+        with self.storage.transaction(readonly=True) as tx:
+            return tx.report(JobStats())
 
     def queue_overview(self) -> list[dict[str, Any]]:
         """Open jobs by queue, type, version and state, with the oldest ready job's ``run_at``
         (``oldest_ready``) and the oldest running lease (``oldest_leased``)."""
         with self.storage.transaction(readonly=True) as tx:
-            return [dataclasses.asdict(row) for row in tx.job_gauges(self.clock.now())]
+            return [dataclasses.asdict(row) for row in tx.report(JobGauges(self.clock.now()))]
 
     def trace(self, job_id: int) -> list[TraceEvent]:
         """Every event of a job, ordered by the hybrid logical clock."""
