@@ -211,13 +211,8 @@ __all__ = [
 
 
 class Transaction(Protocol):
-    """The verbs, all inside one database transaction.
-
-    A verb answering several kinds of question or change declares one ``@overload``
-    per kind, so the type checker knows each answer's record (``report``,
-    ``trace_query``, ``rollout_query``, ``rollout_update``, ``lock_transition``,
-    ``job_transition``); the implementation dispatches on the parameter's class.
-    """
+    """The verbs, all inside one database transaction. A verb taking a union declares an
+    ``@overload`` per kind whose answer differs; implementations dispatch on the class."""
 
     connection: Any
     """The driver connection the transaction runs on (for ``ctx.db_write``)."""
@@ -389,9 +384,7 @@ class Transaction(Protocol):
         it was held) or release or break a lock (the lock as left, or ``None``)."""
         ...
 
-    def lock_list(self, params: LockFilter) -> list[Lock]:
-        """One lock row, held or not (``resource``), or every lock currently held."""
-        ...
+    def lock_list(self, params: LockFilter) -> list[Lock]: ...
 
     # -- effects (idempotency records) ------------------------------------------------------
 
