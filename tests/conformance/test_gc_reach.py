@@ -17,7 +17,8 @@ import replayq.testing
 from replayq.queue import lifecycle
 from replayq.queue.retention import in_ledger, to_ledger
 from replayq.replay.engine import dry_run, fork
-from replayq.storage.protocol import (
+from replayq.storage.context_params import LineageQuery
+from replayq.storage.params import (
     GcScan,
     JobPurge,
     KeepHold,
@@ -39,7 +40,7 @@ def shape(events: list[replayq.TraceEvent]) -> list[tuple[object, ...]]:
 
 def derived_traces(app: replayq.App) -> set[str]:
     with app.storage.transaction(readonly=True) as tx:
-        return {lineage.trace_id for lineage in tx.lineage_page((0.0, ""), 1000)}
+        return {lineage.trace_id for lineage in tx.lineage_list(LineageQuery())}
 
 
 def derived_events(app: replayq.App, trace_id: str) -> list[replayq.TraceEvent]:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from replayq.clock import Clock
 from replayq.errors import ConfigurationError
 from replayq.model import TraceEvent
-from replayq.storage.protocol import (
+from replayq.storage.params import (
     BlobPurge,
     BlobScan,
     DerivedPurge,
@@ -45,10 +45,10 @@ from replayq.storage.protocol import (
     IdemPurge,
     JobPurge,
     MessageIdForget,
-    Storage,
     TraceQuery,
     TraceTrim,
 )
+from replayq.storage.protocol import Storage
 
 DAY = 86_400.0
 

@@ -289,3 +289,14 @@ class ScheduleRecord:
     last_job_id: int | None
     next_slot: float | None
     updated_at: float
+
+
+GcAnswer = (
+    list[KeepRecord]
+    | list[GcCandidate]
+    | int
+    | list[JobHour]
+    | list[DerivedCandidate]
+    | list[BlobCandidate]
+)
+"""What ``gc_scan`` answers, by question."""
