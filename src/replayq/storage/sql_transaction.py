@@ -404,7 +404,8 @@ class SqlTransaction(ReportVerbs, ContextVerbs):
             if self._held(change.job_id, change.now):
                 return 0
             self.execute("job_hours_add", {"job_id": change.job_id})
-            self.execute("job_trace_resources_delete", {"job_id": change.job_id})
+            rows = self.fetchall("trace_for_job", {"job_id": change.job_id})
+            self._resources_delete([(row["id"], packs.unpack(row)) for row in rows])
             self.execute("job_trace_delete", {"job_id": change.job_id})
             self.execute("job_steps_delete", {"job_id": change.job_id})
             self.execute("job_delete", {"job_id": change.job_id})
@@ -443,7 +444,7 @@ class SqlTransaction(ReportVerbs, ContextVerbs):
             if now_events == events:
                 continue
             pack_id = row["id"]
-            self.execute("trace_pack_resources_delete", {"id": pack_id})
+            self._resources_delete([(pack_id, events)])
             if not now_events:
                 self.execute("trace_pack_delete", {"id": pack_id})
                 continue
@@ -454,6 +455,22 @@ class SqlTransaction(ReportVerbs, ContextVerbs):
                 self.executemany("trace_resources_append", entries)
         return len(everything) - len(kept)
 
+    def _resources_delete(self, found: Sequence[tuple[int, Sequence[TraceEvent]]]) -> None:
+        """Delete the resource index entries of these packs by primary key: one per resource
+        and HLC of their events (a superset of what was written: a pack migrated from the
+        per-event trace has an entry per event)."""
+        entries = {
+            (e.resource, e.hlc, pack_id)
+            for pack_id, events in found
+            for e in events
+            if e.resource is not None
+        }
+        if entries:
+            self.executemany(
+                "trace_resource_delete",
+                [{"resource": r, "hlc": h, "pack_id": p} for r, h, p in sorted(entries)],
+            )
+
     def _derived_purge(self, change: DerivedPurge) -> int:
         row = self.fetchone("gc_derived_lock", {"trace_id": change.trace_id})
         if row is None:
@@ -463,7 +480,10 @@ class SqlTransaction(ReportVerbs, ContextVerbs):
             "gc_held_derived", {"source_job_id": source, "now": change.now}
         ):
             return 0
-        self.execute("derived_resources_delete", {"trace_id": change.trace_id})
+        rows = self.fetchall("trace_for_trace", {"trace_id": change.trace_id})
+        self._resources_delete(
+            [(row["id"], packs.unpack(row)) for row in rows if row["job_id"] is None]
+        )
         self.execute("derived_trace_delete", {"trace_id": change.trace_id})
         branch = row["branch"]
         if branch:

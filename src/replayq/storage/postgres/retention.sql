@@ -39,9 +39,6 @@ UPDATE rq_trace SET hlc = %(hlc)s, hlc_last = %(hlc_last)s, ts = %(ts)s, events 
 -- name: trace_pack_delete
 DELETE FROM rq_trace WHERE id = %(id)s;
 
--- name: trace_pack_resources_delete
-DELETE FROM rq_trace_resources WHERE pack_id = %(id)s;
-
 -- name: job_steps_delete
 DELETE FROM rq_steps WHERE job_id = %(job_id)s;
 
@@ -70,10 +67,6 @@ DO UPDATE SET jobs = rq_job_hours.jobs + 1,
 SELECT job_type, version, hour, state, jobs, attempts FROM rq_job_hours
 WHERE (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
 ORDER BY hour, job_type, version, state;
-
--- name: job_trace_resources_delete
-DELETE FROM rq_trace_resources
-WHERE pack_id IN (SELECT id FROM rq_trace WHERE job_id = %(job_id)s);
 
 -- name: job_trace_delete
 DELETE FROM rq_trace WHERE job_id = %(job_id)s;
@@ -127,10 +120,6 @@ SELECT source_job_id, branch FROM rq_lineage WHERE trace_id = %(trace_id)s FOR U
 SELECT 1 AS held FROM rq_gc_holds AS h
 WHERE h.job_id = %(source_job_id)s AND h.expires_at > %(now)s::double precision;
 
--- name: derived_resources_delete
-DELETE FROM rq_trace_resources
-WHERE pack_id IN (SELECT id FROM rq_trace WHERE trace_id = %(trace_id)s AND job_id IS NULL);
-
 -- name: derived_trace_delete
 DELETE FROM rq_trace WHERE trace_id = %(trace_id)s AND job_id IS NULL;
 
@@ -170,3 +159,9 @@ LIMIT %(limit)s;
 
 -- name: blob_purge
 DELETE FROM rq_blobs WHERE hash = ANY(%(hashes)s::text[]) AND used_at < %(before)s::double precision;
+
+-- name: trace_resource_delete
+-- One resource index entry, by its primary key: the caller names the entries of the packs it
+-- rewrites or deletes from their events (a delete by pack_id alone would scan the table).
+DELETE FROM rq_trace_resources
+WHERE resource = %(resource)s AND hlc = %(hlc)s AND pack_id = %(pack_id)s;

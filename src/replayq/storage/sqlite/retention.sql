@@ -38,9 +38,6 @@ UPDATE rq_trace SET hlc = :hlc, hlc_last = :hlc_last, ts = :ts, events = :events
 -- name: trace_pack_delete
 DELETE FROM rq_trace WHERE id = :id;
 
--- name: trace_pack_resources_delete
-DELETE FROM rq_trace_resources WHERE pack_id = :id;
-
 -- name: job_steps_delete
 DELETE FROM rq_steps WHERE job_id = :job_id;
 
@@ -68,10 +65,6 @@ DO UPDATE SET jobs = rq_job_hours.jobs + 1,
 SELECT job_type, version, hour, state, jobs, attempts FROM rq_job_hours
 WHERE (:job_type IS NULL OR job_type = :job_type)
 ORDER BY hour, job_type, version, state;
-
--- name: job_trace_resources_delete
-DELETE FROM rq_trace_resources
-WHERE pack_id IN (SELECT id FROM rq_trace WHERE job_id = :job_id);
 
 -- name: job_trace_delete
 DELETE FROM rq_trace WHERE job_id = :job_id;
@@ -125,10 +118,6 @@ SELECT source_job_id, branch FROM rq_lineage WHERE trace_id = :trace_id;
 SELECT 1 AS held FROM rq_gc_holds AS h
 WHERE h.job_id = :source_job_id AND h.expires_at > :now;
 
--- name: derived_resources_delete
-DELETE FROM rq_trace_resources
-WHERE pack_id IN (SELECT id FROM rq_trace WHERE trace_id = :trace_id AND job_id IS NULL);
-
 -- name: derived_trace_delete
 DELETE FROM rq_trace WHERE trace_id = :trace_id AND job_id IS NULL;
 
@@ -168,3 +157,9 @@ LIMIT :limit;
 
 -- name: blob_purge
 DELETE FROM rq_blobs WHERE hash IN (SELECT value FROM json_each(:hashes)) AND used_at < :before;
+
+-- name: trace_resource_delete
+-- One resource index entry, by its primary key: the caller names the entries of the packs it
+-- rewrites or deletes from their events (a delete by pack_id alone would scan the table).
+DELETE FROM rq_trace_resources
+WHERE resource = :resource AND hlc = :hlc AND pack_id = :pack_id;
