@@ -6,7 +6,10 @@ truth of how often the effect really ran. The lease (30 s) outlasts the faults t
 tests hold, so a worker that cannot heartbeat through an outage keeps its jobs.
 
 ``$CHAOS_CLOCK_OFFSET`` (seconds, e.g. ``30`` or ``-30``) shifts the clock of the
-process that imports ``app``: a worker whose wall clock is that far off.
+process that imports ``app``: a worker whose wall clock is that far off. It is a
+``SystemClock`` (a real wall clock, a wrong one), so, as on a host whose clock has
+drifted, the database's clock still judges its leases; only its own reads of "now"
+(``run_at``, retries, trace timestamps, ``ctx.now``) are off.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import replayq
 from tests.apps.sleepy import record
 
 
-class OffsetClock:
+class OffsetClock(replayq.SystemClock):
     """The system clock shifted by ``offset`` seconds (a skewed host)."""
 
     def __init__(self, offset: float) -> None:

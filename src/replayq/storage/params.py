@@ -37,7 +37,12 @@ class JobInsert:
 
 @dataclass(frozen=True, slots=True)
 class JobLease:
-    """Claim up to ``limit`` jobs; each gets the lease (and handler version) of its type."""
+    """Claim up to ``limit`` jobs; each gets the lease (and handler version) of its type.
+
+    ``now`` decides which jobs are due (``run_at``). The lease itself (``leased_at``,
+    ``lease_deadline``) is granted in ``now`` too, unless ``database_clock``: then in
+    the database's own time, the one clock every worker's leases are judged by.
+    """
 
     worker_id: str
     owner_token: str
@@ -48,14 +53,19 @@ class JobLease:
     lease_for: Mapping[str, float] = field(default_factory=dict)
     version_for: Mapping[str, str] = field(default_factory=dict)
     queues: Sequence[str] | None = None
+    database_clock: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class LeaseExtend:
+    """The heartbeat: the lease ends ``lease_seconds`` after ``now`` (after the database's
+    own now with ``database_clock``, as ``JobLease`` granted it)."""
+
     job_id: int
     owner_token: str
     now: float
     lease_seconds: float
+    database_clock: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -207,8 +207,12 @@ class Transaction(Protocol):
         (the lease was lost, the job is not in the expected state)."""
         ...
 
-    def lease_reap(self, now: float, limit: int) -> list[Job]:
-        """Jobs whose lease expired, as they were before this call; the caller re-queues them."""
+    def lease_reap(self, now: float, limit: int, *, database_clock: bool = False) -> list[Job]:
+        """Jobs whose lease expired, as they were before this call; the caller re-queues them.
+
+        Expired at ``now``, or with ``database_clock`` at the database's own now (the
+        clock ``JobLease`` and ``LeaseExtend`` granted the leases in when they had it).
+        """
         ...
 
     def job_reroute(self, params: JobReroute) -> int:

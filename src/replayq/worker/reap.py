@@ -20,7 +20,8 @@ class Reaping(Outcomes):
         now = self.runtime.clock.now()
         count = 0
         with self.runtime.storage.transaction() as tx:
-            for job in tx.lease_reap(now, 100):
+            by_database = self.runtime.leases_by_database
+            for job in tx.lease_reap(now, 100, database_clock=by_database):
                 self.runtime.hlc.observe(job.hlc)
                 self.observers.job_seen(job)
                 log.warning(

@@ -85,7 +85,7 @@ from replayq.storage import migrate
 from replayq.storage.adopted import AsyncConnectionView, TupleRows
 from replayq.storage.protocol import JobLease, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
-from replayq.storage.sql_transaction import SqlTransaction, row_to_job
+from replayq.storage.sql_transaction import SqlTransaction, lease_now, row_to_job
 
 log = logging.getLogger("replayq.storage.postgres")
 
@@ -240,6 +240,7 @@ class PostgresTransaction(SqlTransaction):
         """
         query_params = {
             "now": params.now,
+            "lease_now": lease_now(params.now, params.database_clock),
             "queues": self.list_param(params.queues),
             "limit": params.limit,
             "owner_token": params.owner_token,
