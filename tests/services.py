@@ -24,6 +24,7 @@ and kills it afterwards.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -162,6 +163,14 @@ def request(method: str, url: str, body: Any = None, *, timeout: float = 5.0) ->
     )
     with urllib.request.urlopen(req, timeout=timeout) as response:  # noqa: S310
         return json.loads(response.read() or b"null")
+
+
+def count_effect(key: str) -> None:
+    """A chaos job's real effect: ``POST /effects/<key>`` to the service named by
+    ``$REPLAYQ_TEST_SERVICE``, where the checker counts it (nothing when it is unset)."""
+    base = os.environ.get(SERVICE_ENV)
+    if base:
+        request("POST", f"{base}/effects/{key}", {})
 
 
 @dataclass

@@ -1,9 +1,11 @@
-"""Jobs for the PostgreSQL chaos tests: one real side effect per job, counted in a file.
+"""Jobs for the PostgreSQL chaos tests: one real side effect per job, counted outside.
 
 ``charge`` sleeps, then makes one effect behind ``ctx.effect`` with the business
-key ``charge:{n}``. The effect appends one JSON line to the ``sink`` file: that
-file, not the queue's tables, is the ground truth of how often an effect really
-happened. ``probe`` only records when it started (pickup latency).
+key ``charge:{n}``. The effect is counted where the queue cannot touch it: a
+``POST /effects/<n>`` to the counting HTTP server of ``tests/services.py`` (when
+``$REPLAYQ_TEST_SERVICE`` names it; the chaos checker reads its counts), then one
+JSON line appended to the ``sink`` file. ``probe`` only records when it started
+(pickup latency).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import time
 
 import replayq
 from tests.apps.sleepy import record
+from tests.services import count_effect
 
 RETRY = replayq.Retry(max_attempts=20, base="0.05s", cap="0.5s")
 
@@ -22,6 +25,7 @@ def charge(ctx: replayq.Context, n: int, sink: str, seconds: float = 0.0) -> dic
         time.sleep(seconds)
 
     def effect() -> dict[str, int]:
+        count_effect(str(n))
         record(sink, "effect", n)
         return {"charged": n}
 

@@ -2,7 +2,9 @@
 
 ``deliver`` asks a recorded ``ctx.call`` for a quote, then runs one ``ctx.effect``
 under the business key ``deliver:{n}`` that appends a line to ``sink``: the ground
-truth of how often the effect really ran. The lease (30 s) outlasts the faults the
+truth of how often the effect really ran, with the ``POST /effects/<n>`` it first
+sends to the counting HTTP server of ``tests/services.py`` when
+``$REPLAYQ_TEST_SERVICE`` names one. The lease (30 s) outlasts the faults the
 tests hold, so a worker that cannot heartbeat through an outage keeps its jobs.
 
 ``$CHAOS_CLOCK_OFFSET`` (seconds, e.g. ``30`` or ``-30``) shifts the clock of the
@@ -19,6 +21,7 @@ import time
 
 import replayq
 from tests.apps.sleepy import record
+from tests.services import count_effect
 
 
 class OffsetClock(replayq.SystemClock):
@@ -31,10 +34,15 @@ class OffsetClock(replayq.SystemClock):
         return time.time() + self.offset
 
 
+def _deliver(sink: str, n: int) -> None:
+    count_effect(str(n))  # the counting HTTP server, when the test runs one
+    record(sink, "effect", n)
+
+
 def deliver(ctx: replayq.Context, n: int, sink: str) -> dict[str, int]:
     quote: int = ctx.call("quote", lambda: n * 2)
     with ctx.step("deliver"):
-        ctx.effect("parcel.deliver", lambda: record(sink, "effect", n))
+        ctx.effect("parcel.deliver", lambda: _deliver(sink, n))
     return {"n": n, "quote": quote}
 
 
