@@ -186,7 +186,7 @@ def kill_worker_sessions(conninfo: str) -> int:
 
 
 def test_four_workers_racing_never_hold_one_job_with_two_live_leases(
-    pg_launcher: PgWorkerLauncher, chaos_app: replayq.App, tmp_path: Path, service: Service
+    pg_launcher: PgWorkerLauncher, chaos_app: replayq.App, tmp_path: Path, effects_service: Service
 ) -> None:
     # No ctx.effect here: a worker SIGKILLed inside an effect leaves it in doubt (parked
     # for a human, by design); this test is about leases, so its jobs only log executions.
@@ -298,7 +298,7 @@ def test_four_workers_racing_never_hold_one_job_with_two_live_leases(
     chaos_check.assert_clean(
         "PostgreSQL, four racing workers, one SIGKILLed holding jobs",
         pg_launcher.url,
-        service.base_url,
+        effects_service.base_url,
         expected=total,
     )
     for worker in workers[1:]:
@@ -311,7 +311,7 @@ def test_four_workers_racing_never_hold_one_job_with_two_live_leases(
 
 @pytest.mark.timeout(300)  # 17-30 s alone; timed out once at 120 s with other suites running
 def test_killed_sessions_lose_nothing_repeat_no_effect_and_listen_comes_back(
-    pg_launcher: PgWorkerLauncher, chaos_app: replayq.App, tmp_path: Path, service: Service
+    pg_launcher: PgWorkerLauncher, chaos_app: replayq.App, tmp_path: Path, effects_service: Service
 ) -> None:
     sink = tmp_path / "effects.jsonl"
     probes = tmp_path / "probes.jsonl"
@@ -378,7 +378,7 @@ def test_killed_sessions_lose_nothing_repeat_no_effect_and_listen_comes_back(
     chaos_check.assert_clean(
         f"PostgreSQL, worker sessions terminated {len(killed)} times (LISTEN ones included)",
         pg_launcher.url,
-        service.base_url,
+        effects_service.base_url,
         expected=total + probe_n,
         recovery_seconds=max(recovery),
         sink=sink,
@@ -468,7 +468,7 @@ def own_server() -> Iterator[OwnServer]:
 
 @pytest.mark.parametrize("mode", ["fast", "immediate"])
 def test_server_restart_mid_run_loses_nothing_and_sigterm_during_the_outage_exits(
-    own_server: OwnServer, mode: str, tmp_path: Path, service: Service
+    own_server: OwnServer, mode: str, tmp_path: Path, effects_service: Service
 ) -> None:
     migrator = replayq.App(own_server.url, auto_migrate=True)
     migrator.storage  # noqa: B018 - opening it migrates the server's database
@@ -479,7 +479,7 @@ def test_server_restart_mid_run_loses_nothing_and_sigterm_during_the_outage_exit
     )
     chaos_app = pg_effects.build(own_server.url)
     try:
-        _restart_mid_run(own_server, mode, pg_launcher, chaos_app, tmp_path, service)
+        _restart_mid_run(own_server, mode, pg_launcher, chaos_app, tmp_path, effects_service)
     except BaseException:
         for worker in pg_launcher.started:
             print(f"--- worker {worker.worker_id} ---\n{worker.log()[-6000:]}")
@@ -495,7 +495,7 @@ def _restart_mid_run(
     pg_launcher: PgWorkerLauncher,
     chaos_app: replayq.App,
     tmp_path: Path,
-    service: Service,
+    effects_service: Service,
 ) -> None:
     sink = tmp_path / "effects.jsonl"
     total = 600
@@ -562,7 +562,7 @@ def _restart_mid_run(
     chaos_check.assert_clean(
         f"PostgreSQL, its server stopped {mode} mid-run and started again",
         server.url,
-        service.base_url,
+        effects_service.base_url,
         expected=total + len(slow),
         recovery_seconds=recovery,
         sink=sink,
@@ -690,7 +690,7 @@ def test_a_partitioned_host_is_fenced_and_its_jobs_finish_elsewhere_once(
     pg_launcher: PgWorkerLauncher,
     chaos_app: replayq.App,
     tmp_path: Path,
-    service: Service,
+    effects_service: Service,
 ) -> None:
     target = psycopg.conninfo.conninfo_to_dict(parse_postgres_url(pg_launcher.url)[0])
     here = f"{target['host']}:{target['port']}"
@@ -698,7 +698,7 @@ def test_a_partitioned_host_is_fenced_and_its_jobs_finish_elsewhere_once(
     addresses = [address for _, address in two_hosts.values()]
     relay = Forwarder(addresses, (str(target["host"]), int(target["port"])))
     # The counting server listens on 127.0.0.1 of this namespace: relayed the same way.
-    service_port = int(service.base_url.rsplit(":", 1)[1])
+    service_port = int(effects_service.base_url.rsplit(":", 1)[1])
     service_relay = Forwarder(addresses, ("127.0.0.1", service_port))
     try:
         urls = {
@@ -774,7 +774,7 @@ def test_a_partitioned_host_is_fenced_and_its_jobs_finish_elsewhere_once(
         chaos_check.assert_clean(
             "PostgreSQL, one of two hosts cut off mid-job (network partition)",
             pg_launcher.url,
-            service.base_url,
+            effects_service.base_url,
             expected=total,
             recovery_seconds=taken_over,
             sink=sink,

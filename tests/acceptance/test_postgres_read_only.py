@@ -94,7 +94,7 @@ def _set_read_only(role: str, on: bool) -> None:
 
 
 def test_a_read_only_server_is_waited_out_and_no_job_fails(
-    read_only_role: tuple[str, str], pg_schema_url: str, tmp_path: Path, service: Service
+    read_only_role: tuple[str, str], pg_schema_url: str, tmp_path: Path, effects_service: Service
 ) -> None:
     worker_url, role = read_only_role
     sink = tmp_path / "effects.jsonl"
@@ -126,7 +126,7 @@ def test_a_read_only_server_is_waited_out_and_no_job_fails(
         chaos_check.assert_clean(
             "PostgreSQL, the workers' server read-only (SQLSTATE 25006) for a while",
             pg_schema_url,
-            service.base_url,
+            effects_service.base_url,
             expected=JOBS,
             recovery_seconds=time.monotonic() - writable,
             sink=sink,

@@ -44,7 +44,7 @@ def _counts(app: replayq.App) -> Counter[str]:
 def _assert_all_delivered_once(
     title: str,
     app: replayq.App,
-    service: Service,
+    effects_service: Service,
     sink: Path,
     total: int,
     recovery_seconds: float,
@@ -54,7 +54,7 @@ def _assert_all_delivered_once(
     chaos_check.assert_clean(
         title,
         app.url,
-        service.base_url,
+        effects_service.base_url,
         expected=total,
         recovery_seconds=recovery_seconds,
         sink=sink,
@@ -74,7 +74,7 @@ def _assert_all_delivered_once(
 
 
 def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(
-    tmp_path: Path, service: Service
+    tmp_path: Path, effects_service: Service
 ) -> None:
     database = tmp_path / "queue.db"
     launcher = WorkerLauncher(database, tmp_path)
@@ -111,7 +111,7 @@ def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(
         _assert_all_delivered_once(
             "SQLite, BEGIN EXCLUSIVE held 12 s under four workers",
             app,
-            service,
+            effects_service,
             sink,
             total,
             time.monotonic() - released,
@@ -129,7 +129,7 @@ def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("offset", [30.0, -30.0])
 def test_one_worker_with_its_clock_off_by_30_s_loses_duplicates_and_accepts_nothing_stale(
-    tmp_path: Path, service: Service, offset: float
+    tmp_path: Path, effects_service: Service, offset: float
 ) -> None:
     """Leases are judged by the database's clock, not by the workers' own: a worker 30 s
     fast reaps no live lease of the others (before, judged by its own clock, it reaped
@@ -166,7 +166,7 @@ def test_one_worker_with_its_clock_off_by_30_s_loses_duplicates_and_accepts_noth
         _assert_all_delivered_once(
             f"SQLite, one worker of three with its clock off by {offset:+.0f} s",
             app,
-            service,
+            effects_service,
             sink,
             total,
             time.monotonic() - started,
@@ -203,7 +203,7 @@ def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 @pytest.mark.timeout(300)
 def test_a_full_disk_is_waited_out_and_the_worker_resumes_when_space_is_freed(
-    small_disk: Path, tmp_path: Path, service: Service
+    small_disk: Path, tmp_path: Path, effects_service: Service
 ) -> None:
     database = small_disk / "queue.db"
     launcher = WorkerLauncher(database, tmp_path)
@@ -253,7 +253,7 @@ def test_a_full_disk_is_waited_out_and_the_worker_resumes_when_space_is_freed(
         _assert_all_delivered_once(
             "SQLite on an 8 MB tmpfs that fills up",
             app,
-            service,
+            effects_service,
             sink,
             total,
             time.monotonic() - freed,
