@@ -134,10 +134,17 @@ def chaos_app(pg_schema_url: str) -> Iterator[replayq.App]:
 
 
 def enqueue_charges(
-    app: replayq.App, sink: Path, numbers: range, seconds: float = 0.0
+    app: replayq.App, sink: Path, numbers: range, seconds: float = 0.0, accounts: int = 0
 ) -> list[int]:
+    """One charge per number; with ``accounts``, every other one is an ``ordered_charge``
+    of account ``n % accounts`` (per-key FIFO under fire, for the checker's order row)."""
     payload = {"sink": str(sink), "seconds": seconds}
-    requests = [replayq.EnqueueRequest("charge", {**payload, "n": n}) for n in numbers]
+    requests = [
+        replayq.EnqueueRequest("ordered_charge", {**payload, "n": n, "account": n % accounts})
+        if accounts and n % 2
+        else replayq.EnqueueRequest("charge", {**payload, "n": n})
+        for n in numbers
+    ]
     return app.enqueue_many(requests)
 
 
@@ -308,6 +315,9 @@ def test_four_workers_racing_never_hold_one_job_with_two_live_leases(
 
 # -- 2. session kill loop ----------------------------------------------------------------------
 
+# Half of the kill loop's charges are ordered by account: 50 accounts, 20 jobs each.
+ACCOUNTS = 50
+
 
 @pytest.mark.timeout(300)  # 17-30 s alone; timed out once at 120 s with other suites running
 def test_killed_sessions_lose_nothing_repeat_no_effect_and_listen_comes_back(
@@ -353,7 +363,7 @@ def test_killed_sessions_lose_nothing_repeat_no_effect_and_listen_comes_back(
     wait_for(lambda: probe_latency() < 0.1, timeout=30, what="workers to start listening")
     for r in range(rounds):
         numbers = range(r * per_round, (r + 1) * per_round)
-        enqueue_charges(chaos_app, sink, numbers)
+        enqueue_charges(chaos_app, sink, numbers, accounts=ACCOUNTS)
         time.sleep(random.uniform(0.05, 0.3))
         killed.append(kill_worker_sessions(conninfo))  # mid-run: pools, listeners, in-flight
         wait_for(

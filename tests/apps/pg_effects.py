@@ -4,8 +4,9 @@
 key ``charge:{n}``. The effect is counted where the queue cannot touch it: a
 ``POST /effects/<n>`` to the counting HTTP server of ``tests/services.py`` (when
 ``$REPLAYQ_TEST_SERVICE`` names it; the chaos checker reads its counts), then one
-JSON line appended to the ``sink`` file. ``probe`` only records when it started
-(pickup latency).
+JSON line appended to the ``sink`` file. ``ordered_charge`` is ``charge`` under the
+ordering key ``account:{account}``. ``probe`` only records when it started (pickup
+latency).
 """
 
 from __future__ import annotations
@@ -32,6 +33,14 @@ def charge(ctx: replayq.Context, n: int, sink: str, seconds: float = 0.0) -> dic
     return ctx.effect("ledger.charge", effect, key=f"charge:{n}")
 
 
+def ordered_charge(
+    ctx: replayq.Context, n: int, sink: str, account: int, seconds: float = 0.0
+) -> dict[str, int]:
+    """``charge`` under the ordering key ``account:{account}``: one at a time per account,
+    in enqueue order (the checker's order-violation row)."""
+    return charge(ctx, n, sink, seconds)
+
+
 def touch(ctx: replayq.Context, n: int, sink: str, seconds: float = 0.0) -> None:
     """No effect: one line when it starts and one when it ends (executions, not effects)."""
     record(sink, "start", n)
@@ -49,6 +58,13 @@ def build(url: str | None = None, *, auto_migrate: bool | None = None) -> replay
     lease = os.environ.get("PG_EFFECTS_LEASE", "2s")
     built.job("touch", lease=lease, heartbeat="0.5s", retry=RETRY)(touch)
     built.job("charge", lease=lease, heartbeat="0.5s", retry=RETRY)(charge)
+    built.job(
+        "ordered_charge",
+        lease=lease,
+        heartbeat="0.5s",
+        retry=RETRY,
+        ordering="account:{account}",
+    )(ordered_charge)
     built.job("probe", lease=lease, heartbeat="0.5s", retry=RETRY)(probe)
     return built
 
