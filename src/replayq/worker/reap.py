@@ -6,6 +6,7 @@ import logging
 
 from replayq.model import DeadReason
 from replayq.queue import lifecycle as trace
+from replayq.storage.params import LeasesExpired
 from replayq.storage.protocol import JobBury, JobRedeliver
 from replayq.worker.outcome import Outcomes
 
@@ -20,8 +21,9 @@ class Reaping(Outcomes):
         now = self.runtime.clock.now()
         count = 0
         with self.runtime.storage.transaction() as tx:
-            by_database = self.runtime.leases_by_database
-            for job in tx.lease_reap(now, 100, database_clock=by_database):
+            for job in tx.job_list(
+                LeasesExpired(now, 100, database_clock=self.runtime.leases_by_database)
+            ):
                 self.runtime.hlc.observe(job.hlc)
                 self.observers.job_seen(job)
                 log.warning(
