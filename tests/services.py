@@ -26,7 +26,6 @@ session, reset before each test (a start costs about a second on a loaded machin
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -44,6 +43,7 @@ from typing import Any
 import pytest
 
 READY_TIMEOUT = 10.0
+# Also in tests/apps/counting.py: this file runs as a script, where ``tests`` is no package.
 SERVICE_ENV = "REPLAYQ_TEST_SERVICE"
 
 
@@ -173,14 +173,6 @@ def request(method: str, url: str, body: Any = None, *, timeout: float = 5.0) ->
     )
     with urllib.request.urlopen(req, timeout=timeout) as response:  # noqa: S310
         return json.loads(response.read() or b"null")
-
-
-def count_effect(key: str) -> None:
-    """A chaos job's real effect: ``POST /effects/<key>`` to the service named by
-    ``$REPLAYQ_TEST_SERVICE``, where the checker counts it (nothing when it is unset)."""
-    base = os.environ.get(SERVICE_ENV)
-    if base:
-        request("POST", f"{base}/effects/{key}", {})
 
 
 @dataclass

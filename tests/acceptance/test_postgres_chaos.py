@@ -400,6 +400,53 @@ def test_killed_sessions_lose_nothing_repeat_no_effect_and_listen_comes_back(
         assert worker.wait(15) == 0
 
 
+# -- 2b. one worker host's clock 30 s fast ------------------------------------------------------
+
+
+def test_a_worker_whose_clock_runs_30_s_fast_reaps_no_live_lease(
+    pg_launcher: PgWorkerLauncher,
+    chaos_app: replayq.App,
+    tmp_path: Path,
+    effects_service: Service,
+) -> None:
+    """Leases are judged by the server's clock: a worker 30 s fast (leases of 2 s,
+    heartbeats every 0.5 s) would, by its own clock, see every other worker's lease as
+    expired 28 s ago and reap it; by the server's it reaps none."""
+    sink = tmp_path / "effects.jsonl"
+    total = 300
+    enqueue_charges(chaos_app, sink, range(total), seconds=0.01)
+    started = time.monotonic()
+    workers = [pg_launcher.start(f"w{i}", concurrency=3) for i in range(2)]
+    workers.append(pg_launcher.start("fast", concurrency=3, env={"CHAOS_CLOCK_OFFSET": "30"}))
+    # Settled, not succeeded: judged by its own clock the fast worker buries jobs whose
+    # effect another worker had started (in doubt), and the checker must say so.
+    wait_for(
+        lambda: states(chaos_app)["succeeded"] + states(chaos_app)["dead"] >= total,
+        timeout=90,
+        what=f"{total} settled",
+    )
+    with chaos_app.storage.transaction(readonly=True) as tx:
+        reaps = tx.connection.execute(
+            "SELECT worker_id, count(*) FROM rq_events WHERE name = 'lease.expired' "
+            "GROUP BY worker_id"
+        ).fetchall()
+        leased_by_fast = tx.connection.execute(
+            "SELECT count(*) FROM rq_events WHERE name = 'job.leased' AND worker_id = 'fast'"
+        ).fetchone()
+    assert reaps == [], f"live leases reaped: {reaps}"
+    assert leased_by_fast is not None and leased_by_fast[0] > 0, "the fast worker took part"
+    chaos_check.assert_clean(
+        "PostgreSQL, one worker of three with its clock 30 s fast",
+        pg_launcher.url,
+        effects_service.base_url,
+        expected=total,
+        recovery_seconds=time.monotonic() - started,
+        sink=sink,
+    )
+    for worker in workers:
+        assert worker.proc.poll() is None, f"worker {worker.worker_id} died\n{worker.log()}"
+
+
 # -- 3. server restart -------------------------------------------------------------------------
 
 

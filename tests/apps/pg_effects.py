@@ -15,8 +15,9 @@ import os
 import time
 
 import replayq
+from tests.apps.counting import count_effect
 from tests.apps.sleepy import record
-from tests.services import count_effect
+from tests.apps.storage_faults import OffsetClock
 
 RETRY = replayq.Retry(max_attempts=20, base="0.05s", cap="0.5s")
 
@@ -53,8 +54,12 @@ def probe(ctx: replayq.Context, n: int, sink: str) -> None:
 
 
 def build(url: str | None = None, *, auto_migrate: bool | None = None) -> replayq.App:
-    """The app on ``url`` (default: ``--db`` / ``$REPLAYQ_DB``); ``$PG_EFFECTS_LEASE`` or 2s."""
-    built = replayq.App(url, auto_migrate=auto_migrate)
+    """The app on ``url`` (default: ``--db`` / ``$REPLAYQ_DB``); ``$PG_EFFECTS_LEASE`` or 2s;
+    ``$CHAOS_CLOCK_OFFSET`` seconds on its wall clock (a host whose clock is off)."""
+    offset = float(os.environ.get("CHAOS_CLOCK_OFFSET", "0"))
+    built = replayq.App(
+        url, auto_migrate=auto_migrate, clock=OffsetClock(offset) if offset else None
+    )
     lease = os.environ.get("PG_EFFECTS_LEASE", "2s")
     built.job("touch", lease=lease, heartbeat="0.5s", retry=RETRY)(touch)
     built.job("charge", lease=lease, heartbeat="0.5s", retry=RETRY)(charge)

@@ -20,8 +20,8 @@ import os
 import time
 
 import replayq
+from tests.apps.counting import count_effect
 from tests.apps.sleepy import record
-from tests.services import count_effect
 
 
 class OffsetClock(replayq.SystemClock):
