@@ -485,6 +485,37 @@ def acquire(owner: str, now: float, hlc: int) -> LockAcquire:
     return LockAcquire("res", owner, None, f"worker-{owner}", now, 10.0, hlc)
 
 
+def test_with_the_database_clock_a_worker_30_s_fast_cannot_take_a_live_lock(
+    storage: Storage,
+) -> None:
+    """Lock TTLs judged like leases: by the database's clock, whatever the caller's says."""
+    fast, slow = time.time() + 30, time.time() - 30
+
+    def take(owner: str, now: float) -> LockAcquire:
+        return LockAcquire("res", owner, None, owner, now, 0.5, 1, database_clock=True)
+
+    with storage.transaction() as tx:
+        assert tx.lock_transition(take("a", slow)) is not None
+        held = lock_get(tx, "res")
+    assert held is not None and held.expires_at is not None and held.acquired_at is not None
+    assert abs(held.acquired_at - time.time()) < 5, "granted in the database's time"
+    assert not held.expired
+    with storage.transaction() as tx:
+        # Its own clock says the lock ran out 29.5 s ago; the database's says it is live.
+        assert tx.lock_transition(take("b", fast)) is None
+        assert tx.lock_transition(acquire("b", fast, 2)) is not None, "a caller's now decides"
+        assert tx.lock_transition(LockRelease("res", "b", 3)) is not None
+        assert tx.lock_transition(take("a", slow)) is not None
+        assert tx.lock_transition(LockRenew("res", "a", slow, 0.5, database_clock=True))
+    time.sleep(0.6)
+    with storage.transaction() as tx:
+        over = lock_get(tx, "res")
+        assert over is not None and over.expired, "past its TTL by the database's clock"
+        assert lock_get(tx, "res", now=slow) is not None
+        assert not lock_get(tx, "res", now=slow).expired  # type: ignore[union-attr]
+        assert tx.lock_transition(take("b", slow)) is not None, "expired: a slow worker takes it"
+
+
 def test_a_lock_is_held_by_one_owner_and_each_acquisition_bumps_its_fencing_token(
     storage: Storage,
 ) -> None:

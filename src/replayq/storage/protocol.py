@@ -540,7 +540,8 @@ def idem_get(tx: Transaction, key: str) -> IdemRecord | None:
     return found[0] if found else None
 
 
-def lock_get(tx: Transaction, resource: str) -> Lock | None:
-    """The lock row of ``resource`` (held or not), if there is one."""
-    found = tx.lock_list(LockFilter(resource=resource))
+def lock_get(tx: Transaction, resource: str, now: float | None = None) -> Lock | None:
+    """The lock row of ``resource`` (held or not), if there is one; ``expired`` judged in
+    ``now``, or in the database's clock when ``None``."""
+    found = tx.lock_list(LockFilter(resource=resource, now=now))
     return found[0] if found else None
