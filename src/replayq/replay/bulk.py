@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import json
 import os
 import selectors
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
@@ -108,33 +109,71 @@ def run_batches(
     """Dry-run ``ids`` here, ``BATCH`` at a time."""
     chosen: dict[tuple[str, str | None], Handler] = {}
     reports: list[ReplayReport] = []
-    for start in range(0, len(ids), BATCH):
-        batch = ids[start : start + BATCH]
-        deferred = Deferred() if options.keep else None
-        for job_id, loaded in zip(batch, load_recordings(runtime, batch), strict=True):
-            if isinstance(loaded, ReplayqError):
-                if on_error is None:
-                    raise loaded
-                on_error(job_id, loaded)
-                continue
-            which = (loaded.job.job_type, loaded.job.handler_version)
-            if which not in chosen:
-                chosen[which] = choose_handler(runtime, loaded, options.version, options.handler)
-            reports.append(
-                dry_run_recording(
-                    runtime,
-                    loaded,
-                    chosen[which],
-                    allow_io=options.allow_io,
-                    keep=options.keep,
-                    deferred=deferred,
-                )
-            )
-        if deferred is not None:
-            deferred.commit(runtime)
-        if progress is not None:
-            progress(len(batch))
+    with _collected_per_batch() as batch_done:
+        for start in range(0, len(ids), BATCH):
+            _run_batch(runtime, ids[start : start + BATCH], options, chosen, reports, on_error)
+            batch_done()
+            if progress is not None:
+                progress(len(ids[start : start + BATCH]))
     return reports
+
+
+def _run_batch(
+    runtime: Runtime,
+    batch: list[int],
+    options: Options,
+    chosen: dict[tuple[str, str | None], Handler],
+    reports: list[ReplayReport],
+    on_error: OnError | None,
+) -> None:
+    """Dry-run one batch: its recordings read in one transaction, kept writes in one."""
+    deferred = Deferred() if options.keep else None
+    for job_id, loaded in zip(batch, load_recordings(runtime, batch), strict=True):
+        if isinstance(loaded, ReplayqError):
+            if on_error is None:
+                raise loaded
+            on_error(job_id, loaded)
+            continue
+        which = (loaded.job.job_type, loaded.job.handler_version)
+        if which not in chosen:
+            chosen[which] = choose_handler(runtime, loaded, options.version, options.handler)
+        reports.append(
+            dry_run_recording(
+                runtime,
+                loaded,
+                chosen[which],
+                allow_io=options.allow_io,
+                keep=options.keep,
+                deferred=deferred,
+            )
+        )
+    if deferred is not None:
+        deferred.commit(runtime)
+
+
+@contextlib.contextmanager
+def _collected_per_batch() -> Iterator[Callable[[], None]]:
+    """Python's cyclic garbage collector paused for the run, a young-generation collection
+    after each batch instead.
+
+    A dry-run leaves no reference cycles of its own (``BufferedContext.release``), but the
+    reports it keeps are containers, and the automatic collections kept scanning all of them
+    (over 1,000 jobs about 0.6 ms per job, a quarter of the run). Cycles a handler makes are
+    still collected, a batch at a time. Nothing changes when the collector was off already.
+    """
+    paused = gc.isenabled()
+    if paused:
+        gc.disable()
+
+    def batch_done() -> None:
+        if paused:
+            gc.collect(0)
+
+    try:
+        yield batch_done
+    finally:
+        if paused:
+            gc.enable()
 
 
 def _module_attribute(source: RuntimeSource) -> str | None:

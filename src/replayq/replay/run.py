@@ -145,6 +145,16 @@ class BufferedContext(Context):
         self.kept_events.extend(events)
         self.comparison.add(events)
 
+    def release(self) -> None:
+        """Drop what refers back to this context once the run is over: the views built in
+        it and the kept writes (closures over the context and its views). Without these
+        cycles a finished dry-run is freed at once instead of by the cyclic garbage
+        collector, whose collections cost a bulk dry-run about as much as a third of its
+        CPU (they scan every report kept so far)."""
+        self.kept_writes = []
+        for view in ("locks", "state", "cache", "outbox", "effects"):
+            self.__dict__.pop(view, None)
+
 
 @dataclass
 class Deferred:
@@ -326,6 +336,8 @@ def run_derived(
         allow_io=allow_io,
         events_now=list(now_events),
     )
+    if isinstance(ctx, BufferedContext):
+        ctx.release()
     if recording.outcome.status == "failed":
         report.retry_recorded = recorded_decision(recording.lifecycle, recording.job.max_attempts)
     if outcome.status == "failed" and outcome.error_class != "replay":
