@@ -192,9 +192,14 @@ def execute(ctx: Context) -> Outcome:
     return Outcome("succeeded", result=result)
 
 
-def _finished(runtime: Runtime, trace_id: str, outcome: Outcome, origin: str) -> TraceEvent:
+def _finished(
+    runtime: Runtime, trace_id: str, outcome: Outcome, origin: str, attempt: int
+) -> TraceEvent:
+    """The derived trace's last event. It carries the attempt, as the run's events do, so
+    that it joins their pack (one ``rq_trace`` row per kept dry-run, not two)."""
     return TraceEvent(
         trace_id=trace_id,
+        attempt=attempt,
         name=f"{origin}.finished",
         kind="domain",
         ts=runtime.clock.now(),
@@ -205,9 +210,9 @@ def _finished(runtime: Runtime, trace_id: str, outcome: Outcome, origin: str) ->
     )
 
 
-def _finish(runtime: Runtime, trace_id: str, outcome: Outcome, origin: str) -> None:
+def _finish(runtime: Runtime, trace_id: str, outcome: Outcome, origin: str, attempt: int) -> None:
     with runtime.storage.transaction() as tx:
-        tx.trace_append([_finished(runtime, trace_id, outcome, origin)])
+        tx.trace_append([_finished(runtime, trace_id, outcome, origin, attempt)])
 
 
 def run_derived(
@@ -288,7 +293,7 @@ def run_derived(
         divergence = ctx.comparison.first()
         if keep:
             kept = ctx.kept_writes
-            events = [*now_events, _finished(runtime, trace_id, outcome, origin)]
+            events = [*now_events, _finished(runtime, trace_id, outcome, origin, job.attempt)]
 
             def write_all(tx: Transaction) -> None:
                 _write_begin(tx, runtime, recording, origin, base_hlc, details, trace_id, branch)
@@ -303,7 +308,7 @@ def run_derived(
                 end.commit(runtime)
     else:
         unrecorded = _record_unrecorded_io(runtime, ctx, sealed)
-        _finish(runtime, trace_id, outcome, origin)
+        _finish(runtime, trace_id, outcome, origin, job.attempt)
         with runtime.storage.transaction(readonly=True) as tx:
             now_events = [
                 e
