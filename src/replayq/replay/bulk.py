@@ -23,6 +23,7 @@ import os
 import selectors
 import subprocess
 import sys
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
@@ -37,6 +38,8 @@ from replayq.runtime import Runtime, RuntimeSource
 
 # Jobs whose recordings are read in one transaction (and, kept, written in one).
 BATCH = 50
+# Batches a worker process holds at once: the one it runs and the next.
+IN_FLIGHT = 2
 
 OnError = Callable[[int, ReplayqError], None]
 Progress = Callable[[int], None]
@@ -192,7 +195,7 @@ def _module_attribute(source: RuntimeSource) -> str | None:
 
 
 class _Worker:
-    """One worker process and the batch it is running."""
+    """One worker process and the batches it was sent, oldest (the one it runs) first."""
 
     def __init__(self, url: str, spec: str) -> None:
         self.process = subprocess.Popen(
@@ -202,7 +205,7 @@ class _Worker:
             text=True,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
         )
-        self.batch: list[int] = []
+        self.batches: deque[list[int]] = deque()
         self.send({"url": url, "app": spec})
 
     @property
@@ -278,31 +281,47 @@ def _in_processes(
     on_error: OnError | None,
     progress: Progress | None,
 ) -> list[ReplayReport]:
-    """Hand out batches to worker processes as they finish one; reports in ``ids`` order."""
+    """Hand out batches to worker processes; reports in ``ids`` order.
+
+    Each worker holds up to ``IN_FLIGHT`` batches, the next one waiting in its input while
+    it runs the first, so that it never waits for this process to read its answer and
+    send more work (on a busy machine this process may not run for a while).
+    """
     size = max(1, min(BATCH, -(-len(ids) // processes)))
-    todo = [ids[n : n + size] for n in range(0, len(ids), size)]
-    todo.reverse()
+    todo = deque(ids[n : n + size] for n in range(0, len(ids), size))
     done: dict[int, ReplayReport] = {}
     failed: list[tuple[int, ReplayqError]] = []
     selector = selectors.DefaultSelector()
     setup = options.to_dict()
     busy = 0
+
+    def hand_out(worker: _Worker) -> None:
+        batch = todo.popleft()
+        worker.batches.append(batch)
+        worker.send({"ids": batch, "options": setup})
+
     try:
-        for worker in _POOL.take(runtime.url, spec, min(processes, len(todo))):
-            busy += 1
-            worker.batch = todo.pop()
-            worker.send({"ids": worker.batch, "options": setup})
+        workers = _POOL.take(runtime.url, spec, min(processes, len(todo)))
+        for worker in workers:
+            worker.batches.clear()
             selector.register(worker.stdout, selectors.EVENT_READ, worker)
+            busy += 1
+        for _ in range(IN_FLIGHT):  # one batch each first: every worker gets work
+            for worker in workers:
+                if todo:
+                    hand_out(worker)
         while busy:
             for key, _ in selector.select():
                 worker = key.data
                 line = worker.stdout.readline()
                 if not line:
+                    unfinished = sum(len(b) for b in worker.batches)
                     raise ReplayqError(
                         f"a dry-run worker process exited ({worker.process.wait()}) "
-                        f"with {len(worker.batch)} job(s) unfinished; see its error output"
+                        f"with {unfinished} job(s) unfinished; see its error output"
                     )
-                for job_id, entry in zip(worker.batch, json.loads(line), strict=True):
+                batch = worker.batches.popleft()
+                for job_id, entry in zip(batch, json.loads(line), strict=True):
                     if "report" in entry:
                         done[job_id] = ReplayReport.from_dict(entry["report"])
                     else:
@@ -310,11 +329,10 @@ def _in_processes(
                 if failed and on_error is None:
                     raise failed[0][1]
                 if progress is not None:
-                    progress(len(worker.batch))
+                    progress(len(batch))
                 if todo:
-                    worker.batch = todo.pop()
-                    worker.send({"ids": worker.batch, "options": setup})
-                else:
+                    hand_out(worker)
+                elif not worker.batches:
                     selector.unregister(worker.stdout)
                     busy -= 1
     finally:
