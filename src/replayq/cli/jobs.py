@@ -93,7 +93,7 @@ def worker(
     app = env.app(app_spec)
     observers: list[replayq.Observer] = []
     if metrics_port is not None:
-        metrics = replayq.WorkerMetrics(app.get_job_or_none)
+        metrics = replayq.WorkerMetrics(app.get_job_or_none, connections=app.storage.connections)
         replayq.serve_metrics(metrics.registry, metrics_port, metrics_host)
         observers.append(metrics)
     provider = None
@@ -376,8 +376,7 @@ def dead_requeue(
 def stats(env: Env, as_json: bool) -> None:
     """Depth per type and state, oldest queued age."""
     app = env.app()
-    with app.storage.transaction(readonly=True) as tx:
-        rows = tx.job_stats()
+    rows = app.stats()
     if as_json:
         emit_json([vars(r) for r in rows])
     else:
