@@ -149,8 +149,8 @@ class BufferedContext(Context):
         """Drop what refers back to this context once the run is over: the views built in
         it and the kept writes (closures over the context and its views). Without these
         cycles a finished dry-run is freed at once instead of by the cyclic garbage
-        collector, whose collections cost a bulk dry-run about as much as a third of its
-        CPU (they scan every report kept so far)."""
+        collector (whose collections, scanning every report kept so far, took about a
+        quarter of a 1,000-job bulk dry-run)."""
         self.kept_writes = []
         for view in ("locks", "state", "cache", "outbox", "effects"):
             self.__dict__.pop(view, None)
