@@ -85,7 +85,9 @@ def dry_run_many(
     there is one) and open their own connection to this database; they stay up for
     the next call on the same database and application (``close_workers`` ends
     them). Without an importable application the jobs run here, one batch after
-    another.
+    another; while they do, Python's cyclic garbage collector is paused (the youngest
+    generation is collected after each batch instead) and given back when the call
+    returns or raises.
 
     A job that cannot be replayed (missing, nothing recorded) raises its
     ``ReplayqError``; with ``on_error(job_id, error)`` it is passed there instead and
