@@ -135,6 +135,12 @@ _JOB_QUERIES: dict[type[Any], str] = {
 }
 
 
+def lease_now(now: float, database_clock: bool) -> float | None:
+    """The ``lease_now`` parameter of the lease queries: ``NULL`` lets the database's own
+    clock judge the lease (``COALESCE(:lease_now, <the database's now>)``)."""
+    return None if database_clock else now
+
+
 def row_to_job(row: Mapping[str, Any]) -> Job:
     fields = {name: row[name] for name in _JOB_COLUMNS}
     fields["state"] = JobState(fields["state"])
@@ -214,7 +220,7 @@ class SqlTransaction(ReportVerbs, ContextVerbs):
                     "job_id": candidate["id"],
                     "owner_token": params.owner_token,
                     "worker_id": params.worker_id,
-                    "now": params.now,
+                    "lease_now": lease_now(params.now, params.database_clock),
                     "hlc": params.hlc,
                     "lease_seconds": params.lease_for.get(
                         candidate["job_type"], params.default_lease_seconds
@@ -237,7 +243,10 @@ class SqlTransaction(ReportVerbs, ContextVerbs):
             query = "job_bury_queued" if change.owner_token is None else "job_bury_owned"
         else:
             query = _JOB_QUERIES[type(change)]
-        return self.changed(query, query_params(change))
+        values = query_params(change)
+        if isinstance(change, LeaseExtend):
+            values["lease_now"] = lease_now(change.now, change.database_clock)
+        return self.changed(query, values)
 
     def job_match(self, params: JobMatch) -> list[int]:
         values = {**query_params(params), "states": self.list_param(params.states)}
@@ -248,7 +257,8 @@ class SqlTransaction(ReportVerbs, ContextVerbs):
             rows = self.fetchall("job_cancel_requested", {"worker_id": params.worker_id})
             return [row_to_job(r) for r in rows]
         if isinstance(params, LeasesExpired):
-            rows = self.fetchall("lease_reap", {"now": params.now, "limit": params.limit})
+            values = {"lease_now": lease_now(params.now, params.database_clock)}
+            rows = self.fetchall("lease_reap", {**values, "limit": params.limit})
             return [row_to_job(r) for r in rows]
         rows = self.fetchall(
             "job_list",

@@ -70,7 +70,13 @@ class Heartbeat(WorkerCore):
                     flight.next_heartbeat = time.monotonic() + flight.heartbeat_seconds
                     continue
                 extended = tx.job_transition(
-                    LeaseExtend(job.id, job.owner_token, now, flight.lease_seconds)
+                    LeaseExtend(
+                        job.id,
+                        job.owner_token,
+                        now,
+                        flight.lease_seconds,
+                        database_clock=self.runtime.leases_by_database,
+                    )
                 )
                 name = trace.LEASE_EXTENDED if extended else trace.LEASE_LOST
                 events.append(
