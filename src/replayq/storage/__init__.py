@@ -27,6 +27,7 @@ scalars and returns records, never a mapping)::
                   JobCancelRequest | JobCancelRunning | JobReleaseRunning | JobRequeue |
                   LeaseRelease |
                   JobRedeliver | JobRoute | JobSetRecorded)      one CAS on one job row
+                  (LeaseExtend: on each of the leases it names, in one statement)
     reports   job_stats job_gauges job_scheduled job_durations version_outcomes
               signal_counts signal_series outbox_backlog job_out_of_order
     trace     trace_append trace_query(TraceQuery) trace_jobs(TraceJobs) trace_window(TraceWindow)

@@ -112,7 +112,6 @@ _EVENT_COLUMNS = (
 
 # The named query of each compare-and-set on a job row (``JobBury`` picks one of two).
 _JOB_QUERIES: dict[type[Any], str] = {
-    LeaseExtend: "lease_extend",
     JobComplete: "job_complete",
     JobRetry: "job_retry",
     JobCancel: "job_cancel",
@@ -140,6 +139,15 @@ def row_to_event(row: Mapping[str, Any]) -> TraceEvent:
     return TraceEvent.of(fields)
 
 
+def _by_state(query: str, states: Sequence[str] | None) -> str:
+    """``job_list`` / ``job_count``, or their ``_by_state`` form when only states kept in
+    a partial index (queued, running, dead, cancelled) are asked for: those never read
+    the history of succeeded jobs."""
+    if states is None or "succeeded" in states:
+        return query
+    return {"job_list": "job_list_by_state", "job_count": "job_count_by_state"}[query]
+
+
 class SqlTransaction(ContextVerbs):
     """Implements ``storage.protocol.Transaction`` on one open DB-API connection."""
 
@@ -154,6 +162,10 @@ class SqlTransaction(ContextVerbs):
     def list_param(self, values: Sequence[str] | Sequence[int] | None) -> Any:
         """How a list parameter is passed (SQLite: JSON text for ``json_each``)."""
         return None if values is None else codec.dumps(list(values))
+
+    def lease_pairs(self, leases: Sequence[tuple[int, str]]) -> dict[str, Any]:
+        """How (job id, owner token) pairs are passed (SQLite: one JSON array of pairs)."""
+        return {"leases": codec.dumps([list(pair) for pair in leases])}
 
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         return self.connection.execute(self._queries[name], params or {})
@@ -223,6 +235,11 @@ class SqlTransaction(ContextVerbs):
         return row is not None
 
     def job_transition(self, change: JobChange) -> bool:
+        if isinstance(change, LeaseExtend):
+            leases = change.leases()
+            values = {"now": change.now, "lease_seconds": change.lease_seconds}
+            extended = self.execute("lease_extend", {**values, **self.lease_pairs(leases)})
+            return bool(extended.rowcount == len(set(leases)))
         if isinstance(change, JobBury):
             query = "job_bury_queued" if change.owner_token is None else "job_bury_owned"
         else:
@@ -242,7 +259,7 @@ class SqlTransaction(ContextVerbs):
 
     def job_list(self, params: JobFilter) -> list[Job]:
         rows = self.fetchall(
-            "job_list",
+            _by_state("job_list", params.states),
             {
                 "states": self.list_param(params.states),
                 "job_type": params.job_type,
@@ -257,7 +274,7 @@ class SqlTransaction(ContextVerbs):
 
     def job_count(self, params: JobFilter) -> int:
         row = self.fetchone(
-            "job_count",
+            _by_state("job_count", params.states),
             {
                 "states": self.list_param(params.states),
                 "job_type": params.job_type,

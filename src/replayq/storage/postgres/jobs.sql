@@ -82,8 +82,10 @@ WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running'
 FOR SHARE;
 
 -- name: lease_extend
-UPDATE rq_jobs SET lease_deadline = %(now)s + %(lease_seconds)s
-WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running';
+-- Every lease of the pairs (job_ids[i], owner_tokens[i]) in one statement.
+UPDATE rq_jobs AS j SET lease_deadline = %(now)s + %(lease_seconds)s
+FROM unnest(%(job_ids)s::bigint[], %(owner_tokens)s::text[]) AS l(id, owner_token)
+WHERE j.id = l.id AND j.owner_token = l.owner_token AND j.state = 'running';
 
 -- name: job_complete
 UPDATE rq_jobs
@@ -208,6 +210,57 @@ WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
   AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
   AND (%(version)s::text IS NULL OR handler_version = %(version)s::text);
+
+-- name: job_list_by_state
+-- job_list when :states is given and does not name 'succeeded' (the caller picks it): each
+-- state is read from the partial index it lives in (rq_jobs_ready, rq_jobs_lease_deadline,
+-- rq_jobs_failed), never from the history of succeeded jobs, so `jobs list --state dead`
+-- costs the same at a million finished jobs as at none. A branch whose state is not
+-- asked for is skipped before it reads a row (its state test does not depend on the row).
+SELECT * FROM (
+    (SELECT * FROM rq_jobs
+     WHERE state = 'queued' AND 'queued' = ANY(%(states)s::text[])
+       AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+        AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
+        AND (%(version)s::text IS NULL OR handler_version = %(version)s::text)
+       AND id < %(before)s::bigint
+     ORDER BY id DESC LIMIT %(limit)s)
+    UNION ALL
+    (SELECT * FROM rq_jobs
+     WHERE state = 'running' AND 'running' = ANY(%(states)s::text[])
+       AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+        AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
+        AND (%(version)s::text IS NULL OR handler_version = %(version)s::text)
+       AND id < %(before)s::bigint
+     ORDER BY id DESC LIMIT %(limit)s)
+    UNION ALL
+    (SELECT * FROM rq_jobs
+     WHERE state IN ('dead', 'cancelled') AND state = ANY(%(states)s::text[])
+       AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+        AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
+        AND (%(version)s::text IS NULL OR handler_version = %(version)s::text)
+       AND id < %(before)s::bigint
+     ORDER BY id DESC LIMIT %(limit)s)) AS listed
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: job_count_by_state
+-- job_count for the states job_list_by_state reads, from the same partial indexes.
+SELECT (SELECT count(*) FROM rq_jobs
+        WHERE state = 'queued' AND 'queued' = ANY(%(states)s::text[])
+        AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+        AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
+        AND (%(version)s::text IS NULL OR handler_version = %(version)s::text))
+     + (SELECT count(*) FROM rq_jobs
+        WHERE state = 'running' AND 'running' = ANY(%(states)s::text[])
+        AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+        AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
+        AND (%(version)s::text IS NULL OR handler_version = %(version)s::text))
+     + (SELECT count(*) FROM rq_jobs
+        WHERE state IN ('dead', 'cancelled') AND state = ANY(%(states)s::text[])
+        AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+        AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
+        AND (%(version)s::text IS NULL OR handler_version = %(version)s::text)) AS count;
 
 -- name: job_match
 -- Bulk actions: the ids of production jobs matching every given filter, oldest first.
