@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, overload, runtime_checkable
 
 from replayq.model import Job, StatRow, TraceEvent
 from replayq.storage.params import (
@@ -183,8 +183,19 @@ class Transaction(Protocol):
 
     # -- jobs -------------------------------------------------------------------------------
 
-    def job_insert(self, params: JobInsert) -> tuple[int, bool]:
-        """Insert a job; on a duplicate ``message_id`` return ``(existing_id, False)``."""
+    @overload
+    def job_insert(self, params: JobInsert) -> tuple[int, bool]: ...
+    @overload
+    def job_insert(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]: ...
+    def job_insert(
+        self, params: JobInsert | Sequence[JobInsert]
+    ) -> tuple[int, bool] | list[tuple[int, bool]]:
+        """Insert a job; on a duplicate ``message_id`` return ``(existing_id, False)``.
+
+        Given a sequence, insert them all in its order (one statement on PostgreSQL) and
+        return one such pair per item; an item whose ``message_id`` an earlier one of the
+        same sequence took gets that job.
+        """
         ...
 
     def job_get(self, job_id: int) -> Job | None: ...

@@ -8,7 +8,7 @@ one implementation serves both; what differs lives in each ``queries.sql``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, overload
 
 from replayq import codec
 from replayq.errors import ConfigurationError
@@ -194,7 +194,22 @@ class SqlTransaction(ContextVerbs):
 
     # -- jobs -------------------------------------------------------------------------------
 
-    def job_insert(self, params: JobInsert) -> tuple[int, bool]:
+    @overload
+    def job_insert(self, params: JobInsert) -> tuple[int, bool]: ...
+    @overload
+    def job_insert(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]: ...
+    def job_insert(
+        self, params: JobInsert | Sequence[JobInsert]
+    ) -> tuple[int, bool] | list[tuple[int, bool]]:
+        if isinstance(params, JobInsert):
+            return self._job_insert_one(params)
+        return self._job_insert_many(params)
+
+    def _job_insert_many(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]:
+        """One insert each (SQLite: each is an in-process call, no round trip)."""
+        return [self._job_insert_one(p) for p in params]
+
+    def _job_insert_one(self, params: JobInsert) -> tuple[int, bool]:
         row = self.fetchone("job_insert", query_params(params))
         if row is not None:
             return int(row["id"]), True
