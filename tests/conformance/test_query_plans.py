@@ -21,7 +21,6 @@ from typing import Any
 import pytest
 
 import replayq
-from replayq.storage.sql_transaction import _by_state
 
 AppFactory = Callable[..., replayq.App]
 
@@ -167,6 +166,10 @@ def history(app: replayq.App) -> None:
 
 
 def plan_of(app: replayq.App, name: str, params: dict[str, Any]) -> str:
+    # Here, not at the top: benchmarks/dead_list.py imports this module's history on
+    # older versions of replayq too.
+    from replayq.storage.sql_transaction import _by_state
+
     storage: Any = app.storage
     # job_list and job_count read a state's partial index when given only such states.
     sql = storage.queries[_by_state(name, params["states"]) if "states" in params else name]
