@@ -54,6 +54,12 @@ def measure(backend: str, history: int, calls: int) -> dict[str, float]:
                 plans.history(app)
                 with app.storage.transaction() as tx:
                     tx.connection.execute("DELETE FROM rq_jobs WHERE state <> 'dead'")
+                if backend == "postgres":
+                    # An empty table, not one of 120,000 dead tuples a scan still reads.
+                    import psycopg
+
+                    with psycopg.connect(url, autocommit=True) as conn:
+                        conn.execute("VACUUM FULL rq_jobs")
             dead = app.count_jobs(states=["dead"])
             assert len(app.list_jobs(states=["dead"])) == min(dead, 100)
             figures[f"list_ms_{label}"] = 1000 * timed(
