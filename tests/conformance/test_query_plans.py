@@ -168,11 +168,11 @@ def history(app: replayq.App) -> None:
 def plan_of(app: replayq.App, name: str, params: dict[str, Any]) -> str:
     # Here, not at the top: benchmarks/dead_list.py imports this module's history on
     # older versions of replayq too.
-    from replayq.storage.sql_transaction import _by_state
+    from replayq.storage.report_verbs import by_state
 
     storage: Any = app.storage
     # job_list and job_count read a state's partial index when given only such states.
-    sql = storage.queries[_by_state(name, params["states"]) if "states" in params else name]
+    sql = storage.queries[by_state(name, params["states"]) if "states" in params else name]
     with storage.transaction(readonly=True) as tx:
         conn = tx.connection
         params = {
