@@ -78,6 +78,7 @@ LEASE = {"job_id": LIVE_ID, "owner_token": f"token-{LIVE_ID}"}
 WORKER_QUERIES: dict[str, dict[str, Any]] = {
     "job_lease_candidates": {"now": NOW, "queues": None, "limit": 10},
     "job_lease_one": {
+        "lease_now": NOW,
         "job_id": HISTORY,
         "owner_token": "t",
         "worker_id": WORKER,
@@ -87,6 +88,7 @@ WORKER_QUERIES: dict[str, dict[str, Any]] = {
         "handler_version": "v1",
     },
     "job_lease_batch": {
+        "lease_now": NOW,
         "now": NOW,
         "queues": None,
         "limit": 10,
@@ -98,7 +100,7 @@ WORKER_QUERIES: dict[str, dict[str, Any]] = {
         "default_lease_seconds": 30.0,
     },
     "lease_check": LEASE,
-    "lease_extend": {"now": NOW, "lease_seconds": 30.0, "leases": [LEASE]},
+    "lease_extend": {"lease_now": NOW, "lease_seconds": 30.0, "leases": [LEASE]},
     "job_cancel_requested": {"worker_id": WORKER},
     "job_complete": {**LEASE, "now": NOW, "result_json": None, "hlc": 1},
     "job_retry": {
@@ -118,7 +120,7 @@ WORKER_QUERIES: dict[str, dict[str, Any]] = {
         "hlc": 1,
     },
     "lease_release": {**LEASE, "now": NOW, "hlc": 1},
-    "lease_reap": {"now": NOW + 60, "limit": 100},
+    "lease_reap": {"lease_now": NOW + 60, "limit": 100},
     "job_redeliver": {**LEASE, "now": NOW, "hlc": 1},
     "job_scheduled": {"now": NOW, "queues": None},
     "job_get": {"job_id": LIVE_ID},
@@ -213,6 +215,8 @@ def checked(app: replayq.App) -> dict[str, str]:
     storage: Any = app.storage
     plans = {}
     queries = [(n, p) for n, p in WORKER_QUERIES.items() if n in storage.queries]
+    # Leases judged by the database's clock (``database_clock``: lease_now NULL) too.
+    queries += [(n, {**p, "lease_now": None}) for n, p in queries if "lease_now" in p]
     for name, params in [*queries, *LIST_QUERIES]:
         plan = plan_of(app, name, params)
         scans = full_scans(storage.dialect, plan)

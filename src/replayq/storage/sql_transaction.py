@@ -134,6 +134,12 @@ _JOB_QUERIES: dict[type[Any], str] = {
 }
 
 
+def lease_now(now: float, database_clock: bool) -> float | None:
+    """The ``lease_now`` parameter of the lease queries: ``NULL`` lets the database's own
+    clock judge the lease (``COALESCE(:lease_now, <the database's now>)``)."""
+    return None if database_clock else now
+
+
 def row_to_job(row: Mapping[str, Any]) -> Job:
     fields = {name: row[name] for name in _JOB_COLUMNS}
     fields["state"] = JobState(fields["state"])
@@ -232,7 +238,7 @@ class SqlTransaction(ReportVerbs, ContextVerbs):
                     "job_id": candidate["id"],
                     "owner_token": params.owner_token,
                     "worker_id": params.worker_id,
-                    "now": params.now,
+                    "lease_now": lease_now(params.now, params.database_clock),
                     "hlc": params.hlc,
                     "lease_seconds": params.lease_for.get(
                         candidate["job_type"], params.default_lease_seconds
@@ -253,7 +259,10 @@ class SqlTransaction(ReportVerbs, ContextVerbs):
             return int(self.execute("job_reroute", query_params(change)).rowcount)
         if isinstance(change, LeaseExtend):
             leases = change.leases()
-            values = {"now": change.now, "lease_seconds": change.lease_seconds}
+            values = {
+                "lease_now": lease_now(change.now, change.database_clock),
+                "lease_seconds": change.lease_seconds,
+            }
             extended = self.execute("lease_extend", {**values, **self.lease_pairs(leases)})
             return bool(extended.rowcount == len(set(leases)))
         if isinstance(change, JobBury):
@@ -271,7 +280,8 @@ class SqlTransaction(ReportVerbs, ContextVerbs):
             rows = self.fetchall("job_cancel_requested", {"worker_id": params.worker_id})
             return [row_to_job(r) for r in rows]
         if isinstance(params, LeasesExpired):
-            rows = self.fetchall("lease_reap", {"now": params.now, "limit": params.limit})
+            values = {"lease_now": lease_now(params.now, params.database_clock)}
+            rows = self.fetchall("lease_reap", {**values, "limit": params.limit})
             return [row_to_job(r) for r in rows]
         rows = self.fetchall(
             by_state("job_list", params.states),

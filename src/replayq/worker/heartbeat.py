@@ -69,7 +69,7 @@ class Heartbeat(WorkerCore):
                     flight.next_heartbeat = time.monotonic() + flight.heartbeat_seconds
                 else:
                     extending.append(flight)
-            held = _extend_held(tx, extending, now)
+            held = _extend_held(tx, extending, now, self.runtime.leases_by_database)
             for flight in extending:
                 job = flight.job
                 extended = job.id in held
@@ -93,7 +93,9 @@ class Heartbeat(WorkerCore):
                 flight.ctx.locks.renew_all()
 
 
-def _extend_held(tx: Transaction, flights: Sequence[InFlight], now: float) -> set[int]:
+def _extend_held(
+    tx: Transaction, flights: Sequence[InFlight], now: float, database_clock: bool
+) -> set[int]:
     """Extend the flights' leases; the ids of those still held.
 
     One statement per lease length (usually one: a batch of one job type) for every
@@ -109,10 +111,11 @@ def _extend_held(tx: Transaction, flights: Sequence[InFlight], now: float) -> se
     held: set[int] = set()
     for seconds, leases in by_seconds.items():
         (job_id, token), *more = leases
-        if tx.job_transition(LeaseExtend(job_id, token, now, seconds, tuple(more))):
+        extend = LeaseExtend(job_id, token, now, seconds, database_clock, tuple(more))
+        if tx.job_transition(extend):
             held.update(job_id for job_id, _ in leases)
             continue
         for job_id, token in leases:
-            if tx.job_transition(LeaseExtend(job_id, token, now, seconds)):
+            if tx.job_transition(LeaseExtend(job_id, token, now, seconds, database_clock)):
                 held.add(job_id)
     return held

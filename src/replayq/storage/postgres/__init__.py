@@ -7,6 +7,10 @@ Known limits, up front:
   ``UPDATE … FROM (SELECT … FOR UPDATE SKIP LOCKED)`` statement, and every later
   state change is ``WHERE id = … AND owner_token = … AND state = 'running'``.
   Read-only calls (listing, traces) run in ``READ ONLY`` transactions.
+* Leases are judged by the server's clock (``statement_timestamp()``) when the
+  worker's app runs on the real clock: granted, extended and reaped in one time
+  whatever each worker host's clock says; an injected test clock judges them itself.
+  Which jobs are due (``run_at``) is still read in the worker's clock.
 * Per-key ordering: the lease query only offers the oldest unfinished job of an
   ordering key, and only while no job of that key is running. Two claimers whose
   statement snapshots differ (an enqueue that committed late with a lower id)
@@ -87,7 +91,7 @@ from replayq.storage import migrate
 from replayq.storage.adopted import AsyncConnectionView, TupleRows
 from replayq.storage.protocol import JobInsert, JobLease, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
-from replayq.storage.sql_transaction import SqlTransaction, row_to_job
+from replayq.storage.sql_transaction import SqlTransaction, lease_now, row_to_job
 
 log = logging.getLogger("replayq.storage.postgres")
 
@@ -260,6 +264,7 @@ class PostgresTransaction(SqlTransaction):
         """
         query_params = {
             "now": params.now,
+            "lease_now": lease_now(params.now, params.database_clock),
             "queues": self.list_param(params.queues),
             "limit": params.limit,
             "owner_token": params.owner_token,

@@ -65,9 +65,14 @@ SELECT * FROM rq_jobs WHERE id = %(job_id)s;
 -- name: job_lease_one
 -- Claims one given job. The worker claims with job_lease_batch; this single-row form
 -- lets tests show that rq_jobs_one_running_per_key refuses a second running job of a key.
+-- Leases are granted, extended and reaped in %(lease_now)s, or when it is NULL in the
+-- server's own now (statement_timestamp(): one value for the whole statement), so that
+-- workers on hosts whose clocks disagree judge every lease by one clock.
 UPDATE rq_jobs
 SET state = 'running', attempt = attempt + 1, owner_token = %(owner_token)s,
-    worker_id = %(worker_id)s, leased_at = %(now)s, lease_deadline = %(now)s + %(lease_seconds)s,
+    worker_id = %(worker_id)s,
+    leased_at = COALESCE(%(lease_now)s::float8, extract(epoch FROM statement_timestamp())::float8),
+    lease_deadline = COALESCE(%(lease_now)s::float8, extract(epoch FROM statement_timestamp())::float8) + %(lease_seconds)s,
     handler_version = COALESCE(handler_version, %(handler_version)s::text), hlc = GREATEST(hlc + 1, %(hlc)s)
 WHERE id = %(job_id)s AND state = 'queued'
 RETURNING *;
@@ -96,9 +101,10 @@ WITH candidates AS (
 )
 UPDATE rq_jobs AS j
 SET state = 'running', attempt = j.attempt + 1, owner_token = %(owner_token)s,
-    worker_id = %(worker_id)s, leased_at = %(now)s,
-    lease_deadline = %(now)s + COALESCE((%(lease_for)s::jsonb ->> j.job_type)::float8,
-                                        %(default_lease_seconds)s),
+    worker_id = %(worker_id)s,
+    leased_at = COALESCE(%(lease_now)s::float8, extract(epoch FROM statement_timestamp())::float8),
+    lease_deadline = COALESCE(%(lease_now)s::float8, extract(epoch FROM statement_timestamp())::float8)
+        + COALESCE((%(lease_for)s::jsonb ->> j.job_type)::float8, %(default_lease_seconds)s),
     -- A job keeps the version of its first lease through every later attempt.
     handler_version = COALESCE(j.handler_version, %(version_for)s::jsonb ->> j.job_type),
     hlc = GREATEST(j.hlc + 1, %(hlc)s)
@@ -117,7 +123,8 @@ FOR SHARE;
 
 -- name: lease_extend
 -- Every lease of the pairs (job_ids[i], owner_tokens[i]) in one statement.
-UPDATE rq_jobs AS j SET lease_deadline = %(now)s + %(lease_seconds)s
+UPDATE rq_jobs AS j
+SET lease_deadline = COALESCE(%(lease_now)s::float8, extract(epoch FROM statement_timestamp())::float8) + %(lease_seconds)s
 FROM unnest(%(job_ids)s::bigint[], %(owner_tokens)s::text[]) AS l(id, owner_token)
 WHERE j.id = l.id AND j.owner_token = l.owner_token AND j.state = 'running';
 
@@ -186,7 +193,8 @@ SELECT pg_notify('replayq_jobs', queue) FROM requeued;
 -- SKIP LOCKED: two reapers (or a reaper and the job's own settle) never wait on each
 -- other; whatever one skips, the next reap finds. The caller's redeliver is a CAS.
 SELECT * FROM rq_jobs
-WHERE state = 'running' AND lease_deadline < %(now)s
+WHERE state = 'running'
+  AND lease_deadline < COALESCE(%(lease_now)s::float8, extract(epoch FROM statement_timestamp())::float8)
 ORDER BY lease_deadline
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;

@@ -38,9 +38,14 @@ ORDER BY j.priority DESC, j.run_at, j.id
 LIMIT :limit;
 
 -- name: job_lease_one
+-- Leases are granted, extended and reaped in :lease_now, or when it is NULL in SQLite's
+-- own now: the host's clock, which every process on the file shares (julianday('now') is
+-- one value for the whole statement, to the millisecond; unixepoch('subsec') needs 3.42).
 UPDATE rq_jobs
 SET state = 'running', attempt = attempt + 1, owner_token = :owner_token,
-    worker_id = :worker_id, leased_at = :now, lease_deadline = :now + :lease_seconds,
+    worker_id = :worker_id,
+    leased_at = COALESCE(:lease_now, (julianday('now') - 2440587.5) * 86400.0),
+    lease_deadline = COALESCE(:lease_now, (julianday('now') - 2440587.5) * 86400.0) + :lease_seconds,
     -- A job keeps the version of its first lease through every later attempt.
     handler_version = COALESCE(handler_version, :handler_version), hlc = MAX(hlc + 1, :hlc)
 WHERE id = :job_id AND state = 'queued'
@@ -56,7 +61,8 @@ WHERE id = :job_id AND owner_token = :owner_token AND state = 'running';
 -- name: lease_extend
 -- Every lease in :leases (a JSON array of [job id, owner token]) in one statement: the
 -- ids are rowid seeks, each row's token compared with its own pair's.
-UPDATE rq_jobs SET lease_deadline = :now + :lease_seconds
+UPDATE rq_jobs
+SET lease_deadline = COALESCE(:lease_now, (julianday('now') - 2440587.5) * 86400.0) + :lease_seconds
 WHERE id IN (SELECT json_extract(value, '$[0]') FROM json_each(:leases))
   AND state = 'running'
   AND owner_token = (SELECT json_extract(l.value, '$[1]') FROM json_each(:leases) AS l
@@ -130,7 +136,8 @@ WHERE id = :job_id AND state = 'dead';
 
 -- name: lease_reap
 SELECT * FROM rq_jobs
-WHERE state = 'running' AND lease_deadline < :now
+WHERE state = 'running'
+  AND lease_deadline < COALESCE(:lease_now, (julianday('now') - 2440587.5) * 86400.0)
 ORDER BY lease_deadline
 LIMIT :limit;
 
