@@ -133,6 +133,7 @@ def test_the_database_refuses_two_running_jobs_of_one_key(storage: PostgresStora
                 "owner_token": "sneaky",
                 "worker_id": "w",
                 "now": 1_700_000_001.0,
+                "lease_now": 1_700_000_001.0,
                 "lease_seconds": 30.0,
                 "handler_version": None,
                 "hlc": 9,
