@@ -203,6 +203,30 @@ def test_an_extended_lease_is_not_reaped(storage: Storage) -> None:
         assert [j.id for j in tx.job_list(LeasesExpired(T0 + 11, 10))] == [job_id]
 
 
+def test_one_lease_extend_covers_every_lease_a_worker_holds_and_fails_if_one_was_lost(
+    storage: Storage,
+) -> None:
+    first = leased_job(storage, job_type="short")  # token "tok", leases end at T0 + 6
+    with storage.transaction() as tx:
+        second, _ = tx.job_insert(insert(job_type="short"))
+        third, _ = tx.job_insert(insert(job_type="short"))
+        assert {j.id for j in tx.job_lease(lease(owner="tok2"))} == {second, third}
+    with storage.transaction() as tx:
+        both = LeaseExtend(first, "tok", T0 + 5, 5.0, more=((second, "tok2"), (third, "tok2")))
+        assert tx.job_transition(both)
+        # A pair is matched as a pair: another lease's token does not extend a job.
+        other = LeaseExtend(first, "tok2", T0 + 5, 5.0, more=((second, "tok2"),))
+        assert not tx.job_transition(other)
+        assert [j.id for j in tx.job_list(LeasesExpired(T0 + 9, 10))] == []
+        assert tx.job_transition(JobRedeliver(third, "tok2", T0 + 9, 5))
+        # One of three lost: the statement reports it, and the others were still extended.
+        assert not tx.job_transition(
+            LeaseExtend(first, "tok", T0 + 9, 5.0, more=((second, "tok2"), (third, "tok2")))
+        )
+        assert tx.job_list(LeasesExpired(T0 + 13, 10)) == []
+        assert sorted(j.id for j in tx.job_list(LeasesExpired(T0 + 15, 10))) == [first, second]
+
+
 def test_with_the_database_clock_a_caller_30_s_off_neither_reaps_nor_shortens_a_lease(
     storage: Storage,
 ) -> None:

@@ -61,13 +61,21 @@ class JobLease:
 @dataclass(frozen=True, slots=True)
 class LeaseExtend:
     """The heartbeat: the lease ends ``lease_seconds`` after ``now`` (after the database's
-    own now with ``database_clock``, as ``JobLease`` granted it)."""
+    own now with ``database_clock``, as ``JobLease`` granted it). With ``more``, other
+    leases too, in the same statement (a worker's heartbeat for every lease it holds):
+    ``job_transition`` is then True only if every one of them was still held; on False
+    the caller extends them one by one to learn which were lost (twice is harmless)."""
 
     job_id: int
     owner_token: str
     now: float
     lease_seconds: float
     database_clock: bool = False
+    # Further (job id, owner token) pairs extended by the same seconds.
+    more: tuple[tuple[int, str], ...] = ()
+
+    def leases(self) -> list[tuple[int, str]]:
+        return [(self.job_id, self.owner_token), *self.more]
 
 
 @dataclass(frozen=True, slots=True)

@@ -219,8 +219,13 @@ class Transaction(Protocol):
 
     # -- jobs -------------------------------------------------------------------------------
 
-    def job_insert(self, params: JobInsert) -> tuple[int, bool]:
-        """Insert a job; on a duplicate ``message_id`` return ``(existing_id, False)``."""
+    @overload
+    def job_insert(self, params: JobInsert) -> tuple[int, bool]: ...
+    @overload
+    def job_insert(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]: ...
+    def job_insert(self, params: JobInsert | Sequence[JobInsert]) -> Any:
+        """Insert a job; on a duplicate ``message_id`` return ``(existing_id, False)``. A
+        sequence: all in its order (one statement on PostgreSQL), one pair each."""
         ...
 
     def job_get(self, job_id: int) -> Job | None: ...

@@ -8,7 +8,7 @@ one implementation serves both; what differs lives in each ``queries.sql``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, overload
 
 from replayq import codec
 from replayq.errors import ConfigurationError
@@ -61,7 +61,7 @@ from replayq.storage.records import (
     RoutingEvent,
     RoutingRecord,
 )
-from replayq.storage.report_verbs import ReportVerbs
+from replayq.storage.report_verbs import ReportVerbs, by_state
 
 # Above every job id (BIGINT's largest): the bound of a job list's first page.
 LAST_ID = 2**63 - 1
@@ -120,7 +120,6 @@ _EVENT_COLUMNS = (
 
 # The named query of each compare-and-set on a job row (``JobBury`` picks one of two).
 _JOB_QUERIES: dict[type[Any], str] = {
-    LeaseExtend: "lease_extend",
     JobComplete: "job_complete",
     JobRetry: "job_retry",
     JobCancel: "job_cancel",
@@ -169,6 +168,10 @@ class SqlTransaction(ReportVerbs, ContextVerbs):
         """How a list parameter is passed (SQLite: JSON text for ``json_each``)."""
         return None if values is None else codec.dumps(list(values))
 
+    def lease_pairs(self, leases: Sequence[tuple[int, str]]) -> dict[str, Any]:
+        """How (job id, owner token) pairs are passed (SQLite: one JSON array of pairs)."""
+        return {"leases": codec.dumps([list(pair) for pair in leases])}
+
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         return self.connection.execute(self._queries[name], params or {})
 
@@ -196,7 +199,22 @@ class SqlTransaction(ReportVerbs, ContextVerbs):
 
     # -- jobs -------------------------------------------------------------------------------
 
-    def job_insert(self, params: JobInsert) -> tuple[int, bool]:
+    @overload
+    def job_insert(self, params: JobInsert) -> tuple[int, bool]: ...
+    @overload
+    def job_insert(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]: ...
+    def job_insert(
+        self, params: JobInsert | Sequence[JobInsert]
+    ) -> tuple[int, bool] | list[tuple[int, bool]]:
+        if isinstance(params, JobInsert):
+            return self._job_insert_one(params)
+        return self._job_insert_many(params)
+
+    def _job_insert_many(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]:
+        """One insert each (SQLite: each is an in-process call, no round trip)."""
+        return [self._job_insert_one(p) for p in params]
+
+    def _job_insert_one(self, params: JobInsert) -> tuple[int, bool]:
         row = self.fetchone("job_insert", query_params(params))
         if row is not None:
             return int(row["id"]), True
@@ -239,14 +257,19 @@ class SqlTransaction(ReportVerbs, ContextVerbs):
     def job_transition(self, change: JobChange | JobReroute) -> Any:
         if isinstance(change, JobReroute):
             return int(self.execute("job_reroute", query_params(change)).rowcount)
+        if isinstance(change, LeaseExtend):
+            leases = change.leases()
+            values = {
+                "lease_now": lease_now(change.now, change.database_clock),
+                "lease_seconds": change.lease_seconds,
+            }
+            extended = self.execute("lease_extend", {**values, **self.lease_pairs(leases)})
+            return bool(extended.rowcount == len(set(leases)))
         if isinstance(change, JobBury):
             query = "job_bury_queued" if change.owner_token is None else "job_bury_owned"
         else:
             query = _JOB_QUERIES[type(change)]
-        values = query_params(change)
-        if isinstance(change, LeaseExtend):
-            values["lease_now"] = lease_now(change.now, change.database_clock)
-        return self.changed(query, values)
+        return self.changed(query, query_params(change))
 
     def job_match(self, params: JobMatch) -> list[int]:
         values = {**query_params(params), "states": self.list_param(params.states)}
@@ -261,7 +284,7 @@ class SqlTransaction(ReportVerbs, ContextVerbs):
             rows = self.fetchall("lease_reap", {**values, "limit": params.limit})
             return [row_to_job(r) for r in rows]
         rows = self.fetchall(
-            "job_list",
+            by_state("job_list", params.states),
             {
                 "states": self.list_param(params.states),
                 "job_type": params.job_type,

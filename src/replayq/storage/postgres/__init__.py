@@ -68,6 +68,7 @@ Known limits, up front:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import select
@@ -88,7 +89,7 @@ from replayq.model import Job
 from replayq.redaction import mask_url_passwords
 from replayq.storage import migrate
 from replayq.storage.adopted import AsyncConnectionView, TupleRows
-from replayq.storage.protocol import JobLease, Listener, MigrationStatus
+from replayq.storage.protocol import JobInsert, JobLease, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
 from replayq.storage.sql_transaction import SqlTransaction, lease_now, row_to_job
 
@@ -210,6 +211,33 @@ class PostgresTransaction(SqlTransaction):
     def list_param(self, values: Sequence[str] | Sequence[int] | None) -> Any:
         """A Python list, bound as an array for ``= ANY(%(x)s::text[])`` (or ``bigint[]``)."""
         return None if values is None else list(values)
+
+    def _job_insert_many(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]:
+        """All in one ``INSERT ... SELECT FROM unnest(...)``; duplicates looked up after."""
+        if not params:
+            return []
+        columns = [f.name for f in dataclasses.fields(JobInsert)]
+        rows = self.fetchall(
+            "job_insert_many",
+            {name: [getattr(p, name) for p in params] for name in columns},
+        )
+        inserted = {row["trace_id"]: int(row["id"]) for row in rows}
+        found: list[tuple[int, bool]] = []
+        for p in params:
+            job_id = inserted.get(p.trace_id)
+            if job_id is not None:
+                found.append((job_id, True))
+                continue
+            existing = self.fetchone("job_by_message_id", {"message_id": p.message_id})
+            found.append((int(existing["id"]), False))
+        return found
+
+    def lease_pairs(self, leases: Sequence[tuple[int, str]]) -> dict[str, Any]:
+        """(job id, owner token) pairs as two arrays of the same length, for ``unnest``."""
+        return {
+            "job_ids": [job_id for job_id, _ in leases],
+            "owner_tokens": [token for _, token in leases],
+        }
 
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         try:

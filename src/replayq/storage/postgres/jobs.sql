@@ -22,6 +22,40 @@ WITH inserted AS (
 SELECT id, CASE WHEN run_at <= %(now)s THEN pg_notify('replayq_jobs', queue) END AS woke
 FROM inserted;
 
+-- name: job_insert_many
+-- job_insert for many jobs in one statement (enqueue_many): one array per column, rows
+-- inserted in the order given (so ids, and per-key FIFO, follow it). A duplicate
+-- message_id (an existing job's, or an earlier row's of the same batch) inserts nothing
+-- and returns no row; the caller finds the job it names. Each row's trace_id is new, so
+-- the caller maps the returned ids back to its rows by it.
+WITH given AS (
+    SELECT * FROM unnest(
+        %(job_type)s::text[], %(queue)s::text[], %(payload_json)s::text[], %(priority)s::integer[],
+        %(run_at)s::float8[], %(now)s::float8[], %(max_attempts)s::integer[],
+        %(trace_id)s::text[], %(message_id)s::text[], %(ordering_key)s::text[],
+        %(idempotency_key)s::text[], %(handler_version)s::text[], %(hlc)s::bigint[],
+        %(correlation_id)s::text[], %(causation_id)s::text[], %(origin)s::text[],
+        %(trace_context)s::text[])
+    WITH ORDINALITY AS g(job_type, queue, payload, priority, run_at, created_at, max_attempts,
+                         trace_id, message_id, ordering_key, idempotency_key, handler_version,
+                         hlc, correlation_id, causation_id, origin, trace_context, n)
+), inserted AS (
+    INSERT INTO rq_jobs (job_type, queue, payload, state, priority, run_at, created_at,
+                         max_attempts, trace_id, message_id, ordering_key, idempotency_key,
+                         handler_version, hlc, correlation_id, causation_id, origin,
+                         trace_context)
+    SELECT job_type, queue, payload, 'queued', priority, run_at, created_at, max_attempts,
+           trace_id, message_id, ordering_key, idempotency_key, handler_version, hlc,
+           correlation_id, causation_id, origin, trace_context
+    FROM given ORDER BY n
+    ON CONFLICT (message_id) DO NOTHING
+    RETURNING id, trace_id, queue, run_at, created_at
+)
+-- The wake-up as job_insert sends it (identical notifications fold into one at commit).
+SELECT id, trace_id,
+       CASE WHEN run_at <= created_at THEN pg_notify('replayq_jobs', queue) END AS woke
+FROM inserted;
+
 -- name: job_by_message_id
 SELECT id FROM rq_jobs WHERE message_id = %(message_id)s::text;
 
@@ -88,8 +122,11 @@ WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running'
 FOR SHARE;
 
 -- name: lease_extend
-UPDATE rq_jobs SET lease_deadline = COALESCE(%(lease_now)s::float8, extract(epoch FROM statement_timestamp())::float8) + %(lease_seconds)s
-WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running';
+-- Every lease of the pairs (job_ids[i], owner_tokens[i]) in one statement.
+UPDATE rq_jobs AS j
+SET lease_deadline = COALESCE(%(lease_now)s::float8, extract(epoch FROM statement_timestamp())::float8) + %(lease_seconds)s
+FROM unnest(%(job_ids)s::bigint[], %(owner_tokens)s::text[]) AS l(id, owner_token)
+WHERE j.id = l.id AND j.owner_token = l.owner_token AND j.state = 'running';
 
 -- name: job_complete
 UPDATE rq_jobs
@@ -215,6 +252,57 @@ WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
   AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
   AND (%(version)s::text IS NULL OR handler_version = %(version)s::text);
+
+-- name: job_list_by_state
+-- job_list when :states is given and does not name 'succeeded' (the caller picks it): each
+-- state is read from the partial index it lives in (rq_jobs_ready, rq_jobs_lease_deadline,
+-- rq_jobs_failed), never from the history of succeeded jobs, so `jobs list --state dead`
+-- costs the same at a million finished jobs as at none. A branch whose state is not
+-- asked for is skipped before it reads a row (its state test does not depend on the row).
+SELECT * FROM (
+    (SELECT * FROM rq_jobs
+     WHERE state = 'queued' AND 'queued' = ANY(%(states)s::text[])
+       AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+        AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
+        AND (%(version)s::text IS NULL OR handler_version = %(version)s::text)
+       AND id < %(before)s::bigint
+     ORDER BY id DESC LIMIT %(limit)s)
+    UNION ALL
+    (SELECT * FROM rq_jobs
+     WHERE state = 'running' AND 'running' = ANY(%(states)s::text[])
+       AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+        AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
+        AND (%(version)s::text IS NULL OR handler_version = %(version)s::text)
+       AND id < %(before)s::bigint
+     ORDER BY id DESC LIMIT %(limit)s)
+    UNION ALL
+    (SELECT * FROM rq_jobs
+     WHERE state IN ('dead', 'cancelled') AND state = ANY(%(states)s::text[])
+       AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+        AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
+        AND (%(version)s::text IS NULL OR handler_version = %(version)s::text)
+       AND id < %(before)s::bigint
+     ORDER BY id DESC LIMIT %(limit)s)) AS listed
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: job_count_by_state
+-- job_count for the states job_list_by_state reads, from the same partial indexes.
+SELECT (SELECT count(*) FROM rq_jobs
+        WHERE state = 'queued' AND 'queued' = ANY(%(states)s::text[])
+        AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+        AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
+        AND (%(version)s::text IS NULL OR handler_version = %(version)s::text))
+     + (SELECT count(*) FROM rq_jobs
+        WHERE state = 'running' AND 'running' = ANY(%(states)s::text[])
+        AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+        AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
+        AND (%(version)s::text IS NULL OR handler_version = %(version)s::text))
+     + (SELECT count(*) FROM rq_jobs
+        WHERE state IN ('dead', 'cancelled') AND state = ANY(%(states)s::text[])
+        AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+        AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
+        AND (%(version)s::text IS NULL OR handler_version = %(version)s::text)) AS count;
 
 -- name: job_match
 -- Bulk actions: the ids of production jobs matching every given filter, oldest first.
