@@ -366,6 +366,15 @@ def test_message_id_dedup_is_per_job_type(app_factory: AppFactory) -> None:
     assert credit != audited, "the same message id for another type is another job"
     assert app.enqueue("credit", {"account": "a", "amount": 1}, message_id="evt-1") == credit
     assert app.enqueue("audit", {"account": "a"}, message_id="evt-1") == audited
+    # In one batch too (one statement on PostgreSQL).
+    many = app.enqueue_many(
+        [
+            replayq.EnqueueRequest("credit", {"account": "b", "amount": 1}, message_id="evt-2"),
+            replayq.EnqueueRequest("audit", {"account": "b"}, message_id="evt-2"),
+            replayq.EnqueueRequest("audit", {"account": "b"}, message_id="evt-2"),
+        ]
+    )
+    assert many[0] != many[1] and many[1] == many[2]
 
 
 def test_a_hold_and_a_trim_of_the_same_job_are_ordered(app_factory: AppFactory) -> None:
