@@ -37,7 +37,6 @@ from replayq.runtime import DEFAULT_BLOB_LIMIT_BYTES, Limits, Runtime
 from replayq.storage import open_storage
 from replayq.storage.adopted import AsyncConnectionView, run_bridged
 from replayq.storage.cache import CacheBackend
-from replayq.storage.params import JobHours, KeepPin, KeptJobs
 from replayq.storage.protocol import (
     JobHour,
     KeepRecord,
@@ -46,6 +45,7 @@ from replayq.storage.protocol import (
     Transaction,
 )
 from replayq.storage.reports import JobDurations
+from replayq.storage.retention_params import JobHours, KeepPin, KeptJobs
 
 __all__ = ["App", "EnqueueRequest"]
 

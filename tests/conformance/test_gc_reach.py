@@ -18,14 +18,8 @@ from replayq.queue import lifecycle
 from replayq.queue.retention import in_ledger, to_ledger
 from replayq.replay.engine import dry_run, fork
 from replayq.storage.context_params import LineageQuery
-from replayq.storage.params import (
-    GcScan,
-    JobPurge,
-    KeepHold,
-    KeepRelease,
-    TraceQuery,
-    TraceTrim,
-)
+from replayq.storage.params import TraceQuery
+from replayq.storage.retention_params import GcScan, JobPurge, KeepHold, KeepRelease, TraceTrim
 from tests.apps import retained
 from tests.replay_support import cli, cli_ok
 

@@ -14,7 +14,14 @@ import typing
 from collections.abc import Mapping
 
 import replayq.storage
-from replayq.storage import context_params, params, protocol, records, reports
+from replayq.storage import (
+    context_params,
+    params,
+    protocol,
+    records,
+    reports,
+    retention_params,
+)
 from replayq.storage.protocol import Transaction
 
 # The write path of steps is reworked with the trace's event packing; its verb keeps
@@ -95,7 +102,7 @@ def test_the_protocol_has_at_most_45_verbs() -> None:
 
 
 def test_every_parameter_and_record_dataclass_is_frozen_and_slotted() -> None:
-    modules = (params, context_params, reports, records)
+    modules = (params, context_params, retention_params, reports, records)
     classes = [
         value
         for module in modules

@@ -33,7 +33,9 @@ from dataclasses import dataclass, field, replace
 from replayq.clock import Clock
 from replayq.errors import ConfigurationError
 from replayq.model import TraceEvent
-from replayq.storage.params import (
+from replayq.storage.params import TraceQuery
+from replayq.storage.protocol import Storage
+from replayq.storage.retention_params import (
     BlobPurge,
     BlobScan,
     DerivedPurge,
@@ -45,10 +47,8 @@ from replayq.storage.params import (
     IdemPurge,
     JobPurge,
     MessageIdForget,
-    TraceQuery,
     TraceTrim,
 )
-from replayq.storage.protocol import Storage
 
 DAY = 86_400.0
 

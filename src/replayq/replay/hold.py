@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from replayq.runtime import Runtime
-from replayq.storage.params import KeepHold, KeepRelease
+from replayq.storage.retention_params import KeepHold, KeepRelease
 
 # How long a hold outlives a holder that died without releasing it.
 HOLD_SECONDS = 86_400.0

@@ -7,12 +7,14 @@
     ├── params.py           the frozen parameter dataclasses of the queue, trace and
     │                       rollout verbs
     ├── context_params.py   those of the recording context's verbs
+    ├── retention_params.py those of keep_transition, gc_scan and gc_apply
     ├── reports.py          the questions ``report`` answers
     ├── records.py          the frozen records the verbs return
     ├── sql_transaction.py  the queue, trace and rollout verbs, once, over named queries
     ├── context_verbs.py    the recording context's verbs (state, locks, effects, cache,
     │                       outbox, steps, blobs, lineage, schedules), once, likewise
     ├── report_verbs.py     ``report``, once, likewise
+    ├── retention_verbs.py  keep_transition, gc_scan and gc_apply, once, likewise
     ├── queries.py          loads ``-- name: NAME`` queries from a backend's *.sql files
     ├── sqlite/             SqliteStorage (+ Listener: watch.py, a data_version check), likewise
     ├── postgres/           PostgresStorage (+ Listener: LISTEN/NOTIFY wake-ups), likewise

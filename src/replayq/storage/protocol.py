@@ -49,17 +49,11 @@ from replayq.storage.context_params import (
 )
 from replayq.storage.params import (
     ActiveVersion,
-    BlobScan,
     ComparisonPut,
     ComparisonQuery,
     ContractActivate,
     ContractPut,
     ContractQuery,
-    DerivedScan,
-    GcChange,
-    GcCursor,
-    GcQuery,
-    GcScan,
     JobBury,
     JobCancel,
     JobCancelRequest,
@@ -67,7 +61,6 @@ from replayq.storage.params import (
     JobChange,
     JobComplete,
     JobFilter,
-    JobHours,
     JobInsert,
     JobLease,
     JobMatch,
@@ -80,8 +73,6 @@ from replayq.storage.params import (
     JobRoute,
     JobSetRecorded,
     JobTrace,
-    KeepChange,
-    KeptJobs,
     LeaseExtend,
     LeaseRelease,
     MigrationStatus,
@@ -135,6 +126,17 @@ from replayq.storage.reports import (
     SignalCounts,
     SignalSeries,
     VersionOutcomes,
+)
+from replayq.storage.retention_params import (
+    BlobScan,
+    DerivedScan,
+    GcChange,
+    GcCursor,
+    GcQuery,
+    GcScan,
+    JobHours,
+    KeepChange,
+    KeptJobs,
 )
 
 __all__ = [
