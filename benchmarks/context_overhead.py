@@ -60,7 +60,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -394,6 +394,7 @@ def requests(jobs: int) -> list[replayq.EnqueueRequest]:
 class Drained:
     seconds: float
     transactions: int
+    cpu_seconds: float = 0.0  # this process's CPU time (all threads): load does not inflate it
 
 
 def drain(side: str, place: Place, opts: Options) -> Drained:
@@ -405,13 +406,14 @@ def drain(side: str, place: Place, opts: Options) -> Drained:
         app.enqueue_many(requests(opts.jobs))
         worker = replayq.Worker(app, burst=True, worker_id=f"bench-{side}")
         TRANSACTIONS[0] = 0
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         stats = worker.run()
         elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu_started
         transactions = TRANSACTIONS[0]
         if stats.succeeded != opts.jobs:
             raise SystemExit(f"{side}: {stats.succeeded} of {opts.jobs} jobs succeeded: {stats}")
-        return Drained(elapsed, transactions)
+        return Drained(elapsed, transactions, cpu)
     finally:
         app.close()
         if db is not None:
@@ -507,11 +509,13 @@ class Runs:
     times: dict[str, list[float]]
     transactions: dict[str, list[int]]
     last: dict[str, Place]
+    cpu: dict[str, list[float]] = field(default_factory=dict)
 
 
 def run(opts: Options) -> Runs:
     _count_storage_transactions()
     runs = Runs({side: [] for side in SIDES}, {side: [] for side in SIDES}, {})
+    runs.cpu = {side: [] for side in SIDES}
     warm = Options(min(200, opts.jobs), 1, opts.lines, opts.workdir, opts.backend, opts.schemas)
     for side in SIDES:  # imports, statement caches, first-file effects: not measured
         drain(side, warm.place(f"warmup-{side.replace(' ', '-')}"), warm)
@@ -523,6 +527,7 @@ def run(opts: Options) -> Runs:
             drained = drain(side, place, opts)
             runs.times[side].append(drained.seconds)
             runs.transactions[side].append(drained.transactions)
+            runs.cpu[side].append(drained.cpu_seconds)
             runs.last[side] = place
         print(
             f"  run {number + 1}/{opts.repeat}: "
@@ -790,6 +795,12 @@ def figures(opts: Options, runs: Runs) -> dict[str, Any]:
         "overhead_pct_runs": [round(p * 100, 1) for p in pct],
         "overhead_us_per_job": round(med(us), 1),
         "overhead_of_handler_pct": round(med(handler_pct) * 100, 1),
+        # The same from CPU time (this process, every thread): what load does not inflate.
+        "cpu_overhead_pct": round(
+            med([t / p - 1 for t, p in zip(runs.cpu["traced"], runs.cpu["plain"], strict=True)])
+            * 100,
+            1,
+        ),
     }
     for side in SIDES:
         tables = stored(runs.last[side])
@@ -800,6 +811,7 @@ def figures(opts: Options, runs: Runs) -> dict[str, Any]:
         out["sides"][side] = {
             "us_per_job": round(med(runs.times[side]) / n * 1e6, 1),
             "us_per_job_runs": [round(t / n * 1e6, 1) for t in runs.times[side]],
+            "cpu_us_per_job": round(med(runs.cpu[side]) / n * 1e6, 1),
             "transactions_per_job": round(med(runs.transactions[side]) / n, 2),
             "event_rows_per_job": round(events.rows / n, 2) if events else 0,
             "events_per_job": round(_query(runs.last[side], EVENTS)[0][0] / n, 2),

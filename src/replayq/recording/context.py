@@ -9,8 +9,10 @@ must see them: lock acquisition/release and idempotency records around effects.
 
 Fencing: a worker's context carries the job's ``owner_token``. Every transaction
 that writes for the job — a step's commit, an effect's claim and its result, a
-lock's acquisition — first asks the database whether that token still holds the
-job's lease (``tx.lease_check``). Once the lease was taken by another worker the
+lock's acquisition — asks the database whether that token still holds the job's
+lease: the statement that appends the transaction's events checks it
+(``trace_append`` with a ``TraceFence``), or ``tx.lease_check`` where no event is
+appended. Once the lease was taken by another worker the
 write is refused with ``LeaseLostError``, nothing of it commits, and the trace
 records ``write.fenced`` naming what was refused. Contexts without a lease
 (replays, forks, guarded reruns) have no owner token and are not fenced by one.
@@ -29,7 +31,7 @@ from collections.abc import Callable, Coroutine
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, TypeVar, overload
+from typing import Any, NoReturn, TypeVar, overload
 
 from replayq import codec
 from replayq.errors import (
@@ -53,7 +55,7 @@ from replayq.recording.steps import run_step, step_boundary
 from replayq.recording.world import LIVE, LiveWorld, LostFlag, World
 from replayq.recording.writes import defer_child_job, defer_db_write
 from replayq.runtime import RuntimeSource
-from replayq.storage.protocol import Transaction
+from replayq.storage.protocol import TraceFence, Transaction
 
 T = TypeVar("T")
 
@@ -299,14 +301,32 @@ class Context:
             return True
         return tx.lease_check(self.job.id, self.owner_token)
 
+    def trace_fence(self) -> TraceFence | None:
+        """The lease this context's writes are fenced by (``None`` without an owner token)."""
+        if self.owner_token is None:
+            return None
+        return TraceFence(self.job.id, self.owner_token)
+
     def fence(self, tx: Transaction, refused: list[str], **details: Any) -> None:
         """Raise ``LeaseLostError`` in ``tx`` unless the lease is held; the refusal is traced.
 
         The ``write.fenced`` event waits with the attempt's other events (``tx`` is
         about to roll back) and commits with the attempt's failure or rejection.
         """
-        if self.lease_held(tx):
-            return
+        if not self.lease_held(tx):
+            self.refuse(refused, **details)
+
+    def append_fenced(
+        self, tx: Transaction, events: list[TraceEvent], refused: list[str], **details: Any
+    ) -> None:
+        """``tx.trace_append(events)`` as the fence of ``tx``'s writes: the lease check is
+        the statement that writes the events (no statement of its own). Without the lease
+        nothing is appended and ``LeaseLostError`` is raised, as ``fence`` raises it."""
+        if not tx.trace_append(events, self.trace_fence()):
+            self.refuse(refused, **details)
+
+    def refuse(self, refused: list[str], **details: Any) -> NoReturn:
+        """Trace ``write.fenced`` and raise ``LeaseLostError``: the lease is gone."""
         self.record_fenced(refused, **details)
         raise LeaseLostError(
             f"job {self.job.id} attempt {self.attempt}: the lease was taken by another "
@@ -385,15 +405,18 @@ class Context:
 
         self._pending.blobs.append(write)
 
-    def flush(self, tx: Transaction, *, failed: bool = False) -> None:
+    def flush(
+        self, tx: Transaction, *, failed: bool = False, fence: TraceFence | None = None
+    ) -> bool:
         """Write what is pending into ``tx``: events and their blobs always; writes unless
-        the attempt failed."""
+        the attempt failed. With ``fence``, ``False`` (the events not appended) when the
+        lease is gone: the caller must then roll ``tx`` back."""
         for blob in self._pending.blobs:
             blob(tx)
         if not failed:
             for write in self._pending.writes:
                 write(tx)
-        tx.trace_append(self._pending.events)
+        return tx.trace_append(self._pending.events, fence)
 
     def pending_write_calls(self) -> list[Callable[[Transaction], None]]:
         """The writes the next commit would run, in order."""
@@ -425,32 +448,43 @@ class Context:
         """Commit what is pending in a transaction of its own (a step boundary).
 
         The writes commit only if this context's owner token still holds the job's
-        lease, checked in the database in the same transaction (``lease_check``): once
-        another worker took the job they are refused (``LeaseLostError``, traced as
-        ``write.fenced``); the attempt's events are still kept. The lease is checked
-        (and on PostgreSQL the job row locked) before the writes, and the refusal
-        raised after the writes' own checks, so a write under a re-acquired lock is
-        also traced as refused by the lock (``state.write_rejected``); everything
-        rolls back, and without the lease the error is always ``LeaseLostError``.
+        lease, checked in the database in the same transaction: the statement that
+        appends the step's events checks it (``trace_append`` with a ``TraceFence``,
+        no statement of its own; on PostgreSQL it keeps the job row as read until the
+        commit). Once another worker took the job the writes are refused
+        (``LeaseLostError``, traced as ``write.fenced``); the attempt's events are
+        still kept. The events are appended after the writes, so a write's own check
+        (a version conflict, a stale lock token: ``state.write_rejected``) refuses it
+        first; the lease is then asked in the same transaction, and without it the
+        error is always ``LeaseLostError``. Everything rolls back.
         """
         refused = self.pending_writes() if not failed else []
+        fence = self.trace_fence() if refused else None
+        lost = LeaseLostError(
+            f"job {self.job.id} attempt {self.attempt}: the lease was taken by "
+            f"another worker; not committed: {', '.join(refused)}"
+        )
         with self.runtime.storage.transaction() as tx:
-            held = not refused or self.lease_held(tx)
-            lost = LeaseLostError(
-                f"job {self.job.id} attempt {self.attempt}: the lease was taken by "
-                f"another worker; not committed: {', '.join(refused)}"
-            )
             try:
-                self.flush(tx, failed=failed)
+                held = self.flush(tx, failed=failed, fence=fence)
             except Exception as exc:
-                # A write's own check refused it too (a version conflict, a stale lock
-                # token; its event is recorded): without the lease, the lease is the reason.
-                if held:
+                # A write's own check refused it (its event is recorded): without the
+                # lease, the lease is the reason.
+                if fence is None or self._held_after_failure(tx):
                     raise
                 raise lost from exc
             if not held:
                 raise lost
         self.committed()
+
+    def _held_after_failure(self, tx: Transaction) -> bool:
+        """Whether the lease is held, asked in ``tx`` after one of its writes failed; a
+        transaction the database already aborted cannot answer, and the write's own
+        error stands (``True``)."""
+        try:
+            return self.lease_held(tx)
+        except Exception:
+            return True
 
     # -- steps and decisions ----------------------------------------------------------------
 

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from replayq.errors import LeaseLostError
 from replayq.model import TraceEvent
 from replayq.recording.attempt import Attempt
-from replayq.storage.protocol import Transaction
+from replayq.storage.protocol import StepComplete, Transaction
 
 RESUME_STEP = "step"
 
@@ -102,16 +102,16 @@ def run_step(
         outcome["result"] = inline
         outcome["output_ref"] = ref
         if resume and ctx.world.is_live and ctx.owns_job_trace:
-            params = {
-                "job_id": ctx.job.id,
-                "step_key": key,
-                "step_name": name,
-                "attempt": ctx.attempt,
-                "trace_id": ctx.trace_id,
-                "result": None if ref else text,
-                "result_ref": ref,
-                "now": ctx.runtime.clock.now(),
-            }
+            params = StepComplete(
+                job_id=ctx.job.id,
+                step_key=key,
+                step_name=name,
+                attempt=ctx.attempt,
+                trace_id=ctx.trace_id,
+                result=None if ref else text,
+                result_ref=ref,
+                now=ctx.runtime.clock.now(),
+            )
 
             def complete(tx: Transaction) -> None:
                 # False: an earlier attempt committed this position (resume was off then).

@@ -49,6 +49,7 @@ from replayq.storage.protocol import (
     ScheduleMade,
     ScheduleRecord,
     ScheduleRegister,
+    StepComplete,
     StepRecord,
 )
 
@@ -255,9 +256,9 @@ class ContextVerbs:
 
     # -- steps ------------------------------------------------------------------------------
 
-    def step_complete(self, params: Mapping[str, Any]) -> bool:
+    def step_complete(self, params: StepComplete) -> bool:
         """Record a committed step; ``False`` when its position was already recorded."""
-        return self.changed("step_complete", params)
+        return self.changed("step_complete", query_params(params))
 
     def step_by_job(self, job_id: int) -> list[StepRecord]:
         return [record(StepRecord, r) for r in self.fetchall("step_by_job", {"job_id": job_id})]

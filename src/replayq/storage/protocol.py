@@ -9,7 +9,7 @@ depends on time takes ``now`` from the caller's ``Clock``. Backends live in
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
@@ -62,6 +62,8 @@ from replayq.storage.params import (
     ScheduleChange,
     ScheduleMade,
     ScheduleRegister,
+    StepComplete,
+    TraceFence,
     TraceJobs,
     TraceQuery,
     TraceWindow,
@@ -163,8 +165,10 @@ __all__ = [
     "ScheduleRecord",
     "ScheduleRegister",
     "SignalBucket",
+    "StepComplete",
     "StepRecord",
     "Storage",
+    "TraceFence",
     "TraceJobs",
     "TraceQuery",
     "TraceWindow",
@@ -250,7 +254,16 @@ class Transaction(Protocol):
 
     # -- trace ------------------------------------------------------------------------------
 
-    def trace_append(self, events: Sequence[TraceEvent]) -> None: ...
+    def trace_append(self, events: Sequence[TraceEvent], fence: TraceFence | None = None) -> bool:
+        """Append ``events`` (one ``rq_trace`` pack per job attempt among them).
+
+        With ``fence``: only while its owner token holds the job's lease, checked in
+        the statement that writes the first pack (on PostgreSQL the job row is then
+        kept as read until the transaction ends, as ``lease_check`` keeps it);
+        ``False``, nothing appended, once the lease is gone. The caller raises, so the
+        transaction's other writes roll back. Without ``fence`` always ``True``.
+        """
+        ...
 
     def trace_query(self, params: TraceQuery) -> list[TraceEvent]:
         """The events of a job, a trace or a resource (see ``TraceQuery``)."""
@@ -382,7 +395,7 @@ class Transaction(Protocol):
 
     def outbox_by_job(self, job_id: int) -> list[OutboxRecord]: ...
 
-    def step_complete(self, params: Mapping[str, Any]) -> bool:
+    def step_complete(self, params: StepComplete) -> bool:
         """Record that a step of a job committed, with its result; first completion wins."""
         ...
 
