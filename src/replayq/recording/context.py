@@ -250,6 +250,29 @@ class Context:
         **data: Any,
     ) -> TraceEvent:
         """Build the next domain event of this attempt (sequence numbered)."""
+        return self._event(
+            name,
+            self.redacted(data),
+            status,
+            resource,
+            resource_version,
+            side_effect,
+            output_ref,
+            hlc,
+        )
+
+    def _event(
+        self,
+        name: str,
+        data: dict[str, Any],
+        status: str | None,
+        resource: str | None = None,
+        resource_version: int | None = None,
+        side_effect: bool = False,
+        output_ref: str | None = None,
+        hlc: int | None = None,
+    ) -> TraceEvent:
+        """``event`` with ``data`` as it is (already redacted)."""
         self._seq += 1
         return TraceEvent.of(
             {
@@ -270,7 +293,7 @@ class Context:
                 "side_effect": side_effect,
                 "input_ref": None,
                 "output_ref": output_ref,
-                "data": self.redacted(data),
+                "data": data,
                 "id": None,
             }
         )
@@ -278,6 +301,25 @@ class Context:
     def record(self, name: str, **kwargs: Any) -> TraceEvent:
         """Record a domain event; it commits with the step (or the ack)."""
         event = self.event(name, **kwargs)
+        self._pending.events.append(event)
+        return event
+
+    def record_step(
+        self, name: str, status: str, data: dict[str, Any], output_ref: str | None = None
+    ) -> TraceEvent:
+        """Record a step's own event (``step.started``, ``step.finished``...).
+
+        Its data is replayq's: the step's name, its duration, and values the step
+        already recorded redacted (its result through ``encoded``, its error through
+        ``redactor.error``). So the name is screened as a text and the keys as field
+        names, and the value is not walked again; a key that names a secret field
+        (a user's rule) sends it through ``redacted`` as any event's data.
+        """
+        redactor = self.redactor
+        if any(redactor.secret_field(key) for key in data):
+            return self.record(name, status=status, output_ref=output_ref, **data)
+        data["step_name"] = redactor.text(data["step_name"])
+        event = self._event(name, data, status, output_ref=output_ref)
         self._pending.events.append(event)
         return event
 

@@ -63,6 +63,10 @@ class StepAttempt(Attempt, Protocol):
 
     def record_fenced(self, refused: list[str], **details: Any) -> TraceEvent: ...
 
+    def record_step(
+        self, name: str, status: str, data: dict[str, Any], output_ref: str | None = None
+    ) -> TraceEvent: ...
+
 
 def run_step(
     ctx: StepAttempt,
@@ -132,7 +136,7 @@ def step_boundary(
     its events at once (the failure is the forensic fact).
     """
     ctx.world.on_step(name)
-    ctx.record("step.started", status="started", step_name=name)
+    ctx.record_step("step.started", "started", {"step_name": name})
     ctx.enter_step(name, key)
     started = time.monotonic()
     try:
@@ -152,13 +156,12 @@ def step_boundary(
         raise
     duration = round(time.monotonic() - started, 6)  # µs: what a trace can tell
     ctx.leave_step()
-    finished = ctx.record(
-        "step.finished",
-        status="success",
-        step_name=name,
-        duration=duration,
-        **(outcome or {}),
-    )
+    data: dict[str, Any] = {"step_name": name, "duration": duration}
+    output_ref = None
+    if outcome:
+        data["result"] = outcome["result"]  # redacted when recorded (``encoded``)
+        output_ref = outcome["output_ref"]
+    finished = ctx.record_step("step.finished", "success", data, output_ref)
     refused = ctx.pending_writes()
     if not refused:
         # Nothing to write: the step's events wait for the next commit of this
