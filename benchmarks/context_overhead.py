@@ -60,7 +60,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -540,15 +540,30 @@ def run(opts: Options) -> Runs:
 # -- profile --------------------------------------------------------------------------------
 
 
-def run_inline(side: str, path: Path, opts: Options, profiler: cProfile.Profile | None) -> float:
-    """Lease + execute one job at a time on this thread (no executor threads); seconds."""
+INLINE_STATEMENTS = [0]
+
+
+def run_inline(
+    side: str,
+    path: Path,
+    opts: Options,
+    profiler: cProfile.Profile | None,
+    *,
+    clock: Callable[[], float] = time.perf_counter,
+    count: list[int] | None = None,
+) -> float:
+    """Lease + execute one job at a time on this thread (no executor threads); seconds of
+    ``clock``. With ``count`` (a statement counter) its drain's statements go to
+    ``INLINE_STATEMENTS``."""
     app, db = open_app(side, Place("sqlite", f"sqlite:///{path}", path, ""), opts.lines)
     try:
         app.enqueue_many(requests(opts.jobs))
         app.register_contracts()
         worker = replayq.Worker(app, worker_id=f"profile-{side}")
         SQL_TIME.clear()  # only the drain's statements count, not the setup's
-        started = time.perf_counter()
+        if count is not None:
+            count[0] = 0
+        started = clock()
         if profiler is not None:
             profiler.enable()
         while leased := worker.lease(1):
@@ -557,7 +572,10 @@ def run_inline(side: str, path: Path, opts: Options, profiler: cProfile.Profile 
                 worker._inflight.pop(job.id, None)  # what the executor thread does after a job
         if profiler is not None:
             profiler.disable()
-        return time.perf_counter() - started
+        elapsed = clock() - started
+        if count is not None:
+            INLINE_STATEMENTS[0] = count[0]
+        return elapsed
     finally:
         app.close()
         if db is not None:
@@ -755,6 +773,55 @@ def profile_report(opts: Options) -> str:
     return "\n".join(lines)
 
 
+# -- CPU time and statements, inline -----------------------------------------------------
+
+
+def cpu_figures(opts: Options) -> dict[str, Any]:
+    """Inline runs (lease + execute on this thread), plain and traced interleaved
+    ``opts.repeat`` times: the least thread CPU time per job (what a loaded machine
+    inflates least) and the SQL statements per job (``sqlite3`` trace callback)."""
+    connect = sqlite3.connect
+    counted = [0]
+
+    def counting(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn = connect(*args, **kwargs)
+        conn.set_trace_callback(lambda _sql: counted.__setitem__(0, counted[0] + 1))
+        return conn
+
+    cpu: dict[str, list[float]] = {"plain": [], "traced": []}
+    statements: dict[str, float] = {}
+    for side in ("plain", "traced"):  # warm-up: imports, caches
+        run_inline(side, opts.workdir / f"cpu-warm-{side}.db", replace(opts, jobs=100), None)
+    for number in range(opts.repeat):
+        for side in ("plain", "traced") if number % 2 == 0 else ("traced", "plain"):
+            path = opts.workdir / f"cpu-{side}-{number}.db"
+            sqlite3.connect = counting  # type: ignore[assignment]
+            try:
+                started = time.thread_time()
+                counted[0] = 0
+                run_inline(side, path, opts, None, clock=time.thread_time, count=counted)
+            finally:
+                sqlite3.connect = connect
+            cpu[side].append(time.thread_time() - started)
+            statements[side] = INLINE_STATEMENTS[0] / opts.jobs
+    best = {side: min(values) / opts.jobs * 1e6 for side, values in cpu.items()}
+    return {
+        "benchmark": "context_overhead --cpu",
+        "backend": "sqlite",
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "load_average": load_average(),
+        "jobs": opts.jobs,
+        "repeat": opts.repeat,
+        "cpu_us_per_job": {side: round(v, 1) for side, v in best.items()},
+        "cpu_us_per_job_runs": {
+            side: [round(v / opts.jobs * 1e6, 1) for v in values] for side, values in cpu.items()
+        },
+        "cpu_overhead_pct": round((best["traced"] / best["plain"] - 1) * 100, 1),
+        "statements_per_job": {side: round(v, 2) for side, v in statements.items()},
+    }
+
+
 # -- report ---------------------------------------------------------------------------------
 
 
@@ -918,11 +985,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--keep", action="store_true", help="keep the databases afterwards")
     parser.add_argument("--profile", action="store_true", help="add an inline cProfile breakdown")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="inline runs only: least thread CPU µs/job and SQL statements/job (SQLite)",
+    )
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="replayq-ctx-bench-", dir=args.dir))
     schemas = PgSchemas(args.pg_url) if args.backend == "postgres" else None
     opts = Options(args.jobs, args.repeat, args.lines, workdir, args.backend, schemas)
     try:
+        if args.cpu:
+            print(json.dumps(cpu_figures(opts), indent=1))
+            return
         runs = run(opts)
         if args.json:
             print(json.dumps(figures(opts, runs), indent=1))

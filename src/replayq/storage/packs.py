@@ -65,11 +65,23 @@ def groups(events: Sequence[TraceEvent]) -> Iterator[list[TraceEvent]]:
 
 
 def _packed(event: TraceEvent, base_hlc: int, base_ts: float) -> dict[str, Any]:
-    item: dict[str, Any] = {}
-    for field_name, key in _KEYS:
-        value = getattr(event, field_name)
-        if value is not None:
-            item[key] = value
+    """One event as a pack item: the fields of ``_KEYS`` that are set, under short keys."""
+    item: dict[str, Any] = {"n": event.name}
+    # Unrolled ``_KEYS`` (one attribute read each, no getattr loop: ~17 events a job).
+    if event.seq is not None:
+        item["q"] = event.seq
+    if event.step is not None:
+        item["s"] = event.step
+    if event.status is not None:
+        item["st"] = event.status
+    if event.resource is not None:
+        item["r"] = event.resource
+    if event.resource_version is not None:
+        item["v"] = event.resource_version
+    if event.input_ref is not None:
+        item["i"] = event.input_ref
+    if event.output_ref is not None:
+        item["o"] = event.output_ref
     if event.kind != "domain":
         item["k"] = event.kind
     if event.hlc != base_hlc:
