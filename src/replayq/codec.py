@@ -81,7 +81,7 @@ def _shape_valid(value: Any, depth: int = 0) -> bool:
     text's to check (``dumps``)."""
     if depth > MAX_DEPTH:
         return False
-    if isinstance(value, dict):
+    if type(value) is dict or isinstance(value, dict):
         for key in value:
             if type(key) is not str and not isinstance(key, str):
                 return False

@@ -316,8 +316,9 @@ class Context:
         (a user's rule) sends it through ``redacted`` as any event's data.
         """
         redactor = self.redactor
-        if any(redactor.secret_field(key) for key in data):
-            return self.record(name, status=status, output_ref=output_ref, **data)
+        for key in data:
+            if redactor.secret_field(key):
+                return self.record(name, status=status, output_ref=output_ref, **data)
         data["step_name"] = redactor.text(data["step_name"])
         event = self._event(name, data, status, output_ref=output_ref)
         self._pending.events.append(event)

@@ -55,10 +55,14 @@ def same_pack(earlier: Sequence[TraceEvent], group: Sequence[TraceEvent]) -> boo
 def groups(events: Sequence[TraceEvent]) -> Iterator[list[TraceEvent]]:
     """``events`` cut into packs: runs of the same trace, job, attempt and worker, in order."""
     run: list[TraceEvent] = []
+    key: tuple[Any, ...] = ()
     for event in events:
-        if run and (_group_key(event) != _group_key(run[0]) or len(run) == PACK_SIZE):
+        this = (event.trace_id, event.job_id, event.attempt, event.worker_id)
+        if run and (this != key or len(run) == PACK_SIZE):
             yield run
             run = []
+        if not run:
+            key = this
         run.append(event)
     if run:
         yield run
@@ -103,7 +107,8 @@ def pack_row(events: Sequence[TraceEvent]) -> dict[str, Any]:
     domain data were checked once when recorded (``Context.encoded``): no walk here.
     """
     first = events[0]
-    base = min(e.hlc for e in events)
+    hlcs = [e.hlc for e in events]
+    base = min(hlcs)
     items = [_packed(e, base, first.ts) for e in events]
     try:
         text = codec.dumps_own(items, what="trace events")
@@ -118,7 +123,7 @@ def pack_row(events: Sequence[TraceEvent]) -> dict[str, Any]:
         "attempt": first.attempt,
         "worker_id": first.worker_id,
         "hlc": base,
-        "hlc_last": max(e.hlc for e in events),
+        "hlc_last": max(hlcs),
         "ts": first.ts,
         "events": text,
     }
