@@ -98,6 +98,7 @@ class App:
         self.url = url or os.environ.get("REPLAYQ_DB") or DEFAULT_URL
         self.cache_url = cache_url or os.environ.get("REPLAYQ_CACHE")
         self.clock: Clock = clock or SystemClock()
+        self.redaction = redaction
         self.runtime = Runtime(
             url=self.url,
             clock=self.clock,
@@ -336,6 +337,7 @@ class App:
             rng=runtime.rng,
             cache_url=self.cache_url,
             blob_limit_bytes=runtime.limits.blob_limit_bytes,
+            redaction=self.redaction,
         )
         other.adopt_handlers(self)
         other.schedules.extend(self.schedules)

@@ -65,8 +65,8 @@ DEFAULT_FIELDS: tuple[str, ...] = (
 DEFAULT_PATTERNS: tuple[str, ...] = (
     # Authorization header values, wherever they appear in a text.
     r"(?i)\b(?:bearer|basic)\s+([A-Za-z0-9\-._~+/]{8,}=*)",
-    # user:password@ in a URL.
-    r"://[^/\s:@\[\]]+:([^/\s@\[\]]+)@",
+    # user:password@ in a URL (the user may be empty: redis://:password@host).
+    r"://[^/\s:@\[\]]*:([^/\s@\[\]]+)@",
 )
 
 # 13 to 19 digits, single spaces or dashes between groups; kept only if Luhn-valid.
@@ -75,6 +75,21 @@ _CARD_SCREEN = (
     r"\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d[ -]?\d"
 )
 MARKER = re.compile(r"\[redacted(?::[0-9a-f]{16})?\]")
+
+
+_URL_PASSWORD = re.compile(DEFAULT_PATTERNS[1])
+
+
+def mask_url_passwords(text: str) -> str:
+    """``postgresql://user:secret@host`` → ``postgresql://user:***@host``, wherever it occurs:
+    the same pattern the redactor marks in traces, shown as ``***`` where no diff needs it
+    (error messages, a printed ``--db``)."""
+
+    def mask(found: re.Match[str]) -> str:
+        whole, start = found.group(0), found.start(0)
+        return whole[: found.start(1) - start] + "***" + whole[found.end(1) - start :]
+
+    return _URL_PASSWORD.sub(mask, text)
 
 
 def _norm(name: str) -> str:

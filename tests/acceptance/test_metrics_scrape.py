@@ -136,6 +136,19 @@ def test_a_real_workers_metrics_count_each_incident_with_bounded_labels(
         )
         == 1
     )
+    # The TTL expiry pattern: the TTL the write set, and how old the entry was when read.
+    profile = {"job_type": "stale_profile", "namespace": "profile", **base}
+    assert value(samples, "replayq_cache_ttl_seconds_count", **profile) == 1
+    assert value(samples, "replayq_cache_ttl_seconds_sum", **profile) == 300
+    assert value(samples, "replayq_cache_ttl_seconds_bucket", le="60.0", **profile) == 0
+    assert value(samples, "replayq_cache_ttl_seconds_bucket", le="300.0", **profile) == 1
+    assert value(samples, "replayq_cache_hit_age_seconds_count", **profile) == 1
+    assert 0 <= value(samples, "replayq_cache_hit_age_seconds_sum", **profile) < 60
+    # Resource usage of the worker process: CPU, memory, file descriptors, connections.
+    assert value(samples, "process_cpu_seconds_total") > 0
+    assert value(samples, "process_resident_memory_bytes") > 10_000_000
+    assert value(samples, "process_open_fds") >= 3
+    assert value(samples, "replayq_db_connections") >= 1
     codec_errors = {"job_type": "price_codec", "namespace": "price", **base}
     assert (
         value(samples, "replayq_cache_codec_errors_total", direction="decode", **codec_errors) == 1

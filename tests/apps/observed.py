@@ -55,7 +55,7 @@ def declare(app: replayq.App) -> replayq.App:
     @app.job("stale_profile", retry=FAST_RETRY)
     def stale_profile(ctx: replayq.Context, user_id: int) -> bool:
         with ctx.step("fill"):
-            ctx.cache.set("profile", user_id, {"name": "old"}, version=1, source="user")
+            ctx.cache.set("profile", user_id, {"name": "old"}, version=1, source="user", ttl=300)
         with ctx.step("read"):
             return ctx.cache.get("profile", user_id, source="user").stale
 

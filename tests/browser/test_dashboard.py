@@ -10,6 +10,7 @@ and nothing is written. A payload carrying ``<script>`` shows as text and never 
 from __future__ import annotations
 
 import os
+import time
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import replayq
 from tests.apps import dashboard_shop
 from tests.browser.conftest import TOKEN, Dashboard, start_dashboard
+from tests.conformance.test_in_doubt import _leave_in_doubt, _run, declare_charge
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = "<script>document.title='pwned';window.pwned=1</script>"
@@ -237,4 +239,47 @@ def test_the_rollout_panel_shows_routing_both_versions_gates_and_the_stored_veri
     assert f"replayq fork {run.report.examples()[0].job_id}" in panel.inner_text()
     assert "ops: start — canary" in panel.locator("ul.history").inner_text()
     shot(page, "rollout-panel.png", tmp_path)
+    page.close()
+
+
+def test_an_in_doubt_effect_is_resolved_from_the_job_page_and_the_requeued_job_uses_it(
+    app_factory: Any, browser: Any, dashboards: list[Dashboard], tmp_path: Path
+) -> None:
+    clock = replayq.FrozenClock()
+    app = app_factory(clock=clock)
+    calls = declare_charge(app)
+    job_id = app.enqueue("charge", {"n": 1})
+    _leave_in_doubt(app, clock, job_id)  # the attempt's lease ran out mid-effect
+    _run(app)  # the next attempt parks the job: the outcome is unknown
+    assert app.get_job(job_id).dead_reason == "effect_in_doubt"
+    web = start_dashboard(app.url, tmp_path, token=TOKEN)
+    dashboards.append(web)
+    page = browser.new_page()
+
+    page.goto(f"{web.url}/jobs/{job_id}")
+    assert page.locator("table.in-doubt code").all_inner_texts() == ["charge-1"]
+    assert page.locator("form.resolve button").is_disabled()  # read-only until signed in
+    page.click("text=Sign in with the token")
+    page.fill("input[name=token]", TOKEN)
+    page.click("button:has-text('Sign in')")
+    # The operator checked the payment provider: the charge went through.
+    page.select_option("form.resolve select[name=outcome]", "happened")
+    page.fill("form.resolve input[name=result]", '{"charge": 1}')
+    page.fill("form.resolve input[name=reason]", "provider shows ch_1 captured")
+    page.click("form.resolve button")
+    page.wait_for_url(f"**/jobs/{job_id}")
+    assert page.locator("table.in-doubt").count() == 0
+    assert app.effects_in_doubt() == []
+    [record] = app.effects()
+    assert (record.key, record.status, record.result) == ("charge-1", "succeeded", {"charge": 1})
+
+    # Requeued, the job takes the result from the ledger: the charge is not made again.
+    page.fill("input[name=reason]", "charge resolved by hand")
+    page.click("button:has-text('Requeue')")
+    page.wait_for_url(f"**/jobs/{job_id}")
+    clock.advance(max(0.0, time.time() - clock.now()) + 1)  # the dashboard requeued at wall time
+    _run(app)
+    finished = app.get_job(job_id)
+    assert (finished.state, finished.result) == ("succeeded", {"charge": 1})
+    assert calls == [1]
     page.close()

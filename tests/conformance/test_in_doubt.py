@@ -36,6 +36,11 @@ def setup(
 ) -> tuple[replayq.App, replayq.FrozenClock, list[int]]:
     clock = replayq.FrozenClock()
     app = app_factory(clock=clock)
+    return app, clock, declare_charge(app)
+
+
+def declare_charge(app: replayq.App) -> list[int]:
+    """A ``charge`` job whose effect can be held mid-call (``_leave_in_doubt``); its calls."""
     calls: list[int] = []
     app.blockers = None  # type: ignore[attr-defined]
 
@@ -52,7 +57,7 @@ def setup(
         return ctx.effect("payment.charge", effect, key=f"charge-{n}")
 
     app.register_contracts()
-    return app, clock, calls
+    return calls
 
 
 def _run(app: replayq.App) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 import replayq
 from replayq.errors import ConfigurationError
-from replayq.redaction import Redaction, Redactor, is_marker
+from replayq.redaction import Redaction, Redactor, is_marker, mask_url_passwords
 from replayq.testing import run_inline
 
 CARD = "4111111111111111"
@@ -35,6 +35,17 @@ def test_defaults_cover_headers_secret_fields_cards_and_url_passwords() -> None:
     assert out["dsn"].startswith("postgresql://app:[redacted:") and "s3cret" not in out["dsn"]
     assert out["order"] == value["order"] and out["ids"] == value["ids"]
     assert value["Password"] == "pw", "the input is not modified"
+
+
+def test_url_passwords_are_masked_wherever_they_occur_in_a_message() -> None:
+    line = "cannot connect to postgresql://app:s3cr%40t@db:5432/shop (and redis://:pw@cache/0)"
+    masked = mask_url_passwords(line)
+    assert (
+        masked == "cannot connect to postgresql://app:***@db:5432/shop (and redis://:***@cache/0)"
+    )
+    assert mask_url_passwords("sqlite:///tmp/x.db and postgresql://app@db/shop") == (
+        "sqlite:///tmp/x.db and postgresql://app@db/shop"
+    )
 
 
 # Values whose JSON text the one-search screen (``Redactor.clean_text``) passes or sends
@@ -143,6 +154,24 @@ def test_a_job_types_rules_add_to_the_apps(tmp_path: Path) -> None:
         assert call.data["response"]["iban"] == paid.payload["iban"]
         assert call.data["request"]["kwargs"]["password"] == paid.payload["password"]
     finally:
+        app.close()
+
+
+def test_the_same_app_on_another_database_keeps_its_redaction(tmp_path: Path) -> None:
+    # ``--db`` with ``--app``: the CLI runs the app's job types on another database.
+    app = replayq.App(f"sqlite:///{tmp_path / 'a.db'}", redaction=Redaction(["iban"], key="k"))
+
+    @app.job("pay")
+    def pay(ctx: replayq.Context, iban: str) -> None:
+        pass
+
+    other = app.on_database(f"sqlite:///{tmp_path / 'b.db'}")
+    try:
+        done = run_inline(other, "pay", {"iban": "DE89370400440532013000"})
+        assert is_marker(done.payload["iban"])
+        assert b"DE89370400440532013000" not in (tmp_path / "b.db").read_bytes()
+    finally:
+        other.close()
         app.close()
 
 

@@ -93,7 +93,7 @@ def worker(
     app = env.app(app_spec)
     observers: list[replayq.Observer] = []
     if metrics_port is not None:
-        metrics = replayq.WorkerMetrics(app.get_job_or_none)
+        metrics = replayq.WorkerMetrics(app.get_job_or_none, connections=app.storage.connections)
         replayq.serve_metrics(metrics.registry, metrics_port, metrics_host)
         observers.append(metrics)
     provider = None

@@ -25,7 +25,6 @@ database URL masked; ``--debug`` (or ``REPLAYQ_DEBUG=1``) shows the traceback.
 
 from __future__ import annotations
 
-import re
 import sys
 import traceback
 from typing import Any, NoReturn
@@ -47,6 +46,7 @@ from replayq.cli import (
     web,
 )
 from replayq.cli.env import Env
+from replayq.redaction import mask_url_passwords
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
@@ -54,20 +54,13 @@ EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 EXIT_INTERNAL = 4
 
-_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^:/@\s]*:)[^@\s]+@", re.IGNORECASE)
-
-
-def mask_passwords(text: str) -> str:
-    """``postgresql://user:secret@host`` → ``postgresql://user:***@host``, wherever it occurs."""
-    return _URL_PASSWORD.sub(r"\g<head>***@", text)
-
 
 def _fail(ctx: click.Context, exc: BaseException, message: str, code: int) -> NoReturn:
     if ctx.obj is not None and getattr(ctx.obj, "debug", False):
         traceback.print_exception(exc, file=sys.stderr)
     # One line: driver messages (psycopg's hints) come on several.
     line = "; ".join(part.strip() for part in message.splitlines() if part.strip())
-    click.echo(f"error: {mask_passwords(line)}", err=True)
+    click.echo(f"error: {mask_url_passwords(line)}", err=True)
     ctx.exit(code)
 
 

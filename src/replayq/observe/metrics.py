@@ -14,6 +14,7 @@ as the state write it attempted.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -26,6 +27,7 @@ from replayq.observe.hooks import Observer
 
 BASE_LABELS = ("job_type", "version", "queue")
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+TTL_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, 7 * 24 * 3600)
 ATTEMPT_BUCKETS = (1, 2, 3, 4, 5, 7, 10, 15, 25)
 _REMEMBERED_JOBS = 10_000
 
@@ -158,6 +160,10 @@ COUNTERS: dict[str, Counted] = {
 }
 
 
+# Events that feed a histogram but move no counter.
+_OBSERVED = frozenset({"cache.write"})
+
+
 def _labels(job: Job) -> tuple[str, str, str]:
     return (job.job_type, job.handler_version or "none", job.queue)
 
@@ -170,10 +176,31 @@ class WorkerMetrics(Observer):
     are labelled ``unknown``.
     """
 
-    def __init__(self, lookup: Callable[[int], Job | None] | None = None) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+    def __init__(
+        self,
+        lookup: Callable[[int], Job | None] | None = None,
+        *,
+        connections: Callable[[], int] | None = None,
+    ) -> None:
+        from prometheus_client import (
+            CollectorRegistry,
+            Counter,
+            Gauge,
+            Histogram,
+            ProcessCollector,
+        )
 
         self.registry = CollectorRegistry()
+        # Resource usage: process_cpu_seconds_total, process_resident_memory_bytes,
+        # process_open_fds (Linux /proc), beside the database connections held.
+        ProcessCollector(registry=self.registry)
+        self.connections = Gauge(
+            "replayq_db_connections",
+            "Database connections this worker process holds open.",
+            registry=self.registry,
+        )
+        if connections is not None:
+            self.connections.set_function(connections)
         self._lookup = lookup
         self._jobs: OrderedDict[int, tuple[str, str, str]] = OrderedDict()
         self._jobs_lock = threading.Lock()
@@ -218,6 +245,20 @@ class WorkerMetrics(Observer):
             BASE_LABELS,
             registry=self.registry,
         )
+        self.cache_ttl = Histogram(
+            "replayq_cache_ttl_seconds",
+            "The TTL each cache write set, per namespace (+Inf: written without a TTL).",
+            (*BASE_LABELS, "namespace"),
+            buckets=TTL_BUCKETS,
+            registry=self.registry,
+        )
+        self.cache_age = Histogram(
+            "replayq_cache_hit_age_seconds",
+            "Age of the entry a read hit, per namespace (beside the TTL: the expiry pattern).",
+            (*BASE_LABELS, "namespace"),
+            buckets=TTL_BUCKETS,
+            registry=self.registry,
+        )
         self.in_flight = Gauge(
             "replayq_worker_in_flight", "Attempts running in this process.", registry=self.registry
         )
@@ -246,10 +287,11 @@ class WorkerMetrics(Observer):
             if event.job_id is None:
                 continue  # derived traces (replay, fork) are not production telemetry
             counted = COUNTERS.get(event.name)
-            if counted is None:
+            if counted is None and event.name not in _OBSERVED:
                 continue
             base = self._labels_of(event.job_id)
-            self.counters[counted.metric].labels(*base, *counted.read(event)).inc()
+            if counted is not None:
+                self.counters[counted.metric].labels(*base, *counted.read(event)).inc()
             self._observe(event, base)
 
     # -- internals --------------------------------------------------------------------------
@@ -268,6 +310,13 @@ class WorkerMetrics(Observer):
             self.attempts.labels(*base, "dead").observe(event.attempt or 1)
         elif event.name in ("lock.acquired", "lock.timeout") and data.get("wait") is not None:
             self.lock_wait.labels(*base).observe(float(data["wait"]))
+        elif event.name == "cache.write":
+            ttl = data.get("ttl")
+            self.cache_ttl.labels(*base, *_namespace(event)).observe(
+                float(ttl) if ttl else math.inf
+            )
+        elif event.name == "cache.read" and data.get("age") is not None:
+            self.cache_age.labels(*base, *_namespace(event)).observe(float(data["age"]))
 
     def _remember(self, job: Job) -> None:
         with self._jobs_lock:

@@ -102,6 +102,7 @@ class CacheView:
         now = ctx.runtime.clock.now()
         key = _versioned(f"{namespace}:{ident}", version)
         read: CacheRead | None = None
+        age: float | None = None  # of the entry a live read hit: the TTL expiry pattern
         world = ctx.world
         if not world.reads_recorded:
             try:
@@ -112,6 +113,8 @@ class CacheView:
                     "cache.decode_error", status="fail", resource=key, key=key, error=_kind(exc)
                 )
                 entry = None
+            if entry is not None:
+                age = round(max(0.0, now - entry.written_at), 3)
             if entry is not None or world.is_live:
                 read = self._judge(
                     key, entry, source or (entry.source_namespace if entry else None), ident
@@ -130,6 +133,7 @@ class CacheView:
             stale=read.stale,
             current_version=read.current_version,
             read=vars(read),
+            **({"age": age} if age is not None and read.hit else {}),
         )
         if read.stale:
             ctx.record(

@@ -510,6 +510,10 @@ class Storage(Protocol):
 
     def migration_status(self) -> list[MigrationStatus]: ...
 
+    def connections(self) -> int:
+        """Database connections this process holds open (a worker's resource-usage gauge)."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -97,6 +97,9 @@ class TappedStorage:
     def migration_status(self) -> list[MigrationStatus]:
         return self.inner.migration_status()
 
+    def connections(self) -> int:
+        return self.inner.connections()
+
     def close(self) -> None:
         self.inner.close()
 

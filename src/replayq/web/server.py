@@ -186,6 +186,7 @@ class Dashboard:
             versions=versions,
             steps=steps,
             resources=sorted({e.resource for e in events if e.resource}),
+            in_doubt=self._in_doubt(job_id),
         )
 
     def resource(self, request: Request) -> Response:
@@ -301,6 +302,7 @@ class Dashboard:
             "fork": self._fork,
             "requeue": self._requeue,
             "cancel": self._cancel,
+            "resolve": self._resolve,
         }
         if action not in handlers:
             raise HTTPException(404, f"no action {action!r}")
@@ -333,6 +335,28 @@ class Dashboard:
         if not self.app.cancel(job_id):
             raise HTTPException(409, f"job {job_id} is not queued")
         return RedirectResponse(f"/jobs/{job_id}", status_code=303)
+
+    def _resolve(self, request: Request, job_id: int, form: dict[str, str]) -> Response:
+        """Settle one of this job's in-doubt effects: it happened (with its result) or not."""
+        key = form.get("key", "")
+        if key not in {e.key for e in self._in_doubt(job_id)}:
+            raise HTTPException(409, f"job {job_id} has no effect in doubt under {key!r}")
+        reason = form.get("reason", "").strip()
+        if not reason:
+            raise HTTPException(400, "resolving an effect needs a reason")
+        happened = form.get("outcome") == "happened"
+        result: Any = None
+        raw = form.get("result", "").strip()
+        if happened and raw:
+            try:
+                result = json.loads(raw)
+            except json.JSONDecodeError as exc:
+                raise HTTPException(400, f"result is not JSON: {exc}") from exc
+        self.app.resolve_effect(key, succeeded=happened, result=result, reason=reason, by="web")
+        return RedirectResponse(f"/jobs/{job_id}", status_code=303)
+
+    def _in_doubt(self, job_id: int) -> list[replayq.EffectRecord]:
+        return [e for e in self.app.effects_in_doubt() if e.job_id == job_id]
 
     def _job(self, job_id: int) -> replayq.Job:
         try:

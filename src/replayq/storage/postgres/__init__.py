@@ -81,6 +81,7 @@ from psycopg_pool import ConnectionPool
 from replayq import codec
 from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
 from replayq.model import Job
+from replayq.redaction import mask_url_passwords
 from replayq.storage import migrate
 from replayq.storage.adopted import AsyncConnectionView, TupleRows
 from replayq.storage.protocol import JobLease, Listener, MigrationStatus
@@ -170,15 +171,6 @@ def _positive(url: str, options: Mapping[str, str], name: str, default: float) -
     if value <= 0:
         raise ConfigurationError(f"{url!r}: {name} must be a positive number, got {raw!r}")
     return value
-
-
-def _redact(conninfo: str) -> str:
-    """The conninfo without its password, for error messages."""
-    parts = urlsplit(conninfo)
-    if parts.password is None:
-        return conninfo
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _read_only(exc: BaseException) -> bool:
@@ -379,7 +371,7 @@ class PostgresStorage:
             psycopg.connect(self.conninfo, connect_timeout=CONNECT_TIMEOUT).close()
         except psycopg.Error as exc:
             raise DatabaseUnavailableError(
-                f"cannot connect to PostgreSQL at {_redact(self.conninfo)}: {exc}"
+                f"cannot connect to PostgreSQL at {mask_url_passwords(self.conninfo)}: {exc}"
             ) from exc
         self.pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             self.conninfo,
@@ -397,7 +389,7 @@ class PostgresStorage:
         except psycopg.Error as exc:
             self.pool.close()
             raise DatabaseUnavailableError(
-                f"cannot connect to PostgreSQL at {_redact(self.conninfo)}: {exc}"
+                f"cannot connect to PostgreSQL at {mask_url_passwords(self.conninfo)}: {exc}"
             ) from exc
 
     def _connected(self, conn: psycopg.Connection[Any]) -> None:
@@ -531,6 +523,10 @@ class PostgresStorage:
             present = tx.fetchone("migrations_table_exists")
             applied = self._applied(tx) if present and present["present"] else []
         return migrate.migration_status(applied, _MIGRATIONS)
+
+    def connections(self) -> int:
+        """The pool's open connections (a listener's dedicated one is not counted)."""
+        return int(self.pool.get_stats().get("pool_size", 0))
 
     def close(self) -> None:
         self.pool.close(timeout=5.0)

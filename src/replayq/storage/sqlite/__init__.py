@@ -398,6 +398,11 @@ class SqliteStorage:
         with self._all_lock:
             self._watchers = [w for w in self._watchers if w is not watcher]
 
+    def connections(self) -> int:
+        """One per thread that used this storage (the connection lives as long as the storage)."""
+        with self._all_lock:
+            return len(self._all)
+
     def close(self) -> None:
         with self._all_lock:
             for conn in self._all:
