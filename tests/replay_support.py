@@ -17,6 +17,7 @@ from typing import Any
 
 import replayq
 from replayq.model import JobState, TraceEvent
+from replayq.storage.context_params import LineageQuery
 from replayq.storage.protocol import TraceQuery, idem_get
 from replayq.testing import run_inline
 from tests.apps import replay_shop
@@ -73,14 +74,17 @@ def derived_events(app: replayq.App, trace_id: str) -> list[TraceEvent]:
 
 def lineage(app: replayq.App, trace_id: str) -> dict[str, Any]:
     with app.storage.transaction(readonly=True) as tx:
-        rows = tx.lineage_list(trace_id=trace_id)
+        rows = tx.lineage_list(LineageQuery(trace_id=trace_id))
     assert rows, f"no lineage row for {trace_id}"
     return dataclasses.asdict(rows[0])
 
 
 def lineage_of_job(app: replayq.App, job: replayq.Job) -> list[dict[str, Any]]:
     with app.storage.transaction(readonly=True) as tx:
-        return [dataclasses.asdict(row) for row in tx.lineage_list(source_trace_id=job.trace_id)]
+        return [
+            dataclasses.asdict(row)
+            for row in tx.lineage_list(LineageQuery(source_trace_id=job.trace_id))
+        ]
 
 
 def idempotency_status(app: replayq.App, key: str) -> str:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import getpass
 import inspect
 import os
 import random
@@ -13,10 +12,7 @@ from typing import Any, TypeVar
 from replayq.clock import Clock, HybridLogicalClock, SystemClock
 from replayq.durations import Duration
 from replayq.errors import ContractError, FailureClass
-from replayq.model import Job, TraceEvent
 from replayq.observe.otel import enqueue_span
-from replayq.queue.actions import cancel_job, requeue_job
-from replayq.queue.bulk import BulkPreview, BulkResult, bulk_apply, bulk_preview
 from replayq.queue.catalog import register_contracts, stored_contracts
 from replayq.queue.contracts import (
     DEFAULT_RESUME,
@@ -28,18 +24,12 @@ from replayq.queue.contracts import (
 )
 from replayq.queue.enqueue import EnqueueRequest, get_job, insert_job
 from replayq.queue.handlers import Handler, HandlerRegistry, PayloadShape
+from replayq.queue.inspection import JobsFacade
 from replayq.queue.periodic import periodic_decorator
-from replayq.queue.resources import resource_trace
 from replayq.queue.retention import GC_JOB, GcReport, Retention, RetentionPolicy, run_gc
 from replayq.queue.schedule import DEFAULT_CATCH_UP, Schedule
 from replayq.queue.scheduler import ScheduleStatus, schedule_statuses
-from replayq.recording.in_doubt import (
-    EffectRecord,
-    EffectResolution,
-    list_effects,
-    reconcile_effects,
-    resolve_effect,
-)
+from replayq.recording.effects_facade import EffectsFacade
 from replayq.recording.state import StateStore
 from replayq.redaction import Redaction, Redactor
 from replayq.rollout import Rollout, verify_handler
@@ -48,33 +38,23 @@ from replayq.storage import open_storage
 from replayq.storage.adopted import AsyncConnectionView, run_bridged
 from replayq.storage.cache import CacheBackend
 from replayq.storage.protocol import (
-    JobFilter,
     JobHour,
-    JobMatch,
     KeepRecord,
     MigrationStatus,
     Storage,
-    TraceQuery,
     Transaction,
 )
+from replayq.storage.reports import JobDurations
 
 __all__ = ["App", "EnqueueRequest"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def os_user() -> str:
-    """Who is at the keyboard, for the ``by`` of a resolution (``$USER`` or the login name)."""
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no passwd entry (containers) and no $USER
-        return "unknown"
-
-
 DEFAULT_URL = "sqlite:///replayq.db"
 
 
-class App:
+class App(JobsFacade, EffectsFacade):
     """A replayq application: a database plus the job types declared on it.
 
     ``url`` defaults to ``$REPLAYQ_DB``, then ``sqlite:///replayq.db``. On SQLite
@@ -292,41 +272,6 @@ class App:
 
         return decorate
 
-    def effects(
-        self, *, in_doubt: bool = False, kind: str | None = None, limit: int = 100
-    ) -> list[EffectRecord]:
-        """Effect records (idempotency ledger), newest first; ``in_doubt`` for the unsettled."""
-        return list_effects(self, in_doubt=in_doubt, kind=kind, limit=limit)
-
-    def effects_in_doubt(self, *, kind: str | None = None) -> list[EffectRecord]:
-        """Effects started by an attempt that ended without recording their outcome."""
-        return list_effects(self, in_doubt=True, kind=kind, limit=10_000)
-
-    def resolve_effect(
-        self,
-        key: str,
-        *,
-        succeeded: bool,
-        result: Any = None,
-        reason: str | None = None,
-        by: str | None = None,
-    ) -> EffectRecord:
-        """Settle an in-doubt effect; then ``requeue`` its parked job to continue.
-
-        ``succeeded=True``: the job's next attempt gets ``result`` from the ledger
-        without calling the effect. ``succeeded=False``: it calls the effect again.
-        ``by`` (default: the OS user) and ``reason`` go into the trace.
-        """
-        return resolve_effect(
-            self, key, succeeded=succeeded, result=result, reason=reason, by=by or os_user()
-        )
-
-    def reconcile_effects(
-        self, *, kind: str | None = None, by: str | None = None
-    ) -> list[tuple[EffectRecord, EffectResolution | None, str | None]]:
-        """Ask each in-doubt effect's reconciler; settle those it knows (see ``reconciler``)."""
-        return reconcile_effects(self, kind=kind, by=by or f"reconciler ({os_user()})")
-
     def on_database(self, url: str) -> App:
         """The same job types, clock and options on another database (``--db`` with ``--app``)."""
         runtime = self.runtime
@@ -426,7 +371,7 @@ class App:
         findings = []
         for item in self.contracts(job_type):
             with self.storage.transaction(readonly=True) as tx:
-                durations = sorted(tx.job_durations(item.name, item.version))
+                durations = sorted(tx.report(JobDurations(item.name, item.version)))
             p99 = (
                 durations[min(len(durations) - 1, int(len(durations) * 0.99))]
                 if durations
@@ -534,118 +479,8 @@ class App:
         with self.storage.transaction() as tx:
             return [self.insert_job(tx, r) for r in requests]
 
-    # -- inspecting -------------------------------------------------------------------------
-
-    def get_job(self, job_id: int) -> Job:
-        return get_job(self.runtime, job_id)
-
-    def get_job_or_none(self, job_id: int) -> Job | None:
-        """The job, or ``None`` if there is no job ``job_id``."""
-        with self.storage.transaction(readonly=True) as tx:
-            return tx.job_get(job_id)
-
-    def list_jobs(
-        self,
-        *,
-        states: Sequence[str] | None = None,
-        job_type: str | None = None,
-        origin: str | None = "production",
-        limit: int = 100,
-        version: str | None = None,
-        before: int | None = None,
-    ) -> list[Job]:
-        """Jobs, newest first; ``version``: only those routed to that handler version;
-        ``before``: only ids below it (the next page starts below the last id shown)."""
-        with self.storage.transaction(readonly=True) as tx:
-            return tx.job_list(JobFilter(states, job_type, origin, limit, version, before))
-
-    def count_jobs(
-        self,
-        *,
-        states: Sequence[str] | None = None,
-        job_type: str | None = None,
-        origin: str | None = "production",
-        version: str | None = None,
-    ) -> int:
-        """How many jobs ``list_jobs`` with the same filters pages through."""
-        with self.storage.transaction(readonly=True) as tx:
-            return tx.job_count(JobFilter(states, job_type, origin, version=version))
-
-    def queue_overview(self) -> list[dict[str, Any]]:
-        """Open jobs by queue, type, version and state, with the oldest ready job's ``run_at``
-        (``oldest_ready``) and the oldest running lease (``oldest_leased``)."""
-        with self.storage.transaction(readonly=True) as tx:
-            return [dataclasses.asdict(row) for row in tx.job_gauges(self.clock.now())]
-
-    def trace(self, job_id: int) -> list[TraceEvent]:
-        """Every event of a job, ordered by the hybrid logical clock."""
-        with self.storage.transaction(readonly=True) as tx:
-            return tx.trace_query(TraceQuery(job_id=job_id))
-
-    def resource_trace(
-        self, resource: str, *, leases: bool = False, all_origins: bool = False
-    ) -> list[TraceEvent]:
-        """Every event touching one resource, across jobs and workers, in HLC order.
-
-        A versioned key's events (a cache entry ``price:sku-1:v3``) are found from
-        its base resource (``price:sku-1``). Only production traces are shown:
-        replay, fork and rerun traces are kept out unless ``all_origins``. With
-        ``leases`` the lease transitions of the jobs that touched the resource are
-        merged in (leased, lease expired, re-delivered, settled, write rejected):
-        which worker held which job between its reads and writes of the resource.
-        """
-        return resource_trace(self.runtime, resource, leases=leases, all_origins=all_origins)
+    # -- rollouts ---------------------------------------------------------------------------
 
     def rollout(self, job_type: str, *, actor: str | None = None) -> Rollout:
         """The routing of ``job_type``: read it, and change it (each change recorded)."""
         return Rollout(self, job_type, actor=actor)
-
-    def cancel(self, job_id: int) -> bool:
-        """Cancel a queued job, or ask a running one to stop; ``False`` if it is neither.
-
-        A running job stops at its handler's next step boundary or ``ctx`` call
-        (``JobCancelledError``; ``ctx.cancelled`` reads it), once its worker's heartbeat
-        has seen the request: the attempt ends ``cancelled`` with the steps it committed.
-        Its lease is no longer extended, so a handler that reaches no boundary within
-        the lease is cancelled by the reaper and its late writes are refused.
-        """
-        return cancel_job(self.runtime, job_id)
-
-    def bulk_preview(self, match: JobMatch, *, sample: int = 5) -> BulkPreview:
-        """How many jobs a bulk action with these filters would touch, and a sample."""
-        return bulk_preview(self.runtime, match, sample=sample)
-
-    def bulk(
-        self,
-        action: str,
-        match: JobMatch,
-        *,
-        reason: str,
-        by: str | None = None,
-        job_ids: Sequence[int] | None = None,
-        progress: Callable[[int], None] | None = None,
-    ) -> BulkResult:
-        """``requeue`` (dead jobs) or ``cancel`` (queued jobs) every job ``match`` selects.
-
-        Give ``job_ids`` (a preview's) to act on exactly what was previewed. Each changed
-        job's trace records the action's id (``bulk_action``), ``reason`` and ``by``
-        (default: the OS user); jobs no longer in a state the action applies to are
-        skipped. ``progress`` is told the size of each committed batch.
-        """
-        return bulk_apply(
-            self.runtime,
-            action,
-            match,
-            reason=reason,
-            by=by or os_user(),
-            job_ids=job_ids,
-            progress=progress,
-        )
-
-    def requeue(self, job_id: int, *, reason: str, to_version: str | None = None) -> bool:
-        """Move a dead job back to the queue with one more attempt; the reason is traced.
-
-        The job runs under ``to_version`` (which must be declared here if this app
-        declares the type), or is routed afresh at its next lease.
-        """
-        return requeue_job(self.runtime, job_id, reason=reason, to_version=to_version)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import replayq
+from replayq.storage.context_params import LineageQuery
 from tests.apps import dashboard_shop
 from tests.browser.conftest import TOKEN, Dashboard, start_dashboard
 from tests.conformance.test_in_doubt import _leave_in_doubt, _run, declare_charge
@@ -42,7 +43,7 @@ def incident(app: replayq.App) -> int:
 def forks_of(app: replayq.App, job_id: int) -> list[Any]:
     trace_id = app.get_job(job_id).trace_id
     with app.storage.transaction(readonly=True) as tx:
-        return list(tx.lineage_list(source_trace_id=trace_id))
+        return list(tx.lineage_list(LineageQuery(source_trace_id=trace_id)))
 
 
 def shot(page: Any, name: str, tmp_path: Path, selector: str | None = None) -> Path:

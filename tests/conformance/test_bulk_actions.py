@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 import replayq
 from replayq.cli import main
+from replayq.storage.context_params import LineageQuery
 
 T0 = 1_700_000_000.0
 
@@ -152,7 +153,7 @@ def test_bulk_dry_run_in_worker_processes_with_no_keep_writes_nothing(
 
     unkept = CliRunner().invoke(main, [*command, "--no-keep", "--processes", "2"])
     with app.storage.transaction(readonly=True) as tx:
-        derived = [tx.lineage_list(source_trace_id=trace_id) for trace_id in traces]
+        derived = [tx.lineage_list(LineageQuery(source_trace_id=trace_id)) for trace_id in traces]
     kept = CliRunner().invoke(main, [*command, "--processes", "2"])
 
     assert unkept.exit_code == 0 and kept.exit_code == 0, unkept.output + kept.output
@@ -160,4 +161,6 @@ def test_bulk_dry_run_in_worker_processes_with_no_keep_writes_nothing(
     assert json.loads(unkept.output)["outcomes"] == {"same": 4}
     assert derived == [[], [], [], []], "a --no-keep dry-run wrote a derived trace"
     with app.storage.transaction(readonly=True) as tx:
-        assert all(len(tx.lineage_list(source_trace_id=trace_id)) == 1 for trace_id in traces)
+        assert all(
+            len(tx.lineage_list(LineageQuery(source_trace_id=trace_id))) == 1 for trace_id in traces
+        )

@@ -317,8 +317,8 @@ def test_the_step_ledger_and_the_outbox_keep_the_first_write_of_a_position(
     with app.storage.transaction() as tx:
         assert tx.step_complete(step)
         assert not tx.step_complete(dataclasses.replace(step, attempt=2, result='{"n": 2}'))
-        assert tx.outbox_insert(row)
-        assert not tx.outbox_insert(dataclasses.replace(row, payload='{"again": true}'))
+        assert tx.outbox_update(row)
+        assert not tx.outbox_update(dataclasses.replace(row, payload='{"again": true}'))
     with app.storage.transaction(readonly=True) as tx:
         [ledger] = tx.step_by_job(1)
         [outbox] = tx.outbox_by_job(1)

@@ -20,6 +20,7 @@ import pytest
 import replayq
 from replayq.replay.bulk import close_workers
 from replayq.replay.engine import ReplayReport, dry_run, dry_run_many
+from replayq.storage.context_params import LineageQuery
 from replayq.storage.protocol import TraceQuery
 from replayq.testing import run_inline
 from tests.apps import leaky, replay_shop
@@ -114,7 +115,7 @@ def test_kept_dry_runs_in_worker_processes_write_their_traces(
         for report in reports:
             names = [e.name for e in tx.trace_query(TraceQuery(trace_id=report.trace_id))]
             assert "replay.finished" in names and "decision" in names, names
-            assert tx.lineage_list(trace_id=report.trace_id)
+            assert tx.lineage_list(LineageQuery(trace_id=report.trace_id))
 
 
 def run_leaky(app: replayq.App, job_type: str, payload: dict[str, Any]) -> int:

@@ -18,6 +18,26 @@ import pytest
 from replayq.errors import ConfigurationError
 from replayq.model import JobState, TraceEvent
 from replayq.storage import open_storage
+from replayq.storage.context_params import (
+    LineageQuery,
+    LockFilter,
+    LockRelease,
+    LockRenew,
+    OutboxClaim,
+)
+from replayq.storage.params import (
+    ActiveVersion,
+    CancelRequested,
+    ComparisonPut,
+    ComparisonQuery,
+    ContractActivate,
+    ContractPut,
+    ContractQuery,
+    LeasesExpired,
+    RoutingHistory,
+    RoutingPut,
+    RoutingQuery,
+)
 from replayq.storage.protocol import (
     BlobPut,
     BranchCreate,
@@ -62,6 +82,19 @@ from replayq.storage.protocol import (
     TraceJobs,
     TraceQuery,
     idem_get,
+    lock_get,
+)
+from replayq.storage.reports import (
+    JobCount,
+    JobDurations,
+    JobGauges,
+    JobsScheduled,
+    JobStats,
+    OutboxPending,
+    OutOfOrder,
+    SignalCounts,
+    SignalSeries,
+    VersionOutcomes,
 )
 
 T0 = 1_700_000_000.0
@@ -151,8 +184,8 @@ def test_expired_lease_is_reaped_and_redelivered_once(storage: Storage) -> None:
     job_id = leased_job(storage, job_type="short")
     with storage.transaction() as tx:
         assert not tx.job_transition(LeaseExtend(job_id, "not the owner", T0 + 2, 5.0))
-        assert tx.lease_reap(T0 + 5, 10) == []
-        [expired] = tx.lease_reap(T0 + 7, 10)
+        assert tx.job_list(LeasesExpired(T0 + 5, 10)) == []
+        [expired] = tx.job_list(LeasesExpired(T0 + 7, 10))
         assert expired.owner_token == "tok"
         assert tx.job_transition(JobRedeliver(job_id, "tok", T0 + 7, 5))
         assert not tx.job_transition(JobRedeliver(job_id, "tok", T0 + 7, 5))
@@ -166,8 +199,8 @@ def test_an_extended_lease_is_not_reaped(storage: Storage) -> None:
     job_id = leased_job(storage, job_type="short")  # lease ends at T0 + 6
     with storage.transaction() as tx:
         assert tx.job_transition(LeaseExtend(job_id, "tok", T0 + 5, 5.0))
-        assert tx.lease_reap(T0 + 7, 10) == []
-        assert [j.id for j in tx.lease_reap(T0 + 11, 10)] == [job_id]
+        assert tx.job_list(LeasesExpired(T0 + 7, 10)) == []
+        assert [j.id for j in tx.job_list(LeasesExpired(T0 + 11, 10))] == [job_id]
 
 
 def test_a_batch_claim_honours_priority_and_run_at(storage: Storage) -> None:
@@ -212,7 +245,7 @@ def test_a_running_job_is_cancelled_only_after_it_was_asked_and_only_by_its_owne
         assert not tx.job_transition(JobCancelRunning(job_id, "tok", T0 + 2, 3)), "not asked"
         assert tx.job_transition(JobCancelRequest(job_id, T0 + 2, 3))
         assert not tx.job_transition(JobCancelRequest(job_id, T0 + 2, 3)), "asked once"
-        assert tx.job_cancel_requested("w") == {job_id}
+        assert {j.id for j in tx.job_list(CancelRequested("w"))} == {job_id}
         assert not tx.job_transition(JobCancelRunning(job_id, "other", T0 + 3, 4))
         assert tx.job_transition(JobCancelRunning(job_id, "tok", T0 + 3, 4))
         job = tx.job_get(job_id)
@@ -254,7 +287,7 @@ def test_a_version_is_routed_by_the_owner_and_rerouted_while_queued(storage: Sto
         assert tx.job_transition(JobRoute(job_id, "tok", "v1"))
         queued, _ = tx.job_insert(insert("untyped", handler_version="v1"))
         assert not tx.job_transition(JobRoute(queued, "tok", "v3")), "not leased"
-        assert tx.job_reroute(JobReroute("untyped", "v1", "v2")) == 1
+        assert tx.job_transition(JobReroute("untyped", "v1", "v2")) == 1
         running, moved = tx.job_get(job_id), tx.job_get(queued)
     assert running is not None and running.handler_version == "v1", "running jobs stay"
     assert moved is not None and moved.handler_version == "v2"
@@ -336,7 +369,7 @@ def test_trace_jobs_reads_several_jobs_events_in_one_query_as_trace_query_does(
         tx.trace_append([event("derived", 11, trace_id="fork-2")])
     with storage.transaction(readonly=True) as tx:
         both = {
-            t.job_id: t.events for t in tx.trace_jobs(TraceJobs([first, second, silent, 10_000]))
+            t.job_id: t.events for t in tx.trace_query(TraceJobs([first, second, silent, 10_000]))
         }
         one = {n: tx.trace_query(TraceQuery(job_id=n)) for n in (first, second)}
     assert set(both) == {first, second}, "a job without events (or no job) is absent"
@@ -452,18 +485,18 @@ def test_a_lock_is_held_by_one_owner_and_each_acquisition_bumps_its_fencing_toke
     storage: Storage,
 ) -> None:
     with storage.transaction() as tx:
-        first = tx.lock_acquire(acquire("a", T0, 10))
-        assert tx.lock_acquire(acquire("b", T0 + 1, 11)) is None, "held"
-        assert tx.lock_renew("res", "a", T0 + 5, 10.0)
-        assert not tx.lock_renew("res", "b", T0 + 5, 10.0)
-        assert tx.lock_acquire(acquire("b", T0 + 12, 12)) is None, "renewed until T0 + 15"
-        assert tx.lock_release("res", "b", 13) is None, "not b's to release"
-        released = tx.lock_release("res", "a", 14)
-        assert tx.lock_list() == []
-        second = tx.lock_acquire(acquire("b", T0 + 16, 15))
-        [held] = tx.lock_list()
-        broken = tx.lock_release("res", None, 16)
-        after = tx.lock_get("res")
+        first = tx.lock_transition(acquire("a", T0, 10))
+        assert tx.lock_transition(acquire("b", T0 + 1, 11)) is None, "held"
+        assert tx.lock_transition(LockRenew("res", "a", T0 + 5, 10.0))
+        assert not tx.lock_transition(LockRenew("res", "b", T0 + 5, 10.0))
+        assert tx.lock_transition(acquire("b", T0 + 12, 12)) is None, "renewed until T0 + 15"
+        assert tx.lock_transition(LockRelease("res", "b", 13)) is None, "not b's to release"
+        released = tx.lock_transition(LockRelease("res", "a", 14))
+        assert tx.lock_list(LockFilter()) == []
+        second = tx.lock_transition(acquire("b", T0 + 16, 15))
+        [held] = tx.lock_list(LockFilter())
+        broken = tx.lock_transition(LockRelease("res", None, 16))
+        after = lock_get(tx, "res")
     assert first is not None and second is not None
     assert second.fencing_token == first.fencing_token + 1
     assert released is not None and released.owner_token is None
@@ -483,15 +516,15 @@ def test_cache_reads_by_key_or_newest_of_a_base_key_and_deletes_both_ways(
     storage: Storage,
 ) -> None:
     with storage.transaction() as tx:
-        tx.cache_put(cache_entry("price:1:v1", 1, T0, None))
-        tx.cache_put(cache_entry("price:1:v2", 2, T0 + 1, T0 + 5))
+        tx.cache_update(cache_entry("price:1:v1", 1, T0, None))
+        tx.cache_update(cache_entry("price:1:v2", 2, T0 + 1, T0 + 5))
         newest = tx.cache_get(CacheLookup(T0 + 2, base_key="price:1"))
         expired = tx.cache_get(CacheLookup(T0 + 6, key="price:1:v2"))
         kept = tx.cache_get(CacheLookup(T0 + 6, base_key="price:1"))
-        tx.cache_delete(CacheDelete(namespace="sku", key="1"))
+        tx.cache_update(CacheDelete(namespace="sku", key="1"))
         assert tx.cache_get(CacheLookup(T0, key="price:1:v1")) is None
-        tx.cache_put(cache_entry("price:1:v3", 3, T0 + 7, None))
-        tx.cache_delete(CacheDelete(base_key="price:1"))
+        tx.cache_update(cache_entry("price:1:v3", 3, T0 + 7, None))
+        tx.cache_update(CacheDelete(base_key="price:1"))
         assert tx.cache_get(CacheLookup(T0 + 8, base_key="price:1")) is None
     assert newest is not None and newest.key == "price:1:v2" and newest.value == '"price:1:v2"'
     assert expired is None
@@ -501,16 +534,16 @@ def test_cache_reads_by_key_or_newest_of_a_base_key_and_deletes_both_ways(
 def test_an_outbox_row_is_written_once_claimed_and_marked(storage: Storage) -> None:
     row = OutboxInsert("e1", "orders", '{"n":1}', 1, "tr", T0)
     with storage.transaction() as tx:
-        assert tx.outbox_insert(row)
-        assert not tx.outbox_insert(OutboxInsert("e1", "orders", '{"n":2}', 1, "tr", T0))
-        assert tx.outbox_insert(OutboxInsert("e2", "orders", "{}", 1, "tr", T0 + 1))
-        [first, second] = tx.outbox_claim(T0 + 2, 30.0, 10)
-        assert tx.outbox_claim(T0 + 3, 30.0, 10) == [], "claimed"
-        assert tx.outbox_mark(OutboxMark(first.id, T0 + 4))
-        assert not tx.outbox_mark(OutboxMark(first.id, T0 + 4)), "published once"
-        assert tx.outbox_mark(OutboxMark(second.id, T0 + 4, "sink down"))
-        backlog = tx.outbox_backlog()
-        [again] = tx.outbox_claim(T0 + 5, 30.0, 10)
+        assert tx.outbox_update(row)
+        assert not tx.outbox_update(OutboxInsert("e1", "orders", '{"n":2}', 1, "tr", T0))
+        assert tx.outbox_update(OutboxInsert("e2", "orders", "{}", 1, "tr", T0 + 1))
+        [first, second] = tx.outbox_claim(OutboxClaim(T0 + 2, 30.0, 10))
+        assert tx.outbox_claim(OutboxClaim(T0 + 3, 30.0, 10)) == [], "claimed"
+        assert tx.outbox_update(OutboxMark(first.id, T0 + 4))
+        assert not tx.outbox_update(OutboxMark(first.id, T0 + 4)), "published once"
+        assert tx.outbox_update(OutboxMark(second.id, T0 + 4, "sink down"))
+        backlog = tx.report(OutboxPending())
+        [again] = tx.outbox_claim(OutboxClaim(T0 + 5, 30.0, 10))
         rows = tx.outbox_by_job(1)
     assert (first.event_id, first.payload, first.attempts) == ("e1", '{"n":1}', 1)
     assert (backlog.pending, backlog.oldest) == (1, T0 + 1)
@@ -526,11 +559,21 @@ def test_a_blob_and_a_lineage_row_round_trip(storage: Storage) -> None:
         tx.lineage_put(LineagePut("fork-1", "fork", "tr", 1, "fork:1", "{}", T0))
         tx.lineage_put(LineagePut("fork-2", "replay", "tr", 1, None, "{}", T0 + 1))
         tx.lineage_put(LineagePut("fork-3", "replay", "other", 2, None, "{}", T0 + 2))
-        one = tx.lineage_list(trace_id="fork-2")
-        derived = tx.lineage_list(source_trace_id="tr")
+        one = tx.lineage_list(LineageQuery(trace_id="fork-2"))
+        derived = tx.lineage_list(LineageQuery(source_trace_id="tr"))
     assert blob is not None and (blob.codec, blob.body) == ("zstd", b"\x00\x01\xff\x02")
     assert [(r.trace_id, r.origin) for r in one] == [("fork-2", "replay")]
     assert [r.trace_id for r in derived] == ["fork-1", "fork-2"]
+
+
+def test_lineage_pages_follow_the_created_at_and_trace_id_cursor(storage: Storage) -> None:
+    with storage.transaction() as tx:
+        for n, at in enumerate((T0, T0, T0 + 1)):
+            tx.lineage_put(LineagePut(f"fork-{n}", "fork", "tr", 1, None, "{}", at))
+        first = tx.lineage_list(LineageQuery(after=(0.0, ""), limit=2))
+        rest = tx.lineage_list(LineageQuery(after=(first[-1].created_at, first[-1].trace_id)))
+    assert [r.trace_id for r in first] == ["fork-0", "fork-1"]
+    assert [r.trace_id for r in rest] == ["fork-2"]
 
 
 # -- schedules, contracts, routing ----------------------------------------------------------
@@ -554,16 +597,72 @@ def test_contracts_are_listed_by_type_and_version_and_one_version_is_active(
     storage: Storage,
 ) -> None:
     with storage.transaction() as tx:
-        tx.contract_put("t", "v1", '{"n":1}', T0)
-        tx.contract_put("t", "v2", '{"n":2}', T0 + 1)
-        tx.contract_put("u", "v1", '{"n":3}', T0)
-        tx.contract_activate("t", "v2", T0 + 2)
-        [v2] = tx.contract_list("t", "v2")
-        of_t = [c.version for c in tx.contract_list("t")]
-        every = [(c.job_type, c.version) for c in tx.contract_list(None)]
-        active = tx.contract_active("t")
+        tx.rollout_update(ContractPut("t", "v1", '{"n":1}', T0))
+        tx.rollout_update(ContractPut("t", "v2", '{"n":2}', T0 + 1))
+        tx.rollout_update(ContractPut("u", "v1", '{"n":3}', T0))
+        tx.rollout_update(ContractActivate("t", "v2", T0 + 2))
+        [v2] = tx.rollout_query(ContractQuery("t", "v2"))
+        of_t = [c.version for c in tx.rollout_query(ContractQuery("t"))]
+        every = [(c.job_type, c.version) for c in tx.rollout_query(ContractQuery(None))]
+        active = tx.rollout_query(ActiveVersion("t"))
     assert v2.body == '{"n":2}' and of_t == ["v1", "v2"] and active == "v2"
     assert every == [("t", "v1"), ("t", "v2"), ("u", "v1")]
+
+
+def test_routing_is_compare_and_set_on_its_revision_and_every_change_is_kept(
+    storage: Storage,
+) -> None:
+    def put(revision: int, body: str, now: float) -> int | None:
+        change = RoutingPut("t", body, revision, "set", "ann", "why", now)
+        return tx.rollout_update(change)
+
+    with storage.transaction() as tx:
+        assert put(0, '{"n":1}', T0) == 1
+        assert put(0, '{"n":2}', T0 + 1) is None, "exists: created once"
+        assert put(1, '{"n":2}', T0 + 2) == 2
+        assert put(1, '{"n":3}', T0 + 3) is None, "read at 1, changed since"
+        [record] = tx.rollout_query(RoutingQuery("t"))
+        every = tx.rollout_query(RoutingQuery())
+        history = tx.rollout_query(RoutingHistory("t"))
+    assert (record.revision, record.body) == (2, '{"n":2}') and every == [record]
+    assert [(e.revision, e.actor, e.reason, e.body) for e in history] == [
+        (1, "ann", "why", '{"n":1}'),
+        (2, "ann", "why", '{"n":2}'),
+    ]
+
+
+def test_comparisons_are_listed_newest_first_of_one_mode(storage: Storage) -> None:
+    with storage.transaction() as tx:
+        for n, mode in enumerate(("shadow", "dual", "shadow")):
+            tx.rollout_update(ComparisonPut("t", n, 1, mode, "v1", "v2", "[]", "{}", T0 + n))
+        shadow = tx.rollout_query(ComparisonQuery("t", "shadow", 10))
+        newest = tx.rollout_query(ComparisonQuery("t", None, 1))
+    assert [c.job_id for c in shadow] == [2, 0]
+    assert [c.job_id for c in newest] == [2]
+
+
+def test_reports_count_what_operators_ask_about(storage: Storage) -> None:
+    """Each question ``report`` answers, over the same few jobs, with its own record."""
+    leased_job(storage, queue="q")  # running, routed to v7
+    with storage.transaction() as tx:
+        tx.job_insert(insert(queue="q", run_at=T0 + 60, message_id="later"))
+        tx.job_insert(insert("other", queue="q2", message_id="now"))
+        stats = {(r.job_type, r.state): r.count for r in tx.report(JobStats())}
+        count = tx.report(JobCount(JobFilter(states=["queued"])))
+        scheduled = tx.report(JobsScheduled(T0 + 1, ["q"]))
+        gauges = {(g.queue, g.job_type, g.state): g.count for g in tx.report(JobGauges(T0 + 1))}
+        nothing = (
+            tx.report(OutOfOrder()),
+            tx.report(JobDurations("t")),
+            tx.report(VersionOutcomes("t", T0)),
+            tx.report(SignalCounts(["job.failed"], T0)),
+            tx.report(SignalSeries(["job.failed"], 0, 2**62, 60_000)),
+        )
+    assert stats == {("t", "running"): 1, ("t", "queued"): 1, ("other", "queued"): 1}
+    assert count == 2
+    assert scheduled == (1, T0 + 60), "only the delayed job of queue q"
+    assert gauges[("q", "t", "running")] == 1 and gauges[("q2", "other", "queued")] == 1
+    assert nothing == ([], [], [], [], [])
 
 
 def test_both_backends_push_wake_ups_for_a_commit_from_another_connection(

@@ -376,8 +376,7 @@ def dead_requeue(
 def stats(env: Env, as_json: bool) -> None:
     """Depth per type and state, oldest queued age."""
     app = env.app()
-    with app.storage.transaction(readonly=True) as tx:
-        rows = tx.job_stats()
+    rows = app.stats()
     if as_json:
         emit_json([vars(r) for r in rows])
     else:

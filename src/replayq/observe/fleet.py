@@ -15,7 +15,9 @@ from typing import Any
 
 from replayq.observe.replays import LABELS, DerivedRuns
 from replayq.runtime import RuntimeSource
+from replayq.storage.context_params import LockFilter
 from replayq.storage.protocol import IdemFilter
+from replayq.storage.reports import JobGauges, OutboxPending, OutOfOrder
 
 
 class FleetCollector:
@@ -33,10 +35,10 @@ class FleetCollector:
 
         now = self.runtime.clock.now()
         with self.runtime.storage.transaction(readonly=True) as tx:
-            gauges = tx.job_gauges(now)
-            out_of_order = tx.job_out_of_order()
-            outbox = tx.outbox_backlog()
-            locks = tx.lock_list()
+            gauges = tx.report(JobGauges(now))
+            out_of_order = tx.report(OutOfOrder())
+            outbox = tx.report(OutboxPending())
+            locks = tx.lock_list(LockFilter())
             in_doubt = tx.idem_list(IdemFilter(in_doubt=True, limit=100_000))
         labels = ["queue", "job_type", "version"]
         jobs = GaugeMetricFamily(

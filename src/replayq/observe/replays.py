@@ -28,6 +28,7 @@ from typing import Any
 from replayq.errors import ReplayqError
 from replayq.replay.diff import diff_traces, ending
 from replayq.runtime import RuntimeSource
+from replayq.storage.context_params import LineageQuery
 
 BUDGET = 200
 GIVE_UP = 3600.0
@@ -56,7 +57,8 @@ class DerivedRuns:
                 if self._count(row, give_up=now - float(row["created_at"]) > GIVE_UP):
                     del self._running[trace_id]
             with self.runtime.storage.transaction(readonly=True) as tx:
-                rows = [asdict(r) for r in tx.lineage_page(self._cursor, budget)] if budget else []
+                page = LineageQuery(after=self._cursor, limit=budget)
+                rows = [asdict(r) for r in tx.lineage_list(page)] if budget else []
             for row in rows:
                 self._cursor = (float(row["created_at"]), str(row["trace_id"]))
                 if not self._count(row):

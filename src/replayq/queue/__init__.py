@@ -12,6 +12,7 @@
     ├── actions.py     one job: cancel_job, requeue_job (App.cancel, App.requeue)
     ├── bulk.py        the same over a JobMatch filter, previewed, in batches (App.bulk)
     ├── resources.py   resource_trace: a resource's events across jobs (App.resource_trace)
+    ├── inspection.py  JobsFacade: the App's methods that read jobs and act on them
     ├── schedule.py    Schedule (@app.periodic), MissedSlots, decide_slots: which slots are due
     ├── periodic.py    periodic_decorator: the body of @app.periodic
     └── scheduler.py   Scheduler: each due slot enqueued once (anchor compare-and-set)

@@ -15,6 +15,7 @@ from replayq import codec
 from replayq.errors import ContractError
 from replayq.queue.contracts import JobContract
 from replayq.runtime import Runtime
+from replayq.storage.params import ActiveVersion, ContractActivate, ContractPut, ContractQuery
 from replayq.storage.protocol import Transaction
 
 
@@ -25,7 +26,7 @@ def register_contracts(runtime: Runtime) -> None:
         for handler in runtime.registry.handlers():
             contract = handler.contract
             body = codec.dumps(contract.to_dict())
-            stored = tx.contract_list(contract.name, contract.version)
+            stored = tx.rollout_query(ContractQuery(contract.name, contract.version))
             # Compared as read back: a field a newer replayq added (``resume``) is absent
             # from an older stored body and takes its default, which is no change.
             # So is a payload schema a contract stored before schemas existed lacks.
@@ -36,11 +37,11 @@ def register_contracts(runtime: Runtime) -> None:
                     f"(see: replayq contract diff {contract.name})"
                 )
             if not stored:
-                tx.contract_put(contract.name, contract.version, body, now)
+                tx.rollout_update(ContractPut(contract.name, contract.version, body, now))
         for job_type in runtime.registry.job_types():
             active = runtime.registry.active_version(job_type)
             if active is not None:
-                tx.contract_activate(job_type, active, now)
+                tx.rollout_update(ContractActivate(job_type, active, now))
 
 
 def _same(stored: JobContract, declared: JobContract) -> bool:
@@ -52,7 +53,7 @@ def _same(stored: JobContract, declared: JobContract) -> bool:
 def stored_contracts(runtime: Runtime, job_type: str | None = None) -> list[JobContract]:
     """Contracts stored in the database (every version that a worker registered)."""
     with runtime.storage.transaction(readonly=True) as tx:
-        rows = tx.contract_list(job_type)
+        rows = tx.rollout_query(ContractQuery(job_type))
     return [JobContract.from_dict(codec.loads(row.body)) for row in rows]
 
 
@@ -62,9 +63,9 @@ def active_contract(runtime: Runtime, tx: Transaction, job_type: str) -> JobCont
     Without an active version recorded (registered by older code), a type with
     exactly one stored version uses it; with several, none is chosen.
     """
-    active = tx.contract_active(job_type)
+    active = tx.rollout_query(ActiveVersion(job_type))
     if active is not None:
-        stored = tx.contract_list(job_type, active)
+        stored = tx.rollout_query(ContractQuery(job_type, active))
         return JobContract.from_dict(codec.loads(stored[0].body)) if stored else None
-    versions = [row.body for row in tx.contract_list(job_type)]
+    versions = [row.body for row in tx.rollout_query(ContractQuery(job_type))]
     return JobContract.from_dict(codec.loads(versions[0])) if len(versions) == 1 else None

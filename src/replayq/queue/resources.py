@@ -10,6 +10,7 @@ from __future__ import annotations
 from replayq.model import TraceEvent
 from replayq.queue import lifecycle
 from replayq.runtime import Runtime
+from replayq.storage.context_params import LineageQuery
 from replayq.storage.protocol import TraceQuery
 
 __all__ = ["RESOURCE_LIFECYCLE", "resource_trace"]
@@ -41,7 +42,9 @@ def resource_trace(
             if e.resource == resource or (e.resource or "")[len(resource) + 2 :].isdigit()
         ]
         if not all_origins:
-            derived = {t for t in {e.trace_id for e in events} if tx.lineage_list(trace_id=t)}
+            derived = {
+                t for t in {e.trace_id for e in events} if tx.lineage_list(LineageQuery(trace_id=t))
+            }
             events = [e for e in events if e.trace_id not in derived]
         if leases:
             for job_id in sorted({e.job_id for e in events if e.job_id is not None}):

@@ -7,13 +7,17 @@
     │                LiveWorld (workers), LostFlag
     ├── attempt.py   Attempt: the port the views below are written against
     ├── context.py   Context (ctx): steps, decisions, calls, clock/random, child jobs,
-    │                db_write; the pending events and writes of the current step
+    │                db_write; builds the views below on first use
+    ├── recorder.py  Recorder (a base of Context): the attempt's pending events, writes
+    │                and blobs, redacted and encoded, committed fenced by the lease
     ├── steps.py     ctx.step(name, fn): a step with a result; skipped on a retry once
     │                it committed (contract resume="step")
     ├── ledger.py    the step ledger: committed step positions of a job and their results
     ├── state.py     ctx.state: versioned, copy-on-write entities; StateStore from outside
     ├── locks.py     ctx.lock: lease locks with owner and fencing tokens; list/break
     ├── effects.py   ctx.effect: side effects behind idempotency records
+    ├── in_doubt.py  effects whose outcome was never recorded: list, resolve, reconcile
+    ├── effects_facade.py  EffectsFacade: the App's methods over the ledger (in_doubt.py)
     ├── cache.py     ctx.cache: versioned keys, recorded reads, stale-read detection
     ├── outbox.py    ctx.outbox and the relay (sinks: job, Redis stream, webhook)
     └── blobs.py     large values by content hash, compressed, deduplicated

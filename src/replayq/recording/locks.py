@@ -23,7 +23,8 @@ from replayq.queue.contracts import LockHold
 from replayq.recording.attempt import Attempt
 from replayq.recording.world import LIVE
 from replayq.runtime import RuntimeSource
-from replayq.storage.protocol import JobFilter, Lock, LockAcquire, TraceQuery
+from replayq.storage.context_params import LockFilter, LockRelease, LockRenew
+from replayq.storage.protocol import JobFilter, Lock, LockAcquire, TraceQuery, lock_get
 
 DEFAULT_WAIT_SECONDS = 10.0
 _POLL_SECONDS = 0.05
@@ -138,7 +139,7 @@ class LockManager:
                 # A worker whose lease was taken must not bump the fencing token under the
                 # new owner's feet.
                 ctx.fence(tx, [f"lock {handle.resource}"], lock=handle.resource)
-                grant = tx.lock_acquire(
+                grant = tx.lock_transition(
                     LockAcquire(
                         resource=handle.resource,
                         owner_token=handle.owner_token,
@@ -163,7 +164,7 @@ class LockManager:
                     tx.trace_append([event])
                     self.held[handle.resource] = handle
                     return
-                holder = tx.lock_get(handle.resource)
+                holder = lock_get(tx, handle.resource)
             waited = time.monotonic() - started
             if waited >= handle.wait:
                 ctx.record(
@@ -205,14 +206,17 @@ class LockManager:
         hlc = runtime.hlc.tick()
         now = runtime.clock.now()
         with runtime.storage.transaction() as tx:
-            row = tx.lock_get(handle.resource)
+            row = lock_get(tx, handle.resource)
             # Ran out while held, even if nobody took it meanwhile: "expired before completion".
             overdue = (
                 row is not None
                 and row.owner_token == handle.owner_token
                 and (row.expires_at is not None and row.expires_at < now)
             )
-            released = tx.lock_release(handle.resource, handle.owner_token, hlc) is not None
+            released = (
+                tx.lock_transition(LockRelease(handle.resource, handle.owner_token, hlc))
+                is not None
+            )
             if released and not overdue:
                 event = ctx.event(
                     "lock.released",
@@ -240,7 +244,9 @@ class LockManager:
         now = runtime.clock.now()
         with runtime.storage.transaction() as tx:
             for handle in list(self.held.values()):
-                if not tx.lock_renew(handle.resource, handle.owner_token, now, handle.ttl):
+                if not tx.lock_transition(
+                    LockRenew(handle.resource, handle.owner_token, now, handle.ttl)
+                ):
                     lost.append(handle.resource)
         return lost
 
@@ -290,7 +296,7 @@ def list_locks(source: RuntimeSource) -> list[LockInfo]:
     """Locks currently held (owner set), for ``replayq locks list``."""
     runtime = source.runtime
     with runtime.storage.transaction(readonly=True) as tx:
-        return [_info(row) for row in tx.lock_list()]
+        return [_info(row) for row in tx.lock_list(LockFilter())]
 
 
 def break_lock(source: RuntimeSource, resource: str, *, reason: str) -> LockInfo | None:
@@ -302,7 +308,7 @@ def break_lock(source: RuntimeSource, resource: str, *, reason: str) -> LockInfo
         raise ConfigurationError("breaking a lock needs a reason")
     now, hlc = runtime.clock.now(), runtime.hlc.tick()
     with runtime.storage.transaction() as tx:
-        row = tx.lock_release(resource, None, hlc)
+        row = tx.lock_transition(LockRelease(resource, None, hlc))
         if row is None:
             return None
         tx.trace_append(

@@ -31,6 +31,7 @@ from replayq.model import TraceEvent
 from replayq.queue.enqueue import EnqueueRequest, insert_job
 from replayq.recording.attempt import Attempt
 from replayq.runtime import Runtime, RuntimeSource
+from replayq.storage.context_params import OutboxClaim
 from replayq.storage.protocol import OutboxInsert, OutboxMark, OutboxRecord, Transaction
 
 
@@ -71,7 +72,7 @@ class OutboxView:
         )
 
         def write(tx: Transaction) -> None:
-            if not tx.outbox_insert(params):
+            if not tx.outbox_update(params):
                 # This step position published this event in an earlier attempt.
                 event.data["deduplicated"] = True
 
@@ -170,7 +171,7 @@ def publish_pending(
     result = PublishResult()
     now = runtime.clock.now()
     with runtime.storage.transaction() as tx:
-        rows = tx.outbox_claim(now, claim_seconds, limit)
+        rows = tx.outbox_claim(OutboxClaim(now, claim_seconds, limit))
     for row in rows:
         try:
             with runtime.storage.transaction() as tx:
@@ -178,12 +179,12 @@ def publish_pending(
                 # deliver first and the row is marked after (at least once).
                 sink.deliver(tx, row)
                 published_at = runtime.clock.now()
-                if tx.outbox_mark(OutboxMark(row.id, published_at)):
+                if tx.outbox_update(OutboxMark(row.id, published_at)):
                     tx.trace_append([_published_event(runtime, row, published_at)])
             result.published += 1
         except Exception as exc:
             with runtime.storage.transaction() as tx:
-                tx.outbox_mark(OutboxMark(row.id, now, runtime.redactor.error(exc)))
+                tx.outbox_update(OutboxMark(row.id, now, runtime.redactor.error(exc)))
             result.failed += 1
     return result
 

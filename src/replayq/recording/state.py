@@ -16,7 +16,7 @@ from replayq.recording.attempt import Attempt, Refusal
 from replayq.recording.blobs import load_json
 from replayq.recording.world import LIVE
 from replayq.runtime import RuntimeSource
-from replayq.storage.protocol import EntityFilter, EntityGet, EntityRecord, Transaction
+from replayq.storage.protocol import EntityFilter, EntityGet, EntityRecord, Transaction, lock_get
 
 MAIN = "main"
 
@@ -366,7 +366,7 @@ class StateView:
 
         def write(tx: Transaction) -> None:
             for lock_resource, fencing_token in fences.items():
-                held = tx.lock_get(lock_resource)
+                held = lock_get(tx, lock_resource)
                 newest = None if held is None else held.fencing_token
                 if newest is not None and newest > fencing_token:
                     self._stale(resource, lock_resource, fencing_token, newest)

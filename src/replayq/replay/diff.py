@@ -22,6 +22,7 @@ from replayq import codec
 from replayq.errors import ReplayqError
 from replayq.model import TraceEvent
 from replayq.runtime import RuntimeSource
+from replayq.storage.context_params import LineageQuery
 from replayq.storage.protocol import TraceQuery
 
 # How each effect event counts: an execution that succeeded (a replayed one stands for the
@@ -242,7 +243,7 @@ def resolve(
             if chosen is not None:
                 label += f" attempt {chosen}"
             return job.trace_id, label, events
-        lineage = next(iter(tx.lineage_list(trace_id=ident)), None)
+        lineage = next(iter(tx.lineage_list(LineageQuery(trace_id=ident))), None)
         events = tx.trace_query(TraceQuery(trace_id=ident))
     if lineage is None and not events:
         raise ReplayqError(
@@ -259,7 +260,7 @@ def _fork_attempt(source: RuntimeSource, ref: str, other: str) -> int | None:
     if attempt is not None or not ident.isdigit() or other_ident.isdigit():
         return None
     with source.runtime.storage.transaction(readonly=True) as tx:
-        lineage = next(iter(tx.lineage_list(trace_id=other_ident)), None)
+        lineage = next(iter(tx.lineage_list(LineageQuery(trace_id=other_ident))), None)
     if lineage is None or str(lineage.source_job_id) != ident:
         return None
     details = codec.loads(lineage.details) or {}

@@ -108,7 +108,7 @@ def load_recordings(
     with source.runtime.storage.transaction(readonly=True) as tx:
         traces = {
             found.job_id: found.events
-            for found in tx.trace_jobs(TraceJobs(list(dict.fromkeys(job_ids))))
+            for found in tx.trace_query(TraceJobs(list(dict.fromkeys(job_ids))))
         }
         for job_id in job_ids:
             try:

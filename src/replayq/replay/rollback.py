@@ -174,7 +174,7 @@ def rollback(
             )
             if not tx.entity_put(row, current.version):
                 raise ConcurrencyError(f"{change.resource} changed while rolling back; try again")
-            tx.cache_delete(CacheDelete(namespace=change.namespace, key=change.key))
+            tx.cache_update(CacheDelete(namespace=change.namespace, key=change.key))
             events.append(
                 TraceEvent(
                     trace_id=job.trace_id,

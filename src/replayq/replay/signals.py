@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from replayq.runtime import RuntimeSource
+from replayq.storage.reports import SignalCounts
 
 SIGNALS: dict[str, str] = {
     "lease.expired": "lease-expiry re-deliveries",
@@ -40,5 +41,5 @@ def signal_counts(source: RuntimeSource, *, since: float | None = None) -> list[
     """Counts per job type of every signal event since ``since`` (default: all time)."""
     runtime = source.runtime
     with runtime.storage.transaction(readonly=True) as tx:
-        rows = tx.signal_counts(list(SIGNALS), since if since is not None else 0.0)
+        rows = tx.report(SignalCounts(list(SIGNALS), since if since is not None else 0.0))
     return [SignalCount(job_type, SIGNALS[name], name, count) for job_type, name, count in rows]

@@ -17,6 +17,7 @@ from replayq.model import TraceEvent
 from replayq.replay.signals import SIGNALS
 from replayq.runtime import RuntimeSource
 from replayq.storage.protocol import TraceWindow
+from replayq.storage.reports import SignalSeries
 
 __all__ = ["BUCKETS", "SignalPoint", "WindowEvent", "events_between", "signal_series"]
 
@@ -68,7 +69,7 @@ def events_between(
     )
     while True:
         with runtime.storage.transaction(readonly=True) as tx:
-            page = tx.trace_window(params)
+            page = tx.trace_query(params)
         for event, event_type, event_version in page:
             yield WindowEvent(event, event_type, event_version)
         if len(page) < params.limit:
@@ -100,8 +101,8 @@ def signal_series(
     type and version; buckets with no signal are absent."""
     bucket_ms = BUCKETS[by] * 1000
     with source.runtime.storage.transaction(readonly=True) as tx:
-        rows = tx.signal_series(
-            list(SIGNALS), hlc_at(since, 0), hlc_at(until, _FAR_FUTURE), bucket_ms
+        rows = tx.report(
+            SignalSeries(list(SIGNALS), hlc_at(since, 0), hlc_at(until, _FAR_FUTURE), bucket_ms)
         )
     return [
         SignalPoint(

@@ -25,6 +25,13 @@ from replayq.rollout.background import VerifyRun, verify_runs
 from replayq.rollout.gates import GateReport, evaluate_gates
 from replayq.rollout.routing import PinRule, Routing, parse_share
 from replayq.runtime import Runtime, RuntimeSource
+from replayq.storage.params import (
+    ActiveVersion,
+    ComparisonQuery,
+    ContractQuery,
+    RoutingHistory,
+    RoutingQuery,
+)
 from replayq.storage.protocol import JobFilter, JobReroute, RoutingPut, Transaction
 
 _CAS_TRIES = 5
@@ -76,12 +83,12 @@ class Rollout:
 
     def routing(self) -> Routing | None:
         with self.runtime.storage.transaction(readonly=True) as tx:
-            rows = tx.routing_list(self.job_type)
+            rows = tx.rollout_query(RoutingQuery(self.job_type))
         return Routing.from_row(rows[0]) if rows else None
 
     def history(self) -> list[RoutingChange]:
         with self.runtime.storage.transaction(readonly=True) as tx:
-            rows = tx.routing_events(self.job_type)
+            rows = tx.rollout_query(RoutingHistory(self.job_type))
         return [
             RoutingChange(r.revision, r.action, r.actor, r.reason, r.ts, codec.loads(r.body))
             for r in rows
@@ -90,7 +97,7 @@ class Rollout:
     def comparisons(self, mode: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
         """Stored shadow and dual-run comparisons, newest first."""
         with self.runtime.storage.transaction(readonly=True) as tx:
-            rows = tx.comparison_list(self.job_type, mode, limit)
+            rows = tx.rollout_query(ComparisonQuery(self.job_type, mode, limit))
         return [
             {
                 **dataclasses.asdict(row),
@@ -324,7 +331,7 @@ class Rollout:
             moved = released = 0
             for version in before.versions():
                 if version != after.baseline:
-                    moved += tx.job_reroute(JobReroute(self.job_type, version, after.baseline))
+                    moved += tx.job_transition(JobReroute(self.job_type, version, after.baseline))
             running = [
                 job
                 for job in tx.job_list(JobFilter(["running"], self.job_type, None, 100_000))
@@ -354,12 +361,12 @@ class Rollout:
         runtime = self.runtime
         for _ in range(_CAS_TRIES):
             with runtime.storage.transaction() as tx:
-                rows = tx.routing_list(self.job_type)
+                rows = tx.rollout_query(RoutingQuery(self.job_type))
                 current = Routing.from_row(rows[0]) if rows else None
                 wanted = change(current)
                 now = runtime.clock.now()
                 expected = current.revision if current else 0
-                revision = tx.routing_put(
+                revision = tx.rollout_update(
                     RoutingPut(
                         job_type=self.job_type,
                         body_json=codec.dumps(wanted.to_body()),
@@ -419,7 +426,7 @@ class Rollout:
         )
         if active is None:
             with self.runtime.storage.transaction(readonly=True) as tx:
-                active = tx.contract_active(self.job_type)
+                active = tx.rollout_query(ActiveVersion(self.job_type))
         if active is None:
             raise RolloutRefusedError(f"{self.job_type}: no active version known; give --from")
         return active
@@ -430,7 +437,7 @@ class Rollout:
             known = registry.versions(self.job_type)
         else:
             with self.runtime.storage.transaction(readonly=True) as tx:
-                known = [c.version for c in tx.contract_list(self.job_type)]
+                known = [c.version for c in tx.rollout_query(ContractQuery(self.job_type))]
         if version not in known:
             raise RolloutRefusedError(
                 f"{self.job_type} has no version {version!r} "

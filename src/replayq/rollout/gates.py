@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from replayq.rollout.routing import Routing
 from replayq.runtime import Runtime
+from replayq.storage.reports import VersionOutcomes
 
 Z_ONE_SIDED_99 = 2.33
 RATE_MARGIN = 0.01
@@ -115,7 +116,7 @@ class GateReport:
 def figures(runtime: Runtime, job_type: str, since: float) -> dict[str, VersionFigures]:
     """Per version: attempts, failures by class, retries, dead, redeliveries, durations."""
     with runtime.storage.transaction(readonly=True) as tx:
-        rows = tx.version_outcomes(job_type, since)
+        rows = tx.report(VersionOutcomes(job_type, since))
     by_version: dict[str, VersionFigures] = {}
     # An attempt's decision (retry, dead) belongs to the version whose attempt failed,
     # even if a rollback has since moved the queued job to another version.

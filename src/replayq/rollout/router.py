@@ -14,6 +14,7 @@ import time
 from replayq.model import Job
 from replayq.queue.handlers import HandlerRegistry
 from replayq.rollout.routing import Routing
+from replayq.storage.params import RoutingQuery
 from replayq.storage.protocol import Transaction
 
 log = logging.getLogger("replayq.rollout")
@@ -36,7 +37,9 @@ class Router:
         with self._lock:
             now = time.monotonic()
             if force or now - self._read_at >= self.refresh_seconds:
-                self._routes = {r.job_type: Routing.from_row(r) for r in tx.routing_list()}
+                self._routes = {
+                    r.job_type: Routing.from_row(r) for r in tx.rollout_query(RoutingQuery())
+                }
                 self._read_at = now
             return self._routes
 

@@ -28,7 +28,7 @@ def compare_attempt(runtime: Runtime, job: Job, version: str, *, mode: str) -> l
         now = tx.trace_query(TraceQuery(trace_id=report.trace_id))
     classes, details = classify(report, recorded, now)
     with runtime.storage.transaction() as tx:
-        tx.comparison_put(
+        tx.rollout_update(
             ComparisonPut(
                 job_type=job.job_type,
                 job_id=job.id,

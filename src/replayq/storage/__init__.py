@@ -4,11 +4,15 @@
 
     storage/
     ├── protocol.py         Storage, Transaction (the verbs); Listener, an optional capability
-    ├── params.py           the frozen parameter dataclasses the verbs take
+    ├── params.py           the frozen parameter dataclasses of the queue, trace and
+    │                       rollout verbs
+    ├── context_params.py   those of the recording context's verbs
+    ├── reports.py          the questions ``report`` answers
     ├── records.py          the frozen records the verbs return
     ├── sql_transaction.py  the queue, trace and rollout verbs, once, over named queries
     ├── context_verbs.py    the recording context's verbs (state, locks, effects, cache,
     │                       outbox, steps, blobs, lineage, schedules), once, likewise
+    ├── report_verbs.py     ``report``, once, likewise
     ├── queries.py          loads ``-- name: NAME`` queries from a backend's *.sql files
     ├── sqlite/             SqliteStorage (+ Listener: watch.py, a data_version check), likewise
     ├── postgres/           PostgresStorage (+ Listener: LISTEN/NOTIFY wake-ups), likewise
@@ -19,26 +23,31 @@
     └── cache.py            where ``ctx.cache`` keeps entries: this database, or Redis
 
 The verbs, by noun (``Transaction``; each takes a parameter dataclass or a few
-scalars and returns records, never a mapping)::
+scalars and returns records, never a mapping). A verb of many kinds takes a union
+and has one ``@overload`` per kind, so each answer keeps its own type::
 
-    jobs      job_insert job_get job_lease lease_check lease_reap job_list job_count job_match
-              job_cancel_requested job_reroute
+    jobs      job_insert job_get job_lease lease_check job_match
+              job_list(JobFilter | CancelRequested | LeasesExpired)
               job_transition(LeaseExtend | JobComplete | JobRetry | JobBury | JobCancel |
                   JobCancelRequest | JobCancelRunning | JobReleaseRunning | JobRequeue |
-                  LeaseRelease |
-                  JobRedeliver | JobRoute | JobSetRecorded)      one CAS on one job row
-    reports   job_stats job_gauges job_scheduled job_durations version_outcomes
-              signal_counts signal_series outbox_backlog job_out_of_order
-    trace     trace_append trace_query(TraceQuery) trace_jobs(TraceJobs) trace_window(TraceWindow)
-    rollouts  contract_put contract_list contract_activate contract_active
-              routing_list routing_put routing_events comparison_put comparison_list
+                  LeaseRelease | JobRedeliver | JobRoute | JobSetRecorded)  one CAS on one
+                  job row -> bool;  | JobReroute (queued jobs of a type) -> how many
+    reports   report(JobStats | JobCount | JobGauges | JobsScheduled | JobDurations |
+                  OutOfOrder | VersionOutcomes | SignalCounts | SignalSeries | OutboxPending)
+    trace     trace_append  trace_query(TraceQuery | TraceJobs | TraceWindow)
+    rollouts  rollout_query(ContractQuery | ActiveVersion | RoutingQuery | RoutingHistory |
+                  ComparisonQuery)
+              rollout_update(ContractPut | ContractActivate | RoutingPut | ComparisonPut)
     state     entity_get(EntityGet) entity_list(EntityFilter) entity_put branch_create branch_get
-    locks     lock_acquire lock_get lock_list lock_renew lock_release (owner None: break)
+    locks     lock_transition(LockAcquire | LockRenew | LockRelease (owner None: break))
+              lock_list(LockFilter)
     effects   idem_transition(IdemClaim | IdemTakeover | IdemSucceed | IdemFail |
                   IdemCompensate | IdemResolve)  idem_list(IdemFilter)
-    others    cache_put cache_get cache_delete  outbox_insert outbox_claim outbox_mark
-              outbox_by_job  step_complete step_by_job  blob_put blob_get
-              lineage_put lineage_list lineage_page  schedule_update schedule_list
+    others    cache_update(CachePut | CacheDelete) cache_get(CacheLookup)
+              outbox_update(OutboxInsert | OutboxMark) outbox_claim(OutboxClaim) outbox_by_job
+              step_complete step_by_job  blob_put blob_get
+              lineage_put lineage_list(LineageQuery)
+              schedule_update(ScheduleRegister | ScheduleAdvance | ScheduleMade) schedule_list
     retention job_keep keep_list gc_candidates(GcScan) gc_cursor gc_cursor_put
               trace_trim job_purge job_hours idem_purge gc_vacuum
 

@@ -73,11 +73,11 @@ class DatabaseCache:
 
     def put(self, entry: CacheEntry) -> None:
         with self._storage.transaction() as tx:
-            tx.cache_put(_params(entry))
+            tx.cache_update(_params(entry))
 
     def delete_base(self, base_key: str) -> None:
         with self._storage.transaction() as tx:
-            tx.cache_delete(CacheDelete(base_key=base_key))
+            tx.cache_update(CacheDelete(base_key=base_key))
 
 
 def _params(entry: CacheEntry) -> CachePut:

@@ -14,42 +14,48 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from replayq.storage.protocol import (
-    Blob,
+from replayq.storage.context_params import (
     BlobPut,
-    Branch,
     BranchCreate,
-    CacheDelete,
+    CacheChange,
     CacheLookup,
     CachePut,
-    CacheRecord,
     EntityFilter,
     EntityGet,
-    EntityRecord,
     IdemChange,
     IdemClaim,
     IdemCompensate,
     IdemFail,
     IdemFilter,
-    IdemRecord,
     IdemResolve,
     IdemSucceed,
     IdemTakeover,
     LineagePut,
-    LineageRecord,
-    Lock,
+    LineageQuery,
     LockAcquire,
-    LockGrant,
-    OutboxBacklog,
+    LockChange,
+    LockFilter,
+    LockRenew,
+    OutboxChange,
+    OutboxClaim,
     OutboxInsert,
-    OutboxMark,
-    OutboxRecord,
     ScheduleAdvance,
     ScheduleChange,
     ScheduleMade,
-    ScheduleRecord,
     ScheduleRegister,
     StepComplete,
+)
+from replayq.storage.records import (
+    Blob,
+    Branch,
+    CacheRecord,
+    EntityRecord,
+    IdemRecord,
+    LineageRecord,
+    Lock,
+    LockGrant,
+    OutboxRecord,
+    ScheduleRecord,
     StepRecord,
 )
 
@@ -166,28 +172,23 @@ class ContextVerbs:
 
     # -- locks ------------------------------------------------------------------------------
 
-    def lock_acquire(self, change: LockAcquire) -> LockGrant | None:
-        row = self.fetchone("lock_acquire", query_params(change))
-        return None if row is None else LockGrant(int(row["fencing_token"]), int(row["hlc"]))
-
-    def lock_get(self, resource: str) -> Lock | None:
-        row = self.fetchone("lock_get", {"resource": resource})
-        return None if row is None else record(Lock, row)
-
-    def lock_list(self) -> list[Lock]:
-        return [record(Lock, r) for r in self.fetchall("lock_list")]
-
-    def lock_renew(self, resource: str, owner_token: str, now: float, ttl: float) -> bool:
-        values = {"resource": resource, "owner_token": owner_token, "now": now, "ttl": ttl}
-        return self.changed("lock_renew", values)
-
-    def lock_release(self, resource: str, owner_token: str | None, hlc: int) -> Lock | None:
-        if owner_token is None:
-            row = self.fetchone("lock_break", {"resource": resource, "hlc": hlc})
+    def lock_transition(self, change: LockChange) -> Any:
+        if isinstance(change, LockAcquire):
+            row = self.fetchone("lock_acquire", query_params(change))
+            return None if row is None else LockGrant(int(row["fencing_token"]), int(row["hlc"]))
+        if isinstance(change, LockRenew):
+            return self.changed("lock_renew", query_params(change))
+        if change.owner_token is None:
+            row = self.fetchone("lock_break", {"resource": change.resource, "hlc": change.hlc})
         else:
-            values = {"resource": resource, "owner_token": owner_token, "hlc": hlc}
-            row = self.fetchone("lock_release", values)
+            row = self.fetchone("lock_release", query_params(change))
         return None if row is None else record(Lock, row)
+
+    def lock_list(self, query: LockFilter) -> list[Lock]:
+        if query.resource is not None:
+            row = self.fetchone("lock_get", {"resource": query.resource})
+            return [] if row is None else [record(Lock, row)]
+        return [record(Lock, r) for r in self.fetchall("lock_list")]
 
     # -- idempotency records ----------------------------------------------------------------
 
@@ -214,8 +215,13 @@ class ContextVerbs:
 
     # -- cache ------------------------------------------------------------------------------
 
-    def cache_put(self, change: CachePut) -> None:
-        self.execute("cache_put", query_params(change))
+    def cache_update(self, change: CacheChange) -> None:
+        if isinstance(change, CachePut):
+            self.execute("cache_put", query_params(change))
+        elif change.base_key is not None:
+            self.execute("cache_delete_base", {"base_key": change.base_key})
+        else:
+            self.execute("cache_delete_source", {"namespace": change.namespace, "key": change.key})
 
     def cache_get(self, query: CacheLookup) -> CacheRecord | None:
         if query.key is not None:
@@ -224,32 +230,18 @@ class ContextVerbs:
             row = self.fetchone("cache_latest", {"base_key": query.base_key, "now": query.now})
         return None if row is None else record(CacheRecord, row)
 
-    def cache_delete(self, change: CacheDelete) -> None:
-        if change.base_key is not None:
-            self.execute("cache_delete_base", {"base_key": change.base_key})
-        else:
-            where = {"namespace": change.namespace, "key": change.key}
-            self.execute("cache_delete_source", where)
-
     # -- outbox -----------------------------------------------------------------------------
 
-    def outbox_insert(self, change: OutboxInsert) -> bool:
-        """Insert an outbox row; ``False`` when a row with its ``event_id`` already exists."""
-        return self.changed("outbox_insert", query_params(change))
-
-    def outbox_claim(self, now: float, claim_seconds: float, limit: int) -> list[OutboxRecord]:
-        values = {"now": now, "claim_seconds": claim_seconds, "limit": limit}
-        return [record(OutboxRecord, r) for r in self.fetchall("outbox_claim", values)]
-
-    def outbox_mark(self, change: OutboxMark) -> bool:
+    def outbox_update(self, change: OutboxChange) -> bool:
+        """Insert a row (``False`` when its ``event_id`` exists), or mark a claimed one."""
+        if isinstance(change, OutboxInsert):
+            return self.changed("outbox_insert", query_params(change))
         if change.error is None:
             return self.changed("outbox_mark_published", {"id": change.row_id, "now": change.now})
         return self.changed("outbox_mark_failed", {"id": change.row_id, "error": change.error})
 
-    def outbox_backlog(self) -> OutboxBacklog:
-        row = self.fetchone("outbox_backlog")
-        assert row is not None
-        return OutboxBacklog(int(row["pending"]), row["oldest"])
+    def outbox_claim(self, query: OutboxClaim) -> list[OutboxRecord]:
+        return [record(OutboxRecord, r) for r in self.fetchall("outbox_claim", query_params(query))]
 
     def outbox_by_job(self, job_id: int) -> list[OutboxRecord]:
         return [record(OutboxRecord, r) for r in self.fetchall("outbox_by_job", {"job_id": job_id})]
@@ -277,17 +269,14 @@ class ContextVerbs:
     def lineage_put(self, change: LineagePut) -> None:
         self.execute("lineage_put", query_params(change))
 
-    def lineage_list(
-        self, trace_id: str | None = None, source_trace_id: str | None = None
-    ) -> list[LineageRecord]:
-        where = {"trace_id": trace_id, "source_trace_id": source_trace_id}
-        return [record(LineageRecord, r) for r in self.fetchall("lineage_list", where)]
-
-    def lineage_page(self, after: tuple[float, str], limit: int) -> list[LineageRecord]:
-        created_at, trace_id = after
-        rows = self.fetchall(
-            "lineage_page", {"created_at": created_at, "trace_id": trace_id, "limit": limit}
-        )
+    def lineage_list(self, query: LineageQuery) -> list[LineageRecord]:
+        if query.after is not None:
+            created_at, trace_id = query.after
+            values = {"created_at": created_at, "trace_id": trace_id, "limit": query.limit}
+            rows = self.fetchall("lineage_page", values)
+        else:
+            where = {"trace_id": query.trace_id, "source_trace_id": query.source_trace_id}
+            rows = self.fetchall("lineage_list", where)
         return [record(LineageRecord, r) for r in rows]
 
     # -- schedules --------------------------------------------------------------------------

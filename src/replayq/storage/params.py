@@ -1,7 +1,9 @@
 """The parameters the storage verbs take: one frozen dataclass per question or change.
 
 A verb that changes one job takes one of the ``JobChange`` union (``job_transition``);
-an idempotency record, one of ``IdemChange``; a schedule, one of ``ScheduleChange``.
+a reader of many kinds takes one of a union of queries (``JobQuery``, ``TraceRead``,
+``RolloutQuery``) and answers each with its own record. The recording context's
+parameters are in ``context_params.py``, the reports' in ``reports.py``.
 Imports: the foundations only.
 """
 
@@ -104,20 +106,23 @@ class JobFilter:
 
 
 @dataclass(frozen=True, slots=True)
-class RoutingPut:
-    """Write a job type's routing record: compare-and-set on the revision the caller read.
+class CancelRequested:
+    """The running jobs of ``worker_id`` that were asked to stop (its heartbeat's question)."""
 
-    ``expected_revision=0`` creates the record. The change is appended to the type's
-    routing events with who made it and why, in the same transaction.
-    """
+    worker_id: str
 
-    job_type: str
-    body_json: str
-    expected_revision: int
-    action: str
-    actor: str
-    reason: str | None
+
+@dataclass(frozen=True, slots=True)
+class LeasesExpired:
+    """Running jobs whose lease ended before ``now``, soonest expired first, as they are
+    before the reaper re-queues them (PostgreSQL skips rows another transaction holds)."""
+
     now: float
+    limit: int
+
+
+JobQuery = JobFilter | CancelRequested | LeasesExpired
+"""What ``job_list`` reads; each kind has its own index-backed query."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -287,7 +292,8 @@ JobChange = (
 
 @dataclass(frozen=True, slots=True)
 class JobReroute:
-    """Move the queued jobs of a type from one version to another."""
+    """Move the queued jobs of a type from one version to another: the one change of many
+    job rows, so ``job_transition`` answers it with how many moved, not a ``bool``."""
 
     job_type: str
     from_version: str
@@ -310,20 +316,103 @@ class TraceQuery:
 
 @dataclass(frozen=True, slots=True)
 class TraceJobs:
-    """Which jobs' events ``trace_jobs`` reads, all in one query (a bulk dry-run's batch)."""
+    """Several jobs' events, all in one query (a bulk dry-run's batch): one ``JobTrace``
+    per job that has events, in no particular order of jobs."""
 
     job_ids: Sequence[int]
 
 
 @dataclass(frozen=True, slots=True)
 class JobTrace:
-    """One job's events as ``trace_jobs`` returns them: in HLC order, like ``trace_query``."""
+    """One job's events as ``trace_query(TraceJobs(...))`` returns them: in HLC order."""
 
     job_id: int
     events: list[TraceEvent]
 
 
-# -- parameters of the rollout, state, lock, effect, cache, outbox, blob, lineage and schedule verbs
+TraceRead = TraceQuery | TraceJobs | TraceWindow
+"""What ``trace_query`` reads; each kind answers with its own record (see its overloads)."""
+
+
+# -- parameters of the rollout verbs (``rollout_query``, ``rollout_update``) ----------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ContractQuery:
+    """Stored contracts, of one type (and one version of it) when given."""
+
+    job_type: str | None = None
+    version: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ActiveVersion:
+    """The version new jobs of ``job_type`` run under (``ContractActivate``), if any."""
+
+    job_type: str
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingQuery:
+    """Every type's routing record, or the one of ``job_type`` (if it has one)."""
+
+    job_type: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingHistory:
+    """Every change of the type's routing, oldest first, with actor and reason."""
+
+    job_type: str
+
+
+@dataclass(frozen=True, slots=True)
+class ComparisonQuery:
+    """The newest ``limit`` comparisons of a type, of one ``mode`` when given."""
+
+    job_type: str
+    mode: str | None = None
+    limit: int = 100
+
+
+RolloutQuery = ContractQuery | ActiveVersion | RoutingQuery | RoutingHistory | ComparisonQuery
+"""What ``rollout_query`` reads; each kind answers with its own record (see its overloads)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContractPut:
+    """Store (or replace) the contract of one version of a type."""
+
+    job_type: str
+    version: str
+    body_json: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class ContractActivate:
+    """Record ``version`` as the one new jobs of ``job_type`` run under."""
+
+    job_type: str
+    version: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingPut:
+    """Write a job type's routing record: compare-and-set on the revision the caller read.
+
+    ``expected_revision=0`` creates the record. The change is appended to the type's
+    routing events with who made it and why, in the same transaction.
+    """
+
+    job_type: str
+    body_json: str
+    expected_revision: int
+    action: str
+    actor: str
+    reason: str | None
+    now: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,259 +430,9 @@ class ComparisonPut:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class EntityGet:
-    """One version of an entity: the head (neither filter), ``version``, or the newest
-    written at or before ``at_hlc``."""
-
-    branch: str
-    namespace: str
-    key: str
-    version: int | None = None
-    at_hlc: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class EntityFilter:
-    """Versions written by ``job_id`` (HLC order), or of one entity after ``after_version``."""
-
-    job_id: int | None = None
-    branch: str | None = None
-    namespace: str | None = None
-    key: str | None = None
-    after_version: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class BranchCreate:
-    branch: str
-    base_branch: str
-    base_hlc: int
-    origin: str
-    now: float
-
-
-@dataclass(frozen=True, slots=True)
-class LockAcquire:
-    resource: str
-    owner_token: str
-    job_id: int | None
-    worker_id: str | None
-    now: float
-    ttl: float
-    hlc: int
-
-
-@dataclass(frozen=True, slots=True)
-class IdemClaim:
-    """Claim a business key before its side effect runs; fails when the key exists."""
-
-    key: str
-    operation: str
-    claim_token: str
-    now: float
-    trace_id: str | None
-    job_id: int | None
-    attempt: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class IdemTakeover:
-    """Claim again a record left ``expected_status`` by ``expected_claim``."""
-
-    key: str
-    claim_token: str
-    now: float
-    trace_id: str | None
-    job_id: int | None
-    attempt: int | None
-    expected_status: str
-    expected_claim: str
-
-
-@dataclass(frozen=True, slots=True)
-class IdemSucceed:
-    key: str
-    claim_token: str
-    result: str | None
-    result_ref: str | None
-    now: float
-
-
-@dataclass(frozen=True, slots=True)
-class IdemFail:
-    key: str
-    claim_token: str
-    error: str
-    now: float
-
-
-@dataclass(frozen=True, slots=True)
-class IdemCompensate:
-    """A ``succeeded`` record whose effect was reversed (rollback)."""
-
-    key: str
-    now: float
-
-
-@dataclass(frozen=True, slots=True)
-class IdemResolve:
-    """Settle an in-doubt record: compare-and-set on ``status = 'started'`` and its claim."""
-
-    key: str
-    claim_token: str
-    status: str
-    result: str | None
-    error: str | None
-    now: float
-
-
-IdemChange = IdemClaim | IdemTakeover | IdemSucceed | IdemFail | IdemCompensate | IdemResolve
-"""Every write of an idempotency record: ``idem_transition`` returns whether it applied."""
-
-
-@dataclass(frozen=True, slots=True)
-class IdemFilter:
-    """Effect records by ``key``, by ``job_id`` (oldest first), or newest first by
-    ``operation``; ``in_doubt``: only ``started`` by an attempt that no longer runs."""
-
-    key: str | None = None
-    job_id: int | None = None
-    operation: str | None = None
-    in_doubt: bool = False
-    limit: int = 100
-
-
-@dataclass(frozen=True, slots=True)
-class CachePut:
-    key: str
-    base_key: str
-    value: str
-    version: int | None
-    source_namespace: str | None
-    source_key: str | None
-    now: float
-    expires_at: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class CacheLookup:
-    """An unexpired entry by ``key``, or the newest one of ``base_key``."""
-
-    now: float
-    key: str | None = None
-    base_key: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CacheDelete:
-    """Drop the entries of ``base_key``, or those derived from entity ``namespace``/``key``."""
-
-    base_key: str | None = None
-    namespace: str | None = None
-    key: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class OutboxInsert:
-    event_id: str
-    topic: str
-    payload: str
-    job_id: int | None
-    trace_id: str | None
-    now: float
-
-
-@dataclass(frozen=True, slots=True)
-class OutboxMark:
-    """A claimed row published (``error is None``) or failed with ``error``."""
-
-    row_id: int
-    now: float
-    error: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StepComplete:
-    """A step of a job committed at position ``step_key`` with its result (the step
-    ledger, ``rq_steps``): ``result`` is its JSON text, or ``None`` and ``result_ref``
-    names the blob holding it."""
-
-    job_id: int
-    step_key: str
-    step_name: str
-    attempt: int
-    trace_id: str
-    result: str | None
-    result_ref: str | None
-    now: float
-
-
-@dataclass(frozen=True, slots=True)
-class TraceFence:
-    """The lease that must still be held for ``trace_append`` to write: the events go in
-    only if ``owner_token`` holds job ``job_id``'s lease, checked in the statement that
-    writes them (the fence of a step's commit, an effect's claim and result)."""
-
-    job_id: int
-    owner_token: str
-
-
-@dataclass(frozen=True, slots=True)
-class BlobPut:
-    hash: str
-    codec: str
-    size: int
-    stored_size: int
-    body: bytes
-    now: float
-
-
-@dataclass(frozen=True, slots=True)
-class LineagePut:
-    trace_id: str
-    origin: str
-    source_trace_id: str
-    source_job_id: int | None
-    branch: str | None
-    details: str
-    now: float
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduleRegister:
-    """Store a periodic job's declaration; a new one is anchored at ``now``."""
-
-    name: str
-    cron: str
-    job_type: str
-    timezone: str
-    missed: str
-    next_slot: float | None
-    now: float
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduleAdvance:
-    """Compare-and-set of a schedule's anchor (the newest decided slot)."""
-
-    name: str
-    expected_anchor: float
-    anchor: float
-    next_slot: float | None
-    now: float
-
-
-@dataclass(frozen=True, slots=True)
-class ScheduleMade:
-    """Note the newest slot a schedule enqueued and the job it made."""
-
-    name: str
-    last_slot: float
-    last_job_id: int
-
-
-ScheduleChange = ScheduleRegister | ScheduleAdvance | ScheduleMade
+RolloutChange = ContractPut | ContractActivate | RoutingPut | ComparisonPut
+"""Every rollout write: ``rollout_update`` answers ``RoutingPut`` with the new revision
+(``None``: the record changed since it was read) and the others with ``None``."""
 
 
 @dataclass(frozen=True, slots=True)

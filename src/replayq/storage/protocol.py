@@ -11,19 +11,18 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, overload, runtime_checkable
 
 from replayq.model import Job, StatRow, TraceEvent
-from replayq.storage.params import (
+from replayq.storage.context_params import (
     BlobPut,
     BranchCreate,
+    CacheChange,
     CacheDelete,
     CacheLookup,
     CachePut,
-    ComparisonPut,
     EntityFilter,
     EntityGet,
-    GcScan,
     IdemChange,
     IdemClaim,
     IdemCompensate,
@@ -32,6 +31,32 @@ from replayq.storage.params import (
     IdemResolve,
     IdemSucceed,
     IdemTakeover,
+    LineagePut,
+    LineageQuery,
+    LockAcquire,
+    LockChange,
+    LockFilter,
+    LockRelease,
+    LockRenew,
+    OutboxChange,
+    OutboxClaim,
+    OutboxInsert,
+    OutboxMark,
+    ScheduleAdvance,
+    ScheduleChange,
+    ScheduleMade,
+    ScheduleRegister,
+    StepComplete,
+    TraceFence,
+)
+from replayq.storage.params import (
+    ActiveVersion,
+    ComparisonPut,
+    ComparisonQuery,
+    ContractActivate,
+    ContractPut,
+    ContractQuery,
+    GcScan,
     JobBury,
     JobCancel,
     JobCancelRequest,
@@ -42,6 +67,7 @@ from replayq.storage.params import (
     JobInsert,
     JobLease,
     JobMatch,
+    JobQuery,
     JobRedeliver,
     JobReleaseRunning,
     JobRequeue,
@@ -52,20 +78,15 @@ from replayq.storage.params import (
     JobTrace,
     LeaseExtend,
     LeaseRelease,
-    LineagePut,
-    LockAcquire,
     MigrationStatus,
-    OutboxInsert,
-    OutboxMark,
+    RolloutChange,
+    RolloutQuery,
+    RoutingHistory,
     RoutingPut,
-    ScheduleAdvance,
-    ScheduleChange,
-    ScheduleMade,
-    ScheduleRegister,
-    StepComplete,
-    TraceFence,
+    RoutingQuery,
     TraceJobs,
     TraceQuery,
+    TraceRead,
     TraceWindow,
 )
 from replayq.storage.records import (
@@ -92,6 +113,19 @@ from replayq.storage.records import (
     SignalBucket,
     StepRecord,
     VersionOutcome,
+)
+from replayq.storage.reports import (
+    JobCount,
+    JobDurations,
+    JobGauges,
+    JobsScheduled,
+    JobStats,
+    OutboxPending,
+    OutOfOrder,
+    ReportQuery,
+    SignalCounts,
+    SignalSeries,
+    VersionOutcomes,
 )
 
 __all__ = [
@@ -176,11 +210,13 @@ __all__ = [
     "VersionOutcome",
     "idem_get",
     "iter_chunks",
+    "lock_get",
 ]
 
 
 class Transaction(Protocol):
-    """The verbs, all inside one database transaction."""
+    """The verbs, all inside one database transaction. A verb taking a union declares an
+    ``@overload`` per kind whose answer differs; implementations dispatch on the class."""
 
     connection: Any
     """The driver connection the transaction runs on (for ``ctx.db_write``)."""
@@ -206,122 +242,118 @@ class Transaction(Protocol):
         """
         ...
 
-    def job_transition(self, change: JobChange) -> bool:
+    @overload
+    def job_transition(self, change: JobChange) -> bool: ...
+
+    @overload
+    def job_transition(self, change: JobReroute) -> int: ...
+
+    def job_transition(self, change: JobChange | JobReroute) -> bool | int:
         """Apply one compare-and-set to a job row; ``False`` when its condition failed
-        (the lease was lost, the job is not in the expected state)."""
+        (the lease was lost, the job is not in the expected state). ``JobReroute`` moves
+        many queued rows and answers how many."""
         ...
 
-    def lease_reap(self, now: float, limit: int) -> list[Job]:
-        """Jobs whose lease expired, as they were before this call; the caller re-queues them."""
-        ...
-
-    def job_reroute(self, params: JobReroute) -> int:
-        """Move queued jobs of a type from one version to another; returns how many."""
-        ...
-
-    def job_list(self, params: JobFilter) -> list[Job]:
-        """Jobs matching ``params``, newest (highest id) first, at most ``params.limit``."""
-        ...
-
-    def job_count(self, params: JobFilter) -> int:
-        """How many jobs match ``params``'s filters (``limit`` and ``before`` ignored)."""
+    def job_list(self, params: JobQuery) -> list[Job]:
+        """Jobs matching a ``JobFilter``, newest (highest id) first, at most ``limit``; the
+        running jobs of a worker asked to stop (``CancelRequested``); or those whose lease
+        expired (``LeasesExpired``), which the caller re-queues."""
         ...
 
     def job_match(self, params: JobMatch) -> list[int]:
         """Ids of production jobs matching every filter of a bulk action, oldest first."""
         ...
 
-    def job_cancel_requested(self, worker_id: str) -> set[int]:
-        """Which of this worker's running jobs were asked to stop."""
+    # -- reports ----------------------------------------------------------------------------
+
+    @overload
+    def report(self, query: JobStats) -> list[StatRow]: ...
+
+    @overload
+    def report(self, query: JobCount) -> int: ...
+
+    @overload
+    def report(self, query: JobGauges) -> list[JobGauge]: ...
+
+    @overload
+    def report(self, query: JobsScheduled) -> tuple[int, float | None]: ...
+
+    @overload
+    def report(self, query: JobDurations) -> list[float]: ...
+
+    @overload
+    def report(self, query: OutOfOrder) -> list[OrderBreak]: ...
+
+    @overload
+    def report(self, query: VersionOutcomes) -> list[VersionOutcome]: ...
+
+    @overload
+    def report(self, query: SignalCounts) -> list[tuple[str, str, int]]: ...
+
+    @overload
+    def report(self, query: SignalSeries) -> list[SignalBucket]: ...
+
+    @overload
+    def report(self, query: OutboxPending) -> OutboxBacklog: ...
+
+    def report(self, query: ReportQuery) -> object:
+        """Answer one of the operators' questions (``storage/reports.py`` lists them)."""
         ...
-
-    def job_scheduled(self, now: float, queues: Sequence[str] | None) -> tuple[int, float | None]:
-        """Queued jobs not due yet (delayed or backing off): ``(count, first run_at)``."""
-        ...
-
-    def job_stats(self) -> list[StatRow]: ...
-
-    def job_gauges(self, now: float) -> list[JobGauge]:
-        """Open jobs (queued, running, dead) counted by queue, type, version and state."""
-        ...
-
-    def job_out_of_order(self) -> list[OrderBreak]:
-        """Jobs run (or waiting) after an earlier job of their ordering key died or was
-        cancelled, counted by ``queue``, ``job_type`` and ``version``."""
-        ...
-
-    def job_durations(self, job_type: str, version: str | None) -> list[float]: ...
 
     # -- trace ------------------------------------------------------------------------------
 
     def trace_append(self, events: Sequence[TraceEvent], fence: TraceFence | None = None) -> bool:
-        """Append ``events`` (one ``rq_trace`` pack per job attempt among them).
-
-        With ``fence``: only while its owner token holds the job's lease, checked in
-        the statement that writes the first pack (on PostgreSQL the job row is then
-        kept as read until the transaction ends, as ``lease_check`` keeps it);
-        ``False``, nothing appended, once the lease is gone. The caller raises, so the
-        transaction's other writes roll back. Without ``fence`` always ``True``.
-        """
+        """Append ``events``; with ``fence`` only while it holds the lease (else ``False``)."""
         ...
 
-    def trace_query(self, params: TraceQuery) -> list[TraceEvent]:
-        """The events of a job, a trace or a resource (see ``TraceQuery``)."""
-        ...
+    @overload
+    def trace_query(self, params: TraceQuery) -> list[TraceEvent]: ...
 
-    def trace_jobs(self, params: TraceJobs) -> list[JobTrace]:
-        """Each job's events, as ``trace_query(TraceQuery(job_id=...))`` gives them, in no
-        particular order of jobs; a job without events is absent."""
-        ...
+    @overload
+    def trace_query(self, params: TraceJobs) -> list[JobTrace]: ...
 
-    def trace_window(self, params: TraceWindow) -> list[tuple[TraceEvent, str, str | None]]:
-        """``(event, job type, version)`` in HLC order: a page of a time window."""
-        ...
+    @overload
+    def trace_query(self, params: TraceWindow) -> list[tuple[TraceEvent, str, str | None]]: ...
 
-    def signal_counts(self, names: Sequence[str], since: float) -> list[tuple[str, str, int]]:
-        """``(job type, event name, count)`` of production jobs' events since ``since``."""
-        ...
-
-    def signal_series(
-        self, names: Sequence[str], since_hlc: int, until_hlc: int, bucket_ms: int
-    ) -> list[SignalBucket]:
-        """Counts of the named events per time bucket, job type, version and name."""
+    def trace_query(
+        self, params: TraceRead
+    ) -> list[TraceEvent] | list[JobTrace] | list[tuple[TraceEvent, str, str | None]]:
+        """The events of a job, a trace or a resource (``TraceQuery``); of several jobs at
+        once (``TraceJobs``); or ``(event, job type, version)`` of a time window, a page in
+        HLC order (``TraceWindow``)."""
         ...
 
     # -- contracts and rollouts -------------------------------------------------------------
 
-    def contract_put(self, job_type: str, version: str, body_json: str, now: float) -> None: ...
+    @overload
+    def rollout_query(self, query: ContractQuery) -> list[ContractRecord]: ...
 
-    def contract_list(
-        self, job_type: str | None, version: str | None = None
-    ) -> list[ContractRecord]:
-        """Stored contracts, of one type (and one version of it) when given."""
+    @overload
+    def rollout_query(self, query: ActiveVersion) -> str | None: ...
+
+    @overload
+    def rollout_query(self, query: RoutingQuery) -> list[RoutingRecord]: ...
+
+    @overload
+    def rollout_query(self, query: RoutingHistory) -> list[RoutingEvent]: ...
+
+    @overload
+    def rollout_query(self, query: ComparisonQuery) -> list[Comparison]: ...
+
+    def rollout_query(self, query: RolloutQuery) -> object:
+        """Contracts, the active version, routing records and their history, comparisons."""
         ...
 
-    def contract_activate(self, job_type: str, version: str, now: float) -> None:
-        """Record ``version`` as the one new jobs of ``job_type`` run under."""
-        ...
+    @overload
+    def rollout_update(self, change: RoutingPut) -> int | None: ...
 
-    def contract_active(self, job_type: str) -> str | None: ...
+    @overload
+    def rollout_update(self, change: ContractPut | ContractActivate | ComparisonPut) -> None: ...
 
-    def routing_list(self, job_type: str | None = None) -> list[RoutingRecord]:
-        """Every type's routing record, or the one of ``job_type`` (if it has one)."""
-        ...
-
-    def routing_put(self, params: RoutingPut) -> int | None:
-        """The new revision, or ``None`` when the record changed since it was read."""
-        ...
-
-    def routing_events(self, job_type: str) -> list[RoutingEvent]:
-        """Every change of the type's routing, oldest first, with actor and reason."""
-        ...
-
-    def comparison_put(self, params: ComparisonPut) -> None: ...
-
-    def comparison_list(self, job_type: str, mode: str | None, limit: int) -> list[Comparison]: ...
-
-    def version_outcomes(self, job_type: str, since: float) -> list[VersionOutcome]:
-        """Attempt ends, decisions and incidents of a type since ``since``, with the version."""
+    def rollout_update(self, change: RolloutChange) -> int | None:
+        """Store a contract, activate a version, write a routing record (compare-and-set on
+        its revision: the new one, or ``None`` when it changed since it was read) or a
+        comparison."""
         ...
 
     # -- state ------------------------------------------------------------------------------
@@ -344,27 +376,21 @@ class Transaction(Protocol):
 
     # -- locks ------------------------------------------------------------------------------
 
-    def lock_acquire(self, params: LockAcquire) -> LockGrant | None:
-        """Take the lock if free or expired; its new fencing token and HLC, else ``None``."""
+    @overload
+    def lock_transition(self, change: LockAcquire) -> LockGrant | None: ...
+
+    @overload
+    def lock_transition(self, change: LockRenew) -> bool: ...
+
+    @overload
+    def lock_transition(self, change: LockRelease) -> Lock | None: ...
+
+    def lock_transition(self, change: LockChange) -> LockGrant | Lock | bool | None:
+        """Acquire (the new fencing token and HLC, or ``None`` when held), renew (whether
+        it was held) or release or break a lock (the lock as left, or ``None``)."""
         ...
 
-    def lock_get(self, resource: str) -> Lock | None:
-        """The lock row (held or not): its holder and current fencing token."""
-        ...
-
-    def lock_list(self) -> list[Lock]:
-        """Locks currently held."""
-        ...
-
-    def lock_renew(self, resource: str, owner_token: str, now: float, ttl: float) -> bool: ...
-
-    def lock_release(self, resource: str, owner_token: str | None, hlc: int) -> Lock | None:
-        """Free a lock held by ``owner_token``; ``owner_token=None`` breaks it whoever holds
-        it, and bumps the fencing token so the old holder's later writes are refused.
-
-        The lock as left, or ``None`` when it was not held (by that owner).
-        """
-        ...
+    def lock_list(self, params: LockFilter) -> list[Lock]: ...
 
     # -- effects (idempotency records) ------------------------------------------------------
 
@@ -377,21 +403,18 @@ class Transaction(Protocol):
 
     # -- cache, outbox, steps, blobs, lineage -----------------------------------------------
 
-    def cache_put(self, params: CachePut) -> None: ...
+    def cache_update(self, change: CacheChange) -> None:
+        """Write an entry, or drop the entries of a key or of an entity."""
+        ...
 
     def cache_get(self, params: CacheLookup) -> CacheRecord | None: ...
 
-    def cache_delete(self, params: CacheDelete) -> None: ...
-
-    def outbox_insert(self, params: OutboxInsert) -> bool:
-        """Insert an outbox row; ``False`` (nothing written) when its ``event_id`` exists."""
+    def outbox_update(self, change: OutboxChange) -> bool:
+        """Insert a row (``False``, nothing written, when its ``event_id`` exists) or mark a
+        claimed one published or failed."""
         ...
 
-    def outbox_claim(self, now: float, claim_seconds: float, limit: int) -> list[OutboxRecord]: ...
-
-    def outbox_mark(self, params: OutboxMark) -> bool: ...
-
-    def outbox_backlog(self) -> OutboxBacklog: ...
+    def outbox_claim(self, params: OutboxClaim) -> list[OutboxRecord]: ...
 
     def outbox_by_job(self, job_id: int) -> list[OutboxRecord]: ...
 
@@ -409,14 +432,8 @@ class Transaction(Protocol):
 
     def lineage_put(self, params: LineagePut) -> None: ...
 
-    def lineage_list(
-        self, trace_id: str | None = None, source_trace_id: str | None = None
-    ) -> list[LineageRecord]:
-        """Where ``trace_id`` came from, or every trace derived from ``source_trace_id``."""
-        ...
-
-    def lineage_page(self, after: tuple[float, str], limit: int) -> list[LineageRecord]:
-        """Derived traces created after the ``(created_at, trace_id)`` cursor, oldest first."""
+    def lineage_list(self, params: LineageQuery) -> list[LineageRecord]:
+        """Where a trace came from, the traces derived from one, or a page of them all."""
         ...
 
     # -- schedules --------------------------------------------------------------------------
@@ -526,4 +543,10 @@ def iter_chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
 def idem_get(tx: Transaction, key: str) -> IdemRecord | None:
     """The idempotency record of ``key``, if there is one."""
     found = tx.idem_list(IdemFilter(key=key))
+    return found[0] if found else None
+
+
+def lock_get(tx: Transaction, resource: str) -> Lock | None:
+    """The lock row of ``resource`` (held or not), if there is one."""
+    found = tx.lock_list(LockFilter(resource=resource))
     return found[0] if found else None

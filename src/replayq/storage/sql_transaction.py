@@ -12,14 +12,16 @@ from typing import Any
 
 from replayq import codec
 from replayq.errors import ConfigurationError
-from replayq.model import Job, JobState, StatRow, TraceEvent
+from replayq.model import Job, JobState, TraceEvent
 from replayq.storage import packs
+from replayq.storage.context_params import TraceFence
 from replayq.storage.context_verbs import ContextVerbs, query_params, record
-from replayq.storage.protocol import (
-    Comparison,
-    ComparisonPut,
-    ContractRecord,
-    GcCandidate,
+from replayq.storage.params import (
+    ActiveVersion,
+    CancelRequested,
+    ContractActivate,
+    ContractPut,
+    ContractQuery,
     GcScan,
     JobBury,
     JobCancel,
@@ -27,12 +29,10 @@ from replayq.storage.protocol import (
     JobCancelRunning,
     JobChange,
     JobComplete,
-    JobFilter,
-    JobGauge,
-    JobHour,
     JobInsert,
     JobLease,
     JobMatch,
+    JobQuery,
     JobRedeliver,
     JobReleaseRunning,
     JobRequeue,
@@ -41,20 +41,28 @@ from replayq.storage.protocol import (
     JobRoute,
     JobSetRecorded,
     JobTrace,
-    KeepRecord,
     LeaseExtend,
     LeaseRelease,
-    OrderBreak,
-    RoutingEvent,
+    LeasesExpired,
+    RolloutChange,
+    RolloutQuery,
+    RoutingHistory,
     RoutingPut,
-    RoutingRecord,
-    SignalBucket,
-    TraceFence,
+    RoutingQuery,
     TraceJobs,
-    TraceQuery,
+    TraceRead,
     TraceWindow,
-    VersionOutcome,
 )
+from replayq.storage.records import (
+    Comparison,
+    ContractRecord,
+    GcCandidate,
+    JobHour,
+    KeepRecord,
+    RoutingEvent,
+    RoutingRecord,
+)
+from replayq.storage.report_verbs import ReportVerbs
 
 # Above every job id (BIGINT's largest): the bound of a job list's first page.
 LAST_ID = 2**63 - 1
@@ -141,7 +149,7 @@ def row_to_event(row: Mapping[str, Any]) -> TraceEvent:
     return TraceEvent.of(fields)
 
 
-class SqlTransaction(ContextVerbs):
+class SqlTransaction(ReportVerbs, ContextVerbs):
     """Implements ``storage.protocol.Transaction`` on one open DB-API connection."""
 
     def __init__(self, connection: Any, queries: Mapping[str, str]) -> None:
@@ -223,25 +231,26 @@ class SqlTransaction(ContextVerbs):
         row = self.fetchone("lease_check", {"job_id": job_id, "owner_token": owner_token})
         return row is not None
 
-    def job_transition(self, change: JobChange) -> bool:
+    def job_transition(self, change: JobChange | JobReroute) -> Any:
+        if isinstance(change, JobReroute):
+            return int(self.execute("job_reroute", query_params(change)).rowcount)
         if isinstance(change, JobBury):
             query = "job_bury_queued" if change.owner_token is None else "job_bury_owned"
         else:
             query = _JOB_QUERIES[type(change)]
         return self.changed(query, query_params(change))
 
-    def job_cancel_requested(self, worker_id: str) -> set[int]:
-        rows = self.fetchall("job_cancel_requested", {"worker_id": worker_id})
-        return {int(row["id"]) for row in rows}
-
-    def lease_reap(self, now: float, limit: int) -> list[Job]:
-        return [row_to_job(r) for r in self.fetchall("lease_reap", {"now": now, "limit": limit})]
-
     def job_match(self, params: JobMatch) -> list[int]:
         values = {**query_params(params), "states": self.list_param(params.states)}
         return [int(row["id"]) for row in self.fetchall("job_match", values)]
 
-    def job_list(self, params: JobFilter) -> list[Job]:
+    def job_list(self, params: JobQuery) -> list[Job]:
+        if isinstance(params, CancelRequested):
+            rows = self.fetchall("job_cancel_requested", {"worker_id": params.worker_id})
+            return [row_to_job(r) for r in rows]
+        if isinstance(params, LeasesExpired):
+            rows = self.fetchall("lease_reap", {"now": params.now, "limit": params.limit})
+            return [row_to_job(r) for r in rows]
         rows = self.fetchall(
             "job_list",
             {
@@ -255,43 +264,6 @@ class SqlTransaction(ContextVerbs):
             },
         )
         return [row_to_job(r) for r in rows]
-
-    def job_count(self, params: JobFilter) -> int:
-        row = self.fetchone(
-            "job_count",
-            {
-                "states": self.list_param(params.states),
-                "job_type": params.job_type,
-                "origin": params.origin,
-                "version": params.version,
-            },
-        )
-        return int(row["count"])
-
-    def job_scheduled(self, now: float, queues: Sequence[str] | None) -> tuple[int, float | None]:
-        row = self.fetchone("job_scheduled", {"now": now, "queues": self.list_param(queues)})
-        return int(row["count"]), row["next_run_at"]
-
-    def job_stats(self) -> list[StatRow]:
-        return [
-            StatRow(r["job_type"], r["state"], int(r["count"]), r["oldest_run_at"])
-            for r in self.fetchall("job_stats")
-        ]
-
-    def job_gauges(self, now: float) -> list[JobGauge]:
-        return [record(JobGauge, r) for r in self.fetchall("job_gauges", {"now": now})]
-
-    def job_out_of_order(self) -> list[OrderBreak]:
-        return [record(OrderBreak, r) for r in self.fetchall("job_out_of_order")]
-
-    def signal_counts(self, names: Sequence[str], since: float) -> list[tuple[str, str, int]]:
-        """``(job_type, event name, count)`` for the given event names since ``since``."""
-        rows = self.fetchall("signal_counts", {"names": self.list_param(names), "since": since})
-        return [(r["job_type"], r["name"], int(r["count"])) for r in rows]
-
-    def job_durations(self, job_type: str, version: str | None) -> list[float]:
-        rows = self.fetchall("job_durations", {"job_type": job_type, "version": version})
-        return [float(r["duration"]) for r in rows if r["duration"] is not None]
 
     # -- trace ------------------------------------------------------------------------------
 
@@ -356,22 +328,12 @@ class SqlTransaction(ContextVerbs):
         found = self.fetchone("trace_append_fenced", row)
         return None if found is None else (found["id"], group, group)
 
-    def trace_window(self, params: TraceWindow) -> list[tuple[TraceEvent, str, str | None]]:
-        rows = self.fetchall("trace_window", query_params(params))
-        return [(row_to_event(r), r["job_type"], r["version"]) for r in rows]
-
-    def signal_series(
-        self, names: Sequence[str], since_hlc: int, until_hlc: int, bucket_ms: int
-    ) -> list[SignalBucket]:
-        values = {
-            "names": self.list_param(names),
-            "since_hlc": since_hlc,
-            "until_hlc": until_hlc,
-            "bucket_ms": bucket_ms,
-        }
-        return [record(SignalBucket, r) for r in self.fetchall("signal_series", values)]
-
-    def trace_query(self, query: TraceQuery) -> list[TraceEvent]:
+    def trace_query(self, query: TraceRead) -> Any:
+        if isinstance(query, TraceJobs):
+            return self._trace_jobs(query)
+        if isinstance(query, TraceWindow):
+            rows = self.fetchall("trace_window", query_params(query))
+            return [(row_to_event(r), r["job_type"], r["version"]) for r in rows]
         if query.job_id is not None:
             return packs.unpack_sorted(self.fetchall("trace_for_job", {"job_id": query.job_id}))
         if query.trace_id is not None:
@@ -446,39 +408,49 @@ class SqlTransaction(ContextVerbs):
     def gc_vacuum(self) -> None:
         self.fetchall("gc_vacuum")
 
-    def trace_jobs(self, params: TraceJobs) -> list[JobTrace]:
+    def _trace_jobs(self, params: TraceJobs) -> list[JobTrace]:
         rows = self.fetchall("trace_for_jobs", {"job_ids": self.list_param(params.job_ids)})
         by_job: dict[int, list[Any]] = {}
         for row in rows:
             by_job.setdefault(int(row["job_id"]), []).append(row)
         return [JobTrace(job_id, packs.unpack_sorted(found)) for job_id, found in by_job.items()]
 
-    # -- contracts --------------------------------------------------------------------------
+    # -- contracts and rollouts -------------------------------------------------------------
 
-    def contract_put(self, job_type: str, version: str, body_json: str, now: float) -> None:
-        values = {"job_type": job_type, "version": version, "body": body_json, "now": now}
-        self.execute("contract_put", values)
+    def rollout_query(self, query: RolloutQuery) -> Any:
+        if isinstance(query, ContractQuery):
+            rows = self.fetchall("contract_list", query_params(query))
+            return [record(ContractRecord, r) for r in rows]
+        if isinstance(query, ActiveVersion):
+            row = self.fetchone("contract_active", {"job_type": query.job_type})
+            return None if row is None else str(row["version"])
+        if isinstance(query, RoutingQuery):
+            rows = self.fetchall("routing_list", {"job_type": query.job_type})
+            return [record(RoutingRecord, r) for r in rows]
+        if isinstance(query, RoutingHistory):
+            rows = self.fetchall("routing_events", {"job_type": query.job_type})
+            return [record(RoutingEvent, r) for r in rows]
+        rows = self.fetchall("comparison_list", query_params(query))
+        return [record(Comparison, r) for r in rows]
 
-    def contract_list(
-        self, job_type: str | None, version: str | None = None
-    ) -> list[ContractRecord]:
-        rows = self.fetchall("contract_list", {"job_type": job_type, "version": version})
-        return [record(ContractRecord, r) for r in rows]
+    def rollout_update(self, change: RolloutChange) -> Any:
+        if isinstance(change, RoutingPut):
+            return self._routing_put(change)
+        if isinstance(change, ContractPut):
+            values = {
+                "job_type": change.job_type,
+                "version": change.version,
+                "body": change.body_json,
+                "now": change.now,
+            }
+            self.execute("contract_put", values)
+        elif isinstance(change, ContractActivate):
+            self.execute("contract_activate", query_params(change))
+        else:
+            self.execute("comparison_put", query_params(change))
+        return None
 
-    def contract_activate(self, job_type: str, version: str, now: float) -> None:
-        self.execute("contract_activate", {"job_type": job_type, "version": version, "now": now})
-
-    def contract_active(self, job_type: str) -> str | None:
-        row = self.fetchone("contract_active", {"job_type": job_type})
-        return None if row is None else str(row["version"])
-
-    # -- rollouts ---------------------------------------------------------------------------
-
-    def routing_list(self, job_type: str | None = None) -> list[RoutingRecord]:
-        rows = self.fetchall("routing_list", {"job_type": job_type})
-        return [record(RoutingRecord, r) for r in rows]
-
-    def routing_put(self, params: RoutingPut) -> int | None:
+    def _routing_put(self, params: RoutingPut) -> int | None:
         body = {"job_type": params.job_type, "body": params.body_json, "now": params.now}
         if params.expected_revision == 0:
             changed = self.changed("routing_insert", body)
@@ -502,26 +474,3 @@ class SqlTransaction(ContextVerbs):
             },
         )
         return revision
-
-    def routing_events(self, job_type: str) -> list[RoutingEvent]:
-        rows = self.fetchall("routing_events", {"job_type": job_type})
-        return [record(RoutingEvent, r) for r in rows]
-
-    def job_reroute(self, change: JobReroute) -> int:
-        return int(self.execute("job_reroute", query_params(change)).rowcount)
-
-    def comparison_put(self, change: ComparisonPut) -> None:
-        self.execute("comparison_put", query_params(change))
-
-    def comparison_list(self, job_type: str, mode: str | None, limit: int) -> list[Comparison]:
-        values = {"job_type": job_type, "mode": mode, "limit": limit}
-        return [record(Comparison, r) for r in self.fetchall("comparison_list", values)]
-
-    def version_outcomes(self, job_type: str, since: float) -> list[VersionOutcome]:
-        values = {"job_type": job_type, "since": since}
-        rows = self.fetchall("version_outcomes", values)
-        # SQLite's json_extract gives 1/0 for a JSON boolean, PostgreSQL a boolean.
-        return [
-            record(VersionOutcome, {**r, "stale": None if r["stale"] is None else bool(r["stale"])})
-            for r in rows
-        ]

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from replayq.errors import DatabaseUnavailableError, ReplayqError
 from replayq.queue import lifecycle as trace
+from replayq.storage.params import CancelRequested
 from replayq.storage.protocol import LeaseExtend
 from replayq.storage.reconnect import Backoff
 from replayq.worker.core import InFlight, WorkerCore
@@ -56,7 +57,7 @@ class Heartbeat(WorkerCore):
         now = self.runtime.clock.now()
         with self.runtime.storage.transaction() as tx:
             events = []
-            asked_to_stop = tx.job_cancel_requested(self.worker_id)
+            asked_to_stop = {j.id for j in tx.job_list(CancelRequested(self.worker_id))}
             for flight in flights:
                 job = flight.job
                 assert job.owner_token is not None

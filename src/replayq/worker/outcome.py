@@ -17,6 +17,7 @@ from replayq.queue import lifecycle as trace
 from replayq.queue.actions import release_target
 from replayq.queue.handlers import Handler
 from replayq.recording.context import Context
+from replayq.storage.params import CancelRequested
 from replayq.storage.protocol import (
     IdemFilter,
     JobBury,
@@ -179,7 +180,7 @@ class Outcomes(Settling, Leasing):
             ctx.flush(tx, failed=True)
             assert job.owner_token is not None
             # Asked to stop before the heartbeat told us: a failure ends it, never a retry.
-            cancelled = job.id in tx.job_cancel_requested(self.worker_id)
+            cancelled = job.id in {j.id for j in tx.job_list(CancelRequested(self.worker_id))}
             if cancelled:
                 hlc = self.runtime.hlc.tick()
                 if self._stop(tx, job, now, hlc, f"failed after the stop: {message}") is None:

@@ -24,6 +24,7 @@ from replayq.queue import lifecycle as trace
 from replayq.queue.catalog import register_contracts
 from replayq.storage.protocol import LeaseRelease, Listener
 from replayq.storage.reconnect import Backoff
+from replayq.storage.reports import JobsScheduled
 from replayq.worker.core import STOP, WorkerStats
 from replayq.worker.execute import Executing
 from replayq.worker.heartbeat import Heartbeat
@@ -142,7 +143,7 @@ class Worker(Executing, Reaping, Heartbeat):
         """
         try:
             with self.runtime.storage.transaction(readonly=True) as tx:
-                count, next_run_at = tx.job_scheduled(now, self.queues)
+                count, next_run_at = tx.report(JobsScheduled(now, self.queues))
         except StorageError:
             return False  # the next lease meets the outage and backs off
         if next_run_at is not None and next_run_at - now <= self.burst_wait:

@@ -6,6 +6,7 @@ import logging
 
 from replayq.model import DeadReason
 from replayq.queue import lifecycle as trace
+from replayq.storage.params import LeasesExpired
 from replayq.storage.protocol import JobBury, JobRedeliver
 from replayq.worker.outcome import Outcomes
 
@@ -20,7 +21,7 @@ class Reaping(Outcomes):
         now = self.runtime.clock.now()
         count = 0
         with self.runtime.storage.transaction() as tx:
-            for job in tx.lease_reap(now, 100):
+            for job in tx.job_list(LeasesExpired(now, 100)):
                 self.runtime.hlc.observe(job.hlc)
                 self.observers.job_seen(job)
                 log.warning(

@@ -94,7 +94,7 @@ WHERE id = :job_id AND state = 'running' AND cancel_requested_at IS NULL;
 
 -- name: job_cancel_requested
 -- The worker's heartbeat: which of its running jobs were asked to stop.
-SELECT id FROM rq_jobs
+SELECT * FROM rq_jobs
 WHERE worker_id = :worker_id AND state = 'running' AND cancel_requested_at IS NOT NULL;
 
 -- name: job_cancel_running

@@ -1,0 +1,356 @@
+"""What an attempt records before it commits: its pending events, writes and blobs.
+
+``Recorder`` is the part of ``Context`` that builds the attempt's domain events,
+holds them with the step's deferred writes until the step (or the ack) commits,
+and commits them fenced by the job's lease (``commit_now``). Every value enters
+the recording through ``redacted`` / ``encoded`` here. The views' own pending
+writes (state, cache) join through three hooks the context fills in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+from replayq import codec
+from replayq.errors import LeaseLostError, PayloadError
+from replayq.model import Job, TraceEvent
+from replayq.recording.blobs import Encoded, put_bytes, ref_of
+from replayq.redaction import Redactor
+from replayq.runtime import Runtime
+from replayq.storage.protocol import TraceFence, Transaction
+
+
+@dataclass
+class PendingRecord:
+    events: list[TraceEvent] = field(default_factory=list)
+    writes: list[Callable[[Transaction], None]] = field(default_factory=list)
+    # Large recorded values (blob store rows) go with the events that name them: they do
+    # not make a step commit on its own, and a failed step's events keep theirs.
+    blobs: list[Callable[[Transaction], None]] = field(default_factory=list)
+    # What each write is, for ``write.fenced`` ("state order:1", "outbox orders.paid", ...).
+    what: list[str] = field(default_factory=list)
+
+
+class Recorder:
+    """The pending record of one attempt, and its fenced commit (a base of ``Context``)."""
+
+    runtime: Runtime
+    job: Job
+    worker_id: str
+    owner_token: str | None
+    redactor: Redactor
+    blob_limit: int
+    _pending: PendingRecord
+    _seq: int
+    _trace_id: str
+    _steps: list[str]
+
+    @property
+    def current_step(self) -> str | None:
+        return self._steps[-1] if self._steps else None
+
+    @property
+    def owns_job_trace(self) -> bool:
+        """Whether this run records into the job's own trace (not a replay, fork or rerun)."""
+        return self._trace_id == self.job.trace_id
+
+    def _views_pending(self) -> list[str]:
+        """What the views (state, cache) would write at the next commit."""
+        return []
+
+    def _views_committed(self) -> None:
+        """The views' pending writes committed."""
+
+    def _views_discard(self) -> None:
+        """A step failed: the views drop their pending writes."""
+
+    # -- recording --------------------------------------------------------------------------
+
+    def event(
+        self,
+        name: str,
+        *,
+        status: str | None = None,
+        resource: str | None = None,
+        resource_version: int | None = None,
+        side_effect: bool = False,
+        output_ref: str | None = None,
+        hlc: int | None = None,
+        **data: Any,
+    ) -> TraceEvent:
+        """Build the next domain event of this attempt (sequence numbered)."""
+        return self._event(
+            name,
+            self.redacted(data),
+            status,
+            resource,
+            resource_version,
+            side_effect,
+            output_ref,
+            hlc,
+        )
+
+    def _event(
+        self,
+        name: str,
+        data: dict[str, Any],
+        status: str | None,
+        resource: str | None = None,
+        resource_version: int | None = None,
+        side_effect: bool = False,
+        output_ref: str | None = None,
+        hlc: int | None = None,
+    ) -> TraceEvent:
+        """``event`` with ``data`` as it is (already redacted)."""
+        self._seq += 1
+        return TraceEvent.of(
+            {
+                "trace_id": self._trace_id,
+                # A derived trace (replay, fork) is not part of the job's own timeline.
+                "job_id": self.job.id if self.owns_job_trace else None,
+                "attempt": self.job.attempt,
+                "kind": "domain",
+                "name": name,
+                "seq": self._seq,
+                "step": self.current_step,
+                "ts": self.runtime.clock.now(),
+                "hlc": hlc if hlc is not None else self.runtime.hlc.tick(),
+                "worker_id": self.worker_id,
+                "status": status,
+                "resource": resource,
+                "resource_version": resource_version,
+                "side_effect": side_effect,
+                "input_ref": None,
+                "output_ref": output_ref,
+                "data": data,
+                "id": None,
+            }
+        )
+
+    def record(self, name: str, **kwargs: Any) -> TraceEvent:
+        """Record a domain event; it commits with the step (or the ack)."""
+        event = self.event(name, **kwargs)
+        self._pending.events.append(event)
+        return event
+
+    def record_step(
+        self, name: str, status: str, data: dict[str, Any], output_ref: str | None = None
+    ) -> TraceEvent:
+        """Record a step's own event (``step.started``, ``step.finished``...).
+
+        Its data is replayq's: the step's name, its duration, and values the step
+        already recorded redacted (its result through ``encoded``, its error through
+        ``redactor.error``). So the name is screened as a text and the keys as field
+        names, and the value is not walked again; a key that names a secret field
+        (a user's rule) sends it through ``redacted`` as any event's data.
+        """
+        redactor = self.redactor
+        for key in data:
+            if redactor.secret_field(key):
+                return self.record(name, status=status, output_ref=output_ref, **data)
+        data["step_name"] = redactor.text(data["step_name"])
+        event = self._event(name, data, status, output_ref=output_ref)
+        self._pending.events.append(event)
+        return event
+
+    def defer(self, write: Callable[[Transaction], None], what: str = "write") -> None:
+        """Run ``write(tx)`` in the transaction that commits the current step.
+
+        ``what`` names the write in ``write.fenced`` should the lease be gone by then.
+        """
+        self._pending.writes.append(write)
+        self._pending.what.append(what)
+
+    # -- fencing ----------------------------------------------------------------------------
+
+    def lease_held(self, tx: Transaction) -> bool:
+        """Whether this context's owner token still holds the job's lease, inside ``tx``.
+
+        Contexts without an owner token (replays, reruns) hold no lease and are not
+        fenced by one. On PostgreSQL the job row stays locked until ``tx`` ends.
+        """
+        if self.owner_token is None:
+            return True
+        return tx.lease_check(self.job.id, self.owner_token)
+
+    def trace_fence(self) -> TraceFence | None:
+        """The lease this context's writes are fenced by (``None`` without an owner token)."""
+        if self.owner_token is None:
+            return None
+        return TraceFence(self.job.id, self.owner_token)
+
+    def fence(self, tx: Transaction, refused: list[str], **details: Any) -> None:
+        """Raise ``LeaseLostError`` in ``tx`` unless the lease is held; the refusal is traced.
+
+        The ``write.fenced`` event waits with the attempt's other events (``tx`` is
+        about to roll back) and commits with the attempt's failure or rejection.
+        """
+        if not self.lease_held(tx):
+            self.refuse(refused, **details)
+
+    def append_fenced(
+        self, tx: Transaction, events: list[TraceEvent], refused: list[str], **details: Any
+    ) -> None:
+        """``tx.trace_append(events)`` as the fence of ``tx``'s writes: the lease check is
+        the statement that writes the events (no statement of its own). Without the lease
+        nothing is appended and ``LeaseLostError`` is raised, as ``fence`` raises it."""
+        if not tx.trace_append(events, self.trace_fence()):
+            self.refuse(refused, **details)
+
+    def refuse(self, refused: list[str], **details: Any) -> NoReturn:
+        """Trace ``write.fenced`` and raise ``LeaseLostError``: the lease is gone."""
+        self.record_fenced(refused, **details)
+        raise LeaseLostError(
+            f"job {self.job.id} attempt {self.job.attempt}: the lease was taken by another "
+            f"worker; refused: {', '.join(refused)}"
+        )
+
+    def record_fenced(self, refused: list[str], **details: Any) -> TraceEvent:
+        """Record ``write.fenced``: what the database refused because the lease is gone."""
+        return self.record(
+            "write.fenced",
+            status="rejected",
+            refused=refused,
+            reason="owner token no longer holds the job's lease",
+            owner_token=self.owner_token,
+            **details,
+        )
+
+    def ride_along(self) -> list[TraceEvent]:
+        """Pending events that may commit in a transaction the attempt opens now (an
+        effect's claim or result), so that they need no commit of their own. None while
+        a write is pending: a step's events commit with that step's writes."""
+        pending = self._pending
+        return [] if pending.blobs or self.pending_writes() else list(pending.events)
+
+    def rode(self, events: list[TraceEvent]) -> None:
+        """``events`` (from ``ride_along``) committed: they are no longer pending."""
+        if events:
+            gone = {id(e) for e in events}
+            self._pending.events = [e for e in self._pending.events if id(e) not in gone]
+
+    def pending_writes(self) -> list[str]:
+        """What the next commit would write (for ``write.fenced``)."""
+        return [*self._pending.what, *self._views_pending()]
+
+    def redacted(self, value: Any) -> Any:
+        """``value`` with its secrets replaced by markers (``replayq.redaction``).
+
+        The one boundary where values enter the recording: every event's data and
+        every encoded value (blobs, effect results, step results) pass through here.
+        """
+        return self.redactor.value(value)
+
+    def encode(self, value: Any, *, what: str) -> tuple[Any, str | None, bytes | None]:
+        """Check a recorded value: JSON only, under the blob limit; large ones go to blobs."""
+        inline, ref, raw, _ = self.encoded(value, what=what)
+        return inline, ref, raw
+
+    def encoded(self, value: Any, *, what: str) -> Encoded:
+        """``encode``, keeping the canonical text: the value is walked and serialised once
+        here; the size check, the version row, the blob and its hash reuse the text."""
+        try:
+            value, text = self.redactor.encoded(value, lambda v: codec.dumps(v, what=what))
+        except PayloadError as exc:
+            raise PayloadError(f"{what} cannot be recorded: {exc}") from exc
+        raw = text.encode()
+        size = len(raw)
+        if size > self.blob_limit:
+            raise PayloadError(
+                f"{what}: {size} bytes is above the blob limit of {self.blob_limit} bytes"
+            )
+        if size <= self.runtime.limits.inline_limit_bytes:
+            return Encoded(value, None, None, text)
+        return Encoded(None, ref_of(raw), raw, text)
+
+    def store_blob(self, raw: bytes | None, what: str, ref: str | None = None) -> None:
+        """Schedule a large value for the blob store: it commits with the events (the next
+        commit of the attempt, whether or not the step's writes commit)."""
+        if raw is None:
+            return
+        now = self.runtime.clock.now()
+        limit = self.blob_limit
+
+        def write(tx: Transaction) -> None:
+            put_bytes(tx, raw, now=now, limit=limit, what=what, ref=ref)
+
+        self._pending.blobs.append(write)
+
+    def flush(
+        self, tx: Transaction, *, failed: bool = False, fence: TraceFence | None = None
+    ) -> bool:
+        """Write what is pending into ``tx``: events and their blobs always; writes unless
+        the attempt failed. With ``fence``, ``False`` (the events not appended) when the
+        lease is gone: the caller must then roll ``tx`` back."""
+        for blob in self._pending.blobs:
+            blob(tx)
+        if not failed:
+            for write in self._pending.writes:
+                write(tx)
+        return tx.trace_append(self._pending.events, fence)
+
+    def pending_write_calls(self) -> list[Callable[[Transaction], None]]:
+        """The writes the next commit would run, in order."""
+        return [*self._pending.blobs, *self._pending.writes]
+
+    def take_pending(self, *, failed: bool = False) -> tuple[list[Any], list[TraceEvent]]:
+        """Hand over what is pending — writes (none if ``failed``) and events — instead of
+        committing it now; for a caller that commits them later (a dry-run)."""
+        pending = self._pending
+        self.committed()
+        return [*pending.blobs, *([] if failed else pending.writes)], pending.events
+
+    def committed(self) -> None:
+        """The transaction that ``flush`` wrote into has committed: forget what it held."""
+        self._pending = PendingRecord()
+        self._views_committed()
+
+    def discard_writes(self) -> None:
+        """A step failed: its writes never happen; its events are kept for the record."""
+        self._pending.writes.clear()
+        self._pending.what.clear()
+        self._views_discard()
+
+    def commit_now(self, *, failed: bool = False) -> None:
+        """Commit what is pending in a transaction of its own (a step boundary).
+
+        The writes commit only if this context's owner token still holds the job's
+        lease, checked in the database in the same transaction: the statement that
+        appends the step's events checks it (``trace_append`` with a ``TraceFence``,
+        no statement of its own; on PostgreSQL it keeps the job row as read until the
+        commit). Once another worker took the job the writes are refused
+        (``LeaseLostError``, traced as ``write.fenced``); the attempt's events are
+        still kept. The events are appended after the writes, so a write's own check
+        (a version conflict, a stale lock token: ``state.write_rejected``) refuses it
+        first; the lease is then asked in the same transaction, and without it the
+        error is always ``LeaseLostError``. Everything rolls back.
+        """
+        refused = self.pending_writes() if not failed else []
+        fence = self.trace_fence() if refused else None
+        lost = LeaseLostError(
+            f"job {self.job.id} attempt {self.job.attempt}: the lease was taken by "
+            f"another worker; not committed: {', '.join(refused)}"
+        )
+        with self.runtime.storage.transaction() as tx:
+            try:
+                held = self.flush(tx, failed=failed, fence=fence)
+            except Exception as exc:
+                # A write's own check refused it (its event is recorded): without the
+                # lease, the lease is the reason.
+                if fence is None or self._held_after_failure(tx):
+                    raise
+                raise lost from exc
+            if not held:
+                raise lost
+        self.committed()
+
+    def _held_after_failure(self, tx: Transaction) -> bool:
+        """Whether the lease is held, asked in ``tx`` after one of its writes failed; a
+        transaction the database already aborted cannot answer, and the write's own
+        error stands (``True``)."""
+        try:
+            return self.lease_held(tx)
+        except Exception:
+            return True

@@ -1,0 +1,333 @@
+"""The parameters of the recording context's storage verbs: state, locks, effects, cache,
+outbox, blobs, lineage and schedules (implemented in ``context_verbs.py``).
+
+Each noun has at most one writer taking a union of changes (``LockChange``,
+``IdemChange``, ``CacheChange``, ``OutboxChange``, ``ScheduleChange``) and one or two
+readers. Imports: the foundations only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EntityGet:
+    """One version of an entity: the head (neither filter), ``version``, or the newest
+    written at or before ``at_hlc``."""
+
+    branch: str
+    namespace: str
+    key: str
+    version: int | None = None
+    at_hlc: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EntityFilter:
+    """Versions written by ``job_id`` (HLC order), or of one entity after ``after_version``."""
+
+    job_id: int | None = None
+    branch: str | None = None
+    namespace: str | None = None
+    key: str | None = None
+    after_version: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BranchCreate:
+    branch: str
+    base_branch: str
+    base_hlc: int
+    origin: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class LockAcquire:
+    """Take the lock if free or expired: its new fencing token and HLC, else ``None``."""
+
+    resource: str
+    owner_token: str
+    job_id: int | None
+    worker_id: str | None
+    now: float
+    ttl: float
+    hlc: int
+
+
+@dataclass(frozen=True, slots=True)
+class LockRenew:
+    """Extend a lock ``owner_token`` holds by ``ttl`` from ``now``; ``False`` if it does not."""
+
+    resource: str
+    owner_token: str
+    now: float
+    ttl: float
+
+
+@dataclass(frozen=True, slots=True)
+class LockRelease:
+    """Free a lock held by ``owner_token``; ``owner_token=None`` breaks it whoever holds it,
+    and bumps the fencing token so the old holder's later writes are refused.
+
+    Answered with the lock as left, or ``None`` when it was not held (by that owner).
+    """
+
+    resource: str
+    owner_token: str | None
+    hlc: int
+
+
+LockChange = LockAcquire | LockRenew | LockRelease
+"""Every compare-and-set on one lock row: ``lock_transition`` answers each with its record."""
+
+
+@dataclass(frozen=True, slots=True)
+class LockFilter:
+    """The lock row of ``resource`` (held or not: its holder and fencing token), or, with
+    no ``resource``, every lock currently held."""
+
+    resource: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class IdemClaim:
+    """Claim a business key before its side effect runs; fails when the key exists."""
+
+    key: str
+    operation: str
+    claim_token: str
+    now: float
+    trace_id: str | None
+    job_id: int | None
+    attempt: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class IdemTakeover:
+    """Claim again a record left ``expected_status`` by ``expected_claim``."""
+
+    key: str
+    claim_token: str
+    now: float
+    trace_id: str | None
+    job_id: int | None
+    attempt: int | None
+    expected_status: str
+    expected_claim: str
+
+
+@dataclass(frozen=True, slots=True)
+class IdemSucceed:
+    key: str
+    claim_token: str
+    result: str | None
+    result_ref: str | None
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class IdemFail:
+    key: str
+    claim_token: str
+    error: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class IdemCompensate:
+    """A ``succeeded`` record whose effect was reversed (rollback)."""
+
+    key: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class IdemResolve:
+    """Settle an in-doubt record: compare-and-set on ``status = 'started'`` and its claim."""
+
+    key: str
+    claim_token: str
+    status: str
+    result: str | None
+    error: str | None
+    now: float
+
+
+IdemChange = IdemClaim | IdemTakeover | IdemSucceed | IdemFail | IdemCompensate | IdemResolve
+"""Every write of an idempotency record: ``idem_transition`` returns whether it applied."""
+
+
+@dataclass(frozen=True, slots=True)
+class IdemFilter:
+    """Effect records by ``key``, by ``job_id`` (oldest first), or newest first by
+    ``operation``; ``in_doubt``: only ``started`` by an attempt that no longer runs."""
+
+    key: str | None = None
+    job_id: int | None = None
+    operation: str | None = None
+    in_doubt: bool = False
+    limit: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class CachePut:
+    key: str
+    base_key: str
+    value: str
+    version: int | None
+    source_namespace: str | None
+    source_key: str | None
+    now: float
+    expires_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class CacheLookup:
+    """An unexpired entry by ``key``, or the newest one of ``base_key``."""
+
+    now: float
+    key: str | None = None
+    base_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CacheDelete:
+    """Drop the entries of ``base_key``, or those derived from entity ``namespace``/``key``."""
+
+    base_key: str | None = None
+    namespace: str | None = None
+    key: str | None = None
+
+
+CacheChange = CachePut | CacheDelete
+"""Every write of the cache table (``cache_update``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxInsert:
+    event_id: str
+    topic: str
+    payload: str
+    job_id: int | None
+    trace_id: str | None
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxMark:
+    """A claimed row published (``error is None``) or failed with ``error``."""
+
+    row_id: int
+    now: float
+    error: str | None = None
+
+
+OutboxChange = OutboxInsert | OutboxMark
+"""Every write of one outbox row: ``outbox_update`` returns whether it applied (an insert
+whose ``event_id`` exists writes nothing)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxClaim:
+    """Claim up to ``limit`` unpublished rows for ``claim_seconds`` (the relay's batch)."""
+
+    now: float
+    claim_seconds: float
+    limit: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepComplete:
+    """A step of a job committed at position ``step_key`` with its result (the step
+    ledger, ``rq_steps``): ``result`` is its JSON text, or ``None`` and ``result_ref``
+    names the blob holding it."""
+
+    job_id: int
+    step_key: str
+    step_name: str
+    attempt: int
+    trace_id: str
+    result: str | None
+    result_ref: str | None
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class TraceFence:
+    """The lease that must still be held for ``trace_append`` to write: the events go in
+    only if ``owner_token`` holds job ``job_id``'s lease, checked in the statement that
+    writes them (the fence of a step's commit, an effect's claim and result)."""
+
+    job_id: int
+    owner_token: str
+
+
+@dataclass(frozen=True, slots=True)
+class BlobPut:
+    hash: str
+    codec: str
+    size: int
+    stored_size: int
+    body: bytes
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class LineagePut:
+    trace_id: str
+    origin: str
+    source_trace_id: str
+    source_job_id: int | None
+    branch: str | None
+    details: str
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class LineageQuery:
+    """Where ``trace_id`` came from, every trace derived from ``source_trace_id``, or (with
+    ``after``, a ``(created_at, trace_id)`` cursor) the next ``limit`` derived traces,
+    oldest first. With none of them: every derived trace."""
+
+    trace_id: str | None = None
+    source_trace_id: str | None = None
+    after: tuple[float, str] | None = None
+    limit: int = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleRegister:
+    """Store a periodic job's declaration; a new one is anchored at ``now``."""
+
+    name: str
+    cron: str
+    job_type: str
+    timezone: str
+    missed: str
+    next_slot: float | None
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleAdvance:
+    """Compare-and-set of a schedule's anchor (the newest decided slot)."""
+
+    name: str
+    expected_anchor: float
+    anchor: float
+    next_slot: float | None
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleMade:
+    """Note the newest slot a schedule enqueued and the job it made."""
+
+    name: str
+    last_slot: float
+    last_job_id: int
+
+
+ScheduleChange = ScheduleRegister | ScheduleAdvance | ScheduleMade
