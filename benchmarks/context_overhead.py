@@ -779,7 +779,8 @@ def profile_report(opts: Options) -> str:
 def cpu_figures(opts: Options) -> dict[str, Any]:
     """Inline runs (lease + execute on this thread), plain and traced interleaved
     ``opts.repeat`` times: the least thread CPU time per job (what a loaded machine
-    inflates least) and the SQL statements per job (``sqlite3`` trace callback)."""
+    inflates least), the SQL statements per job (``sqlite3`` trace callback) and, from
+    one more run of each under cProfile, the Python function calls per job."""
     connect = sqlite3.connect
     counted = [0]
 
@@ -804,6 +805,11 @@ def cpu_figures(opts: Options) -> dict[str, Any]:
                 sqlite3.connect = connect
             cpu[side].append(time.thread_time() - started)
             statements[side] = INLINE_STATEMENTS[0] / opts.jobs
+    calls: dict[str, float] = {}
+    for side in ("plain", "traced"):  # Python function calls: the same on a loaded machine
+        profiler = cProfile.Profile()
+        run_inline(side, opts.workdir / f"calls-{side}.db", opts, profiler)
+        calls[side] = pstats.Stats(profiler).total_calls / opts.jobs  # type: ignore[attr-defined]
     best = {side: min(values) / opts.jobs * 1e6 for side, values in cpu.items()}
     return {
         "benchmark": "context_overhead --cpu",
@@ -819,6 +825,7 @@ def cpu_figures(opts: Options) -> dict[str, Any]:
         },
         "cpu_overhead_pct": round((best["traced"] / best["plain"] - 1) * 100, 1),
         "statements_per_job": {side: round(v, 2) for side, v in statements.items()},
+        "python_calls_per_job": {side: round(v) for side, v in calls.items()},
     }
 
 
@@ -988,7 +995,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--cpu",
         action="store_true",
-        help="inline runs only: least thread CPU µs/job and SQL statements/job (SQLite)",
+        help="inline runs only: least thread CPU µs/job, SQL statements and Python calls/job",
     )
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="replayq-ctx-bench-", dir=args.dir))
