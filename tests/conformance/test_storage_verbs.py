@@ -345,7 +345,7 @@ def test_a_fenced_trace_append_writes_only_while_the_owner_token_holds_the_lease
         assert tx.trace_append([], held), "no events: the lease is still asked"
         assert not tx.trace_append([], other)
     with storage.transaction() as tx:
-        [expired] = tx.lease_reap(T0 + 7, 10)
+        [expired] = tx.job_list(LeasesExpired(T0 + 7, 10))
         assert tx.job_transition(JobRedeliver(job_id, "tok", T0 + 7, 5))
     with storage.transaction() as tx:
         assert not tx.trace_append([event("late", 12, job_id=job_id, resource="r:2")], held)
