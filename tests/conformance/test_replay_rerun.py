@@ -136,9 +136,11 @@ def test_bulk_rerun_through_the_cli_holds_the_rate_limit(
     starts = sorted(row["created_at"] for job in jobs for row in lineage_of_job(app, job))
     assert len(starts) == 3
     gaps = [b - a for a, b in itertools.pairwise(starts)]
-    # 5/s: one start every 0.2 s (10 ms of slack between the monotonic and the wall clock).
-    assert all(gap >= 0.19 for gap in gaps), gaps
-    assert starts[-1] - starts[0] >= 0.39
+    # 5/s: the limiter spaces the reruns' starts 0.2 s apart on the monotonic clock. The
+    # lineage row's created_at is read a little after each start, so on a loaded machine one
+    # gap can shrink by the previous rerun's delay (seen: 0.184 then 0.203); the span holds.
+    assert all(gap >= 0.15 for gap in gaps), gaps
+    assert starts[-1] - starts[0] >= 0.39, gaps
 
 
 def test_rerun_is_refused_without_allow_effects_or_confirmation(
