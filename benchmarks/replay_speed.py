@@ -11,7 +11,10 @@ after its process start):
   10th and 90th percentiles and the spread of the wall time of one dry-run;
 * **bulk**: every recorded job dry-run once with ``dry_run_many``, for each
   process count of ``--processes`` (``1,2``: one pass in this process, one with two
-  worker processes that import ``replay_speed:APP``); jobs/s for each.
+  worker processes that import ``replay_speed:APP``); jobs/s for each. With worker
+  processes the same call is made twice: the first starts them (each a fresh
+  interpreter importing replayq and the application), the second finds them up, as
+  every later call of a long-running verifier does; both are reported.
 
 Each dry-run reads the recording (events, blobs), runs the handler with every call,
 effect, clock read and state read answered from the recording, compares it with the
@@ -38,6 +41,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import os
 import resource
 import shutil
 import sqlite3
@@ -166,28 +170,51 @@ def cpu_seconds() -> float:
     return time.process_time() + children.ru_utime + children.ru_stime
 
 
+def live_worker_cpu() -> float:
+    """CPU time so far of the bulk dry-run's worker processes that are still up (Linux:
+    ``/proc/PID/stat``); 0 where there are none or no ``/proc``."""
+    pool = getattr(replayq.replay.bulk, "_POOL", None)
+    total = 0.0
+    for worker in getattr(pool, "workers", []):
+        try:
+            fields = Path(f"/proc/{worker.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def bulk_dry_run(
     app: replayq.App, ids: list[int], *, keep: bool, processes: int
-) -> tuple[float, float]:
-    """Dry-run every job once with ``dry_run_many``; the wall and CPU seconds it took.
+) -> tuple[float, float, float | None, float | None]:
+    """Dry-run every job once with ``dry_run_many``: the wall and CPU seconds it took; with
+    worker processes, also the wall and CPU seconds of the same call again while they are
+    up (the first call starts them: a fresh interpreter importing replayq and the app).
 
     On a tree whose ``dry_run_many`` takes no ``app`` (before worker processes), it is
     called without it."""
     options: dict[str, Any] = {"keep": keep, "processes": processes}
     if "app" in inspect.signature(dry_run_many).parameters:
         options["app"] = "replay_speed:APP"
-    started, cpu = time.perf_counter(), cpu_seconds()
-    reports = dry_run_many(app, ids, **options)
-    elapsed = time.perf_counter() - started
-    if processes > 1 and close_workers is not None:
-        close_workers()  # worker processes stay up between calls: end them to count their CPU
-    cpu = cpu_seconds() - cpu
-    if len(reports) != len(ids):
-        raise SystemExit(f"{len(reports)} reports for {len(ids)} jobs")
-    for report in reports:
-        if report.diverged:
-            raise SystemExit(f"job {report.job_id}: the dry-run diverged: {report.to_dict()}")
-    return elapsed, cpu
+
+    def timed() -> tuple[float, float]:
+        started, cpu = time.perf_counter(), cpu_seconds() + live_worker_cpu()
+        reports = dry_run_many(app, ids, **options)
+        elapsed = time.perf_counter() - started
+        cpu = cpu_seconds() + live_worker_cpu() - cpu
+        if len(reports) != len(ids):
+            raise SystemExit(f"{len(reports)} reports for {len(ids)} jobs")
+        for report in reports:
+            if report.diverged:
+                raise SystemExit(f"job {report.job_id}: the dry-run diverged: {report.to_dict()}")
+        return elapsed, cpu
+
+    elapsed, cpu = timed()
+    if processes == 1 or close_workers is None:
+        return elapsed, cpu, None, None
+    warm, warm_cpu = timed()
+    close_workers()  # worker processes stay up between calls: end them before the next pass
+    return elapsed, cpu, warm, warm_cpu
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -230,11 +257,16 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         bulk: dict[int, float] = {}
         bulk_cpu: dict[int, float] = {}
+        warm: dict[int, float] = {}
+        warm_cpu: dict[int, float] = {}
         for processes in counts:
-            bulk[processes], bulk_cpu[processes] = bulk_dry_run(
+            bulk[processes], bulk_cpu[processes], again, again_cpu = bulk_dry_run(
                 app, ids, keep=keep, processes=processes
             )
             print(f"  bulk, {processes} process(es): {bulk[processes]:.2f}s", file=sys.stderr)
+            if again is not None and again_cpu is not None:
+                warm[processes], warm_cpu[processes] = again, again_cpu
+                print(f"  again, workers up: {again:.2f}s", file=sys.stderr)
         if real_after_recording != REAL_CALLS:
             raise SystemExit(f"a dry-run reached the outside functions: {REAL_CALLS}")
         app.close()
@@ -265,6 +297,13 @@ def main(argv: Sequence[str] | None = None) -> None:
                 # machine's other load does not inflate as much as wall time.
                 "bulk_cpu_ms_per_job": {
                     str(n): round(t / len(ids) * 1e3, 3) for n, t in bulk_cpu.items()
+                },
+                # The same call again while the worker processes are up (no start-up).
+                "bulk_jobs_per_s_workers_up": {
+                    str(n): round(len(ids) / t, 1) for n, t in warm.items()
+                },
+                "bulk_cpu_ms_per_job_workers_up": {
+                    str(n): round(t / len(ids) * 1e3, 3) for n, t in warm_cpu.items()
                 },
                 "bulk_how": "dry_run_many, worker processes importing replay_speed:APP"
                 if "app" in inspect.signature(dry_run_many).parameters
@@ -298,6 +337,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"| every recorded job once, {n} process(es), keep={keep} | {len(ids)} "
                 f"| {t:.2f} | {len(ids) / t:,.0f} | {t / len(ids) * 1e3:.2f} |"
                 for n, t in bulk.items()
+            ),
+            *(
+                f"| the same again, worker processes up, {n} process(es), keep={keep} "
+                f"| {len(ids)} | {t:.2f} | {len(ids) / t:,.0f} | {t / len(ids) * 1e3:.2f} |"
+                for n, t in warm.items()
             ),
             "",
             "No dry-run diverged; the outside functions were called 0 times during the dry-runs.",

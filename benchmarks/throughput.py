@@ -277,7 +277,7 @@ def pg_replayq_drain(opts: Options, processes: int) -> tuple[float, float, float
         app = pg_replayq_app(url)
         single = timed(lambda: [app.enqueue("noop", {"n": n}) for n in range(opts.jobs)])
         with app.storage.transaction() as tx:
-            tx.connection.execute("TRUNCATE rq_jobs, rq_events")
+            tx.connection.execute("TRUNCATE rq_jobs, rq_trace, rq_trace_resources")
         requests = [replayq.EnqueueRequest("noop", {"n": n}) for n in range(opts.jobs)]
         bulk = timed(lambda: app.enqueue_many(requests))
         app.close()

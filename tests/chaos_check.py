@@ -171,6 +171,40 @@ def check(
     )
 
 
+def assert_clean(
+    title: str,
+    db_url: str,
+    effects_url: str,
+    *,
+    expected: int,
+    recovery_seconds: float | None = None,
+    sink: Path | None = None,
+    allow_dead: Sequence[str] = (),
+) -> ChaosReport:
+    """How every fault test ends: check the database at ``db_url`` against the effects
+    the counting server at ``effects_url`` saw, print the table under ``title``, and
+    fail on any bad count. With ``sink`` (the file each effect also appends to) the two
+    counts of one truth must agree per key, so a server nobody posted to cannot pass."""
+    effects = effects_from_server(effects_url)
+    if sink is not None:
+        in_sink = effects_from_file(sink)
+        assert effects == in_sink, (
+            f"the counting server and the sink disagree: server {sum(effects.values())} "
+            f"effects, sink {sum(in_sink.values())}; keys differing: "
+            f"{sorted(k for k in effects.keys() | in_sink.keys() if effects[k] != in_sink[k])[:10]}"
+        )
+    report = check(
+        db_url,
+        effects,
+        expected=expected,
+        recovery_seconds=recovery_seconds,
+        allow_dead=allow_dead,
+    )
+    print(f"\nchaos checker: {title}\n{report.table()}")
+    assert report.bad() == [], f"{'; '.join(report.bad())}\n{report.table()}"
+    return report
+
+
 def _order_violations(rows: list[tuple[Any, ...]]) -> dict[str, int]:
     """Per ordering key: jobs first leased before the job ahead of them had settled."""
     first_lease: dict[int, int] = {}

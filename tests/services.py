@@ -15,10 +15,12 @@ are not counted). Paths the test apps use:
 * ``POST /email`` — the email sink: keeps each message (``GET /_mail``);
 * ``POST /_fail`` ``{"path": ..., "times": N, "status": 503}`` — the next N
   requests to that path answer ``status`` (default 503; and are counted: they
-  reached the network).
+  reached the network);
+* ``POST /_reset`` — forget everything counted, kept and set so far.
 
 ``running_service`` (the ``service`` fixture) starts it, waits until it answers,
-and kills it afterwards.
+and kills it afterwards. ``effects_service`` hands the chaos tests one server per
+session, reset before each test (a start costs about a second on a loaded machine).
 """
 
 from __future__ import annotations
@@ -41,12 +43,16 @@ from typing import Any
 import pytest
 
 READY_TIMEOUT = 10.0
+# Also in tests/apps/counting.py: this file runs as a script, where ``tests`` is no package.
 SERVICE_ENV = "REPLAYQ_TEST_SERVICE"
 
 
 class _State:
     def __init__(self) -> None:
         self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
         self.counts: Counter[str] = Counter()
         self.failures: Counter[str] = Counter()
         self.failure_status: dict[str, int] = {}
@@ -115,6 +121,11 @@ class _Handler(BaseHTTPRequestHandler):
             with STATE.lock:
                 STATE.failures[body["path"]] += int(body.get("times", 1))
                 STATE.failure_status[body["path"]] = int(body.get("status", 503))
+            self._reply(200, {"ok": True})
+            return
+        if path == "/_reset":
+            with STATE.lock:
+                STATE.reset()
             self._reply(200, {"ok": True})
             return
         if path == "/_stock":
@@ -231,6 +242,24 @@ def service(monkeypatch: pytest.MonkeyPatch) -> Iterator[Service]:
     with running_service() as running:
         monkeypatch.setenv(SERVICE_ENV, running.base_url)
         yield running
+
+
+@pytest.fixture(scope="session")
+def _session_service() -> Iterator[Service]:
+    with running_service() as running:
+        yield running
+
+
+@pytest.fixture
+def effects_service(
+    _session_service: Service, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Service]:
+    """The counting server, shared by the session and reset for this test: the chaos
+    tests' effects (``count_effect``) are counted from zero. Set in
+    ``$REPLAYQ_TEST_SERVICE`` as ``service`` does."""
+    request("POST", f"{_session_service.base_url}/_reset", {})
+    monkeypatch.setenv(SERVICE_ENV, _session_service.base_url)
+    yield _session_service
 
 
 if __name__ == "__main__":

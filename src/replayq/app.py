@@ -22,7 +22,7 @@ from replayq.queue.contracts import (
     build_contract,
     lint_contract,
 )
-from replayq.queue.enqueue import EnqueueRequest, get_job, insert_job
+from replayq.queue.enqueue import EnqueueRequest, get_job, insert_job, insert_jobs
 from replayq.queue.handlers import Handler, HandlerRegistry, PayloadShape
 from replayq.queue.inspection import JobsFacade
 from replayq.queue.periodic import periodic_decorator
@@ -472,12 +472,15 @@ class App(JobsFacade, EffectsFacade):
         )
 
     def enqueue_many(self, requests: Sequence[EnqueueRequest], *, conn: Any = None) -> list[int]:
-        """Enqueue many jobs in one transaction; all or none."""
+        """Enqueue many jobs in one transaction; all or none.
+
+        Set-based: every row in one insert (one statement on PostgreSQL), every
+        ``job.enqueued`` event in one trace append; ids in the requests' order.
+        """
         if conn is not None:
-            tx = self.storage.adopt(conn)
-            return [self.insert_job(tx, r) for r in requests]
+            return insert_jobs(self.runtime, self.storage.adopt(conn), requests)
         with self.storage.transaction() as tx:
-            return [self.insert_job(tx, r) for r in requests]
+            return insert_jobs(self.runtime, tx, requests)
 
     # -- rollouts ---------------------------------------------------------------------------
 

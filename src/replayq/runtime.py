@@ -20,7 +20,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from replayq.clock import Clock, HybridLogicalClock
+from replayq.clock import Clock, HybridLogicalClock, SystemClock
 from replayq.errors import SchemaError
 from replayq.queue.handlers import HandlerRegistry
 from replayq.redaction import Redactor
@@ -82,6 +82,18 @@ class Runtime:
     @property
     def runtime(self) -> Runtime:
         return self
+
+    @property
+    def leases_by_database(self) -> bool:
+        """Whether leases are judged by the database's clock, not by ``clock``.
+
+        Yes with the real clock (``SystemClock``, or a subclass: a real wall clock, even a
+        wrong one): every worker's leases are then granted, extended and reaped in one
+        time, SQLite's (the host's) or the PostgreSQL server's, however far the workers'
+        own clocks drift. No with a clock of another kind (``FrozenClock``, a test's): that
+        clock is the only one that moves, so it judges leases too.
+        """
+        return isinstance(self.clock, SystemClock)
 
     def redactor_for(self, job_type: str | None) -> Redactor:
         """The redaction rules of ``job_type``: its handler's, else the app's."""

@@ -8,15 +8,26 @@ first worker starts, so that two workers never race to create it).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
 import replayq
-from tests.acceptance.workers import WorkerLauncher
+from tests.acceptance.workers import CALL_PASSED, WorkerLauncher, show_worker_logs
 from tests.apps import sleepy
 from tests.conftest import BACKENDS
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Remember whether the test's call passed, for fixtures that show logs on failure."""
+    report = yield
+    if report.when == "call":
+        item.stash[CALL_PASSED] = report.passed
+    return report
 
 
 @pytest.fixture(params=BACKENDS)
@@ -32,8 +43,7 @@ def launcher(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[WorkerL
         workers = WorkerLauncher(url, tmp_path)
     yield workers
     workers.kill_all()
-    for worker in workers.started:  # shown by pytest only when the test failed
-        print(f"--- worker {worker.worker_id} (pid {worker.pid}) ---\n{worker.log()}")
+    show_worker_logs(request, workers.started)
 
 
 @pytest.fixture

@@ -2,9 +2,11 @@
 restart and a network partition between two hosts (network namespaces).
 
 What each test asserts is what a user relies on: every job enqueued finishes, each
-business effect happens once (counted in a file the effect itself appends to, not in
-the queue's tables), no job is ever held by two live leases, and a worker cut off
-from the database cannot write what it did late.
+business effect happens once (counted outside the queue's tables: by the counting HTTP
+server of ``tests/services.py`` and in a file the effect itself appends to), no job is
+ever held by two live leases, and a worker cut off from the database cannot write what
+it did late. Every test ends with the chaos checker (``tests/chaos_check.py``) over its
+database and the counting server, and prints its table.
 
 ``test_server_restart_*`` stops and starts a PostgreSQL server of its own (``initdb``
 and ``pg_ctl``, a temp data directory, a free port), ``fast`` and ``immediate``: the
@@ -44,10 +46,12 @@ from tests.acceptance.workers import (
     WorkerLauncher,
     WorkerProcess,
     read_lines,
+    show_worker_logs,
     wait_for,
 )
 from tests.apps import pg_effects
 from tests.conftest import missing
+from tests.services import SERVICE_ENV, Service
 
 # In CI (not soak): each passed 3 runs in a row and more (docs/postgres.md, "Running the
 # chaos tests"). Together they take about a minute.
@@ -107,7 +111,9 @@ def with_options(url: str, **options: object) -> str:
 
 
 @pytest.fixture
-def pg_launcher(pg_schema_url: str, tmp_path: Path) -> Iterator[PgWorkerLauncher]:
+def pg_launcher(
+    request: pytest.FixtureRequest, pg_schema_url: str, tmp_path: Path
+) -> Iterator[PgWorkerLauncher]:
     migrator = replayq.App(pg_schema_url, auto_migrate=True)
     migrator.storage  # noqa: B018 - opening it migrates the test's schema
     migrator.close()
@@ -116,8 +122,7 @@ def pg_launcher(pg_schema_url: str, tmp_path: Path) -> Iterator[PgWorkerLauncher
     workers = PgWorkerLauncher(url, tmp_path)
     yield workers
     workers.kill_all()
-    for worker in workers.started:  # shown by pytest only when the test failed
-        print(f"--- worker {worker.worker_id} (pid {worker.pid}) ---\n{worker.log()[-6000:]}")
+    show_worker_logs(request, workers.started, tail=6000)
 
 
 @pytest.fixture
@@ -129,10 +134,17 @@ def chaos_app(pg_schema_url: str) -> Iterator[replayq.App]:
 
 
 def enqueue_charges(
-    app: replayq.App, sink: Path, numbers: range, seconds: float = 0.0
+    app: replayq.App, sink: Path, numbers: range, seconds: float = 0.0, accounts: int = 0
 ) -> list[int]:
+    """One charge per number; with ``accounts``, every other one is an ``ordered_charge``
+    of account ``n % accounts`` (per-key FIFO under fire, for the checker's order row)."""
     payload = {"sink": str(sink), "seconds": seconds}
-    requests = [replayq.EnqueueRequest("charge", {**payload, "n": n}) for n in numbers]
+    requests = [
+        replayq.EnqueueRequest("ordered_charge", {**payload, "n": n, "account": n % accounts})
+        if accounts and n % 2
+        else replayq.EnqueueRequest("charge", {**payload, "n": n})
+        for n in numbers
+    ]
     return app.enqueue_many(requests)
 
 
@@ -181,7 +193,7 @@ def kill_worker_sessions(conninfo: str) -> int:
 
 
 def test_four_workers_racing_never_hold_one_job_with_two_live_leases(
-    pg_launcher: PgWorkerLauncher, chaos_app: replayq.App, tmp_path: Path
+    pg_launcher: PgWorkerLauncher, chaos_app: replayq.App, tmp_path: Path, effects_service: Service
 ) -> None:
     # No ctx.effect here: a worker SIGKILLed inside an effect leaves it in doubt (parked
     # for a human, by design); this test is about leases, so its jobs only log executions.
@@ -288,6 +300,14 @@ def test_four_workers_racing_never_hold_one_job_with_two_live_leases(
         assert chaos_app.get_job(job_id).worker_id != "racer-0"
         assert chaos_app.get_job(job_id).redelivery_count >= 1
     print(f"\nracer-0 SIGKILLed holding jobs {sorted(held)}: each re-leased and finished")
+    # Its jobs make no effect (see above): the server counts none, the table's other rows
+    # (lost, stuck, stale settles, dead) are what this run puts to the test.
+    chaos_check.assert_clean(
+        "PostgreSQL, four racing workers, one SIGKILLed holding jobs",
+        pg_launcher.url,
+        effects_service.base_url,
+        expected=total,
+    )
     for worker in workers[1:]:
         worker.signal(signal.SIGTERM)
         assert worker.wait(15) == 0
@@ -295,10 +315,13 @@ def test_four_workers_racing_never_hold_one_job_with_two_live_leases(
 
 # -- 2. session kill loop ----------------------------------------------------------------------
 
+# Half of the kill loop's charges are ordered by account: 50 accounts, 20 jobs each.
+ACCOUNTS = 50
+
 
 @pytest.mark.timeout(300)  # 17-30 s alone; timed out once at 120 s with other suites running
 def test_killed_sessions_lose_nothing_repeat_no_effect_and_listen_comes_back(
-    pg_launcher: PgWorkerLauncher, chaos_app: replayq.App, tmp_path: Path
+    pg_launcher: PgWorkerLauncher, chaos_app: replayq.App, tmp_path: Path, effects_service: Service
 ) -> None:
     sink = tmp_path / "effects.jsonl"
     probes = tmp_path / "probes.jsonl"
@@ -340,7 +363,7 @@ def test_killed_sessions_lose_nothing_repeat_no_effect_and_listen_comes_back(
     wait_for(lambda: probe_latency() < 0.1, timeout=30, what="workers to start listening")
     for r in range(rounds):
         numbers = range(r * per_round, (r + 1) * per_round)
-        enqueue_charges(chaos_app, sink, numbers)
+        enqueue_charges(chaos_app, sink, numbers, accounts=ACCOUNTS)
         time.sleep(random.uniform(0.05, 0.3))
         killed.append(kill_worker_sessions(conninfo))  # mid-run: pools, listeners, in-flight
         wait_for(
@@ -362,11 +385,66 @@ def test_killed_sessions_lose_nothing_repeat_no_effect_and_listen_comes_back(
     assert states(chaos_app) == Counter({"succeeded": total + probe_n})
     assert set(succeeded_events_per_job(chaos_app).values()) == {1}
     assert_each_effect_once(sink, range(total))
+    chaos_check.assert_clean(
+        f"PostgreSQL, worker sessions terminated {len(killed)} times (LISTEN ones included)",
+        pg_launcher.url,
+        effects_service.base_url,
+        expected=total + probe_n,
+        recovery_seconds=max(recovery),
+        sink=sink,
+    )
     for worker in workers:
         assert worker.proc.poll() is None, f"worker {worker.worker_id} died\n{worker.log()}"
         assert worker.log().count("LISTEN connection lost") >= rounds
         worker.signal(signal.SIGTERM)
         assert worker.wait(15) == 0
+
+
+# -- 2b. one worker host's clock 30 s fast ------------------------------------------------------
+
+
+def test_a_worker_whose_clock_runs_30_s_fast_reaps_no_live_lease(
+    pg_launcher: PgWorkerLauncher,
+    chaos_app: replayq.App,
+    tmp_path: Path,
+    effects_service: Service,
+) -> None:
+    """Leases are judged by the server's clock: a worker 30 s fast (leases of 2 s,
+    heartbeats every 0.5 s) would, by its own clock, see every other worker's lease as
+    expired 28 s ago and reap it; by the server's it reaps none."""
+    sink = tmp_path / "effects.jsonl"
+    total = 300
+    enqueue_charges(chaos_app, sink, range(total), seconds=0.01)
+    started = time.monotonic()
+    workers = [pg_launcher.start(f"w{i}", concurrency=3) for i in range(2)]
+    workers.append(pg_launcher.start("fast", concurrency=3, env={"CHAOS_CLOCK_OFFSET": "30"}))
+    # Settled, not succeeded: judged by its own clock the fast worker buries jobs whose
+    # effect another worker had started (in doubt), and the checker must say so.
+    wait_for(
+        lambda: states(chaos_app)["succeeded"] + states(chaos_app)["dead"] >= total,
+        timeout=90,
+        what=f"{total} settled",
+    )
+    with chaos_app.storage.transaction(readonly=True) as tx:
+        reaps = tx.connection.execute(
+            "SELECT worker_id, count(*) FROM rq_events WHERE name = 'lease.expired' "
+            "GROUP BY worker_id"
+        ).fetchall()
+        leased_by_fast = tx.connection.execute(
+            "SELECT count(*) FROM rq_events WHERE name = 'job.leased' AND worker_id = 'fast'"
+        ).fetchone()
+    assert reaps == [], f"live leases reaped: {reaps}"
+    assert leased_by_fast is not None and leased_by_fast[0] > 0, "the fast worker took part"
+    chaos_check.assert_clean(
+        "PostgreSQL, one worker of three with its clock 30 s fast",
+        pg_launcher.url,
+        effects_service.base_url,
+        expected=total,
+        recovery_seconds=time.monotonic() - started,
+        sink=sink,
+    )
+    for worker in workers:
+        assert worker.proc.poll() is None, f"worker {worker.worker_id} died\n{worker.log()}"
 
 
 # -- 3. server restart -------------------------------------------------------------------------
@@ -447,7 +525,7 @@ def own_server() -> Iterator[OwnServer]:
 
 @pytest.mark.parametrize("mode", ["fast", "immediate"])
 def test_server_restart_mid_run_loses_nothing_and_sigterm_during_the_outage_exits(
-    own_server: OwnServer, mode: str, tmp_path: Path
+    own_server: OwnServer, mode: str, tmp_path: Path, effects_service: Service
 ) -> None:
     migrator = replayq.App(own_server.url, auto_migrate=True)
     migrator.storage  # noqa: B018 - opening it migrates the server's database
@@ -458,12 +536,14 @@ def test_server_restart_mid_run_loses_nothing_and_sigterm_during_the_outage_exit
     )
     chaos_app = pg_effects.build(own_server.url)
     try:
-        _restart_mid_run(own_server, mode, pg_launcher, chaos_app, tmp_path)
+        _restart_mid_run(own_server, mode, pg_launcher, chaos_app, tmp_path, effects_service)
+    except BaseException:
+        for worker in pg_launcher.started:
+            print(f"--- worker {worker.worker_id} ---\n{worker.log()[-6000:]}")
+        raise
     finally:
         pg_launcher.kill_all()
         chaos_app.close()
-        for worker in pg_launcher.started:  # shown by pytest only when the test failed
-            print(f"--- worker {worker.worker_id} ---\n{worker.log()[-6000:]}")
 
 
 def _restart_mid_run(
@@ -472,6 +552,7 @@ def _restart_mid_run(
     pg_launcher: PgWorkerLauncher,
     chaos_app: replayq.App,
     tmp_path: Path,
+    effects_service: Service,
 ) -> None:
     sink = tmp_path / "effects.jsonl"
     total = 600
@@ -534,15 +615,15 @@ def _restart_mid_run(
         f"(grace 2s), holding 2 jobs"
     )
     assert exit_after < 2.0 + 2.0
-    # The effects are counted in their sink; the slow jobs have none.
-    report = chaos_check.check(
+    # The slow jobs make no effect; the charges one each.
+    chaos_check.assert_clean(
+        f"PostgreSQL, its server stopped {mode} mid-run and started again",
         server.url,
-        chaos_check.effects_from_file(sink),
+        effects_service.base_url,
         expected=total + len(slow),
         recovery_seconds=recovery,
+        sink=sink,
     )
-    print(report.table())
-    assert report.bad() == [], report.table()
     assert states(chaos_app) == Counter({"succeeded": total + len(slow)})
     assert_each_effect_once(sink, range(total))
     for worker in workers:
@@ -666,13 +747,16 @@ def test_a_partitioned_host_is_fenced_and_its_jobs_finish_elsewhere_once(
     pg_launcher: PgWorkerLauncher,
     chaos_app: replayq.App,
     tmp_path: Path,
+    effects_service: Service,
 ) -> None:
     target = psycopg.conninfo.conninfo_to_dict(parse_postgres_url(pg_launcher.url)[0])
     here = f"{target['host']}:{target['port']}"
     assert here in pg_launcher.url, "the test URL names host:port"
-    relay = Forwarder(
-        [address for _, address in two_hosts.values()], (str(target["host"]), int(target["port"]))
-    )
+    addresses = [address for _, address in two_hosts.values()]
+    relay = Forwarder(addresses, (str(target["host"]), int(target["port"])))
+    # The counting server listens on 127.0.0.1 of this namespace: relayed the same way.
+    service_port = int(effects_service.base_url.rsplit(":", 1)[1])
+    service_relay = Forwarder(addresses, ("127.0.0.1", service_port))
     try:
         urls = {
             name: pg_launcher.url.replace(
@@ -683,8 +767,16 @@ def test_a_partitioned_host_is_fenced_and_its_jobs_finish_elsewhere_once(
         sink = tmp_path / "effects.jsonl"
         total = 40
         enqueue_charges(chaos_app, sink, range(total), seconds=1.0)
-        cut = pg_launcher.start("host-a", concurrency=4, url=urls["a"], netns=two_hosts["a"][0])
-        other = pg_launcher.start("host-b", concurrency=4, url=urls["b"], netns=two_hosts["b"][0])
+        counter = {
+            name: {SERVICE_ENV: f"http://{addr}:{service_relay.port}"}
+            for name, (_, addr) in two_hosts.items()
+        }
+        cut = pg_launcher.start(
+            "host-a", concurrency=4, url=urls["a"], netns=two_hosts["a"][0], env=counter["a"]
+        )
+        other = pg_launcher.start(
+            "host-b", concurrency=4, url=urls["b"], netns=two_hosts["b"][0], env=counter["b"]
+        )
 
         def held_by_a_mid_sleep() -> list[int]:
             # Cut while a's handlers sleep (before their effect): a cut inside an effect
@@ -710,6 +802,8 @@ def test_a_partitioned_host_is_fenced_and_its_jobs_finish_elsewhere_once(
             timeout=30,
             what="host b to finish the cut-off host's jobs",
         )
+        # The recovery here: from the cut until the cut-off host's jobs were done elsewhere.
+        taken_over = time.monotonic() - cut_at
         time.sleep(max(0.0, 6.0 - (time.monotonic() - cut_at)))
         ip("link", "set", f"{two_hosts['a'][0]}h", "up")
 
@@ -734,9 +828,18 @@ def test_a_partitioned_host_is_fenced_and_its_jobs_finish_elsewhere_once(
         assert states(chaos_app) == Counter({"succeeded": total})
         assert set(succeeded_events_per_job(chaos_app).values()) == {1}
         assert_each_effect_once(sink, range(total))
+        chaos_check.assert_clean(
+            "PostgreSQL, one of two hosts cut off mid-job (network partition)",
+            pg_launcher.url,
+            effects_service.base_url,
+            expected=total,
+            recovery_seconds=taken_over,
+            sink=sink,
+        )
         assert cut.proc.poll() is None, "the cut-off worker survives the partition"
         for worker in (cut, other):
             worker.signal(signal.SIGTERM)
             assert worker.wait(20) == 0
     finally:
         relay.close()
+        service_relay.close()

@@ -23,9 +23,11 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 import replayq
+from tests import chaos_check
 from tests.acceptance.workers import WorkerLauncher, read_lines, wait_for
 from tests.apps import storage_faults
 from tests.conftest import PG_URL, require_postgres
+from tests.services import Service
 
 JOBS = 40
 
@@ -92,7 +94,7 @@ def _set_read_only(role: str, on: bool) -> None:
 
 
 def test_a_read_only_server_is_waited_out_and_no_job_fails(
-    read_only_role: tuple[str, str], pg_schema_url: str, tmp_path: Path
+    read_only_role: tuple[str, str], pg_schema_url: str, tmp_path: Path, effects_service: Service
 ) -> None:
     worker_url, role = read_only_role
     sink = tmp_path / "effects.jsonl"
@@ -119,7 +121,16 @@ def test_a_read_only_server_is_waited_out_and_no_job_fails(
         time.sleep(2.0)
         assert succeeded() == half, "no job can finish while the workers' server is read-only"
         _set_read_only(role, on=False)
+        writable = time.monotonic()
         wait_for(lambda: succeeded() == JOBS, timeout=90, what="every job to succeed")
+        chaos_check.assert_clean(
+            "PostgreSQL, the workers' server read-only (SQLSTATE 25006) for a while",
+            pg_schema_url,
+            effects_service.base_url,
+            expected=JOBS,
+            recovery_seconds=time.monotonic() - writable,
+            sink=sink,
+        )
 
         states = Counter(j.state.value for j in app.list_jobs(limit=1000))
         assert states == {"succeeded": JOBS}
@@ -132,8 +143,10 @@ def test_a_read_only_server_is_waited_out_and_no_job_fails(
             e for j in app.list_jobs(limit=1000) for e in app.trace(j.id) if e.name == "job.failed"
         ]
         assert failed == [], "a read-only server is never a job's failure"
+    except BaseException:
+        for worker in launcher.started:
+            print(f"--- worker {worker.worker_id} ---\n{worker.log()}")
+        raise
     finally:
         launcher.kill_all()
         app.close()
-        for worker in launcher.started:
-            print(f"--- worker {worker.worker_id} ---\n{worker.log()}")

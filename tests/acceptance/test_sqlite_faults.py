@@ -24,6 +24,7 @@ from replayq.storage.protocol import idem_get
 from tests import chaos_check
 from tests.acceptance.workers import WorkerLauncher, read_lines, wait_for
 from tests.apps import storage_faults
+from tests.services import Service
 
 APP = "tests.apps.storage_faults:app"
 HOLD_LOCK = """
@@ -41,17 +42,23 @@ def _counts(app: replayq.App) -> Counter[str]:
 
 
 def _assert_all_delivered_once(
-    app: replayq.App, sink: Path, total: int, recovery_seconds: float
+    title: str,
+    app: replayq.App,
+    effects_service: Service,
+    sink: Path,
+    total: int,
+    recovery_seconds: float,
 ) -> None:
-    # The chaos checker's table, printed for the record; every bad count must be zero.
-    report = chaos_check.check(
+    # The chaos checker over the database and the counting server: its table printed for
+    # the record (make chaos runs with -s), every bad count zero.
+    chaos_check.assert_clean(
+        title,
         app.url,
-        chaos_check.effects_from_file(sink),
+        effects_service.base_url,
         expected=total,
         recovery_seconds=recovery_seconds,
+        sink=sink,
     )
-    print(f"\n{report.table()}")
-    assert report.bad() == [], report.table()
     jobs = app.list_jobs(limit=10_000)
     assert Counter(j.state for j in jobs) == {replayq.JobState.SUCCEEDED: total}
     effects = Counter(line["n"] for line in read_lines(sink) if line["event"] == "effect")
@@ -66,7 +73,9 @@ def _assert_all_delivered_once(
     assert in_doubt == [], "no effect record left started (in doubt)"
 
 
-def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(tmp_path: Path) -> None:
+def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(
+    tmp_path: Path, effects_service: Service
+) -> None:
     database = tmp_path / "queue.db"
     launcher = WorkerLauncher(database, tmp_path)
     sink = tmp_path / "effects.jsonl"
@@ -99,7 +108,14 @@ def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(tmp_path: Path) -
             timeout=120,
             what=f"all {total} jobs to succeed after the lock",
         )
-        _assert_all_delivered_once(app, sink, total, time.monotonic() - released)
+        _assert_all_delivered_once(
+            "SQLite, BEGIN EXCLUSIVE held 12 s under four workers",
+            app,
+            effects_service,
+            sink,
+            total,
+            time.monotonic() - released,
+        )
         for worker in workers:
             assert worker.proc.poll() is None, f"worker {worker.worker_id} died\n{worker.log()}"
         logs = "\n".join(w.log() for w in workers)
@@ -110,26 +126,17 @@ def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(tmp_path: Path) -
         app.close()
 
 
-# On SQLite every worker judges leases by its own clock (lease deadlines are written and
-# compared in the worker's time), so a worker 30 s fast reaps the others' live leases:
-# the redelivered attempt finds the effect claimed and not finished, and the job is
-# buried ``effect_in_doubt`` (seen: 9 wrong reaps, 1 dead of 300). Strict: it must fail
-# until leases are judged by one clock (SQLite's own ``unixepoch('subsec')``, the host's).
-FAST = pytest.param(
-    30.0,
-    marks=pytest.mark.xfail(
-        strict=True, reason="SQLite leases are judged by each worker's own clock"
-    ),
-)
-
-
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("offset", [FAST, -30.0])
+@pytest.mark.parametrize("offset", [30.0, -30.0])
 def test_one_worker_with_its_clock_off_by_30_s_loses_duplicates_and_accepts_nothing_stale(
-    tmp_path: Path, offset: float
+    tmp_path: Path, effects_service: Service, offset: float
 ) -> None:
-    """A worker 30 s slow leases nothing due before its own now (every job here is due
-    at its enqueue): it sits idle while the others drain; the table must stay clean."""
+    """Leases are judged by the database's clock, not by the workers' own: a worker 30 s
+    fast reaps no live lease of the others (before, judged by its own clock, it reaped
+    them: 9 wrongly in a run of 300, one job buried ``effect_in_doubt``), and its own
+    leases are granted and extended in the database's time. A worker 30 s slow leases
+    nothing due before its own now (every job here is due at its enqueue): it sits idle
+    while the others drain. Either way the checker's table must stay clean."""
     database = tmp_path / "queue.db"
     launcher = WorkerLauncher(database, tmp_path)
     sink = tmp_path / "effects.jsonl"
@@ -156,7 +163,14 @@ def test_one_worker_with_its_clock_off_by_30_s_loses_duplicates_and_accepts_noth
             if e.name == "lease.expired"
         ]
         assert expired == [], f"{len(expired)} live lease(s) reaped, by {expired[0].worker_id}"
-        _assert_all_delivered_once(app, sink, total, time.monotonic() - started)
+        _assert_all_delivered_once(
+            f"SQLite, one worker of three with its clock off by {offset:+.0f} s",
+            app,
+            effects_service,
+            sink,
+            total,
+            time.monotonic() - started,
+        )
         for worker in [*workers, skewed]:
             assert worker.proc.poll() is None, f"worker {worker.worker_id} died\n{worker.log()}"
     finally:
@@ -189,7 +203,7 @@ def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
 
 @pytest.mark.timeout(300)
 def test_a_full_disk_is_waited_out_and_the_worker_resumes_when_space_is_freed(
-    small_disk: Path, tmp_path: Path
+    small_disk: Path, tmp_path: Path, effects_service: Service
 ) -> None:
     database = small_disk / "queue.db"
     launcher = WorkerLauncher(database, tmp_path)
@@ -236,7 +250,14 @@ def test_a_full_disk_is_waited_out_and_the_worker_resumes_when_space_is_freed(
             timeout=120,
             what=f"all {total} jobs to succeed once space is freed",
         )
-        _assert_all_delivered_once(app, sink, total, time.monotonic() - freed)
+        _assert_all_delivered_once(
+            "SQLite on an 8 MB tmpfs that fills up",
+            app,
+            effects_service,
+            sink,
+            total,
+            time.monotonic() - freed,
+        )
         assert worker.proc.poll() is None
         assert "Traceback" not in worker.log()
     finally:

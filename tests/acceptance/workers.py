@@ -15,10 +15,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 REPLAYQ = str(Path(sys.executable).with_name("replayq"))
@@ -175,3 +177,19 @@ class WorkerLauncher:
     def kill_all(self) -> None:
         for worker in self.started:
             worker.kill()
+
+
+# Set by tests/acceptance/conftest.py's pytest_runtest_makereport: did the test's call pass?
+CALL_PASSED = pytest.StashKey[bool]()
+
+
+def show_worker_logs(
+    request: pytest.FixtureRequest, workers: Sequence[WorkerProcess], tail: int | None = None
+) -> None:
+    """Print the workers' logs when the test did not pass (``make chaos`` runs with ``-s``:
+    a passing run shows its tables, not thousands of log lines)."""
+    if request.node.stash.get(CALL_PASSED, False):
+        return
+    for worker in workers:
+        log = worker.log()[-tail:] if tail else worker.log()
+        print(f"--- worker {worker.worker_id} (pid {worker.pid}) ---\n{log}")

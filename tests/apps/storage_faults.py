@@ -2,11 +2,16 @@
 
 ``deliver`` asks a recorded ``ctx.call`` for a quote, then runs one ``ctx.effect``
 under the business key ``deliver:{n}`` that appends a line to ``sink``: the ground
-truth of how often the effect really ran. The lease (30 s) outlasts the faults the
+truth of how often the effect really ran, with the ``POST /effects/<n>`` it first
+sends to the counting HTTP server of ``tests/services.py`` when
+``$REPLAYQ_TEST_SERVICE`` names one. The lease (30 s) outlasts the faults the
 tests hold, so a worker that cannot heartbeat through an outage keeps its jobs.
 
 ``$CHAOS_CLOCK_OFFSET`` (seconds, e.g. ``30`` or ``-30``) shifts the clock of the
-process that imports ``app``: a worker whose wall clock is that far off.
+process that imports ``app``: a worker whose wall clock is that far off. It is a
+``SystemClock`` (a real wall clock, a wrong one), so, as on a host whose clock has
+drifted, the database's clock still judges its leases; only its own reads of "now"
+(``run_at``, retries, trace timestamps, ``ctx.now``) are off.
 """
 
 from __future__ import annotations
@@ -15,10 +20,11 @@ import os
 import time
 
 import replayq
+from tests.apps.counting import count_effect
 from tests.apps.sleepy import record
 
 
-class OffsetClock:
+class OffsetClock(replayq.SystemClock):
     """The system clock shifted by ``offset`` seconds (a skewed host)."""
 
     def __init__(self, offset: float) -> None:
@@ -28,10 +34,15 @@ class OffsetClock:
         return time.time() + self.offset
 
 
+def _deliver(sink: str, n: int) -> None:
+    count_effect(str(n))  # the counting HTTP server, when the test runs one
+    record(sink, "effect", n)
+
+
 def deliver(ctx: replayq.Context, n: int, sink: str) -> dict[str, int]:
     quote: int = ctx.call("quote", lambda: n * 2)
     with ctx.step("deliver"):
-        ctx.effect("parcel.deliver", lambda: record(sink, "effect", n))
+        ctx.effect("parcel.deliver", lambda: _deliver(sink, n))
     return {"n": n, "quote": quote}
 
 

@@ -80,6 +80,36 @@ def test_duplicate_message_id_inside_one_bulk_enqueue_makes_one_job(app: replayq
     assert len(app.list_jobs()) == 1
 
 
+def test_a_bulk_enqueue_is_one_insert_in_request_order_with_every_event_as_one_by_one(
+    app: replayq.App,
+) -> None:
+    existing = app.enqueue("charge", {"account": "z", "amount": 0}, message_id="old")
+    requests = [
+        replayq.EnqueueRequest("charge", {"account": "b", "amount": 1}, message_id="m1"),
+        replayq.EnqueueRequest("charge", {"account": "a", "amount": 2}),
+        replayq.EnqueueRequest("charge", {"account": "a", "amount": 3}, message_id="old"),
+        replayq.EnqueueRequest("charge", {"account": "b", "amount": 4}, message_id="m1"),
+        replayq.EnqueueRequest("charge", {"account": "a", "amount": 5}, delay="1h", priority=2),
+    ]
+    ids = app.enqueue_many(requests)
+    new = [ids[0], ids[1], ids[4]]
+    assert ids[2] == existing and ids[3] == ids[0]
+    assert new == sorted(new) and existing < new[0], "ids follow the requests' order"
+    jobs = {job.id: job for job in app.list_jobs()}
+    assert sorted(jobs) == sorted([existing, *new])
+    assert [jobs[i].payload["amount"] for i in new] == [1, 2, 5]
+    assert jobs[ids[1]].ordering_key == "account:a" and jobs[ids[4]].priority == 2
+    assert jobs[ids[4]].run_at == pytest.approx(jobs[ids[1]].run_at + 3600)
+    assert event_names(app, existing) == ["job.enqueued", "job.deduplicated"]
+    assert event_names(app, ids[0]) == ["job.enqueued", "job.deduplicated"]
+    [enqueued] = app.trace(ids[4])
+    assert enqueued.attempt == 0 and enqueued.status == "queued"
+    assert enqueued.data["priority"] == 2 and enqueued.data["ordering_key"] == "account:a"
+    # Per-key FIFO holds across the batch: account a's jobs lease in id order.
+    assert [j.id for j in lease_all(app) if j.ordering_key == "account:a"] == [ids[1]]
+    assert app.enqueue_many([]) == []
+
+
 # -- priority and order -----------------------------------------------------------------------
 
 

@@ -10,6 +10,7 @@ really come from other processes (a handler that decides its process id).
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -235,3 +236,48 @@ def test_a_dry_runs_cache_writes_wait_for_its_final_write_or_never_happen(
     keys = [key for (key,) in query(app.url, "SELECT key FROM rq_cache ORDER BY key")]
     assert len(keys) == cached + 1
     assert [k for k in keys if kept.branch in k], keys
+
+
+def unreachable_after(run: Callable[[], object]) -> int:
+    """Objects that only the cyclic collector could free after ``run()`` (its garbage)."""
+    gc.collect()
+    gc.disable()
+    try:
+        result = run()
+        del result
+        return gc.collect()
+    finally:
+        gc.enable()
+
+
+def test_a_finished_dry_run_is_freed_at_once_without_the_cycle_collector(
+    app: replayq.App, service: Service
+) -> None:
+    """A verifier that dry-runs thousands of jobs holds only the reports it keeps: each run's
+    context, recording and comparison go when it ends, not at the next collection."""
+    ids = [record(app, order_id).id for order_id in (1, 2, 3)]
+    dry_run(app, ids[0], keep=False)  # first use: imports, statement caches
+
+    assert unreachable_after(lambda: dry_run(app, ids[0], keep=False)) == 0
+    assert unreachable_after(lambda: dry_run(app, ids[0])) == 0
+    assert unreachable_after(lambda: dry_run_many(app, ids, keep=False)) == 0
+    assert unreachable_after(lambda: dry_run_many(app, ids)) == 0
+
+
+def test_a_bulk_dry_run_gives_the_cycle_collector_back_even_when_it_fails(
+    app: replayq.App, service: Service
+) -> None:
+    ids = [record(app, 1).id, 999_999]
+
+    assert len(dry_run_many(app, ids[:1], keep=False)) == 1
+    assert gc.isenabled()
+    with pytest.raises(replayq.ReplayqError, match="no job with id 999999"):
+        dry_run_many(app, ids, keep=False)
+    assert gc.isenabled()
+
+    gc.disable()  # a caller that runs without it keeps it off
+    try:
+        dry_run_many(app, ids[:1], keep=False)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -7,6 +7,7 @@ the merged readers) must hold the same on SQLite and on PostgreSQL.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections import defaultdict
@@ -201,6 +202,60 @@ def test_an_extended_lease_is_not_reaped(storage: Storage) -> None:
         assert tx.job_transition(LeaseExtend(job_id, "tok", T0 + 5, 5.0))
         assert tx.job_list(LeasesExpired(T0 + 7, 10)) == []
         assert [j.id for j in tx.job_list(LeasesExpired(T0 + 11, 10))] == [job_id]
+
+
+def test_one_lease_extend_covers_every_lease_a_worker_holds_and_fails_if_one_was_lost(
+    storage: Storage,
+) -> None:
+    first = leased_job(storage, job_type="short")  # token "tok", leases end at T0 + 6
+    with storage.transaction() as tx:
+        second, _ = tx.job_insert(insert(job_type="short"))
+        third, _ = tx.job_insert(insert(job_type="short"))
+        assert {j.id for j in tx.job_lease(lease(owner="tok2"))} == {second, third}
+    with storage.transaction() as tx:
+        both = LeaseExtend(first, "tok", T0 + 5, 5.0, more=((second, "tok2"), (third, "tok2")))
+        assert tx.job_transition(both)
+        # A pair is matched as a pair: another lease's token does not extend a job.
+        other = LeaseExtend(first, "tok2", T0 + 5, 5.0, more=((second, "tok2"),))
+        assert not tx.job_transition(other)
+        assert [j.id for j in tx.job_list(LeasesExpired(T0 + 9, 10))] == []
+        assert tx.job_transition(JobRedeliver(third, "tok2", T0 + 9, 5))
+        # One of three lost: the statement reports it, and the others were still extended.
+        assert not tx.job_transition(
+            LeaseExtend(first, "tok", T0 + 9, 5.0, more=((second, "tok2"), (third, "tok2")))
+        )
+        assert tx.job_list(LeasesExpired(T0 + 13, 10)) == []
+        assert sorted(j.id for j in tx.job_list(LeasesExpired(T0 + 15, 10))) == [first, second]
+
+
+def test_with_the_database_clock_a_caller_30_s_off_neither_reaps_nor_shortens_a_lease(
+    storage: Storage,
+) -> None:
+    """Leases judged by the database's clock (SQLite's, the PostgreSQL server's): the
+    ``now`` of a worker whose clock is 30 s fast or slow moves no deadline."""
+    fast, slow = time.time() + 30, time.time() - 30
+    by_database = {"short": 0.5}
+    with storage.transaction() as tx:
+        job_id, _ = tx.job_insert(insert(job_type="short", run_at=T0))
+        claim = dataclasses.replace(lease(now=fast), lease_for=by_database, database_clock=True)
+        [job] = tx.job_lease(claim)
+    assert job.leased_at is not None and job.lease_deadline is not None
+    assert abs(job.leased_at - time.time()) < 5, "granted in the database's time, not the caller's"
+    assert job.lease_deadline - job.leased_at == pytest.approx(0.5)
+    with storage.transaction() as tx:
+        # A fast worker's now would reap it (its own clock says the lease ran out 29 s ago)...
+        assert [j.id for j in tx.job_list(LeasesExpired(fast, 10))] == [job_id]
+        # ... the database's clock does not; nor does a slow worker's extension shorten it.
+        assert tx.job_list(LeasesExpired(fast, 10, database_clock=True)) == []
+        assert tx.job_transition(LeaseExtend(job_id, "tok", slow, 0.5, database_clock=True))
+        extended = tx.job_get(job_id)
+    assert extended is not None and extended.lease_deadline is not None
+    assert extended.lease_deadline > job.lease_deadline - 0.01
+    time.sleep(0.6)
+    with storage.transaction() as tx:
+        # Past the deadline by the database's clock: reaped, even by a worker 30 s slow.
+        assert tx.job_list(LeasesExpired(slow, 10)) == []
+        assert [j.id for j in tx.job_list(LeasesExpired(slow, 10, database_clock=True))] == [job_id]
 
 
 def test_a_batch_claim_honours_priority_and_run_at(storage: Storage) -> None:
@@ -479,6 +534,37 @@ def test_a_branch_is_created_once_with_its_base(storage: Storage) -> None:
 
 def acquire(owner: str, now: float, hlc: int) -> LockAcquire:
     return LockAcquire("res", owner, None, f"worker-{owner}", now, 10.0, hlc)
+
+
+def test_with_the_database_clock_a_worker_30_s_fast_cannot_take_a_live_lock(
+    storage: Storage,
+) -> None:
+    """Lock TTLs judged like leases: by the database's clock, whatever the caller's says."""
+    fast, slow = time.time() + 30, time.time() - 30
+
+    def take(owner: str, now: float) -> LockAcquire:
+        return LockAcquire("res", owner, None, owner, now, 0.5, 1, database_clock=True)
+
+    with storage.transaction() as tx:
+        assert tx.lock_transition(take("a", slow)) is not None
+        held = lock_get(tx, "res")
+    assert held is not None and held.expires_at is not None and held.acquired_at is not None
+    assert abs(held.acquired_at - time.time()) < 5, "granted in the database's time"
+    assert not held.expired
+    with storage.transaction() as tx:
+        # Its own clock says the lock ran out 29.5 s ago; the database's says it is live.
+        assert tx.lock_transition(take("b", fast)) is None
+        assert tx.lock_transition(acquire("b", fast, 2)) is not None, "a caller's now decides"
+        assert tx.lock_transition(LockRelease("res", "b", 3)) is not None
+        assert tx.lock_transition(take("a", slow)) is not None
+        assert tx.lock_transition(LockRenew("res", "a", slow, 0.5, database_clock=True))
+    time.sleep(0.6)
+    with storage.transaction() as tx:
+        over = lock_get(tx, "res")
+        assert over is not None and over.expired, "past its TTL by the database's clock"
+        assert lock_get(tx, "res", now=slow) is not None
+        assert not lock_get(tx, "res", now=slow).expired  # type: ignore[union-attr]
+        assert tx.lock_transition(take("b", slow)) is not None, "expired: a slow worker takes it"
 
 
 def test_a_lock_is_held_by_one_owner_and_each_acquisition_bumps_its_fencing_token(

@@ -364,3 +364,43 @@ def test_a_stopping_worker_acks_without_leasing_more(app: replayq.App) -> None:
     assert app.get_job(first).state is replayq.JobState.SUCCEEDED
     assert app.get_job(second).state is replayq.JobState.QUEUED
     assert worker._work.empty()
+
+
+def test_one_heartbeat_statement_extends_every_held_lease_and_only_the_lost_one_is_lost(
+    app: replayq.App, clock: replayq.FrozenClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from replayq.storage.protocol import JobRedeliver
+    from replayq.storage.sql_transaction import SqlTransaction
+
+    ids = [app.enqueue("ok", {"n": n}) for n in range(3)]
+    worker = replayq.Worker(app, worker_id="beating", concurrency=3)
+    leased = {job.id: job for job in worker.lease(3)}
+    assert sorted(leased) == ids
+    extends: list[str] = []
+    execute = SqlTransaction.execute
+
+    def counted(tx: SqlTransaction, name: str, params: object = None) -> object:
+        if name == "lease_extend":
+            extends.append(name)
+        return execute(tx, name, params)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(SqlTransaction, "execute", counted)
+    flights = list(worker._inflight.values())
+    clock.advance(5)
+    worker.extend_leases(flights)
+    assert len(extends) == 1, "one statement for the three leases"
+    assert all(app.get_job(i).lease_deadline == pytest.approx(clock.now() + 10) for i in ids)
+
+    # A reaper took the first job back (its compare-and-set on the owner token).
+    with app.storage.transaction() as tx:
+        first = leased[ids[0]]
+        assert first.owner_token is not None
+        assert tx.job_transition(JobRedeliver(first.id, first.owner_token, clock.now(), 99))
+    extends.clear()
+    clock.advance(5)
+    worker.extend_leases(flights)
+    assert len(extends) == 4, "the shared statement, then one by one to learn which was lost"
+    assert {f.job.id for f in flights if f.lost.is_set()} == {ids[0]}
+    assert [e.name for e in app.trace(ids[0])][-1] == "lease.lost"
+    assert [e.name for e in app.trace(ids[1])][-2:] == ["lease.extended", "lease.extended"]
+    assert app.get_job(ids[2]).lease_deadline == pytest.approx(clock.now() + 10)

@@ -133,6 +133,7 @@ def test_the_database_refuses_two_running_jobs_of_one_key(storage: PostgresStora
                 "owner_token": "sneaky",
                 "worker_id": "w",
                 "now": 1_700_000_001.0,
+                "lease_now": 1_700_000_001.0,
                 "lease_seconds": 30.0,
                 "handler_version": None,
                 "hlc": 9,
@@ -267,6 +268,39 @@ def test_a_committed_transaction_keeps_both_and_a_worker_runs_the_job(
     assert orders_and_jobs(shop, conninfo) == ([2], [2])
     Worker(shop, burst=True).run()
     assert shop.get_job(job_id).state is JobState.SUCCEEDED
+
+
+def test_a_bulk_enqueue_on_the_callers_connection_commits_with_it_and_wakes_listeners(
+    shop: replayq.App, conninfo: str
+) -> None:
+    # Its own queue: the channel is per database, so other schemas' jobs wake us too.
+    queue = f"bulk-{time.monotonic_ns()}"
+
+    @shop.job("ship_bulk", queue=queue)
+    def ship_bulk(ctx: replayq.Context, order_id: int) -> None:
+        return None
+
+    storage = shop.storage
+    assert isinstance(storage, PostgresStorage)
+    woken: list[str | None] = []
+    notifier = storage.listen(woken.append)
+    try:
+        wait_for(notifier.listening.is_set, 10, "LISTEN to be in place")
+        requests = [replayq.EnqueueRequest("ship_bulk", {"order_id": n}) for n in (4, 5, 6)]
+        with psycopg.connect(conninfo) as conn:
+            conn.execute("INSERT INTO orders (id, status) VALUES (4, 'paid')")
+            ids = shop.enqueue_many(requests, conn=conn)
+            assert shop.list_jobs() == [], "invisible to others until the caller commits"
+            time.sleep(0.2)
+            assert queue not in woken, "no wake-up before the commit"
+            conn.commit()
+        wait_for(lambda: queue in woken, 5, "the wake-up sent with the bulk insert")
+    finally:
+        notifier.close()
+    jobs = shop.list_jobs(job_type="ship_bulk")
+    assert [job.payload["order_id"] for job in jobs] == [6, 5, 4]
+    assert ids == sorted(ids) and {job.queue for job in jobs} == {queue}
+    assert [e.name for e in shop.trace(ids[0])] == ["job.enqueued"]
 
 
 def test_enqueue_on_an_autocommit_connection_is_refused(shop: replayq.App, conninfo: str) -> None:

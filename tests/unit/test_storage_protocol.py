@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import types
 import typing
 from collections.abc import Mapping
 
@@ -53,6 +54,12 @@ def test_no_verb_takes_or_returns_a_plain_mapping() -> None:
     assert found == []
 
 
+def members(kind: typing.Any) -> tuple[typing.Any, ...]:
+    """A union's members; any other type (``Sequence[JobInsert]`` too) is one kind."""
+    union = typing.get_origin(kind) in (typing.Union, types.UnionType)
+    return typing.get_args(kind) if union else (kind,)
+
+
 def test_an_overloaded_verb_answers_every_kind_of_its_parameter() -> None:
     """A verb taking a union of questions (``report``, ``trace_query``…) declares an
     overload for each, so the type checker knows every answer's record."""
@@ -71,10 +78,8 @@ def test_an_overloaded_verb_answers_every_kind_of_its_parameter() -> None:
                 for p, t in typing.get_type_hints(overload, vars(protocol)).items()
                 if p != "return"
             ]
-            covered.update(typing.get_args(kind) or [kind])
-        missing.extend(
-            f"{name}({kind.__name__})" for kind in typing.get_args(kinds) if kind not in covered
-        )
+            covered.update(members(kind))
+        missing.extend(f"{name}({kind})" for kind in members(kinds) if kind not in covered)
     assert missing == []
 
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from replayq import codec
 from replayq.durations import Duration, parse_duration
 from replayq.errors import ConfigurationError, PayloadError, ReplayqError, UnknownJobTypeError
-from replayq.model import Job
+from replayq.model import Job, TraceEvent
 from replayq.queue import lifecycle
 from replayq.queue.catalog import active_contract
 from replayq.queue.contracts import Retry, render_template, template_fields
@@ -78,6 +79,93 @@ def insert_job(
     contract of its active version; with ``require_contract`` a type with no stored
     contract is refused rather than enqueued under defaults.
     """
+    params = _job_params(
+        runtime,
+        tx,
+        request,
+        queue=queue,
+        correlation_id=correlation_id,
+        causation_id=causation_id,
+        origin=origin,
+        check=check,
+        require_contract=require_contract,
+        trace_context=trace_context,
+    )
+    job_id, created = tx.job_insert(params)
+    tx.trace_append([_enqueue_event(tx, params, job_id, created, request.priority)])
+    return job_id
+
+
+def insert_jobs(runtime: Runtime, tx: Transaction, requests: Sequence[EnqueueRequest]) -> list[int]:
+    """``insert_job`` for many requests inside ``tx``, set-based: every row in one insert
+    (one statement on PostgreSQL), then every ``job.enqueued`` event in one append.
+
+    Ids follow the requests' order; a request whose ``message_id`` an earlier one (or an
+    existing job) took gets that job's id and a ``job.deduplicated`` event, as one by one.
+    """
+    params = [_job_params(runtime, tx, request) for request in requests]
+    inserted = tx.job_insert(params)
+    tx.trace_append(
+        [
+            _enqueue_event(tx, p, job_id, created, request.priority)
+            for p, (job_id, created), request in zip(params, inserted, requests, strict=True)
+        ]
+    )
+    return [job_id for job_id, _ in inserted]
+
+
+def _enqueue_event(
+    tx: Transaction, params: JobInsert, job_id: int, created: bool, priority: int
+) -> TraceEvent:
+    """The job's ``job.enqueued`` event, or ``job.deduplicated`` on the job it duplicates.
+
+    A new job's event is made from what was inserted (no re-read of the row).
+    """
+    if created:
+        return TraceEvent(
+            trace_id=params.trace_id,
+            job_id=job_id,
+            attempt=0,
+            kind="lifecycle",
+            name=lifecycle.JOB_ENQUEUED,
+            ts=params.now,
+            hlc=params.hlc,
+            status="queued",
+            data={
+                "message_id": params.message_id,
+                "priority": priority,
+                "run_at": params.run_at,
+                "ordering_key": params.ordering_key,
+                "causation_id": params.causation_id,
+            },
+        )
+    job = tx.job_get(job_id)
+    assert job is not None
+    return lifecycle.lifecycle(
+        lifecycle.JOB_DEDUPLICATED,
+        job,
+        now=params.now,
+        hlc=params.hlc,
+        message_id=params.message_id,
+        rule="same message_id yields the existing job",
+    )
+
+
+def _job_params(
+    runtime: Runtime,
+    tx: Transaction,
+    request: EnqueueRequest,
+    *,
+    queue: str | None = None,
+    correlation_id: str | None = None,
+    causation_id: str | None = None,
+    origin: str = "production",
+    check: bool = True,
+    require_contract: bool = False,
+    trace_context: str | None = None,
+) -> JobInsert:
+    """The row to insert for ``request``: its payload checked and redacted, its keys
+    rendered, its contract's attempt budget and queue."""
     now = runtime.clock.now()
     if request.run_at is not None and request.delay is not None:
         raise ConfigurationError("give either delay or run_at, not both")
@@ -132,7 +220,7 @@ def insert_job(
         max_attempts, ordering_key, idempotency_key = Retry().max_attempts, None, None
         job_queue = queue or "default"
     hlc = runtime.hlc.tick()
-    params = JobInsert(
+    return JobInsert(
         job_type=request.job_type,
         queue=job_queue,
         payload_json=payload_json,
@@ -150,34 +238,6 @@ def insert_job(
         origin=origin,
         trace_context=trace_context,
     )
-    job_id, created = tx.job_insert(params)
-    job = tx.job_get(job_id)
-    assert job is not None
-    if created:
-        event = lifecycle.lifecycle(
-            lifecycle.JOB_ENQUEUED,
-            job,
-            now=now,
-            hlc=hlc,
-            status="queued",
-            attempt=0,
-            message_id=request.message_id,
-            priority=request.priority,
-            run_at=run_at,
-            ordering_key=ordering_key,
-            causation_id=causation_id,
-        )
-    else:
-        event = lifecycle.lifecycle(
-            lifecycle.JOB_DEDUPLICATED,
-            job,
-            now=now,
-            hlc=hlc,
-            message_id=request.message_id,
-            rule="same message_id yields the existing job",
-        )
-    tx.trace_append([event])
-    return job_id
 
 
 def get_job(runtime: Runtime, job_id: int) -> Job:

@@ -148,6 +148,7 @@ class LockManager:
                         now=now,
                         ttl=handle.ttl,
                         hlc=hlc,
+                        database_clock=runtime.leases_by_database,
                     )
                 )
                 if grant is not None:
@@ -206,12 +207,11 @@ class LockManager:
         hlc = runtime.hlc.tick()
         now = runtime.clock.now()
         with runtime.storage.transaction() as tx:
-            row = lock_get(tx, handle.resource)
+            # Judged in the clock that granted the lock (the database's, unless a test clock).
+            row = lock_get(tx, handle.resource, None if runtime.leases_by_database else now)
             # Ran out while held, even if nobody took it meanwhile: "expired before completion".
             overdue = (
-                row is not None
-                and row.owner_token == handle.owner_token
-                and (row.expires_at is not None and row.expires_at < now)
+                row is not None and row.owner_token == handle.owner_token and bool(row.expired)
             )
             released = (
                 tx.lock_transition(LockRelease(handle.resource, handle.owner_token, hlc))
@@ -245,7 +245,13 @@ class LockManager:
         with runtime.storage.transaction() as tx:
             for handle in list(self.held.values()):
                 if not tx.lock_transition(
-                    LockRenew(handle.resource, handle.owner_token, now, handle.ttl)
+                    LockRenew(
+                        handle.resource,
+                        handle.owner_token,
+                        now,
+                        handle.ttl,
+                        database_clock=runtime.leases_by_database,
+                    )
                 ):
                     lost.append(handle.resource)
         return lost

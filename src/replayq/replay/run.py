@@ -145,6 +145,16 @@ class BufferedContext(Context):
         self.kept_events.extend(events)
         self.comparison.add(events)
 
+    def release(self) -> None:
+        """Drop what refers back to this context once the run is over: the views built in
+        it and the kept writes (closures over the context and its views). Without these
+        cycles a finished dry-run is freed at once instead of by the cyclic garbage
+        collector (whose collections, scanning every report kept so far, took about a
+        quarter of a 1,000-job bulk dry-run)."""
+        self.kept_writes = []
+        for view in ("locks", "state", "cache", "outbox", "effects"):
+            self.__dict__.pop(view, None)
+
 
 @dataclass
 class Deferred:
@@ -182,9 +192,14 @@ def execute(ctx: Context) -> Outcome:
     return Outcome("succeeded", result=result)
 
 
-def _finished(runtime: Runtime, trace_id: str, outcome: Outcome, origin: str) -> TraceEvent:
+def _finished(
+    runtime: Runtime, trace_id: str, outcome: Outcome, origin: str, attempt: int
+) -> TraceEvent:
+    """The derived trace's last event. It carries the attempt, as the run's events do, so
+    that it joins their pack (one ``rq_trace`` row per kept dry-run, not two)."""
     return TraceEvent(
         trace_id=trace_id,
+        attempt=attempt,
         name=f"{origin}.finished",
         kind="domain",
         ts=runtime.clock.now(),
@@ -195,9 +210,9 @@ def _finished(runtime: Runtime, trace_id: str, outcome: Outcome, origin: str) ->
     )
 
 
-def _finish(runtime: Runtime, trace_id: str, outcome: Outcome, origin: str) -> None:
+def _finish(runtime: Runtime, trace_id: str, outcome: Outcome, origin: str, attempt: int) -> None:
     with runtime.storage.transaction() as tx:
-        tx.trace_append([_finished(runtime, trace_id, outcome, origin)])
+        tx.trace_append([_finished(runtime, trace_id, outcome, origin, attempt)])
 
 
 def run_derived(
@@ -278,7 +293,7 @@ def run_derived(
         divergence = ctx.comparison.first()
         if keep:
             kept = ctx.kept_writes
-            events = [*now_events, _finished(runtime, trace_id, outcome, origin)]
+            events = [*now_events, _finished(runtime, trace_id, outcome, origin, job.attempt)]
 
             def write_all(tx: Transaction) -> None:
                 _write_begin(tx, runtime, recording, origin, base_hlc, details, trace_id, branch)
@@ -293,7 +308,7 @@ def run_derived(
                 end.commit(runtime)
     else:
         unrecorded = _record_unrecorded_io(runtime, ctx, sealed)
-        _finish(runtime, trace_id, outcome, origin)
+        _finish(runtime, trace_id, outcome, origin, job.attempt)
         with runtime.storage.transaction(readonly=True) as tx:
             now_events = [
                 e
@@ -326,6 +341,8 @@ def run_derived(
         allow_io=allow_io,
         events_now=list(now_events),
     )
+    if isinstance(ctx, BufferedContext):
+        ctx.release()
     if recording.outcome.status == "failed":
         report.retry_recorded = recorded_decision(recording.lifecycle, recording.job.max_attempts)
     if outcome.status == "failed" and outcome.error_class != "replay":

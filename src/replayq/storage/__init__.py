@@ -31,7 +31,8 @@ and has one ``@overload`` per kind, so each answer keeps its own type::
               job_transition(LeaseExtend | JobComplete | JobRetry | JobBury | JobCancel |
                   JobCancelRequest | JobCancelRunning | JobReleaseRunning | JobRequeue |
                   LeaseRelease | JobRedeliver | JobRoute | JobSetRecorded)  one CAS on one
-                  job row -> bool;  | JobReroute (queued jobs of a type) -> how many
+                  job row -> bool (LeaseExtend: each lease it names, in one statement);
+                  | JobReroute (queued jobs of a type) -> how many
     reports   report(JobStats | JobCount | JobGauges | JobsScheduled | JobDurations |
                   OutOfOrder | VersionOutcomes | SignalCounts | SignalSeries | OutboxPending)
     trace     trace_append  trace_query(TraceQuery | TraceJobs | TraceWindow)

@@ -54,6 +54,9 @@ class LockAcquire:
     now: float
     ttl: float
     hlc: int
+    database_clock: bool = False
+    """Judge and grant the TTL in the database's clock, not ``now``
+    (``Runtime.leases_by_database``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +67,7 @@ class LockRenew:
     owner_token: str
     now: float
     ttl: float
+    database_clock: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +93,9 @@ class LockFilter:
     no ``resource``, every lock currently held."""
 
     resource: str | None = None
+    now: float | None = None
+    """Whether the lock of ``resource`` has ``expired`` is judged in ``now``, or when ``None``
+    in the database's clock."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -174,10 +174,10 @@ class ContextVerbs:
 
     def lock_transition(self, change: LockChange) -> Any:
         if isinstance(change, LockAcquire):
-            row = self.fetchone("lock_acquire", query_params(change))
+            row = self.fetchone("lock_acquire", _lock_params(change))
             return None if row is None else LockGrant(int(row["fencing_token"]), int(row["hlc"]))
         if isinstance(change, LockRenew):
-            return self.changed("lock_renew", query_params(change))
+            return self.changed("lock_renew", _lock_params(change))
         if change.owner_token is None:
             row = self.fetchone("lock_break", {"resource": change.resource, "hlc": change.hlc})
         else:
@@ -186,7 +186,7 @@ class ContextVerbs:
 
     def lock_list(self, query: LockFilter) -> list[Lock]:
         if query.resource is not None:
-            row = self.fetchone("lock_get", {"resource": query.resource})
+            row = self.fetchone("lock_get", {"resource": query.resource, "lock_now": query.now})
             return [] if row is None else [record(Lock, row)]
         return [record(Lock, r) for r in self.fetchall("lock_list")]
 
@@ -286,3 +286,8 @@ class ContextVerbs:
 
     def schedule_list(self, name: str | None = None) -> list[ScheduleRecord]:
         return [record(ScheduleRecord, r) for r in self.fetchall("schedule_list", {"name": name})]
+
+
+def _lock_params(change: LockAcquire | LockRenew) -> dict[str, Any]:
+    """The change's fields plus ``lock_now``: ``NULL`` lets the database's clock judge the TTL."""
+    return {**query_params(change), "lock_now": None if change.database_clock else change.now}

@@ -39,7 +39,12 @@ class JobInsert:
 
 @dataclass(frozen=True, slots=True)
 class JobLease:
-    """Claim up to ``limit`` jobs; each gets the lease (and handler version) of its type."""
+    """Claim up to ``limit`` jobs; each gets the lease (and handler version) of its type.
+
+    ``now`` decides which jobs are due (``run_at``). The lease itself (``leased_at``,
+    ``lease_deadline``) is granted in ``now`` too, unless ``database_clock``: then in
+    the database's own time, the one clock every worker's leases are judged by.
+    """
 
     worker_id: str
     owner_token: str
@@ -50,14 +55,27 @@ class JobLease:
     lease_for: Mapping[str, float] = field(default_factory=dict)
     version_for: Mapping[str, str] = field(default_factory=dict)
     queues: Sequence[str] | None = None
+    database_clock: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class LeaseExtend:
+    """The heartbeat: the lease ends ``lease_seconds`` after ``now`` (after the database's
+    own now with ``database_clock``, as ``JobLease`` granted it). With ``more``, other
+    leases too, in the same statement (a worker's heartbeat for every lease it holds):
+    ``job_transition`` is then True only if every one of them was still held; on False
+    the caller extends them one by one to learn which were lost (twice is harmless)."""
+
     job_id: int
     owner_token: str
     now: float
     lease_seconds: float
+    database_clock: bool = False
+    # Further (job id, owner token) pairs extended by the same seconds.
+    more: tuple[tuple[int, str], ...] = ()
+
+    def leases(self) -> list[tuple[int, str]]:
+        return [(self.job_id, self.owner_token), *self.more]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,10 +133,15 @@ class CancelRequested:
 @dataclass(frozen=True, slots=True)
 class LeasesExpired:
     """Running jobs whose lease ended before ``now``, soonest expired first, as they are
-    before the reaper re-queues them (PostgreSQL skips rows another transaction holds)."""
+    before the reaper re-queues them (PostgreSQL skips rows another transaction holds).
+
+    With ``database_clock``: ended before the database's own now instead, the clock
+    ``JobLease`` and ``LeaseExtend`` granted the leases in when they had it.
+    """
 
     now: float
     limit: int
+    database_clock: bool = False
 
 
 JobQuery = JobFilter | CancelRequested | LeasesExpired

@@ -223,8 +223,13 @@ class Transaction(Protocol):
 
     # -- jobs -------------------------------------------------------------------------------
 
-    def job_insert(self, params: JobInsert) -> tuple[int, bool]:
-        """Insert a job; on a duplicate ``message_id`` return ``(existing_id, False)``."""
+    @overload
+    def job_insert(self, params: JobInsert) -> tuple[int, bool]: ...
+    @overload
+    def job_insert(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]: ...
+    def job_insert(self, params: JobInsert | Sequence[JobInsert]) -> Any:
+        """Insert a job; on a duplicate ``message_id`` return ``(existing_id, False)``. A
+        sequence: all in its order (one statement on PostgreSQL), one pair each."""
         ...
 
     def job_get(self, job_id: int) -> Job | None: ...
@@ -546,7 +551,8 @@ def idem_get(tx: Transaction, key: str) -> IdemRecord | None:
     return found[0] if found else None
 
 
-def lock_get(tx: Transaction, resource: str) -> Lock | None:
-    """The lock row of ``resource`` (held or not), if there is one."""
-    found = tx.lock_list(LockFilter(resource=resource))
+def lock_get(tx: Transaction, resource: str, now: float | None = None) -> Lock | None:
+    """The lock row of ``resource`` (held or not), if there is one; ``expired`` judged in
+    ``now``, or in the database's clock when ``None``."""
+    found = tx.lock_list(LockFilter(resource=resource, now=now))
     return found[0] if found else None

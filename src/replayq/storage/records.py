@@ -140,6 +140,8 @@ class Lock:
     acquired_at: float | None
     expires_at: float | None
     hlc: int
+    expired: bool = False
+    """Held past ``expires_at`` (read by resource only: ``LockFilter(resource=...)``)."""
 
 
 @dataclass(frozen=True, slots=True)

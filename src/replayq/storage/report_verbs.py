@@ -34,6 +34,15 @@ from replayq.storage.reports import (
 )
 
 
+def by_state(query: str, states: Sequence[str] | None) -> str:
+    """``job_list`` / ``job_count``, or their ``_by_state`` form when only states kept in
+    a partial index (queued, running, dead, cancelled) are asked for: those never read
+    the history of succeeded jobs."""
+    if states is None or "succeeded" in states:
+        return query
+    return {"job_list": "job_list_by_state", "job_count": "job_count_by_state"}[query]
+
+
 class ReportVerbs:
     """The ``report`` verb, shared by every SQL backend."""
 
@@ -59,7 +68,7 @@ class ReportVerbs:
     def _job_count(self, query: JobCount) -> int:
         where = query.filter
         row = self.fetchone(
-            "job_count",
+            by_state("job_count", where.states),
             {
                 "states": self.list_param(where.states),
                 "job_type": where.job_type,

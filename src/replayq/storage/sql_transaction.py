@@ -8,7 +8,7 @@ one implementation serves both; what differs lives in each ``queries.sql``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, overload
 
 from replayq import codec
 from replayq.errors import ConfigurationError
@@ -62,7 +62,7 @@ from replayq.storage.records import (
     RoutingEvent,
     RoutingRecord,
 )
-from replayq.storage.report_verbs import ReportVerbs
+from replayq.storage.report_verbs import ReportVerbs, by_state
 
 # Above every job id (BIGINT's largest): the bound of a job list's first page.
 LAST_ID = 2**63 - 1
@@ -121,7 +121,6 @@ _EVENT_COLUMNS = (
 
 # The named query of each compare-and-set on a job row (``JobBury`` picks one of two).
 _JOB_QUERIES: dict[type[Any], str] = {
-    LeaseExtend: "lease_extend",
     JobComplete: "job_complete",
     JobRetry: "job_retry",
     JobCancel: "job_cancel",
@@ -134,6 +133,12 @@ _JOB_QUERIES: dict[type[Any], str] = {
     JobRoute: "job_route",
     JobSetRecorded: "job_set_recorded",
 }
+
+
+def lease_now(now: float, database_clock: bool) -> float | None:
+    """The ``lease_now`` parameter of the lease queries: ``NULL`` lets the database's own
+    clock judge the lease (``COALESCE(:lease_now, <the database's now>)``)."""
+    return None if database_clock else now
 
 
 def row_to_job(row: Mapping[str, Any]) -> Job:
@@ -164,6 +169,10 @@ class SqlTransaction(ReportVerbs, ContextVerbs):
         """How a list parameter is passed (SQLite: JSON text for ``json_each``)."""
         return None if values is None else codec.dumps(list(values))
 
+    def lease_pairs(self, leases: Sequence[tuple[int, str]]) -> dict[str, Any]:
+        """How (job id, owner token) pairs are passed (SQLite: one JSON array of pairs)."""
+        return {"leases": codec.dumps([list(pair) for pair in leases])}
+
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         return self.connection.execute(self._queries[name], params or {})
 
@@ -191,7 +200,22 @@ class SqlTransaction(ReportVerbs, ContextVerbs):
 
     # -- jobs -------------------------------------------------------------------------------
 
-    def job_insert(self, params: JobInsert) -> tuple[int, bool]:
+    @overload
+    def job_insert(self, params: JobInsert) -> tuple[int, bool]: ...
+    @overload
+    def job_insert(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]: ...
+    def job_insert(
+        self, params: JobInsert | Sequence[JobInsert]
+    ) -> tuple[int, bool] | list[tuple[int, bool]]:
+        if isinstance(params, JobInsert):
+            return self._job_insert_one(params)
+        return self._job_insert_many(params)
+
+    def _job_insert_many(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]:
+        """One insert each (SQLite: each is an in-process call, no round trip)."""
+        return [self._job_insert_one(p) for p in params]
+
+    def _job_insert_one(self, params: JobInsert) -> tuple[int, bool]:
         row = self.fetchone("job_insert", query_params(params))
         if row is not None:
             return int(row["id"]), True
@@ -215,7 +239,7 @@ class SqlTransaction(ReportVerbs, ContextVerbs):
                     "job_id": candidate["id"],
                     "owner_token": params.owner_token,
                     "worker_id": params.worker_id,
-                    "now": params.now,
+                    "lease_now": lease_now(params.now, params.database_clock),
                     "hlc": params.hlc,
                     "lease_seconds": params.lease_for.get(
                         candidate["job_type"], params.default_lease_seconds
@@ -234,6 +258,14 @@ class SqlTransaction(ReportVerbs, ContextVerbs):
     def job_transition(self, change: JobChange | JobReroute) -> Any:
         if isinstance(change, JobReroute):
             return int(self.execute("job_reroute", query_params(change)).rowcount)
+        if isinstance(change, LeaseExtend):
+            leases = change.leases()
+            values = {
+                "lease_now": lease_now(change.now, change.database_clock),
+                "lease_seconds": change.lease_seconds,
+            }
+            extended = self.execute("lease_extend", {**values, **self.lease_pairs(leases)})
+            return bool(extended.rowcount == len(set(leases)))
         if isinstance(change, JobBury):
             query = "job_bury_queued" if change.owner_token is None else "job_bury_owned"
         else:
@@ -249,10 +281,11 @@ class SqlTransaction(ReportVerbs, ContextVerbs):
             rows = self.fetchall("job_cancel_requested", {"worker_id": params.worker_id})
             return [row_to_job(r) for r in rows]
         if isinstance(params, LeasesExpired):
-            rows = self.fetchall("lease_reap", {"now": params.now, "limit": params.limit})
+            values = {"lease_now": lease_now(params.now, params.database_clock)}
+            rows = self.fetchall("lease_reap", {**values, "limit": params.limit})
             return [row_to_job(r) for r in rows]
         rows = self.fetchall(
-            "job_list",
+            by_state("job_list", params.states),
             {
                 "states": self.list_param(params.states),
                 "job_type": params.job_type,

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from replayq.errors import DatabaseUnavailableError, ReplayqError
 from replayq.queue import lifecycle as trace
 from replayq.storage.params import CancelRequested
-from replayq.storage.protocol import LeaseExtend
+from replayq.storage.protocol import LeaseExtend, Transaction
 from replayq.storage.reconnect import Backoff
 from replayq.worker.core import InFlight, WorkerCore
 
@@ -58,20 +58,21 @@ class Heartbeat(WorkerCore):
         with self.runtime.storage.transaction() as tx:
             events = []
             asked_to_stop = {j.id for j in tx.job_list(CancelRequested(self.worker_id))}
+            extending = []
             for flight in flights:
-                job = flight.job
-                assert job.owner_token is not None
-                if job.id in asked_to_stop:
+                if flight.job.id in asked_to_stop:
                     # Not extended: a handler that reaches no step boundary within the
                     # lease is cancelled by the reaper, its late writes fenced.
                     if not flight.cancel.is_set():
-                        log.info("job %s: asked to stop; it stops at its next step", job.id)
+                        log.info("job %s: asked to stop; it stops at its next step", flight.job.id)
                     flight.cancel.set()
                     flight.next_heartbeat = time.monotonic() + flight.heartbeat_seconds
-                    continue
-                extended = tx.job_transition(
-                    LeaseExtend(job.id, job.owner_token, now, flight.lease_seconds)
-                )
+                else:
+                    extending.append(flight)
+            held = _extend_held(tx, extending, now, self.runtime.leases_by_database)
+            for flight in extending:
+                job = flight.job
+                extended = job.id in held
                 name = trace.LEASE_EXTENDED if extended else trace.LEASE_LOST
                 events.append(
                     trace.lifecycle(
@@ -90,3 +91,31 @@ class Heartbeat(WorkerCore):
         for flight in flights:
             if flight.ctx is not None and flight.ctx.locks.held and not flight.lost.is_set():
                 flight.ctx.locks.renew_all()
+
+
+def _extend_held(
+    tx: Transaction, flights: Sequence[InFlight], now: float, database_clock: bool
+) -> set[int]:
+    """Extend the flights' leases; the ids of those still held.
+
+    One statement per lease length (usually one: a batch of one job type) for every
+    lease it covers; only when one of them was lost are they extended one by one, to
+    learn which.
+    """
+    by_seconds: dict[float, list[tuple[int, str]]] = {}
+    for flight in flights:
+        assert flight.job.owner_token is not None
+        by_seconds.setdefault(flight.lease_seconds, []).append(
+            (flight.job.id, flight.job.owner_token)
+        )
+    held: set[int] = set()
+    for seconds, leases in by_seconds.items():
+        (job_id, token), *more = leases
+        extend = LeaseExtend(job_id, token, now, seconds, database_clock, tuple(more))
+        if tx.job_transition(extend):
+            held.update(job_id for job_id, _ in leases)
+            continue
+        for job_id, token in leases:
+            if tx.job_transition(LeaseExtend(job_id, token, now, seconds, database_clock)):
+                held.add(job_id)
+    return held

@@ -43,6 +43,7 @@ class Leasing(WorkerCore):
             lease_for={t: h.contract.lease for t, h in handlers.items()},
             version_for={t: h.contract.version for t, h in handlers.items() if t not in routed},
             queues=self.queues,
+            database_clock=self.runtime.leases_by_database,
         )
 
     def lease(self, limit: int) -> list[Job]:
@@ -99,7 +100,9 @@ class Leasing(WorkerCore):
     def _hold(self, jobs: Sequence[Job], now: float) -> None:
         """Jobs whose lease committed: track them for heartbeats and queue them to run."""
         for job in jobs:
-            lease_seconds = (job.lease_deadline or now) - now
+            # Both in the clock that granted the lease (the database's, or ``now``'s).
+            granted = job.leased_at if job.leased_at is not None else now
+            lease_seconds = (job.lease_deadline or granted) - granted
             handler = self._handler_or_none(job)
             beat = handler.contract.heartbeat if handler else lease_seconds / 3
             # heartbeat 0: a fixed visibility timeout, the lease is never extended.

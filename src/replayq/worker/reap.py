@@ -21,7 +21,9 @@ class Reaping(Outcomes):
         now = self.runtime.clock.now()
         count = 0
         with self.runtime.storage.transaction() as tx:
-            for job in tx.job_list(LeasesExpired(now, 100)):
+            for job in tx.job_list(
+                LeasesExpired(now, 100, database_clock=self.runtime.leases_by_database)
+            ):
                 self.runtime.hlc.observe(job.hlc)
                 self.observers.job_seen(job)
                 log.warning(

@@ -7,6 +7,10 @@ Known limits, up front:
   ``UPDATE … FROM (SELECT … FOR UPDATE SKIP LOCKED)`` statement, and every later
   state change is ``WHERE id = … AND owner_token = … AND state = 'running'``.
   Read-only calls (listing, traces) run in ``READ ONLY`` transactions.
+* Leases are judged by the server's clock (``statement_timestamp()``) when the
+  worker's app runs on the real clock: granted, extended and reaped in one time
+  whatever each worker host's clock says; an injected test clock judges them itself.
+  Which jobs are due (``run_at``) is still read in the worker's clock.
 * Per-key ordering: the lease query only offers the oldest unfinished job of an
   ordering key, and only while no job of that key is running. Two claimers whose
   statement snapshots differ (an enqueue that committed late with a lower id)
@@ -64,6 +68,7 @@ Known limits, up front:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import select
@@ -84,9 +89,9 @@ from replayq.model import Job
 from replayq.redaction import mask_url_passwords
 from replayq.storage import migrate
 from replayq.storage.adopted import AsyncConnectionView, TupleRows
-from replayq.storage.protocol import JobLease, Listener, MigrationStatus
+from replayq.storage.protocol import JobInsert, JobLease, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
-from replayq.storage.sql_transaction import SqlTransaction, row_to_job
+from replayq.storage.sql_transaction import SqlTransaction, lease_now, row_to_job
 
 log = logging.getLogger("replayq.storage.postgres")
 
@@ -207,6 +212,33 @@ class PostgresTransaction(SqlTransaction):
         """A Python list, bound as an array for ``= ANY(%(x)s::text[])`` (or ``bigint[]``)."""
         return None if values is None else list(values)
 
+    def _job_insert_many(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]:
+        """All in one ``INSERT ... SELECT FROM unnest(...)``; duplicates looked up after."""
+        if not params:
+            return []
+        columns = [f.name for f in dataclasses.fields(JobInsert)]
+        rows = self.fetchall(
+            "job_insert_many",
+            {name: [getattr(p, name) for p in params] for name in columns},
+        )
+        inserted = {row["trace_id"]: int(row["id"]) for row in rows}
+        found: list[tuple[int, bool]] = []
+        for p in params:
+            job_id = inserted.get(p.trace_id)
+            if job_id is not None:
+                found.append((job_id, True))
+                continue
+            existing = self.fetchone("job_by_message_id", {"message_id": p.message_id})
+            found.append((int(existing["id"]), False))
+        return found
+
+    def lease_pairs(self, leases: Sequence[tuple[int, str]]) -> dict[str, Any]:
+        """(job id, owner token) pairs as two arrays of the same length, for ``unnest``."""
+        return {
+            "job_ids": [job_id for job_id, _ in leases],
+            "owner_tokens": [token for _, token in leases],
+        }
+
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         try:
             return super().execute(name, params)
@@ -232,6 +264,7 @@ class PostgresTransaction(SqlTransaction):
         """
         query_params = {
             "now": params.now,
+            "lease_now": lease_now(params.now, params.database_clock),
             "queues": self.list_param(params.queues),
             "limit": params.limit,
             "owner_token": params.owner_token,

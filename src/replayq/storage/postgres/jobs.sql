@@ -22,6 +22,40 @@ WITH inserted AS (
 SELECT id, CASE WHEN run_at <= %(now)s THEN pg_notify('replayq_jobs', queue) END AS woke
 FROM inserted;
 
+-- name: job_insert_many
+-- job_insert for many jobs in one statement (enqueue_many): one array per column, rows
+-- inserted in the order given (so ids, and per-key FIFO, follow it). A duplicate
+-- message_id (an existing job's, or an earlier row's of the same batch) inserts nothing
+-- and returns no row; the caller finds the job it names. Each row's trace_id is new, so
+-- the caller maps the returned ids back to its rows by it.
+WITH given AS (
+    SELECT * FROM unnest(
+        %(job_type)s::text[], %(queue)s::text[], %(payload_json)s::text[], %(priority)s::integer[],
+        %(run_at)s::float8[], %(now)s::float8[], %(max_attempts)s::integer[],
+        %(trace_id)s::text[], %(message_id)s::text[], %(ordering_key)s::text[],
+        %(idempotency_key)s::text[], %(handler_version)s::text[], %(hlc)s::bigint[],
+        %(correlation_id)s::text[], %(causation_id)s::text[], %(origin)s::text[],
+        %(trace_context)s::text[])
+    WITH ORDINALITY AS g(job_type, queue, payload, priority, run_at, created_at, max_attempts,
+                         trace_id, message_id, ordering_key, idempotency_key, handler_version,
+                         hlc, correlation_id, causation_id, origin, trace_context, n)
+), inserted AS (
+    INSERT INTO rq_jobs (job_type, queue, payload, state, priority, run_at, created_at,
+                         max_attempts, trace_id, message_id, ordering_key, idempotency_key,
+                         handler_version, hlc, correlation_id, causation_id, origin,
+                         trace_context)
+    SELECT job_type, queue, payload, 'queued', priority, run_at, created_at, max_attempts,
+           trace_id, message_id, ordering_key, idempotency_key, handler_version, hlc,
+           correlation_id, causation_id, origin, trace_context
+    FROM given ORDER BY n
+    ON CONFLICT (message_id) DO NOTHING
+    RETURNING id, trace_id, queue, run_at, created_at
+)
+-- The wake-up as job_insert sends it (identical notifications fold into one at commit).
+SELECT id, trace_id,
+       CASE WHEN run_at <= created_at THEN pg_notify('replayq_jobs', queue) END AS woke
+FROM inserted;
+
 -- name: job_by_message_id
 SELECT id FROM rq_jobs WHERE message_id = %(message_id)s::text;
 
@@ -31,9 +65,14 @@ SELECT * FROM rq_jobs WHERE id = %(job_id)s;
 -- name: job_lease_one
 -- Claims one given job. The worker claims with job_lease_batch; this single-row form
 -- lets tests show that rq_jobs_one_running_per_key refuses a second running job of a key.
+-- Leases are granted, extended and reaped in %(lease_now)s, or when it is NULL in the
+-- server's own now (statement_timestamp(): one value for the whole statement), so that
+-- workers on hosts whose clocks disagree judge every lease by one clock.
 UPDATE rq_jobs
 SET state = 'running', attempt = attempt + 1, owner_token = %(owner_token)s,
-    worker_id = %(worker_id)s, leased_at = %(now)s, lease_deadline = %(now)s + %(lease_seconds)s,
+    worker_id = %(worker_id)s,
+    leased_at = COALESCE(%(lease_now)s::float8, extract(epoch FROM statement_timestamp())::float8),
+    lease_deadline = COALESCE(%(lease_now)s::float8, extract(epoch FROM statement_timestamp())::float8) + %(lease_seconds)s,
     handler_version = COALESCE(handler_version, %(handler_version)s::text), hlc = GREATEST(hlc + 1, %(hlc)s)
 WHERE id = %(job_id)s AND state = 'queued'
 RETURNING *;
@@ -62,9 +101,10 @@ WITH candidates AS (
 )
 UPDATE rq_jobs AS j
 SET state = 'running', attempt = j.attempt + 1, owner_token = %(owner_token)s,
-    worker_id = %(worker_id)s, leased_at = %(now)s,
-    lease_deadline = %(now)s + COALESCE((%(lease_for)s::jsonb ->> j.job_type)::float8,
-                                        %(default_lease_seconds)s),
+    worker_id = %(worker_id)s,
+    leased_at = COALESCE(%(lease_now)s::float8, extract(epoch FROM statement_timestamp())::float8),
+    lease_deadline = COALESCE(%(lease_now)s::float8, extract(epoch FROM statement_timestamp())::float8)
+        + COALESCE((%(lease_for)s::jsonb ->> j.job_type)::float8, %(default_lease_seconds)s),
     -- A job keeps the version of its first lease through every later attempt.
     handler_version = COALESCE(j.handler_version, %(version_for)s::jsonb ->> j.job_type),
     hlc = GREATEST(j.hlc + 1, %(hlc)s)
@@ -82,8 +122,11 @@ WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running'
 FOR SHARE;
 
 -- name: lease_extend
-UPDATE rq_jobs SET lease_deadline = %(now)s + %(lease_seconds)s
-WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running';
+-- Every lease of the pairs (job_ids[i], owner_tokens[i]) in one statement.
+UPDATE rq_jobs AS j
+SET lease_deadline = COALESCE(%(lease_now)s::float8, extract(epoch FROM statement_timestamp())::float8) + %(lease_seconds)s
+FROM unnest(%(job_ids)s::bigint[], %(owner_tokens)s::text[]) AS l(id, owner_token)
+WHERE j.id = l.id AND j.owner_token = l.owner_token AND j.state = 'running';
 
 -- name: job_complete
 UPDATE rq_jobs
@@ -150,7 +193,8 @@ SELECT pg_notify('replayq_jobs', queue) FROM requeued;
 -- SKIP LOCKED: two reapers (or a reaper and the job's own settle) never wait on each
 -- other; whatever one skips, the next reap finds. The caller's redeliver is a CAS.
 SELECT * FROM rq_jobs
-WHERE state = 'running' AND lease_deadline < %(now)s
+WHERE state = 'running'
+  AND lease_deadline < COALESCE(%(lease_now)s::float8, extract(epoch FROM statement_timestamp())::float8)
 ORDER BY lease_deadline
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED;
@@ -208,6 +252,57 @@ WHERE (%(states)s::text[] IS NULL OR state = ANY(%(states)s::text[]))
   AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
   AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
   AND (%(version)s::text IS NULL OR handler_version = %(version)s::text);
+
+-- name: job_list_by_state
+-- job_list when :states is given and does not name 'succeeded' (the caller picks it): each
+-- state is read from the partial index it lives in (rq_jobs_ready, rq_jobs_lease_deadline,
+-- rq_jobs_failed), never from the history of succeeded jobs, so `jobs list --state dead`
+-- costs the same at a million finished jobs as at none. A branch whose state is not
+-- asked for is skipped before it reads a row (its state test does not depend on the row).
+SELECT * FROM (
+    (SELECT * FROM rq_jobs
+     WHERE state = 'queued' AND 'queued' = ANY(%(states)s::text[])
+       AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+        AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
+        AND (%(version)s::text IS NULL OR handler_version = %(version)s::text)
+       AND id < %(before)s::bigint
+     ORDER BY id DESC LIMIT %(limit)s)
+    UNION ALL
+    (SELECT * FROM rq_jobs
+     WHERE state = 'running' AND 'running' = ANY(%(states)s::text[])
+       AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+        AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
+        AND (%(version)s::text IS NULL OR handler_version = %(version)s::text)
+       AND id < %(before)s::bigint
+     ORDER BY id DESC LIMIT %(limit)s)
+    UNION ALL
+    (SELECT * FROM rq_jobs
+     WHERE state IN ('dead', 'cancelled') AND state = ANY(%(states)s::text[])
+       AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+        AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
+        AND (%(version)s::text IS NULL OR handler_version = %(version)s::text)
+       AND id < %(before)s::bigint
+     ORDER BY id DESC LIMIT %(limit)s)) AS listed
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: job_count_by_state
+-- job_count for the states job_list_by_state reads, from the same partial indexes.
+SELECT (SELECT count(*) FROM rq_jobs
+        WHERE state = 'queued' AND 'queued' = ANY(%(states)s::text[])
+        AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+        AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
+        AND (%(version)s::text IS NULL OR handler_version = %(version)s::text))
+     + (SELECT count(*) FROM rq_jobs
+        WHERE state = 'running' AND 'running' = ANY(%(states)s::text[])
+        AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+        AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
+        AND (%(version)s::text IS NULL OR handler_version = %(version)s::text))
+     + (SELECT count(*) FROM rq_jobs
+        WHERE state IN ('dead', 'cancelled') AND state = ANY(%(states)s::text[])
+        AND (%(job_type)s::text IS NULL OR job_type = %(job_type)s::text)
+        AND (%(origin)s::text IS NULL OR origin = %(origin)s::text)
+        AND (%(version)s::text IS NULL OR handler_version = %(version)s::text)) AS count;
 
 -- name: job_match
 -- Bulk actions: the ids of production jobs matching every given filter, oldest first.

@@ -1,10 +1,13 @@
 -- Lease locks with owner tokens and a fencing token that grows with every acquisition.
+-- Lock TTLs are judged by :lock_now, or when it is NULL by the database's own clock
+-- (one clock for every worker: a worker whose clock runs fast cannot take a live lock).
 -- PostgreSQL flavour of storage/sqlite/locks.sql: same query names and parameters.
 
 -- name: lock_acquire
 INSERT INTO rq_locks (resource, owner_token, fencing_token, job_id, worker_id, acquired_at,
                       expires_at, hlc)
-VALUES (%(resource)s, %(owner_token)s, 1, %(job_id)s, %(worker_id)s, %(now)s, %(now)s + %(ttl)s, %(hlc)s)
+VALUES (%(resource)s, %(owner_token)s, 1, %(job_id)s, %(worker_id)s, COALESCE(%(lock_now)s::float8, extract(epoch FROM statement_timestamp())::float8),
+        COALESCE(%(lock_now)s::float8, extract(epoch FROM statement_timestamp())::float8) + %(ttl)s, %(hlc)s)
 ON CONFLICT (resource) DO UPDATE
 SET owner_token = excluded.owner_token,
     fencing_token = rq_locks.fencing_token + 1,
@@ -13,14 +16,17 @@ SET owner_token = excluded.owner_token,
     acquired_at = excluded.acquired_at,
     expires_at = excluded.expires_at,
     hlc = GREATEST(rq_locks.hlc + 1, excluded.hlc)
-WHERE rq_locks.owner_token IS NULL OR rq_locks.expires_at < %(now)s
+WHERE rq_locks.owner_token IS NULL OR rq_locks.expires_at < COALESCE(%(lock_now)s::float8, extract(epoch FROM statement_timestamp())::float8)
 RETURNING fencing_token, hlc;
 
 -- name: lock_get
-SELECT * FROM rq_locks WHERE resource = %(resource)s;
+-- ``expired``: the lease ran out, judged like the acquisition (the database's clock unless
+-- :lock_now is given).
+SELECT *, (expires_at IS NOT NULL AND expires_at < COALESCE(%(lock_now)s::float8, extract(epoch FROM statement_timestamp())::float8)) AS expired
+FROM rq_locks WHERE resource = %(resource)s;
 
 -- name: lock_renew
-UPDATE rq_locks SET expires_at = %(now)s + %(ttl)s
+UPDATE rq_locks SET expires_at = COALESCE(%(lock_now)s::float8, extract(epoch FROM statement_timestamp())::float8) + %(ttl)s
 WHERE resource = %(resource)s AND owner_token = %(owner_token)s;
 
 -- name: lock_release

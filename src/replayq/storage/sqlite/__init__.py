@@ -16,6 +16,9 @@ Known limits, up front:
   too (``_UNAVAILABLE_CODES``); nothing was written, and they clear by themselves
   or by an operator's hand, so retrying is right. A failed ``ROLLBACK`` after such
   a fault is ignored: the original error is the one reported.
+* Leases are judged by SQLite's own clock (``julianday('now')``: the host's, which
+  every process on the file shares) when the worker's app runs on the real clock,
+  not by each worker's reading of it; an injected test clock judges them itself.
 * Database files are created ``0600`` (the WAL and shared-memory files inherit
   the mode): traces hold payloads and call arguments.
 * Many worker *processes* on one host share the file safely; many *hosts* must

@@ -38,9 +38,14 @@ ORDER BY j.priority DESC, j.run_at, j.id
 LIMIT :limit;
 
 -- name: job_lease_one
+-- Leases are granted, extended and reaped in :lease_now, or when it is NULL in SQLite's
+-- own now: the host's clock, which every process on the file shares (julianday('now') is
+-- one value for the whole statement, to the millisecond; unixepoch('subsec') needs 3.42).
 UPDATE rq_jobs
 SET state = 'running', attempt = attempt + 1, owner_token = :owner_token,
-    worker_id = :worker_id, leased_at = :now, lease_deadline = :now + :lease_seconds,
+    worker_id = :worker_id,
+    leased_at = COALESCE(:lease_now, (julianday('now') - 2440587.5) * 86400.0),
+    lease_deadline = COALESCE(:lease_now, (julianday('now') - 2440587.5) * 86400.0) + :lease_seconds,
     -- A job keeps the version of its first lease through every later attempt.
     handler_version = COALESCE(handler_version, :handler_version), hlc = MAX(hlc + 1, :hlc)
 WHERE id = :job_id AND state = 'queued'
@@ -54,8 +59,14 @@ SELECT id FROM rq_jobs
 WHERE id = :job_id AND owner_token = :owner_token AND state = 'running';
 
 -- name: lease_extend
-UPDATE rq_jobs SET lease_deadline = :now + :lease_seconds
-WHERE id = :job_id AND owner_token = :owner_token AND state = 'running';
+-- Every lease in :leases (a JSON array of [job id, owner token]) in one statement: the
+-- ids are rowid seeks, each row's token compared with its own pair's.
+UPDATE rq_jobs
+SET lease_deadline = COALESCE(:lease_now, (julianday('now') - 2440587.5) * 86400.0) + :lease_seconds
+WHERE id IN (SELECT json_extract(value, '$[0]') FROM json_each(:leases))
+  AND state = 'running'
+  AND owner_token = (SELECT json_extract(l.value, '$[1]') FROM json_each(:leases) AS l
+                     WHERE json_extract(l.value, '$[0]') = rq_jobs.id);
 
 -- name: job_complete
 UPDATE rq_jobs
@@ -125,7 +136,8 @@ WHERE id = :job_id AND state = 'dead';
 
 -- name: lease_reap
 SELECT * FROM rq_jobs
-WHERE state = 'running' AND lease_deadline < :now
+WHERE state = 'running'
+  AND lease_deadline < COALESCE(:lease_now, (julianday('now') - 2440587.5) * 86400.0)
 ORDER BY lease_deadline
 LIMIT :limit;
 
@@ -160,6 +172,60 @@ WHERE (:states IS NULL OR state IN (SELECT value FROM json_each(:states)))
   AND (:job_type IS NULL OR job_type = :job_type)
   AND (:origin IS NULL OR origin = :origin)
   AND (:version IS NULL OR handler_version = :version);
+
+-- name: job_list_by_state
+-- job_list when :states is given and does not name 'succeeded' (the caller picks it): each
+-- state is read from the partial index it lives in (rq_jobs_ready, rq_jobs_lease_deadline,
+-- rq_jobs_failed), never from the history of succeeded jobs, so `jobs list --state dead`
+-- costs the same at a million finished jobs as at none. A branch whose state is not
+-- asked for is skipped before it reads a row (its state test does not depend on the row).
+SELECT * FROM (
+    SELECT * FROM (
+        SELECT * FROM rq_jobs INDEXED BY rq_jobs_ready
+        WHERE state = 'queued' AND 'queued' IN (SELECT value FROM json_each(:states))
+        AND (:job_type IS NULL OR job_type = :job_type)
+        AND (:origin IS NULL OR origin = :origin)
+        AND (:version IS NULL OR handler_version = :version)
+        AND id < :before
+        ORDER BY id DESC LIMIT :limit)
+    UNION ALL
+    SELECT * FROM (
+        SELECT * FROM rq_jobs INDEXED BY rq_jobs_lease_deadline
+        WHERE state = 'running' AND 'running' IN (SELECT value FROM json_each(:states))
+        AND (:job_type IS NULL OR job_type = :job_type)
+        AND (:origin IS NULL OR origin = :origin)
+        AND (:version IS NULL OR handler_version = :version)
+        AND id < :before
+        ORDER BY id DESC LIMIT :limit)
+    UNION ALL
+    SELECT * FROM (
+        SELECT * FROM rq_jobs INDEXED BY rq_jobs_failed
+        WHERE state IN ('dead', 'cancelled') AND state IN (SELECT value FROM json_each(:states))
+        AND (:job_type IS NULL OR job_type = :job_type)
+        AND (:origin IS NULL OR origin = :origin)
+        AND (:version IS NULL OR handler_version = :version)
+        AND id < :before
+        ORDER BY id DESC LIMIT :limit))
+ORDER BY id DESC
+LIMIT :limit;
+
+-- name: job_count_by_state
+-- job_count for the states job_list_by_state reads, from the same partial indexes.
+SELECT (SELECT count(*) FROM rq_jobs INDEXED BY rq_jobs_ready
+        WHERE state = 'queued' AND 'queued' IN (SELECT value FROM json_each(:states))
+        AND (:job_type IS NULL OR job_type = :job_type)
+        AND (:origin IS NULL OR origin = :origin)
+        AND (:version IS NULL OR handler_version = :version))
+     + (SELECT count(*) FROM rq_jobs INDEXED BY rq_jobs_lease_deadline
+        WHERE state = 'running' AND 'running' IN (SELECT value FROM json_each(:states))
+        AND (:job_type IS NULL OR job_type = :job_type)
+        AND (:origin IS NULL OR origin = :origin)
+        AND (:version IS NULL OR handler_version = :version))
+     + (SELECT count(*) FROM rq_jobs INDEXED BY rq_jobs_failed
+        WHERE state IN ('dead', 'cancelled') AND state IN (SELECT value FROM json_each(:states))
+        AND (:job_type IS NULL OR job_type = :job_type)
+        AND (:origin IS NULL OR origin = :origin)
+        AND (:version IS NULL OR handler_version = :version)) AS count;
 
 -- name: job_match
 -- Bulk actions: the ids of production jobs matching every given filter, oldest first.

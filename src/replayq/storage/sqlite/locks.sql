@@ -1,9 +1,12 @@
 -- Lease locks with owner tokens and a fencing token that grows with every acquisition.
+-- Lock TTLs are judged by :lock_now, or when it is NULL by the database's own clock
+-- (one clock for every worker: a worker whose clock runs fast cannot take a live lock).
 
 -- name: lock_acquire
 INSERT INTO rq_locks (resource, owner_token, fencing_token, job_id, worker_id, acquired_at,
                       expires_at, hlc)
-VALUES (:resource, :owner_token, 1, :job_id, :worker_id, :now, :now + :ttl, :hlc)
+VALUES (:resource, :owner_token, 1, :job_id, :worker_id, COALESCE(:lock_now, (julianday('now') - 2440587.5) * 86400.0),
+        COALESCE(:lock_now, (julianday('now') - 2440587.5) * 86400.0) + :ttl, :hlc)
 ON CONFLICT (resource) DO UPDATE
 SET owner_token = excluded.owner_token,
     fencing_token = rq_locks.fencing_token + 1,
@@ -12,14 +15,17 @@ SET owner_token = excluded.owner_token,
     acquired_at = excluded.acquired_at,
     expires_at = excluded.expires_at,
     hlc = MAX(rq_locks.hlc + 1, excluded.hlc)
-WHERE rq_locks.owner_token IS NULL OR rq_locks.expires_at < :now
+WHERE rq_locks.owner_token IS NULL OR rq_locks.expires_at < COALESCE(:lock_now, (julianday('now') - 2440587.5) * 86400.0)
 RETURNING fencing_token, hlc;
 
 -- name: lock_get
-SELECT * FROM rq_locks WHERE resource = :resource;
+-- ``expired``: the lease ran out, judged like the acquisition (the database's clock unless
+-- :lock_now is given).
+SELECT *, (expires_at IS NOT NULL AND expires_at < COALESCE(:lock_now, (julianday('now') - 2440587.5) * 86400.0)) AS expired
+FROM rq_locks WHERE resource = :resource;
 
 -- name: lock_renew
-UPDATE rq_locks SET expires_at = :now + :ttl
+UPDATE rq_locks SET expires_at = COALESCE(:lock_now, (julianday('now') - 2440587.5) * 86400.0) + :ttl
 WHERE resource = :resource AND owner_token = :owner_token;
 
 -- name: lock_release

@@ -310,3 +310,5 @@ CREATE TABLE rq_job_hours (
     attempts  INTEGER NOT NULL,
     PRIMARY KEY (job_type, version, hour, state)
 );
+
+CREATE INDEX rq_jobs_failed ON rq_jobs (state, id) WHERE state IN ('dead', 'cancelled');
