@@ -60,7 +60,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -394,6 +394,7 @@ def requests(jobs: int) -> list[replayq.EnqueueRequest]:
 class Drained:
     seconds: float
     transactions: int
+    cpu_seconds: float = 0.0  # this process's CPU time (all threads): load does not inflate it
 
 
 def drain(side: str, place: Place, opts: Options) -> Drained:
@@ -405,13 +406,14 @@ def drain(side: str, place: Place, opts: Options) -> Drained:
         app.enqueue_many(requests(opts.jobs))
         worker = replayq.Worker(app, burst=True, worker_id=f"bench-{side}")
         TRANSACTIONS[0] = 0
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         stats = worker.run()
         elapsed = time.perf_counter() - started
+        cpu = time.process_time() - cpu_started
         transactions = TRANSACTIONS[0]
         if stats.succeeded != opts.jobs:
             raise SystemExit(f"{side}: {stats.succeeded} of {opts.jobs} jobs succeeded: {stats}")
-        return Drained(elapsed, transactions)
+        return Drained(elapsed, transactions, cpu)
     finally:
         app.close()
         if db is not None:
@@ -507,11 +509,13 @@ class Runs:
     times: dict[str, list[float]]
     transactions: dict[str, list[int]]
     last: dict[str, Place]
+    cpu: dict[str, list[float]] = field(default_factory=dict)
 
 
 def run(opts: Options) -> Runs:
     _count_storage_transactions()
     runs = Runs({side: [] for side in SIDES}, {side: [] for side in SIDES}, {})
+    runs.cpu = {side: [] for side in SIDES}
     warm = Options(min(200, opts.jobs), 1, opts.lines, opts.workdir, opts.backend, opts.schemas)
     for side in SIDES:  # imports, statement caches, first-file effects: not measured
         drain(side, warm.place(f"warmup-{side.replace(' ', '-')}"), warm)
@@ -523,6 +527,7 @@ def run(opts: Options) -> Runs:
             drained = drain(side, place, opts)
             runs.times[side].append(drained.seconds)
             runs.transactions[side].append(drained.transactions)
+            runs.cpu[side].append(drained.cpu_seconds)
             runs.last[side] = place
         print(
             f"  run {number + 1}/{opts.repeat}: "
@@ -535,15 +540,30 @@ def run(opts: Options) -> Runs:
 # -- profile --------------------------------------------------------------------------------
 
 
-def run_inline(side: str, path: Path, opts: Options, profiler: cProfile.Profile | None) -> float:
-    """Lease + execute one job at a time on this thread (no executor threads); seconds."""
+INLINE_STATEMENTS = [0]
+
+
+def run_inline(
+    side: str,
+    path: Path,
+    opts: Options,
+    profiler: cProfile.Profile | None,
+    *,
+    clock: Callable[[], float] = time.perf_counter,
+    count: list[int] | None = None,
+) -> float:
+    """Lease + execute one job at a time on this thread (no executor threads); seconds of
+    ``clock``. With ``count`` (a statement counter) its drain's statements go to
+    ``INLINE_STATEMENTS``."""
     app, db = open_app(side, Place("sqlite", f"sqlite:///{path}", path, ""), opts.lines)
     try:
         app.enqueue_many(requests(opts.jobs))
         app.register_contracts()
         worker = replayq.Worker(app, worker_id=f"profile-{side}")
         SQL_TIME.clear()  # only the drain's statements count, not the setup's
-        started = time.perf_counter()
+        if count is not None:
+            count[0] = 0
+        started = clock()
         if profiler is not None:
             profiler.enable()
         while leased := worker.lease(1):
@@ -552,7 +572,10 @@ def run_inline(side: str, path: Path, opts: Options, profiler: cProfile.Profile 
                 worker._inflight.pop(job.id, None)  # what the executor thread does after a job
         if profiler is not None:
             profiler.disable()
-        return time.perf_counter() - started
+        elapsed = clock() - started
+        if count is not None:
+            INLINE_STATEMENTS[0] = count[0]
+        return elapsed
     finally:
         app.close()
         if db is not None:
@@ -750,6 +773,62 @@ def profile_report(opts: Options) -> str:
     return "\n".join(lines)
 
 
+# -- CPU time and statements, inline -----------------------------------------------------
+
+
+def cpu_figures(opts: Options) -> dict[str, Any]:
+    """Inline runs (lease + execute on this thread), plain and traced interleaved
+    ``opts.repeat`` times: the least thread CPU time per job (what a loaded machine
+    inflates least), the SQL statements per job (``sqlite3`` trace callback) and, from
+    one more run of each under cProfile, the Python function calls per job."""
+    connect = sqlite3.connect
+    counted = [0]
+
+    def counting(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn = connect(*args, **kwargs)
+        conn.set_trace_callback(lambda _sql: counted.__setitem__(0, counted[0] + 1))
+        return conn
+
+    cpu: dict[str, list[float]] = {"plain": [], "traced": []}
+    statements: dict[str, float] = {}
+    for side in ("plain", "traced"):  # warm-up: imports, caches
+        run_inline(side, opts.workdir / f"cpu-warm-{side}.db", replace(opts, jobs=100), None)
+    for number in range(opts.repeat):
+        for side in ("plain", "traced") if number % 2 == 0 else ("traced", "plain"):
+            path = opts.workdir / f"cpu-{side}-{number}.db"
+            sqlite3.connect = counting  # type: ignore[assignment]
+            try:
+                started = time.thread_time()
+                counted[0] = 0
+                run_inline(side, path, opts, None, clock=time.thread_time, count=counted)
+            finally:
+                sqlite3.connect = connect
+            cpu[side].append(time.thread_time() - started)
+            statements[side] = INLINE_STATEMENTS[0] / opts.jobs
+    calls: dict[str, float] = {}
+    for side in ("plain", "traced"):  # Python function calls: the same on a loaded machine
+        profiler = cProfile.Profile()
+        run_inline(side, opts.workdir / f"calls-{side}.db", opts, profiler)
+        calls[side] = pstats.Stats(profiler).total_calls / opts.jobs  # type: ignore[attr-defined]
+    best = {side: min(values) / opts.jobs * 1e6 for side, values in cpu.items()}
+    return {
+        "benchmark": "context_overhead --cpu",
+        "backend": "sqlite",
+        "commit": commit(),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "load_average": load_average(),
+        "jobs": opts.jobs,
+        "repeat": opts.repeat,
+        "cpu_us_per_job": {side: round(v, 1) for side, v in best.items()},
+        "cpu_us_per_job_runs": {
+            side: [round(v / opts.jobs * 1e6, 1) for v in values] for side, values in cpu.items()
+        },
+        "cpu_overhead_pct": round((best["traced"] / best["plain"] - 1) * 100, 1),
+        "statements_per_job": {side: round(v, 2) for side, v in statements.items()},
+        "python_calls_per_job": {side: round(v) for side, v in calls.items()},
+    }
+
+
 # -- report ---------------------------------------------------------------------------------
 
 
@@ -790,6 +869,12 @@ def figures(opts: Options, runs: Runs) -> dict[str, Any]:
         "overhead_pct_runs": [round(p * 100, 1) for p in pct],
         "overhead_us_per_job": round(med(us), 1),
         "overhead_of_handler_pct": round(med(handler_pct) * 100, 1),
+        # The same from CPU time (this process, every thread): what load does not inflate.
+        "cpu_overhead_pct": round(
+            med([t / p - 1 for t, p in zip(runs.cpu["traced"], runs.cpu["plain"], strict=True)])
+            * 100,
+            1,
+        ),
     }
     for side in SIDES:
         tables = stored(runs.last[side])
@@ -800,6 +885,7 @@ def figures(opts: Options, runs: Runs) -> dict[str, Any]:
         out["sides"][side] = {
             "us_per_job": round(med(runs.times[side]) / n * 1e6, 1),
             "us_per_job_runs": [round(t / n * 1e6, 1) for t in runs.times[side]],
+            "cpu_us_per_job": round(med(runs.cpu[side]) / n * 1e6, 1),
             "transactions_per_job": round(med(runs.transactions[side]) / n, 2),
             "event_rows_per_job": round(events.rows / n, 2) if events else 0,
             "events_per_job": round(_query(runs.last[side], EVENTS)[0][0] / n, 2),
@@ -906,11 +992,19 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--keep", action="store_true", help="keep the databases afterwards")
     parser.add_argument("--profile", action="store_true", help="add an inline cProfile breakdown")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
+    parser.add_argument(
+        "--cpu",
+        action="store_true",
+        help="inline runs only: least thread CPU µs/job, SQL statements and Python calls/job",
+    )
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="replayq-ctx-bench-", dir=args.dir))
     schemas = PgSchemas(args.pg_url) if args.backend == "postgres" else None
     opts = Options(args.jobs, args.repeat, args.lines, workdir, args.backend, schemas)
     try:
+        if args.cpu:
+            print(json.dumps(cpu_figures(opts), indent=1))
+            return
         runs = run(opts)
         if args.json:
             print(json.dumps(figures(opts, runs), indent=1))

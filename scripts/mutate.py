@@ -93,6 +93,22 @@ BUGS: list[Bug] = [
             ("postgres", "%(job_id)s", "%(owner_token)s", "\nFOR SHARE;"),
         )
     ],
+    # A step's commit and an effect's claim and result check the lease in the insert of
+    # their trace pack (``trace_append_fenced``): drop the token there and they land.
+    *[
+        Bug(
+            f"commit-fencing-append-owner-token-{backend}",
+            "owner token",
+            f"WHERE id = {job_id} AND owner_token = {token}",
+            f"WHERE id = {job_id}",
+            (BARRIER, "tests/conformance/test_fencing.py"),
+            ".sql",
+        )
+        for backend, job_id, token in (
+            ("sqlite", ":fence_job_id", ":fence_owner_token"),
+            ("postgres", "%(fence_job_id)s::bigint", "%(fence_owner_token)s::text"),
+        )
+    ],
     Bug(
         "heartbeat-zero-lease-extended",
         "lease deadline",

@@ -64,44 +64,63 @@ def _utf8(text: str) -> bool:
     return True
 
 
-def _valid(value: Any, depth: int = 0) -> bool:
-    """Whether ``value`` is JSON (string keys, finite floats, UTF-8 text, at most
-    ``MAX_DEPTH`` deep): ``_check`` without building a path per element, which was most of
-    its cost. ``_check`` runs only to name a bad path."""
-    kind = type(value)
-    if kind is str:
-        return _utf8(value)
-    if kind is int or kind is bool or value is None:
-        return True
-    if kind is float:
-        return math.isfinite(value)
-    if depth > MAX_DEPTH:
-        return False
-    if kind is dict:
-        for key, item in value.items():
-            if not isinstance(key, str) or not _utf8(key) or not _valid(item, depth + 1):
-                return False
-        return True
-    if kind is list or kind is tuple:
-        return all(_valid(item, depth + 1) for item in value)
-    try:  # subclasses (an IntEnum, an OrderedDict): the exact rules of ``_check``
-        _check(value, "", depth)
-    except PayloadError:
-        return False
-    return True
-
-
 # One encoder, built once: json.dumps with non-default options builds a new one per call.
 _ENCODER = json.JSONEncoder(
     sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
 )
 
 
+# Types the shape walk (``_shape_valid``) passes without a look: the encoder checks them.
+_LEAVES = frozenset((str, int, float, bool, type(None)))
+
+
+def _shape_valid(value: Any, depth: int = 0) -> bool:
+    """What the encoder does not check of a JSON value: every object key a string (it
+    would turn ``1`` into ``"1"``), at most ``MAX_DEPTH`` deep. Only containers are
+    visited; leaves (finite floats, UTF-8 text, JSON types) are the encoder's and the
+    text's to check (``dumps``)."""
+    if depth > MAX_DEPTH:
+        return False
+    if type(value) is dict or isinstance(value, dict):
+        for key in value:
+            if type(key) is not str and not isinstance(key, str):
+                return False
+        items: Any = value.values()
+    else:
+        items = value
+    for item in items:
+        kind = type(item)
+        if kind in _LEAVES:
+            continue
+        container = kind is dict or kind is list or kind is tuple
+        if (container or isinstance(item, dict | list | tuple)) and not _shape_valid(
+            item, depth + 1
+        ):
+            return False
+    return True
+
+
 def dumps(value: Any, *, what: str = "value") -> str:
-    """Encode canonically (sorted keys, no spaces); ``PayloadError`` names the bad path."""
-    if not _valid(value):
+    """Encode canonically (sorted keys, no spaces); ``PayloadError`` names the bad path.
+
+    The checks of ``_check`` without a Python call per leaf: the containers are walked
+    for their keys and depth (``_shape_valid``), the C encoder refuses NaN, infinity and
+    non-JSON types, and the text (not each string in the value) is checked for lone
+    surrogates. ``_check`` walks the value only to name the problem it has.
+    """
+    kind = type(value)
+    if (
+        kind is dict or kind is list or kind is tuple or isinstance(value, dict | list | tuple)
+    ) and (not _shape_valid(value)):
         _check(value, what)
-    return _ENCODER.encode(value)
+    try:
+        text = _ENCODER.encode(value)
+    except (TypeError, ValueError, RecursionError):
+        _check(value, what)
+        raise
+    if not text.isascii() and not _utf8(text):
+        _check(value, what)
+    return text
 
 
 def dumps_own(value: Any, *, what: str = "value") -> str:

@@ -163,6 +163,8 @@ class Redactor:
     cards: bool = False
     key: bytes | None = None
     _seen: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
+    # Field names ``secret_field`` found not secret (``clean_text``'s fast path).
+    _plain_keys: set[str] = field(default_factory=set, compare=False, repr=False)
     # One search that every text with a secret matches (most texts have none).
     _screen: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
     # The substrings that a value's JSON text must contain to hold a secret under the
@@ -316,10 +318,16 @@ class Redactor:
             lowered = text.lower()
             if any(needle in lowered for needle in needles):
                 return False
-        if (self.names or self.globs) and any(
-            self.secret_field(key) for key in set(_KEYS.findall(text))
-        ):
-            return False
+        if self.names or self.globs:
+            keys = set(_KEYS.findall(text))
+            plain = self._plain_keys
+            # Keys already judged not secret cost a set difference, not a call each.
+            if not keys <= plain:
+                for key in keys - plain:
+                    if self.secret_field(key):
+                        return False
+                    if len(plain) < 4096:
+                        plain.add(key)
         return not (self.cards and _CARD_RUN in text.encode().translate(_DIGIT_RUNS, b" -"))
 
     def encoded(self, value: Any, dumps: Callable[[Any], str]) -> tuple[Any, str]:

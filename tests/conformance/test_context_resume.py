@@ -19,7 +19,7 @@ import pytest
 import replayq
 from replayq.replay.engine import dry_run
 from replayq.replay.recorded import Outcome
-from replayq.storage.protocol import OutboxInsert, TraceQuery
+from replayq.storage.protocol import OutboxInsert, StepComplete, TraceQuery
 from tests.context_support import count_rows, named, query, run_once
 
 AppFactory = Callable[..., replayq.App]
@@ -301,21 +301,22 @@ def test_the_step_ledger_and_the_outbox_keep_the_first_write_of_a_position(
     app_factory: AppFactory,
 ) -> None:
     app = app_factory()
-    step = {
-        "job_id": 1,
-        "step_key": "load",
-        "step_name": "load",
-        "trace_id": "t-1",
-        "result": '{"n": 1}',
-        "result_ref": None,
-        "now": 1.0,
-    }
+    step = StepComplete(
+        job_id=1,
+        step_key="load",
+        step_name="load",
+        attempt=1,
+        trace_id="t-1",
+        result='{"n": 1}',
+        result_ref=None,
+        now=1.0,
+    )
     row = OutboxInsert(
         event_id="t-1:step:load:0", topic="t", payload="{}", job_id=1, trace_id="t-1", now=1.0
     )
     with app.storage.transaction() as tx:
-        assert tx.step_complete({**step, "attempt": 1})
-        assert not tx.step_complete({**step, "attempt": 2, "result": '{"n": 2}'})
+        assert tx.step_complete(step)
+        assert not tx.step_complete(dataclasses.replace(step, attempt=2, result='{"n": 2}'))
         assert tx.outbox_update(row)
         assert not tx.outbox_update(dataclasses.replace(row, payload='{"again": true}'))
     with app.storage.transaction(readonly=True) as tx:

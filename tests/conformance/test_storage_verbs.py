@@ -79,6 +79,7 @@ from replayq.storage.protocol import (
     ScheduleMade,
     ScheduleRegister,
     Storage,
+    TraceFence,
     TraceJobs,
     TraceQuery,
     idem_get,
@@ -384,6 +385,32 @@ def test_trace_query_reads_a_job_a_trace_or_a_resource_in_hlc_order(storage: Sto
     assert by_job == ["a", "b"]
     assert by_trace == ["derived", "other"]
     assert by_resource == ["a", "b"], "the resource and its versioned keys, nothing else"
+
+
+def test_a_fenced_trace_append_writes_only_while_the_owner_token_holds_the_lease(
+    storage: Storage,
+) -> None:
+    """The lease check of a step's commit is the append of its events: refused (nothing
+    appended, the index untouched) once the lease was reaped, and for any other token."""
+    job_id = leased_job(storage, job_type="short")
+    held, other = TraceFence(job_id, "tok"), TraceFence(job_id, "not the owner")
+    with storage.transaction() as tx:
+        assert not tx.trace_append([event("stolen", 10, job_id=job_id, resource="r:1")], other)
+        assert tx.trace_append([event("kept", 11, job_id=job_id, resource="r:1")], held)
+        assert tx.trace_append([], held), "no events: the lease is still asked"
+        assert not tx.trace_append([], other)
+    with storage.transaction() as tx:
+        [expired] = tx.job_list(LeasesExpired(T0 + 7, 10))
+        assert tx.job_transition(JobRedeliver(job_id, "tok", T0 + 7, 5))
+    with storage.transaction() as tx:
+        assert not tx.trace_append([event("late", 12, job_id=job_id, resource="r:2")], held)
+        assert tx.trace_append([event("unfenced", 13, job_id=job_id)]), "no fence: appended"
+    with storage.transaction(readonly=True) as tx:
+        names = [e.name for e in tx.trace_query(TraceQuery(job_id=job_id))]
+        indexed = [e.name for r in ("r:1", "r:2") for e in tx.trace_query(TraceQuery(resource=r))]
+    assert expired.id == job_id
+    assert names == ["kept", "unfenced"]
+    assert indexed == ["kept"]
 
 
 def test_trace_jobs_reads_several_jobs_events_in_one_query_as_trace_query_does(

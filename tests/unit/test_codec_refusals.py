@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from replayq import codec
 from replayq.errors import PayloadError
@@ -41,3 +43,39 @@ def test_non_ascii_text_is_kept_exactly() -> None:
 def test_nan_is_refused() -> None:
     with pytest.raises(PayloadError, match="NaN"):
         codec.dumps({"x": float("nan")}, what="payload")
+
+
+# JSON-ish values with the shapes the fast path must judge as the full walk does:
+# non-string keys, NaN, lone surrogates, tuples, nesting.
+_LEAF = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(alphabet=st.sampled_from("ab\u00e9\ud800\udfff")),
+)
+_KEY = st.one_of(st.text(alphabet="abc\ud800", max_size=3), st.integers(0, 3), st.none())
+_VALUE = st.recursive(
+    _LEAF,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3),
+        st.lists(inner, max_size=3).map(tuple),
+        st.dictionaries(_KEY, inner, max_size=3),
+    ),
+    max_leaves=12,
+)
+
+
+@given(_VALUE)
+@settings(max_examples=300, deadline=None)
+def test_dumps_refuses_exactly_what_the_full_walk_refuses(value: Any) -> None:
+    """The fast path (shape walk, C encoder, text check) stores a value only if every
+    rule of the walk over each element holds, and names the same path when one fails."""
+    try:
+        codec._check(value, "v")
+    except PayloadError as expected:
+        with pytest.raises(PayloadError) as refused:
+            codec.dumps(value, what="v")
+        assert str(refused.value) == str(expected)
+    else:
+        assert codec.loads(codec.dumps(value)) == codec.loads(codec._ENCODER.encode(value))

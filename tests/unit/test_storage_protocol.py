@@ -24,9 +24,8 @@ from replayq.storage import (
 )
 from replayq.storage.protocol import Transaction
 
-# The write path of steps is reworked with the trace's event packing; its verb keeps
-# the mapping it takes until then.
-UNTYPED_PARAMETERS = {"step_complete"}
+# Every verb's parameters are typed (``step_complete`` was the last to take a mapping).
+UNTYPED_PARAMETERS: set[str] = set()
 
 
 def verbs() -> dict[str, typing.Callable[..., typing.Any]]:

@@ -74,6 +74,13 @@ class Attempt(Protocol):
         """Raise ``LeaseLostError`` (traced ``write.fenced``) unless the job's lease is held."""
         ...
 
+    def append_fenced(
+        self, tx: Transaction, events: list[TraceEvent], refused: list[str], **details: Any
+    ) -> None:
+        """Append ``events`` in ``tx`` as ``fence`` would guard its writes: the append is the
+        lease check; without the lease nothing is appended and ``LeaseLostError`` raised."""
+        ...
+
     def encode(self, value: Any, *, what: str) -> tuple[Any, str | None, bytes | None]:
         """Check a value for recording: ``(inline value, blob ref, blob bytes)``."""
         ...

@@ -9,8 +9,10 @@ must see them: lock acquisition/release and idempotency records around effects.
 
 Fencing: a worker's context carries the job's ``owner_token``. Every transaction
 that writes for the job — a step's commit, an effect's claim and its result, a
-lock's acquisition — first asks the database whether that token still holds the
-job's lease (``tx.lease_check``). Once the lease was taken by another worker the
+lock's acquisition — asks the database whether that token still holds the job's
+lease: the statement that appends the transaction's events checks it
+(``trace_append`` with a ``TraceFence``), or ``tx.lease_check`` where no event is
+appended. Once the lease was taken by another worker the
 write is refused with ``LeaseLostError``, nothing of it commits, and the trace
 records ``write.fenced`` naming what was refused. Contexts without a lease
 (replays, forks, guarded reruns) have no owner token and are not fenced by one.

@@ -131,11 +131,20 @@ class EffectRunner:
 
         # A claim whose COMMIT reply was lost is recognised by its claim token on the retry.
         def claim_once(retrying: bool) -> Any:
+            refused = [f"effect claim {kind} {key}"]
             with runtime.storage.transaction() as tx:
-                # Fenced first: a worker whose lease was taken never starts the effect.
-                ctx.fence(tx, [f"effect claim {kind} {key}"], kind=kind, key=key)
-                claimed = tx.idem_transition(claim)
-                existing = None if claimed else idem_get(tx, key)
+                if tx.idem_transition(claim):
+                    # A new claim (the usual case): the append of its event is the fence.
+                    # A worker whose lease was taken never starts the effect: nothing is
+                    # appended, ``LeaseLostError`` rolls the claim back.
+                    event = ctx.event(
+                        "effect.claimed", resource=key, kind=kind, key=key, claim=claim_token
+                    )
+                    ctx.append_fenced(tx, [*riding, event], refused, kind=kind, key=key)
+                    return _RUN_RODE
+                # A record exists: fenced before anything is decided from it.
+                ctx.fence(tx, refused, kind=kind, key=key)
+                existing = idem_get(tx, key)
                 ours = existing is not None and existing.claim_token == claim_token
                 if existing is not None and not ours:
                     outcome = self._existing(tx, kind, key, existing, claim)
@@ -218,17 +227,11 @@ class EffectRunner:
         ctx = self._ctx
         runtime = ctx.runtime
         inline, ref, raw, text = encoded
+        refused = [f"effect result {kind} {key}"]
+        # The outcome the late worker saw is kept in ``write.fenced`` for whoever settles
+        # the record the new owner finds in doubt.
+        details = {"kind": kind, "key": key, "result": inline, "output_ref": ref}
         with runtime.storage.transaction() as tx:
-            # The outcome the late worker saw is kept in ``write.fenced`` for whoever settles
-            # the record the new owner finds in doubt.
-            ctx.fence(
-                tx,
-                [f"effect result {kind} {key}"],
-                kind=kind,
-                key=key,
-                result=inline,
-                output_ref=ref,
-            )
             if raw is not None:
                 put_bytes(
                     tx,
@@ -248,8 +251,11 @@ class EffectRunner:
                 )
             )
             if not changed and not first:
+                ctx.fence(tx, refused, **details)
                 return  # committed by the try whose reply was lost, with ``riding``
-            tx.trace_append(
+            # The append is the fence: without the lease nothing of ``tx`` commits.
+            ctx.append_fenced(
+                tx,
                 [
                     *riding,
                     ctx.event(
@@ -263,7 +269,9 @@ class EffectRunner:
                         output_ref=ref,
                         duration=round(time.monotonic() - started, 6),
                     ),
-                ]
+                ],
+                refused,
+                **details,
             )
 
     def _existing(

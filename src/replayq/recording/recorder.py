@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from replayq import codec
 from replayq.errors import LeaseLostError, PayloadError
@@ -19,7 +19,7 @@ from replayq.model import Job, TraceEvent
 from replayq.recording.blobs import Encoded, put_bytes, ref_of
 from replayq.redaction import Redactor
 from replayq.runtime import Runtime
-from replayq.storage.protocol import Transaction
+from replayq.storage.protocol import TraceFence, Transaction
 
 
 @dataclass
@@ -81,6 +81,29 @@ class Recorder:
         **data: Any,
     ) -> TraceEvent:
         """Build the next domain event of this attempt (sequence numbered)."""
+        return self._event(
+            name,
+            self.redacted(data),
+            status,
+            resource,
+            resource_version,
+            side_effect,
+            output_ref,
+            hlc,
+        )
+
+    def _event(
+        self,
+        name: str,
+        data: dict[str, Any],
+        status: str | None,
+        resource: str | None = None,
+        resource_version: int | None = None,
+        side_effect: bool = False,
+        output_ref: str | None = None,
+        hlc: int | None = None,
+    ) -> TraceEvent:
+        """``event`` with ``data`` as it is (already redacted)."""
         self._seq += 1
         return TraceEvent.of(
             {
@@ -101,7 +124,7 @@ class Recorder:
                 "side_effect": side_effect,
                 "input_ref": None,
                 "output_ref": output_ref,
-                "data": self.redacted(data),
+                "data": data,
                 "id": None,
             }
         )
@@ -109,6 +132,26 @@ class Recorder:
     def record(self, name: str, **kwargs: Any) -> TraceEvent:
         """Record a domain event; it commits with the step (or the ack)."""
         event = self.event(name, **kwargs)
+        self._pending.events.append(event)
+        return event
+
+    def record_step(
+        self, name: str, status: str, data: dict[str, Any], output_ref: str | None = None
+    ) -> TraceEvent:
+        """Record a step's own event (``step.started``, ``step.finished``...).
+
+        Its data is replayq's: the step's name, its duration, and values the step
+        already recorded redacted (its result through ``encoded``, its error through
+        ``redactor.error``). So the name is screened as a text and the keys as field
+        names, and the value is not walked again; a key that names a secret field
+        (a user's rule) sends it through ``redacted`` as any event's data.
+        """
+        redactor = self.redactor
+        for key in data:
+            if redactor.secret_field(key):
+                return self.record(name, status=status, output_ref=output_ref, **data)
+        data["step_name"] = redactor.text(data["step_name"])
+        event = self._event(name, data, status, output_ref=output_ref)
         self._pending.events.append(event)
         return event
 
@@ -132,14 +175,32 @@ class Recorder:
             return True
         return tx.lease_check(self.job.id, self.owner_token)
 
+    def trace_fence(self) -> TraceFence | None:
+        """The lease this context's writes are fenced by (``None`` without an owner token)."""
+        if self.owner_token is None:
+            return None
+        return TraceFence(self.job.id, self.owner_token)
+
     def fence(self, tx: Transaction, refused: list[str], **details: Any) -> None:
         """Raise ``LeaseLostError`` in ``tx`` unless the lease is held; the refusal is traced.
 
         The ``write.fenced`` event waits with the attempt's other events (``tx`` is
         about to roll back) and commits with the attempt's failure or rejection.
         """
-        if self.lease_held(tx):
-            return
+        if not self.lease_held(tx):
+            self.refuse(refused, **details)
+
+    def append_fenced(
+        self, tx: Transaction, events: list[TraceEvent], refused: list[str], **details: Any
+    ) -> None:
+        """``tx.trace_append(events)`` as the fence of ``tx``'s writes: the lease check is
+        the statement that writes the events (no statement of its own). Without the lease
+        nothing is appended and ``LeaseLostError`` is raised, as ``fence`` raises it."""
+        if not tx.trace_append(events, self.trace_fence()):
+            self.refuse(refused, **details)
+
+    def refuse(self, refused: list[str], **details: Any) -> NoReturn:
+        """Trace ``write.fenced`` and raise ``LeaseLostError``: the lease is gone."""
         self.record_fenced(refused, **details)
         raise LeaseLostError(
             f"job {self.job.id} attempt {self.job.attempt}: the lease was taken by another "
@@ -217,15 +278,18 @@ class Recorder:
 
         self._pending.blobs.append(write)
 
-    def flush(self, tx: Transaction, *, failed: bool = False) -> None:
+    def flush(
+        self, tx: Transaction, *, failed: bool = False, fence: TraceFence | None = None
+    ) -> bool:
         """Write what is pending into ``tx``: events and their blobs always; writes unless
-        the attempt failed."""
+        the attempt failed. With ``fence``, ``False`` (the events not appended) when the
+        lease is gone: the caller must then roll ``tx`` back."""
         for blob in self._pending.blobs:
             blob(tx)
         if not failed:
             for write in self._pending.writes:
                 write(tx)
-        tx.trace_append(self._pending.events)
+        return tx.trace_append(self._pending.events, fence)
 
     def pending_write_calls(self) -> list[Callable[[Transaction], None]]:
         """The writes the next commit would run, in order."""
@@ -253,29 +317,40 @@ class Recorder:
         """Commit what is pending in a transaction of its own (a step boundary).
 
         The writes commit only if this context's owner token still holds the job's
-        lease, checked in the database in the same transaction (``lease_check``): once
-        another worker took the job they are refused (``LeaseLostError``, traced as
-        ``write.fenced``); the attempt's events are still kept. The lease is checked
-        (and on PostgreSQL the job row locked) before the writes, and the refusal
-        raised after the writes' own checks, so a write under a re-acquired lock is
-        also traced as refused by the lock (``state.write_rejected``); everything
-        rolls back, and without the lease the error is always ``LeaseLostError``.
+        lease, checked in the database in the same transaction: the statement that
+        appends the step's events checks it (``trace_append`` with a ``TraceFence``,
+        no statement of its own; on PostgreSQL it keeps the job row as read until the
+        commit). Once another worker took the job the writes are refused
+        (``LeaseLostError``, traced as ``write.fenced``); the attempt's events are
+        still kept. The events are appended after the writes, so a write's own check
+        (a version conflict, a stale lock token: ``state.write_rejected``) refuses it
+        first; the lease is then asked in the same transaction, and without it the
+        error is always ``LeaseLostError``. Everything rolls back.
         """
         refused = self.pending_writes() if not failed else []
+        fence = self.trace_fence() if refused else None
+        lost = LeaseLostError(
+            f"job {self.job.id} attempt {self.job.attempt}: the lease was taken by "
+            f"another worker; not committed: {', '.join(refused)}"
+        )
         with self.runtime.storage.transaction() as tx:
-            held = not refused or self.lease_held(tx)
-            lost = LeaseLostError(
-                f"job {self.job.id} attempt {self.job.attempt}: the lease was taken by "
-                f"another worker; not committed: {', '.join(refused)}"
-            )
             try:
-                self.flush(tx, failed=failed)
+                held = self.flush(tx, failed=failed, fence=fence)
             except Exception as exc:
-                # A write's own check refused it too (a version conflict, a stale lock
-                # token; its event is recorded): without the lease, the lease is the reason.
-                if held:
+                # A write's own check refused it (its event is recorded): without the
+                # lease, the lease is the reason.
+                if fence is None or self._held_after_failure(tx):
                     raise
                 raise lost from exc
             if not held:
                 raise lost
         self.committed()
+
+    def _held_after_failure(self, tx: Transaction) -> bool:
+        """Whether the lease is held, asked in ``tx`` after one of its writes failed; a
+        transaction the database already aborted cannot answer, and the write's own
+        error stands (``True``)."""
+        try:
+            return self.lease_held(tx)
+        except Exception:
+            return True

@@ -32,7 +32,7 @@ from typing import Any, Protocol
 from replayq.errors import LeaseLostError
 from replayq.model import TraceEvent
 from replayq.recording.attempt import Attempt
-from replayq.storage.protocol import Transaction
+from replayq.storage.protocol import StepComplete, Transaction
 
 RESUME_STEP = "step"
 
@@ -62,6 +62,10 @@ class StepAttempt(Attempt, Protocol):
     def commit_now(self, *, failed: bool = False) -> None: ...
 
     def record_fenced(self, refused: list[str], **details: Any) -> TraceEvent: ...
+
+    def record_step(
+        self, name: str, status: str, data: dict[str, Any], output_ref: str | None = None
+    ) -> TraceEvent: ...
 
 
 def run_step(
@@ -102,16 +106,16 @@ def run_step(
         outcome["result"] = inline
         outcome["output_ref"] = ref
         if resume and ctx.world.is_live and ctx.owns_job_trace:
-            params = {
-                "job_id": ctx.job.id,
-                "step_key": key,
-                "step_name": name,
-                "attempt": ctx.attempt,
-                "trace_id": ctx.trace_id,
-                "result": None if ref else text,
-                "result_ref": ref,
-                "now": ctx.runtime.clock.now(),
-            }
+            params = StepComplete(
+                job_id=ctx.job.id,
+                step_key=key,
+                step_name=name,
+                attempt=ctx.attempt,
+                trace_id=ctx.trace_id,
+                result=None if ref else text,
+                result_ref=ref,
+                now=ctx.runtime.clock.now(),
+            )
 
             def complete(tx: Transaction) -> None:
                 # False: an earlier attempt committed this position (resume was off then).
@@ -132,7 +136,7 @@ def step_boundary(
     its events at once (the failure is the forensic fact).
     """
     ctx.world.on_step(name)
-    ctx.record("step.started", status="started", step_name=name)
+    ctx.record_step("step.started", "started", {"step_name": name})
     ctx.enter_step(name, key)
     started = time.monotonic()
     try:
@@ -152,13 +156,12 @@ def step_boundary(
         raise
     duration = round(time.monotonic() - started, 6)  # µs: what a trace can tell
     ctx.leave_step()
-    finished = ctx.record(
-        "step.finished",
-        status="success",
-        step_name=name,
-        duration=duration,
-        **(outcome or {}),
-    )
+    data: dict[str, Any] = {"step_name": name, "duration": duration}
+    output_ref = None
+    if outcome:
+        data["result"] = outcome["result"]  # redacted when recorded (``encoded``)
+        output_ref = outcome["output_ref"]
+    finished = ctx.record_step("step.finished", "success", data, output_ref)
     refused = ctx.pending_writes()
     if not refused:
         # Nothing to write: the step's events wait for the next commit of this

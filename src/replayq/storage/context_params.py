@@ -246,6 +246,32 @@ class OutboxClaim:
 
 
 @dataclass(frozen=True, slots=True)
+class StepComplete:
+    """A step of a job committed at position ``step_key`` with its result (the step
+    ledger, ``rq_steps``): ``result`` is its JSON text, or ``None`` and ``result_ref``
+    names the blob holding it."""
+
+    job_id: int
+    step_key: str
+    step_name: str
+    attempt: int
+    trace_id: str
+    result: str | None
+    result_ref: str | None
+    now: float
+
+
+@dataclass(frozen=True, slots=True)
+class TraceFence:
+    """The lease that must still be held for ``trace_append`` to write: the events go in
+    only if ``owner_token`` holds job ``job_id``'s lease, checked in the statement that
+    writes them (the fence of a step's commit, an effect's claim and result)."""
+
+    job_id: int
+    owner_token: str
+
+
+@dataclass(frozen=True, slots=True)
 class BlobPut:
     hash: str
     codec: str

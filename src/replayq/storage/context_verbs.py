@@ -43,6 +43,7 @@ from replayq.storage.context_params import (
     ScheduleChange,
     ScheduleMade,
     ScheduleRegister,
+    StepComplete,
 )
 from replayq.storage.records import (
     Blob,
@@ -247,9 +248,9 @@ class ContextVerbs:
 
     # -- steps ------------------------------------------------------------------------------
 
-    def step_complete(self, params: Mapping[str, Any]) -> bool:
+    def step_complete(self, params: StepComplete) -> bool:
         """Record a committed step; ``False`` when its position was already recorded."""
-        return self.changed("step_complete", params)
+        return self.changed("step_complete", query_params(params))
 
     def step_by_job(self, job_id: int) -> list[StepRecord]:
         return [record(StepRecord, r) for r in self.fetchall("step_by_job", {"job_id": job_id})]

@@ -9,7 +9,7 @@ depends on time takes ``now`` from the caller's ``Clock``. Backends live in
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, overload, runtime_checkable
 
@@ -46,6 +46,8 @@ from replayq.storage.context_params import (
     ScheduleChange,
     ScheduleMade,
     ScheduleRegister,
+    StepComplete,
+    TraceFence,
 )
 from replayq.storage.params import (
     ActiveVersion,
@@ -210,8 +212,10 @@ __all__ = [
     "ScheduleRecord",
     "ScheduleRegister",
     "SignalBucket",
+    "StepComplete",
     "StepRecord",
     "Storage",
+    "TraceFence",
     "TraceJobs",
     "TraceQuery",
     "TraceWindow",
@@ -316,7 +320,9 @@ class Transaction(Protocol):
 
     # -- trace ------------------------------------------------------------------------------
 
-    def trace_append(self, events: Sequence[TraceEvent]) -> None: ...
+    def trace_append(self, events: Sequence[TraceEvent], fence: TraceFence | None = None) -> bool:
+        """Append ``events``; with ``fence`` only while it holds the lease (else ``False``)."""
+        ...
 
     @overload
     def trace_query(self, params: TraceQuery) -> list[TraceEvent]: ...
@@ -430,7 +436,7 @@ class Transaction(Protocol):
 
     def outbox_by_job(self, job_id: int) -> list[OutboxRecord]: ...
 
-    def step_complete(self, params: Mapping[str, Any]) -> bool:
+    def step_complete(self, params: StepComplete) -> bool:
         """Record that a step of a job committed, with its result; first completion wins."""
         ...
 

@@ -14,6 +14,7 @@ from replayq import codec
 from replayq.errors import ConfigurationError
 from replayq.model import Job, JobState, TraceEvent
 from replayq.storage import packs
+from replayq.storage.context_params import TraceFence
 from replayq.storage.context_verbs import ContextVerbs, query_params, record
 from replayq.storage.params import (
     ActiveVersion,
@@ -298,20 +299,35 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
 
     # -- trace ------------------------------------------------------------------------------
 
-    def trace_append(self, events: Sequence[TraceEvent]) -> None:
+    def trace_append(self, events: Sequence[TraceEvent], fence: TraceFence | None = None) -> bool:
         """One ``rq_trace`` row per job attempt (or derived trace) among ``events``, with
-        an ``rq_trace_resources`` entry per resource its events name (storage/packs.py).
+        an ``rq_trace_resources`` entry per resource its events name (storage/packs.py);
+        all of those entries in one ``executemany``.
 
         Events that continue the pack this transaction wrote last (same trace, job,
         attempt and worker: a context's pending events, then the ack's) join that pack.
+        With ``fence`` the first new pack's insert is also the lease check
+        (``trace_append_fenced``); ``False``, nothing written, once the lease is gone.
         """
         entries = []
         for group in packs.groups(events):
-            pack_id, joined, new = self._pack_extended(group) or self._pack_inserted(group)
+            placed = self._pack_extended(group)
+            if placed is None:
+                if fence is not None:
+                    placed = self._pack_inserted_fenced(group, fence)
+                    if placed is None:
+                        return False
+                    fence = None
+                else:
+                    placed = self._pack_inserted(group)
+            pack_id, joined, new = placed
             self._last_pack = (pack_id, joined)
             entries.extend(packs.pack_resources(new, pack_id))
+        if fence is not None and not self.lease_check(fence.job_id, fence.owner_token):
+            return False  # nothing was inserted to check it with (no events, or all joined)
         if entries:
             self.executemany("trace_resources_append", entries)
+        return True
 
     def _pack_extended(
         self, group: list[TraceEvent]
@@ -334,6 +350,15 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
     ) -> tuple[int, list[TraceEvent], list[TraceEvent]]:
         pack_id = self.fetchone("trace_append", packs.pack_row(group))["id"]
         return pack_id, group, group
+
+    def _pack_inserted_fenced(
+        self, group: list[TraceEvent], fence: TraceFence
+    ) -> tuple[int, list[TraceEvent], list[TraceEvent]] | None:
+        row = packs.pack_row(group)
+        row["fence_job_id"] = fence.job_id
+        row["fence_owner_token"] = fence.owner_token
+        found = self.fetchone("trace_append_fenced", row)
+        return None if found is None else (found["id"], group, group)
 
     def trace_query(self, query: TraceRead) -> Any:
         if isinstance(query, TraceJobs):

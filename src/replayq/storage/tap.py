@@ -21,7 +21,7 @@ from contextlib import contextmanager
 from typing import Any, cast
 
 from replayq.model import TraceEvent
-from replayq.storage.protocol import MigrationStatus, Storage, Transaction
+from replayq.storage.protocol import MigrationStatus, Storage, TraceFence, Transaction
 
 log = logging.getLogger("replayq.tap")
 
@@ -59,9 +59,11 @@ class _TappedTransaction:
         self._inner = inner
         self.appended: list[TraceEvent] = []
 
-    def trace_append(self, events: Sequence[TraceEvent]) -> None:
-        self._inner.trace_append(events)
+    def trace_append(self, events: Sequence[TraceEvent], fence: TraceFence | None = None) -> bool:
+        if not self._inner.trace_append(events, fence):
+            return False
         self.appended.extend(events)
+        return True
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)

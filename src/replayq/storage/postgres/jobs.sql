@@ -373,6 +373,19 @@ VALUES (%(trace_id)s, %(job_id)s::bigint, %(attempt)s::integer, %(worker_id)s::t
         %(hlc)s, %(hlc_last)s, %(ts)s, %(events)s)
 RETURNING id;
 
+-- name: trace_append_fenced
+-- trace_append under a fence: the pack goes in only while the owner token holds the
+-- job's lease (lease_check folded into the insert). FOR SHARE keeps the job row as read
+-- until the commit, as lease_check does: a reaper's compare-and-set waits for it.
+INSERT INTO rq_trace (trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events)
+SELECT %(trace_id)s::text, %(job_id)s::bigint, %(attempt)s::integer, %(worker_id)s::text,
+       %(hlc)s::bigint, %(hlc_last)s::bigint, %(ts)s::float8, %(events)s::text
+WHERE EXISTS (SELECT 1 FROM rq_jobs
+              WHERE id = %(fence_job_id)s::bigint AND owner_token = %(fence_owner_token)s::text
+                AND state = 'running'
+              FOR SHARE)
+RETURNING id;
+
 -- name: trace_extend
 -- More events of the pack this transaction wrote last (the pack rewritten whole).
 UPDATE rq_trace SET hlc = %(hlc)s, hlc_last = %(hlc_last)s, ts = %(ts)s, events = %(events)s

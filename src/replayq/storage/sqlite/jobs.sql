@@ -293,6 +293,17 @@ INSERT INTO rq_trace (trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, e
 VALUES (:trace_id, :job_id, :attempt, :worker_id, :hlc, :hlc_last, :ts, :events)
 RETURNING id;
 
+-- name: trace_append_fenced
+-- trace_append under a fence: the pack goes in only while the owner token holds the
+-- job's lease (lease_check folded into the insert, so a step's commit costs no extra
+-- statement). No row back: the lease is gone and the caller rolls back.
+INSERT INTO rq_trace (trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events)
+SELECT :trace_id, :job_id, :attempt, :worker_id, :hlc, :hlc_last, :ts, :events
+WHERE EXISTS (SELECT 1 FROM rq_jobs
+              WHERE id = :fence_job_id AND owner_token = :fence_owner_token
+                AND state = 'running')
+RETURNING id;
+
 -- name: trace_extend
 -- More events of the pack this transaction wrote last (the pack rewritten whole).
 UPDATE rq_trace SET hlc = :hlc, hlc_last = :hlc_last, ts = :ts, events = :events WHERE id = :id;
