@@ -1,4 +1,4 @@
--- 0013 plans that stay good as history grows: `jobs list --state dead` (the CLI, the
+-- 0012 plans that stay good as history grows: `jobs list --state dead` (the CLI, the
 -- dashboard's dead-letter page, `dead requeue --type`) read dead and cancelled jobs through this
 -- partial index instead of every finished job. A job enters it only when it dies or is
 -- cancelled, so the hot path (queued -> running -> succeeded) never touches it.
