@@ -69,14 +69,31 @@ def _both_backends(name: str, area: str, query_after: str, tests: tuple[str, ...
 
 
 # ctx.call's branch that answers from the recording (the World) instead of calling.
-_CALL_SUBSTITUTION = 'if {condition}:\n            self.record("call", call=name'
+_CALL_SUBSTITUTION = 'if {condition}:\n        ctx.record("call", call=name'
 
 BUGS: list[Bug] = [
     # -- owner token: only the lease holder settles the job -------------------------------------
     *_both_backends("ack-owner-token", "owner token", "job_retry", (BARRIER,)),
     *_both_backends("retry-owner-token", "owner token", "job_bury_owned", (BARRIER,)),
     *_both_backends("bury-owner-token", "owner token", "job_bury_queued", (BARRIER,)),
-    *_both_backends("heartbeat-owner-token", "owner token", "job_complete", (BARRIER,)),
+    # The heartbeat extends every held lease in one statement, each row against its own token.
+    Bug(
+        "heartbeat-owner-token-sqlite",
+        "owner token",
+        "  AND owner_token = (SELECT json_extract(l.value, '$[1]') FROM json_each(:leases) AS l\n"
+        "                     WHERE json_extract(l.value, '$[0]') = rq_jobs.id);",
+        "  ;",
+        (BARRIER,),
+        ".sql",
+    ),
+    Bug(
+        "heartbeat-owner-token-postgres",
+        "owner token",
+        "WHERE j.id = l.id AND j.owner_token = l.owner_token AND j.state = 'running';",
+        "WHERE j.id = l.id AND j.state = 'running';",
+        (BARRIER,),
+        ".sql",
+    ),
     # Every commit of a job (step writes, effect claims and results, outbox, child jobs)
     # checks the owner token in the database: drop it and a stale worker's writes land.
     *[
@@ -128,16 +145,19 @@ BUGS: list[Bug] = [
     Bug(
         "reaper-ignores-deadline-sqlite",
         "lease deadline",
-        "WHERE state = 'running' AND lease_deadline < :now",
-        "WHERE state = 'running'",
+        "  AND lease_deadline < COALESCE(:lease_now, (julianday('now') - 2440587.5) * 86400.0)\n"
+        "ORDER BY lease_deadline",
+        "ORDER BY lease_deadline",
         ("tests/conformance/test_worker_lifecycle.py",),
         ".sql",
     ),
     Bug(
         "reaper-ignores-deadline-postgres",
         "lease deadline",
-        "WHERE state = 'running' AND lease_deadline < %(now)s",
-        "WHERE state = 'running'",
+        "  AND lease_deadline < COALESCE(%(lease_now)s::float8,"
+        " extract(epoch FROM statement_timestamp())::float8)\n"
+        "ORDER BY lease_deadline",
+        "ORDER BY lease_deadline",
         ("tests/conformance/test_worker_lifecycle.py",),
         ".sql",
     ),
