@@ -9,23 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, overload
 
-from replayq import codec
-from replayq.model import Job, JobState, TraceEvent
+from replayq.model import TraceEvent
 from replayq.storage import packs
 from replayq.storage.context_verbs import query_params, record
-from replayq.storage.params import (
-    JobCancel,
-    JobCancelRequest,
-    JobCancelRunning,
-    JobComplete,
-    JobRedeliver,
-    JobReleaseRunning,
-    JobRequeue,
-    JobRetry,
-    JobRoute,
-    JobSetRecorded,
-    LeaseRelease,
-)
 from replayq.storage.records import (
     BlobCandidate,
     DerivedCandidate,
@@ -54,95 +40,6 @@ from replayq.storage.retention_params import (
     MessageIdForget,
     TraceTrim,
 )
-
-# Above every job id (BIGINT's largest): the bound of a job list's first page.
-LAST_ID = 2**63 - 1
-
-_JOB_COLUMNS = (
-    "id",
-    "job_type",
-    "queue",
-    "state",
-    "priority",
-    "run_at",
-    "created_at",
-    "attempt",
-    "max_attempts",
-    "trace_id",
-    "message_id",
-    "ordering_key",
-    "idempotency_key",
-    "handler_version",
-    "owner_token",
-    "worker_id",
-    "leased_at",
-    "lease_deadline",
-    "redelivery_count",
-    "last_error_class",
-    "last_error",
-    "dead_reason",
-    "finished_at",
-    "hlc",
-    "correlation_id",
-    "causation_id",
-    "origin",
-    "trace_context",
-    "cancel_requested_at",
-)
-
-_EVENT_COLUMNS = (
-    "id",
-    "trace_id",
-    "job_id",
-    "attempt",
-    "kind",
-    "name",
-    "seq",
-    "step",
-    "ts",
-    "hlc",
-    "worker_id",
-    "status",
-    "resource",
-    "resource_version",
-    "input_ref",
-    "output_ref",
-)
-
-
-# The named query of each compare-and-set on a job row (``JobBury`` picks one of two).
-_JOB_QUERIES: dict[type[Any], str] = {
-    JobComplete: "job_complete",
-    JobRetry: "job_retry",
-    JobCancel: "job_cancel",
-    JobCancelRequest: "job_cancel_request",
-    JobCancelRunning: "job_cancel_running",
-    JobReleaseRunning: "job_release_running",
-    JobRequeue: "job_requeue",
-    LeaseRelease: "lease_release",
-    JobRedeliver: "job_redeliver",
-    JobRoute: "job_route",
-    JobSetRecorded: "job_set_recorded",
-}
-
-
-def lease_now(now: float, database_clock: bool) -> float | None:
-    """The ``lease_now`` parameter of the lease queries: ``NULL`` lets the database's own
-    clock judge the lease (``COALESCE(:lease_now, <the database's now>)``)."""
-    return None if database_clock else now
-
-
-def row_to_job(row: Mapping[str, Any]) -> Job:
-    fields = {name: row[name] for name in _JOB_COLUMNS}
-    fields["state"] = JobState(fields["state"])
-    return Job(payload=codec.loads(row["payload"]), result=codec.loads(row["result"]), **fields)
-
-
-def row_to_event(row: Mapping[str, Any]) -> TraceEvent:
-    fields = {name: row[name] for name in _EVENT_COLUMNS}
-    fields["side_effect"] = bool(row["side_effect"])
-    fields["data"] = codec.loads(row["data"])
-    return TraceEvent.of(fields)
 
 
 class RetentionVerbs:
