@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from enqueue_many import database, git_commit
+from enqueue_many import database
+from machine import commit, load_average
 
 import replayq
 
@@ -82,13 +82,13 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     out: dict[str, Any] = {
-        "commit": git_commit(),
-        "load_average": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "commit": commit(),
+        "load_average": " ".join(f"{x:.2f}" for x in load_average()),
         "history": args.history,
     }
     for backend in args.backend or ["sqlite", "postgres"]:
         out[backend] = measure(backend, args.history, args.calls)
-    out["load_average_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    out["load_average_after"] = " ".join(f"{x:.2f}" for x in load_average())
     if args.json:
         print(json.dumps(out, indent=2))
         return

@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 import time
 import uuid
@@ -27,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from machine import commit, load_average
 from noop_app import make_app
 
 import replayq
@@ -104,11 +104,6 @@ def one_run(backend: str, jobs: int) -> tuple[float, float, int]:
     return wall, cpu, counted.statements
 
 
-def git_commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return out.stdout.strip() or "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=3000)
@@ -117,8 +112,8 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     figures: dict[str, Any] = {
-        "commit": git_commit(),
-        "load_average": " ".join(f"{x:.2f}" for x in os.getloadavg()),
+        "commit": commit(),
+        "load_average": " ".join(f"{x:.2f}" for x in load_average()),
         "jobs": args.jobs,
     }
     for backend in args.backend or ["sqlite", "postgres"]:
@@ -130,7 +125,7 @@ def main() -> None:
             "cpu_seconds_per_1000_jobs": round(cpu / args.jobs * 1000, 3),
             "statements_per_job": round(runs[0][2] / args.jobs, 3),
         }
-    figures["load_average_after"] = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    figures["load_average_after"] = " ".join(f"{x:.2f}" for x in load_average())
     if args.json:
         print(json.dumps(figures, indent=2))
         return

@@ -288,6 +288,12 @@ class ContextVerbs:
         return [record(ScheduleRecord, r) for r in self.fetchall("schedule_list", {"name": name})]
 
 
+def lease_now(now: float, database_clock: bool) -> float | None:
+    """The ``lease_now``/``lock_now`` parameter of the lease and lock queries: ``NULL`` lets
+    the database's own clock judge (``COALESCE(:lease_now, <the database's now>)``)."""
+    return None if database_clock else now
+
+
 def _lock_params(change: LockAcquire | LockRenew) -> dict[str, Any]:
-    """The change's fields plus ``lock_now``: ``NULL`` lets the database's clock judge the TTL."""
-    return {**query_params(change), "lock_now": None if change.database_clock else change.now}
+    """The change's fields plus ``lock_now``, judged like a job's lease (``lease_now``)."""
+    return {**query_params(change), "lock_now": lease_now(change.now, change.database_clock)}

@@ -15,7 +15,7 @@ from replayq.errors import ConfigurationError
 from replayq.model import Job, JobState, TraceEvent
 from replayq.storage import packs
 from replayq.storage.context_params import TraceFence
-from replayq.storage.context_verbs import ContextVerbs, query_params, record
+from replayq.storage.context_verbs import ContextVerbs, lease_now, query_params, record
 from replayq.storage.params import (
     ActiveVersion,
     CancelRequested,
@@ -130,12 +130,6 @@ _JOB_QUERIES: dict[type[Any], str] = {
     JobRoute: "job_route",
     JobSetRecorded: "job_set_recorded",
 }
-
-
-def lease_now(now: float, database_clock: bool) -> float | None:
-    """The ``lease_now`` parameter of the lease queries: ``NULL`` lets the database's own
-    clock judge the lease (``COALESCE(:lease_now, <the database's now>)``)."""
-    return None if database_clock else now
 
 
 def row_to_job(row: Mapping[str, Any]) -> Job:

@@ -89,9 +89,10 @@ from replayq.model import Job
 from replayq.redaction import mask_url_passwords
 from replayq.storage import migrate
 from replayq.storage.adopted import AsyncConnectionView, TupleRows
+from replayq.storage.context_verbs import lease_now
 from replayq.storage.protocol import JobInsert, JobLease, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
-from replayq.storage.sql_transaction import SqlTransaction, lease_now, row_to_job
+from replayq.storage.sql_transaction import SqlTransaction, row_to_job
 
 log = logging.getLogger("replayq.storage.postgres")
 
