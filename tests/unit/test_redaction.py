@@ -46,6 +46,9 @@ def test_url_passwords_are_masked_wherever_they_occur_in_a_message() -> None:
     assert mask_url_passwords("sqlite:///tmp/x.db and postgresql://app@db/shop") == (
         "sqlite:///tmp/x.db and postgresql://app@db/shop"
     )
+    # The trace redactor uses the same pattern: an empty user no longer slips through.
+    stored = Redactor.build(key=b"k").text("cache at redis://:pw-secret@cache/0")
+    assert "pw-secret" not in stored and stored.startswith("cache at redis://:[redacted:")
 
 
 # Values whose JSON text the one-search screen (``Redactor.clean_text``) passes or sends
