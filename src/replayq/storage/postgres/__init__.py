@@ -85,14 +85,14 @@ from psycopg_pool import ConnectionPool
 
 from replayq import codec
 from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
-from replayq.model import Job
+from replayq.model import Job, TraceEvent
 from replayq.redaction import mask_url_passwords
-from replayq.storage import migrate
+from replayq.storage import migrate, packs
 from replayq.storage.adopted import AsyncConnectionView, TupleRows
 from replayq.storage.context_verbs import lease_now
 from replayq.storage.protocol import JobInsert, JobLease, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
-from replayq.storage.sql_transaction import SqlTransaction, row_to_job
+from replayq.storage.sql_transaction import SqlTransaction, row_to_job, with_job_id
 
 log = logging.getLogger("replayq.storage.postgres")
 
@@ -206,6 +206,11 @@ def storage_error(what: str, exc: psycopg.Error, *, read_only_asked: bool = Fals
     return StorageError(f"{what}: {exc}")
 
 
+_JOB_INSERT_FIELDS = tuple(f.name for f in dataclasses.fields(JobInsert))
+# The columns of a pack row (``packs.pack_row``) besides its job id, which the insert gives.
+_PACK_FIELDS = ("trace_id", "attempt", "worker_id", "hlc", "hlc_last", "ts", "events")
+
+
 class PostgresTransaction(SqlTransaction):
     """``SqlTransaction`` where PostgreSQL differs: arrays, driver errors, one-statement claims."""
 
@@ -234,6 +239,37 @@ class PostgresTransaction(SqlTransaction):
             )
             found.append((int(existing["id"]), False))
         return found
+
+    def job_enqueue(
+        self, params: Sequence[JobInsert], events: Sequence[TraceEvent]
+    ) -> list[tuple[int, bool]]:
+        """Every row and every inserted row's first pack in one statement (``job_enqueue``);
+        duplicates looked up after."""
+        if not params:
+            return []
+        values = {name: [getattr(p, name) for p in params] for name in _JOB_INSERT_FIELDS}
+        rows = [packs.pack_row([event]) for event in events]
+        for column in _PACK_FIELDS:
+            values[f"pack_{column}"] = [row[column] for row in rows]
+        found = self.fetchall("job_enqueue", values)
+        inserted = {row["trace_id"]: (int(row["id"]), int(row["pack_id"])) for row in found}
+        result: list[tuple[int, bool]] = []
+        written: list[TraceEvent] = []
+        pack_ids: dict[int, int] = {}
+        for p, event in zip(params, events, strict=True):
+            ids = inserted.get(p.trace_id)
+            if ids is None:
+                existing = self.fetchone(
+                    "job_by_message_id", {"job_type": p.job_type, "message_id": p.message_id}
+                )
+                result.append((int(existing["id"]), False))
+                continue
+            job_id, pack_ids[job_id] = ids
+            result.append((job_id, True))
+            written.append(with_job_id(event, job_id))
+        if written:
+            self._placed(written, pack_ids)
+        return result
 
     def lease_pairs(self, leases: Sequence[tuple[int, str]]) -> dict[str, Any]:
         """(job id, owner token) pairs as two arrays of the same length, for ``unnest``."""
