@@ -417,3 +417,38 @@ def test_a_bulk_enqueue_writes_its_jobs_and_events_set_based(db_url: str, app: r
         assert conn.counts == ["WITH"]
     assert app.count_jobs(states=["queued"]) == 50
     assert [[e.name for e in app.trace(job_id)] for job_id in ids] == [["job.enqueued"]] * 50
+
+
+def test_when_the_event_cannot_be_written_no_job_is_either(db_url: str, app: replayq.App) -> None:
+    """The row and its ``job.enqueued`` pack commit together or not at all, one by one
+    (one statement committed by itself on PostgreSQL) and in bulk."""
+    app.enqueue("charge", {"account": "a", "amount": 0})
+    sqlite = db_url.startswith("sqlite")
+    refuse = (
+        [
+            "CREATE TRIGGER rq_test_refuse BEFORE INSERT ON rq_trace "
+            "BEGIN SELECT RAISE(ABORT, 'trace refused'); END"
+        ]
+        if sqlite
+        else [
+            "CREATE FUNCTION rq_test_refuse() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'trace refused'; END $$",
+            "CREATE TRIGGER rq_test_refuse BEFORE INSERT ON rq_trace "
+            "FOR EACH ROW EXECUTE FUNCTION rq_test_refuse()",
+        ]
+    )
+    with app.storage.transaction() as tx:
+        for statement in refuse:
+            tx.connection.execute(statement)
+    with pytest.raises(replayq.StorageError, match="trace refused"):
+        app.enqueue("charge", {"account": "b", "amount": 1}, message_id="m1")
+    with pytest.raises(replayq.StorageError, match="trace refused"):
+        app.enqueue_many(
+            [replayq.EnqueueRequest("charge", {"account": "c", "amount": n}) for n in range(3)]
+        )
+    assert [job.payload["account"] for job in app.list_jobs()] == ["a"]
+    with app.storage.transaction() as tx:
+        tx.connection.execute("DROP TRIGGER rq_test_refuse" + ("" if sqlite else " ON rq_trace"))
+    # The refused message id was not taken: the same enqueue now makes the job.
+    job_id = app.enqueue("charge", {"account": "b", "amount": 1}, message_id="m1")
+    assert [e.name for e in app.trace(job_id)] == ["job.enqueued"]

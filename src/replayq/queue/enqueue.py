@@ -16,7 +16,7 @@ from replayq.queue.catalog import active_contract
 from replayq.queue.contracts import Retry, render_template, template_fields
 from replayq.redaction import Redactor
 from replayq.runtime import Runtime
-from replayq.storage.protocol import JobInsert, Transaction
+from replayq.storage.protocol import Autocommit, JobInsert, Transaction
 
 
 def new_trace_id(now: float) -> str:
@@ -94,6 +94,27 @@ def insert_job(
     ((job_id, created),) = tx.job_enqueue([params], [_enqueued_event(params)])
     if not created:
         tx.trace_append([_deduplicated_event(tx, params, job_id)])
+    return job_id
+
+
+def enqueue_job(runtime: Runtime, request: EnqueueRequest, **options: Any) -> int:
+    """``insert_job`` in a transaction of its own (``App.enqueue`` without ``conn``).
+
+    Where the storage can commit a statement by itself (``Autocommit``: PostgreSQL) and
+    the type is declared here (its row needs no read), the row and its ``job.enqueued``
+    pack are that one statement: one round trip instead of ``BEGIN``, it, ``COMMIT``. A
+    duplicate ``message_id`` wrote nothing; its ``job.deduplicated`` goes in after.
+    """
+    storage = runtime.storage
+    if not isinstance(storage, Autocommit) or not runtime.registry.declares(request.job_type):
+        with storage.transaction() as tx:
+            return insert_job(runtime, tx, request, **options)
+    with storage.autocommit() as tx:
+        params = _job_params(runtime, tx, request, **options)
+        ((job_id, created),) = tx.job_enqueue([params], [_enqueued_event(params)])
+    if not created:
+        with storage.transaction() as tx:
+            tx.trace_append([_deduplicated_event(tx, params, job_id)])
     return job_id
 
 

@@ -521,6 +521,19 @@ class Listener(Protocol):
         ...
 
 
+@runtime_checkable
+class Autocommit(Protocol):
+    """An optional capability: verbs each committed on their own, for a write that is one
+    statement — one round trip where ``transaction`` takes three (``BEGIN``, the
+    statement, ``COMMIT``). PostgreSQL has it (``App.enqueue``'s insert and event are one
+    statement there); on SQLite a statement is an in-process call and it would save nothing.
+    """
+
+    def autocommit(self) -> AbstractContextManager[Transaction]:
+        """A ``Transaction`` whose every statement commits (or fails) by itself."""
+        ...
+
+
 class Storage(Protocol):
     """A database that replayq keeps its queue, trace and state in."""
 

@@ -121,6 +121,18 @@ class TappedStorage:
     def close(self) -> None:
         self.inner.close()
 
+    def _autocommit(self) -> Iterator[Transaction]:
+        autocommit = self.inner.autocommit  # type: ignore[attr-defined]
+        with autocommit() as tx:
+            tapped = _TappedTransaction(tx)
+            yield cast(Transaction, tapped)
+        if tapped.appended:
+            self.taps.emit(tapped.appended)
+
     def __getattr__(self, name: str) -> Any:
-        # Optional capabilities (``listen`` on PostgreSQL) pass through.
-        return getattr(self.inner, name)
+        # Optional capabilities (``listen`` on PostgreSQL) pass through; ``autocommit``
+        # (where the inner storage has it) is tapped as ``transaction`` is.
+        found = getattr(self.inner, name)
+        if name == "autocommit":
+            return contextmanager(self._autocommit)
+        return found

@@ -89,7 +89,7 @@ from replayq.model import Job, TraceEvent
 from replayq.redaction import mask_url_passwords
 from replayq.storage import migrate, packs
 from replayq.storage.adopted import AsyncConnectionView, TupleRows
-from replayq.storage.context_verbs import lease_now
+from replayq.storage.context_verbs import lease_now, query_params
 from replayq.storage.protocol import JobInsert, JobLease, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
 from replayq.storage.sql_transaction import SqlTransaction, row_to_job, with_job_id
@@ -247,6 +247,8 @@ class PostgresTransaction(SqlTransaction):
         duplicates looked up after."""
         if not params:
             return []
+        if len(params) == 1:
+            return [self._job_enqueue_one(params[0], events[0])]
         values = {name: [getattr(p, name) for p in params] for name in _JOB_INSERT_FIELDS}
         rows = [packs.pack_row([event]) for event in events]
         for column in _PACK_FIELDS:
@@ -270,6 +272,21 @@ class PostgresTransaction(SqlTransaction):
         if written:
             self._placed(written, pack_ids)
         return result
+
+    def _job_enqueue_one(self, params: JobInsert, event: TraceEvent) -> tuple[int, bool]:
+        values = query_params(params)
+        row = packs.pack_row([event])
+        for column in _PACK_FIELDS:
+            values[f"pack_{column}"] = row[column]
+        found = self.execute("job_enqueue_one", values).fetchone()
+        if found is None:
+            existing = self.fetchone(
+                "job_by_message_id", {"job_type": params.job_type, "message_id": params.message_id}
+            )
+            return int(existing["id"]), False
+        job_id = int(found[0])
+        self._placed([with_job_id(event, job_id)], {job_id: int(found[1])})
+        return job_id, True
 
     def lease_pairs(self, leases: Sequence[tuple[int, str]]) -> dict[str, Any]:
         """(job id, owner token) pairs as two arrays of the same length, for ``unnest``."""
@@ -533,6 +550,18 @@ class PostgresStorage:
     def transaction(self, *, readonly: bool = False) -> Iterator[PostgresTransaction]:
         with self._connection(readonly=readonly) as conn:
             yield PostgresTransaction(conn, self.queries)
+
+    @contextmanager
+    def autocommit(self) -> Iterator[PostgresTransaction]:
+        """Verbs on a pooled connection in autocommit mode: each statement is its own
+        transaction (``protocol.Autocommit``); the connection goes back as it came."""
+        with self._connection() as conn:
+            conn.autocommit = True
+            try:
+                yield PostgresTransaction(conn, self.queries)
+            finally:
+                if not conn.closed:
+                    conn.autocommit = False
 
     def adopt(self, connection: Any) -> PostgresTransaction:
         """Verbs on the caller's open transaction, whatever the connection's row factory.
