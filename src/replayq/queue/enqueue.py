@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +17,7 @@ from replayq.queue.catalog import active_contract
 from replayq.queue.contracts import Retry, render_template, template_fields
 from replayq.redaction import Redactor
 from replayq.runtime import Runtime
-from replayq.storage.protocol import Autocommit, JobInsert, Transaction
+from replayq.storage.protocol import JobInsert, Transaction
 
 
 def new_trace_id(now: float) -> str:
@@ -100,17 +101,23 @@ def insert_job(
 def enqueue_job(runtime: Runtime, request: EnqueueRequest, **options: Any) -> int:
     """``insert_job`` in a transaction of its own (``App.enqueue`` without ``conn``).
 
-    Where the storage can commit a statement by itself (``Autocommit``: PostgreSQL) and
-    the type is declared here (its row needs no read), the row and its ``job.enqueued``
-    pack are that one statement: one round trip instead of ``BEGIN``, it, ``COMMIT``. A
-    duplicate ``message_id`` wrote nothing; its ``job.deduplicated`` goes in after.
+    Where the storage can commit a statement by itself (``protocol.Autocommit``:
+    PostgreSQL) and the type is declared here (its row needs no read), the row and its
+    ``job.enqueued`` pack are that one statement: one round trip instead of ``BEGIN``,
+    it, ``COMMIT``. A duplicate ``message_id`` wrote nothing; its ``job.deduplicated``
+    goes in after.
     """
     storage = runtime.storage
-    if not isinstance(storage, Autocommit) or not runtime.registry.declares(request.job_type):
+    # ``getattr``, not ``isinstance(storage, Autocommit)``: a protocol check costs ~10 µs.
+    autocommit: Callable[[], AbstractContextManager[Transaction]] | None = getattr(
+        storage, "autocommit", None
+    )
+    if autocommit is None or not runtime.registry.declares(request.job_type):
         with storage.transaction() as tx:
             return insert_job(runtime, tx, request, **options)
-    with storage.autocommit() as tx:
+    with autocommit() as tx:
         params = _job_params(runtime, tx, request, **options)
+        job_id: int
         ((job_id, created),) = tx.job_enqueue([params], [_enqueued_event(params)])
     if not created:
         with storage.transaction() as tx:
