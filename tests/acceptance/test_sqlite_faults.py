@@ -3,8 +3,8 @@
 Real worker processes on a real file. The fault lands while they drain jobs whose
 handler runs an effect; afterwards every job has succeeded, none is dead, no effect
 is in doubt, each effect ran once, and the workers are the same processes (no
-restart). The disk-full test needs root (it mounts a small tmpfs) and is skipped
-otherwise.
+restart). The disk-full test needs root (it mounts a small tmpfs): skipped
+otherwise on a developer's machine, a failure in CI.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from replayq.storage.protocol import idem_get
 from tests import chaos_check
 from tests.acceptance.workers import WorkerLauncher, read_lines, wait_for
 from tests.apps import storage_faults
+from tests.conftest import missing
 from tests.services import Service
 
 APP = "tests.apps.storage_faults:app"
@@ -206,7 +207,7 @@ TMPFS_SIZE = "8m"
 def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
     """An 8 MB tmpfs mounted for this test (needs root); unmounted afterwards."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+        missing("mounting a tmpfs needs root", install="run the tests as root (CI does)")
     mount = tmp_path / "small"
     mount.mkdir()
     done = subprocess.run(
@@ -215,7 +216,10 @@ def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
         text=True,
     )
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        missing(
+            f"cannot mount a tmpfs here: {done.stderr.strip()}",
+            install="a machine where root may mount a tmpfs",
+        )
     try:
         yield mount
     finally:
