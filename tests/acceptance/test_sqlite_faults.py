@@ -3,8 +3,8 @@
 Real worker processes on a real file. The fault lands while they drain jobs whose
 handler runs an effect; afterwards every job has succeeded, none is dead, no effect
 is in doubt, each effect ran once, and the workers are the same processes (no
-restart). The disk-full test needs root (it mounts a small tmpfs) and is skipped
-otherwise.
+restart). The disk-full test needs root (it mounts a small tmpfs): skipped
+otherwise on a developer's machine, a failure in CI.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from replayq.storage.protocol import idem_get
 from tests import chaos_check
 from tests.acceptance.workers import WorkerLauncher, read_lines, wait_for
 from tests.apps import storage_faults
+from tests.conftest import missing
 from tests.services import Service
 
 APP = "tests.apps.storage_faults:app"
@@ -71,6 +72,16 @@ def _assert_all_delivered_once(
             if getattr(idem_get(tx, f"deliver:{n}:parcel.deliver"), "status", None) != "succeeded"
         ]
     assert in_doubt == [], "no effect record left started (in doubt)"
+    with app.storage.transaction(readonly=True) as tx:
+        failed = tx.connection.execute(
+            "SELECT job_id, data FROM rq_events WHERE name = 'job.failed' LIMIT 5"
+        ).fetchall()
+        parcels = tx.connection.execute(
+            "SELECT COUNT(*) FROM rq_entities WHERE namespace = 'parcel' AND branch = 'main'"
+        ).fetchone()[0]
+    # A step commit that met the fault is not the job's failure: no attempt failed for it.
+    assert failed == [], f"attempts failed because of the storage fault: {failed}"
+    assert parcels == total, "every step's state write committed"
 
 
 def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(
@@ -84,8 +95,14 @@ def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(
     try:
         for n in range(total):
             app.enqueue("deliver", {"n": n, "sink": str(sink)})
-        workers = [launcher.start(f"w{i}", app=APP, concurrency=2) for i in range(4)]
+        # Job 10 waits inside its step until the lock is taken: its step's commit meets it.
+        hold = tmp_path / "hold"
+        hold.touch()
+        env = {"STORAGE_FAULTS_HOLD": str(hold), "STORAGE_FAULTS_HOLD_JOB": "10"}
+        workers = [launcher.start(f"w{i}", app=APP, concurrency=2, env=env) for i in range(4)]
         wait_for(lambda: _counts(app)["succeeded"] >= 20, timeout=30, what="work under way")
+        held = next(j for j in app.list_jobs(limit=10_000) if j.payload["n"] == 10)
+        assert held.state.value == "running", "job 10 is held inside its step"
 
         holder = subprocess.Popen(
             [sys.executable, "-c", HOLD_LOCK, str(database), "12"],
@@ -93,6 +110,7 @@ def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(
             text=True,
         )
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        hold.unlink()  # job 10's step now commits into the locked database
         started = time.monotonic()
         # An enqueue meets the lock too: it waits busy_timeout, then says why, with the cause.
         with pytest.raises(replayq.DatabaseUnavailableError, match="database is locked") as info:
@@ -115,6 +133,10 @@ def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(
             sink,
             total,
             time.monotonic() - released,
+        )
+        put_back = [e for e in app.trace(held.id) if e.name == "lease.released"]
+        assert put_back and "database is locked" in put_back[0].data["storage_fault"], (
+            "the held job was put back, not failed"
         )
         for worker in workers:
             assert worker.proc.poll() is None, f"worker {worker.worker_id} died\n{worker.log()}"
@@ -185,7 +207,7 @@ TMPFS_SIZE = "8m"
 def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
     """An 8 MB tmpfs mounted for this test (needs root); unmounted afterwards."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+        missing("mounting a tmpfs needs root", install="run the tests as root (CI does)")
     mount = tmp_path / "small"
     mount.mkdir()
     done = subprocess.run(
@@ -194,7 +216,10 @@ def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
         text=True,
     )
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        missing(
+            f"cannot mount a tmpfs here: {done.stderr.strip()}",
+            install="a machine where root may mount a tmpfs",
+        )
     try:
         yield mount
     finally:
