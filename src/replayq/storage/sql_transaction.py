@@ -178,6 +178,12 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         return self.connection.execute(self._queries[name], params or {})
 
+    def execute_rows(self, name: str, row_sql: str, rows: int, values: Sequence[Any]) -> Any:
+        """``name``'s statement with its ``(:rows)`` as ``rows`` copies of ``row_sql``
+        (a multi-row ``VALUES``), given ``values`` positionally."""
+        sql = self._queries[name].replace("(:rows)", ", ".join([row_sql] * rows))
+        return self.connection.execute(sql, values)
+
     def executemany(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
         cursor = self.connection.cursor()
         cursor.executemany(self._queries[name], rows)
@@ -261,10 +267,8 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
             for event in chunk:
                 row = packs.pack_row([event])
                 values.extend(row[name] for name in columns)
-            sql = self._queries["trace_append_rows"].replace(
-                "(:rows)", ", ".join([row_sql] * len(chunk))
-            )
-            for pack_id, job_id in self.connection.execute(sql, values).fetchall():
+            found = self.execute_rows("trace_append_rows", row_sql, len(chunk), values)
+            for pack_id, job_id in found.fetchall():
                 pack_ids[int(job_id)] = int(pack_id)
         self._placed(events, pack_ids)
 
