@@ -12,10 +12,13 @@ one command a line on stdin and answers each on stdout, once the new mode is in 
 * ``eio`` — a failing disk: every read, write and ``fsync`` fails ``EIO`` (opens,
   metadata and the rest still work).
 
-Which files fail: those whose name does not end in ``-shm``. SQLite maps its WAL index
-(``-shm``) into memory and keeps it in shared memory, not on the disk: a fault there
-would only show when the kernel writes the mapping back, out of SQLite's sight. The
-database file and its WAL are where every read and write of a transaction goes.
+Whose reads, writes and ``fsync`` fail: every file's but ``-shm``'s. SQLite maps its WAL
+index (``-shm``) into memory and keeps it in shared memory, not on the disk: a fault
+there would only show when the kernel writes the mapping back, out of SQLite's sight.
+The database file and its WAL are where every read and write of a transaction goes.
+Opens for writing, creates, renames and unlinks are refused on every file in
+``readonly`` mode, ``-shm`` included, as on a real read-only file system (so a
+connection opened during the fault gets a read-only one, as SQLite does there).
 
 Files other than ``-shm`` are opened ``direct_io``: every ``read`` and ``write`` system
 call reaches this process (no page cache answers a read in the kernel), so a fault in

@@ -359,10 +359,12 @@ def test_a_read_only_or_failing_disk_is_waited_out_and_the_worker_resumes_when_i
       unlink with ``EROFS`` (reads work), as a file system remounted read-only after errors;
     * ``eio``: every read, write and ``fsync`` with ``EIO``, as a failing disk.
 
-    The ``-shm`` file (SQLite's shared-memory WAL index, mapped into memory) is left
-    alone: a fault there only shows when the kernel writes the mapping back. The fault
-    starts while a worker drains jobs with effects and lasts until the worker has said
-    why and backed off; an enqueue meanwhile fails, naming the cause, and leaves nothing.
+    Reads and writes of the ``-shm`` file (SQLite's WAL index, mapped into memory) do
+    not fail: a fault there only shows when the kernel writes the mapping back; opening
+    it for writing is refused while read-only, as on a real read-only file system.
+    The fault starts while a worker drains jobs with effects and lasts until the worker
+    has said why and backed off; an enqueue meanwhile fails, naming the cause, and
+    leaves nothing; a second worker started during the fault runs jobs after it.
     """
     database = faulty_disk.mount / "queue.db"
     launcher = WorkerLauncher(database, tmp_path)
