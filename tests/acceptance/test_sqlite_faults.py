@@ -81,6 +81,16 @@ def _assert_all_delivered_once(
             if getattr(idem_get(tx, f"deliver:{n}:parcel.deliver"), "status", None) != "succeeded"
         ]
     assert in_doubt == [], "no effect record left started (in doubt)"
+    with app.storage.transaction(readonly=True) as tx:
+        failed = tx.connection.execute(
+            "SELECT job_id, data FROM rq_events WHERE name = 'job.failed' LIMIT 5"
+        ).fetchall()
+        parcels = tx.connection.execute(
+            "SELECT COUNT(*) FROM rq_entities WHERE namespace = 'parcel' AND branch = 'main'"
+        ).fetchone()[0]
+    # A step commit that met the fault is not the job's failure: no attempt failed for it.
+    assert failed == [], f"attempts failed because of the storage fault: {failed}"
+    assert parcels == total, "every step's state write committed"
 
 
 def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(
@@ -94,8 +104,14 @@ def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(
     try:
         for n in range(total):
             app.enqueue("deliver", {"n": n, "sink": str(sink)})
-        workers = [launcher.start(f"w{i}", app=APP, concurrency=2) for i in range(4)]
+        # Job 10 waits inside its step until the lock is taken: its step's commit meets it.
+        hold = tmp_path / "hold"
+        hold.touch()
+        env = {"STORAGE_FAULTS_HOLD": str(hold), "STORAGE_FAULTS_HOLD_JOB": "10"}
+        workers = [launcher.start(f"w{i}", app=APP, concurrency=2, env=env) for i in range(4)]
         wait_for(lambda: _counts(app)["succeeded"] >= 20, timeout=30, what="work under way")
+        held = next(j for j in app.list_jobs(limit=10_000) if j.payload["n"] == 10)
+        assert held.state.value == "running", "job 10 is held inside its step"
 
         holder = subprocess.Popen(
             [sys.executable, "-c", HOLD_LOCK, str(database), "12"],
@@ -103,6 +119,7 @@ def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(
             text=True,
         )
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        hold.unlink()  # job 10's step now commits into the locked database
         started = time.monotonic()
         # An enqueue meets the lock too: it waits busy_timeout, then says why, with the cause.
         with pytest.raises(replayq.DatabaseUnavailableError, match="database is locked") as info:
@@ -125,6 +142,10 @@ def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(
             sink,
             total,
             time.monotonic() - released,
+        )
+        put_back = [e for e in app.trace(held.id) if e.name == "lease.released"]
+        assert put_back and "database is locked" in put_back[0].data["storage_fault"], (
+            "the held job was put back, not failed"
         )
         for worker in workers:
             assert worker.proc.poll() is None, f"worker {worker.worker_id} died\n{worker.log()}"

@@ -44,6 +44,9 @@ Known limits, up front:
   the last transactions before the failure may roll back (the database stays
   consistent). ``App(url + "?synchronous=FULL")`` makes every commit durable
   against power loss at the cost of an fsync per commit.
+* Lock waits: a write waits up to 5 s for another writer's lock (``?busy_timeout=``
+  in milliseconds changes it); past that the write raises
+  ``DatabaseUnavailableError``, which workers wait out.
 """
 
 from __future__ import annotations
@@ -209,7 +212,14 @@ class SqliteStorage:
         self.synchronous = options.get("synchronous", "NORMAL").upper()
         if self.synchronous not in _SYNC_MODES:
             raise ConfigurationError(f"{url!r}: synchronous must be one of {sorted(_SYNC_MODES)}")
-        self.busy_timeout_ms = busy_timeout_ms
+        try:
+            self.busy_timeout_ms = int(options.get("busy_timeout", busy_timeout_ms))
+        except ValueError:
+            self.busy_timeout_ms = -1
+        if self.busy_timeout_ms < 0:
+            raise ConfigurationError(
+                f"{url!r}: busy_timeout is the milliseconds a write waits for the lock (e.g. 5000)"
+            )
         self.queries = load_queries("replayq.storage.sqlite")
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
