@@ -398,10 +398,27 @@ def test_a_read_only_or_failing_disk_is_waited_out_and_the_worker_resumes_when_i
     try:
         for n in range(total):
             app.enqueue("deliver", {"n": n, "sink": str(sink)})
-        worker = launcher.start("w0", app=APP, concurrency=2)
+        # Job 10 waits inside its step until the fault is on: its step's commit meets it.
+        hold = tmp_path / "hold"
+        hold.touch()
+        env = {"STORAGE_FAULTS_HOLD": str(hold), "STORAGE_FAULTS_HOLD_JOB": "10"}
+        worker = launcher.start("w0", app=APP, concurrency=2, env=env)
+        held = wait_for(
+            lambda: next(
+                (
+                    j
+                    for j in app.list_jobs(limit=10_000)
+                    if j.payload["n"] == 10 and j.state.value == "running"
+                ),
+                None,
+            ),
+            timeout=60,
+            what="job 10 held inside its step",
+        )
         wait_for(lambda: _counts(app)["succeeded"] >= 10, timeout=60, what="work under way")
         assert _counts(app)["succeeded"] < total - 100, "the fault must land mid-drain"
         faulty_disk.set(fault)
+        hold.unlink()  # job 10's step now commits onto the faulty disk
         wait_for(
             lambda: "database unavailable" in worker.log(),
             timeout=60,
@@ -449,6 +466,10 @@ def test_a_read_only_or_failing_disk_is_waited_out_and_the_worker_resumes_when_i
             sink,
             total,
             time.monotonic() - cleared,
+        )
+        put_back = [e for e in app.trace(held.id) if e.name == "lease.released"]
+        assert put_back and re.search(cause, put_back[0].data["storage_fault"]), (
+            f"the held job was put back for the fault, not failed: {put_back}"
         )
         assert late.proc.poll() is None
         for each in (worker, late):
