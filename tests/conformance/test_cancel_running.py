@@ -98,6 +98,36 @@ def test_a_running_job_cancelled_between_effects_runs_no_further_effect_and_repo
     assert claimed == ["charge:0"], "the later effects were never claimed"
 
 
+def test_a_running_job_that_fails_after_its_cancel_is_cancelled_not_retried(
+    app_factory: Callable[..., replayq.App],
+) -> None:
+    app = app_factory()
+    started = threading.Event()
+
+    def flaky(ctx: replayq.Context) -> None:
+        started.set()
+        deadline = time.monotonic() + 10
+        while not ctx.cancelled and time.monotonic() < deadline:
+            time.sleep(0.01)
+        raise replayq.TransientError("upstream went away")  # retryable, were it not cancelled
+
+    app.job("flaky", lease="2s", heartbeat="0.1s", retry=replayq.Retry(max_attempts=5))(flaky)
+    job_id = app.enqueue("flaky")
+    with running(app) as worker:
+        assert started.wait(10)
+        assert app.cancel(job_id)
+        wait_for(
+            lambda: app.get_job(job_id).state == replayq.JobState.CANCELLED,
+            timeout=10,
+            what="the job ends cancelled",
+        )
+    assert worker.stats.cancelled == 1 and worker.stats.retried == 0
+    names = [e.name for e in app.trace(job_id)]
+    assert "retry.scheduled" not in names and names.count("job.leased") == 1
+    (cancelled,) = [e for e in app.trace(job_id) if e.name == "job.cancelled"]
+    assert "upstream went away" in cancelled.data["reason"]
+
+
 def test_a_job_that_reaches_no_boundary_within_its_lease_is_cancelled_not_run_again(
     app_factory: Callable[..., replayq.App],
 ) -> None:
