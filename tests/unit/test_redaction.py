@@ -160,6 +160,48 @@ def test_a_job_types_rules_add_to_the_apps(tmp_path: Path) -> None:
         app.close()
 
 
+def test_a_calls_and_a_decisions_values_are_redacted_once_as_every_events_data(
+    tmp_path: Path,
+) -> None:
+    # The call's request and response and the decision's value and reasons are redacted
+    # when they are checked (``encoded``) and the event takes them without a second
+    # screen; a rule naming one of those fields still marks all of it.
+    app = replayq.App(f"sqlite:///{tmp_path / 'q.db'}", redaction=Redaction(key="k"))
+    token = "Bearer abcdefgh12345678"
+
+    @app.job("pay")
+    def pay(ctx: replayq.Context, n: int) -> None:
+        ctx.call("bank", lambda t: {"ok": True, "auth": t, "api_key": "k-1"}, token)
+        ctx.decide("route", {"header": token}, password="pw", n=n)
+
+    @app.job("strict", redact=Redaction(["response", "why"]))
+    def strict(ctx: replayq.Context, n: int) -> None:
+        ctx.call("bank", lambda: {"ok": True})
+        ctx.decide("route", "ship", n=n)
+
+    try:
+        paid = run_inline(app, "pay", {"n": 1})
+        events = {e.name: e.data for e in app.trace(paid.id) if e.name in ("call", "decision")}
+        redactor = Redactor.build(Redaction(key="k"))
+        call, decision = events["call"], events["decision"]
+        assert call["request"] == {"args": [redactor.text(token)], "kwargs": {}}
+        assert call["response"] == {
+            "ok": True,
+            "auth": redactor.text(token),
+            "api_key": redactor.marker("k-1"),
+        }
+        assert decision["value"] == {"header": redactor.text(token)}
+        assert decision["why"] == {"password": redactor.marker("pw"), "n": 1}
+        assert "abcdefgh12345678" not in str(events)
+
+        done = run_inline(app, "strict", {"n": 2})
+        events = {e.name: e.data for e in app.trace(done.id) if e.name in ("call", "decision")}
+        assert is_marker(events["call"]["response"]), events["call"]
+        assert is_marker(events["decision"]["why"]) and events["decision"]["value"] == "ship"
+    finally:
+        app.close()
+
+
 def test_the_same_app_on_another_database_keeps_its_redaction(tmp_path: Path) -> None:
     # ``--db`` with ``--app``: the CLI runs the app's job types on another database.
     app = replayq.App(f"sqlite:///{tmp_path / 'a.db'}", redaction=Redaction(["iban"], key="k"))

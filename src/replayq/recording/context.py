@@ -282,9 +282,19 @@ class Context(Recorder):
     def decide(self, name: str, value: Any, **why: Any) -> Any:
         """Record a decision and its reasons; returns ``value``."""
         self.check_cancelled()
-        # One walk checks the value and the reasons (events are written without one).
-        self.encode({"value": value, "why": why}, what=f"decision {name!r}")
-        self.record("decision", decision=name, value=value, why=why)
+        # One walk checks the value and the reasons (events are written without one) and
+        # redacts them: the event takes the redacted parts without screening them again.
+        checked = self.encoded({"value": value, "why": why}, what=f"decision {name!r}").inline
+        if checked is None:  # above the inline limit: the event's data is redacted on its own
+            self.record("decision", decision=name, value=value, why=why)
+        else:
+            self.record_screened(
+                "decision",
+                ("value", "why"),
+                decision=name,
+                value=checked["value"],
+                why=checked["why"],
+            )
         return value
 
     # -- external reads ---------------------------------------------------------------------
