@@ -202,6 +202,38 @@ def test_a_calls_and_a_decisions_values_are_redacted_once_as_every_events_data(
         app.close()
 
 
+def test_a_state_writes_delta_is_redacted_as_its_data_is(tmp_path: Path) -> None:
+    # A clean write's delta is not encoded and screened again; a removed field's name, a
+    # secret in the new data and a rule naming the delta's own keys still redact it.
+    app = replayq.App(f"sqlite:///{tmp_path / 'q.db'}", redaction=Redaction(key="k"))
+    redactor = Redactor.build(Redaction(key="k"))
+
+    @app.job("write")
+    def write(ctx: replayq.Context, first: dict[str, object], then: dict[str, object]) -> None:
+        with ctx.step("a"):
+            ctx.state.put("account", 1, first)
+        with ctx.step("b"):
+            ctx.state.put("account", 1, then)
+
+    @app.job("strict", redact=Redaction(["replace"]))
+    def strict(ctx: replayq.Context) -> None:
+        with ctx.step("a"):
+            ctx.state.put("account", 2, {"n": 1})
+
+    def deltas(job_id: int) -> list[object]:
+        return [e.data["delta"] for e in app.trace(job_id) if e.name == "state.write"]
+
+    try:
+        done = run_inline(app, "write", {"first": {CARD: 1, "n": 1}, "then": {"n": 2}})
+        assert deltas(done.id)[1] == {"set": {"n": 2}, "unset": [redactor.marker(CARD)]}
+        done = run_inline(app, "write", {"first": {"n": 1}, "then": {"n": 2, "cvv": "123"}})
+        assert deltas(done.id)[1] == {"set": {"n": 2, "cvv": redactor.marker("123")}, "unset": []}
+        done = run_inline(app, "strict", {})
+        assert is_marker(deltas(done.id)[0]["replace"])
+    finally:
+        app.close()
+
+
 def test_the_same_app_on_another_database_keeps_its_redaction(tmp_path: Path) -> None:
     # ``--db`` with ``--app``: the CLI runs the app's job types on another database.
     app = replayq.App(f"sqlite:///{tmp_path / 'a.db'}", redaction=Redaction(["iban"], key="k"))

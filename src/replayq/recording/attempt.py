@@ -72,6 +72,8 @@ class Attempt(Protocol):
         screened: tuple[str, ...],
         *,
         status: str | None = None,
+        resource: str | None = None,
+        resource_version: int | None = None,
         output_ref: str | None = None,
         **data: Any,
     ) -> TraceEvent:

@@ -106,6 +106,7 @@ class Recorder:
         """``event`` with ``data`` as it is (already redacted)."""
         self._seq += 1
         runtime, job, steps, trace_id = self.runtime, self.job, self._steps, self._trace_id
+        now = runtime.clock.now()
         return TraceEvent.built(
             {
                 "trace_id": trace_id,
@@ -116,8 +117,9 @@ class Recorder:
                 "name": name,
                 "seq": self._seq,
                 "step": steps[-1] if steps else None,
-                "ts": runtime.clock.now(),
-                "hlc": hlc if hlc is not None else runtime.hlc.tick(),
+                "ts": now,
+                # The HLC of the runtime is over the same clock: its reading is ``ts``.
+                "hlc": hlc if hlc is not None else runtime.hlc.tick_at(now),
                 "worker_id": self.worker_id,
                 "status": status,
                 "resource": resource,
@@ -162,6 +164,8 @@ class Recorder:
         screened: tuple[str, ...],
         *,
         status: str | None = None,
+        resource: str | None = None,
+        resource_version: int | None = None,
         output_ref: str | None = None,
         **data: Any,
     ) -> TraceEvent:
@@ -182,7 +186,7 @@ class Recorder:
                 if clean is rest
                 else {key: value if key in screened else clean[key] for key, value in data.items()}
             )
-        event = self._event(name, merged, status, output_ref=output_ref)
+        event = self._event(name, merged, status, resource, resource_version, output_ref=output_ref)
         self._pending.events.append(event)
         return event
 
