@@ -65,6 +65,7 @@ class HybridLogicalClock:
         self._lock = threading.Lock()
 
     def tick(self) -> int:
+        """The stamp of a local event: after every stamp and observation so far."""
         return self.tick_at(self._clock.now())
 
     def tick_at(self, now: float) -> int:

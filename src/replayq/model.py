@@ -127,7 +127,8 @@ class TraceEvent:
         """``of`` for a dictionary literal in replayq's own code that names every field
         (the recording context, the trace-pack reader: one call per event): the event
         takes ``fields`` as its ``__dict__``, unchecked and uncopied, so the caller must
-        not keep it. ``tests/unit/test_model.py`` checks each such literal's fields."""
+        not keep it. A conformance test (``test_context_recording``) checks that the events
+        both build carry every field."""
         event = object.__new__(cls)
         object.__setattr__(event, "__dict__", fields)
         return event
