@@ -140,7 +140,7 @@ _JOB_QUERIES: dict[type[Any], str] = {
 
 def with_job_id(event: TraceEvent, job_id: int) -> TraceEvent:
     """``event`` of the job whose id the insert just gave."""
-    return TraceEvent.of({**event.__dict__, "job_id": job_id})
+    return TraceEvent.built({**event.__dict__, "job_id": job_id})
 
 
 def row_to_job(row: Mapping[str, Any]) -> Job:

@@ -77,7 +77,7 @@ class _TappedTransaction:
     ) -> list[tuple[int, bool]]:
         inserted = self._inner.job_enqueue(params, events)
         self.appended.extend(
-            TraceEvent.of({**event.__dict__, "job_id": job_id})
+            TraceEvent.built({**event.__dict__, "job_id": job_id})
             for event, (job_id, created) in zip(events, inserted, strict=True)
             if created
         )
