@@ -390,7 +390,7 @@ def test_a_hold_and_a_trim_of_the_same_job_are_ordered(app_factory: AppFactory) 
     fork_thread.start()
     # gc's batch trims the job and has not committed yet: the hold waits for it.
     with app.storage.transaction() as tx:
-        assert tx.gc_apply(TraceTrim(job.id, to_ledger, now)) > 0
+        assert tx.gc_apply(TraceTrim([job.id], to_ledger, now)) > 0
         trimming.set()
         assert not held.wait(0.5), "the hold waited for gc's transaction"
     fork_thread.join(30)
@@ -399,8 +399,8 @@ def test_a_hold_and_a_trim_of_the_same_job_are_ordered(app_factory: AppFactory) 
 
     # Now held: gc's changes of that job apply nothing.
     with app.storage.transaction() as tx:
-        assert tx.gc_apply(TraceTrim(job.id, lambda events: [], now)) == 0
-        assert tx.gc_apply(JobPurge(job.id, now)) == 0
+        assert tx.gc_apply(TraceTrim([job.id], lambda events: [], now)) == 0
+        assert tx.gc_apply(JobPurge([job.id], now)) == 0
     assert app.get_job(job.id).state is replayq.JobState.SUCCEEDED
     assert app.trace(job.id), "nothing trimmed while held"
 

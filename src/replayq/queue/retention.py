@@ -276,45 +276,64 @@ def _jobs(
     max_batches: int | None,
     progress: Callable[[int, int], None] | None,
 ) -> None:
-    """Trim, forget and delete finished jobs by id, ``batch`` per transaction."""
+    """Trim, forget and delete finished jobs by id, ``batch`` per transaction: each change
+    is one set-based call for the whole batch (a handful of statements, not a few a job)."""
     dry_run = report.dry_run
     shortest = policy.shortest_full_days()
     assert shortest is not None
     cutoff = now - shortest * DAY
+
+    def keep(events: list[TraceEvent]) -> list[TraceEvent]:
+        kept = to_ledger(events)
+        if len(kept) < len(events):
+            report.trimmed_jobs += 1
+        return kept
+
     while max_batches is None or report.batches < max_batches:
-        with storage.transaction() as tx:
+        with storage.transaction(readonly=True) as tx:
             found = tx.gc_scan(GcScan(after=after, cutoff=cutoff, limit=batch, now=now))
-            for candidate in found:
-                job_id = candidate.job_id
-                rule = policy.of(candidate.job_type, candidate.version)
-                age = now - candidate.finished_at
-                if rule.full_days is None or age < rule.full_days * DAY:
-                    continue
-                if _past(rule.idempotency_days, age):
-                    report.idempotency_jobs += 1
-                    if not dry_run:
-                        tx.gc_apply(IdemPurge(job_id))
-                if _past(rule.message_id_days, age):
-                    report.message_id_jobs += 1
-                    if not dry_run:
-                        tx.gc_apply(MessageIdForget(job_id))
-                if _past(rule.ledger_days, age):
-                    report.purged_jobs += 1 if dry_run else tx.gc_apply(JobPurge(job_id, now))
-                    continue
-                removed = (
-                    _count_removed(tx.trace_query, job_id)
-                    if dry_run
-                    else tx.gc_apply(TraceTrim(job_id, to_ledger, now))
-                )
-                if removed:
-                    report.trimmed_jobs += 1
-                    report.events_removed += removed
-            report.scanned += len(found)
-            if found:
-                after = found[-1].job_id
-            if not dry_run:
+        forget_idem: list[int] = []
+        forget_message: list[int] = []
+        purge: list[int] = []
+        trim: list[int] = []
+        for candidate in found:
+            rule = policy.of(candidate.job_type, candidate.version)
+            age = now - candidate.finished_at
+            if rule.full_days is None or age < rule.full_days * DAY:
+                continue
+            if _past(rule.idempotency_days, age):
+                forget_idem.append(candidate.job_id)
+            if _past(rule.message_id_days, age):
+                forget_message.append(candidate.job_id)
+            if _past(rule.ledger_days, age):
+                purge.append(candidate.job_id)
+                continue
+            trim.append(candidate.job_id)
+        report.idempotency_jobs += len(forget_idem)
+        report.message_id_jobs += len(forget_message)
+        if found:
+            after = found[-1].job_id
+        if dry_run:
+            report.purged_jobs += len(purge)
+            with storage.transaction(readonly=True) as tx:
+                for job_id in trim:
+                    removed = _count_removed(tx.trace_query, job_id)
+                    if removed:
+                        report.trimmed_jobs += 1
+                        report.events_removed += removed
+        else:
+            with storage.transaction() as tx:
+                if forget_idem:
+                    tx.gc_apply(IdemPurge(forget_idem))
+                if forget_message:
+                    tx.gc_apply(MessageIdForget(forget_message))
+                if purge:
+                    report.purged_jobs += tx.gc_apply(JobPurge(purge, now))
+                if trim:
+                    report.events_removed += tx.gc_apply(TraceTrim(trim, keep, now))
                 # The end reached: the next pass starts over (jobs age into their tier).
                 tx.gc_apply(GcCursorPut(CURSOR, after if len(found) == batch else 0, now))
+        report.scanned += len(found)
         report.batches += 1
         if not dry_run and found:
             with storage.transaction() as tx:

@@ -100,36 +100,38 @@ GcQuery = KeptJobs | GcScan | GcCursor | JobHours | DerivedScan | BlobScan
 
 @dataclass(frozen=True, slots=True)
 class TraceTrim:
-    """Rewrite a job's trace packs with what ``keep`` returns of its events (a subset, an
-    event possibly with other data; a pack left empty is deleted, with its resource index
-    entries); nothing if the job is held at ``now``."""
+    """Rewrite these jobs' trace packs with what ``keep`` returns of each job's events (a
+    subset, an event possibly with other data; a pack left empty is deleted, with its
+    resource index entries). A job is skipped when it is not finished any more, pinned, held
+    at ``now``, or its row is locked by a hold being taken. Returns the events removed."""
 
-    job_id: int
+    job_ids: Sequence[int]
     keep: Callable[[list[TraceEvent]], list[TraceEvent]]
     now: float
 
 
 @dataclass(frozen=True, slots=True)
 class JobPurge:
-    """Count a job into its hour (``JobHours``), then delete it: its row, its trace packs
-    and their index entries, its steps; nothing if the job is held at ``now``."""
+    """Count these jobs into their hours (``JobHours``), then delete them: their rows, their
+    full-tier trace packs and index entries, their steps; a job is skipped as ``TraceTrim``
+    skips it. Returns the jobs deleted."""
 
-    job_id: int
+    job_ids: Sequence[int]
     now: float
 
 
 @dataclass(frozen=True, slots=True)
 class IdemPurge:
-    """Forget a job's settled idempotency records (an in-flight claim stays)."""
+    """Forget these jobs' settled idempotency records (an in-flight claim stays)."""
 
-    job_id: int
+    job_ids: Sequence[int]
 
 
 @dataclass(frozen=True, slots=True)
 class MessageIdForget:
-    """Forget a finished job's message id: the same message id makes a new job again."""
+    """Forget these finished jobs' message ids: the same message id makes a new job again."""
 
-    job_id: int
+    job_ids: Sequence[int]
 
 
 @dataclass(frozen=True, slots=True)
