@@ -46,6 +46,8 @@ from replayq.storage.retention_params import (
     GcVacuum,
     IdemPurge,
     JobPurge,
+    LedgerDrop,
+    LedgerPartitions,
     MessageIdForget,
     TraceTrim,
 )
@@ -217,6 +219,7 @@ class GcReport:
     idempotency_jobs: int = 0
     message_id_jobs: int = 0
     derived_traces: int = 0
+    partitions_dropped: int = 0
     blobs: int = 0
     blob_bytes: int = 0
     batches: int = 0
@@ -282,6 +285,7 @@ def _jobs(
     shortest = policy.shortest_full_days()
     assert shortest is not None
     cutoff = now - shortest * DAY
+    prepared: set[int] = set()  # the ledger days whose partition this pass made sure of
 
     def keep(events: list[TraceEvent]) -> list[TraceEvent]:
         kept = to_ledger(events)
@@ -296,6 +300,7 @@ def _jobs(
         forget_message: list[int] = []
         purge: list[int] = []
         trim: list[int] = []
+        expires_at: dict[int, float] = {}
         for candidate in found:
             rule = policy.of(candidate.job_type, candidate.version)
             age = now - candidate.finished_at
@@ -309,6 +314,8 @@ def _jobs(
                 purge.append(candidate.job_id)
                 continue
             trim.append(candidate.job_id)
+            if rule.ledger_days is not None:
+                expires_at[candidate.job_id] = candidate.finished_at + rule.ledger_days * DAY
         report.idempotency_jobs += len(forget_idem)
         report.message_id_jobs += len(forget_message)
         if found:
@@ -322,6 +329,11 @@ def _jobs(
                         report.trimmed_jobs += 1
                         report.events_removed += removed
         else:
+            days = {int(at // DAY) for at in expires_at.values()} - prepared
+            if days:
+                with storage.transaction() as tx:
+                    tx.gc_apply(LedgerPartitions([day * DAY for day in sorted(days)]))
+                prepared |= days
             with storage.transaction() as tx:
                 if forget_idem:
                     tx.gc_apply(IdemPurge(forget_idem))
@@ -330,7 +342,7 @@ def _jobs(
                 if purge:
                     report.purged_jobs += tx.gc_apply(JobPurge(purge, now))
                 if trim:
-                    report.events_removed += tx.gc_apply(TraceTrim(trim, keep, now))
+                    report.events_removed += tx.gc_apply(TraceTrim(trim, keep, now, expires_at))
                 # The end reached: the next pass starts over (jobs age into their tier).
                 tx.gc_apply(GcCursorPut(CURSOR, after if len(found) == batch else 0, now))
         report.scanned += len(found)
@@ -341,6 +353,9 @@ def _jobs(
         if progress is not None:
             progress(report.scanned, after)
         if len(found) < batch:
+            if not dry_run:
+                with storage.transaction() as tx:
+                    report.partitions_dropped += tx.gc_apply(LedgerDrop(now))
             return
         if pause:
             time.sleep(pause)

@@ -37,6 +37,8 @@ from replayq.storage.retention_params import (
     KeepHold,
     KeepPin,
     KeptJobs,
+    LedgerDrop,
+    LedgerPartitions,
     MessageIdForget,
     TraceTrim,
 )
@@ -44,6 +46,9 @@ from replayq.storage.retention_params import (
 
 class RetentionVerbs:
     """Pins and holds, gc's questions and its deletions, shared by every SQL backend."""
+
+    # Whether the ledger tier lives in day partitions that gc drops (PostgreSQL).
+    ledger_partitioned = False
 
     def list_param(self, values: Sequence[str] | Sequence[int] | None) -> Any:
         raise NotImplementedError
@@ -68,6 +73,7 @@ class RetentionVerbs:
     def keep_transition(self, change: KeepChange) -> bool:
         if isinstance(change, KeepPin):
             self.execute("job_keep", query_params(change))
+            self._unmove(change.job_id)
             return True
         if isinstance(change, KeepHold):
             if self.fetchone("gc_hold_lock", {"job_id": change.job_id}) is None:
@@ -123,6 +129,10 @@ class RetentionVerbs:
         if isinstance(change, MessageIdForget):
             values = {"job_ids": self.list_param(list(change.job_ids))}
             return int(self.execute("job_message_forget", values).rowcount)
+        if isinstance(change, LedgerPartitions):
+            return self._ledger_partitions(change)
+        if isinstance(change, LedgerDrop):
+            return self._ledger_drop(change)
         if isinstance(change, DerivedPurge):
             return self._derived_purge(change)
         if isinstance(change, BlobPurge):
@@ -133,6 +143,23 @@ class RetentionVerbs:
             return 0
         self.fetchall("gc_vacuum")
         return 0
+
+    # -- ledger partitions: none here (SQLite); the PostgreSQL backend overrides these ----
+
+    def _ledger_partitions(self, change: LedgerPartitions) -> int:
+        return 0
+
+    def _ledger_drop(self, change: LedgerDrop) -> int:
+        return 0
+
+    def _ledger_move(
+        self, moved: Sequence[tuple[Mapping[str, Any], list[TraceEvent], float]]
+    ) -> None:
+        """Write each (pack row, kept events, expiry) into the ledger partition of its day."""
+        raise NotImplementedError("no ledger partitions on this backend")
+
+    def _unmove(self, job_id: int) -> None:
+        """Move a pinned job's packs out of its ledger partition, back into ``rq_trace``."""
 
     # -- trimming and deleting finished jobs, a batch at a time ----------------------------
 
@@ -168,16 +195,25 @@ class RetentionVerbs:
         deleted: list[int] = []
         rewritten: list[dict[str, Any]] = []
         entries: list[dict[str, Any]] = []
-        for rows in self._full_packs(jobs).values():
+        moved: list[tuple[Mapping[str, Any], list[TraceEvent], float]] = []
+        for job_id, rows in self._full_packs(jobs).items():
             unpacked = [(row, packs.unpack(row)) for row in rows]
             everything = sorted(
                 (e for _, events in unpacked for e in events), key=lambda e: (e.hlc, e.id or 0)
             )
             kept = {e.id: e for e in change.keep(everything)}
             removed += len(everything) - len(kept)
+            expires_at = change.expires_at.get(job_id) if self.ledger_partitioned else None
             for row, events in unpacked:
                 now_events = [kept[e.id] for e in events if e.id in kept]
                 pack_id = int(row["id"])
+                if expires_at is not None:
+                    # Into the ledger partition of its expiry day, changed or not.
+                    gone.append((pack_id, events))
+                    deleted.append(pack_id)
+                    if now_events:
+                        moved.append((row, now_events, expires_at))
+                    continue
                 if now_events == events:
                     continue
                 gone.append((pack_id, events))
@@ -193,6 +229,8 @@ class RetentionVerbs:
             self.executemany("trace_pack_rewrite", rewritten)
         if entries:
             self.executemany("trace_resources_append", entries)
+        if moved:
+            self._ledger_move(moved)
         return removed
 
     def _purge(self, change: JobPurge) -> int:

@@ -85,13 +85,14 @@ from psycopg_pool import ConnectionPool
 
 from replayq import codec
 from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
-from replayq.model import Job
+from replayq.model import Job, TraceEvent
 from replayq.redaction import mask_url_passwords
-from replayq.storage import migrate
+from replayq.storage import migrate, packs
 from replayq.storage.adopted import AsyncConnectionView, TupleRows
 from replayq.storage.context_verbs import lease_now
 from replayq.storage.protocol import JobInsert, JobLease, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
+from replayq.storage.retention_params import LedgerDrop, LedgerPartitions
 from replayq.storage.sql_transaction import SqlTransaction, row_to_job
 
 log = logging.getLogger("replayq.storage.postgres")
@@ -212,6 +213,41 @@ class PostgresTransaction(SqlTransaction):
     def list_param(self, values: Sequence[str] | Sequence[int] | None) -> Any:
         """A Python list, bound as an array for ``= ANY(%(x)s::text[])`` (or ``bigint[]``)."""
         return None if values is None else list(values)
+
+    # -- the ledger tier in day partitions (migration 0013, docs/operations.md) ------------
+
+    ledger_partitioned = True
+
+    def _ledger_partitions(self, change: LedgerPartitions) -> int:
+        made = 0
+        for expires_at in change.expires_at:
+            made += bool(self.fetchone("ledger_partition", {"expires_at": expires_at})["made"])
+        return made
+
+    def _ledger_drop(self, change: LedgerDrop) -> int:
+        return int(self.fetchone("ledger_drop", {"now": change.now})["dropped"])
+
+    def _ledger_move(
+        self, moved: Sequence[tuple[Mapping[str, Any], list[TraceEvent], float]]
+    ) -> None:
+        rows: list[dict[str, Any]] = []
+        entries: list[dict[str, Any]] = []
+        for row, events, expires_at in moved:
+            pack_id = int(row["id"])
+            rows.append({**packs.pack_row(events), "id": pack_id, "expires_at": expires_at})
+            entries.extend(
+                {**entry, "expires_at": expires_at}
+                for entry in packs.pack_resources(events, pack_id)
+            )
+        self.executemany("ledger_pack_insert", rows)
+        if entries:
+            self.executemany("ledger_resources_append", entries)
+
+    def _unmove(self, job_id: int) -> None:
+        # FOR SHARE first, as a hold: gc's batch (FOR UPDATE SKIP LOCKED) either committed
+        # before (the job may be gone) or skips the job, and then sees the pin.
+        if self.fetchone("gc_hold_lock", {"job_id": job_id}) is not None:
+            self.execute("ledger_unmove", {"job_id": job_id})
 
     def _job_insert_many(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]:
         """All in one ``INSERT ... SELECT FROM unnest(...)``; duplicates looked up after."""

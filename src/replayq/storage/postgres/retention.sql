@@ -109,6 +109,10 @@ WHERE b.hash > %(after)s::text AND b.used_at < %(before)s::double precision
           UNION ALL
           SELECT e.ev ->> 'o' AS ref FROM rq_trace AS p CROSS JOIN LATERAL jsonb_array_elements(p.events::jsonb) AS e(ev) WHERE p.events LIKE '%%blob:sha256:%%'
           UNION ALL
+          SELECT e.ev ->> 'i' AS ref FROM rq_trace_ledger AS p CROSS JOIN LATERAL jsonb_array_elements(p.events::jsonb) AS e(ev) WHERE p.events LIKE '%%blob:sha256:%%'
+          UNION ALL
+          SELECT e.ev ->> 'o' AS ref FROM rq_trace_ledger AS p CROSS JOIN LATERAL jsonb_array_elements(p.events::jsonb) AS e(ev) WHERE p.events LIKE '%%blob:sha256:%%'
+          UNION ALL
           SELECT data_ref AS ref FROM rq_entity_versions
           UNION ALL
           SELECT result_ref AS ref FROM rq_steps
@@ -173,3 +177,40 @@ DELETE FROM rq_idempotency WHERE job_id = ANY(%(job_ids)s::bigint[]) AND status 
 
 -- name: job_message_forget
 UPDATE rq_jobs SET message_id = NULL WHERE id = ANY(%(job_ids)s::bigint[]) AND message_id IS NOT NULL;
+
+-- name: ledger_partition
+-- The ledger partitions of the day of ``expires_at``, made if missing (migration 0013).
+SELECT rq_trace_ledger_partition(%(expires_at)s::double precision) AS made;
+
+-- name: ledger_drop
+-- The ledger partitions of the days that ended before ``now`` with none of their jobs left.
+SELECT rq_trace_ledger_drop(%(now)s::double precision) AS dropped;
+
+-- name: ledger_pack_insert
+-- A job's pack as its ledger tier keeps it, same id, into the partition of its expiry day.
+INSERT INTO rq_trace_ledger (id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events, expires_at)
+VALUES (%(id)s, %(trace_id)s, %(job_id)s, %(attempt)s, %(worker_id)s, %(hlc)s, %(hlc_last)s, %(ts)s,
+        %(events)s, %(expires_at)s);
+
+-- name: ledger_resources_append
+INSERT INTO rq_trace_ledger_resources (resource, hlc, pack_id, expires_at)
+VALUES (%(resource)s, %(hlc)s, %(pack_id)s, %(expires_at)s)
+ON CONFLICT DO NOTHING;
+
+-- name: ledger_unmove
+-- A job pinned after it moved to its ledger tier: its packs and their index entries back
+-- into rq_trace (same ids), out of the partition that gc will drop.
+WITH packs AS (
+    DELETE FROM rq_trace_ledger WHERE job_id = %(job_id)s
+    RETURNING id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events, expires_at
+), entries AS (
+    DELETE FROM rq_trace_ledger_resources AS r USING packs AS p
+    WHERE r.pack_id = p.id AND r.expires_at = p.expires_at
+    RETURNING r.resource, r.hlc, r.pack_id
+), moved_entries AS (
+    INSERT INTO rq_trace_resources (resource, hlc, pack_id)
+    SELECT resource, hlc, pack_id FROM entries
+    ON CONFLICT DO NOTHING
+)
+INSERT INTO rq_trace (id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events)
+SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM packs;
