@@ -46,6 +46,8 @@ from replayq.worker import Worker
 
 DAY = 86_400.0
 START = 1_700_000_000.0
+# How long size_bytes waits for older snapshots of other sessions to end (PostgreSQL).
+XMIN_WAIT = 300.0
 
 
 def declare(app: replayq.App) -> None:
@@ -109,7 +111,9 @@ _CLONED = {
     ),
     "rq_trace_resources": (
         "pack_id IN (SELECT id FROM rq_trace WHERE job_id IS NOT NULL AND job_id <= {max_job})",
-        {"pack_id": "pack_id + {poff}", "resource": "resource || {suffix}"},
+        # The resource as the copied pack's events name it: gc deletes a pack's index
+        # entries by the names its events carry (a suffixed copy was never deleted).
+        {"pack_id": "pack_id + {poff}"},
     ),
     "rq_steps": ("job_id <= {max_job}", {"job_id": "job_id + {off}"}),
     "rq_idempotency": (
@@ -196,6 +200,27 @@ def size_bytes(app: replayq.App, url: str, schema: str | None) -> int:
 
     base = url.split("?")[0]
     with psycopg.connect(base, autocommit=True) as db:
+        # VACUUM FULL keeps the rows gc deleted while any session of the database still has
+        # a snapshot older than the deletion (a test or benchmark of other work, in a long
+        # transaction): wait for those to end, else the bytes include dead rows.
+        now = db.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()[0]
+        waited = time.monotonic()
+        while time.monotonic() - waited < XMIN_WAIT:
+            older = db.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND backend_xmin IS NOT NULL "
+                "AND backend_xmin::text::bigint < %s",
+                (now,),
+            ).fetchone()[0]
+            if not older:
+                break
+            time.sleep(0.2)
+        else:
+            print(
+                f"warning: sessions older than gc's deletions after {XMIN_WAIT:.0f} s; "
+                "the bytes may include dead rows",
+                file=sys.stderr,
+            )
         tables = [
             r[0]
             for r in db.execute(
