@@ -345,6 +345,12 @@ def test_the_ledger_keeps_an_attempts_heartbeats_as_one_lease_interval(
     rest = [e for e in app.trace(job.id) if e.name != "lease.extended"]
     assert shape(rest) == shape([e for e in before if in_ledger(e)])
     assert dry.events_removed == report.events_removed == len(before) - len(rest) - 1
+    # A later pass over the ledger-tier job (trimmed in place: no ledger_days) keeps the
+    # interval as it is: an interval is not one beat.
+    clock.advance(DAY)
+    assert app.gc().events_removed == 0
+    (again,) = [e for e in app.trace(job.id) if e.name == "lease.extended"]
+    assert (again.data["beats"], again.data["extended_from"]) == (3, START)
 
 
 def test_message_id_dedup_is_per_job_type(app_factory: AppFactory) -> None:

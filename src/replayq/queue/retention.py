@@ -201,7 +201,13 @@ def to_ledger(events: Sequence[TraceEvent]) -> list[TraceEvent]:
             beats.setdefault(event.attempt, []).append(event)
     for run in beats.values():
         last = run[-1]
-        interval = {**last.data, "beats": len(run), "extended_from": run[0].ts}
+        # An interval kept by an earlier pass counts as the beats it stands for.
+        count = sum(int(e.data.get("beats", 1)) for e in run)
+        interval = {
+            **last.data,
+            "beats": count,
+            "extended_from": run[0].data.get("extended_from", run[0].ts),
+        }
         kept.append(replace(last, data=interval))
     kept.sort(key=lambda e: (e.hlc, e.id or 0))
     return kept
