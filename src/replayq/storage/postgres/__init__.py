@@ -60,6 +60,13 @@ Known limits, up front:
   ``tcp_user_timeout`` (``DEFAULT_TCP_USER_TIMEOUT_MS`` unless the URL sets it)
   turn a silent peer into an error within seconds instead of the kernel's
   ~15 minutes of retransmissions, so a worker never hangs on one.
+* The ledger tier lives in day partitions (``rq_trace_ledger``, migration 0013) that gc
+  makes before it writes into them and drops once their day has ended and their jobs are
+  deleted: expiring a day is a ``DROP TABLE``, not a delete. Both take an ACCESS
+  EXCLUSIVE lock on the partitioned table for a moment (each in a short transaction of
+  its own), so a trace read in flight delays them and reads queue behind them. A read by
+  job or by time probes one index per partition, one per day of the longest
+  ``ledger_days``. The full tier stays in the unpartitioned ``rq_trace``.
 * Schema upgrades are explicit (``replayq --db URL db upgrade``), serialised by
   ``pg_advisory_xact_lock`` and run in one transaction: DDL is transactional here,
   so a failed migration leaves the previous schema intact.
