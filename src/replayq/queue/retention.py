@@ -18,10 +18,13 @@ Retention is set on the app (a default and per type) and in a job's contract
 Never collected: a job not finished, a job pinned with ``replayq keep``, a job a
 replay, fork or rerun was derived from less than ``full_days`` ago, a job a live fork
 or rerun holds (``replay/hold.py``). A pass walks finished jobs by id in bounded
-batches (one transaction each), records the last id it finished in ``rq_gc`` so a
-killed pass resumes there, and sleeps ``pause`` seconds between batches (the
-throttle). Once it reaches the end it deletes the derived traces past their type's
-``derived_days`` and then the blobs nothing references any more.
+batches (each read, then changed in one transaction of a few set-based statements),
+records the last id it finished in ``rq_gc`` so a killed pass resumes there, and sleeps
+``pause`` seconds between batches (the throttle). On PostgreSQL a job with a finite
+``ledger_days`` moves into the ledger partition of the day its ledger ends, and once
+the pass reaches the end it drops the partitions of the days that ended with none of
+their jobs left (``LedgerDrop``). Then it deletes the derived traces past their type's
+``derived_days`` and the blobs nothing references any more.
 """
 
 from __future__ import annotations
