@@ -178,10 +178,15 @@ class RetentionVerbs:
         spared = {int(r["job_id"]) for r in self.fetchall("gc_jobs_held", values)}
         return [job_id for job_id in locked if job_id not in spared]
 
+    def _id_list(self, job_ids: Sequence[int]) -> dict[str, Any]:
+        """A batch of job ids as a list parameter, with its lowest and highest."""
+        ids = list(job_ids)
+        return {"job_ids": self.list_param(ids), "low": min(ids), "high": max(ids)}
+
     def _full_packs(self, job_ids: Sequence[int]) -> dict[int, list[Mapping[str, Any]]]:
         """The full-tier packs (``rq_trace``) of these jobs, by job, in id order."""
         by_job: dict[int, list[Mapping[str, Any]]] = {}
-        rows = self.fetchall("gc_trace_for_jobs", {"job_ids": self.list_param(list(job_ids))})
+        rows = self.fetchall("gc_trace_for_jobs", self._id_list(job_ids))
         for row in sorted(rows, key=lambda r: int(r["id"])):
             by_job.setdefault(int(row["job_id"]), []).append(row)
         return by_job
@@ -237,7 +242,7 @@ class RetentionVerbs:
         jobs = self._lockable(change.job_ids, change.now)
         if not jobs:
             return 0
-        values = {"job_ids": self.list_param(jobs)}
+        values = self._id_list(jobs)
         self.execute("jobs_hours_add", values)
         found = self._full_packs(jobs)
         self._resources_delete(
