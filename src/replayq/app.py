@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from replayq.clock import Clock, HybridLogicalClock, SystemClock
 from replayq.durations import Duration
-from replayq.errors import ContractError, FailureClass
+from replayq.errors import ContractError, FailureClass, ReplayqError
 from replayq.observe.otel import enqueue_span
 from replayq.queue.catalog import register_contracts, stored_contracts
 from replayq.queue.contracts import (
@@ -22,7 +22,7 @@ from replayq.queue.contracts import (
     build_contract,
     lint_contract,
 )
-from replayq.queue.enqueue import EnqueueRequest, get_job, insert_job, insert_jobs
+from replayq.queue.enqueue import EnqueueRequest, enqueue_job, get_job, insert_job, insert_jobs
 from replayq.queue.handlers import Handler, HandlerRegistry, PayloadShape
 from replayq.queue.inspection import JobsFacade
 from replayq.queue.periodic import periodic_decorator
@@ -346,7 +346,8 @@ class App(JobsFacade, EffectsFacade):
         """Pin a job so gc never collects it (``replayq keep JOB --reason``)."""
         get_job(self.runtime, job_id)
         with self.storage.transaction() as tx:
-            tx.keep_transition(KeepPin(job_id, reason, self.clock.now()))
+            if not tx.keep_transition(KeepPin(job_id, reason, self.clock.now())):
+                raise ReplayqError(f"no job with id {job_id} (gc deleted it meanwhile)")
 
     def job_hours(self, job_type: str | None = None) -> list[JobHour]:
         """The aggregates tier: the jobs gc deleted, counted per type, version, hour, state."""
@@ -454,8 +455,7 @@ class App(JobsFacade, EffectsFacade):
             }
             if conn is not None:
                 return self.insert_job(self.storage.adopt(conn), request, **kwargs)
-            with self.storage.transaction() as tx:
-                return self.insert_job(tx, request, **kwargs)
+            return enqueue_job(self.runtime, request, **kwargs)
 
     async def enqueue_async(
         self,

@@ -105,9 +105,7 @@ def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(
         for n in range(total):
             app.enqueue("deliver", {"n": n, "sink": str(sink)})
         # Job 10 waits inside its step until the lock is taken: its step's commit meets it.
-        hold = tmp_path / "hold"
-        hold.touch()
-        env = {"STORAGE_FAULTS_HOLD": str(hold), "STORAGE_FAULTS_HOLD_JOB": "10"}
+        hold, env = storage_faults.hold_inside_step(tmp_path)
         workers = [launcher.start(f"w{i}", app=APP, concurrency=2, env=env) for i in range(4)]
         wait_for(lambda: _counts(app)["succeeded"] >= 20, timeout=30, what="work under way")
         held = next(j for j in app.list_jobs(limit=10_000) if j.payload["n"] == 10)
@@ -245,13 +243,24 @@ def test_a_full_disk_is_waited_out_and_the_worker_resumes_when_space_is_freed(
     app = storage_faults.build(launcher.url)
     total = 128
     try:
-        for n in range(total):
-            app.enqueue("deliver", {"n": n, "sink": str(sink)})
+        ids = [app.enqueue("deliver", {"n": n, "sink": str(sink)}) for n in range(total)]
         # As in a queue that has run a while, the data is in the file, not only in the WAL
         # (with all of it in the WAL, a checkpoint could never find room on 8 MB).
         with sqlite3.connect(database) as checkpoint:
             checkpoint.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        # Fill the disk: the worker's first commits hit the wall.
+        # The disk fills under a working worker, while job 10 waits inside its step (its
+        # commit may still fit in the WAL's free pages; whatever of it meets the full disk
+        # — the step, an effect's record, the ack — is waited out, never a failure).
+        hold, env = storage_faults.hold_inside_step(tmp_path)
+        worker = launcher.start("w0", app=APP, concurrency=2, env=env)
+        held = next(j for j in app.list_jobs(limit=1000) if j.payload["n"] == 10)
+        wait_for(
+            lambda: (
+                app.get_job(held.id).state.value == "running" and _counts(app)["succeeded"] >= 10
+            ),
+            timeout=60,
+            what="work under way, job 10 held inside its step",
+        )
         ballast = small_disk / "ballast"
         with ballast.open("wb") as out:
             try:
@@ -260,15 +269,16 @@ def test_a_full_disk_is_waited_out_and_the_worker_resumes_when_space_is_freed(
                     out.flush()
             except OSError:
                 pass
+        hold.unlink()
         # Enqueue on a full disk: the cause is named, never masked by a failed ROLLBACK.
         with pytest.raises(replayq.DatabaseUnavailableError, match="full") as info:
             for n in range(total, total + 100_000):
-                app.enqueue("deliver", {"n": n, "sink": str(sink)})
+                ids.append(app.enqueue("deliver", {"n": n, "sink": str(sink)}))
         assert "cannot rollback" not in str(info.value)
-        # Jobs the loop above managed to write before the disk filled are real jobs too.
-        total = len(app.list_jobs(limit=100_000))
+        # Every enqueue that returned an id is a job; the one that raised left nothing.
+        total = len(ids)
+        assert sorted(j.id for j in app.list_jobs(limit=100_000)) == sorted(ids)
 
-        worker = launcher.start("w0", app=APP, concurrency=2)
         wait_for(
             lambda: "database or disk is full" in worker.log(),
             timeout=60,
@@ -402,9 +412,7 @@ def test_a_read_only_or_failing_disk_is_waited_out_and_the_worker_resumes_when_i
         for n in range(total):
             app.enqueue("deliver", {"n": n, "sink": str(sink)})
         # Job 10 waits inside its step until the fault is on: its step's commit meets it.
-        hold = tmp_path / "hold"
-        hold.touch()
-        env = {"STORAGE_FAULTS_HOLD": str(hold), "STORAGE_FAULTS_HOLD_JOB": "10"}
+        hold, env = storage_faults.hold_inside_step(tmp_path)
         worker = launcher.start("w0", app=APP, concurrency=2, env=env)
         held = wait_for(
             lambda: next(
