@@ -253,6 +253,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="replayq-gc-bench-"))
     schemas = PgSchemas(args.pg_url) if args.backend == "postgres" else None
     url = f"sqlite:///{workdir / 'gc.db'}" if schemas is None else schemas.fresh("gc")
+    if schemas is not None:
+        # On a loaded machine this process may wait seconds for a CPU inside a transaction;
+        # the pool's 10 s idle-in-transaction timeout ended its session mid-clone.
+        url += "&idle_in_transaction_timeout=600"
     schema = None if schemas is None else schemas.made[-1]
     clock = replayq.FrozenClock(START)
     retention = replayq.Retention(full_days=1, ledger_days=3, derived_days=1)
