@@ -152,6 +152,7 @@ GC_QUERIES: list[tuple[str, dict[str, Any]]] = [
     ("jobs_hours_add", _IDS),
     ("jobs_trace_delete", _IDS),
     ("jobs_delete", _IDS),
+    ("gc_trace_derived", {"trace_id": "trace-50001"}),
 ]
 
 # A scan is allowed only over the partial indexes of live (or failed) jobs, whose size is

@@ -284,10 +284,8 @@ class RetentionVerbs:
             "gc_held_derived", {"source_job_id": source, "now": change.now}
         ):
             return 0
-        rows = self.fetchall("trace_for_trace", {"trace_id": change.trace_id})
-        self._resources_delete(
-            [(row["id"], packs.unpack(row)) for row in rows if row["job_id"] is None]
-        )
+        rows = self.fetchall("gc_trace_derived", {"trace_id": change.trace_id})
+        self._resources_delete([(row["id"], packs.unpack(row)) for row in rows])
         self.execute("derived_trace_delete", {"trace_id": change.trace_id})
         branch = row["branch"]
         if branch:

@@ -80,6 +80,12 @@ SELECT source_job_id, branch FROM rq_lineage WHERE trace_id = :trace_id;
 SELECT 1 AS held FROM rq_gc_holds AS h
 WHERE h.job_id = :source_job_id AND h.expires_at > :now;
 
+-- name: gc_trace_derived
+-- A derived trace's own packs (rq_trace_derived), not its job's: trace_for_trace would also
+-- look the trace id up among jobs, which PostgreSQL without statistics plans as a scan of
+-- both trace tables for each derived trace.
+SELECT * FROM rq_trace WHERE trace_id = :trace_id AND job_id IS NULL;
+
 -- name: derived_trace_delete
 DELETE FROM rq_trace WHERE trace_id = :trace_id AND job_id IS NULL;
 
