@@ -15,15 +15,25 @@ from replayq.worker.core import InFlight, WorkerCore
 
 log = logging.getLogger("replayq.worker")
 
+_NEVER = float("inf")  # the next beat of a lease never extended (heartbeat 0)
+
 
 class Heartbeat(WorkerCore):
     """Keep this worker's leases alive; mark a lease lost when its compare-and-set fails."""
 
     def _heartbeat(self) -> None:
         backoff = Backoff(f"worker {self.worker_id}: heartbeat")
-        while not (self._stopping.is_set() and self._free_slots() == self.concurrency):
+        while not (self._stopping.is_set() and self._free_slots() == self.capacity):
             with self._inflight_lock:
-                due = [f for f in self._inflight.values() if f.next_heartbeat <= time.monotonic()]
+                held = list(self._inflight.values())
+            now = time.monotonic()
+            # One beat for the whole batch held: once one lease is due, every lease that is
+            # ever extended (not a fixed visibility timeout) is extended with it.
+            due = (
+                [f for f in held if f.next_heartbeat != _NEVER]
+                if any(f.next_heartbeat <= now for f in held)
+                else []
+            )
             if due:
                 try:
                     self.extend_leases(due)

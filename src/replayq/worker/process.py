@@ -16,6 +16,7 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Sequence
 from types import FrameType
 
 from replayq.errors import DatabaseUnavailableError, StorageError
@@ -63,9 +64,11 @@ class Worker(Executing, Reaping, Heartbeat):
             for i in range(self.concurrency)
         ]
         heartbeat = threading.Thread(target=self._heartbeat, name="replayq-heartbeat", daemon=True)
+        acker = threading.Thread(target=self._acker, name="replayq-acker", daemon=True)
         if self.observers.members:
             self.runtime.add_tap(self.observers.events)
-        for thread in [*executors, heartbeat]:
+        self._acker_running = True
+        for thread in [*executors, heartbeat, acker]:
             thread.start()
         # Optional storage capability: backends that push wake-ups (PostgreSQL LISTEN).
         storage = self.runtime.storage
@@ -75,7 +78,7 @@ class Worker(Executing, Reaping, Heartbeat):
         finally:
             if self.notifier is not None:
                 self.notifier.close()
-            self._shutdown(executors)
+            self._shutdown(executors, acker)
             self.event_loop.close()
             if self.observers.members:
                 self.runtime.remove_tap(self.observers.events)
@@ -127,7 +130,7 @@ class Worker(Executing, Reaping, Heartbeat):
             backoff.reset()
             if jobs:
                 continue
-            if self.burst and free == self.concurrency and self._burst_done(now):
+            if self.burst and free == self.capacity and self._burst_done(now):
                 return
             wait = self.poll_interval
             if self.scheduler is not None:
@@ -153,53 +156,71 @@ class Worker(Executing, Reaping, Heartbeat):
 
     # -- shutdown ---------------------------------------------------------------------------
 
-    def _shutdown(self, executors: list[threading.Thread]) -> None:
+    def _shutdown(self, executors: list[threading.Thread], acker: threading.Thread) -> None:
         # From the signal, not from here: the dispatcher may have spent a moment ending an
         # outage wait, and the grace is what an operator's process supervisor counts.
         deadline = (self._stop_requested or time.monotonic()) + self.grace_period
-        while self._free_slots() < self.concurrency and time.monotonic() < deadline:
+        # Jobs leased ahead and not started go back at once: another worker runs them now,
+        # not after this one's grace (an executor that frees its slot starts none of them).
+        self._release_unstarted()
+        while self._free_slots() < self.capacity and time.monotonic() < deadline:
             if self._force.is_set():
                 break
             time.sleep(0.05)
+            self._release_unstarted()
         self._force.set()  # settles still retrying against a dead database give up now
+        self._stop_acker()
+        acker.join(5.0)
+        self._acker_running = False
         with self._inflight_lock:
-            leftovers = list(self._inflight.values())
-        for index, flight in enumerate(leftovers):
-            try:
-                self._release(flight.job)
-            except StorageError as exc:
-                log.warning(
-                    "worker %s: could not release job %s (%s); it is reaped after its lease",
-                    self.worker_id,
-                    flight.job.id,
-                    exc,
-                )
-                if isinstance(exc, DatabaseUnavailableError):
-                    # The database is gone: don't wait on it once per job. The rest are
-                    # reaped after their leases too.
-                    rest = [f.job.id for f in leftovers[index + 1 :]]
-                    if rest:
-                        log.warning("worker %s: jobs %s not released", self.worker_id, rest)
-                    break
+            leftovers = [f.job for f in self._inflight.values() if not f.releasing]
+        self._release(leftovers, "worker shut down before the job finished")
         for _ in executors:
             self._work.put(STOP)
 
-    def _release(self, job: Job) -> None:
-        now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
-        assert job.owner_token is not None
-        with self.runtime.storage.transaction() as tx:
-            if tx.job_transition(LeaseRelease(job.id, job.owner_token, now, hlc)):
-                tx.trace_append(
-                    [
-                        trace.lifecycle(
-                            trace.LEASE_RELEASED,
-                            job,
-                            now=now,
-                            hlc=hlc,
-                            worker_id=self.worker_id,
-                            status="queued",
-                            reason="worker shut down before the job finished",
+    def _release_unstarted(self) -> None:
+        with self._inflight_lock:
+            unstarted = [f for f in self._inflight.values() if not (f.running or f.releasing)]
+            for flight in unstarted:
+                flight.releasing = True
+        if unstarted:
+            self._release([f.job for f in unstarted], "worker stopped before the job started")
+            for flight in unstarted:
+                self._forget(flight.job)
+
+    def _release(self, jobs: Sequence[Job], reason: str) -> None:
+        """Give ``jobs`` back to the queue in one transaction, each with ``lease.released``.
+
+        If the database refuses, they stay ``running`` and are reaped after their lease.
+        """
+        if not jobs:
+            return
+        now = self.runtime.clock.now()
+        try:
+            with self.runtime.storage.transaction() as tx:
+                released = []
+                for job in jobs:
+                    assert job.owner_token is not None
+                    hlc = self.runtime.hlc.tick()
+                    if tx.job_transition(LeaseRelease(job.id, job.owner_token, now, hlc)):
+                        released.append(
+                            trace.lifecycle(
+                                trace.LEASE_RELEASED,
+                                job,
+                                now=now,
+                                hlc=hlc,
+                                worker_id=self.worker_id,
+                                status="queued",
+                                reason=reason,
+                            )
                         )
-                    ]
-                )
-                self.stats.released += 1
+                tx.trace_append(released)
+        except StorageError as exc:
+            log.warning(
+                "worker %s: could not release jobs %s (%s); they are reaped after their lease",
+                self.worker_id,
+                [job.id for job in jobs],
+                exc,
+            )
+            return
+        self.stats.released += len(released)

@@ -1,0 +1,211 @@
+"""Acking: the successes of several jobs commit together (group commit).
+
+An executor whose job succeeded hands its ack to the acker thread and, when the
+ack may wait (nothing of the attempt's own is pending but its events; no lock,
+no shadow run to start) and a leased-ahead job is at hand, starts that job at
+once. The acker commits what has gathered in one transaction when an executor
+asks (it waits for its ack, or has nothing else to run), when acks fill the
+worker's capacity, or ``ACK_WINDOW`` seconds after the first of them.
+
+In that transaction every ack is still a compare-and-set on (job id, owner
+token), run *before* anything else of its job is written: an ack whose lease is
+gone writes nothing, the others commit, and it is traced ``write.rejected`` as a
+lone settle is. Each job's pending writes and events are written after its own
+compare-and-set, in the same transaction: an ack never commits without them.
+The same transaction leases the slots the acks free (one lease statement for the
+group). If the group fails (a storage error, a write of one job refused by the
+store) nothing of it committed: each ack is then settled on its own, as before
+group commit, so no job is lost and none is acked twice.
+
+What a crash can leave: a worker killed with acks not yet committed leaves those
+jobs ``running``; they are reaped after their lease and run again, like a job
+whose worker died just before its settle.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from replayq.errors import DatabaseUnavailableError, JobError, LeaseLostError
+from replayq.model import Job
+from replayq.queue.handlers import Handler
+from replayq.recording.context import Context
+from replayq.storage.protocol import Transaction
+from replayq.worker.lease import Leasing
+from replayq.worker.settle import Settling
+
+log = logging.getLogger("replayq.worker")
+
+# How long the first ack of a group may wait for others (seconds). The acker commits
+# sooner when asked, so an idle or synchronous worker never waits this out.
+ACK_WINDOW = 0.005
+
+
+@dataclass(eq=False)
+class Ack:
+    """A succeeded attempt waiting for its commit."""
+
+    job: Job
+    handler: Handler
+    ctx: Context
+    duration: float
+    # The ack's write into a transaction: its compare-and-set first (``LeaseLostError``
+    # with nothing written when the lease is gone), then its writes and events.
+    write: Callable[[Transaction], None]
+    # Once committed: forget the pending record, count it, log it.
+    committed: Callable[[], None]
+    queued: float = field(default_factory=time.monotonic)
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class Acking(Settling, Leasing):
+    """Gather acks and commit them in groups, on the acker thread."""
+
+    def _ack(self, ack: Ack, *, wait: bool, refill: bool) -> None:
+        """Hand ``ack`` to the acker; with ``wait``, return once it is settled.
+
+        Without the acker (``execute()`` outside ``run()``) it commits here, on its own,
+        leasing the slot it frees only with ``refill``.
+        """
+        if not self._acker_running:
+            self._settle_acks([ack], refill=refill, forget=False)  # the caller frees the slot
+            return
+        with self._acks_wake:
+            self._acks.append(ack)
+            self._acks_open += 1
+            if wait or len(self._acks) >= self.capacity:
+                self._acks_flush = True
+            self._acks_wake.notify()
+        if wait:
+            ack.done.wait()
+
+    def _flush_acks(self) -> None:
+        """Commit the gathered acks now and return once every ack handed over is settled."""
+        with self._acks_wake:
+            if not self._acks_open:
+                return
+            self._acks_flush = True
+            self._acks_wake.notify()
+            while self._acks_open:
+                self._acks_wake.wait()
+
+    def _stop_acker(self) -> None:
+        with self._acks_wake:
+            self._acks_stop = True
+            self._acks_wake.notify_all()
+
+    def _acker(self) -> None:
+        """The acker thread: commit the gathered acks as a group, until stopped."""
+        while True:
+            with self._acks_wake:
+                while not self._acks and not self._acks_stop:
+                    self._acks_wake.wait()
+                if not self._acks:
+                    return
+                deadline = self._acks[0].queued + ACK_WINDOW
+                while not (self._acks_flush or self._acks_stop):
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    self._acks_wake.wait(remaining)
+                batch, self._acks, self._acks_flush = self._acks, [], False
+            try:
+                self._settle_acks(batch, refill=True)
+            finally:
+                with self._acks_wake:
+                    self._acks_open -= len(batch)
+                    self._acks_wake.notify_all()
+
+    def _settle_acks(self, batch: Sequence[Ack], *, refill: bool, forget: bool = True) -> None:
+        """Commit ``batch`` and (with ``forget``) free its slots, whatever happens."""
+        try:
+            self._commit_acks(batch, refill, forget)
+        except Exception:  # never let the acker die: the jobs are reaped after their lease
+            log.exception("worker %s: acks could not be settled", self.worker_id)
+        finally:
+            for ack in batch:
+                if forget:
+                    self._forget(ack.job)
+                ack.done.set()
+
+    def _commit_acks(self, batch: Sequence[Ack], refill: bool, forget: bool) -> None:
+        """One transaction for ``batch``: every ack whose lease holds, and the refill."""
+        flights = sorted(
+            (f for f in (self._flight_of(a.job) for a in batch) if f is not None),
+            key=lambda f: f.job.id,
+        )
+        rejected: list[Ack] = []
+        leased: list[Job] = []
+        leased_at = 0.0
+        failure: Exception | None = None
+        for flight in flights:
+            flight.beat.acquire()
+        try:
+            with self.runtime.storage.transaction() as tx:
+                for ack in batch:
+                    try:
+                        ack.write(tx)
+                    except LeaseLostError:
+                        rejected.append(ack)  # its compare-and-set wrote nothing
+                if refill:
+                    leased, leased_at = self._refill(tx, len(batch) - len(rejected))
+        except Exception as exc:
+            failure = exc
+        finally:
+            for flight in flights:
+                flight.beat.release()
+        if failure is not None:
+            self._settle_alone(batch, failure)
+            return
+        lost = {id(a) for a in rejected}
+        for ack in batch:
+            if forget and id(ack) not in lost:
+                self._forget(ack.job)  # before the refill is held: capacity stays as leased
+        self._hold(leased, leased_at)
+        for ack in batch:
+            if id(ack) in lost:
+                self._reject(ack.job, LeaseLostError("job.succeeded"), ack.ctx)
+            else:
+                ack.committed()
+
+    def _refill(self, tx: Transaction, acked: int) -> tuple[list[Job], float]:
+        """Lease, in the acks' transaction, for the slots they free (none when stopping,
+        nor while another thread is leasing: it fills them)."""
+        if acked == 0 or self._stopping.is_set() or not self._lease_lock.acquire(blocking=False):
+            return [], 0.0
+        try:
+            limit = self._free_slots() + acked
+            return self._lease_in(tx, limit) if limit > 0 else ([], 0.0)
+        finally:
+            self._lease_lock.release()
+
+    def _settle_alone(self, batch: Sequence[Ack], failure: Exception) -> None:
+        """The group failed and nothing of it committed: settle each ack on its own."""
+        log.warning(
+            "worker %s: group commit of the acks of jobs %s failed (%s); settling them one by one",
+            self.worker_id,
+            [ack.job.id for ack in batch],
+            failure,
+        )
+        # The connection died: the group's COMMIT may have landed before the reply was lost.
+        unknown = isinstance(failure, DatabaseUnavailableError)
+        for ack in batch:
+            try:
+                if self._settle(ack.job, ack.write, ack.ctx, outcome_unknown=unknown):
+                    ack.committed()
+            except JobError as exc:
+                # The store refused one of the job's writes (a version conflict, a stale
+                # fencing token): that attempt fails, classified, like a lone settle's.
+                ack.ctx.discard_writes()
+                self._fail(ack.job, ack.handler, ack.ctx, exc, ack.duration)
+            except Exception:
+                log.exception("worker %s: job %s could not be settled", self.worker_id, ack.job.id)
+
+    def _fail(
+        self, job: Job, handler: Handler, ctx: Context, exc: Exception, duration: float
+    ) -> None:
+        raise NotImplementedError  # Outcomes, the class below this one, defines it
