@@ -51,6 +51,7 @@ class Executing(Outcomes):
             if flight is None or flight.releasing or self._stopping.is_set():
                 return False
             flight.running = True
+            flight.started = time.monotonic()  # the attempt's duration, not the wait before
             return True
 
     def _next_work(self) -> Any:

@@ -1,10 +1,12 @@
 """The worker: lease, heartbeat, run, classify, retry or bury, ack after commit, reap.
 
-One dispatcher thread leases jobs in batches (up to the free slots) and hands
-them to ``concurrency`` executor threads; on a busy queue an executor whose job
-succeeds leases its slot's next job in the ack's own transaction (one commit per
-job). A heartbeat thread extends the lease
-of every job in flight. Every write about a job is a compare-and-set on (job
+One dispatcher thread leases jobs in batches (up to ``concurrency + prefetch``
+held leases: the jobs beyond the running ones wait leased in the worker) and hands
+them to ``concurrency`` executor threads. An acker thread commits the successes
+of several jobs in one transaction and leases the slots they free in it (group
+commit, ``acks.py``). One heartbeat extends every lease held. On stop, jobs
+leased ahead and not started go back to the queue at once; running ones get the
+grace period. Every write about a job is a compare-and-set on (job
 id, owner token): a worker that lost its lease cannot change the job's state.
 The dispatcher also runs the scheduler of the app's periodic jobs (off with
 ``scheduler=False``, ``--no-scheduler``) between its looks for work.
@@ -40,7 +42,8 @@ class Worker(Executing, Reaping, Heartbeat):
     # -- control ----------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop leasing; in-flight jobs get ``grace_period`` to finish, then are released."""
+        """Stop leasing; jobs not started are released at once, running ones get
+        ``grace_period`` to finish, then are released."""
         if self._stopping.is_set():
             self._force.set()
         else:
