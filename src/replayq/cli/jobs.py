@@ -30,6 +30,13 @@ from replayq.cli.env import Env, JobId, emit_json, log_options, pass_env
     help="Jobs leased ahead of the running ones (released at once on stop).",
 )
 @click.option(
+    "--ack-window",
+    type=click.FloatRange(min=0),
+    default=replayq.Worker.default_ack_window,
+    show_default=True,
+    help="Seconds a success's ack may wait for others to commit in one transaction.",
+)
+@click.option(
     "--burst",
     is_flag=True,
     help="Exit when no job is due (and --burst-wait finds none due soon); says how many "
@@ -83,6 +90,7 @@ def worker(
     app_spec: str,
     concurrency: int,
     prefetch: int,
+    ack_window: float,
     burst: bool,
     burst_wait: float,
     queues: str | None,
@@ -120,6 +128,7 @@ def worker(
         app,
         concurrency=concurrency,
         prefetch=prefetch,
+        ack_window=ack_window,
         burst=burst,
         burst_wait=burst_wait,
         queues=queues.split(",") if queues else None,

@@ -5,7 +5,7 @@ ack may wait (nothing of the attempt's own is pending but its events; no lock,
 no shadow run to start) and a leased-ahead job is at hand, starts that job at
 once. The acker commits what has gathered in one transaction when an executor
 asks (it waits for its ack, or has nothing else to run), when acks fill the
-worker's capacity, or ``ACK_WINDOW`` seconds after the first of them.
+worker's capacity, or ``ack_window`` seconds after the first of them.
 
 In that transaction every ack is still a compare-and-set on (job id, owner
 token), run *before* anything else of its job is written: an ack whose lease is
@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 from replayq.errors import DatabaseUnavailableError, JobError, LeaseLostError
 from replayq.model import Job
+from replayq.observe.logs import job_fields
 from replayq.queue.handlers import Handler
 from replayq.recording.context import Context
 from replayq.storage.protocol import Transaction
@@ -39,10 +40,6 @@ from replayq.worker.lease import Leasing
 from replayq.worker.settle import Settling
 
 log = logging.getLogger("replayq.worker")
-
-# How long the first ack of a group may wait for others (seconds). The acker commits
-# sooner when asked, so an idle or synchronous worker never waits this out.
-ACK_WINDOW = 0.005
 
 
 @dataclass(eq=False)
@@ -106,7 +103,7 @@ class Acking(Settling, Leasing):
                     self._acks_wake.wait()
                 if not self._acks:
                     return
-                deadline = self._acks[0].queued + ACK_WINDOW
+                deadline = self._acks[0].queued + self.ack_window
                 while not (self._acks_flush or self._acks_stop):
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
@@ -168,7 +165,8 @@ class Acking(Settling, Leasing):
         self._hold(leased, leased_at)
         for ack in batch:
             if id(ack) in lost:
-                self._reject(ack.job, LeaseLostError("job.succeeded"), ack.ctx)
+                with job_fields(ack.job, self.worker_id):
+                    self._reject(ack.job, LeaseLostError("job.succeeded"), ack.ctx)
             else:
                 ack.committed()
 
@@ -185,25 +183,30 @@ class Acking(Settling, Leasing):
 
     def _settle_alone(self, batch: Sequence[Ack], failure: Exception) -> None:
         """The group failed and nothing of it committed: settle each ack on its own."""
-        log.warning(
-            "worker %s: group commit of the acks of jobs %s failed (%s); settling them one by one",
-            self.worker_id,
-            [ack.job.id for ack in batch],
-            failure,
-        )
+        if len(batch) > 1:
+            log.warning(
+                "worker %s: group commit of the acks of jobs %s failed (%s); settling them "
+                "one by one",
+                self.worker_id,
+                [ack.job.id for ack in batch],
+                failure,
+            )
         # The connection died: the group's COMMIT may have landed before the reply was lost.
         unknown = isinstance(failure, DatabaseUnavailableError)
         for ack in batch:
-            try:
-                if self._settle(ack.job, ack.write, ack.ctx, outcome_unknown=unknown):
-                    ack.committed()
-            except JobError as exc:
-                # The store refused one of the job's writes (a version conflict, a stale
-                # fencing token): that attempt fails, classified, like a lone settle's.
-                ack.ctx.discard_writes()
-                self._fail(ack.job, ack.handler, ack.ctx, exc, ack.duration)
-            except Exception:
-                log.exception("worker %s: job %s could not be settled", self.worker_id, ack.job.id)
+            with job_fields(ack.job, self.worker_id):
+                try:
+                    if self._settle(ack.job, ack.write, ack.ctx, outcome_unknown=unknown):
+                        ack.committed()
+                except JobError as exc:
+                    # The store refused one of the job's writes (a version conflict, a stale
+                    # fencing token): that attempt fails, classified, like a lone settle's.
+                    ack.ctx.discard_writes()
+                    self._fail(ack.job, ack.handler, ack.ctx, exc, ack.duration)
+                except Exception:
+                    log.exception(
+                        "worker %s: job %s could not be settled", self.worker_id, ack.job.id
+                    )
 
     def _fail(
         self, job: Job, handler: Handler, ctx: Context, exc: Exception, duration: float

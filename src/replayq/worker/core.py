@@ -34,6 +34,10 @@ STOP = object()
 # Jobs leased ahead of the running ones (``Worker(prefetch=...)``); measured in
 # ``benchmarks/worker_batch.py`` (docs/benchmarks.md, "Batched claims").
 DEFAULT_PREFETCH = 1
+# How long the first ack of a group may wait for others (seconds). The acker commits
+# sooner when an executor waits for its ack, has nothing else to run, or the acks fill
+# the worker's capacity, so an idle or synchronous worker never waits this out.
+DEFAULT_ACK_WINDOW = 0.005
 
 
 @dataclass
@@ -83,6 +87,7 @@ class WorkerCore:
 
     # Jobs leased ahead of the running ones unless ``prefetch`` says otherwise.
     default_prefetch: ClassVar[int] = DEFAULT_PREFETCH
+    default_ack_window: ClassVar[float] = DEFAULT_ACK_WINDOW
 
     def __init__(
         self,
@@ -90,6 +95,7 @@ class WorkerCore:
         *,
         concurrency: int = 1,
         prefetch: int = DEFAULT_PREFETCH,
+        ack_window: float = DEFAULT_ACK_WINDOW,
         queues: Sequence[str] | None = None,
         burst: bool = False,
         burst_wait: float = 0.0,
@@ -105,6 +111,8 @@ class WorkerCore:
             raise ValueError("concurrency must be at least 1")
         if prefetch < 0:
             raise ValueError("prefetch must be 0 or more")
+        if ack_window < 0:
+            raise ValueError("ack_window must be 0 or more")
         self.runtime = app.runtime
         # Log lines are redacted with the rules of the job type they are about.
         redact_logs_with(self.runtime.redactor_for)
@@ -113,6 +121,8 @@ class WorkerCore:
         # so an executor that ends one starts the next without a round trip.
         self.prefetch = prefetch
         self.capacity = concurrency + prefetch
+        # The longest a success's ack waits for others to commit with (``acks.py``).
+        self.ack_window = ack_window
         self.queues = list(queues) if queues else None
         self.burst = burst
         # A burst run waits for jobs due within this many seconds (delayed, retrying).

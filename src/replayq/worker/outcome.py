@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from replayq.errors import EffectInDoubtError, FailureClass, LeaseLostError, classify
 from replayq.model import DeadReason, Job, TraceEvent
+from replayq.observe.logs import job_fields
 from replayq.queue import lifecycle as trace
 from replayq.queue.actions import release_target
 from replayq.queue.handlers import Handler
@@ -51,7 +52,8 @@ class Outcomes(Acking):
         first so that a lost lease writes nothing of the job. With ``defer`` (an
         executor loop) the caller may go on before the commit when nothing but the
         attempt's events is pending: no write outside steps, no lock, no shadow run
-        (a later job of this worker then never reads state older than this one's).
+        (a later job of this worker then never reads state older than this one's),
+        and no observer follows the attempt.
         Otherwise this returns once the ack is settled.
         """
 
@@ -81,10 +83,14 @@ class Outcomes(Acking):
         def committed() -> None:
             ctx.committed()
             self.stats.succeeded += 1
-            log.info("job %s succeeded in %.3fs", job.id, duration)
+            with job_fields(job, self.worker_id):  # on the acker's thread: the job's log fields
+                log.info("job %s succeeded in %.3fs", job.id, duration)
 
+        # An observer that follows attempts (metrics, OpenTelemetry spans) sees the ack's
+        # events inside the attempt only if the executor waits for it.
         wait = not (
             defer
+            and not self.observers.members
             and not ctx.pending_writes()
             and not ctx.fences()
             and not self.router.comparisons_for(job, handler.contract.version)

@@ -163,6 +163,8 @@ class Worker(Executing, Reaping, Heartbeat):
         # From the signal, not from here: the dispatcher may have spent a moment ending an
         # outage wait, and the grace is what an operator's process supervisor counts.
         deadline = (self._stop_requested or time.monotonic()) + self.grace_period
+        # A burst run ends here unasked: from now on no thread leases or starts a job.
+        self._stopping.set()
         # Jobs leased ahead and not started go back at once: another worker runs them now,
         # not after this one's grace (an executor that frees its slot starts none of them).
         self._release_unstarted()
@@ -180,6 +182,11 @@ class Worker(Executing, Reaping, Heartbeat):
         self._release(leftovers, "worker shut down before the job finished")
         for _ in executors:
             self._work.put(STOP)
+        # Idle executors end at once; one still in a handler past the grace is left behind
+        # (its settle is fenced). None is left using storage the caller may close next.
+        joined_by = time.monotonic() + 1.0
+        for thread in executors:
+            thread.join(max(0.0, joined_by - time.monotonic()))
 
     def _release_unstarted(self) -> None:
         with self._inflight_lock:
