@@ -172,11 +172,15 @@ class Acking(Settling, Leasing):
 
     def _refill(self, tx: Transaction, acked: int) -> tuple[list[Job], float]:
         """Lease, in the acks' transaction, for the slots they free (none when stopping,
-        nor while another thread is leasing: it fills them)."""
+        nor while another thread is leasing: it fills them).
+
+        Only those slots, not every free one: other free slots are filled by a poll, so
+        a peer worker polling the same queue gets its turn at the jobs left.
+        """
         if acked == 0 or self._stopping.is_set() or not self._lease_lock.acquire(blocking=False):
             return [], 0.0
         try:
-            limit = self._free_slots() + acked
+            limit = min(acked, self._free_slots() + acked)
             return self._lease_in(tx, limit) if limit > 0 else ([], 0.0)
         finally:
             self._lease_lock.release()
