@@ -38,6 +38,10 @@ PER_BUG_TIMEOUT = 1800.0
 
 BARRIER = "tests/conformance/test_owner_token_barrier.py"
 HEARTBEAT_ZERO = "tests/conformance/test_fixed_visibility_timeout_worker.py"
+SQLITE_DISK_FAULTS = (
+    "tests/acceptance/test_sqlite_faults.py::"
+    "test_a_read_only_or_failing_disk_is_waited_out_and_the_worker_resumes_when_it_clears"
+)
 
 
 @dataclass(frozen=True)
@@ -192,6 +196,21 @@ BUGS: list[Bug] = [
         'if status == "started" and policy == "park":',
         'if status == "started" and policy == "never":',
         ("tests/acceptance/test_effect_kill.py", "tests/conformance/test_context_effects.py"),
+    ),
+    # -- storage faults: a read-only or failing disk is waited out, not fatal --------------------
+    Bug(
+        "sqlite-eio-read-not-waited-out",
+        "storage faults",
+        "_UNAVAILABLE_CODES = frozenset({5, 6, 7, 8, 10, 11, 13, 14, 15})",
+        "_UNAVAILABLE_CODES = frozenset({5, 6, 7, 8, 10, 13, 14, 15})",
+        (SQLITE_DISK_FAULTS,),
+    ),
+    Bug(
+        "sqlite-read-only-connection-kept",
+        "storage faults",
+        "            self._discard(conn)\n",
+        "            pass\n",
+        (SQLITE_DISK_FAULTS,),
     ),
     # -- retry classification: validation is never retried; the contract's map wins -------------
     Bug(

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from replayq.clock import Clock, HybridLogicalClock, SystemClock
 from replayq.durations import Duration
-from replayq.errors import ContractError, FailureClass
+from replayq.errors import ContractError, FailureClass, ReplayqError
 from replayq.observe.otel import enqueue_span
 from replayq.queue.catalog import register_contracts, stored_contracts
 from replayq.queue.contracts import (
@@ -346,7 +346,8 @@ class App(JobsFacade, EffectsFacade):
         """Pin a job so gc never collects it (``replayq keep JOB --reason``)."""
         get_job(self.runtime, job_id)
         with self.storage.transaction() as tx:
-            tx.keep_transition(KeepPin(job_id, reason, self.clock.now()))
+            if not tx.keep_transition(KeepPin(job_id, reason, self.clock.now())):
+                raise ReplayqError(f"no job with id {job_id} (gc deleted it meanwhile)")
 
     def job_hours(self, job_type: str | None = None) -> list[JobHour]:
         """The aggregates tier: the jobs gc deleted, counted per type, version, hour, state."""

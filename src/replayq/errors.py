@@ -289,6 +289,23 @@ DEFAULT_ERROR_MAP: dict[type[BaseException], FailureClass] = {
 }
 
 
+def database_fault(exc: BaseException) -> DatabaseUnavailableError | None:
+    """The ``DatabaseUnavailableError`` that ``exc`` is, or was raised from or during.
+
+    An attempt that ends with one (a step's commit, ``ctx.state``, ``ctx.lock``,
+    ``ctx.enqueue`` meeting a locked, full or unreachable queue database, even wrapped
+    by the handler) did not fail by its own fault.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if isinstance(current, DatabaseUnavailableError):
+            return current
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return None
+
+
 def classify(
     exc: BaseException, mapping: dict[type[BaseException], FailureClass] | None = None
 ) -> FailureClass:

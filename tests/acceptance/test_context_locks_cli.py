@@ -71,7 +71,7 @@ def test_locks_list_shows_the_holder_and_break_frees_it_and_fences_the_old_holde
     assert broke.stdout.strip() == f"broke lock order:7 (was held by holder, job {job_id})"
     assert held_locks(app.url) == []
     assert "(no locks held)" in cli(app.url, "locks", "list").stdout
-    cli(app.url, "locks", "break", "order:7", "--reason", "again", expect=1)
+    cli(app.url, "locks", "break", "order:7", "--reason", "again", expect=2)
 
     Path(f"{side_file}.go").touch()  # the old holder now tries its write
     done = wait_for(

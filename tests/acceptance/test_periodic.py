@@ -36,6 +36,10 @@ def test_two_schedulers_enqueue_each_of_30_slots_exactly_once(launcher: WorkerLa
         counts = Counter(message_ids)
         assert all(m.startswith("schedule:tick:") for m in message_ids)
         assert [m for m, n in counts.items() if n > 1] == []
+        # The schedule's compare-and-set decided each slot once: the other scheduler never
+        # even tried to enqueue it (a second insert would show as a message-id dedup hit).
+        ticks = app.list_jobs(job_type="tick", limit=10_000)
+        assert [j.id for j in ticks for e in app.trace(j.id) if e.name == "job.deduplicated"] == []
         # No slot is missing between the first and the last (run_all catches up any lag).
         slots = sorted(j.run_at for j in app.list_jobs(job_type="tick", limit=10_000))
         assert len(slots) >= SLOTS

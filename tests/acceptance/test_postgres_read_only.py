@@ -29,7 +29,7 @@ from tests.apps import storage_faults
 from tests.conftest import PG_URL, require_postgres
 from tests.services import Service
 
-JOBS = 40
+JOBS = 200
 
 
 def _as_role(url: str, role: str) -> str:
@@ -101,25 +101,35 @@ def test_a_read_only_server_is_waited_out_and_no_job_fails(
     app = storage_faults.build(pg_schema_url)
     launcher = WorkerLauncher(worker_url, tmp_path)
     try:
-        half = JOBS // 2
-        for n in range(half):
+        for n in range(JOBS):
             app.enqueue("deliver", {"n": n, "sink": str(sink)})
-        workers = [launcher.start(f"w{i}", app="tests.apps.storage_faults:app") for i in (1, 2)]
+        # Job 10 waits inside its step until the fault is on: its step's commit meets it.
+        hold = tmp_path / "hold"
+        hold.touch()
+        env = {"STORAGE_FAULTS_HOLD": str(hold), "STORAGE_FAULTS_HOLD_JOB": "10"}
+        workers = [
+            launcher.start(f"w{i}", app="tests.apps.storage_faults:app", env=env) for i in (1, 2)
+        ]
 
         def succeeded() -> int:
             return sum(1 for j in app.list_jobs(limit=1000) if j.state.value == "succeeded")
 
-        wait_for(lambda: succeeded() == half, timeout=60, what="the first half to succeed")
+        # The server turns read-only while the workers are in the middle of the queue: the
+        # jobs in flight meet it at a step's commit, an effect's record or their ack.
+        wait_for(lambda: succeeded() >= 10, timeout=60, what="the drain to be under way")
+        held = next(j for j in app.list_jobs(limit=1000) if j.payload["n"] == 10)
+        assert held.state.value == "running", "job 10 is held inside its step"
         _set_read_only(role, on=True)
         wait_for(
             lambda: any("SQLSTATE 25006" in w.log() for w in workers),
             timeout=30,
             what="a worker to say the server takes no writes",
         )
-        for n in range(half, JOBS):  # enqueued by another role, which can still write
-            app.enqueue("deliver", {"n": n, "sink": str(sink)})
+        hold.unlink()  # job 10's step now commits into the read-only server
+        before = succeeded()
+        assert before < JOBS, "the fault came while jobs were left"
         time.sleep(2.0)
-        assert succeeded() == half, "no job can finish while the workers' server is read-only"
+        assert succeeded() == before, "no job can finish while the workers' server is read-only"
         _set_read_only(role, on=False)
         writable = time.monotonic()
         wait_for(lambda: succeeded() == JOBS, timeout=90, what="every job to succeed")
@@ -143,6 +153,10 @@ def test_a_read_only_server_is_waited_out_and_no_job_fails(
             e for j in app.list_jobs(limit=1000) for e in app.trace(j.id) if e.name == "job.failed"
         ]
         assert failed == [], "a read-only server is never a job's failure"
+        put_back = [e for e in app.trace(held.id) if e.name == "lease.released"]
+        assert put_back and "storage_fault" in put_back[0].data, (
+            "the held job was put back, not failed"
+        )
     except BaseException:
         for worker in launcher.started:
             print(f"--- worker {worker.worker_id} ---\n{worker.log()}")

@@ -69,6 +69,12 @@ def test_secrets_are_redacted_everywhere_and_the_job_still_dry_runs(
     try:
         paid = app.enqueue("charge", {"card_number": CARD, "amount": 1250, "note": CARD_SPACED})
         refused = app.enqueue("charge", {"card_number": CARD, "amount": -1})
+        if isinstance(launcher.database, Path):
+            # The file, its WAL and its shared memory (while this app holds it open): all
+            # three hold the payload's bytes.
+            files = [Path(f"{launcher.database}{suffix}") for suffix in ("", "-wal", "-shm")]
+            modes = {f.name: stat.S_IMODE(os.stat(f).st_mode) for f in files if f.exists()}
+            assert len(modes) == 3 and set(modes.values()) == {0o600}, modes
         worker = launcher.start("w1", app="tests.apps.secrets:app", burst=True, env=env)
         assert worker.wait(60) == 0, worker.log()
         assert app.get_job(paid).state == replayq.JobState.SUCCEEDED, worker.log()

@@ -1,20 +1,29 @@
-"""SQLite faults are waited out: a write lock held past ``busy_timeout``, a full disk.
+"""SQLite faults are waited out: a write lock held past ``busy_timeout``, a full disk,
+a read-only file system, a disk that fails with ``EIO``.
 
 Real worker processes on a real file. The fault lands while they drain jobs whose
 handler runs an effect; afterwards every job has succeeded, none is dead, no effect
 is in doubt, each effect ran once, and the workers are the same processes (no
-restart). The disk-full test needs root (it mounts a small tmpfs) and is skipped
-otherwise.
+restart). The disk-full test needs root (it mounts a small tmpfs). The read-only and
+``EIO`` tests put the file on a FUSE mount whose faults are switched at run time
+(``tests/faultfs.py``; Debian's ``fuse3``, ``mfusepy``). Each skips on a developer's
+machine that cannot cause its fault, and fails in CI.
 """
 
 from __future__ import annotations
 
+import ctypes.util
+import importlib.util
 import os
+import re
+import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +33,7 @@ from replayq.storage.protocol import idem_get
 from tests import chaos_check
 from tests.acceptance.workers import WorkerLauncher, read_lines, wait_for
 from tests.apps import storage_faults
+from tests.conftest import missing
 from tests.services import Service
 
 APP = "tests.apps.storage_faults:app"
@@ -71,6 +81,16 @@ def _assert_all_delivered_once(
             if getattr(idem_get(tx, f"deliver:{n}:parcel.deliver"), "status", None) != "succeeded"
         ]
     assert in_doubt == [], "no effect record left started (in doubt)"
+    with app.storage.transaction(readonly=True) as tx:
+        failed = tx.connection.execute(
+            "SELECT job_id, data FROM rq_events WHERE name = 'job.failed' LIMIT 5"
+        ).fetchall()
+        parcels = tx.connection.execute(
+            "SELECT COUNT(*) FROM rq_entities WHERE namespace = 'parcel' AND branch = 'main'"
+        ).fetchone()[0]
+    # A step commit that met the fault is not the job's failure: no attempt failed for it.
+    assert failed == [], f"attempts failed because of the storage fault: {failed}"
+    assert parcels == total, "every step's state write committed"
 
 
 def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(
@@ -84,8 +104,14 @@ def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(
     try:
         for n in range(total):
             app.enqueue("deliver", {"n": n, "sink": str(sink)})
-        workers = [launcher.start(f"w{i}", app=APP, concurrency=2) for i in range(4)]
+        # Job 10 waits inside its step until the lock is taken: its step's commit meets it.
+        hold = tmp_path / "hold"
+        hold.touch()
+        env = {"STORAGE_FAULTS_HOLD": str(hold), "STORAGE_FAULTS_HOLD_JOB": "10"}
+        workers = [launcher.start(f"w{i}", app=APP, concurrency=2, env=env) for i in range(4)]
         wait_for(lambda: _counts(app)["succeeded"] >= 20, timeout=30, what="work under way")
+        held = next(j for j in app.list_jobs(limit=10_000) if j.payload["n"] == 10)
+        assert held.state.value == "running", "job 10 is held inside its step"
 
         holder = subprocess.Popen(
             [sys.executable, "-c", HOLD_LOCK, str(database), "12"],
@@ -93,6 +119,7 @@ def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(
             text=True,
         )
         assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        hold.unlink()  # job 10's step now commits into the locked database
         started = time.monotonic()
         # An enqueue meets the lock too: it waits busy_timeout, then says why, with the cause.
         with pytest.raises(replayq.DatabaseUnavailableError, match="database is locked") as info:
@@ -115,6 +142,10 @@ def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(
             sink,
             total,
             time.monotonic() - released,
+        )
+        put_back = [e for e in app.trace(held.id) if e.name == "lease.released"]
+        assert put_back and "database is locked" in put_back[0].data["storage_fault"], (
+            "the held job was put back, not failed"
         )
         for worker in workers:
             assert worker.proc.poll() is None, f"worker {worker.worker_id} died\n{worker.log()}"
@@ -185,7 +216,7 @@ TMPFS_SIZE = "8m"
 def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
     """An 8 MB tmpfs mounted for this test (needs root); unmounted afterwards."""
     if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+        missing("mounting a tmpfs needs root", install="run the tests as root (CI does)")
     mount = tmp_path / "small"
     mount.mkdir()
     done = subprocess.run(
@@ -194,7 +225,10 @@ def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
         text=True,
     )
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+        missing(
+            f"cannot mount a tmpfs here: {done.stderr.strip()}",
+            install="a machine where root may mount a tmpfs",
+        )
     try:
         yield mount
     finally:
@@ -211,13 +245,26 @@ def test_a_full_disk_is_waited_out_and_the_worker_resumes_when_space_is_freed(
     app = storage_faults.build(launcher.url)
     total = 128
     try:
-        for n in range(total):
-            app.enqueue("deliver", {"n": n, "sink": str(sink)})
+        ids = [app.enqueue("deliver", {"n": n, "sink": str(sink)}) for n in range(total)]
         # As in a queue that has run a while, the data is in the file, not only in the WAL
         # (with all of it in the WAL, a checkpoint could never find room on 8 MB).
         with sqlite3.connect(database) as checkpoint:
             checkpoint.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        # Fill the disk: the worker's first commits hit the wall.
+        # The disk fills under a working worker, while job 10 waits inside its step (its
+        # commit may still fit in the WAL's free pages; whatever of it meets the full disk
+        # — the step, an effect's record, the ack — is waited out, never a failure).
+        hold = tmp_path / "hold"
+        hold.touch()
+        env = {"STORAGE_FAULTS_HOLD": str(hold), "STORAGE_FAULTS_HOLD_JOB": "10"}
+        worker = launcher.start("w0", app=APP, concurrency=2, env=env)
+        held = next(j for j in app.list_jobs(limit=1000) if j.payload["n"] == 10)
+        wait_for(
+            lambda: (
+                app.get_job(held.id).state.value == "running" and _counts(app)["succeeded"] >= 10
+            ),
+            timeout=60,
+            what="work under way, job 10 held inside its step",
+        )
         ballast = small_disk / "ballast"
         with ballast.open("wb") as out:
             try:
@@ -226,15 +273,16 @@ def test_a_full_disk_is_waited_out_and_the_worker_resumes_when_space_is_freed(
                     out.flush()
             except OSError:
                 pass
+        hold.unlink()
         # Enqueue on a full disk: the cause is named, never masked by a failed ROLLBACK.
         with pytest.raises(replayq.DatabaseUnavailableError, match="full") as info:
             for n in range(total, total + 100_000):
-                app.enqueue("deliver", {"n": n, "sink": str(sink)})
+                ids.append(app.enqueue("deliver", {"n": n, "sink": str(sink)}))
         assert "cannot rollback" not in str(info.value)
-        # Jobs the loop above managed to write before the disk filled are real jobs too.
-        total = len(app.list_jobs(limit=100_000))
+        # Every enqueue that returned an id is a job; the one that raised left nothing.
+        total = len(ids)
+        assert sorted(j.id for j in app.list_jobs(limit=100_000)) == sorted(ids)
 
-        worker = launcher.start("w0", app=APP, concurrency=2)
         wait_for(
             lambda: "database or disk is full" in worker.log(),
             timeout=60,
@@ -260,6 +308,195 @@ def test_a_full_disk_is_waited_out_and_the_worker_resumes_when_space_is_freed(
         )
         assert worker.proc.poll() is None
         assert "Traceback" not in worker.log()
+    finally:
+        launcher.kill_all()
+        app.close()
+
+
+class FaultyDisk:
+    """A directory on a FUSE mount (``tests/faultfs.py``) whose faults the test switches."""
+
+    def __init__(self, mount: Path, server: subprocess.Popen[str]) -> None:
+        self.mount = mount
+        self.server = server
+
+    def set(self, mode: str) -> None:
+        """``ok``, ``readonly`` or ``eio``; in force for every process when this returns."""
+        assert self.server.stdin is not None and self.server.stdout is not None
+        self.server.stdin.write(f"{mode}\n")
+        self.server.stdin.flush()
+        assert self.server.stdout.readline().strip() == mode
+
+
+@pytest.fixture
+def faulty_disk(tmp_path: Path) -> Iterator[FaultyDisk]:
+    """A FUSE passthrough of a plain directory, mounted for this test (needs root and
+    ``/dev/fuse``); unmounted afterwards."""
+    install = "apt-get install fuse3 (libfuse3) and pip install -r requirements.lock (mfusepy)"
+    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
+        missing("a FUSE mount needs root and /dev/fuse", install=install)
+    if (
+        importlib.util.find_spec("mfusepy") is None
+        or ctypes.util.find_library("fuse3") is None
+        or shutil.which("fusermount3") is None
+    ):
+        missing("FUSE is not installed (mfusepy, libfuse3, fusermount3)", install=install)
+    backing, mount = tmp_path / "backing", tmp_path / "faulty"
+    backing.mkdir()
+    mount.mkdir()
+    errors = tmp_path / "faultfs.log"
+    with errors.open("w") as stderr:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "tests.faultfs", str(backing), str(mount)],
+            cwd=Path(__file__).resolve().parents[2],
+            # mfusepy takes libfuse 2 when both are installed; the server is written for 3.
+            env={**os.environ, "FUSE_LIBRARY_NAME": "fuse3"},
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while not os.path.ismount(mount):
+            if server.poll() is not None or time.monotonic() > deadline:
+                missing(f"cannot mount FUSE here: {errors.read_text().strip()}", install=install)
+            time.sleep(0.05)
+        yield FaultyDisk(mount, server)
+    finally:
+        if server.stdin is not None:
+            server.stdin.close()  # the server unmounts and exits once the files are closed
+        try:
+            server.wait(10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait(10)
+        if server.stdout is not None:
+            server.stdout.close()
+        subprocess.run(["fusermount3", "-u", "-z", str(mount)], capture_output=True, check=False)
+
+
+# What SQLite reports for each fault (it keeps the errno to itself): a write refused
+# ``EROFS`` is ``disk I/O error`` (SQLITE_IOERR_WRITE), and a connection opened meanwhile
+# is read-only (SQLITE_READONLY); a read that fails ``EIO`` is ``database disk image is
+# malformed`` (SQLITE_IOERR_CORRUPTFS), a write ``disk I/O error``.
+FAULT_CAUSES = {
+    "readonly": r"the file cannot be written|file system is read-only",
+    "eio": r"disk I/O error|an I/O error \(EIO\)",
+}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("fault", ["readonly", "eio"])
+def test_a_read_only_or_failing_disk_is_waited_out_and_the_worker_resumes_when_it_clears(
+    faulty_disk: FaultyDisk, tmp_path: Path, effects_service: Service, fault: str
+) -> None:
+    """The database file and its WAL on a FUSE mount that, while the fault lasts, answers
+
+    * ``readonly``: every write, ``fsync``, truncate, open for writing, create, rename and
+      unlink with ``EROFS`` (reads work), as a file system remounted read-only after errors;
+    * ``eio``: every read, write and ``fsync`` with ``EIO``, as a failing disk.
+
+    Reads and writes of the ``-shm`` file (SQLite's WAL index, mapped into memory) do
+    not fail: a fault there only shows when the kernel writes the mapping back; opening
+    it for writing is refused while read-only, as on a real read-only file system.
+    The fault starts while a worker drains jobs with effects and lasts until the worker
+    has said why and backed off; an enqueue meanwhile fails, naming the cause, and
+    leaves nothing; a second worker started during the fault runs jobs after it.
+    """
+    database = faulty_disk.mount / "queue.db"
+    launcher = WorkerLauncher(database, tmp_path)
+    sink = tmp_path / "effects.jsonl"  # the effects' ground truth, off the faulty disk
+    app = storage_faults.build(launcher.url)
+    # Enough that the fault lands mid-drain (~200 jobs/s on a quiet machine): an idle
+    # worker on a read-only file system writes nothing, so it has nothing to notice.
+    total = 400
+    cause = FAULT_CAUSES[fault]
+    try:
+        for n in range(total):
+            app.enqueue("deliver", {"n": n, "sink": str(sink)})
+        # Job 10 waits inside its step until the fault is on: its step's commit meets it.
+        hold = tmp_path / "hold"
+        hold.touch()
+        env = {"STORAGE_FAULTS_HOLD": str(hold), "STORAGE_FAULTS_HOLD_JOB": "10"}
+        worker = launcher.start("w0", app=APP, concurrency=2, env=env)
+        held = wait_for(
+            lambda: next(
+                (
+                    j
+                    for j in app.list_jobs(limit=10_000)
+                    if j.payload["n"] == 10 and j.state.value == "running"
+                ),
+                None,
+            ),
+            timeout=60,
+            what="job 10 held inside its step",
+        )
+        wait_for(lambda: _counts(app)["succeeded"] >= 10, timeout=60, what="work under way")
+        assert _counts(app)["succeeded"] < total - 100, "the fault must land mid-drain"
+        faulty_disk.set(fault)
+        hold.unlink()  # job 10's step now commits onto the faulty disk
+        wait_for(
+            lambda: "database unavailable" in worker.log(),
+            timeout=60,
+            what=f"the worker to say the database is unavailable ({fault})",
+        )
+        with pytest.raises(replayq.DatabaseUnavailableError, match=cause) as info:
+            app.enqueue("deliver", {"n": total, "sink": str(sink)}, message_id="during-fault")
+        assert "cannot rollback" not in str(info.value)
+        assert isinstance(info.value.__cause__, sqlite3.Error)
+        # A worker started during the fault opens its connections then (read-only ones,
+        # on a read-only file system): it must write once the fault clears, unrestarted.
+        late = launcher.start("late", app=APP, concurrency=2)
+        time.sleep(3)  # the fault lasts: the workers back off, and stay alive
+        for each in (worker, late):
+            assert each.proc.poll() is None, f"{each.worker_id} died ({fault})\n{each.log()}"
+        during = worker.log()
+
+        faulty_disk.set("ok")
+        cleared = time.monotonic()
+        wait_for(
+            lambda: _counts(app)["succeeded"] == total,
+            timeout=120,
+            what=f"all {total} jobs to succeed once the fault ({fault}) clears",
+        )
+        for each in (worker, late):
+            assert each.proc.poll() is None, f"{each.worker_id} died\n{each.log()}"
+        # The enqueue that failed left nothing: no job, and its message id is free.
+        assert [j for j in app.list_jobs(limit=10_000) if j.payload["n"] == total] == []
+        # The late worker alone is left to run it: its connections, opened during the
+        # fault, write again.
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(60) == 0
+        again = app.enqueue("deliver", {"n": total, "sink": str(sink)}, message_id="during-fault")
+        total += 1
+        wait_for(
+            lambda: _counts(app)["succeeded"] == total,
+            timeout=60,
+            what=f"the worker started during the fault to run a job\n{late.log()}",
+        )
+        assert {e.worker_id for e in app.trace(again) if e.name == "job.leased"} == {"late"}
+        _assert_all_delivered_once(
+            f"SQLite on a FUSE mount that turns {fault} and back",
+            app,
+            effects_service,
+            sink,
+            total,
+            time.monotonic() - cleared,
+        )
+        put_back = [e for e in app.trace(held.id) if e.name == "lease.released"]
+        assert put_back and re.search(cause, put_back[0].data["storage_fault"]), (
+            f"the held job was put back for the fault, not failed: {put_back}"
+        )
+        assert late.proc.poll() is None
+        for each in (worker, late):
+            assert "Traceback" not in each.log()
+        # The worker said why, once per loop that met the fault (the cause may change
+        # once, as SQLite meets a read before a write), not once per job or retry.
+        said = re.findall(r"replayq.reconnect: (.+?): database unavailable \((.*)", during)
+        assert said and all(re.search(cause, why) for _, why in said), said
+        per_loop = Counter(what for what, _ in said)
+        assert max(per_loop.values()) <= 2, per_loop
     finally:
         launcher.kill_all()
         app.close()

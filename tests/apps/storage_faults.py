@@ -1,7 +1,8 @@
 """A job with a recorded call and an effect, for storage-fault tests (locks, disk full).
 
-``deliver`` asks a recorded ``ctx.call`` for a quote, then runs one ``ctx.effect``
-under the business key ``deliver:{n}`` that appends a line to ``sink``: the ground
+``deliver`` asks a recorded ``ctx.call`` for a quote, writes the parcel's state in a
+step of its own (a step commit that can meet the fault), then runs one ``ctx.effect``
+under the business key ``deliver:{n}``. The effect appends a line to ``sink``: the ground
 truth of how often the effect really ran, with the ``POST /effects/<n>`` it first
 sends to the counting HTTP server of ``tests/services.py`` when
 ``$REPLAYQ_TEST_SERVICE`` names one. The lease (30 s) outlasts the faults the
@@ -39,8 +40,23 @@ def _deliver(sink: str, n: int) -> None:
     record(sink, "effect", n)
 
 
+def _held_here(n: int) -> None:
+    """Job ``$STORAGE_FAULTS_HOLD_JOB`` waits inside its step, before the step commits,
+    while the file ``$STORAGE_FAULTS_HOLD`` exists: a test brings the fault on meanwhile,
+    so that commit meets it for certain."""
+    hold = os.environ.get("STORAGE_FAULTS_HOLD")
+    if hold and str(n) == os.environ.get("STORAGE_FAULTS_HOLD_JOB"):
+        while os.path.exists(hold):
+            time.sleep(0.02)
+
+
 def deliver(ctx: replayq.Context, n: int, sink: str) -> dict[str, int]:
     quote: int = ctx.call("quote", lambda: n * 2)
+    with ctx.step("pack"):
+        # A step whose commit meets the fault (not only an effect's bookkeeping, which
+        # waits an outage out on its own).
+        ctx.state.put("parcel", str(n), {"quote": quote})
+        _held_here(n)
     with ctx.step("deliver"):
         ctx.effect("parcel.deliver", lambda: _deliver(sink, n))
     return {"n": n, "quote": quote}

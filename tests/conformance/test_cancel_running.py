@@ -61,6 +61,73 @@ def test_a_running_job_cancelled_between_steps_ends_cancelled_with_its_steps_kep
     assert app.get_job(job_id).attempt == 1  # never retried
 
 
+def test_a_running_job_cancelled_between_effects_runs_no_further_effect_and_reports_the_claimed(
+    app_factory: Callable[..., replayq.App],
+) -> None:
+    app = app_factory()
+    charged: list[int] = []
+    first_charged = threading.Event()
+
+    def charge_each(ctx: replayq.Context, items: int) -> str:
+        for item in range(items):
+            # ``ctx.effect`` is a cancel point: after the cancel it raises, never charges.
+            ctx.effect("payment.charge", lambda i=item: charged.append(i), key=f"charge:{item}")
+            if item == 0:
+                first_charged.set()
+                deadline = time.monotonic() + 10
+                while not ctx.cancelled and time.monotonic() < deadline:
+                    time.sleep(0.01)  # the heartbeat brings the cancel
+        return "charged all"
+
+    app.job("charge_each", lease="2s", heartbeat="0.1s")(charge_each)
+    job_id = app.enqueue("charge_each", {"items": 3})
+    with running(app) as worker:
+        assert first_charged.wait(10)
+        assert app.cancel(job_id)
+        wait_for(
+            lambda: app.get_job(job_id).state == replayq.JobState.CANCELLED,
+            timeout=10,
+            what="the job ends cancelled",
+        )
+    assert charged == [0], "no effect after the cancel"
+    assert worker.stats.cancelled == 1 and worker.stats.succeeded == 0
+    events = app.trace(job_id)
+    (cancelled,) = [e for e in events if e.name == "job.cancelled"]
+    assert cancelled.data["claimed_effects"] == [{"key": "charge:0", "status": "succeeded"}]
+    claimed = [e.data["key"] for e in events if e.name == "effect.claimed"]
+    assert claimed == ["charge:0"], "the later effects were never claimed"
+
+
+def test_a_running_job_that_fails_after_its_cancel_is_cancelled_not_retried(
+    app_factory: Callable[..., replayq.App],
+) -> None:
+    app = app_factory()
+    started = threading.Event()
+
+    def flaky(ctx: replayq.Context) -> None:
+        started.set()
+        deadline = time.monotonic() + 10
+        while not ctx.cancelled and time.monotonic() < deadline:
+            time.sleep(0.01)
+        raise replayq.TransientError("upstream went away")  # retryable, were it not cancelled
+
+    app.job("flaky", lease="2s", heartbeat="0.1s", retry=replayq.Retry(max_attempts=5))(flaky)
+    job_id = app.enqueue("flaky")
+    with running(app) as worker:
+        assert started.wait(10)
+        assert app.cancel(job_id)
+        wait_for(
+            lambda: app.get_job(job_id).state == replayq.JobState.CANCELLED,
+            timeout=10,
+            what="the job ends cancelled",
+        )
+    assert worker.stats.cancelled == 1 and worker.stats.retried == 0
+    names = [e.name for e in app.trace(job_id)]
+    assert "retry.scheduled" not in names and names.count("job.leased") == 1
+    (cancelled,) = [e for e in app.trace(job_id) if e.name == "job.cancelled"]
+    assert "upstream went away" in cancelled.data["reason"]
+
+
 def test_a_job_that_reaches_no_boundary_within_its_lease_is_cancelled_not_run_again(
     app_factory: Callable[..., replayq.App],
 ) -> None:

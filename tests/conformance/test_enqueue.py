@@ -137,6 +137,41 @@ def test_jobs_of_one_ordering_key_are_leased_one_at_a_time_in_enqueue_order(
     assert [job.id for job in worker.lease(10)] == [a2]
 
 
+def test_a_job_of_a_key_waiting_for_its_retry_holds_the_later_ones_back(
+    app_factory: AppFactory, clock: replayq.FrozenClock
+) -> None:
+    app = app_factory(clock=clock)
+    runs: list[int] = []
+
+    @app.job(
+        "debit",
+        ordering="account:{account}",
+        retry=replayq.Retry(max_attempts=3, base="30s", cap="30s", jitter="none"),
+    )
+    def debit(ctx: replayq.Context, account: str, n: int) -> None:
+        runs.append(n)
+        if n == 1 and ctx.attempt == 1:
+            raise replayq.TransientError("the bank is busy")
+
+    first = app.enqueue("debit", {"account": "a", "n": 1})
+    second = app.enqueue("debit", {"account": "a", "n": 2})
+    other = app.enqueue("debit", {"account": "b", "n": 3})
+    worker = replayq.Worker(app, worker_id="conformance")
+    for job in worker.lease(10):
+        worker.execute(job)
+    assert app.get_job(first).state is replayq.JobState.QUEUED, "waiting for its retry"
+    assert app.get_job(other).state is replayq.JobState.SUCCEEDED
+
+    clock.advance(10)  # the retry is not due yet: the key's next job still waits
+    assert worker.lease(10) == []
+    clock.advance(25)
+    leased = worker.lease(10)
+    assert [job.id for job in leased] == [first], "the retry first, alone"
+    worker.execute(leased[0])
+    assert [job.id for job in worker.lease(10)] == [second]
+    assert runs == [1, 3, 1]
+
+
 # -- delay and run_at -------------------------------------------------------------------------
 
 

@@ -28,14 +28,18 @@ def test_events_in_a_window_are_exactly_those_of_the_window_in_hlc_order(
     app_factory: Callable[..., replayq.App], db_url: str
 ) -> None:
     clock = replayq.FrozenClock(T0)
-    # Two workers, each with its own hybrid logical clock, take turns.
-    apps = [app_factory(clock=clock), app_factory(clock=clock)]
+    # Two workers, each with its own hybrid logical clock, take turns; worker-1's wall
+    # clock is 30 s slow. The HLC carries the order across them all the same.
+    slow = replayq.FrozenClock(T0 - 30)
+    apps = [app_factory(clock=clock), app_factory(clock=slow)]
     for app in apps:
         app.job("work")(work)
     job_ids = []
     for n in range(10):
         clock.set(T0 + n)
-        job_ids.append(apps[0].enqueue("work", {"n": n}))
+        slow.set(T0 + n - 30)
+        # Due on both clocks (a slow worker leases nothing due in its last 30 s).
+        job_ids.append(apps[0].enqueue("work", {"n": n}, run_at=T0 - 3600))
         replayq.Worker(apps[n % 2], burst=True, worker_id=f"worker-{n % 2}").run()
     since, until = T0 + 3, T0 + 7
     low, high = int(since * 1000) << 16, int(until * 1000) << 16
@@ -50,6 +54,10 @@ def test_events_in_a_window_are_exactly_those_of_the_window_in_hlc_order(
     streamed = [json.loads(line) for line in result.output.splitlines()]
     assert [e["id"] for e in streamed] == [e.id for e in expected]
     assert {e["worker_id"] for e in streamed} >= {"worker-0", "worker-1"}
+    # The slow worker's events are in the window by their HLC, although its wall clock
+    # stamped them 30 s before it.
+    slow_events = [e for e in expected if e.worker_id == "worker-1"]
+    assert slow_events and all(e.ts < since for e in slow_events)
     assert all(e["job_type"] == "work" for e in streamed)
 
     leased = replayq.events_between(apps[1], since=since, until=until, name="job.leased")

@@ -418,3 +418,37 @@ def test_a_version_whose_contract_sets_no_retention_gets_the_apps(
     assert policy.of("credit", "v2").full_days == 1
     assert policy.of("credit", "gone").full_days == 1, "an undeclared version: the active one's"
     assert policy.shortest_full_days() == 1
+
+
+def test_a_pin_and_a_trim_of_the_same_job_are_ordered_and_a_pin_after_the_scan_is_seen(
+    app_factory: AppFactory,
+) -> None:
+    clock = replayq.FrozenClock(START)
+    app = retained.declare(app_factory(clock=clock, retention=retained.RETENTION))
+    job = replayq.testing.run_inline(app, "credit", {"account": "a", "amount": 1})
+    before = app.trace(job.id)
+    clock.advance(2 * DAY)
+    now = clock.now()
+    trimming, pinned = threading.Event(), threading.Event()
+
+    def pin() -> None:
+        assert trimming.wait(30)
+        app.keep(job.id, "incident 9")
+        pinned.set()
+
+    pin_thread = threading.Thread(target=pin)
+    pin_thread.start()
+    # gc's batch trims the job and has not committed yet: the pin waits for it.
+    with app.storage.transaction() as tx:
+        assert tx.gc_apply(TraceTrim(job.id, to_ledger, now)) > 0
+        trimming.set()
+        assert not pinned.wait(0.5), "the pin waited for gc's transaction"
+    pin_thread.join(30)
+    assert pinned.is_set()
+
+    # Pinned after gc scanned it: the changes gc had planned for it apply nothing.
+    with app.storage.transaction() as tx:
+        assert tx.gc_apply(TraceTrim(job.id, lambda events: [], now)) == 0
+        assert tx.gc_apply(JobPurge(job.id, now)) == 0
+    assert app.get_job(job.id).state is replayq.JobState.SUCCEEDED
+    assert shape(app.trace(job.id)) == shape([e for e in before if in_ledger(e)])

@@ -104,8 +104,8 @@ def test_jobs_cancel_cancels_only_queued_or_running_jobs(url: str, app: replayq.
     assert "cancelled" in ok(url, "jobs", "cancel", str(job_id)).stdout
     assert app.get_job(job_id).state is replayq.JobState.CANCELLED
     again = cli(url, "jobs", "cancel", str(job_id))
-    assert again.exit_code == 1
-    assert "neither queued nor running" in again.output
+    assert again.exit_code == 2
+    assert again.stderr.startswith("error: ") and "neither queued nor running" in again.stderr
 
 
 # -- dead jobs --------------------------------------------------------------------------------
@@ -128,7 +128,9 @@ def test_dead_list_shows_the_reason_and_requeue_needs_one(url: str, app: replayq
     assert app.get_job(dead_id).state is replayq.JobState.QUEUED
     [requeued] = [e for e in app.trace(dead_id) if e.name == "job.requeued"]
     assert requeued.data["reason"] == "order -1 was restored"
-    assert cli(url, "dead", "requeue", str(alive_id), "--reason", "x").exit_code == 1
+    not_dead = cli(url, "dead", "requeue", str(alive_id), "--reason", "x")
+    assert not_dead.exit_code == 2
+    assert not_dead.stderr.strip() == f"error: job {alive_id} is not dead"
 
 
 # -- trace and stats --------------------------------------------------------------------------
@@ -185,7 +187,8 @@ def test_contract_show_lists_each_stored_version(url: str) -> None:
     shown = as_json(ok(url, "contract", "show", "ship", "--json"))
     assert {v: c["lease"] for v, c in shown.items()} == {"v1": 30.0, "v2": 60.0}
     assert "lease" in ok(url, "contract", "show", "ship").stdout
-    assert cli(url, "contract", "show", "nothing").exit_code == 1
+    unknown = cli(url, "contract", "show", "nothing")
+    assert unknown.exit_code == 2 and unknown.stderr.startswith("error: no stored contract")
 
 
 def test_contract_diff_exits_1_listing_every_difference(url: str) -> None:
@@ -212,7 +215,9 @@ def test_contract_diff_exits_1_listing_every_difference(url: str) -> None:
     same = cli(url, "contract", "diff", "ship", "v1", "v3")
     assert same.exit_code == 0
     assert "same contract" in same.stdout
-    assert cli(url, "contract", "diff", "ship", "v1", "v9").exit_code == 1
+    no_version = cli(url, "contract", "diff", "ship", "v1", "v9")
+    assert no_version.exit_code == 2
+    assert no_version.stderr.strip() == "error: ship has no stored version 'v9'"
 
 
 def test_changed_contract_under_the_same_version_is_refused(url: str) -> None:

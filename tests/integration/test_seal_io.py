@@ -22,6 +22,7 @@ import pytest
 
 from replayq.errors import UnrecordedIOError
 from replayq.seal import Violation, seal, unsealed
+from tests.conftest import missing
 from tests.services import Service
 
 
@@ -137,13 +138,17 @@ def test_binding_a_listening_socket_and_sending_a_datagram_are_refused() -> None
 
 
 def test_the_redis_cache_backend_connects_only_when_unsealed() -> None:
-    redis = pytest.importorskip("redis")
+    import redis
+
     url = os.environ.get("REPLAYQ_TEST_REDIS", "redis://127.0.0.1:6379/0")
     client = redis.Redis.from_url(url)
     try:
         client.ping()
     except redis.RedisError as exc:
-        pytest.skip(f"Redis at {url} is not reachable: {exc}")
+        missing(
+            f"Redis at {url} is not reachable: {exc}",
+            install="start Redis (redis-server) at 127.0.0.1:6379",
+        )
     client.close()  # no pooled connection: the next command has to connect
     try:
         with seal() as report:

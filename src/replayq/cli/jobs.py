@@ -109,7 +109,11 @@ def worker(
     app = env.app(app_spec)
     observers: list[replayq.Observer] = []
     if metrics_port is not None:
-        metrics = replayq.WorkerMetrics(app.get_job_or_none, connections=app.storage.connections)
+        # A lambda: the storage opens at the first scrape, not here, so a worker started
+        # while the database is unavailable waits for it instead of exiting.
+        metrics = replayq.WorkerMetrics(
+            app.get_job_or_none, connections=lambda: app.storage.connections()
+        )
         replayq.serve_metrics(metrics.registry, metrics_port, metrics_host)
         observers.append(metrics)
     provider = None

@@ -77,7 +77,11 @@ class Cli(click.Group):
         except click.UsageError as exc:
             where = f" (see: {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
             _fail(ctx, exc, exc.format_message() + where, EXIT_USAGE)
-        except (click.exceptions.Exit, click.Abort, click.ClickException):
+        except click.ClickException as exc:
+            # A command's own refusal (no such contract or lock, a job in the wrong
+            # state, a missing extra): the user's input, one line, the usage code.
+            _fail(ctx, exc, exc.format_message(), EXIT_USAGE)
+        except (click.exceptions.Exit, click.Abort):
             raise
         # The last line of defence: a bug is one line too, with --debug for the traceback.
         except Exception as exc:

@@ -153,6 +153,11 @@ def summarise(trace_id: str, label: str, events: list[TraceEvent]) -> TraceSumma
             summary.outcome = f"dead ({data.get('reason')})" + (f" {failure}" if failure else "")
         elif name == "job.write_rejected":
             summary.outcome = "incomplete: its final write was rejected (lease lost)"
+        elif name == "lease.released" and data.get("storage_fault"):
+            summary.outcome = (
+                f"incomplete: put back, the queue's database was unavailable "
+                f"({data['storage_fault']})"
+            )
     if summary.outcome == "unknown" and any(e.kind == "domain" for e in events):
         summary.outcome = "incomplete: the attempt never settled (worker died or stalled)"
     return summary

@@ -195,6 +195,14 @@ def outcome_of(job: Job, lifecycle: list[TraceEvent]) -> Outcome:
             return Outcome(
                 "incomplete", error="the attempt's final write was rejected (lease lost)"
             )
+        if event.name == "lease.released":
+            fault = event.data.get("storage_fault")
+            why = (
+                f"the queue's database was unavailable ({fault})"
+                if fault
+                else "the worker stopped first"
+            )
+            return Outcome("incomplete", error=f"the attempt was put back unsettled: {why}")
     return Outcome("incomplete", error="the attempt never settled (worker died or stalled)")
 
 

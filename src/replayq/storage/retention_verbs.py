@@ -67,6 +67,11 @@ class RetentionVerbs:
 
     def keep_transition(self, change: KeepChange) -> bool:
         if isinstance(change, KeepPin):
+            # The job's lock first, as a hold takes it: a gc trimming or deleting the job
+            # right now commits before the pin (which then finds the job, or not), and a
+            # gc that comes after sees the pin.
+            if self.fetchone("gc_hold_lock", {"job_id": change.job_id}) is None:
+                return False
             self.execute("job_keep", query_params(change))
             return True
         if isinstance(change, KeepHold):

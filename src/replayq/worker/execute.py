@@ -13,7 +13,14 @@ import time
 from typing import Any
 
 from replayq import codec
-from replayq.errors import FailureClass, JobCancelledError, JobError, LeaseLostError, PayloadError
+from replayq.errors import (
+    FailureClass,
+    JobCancelledError,
+    JobError,
+    LeaseLostError,
+    PayloadError,
+    database_fault,
+)
 from replayq.model import DeadReason, Job
 from replayq.queue.handlers import Handler
 from replayq.recording.context import Context
@@ -137,6 +144,10 @@ class Executing(Outcomes):
             self._cancelled(job, ctx, str(exc), time.monotonic() - started)
             return
         except Exception as exc:
+            fault = database_fault(exc)
+            if fault is not None:
+                self._put_back(job, handler, ctx, exc, fault, time.monotonic() - started)
+                return
             ctx.discard_writes()
             self._fail(job, handler, ctx, exc, time.monotonic() - started)
             self._compare(job, handler)

@@ -12,7 +12,13 @@ import logging
 import traceback
 from collections.abc import Sequence
 
-from replayq.errors import EffectInDoubtError, FailureClass, LeaseLostError, classify
+from replayq.errors import (
+    DatabaseUnavailableError,
+    EffectInDoubtError,
+    FailureClass,
+    LeaseLostError,
+    classify,
+)
 from replayq.model import DeadReason, Job, TraceEvent
 from replayq.observe.logs import job_fields
 from replayq.queue import lifecycle as trace
@@ -27,11 +33,18 @@ from replayq.storage.protocol import (
     JobComplete,
     JobReleaseRunning,
     JobRetry,
+    LeaseRelease,
+    TraceQuery,
     Transaction,
 )
 from replayq.worker.acks import Ack, Acking
 
 log = logging.getLogger("replayq.worker")
+
+# An attempt the queue's own database failed is put back this many times at most; a job
+# that keeps meeting it (its handler deadlocks on the database it runs in, say) then
+# fails like any other, classified by its contract.
+STORAGE_FAULT_RELEASES = 5
 
 
 class Outcomes(Acking):
@@ -171,6 +184,66 @@ class Outcomes(Acking):
             ctx.committed()
             self.stats.cancelled += outcome == "cancelled"
             log.warning("job %s %s while running (%s)", job.id, outcome, reason)
+
+    def _put_back(
+        self,
+        job: Job,
+        handler: Handler,
+        ctx: Context,
+        exc: Exception,
+        fault: DatabaseUnavailableError,
+        duration: float,
+    ) -> None:
+        """The queue's database failed the attempt (locked, full, read-only, unreachable):
+        not the job's failure. Once the database takes writes again (``_settle`` waits it
+        out), the job goes back to the queue with its attempt budget intact and its
+        committed steps kept, so the next attempt resumes after them and an effect
+        already recorded is not run again. ``lease.released`` says why."""
+        ctx.discard_writes()
+        cause = str(fault).strip().splitlines()[0] if str(fault).strip() else type(fault).__name__
+        again = False
+
+        def write(tx: Transaction) -> None:
+            nonlocal again
+            earlier = sum(
+                1
+                for e in tx.trace_query(TraceQuery(job_id=job.id))
+                if e.name == trace.LEASE_RELEASED and "storage_fault" in e.data
+            )
+            if earlier >= STORAGE_FAULT_RELEASES:
+                again = True
+                return
+            now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
+            assert job.owner_token is not None
+            ctx.flush(tx, failed=True)
+            if not tx.job_transition(LeaseRelease(job.id, job.owner_token, now, hlc)):
+                raise LeaseLostError("lease.released")
+            released = trace.lifecycle(
+                trace.LEASE_RELEASED,
+                job,
+                now=now,
+                hlc=hlc,
+                worker_id=self.worker_id,
+                status="queued",
+                reason="the queue's database was unavailable during the attempt",
+                storage_fault=cause,
+                owner_token=job.owner_token,
+            )
+            tx.trace_append([released])
+
+        if not self._settle(job, write, ctx):
+            return
+        if again:
+            self._fail(job, handler, ctx, exc, duration)
+            return
+        ctx.committed()
+        self.stats.released += 1
+        log.warning(
+            "job %s: put back to the queue, not failed: the queue's database was unavailable "
+            "during its attempt (%s)",
+            job.id,
+            cause,
+        )
 
     def _fail(
         self, job: Job, handler: Handler, ctx: Context, exc: Exception, duration: float

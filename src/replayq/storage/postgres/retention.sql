@@ -89,8 +89,11 @@ SELECT id FROM rq_jobs
 WHERE id = %(job_id)s AND state IN ('succeeded', 'dead', 'cancelled') FOR UPDATE;
 
 -- name: gc_held
--- Read after gc_job_lock, in a statement of its own: sees every hold committed before it.
-SELECT 1 AS held FROM rq_gc_holds WHERE job_id = %(job_id)s AND expires_at > %(now)s::double precision;
+-- Read after gc_job_lock, in a statement of its own: sees every hold and pin committed
+-- before it (a pin takes the job's lock too, so it is never lost to a gc in flight).
+SELECT 1 AS held FROM rq_gc_holds WHERE job_id = %(job_id)s AND expires_at > %(now)s::double precision
+UNION ALL
+SELECT 1 FROM rq_keep WHERE job_id = %(job_id)s;
 
 -- name: job_message_forget
 UPDATE rq_jobs SET message_id = NULL WHERE id = %(job_id)s AND message_id IS NOT NULL;

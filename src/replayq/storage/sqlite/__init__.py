@@ -16,6 +16,15 @@ Known limits, up front:
   too (``_UNAVAILABLE_CODES``); nothing was written, and they clear by themselves
   or by an operator's hand, so retrying is right. A failed ``ROLLBACK`` after such
   a fault is ignored: the original error is the one reported.
+* SQLite keeps the ``errno`` to itself: a write refused ``EROFS`` is ``disk I/O
+  error`` (``SQLITE_IOERR_WRITE``), a read that fails ``EIO`` is ``database disk image
+  is malformed`` (``SQLITE_IOERR_CORRUPTFS``, reported as ``SQLITE_CORRUPT``). So the
+  message adds SQLite's extended code and, when the file cannot be written, says so;
+  and ``SQLITE_CORRUPT`` is waited out too: a worker can do nothing else with a file
+  it cannot read, and a real corruption is an operator's to repair either way.
+* A connection opened while the file system is read-only is read-only for good
+  (SQLite falls back to ``O_RDONLY``): after ``SQLITE_READONLY`` the connection is
+  closed, and the next transaction opens a new one.
 * Leases are judged by SQLite's own clock (``julianday('now')``: the host's, which
   every process on the file shares) when the worker's app runs on the real clock,
   not by each worker's reading of it; an injected test clock judges them itself.
@@ -35,6 +44,9 @@ Known limits, up front:
   the last transactions before the failure may roll back (the database stays
   consistent). ``App(url + "?synchronous=FULL")`` makes every commit durable
   against power loss at the cost of an fsync per commit.
+* Lock waits: a write waits up to 5 s for another writer's lock (``?busy_timeout=``
+  in milliseconds changes it); past that the write raises
+  ``DatabaseUnavailableError``, which workers wait out.
 """
 
 from __future__ import annotations
@@ -70,21 +82,53 @@ _WAL_MIN_PAGES = 64
 # How many write transactions of one connection between two looks at the free space.
 _RETUNE_EVERY = 128
 # Primary result codes of a fault that passes (or is fixed outside replayq) rather than a
-# bad statement: BUSY 5, LOCKED 6, NOMEM 7, READONLY 8, IOERR 10, FULL 13, CANTOPEN 14,
-# PROTOCOL 15 (https://sqlite.org/rescode.html).
-_UNAVAILABLE_CODES = frozenset({5, 6, 7, 8, 10, 13, 14, 15})
+# bad statement: BUSY 5, LOCKED 6, NOMEM 7, READONLY 8, IOERR 10, CORRUPT 11 (what a read
+# failing EIO becomes), FULL 13, CANTOPEN 14, PROTOCOL 15 (https://sqlite.org/rescode.html).
+_UNAVAILABLE_CODES = frozenset({5, 6, 7, 8, 10, 11, 13, 14, 15})
+_SQLITE_READONLY = 8
+_SQLITE_CORRUPT = 11
 _SQLITE_FULL = 13
+# Codes after which it is worth asking whether the file can be written at all.
+_WRITE_FAULT_CODES = frozenset({_SQLITE_READONLY, 10, 14})
 _DB_FILE_MODE = 0o600
 
 log = logging.getLogger("replayq.storage.sqlite")
 
 
-def storage_error(what: str, exc: sqlite3.Error) -> StorageError:
-    """The replayq error for a driver error: a passing fault of the file vs. anything else."""
+def storage_error(what: str, exc: sqlite3.Error, path: str | None = None) -> StorageError:
+    """The replayq error for a driver error: a passing fault of the file vs. anything else.
+
+    A fault of the file names SQLite's extended code and, given the file's ``path``,
+    whether the file can be written at all (SQLite's own message hides the ``errno``).
+    """
     code = getattr(exc, "sqlite_errorcode", None)
-    if code is not None and code & 0xFF in _UNAVAILABLE_CODES:
-        return DatabaseUnavailableError(f"{what}: {exc}")
-    return StorageError(f"{what}: {exc}")
+    if code is None or code & 0xFF not in _UNAVAILABLE_CODES:
+        return StorageError(f"{what}: {exc}")
+    detail = f"{exc} ({getattr(exc, 'sqlite_errorname', code)})"
+    if code & 0xFF == _SQLITE_CORRUPT:
+        detail += "; SQLite says so of a read that failed with an I/O error (EIO) too"
+    elif code & 0xFF in _WRITE_FAULT_CODES and path is not None:
+        detail += _unwritable(path)
+    return DatabaseUnavailableError(f"{what}: {detail}")
+
+
+def _unwritable(path: str) -> str:
+    """``"; ..."`` saying why ``path`` cannot be written, or ``""`` if it can.
+
+    ``access`` opens no file: opening and closing the database file here would drop
+    this process's SQLite locks on it (POSIX locks belong to the process, not the fd).
+    """
+    if path == ":memory:" or path.startswith("file:"):
+        return ""
+    try:
+        if os.access(path, os.W_OK):
+            return ""
+        read_only = bool(os.statvfs(os.path.dirname(path) or ".").f_flag & os.ST_RDONLY)
+    except OSError:
+        return ""
+    if read_only:
+        return "; its file system is read-only"
+    return "; the file cannot be written (a read-only file system, or its permissions)"
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
@@ -168,7 +212,14 @@ class SqliteStorage:
         self.synchronous = options.get("synchronous", "NORMAL").upper()
         if self.synchronous not in _SYNC_MODES:
             raise ConfigurationError(f"{url!r}: synchronous must be one of {sorted(_SYNC_MODES)}")
-        self.busy_timeout_ms = busy_timeout_ms
+        try:
+            self.busy_timeout_ms = int(options.get("busy_timeout", busy_timeout_ms))
+        except ValueError:
+            self.busy_timeout_ms = -1
+        if self.busy_timeout_ms < 0:
+            raise ConfigurationError(
+                f"{url!r}: busy_timeout is the milliseconds a write waits for the lock (e.g. 5000)"
+            )
         self.queries = load_queries("replayq.storage.sqlite")
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
@@ -281,13 +332,16 @@ class SqliteStorage:
         try:
             conn.execute("BEGIN" if readonly else "BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
-            raise storage_error(f"cannot begin a transaction on {self.path!r}", exc) from exc
+            self._fault(conn, exc)
+            raise storage_error(
+                f"cannot begin a transaction on {self.path!r}", exc, self.path
+            ) from exc
         try:
             yield SqlTransaction(conn, self.queries)
         except sqlite3.Error as exc:
             self._fault(conn, exc)
             # Storage errors keep the driver's as __cause__ (as on PostgreSQL).
-            raise storage_error(self.path, exc) from exc
+            raise storage_error(self.path, exc, self.path) from exc
         except BaseException:
             _rollback(conn)
             raise
@@ -295,7 +349,7 @@ class SqliteStorage:
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             self._fault(conn, exc)
-            raise storage_error(f"commit failed on {self.path!r}", exc) from exc
+            raise storage_error(f"commit failed on {self.path!r}", exc, self.path) from exc
         if not readonly:
             for watcher in self._watchers:
                 watcher.poke()
@@ -304,6 +358,20 @@ class SqliteStorage:
         if _is_full(exc):
             self._full.set()
         _after_fault(conn, exc)
+        if (getattr(exc, "sqlite_errorcode", 0) or 0) & 0xFF == _SQLITE_READONLY:
+            self._discard(conn)
+
+    def _discard(self, conn: sqlite3.Connection) -> None:
+        """Close this thread's connection; its next transaction opens a new one.
+
+        After ``SQLITE_READONLY``: a connection opened while the file could not be
+        written stays read-only after the file system is writable again.
+        """
+        with self._all_lock:
+            self._all = [c for c in self._all if c is not conn]
+        self._local.conn = None
+        with contextlib.suppress(sqlite3.Error):
+            conn.close()
 
     def adopt(self, connection: Any) -> SqlTransaction:
         """Verbs on the caller's connection to this file, whatever its row factory.

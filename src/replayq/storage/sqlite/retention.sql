@@ -87,8 +87,11 @@ SELECT id FROM rq_jobs
 WHERE id = :job_id AND state IN ('succeeded', 'dead', 'cancelled');
 
 -- name: gc_held
--- Read after gc_job_lock, in a statement of its own: sees every hold committed before it.
-SELECT 1 AS held FROM rq_gc_holds WHERE job_id = :job_id AND expires_at > :now;
+-- Read after gc_job_lock, in a statement of its own: sees every hold and pin committed
+-- before it (a pin takes the job's lock too, so it is never lost to a gc in flight).
+SELECT 1 AS held FROM rq_gc_holds WHERE job_id = :job_id AND expires_at > :now
+UNION ALL
+SELECT 1 FROM rq_keep WHERE job_id = :job_id;
 
 -- name: job_message_forget
 UPDATE rq_jobs SET message_id = NULL WHERE id = :job_id AND message_id IS NOT NULL;
