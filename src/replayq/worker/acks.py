@@ -63,32 +63,72 @@ class Acking(Settling, Leasing):
     """Gather acks and commit them in groups, on the acker thread."""
 
     def _ack(self, ack: Ack, *, wait: bool, refill: bool) -> None:
-        """Hand ``ack`` to the acker; with ``wait``, return once it is settled.
+        """Hand ``ack`` over for the next group; with ``wait``, return once it is settled.
 
-        Without the acker (``execute()`` outside ``run()``) it commits here, on its own,
-        leasing the slot it frees only with ``refill``.
+        A caller that waits commits the group itself when no commit is under way (no
+        thread hand-off: the leader of a group commit); else the committing thread
+        takes it with the next group. Without the acker (``execute()`` outside
+        ``run()``) it commits here, on its own, leasing the slot it frees only with
+        ``refill``.
         """
         if not self._acker_running:
             self._settle_acks([ack], refill=refill, forget=False)  # the caller frees the slot
             return
         with self._acks_wake:
             self._acks.append(ack)
-            self._acks_open += 1
-            if wait or len(self._acks) >= self.capacity:
-                self._acks_flush = True
-            self._acks_wake.notify()
-        if wait:
-            ack.done.wait()
+            if not wait:
+                if len(self._acks) >= self.capacity:
+                    self._acks_flush = True
+                    self._acks_wake.notify_all()
+                elif len(self._acks) == 1:
+                    self._acks_wake.notify_all()  # the acker times the window from now
+                return
+        self._lead_until([ack])
 
     def _flush_acks(self) -> None:
-        """Commit the gathered acks now and return once every ack handed over is settled."""
+        """Commit the gathered acks now; return once those handed over so far are settled."""
         with self._acks_wake:
-            if not self._acks_open:
-                return
-            self._acks_flush = True
-            self._acks_wake.notify()
-            while self._acks_open:
-                self._acks_wake.wait()
+            pending = [*self._acks, *self._acks_batch]
+        if pending:
+            self._lead_until(pending)
+
+    def _lead_until(self, pending: Sequence[Ack]) -> None:
+        """Until every ack of ``pending`` is settled: commit what has gathered on this
+        thread whenever no commit is under way, else wait for the one that is."""
+        while True:
+            with self._acks_wake:
+                if all(ack.done.is_set() for ack in pending):
+                    return
+                if self._acks_committing or not self._acks:
+                    self._acks_flush = True
+                    self._acks_wake.notify_all()
+                    self._acks_waiters += 1
+                    try:
+                        self._acks_wake.wait(0.1)
+                    finally:
+                        self._acks_waiters -= 1
+                    continue
+                batch = self._take_acks()
+            self._commit_taken(batch)
+
+    def _take_acks(self) -> list[Ack]:
+        """The gathered acks, now this thread's to commit (``_acks_wake`` held)."""
+        batch, self._acks, self._acks_flush = self._acks, [], False
+        self._acks_batch = batch
+        self._acks_committing = True
+        return batch
+
+    def _commit_taken(self, batch: list[Ack]) -> None:
+        try:
+            self._settle_acks(batch, refill=True)
+        finally:
+            with self._acks_wake:
+                self._acks_committing = False
+                self._acks_batch = []
+                # Wake only a thread with something to do: a waiting executor, or the
+                # acker when acks gathered meanwhile (a wake-up costs more than the SQL).
+                if self._acks_waiters or self._acks:
+                    self._acks_wake.notify_all()
 
     def _stop_acker(self) -> None:
         with self._acks_wake:
@@ -96,26 +136,27 @@ class Acking(Settling, Leasing):
             self._acks_wake.notify_all()
 
     def _acker(self) -> None:
-        """The acker thread: commit the gathered acks as a group, until stopped."""
+        """The acker thread: commit acks no executor waits for, once their window ends
+        (or at once when asked, or when they fill the worker's capacity), until stopped."""
         while True:
             with self._acks_wake:
-                while not self._acks and not self._acks_stop:
+                while (not self._acks or self._acks_committing) and not self._acks_stop:
                     self._acks_wake.wait()
-                if not self._acks:
+                if self._acks_stop and not self._acks and not self._acks_committing:
                     return
+                if self._acks_committing:
+                    self._acks_wake.wait(0.05)  # stopping: the leader is still committing
+                    continue
                 deadline = self._acks[0].queued + self.ack_window
-                while not (self._acks_flush or self._acks_stop):
+                while self._acks and not (self._acks_flush or self._acks_stop):
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break
                     self._acks_wake.wait(remaining)
-                batch, self._acks, self._acks_flush = self._acks, [], False
-            try:
-                self._settle_acks(batch, refill=True)
-            finally:
-                with self._acks_wake:
-                    self._acks_open -= len(batch)
-                    self._acks_wake.notify_all()
+                if self._acks_committing or not self._acks:
+                    continue  # an executor took them
+                batch = self._take_acks()
+            self._commit_taken(batch)
 
     def _settle_acks(self, batch: Sequence[Ack], *, refill: bool, forget: bool = True) -> None:
         """Commit ``batch`` and (with ``forget``) free its slots, whatever happens."""

@@ -144,8 +144,12 @@ class WorkerCore:
         self._acks_wake = threading.Condition()
         self._acks_flush = False
         self._acks_stop = False
-        # Acks handed over and not yet settled (gathered, or in the group committing).
-        self._acks_open = 0
+        # Set while a thread (the acker, or an executor leading a group) commits a group.
+        self._acks_committing = False
+        # The group being committed, by the acker or by an executor leading it.
+        self._acks_batch: list[Any] = []
+        # Executors waiting for a group to settle (``acks._lead_until``).
+        self._acks_waiters = 0
         # Set while ``run()``'s acker thread runs; without it (``execute()`` called on its
         # own) an ack commits at once on the caller's thread and leases nothing.
         self._acker_running = False

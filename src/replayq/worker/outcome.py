@@ -63,10 +63,10 @@ class Outcomes(Acking):
 
         The ack commits in a group with others (``acks.py``), its compare-and-set
         first so that a lost lease writes nothing of the job. With ``defer`` (an
-        executor loop) the caller may go on before the commit when nothing but the
-        attempt's events is pending: no write outside steps, no lock, no shadow run
-        (a later job of this worker then never reads state older than this one's),
-        and no observer follows the attempt.
+        executor loop) the caller may go on before the commit, to a job leased ahead,
+        when nothing but the attempt's events is pending: no write outside steps, no
+        lock, no shadow run (a later job of this worker then never reads state older
+        than this one's), and no observer follows the attempt.
         Otherwise this returns once the ack is settled.
         """
 
@@ -103,6 +103,7 @@ class Outcomes(Acking):
         # events inside the attempt only if the executor waits for it.
         wait = not (
             defer
+            and not self._work.empty()  # a job leased ahead is at hand to run meanwhile
             and not self.observers.members
             and not ctx.pending_writes()
             and not ctx.fences()
