@@ -1,11 +1,13 @@
 """Acking: the successes of several jobs commit together (group commit).
 
-An executor whose job succeeded hands its ack to the acker thread and, when the
-ack may wait (nothing of the attempt's own is pending but its events; no lock,
-no shadow run to start) and a leased-ahead job is at hand, starts that job at
-once. The acker commits what has gathered in one transaction when an executor
-asks (it waits for its ack, or has nothing else to run), when acks fill the
-worker's capacity, or ``ack_window`` seconds after the first of them.
+An executor whose job succeeded hands its ack over. When the ack may wait (nothing
+of the attempt's own is pending but its events; no lock, no shadow run, no observer
+following the attempt) and a leased-ahead job is at hand, the executor starts that
+job at once and the ack gathers with others. An executor with nothing else to run
+commits what has gathered, its own ack with it, on its own thread (the leader of
+the group: no hand-off) unless a commit is under way, whose thread then takes the
+next group. The acker thread commits acks no executor waits for when they fill
+the worker's capacity or ``ack_window`` seconds after the first of them.
 
 In that transaction every ack is still a compare-and-set on (job id, owner
 token), run *before* anything else of its job is written: an ack whose lease is
@@ -60,7 +62,7 @@ class Ack:
 
 
 class Acking(Settling, Leasing):
-    """Gather acks and commit them in groups, on the acker thread."""
+    """Gather acks and commit them in groups (led by a waiting executor, or the acker)."""
 
     def _ack(self, ack: Ack, *, wait: bool, refill: bool) -> None:
         """Hand ``ack`` over for the next group; with ``wait``, return once it is settled.
