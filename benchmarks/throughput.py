@@ -309,7 +309,7 @@ def pg_replayq_drain(opts: Options, processes: int) -> tuple[float, float, float
         requests = [replayq.EnqueueRequest("noop", {"n": n}) for n in range(opts.jobs)]
         bulk = timed(lambda: app.enqueue_many(requests))
         app.close()
-        worker_url = f"{url}&pool_size={PG_CONCURRENCY + 3}"
+        worker_url = f"{url}&pool_size={PG_CONCURRENCY + 2}"
         argv = [*replayq_command(), "--db", worker_url, "worker", "--app", APP_SPEC]
         argv += ["--burst", "--concurrency", str(PG_CONCURRENCY)]
 

@@ -16,8 +16,8 @@
     ├── event_loop.py EventLoopThread: the one asyncio loop every async def handler runs on
     ├── outcome.py    Outcomes: succeeded (an ack for the group), cancelled, failed (retry or
     │                 dead), buried
-    ├── acks.py       Acking: the acker thread; acks of several jobs in one transaction (each
-    │                 a compare-and-set on its owner token), the freed slots leased in it
+    ├── acks.py       Acking: acks of several jobs in one transaction (each a compare-and-set
+    │                 on its owner token), the freed slots leased in it
     ├── settle.py     Settling: one compare-and-set transaction per outcome, retried while
     │                 the database is away; write.rejected when the lease is gone
     └── reap.py       Reaping: expired leases re-delivered, buried or cancelled

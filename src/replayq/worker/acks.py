@@ -6,8 +6,9 @@ following the attempt) and a leased-ahead job is at hand, the executor starts th
 job at once and the ack gathers with others. An executor with nothing else to run
 commits what has gathered, its own ack with it, on its own thread (the leader of
 the group: no hand-off) unless a commit is under way, whose thread then takes the
-next group. The acker thread commits acks no executor waits for when they fill
-the worker's capacity or ``ack_window`` seconds after the first of them.
+next group. Acks no executor waits for are committed by the heartbeat thread
+between its beats, ``ack_window`` seconds (at least one beat, 50 ms) after the first
+of them: no thread or pooled connection of their own.
 
 In that transaction every ack is still a compare-and-set on (job id, owner
 token), run *before* anything else of its job is written: an ack whose lease is
@@ -62,28 +63,23 @@ class Ack:
 
 
 class Acking(Settling, Leasing):
-    """Gather acks and commit them in groups (led by a waiting executor, or the acker)."""
+    """Gather acks and commit them in groups (led by a waiting executor, or the
+    heartbeat thread for acks nobody waits for)."""
 
     def _ack(self, ack: Ack, *, wait: bool, refill: bool) -> None:
         """Hand ``ack`` over for the next group; with ``wait``, return once it is settled.
 
         A caller that waits commits the group itself when no commit is under way (no
-        thread hand-off: the leader of a group commit); else the committing thread
-        takes it with the next group. Without the acker (``execute()`` outside
-        ``run()``) it commits here, on its own, leasing the slot it frees only with
-        ``refill``.
+        thread hand-off: the leader of a group commit); else it takes the next group
+        once that commit ends. Outside ``run()`` (``execute()`` called on its own) it
+        commits here, on its own, leasing the slot it frees only with ``refill``.
         """
-        if not self._acker_running:
+        if not self._running_batches:
             self._settle_acks([ack], refill=refill, forget=False)  # the caller frees the slot
             return
         with self._acks_wake:
             self._acks.append(ack)
             if not wait:
-                if len(self._acks) >= self.capacity:
-                    self._acks_flush = True
-                    self._acks_wake.notify_all()
-                elif len(self._acks) == 1:
-                    self._acks_wake.notify_all()  # the acker times the window from now
                 return
         self._lead_until([ack])
 
@@ -127,44 +123,56 @@ class Acking(Settling, Leasing):
             with self._acks_wake:
                 self._acks_committing = False
                 self._acks_batch = []
-                # Wake only a thread with something to do: a waiting executor, or the
-                # acker when acks gathered meanwhile (a wake-up costs more than the SQL).
-                if self._acks_waiters or self._acks:
+                # Wake only a waiting executor (a wake-up costs more than the SQL).
+                if self._acks_waiters:
                     self._acks_wake.notify_all()
 
-    def _stop_acker(self) -> None:
+    def _commit_due(self) -> None:
+        """Commit the gathered acks once the oldest is ``ack_window`` old (or a flush was
+        asked for) and no commit is under way: acks no executor waits for (each went
+        on to a job leased ahead). Run by the heartbeat thread, between its beats, so
+        group commits take no connection of their own beyond the executors' and the
+        heartbeat's. A failed group is settled ack by ack on a thread of its own: its
+        retries (while the database is away) must not hold up the heartbeats."""
         with self._acks_wake:
-            self._acks_stop = True
-            self._acks_wake.notify_all()
+            if self._acks_committing or not self._acks:
+                return
+            if not self._acks_flush and time.monotonic() < self._acks[0].queued + self.ack_window:
+                return
+            batch = self._take_acks()
+        failure: Exception | None = None
+        try:
+            failure = self._commit_acks(batch, True, True, alone=False)
+        except Exception:  # never let the heartbeat die: the jobs are reaped after their lease
+            log.exception("worker %s: acks could not be settled", self.worker_id)
+        if failure is None:
+            self._finish_taken(batch)
+            return
+        failed = failure
 
-    def _acker(self) -> None:
-        """The acker thread: commit acks no executor waits for, once their window ends
-        (or at once when asked, or when they fill the worker's capacity), until stopped."""
-        while True:
-            with self._acks_wake:
-                while (not self._acks or self._acks_committing) and not self._acks_stop:
-                    self._acks_wake.wait()
-                if self._acks_stop and not self._acks and not self._acks_committing:
-                    return
-                if self._acks_committing:
-                    self._acks_wake.wait(0.05)  # stopping: the leader is still committing
-                    continue
-                deadline = self._acks[0].queued + self.ack_window
-                while self._acks and not (self._acks_flush or self._acks_stop):
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    self._acks_wake.wait(remaining)
-                if self._acks_committing or not self._acks:
-                    continue  # an executor took them
-                batch = self._take_acks()
-            self._commit_taken(batch)
+        def alone() -> None:
+            try:
+                self._settle_alone(batch, failed)
+            finally:
+                self._finish_taken(batch)
+
+        threading.Thread(target=alone, name="replayq-acks-alone", daemon=True).start()
+
+    def _finish_taken(self, batch: Sequence[Ack]) -> None:
+        for ack in batch:
+            self._forget(ack.job)
+            ack.done.set()
+        with self._acks_wake:
+            self._acks_committing = False
+            self._acks_batch = []
+            if self._acks_waiters:
+                self._acks_wake.notify_all()
 
     def _settle_acks(self, batch: Sequence[Ack], *, refill: bool, forget: bool = True) -> None:
         """Commit ``batch`` and (with ``forget``) free its slots, whatever happens."""
         try:
             self._commit_acks(batch, refill, forget)
-        except Exception:  # never let the acker die: the jobs are reaped after their lease
+        except Exception:  # never let the committing thread die: reaped after their lease
             log.exception("worker %s: acks could not be settled", self.worker_id)
         finally:
             for ack in batch:
@@ -172,8 +180,13 @@ class Acking(Settling, Leasing):
                     self._forget(ack.job)
                 ack.done.set()
 
-    def _commit_acks(self, batch: Sequence[Ack], refill: bool, forget: bool) -> None:
-        """One transaction for ``batch``: every ack whose lease holds, and the refill."""
+    def _commit_acks(
+        self, batch: Sequence[Ack], refill: bool, forget: bool, *, alone: bool = True
+    ) -> Exception | None:
+        """One transaction for ``batch``: every ack whose lease holds, and the refill.
+
+        If it fails, each ack is settled on its own here (``alone``), else the failure
+        is returned for the caller to do so."""
         flights = sorted(
             (f for f in (self._flight_of(a.job) for a in batch) if f is not None),
             key=lambda f: f.job.id,
@@ -199,8 +212,10 @@ class Acking(Settling, Leasing):
             for flight in flights:
                 flight.beat.release()
         if failure is not None:
+            if not alone:
+                return failure
             self._settle_alone(batch, failure)
-            return
+            return None
         lost = {id(a) for a in rejected}
         for ack in batch:
             if forget and id(ack) not in lost:
@@ -212,6 +227,7 @@ class Acking(Settling, Leasing):
                     self._reject(ack.job, LeaseLostError("job.succeeded"), ack.ctx)
             else:
                 ack.committed()
+        return None
 
     def _refill(self, tx: Transaction, acked: int) -> tuple[list[Job], float]:
         """Lease, in the acks' transaction, for the slots they free (none when stopping,

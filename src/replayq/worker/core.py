@@ -34,9 +34,9 @@ STOP = object()
 # Jobs leased ahead of the running ones (``Worker(prefetch=...)``); measured in
 # ``benchmarks/worker_batch.py`` (docs/benchmarks.md, "Batched claims").
 DEFAULT_PREFETCH = 1
-# How long the first ack of a group may wait for others (seconds). The acker commits
-# sooner when an executor waits for its ack, has nothing else to run, or the acks fill
-# the worker's capacity, so an idle or synchronous worker never waits this out.
+# How long the first ack of a group may wait for others (seconds; the heartbeat thread
+# looks every 50 ms). An executor that waits for its ack or has nothing else to run
+# commits the group at once, so an idle or synchronous worker never waits this out.
 DEFAULT_ACK_WINDOW = 0.005
 
 
@@ -58,7 +58,7 @@ class InFlight:
     running: bool = False
     # Set (under ``_inflight_lock``) when the stopping worker gives the unstarted job back.
     releasing: bool = False
-    # Set when its success was handed to the acker: the acker frees the slot once it commits.
+    # Set when its success was handed over for a group commit, which frees the slot.
     acking: bool = False
     # Held while the heartbeat extends this lease and while the job settles: the two
     # never interleave, so their events' clock order is their commit order.
@@ -139,20 +139,20 @@ class WorkerCore:
         # One thread leases at a time, so two threads never fill the same free slot.
         self._lease_lock = threading.Lock()
         self._work: queue.Queue[Any] = queue.Queue()
-        # Acks gathered for the next group commit (``acks.Ack``), and the acker's signals.
+        # Acks gathered for the next group commit (``acks.Ack``), and their signals.
         self._acks: list[Any] = []
         self._acks_wake = threading.Condition()
         self._acks_flush = False
         self._acks_stop = False
-        # Set while a thread (the acker, or an executor leading a group) commits a group.
+        # Set while a thread (an executor leading a group, or the heartbeat) commits one.
         self._acks_committing = False
-        # The group being committed, by the acker or by an executor leading it.
+        # The group being committed.
         self._acks_batch: list[Any] = []
         # Executors waiting for a group to settle (``acks._lead_until``).
         self._acks_waiters = 0
-        # Set while ``run()``'s acker thread runs; without it (``execute()`` called on its
-        # own) an ack commits at once on the caller's thread and leases nothing.
-        self._acker_running = False
+        # Set while ``run()`` runs (its heartbeat thread commits acks nobody waits for);
+        # outside it (``execute()`` called on its own) an ack commits at once.
+        self._running_batches = False
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._force = threading.Event()

@@ -46,7 +46,7 @@ class Executing(Outcomes):
                     log.exception("worker %s: job %s could not be settled", self.worker_id, item.id)
                 finally:
                     flight = self._flight_of(item)
-                    if flight is None or not flight.acking:  # else the acker frees the slot
+                    if flight is None or not flight.acking:  # else its group commit frees the slot
                         self._forget(item)
             item = self._next_work()
 

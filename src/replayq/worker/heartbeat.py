@@ -11,14 +11,15 @@ from replayq.queue import lifecycle as trace
 from replayq.storage.params import CancelRequested
 from replayq.storage.protocol import LeaseExtend, Transaction
 from replayq.storage.reconnect import Backoff
-from replayq.worker.core import InFlight, WorkerCore
+from replayq.worker.acks import Acking
+from replayq.worker.core import InFlight
 
 log = logging.getLogger("replayq.worker")
 
 _NEVER = float("inf")  # the next beat of a lease never extended (heartbeat 0)
 
 
-class Heartbeat(WorkerCore):
+class Heartbeat(Acking):
     """Keep this worker's leases alive; mark a lease lost when its compare-and-set fails."""
 
     def _heartbeat(self) -> None:
@@ -46,6 +47,7 @@ class Heartbeat(WorkerCore):
                         flight.next_heartbeat = min(flight.next_heartbeat, retry_at)
                 except ReplayqError:
                     log.exception("worker %s: heartbeat failed", self.worker_id)
+            self._commit_due()  # acks whose executors went on to a job leased ahead
             time.sleep(0.05)
 
     def extend_leases(self, flights: Sequence[InFlight]) -> None:

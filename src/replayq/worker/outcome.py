@@ -96,7 +96,7 @@ class Outcomes(Acking):
         def committed() -> None:
             ctx.committed()
             self.stats.succeeded += 1
-            with job_fields(job, self.worker_id):  # on the acker's thread: the job's log fields
+            with job_fields(job, self.worker_id):  # maybe on another thread: the job's fields
                 log.info("job %s succeeded in %.3fs", job.id, duration)
 
         # An observer that follows attempts (metrics, OpenTelemetry spans) sees the ack's

@@ -1,15 +1,14 @@
 """The worker: lease, heartbeat, run, classify, retry or bury, ack after commit, reap.
 
-One dispatcher thread leases jobs in batches (up to ``concurrency + prefetch``
-held leases: the jobs beyond the running ones wait leased in the worker) and hands
-them to ``concurrency`` executor threads. An acker thread commits the successes
-of several jobs in one transaction and leases the slots they free in it (group
-commit, ``acks.py``). One heartbeat extends every lease held. On stop, jobs
-leased ahead and not started go back to the queue at once; running ones get the
-grace period. Every write about a job is a compare-and-set on (job
-id, owner token): a worker that lost its lease cannot change the job's state.
-The dispatcher also runs the scheduler of the app's periodic jobs (off with
-``scheduler=False``, ``--no-scheduler``) between its looks for work.
+One dispatcher thread leases jobs in batches (up to ``concurrency + prefetch`` held
+leases: the jobs beyond the running ones wait leased in the worker) and hands them to
+``concurrency`` executor threads. The successes of several jobs commit in one
+transaction, which leases the slots they free (group commit, ``acks.py``). One
+heartbeat extends every lease held. On stop, jobs leased ahead and not started go back
+to the queue at once; running ones get the grace period. Every write about a job is a
+compare-and-set on (job id, owner token): a worker that lost its lease cannot change
+the job's state. The dispatcher also runs the scheduler of the app's periodic jobs
+(off with ``scheduler=False``, ``--no-scheduler``) between its looks for work.
 """
 
 from __future__ import annotations
@@ -67,11 +66,10 @@ class Worker(Executing, Reaping, Heartbeat):
             for i in range(self.concurrency)
         ]
         heartbeat = threading.Thread(target=self._heartbeat, name="replayq-heartbeat", daemon=True)
-        acker = threading.Thread(target=self._acker, name="replayq-acker", daemon=True)
         if self.observers.members:
             self.runtime.add_tap(self.observers.events)
-        self._acker_running = True
-        for thread in [*executors, heartbeat, acker]:
+        self._running_batches = True
+        for thread in [*executors, heartbeat]:
             thread.start()
         # Optional storage capability: backends that push wake-ups (PostgreSQL LISTEN).
         storage = self.runtime.storage
@@ -81,7 +79,7 @@ class Worker(Executing, Reaping, Heartbeat):
         finally:
             if self.notifier is not None:
                 self.notifier.close()
-            self._shutdown(executors, acker)
+            self._shutdown(executors)
             self.event_loop.close()
             if self.observers.members:
                 self.runtime.remove_tap(self.observers.events)
@@ -159,7 +157,7 @@ class Worker(Executing, Reaping, Heartbeat):
 
     # -- shutdown ---------------------------------------------------------------------------
 
-    def _shutdown(self, executors: list[threading.Thread], acker: threading.Thread) -> None:
+    def _shutdown(self, executors: list[threading.Thread]) -> None:
         # From the signal, not from here: the dispatcher may have spent a moment ending an
         # outage wait, and the grace is what an operator's process supervisor counts.
         deadline = (self._stop_requested or time.monotonic()) + self.grace_period
@@ -174,9 +172,8 @@ class Worker(Executing, Reaping, Heartbeat):
             time.sleep(0.05)
             self._release_unstarted()
         self._force.set()  # settles still retrying against a dead database give up now
-        self._stop_acker()
-        acker.join(5.0)
-        self._acker_running = False
+        self._flush_acks()  # what the grace left gathered (given up at once if unreachable)
+        self._running_batches = False
         with self._inflight_lock:
             leftovers = [f.job for f in self._inflight.values() if not f.releasing]
         self._release(leftovers, "worker shut down before the job finished")

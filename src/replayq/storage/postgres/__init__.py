@@ -33,9 +33,10 @@ Known limits, up front:
   The channel is per database, not per schema: installations in sibling schemas
   wake each other's workers needlessly (harmless, one empty lease each).
 * Connections: a ``ConnectionPool`` of ``?pool_size=`` connections (default 4) per
-  ``PostgresStorage``; a worker uses one for the dispatcher, one for heartbeats, one
-  for its acker (group commits) and one per executor while it commits a step or
-  settles a failure, so give it ``concurrency + 3`` to never wait. A connection broken
+  ``PostgresStorage``; a worker uses one for the dispatcher, one for heartbeats
+  (and the group commits of acks nobody waits for) and one per executor while it
+  commits a step, leads a group commit or settles a failure, so give it
+  ``concurrency + 2`` to never wait. A connection broken
   by a server restart fails the call it is in (``DatabaseUnavailableError``) and is
   replaced by the pool; callers retry (``storage/reconnect.py``). An idle pooled
   connection whose session was killed is noticed at checkout without a round trip: its
