@@ -694,7 +694,7 @@ def _watch() -> list[tuple[str, Any]]:
 
     ctx, view = context.Context, state.StateView
     return [
-        ("steps.step_boundary (incl. its commit)", steps.step_boundary.__wrapped__.__code__),
+        ("steps.StepBoundary (its end, incl. its commit)", steps.StepBoundary.__exit__.__code__),
         ("Context.commit_now (a step's transaction)", ctx.commit_now.__code__),
         ("ctx.call (calls.record_call)", calls.record_call.__code__),
         ("Context.encode (JSON check, size, sha256)", ctx.encode.__code__),

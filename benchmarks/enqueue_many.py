@@ -7,9 +7,9 @@ Usage::
 Each run enqueues ``--jobs`` no-op jobs in one ``enqueue_many`` call on a fresh
 database (a SQLite file; a fresh PostgreSQL schema at ``REPLAYQ_BENCH_PG``, default
 the test server). Figures: the median wall rate, this process's CPU seconds per
-1,000 jobs, and the statements the storage layer sent per job (each ``execute``, and
-each ``executemany`` as one: psycopg pipelines it). The last two do not depend on the
-machine's load; the load average and commit are printed beside them.
+1,000 jobs, and the statements the storage layer sent per job (each ``execute``, each
+multi-row insert, and each ``executemany`` as one: psycopg pipelines it). The last two do
+not depend on the machine's load; the load average and commit are printed beside them.
 """
 
 from __future__ import annotations
@@ -42,10 +42,12 @@ class Counted:
         self.statements = 0
         self._execute = SqlTransaction.execute
         self._executemany = SqlTransaction.executemany
+        # Absent before multi-row inserts existed (a run of an older tree).
+        self._execute_rows = getattr(SqlTransaction, "execute_rows", None)
 
     def __enter__(self) -> Counted:
         counter = self
-        execute, executemany = self._execute, self._executemany
+        execute, executemany, execute_rows = self._execute, self._executemany, self._execute_rows
 
         def counted_execute(tx: SqlTransaction, name: str, params: Any = None) -> Any:
             counter.statements += 1
@@ -55,6 +57,13 @@ class Counted:
             counter.statements += 1
             executemany(tx, name, rows)
 
+        def counted_execute_rows(tx: SqlTransaction, name: str, *args: Any) -> Any:
+            counter.statements += 1
+            assert execute_rows is not None
+            return execute_rows(tx, name, *args)
+
+        if execute_rows is not None:
+            SqlTransaction.execute_rows = counted_execute_rows  # type: ignore[method-assign]
         SqlTransaction.execute = counted_execute  # type: ignore[method-assign]
         SqlTransaction.executemany = counted_executemany  # type: ignore[method-assign]
         return self
@@ -62,6 +71,8 @@ class Counted:
     def __exit__(self, *exc: object) -> None:
         SqlTransaction.execute = self._execute  # type: ignore[method-assign]
         SqlTransaction.executemany = self._executemany  # type: ignore[method-assign]
+        if self._execute_rows is not None:
+            SqlTransaction.execute_rows = self._execute_rows  # type: ignore[method-assign]
 
 
 @contextmanager

@@ -16,6 +16,7 @@ exits with the queue empty; the time the same process takes on an empty queue
                                     [--synchronous NORMAL|FULL] [--dir DIR]
     python benchmarks/throughput.py --backend postgres [--jobs 3000] [--repeat 1]
     python benchmarks/throughput.py --backend sqlite|postgres --idle-only [--idle-poll 30]
+    python benchmarks/throughput.py --backend sqlite|postgres --enqueue-only [--repeat 3]
     (any of them with --json: the figures, load average and commit as JSON)
 
 ``--backend postgres`` runs against ``$REPLAYQ_BENCH_PG`` (default: the local server,
@@ -484,6 +485,91 @@ def run_postgres(opts: Options) -> list[Measurement]:
     return merge_runs(rows) + idle_rows(pg_replayq_latency(opts))
 
 
+def cpu_timed(fn: Callable[[], object]) -> tuple[float, float]:
+    """(wall seconds, this process's CPU seconds) of ``fn()``."""
+    cpu, wall = time.process_time(), time.perf_counter()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def replayq_enqueue_pair(url: str, jobs: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """((wall, CPU) s of ``jobs`` ``enqueue`` calls, (wall, CPU) s of one ``enqueue_many``)
+    on an empty queue each; ``url`` is migrated already."""
+    app = make_app(url)
+    app.storage  # noqa: B018 - connect before the clock starts
+    single = cpu_timed(lambda: [app.enqueue("noop", {"n": n}) for n in range(jobs)])
+    with app.storage.transaction() as tx:
+        tx.connection.execute("DELETE FROM rq_trace_resources")
+        tx.connection.execute("DELETE FROM rq_trace")
+        tx.connection.execute("DELETE FROM rq_jobs")
+    requests = [replayq.EnqueueRequest("noop", {"n": n}) for n in range(jobs)]
+    bulk = cpu_timed(lambda: app.enqueue_many(requests))
+    app.close()
+    return single, bulk
+
+
+def run_enqueue_only(backend: str, opts: Options) -> list[Measurement]:
+    """The enqueue rows alone, interleaved with the peers' in each run; replayq's CPU
+    seconds (this process: the load does not change them) as rows of their own."""
+    n = opts.jobs
+    rows: list[Measurement] = []
+    for run in range(opts.repeat):
+        if backend == "sqlite":
+            path = opts.workdir / f"replayq-enqueue-{run}.db"
+            url = sqlite_url(path, opts.synchronous)
+            make_app(url).close()
+            single, bulk = replayq_enqueue_pair(url, n)
+            huey_db = opts.workdir / f"huey-enqueue-{run}.db"
+            peers = [
+                (
+                    "huey",
+                    "enqueue one by one",
+                    sqlite_baselines.huey_enqueue(str(huey_db), n, opts.synchronous),
+                )
+            ]
+        else:
+            with pg_schema("replayq") as url:
+                pg_replayq_app(url).close()
+                single, bulk = replayq_enqueue_pair(url, n)
+            peers = []
+            for system, enqueue in (
+                ("pgqueuer", postgres_baselines.pgqueuer_enqueue),
+                ("procrastinate", postgres_baselines.procrastinate_enqueue),
+            ):
+                for bulk_peer, operation in ((False, "enqueue one by one"), (True, "enqueue bulk")):
+                    with pg_schema(system) as peer_url:
+                        peers.append((system, operation, enqueue(peer_url, n, bulk=bulk_peer)))
+        rows += [
+            Measurement("replayq", "enqueue one by one", n, (single[0],)),
+            Measurement("replayq", "enqueue bulk", n, (bulk[0],)),
+            Measurement("replayq", "enqueue one by one, CPU", n, (single[1],)),
+            Measurement("replayq", "enqueue bulk, CPU", n, (bulk[1],)),
+            *(Measurement(system, op, n, (seconds,)) for system, op, seconds in peers),
+        ]
+        print(f"  run {run + 1}/{opts.repeat} done", file=sys.stderr)
+    return merge_runs(rows)
+
+
+def enqueue_lines(rows: Sequence[Measurement]) -> list[str]:
+    """The enqueue rows as a table, with replayq / peer ratios and CPU µs per enqueue."""
+    lines = [
+        "| system | operation | jobs/s | replayq / it | replayq CPU µs per job |",
+        "|---|---|---:|---:|---:|",
+    ]
+    ours = {m.operation: m for m in rows if m.system == "replayq"}
+    for m in rows:
+        if m.operation.endswith(", CPU"):
+            continue
+        cpu = ours.get(f"{m.operation}, CPU")
+        mine = ours[m.operation]
+        ratio = "" if m.system == "replayq" else f"{mine.rate / m.rate:.2f}"
+        cpu_text = f"{cpu.seconds / cpu.jobs * 1e6:.0f}" if m.system == "replayq" and cpu else ""
+        lines.append(
+            f"| {LABELS[m.system]} | {m.operation} | {m.rate:,.0f} | {ratio} | {cpu_text} |"
+        )
+    return lines
+
+
 def idle_rows(measured: tuple[list[float], float]) -> list[Measurement]:
     """The idle pickup probes and the idle worker's CPU fraction as report rows."""
     latencies, idle_cpu = measured
@@ -667,6 +753,8 @@ def as_json(
         if m.operation == "enqueue→start latency":
             ms = sorted(r * 1000 for r in m.runs)
             figure |= {"probes": len(ms), "p50_ms": statistics.median(ms), "max_ms": ms[-1]}
+        elif m.operation.endswith(", CPU"):
+            figure |= {"jobs": m.jobs, "cpu_us_per_job": round(m.seconds / m.jobs * 1e6, 1)}
         elif m.operation == "idle worker CPU fraction":
             figure |= {"cpu_fraction": m.runs[0], "seconds": IDLE_CPU_SECONDS}
         else:
@@ -713,6 +801,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument(
         "--idle-only", action="store_true", help="measure only the idle pickup and idle CPU"
     )
+    parser.add_argument(
+        "--enqueue-only",
+        action="store_true",
+        help="measure only enqueue (one by one and bulk) beside the peers, and its CPU",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="replayq-bench-", dir=args.dir))
@@ -722,11 +815,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.idle_only:
             probe = pg_replayq_latency if args.backend == "postgres" else sqlite_replayq_latency
             rows = idle_rows(probe(opts))
+        elif args.enqueue_only:
+            rows = run_enqueue_only(args.backend, opts)
         else:
             rows = BACKENDS[args.backend](opts)
         load = (before, load_average())
         if args.json:
             print(json.dumps(as_json(args.backend, opts, rows, load), indent=2))
+        elif args.enqueue_only:
+            print(f"commit {git_commit()}; load average before {load[0]}; after {load[1]}")
+            print("\n".join(enqueue_lines(rows)))
         elif args.idle_only:
             print(f"load average before {load[0]}; after {load[1]}")
             print("\n".join(idle_lines(rows, opts.idle_poll, "the wake-up", 20)))

@@ -22,7 +22,7 @@ from replayq.queue.contracts import (
     build_contract,
     lint_contract,
 )
-from replayq.queue.enqueue import EnqueueRequest, get_job, insert_job, insert_jobs
+from replayq.queue.enqueue import EnqueueRequest, enqueue_job, get_job, insert_job, insert_jobs
 from replayq.queue.handlers import Handler, HandlerRegistry, PayloadShape
 from replayq.queue.inspection import JobsFacade
 from replayq.queue.periodic import periodic_decorator
@@ -455,8 +455,7 @@ class App(JobsFacade, EffectsFacade):
             }
             if conn is not None:
                 return self.insert_job(self.storage.adopt(conn), request, **kwargs)
-            with self.storage.transaction() as tx:
-                return self.insert_job(tx, request, **kwargs)
+            return enqueue_job(self.runtime, request, **kwargs)
 
     async def enqueue_async(
         self,

@@ -74,24 +74,39 @@ _ENCODER = json.JSONEncoder(
 _LEAVES = frozenset((str, int, float, bool, type(None)))
 
 
+_KEYS = frozenset((str,))
+
+
 def _shape_valid(value: Any, depth: int = 0) -> bool:
     """What the encoder does not check of a JSON value: every object key a string (it
     would turn ``1`` into ``"1"``), at most ``MAX_DEPTH`` deep. Only containers are
     visited; leaves (finite floats, UTF-8 text, JSON types) are the encoder's and the
-    text's to check (``dumps``)."""
+    text's to check (``dumps``). A container holding only leaves under plain ``str`` keys
+    (most objects: a call's response lines, a state's fields) is judged by two C-level
+    passes over its types, with no Python call per item."""
     if depth > MAX_DEPTH:
         return False
     if type(value) is dict or isinstance(value, dict):
-        for key in value:
-            if type(key) is not str and not isinstance(key, str):
-                return False
+        if not _KEYS.issuperset(map(type, value)):
+            for key in value:
+                if type(key) is not str and not isinstance(key, str):
+                    return False
         items: Any = value.values()
     else:
         items = value
+    if _LEAVES.issuperset(map(type, items)):
+        return True
     for item in items:
         kind = type(item)
         if kind in _LEAVES:
             continue
+        if (
+            kind is dict
+            and depth < MAX_DEPTH
+            and _KEYS.issuperset(map(type, item))
+            and _LEAVES.issuperset(map(type, item.values()))
+        ):
+            continue  # a flat object one level down: no call of its own
         container = kind is dict or kind is list or kind is tuple
         if (container or isinstance(item, dict | list | tuple)) and not _shape_valid(
             item, depth + 1

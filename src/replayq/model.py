@@ -122,8 +122,19 @@ class TraceEvent:
         event.__dict__.update(fields)
         return event
 
+    @classmethod
+    def built(cls, fields: dict[str, Any]) -> TraceEvent:
+        """``of`` for a dictionary literal in replayq's own code that names every field
+        (the recording context, the trace-pack reader: one call per event): the event
+        takes ``fields`` as its ``__dict__``, unchecked and uncopied, so the caller must
+        not keep it. A conformance test (``test_context_recording``) checks that the events
+        both build carry every field."""
+        event = object.__new__(cls)
+        object.__setattr__(event, "__dict__", fields)
+        return event
 
-_EVENT_FIELDS = {f.name for f in dataclasses.fields(TraceEvent)}
+
+_EVENT_FIELDS = frozenset(f.name for f in dataclasses.fields(TraceEvent))
 
 
 @dataclass(frozen=True)

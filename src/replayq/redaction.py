@@ -165,6 +165,8 @@ class Redactor:
     _seen: dict[str, bool] = field(default_factory=dict, compare=False, repr=False)
     # Field names ``secret_field`` found not secret (``clean_text``'s fast path).
     _plain_keys: set[str] = field(default_factory=set, compare=False, repr=False)
+    # Short texts ``short_text`` found clean (step names).
+    _clean_texts: set[str] = field(default_factory=set, compare=False, repr=False)
     # One search that every text with a secret matches (most texts have none).
     _screen: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
     # The substrings that a value's JSON text must contain to hold a secret under the
@@ -239,7 +241,30 @@ class Redactor:
                 self._seen[name] = known
         return known
 
+    def any_secret_field(self, names: Iterable[str]) -> bool:
+        """Whether any of ``names`` is a secret field's name (``secret_field``); names
+        already judged not secret cost a set comparison, not a call each."""
+        plain = self._plain_keys
+        if plain.issuperset(names):
+            return False
+        for name in names:
+            if self.secret_field(name):
+                return True
+            if len(plain) < 4096:
+                plain.add(name)
+        return False
+
     # -- texts ------------------------------------------------------------------------------
+
+    def short_text(self, text: str) -> str:
+        """``text`` for a short text that recurs (a step's name): a text found clean
+        before is not searched again. Only clean texts are remembered, at most 4,096."""
+        if text in self._clean_texts:
+            return text
+        redacted = self.text(text)
+        if redacted == text and len(text) <= 200 and len(self._clean_texts) < 4096:
+            self._clean_texts.add(text)
+        return redacted
 
     def text(self, text: str) -> str:
         """``text`` with every secret the patterns find replaced (markers are left alone)."""

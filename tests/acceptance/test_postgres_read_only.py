@@ -104,9 +104,7 @@ def test_a_read_only_server_is_waited_out_and_no_job_fails(
         for n in range(JOBS):
             app.enqueue("deliver", {"n": n, "sink": str(sink)})
         # Job 10 waits inside its step until the fault is on: its step's commit meets it.
-        hold = tmp_path / "hold"
-        hold.touch()
-        env = {"STORAGE_FAULTS_HOLD": str(hold), "STORAGE_FAULTS_HOLD_JOB": "10"}
+        hold, env = storage_faults.hold_inside_step(tmp_path)
         workers = [
             launcher.start(f"w{i}", app="tests.apps.storage_faults:app", env=env) for i in (1, 2)
         ]

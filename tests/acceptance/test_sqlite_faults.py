@@ -105,9 +105,7 @@ def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(
         for n in range(total):
             app.enqueue("deliver", {"n": n, "sink": str(sink)})
         # Job 10 waits inside its step until the lock is taken: its step's commit meets it.
-        hold = tmp_path / "hold"
-        hold.touch()
-        env = {"STORAGE_FAULTS_HOLD": str(hold), "STORAGE_FAULTS_HOLD_JOB": "10"}
+        hold, env = storage_faults.hold_inside_step(tmp_path)
         workers = [launcher.start(f"w{i}", app=APP, concurrency=2, env=env) for i in range(4)]
         wait_for(lambda: _counts(app)["succeeded"] >= 20, timeout=30, what="work under way")
         held = next(j for j in app.list_jobs(limit=10_000) if j.payload["n"] == 10)
@@ -253,9 +251,7 @@ def test_a_full_disk_is_waited_out_and_the_worker_resumes_when_space_is_freed(
         # The disk fills under a working worker, while job 10 waits inside its step (its
         # commit may still fit in the WAL's free pages; whatever of it meets the full disk
         # — the step, an effect's record, the ack — is waited out, never a failure).
-        hold = tmp_path / "hold"
-        hold.touch()
-        env = {"STORAGE_FAULTS_HOLD": str(hold), "STORAGE_FAULTS_HOLD_JOB": "10"}
+        hold, env = storage_faults.hold_inside_step(tmp_path)
         worker = launcher.start("w0", app=APP, concurrency=2, env=env)
         held = next(j for j in app.list_jobs(limit=1000) if j.payload["n"] == 10)
         wait_for(
@@ -416,9 +412,7 @@ def test_a_read_only_or_failing_disk_is_waited_out_and_the_worker_resumes_when_i
         for n in range(total):
             app.enqueue("deliver", {"n": n, "sink": str(sink)})
         # Job 10 waits inside its step until the fault is on: its step's commit meets it.
-        hold = tmp_path / "hold"
-        hold.touch()
-        env = {"STORAGE_FAULTS_HOLD": str(hold), "STORAGE_FAULTS_HOLD_JOB": "10"}
+        hold, env = storage_faults.hold_inside_step(tmp_path)
         worker = launcher.start("w0", app=APP, concurrency=2, env=env)
         held = wait_for(
             lambda: next(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import replayq
 from tests.apps.counting import count_effect
@@ -38,6 +39,18 @@ class OffsetClock(replayq.SystemClock):
 def _deliver(sink: str, n: int) -> None:
     count_effect(str(n))  # the counting HTTP server, when the test runs one
     record(sink, "effect", n)
+
+
+HELD_JOB = 10
+
+
+def hold_inside_step(directory: Path) -> tuple[Path, dict[str, str]]:
+    """(the hold file, the workers' environment) for a test that holds job ``HELD_JOB``
+    inside its step: delete the file once the fault is on, and that step's commit meets
+    the fault for certain."""
+    hold = directory / "hold"
+    hold.touch()
+    return hold, {"STORAGE_FAULTS_HOLD": str(hold), "STORAGE_FAULTS_HOLD_JOB": str(HELD_JOB)}
 
 
 def _held_here(n: int) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ import zstandard
 
 import replayq
 from replayq.recording.blobs import INLINE_LIMIT_BYTES
+from replayq.replay.engine import dry_run
 from tests.context_support import count_rows, named, run_once
 
 AppFactory = Callable[..., replayq.App]
@@ -234,3 +236,24 @@ def _blob_row(app: replayq.App, digest: str) -> list[tuple[Any, ...]]:
     return query(
         app.url, "SELECT codec, size, stored_size, body FROM rq_blobs WHERE hash = ?", (digest,)
     )
+
+
+def test_every_event_built_in_memory_or_read_back_has_every_field(app: replayq.App) -> None:
+    # The recording context and the trace-pack reader build events from dictionary
+    # literals (``TraceEvent.built``, unchecked): each must name every field, as the
+    # dataclass's own ``__init__`` would set them.
+    names = {f.name for f in fields(replayq.TraceEvent)}
+
+    @app.job("fields")
+    def handler(ctx: replayq.Context) -> None:
+        with ctx.step("one"):
+            ctx.decide("d", 1)
+            ctx.call("c", lambda: {"ok": True})
+
+    job_id = app.enqueue("fields", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    read_back = app.trace(job_id)
+    in_memory = dry_run(app, job_id, keep=False).events_now
+    assert read_back and in_memory
+    for event in [*read_back, *in_memory]:
+        assert vars(event).keys() == names, event

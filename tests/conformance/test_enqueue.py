@@ -345,3 +345,145 @@ def test_a_burst_worker_waits_for_a_job_due_within_burst_wait_and_counts_the_res
     stats = waiting.run()
     timer.join()
     assert (stats.succeeded, stats.scheduled_later) == (1, 1)
+
+
+# -- set-based enqueue: what it writes, and in how many statements ---------------------------
+
+
+def _readable(event: replayq.TraceEvent) -> tuple[Any, ...]:
+    """What the trace readers answer about an event, besides its ids and clocks."""
+    data = {k: v for k, v in event.data.items() if k != "message_id"}
+    return (
+        event.name,
+        event.kind,
+        event.attempt,
+        event.status,
+        event.worker_id,
+        event.step,
+        event.resource,
+        event.side_effect,
+        data,
+    )
+
+
+def test_a_bulk_enqueue_writes_each_job_the_events_one_by_one_writes(app: replayq.App) -> None:
+    from replayq.replay.window import events_between
+
+    requests = [
+        replayq.EnqueueRequest(
+            "charge", {"account": f"k{n}", "amount": n}, message_id=f"m{n}", priority=n
+        )
+        for n in range(4)
+    ]
+    single = [
+        app.enqueue(r.job_type, r.payload, message_id=f"one-{r.message_id}", priority=r.priority)
+        for r in requests
+    ]
+    bulk = app.enqueue_many(requests)
+    for one, many, request in zip(single, bulk, requests, strict=True):
+        [alone], [batched] = app.trace(one), app.trace(many)
+        assert _readable(batched) == _readable(alone)
+        assert batched.job_id == many and batched.data["message_id"] == request.message_id
+        assert batched.trace_id == app.get_job(many).trace_id
+        assert batched.hlc == app.get_job(many).hlc and batched.id is not None
+    # The by-time reader (``events --since``) and the rq_events view see every job's event.
+    window = {w.event.job_id: w for w in events_between(app)}
+    for job_id in [*single, *bulk]:
+        assert window[job_id].event.name == "job.enqueued" and window[job_id].job_type == "charge"
+    with app.storage.transaction(readonly=True) as tx:
+        rows = tx.connection.execute(
+            "SELECT job_id, name, attempt, status, count(*) FROM rq_events "
+            "GROUP BY job_id, name, attempt, status ORDER BY job_id"
+        ).fetchall()
+    assert [tuple(r) for r in rows] == [
+        (job_id, "job.enqueued", 0, "queued", 1) for job_id in sorted([*single, *bulk])
+    ]
+
+
+class _CountingCursor:
+    """A driver cursor that counts what it is asked to execute."""
+
+    def __init__(self, cursor: Any, counts: list[str]) -> None:
+        self._cursor, self._counts = cursor, counts
+
+    def execute(self, sql: str, params: Any = None) -> Any:
+        self._counts.append(sql.split()[0].upper())
+        return self._cursor.execute(sql, params)
+
+    def executemany(self, sql: str, rows: Any) -> Any:
+        self._counts.append(sql.split()[0].upper())
+        return self._cursor.executemany(sql, rows)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._cursor, name)
+
+
+class _CountingConnection:
+    """A DB-API connection to the test's database (a framework's wrapper, as it were)."""
+
+    def __init__(self, raw: Any) -> None:
+        self.raw, self.counts = raw, []
+
+    def cursor(self) -> _CountingCursor:
+        return _CountingCursor(self.raw.cursor(), self.counts)
+
+
+def test_a_bulk_enqueue_writes_its_jobs_and_events_set_based(db_url: str, app: replayq.App) -> None:
+    """PostgreSQL: one statement for every row and every ``job.enqueued`` pack. SQLite: one
+    insert per row (in-process calls), then one for all the packs. Inside the caller's
+    transaction (``conn=``), committed with it."""
+    import sqlite3
+
+    app.storage  # noqa: B018 - the schema exists before the caller's transaction
+    if db_url.startswith("sqlite"):
+        raw: Any = sqlite3.connect(db_url.removeprefix("sqlite:///"))
+    else:
+        import psycopg
+
+        raw = psycopg.connect(db_url)
+    conn = _CountingConnection(raw)
+    requests = [replayq.EnqueueRequest("charge", {"account": "a", "amount": n}) for n in range(50)]
+    ids = app.enqueue_many(requests, conn=conn)
+    raw.commit()
+    raw.close()
+    if db_url.startswith("sqlite"):
+        assert conn.counts == ["INSERT"] * 51
+    else:
+        assert conn.counts == ["WITH"]
+    assert app.count_jobs(states=["queued"]) == 50
+    assert [[e.name for e in app.trace(job_id)] for job_id in ids] == [["job.enqueued"]] * 50
+
+
+def test_when_the_event_cannot_be_written_no_job_is_either(db_url: str, app: replayq.App) -> None:
+    """The row and its ``job.enqueued`` pack commit together or not at all, one by one
+    (one statement committed by itself on PostgreSQL) and in bulk."""
+    app.enqueue("charge", {"account": "a", "amount": 0})
+    sqlite = db_url.startswith("sqlite")
+    refuse = (
+        [
+            "CREATE TRIGGER rq_test_refuse BEFORE INSERT ON rq_trace "
+            "BEGIN SELECT RAISE(ABORT, 'trace refused'); END"
+        ]
+        if sqlite
+        else [
+            "CREATE FUNCTION rq_test_refuse() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN RAISE EXCEPTION 'trace refused'; END $$",
+            "CREATE TRIGGER rq_test_refuse BEFORE INSERT ON rq_trace "
+            "FOR EACH ROW EXECUTE FUNCTION rq_test_refuse()",
+        ]
+    )
+    with app.storage.transaction() as tx:
+        for statement in refuse:
+            tx.connection.execute(statement)
+    with pytest.raises(replayq.StorageError, match="trace refused"):
+        app.enqueue("charge", {"account": "b", "amount": 1}, message_id="m1")
+    with pytest.raises(replayq.StorageError, match="trace refused"):
+        app.enqueue_many(
+            [replayq.EnqueueRequest("charge", {"account": "c", "amount": n}) for n in range(3)]
+        )
+    assert [job.payload["account"] for job in app.list_jobs()] == ["a"]
+    with app.storage.transaction() as tx:
+        tx.connection.execute("DROP TRIGGER rq_test_refuse" + ("" if sqlite else " ON rq_trace"))
+    # The refused message id was not taken: the same enqueue now makes the job.
+    job_id = app.enqueue("charge", {"account": "b", "amount": 1}, message_id="m1")
+    assert [e.name for e in app.trace(job_id)] == ["job.enqueued"]

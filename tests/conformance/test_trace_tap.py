@@ -36,3 +36,28 @@ def test_only_committed_events_are_reported_and_a_removed_listener_hears_nothing
     app.enqueue("noop", {})
     assert heard == ["job.enqueued"]
     assert len(app.list_jobs()) == 2
+
+
+def test_a_bulk_enqueue_reports_each_new_job_and_each_duplicate_with_its_job_id(
+    app_factory: AppFactory,
+) -> None:
+    app = app_factory()
+
+    @app.job("noop")
+    def noop(ctx: replayq.Context, n: int) -> None:
+        return None
+
+    heard: list[tuple[str, int | None]] = []
+    app.runtime.add_tap(lambda events: heard.extend((e.name, e.job_id) for e in events))
+    first = app.enqueue("noop", {"n": 0}, message_id="m0")
+    ids = app.enqueue_many(
+        [replayq.EnqueueRequest("noop", {"n": n}, message_id=f"m{n % 3}") for n in range(1, 5)]
+    )
+    assert ids[2] == first and ids[3] == ids[0]
+    assert heard == [
+        ("job.enqueued", first),
+        ("job.enqueued", ids[0]),
+        ("job.enqueued", ids[1]),
+        ("job.deduplicated", first),
+        ("job.deduplicated", ids[0]),
+    ]

@@ -35,6 +35,21 @@ def test_nesting_deeper_than_the_limit_is_refused_and_at_the_limit_accepted() ->
     assert codec.loads(codec.dumps(nested(codec.MAX_DEPTH))) == nested(codec.MAX_DEPTH)
 
 
+def test_a_non_string_key_of_a_flat_object_in_a_list_is_refused() -> None:
+    # Flat objects in a list are judged without a call each (the response-lines shape).
+    lines: list[Any] = [{"sku": "A", "qty": 1} for _ in range(20)]
+    lines[13] = {"sku": "A", 2: 1}
+    with pytest.raises(PayloadError, match=r"payload\[13\]: object key 2 is not a string"):
+        codec.dumps(lines, what="payload")
+    # A flat object at the depth limit is accepted, one level deeper refused.
+    at_limit: Any = {"k": 1}
+    for _ in range(codec.MAX_DEPTH):
+        at_limit = [at_limit]
+    assert codec.loads(codec.dumps(at_limit)) == at_limit
+    with pytest.raises(PayloadError, match="nested more than"):
+        codec.dumps([at_limit], what="payload")
+
+
 def test_non_ascii_text_is_kept_exactly() -> None:
     value = {"name": "Zoë 🚚", "城市": "東京"}
     assert codec.loads(codec.dumps(value)) == value

@@ -160,6 +160,80 @@ def test_a_job_types_rules_add_to_the_apps(tmp_path: Path) -> None:
         app.close()
 
 
+def test_a_calls_and_a_decisions_values_are_redacted_once_as_every_events_data(
+    tmp_path: Path,
+) -> None:
+    # The call's request and response and the decision's value and reasons are redacted
+    # when they are checked (``encoded``) and the event takes them without a second
+    # screen; a rule naming one of those fields still marks all of it.
+    app = replayq.App(f"sqlite:///{tmp_path / 'q.db'}", redaction=Redaction(key="k"))
+    token = "Bearer abcdefgh12345678"
+
+    @app.job("pay")
+    def pay(ctx: replayq.Context, n: int) -> None:
+        ctx.call("bank", lambda t: {"ok": True, "auth": t, "api_key": "k-1"}, token)
+        ctx.decide("route", {"header": token}, password="pw", n=n)
+
+    @app.job("strict", redact=Redaction(["response", "why"]))
+    def strict(ctx: replayq.Context, n: int) -> None:
+        ctx.call("bank", lambda: {"ok": True})
+        ctx.decide("route", "ship", n=n)
+
+    try:
+        paid = run_inline(app, "pay", {"n": 1})
+        events = {e.name: e.data for e in app.trace(paid.id) if e.name in ("call", "decision")}
+        redactor = Redactor.build(Redaction(key="k"))
+        call, decision = events["call"], events["decision"]
+        assert call["request"] == {"args": [redactor.text(token)], "kwargs": {}}
+        assert call["response"] == {
+            "ok": True,
+            "auth": redactor.text(token),
+            "api_key": redactor.marker("k-1"),
+        }
+        assert decision["value"] == {"header": redactor.text(token)}
+        assert decision["why"] == {"password": redactor.marker("pw"), "n": 1}
+        assert "abcdefgh12345678" not in str(events)
+
+        done = run_inline(app, "strict", {"n": 2})
+        events = {e.name: e.data for e in app.trace(done.id) if e.name in ("call", "decision")}
+        assert is_marker(events["call"]["response"]), events["call"]
+        assert is_marker(events["decision"]["why"]) and events["decision"]["value"] == "ship"
+    finally:
+        app.close()
+
+
+def test_a_state_writes_delta_is_redacted_as_its_data_is(tmp_path: Path) -> None:
+    # A clean write's delta is not encoded and screened again; a removed field's name, a
+    # secret in the new data and a rule naming the delta's own keys still redact it.
+    app = replayq.App(f"sqlite:///{tmp_path / 'q.db'}", redaction=Redaction(key="k"))
+    redactor = Redactor.build(Redaction(key="k"))
+
+    @app.job("write")
+    def write(ctx: replayq.Context, first: dict[str, object], then: dict[str, object]) -> None:
+        with ctx.step("a"):
+            ctx.state.put("account", 1, first)
+        with ctx.step("b"):
+            ctx.state.put("account", 1, then)
+
+    @app.job("strict", redact=Redaction(["replace"]))
+    def strict(ctx: replayq.Context) -> None:
+        with ctx.step("a"):
+            ctx.state.put("account", 2, {"n": 1})
+
+    def deltas(job_id: int) -> list[object]:
+        return [e.data["delta"] for e in app.trace(job_id) if e.name == "state.write"]
+
+    try:
+        done = run_inline(app, "write", {"first": {CARD: 1, "n": 1}, "then": {"n": 2}})
+        assert deltas(done.id)[1] == {"set": {"n": 2}, "unset": [redactor.marker(CARD)]}
+        done = run_inline(app, "write", {"first": {"n": 1}, "then": {"n": 2, "cvv": "123"}})
+        assert deltas(done.id)[1] == {"set": {"n": 2, "cvv": redactor.marker("123")}, "unset": []}
+        done = run_inline(app, "strict", {})
+        assert is_marker(deltas(done.id)[0]["replace"])
+    finally:
+        app.close()
+
+
 def test_the_same_app_on_another_database_keeps_its_redaction(tmp_path: Path) -> None:
     # ``--db`` with ``--app``: the CLI runs the app's job types on another database.
     app = replayq.App(f"sqlite:///{tmp_path / 'a.db'}", redaction=Redaction(["iban"], key="k"))

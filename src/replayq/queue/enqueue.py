@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,54 +92,82 @@ def insert_job(
         require_contract=require_contract,
         trace_context=trace_context,
     )
-    job_id, created = tx.job_insert(params)
-    tx.trace_append([_enqueue_event(tx, params, job_id, created, request.priority)])
+    ((job_id, created),) = tx.job_enqueue([params], [_enqueued_event(params)])
+    if not created:
+        tx.trace_append([_deduplicated_event(tx, params, job_id)])
+    return job_id
+
+
+def enqueue_job(runtime: Runtime, request: EnqueueRequest, **options: Any) -> int:
+    """``insert_job`` in a transaction of its own (``App.enqueue`` without ``conn``).
+
+    Where the storage can commit a statement by itself (``protocol.Autocommit``:
+    PostgreSQL) and the type is declared here (its row needs no read), the row and its
+    ``job.enqueued`` pack are that one statement: one round trip instead of ``BEGIN``,
+    it, ``COMMIT``. A duplicate ``message_id`` wrote nothing; its ``job.deduplicated``
+    goes in after.
+    """
+    storage = runtime.storage
+    # ``getattr``, not ``isinstance(storage, Autocommit)``: a protocol check costs ~10 µs.
+    autocommit: Callable[[], AbstractContextManager[Transaction]] | None = getattr(
+        storage, "autocommit", None
+    )
+    if autocommit is None or not runtime.registry.declares(request.job_type):
+        with storage.transaction() as tx:
+            return insert_job(runtime, tx, request, **options)
+    with autocommit() as tx:
+        params = _job_params(runtime, tx, request, **options)
+        job_id: int
+        ((job_id, created),) = tx.job_enqueue([params], [_enqueued_event(params)])
+    if not created:
+        with storage.transaction() as tx:
+            tx.trace_append([_deduplicated_event(tx, params, job_id)])
     return job_id
 
 
 def insert_jobs(runtime: Runtime, tx: Transaction, requests: Sequence[EnqueueRequest]) -> list[int]:
-    """``insert_job`` for many requests inside ``tx``, set-based: every row in one insert
-    (one statement on PostgreSQL), then every ``job.enqueued`` event in one append.
+    """``insert_job`` for many requests inside ``tx``, set-based: every row and every
+    ``job.enqueued`` event in one statement on PostgreSQL (on SQLite one insert per row,
+    then one for all the events).
 
     Ids follow the requests' order; a request whose ``message_id`` an earlier one (or an
     existing job) took gets that job's id and a ``job.deduplicated`` event, as one by one.
     """
     params = [_job_params(runtime, tx, request) for request in requests]
-    inserted = tx.job_insert(params)
-    tx.trace_append(
-        [
-            _enqueue_event(tx, p, job_id, created, request.priority)
-            for p, (job_id, created), request in zip(params, inserted, requests, strict=True)
-        ]
-    )
+    inserted = tx.job_enqueue(params, [_enqueued_event(p) for p in params])
+    duplicates = [
+        _deduplicated_event(tx, p, job_id)
+        for p, (job_id, created) in zip(params, inserted, strict=True)
+        if not created
+    ]
+    if duplicates:
+        tx.trace_append(duplicates)
     return [job_id for job_id, _ in inserted]
 
 
-def _enqueue_event(
-    tx: Transaction, params: JobInsert, job_id: int, created: bool, priority: int
-) -> TraceEvent:
-    """The job's ``job.enqueued`` event, or ``job.deduplicated`` on the job it duplicates.
+def _enqueued_event(params: JobInsert) -> TraceEvent:
+    """A new job's ``job.enqueued`` event, made from what is inserted (no re-read of the
+    row); its ``job_id`` is set by ``job_enqueue`` from the insert."""
+    return TraceEvent(
+        trace_id=params.trace_id,
+        attempt=0,
+        kind="lifecycle",
+        name=lifecycle.JOB_ENQUEUED,
+        ts=params.now,
+        hlc=params.hlc,
+        status="queued",
+        data={
+            "message_id": params.message_id,
+            "priority": params.priority,
+            "run_at": params.run_at,
+            "ordering_key": params.ordering_key,
+            "causation_id": params.causation_id,
+        },
+    )
 
-    A new job's event is made from what was inserted (no re-read of the row).
-    """
-    if created:
-        return TraceEvent(
-            trace_id=params.trace_id,
-            job_id=job_id,
-            attempt=0,
-            kind="lifecycle",
-            name=lifecycle.JOB_ENQUEUED,
-            ts=params.now,
-            hlc=params.hlc,
-            status="queued",
-            data={
-                "message_id": params.message_id,
-                "priority": priority,
-                "run_at": params.run_at,
-                "ordering_key": params.ordering_key,
-                "causation_id": params.causation_id,
-            },
-        )
+
+def _deduplicated_event(tx: Transaction, params: JobInsert, job_id: int) -> TraceEvent:
+    """``job.deduplicated`` on the existing job that ``params``' message id names."""
     job = tx.job_get(job_id)
     assert job is not None
     return lifecycle.lifecycle(

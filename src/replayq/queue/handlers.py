@@ -40,9 +40,10 @@ class PayloadShape:
     def fields(self) -> tuple[str, ...]:
         return self.required + self.optional
 
-    @property
+    @cached_property
     def rich(self) -> bool:
-        """Whether any field's JSON form differs from the value a handler receives."""
+        """Whether any field's JSON form differs from the value a handler receives
+        (asked on every enqueue: computed once)."""
         return self.record is not None or any(t.rich for t in self.types.values())
 
     def schema(self) -> dict[str, Any]:

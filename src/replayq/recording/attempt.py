@@ -66,6 +66,20 @@ class Attempt(Protocol):
         """Record a domain event; it commits with the step (or the ack)."""
         ...
 
+    def record_screened(
+        self,
+        name: str,
+        screened: tuple[str, ...],
+        *,
+        status: str | None = None,
+        resource: str | None = None,
+        resource_version: int | None = None,
+        output_ref: str | None = None,
+        **data: Any,
+    ) -> TraceEvent:
+        """``record`` where the fields named in ``screened`` are redacted already."""
+        ...
+
     def defer(self, write: Callable[[Transaction], None], what: str = "write") -> None:
         """Run ``write(tx)`` in the transaction that commits the current step (named ``what``)."""
         ...

@@ -74,8 +74,10 @@ def record_call(
     duration = round(time.monotonic() - started, 6)
     inline, ref, raw, _ = ctx.encoded(response, what=f"ctx.call({name!r}) response")
     ctx.store_blob(raw, f"ctx.call({name!r}) response", ref)
-    ctx.record(
+    # The request and the response were redacted above (``encoded``): not screened again.
+    ctx.record_screened(
         "call",
+        ("request", "response"),
         status="success",
         call=name,
         fingerprint=fingerprint,

@@ -47,7 +47,7 @@ from replayq.recording.locks import LockHandle, LockManager
 from replayq.recording.outbox import OutboxView
 from replayq.recording.recorder import PendingRecord, Recorder
 from replayq.recording.state import StateView
-from replayq.recording.steps import run_step, step_boundary
+from replayq.recording.steps import StepBoundary, run_step
 from replayq.recording.world import LIVE, LiveWorld, LostFlag, World
 from replayq.recording.writes import defer_child_job, defer_db_write
 from replayq.runtime import RuntimeSource
@@ -263,7 +263,7 @@ class Context(Recorder):
     ) -> AbstractContextManager[None]:
         """The commit boundary of step ``name`` at position ``key``; ``outcome`` joins its
         ``step.finished`` event (a callable step's result). See ``recording.steps``."""
-        return step_boundary(self, name, key, outcome)
+        return StepBoundary(self, name, key, outcome)
 
     def enter_step(self, name: str, key: str) -> None:
         """Events recorded from now on belong to step ``name`` at position ``key``."""
@@ -282,9 +282,19 @@ class Context(Recorder):
     def decide(self, name: str, value: Any, **why: Any) -> Any:
         """Record a decision and its reasons; returns ``value``."""
         self.check_cancelled()
-        # One walk checks the value and the reasons (events are written without one).
-        self.encode({"value": value, "why": why}, what=f"decision {name!r}")
-        self.record("decision", decision=name, value=value, why=why)
+        # One walk checks the value and the reasons (events are written without one) and
+        # redacts them: the event takes the redacted parts without screening them again.
+        checked = self.encoded({"value": value, "why": why}, what=f"decision {name!r}").inline
+        if checked is None:  # above the inline limit: the event's data is redacted on its own
+            self.record("decision", decision=name, value=value, why=why)
+        else:
+            self.record_screened(
+                "decision",
+                ("value", "why"),
+                decision=name,
+                value=checked["value"],
+                why=checked["why"],
+            )
         return value
 
     # -- external reads ---------------------------------------------------------------------

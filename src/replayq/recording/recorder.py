@@ -83,7 +83,7 @@ class Recorder:
         """Build the next domain event of this attempt (sequence numbered)."""
         return self._event(
             name,
-            self.redacted(data),
+            self.redactor.value(data),
             status,
             resource,
             resource_version,
@@ -105,18 +105,21 @@ class Recorder:
     ) -> TraceEvent:
         """``event`` with ``data`` as it is (already redacted)."""
         self._seq += 1
-        return TraceEvent.of(
+        runtime, job, steps, trace_id = self.runtime, self.job, self._steps, self._trace_id
+        now = runtime.clock.now()
+        return TraceEvent.built(
             {
-                "trace_id": self._trace_id,
+                "trace_id": trace_id,
                 # A derived trace (replay, fork) is not part of the job's own timeline.
-                "job_id": self.job.id if self.owns_job_trace else None,
-                "attempt": self.job.attempt,
+                "job_id": job.id if trace_id == job.trace_id else None,
+                "attempt": job.attempt,
                 "kind": "domain",
                 "name": name,
                 "seq": self._seq,
-                "step": self.current_step,
-                "ts": self.runtime.clock.now(),
-                "hlc": hlc if hlc is not None else self.runtime.hlc.tick(),
+                "step": steps[-1] if steps else None,
+                "ts": now,
+                # The HLC of the runtime is over the same clock: its reading is ``ts``.
+                "hlc": hlc if hlc is not None else runtime.hlc.tick_at(now),
                 "worker_id": self.worker_id,
                 "status": status,
                 "resource": resource,
@@ -129,9 +132,61 @@ class Recorder:
             }
         )
 
-    def record(self, name: str, **kwargs: Any) -> TraceEvent:
+    def record(
+        self,
+        name: str,
+        *,
+        status: str | None = None,
+        resource: str | None = None,
+        resource_version: int | None = None,
+        side_effect: bool = False,
+        output_ref: str | None = None,
+        hlc: int | None = None,
+        **data: Any,
+    ) -> TraceEvent:
         """Record a domain event; it commits with the step (or the ack)."""
-        event = self.event(name, **kwargs)
+        event = self._event(
+            name,
+            self.redactor.value(data),
+            status,
+            resource,
+            resource_version,
+            side_effect,
+            output_ref,
+            hlc,
+        )
+        self._pending.events.append(event)
+        return event
+
+    def record_screened(
+        self,
+        name: str,
+        screened: tuple[str, ...],
+        *,
+        status: str | None = None,
+        resource: str | None = None,
+        resource_version: int | None = None,
+        output_ref: str | None = None,
+        **data: Any,
+    ) -> TraceEvent:
+        """``record`` where the fields named in ``screened`` hold values that came out of
+        ``encoded`` or ``redacted`` in this same call (a call's request and response, a
+        decision's value and reasons): they are redacted already and are not encoded and
+        screened a second time. The other fields are redacted as any event's; a field of
+        ``screened`` whose name is a secret field's (a user's rule) sends the whole data
+        through ``redacted``, as ``record`` would."""
+        redactor = self.redactor
+        if redactor.any_secret_field(screened):
+            merged = redactor.value(data)
+        else:
+            rest = {key: value for key, value in data.items() if key not in screened}
+            clean = redactor.value(rest)
+            merged = (
+                data
+                if clean is rest
+                else {key: value if key in screened else clean[key] for key, value in data.items()}
+            )
+        event = self._event(name, merged, status, resource, resource_version, output_ref=output_ref)
         self._pending.events.append(event)
         return event
 
@@ -147,10 +202,9 @@ class Recorder:
         (a user's rule) sends it through ``redacted`` as any event's data.
         """
         redactor = self.redactor
-        for key in data:
-            if redactor.secret_field(key):
-                return self.record(name, status=status, output_ref=output_ref, **data)
-        data["step_name"] = redactor.text(data["step_name"])
+        if redactor.any_secret_field(data):
+            return self.record(name, status=status, output_ref=output_ref, **data)
+        data["step_name"] = redactor.short_text(data["step_name"])
         event = self._event(name, data, status, output_ref=output_ref)
         self._pending.events.append(event)
         return event

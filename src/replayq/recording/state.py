@@ -15,6 +15,7 @@ from replayq import codec
 from replayq.recording.attempt import Attempt, Refusal
 from replayq.recording.blobs import load_json
 from replayq.recording.world import LIVE
+from replayq.redaction import Redactor
 from replayq.runtime import RuntimeSource
 from replayq.storage.protocol import EntityFilter, EntityGet, EntityRecord, Transaction, lock_get
 
@@ -68,6 +69,18 @@ def delta_of(old: Any, new: Any) -> dict[str, Any]:
         removed = sorted(k for k in old if k not in new)
         return {"set": changed, "unset": removed}
     return {"replace": new}
+
+
+def _delta_screened(redactor: Redactor, delta: dict[str, Any], data: Any, inline: Any) -> bool:
+    """Whether ``delta`` (``delta_of(previous, data)``) holds nothing the redactor would
+    change, known without encoding it: ``data`` came out of ``encoded`` unchanged (the
+    same object: nothing in it is secret), ``set`` and ``replace`` hold its own keys and
+    values, so only the names of removed fields and ``delta_of``'s own keys are left to
+    screen."""
+    if inline is not data or redactor.any_secret_field(delta):
+        return False
+    removed = delta.get("unset")
+    return not removed or redactor.value(removed) is removed
 
 
 def version_from_row(tx: Transaction, row: EntityRecord) -> EntityVersion:
@@ -327,8 +340,9 @@ class StateView:
         new_version = base + 1
         fences = ctx.fences()
         delta = delta_of(previous, data)
-        event = ctx.record(
+        event = ctx.record_screened(
             "state.write",
+            ("delta",) if _delta_screened(ctx.redactor, delta, data, inline) else (),
             resource=resource,
             resource_version=new_version,
             parent_version=base,

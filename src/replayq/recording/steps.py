@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from types import TracebackType
 from typing import Any, Protocol
 
 from replayq.errors import LeaseLostError
@@ -125,60 +126,76 @@ def run_step(
     return result
 
 
-@contextmanager
-def step_boundary(
-    ctx: StepAttempt, name: str, key: str, outcome: dict[str, Any] | None = None
-) -> Iterator[None]:
+class StepBoundary:
     """The commit boundary of a step: its writes and events commit together when it ends.
 
     A step that wrote nothing does not commit: its events wait for the attempt's next
     commit. A step that raises, or whose commit is refused, drops its writes and commits
-    its events at once (the failure is the forensic fact).
+    its events at once (the failure is the forensic fact). A class rather than a
+    generator-based context manager: every step of every job passes here twice.
     """
-    ctx.world.on_step(name)
-    ctx.record_step("step.started", "started", {"step_name": name})
-    ctx.enter_step(name, key)
-    started = time.monotonic()
-    try:
-        yield
-    except BaseException as exc:
-        duration = round(time.monotonic() - started, 6)  # µs: what a trace can tell
+
+    __slots__ = ("ctx", "key", "name", "outcome", "started")
+
+    def __init__(
+        self, ctx: StepAttempt, name: str, key: str, outcome: dict[str, Any] | None = None
+    ) -> None:
+        self.ctx, self.name, self.key, self.outcome = ctx, name, key, outcome
+        self.started = 0.0
+
+    def __enter__(self) -> None:
+        ctx, name = self.ctx, self.name
+        ctx.world.on_step(name)
+        ctx.record_step("step.started", "started", {"step_name": name})
+        ctx.enter_step(name, self.key)
+        self.started = time.monotonic()
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        ctx, name = self.ctx, self.name
+        duration = round(time.monotonic() - self.started, 6)  # µs: what a trace can tell
         ctx.leave_step()
-        ctx.discard_writes()
-        ctx.record(
-            "step.finished",
-            status="fail",
-            step_name=name,
-            duration=duration,
-            error=ctx.redactor.error(exc),
-        )
-        ctx.commit_now(failed=True)
-        raise
-    duration = round(time.monotonic() - started, 6)  # µs: what a trace can tell
-    ctx.leave_step()
-    data: dict[str, Any] = {"step_name": name, "duration": duration}
-    output_ref = None
-    if outcome:
-        data["result"] = outcome["result"]  # redacted when recorded (``encoded``)
-        output_ref = outcome["output_ref"]
-    finished = ctx.record_step("step.finished", "success", data, output_ref)
-    refused = ctx.pending_writes()
-    if not refused:
-        # Nothing to write: the step's events wait for the next commit of this
-        # attempt (a step's writes, an effect's claim or result, the ack or failure).
-        return
-    try:
-        ctx.commit_now()
-    except BaseException as exc:
-        # The commit itself failed (a version conflict, a stale fencing token, a lost
-        # lease): nothing of the step was written; keep its events and say why. The
-        # step did not finish with success: its end comes after the refusal.
-        if isinstance(exc, LeaseLostError):
-            ctx.record_fenced(refused, step_name=name)
-        ctx.discard_writes()
-        ctx.unrecord(finished)
-        error = ctx.redactor.error(exc)
-        ctx.record("step.rolled_back", status="fail", step_name=name, error=error)
-        ctx.record("step.finished", status="fail", step_name=name, duration=duration, error=error)
-        ctx.commit_now(failed=True)
-        raise
+        if exc is not None:
+            ctx.discard_writes()
+            ctx.record(
+                "step.finished",
+                status="fail",
+                step_name=name,
+                duration=duration,
+                error=ctx.redactor.error(exc),
+            )
+            ctx.commit_now(failed=True)
+            return  # the step's exception goes on
+        data: dict[str, Any] = {"step_name": name, "duration": duration}
+        output_ref = None
+        outcome = self.outcome
+        if outcome:
+            data["result"] = outcome["result"]  # redacted when recorded (``encoded``)
+            output_ref = outcome["output_ref"]
+        finished = ctx.record_step("step.finished", "success", data, output_ref)
+        refused = ctx.pending_writes()
+        if not refused:
+            # Nothing to write: the step's events wait for the next commit of this
+            # attempt (a step's writes, an effect's claim or result, the ack or failure).
+            return
+        try:
+            ctx.commit_now()
+        except BaseException as error_raised:
+            # The commit itself failed (a version conflict, a stale fencing token, a lost
+            # lease): nothing of the step was written; keep its events and say why. The
+            # step did not finish with success: its end comes after the refusal.
+            if isinstance(error_raised, LeaseLostError):
+                ctx.record_fenced(refused, step_name=name)
+            ctx.discard_writes()
+            ctx.unrecord(finished)
+            error = ctx.redactor.error(error_raised)
+            ctx.record("step.rolled_back", status="fail", step_name=name, error=error)
+            ctx.record(
+                "step.finished", status="fail", step_name=name, duration=duration, error=error
+            )
+            ctx.commit_now(failed=True)
+            raise

@@ -28,7 +28,8 @@ The verbs, by noun (``Transaction``; each takes a parameter dataclass or a few
 scalars and returns records, never a mapping). A verb of many kinds takes a union
 and has one ``@overload`` per kind, so each answer keeps its own type::
 
-    jobs      job_insert job_get job_lease lease_check job_match
+    jobs      job_insert job_enqueue (rows with their first trace packs) job_get
+              job_lease lease_check job_match
               job_list(JobFilter | CancelRequested | LeasesExpired)
               job_transition(LeaseExtend | JobComplete | JobRetry | JobBury | JobCancel |
                   JobCancelRequest | JobCancelRunning | JobReleaseRunning | JobRequeue |

@@ -147,12 +147,12 @@ def unpack(row: Mapping[str, Any]) -> list[TraceEvent]:
     base, base_ts, pack_id = row["hlc"], row["ts"], row["id"]
     trace_id, job_id, attempt, worker_id = (row[name] for name in _GROUP)
     first = pack_id * PACK_SIZE
-    of = TraceEvent.of  # every field named: no dataclass ``__init__`` per event
+    built = TraceEvent.built  # every field named: no dataclass ``__init__`` per event
     out = []
     for place, item in enumerate(codec.loads(row["events"])):
         get = item.get
         out.append(
-            of(
+            built(
                 {
                     "trace_id": trace_id,
                     "job_id": job_id,

@@ -245,6 +245,15 @@ class Transaction(Protocol):
         sequence: all in its order (one statement on PostgreSQL), one pair each."""
         ...
 
+    def job_enqueue(
+        self, params: Sequence[JobInsert], events: Sequence[TraceEvent]
+    ) -> list[tuple[int, bool]]:
+        """``job_insert`` of ``params`` (one pair each, in order) with, for each row
+        inserted, ``events[i]`` (its ``job_id`` set to the new row's id) appended as that
+        job's first trace pack; a duplicate ``message_id`` writes neither. One statement
+        for all of it on PostgreSQL; on SQLite one insert per job, one for all the packs."""
+        ...
+
     def job_get(self, job_id: int) -> Job | None: ...
 
     def job_lease(self, params: JobLease) -> list[Job]:
@@ -509,6 +518,19 @@ class Listener(Protocol):
 
     def listen(self, callback: Callable[[str | None], None]) -> ListenHandle:
         """Call ``callback(queue)`` on each notification until the notifier is closed."""
+        ...
+
+
+@runtime_checkable
+class Autocommit(Protocol):
+    """An optional capability: verbs each committed on their own, for a write that is one
+    statement — one round trip where ``transaction`` takes three (``BEGIN``, the
+    statement, ``COMMIT``). PostgreSQL has it (``App.enqueue``'s insert and event are one
+    statement there); on SQLite a statement is an in-process call and it would save nothing.
+    """
+
+    def autocommit(self) -> AbstractContextManager[Transaction]:
+        """A ``Transaction`` whose every statement commits (or fails) by itself."""
         ...
 
 

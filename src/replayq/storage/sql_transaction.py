@@ -7,6 +7,7 @@ one implementation serves both; what differs lives in each ``queries.sql``.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any, overload
 
@@ -116,6 +117,11 @@ _EVENT_COLUMNS = (
 )
 
 
+# The columns of an ``rq_trace`` row (``packs.pack_row``) as ``trace_append_rows`` takes them.
+_PACK_COLUMNS = ("trace_id", "job_id", "attempt", "worker_id", "hlc", "hlc_last", "ts", "events")
+# Bound parameters per statement where the driver cannot say (SQLite's historical default).
+_DEFAULT_VARIABLE_LIMIT = 999
+
 # The named query of each compare-and-set on a job row (``JobBury`` picks one of two).
 _JOB_QUERIES: dict[type[Any], str] = {
     JobComplete: "job_complete",
@@ -130,6 +136,11 @@ _JOB_QUERIES: dict[type[Any], str] = {
     JobRoute: "job_route",
     JobSetRecorded: "job_set_recorded",
 }
+
+
+def with_job_id(event: TraceEvent, job_id: int) -> TraceEvent:
+    """``event`` of the job whose id the insert just gave."""
+    return TraceEvent.built({**event.__dict__, "job_id": job_id})
 
 
 def row_to_job(row: Mapping[str, Any]) -> Job:
@@ -166,6 +177,12 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
 
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         return self.connection.execute(self._queries[name], params or {})
+
+    def execute_rows(self, name: str, row_sql: str, rows: int, values: Sequence[Any]) -> Any:
+        """``name``'s statement with its ``(:rows)`` as ``rows`` copies of ``row_sql``
+        (a multi-row ``VALUES``), given ``values`` positionally."""
+        sql = self._queries[name].replace("(:rows)", ", ".join([row_sql] * rows))
+        return self.connection.execute(sql, values)
 
     def executemany(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
         cursor = self.connection.cursor()
@@ -206,10 +223,73 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
         """One insert each (SQLite: each is an in-process call, no round trip)."""
         return [self._job_insert_one(p) for p in params]
 
+    def job_enqueue(
+        self, params: Sequence[JobInsert], events: Sequence[TraceEvent]
+    ) -> list[tuple[int, bool]]:
+        """Insert jobs and, for each row inserted, its event (``events[i]`` for
+        ``params[i]``, its ``job_id`` set to the new row's id) as that job's first pack.
+
+        Here every job insert is its own statement (on SQLite an in-process call, no
+        round trip) and all the packs go in one multi-row insert (``_packs_inserted``).
+        """
+        inserted = self._job_insert_many(params)
+        written = [
+            with_job_id(event, job_id)
+            for event, (job_id, created) in zip(events, inserted, strict=True)
+            if created
+        ]
+        if written:
+            self._packs_inserted(written)
+        return inserted
+
+    def _packs_inserted(self, events: Sequence[TraceEvent]) -> None:
+        """One new pack per event (each of another job), in as few statements as the
+        driver's limit on parameters allows: one for any batch of up to ~4,000 jobs."""
+        if len(events) == 1:
+            # One job (``enqueue``): the fixed one-row statement, prepared once.
+            pack_id = self.execute("trace_append", packs.pack_row(events)).fetchone()[0]
+            assert events[0].job_id is not None
+            self._placed(events, {events[0].job_id: int(pack_id)})
+            return
+        columns = _PACK_COLUMNS
+        limit = getattr(self.connection, "getlimit", None)
+        most = (
+            limit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+            if limit is not None
+            else _DEFAULT_VARIABLE_LIMIT
+        )
+        per_statement = max(1, most // len(columns))
+        row_sql = "(" + ", ".join("?" * len(columns)) + ")"
+        pack_ids: dict[int, int] = {}
+        for start in range(0, len(events), per_statement):
+            chunk = events[start : start + per_statement]
+            values: list[Any] = []
+            for event in chunk:
+                row = packs.pack_row([event])
+                values.extend(row[name] for name in columns)
+            found = self.execute_rows("trace_append_rows", row_sql, len(chunk), values)
+            for pack_id, job_id in found.fetchall():
+                pack_ids[int(job_id)] = int(pack_id)
+        self._placed(events, pack_ids)
+
+    def _placed(self, events: Sequence[TraceEvent], pack_ids: Mapping[int, int]) -> None:
+        """After new packs of ``events`` (one each, by job id): their resources indexed,
+        and the last one remembered as the pack later events of its group may join."""
+        entries = []
+        for event in events:
+            if event.resource is not None:
+                assert event.job_id is not None
+                entries.extend(packs.pack_resources([event], pack_ids[event.job_id]))
+        if entries:
+            self.executemany("trace_resources_append", entries)
+        last = events[-1]
+        assert last.job_id is not None
+        self._last_pack = (pack_ids[last.job_id], [last])
+
     def _job_insert_one(self, params: JobInsert) -> tuple[int, bool]:
-        row = self.fetchone("job_insert", query_params(params))
+        row = self.execute("job_insert", query_params(params)).fetchone()
         if row is not None:
-            return int(row["id"]), True
+            return int(row[0]), True
         existing = self.fetchone(
             "job_by_message_id", {"job_type": params.job_type, "message_id": params.message_id}
         )

@@ -1,7 +1,8 @@
 """A storage that tells listeners which trace events committed.
 
 Metrics, OpenTelemetry and job logs are all derived from the trace, so they
-listen at the one place every event passes: ``trace_append``. Events are
+listen at the one place every event passes: ``trace_append`` (and ``job_enqueue``,
+which writes each new job's ``job.enqueued`` with its row). Events are
 handed over only after their transaction committed; a rolled-back transaction
 (a fenced step, a lost compare-and-set) reports nothing, so a counter never
 counts what did not happen.
@@ -21,7 +22,13 @@ from contextlib import contextmanager
 from typing import Any, cast
 
 from replayq.model import TraceEvent
-from replayq.storage.protocol import MigrationStatus, Storage, TraceFence, Transaction
+from replayq.storage.protocol import (
+    JobInsert,
+    MigrationStatus,
+    Storage,
+    TraceFence,
+    Transaction,
+)
 
 log = logging.getLogger("replayq.tap")
 
@@ -65,6 +72,17 @@ class _TappedTransaction:
         self.appended.extend(events)
         return True
 
+    def job_enqueue(
+        self, params: Sequence[JobInsert], events: Sequence[TraceEvent]
+    ) -> list[tuple[int, bool]]:
+        inserted = self._inner.job_enqueue(params, events)
+        self.appended.extend(
+            TraceEvent.built({**event.__dict__, "job_id": job_id})
+            for event, (job_id, created) in zip(events, inserted, strict=True)
+            if created
+        )
+        return inserted
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
@@ -103,6 +121,18 @@ class TappedStorage:
     def close(self) -> None:
         self.inner.close()
 
+    def _autocommit(self) -> Iterator[Transaction]:
+        autocommit = self.inner.autocommit  # type: ignore[attr-defined]
+        with autocommit() as tx:
+            tapped = _TappedTransaction(tx)
+            yield cast(Transaction, tapped)
+        if tapped.appended:
+            self.taps.emit(tapped.appended)
+
     def __getattr__(self, name: str) -> Any:
-        # Optional capabilities (``listen`` on PostgreSQL) pass through.
-        return getattr(self.inner, name)
+        # Optional capabilities (``listen`` on PostgreSQL) pass through; ``autocommit``
+        # (where the inner storage has it) is tapped as ``transaction`` is.
+        found = getattr(self.inner, name)
+        if name == "autocommit":
+            return contextmanager(self._autocommit)
+        return found

@@ -86,14 +86,14 @@ from psycopg_pool import ConnectionPool
 
 from replayq import codec
 from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
-from replayq.model import Job
+from replayq.model import Job, TraceEvent
 from replayq.redaction import mask_url_passwords
-from replayq.storage import migrate
+from replayq.storage import migrate, packs
 from replayq.storage.adopted import AsyncConnectionView, TupleRows
-from replayq.storage.context_verbs import lease_now
+from replayq.storage.context_verbs import lease_now, query_params
 from replayq.storage.protocol import JobInsert, JobLease, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
-from replayq.storage.sql_transaction import SqlTransaction, row_to_job
+from replayq.storage.sql_transaction import SqlTransaction, row_to_job, with_job_id
 
 log = logging.getLogger("replayq.storage.postgres")
 
@@ -207,6 +207,11 @@ def storage_error(what: str, exc: psycopg.Error, *, read_only_asked: bool = Fals
     return StorageError(f"{what}: {exc}")
 
 
+_JOB_INSERT_FIELDS = tuple(f.name for f in dataclasses.fields(JobInsert))
+# The columns of a pack row (``packs.pack_row``) besides its job id, which the insert gives.
+_PACK_FIELDS = ("trace_id", "attempt", "worker_id", "hlc", "hlc_last", "ts", "events")
+
+
 class PostgresTransaction(SqlTransaction):
     """``SqlTransaction`` where PostgreSQL differs: arrays, driver errors, one-statement claims."""
 
@@ -235,6 +240,54 @@ class PostgresTransaction(SqlTransaction):
             )
             found.append((int(existing["id"]), False))
         return found
+
+    def job_enqueue(
+        self, params: Sequence[JobInsert], events: Sequence[TraceEvent]
+    ) -> list[tuple[int, bool]]:
+        """Every row and every inserted row's first pack in one statement (``job_enqueue``);
+        duplicates looked up after."""
+        if not params:
+            return []
+        if len(params) == 1:
+            return [self._job_enqueue_one(params[0], events[0])]
+        values = {name: [getattr(p, name) for p in params] for name in _JOB_INSERT_FIELDS}
+        rows = [packs.pack_row([event]) for event in events]
+        for column in _PACK_FIELDS:
+            values[f"pack_{column}"] = [row[column] for row in rows]
+        found = self.fetchall("job_enqueue", values)
+        inserted = {row["trace_id"]: (int(row["id"]), int(row["pack_id"])) for row in found}
+        result: list[tuple[int, bool]] = []
+        written: list[TraceEvent] = []
+        pack_ids: dict[int, int] = {}
+        for p, event in zip(params, events, strict=True):
+            ids = inserted.get(p.trace_id)
+            if ids is None:
+                existing = self.fetchone(
+                    "job_by_message_id", {"job_type": p.job_type, "message_id": p.message_id}
+                )
+                result.append((int(existing["id"]), False))
+                continue
+            job_id, pack_ids[job_id] = ids
+            result.append((job_id, True))
+            written.append(with_job_id(event, job_id))
+        if written:
+            self._placed(written, pack_ids)
+        return result
+
+    def _job_enqueue_one(self, params: JobInsert, event: TraceEvent) -> tuple[int, bool]:
+        values = query_params(params)
+        row = packs.pack_row([event])
+        for column in _PACK_FIELDS:
+            values[f"pack_{column}"] = row[column]
+        found = self.execute("job_enqueue_one", values).fetchone()
+        if found is None:
+            existing = self.fetchone(
+                "job_by_message_id", {"job_type": params.job_type, "message_id": params.message_id}
+            )
+            return int(existing["id"]), False
+        job_id = int(found[0])
+        self._placed([with_job_id(event, job_id)], {job_id: int(found[1])})
+        return job_id, True
 
     def lease_pairs(self, leases: Sequence[tuple[int, str]]) -> dict[str, Any]:
         """(job id, owner token) pairs as two arrays of the same length, for ``unnest``."""
@@ -498,6 +551,18 @@ class PostgresStorage:
     def transaction(self, *, readonly: bool = False) -> Iterator[PostgresTransaction]:
         with self._connection(readonly=readonly) as conn:
             yield PostgresTransaction(conn, self.queries)
+
+    @contextmanager
+    def autocommit(self) -> Iterator[PostgresTransaction]:
+        """Verbs on a pooled connection in autocommit mode: each statement is its own
+        transaction (``protocol.Autocommit``); the connection goes back as it came."""
+        with self._connection() as conn:
+            conn.autocommit = True
+            try:
+                yield PostgresTransaction(conn, self.queries)
+            finally:
+                if not conn.closed:
+                    conn.autocommit = False
 
     def adopt(self, connection: Any) -> PostgresTransaction:
         """Verbs on the caller's open transaction, whatever the connection's row factory.

@@ -56,6 +56,78 @@ SELECT id, trace_id,
        CASE WHEN run_at <= created_at THEN pg_notify('replayq_jobs', queue) END AS woke
 FROM inserted;
 
+-- name: job_enqueue
+-- job_insert_many and each inserted job's first trace pack (its job.enqueued event) in
+-- one statement: the packs are given by trace_id (each row's is new) and take the job
+-- id the insert returns. A duplicate message_id inserts neither the job nor its pack.
+-- The arrays are sent in binary (%(x)b): the text form escapes every element.
+WITH given AS (
+    SELECT * FROM unnest(
+        %(job_type)b::text[], %(queue)b::text[], %(payload_json)b::text[], %(priority)b::integer[],
+        %(run_at)b::float8[], %(now)b::float8[], %(max_attempts)b::integer[],
+        %(trace_id)b::text[], %(message_id)b::text[], %(ordering_key)b::text[],
+        %(idempotency_key)b::text[], %(handler_version)b::text[], %(hlc)b::bigint[],
+        %(correlation_id)b::text[], %(causation_id)b::text[], %(origin)b::text[],
+        %(trace_context)b::text[])
+    WITH ORDINALITY AS g(job_type, queue, payload, priority, run_at, created_at, max_attempts,
+                         trace_id, message_id, ordering_key, idempotency_key, handler_version,
+                         hlc, correlation_id, causation_id, origin, trace_context, n)
+), pack AS (
+    SELECT * FROM unnest(
+        %(pack_trace_id)b::text[], %(pack_attempt)b::integer[], %(pack_worker_id)b::text[],
+        %(pack_hlc)b::bigint[], %(pack_hlc_last)b::bigint[], %(pack_ts)b::float8[],
+        %(pack_events)b::text[])
+    AS p(trace_id, attempt, worker_id, hlc, hlc_last, ts, events)
+), inserted AS (
+    INSERT INTO rq_jobs (job_type, queue, payload, state, priority, run_at, created_at,
+                         max_attempts, trace_id, message_id, ordering_key, idempotency_key,
+                         handler_version, hlc, correlation_id, causation_id, origin,
+                         trace_context)
+    SELECT job_type, queue, payload, 'queued', priority, run_at, created_at, max_attempts,
+           trace_id, message_id, ordering_key, idempotency_key, handler_version, hlc,
+           correlation_id, causation_id, origin, trace_context
+    FROM given ORDER BY n
+    ON CONFLICT (job_type, message_id) DO NOTHING
+    RETURNING id, trace_id, queue, run_at, created_at
+), traced AS (
+    INSERT INTO rq_trace (trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events)
+    SELECT p.trace_id, i.id, p.attempt, p.worker_id, p.hlc, p.hlc_last, p.ts, p.events
+    FROM inserted AS i JOIN pack AS p ON p.trace_id = i.trace_id
+    ORDER BY i.id
+    RETURNING id, job_id
+)
+-- The wake-up as job_insert sends it (identical notifications fold into one at commit).
+SELECT i.id, i.trace_id, t.id AS pack_id,
+       CASE WHEN i.run_at <= i.created_at THEN pg_notify('replayq_jobs', i.queue) END AS woke
+FROM inserted AS i JOIN traced AS t ON t.job_id = i.id;
+
+-- name: job_enqueue_one
+-- job_enqueue of one job (App.enqueue): job_insert and the job's first pack, scalars
+-- rather than one-element arrays.
+WITH inserted AS (
+    INSERT INTO rq_jobs (job_type, queue, payload, state, priority, run_at, created_at,
+                         max_attempts, trace_id, message_id, ordering_key, idempotency_key,
+                         handler_version, hlc, correlation_id, causation_id, origin,
+                         trace_context)
+    VALUES (%(job_type)s, %(queue)s, %(payload_json)s, 'queued', %(priority)s, %(run_at)s,
+            %(now)s, %(max_attempts)s, %(trace_id)s, %(message_id)s::text,
+            %(ordering_key)s::text, %(idempotency_key)s::text, %(handler_version)s::text,
+            %(hlc)s, %(correlation_id)s::text, %(causation_id)s::text, %(origin)s,
+            %(trace_context)s::text)
+    ON CONFLICT (job_type, message_id) DO NOTHING
+    RETURNING id, queue, run_at
+), traced AS (
+    INSERT INTO rq_trace (trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events)
+    SELECT %(pack_trace_id)s::text, id, %(pack_attempt)s::integer, %(pack_worker_id)s::text,
+           %(pack_hlc)s::bigint, %(pack_hlc_last)s::bigint, %(pack_ts)s::float8,
+           %(pack_events)s::text
+    FROM inserted
+    RETURNING id
+)
+SELECT inserted.id, traced.id AS pack_id,
+       CASE WHEN run_at <= %(now)s THEN pg_notify('replayq_jobs', queue) END AS woke
+FROM inserted, traced;
+
 -- name: job_by_message_id
 -- Message-id dedup is per job type (rq_jobs_message).
 SELECT id FROM rq_jobs WHERE job_type = %(job_type)s AND message_id = %(message_id)s::text;

@@ -293,6 +293,13 @@ INSERT INTO rq_trace (trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, e
 VALUES (:trace_id, :job_id, :attempt, :worker_id, :hlc, :hlc_last, :ts, :events)
 RETURNING id;
 
+-- name: trace_append_rows
+-- Many packs in one statement (enqueue: each new job's first pack). The caller puts
+-- one "(?, ?, ?, ?, ?, ?, ?, ?)" per pack, in these columns' order, in place of (:rows).
+INSERT INTO rq_trace (trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events)
+VALUES (:rows)
+RETURNING id, job_id;
+
 -- name: trace_append_fenced
 -- trace_append under a fence: the pack goes in only while the owner token holds the
 -- job's lease (lease_check folded into the insert, so a step's commit costs no extra
