@@ -26,7 +26,7 @@ def test_a_job_that_keeps_meeting_the_database_fault_fails_after_a_bounded_numbe
 
     @app.job("selfish", retry=replayq.Retry(max_attempts=1))
     def selfish(ctx: replayq.Context, n: int) -> None:
-        own = sqlite3.connect(database, isolation_level=None, timeout=0)
+        own = sqlite3.connect(database, isolation_level=None, timeout=10)
         try:
             own.execute("BEGIN IMMEDIATE")  # the handler's own write lock on the queue's file
             with ctx.step("write"):
@@ -68,7 +68,7 @@ def test_a_brief_lock_on_a_step_commit_puts_the_job_back_and_it_resumes_after_it
     def once_locked(ctx: replayq.Context, n: int) -> int:
         doubled: int = ctx.step("first", first, ctx, n)
         attempts.append(ctx.attempt)
-        own = sqlite3.connect(database, isolation_level=None, timeout=0)
+        own = sqlite3.connect(database, isolation_level=None, timeout=10)
         try:
             if len(attempts) == 1:  # only the first attempt meets the lock
                 own.execute("BEGIN IMMEDIATE")
