@@ -46,6 +46,8 @@ from replayq.worker import Worker
 
 DAY = 86_400.0
 START = 1_700_000_000.0
+# How long size_bytes waits for older snapshots of other sessions to end (PostgreSQL).
+XMIN_WAIT = 300.0
 
 
 def declare(app: replayq.App) -> None:
@@ -109,7 +111,9 @@ _CLONED = {
     ),
     "rq_trace_resources": (
         "pack_id IN (SELECT id FROM rq_trace WHERE job_id IS NOT NULL AND job_id <= {max_job})",
-        {"pack_id": "pack_id + {poff}", "resource": "resource || {suffix}"},
+        # The resource as the copied pack's events name it: gc deletes a pack's index
+        # entries by the names its events carry (a suffixed copy was never deleted).
+        {"pack_id": "pack_id + {poff}"},
     ),
     "rq_steps": ("job_id <= {max_job}", {"job_id": "job_id + {off}"}),
     "rq_idempotency": (
@@ -125,7 +129,13 @@ _CLONED = {
 
 
 def clone(app: replayq.App, recorded: int, copies: int, postgres: bool) -> float:
-    """Copy the ``recorded`` jobs' rows ``copies - 1`` times (see the module's text)."""
+    """Copy the ``recorded`` jobs' rows ``copies - 1`` times (see the module's text).
+
+    The rows to copy are first set aside once in ``bench_src_*`` tables (dropped at the
+    end), so each copy reads ``recorded`` jobs' rows, not a growing table (selecting the
+    resource index entries by pack id, or entities by key, scanned every earlier copy);
+    50 copies a transaction keep SQLite's write-ahead log small.
+    """
     started = time.perf_counter()
 
     def param(name: str) -> str:
@@ -134,22 +144,32 @@ def clone(app: replayq.App, recorded: int, copies: int, postgres: bool) -> float
     with app.storage.transaction() as tx:
         max_pack = tx.connection.execute("SELECT max(id) FROM rq_trace").fetchone()
         max_pack = max_pack[0] if not isinstance(max_pack, dict) else max_pack["max"]
-        for copy in range(1, copies):
-            values = {"off": copy * recorded, "poff": copy * max_pack, "suffix": f":c{copy}"}
-            values["max_job"] = recorded
-            for table, (where, changed) in _CLONED.items():
-                columns = _columns(tx, table, postgres)
-                chosen = [
-                    changed.get(c, c).format(**{k: param(k) for k in values}) for c in columns
-                ]
-                sql = (
-                    f"INSERT INTO {table} ({', '.join(columns)}) "
-                    f"SELECT {', '.join(chosen)} FROM {table} "
-                    f"WHERE {where.format(**{k: param(k) for k in values})}"
-                )
-                if postgres:
-                    sql = sql.replace("'%:c%'", "'%%:c%%'")
-                tx.connection.execute(sql, values)
+        columns = {table: _columns(tx, table, postgres) for table in _CLONED}
+        for table, (where, _changed) in _CLONED.items():
+            sql = (
+                f"CREATE TABLE bench_src_{table} AS SELECT * FROM {table} "
+                f"WHERE {where.format(max_job=param('max_job'))}"
+            )
+            if postgres:
+                sql = sql.replace("'%:c%'", "'%%:c%%'")
+            tx.connection.execute(sql, {"max_job": recorded})
+    for first in range(1, copies, 50):
+        with app.storage.transaction() as tx:
+            for copy in range(first, min(first + 50, copies)):
+                values = {"off": copy * recorded, "poff": copy * max_pack, "suffix": f":c{copy}"}
+                for table, (_where, changed) in _CLONED.items():
+                    chosen = [
+                        changed.get(c, c).format(**{k: param(k) for k in values})
+                        for c in columns[table]
+                    ]
+                    tx.connection.execute(
+                        f"INSERT INTO {table} ({', '.join(columns[table])}) "
+                        f"SELECT {', '.join(chosen)} FROM bench_src_{table}",
+                        values,
+                    )
+    with app.storage.transaction() as tx:
+        for table in _CLONED:
+            tx.connection.execute(f"DROP TABLE bench_src_{table}")
         if postgres:
             for table in ("rq_jobs", "rq_trace"):
                 tx.connection.execute(
@@ -180,6 +200,27 @@ def size_bytes(app: replayq.App, url: str, schema: str | None) -> int:
 
     base = url.split("?")[0]
     with psycopg.connect(base, autocommit=True) as db:
+        # VACUUM FULL keeps the rows gc deleted while any session of the database still has
+        # a snapshot older than the deletion (a test or benchmark of other work, in a long
+        # transaction): wait for those to end, else the bytes include dead rows.
+        now = db.execute("SELECT pg_current_xact_id()::text::bigint").fetchone()[0]
+        waited = time.monotonic()
+        while time.monotonic() - waited < XMIN_WAIT:
+            older = db.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND backend_xmin IS NOT NULL "
+                "AND backend_xmin::text::bigint < %s",
+                (now,),
+            ).fetchone()[0]
+            if not older:
+                break
+            time.sleep(0.2)
+        else:
+            print(
+                f"warning: sessions older than gc's deletions after {XMIN_WAIT:.0f} s; "
+                "the bytes may include dead rows",
+                file=sys.stderr,
+            )
         tables = [
             r[0]
             for r in db.execute(
@@ -212,6 +253,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="replayq-gc-bench-"))
     schemas = PgSchemas(args.pg_url) if args.backend == "postgres" else None
     url = f"sqlite:///{workdir / 'gc.db'}" if schemas is None else schemas.fresh("gc")
+    if schemas is not None:
+        # On a loaded machine this process may wait seconds for a CPU inside a transaction;
+        # the pool's 10 s idle-in-transaction timeout ended its session mid-clone.
+        url += "&idle_in_transaction_timeout=600"
     schema = None if schemas is None else schemas.made[-1]
     clock = replayq.FrozenClock(START)
     retention = replayq.Retention(full_days=1, ledger_days=3, derived_days=1)

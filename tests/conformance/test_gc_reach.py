@@ -345,6 +345,12 @@ def test_the_ledger_keeps_an_attempts_heartbeats_as_one_lease_interval(
     rest = [e for e in app.trace(job.id) if e.name != "lease.extended"]
     assert shape(rest) == shape([e for e in before if in_ledger(e)])
     assert dry.events_removed == report.events_removed == len(before) - len(rest) - 1
+    # A later pass over the ledger-tier job (trimmed in place: no ledger_days) keeps the
+    # interval as it is: an interval is not one beat.
+    clock.advance(DAY)
+    assert app.gc().events_removed == 0
+    (again,) = [e for e in app.trace(job.id) if e.name == "lease.extended"]
+    assert (again.data["beats"], again.data["extended_from"]) == (3, START)
 
 
 def test_message_id_dedup_is_per_job_type(app_factory: AppFactory) -> None:
@@ -390,7 +396,7 @@ def test_a_hold_and_a_trim_of_the_same_job_are_ordered(app_factory: AppFactory) 
     fork_thread.start()
     # gc's batch trims the job and has not committed yet: the hold waits for it.
     with app.storage.transaction() as tx:
-        assert tx.gc_apply(TraceTrim(job.id, to_ledger, now)) > 0
+        assert tx.gc_apply(TraceTrim([job.id], to_ledger, now)) > 0
         trimming.set()
         assert not held.wait(0.5), "the hold waited for gc's transaction"
     fork_thread.join(30)
@@ -399,8 +405,8 @@ def test_a_hold_and_a_trim_of_the_same_job_are_ordered(app_factory: AppFactory) 
 
     # Now held: gc's changes of that job apply nothing.
     with app.storage.transaction() as tx:
-        assert tx.gc_apply(TraceTrim(job.id, lambda events: [], now)) == 0
-        assert tx.gc_apply(JobPurge(job.id, now)) == 0
+        assert tx.gc_apply(TraceTrim([job.id], lambda events: [], now)) == 0
+        assert tx.gc_apply(JobPurge([job.id], now)) == 0
     assert app.get_job(job.id).state is replayq.JobState.SUCCEEDED
     assert app.trace(job.id), "nothing trimmed while held"
 
@@ -440,7 +446,7 @@ def test_a_pin_and_a_trim_of_the_same_job_are_ordered_and_a_pin_after_the_scan_i
     pin_thread.start()
     # gc's batch trims the job and has not committed yet: the pin waits for it.
     with app.storage.transaction() as tx:
-        assert tx.gc_apply(TraceTrim(job.id, to_ledger, now)) > 0
+        assert tx.gc_apply(TraceTrim([job.id], to_ledger, now)) > 0
         trimming.set()
         assert not pinned.wait(0.5), "the pin waited for gc's transaction"
     pin_thread.join(30)
@@ -448,7 +454,7 @@ def test_a_pin_and_a_trim_of_the_same_job_are_ordered_and_a_pin_after_the_scan_i
 
     # Pinned after gc scanned it: the changes gc had planned for it apply nothing.
     with app.storage.transaction() as tx:
-        assert tx.gc_apply(TraceTrim(job.id, lambda events: [], now)) == 0
-        assert tx.gc_apply(JobPurge(job.id, now)) == 0
+        assert tx.gc_apply(TraceTrim([job.id], lambda events: [], now)) == 0
+        assert tx.gc_apply(JobPurge([job.id], now)) == 0
     assert app.get_job(job.id).state is replayq.JobState.SUCCEEDED
     assert shape(app.trace(job.id)) == shape([e for e in before if in_ledger(e)])

@@ -1,5 +1,6 @@
-"""Plans that stay good as history grows: every query the worker runs, and the CLI's list
-queries, is served by an index at 100,000+ jobs of history, on both backends.
+"""Plans that stay good as history grows: every query the worker runs, the CLI's list
+queries and gc's statements over a batch of jobs are served by an index at 100,000+ jobs
+of history, on both backends.
 
 The history is generated in one ``INSERT ... SELECT`` (a recursive CTE on SQLite,
 ``generate_series`` on PostgreSQL), not by draining: mostly succeeded jobs, a few dead and
@@ -140,6 +141,20 @@ LIST_QUERIES: list[tuple[str, dict[str, Any]]] = [
     ("job_count", {**_LIST, "states": ["queued", "running"]}),
 ]
 
+# gc's statements over one batch of finished jobs (ids in order, as a pass walks them): a
+# batch read or deleted by id list must not read the whole trace either.
+_BATCH = list(range(50_001, 50_501))
+_IDS = {"job_ids": _BATCH, "low": _BATCH[0], "high": _BATCH[-1]}
+GC_QUERIES: list[tuple[str, dict[str, Any]]] = [
+    ("gc_jobs_lock", _IDS),
+    ("gc_trace_for_jobs", _IDS),
+    ("trace_packs_delete", {"ids": _BATCH}),
+    ("jobs_hours_add", _IDS),
+    ("jobs_trace_delete", _IDS),
+    ("jobs_delete", _IDS),
+    ("gc_trace_derived", {"trace_id": "trace-50001"}),
+]
+
 # A scan is allowed only over the partial indexes of live (or failed) jobs, whose size is
 # the queue's, not the history's.
 LIVE_INDEXES = {
@@ -178,7 +193,8 @@ def plan_of(app: replayq.App, name: str, params: dict[str, Any]) -> str:
     with storage.transaction(readonly=True) as tx:
         conn = tx.connection
         params = {
-            k: tx.list_param(v) if k in ("states", "queues") else v for k, v in params.items()
+            k: tx.list_param(v) if k in ("states", "queues", "job_ids", "ids") else v
+            for k, v in params.items()
         }
         if "leases" in params:
             leases = params.pop("leases")
@@ -217,7 +233,7 @@ def checked(app: replayq.App) -> dict[str, str]:
     queries = [(n, p) for n, p in WORKER_QUERIES.items() if n in storage.queries]
     # Leases judged by the database's clock (``database_clock``: lease_now NULL) too.
     queries += [(n, {**p, "lease_now": None}) for n, p in queries if "lease_now" in p]
-    for name, params in [*queries, *LIST_QUERIES]:
+    for name, params in [*queries, *LIST_QUERIES, *GC_QUERIES]:
         plan = plan_of(app, name, params)
         scans = full_scans(storage.dialect, plan)
         assert not scans, f"{name} {params} reads the whole history:\n{plan}"

@@ -79,7 +79,12 @@ def gc(
         f"scanned {report.scanned} finished jobs past their full tier "
         f"(from job id > {report.resumed_from}); {verb} {report.trimmed_jobs} to the ledger "
         f"({report.events_removed} events); {gone} {report.purged_jobs}; "
-        f"{gone} {report.derived_traces} derived traces and {report.blobs} unreferenced "
+        + (
+            f"dropped {report.partitions_dropped} ledger day partitions; "
+            if report.partitions_dropped
+            else ""
+        )
+        + f"{gone} {report.derived_traces} derived traces and {report.blobs} unreferenced "
         f"blobs ({report.blob_bytes} bytes); {report.seconds:.2f}s"
         + ("" if report.complete else "; stopped early, resumes next run")
     )

@@ -18,10 +18,13 @@ Retention is set on the app (a default and per type) and in a job's contract
 Never collected: a job not finished, a job pinned with ``replayq keep``, a job a
 replay, fork or rerun was derived from less than ``full_days`` ago, a job a live fork
 or rerun holds (``replay/hold.py``). A pass walks finished jobs by id in bounded
-batches (one transaction each), records the last id it finished in ``rq_gc`` so a
-killed pass resumes there, and sleeps ``pause`` seconds between batches (the
-throttle). Once it reaches the end it deletes the derived traces past their type's
-``derived_days`` and then the blobs nothing references any more.
+batches (each read, then changed in one transaction of a few set-based statements),
+records the last id it finished in ``rq_gc`` so a killed pass resumes there, and sleeps
+``pause`` seconds between batches (the throttle). On PostgreSQL a job with a finite
+``ledger_days`` moves into the ledger partition of the day its ledger ends, and once
+the pass reaches the end it drops the partitions of the days that ended with none of
+their jobs left (``LedgerDrop``). Then it deletes the derived traces past their type's
+``derived_days`` and the blobs nothing references any more.
 """
 
 from __future__ import annotations
@@ -46,6 +49,8 @@ from replayq.storage.retention_params import (
     GcVacuum,
     IdemPurge,
     JobPurge,
+    LedgerDrop,
+    LedgerPartitions,
     MessageIdForget,
     TraceTrim,
 )
@@ -199,7 +204,13 @@ def to_ledger(events: Sequence[TraceEvent]) -> list[TraceEvent]:
             beats.setdefault(event.attempt, []).append(event)
     for run in beats.values():
         last = run[-1]
-        interval = {**last.data, "beats": len(run), "extended_from": run[0].ts}
+        # An interval kept by an earlier pass counts as the beats it stands for.
+        count = sum(int(e.data.get("beats", 1)) for e in run)
+        interval = {
+            **last.data,
+            "beats": count,
+            "extended_from": run[0].data.get("extended_from", run[0].ts),
+        }
         kept.append(replace(last, data=interval))
     kept.sort(key=lambda e: (e.hlc, e.id or 0))
     return kept
@@ -217,6 +228,7 @@ class GcReport:
     idempotency_jobs: int = 0
     message_id_jobs: int = 0
     derived_traces: int = 0
+    partitions_dropped: int = 0
     blobs: int = 0
     blob_bytes: int = 0
     batches: int = 0
@@ -276,45 +288,73 @@ def _jobs(
     max_batches: int | None,
     progress: Callable[[int, int], None] | None,
 ) -> None:
-    """Trim, forget and delete finished jobs by id, ``batch`` per transaction."""
+    """Trim, forget and delete finished jobs by id, ``batch`` per transaction: each change
+    is one set-based call for the whole batch (a handful of statements, not a few a job)."""
     dry_run = report.dry_run
     shortest = policy.shortest_full_days()
     assert shortest is not None
     cutoff = now - shortest * DAY
+    prepared: set[int] = set()  # the ledger days whose partition this pass made sure of
+
+    def keep(events: list[TraceEvent]) -> list[TraceEvent]:
+        kept = to_ledger(events)
+        if len(kept) < len(events):
+            report.trimmed_jobs += 1
+        return kept
+
     while max_batches is None or report.batches < max_batches:
-        with storage.transaction() as tx:
+        with storage.transaction(readonly=True) as tx:
             found = tx.gc_scan(GcScan(after=after, cutoff=cutoff, limit=batch, now=now))
-            for candidate in found:
-                job_id = candidate.job_id
-                rule = policy.of(candidate.job_type, candidate.version)
-                age = now - candidate.finished_at
-                if rule.full_days is None or age < rule.full_days * DAY:
-                    continue
-                if _past(rule.idempotency_days, age):
-                    report.idempotency_jobs += 1
-                    if not dry_run:
-                        tx.gc_apply(IdemPurge(job_id))
-                if _past(rule.message_id_days, age):
-                    report.message_id_jobs += 1
-                    if not dry_run:
-                        tx.gc_apply(MessageIdForget(job_id))
-                if _past(rule.ledger_days, age):
-                    report.purged_jobs += 1 if dry_run else tx.gc_apply(JobPurge(job_id, now))
-                    continue
-                removed = (
-                    _count_removed(tx.trace_query, job_id)
-                    if dry_run
-                    else tx.gc_apply(TraceTrim(job_id, to_ledger, now))
-                )
-                if removed:
-                    report.trimmed_jobs += 1
-                    report.events_removed += removed
-            report.scanned += len(found)
-            if found:
-                after = found[-1].job_id
-            if not dry_run:
+        forget_idem: list[int] = []
+        forget_message: list[int] = []
+        purge: list[int] = []
+        trim: list[int] = []
+        expires_at: dict[int, float] = {}
+        for candidate in found:
+            rule = policy.of(candidate.job_type, candidate.version)
+            age = now - candidate.finished_at
+            if rule.full_days is None or age < rule.full_days * DAY:
+                continue
+            if _past(rule.idempotency_days, age):
+                forget_idem.append(candidate.job_id)
+            if _past(rule.message_id_days, age):
+                forget_message.append(candidate.job_id)
+            if _past(rule.ledger_days, age):
+                purge.append(candidate.job_id)
+                continue
+            trim.append(candidate.job_id)
+            if rule.ledger_days is not None:
+                expires_at[candidate.job_id] = candidate.finished_at + rule.ledger_days * DAY
+        report.idempotency_jobs += len(forget_idem)
+        report.message_id_jobs += len(forget_message)
+        if found:
+            after = found[-1].job_id
+        if dry_run:
+            report.purged_jobs += len(purge)
+            with storage.transaction(readonly=True) as tx:
+                for job_id in trim:
+                    removed = _count_removed(tx.trace_query, job_id)
+                    if removed:
+                        report.trimmed_jobs += 1
+                        report.events_removed += removed
+        else:
+            days = {int(at // DAY) for at in expires_at.values()} - prepared
+            if days:
+                with storage.transaction() as tx:
+                    tx.gc_apply(LedgerPartitions([day * DAY for day in sorted(days)]))
+                prepared |= days
+            with storage.transaction() as tx:
+                if forget_idem:
+                    tx.gc_apply(IdemPurge(forget_idem))
+                if forget_message:
+                    tx.gc_apply(MessageIdForget(forget_message))
+                if purge:
+                    report.purged_jobs += tx.gc_apply(JobPurge(purge, now))
+                if trim:
+                    report.events_removed += tx.gc_apply(TraceTrim(trim, keep, now, expires_at))
                 # The end reached: the next pass starts over (jobs age into their tier).
                 tx.gc_apply(GcCursorPut(CURSOR, after if len(found) == batch else 0, now))
+        report.scanned += len(found)
         report.batches += 1
         if not dry_run and found:
             with storage.transaction() as tx:
@@ -322,6 +362,9 @@ def _jobs(
         if progress is not None:
             progress(report.scanned, after)
         if len(found) < batch:
+            if not dry_run:
+                with storage.transaction() as tx:
+                    report.partitions_dropped += tx.gc_apply(LedgerDrop(now))
             return
         if pause:
             time.sleep(pause)

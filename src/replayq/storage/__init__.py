@@ -54,8 +54,9 @@ and has one ``@overload`` per kind, so each answer keeps its own type::
               schedule_update(ScheduleRegister | ScheduleAdvance | ScheduleMade) schedule_list
     retention keep_transition(KeepPin | KeepHold | KeepRelease)       pins and live holds
               gc_scan(KeptJobs | GcScan | GcCursor | JobHours | DerivedScan | BlobScan)
-              gc_apply(TraceTrim | JobPurge | IdemPurge | MessageIdForget | DerivedPurge |
-                  BlobPurge | GcCursorPut | GcVacuum)     what gc removes, one change each
+              gc_apply(TraceTrim | JobPurge | IdemPurge | MessageIdForget | LedgerPartitions |
+                  LedgerDrop | DerivedPurge | BlobPurge | GcCursorPut | GcVacuum)
+                                                  what gc removes, a batch of jobs at a time
 
 A capability only some backends have is an optional protocol the caller checks
 with ``isinstance`` (``Listener``), never a ``getattr`` probe. Imports: the

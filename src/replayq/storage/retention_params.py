@@ -5,8 +5,8 @@ Imports: the foundations only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from replayq.model import TraceEvent
 
@@ -100,36 +100,64 @@ GcQuery = KeptJobs | GcScan | GcCursor | JobHours | DerivedScan | BlobScan
 
 @dataclass(frozen=True, slots=True)
 class TraceTrim:
-    """Rewrite a job's trace packs with what ``keep`` returns of its events (a subset, an
-    event possibly with other data; a pack left empty is deleted, with its resource index
-    entries); nothing if the job is held at ``now``."""
+    """Rewrite these jobs' trace packs with what ``keep`` returns of each job's events (a
+    subset, an event possibly with other data; a pack left empty is deleted, with its
+    resource index entries). A job is skipped when it is not finished any more, pinned, held
+    at ``now``, or its row is locked by a hold being taken.
 
-    job_id: int
+    ``expires_at``: per job, when its ledger tier ends (``finished_at + ledger_days``). A
+    backend that partitions the ledger tier by day (PostgreSQL) moves such a job's kept
+    events into the partition of that day, which gc later drops whole (``LedgerDrop``); a
+    job not named there (its ledger is kept forever) is trimmed in place. Returns the
+    events removed."""
+
+    job_ids: Sequence[int]
     keep: Callable[[list[TraceEvent]], list[TraceEvent]]
     now: float
+    expires_at: Mapping[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class JobPurge:
-    """Count a job into its hour (``JobHours``), then delete it: its row, its trace packs
-    and their index entries, its steps; nothing if the job is held at ``now``."""
+    """Count these jobs into their hours (``JobHours``), then delete them: their rows, their
+    full-tier trace packs and index entries, their steps (ledger-tier packs in a day
+    partition go with the partition: ``LedgerDrop``); a job is skipped as ``TraceTrim``
+    skips it. Returns the jobs deleted."""
 
-    job_id: int
+    job_ids: Sequence[int]
     now: float
 
 
 @dataclass(frozen=True, slots=True)
 class IdemPurge:
-    """Forget a job's settled idempotency records (an in-flight claim stays)."""
+    """Forget these jobs' settled idempotency records (an in-flight claim stays)."""
 
-    job_id: int
+    job_ids: Sequence[int]
 
 
 @dataclass(frozen=True, slots=True)
 class MessageIdForget:
-    """Forget a finished job's message id: the same message id makes a new job again."""
+    """Forget these finished jobs' message ids: the same message id makes a new job again."""
 
-    job_id: int
+    job_ids: Sequence[int]
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerPartitions:
+    """Make sure a ledger partition exists for the day of each of these expiry times (its
+    own short transaction: creating a partition locks the partitioned table). Returns the
+    partitions made (0 on a backend without them)."""
+
+    expires_at: Sequence[float]
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerDrop:
+    """Drop each ledger partition whose day ended before ``now`` and whose jobs are all
+    deleted (a pinned job's packs were moved out by ``KeepPin``; a held job is not deleted).
+    Returns the partitions dropped (0 on a backend without them)."""
+
+    now: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,6 +194,8 @@ GcChange = (
     | JobPurge
     | IdemPurge
     | MessageIdForget
+    | LedgerPartitions
+    | LedgerDrop
     | DerivedPurge
     | BlobPurge
     | GcCursorPut

@@ -37,6 +37,8 @@ from replayq.storage.retention_params import (
     KeepHold,
     KeepPin,
     KeptJobs,
+    LedgerDrop,
+    LedgerPartitions,
     MessageIdForget,
     TraceTrim,
 )
@@ -44,6 +46,9 @@ from replayq.storage.retention_params import (
 
 class RetentionVerbs:
     """Pins and holds, gc's questions and its deletions, shared by every SQL backend."""
+
+    # Whether the ledger tier lives in day partitions that gc drops (PostgreSQL).
+    ledger_partitioned = False
 
     def list_param(self, values: Sequence[str] | Sequence[int] | None) -> Any:
         raise NotImplementedError
@@ -73,6 +78,7 @@ class RetentionVerbs:
             if self.fetchone("gc_hold_lock", {"job_id": change.job_id}) is None:
                 return False
             self.execute("job_keep", query_params(change))
+            self._unmove(change.job_id)
             return True
         if isinstance(change, KeepHold):
             if self.fetchone("gc_hold_lock", {"job_id": change.job_id}) is None:
@@ -119,21 +125,19 @@ class RetentionVerbs:
 
     def gc_apply(self, change: GcChange) -> int:
         if isinstance(change, TraceTrim):
-            return 0 if self._held(change.job_id, change.now) else self._trim(change)
+            return self._trim(change)
         if isinstance(change, JobPurge):
-            if self._held(change.job_id, change.now):
-                return 0
-            self.execute("job_hours_add", {"job_id": change.job_id})
-            rows = self.fetchall("trace_for_job", {"job_id": change.job_id})
-            self._resources_delete([(row["id"], packs.unpack(row)) for row in rows])
-            self.execute("job_trace_delete", {"job_id": change.job_id})
-            self.execute("job_steps_delete", {"job_id": change.job_id})
-            self.execute("job_delete", {"job_id": change.job_id})
-            return 1
+            return self._purge(change)
         if isinstance(change, IdemPurge):
-            return int(self.execute("idem_purge", {"job_id": change.job_id}).rowcount)
+            values = {"job_ids": self.list_param(list(change.job_ids))}
+            return int(self.execute("idem_purge", values).rowcount)
         if isinstance(change, MessageIdForget):
-            return int(self.execute("job_message_forget", {"job_id": change.job_id}).rowcount)
+            values = {"job_ids": self.list_param(list(change.job_ids))}
+            return int(self.execute("job_message_forget", values).rowcount)
+        if isinstance(change, LedgerPartitions):
+            return self._ledger_partitions(change)
+        if isinstance(change, LedgerDrop):
+            return self._ledger_drop(change)
         if isinstance(change, DerivedPurge):
             return self._derived_purge(change)
         if isinstance(change, BlobPurge):
@@ -145,35 +149,115 @@ class RetentionVerbs:
         self.fetchall("gc_vacuum")
         return 0
 
-    def _held(self, job_id: int, now: float) -> bool:
-        """Lock the finished job gc is about to change; whether it is gone, no longer
-        finished, or held by a live fork or dry-run (then gc leaves it alone)."""
-        if self.fetchone("gc_job_lock", {"job_id": job_id}) is None:
-            return True
-        return self.fetchone("gc_held", {"job_id": job_id, "now": now}) is not None
+    # -- ledger partitions: none here (SQLite); the PostgreSQL backend overrides these ----
+
+    def _ledger_partitions(self, change: LedgerPartitions) -> int:
+        return 0
+
+    def _ledger_drop(self, change: LedgerDrop) -> int:
+        return 0
+
+    def _ledger_move(
+        self, moved: Sequence[tuple[Mapping[str, Any], list[TraceEvent], float]]
+    ) -> None:
+        """Write each (pack row, kept events, expiry) into the ledger partition of its day."""
+        raise NotImplementedError("no ledger partitions on this backend")
+
+    def _unmove(self, job_id: int) -> None:
+        """Move a pinned job's packs out of its ledger partition, back into ``rq_trace``."""
+
+    # -- trimming and deleting finished jobs, a batch at a time ----------------------------
+
+    def _lockable(self, job_ids: Sequence[int], now: float) -> list[int]:
+        """Lock the finished jobs gc is about to change: those still finished, neither pinned
+        nor held by a live fork or dry-run (gc leaves the others alone)."""
+        if not job_ids:
+            return []
+        locked = [
+            int(r["id"])
+            for r in self.fetchall("gc_jobs_lock", {"job_ids": self.list_param(list(job_ids))})
+        ]
+        if not locked:
+            return []
+        values = {"job_ids": self.list_param(locked), "now": now}
+        spared = {int(r["job_id"]) for r in self.fetchall("gc_jobs_held", values)}
+        return [job_id for job_id in locked if job_id not in spared]
+
+    def _id_list(self, job_ids: Sequence[int]) -> dict[str, Any]:
+        """A batch of job ids as a list parameter, with its lowest and highest."""
+        ids = list(job_ids)
+        return {"job_ids": self.list_param(ids), "low": min(ids), "high": max(ids)}
+
+    def _full_packs(self, job_ids: Sequence[int]) -> dict[int, list[Mapping[str, Any]]]:
+        """The full-tier packs (``rq_trace``) of these jobs, by job, in id order."""
+        by_job: dict[int, list[Mapping[str, Any]]] = {}
+        rows = self.fetchall("gc_trace_for_jobs", self._id_list(job_ids))
+        for row in sorted(rows, key=lambda r: int(r["id"])):
+            by_job.setdefault(int(row["job_id"]), []).append(row)
+        return by_job
 
     def _trim(self, change: TraceTrim) -> int:
-        rows = self.fetchall("trace_for_job", {"job_id": change.job_id})
-        unpacked = [(row, packs.unpack(row)) for row in rows]
-        everything = sorted(
-            (e for _, events in unpacked for e in events), key=lambda e: (e.hlc, e.id or 0)
+        jobs = self._lockable(change.job_ids, change.now)
+        if not jobs:
+            return 0
+        removed = 0
+        gone: list[tuple[int, Sequence[TraceEvent]]] = []  # packs whose index entries go
+        deleted: list[int] = []
+        rewritten: list[dict[str, Any]] = []
+        entries: list[dict[str, Any]] = []
+        moved: list[tuple[Mapping[str, Any], list[TraceEvent], float]] = []
+        for job_id, rows in self._full_packs(jobs).items():
+            unpacked = [(row, packs.unpack(row)) for row in rows]
+            everything = sorted(
+                (e for _, events in unpacked for e in events), key=lambda e: (e.hlc, e.id or 0)
+            )
+            kept = {e.id: e for e in change.keep(everything)}
+            removed += len(everything) - len(kept)
+            expires_at = change.expires_at.get(job_id) if self.ledger_partitioned else None
+            for row, events in unpacked:
+                now_events = [kept[e.id] for e in events if e.id in kept]
+                pack_id = int(row["id"])
+                if expires_at is not None:
+                    # Into the ledger partition of its expiry day, changed or not.
+                    gone.append((pack_id, events))
+                    deleted.append(pack_id)
+                    if now_events:
+                        moved.append((row, now_events, expires_at))
+                    continue
+                if now_events == events:
+                    continue
+                gone.append((pack_id, events))
+                if not now_events:
+                    deleted.append(pack_id)
+                    continue
+                rewritten.append({**packs.pack_row(now_events), "id": pack_id})
+                entries.extend(packs.pack_resources(now_events, pack_id))
+        self._resources_delete(gone)
+        if deleted:
+            self.execute("trace_packs_delete", {"ids": self.list_param(deleted)})
+        if rewritten:
+            self.executemany("trace_pack_rewrite", rewritten)
+        if entries:
+            self.executemany("trace_resources_append", entries)
+        if moved:
+            self._ledger_move(moved)
+        return removed
+
+    def _purge(self, change: JobPurge) -> int:
+        jobs = self._lockable(change.job_ids, change.now)
+        if not jobs:
+            return 0
+        values = self._id_list(jobs)
+        self.execute("jobs_hours_add", values)
+        found = self._full_packs(jobs)
+        self._resources_delete(
+            [(int(row["id"]), packs.unpack(row)) for rows in found.values() for row in rows]
         )
-        kept = {e.id: e for e in change.keep(everything)}
-        for row, events in unpacked:
-            now_events = [kept[e.id] for e in events if e.id in kept]
-            if now_events == events:
-                continue
-            pack_id = row["id"]
-            self._resources_delete([(pack_id, events)])
-            if not now_events:
-                self.execute("trace_pack_delete", {"id": pack_id})
-                continue
-            packed = packs.pack_row(now_events)
-            self.execute("trace_pack_rewrite", {**packed, "id": pack_id})
-            entries = packs.pack_resources(now_events, pack_id)
-            if entries:
-                self.executemany("trace_resources_append", entries)
-        return len(everything) - len(kept)
+        if found:
+            self.execute("jobs_trace_delete", values)
+        self.execute("jobs_steps_delete", values)
+        self.execute("jobs_delete", values)
+        return len(jobs)
 
     def _resources_delete(self, found: Sequence[tuple[int, Sequence[TraceEvent]]]) -> None:
         """Delete the resource index entries of these packs by primary key: one per resource
@@ -200,10 +284,8 @@ class RetentionVerbs:
             "gc_held_derived", {"source_job_id": source, "now": change.now}
         ):
             return 0
-        rows = self.fetchall("trace_for_trace", {"trace_id": change.trace_id})
-        self._resources_delete(
-            [(row["id"], packs.unpack(row)) for row in rows if row["job_id"] is None]
-        )
+        rows = self.fetchall("gc_trace_derived", {"trace_id": change.trace_id})
+        self._resources_delete([(row["id"], packs.unpack(row)) for row in rows])
         self.execute("derived_trace_delete", {"trace_id": change.trace_id})
         branch = row["branch"]
         if branch:

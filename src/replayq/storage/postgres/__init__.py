@@ -32,17 +32,18 @@ Known limits, up front:
   capability a worker checks for with ``isinstance``; SQLite has none and polls.
   The channel is per database, not per schema: installations in sibling schemas
   wake each other's workers needlessly (harmless, one empty lease each).
-* Connections: a ``ConnectionPool`` of ``?pool_size=`` connections (default 4)
-  per ``PostgresStorage``; a worker uses one for the dispatcher, one for heartbeats
-  and one per executor while it settles a job, so give it ``concurrency + 2`` to
-  never wait. A connection broken by a server restart fails the call it is in
-  (``DatabaseUnavailableError``) and is replaced by the pool; callers retry
-  (``storage/reconnect.py``). An idle pooled connection whose session was killed
-  is noticed at checkout without a round trip: its socket is readable (the
-  server's FATAL message, then EOF), which an idle connection's never is. Once a
-  call has found the database gone, a checkout waits ``OUTAGE_WAIT``, not
-  ``pool_timeout``, until the pool connects again: callers retry with their own
-  backoff, and a worker told to stop in an outage is not held for 30 s.
+* Connections: a ``ConnectionPool`` of ``?pool_size=`` connections (default 4) per
+  ``PostgresStorage``; a worker uses one for the dispatcher, one for heartbeats
+  (and the group commits of acks nobody waits for) and one per executor while it
+  commits a step, leads a group commit or settles a failure, so give it
+  ``concurrency + 2`` to never wait. A connection broken
+  by a server restart fails the call it is in (``DatabaseUnavailableError``) and is
+  replaced by the pool; callers retry (``storage/reconnect.py``). An idle pooled
+  connection whose session was killed is noticed at checkout without a round trip: its
+  socket is readable (the server's FATAL message, then EOF), which an idle
+  connection's never is. Once a call has found the database gone, a checkout waits
+  ``OUTAGE_WAIT``, not ``pool_timeout``, until the pool connects again: callers retry
+  with their own backoff, and a worker told to stop in an outage is not held for 30 s.
 * A worker frozen inside a transaction (SIGSTOP, a paused VM) holds its job row
   ``FOR SHARE`` (the fencing check), and the reaper skips locked rows. Pooled
   sessions therefore set ``idle_in_transaction_session_timeout``
@@ -60,6 +61,13 @@ Known limits, up front:
   ``tcp_user_timeout`` (``DEFAULT_TCP_USER_TIMEOUT_MS`` unless the URL sets it)
   turn a silent peer into an error within seconds instead of the kernel's
   ~15 minutes of retransmissions, so a worker never hangs on one.
+* The ledger tier lives in day partitions (``rq_trace_ledger``, migration 0013) that gc
+  makes before it writes into them and drops once their day has ended and their jobs are
+  deleted: expiring a day is a ``DROP TABLE``, not a delete. Both take an ACCESS
+  EXCLUSIVE lock on the partitioned table for a moment (each in a short transaction of
+  its own), so a trace read in flight delays them and reads queue behind them. A read by
+  job or by time probes one index per partition, one per day of the longest
+  ``ledger_days``. The full tier stays in the unpartitioned ``rq_trace``.
 * Schema upgrades are explicit (``replayq --db URL db upgrade``), serialised by
   ``pg_advisory_xact_lock`` and run in one transaction: DDL is transactional here,
   so a failed migration leaves the previous schema intact.
@@ -92,6 +100,7 @@ from replayq.storage.adopted import AsyncConnectionView, TupleRows
 from replayq.storage.context_verbs import lease_now, query_params
 from replayq.storage.protocol import JobInsert, JobLease, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
+from replayq.storage.retention_params import LedgerDrop, LedgerPartitions
 from replayq.storage.sql_transaction import SqlTransaction, row_to_job, with_job_id
 
 log = logging.getLogger("replayq.storage.postgres")
@@ -217,6 +226,40 @@ class PostgresTransaction(SqlTransaction):
     def list_param(self, values: Sequence[str] | Sequence[int] | None) -> Any:
         """A Python list, bound as an array for ``= ANY(%(x)s::text[])`` (or ``bigint[]``)."""
         return None if values is None else list(values)
+
+    # -- the ledger tier in day partitions (migration 0013, docs/operations.md) ------------
+
+    ledger_partitioned = True
+
+    def _ledger_partitions(self, change: LedgerPartitions) -> int:
+        made = 0
+        for expires_at in change.expires_at:
+            made += bool(self.fetchone("ledger_partition", {"expires_at": expires_at})["made"])
+        return made
+
+    def _ledger_drop(self, change: LedgerDrop) -> int:
+        return int(self.fetchone("ledger_drop", {"now": change.now})["dropped"])
+
+    def _ledger_move(
+        self, moved: Sequence[tuple[Mapping[str, Any], list[TraceEvent], float]]
+    ) -> None:
+        rows: list[dict[str, Any]] = []
+        entries: list[dict[str, Any]] = []
+        for row, events, expires_at in moved:
+            pack_id = int(row["id"])
+            rows.append({**packs.pack_row(events), "id": pack_id, "expires_at": expires_at})
+            entries.extend(
+                {**entry, "expires_at": expires_at}
+                for entry in packs.pack_resources(events, pack_id)
+            )
+        self.executemany("ledger_pack_insert", rows)
+        if entries:
+            self.executemany("ledger_resources_append", entries)
+
+    def _unmove(self, job_id: int) -> None:
+        # keep_transition locked the job's row FOR SHARE first, as a hold does: gc's batch
+        # (FOR UPDATE SKIP LOCKED) committed before, or skips the job and then sees the pin.
+        self.execute("ledger_unmove", {"job_id": job_id})
 
     def _job_insert_many(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]:
         """All in one ``INSERT ... SELECT FROM unnest(...)``; duplicates looked up after."""

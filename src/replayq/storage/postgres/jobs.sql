@@ -469,31 +469,46 @@ VALUES (%(resource)s, %(hlc)s, %(pack_id)s)
 ON CONFLICT DO NOTHING;
 
 -- name: trace_for_job
--- rq_trace_job; the caller sorts the unpacked events by (hlc, id).
-SELECT * FROM rq_trace WHERE job_id = %(job_id)s ORDER BY id;
+-- rq_trace_job, and rq_trace_ledger_job in each ledger partition (the ledger tier, 0013);
+-- the caller sorts the unpacked events by (hlc, id).
+SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace WHERE job_id = %(job_id)s
+UNION ALL
+SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace_ledger WHERE job_id = %(job_id)s
+ORDER BY id;
 
 -- name: trace_for_jobs
 -- trace_for_job for a list of jobs: rq_trace_job once per job; the caller groups the
 -- rows by job and sorts each job's unpacked events by (hlc, id).
-SELECT * FROM rq_trace WHERE job_id = ANY(%(job_ids)s::bigint[]);
+SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace WHERE job_id = ANY(%(job_ids)s::bigint[])
+UNION ALL
+SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace_ledger WHERE job_id = ANY(%(job_ids)s::bigint[]);
 
 -- name: trace_for_trace
 -- A derived trace's packs (rq_trace_derived), or a job's by its trace id (rq_jobs_trace,
 -- then rq_trace_job).
-SELECT * FROM rq_trace WHERE trace_id = %(trace_id)s AND job_id IS NULL
+SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace WHERE trace_id = %(trace_id)s AND job_id IS NULL
 UNION ALL
-SELECT * FROM rq_trace
+SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace
+WHERE job_id IN (SELECT id FROM rq_jobs WHERE trace_id = %(trace_id)s) AND trace_id = %(trace_id)s
+UNION ALL
+SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace_ledger
 WHERE job_id IN (SELECT id FROM rq_jobs WHERE trace_id = %(trace_id)s) AND trace_id = %(trace_id)s;
 
 -- name: trace_for_resource
--- The packs naming the resource or one of its versioned keys (``price:sku-1:v3``): both
+-- The packs (full tier, then ledger tier) naming the resource or one of its versioned keys (``price:sku-1:v3``): both
 -- terms are ranges on rq_trace_resources' key, in the "C" collation so that the prefix
 -- [':v', ':w') is a byte range whatever the database's collation.
-SELECT * FROM rq_trace
+SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace
 WHERE id IN (SELECT pack_id FROM rq_trace_resources
              WHERE resource = %(resource)s::text
                 OR (resource >= %(resource)s::text || ':v'
-                    AND resource < %(resource)s::text || ':w'));
+                    AND resource < %(resource)s::text || ':w'))
+UNION ALL
+SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace_ledger
+WHERE (id, expires_at) IN (SELECT pack_id, expires_at FROM rq_trace_ledger_resources
+                           WHERE resource = %(resource)s::text
+                              OR (resource >= %(resource)s::text || ':v'
+                                  AND resource < %(resource)s::text || ':w'));
 
 -- name: contract_put
 INSERT INTO rq_contracts (job_type, version, body, registered_at)

@@ -5,7 +5,11 @@
 -- [since_hlc, until_hlc), after the (after_hlc, after_id) cursor, in HLC order.
 WITH packs AS MATERIALIZED (
     -- rq_trace_hlc: a pack's events lie in [hlc, hlc_last].
-    SELECT * FROM rq_trace
+    SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace
+    WHERE hlc_last >= %(since_hlc)s::bigint AND hlc < %(until_hlc)s::bigint
+    UNION ALL
+    -- rq_trace_ledger_hlc: the ledger tier (0013).
+    SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace_ledger
     WHERE hlc_last >= %(since_hlc)s::bigint AND hlc < %(until_hlc)s::bigint
 ), e AS (
     -- The view rq_events over these packs alone (same columns).
@@ -38,7 +42,11 @@ LIMIT %(limit)s;
 -- Signal events per bucket of the HLC's wall-clock part, per job type and version.
 WITH packs AS MATERIALIZED (
     -- rq_trace_hlc: a pack's events lie in [hlc, hlc_last].
-    SELECT * FROM rq_trace
+    SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace
+    WHERE hlc_last >= %(since_hlc)s::bigint AND hlc < %(until_hlc)s::bigint
+    UNION ALL
+    -- rq_trace_ledger_hlc: the ledger tier (0013).
+    SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace_ledger
     WHERE hlc_last >= %(since_hlc)s::bigint AND hlc < %(until_hlc)s::bigint
 ), e AS (
     -- The view rq_events over these packs alone (same columns).

@@ -35,39 +35,13 @@ ON CONFLICT (name) DO UPDATE SET cursor = excluded.cursor, updated_at = excluded
 -- name: trace_pack_rewrite
 UPDATE rq_trace SET hlc = :hlc, hlc_last = :hlc_last, ts = :ts, events = :events WHERE id = :id;
 
--- name: trace_pack_delete
-DELETE FROM rq_trace WHERE id = :id;
-
--- name: job_steps_delete
-DELETE FROM rq_steps WHERE job_id = :job_id;
-
--- name: job_delete
-DELETE FROM rq_jobs WHERE id = :job_id;
-
 -- name: gc_vacuum
 PRAGMA incremental_vacuum(1000);
-
--- name: idem_purge
--- A job's settled idempotency records (its effect keys may run again afterwards).
-DELETE FROM rq_idempotency WHERE job_id = :job_id AND status <> 'started';
-
--- name: job_hours_add
--- The job about to be deleted, counted into its hour (the aggregates tier).
-INSERT INTO rq_job_hours (job_type, version, hour, state, jobs, attempts)
-SELECT job_type, COALESCE(handler_version, ''), CAST(finished_at / 3600 AS INTEGER) * 3600.0,
-       state, 1, attempt
-FROM rq_jobs WHERE id = :job_id AND finished_at IS NOT NULL
-ON CONFLICT (job_type, version, hour, state)
-DO UPDATE SET jobs = rq_job_hours.jobs + 1,
-              attempts = rq_job_hours.attempts + excluded.attempts;
 
 -- name: job_hours
 SELECT job_type, version, hour, state, jobs, attempts FROM rq_job_hours
 WHERE (:job_type IS NULL OR job_type = :job_type)
 ORDER BY hour, job_type, version, state;
-
--- name: job_trace_delete
-DELETE FROM rq_trace WHERE job_id = :job_id;
 
 -- name: gc_hold_lock
 -- A hold's job, locked against gc.
@@ -80,21 +54,6 @@ ON CONFLICT (holder) DO UPDATE SET job_id = excluded.job_id, expires_at = exclud
 
 -- name: gc_hold_delete
 DELETE FROM rq_gc_holds WHERE holder = :holder;
-
--- name: gc_job_lock
--- The job gc is about to trim or delete, still finished, locked.
-SELECT id FROM rq_jobs
-WHERE id = :job_id AND state IN ('succeeded', 'dead', 'cancelled');
-
--- name: gc_held
--- Read after gc_job_lock, in a statement of its own: sees every hold and pin committed
--- before it (a pin takes the job's lock too, so it is never lost to a gc in flight).
-SELECT 1 AS held FROM rq_gc_holds WHERE job_id = :job_id AND expires_at > :now
-UNION ALL
-SELECT 1 FROM rq_keep WHERE job_id = :job_id;
-
--- name: job_message_forget
-UPDATE rq_jobs SET message_id = NULL WHERE id = :job_id AND message_id IS NOT NULL;
 
 -- name: gc_derived
 -- Derived traces without a job row of their own (dry-runs, forks, verifications; not
@@ -120,6 +79,12 @@ SELECT source_job_id, branch FROM rq_lineage WHERE trace_id = :trace_id;
 -- name: gc_held_derived
 SELECT 1 AS held FROM rq_gc_holds AS h
 WHERE h.job_id = :source_job_id AND h.expires_at > :now;
+
+-- name: gc_trace_derived
+-- A derived trace's own packs (rq_trace_derived), not its job's: trace_for_trace would also
+-- look the trace id up among jobs, which PostgreSQL without statistics plans as a scan of
+-- both trace tables for each derived trace.
+SELECT * FROM rq_trace WHERE trace_id = :trace_id AND job_id IS NULL;
 
 -- name: derived_trace_delete
 DELETE FROM rq_trace WHERE trace_id = :trace_id AND job_id IS NULL;
@@ -166,3 +131,49 @@ DELETE FROM rq_blobs WHERE hash IN (SELECT value FROM json_each(:hashes)) AND us
 -- rewrites or deletes from their events (a delete by pack_id alone would scan the table).
 DELETE FROM rq_trace_resources
 WHERE resource = :resource AND hlc = :hlc AND pack_id = :pack_id;
+
+-- name: gc_jobs_lock
+-- A batch of jobs gc is about to trim or delete, still finished (the write transaction
+-- serialises gc and holds).
+SELECT id FROM rq_jobs
+WHERE id IN (SELECT value FROM json_each(:job_ids)) AND state IN ('succeeded', 'dead', 'cancelled')
+ORDER BY id;
+
+-- name: gc_jobs_held
+-- Read after gc_jobs_lock, in a statement of its own: sees every hold and pin committed before it.
+SELECT job_id FROM rq_gc_holds WHERE job_id IN (SELECT value FROM json_each(:job_ids)) AND expires_at > :now
+UNION
+SELECT job_id FROM rq_keep WHERE job_id IN (SELECT value FROM json_each(:job_ids));
+
+-- name: gc_trace_for_jobs
+-- The full-tier packs of these jobs (rq_trace_job once per job), the ones gc trims or deletes.
+SELECT * FROM rq_trace WHERE job_id IN (SELECT value FROM json_each(:job_ids));
+
+-- name: trace_packs_delete
+DELETE FROM rq_trace WHERE id IN (SELECT value FROM json_each(:ids));
+
+-- name: jobs_hours_add
+-- The jobs about to be deleted, counted into their hours (the aggregates tier).
+INSERT INTO rq_job_hours (job_type, version, hour, state, jobs, attempts)
+SELECT job_type, COALESCE(handler_version, ''), CAST(finished_at / 3600 AS INTEGER) * 3600.0, state, COUNT(*), SUM(attempt)
+FROM rq_jobs WHERE id IN (SELECT value FROM json_each(:job_ids)) AND finished_at IS NOT NULL
+GROUP BY 1, 2, 3, 4
+ON CONFLICT (job_type, version, hour, state)
+DO UPDATE SET jobs = rq_job_hours.jobs + excluded.jobs,
+              attempts = rq_job_hours.attempts + excluded.attempts;
+
+-- name: jobs_trace_delete
+DELETE FROM rq_trace WHERE job_id IN (SELECT value FROM json_each(:job_ids));
+
+-- name: jobs_steps_delete
+DELETE FROM rq_steps WHERE job_id IN (SELECT value FROM json_each(:job_ids));
+
+-- name: jobs_delete
+DELETE FROM rq_jobs WHERE id IN (SELECT value FROM json_each(:job_ids));
+
+-- name: idem_purge
+-- These jobs' settled idempotency records (their effect keys may run again afterwards).
+DELETE FROM rq_idempotency WHERE job_id IN (SELECT value FROM json_each(:job_ids)) AND status <> 'started';
+
+-- name: job_message_forget
+UPDATE rq_jobs SET message_id = NULL WHERE id IN (SELECT value FROM json_each(:job_ids)) AND message_id IS NOT NULL;
