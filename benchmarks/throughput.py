@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import signal
 import sqlite3
@@ -98,24 +97,6 @@ class Measurement:
         return self.jobs / (self.seconds - self.startup)
 
 
-# Net CPU seconds (user + system) of each drain, by (system, operation): the drain's
-# processes minus the same processes on an empty queue. Load-independent, unlike wall time.
-DRAIN_CPU: dict[tuple[str, str], list[float]] = {}
-
-
-def children_cpu() -> float:
-    """CPU seconds of this process's finished children so far."""
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def note_cpu(key: tuple[str, str], marks: tuple[float, float, float]) -> None:
-    """Record a drain's net CPU from ``children_cpu()`` before the drain, after it, and
-    after the empty-queue run."""
-    before, drained, empty = marks
-    DRAIN_CPU.setdefault(key, []).append((drained - before) - (empty - drained))
-
-
 def timed(fn: Callable[[], object]) -> float:
     started = time.perf_counter()
     fn()
@@ -176,15 +157,12 @@ def sqlite_replayq(opts: Options, run: int) -> tuple[float, float, float, float]
     app.close()
 
     worker = [*replayq_command(), "--db", url, "worker", "--app", APP_SPEC, "--burst"]
-    cpu = children_cpu()
     drain = timed_process(worker, lambda _: None)
-    drained_cpu = children_cpu()
     states = replayq_states(drain_db)
     want = {"succeeded": jobs, "event job.leased": jobs, "event job.succeeded": jobs}
     if any(states.get(key) != count for key, count in want.items()):
         raise SystemExit(f"replayq drain did not finish every job: {states}")
     empty = timed_process(worker, lambda _: None)
-    note_cpu(("replayq", "drain"), (cpu, drained_cpu, children_cpu()))
     return single, bulk, drain, empty
 
 
@@ -202,13 +180,10 @@ def sqlite_raw(opts: Options, run: int) -> tuple[float, float]:
 
         return expect
 
-    cpu = children_cpu()
     drain = timed_process(argv, check(opts.jobs))
-    drained_cpu = children_cpu()
     if sqlite_baselines.raw_count_done(str(path)) != opts.jobs:
         raise SystemExit("raw loop left jobs behind")
     empty = timed_process(argv, check(0))
-    note_cpu(("raw", "drain"), (cpu, drained_cpu, children_cpu()))
     return drain, empty
 
 
@@ -219,13 +194,10 @@ def sqlite_huey(opts: Options, run: int) -> tuple[float, float, float]:
     single = sqlite_baselines.huey_enqueue(str(path), opts.jobs, opts.synchronous)
     argv = [sys.executable, "benchmarks/sqlite_baselines.py", "huey-drain", str(path)]
     argv.append(opts.synchronous)
-    cpu = children_cpu()
     drain = timed_process(argv, lambda out: None)
-    drained_cpu = children_cpu()
     if sqlite_baselines.huey_pending(str(path)) != 0:
         raise SystemExit("huey left tasks behind")
     empty = timed_process(argv, lambda out: None)
-    note_cpu(("huey", "drain"), (cpu, drained_cpu, children_cpu()))
     return single, drain, empty
 
 
@@ -326,16 +298,12 @@ def pg_replayq_drain(opts: Options, processes: int) -> tuple[float, float, float
                     raise SystemExit(f"replayq worker failed ({proc.returncode}):\n{err.decode()}")
             return time.perf_counter() - started
 
-        cpu = children_cpu()
         drain = drain_with_workers()
-        drained_cpu = children_cpu()
         states = pg_replayq_states(url)
         want = {"succeeded": opts.jobs, "event job.succeeded": opts.jobs}
         if any(states.get(key) != count for key, count in want.items()):
             raise SystemExit(f"replayq drain did not finish every job: {states}")
         empty = drain_with_workers()
-        operation = "drain" if processes == 1 else f"drain, {processes} processes"
-        note_cpu(("replayq", operation), (cpu, drained_cpu, children_cpu()))
     return single, bulk, drain, empty
 
 
@@ -418,13 +386,10 @@ def pg_raw_drain(opts: Options, batch: int) -> tuple[float, float]:
 
             return check
 
-        cpu = children_cpu()
         drain = timed_process(argv, expect(opts.jobs))
-        drained_cpu = children_cpu()
         if postgres_baselines.raw_count_done(url) != opts.jobs:
             raise SystemExit("raw loop left jobs behind")
         empty = timed_process(argv, expect(0))
-        note_cpu((f"raw{batch}", "drain"), (cpu, drained_cpu, children_cpu()))
     return drain, empty
 
 
@@ -444,11 +409,8 @@ def pg_library(opts: Options, system: str) -> tuple[float, float, float, float]:
             if int(stdout.strip().splitlines()[-1]) != 0:
                 raise SystemExit(f"{system} left {stdout.strip()} jobs behind")
 
-        cpu = children_cpu()
         drain = timed_process(argv, expect)
-        drained_cpu = children_cpu()
         empty = timed_process(argv, expect)
-        note_cpu((system, "drain"), (cpu, drained_cpu, children_cpu()))
     return single, bulk, drain, empty
 
 
@@ -760,9 +722,6 @@ def as_json(
         else:
             figure |= {"jobs": m.jobs, "seconds": m.seconds, "jobs_per_s": m.rate}
             figure |= {"process_start_s": m.startup, "jobs_per_s_after_start": m.rate_after_start}
-            cpu = DRAIN_CPU.get((m.system, m.operation))
-            if cpu:  # net of process start: the empty-queue run's CPU is taken off
-                figure["cpu_s_per_job"] = statistics.median(cpu) / m.jobs
         figures.append(figure)
     return {
         "backend": backend,

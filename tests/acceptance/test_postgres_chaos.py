@@ -85,14 +85,11 @@ class PgWorkerLauncher(WorkerLauncher):
         netns: str | None = None,
         queues: str | None = None,
         env: dict[str, str] | None = None,
-        prefetch: int | None = None,
     ) -> WorkerProcess:
         db = url or self.url
         argv = [REPLAYQ, "--db", db, "worker", "--app", APP, "--worker-id", worker_id]
         argv += ["--concurrency", str(concurrency), "--grace", str(grace)]
         argv += ["--poll-interval", str(poll_interval)]
-        if prefetch is not None:
-            argv += ["--prefetch", str(prefetch)]
         if queues:
             argv += ["--queues", queues]
         if netns is not None:
@@ -774,23 +771,11 @@ def test_a_partitioned_host_is_fenced_and_its_jobs_finish_elsewhere_once(
             name: {SERVICE_ENV: f"http://{addr}:{service_relay.port}"}
             for name, (_, addr) in two_hosts.items()
         }
-        # Nothing leased ahead: every job a host holds is running, so its lease's age
-        # says where its handler is (a job leased ahead would look old, never started).
         cut = pg_launcher.start(
-            "host-a",
-            concurrency=4,
-            url=urls["a"],
-            netns=two_hosts["a"][0],
-            env=counter["a"],
-            prefetch=0,
+            "host-a", concurrency=4, url=urls["a"], netns=two_hosts["a"][0], env=counter["a"]
         )
         other = pg_launcher.start(
-            "host-b",
-            concurrency=4,
-            url=urls["b"],
-            netns=two_hosts["b"][0],
-            env=counter["b"],
-            prefetch=0,
+            "host-b", concurrency=4, url=urls["b"], netns=two_hosts["b"][0], env=counter["b"]
         )
 
         def held_by_a_mid_sleep() -> list[int]:

@@ -14,9 +14,7 @@ def test_sigterm_lets_the_in_flight_job_finish_within_grace(
 ) -> None:
     job_id = sleepy_app.enqueue("sleep", {"log": str(side_file), "n": 1, "seconds": 1.0})
     sleepy_app.enqueue("sleep", {"log": str(side_file), "n": 2, "seconds": 0.1})
-    # Nothing leased ahead: the second job is one the worker never held (a job leased
-    # ahead goes back at once on the signal: test_worker_batch.py).
-    worker = launcher.start("graceful", grace=10, options=("--prefetch", "0"))
+    worker = launcher.start("graceful", grace=10)
     wait_for(lambda: read_lines(side_file), timeout=20, what="the job to start")
 
     worker.signal(signal.SIGTERM)

@@ -14,7 +14,7 @@ import threading
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from replayq.errors import UnknownJobTypeError
 from replayq.model import Job
@@ -31,14 +31,6 @@ from replayq.worker.event_loop import EventLoopThread
 # Put on the work queue once per executor at shutdown: the executor ends.
 STOP = object()
 
-# Jobs leased ahead of the running ones (``Worker(prefetch=...)``); measured in
-# ``benchmarks/worker_batch.py`` (docs/benchmarks.md, "Batched claims").
-DEFAULT_PREFETCH = 1
-# How long the first ack of a group may wait for others (seconds; the heartbeat thread
-# looks every 50 ms). An executor that waits for its ack or has nothing else to run
-# commits the group at once, so an idle or synchronous worker never waits this out.
-DEFAULT_ACK_WINDOW = 0.005
-
 
 @dataclass
 class InFlight:
@@ -53,13 +45,6 @@ class InFlight:
     # Set by the heartbeat when the job was asked to stop (``App.cancel`` on a running job).
     cancel: LostFlag = field(default_factory=LostFlag)
     ctx: Context | None = None
-    # Set (under ``_inflight_lock``) when an executor takes the job up: a held job not yet
-    # started is one the worker leased ahead (``prefetch``), released at once on stop.
-    running: bool = False
-    # Set (under ``_inflight_lock``) when the stopping worker gives the unstarted job back.
-    releasing: bool = False
-    # Set when its success was handed over for a group commit, which frees the slot.
-    acking: bool = False
     # Held while the heartbeat extends this lease and while the job settles: the two
     # never interleave, so their events' clock order is their commit order.
     beat: threading.Lock = field(default_factory=threading.Lock)
@@ -85,17 +70,11 @@ class WorkerStats:
 class WorkerCore:
     """A worker's options and shared state; ``Worker`` is the whole of it."""
 
-    # Jobs leased ahead of the running ones unless ``prefetch`` says otherwise.
-    default_prefetch: ClassVar[int] = DEFAULT_PREFETCH
-    default_ack_window: ClassVar[float] = DEFAULT_ACK_WINDOW
-
     def __init__(
         self,
         app: RuntimeSource,
         *,
         concurrency: int = 1,
-        prefetch: int = DEFAULT_PREFETCH,
-        ack_window: float = DEFAULT_ACK_WINDOW,
         queues: Sequence[str] | None = None,
         burst: bool = False,
         burst_wait: float = 0.0,
@@ -109,20 +88,10 @@ class WorkerCore:
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        if prefetch < 0:
-            raise ValueError("prefetch must be 0 or more")
-        if ack_window < 0:
-            raise ValueError("ack_window must be 0 or more")
         self.runtime = app.runtime
         # Log lines are redacted with the rules of the job type they are about.
         redact_logs_with(self.runtime.redactor_for)
         self.concurrency = concurrency
-        # Leases held beyond the running jobs: the next jobs wait leased in this worker,
-        # so an executor that ends one starts the next without a round trip.
-        self.prefetch = prefetch
-        self.capacity = concurrency + prefetch
-        # The longest a success's ack waits for others to commit with (``acks.py``).
-        self.ack_window = ack_window
         self.queues = list(queues) if queues else None
         self.burst = burst
         # A burst run waits for jobs due within this many seconds (delayed, retrying).
@@ -139,20 +108,6 @@ class WorkerCore:
         # One thread leases at a time, so two threads never fill the same free slot.
         self._lease_lock = threading.Lock()
         self._work: queue.Queue[Any] = queue.Queue()
-        # Acks gathered for the next group commit (``acks.Ack``), and their signals.
-        self._acks: list[Any] = []
-        self._acks_wake = threading.Condition()
-        self._acks_flush = False
-        self._acks_stop = False
-        # Set while a thread (an executor leading a group, or the heartbeat) commits one.
-        self._acks_committing = False
-        # The group being committed.
-        self._acks_batch: list[Any] = []
-        # Executors waiting for a group to settle (``acks._lead_until``).
-        self._acks_waiters = 0
-        # Set while ``run()`` runs (its heartbeat thread commits acks nobody waits for);
-        # outside it (``execute()`` called on its own) an ack commits at once.
-        self._running_batches = False
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._force = threading.Event()
@@ -172,7 +127,7 @@ class WorkerCore:
 
     def _free_slots(self) -> int:
         with self._inflight_lock:
-            return self.capacity - len(self._inflight)
+            return self.concurrency - len(self._inflight)
 
     def _flight_of(self, job: Job) -> InFlight | None:
         """The in-flight record of this lease of ``job`` (not of a later re-lease of it)."""

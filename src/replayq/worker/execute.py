@@ -2,7 +2,7 @@
 
 An attempt builds the job's ``Context`` over a ``LiveWorld``, runs the handler
 (an ``async def`` one on the thread's own event loop) and hands the result to one
-of the outcomes; a success's ack commits in a group with others (``acks.py``).
+of the outcomes; on a busy queue a success leases the slot's next job in its ack.
 """
 
 from __future__ import annotations
@@ -39,43 +39,23 @@ class Executing(Outcomes):
     def _executor(self) -> None:
         item = self._work.get()
         while item is not STOP:
-            if self._start(item):
-                try:
-                    self._execute(item, refill=True)
-                except Exception:
-                    log.exception("worker %s: job %s could not be settled", self.worker_id, item.id)
-                finally:
-                    flight = self._flight_of(item)
-                    if flight is None or not flight.acking:  # else its group commit frees the slot
-                        self._forget(item)
+            try:
+                self._execute(item, refill=True)
+            except Exception:
+                log.exception("worker %s: job %s could not be settled", self.worker_id, item.id)
+            finally:
+                self._forget(item)
             item = self._next_work()
-
-    def _start(self, job: Job) -> bool:
-        """Take up a held job; False if it is being released (or the worker stops before
-        it started: the shutdown releases it at once)."""
-        with self._inflight_lock:
-            flight = self._flight_of(job)
-            if flight is None or flight.releasing or self._stopping.is_set():
-                return False
-            flight.running = True
-            flight.started = time.monotonic()  # the attempt's duration, not the wait before
-            return True
 
     def _next_work(self) -> Any:
         """The next job for an executor that just freed its slot.
 
-        With work queued locally (leased ahead), that. Else the gathered acks
-        commit now, and their transaction leases the slots they free; failing
-        that the executor leases for the free slots itself, so a busy queue costs
-        no thread hand-off per job (on a 2-vCPU VM each wake-up of the dispatcher
-        cost ~0.3 ms, more than the job's SQL). Only when nothing was leased is
-        the dispatcher woken (to poll, reap, or end a burst run).
+        With work queued locally, that; else the executor leases for the free
+        slots itself, so a busy queue costs no thread hand-off per job (on a
+        2-vCPU VM each wake-up of the dispatcher cost ~0.3 ms, more than the
+        job's SQL). Only when nothing was leased is the dispatcher woken (to
+        poll, reap, or end a burst run).
         """
-        try:
-            return self._work.get_nowait()
-        except queue.Empty:
-            pass
-        self._flush_acks()
         try:
             return self._work.get_nowait()
         except queue.Empty:
@@ -96,8 +76,7 @@ class Executing(Outcomes):
         self._execute(job, refill=False)
 
     def _execute(self, job: Job, *, refill: bool) -> None:
-        """``execute``; with ``refill`` (the executor loop), a success's ack may commit after
-        this returns, with others, and lease the slots they free."""
+        """``execute``; with ``refill``, a success leases this slot's next job in its ack."""
         with self.observers.attempt(job, self.worker_id):
             self._attempt(job, refill=refill)
 

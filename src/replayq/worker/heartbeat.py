@@ -11,30 +11,19 @@ from replayq.queue import lifecycle as trace
 from replayq.storage.params import CancelRequested
 from replayq.storage.protocol import LeaseExtend, Transaction
 from replayq.storage.reconnect import Backoff
-from replayq.worker.acks import Acking
-from replayq.worker.core import InFlight
+from replayq.worker.core import InFlight, WorkerCore
 
 log = logging.getLogger("replayq.worker")
 
-_NEVER = float("inf")  # the next beat of a lease never extended (heartbeat 0)
 
-
-class Heartbeat(Acking):
+class Heartbeat(WorkerCore):
     """Keep this worker's leases alive; mark a lease lost when its compare-and-set fails."""
 
     def _heartbeat(self) -> None:
         backoff = Backoff(f"worker {self.worker_id}: heartbeat")
-        while not (self._stopping.is_set() and self._free_slots() == self.capacity):
+        while not (self._stopping.is_set() and self._free_slots() == self.concurrency):
             with self._inflight_lock:
-                held = list(self._inflight.values())
-            now = time.monotonic()
-            # One beat for the whole batch held: once one lease is due, every lease that is
-            # ever extended (not a fixed visibility timeout) is extended with it.
-            due = (
-                [f for f in held if f.next_heartbeat != _NEVER]
-                if any(f.next_heartbeat <= now for f in held)
-                else []
-            )
+                due = [f for f in self._inflight.values() if f.next_heartbeat <= time.monotonic()]
             if due:
                 try:
                     self.extend_leases(due)
@@ -47,7 +36,6 @@ class Heartbeat(Acking):
                         flight.next_heartbeat = min(flight.next_heartbeat, retry_at)
                 except ReplayqError:
                     log.exception("worker %s: heartbeat failed", self.worker_id)
-            self._commit_due()  # acks whose executors went on to a job leased ahead
             time.sleep(0.05)
 
     def extend_leases(self, flights: Sequence[InFlight]) -> None:

@@ -1,8 +1,7 @@
 """Outcomes: how an attempt ends — succeeded, cancelled, failed (retried or dead), buried.
 
-Each is one write given to ``Settling._settle`` (a success: to the group commit of
-``Acking``): the job's state change (a compare-and-set on id and owner token) and
-its lifecycle events commit together.
+Each is one write given to ``Settling._settle``: the job's state change (a
+compare-and-set on id and owner token) and its lifecycle events commit together.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from replayq.errors import (
     classify,
 )
 from replayq.model import DeadReason, Job, TraceEvent
-from replayq.observe.logs import job_fields
 from replayq.queue import lifecycle as trace
 from replayq.queue.actions import release_target
 from replayq.queue.handlers import Handler
@@ -37,7 +35,8 @@ from replayq.storage.protocol import (
     TraceQuery,
     Transaction,
 )
-from replayq.worker.acks import Ack, Acking
+from replayq.worker.lease import Leasing
+from replayq.worker.settle import Settling
 
 log = logging.getLogger("replayq.worker")
 
@@ -47,7 +46,7 @@ log = logging.getLogger("replayq.worker")
 STORAGE_FAULT_RELEASES = 5
 
 
-class Outcomes(Acking):
+class Outcomes(Settling, Leasing):
     """The state machine's last step for an attempt this worker ran."""
 
     def _succeed(
@@ -57,62 +56,53 @@ class Outcomes(Acking):
         ctx: Context,
         result_json: str,
         duration: float,
-        defer: bool = False,
+        refill: bool = False,
     ) -> None:
         """Ack ``job`` with the handler's pending writes and its ``job.succeeded`` event.
 
-        The ack commits in a group with others (``acks.py``), its compare-and-set
-        first so that a lost lease writes nothing of the job. With ``defer`` (an
-        executor loop) the caller may go on before the commit, to a job leased ahead,
-        when nothing but the attempt's events is pending: no write outside steps, no
-        lock, no shadow run (a later job of this worker then never reads state older
-        than this one's), and no observer follows the attempt.
-        Otherwise this returns once the ack is settled.
+        With ``refill`` (an executor loop, the worker not stopping) the same
+        transaction leases the next job for the slot this one frees, so a busy
+        queue costs one commit per job instead of two. The lease comes after the
+        compare-and-set ack: a rejected ack rolls the refill back with it, and a
+        refill is only held (heartbeated, queued) once the transaction committed.
+        If a try committed but its reply was lost (``_settle`` then finds the ack
+        in the trace), that try's refill is not known here: it stays ``running``
+        and is reaped after its lease, like any claim whose commit reply was lost.
         """
+        leased: list[Job] = []
+        leased_at = 0.0
 
         def write(tx: Transaction) -> None:
+            nonlocal leased, leased_at
+            leased = []  # a retried write starts over; only the committed try's jobs count
             now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
+            ctx.flush(tx)
             assert job.owner_token is not None
             if not tx.job_transition(JobComplete(job.id, job.owner_token, now, result_json, hlc)):
                 raise LeaseLostError("job.succeeded")
             self.runtime.hlc.observe(hlc)
-            ctx.flush(tx)
-            tx.trace_append(
-                [
-                    trace.lifecycle(
-                        trace.JOB_SUCCEEDED,
-                        job,
-                        now=now,
-                        hlc=hlc,
-                        worker_id=self.worker_id,
-                        owner_token=job.owner_token,
-                        status="succeeded",
-                        duration=duration,
-                        version=handler.contract.version,
-                    )
-                ]
+            succeeded = trace.lifecycle(
+                trace.JOB_SUCCEEDED,
+                job,
+                now=now,
+                hlc=hlc,
+                worker_id=self.worker_id,
+                owner_token=job.owner_token,
+                status="succeeded",
+                duration=duration,
+                version=handler.contract.version,
             )
+            if refill and not self._stopping.is_set():
+                leased, leased_at = self._lease_in(tx, 1, also=[succeeded])
+            else:
+                tx.trace_append([succeeded])
 
-        def committed() -> None:
+        if self._settle(job, write, ctx):
+            # Held first: were anything below to raise, the leased job still runs.
+            self._hold(leased, leased_at)
             ctx.committed()
             self.stats.succeeded += 1
-            with job_fields(job, self.worker_id):  # maybe on another thread: the job's fields
-                log.info("job %s succeeded in %.3fs", job.id, duration)
-
-        # An observer that follows attempts (metrics, OpenTelemetry spans) sees the ack's
-        # events inside the attempt only if the executor waits for it.
-        wait = not (
-            defer
-            and not self._work.empty()  # a job leased ahead is at hand to run meanwhile
-            and not self.observers.members
-            and not ctx.pending_writes()
-            and not ctx.fences()
-            and not self.router.comparisons_for(job, handler.contract.version)
-        )
-        flight = self._flight_of(job)
-        if flight is not None:
-            flight.acking = True
-        self._ack(Ack(job, handler, ctx, duration, write, committed), wait=wait, refill=defer)
+            log.info("job %s succeeded in %.3fs", job.id, duration)
 
     def _cancel_event(
         self, tx: Transaction, job: Job, now: float, hlc: int, reason: str

@@ -1,14 +1,13 @@
 """The worker: lease, heartbeat, run, classify, retry or bury, ack after commit, reap.
 
-One dispatcher thread leases jobs in batches (up to ``concurrency + prefetch`` held
-leases: the jobs beyond the running ones wait leased in the worker) and hands them to
-``concurrency`` executor threads. The successes of several jobs commit in one
-transaction, which leases the slots they free (group commit, ``acks.py``). One
-heartbeat extends every lease held. On stop, jobs leased ahead and not started go back
-to the queue at once; running ones get the grace period. Every write about a job is a
-compare-and-set on (job id, owner token): a worker that lost its lease cannot change
-the job's state. The dispatcher also runs the scheduler of the app's periodic jobs
-(off with ``scheduler=False``, ``--no-scheduler``) between its looks for work.
+One dispatcher thread leases jobs in batches (up to the free slots) and hands
+them to ``concurrency`` executor threads; on a busy queue an executor whose job
+succeeds leases its slot's next job in the ack's own transaction (one commit per
+job). A heartbeat thread extends the lease
+of every job in flight. Every write about a job is a compare-and-set on (job
+id, owner token): a worker that lost its lease cannot change the job's state.
+The dispatcher also runs the scheduler of the app's periodic jobs (off with
+``scheduler=False``, ``--no-scheduler``) between its looks for work.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Sequence
 from types import FrameType
 
 from replayq.errors import DatabaseUnavailableError, StorageError
@@ -41,8 +39,7 @@ class Worker(Executing, Reaping, Heartbeat):
     # -- control ----------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop leasing; jobs not started are released at once, running ones get
-        ``grace_period`` to finish, then are released."""
+        """Stop leasing; in-flight jobs get ``grace_period`` to finish, then are released."""
         if self._stopping.is_set():
             self._force.set()
         else:
@@ -68,7 +65,6 @@ class Worker(Executing, Reaping, Heartbeat):
         heartbeat = threading.Thread(target=self._heartbeat, name="replayq-heartbeat", daemon=True)
         if self.observers.members:
             self.runtime.add_tap(self.observers.events)
-        self._running_batches = True
         for thread in [*executors, heartbeat]:
             thread.start()
         # Optional storage capability: backends that push wake-ups (PostgreSQL LISTEN).
@@ -131,7 +127,7 @@ class Worker(Executing, Reaping, Heartbeat):
             backoff.reset()
             if jobs:
                 continue
-            if self.burst and free == self.capacity and self._burst_done(now):
+            if self.burst and free == self.concurrency and self._burst_done(now):
                 return
             wait = self.poll_interval
             if self.scheduler is not None:
@@ -161,73 +157,49 @@ class Worker(Executing, Reaping, Heartbeat):
         # From the signal, not from here: the dispatcher may have spent a moment ending an
         # outage wait, and the grace is what an operator's process supervisor counts.
         deadline = (self._stop_requested or time.monotonic()) + self.grace_period
-        # A burst run ends here unasked: from now on no thread leases or starts a job.
-        self._stopping.set()
-        # Jobs leased ahead and not started go back at once: another worker runs them now,
-        # not after this one's grace (an executor that frees its slot starts none of them).
-        self._release_unstarted()
-        while self._free_slots() < self.capacity and time.monotonic() < deadline:
+        while self._free_slots() < self.concurrency and time.monotonic() < deadline:
             if self._force.is_set():
                 break
             time.sleep(0.05)
-            self._release_unstarted()
         self._force.set()  # settles still retrying against a dead database give up now
-        self._flush_acks()  # what the grace left gathered (given up at once if unreachable)
-        self._running_batches = False
         with self._inflight_lock:
-            leftovers = [f.job for f in self._inflight.values() if not f.releasing]
-        self._release(leftovers, "worker shut down before the job finished")
+            leftovers = list(self._inflight.values())
+        for index, flight in enumerate(leftovers):
+            try:
+                self._release(flight.job)
+            except StorageError as exc:
+                log.warning(
+                    "worker %s: could not release job %s (%s); it is reaped after its lease",
+                    self.worker_id,
+                    flight.job.id,
+                    exc,
+                )
+                if isinstance(exc, DatabaseUnavailableError):
+                    # The database is gone: don't wait on it once per job. The rest are
+                    # reaped after their leases too.
+                    rest = [f.job.id for f in leftovers[index + 1 :]]
+                    if rest:
+                        log.warning("worker %s: jobs %s not released", self.worker_id, rest)
+                    break
         for _ in executors:
             self._work.put(STOP)
-        # Idle executors end at once; one still in a handler past the grace is left behind
-        # (its settle is fenced). None is left using storage the caller may close next.
-        joined_by = time.monotonic() + 1.0
-        for thread in executors:
-            thread.join(max(0.0, joined_by - time.monotonic()))
 
-    def _release_unstarted(self) -> None:
-        with self._inflight_lock:
-            unstarted = [f for f in self._inflight.values() if not (f.running or f.releasing)]
-            for flight in unstarted:
-                flight.releasing = True
-        if unstarted:
-            self._release([f.job for f in unstarted], "worker stopped before the job started")
-            for flight in unstarted:
-                self._forget(flight.job)
-
-    def _release(self, jobs: Sequence[Job], reason: str) -> None:
-        """Give ``jobs`` back to the queue in one transaction, each with ``lease.released``.
-
-        If the database refuses, they stay ``running`` and are reaped after their lease.
-        """
-        if not jobs:
-            return
-        now = self.runtime.clock.now()
-        try:
-            with self.runtime.storage.transaction() as tx:
-                released = []
-                for job in jobs:
-                    assert job.owner_token is not None
-                    hlc = self.runtime.hlc.tick()
-                    if tx.job_transition(LeaseRelease(job.id, job.owner_token, now, hlc)):
-                        released.append(
-                            trace.lifecycle(
-                                trace.LEASE_RELEASED,
-                                job,
-                                now=now,
-                                hlc=hlc,
-                                worker_id=self.worker_id,
-                                status="queued",
-                                reason=reason,
-                            )
+    def _release(self, job: Job) -> None:
+        now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
+        assert job.owner_token is not None
+        with self.runtime.storage.transaction() as tx:
+            if tx.job_transition(LeaseRelease(job.id, job.owner_token, now, hlc)):
+                tx.trace_append(
+                    [
+                        trace.lifecycle(
+                            trace.LEASE_RELEASED,
+                            job,
+                            now=now,
+                            hlc=hlc,
+                            worker_id=self.worker_id,
+                            status="queued",
+                            reason="worker shut down before the job finished",
                         )
-                tx.trace_append(released)
-        except StorageError as exc:
-            log.warning(
-                "worker %s: could not release jobs %s (%s); they are reaped after their lease",
-                self.worker_id,
-                [job.id for job in jobs],
-                exc,
-            )
-            return
-        self.stats.released += len(released)
+                    ]
+                )
+                self.stats.released += 1

@@ -25,9 +25,7 @@ _SETTLE_STORAGE_TRIES = 5
 class Settling(WorkerCore):
     """Run a settle's write once, whatever the database does meanwhile."""
 
-    def _settle(
-        self, job: Job, write: Any, ctx: Context | None = None, *, outcome_unknown: bool = False
-    ) -> bool:
+    def _settle(self, job: Job, write: Any, ctx: Context | None = None) -> bool:
         """Run ``write(tx)`` in one transaction; a lost lease rolls it all back and is traced.
 
         On a lost lease the attempt's domain events are still kept (the record of
@@ -35,10 +33,10 @@ class Settling(WorkerCore):
         unreachable the write is retried with backoff: it is a compare-and-set on
         the owner token, so a retry after the lease was reaped is rejected, never
         applied. At the end of the shutdown grace it gives up; the job, still
-        ``running``, is reaped after its lease. ``outcome_unknown``: an earlier
-        transaction carrying this write (a group commit) may have committed.
+        ``running``, is reaped after its lease.
         """
         backoff = Backoff(f"worker {self.worker_id}: settle job {job.id}")
+        outcome_unknown = False
         failures = 0
         while True:
             try:

@@ -32,18 +32,17 @@ Known limits, up front:
   capability a worker checks for with ``isinstance``; SQLite has none and polls.
   The channel is per database, not per schema: installations in sibling schemas
   wake each other's workers needlessly (harmless, one empty lease each).
-* Connections: a ``ConnectionPool`` of ``?pool_size=`` connections (default 4) per
-  ``PostgresStorage``; a worker uses one for the dispatcher, one for heartbeats
-  (and the group commits of acks nobody waits for) and one per executor while it
-  commits a step, leads a group commit or settles a failure, so give it
-  ``concurrency + 2`` to never wait. A connection broken
-  by a server restart fails the call it is in (``DatabaseUnavailableError``) and is
-  replaced by the pool; callers retry (``storage/reconnect.py``). An idle pooled
-  connection whose session was killed is noticed at checkout without a round trip: its
-  socket is readable (the server's FATAL message, then EOF), which an idle
-  connection's never is. Once a call has found the database gone, a checkout waits
-  ``OUTAGE_WAIT``, not ``pool_timeout``, until the pool connects again: callers retry
-  with their own backoff, and a worker told to stop in an outage is not held for 30 s.
+* Connections: a ``ConnectionPool`` of ``?pool_size=`` connections (default 4)
+  per ``PostgresStorage``; a worker uses one for the dispatcher, one for heartbeats
+  and one per executor while it settles a job, so give it ``concurrency + 2`` to
+  never wait. A connection broken by a server restart fails the call it is in
+  (``DatabaseUnavailableError``) and is replaced by the pool; callers retry
+  (``storage/reconnect.py``). An idle pooled connection whose session was killed
+  is noticed at checkout without a round trip: its socket is readable (the
+  server's FATAL message, then EOF), which an idle connection's never is. Once a
+  call has found the database gone, a checkout waits ``OUTAGE_WAIT``, not
+  ``pool_timeout``, until the pool connects again: callers retry with their own
+  backoff, and a worker told to stop in an outage is not held for 30 s.
 * A worker frozen inside a transaction (SIGSTOP, a paused VM) holds its job row
   ``FOR SHARE`` (the fencing check), and the reaper skips locked rows. Pooled
   sessions therefore set ``idle_in_transaction_session_timeout``
