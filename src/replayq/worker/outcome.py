@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import traceback
 from collections.abc import Sequence
+from typing import Any
 
 from replayq.errors import (
     DatabaseUnavailableError,
@@ -204,23 +205,10 @@ class Outcomes(Settling, Leasing):
             if earlier >= STORAGE_FAULT_RELEASES:
                 again = True
                 return
-            now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
-            assert job.owner_token is not None
             ctx.flush(tx, failed=True)
-            if not tx.job_transition(LeaseRelease(job.id, job.owner_token, now, hlc)):
+            reason = "the queue's database was unavailable during the attempt"
+            if not self._release_in(tx, job, reason, storage_fault=cause):
                 raise LeaseLostError("lease.released")
-            released = trace.lifecycle(
-                trace.LEASE_RELEASED,
-                job,
-                now=now,
-                hlc=hlc,
-                worker_id=self.worker_id,
-                status="queued",
-                reason="the queue's database was unavailable during the attempt",
-                storage_fault=cause,
-                owner_token=job.owner_token,
-            )
-            tx.trace_append([released])
 
         if not self._settle(job, write, ctx):
             return
@@ -235,6 +223,27 @@ class Outcomes(Settling, Leasing):
             job.id,
             cause,
         )
+
+    def _release_in(self, tx: Transaction, job: Job, reason: str, **data: Any) -> bool:
+        """Give ``job`` back to the queue inside ``tx`` (its attempt budget intact) with its
+        ``lease.released`` event; ``False`` if this worker no longer holds the lease."""
+        now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
+        assert job.owner_token is not None
+        if not tx.job_transition(LeaseRelease(job.id, job.owner_token, now, hlc)):
+            return False
+        released = trace.lifecycle(
+            trace.LEASE_RELEASED,
+            job,
+            now=now,
+            hlc=hlc,
+            worker_id=self.worker_id,
+            status="queued",
+            reason=reason,
+            owner_token=job.owner_token,
+            **data,
+        )
+        tx.trace_append([released])
+        return True
 
     def _fail(
         self, job: Job, handler: Handler, ctx: Context, exc: Exception, duration: float

@@ -20,9 +20,8 @@ from types import FrameType
 
 from replayq.errors import DatabaseUnavailableError, StorageError
 from replayq.model import Job
-from replayq.queue import lifecycle as trace
 from replayq.queue.catalog import register_contracts
-from replayq.storage.protocol import LeaseRelease, Listener
+from replayq.storage.protocol import Listener
 from replayq.storage.reconnect import Backoff
 from replayq.storage.reports import JobsScheduled
 from replayq.worker.core import STOP, WorkerStats
@@ -185,21 +184,6 @@ class Worker(Executing, Reaping, Heartbeat):
             self._work.put(STOP)
 
     def _release(self, job: Job) -> None:
-        now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
-        assert job.owner_token is not None
         with self.runtime.storage.transaction() as tx:
-            if tx.job_transition(LeaseRelease(job.id, job.owner_token, now, hlc)):
-                tx.trace_append(
-                    [
-                        trace.lifecycle(
-                            trace.LEASE_RELEASED,
-                            job,
-                            now=now,
-                            hlc=hlc,
-                            worker_id=self.worker_id,
-                            status="queued",
-                            reason="worker shut down before the job finished",
-                        )
-                    ]
-                )
+            if self._release_in(tx, job, "worker shut down before the job finished"):
                 self.stats.released += 1
