@@ -404,3 +404,29 @@ def test_one_heartbeat_statement_extends_every_held_lease_and_only_the_lost_one_
     assert [e.name for e in app.trace(ids[0])][-1] == "lease.lost"
     assert [e.name for e in app.trace(ids[1])][-2:] == ["lease.extended", "lease.extended"]
     assert app.get_job(ids[2]).lease_deadline == pytest.approx(clock.now() + 10)
+
+
+def test_a_burst_run_leaves_no_heartbeat_thread_behind(
+    app_factory: Callable[..., replayq.App],
+) -> None:
+    import threading
+    import time
+
+    app = app_factory()
+    app.job("noop")(lambda ctx: None)
+    before = {t.ident for t in threading.enumerate() if t.name == "replayq-heartbeat"}
+    for _ in range(3):
+        app.enqueue("noop")
+        replayq.Worker(app, burst=True, poll_interval=0.01).run()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        left = [
+            t
+            for t in threading.enumerate()
+            if t.name == "replayq-heartbeat" and t.ident not in before
+        ]
+        if not left:
+            break
+        time.sleep(0.05)
+    assert left == [], "each burst run's heartbeat thread ended with it"
+    assert app.count_jobs(states=["succeeded"]) == 3

@@ -111,6 +111,10 @@ class WorkerCore:
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._force = threading.Event()
+        # Set when ``run`` returns (a burst run ends without a stop): the heartbeat ends too.
+        self._ended = threading.Event()
+        # Wakes the heartbeat thread early: a new lease, the worker's end.
+        self._beat_wake = threading.Event()
         # Every async handler of this worker runs on this one loop (started on first use).
         self.event_loop = EventLoopThread(f"replayq-async-{self.worker_id}")
         self._next_reap = 0.0

@@ -15,13 +15,23 @@ from replayq.worker.core import InFlight, WorkerCore
 
 log = logging.getLogger("replayq.worker")
 
+# The heartbeat thread's longest sleep with nothing due, and its shortest between beats.
+IDLE_WAKE = 1.0
+MIN_WAKE = 0.05
+
 
 class Heartbeat(WorkerCore):
     """Keep this worker's leases alive; mark a lease lost when its compare-and-set fails."""
 
     def _heartbeat(self) -> None:
+        """Beat when a lease needs it, and only then: the thread sleeps until the next
+        flight's beat is due (at most ``IDLE_WAKE`` seconds; a new lease or the worker's
+        end wakes it sooner), not on a fixed tick."""
         backoff = Backoff(f"worker {self.worker_id}: heartbeat")
-        while not (self._stopping.is_set() and self._free_slots() == self.concurrency):
+        while not (
+            (self._stopping.is_set() or self._ended.is_set())
+            and self._free_slots() == self.concurrency
+        ):
             with self._inflight_lock:
                 due = [f for f in self._inflight.values() if f.next_heartbeat <= time.monotonic()]
             if due:
@@ -36,7 +46,13 @@ class Heartbeat(WorkerCore):
                         flight.next_heartbeat = min(flight.next_heartbeat, retry_at)
                 except ReplayqError:
                     log.exception("worker %s: heartbeat failed", self.worker_id)
-            time.sleep(0.05)
+            with self._inflight_lock:
+                upcoming = min((f.next_heartbeat for f in self._inflight.values()), default=None)
+            wait = IDLE_WAKE if upcoming is None else upcoming - time.monotonic()
+            # At least MIN_WAKE: a beat that failed (or is skipped while its job settles)
+            # is tried again on the old tick, never in a busy loop.
+            self._beat_wake.wait(min(max(wait, MIN_WAKE), IDLE_WAKE))
+            self._beat_wake.clear()
 
     def extend_leases(self, flights: Sequence[InFlight]) -> None:
         """Extend the given leases; a failed compare-and-set marks the lease lost.

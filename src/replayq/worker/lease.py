@@ -113,4 +113,6 @@ class Leasing(WorkerCore):
                 )
             self.observers.job_seen(job)
             self._work.put(job)
+        if jobs:
+            self._beat_wake.set()  # the heartbeat sleeps until a beat is due: count these
         self.stats.leased += len(jobs)

@@ -45,6 +45,7 @@ class Worker(Executing, Reaping, Heartbeat):
             self._stop_requested = time.monotonic()  # the grace period counts from here
         self._stopping.set()
         self._wake.set()
+        self._beat_wake.set()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         log.info("worker %s: signal %s, shutting down", self.worker_id, signum)
@@ -57,6 +58,7 @@ class Worker(Executing, Reaping, Heartbeat):
             signal.signal(signal.SIGINT, self._on_signal)
         if not self._register_contracts():
             return self.stats
+        self._ended.clear()
         executors = [
             threading.Thread(target=self._executor, name=f"replayq-exec-{i}", daemon=True)
             for i in range(self.concurrency)
@@ -75,6 +77,10 @@ class Worker(Executing, Reaping, Heartbeat):
             if self.notifier is not None:
                 self.notifier.close()
             self._shutdown(executors)
+            # A burst run ends without a stop: its heartbeat thread ends with it (at once
+            # when nothing is in flight; after the last executor otherwise).
+            self._ended.set()
+            self._beat_wake.set()
             self.event_loop.close()
             if self.observers.members:
                 self.runtime.remove_tap(self.observers.events)
