@@ -236,13 +236,9 @@ class Transaction(Protocol):
 
     # -- jobs -------------------------------------------------------------------------------
 
-    @overload
-    def job_insert(self, params: JobInsert) -> tuple[int, bool]: ...
-    @overload
-    def job_insert(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]: ...
-    def job_insert(self, params: JobInsert | Sequence[JobInsert]) -> Any:
-        """Insert a job; on a duplicate ``message_id`` return ``(existing_id, False)``. A
-        sequence: all in its order (one statement on PostgreSQL), one pair each."""
+    def job_insert(self, params: JobInsert) -> tuple[int, bool]:
+        """Insert a job; on a duplicate ``message_id`` return ``(existing_id, False)``.
+        Many jobs, with their first trace packs: ``job_enqueue``."""
         ...
 
     def job_enqueue(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Mapping, Sequence
-from typing import Any, overload
+from typing import Any
 
 from replayq import codec
 from replayq.errors import ConfigurationError
@@ -208,20 +208,8 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
 
     # -- jobs -------------------------------------------------------------------------------
 
-    @overload
-    def job_insert(self, params: JobInsert) -> tuple[int, bool]: ...
-    @overload
-    def job_insert(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]: ...
-    def job_insert(
-        self, params: JobInsert | Sequence[JobInsert]
-    ) -> tuple[int, bool] | list[tuple[int, bool]]:
-        if isinstance(params, JobInsert):
-            return self._job_insert_one(params)
-        return self._job_insert_many(params)
-
-    def _job_insert_many(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]:
-        """One insert each (SQLite: each is an in-process call, no round trip)."""
-        return [self._job_insert_one(p) for p in params]
+    def job_insert(self, params: JobInsert) -> tuple[int, bool]:
+        return self._job_insert_one(params)
 
     def job_enqueue(
         self, params: Sequence[JobInsert], events: Sequence[TraceEvent]
@@ -232,7 +220,7 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
         Here every job insert is its own statement (on SQLite an in-process call, no
         round trip) and all the packs go in one multi-row insert (``_packs_inserted``).
         """
-        inserted = self._job_insert_many(params)
+        inserted = [self._job_insert_one(p) for p in params]
         written = [
             with_job_id(event, job_id)
             for event, (job_id, created) in zip(events, inserted, strict=True)

@@ -260,28 +260,6 @@ class PostgresTransaction(SqlTransaction):
         # (FOR UPDATE SKIP LOCKED) committed before, or skips the job and then sees the pin.
         self.execute("ledger_unmove", {"job_id": job_id})
 
-    def _job_insert_many(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]:
-        """All in one ``INSERT ... SELECT FROM unnest(...)``; duplicates looked up after."""
-        if not params:
-            return []
-        columns = [f.name for f in dataclasses.fields(JobInsert)]
-        rows = self.fetchall(
-            "job_insert_many",
-            {name: [getattr(p, name) for p in params] for name in columns},
-        )
-        inserted = {row["trace_id"]: int(row["id"]) for row in rows}
-        found: list[tuple[int, bool]] = []
-        for p in params:
-            job_id = inserted.get(p.trace_id)
-            if job_id is not None:
-                found.append((job_id, True))
-                continue
-            existing = self.fetchone(
-                "job_by_message_id", {"job_type": p.job_type, "message_id": p.message_id}
-            )
-            found.append((int(existing["id"]), False))
-        return found
-
     def job_enqueue(
         self, params: Sequence[JobInsert], events: Sequence[TraceEvent]
     ) -> list[tuple[int, bool]]:

@@ -22,44 +22,12 @@ WITH inserted AS (
 SELECT id, CASE WHEN run_at <= %(now)s THEN pg_notify('replayq_jobs', queue) END AS woke
 FROM inserted;
 
--- name: job_insert_many
--- job_insert for many jobs in one statement (enqueue_many): one array per column, rows
--- inserted in the order given (so ids, and per-key FIFO, follow it). A duplicate
--- message_id (an existing job's, or an earlier row's of the same batch) inserts nothing
--- and returns no row; the caller finds the job it names. Each row's trace_id is new, so
--- the caller maps the returned ids back to its rows by it.
-WITH given AS (
-    SELECT * FROM unnest(
-        %(job_type)s::text[], %(queue)s::text[], %(payload_json)s::text[], %(priority)s::integer[],
-        %(run_at)s::float8[], %(now)s::float8[], %(max_attempts)s::integer[],
-        %(trace_id)s::text[], %(message_id)s::text[], %(ordering_key)s::text[],
-        %(idempotency_key)s::text[], %(handler_version)s::text[], %(hlc)s::bigint[],
-        %(correlation_id)s::text[], %(causation_id)s::text[], %(origin)s::text[],
-        %(trace_context)s::text[])
-    WITH ORDINALITY AS g(job_type, queue, payload, priority, run_at, created_at, max_attempts,
-                         trace_id, message_id, ordering_key, idempotency_key, handler_version,
-                         hlc, correlation_id, causation_id, origin, trace_context, n)
-), inserted AS (
-    INSERT INTO rq_jobs (job_type, queue, payload, state, priority, run_at, created_at,
-                         max_attempts, trace_id, message_id, ordering_key, idempotency_key,
-                         handler_version, hlc, correlation_id, causation_id, origin,
-                         trace_context)
-    SELECT job_type, queue, payload, 'queued', priority, run_at, created_at, max_attempts,
-           trace_id, message_id, ordering_key, idempotency_key, handler_version, hlc,
-           correlation_id, causation_id, origin, trace_context
-    FROM given ORDER BY n
-    ON CONFLICT (job_type, message_id) DO NOTHING
-    RETURNING id, trace_id, queue, run_at, created_at
-)
--- The wake-up as job_insert sends it (identical notifications fold into one at commit).
-SELECT id, trace_id,
-       CASE WHEN run_at <= created_at THEN pg_notify('replayq_jobs', queue) END AS woke
-FROM inserted;
-
 -- name: job_enqueue
--- job_insert_many and each inserted job's first trace pack (its job.enqueued event) in
--- one statement: the packs are given by trace_id (each row's is new) and take the job
--- id the insert returns. A duplicate message_id inserts neither the job nor its pack.
+-- Many jobs (enqueue_many) and each inserted job's first trace pack (its job.enqueued
+-- event) in one statement: one array per column, rows inserted in the order given (so
+-- ids, and per-key FIFO, follow it); the packs are given by trace_id (each row's is new)
+-- and take the job id the insert returns. A duplicate message_id (an existing job's, or
+-- an earlier row's of the same batch) inserts neither the job nor its pack.
 -- The arrays are sent in binary (%(x)b): the text form escapes every element.
 WITH given AS (
     SELECT * FROM unnest(
