@@ -145,15 +145,15 @@ class Recorder:
         **data: Any,
     ) -> TraceEvent:
         """Record a domain event; it commits with the step (or the ack)."""
-        event = self._event(
+        event = self.event(
             name,
-            self.redactor.value(data),
-            status,
-            resource,
-            resource_version,
-            side_effect,
-            output_ref,
-            hlc,
+            status=status,
+            resource=resource,
+            resource_version=resource_version,
+            side_effect=side_effect,
+            output_ref=output_ref,
+            hlc=hlc,
+            **data,
         )
         self._pending.events.append(event)
         return event
