@@ -33,6 +33,13 @@ FIRST_DELAY = 0.05
 MAX_DELAY = 2.0
 
 
+def cause_of(exc: BaseException) -> str:
+    """The first line of ``exc``'s message (its class name if it has none): the cause
+    an outage is logged and traced under."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class Backoff:
     """Delays of ``first · 2ⁿ`` capped at ``cap``, jittered; ``reset()`` after a success."""
 
@@ -56,7 +63,7 @@ class Backoff:
         self.failures += 1
         # Jitter keeps a fleet of workers from reconnecting in lock step after a restart.
         delay = random.uniform(ceiling / 2, ceiling)
-        cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        cause = cause_of(exc)
         if cause != self._cause:
             log.warning(
                 "%s: database unavailable (%s); retrying with backoff (at most %.0fs apart) "

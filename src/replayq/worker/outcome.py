@@ -36,6 +36,7 @@ from replayq.storage.protocol import (
     TraceQuery,
     Transaction,
 )
+from replayq.storage.reconnect import cause_of
 from replayq.worker.lease import Leasing
 from replayq.worker.settle import Settling
 
@@ -192,7 +193,7 @@ class Outcomes(Settling, Leasing):
         committed steps kept, so the next attempt resumes after them and an effect
         already recorded is not run again. ``lease.released`` says why."""
         ctx.discard_writes()
-        cause = str(fault).strip().splitlines()[0] if str(fault).strip() else type(fault).__name__
+        cause = cause_of(fault)
         again = False
 
         def write(tx: Transaction) -> None:
