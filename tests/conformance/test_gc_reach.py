@@ -377,38 +377,47 @@ def test_message_id_dedup_is_per_job_type(app_factory: AppFactory) -> None:
     assert many[0] != many[1] and many[1] == many[2]
 
 
-def test_a_hold_and_a_trim_of_the_same_job_are_ordered(app_factory: AppFactory) -> None:
+@pytest.mark.parametrize("protect", ["hold", "pin"])
+def test_a_hold_or_a_pin_and_a_trim_of_the_same_job_are_ordered(
+    app_factory: AppFactory, protect: str
+) -> None:
+    """A fork's hold or a ``keep`` pin that comes while gc's batch trims the job waits for
+    gc to commit; once it is in, the changes gc had planned for the job apply nothing."""
     clock = replayq.FrozenClock(START)
     app = retained.declare(app_factory(clock=clock, retention=retained.RETENTION))
     job = replayq.testing.run_inline(app, "credit", {"account": "a", "amount": 1})
     before = app.trace(job.id)
     clock.advance(2 * DAY)
     now = clock.now()
-    trimming, held = threading.Event(), threading.Event()
+    trimming, protected = threading.Event(), threading.Event()
 
-    def hold() -> None:
+    def protect_job() -> None:
         assert trimming.wait(30)
-        with app.storage.transaction() as tx:
-            tx.keep_transition(KeepHold("fork-late", job.id, now + 60))
-        held.set()
+        if protect == "hold":
+            with app.storage.transaction() as tx:
+                tx.keep_transition(KeepHold("fork-late", job.id, now + 60))
+        else:
+            app.keep(job.id, "incident 9")
+        protected.set()
 
-    fork_thread = threading.Thread(target=hold)
-    fork_thread.start()
-    # gc's batch trims the job and has not committed yet: the hold waits for it.
+    other = threading.Thread(target=protect_job)
+    other.start()
+    # gc's batch trims the job and has not committed yet: the hold or pin waits for it.
     with app.storage.transaction() as tx:
         assert tx.gc_apply(TraceTrim([job.id], to_ledger, now)) > 0
         trimming.set()
-        assert not held.wait(0.5), "the hold waited for gc's transaction"
-    fork_thread.join(30)
-    assert held.is_set()
+        assert not protected.wait(0.5), f"the {protect} waited for gc's transaction"
+    other.join(30)
+    assert protected.is_set()
     assert shape(app.trace(job.id)) == shape([e for e in before if in_ledger(e)])
 
-    # Now held: gc's changes of that job apply nothing.
+    # Now held or pinned (after gc scanned it): gc's changes of that job apply nothing.
     with app.storage.transaction() as tx:
         assert tx.gc_apply(TraceTrim([job.id], lambda events: [], now)) == 0
         assert tx.gc_apply(JobPurge([job.id], now)) == 0
     assert app.get_job(job.id).state is replayq.JobState.SUCCEEDED
     assert app.trace(job.id), "nothing trimmed while held"
+    assert shape(app.trace(job.id)) == shape([e for e in before if in_ledger(e)])
 
 
 def test_a_version_whose_contract_sets_no_retention_gets_the_apps(
@@ -424,37 +433,3 @@ def test_a_version_whose_contract_sets_no_retention_gets_the_apps(
     assert policy.of("credit", "v2").full_days == 1
     assert policy.of("credit", "gone").full_days == 1, "an undeclared version: the active one's"
     assert policy.shortest_full_days() == 1
-
-
-def test_a_pin_and_a_trim_of_the_same_job_are_ordered_and_a_pin_after_the_scan_is_seen(
-    app_factory: AppFactory,
-) -> None:
-    clock = replayq.FrozenClock(START)
-    app = retained.declare(app_factory(clock=clock, retention=retained.RETENTION))
-    job = replayq.testing.run_inline(app, "credit", {"account": "a", "amount": 1})
-    before = app.trace(job.id)
-    clock.advance(2 * DAY)
-    now = clock.now()
-    trimming, pinned = threading.Event(), threading.Event()
-
-    def pin() -> None:
-        assert trimming.wait(30)
-        app.keep(job.id, "incident 9")
-        pinned.set()
-
-    pin_thread = threading.Thread(target=pin)
-    pin_thread.start()
-    # gc's batch trims the job and has not committed yet: the pin waits for it.
-    with app.storage.transaction() as tx:
-        assert tx.gc_apply(TraceTrim([job.id], to_ledger, now)) > 0
-        trimming.set()
-        assert not pinned.wait(0.5), "the pin waited for gc's transaction"
-    pin_thread.join(30)
-    assert pinned.is_set()
-
-    # Pinned after gc scanned it: the changes gc had planned for it apply nothing.
-    with app.storage.transaction() as tx:
-        assert tx.gc_apply(TraceTrim([job.id], lambda events: [], now)) == 0
-        assert tx.gc_apply(JobPurge([job.id], now)) == 0
-    assert app.get_job(job.id).state is replayq.JobState.SUCCEEDED
-    assert shape(app.trace(job.id)) == shape([e for e in before if in_ledger(e)])
