@@ -107,6 +107,10 @@ class DatabaseUnavailableError(StorageError):
     """The database file or server cannot be opened or reached."""
 
 
+# The same class under the name an operator may look for: "storage unavailable" (exit 3).
+StorageUnavailableError = DatabaseUnavailableError
+
+
 class SchemaError(StorageError):
     """The schema is missing, or newer than this version of replayq understands."""
 

@@ -271,7 +271,7 @@ def test_a_full_disk_is_waited_out_and_the_worker_resumes_when_space_is_freed(
                 pass
         hold.unlink()
         # Enqueue on a full disk: the cause is named, never masked by a failed ROLLBACK.
-        with pytest.raises(replayq.DatabaseUnavailableError, match="full") as info:
+        with pytest.raises(replayq.StorageUnavailableError, match="full") as info:
             for n in range(total, total + 100_000):
                 ids.append(app.enqueue("deliver", {"n": n, "sink": str(sink)}))
         assert "cannot rollback" not in str(info.value)
