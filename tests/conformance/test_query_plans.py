@@ -52,6 +52,11 @@ _JOB_ROW = """
 _JOB_COLUMNS = """(job_type, queue, payload, state, priority, run_at, created_at, attempt,
     max_attempts, trace_id, message_id, ordering_key, worker_id, handler_version, hlc,
     owner_token, lease_deadline, finished_at, dead_reason)"""
+# One settled effect record per 10 jobs: gc purges them by job id (idem_purge).
+_IDEMPOTENCY = """INSERT INTO rq_idempotency (key, operation, status, claim_token, started_at,
+    completed_at, trace_id, job_id, attempt)
+    SELECT 'effect-' || id, 'charge', 'succeeded', 'claim-' || id, created_at, finished_at,
+        trace_id, id, 1 FROM rq_jobs WHERE id % 10 = 0 AND finished_at IS NOT NULL"""
 _TRACE = """INSERT INTO rq_trace (trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events)
     SELECT trace_id, id, 1, worker_id, hlc, hlc + 3, created_at, '[]' FROM rq_jobs"""
 
@@ -62,11 +67,13 @@ HISTORY_SQL = {
     "sqlite": [
         _GENERATE + f" INSERT INTO rq_jobs {_JOB_COLUMNS} SELECT {_JOB_ROW} FROM g",  # noqa: S608
         _TRACE,
+        _IDEMPOTENCY,
     ],
     "postgresql": [
         f"INSERT INTO rq_jobs {_JOB_COLUMNS} SELECT {_PG_JOB_ROW}"  # noqa: S608
         " FROM generate_series(1, %(history)s) AS g(n)",
         _TRACE,
+        _IDEMPOTENCY.replace(" % ", " %% "),
     ],
 }
 
@@ -153,6 +160,8 @@ GC_QUERIES: list[tuple[str, dict[str, Any]]] = [
     ("jobs_trace_delete", _IDS),
     ("jobs_delete", _IDS),
     ("gc_trace_derived", {"trace_id": "trace-50001"}),
+    ("idem_purge", {"job_ids": _BATCH}),
+    ("job_message_forget", {"job_ids": _BATCH}),
 ]
 
 # A scan is allowed only over the partial indexes of live (or failed) jobs, whose size is
@@ -166,7 +175,7 @@ LIVE_INDEXES = {
     "rq_jobs_failed",
 }
 SQLITE_SCAN = re.compile(r"\bSCAN (\w+)(?: USING (?:COVERING )?INDEX (\w+))?")
-HISTORY_TABLES = {"rq_jobs", "j", "k", "r", "rq_trace", "rq_trace_resources"}
+HISTORY_TABLES = {"rq_jobs", "j", "k", "r", "rq_trace", "rq_trace_resources", "rq_idempotency"}
 
 
 def history(app: replayq.App) -> None:
@@ -215,7 +224,7 @@ def full_scans(dialect: str, plan: str) -> list[str]:
             # A range on the id with no other bound walks the history down from the top.
             if (whole and match[2] not in LIVE_INDEXES) or "PRIMARY KEY (rowid<?)" in line:
                 found.append(line)
-        elif re.search(r"Seq Scan on (rq_jobs|rq_trace)\b", line):
+        elif re.search(r"Seq Scan on (rq_jobs|rq_trace|rq_idempotency)\b", line):
             found.append(line)
         elif re.search(r"Index (Only )?Scan (Backward )?using (\w+)", line):
             index = re.search(r"using (\w+)", line)
@@ -251,6 +260,7 @@ def test_every_worker_and_list_query_uses_an_index_at_100k_jobs_of_history(
     with app.storage.transaction() as tx:
         tx.connection.execute("ANALYZE rq_jobs")
         tx.connection.execute("ANALYZE rq_trace")
+        tx.connection.execute("ANALYZE rq_idempotency")
     checked(app)
 
 

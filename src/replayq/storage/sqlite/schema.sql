@@ -326,3 +326,5 @@ CREATE INDEX rq_jobs_finished ON rq_jobs (finished_at) WHERE finished_at IS NOT 
 CREATE UNIQUE INDEX rq_jobs_message ON rq_jobs (job_type, message_id);
 
 CREATE INDEX rq_jobs_failed ON rq_jobs (state, id) WHERE state IN ('dead', 'cancelled');
+
+CREATE INDEX rq_idempotency_job ON rq_idempotency (job_id);
