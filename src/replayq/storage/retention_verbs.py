@@ -129,8 +129,9 @@ class RetentionVerbs:
         if isinstance(change, JobPurge):
             return self._purge(change)
         if isinstance(change, IdemPurge):
-            values = {"job_ids": self.list_param(list(change.job_ids))}
-            return int(self.execute("idem_purge", values).rowcount)
+            if not change.job_ids:
+                return 0
+            return int(self.execute("idem_purge", self._id_list(change.job_ids)).rowcount)
         if isinstance(change, MessageIdForget):
             values = {"job_ids": self.list_param(list(change.job_ids))}
             return int(self.execute("job_message_forget", values).rowcount)

@@ -187,7 +187,10 @@ DELETE FROM rq_jobs WHERE id = ANY(%(job_ids)s::bigint[]);
 
 -- name: idem_purge
 -- These jobs' settled idempotency records (their effect keys may run again afterwards).
-DELETE FROM rq_idempotency WHERE job_id = ANY(%(job_ids)s::bigint[]) AND status <> 'started';
+-- rq_idempotency_job; the range: as in gc_trace_for_jobs (a plan without statistics).
+DELETE FROM rq_idempotency
+WHERE job_id BETWEEN %(low)s::bigint AND %(high)s::bigint AND job_id = ANY(%(job_ids)s::bigint[])
+  AND status <> 'started';
 
 -- name: job_message_forget
 UPDATE rq_jobs SET message_id = NULL WHERE id = ANY(%(job_ids)s::bigint[]) AND message_id IS NOT NULL;

@@ -173,6 +173,7 @@ DELETE FROM rq_jobs WHERE id IN (SELECT value FROM json_each(:job_ids));
 
 -- name: idem_purge
 -- These jobs' settled idempotency records (their effect keys may run again afterwards).
+-- rq_idempotency_job.
 DELETE FROM rq_idempotency WHERE job_id IN (SELECT value FROM json_each(:job_ids)) AND status <> 'started';
 
 -- name: job_message_forget
