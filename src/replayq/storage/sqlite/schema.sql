@@ -319,8 +319,6 @@ CREATE INDEX rq_jobs_ordering ON rq_jobs (ordering_key, id)
 
 CREATE INDEX rq_jobs_trace ON rq_jobs (trace_id);
 
-CREATE INDEX rq_jobs_finished ON rq_jobs (finished_at) WHERE finished_at IS NOT NULL;
-
 CREATE UNIQUE INDEX rq_jobs_message ON rq_jobs (job_type, message_id);
 
 CREATE INDEX rq_jobs_failed ON rq_jobs (state, id) WHERE state IN ('dead', 'cancelled');
