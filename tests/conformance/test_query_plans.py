@@ -160,7 +160,7 @@ GC_QUERIES: list[tuple[str, dict[str, Any]]] = [
     ("jobs_trace_delete", _IDS),
     ("jobs_delete", _IDS),
     ("gc_trace_derived", {"trace_id": "trace-50001"}),
-    ("gc_candidates", {"after": 50_000, "cutoff": NOW, "limit": 500, "now": NOW}),
+    ("gc_candidates", {"after": 50_000, "until": 54_000, "cutoff": NOW, "limit": 500, "now": NOW}),
     ("idem_purge", _IDS),
     ("job_message_forget", {"job_ids": _BATCH}),
 ]
@@ -199,6 +199,9 @@ LIVE_INDEXES = {
     "rq_jobs_one_running_per_key",
     "rq_jobs_running_worker",
     "rq_jobs_failed",
+    # Pins and live holds: what operators and running forks asked to keep, not history.
+    "rq_keep_pkey",
+    "rq_gc_holds_job",
 }
 PG_HISTORY_TABLES = (
     *("rq_jobs", r"rq_trace\w*", "rq_idempotency", "rq_steps", "rq_entity_versions"),

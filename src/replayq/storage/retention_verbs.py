@@ -28,6 +28,7 @@ from replayq.storage.retention_params import (
     GcChange,
     GcCursor,
     GcCursorPut,
+    GcHighestId,
     GcQuery,
     GcScan,
     IdemPurge,
@@ -94,6 +95,8 @@ class RetentionVerbs:
     @overload
     def gc_scan(self, query: GcCursor) -> int: ...
     @overload
+    def gc_scan(self, query: GcHighestId) -> int: ...
+    @overload
     def gc_scan(self, query: JobHours) -> list[JobHour]: ...
     @overload
     def gc_scan(self, query: DerivedScan) -> list[DerivedCandidate]: ...
@@ -109,6 +112,9 @@ class RetentionVerbs:
         if isinstance(query, GcCursor):
             row = self.fetchone("gc_cursor", {"name": query.name})
             return int(row["cursor"]) if row is not None else 0
+        if isinstance(query, GcHighestId):
+            row = self.fetchone("gc_highest_id", {})
+            return int(row["high"]) if row is not None and row["high"] is not None else 0
         if isinstance(query, JobHours):
             return [record(JobHour, r) for r in self.fetchall("job_hours", query_params(query))]
         if isinstance(query, DerivedScan):
