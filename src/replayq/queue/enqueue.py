@@ -147,22 +147,37 @@ def insert_jobs(runtime: Runtime, tx: Transaction, requests: Sequence[EnqueueReq
 
 def _enqueued_event(params: JobInsert) -> TraceEvent:
     """A new job's ``job.enqueued`` event, made from what is inserted (no re-read of the
-    row); its ``job_id`` is set by ``job_enqueue`` from the insert."""
-    return TraceEvent(
-        trace_id=params.trace_id,
-        attempt=0,
-        kind="lifecycle",
-        name=lifecycle.JOB_ENQUEUED,
-        ts=params.now,
-        hlc=params.hlc,
-        status="queued",
-        data={
-            "message_id": params.message_id,
-            "priority": params.priority,
-            "run_at": params.run_at,
-            "ordering_key": params.ordering_key,
-            "causation_id": params.causation_id,
-        },
+    row); its ``job_id`` is set by ``job_enqueue`` from the insert.
+
+    Built with every field named (``TraceEvent.built``): the frozen dataclass's
+    ``__init__`` was ~5 µs of each enqueue."""
+    return TraceEvent.built(
+        {
+            "trace_id": params.trace_id,
+            "name": lifecycle.JOB_ENQUEUED,
+            "ts": params.now,
+            "hlc": params.hlc,
+            "job_id": None,
+            "attempt": 0,
+            "kind": "lifecycle",
+            "seq": None,
+            "step": None,
+            "worker_id": None,
+            "status": "queued",
+            "resource": None,
+            "resource_version": None,
+            "side_effect": False,
+            "input_ref": None,
+            "output_ref": None,
+            "data": {
+                "message_id": params.message_id,
+                "priority": params.priority,
+                "run_at": params.run_at,
+                "ordering_key": params.ordering_key,
+                "causation_id": params.causation_id,
+            },
+            "id": None,
+        }
     )
 
 
