@@ -328,11 +328,13 @@ class PostgresTransaction(SqlTransaction):
         ids = self.execute("job_enqueue_ids", {"count": len(params), "woke_queues": woke})
         placed = [(int(job_id), int(pack_id)) for job_id, pack_id in ids.fetchall()]
         cursor = self.connection.cursor()
+        # Each pack is encoded while the server takes in the job rows already sent.
+        pack_rows = []
         try:
             with cursor.copy(self._queries["job_enqueue_copy"]) as copy:
                 copy.set_types(_JOB_COPY_TYPES)
                 write = copy.write_row
-                for (job_id, _), p in zip(placed, params, strict=True):
+                for (job_id, pack_id), p, event in zip(placed, params, events, strict=True):
                     write(
                         (
                             job_id, p.job_type, p.queue, p.payload_json, "queued", p.priority,
@@ -341,17 +343,17 @@ class PostgresTransaction(SqlTransaction):
                             p.causation_id, p.origin, p.trace_context,
                         )
                     )  # fmt: skip
-            with cursor.copy(self._queries["trace_pack_copy"]) as copy:
-                copy.set_types(_PACK_COPY_TYPES)
-                write = copy.write_row
-                for (job_id, pack_id), event in zip(placed, events, strict=True):
                     row = packs.pack_row([event])
-                    write(
+                    pack_rows.append(
                         (
                             pack_id, row["trace_id"], job_id, row["attempt"], row["worker_id"],
                             row["hlc"], row["hlc_last"], row["ts"], row["events"],
                         )
                     )  # fmt: skip
+            with cursor.copy(self._queries["trace_pack_copy"]) as copy:
+                copy.set_types(_PACK_COPY_TYPES)
+                for pack_row in pack_rows:
+                    copy.write_row(pack_row)
         except psycopg.Error as exc:
             raise storage_error("copying the enqueued jobs failed", exc) from exc
         # Only what _placed reads: the events naming a resource, and the last.
