@@ -271,16 +271,17 @@ class PostgresTransaction(SqlTransaction):
     def job_enqueue(
         self, params: Sequence[JobInsert], events: Sequence[TraceEvent]
     ) -> list[tuple[int, bool]]:
-        """Every row and every inserted row's first pack in one statement (``job_enqueue``);
+        """Every row and every inserted row's first pack: copied when no job names a
+        message id (``_job_enqueue_copied``), else in one statement (``job_enqueue``),
         duplicates looked up after."""
         if not params:
             return []
         if len(params) == 1:
             return [self._job_enqueue_one(params[0], events[0])]
-        if isinstance(self.connection, psycopg.Connection) and all(
-            p.message_id is None for p in params
-        ):
-            return self._job_enqueue_copied(params, events)
+        # The caller's connection (conn=) too, when it is psycopg's own (not async).
+        driver = self.connection.raw if isinstance(self.connection, TupleRows) else self.connection
+        if isinstance(driver, psycopg.Connection) and all(p.message_id is None for p in params):
+            return self._job_enqueue_copied(driver, params, events)
         return self._job_enqueue_unnested(params, events)
 
     def _job_enqueue_unnested(
@@ -288,7 +289,7 @@ class PostgresTransaction(SqlTransaction):
     ) -> list[tuple[int, bool]]:
         """``job_enqueue`` as one ``INSERT … SELECT FROM unnest(…)`` (``job_enqueue``): for
         jobs with message ids (its ``ON CONFLICT`` skips duplicates) and for a caller's
-        connection that may not be psycopg's."""
+        connection that is not psycopg's synchronous one."""
         values = {name: [getattr(p, name) for p in params] for name in _JOB_INSERT_FIELDS}
         rows = [packs.pack_row([event]) for event in events]
         for column in _PACK_FIELDS:
@@ -314,7 +315,10 @@ class PostgresTransaction(SqlTransaction):
         return result
 
     def _job_enqueue_copied(
-        self, params: Sequence[JobInsert], events: Sequence[TraceEvent]
+        self,
+        driver: psycopg.Connection[Any],
+        params: Sequence[JobInsert],
+        events: Sequence[TraceEvent],
     ) -> list[tuple[int, bool]]:
         """``job_enqueue`` of jobs that name no message id, so none can be a duplicate:
         their ids and wake-ups in one statement (``job_enqueue_ids``), then the rows and
@@ -327,7 +331,7 @@ class PostgresTransaction(SqlTransaction):
         woke = sorted({p.queue for p in params if p.run_at <= p.now})
         ids = self.execute("job_enqueue_ids", {"count": len(params), "woke_queues": woke})
         placed = [(int(job_id), int(pack_id)) for job_id, pack_id in ids.fetchall()]
-        cursor = self.connection.cursor()
+        cursor = driver.cursor()
         # Each pack is encoded while the server takes in the job rows already sent.
         pack_rows = []
         try:
