@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
+import os
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -24,9 +24,10 @@ def new_trace_id(now: float) -> str:
     """A 32-hex-digit id that sorts by creation time (48-bit ms prefix, 80 random bits).
 
     Time-ordered ids keep the trace index's inserts on its last pages instead of
-    a random page per job.
+    a random page per job. The random part is 10 bytes of ``os.urandom``: what
+    ``uuid4`` draws from, without building a ``UUID`` (~3 µs of each enqueue).
     """
-    return f"{int(now * 1000) & 0xFFFFFFFFFFFF:012x}{uuid.uuid4().hex[:20]}"
+    return f"{int(now * 1000) & 0xFFFFFFFFFFFF:012x}{os.urandom(10).hex()}"
 
 
 @dataclass(frozen=True)
