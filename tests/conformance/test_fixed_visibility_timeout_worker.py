@@ -69,3 +69,31 @@ def test_a_heartbeating_lease_deadline_moves_while_the_job_runs(
     """The control: the same measurement sees a heartbeat, so the test above can fail."""
     deadlines = deadlines_while_running(app_factory(), heartbeat=heartbeat, seconds=1.0)
     assert len(set(deadlines)) > 1
+
+
+def test_fixed_visibility_timeout_jobs_are_never_leased_ahead(app_factory: AppFactory) -> None:
+    """A fixed window counts from the lease: a job leased ahead would lose the part of it
+    spent waiting for an executor. Slots beyond the free executors take other types only,
+    and the fixed jobs' leases start when an executor is free for them."""
+    app = app_factory()
+
+    @app.job("fixed", lease="5s", heartbeat=0)
+    def fixed(ctx: replayq.Context) -> None:
+        return None
+
+    @app.job("beaten", lease="5s", heartbeat="1s")
+    def beaten(ctx: replayq.Context) -> None:
+        return None
+
+    fixed_ids = [app.enqueue("fixed", {}) for _ in range(3)]
+    beaten_ids = [app.enqueue("beaten", {}) for _ in range(2)]
+    worker = replayq.Worker(app, worker_id="w", concurrency=1, prefetch=4)
+
+    leased = worker.lease(5, ahead=4)
+
+    assert [job.id for job in leased] == [fixed_ids[0], *beaten_ids]
+    states = {job.id: job.state for job in app.list_jobs()}
+    assert [states[i] for i in fixed_ids[1:]] == [replayq.JobState.QUEUED] * 2
+    # Without a fixed window in the way every slot is filled in the queue's order.
+    again = replayq.Worker(app, worker_id="w2", concurrency=1, prefetch=4)
+    assert [job.id for job in again.lease(5, ahead=0)] == fixed_ids[1:]
