@@ -192,6 +192,12 @@ class Acking(Outcomes):
             except StorageError as exc:
                 self._group_failed(pending, exc)
                 return []
+            except Exception:
+                # Not the database's fault (a bug): the acks are dropped, never left held
+                # and heartbeated forever; the jobs are reaped after their lease.
+                log.exception("worker %s: group commit failed", self.worker_id)
+                self._give_up(pending)
+                return []
             for ack in pending:
                 self._acked(ack)
                 self._forget(ack.job)

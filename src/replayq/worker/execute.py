@@ -39,13 +39,17 @@ class Executing(Acking):
     def _executor(self) -> None:
         item = self._work.get()
         while item is not STOP:
+            # A job not started stays held: the stopping worker gives it back (``_shutdown``).
+            started = False
             try:
-                if self._start(item):
+                started = self._start(item)
+                if started:
                     self._execute(item)
             except Exception:
                 log.exception("worker %s: job %s could not be settled", self.worker_id, item.id)
             finally:
-                self._ran(item)
+                if started:
+                    self._ran(item)
             item = self._next_work()
 
     def _start(self, job: Job) -> bool:
