@@ -150,11 +150,12 @@ BUGS: list[Bug] = [
             ("postgres", "%(fence_job_id)s::bigint", "%(fence_owner_token)s::text"),
         )
     ],
+    # One beat extends every lease held: a fixed visibility timeout must stay out of it.
     Bug(
         "heartbeat-zero-lease-extended",
         "lease deadline",
-        'first_beat = time.monotonic() + beat if beat > 0 else float("inf")',
-        "first_beat = time.monotonic() + beat",
+        "held = [f for f in self._inflight.values() if f.heartbeat_seconds > 0]",
+        "held = list(self._inflight.values())",
         (HEARTBEAT_ZERO,),
     ),
     # A fixed visibility timeout counts from the lease: such a job is never leased ahead.

@@ -80,12 +80,16 @@ class Acking(Outcomes):
     ) -> None:
         """Ack ``job`` with the handler's pending writes and its ``job.succeeded`` event.
 
-        In a running worker the ack waits in memory for a group commit (``acks.py``);
-        a job whose type has routing (shadow, dual-run compare the settled attempt
-        right after) and a job run by ``execute()`` on its own are acked at once.
+        In a running worker the ack waits in memory for a group commit (``acks.py``).
+        Acked at once instead: a job whose type has routing (shadow and dual-run
+        compare the settled attempt right after), a job run by ``execute()`` on its
+        own, and every job of a worker with observers (metrics, OpenTelemetry): an
+        observer's attempt ends when the handler returns, and must see the ack's
+        events by then.
         """
         ack = Ack(job, handler, ctx, result_json, duration, time.monotonic())
-        if self._grouping and job.job_type not in self.router.routed_types():
+        grouped = self._grouping and not self.observers.members
+        if grouped and job.job_type not in self.router.routed_types():
             self._ack_later(ack)
             return
         if self._settle(job, lambda tx: self._ack_in(tx, ack), ctx):
