@@ -22,6 +22,9 @@ import replayq
 from tests.acceptance.workers import WorkerLauncher, read_lines, wait_for
 
 BATCH = 4
+# One executor, the rest of the batch leased ahead whatever the jobs' pace (a worker leases
+# ahead of long jobs only when told to: ``--prefetch-window inf``).
+AHEAD = ("--prefetch", str(BATCH - 1), "--prefetch-window", "inf")
 
 
 def _succeeded_events(app: replayq.App, job_id: int) -> list[replayq.TraceEvent]:
@@ -39,7 +42,9 @@ def test_sigkilled_worker_loses_none_of_its_leased_but_unstarted_batch(
         sleepy_app.enqueue("sleep", {"log": str(side_file), "n": n, "seconds": 3.0})
         for n in range(BATCH)
     ]
-    doomed = launcher.start("doomed", options=("--prefetch", str(BATCH - 1)))
+    doomed = launcher.start(
+        "doomed", options=("--prefetch", str(BATCH - 1), "--prefetch-window", "inf")
+    )
     wait_for(
         lambda: len(_held_by(sleepy_app, "doomed")) == BATCH and read_lines(side_file),
         timeout=20,
@@ -83,7 +88,9 @@ def test_stopping_worker_releases_its_unstarted_batch_at_once(
         sleepy_app.enqueue("sleep_long_lease", {"log": str(side_file), "n": n, "seconds": 0.1})
         for n in range(1, BATCH)
     ]
-    stopping = launcher.start("stopping", grace=30, options=("--prefetch", str(BATCH - 1)))
+    stopping = launcher.start(
+        "stopping", grace=30, options=("--prefetch", str(BATCH - 1), "--prefetch-window", "inf")
+    )
     wait_for(
         lambda: len(_held_by(sleepy_app, "stopping")) == BATCH and read_lines(side_file),
         timeout=20,
@@ -142,7 +149,8 @@ def test_failed_group_commit_acks_none_of_its_jobs_and_loses_none(
     ]
     window = "30" if sqlite else "0.005"
     worker = launcher.start(
-        "grouped", options=("--prefetch", str(BATCH - 1), "--ack-window", window)
+        "grouped",
+        options=("--prefetch", str(BATCH - 1), "--prefetch-window", "inf", "--ack-window", window),
     )
     wait_for(
         lambda: len(_held_by(sleepy_app, "grouped")) == BATCH and read_lines(side_file),

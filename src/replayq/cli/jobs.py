@@ -30,6 +30,14 @@ from replayq.cli.env import Env, JobId, emit_json, log_options, pass_env
     help="Jobs leased ahead of the free executors (given back at once on stop).",
 )
 @click.option(
+    "--prefetch-window",
+    type=click.FloatRange(min=0),
+    default=replayq.Worker.default_prefetch_window,
+    show_default=True,
+    help="Lease ahead only the jobs the executors finish in this many seconds at the recent "
+    "pace (inf: always --prefetch).",
+)
+@click.option(
     "--ack-window",
     type=click.FloatRange(min=0),
     default=replayq.Worker.default_ack_window,
@@ -90,6 +98,7 @@ def worker(
     app_spec: str,
     concurrency: int,
     prefetch: int,
+    prefetch_window: float,
     ack_window: float,
     burst: bool,
     burst_wait: float,
@@ -132,6 +141,7 @@ def worker(
         app,
         concurrency=concurrency,
         prefetch=prefetch,
+        prefetch_window=prefetch_window,
         ack_window=ack_window,
         burst=burst,
         burst_wait=burst_wait,

@@ -36,6 +36,9 @@ STOP = object()
 DEFAULT_PREFETCH = 8
 # The longest a success's ack waits in memory for others to commit with (seconds).
 DEFAULT_ACK_WINDOW = 0.005
+# Jobs are leased ahead only as many as the executors finish in this many seconds at the
+# pace of the recent jobs: short jobs are batched, long ones are left to idle workers.
+DEFAULT_PREFETCH_WINDOW = 0.1
 
 
 @dataclass
@@ -86,6 +89,7 @@ class WorkerCore:
 
     default_prefetch: ClassVar[int] = DEFAULT_PREFETCH
     default_ack_window: ClassVar[float] = DEFAULT_ACK_WINDOW
+    default_prefetch_window: ClassVar[float] = DEFAULT_PREFETCH_WINDOW
 
     def __init__(
         self,
@@ -94,6 +98,7 @@ class WorkerCore:
         concurrency: int = 1,
         prefetch: int = DEFAULT_PREFETCH,
         ack_window: float = DEFAULT_ACK_WINDOW,
+        prefetch_window: float = DEFAULT_PREFETCH_WINDOW,
         queues: Sequence[str] | None = None,
         burst: bool = False,
         burst_wait: float = 0.0,
@@ -111,6 +116,8 @@ class WorkerCore:
             raise ValueError("prefetch must be 0 or more")
         if ack_window < 0:
             raise ValueError("ack_window must be 0 or more")
+        if prefetch_window < 0:
+            raise ValueError("prefetch_window must be 0 or more")
         self.runtime = app.runtime
         # Log lines are redacted with the rules of the job type they are about.
         redact_logs_with(self.runtime.redactor_for)
@@ -121,6 +128,12 @@ class WorkerCore:
         self.prefetch = prefetch
         self.capacity = concurrency + prefetch
         self.ack_window = ack_window
+        # At most as many jobs ahead as the executors finish in this many seconds at the
+        # recent pace (``inf``: always ``prefetch``), so that a worker busy with long jobs
+        # does not hold jobs an idle worker could run (the prefetch problem).
+        self.prefetch_window = prefetch_window
+        # The recent attempts' mean seconds (a moving average); None before the first.
+        self._job_seconds: float | None = None
         self.queues = list(queues) if queues else None
         self.burst = burst
         # A burst run waits for jobs due within this many seconds (delayed, retrying).

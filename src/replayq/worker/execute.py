@@ -44,7 +44,9 @@ class Executing(Acking):
             try:
                 started = self._start(item)
                 if started:
+                    began = time.monotonic()
                     self._execute(item)
+                    self._ran_for(time.monotonic() - began)
             except Exception:
                 log.exception("worker %s: job %s could not be settled", self.worker_id, item.id)
             finally:

@@ -7,6 +7,7 @@ transaction committed: a rolled-back lease holds nothing.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -30,12 +31,30 @@ class Leasing(WorkerCore):
             return free, (self.lease(free, ahead) if free > 0 else [])
 
     def _slots(self, acking: int = 0) -> tuple[int, int]:
-        """(free slots, how many of them lie beyond the free executors: leased ahead);
+        """(slots to lease, how many of them lie beyond the free executors: leased ahead);
         ``acking``: held leases whose acks the caller's transaction commits."""
         with self._inflight_lock:
             held = len(self._inflight) - acking
-        free = self.capacity - held
-        return free, max(0, free - max(0, self.concurrency - held))
+        executors = max(0, self.concurrency - held)
+        ahead = min(max(0, self.capacity - held - executors), self._ahead_allowed())
+        return executors + ahead, ahead
+
+    def _ahead_allowed(self) -> int:
+        """How many jobs may wait leased: as many as the executors finish within
+        ``prefetch_window`` at the recent pace, at most ``prefetch``; none before the
+        pace is known (a first job may be long)."""
+        if self.prefetch == 0 or math.isinf(self.prefetch_window):
+            return self.prefetch
+        seconds = self._job_seconds
+        if seconds is None:
+            return 0
+        pace = self.prefetch_window * self.concurrency / max(seconds, 1e-6)
+        return min(self.prefetch, int(pace))
+
+    def _ran_for(self, seconds: float) -> None:
+        """Count one attempt's seconds into the recent pace (a moving average)."""
+        mean = self._job_seconds
+        self._job_seconds = seconds if mean is None else 0.8 * mean + 0.2 * seconds
 
     def _lease_params(self, limit: int) -> JobLease:
         registry = self.runtime.registry

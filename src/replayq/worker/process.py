@@ -130,7 +130,7 @@ class Worker(Executing, Reaping, Heartbeat):
                 if self.scheduler is not None and now >= self._next_schedule_tick:
                     due = self.scheduler.tick()
                     self._next_schedule_tick = due if due is not None else now + 60.0
-                free, jobs = self._lease_free_slots()
+                _, jobs = self._lease_free_slots()
             except StorageError as exc:
                 # Killed session, restart, partition: retry until the database is back or we
                 # are told to stop. A claim whose commit was lost is reaped after its lease.
@@ -139,7 +139,8 @@ class Worker(Executing, Reaping, Heartbeat):
             backoff.reset()
             if jobs:
                 continue
-            if self.burst and free == self.capacity and self._burst_done(now):
+            nothing_held = self._free_slots() == self.capacity
+            if self.burst and nothing_held and self._burst_done(now):
                 return
             wait = self.poll_interval
             if self.scheduler is not None:
