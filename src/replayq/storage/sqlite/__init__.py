@@ -201,6 +201,12 @@ def split_statements(script: str) -> list[str]:
     return statements
 
 
+class SqliteTransaction(SqlTransaction):
+    """The verbs on a SQLite connection: an insert's new id is the cursor's ``lastrowid``."""
+
+    ids_returned = False
+
+
 class SqliteStorage:
     """``Storage`` on one SQLite file; one connection per thread."""
 
@@ -337,7 +343,7 @@ class SqliteStorage:
                 f"cannot begin a transaction on {self.path!r}", exc, self.path
             ) from exc
         try:
-            yield SqlTransaction(conn, self.queries)
+            yield SqliteTransaction(conn, self.queries)
         except sqlite3.Error as exc:
             self._fault(conn, exc)
             # Storage errors keep the driver's as __cause__ (as on PostgreSQL).
@@ -393,7 +399,7 @@ class SqliteStorage:
                 f"transactional enqueue on SQLite takes a sqlite3.Connection (or another "
                 f"DB-API connection to the same file), got {type(connection).__name__}"
             )
-        return SqlTransaction(TupleRows(connection), self.queries)
+        return SqliteTransaction(TupleRows(connection), self.queries)
 
     def _applied(self, conn: sqlite3.Connection) -> list[tuple[int, str, float]]:
         conn.execute(self.queries["migrations_create"])
