@@ -84,7 +84,7 @@ LEASE = {"job_id": LIVE_ID, "owner_token": f"token-{LIVE_ID}"}
 # The queries a worker runs, with parameters; each must use an index. SQLite leases in two
 # steps (candidates, then one row), PostgreSQL in one statement (job_lease_batch).
 WORKER_QUERIES: dict[str, dict[str, Any]] = {
-    "job_lease_candidates": {"now": NOW, "queues": None, "limit": 10},
+    "job_lease_candidates": {"now": NOW, "queues": None, "job_types": None, "limit": 10},
     "job_lease_one": {
         "lease_now": NOW,
         "job_id": HISTORY,
@@ -99,6 +99,7 @@ WORKER_QUERIES: dict[str, dict[str, Any]] = {
         "lease_now": NOW,
         "now": NOW,
         "queues": None,
+        "job_types": None,
         "limit": 10,
         "owner_token": "t",
         "worker_id": WORKER,
@@ -109,6 +110,7 @@ WORKER_QUERIES: dict[str, dict[str, Any]] = {
     },
     "lease_check": LEASE,
     "lease_extend": {"lease_now": NOW, "lease_seconds": 30.0, "leases": [LEASE]},
+    "leases_extend": {"lease_now": NOW, "lease_rows": [{**LEASE, "lease_seconds": 30.0}]},
     "job_cancel_requested": {"worker_id": WORKER},
     "job_complete": {**LEASE, "now": NOW, "result_json": None, "hlc": 1},
     "job_retry": {
@@ -128,6 +130,7 @@ WORKER_QUERIES: dict[str, dict[str, Any]] = {
         "hlc": 1,
     },
     "lease_release": {**LEASE, "now": NOW, "hlc": 1},
+    "lease_return": {**LEASE, "hlc": 1},
     "lease_reap": {"lease_now": NOW + 60, "limit": 100},
     "job_redeliver": {**LEASE, "now": NOW, "hlc": 1},
     "job_scheduled": {"now": NOW, "queues": None},
@@ -244,6 +247,11 @@ def plan_of(app: replayq.App, name: str, params: dict[str, Any]) -> str:
         if "leases" in params:
             leases = params.pop("leases")
             params.update(tx.lease_pairs([(d["job_id"], d["owner_token"]) for d in leases]))
+        if "lease_rows" in params:
+            rows = params.pop("lease_rows")
+            params.update(
+                tx.lease_rows([(d["job_id"], d["owner_token"], d["lease_seconds"]) for d in rows])
+            )
         if storage.dialect == "sqlite":
             rows = conn.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall()
             return "\n".join(str(row[-1]) for row in rows)
