@@ -1,4 +1,4 @@
--- 0017 plans that stay good as history grows: a job's idempotency records and outbox
+-- 0015 plans that stay good as history grows: a job's idempotency records and outbox
 -- messages are found by job id. gc's `idem_purge` deletes the settled records of one batch
 -- of jobs, and `trace show` lists a job's records and messages (`idem_by_job`,
 -- `outbox_by_job`); without these indexes each read the whole table, so a gc pass over a
