@@ -54,7 +54,8 @@ and has one ``@overload`` per kind, so each answer keeps its own type::
               lineage_put lineage_list(LineageQuery)
               schedule_update(ScheduleRegister | ScheduleAdvance | ScheduleMade) schedule_list
     retention keep_transition(KeepPin | KeepHold | KeepRelease)       pins and live holds
-              gc_scan(KeptJobs | GcScan | GcCursor | JobHours | DerivedScan | BlobScan)
+              gc_scan(KeptJobs | GcScan | GcCursor | GcHighestId | JobHours |
+                      DerivedScan | BlobScan)
               gc_apply(TraceTrim | JobPurge | IdemPurge | MessageIdForget | LedgerPartitions |
                   LedgerDrop | DerivedPurge | BlobPurge | GcCursorPut | GcVacuum)
                                                   what gc removes, a batch of jobs at a time

@@ -135,6 +135,7 @@ from replayq.storage.retention_params import (
     DerivedScan,
     GcChange,
     GcCursor,
+    GcHighestId,
     GcQuery,
     GcScan,
     JobHours,
@@ -486,6 +487,8 @@ class Transaction(Protocol):
     def gc_scan(self, query: GcScan) -> list[GcCandidate]: ...
     @overload
     def gc_scan(self, query: GcCursor) -> int: ...
+    @overload
+    def gc_scan(self, query: GcHighestId) -> int: ...
     @overload
     def gc_scan(self, query: JobHours) -> list[JobHour]: ...
     @overload

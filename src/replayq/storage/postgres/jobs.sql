@@ -505,14 +505,19 @@ SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM 
 
 -- name: trace_for_trace
 -- A derived trace's packs (rq_trace_derived), or a job's by its trace id (rq_jobs_trace,
--- then rq_trace_job).
+-- then rq_trace_job for each job found: LATERAL keeps that plan without statistics, where
+-- a join would estimate the trace id's share of rq_trace and scan it).
 SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace WHERE trace_id = %(trace_id)s AND job_id IS NULL
 UNION ALL
-SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace
-WHERE job_id IN (SELECT id FROM rq_jobs WHERE trace_id = %(trace_id)s) AND trace_id = %(trace_id)s
-UNION ALL
-SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace_ledger
-WHERE job_id IN (SELECT id FROM rq_jobs WHERE trace_id = %(trace_id)s) AND trace_id = %(trace_id)s;
+SELECT t.id, t.trace_id, t.job_id, t.attempt, t.worker_id, t.hlc, t.hlc_last, t.ts, t.events
+FROM rq_jobs AS j CROSS JOIN LATERAL (
+    SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace
+    WHERE job_id = j.id AND trace_id = j.trace_id
+    UNION ALL
+    SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace_ledger
+    WHERE job_id = j.id AND trace_id = j.trace_id
+) AS t
+WHERE j.trace_id = %(trace_id)s;
 
 -- name: trace_for_resource
 -- The packs (full tier, then ledger tier) naming the resource or one of its versioned keys (``price:sku-1:v3``): both
