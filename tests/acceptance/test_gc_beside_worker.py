@@ -5,6 +5,8 @@ gc process meanwhile runs pass after pass on a clock two days ahead, so every jo
 finishes is at once past its one-day full tier and trimmed to its ledger. gc only ever
 touches finished jobs: no worker fails, no job dies, each effect runs once, and every job
 keeps its ledger — the lifecycle, its effect, its state write — after the last pass.
+One job is held inside its step until gc has trimmed others, so the drain is still going
+when gc collects (the workers could otherwise finish before a pass begins).
 """
 
 from __future__ import annotations
@@ -36,15 +38,23 @@ def test_gc_passes_beside_draining_workers_trim_only_finished_jobs(tmp_path: Pat
         while not stop.is_set():
             reports.append(gc_app.gc(batch=50))
 
+    hold, env = storage_faults.hold_inside_step(tmp_path)
     try:
-        for n in range(JOBS):
-            app.enqueue("deliver", {"n": n, "sink": str(sink)})
+        ids = [app.enqueue("deliver", {"n": n, "sink": str(sink)}) for n in range(JOBS)]
+        held_id = ids[storage_faults.HELD_JOB]
         collector = threading.Thread(target=collect, daemon=True)
         collector.start()
         workers = [
-            launcher.start(f"w{i}", app="tests.apps.storage_faults:app", concurrency=2)
+            launcher.start(f"w{i}", app="tests.apps.storage_faults:app", concurrency=2, env=env)
             for i in range(4)
         ]
+        wait_for(
+            lambda: sum(r.trimmed_jobs for r in list(reports)) > 0,
+            timeout=120,
+            what="a gc pass to trim finished jobs while one is still held in its step",
+        )
+        assert app.get_job(held_id).state == replayq.JobState.RUNNING
+        hold.unlink()
         wait_for(
             lambda: Counter(j.state.value for j in app.list_jobs(limit=1000))["succeeded"] == JOBS,
             timeout=120,

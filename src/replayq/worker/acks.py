@@ -28,7 +28,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from replayq.errors import DatabaseUnavailableError, JobError, LeaseLostError, StorageError
+from replayq.errors import (
+    DatabaseUnavailableError,
+    JobError,
+    LeaseLostError,
+    ReplayqError,
+    StorageError,
+)
 from replayq.model import Job
 from replayq.queue import lifecycle as trace
 from replayq.queue.handlers import Handler
@@ -63,7 +69,7 @@ class Ack:
     outcome_unknown: bool = False
 
 
-class _Refused(Exception):
+class _Refused(ReplayqError):
     """One ack of a group was refused: the group rolls back and commits without it."""
 
     def __init__(self, ack: Ack, cause: LeaseLostError | JobError) -> None:
