@@ -12,6 +12,17 @@ entries; ``rq_trace`` stores one row per commit and group instead:
 * one ``rq_trace_resources`` entry per resource the pack's events name (the index of
   ``trace resource``).
 
+How ``events`` is stored (its first byte says which, so packs of every format stay readable):
+
+* format 1, JSON text (PostgreSQL always; SQLite packs written before 0016);
+* format 2, bytes (SQLite since 0016): ``b"\\x02"`` and the same JSON text as raw deflate
+  (``zlib``, 8 KB window) with ``DICTIONARY_2`` as preset dictionary: replayq's own keys,
+  event names and lifecycle data, so a pack of a few events does not pay for them again.
+  SQL reads it through ``rq_pack_json(events)``, a function replayq registers on every
+  SQLite connection it opens (``register_sqlite``); the ``rq_events`` view and every query
+  that unpacks packs in SQL call it. A plain ``sqlite3`` shell does not have it: read the trace
+  through replayq, or from Python after ``register_sqlite(connection)``.
+
 An event's id is ``pack id * PACK_SIZE + its place``: ids still grow in commit order, so
 ``ORDER BY hlc, id`` sorts as it did when each event was a row. The view ``rq_events``
 unpacks the rows in SQL for the queries that count or filter events by name.
@@ -19,6 +30,7 @@ unpacks the rows in SQL for the queries that count or filter events by name.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -27,6 +39,66 @@ from replayq.model import TraceEvent
 
 # Events per pack at most: an event id is pack id * PACK_SIZE + the event's place.
 PACK_SIZE = 1024
+
+# The formats of ``events`` (the first byte of a format 2 pack; format 1 is text).
+FORMAT_JSON = 1
+FORMAT_DEFLATE = 2
+_DEFLATE_MARK = bytes([FORMAT_DEFLATE])
+# Raw deflate (no zlib header or checksum: the row is the unit), an 8 KB window (the
+# dictionary and a pack of ~25 events in reach), level 6, memLevel 5: creating a
+# compressor with a preset dictionary at zlib's defaults (32 KB, memLevel 8/9) costs
+# ~100 µs of allocation and hashing per pack; these ~15 µs, for the same bytes.
+_WBITS = -13
+_LEVEL = 6
+_MEM_LEVEL = 5
+
+# The preset dictionary of format 2: pack items as replayq writes them (lifecycle events,
+# steps, state, calls, effects, locks, cache, outbox), common ones last (deflate reaches
+# the end of the dictionary with the shortest distances). Frozen: packs written with it
+# are decoded with it, so a change is a new format byte (tests/unit/test_packs.py
+# checks its digest). Its values are placeholders in the shapes replayq writes (a step
+# "load", a resource "order:1"): what a pack repeats is replayq's keys and names.
+DICTIONARY_2 = (
+    b'{"d":{"attempt":1,"duration":0.0012,"error":"","error_class":"transient","owner_toke'
+    b'n":"","retry_in":1.0,"version":"v1"},"k":"lifecycle","n":"job.failed","st":"failed"}'
+    b',{"d":{"error":"","error_class":"validation","owner_token":"","reason":""},"k":"life'
+    b'cycle","n":"job.dead","st":"dead"},{"d":{"redelivery_count":1,"stale":true},"k":"lif'
+    b'ecycle","n":"lease.expired","st":"expired"},{"d":{"fencing_token":1,"owner_token":""'
+    b',"ttl":60.0,"wait":0.0001},"dt":10,"h":1,"n":"lock.acquired","q":1,"r":"lock:","s":"'
+    b'step","st":"acquired"},{"d":{"fencing_token":1,"owner_token":""},"dt":10,"h":1,"n":"'
+    b'lock.released","q":2,"r":"lock:","s":"step"},{"d":{"hit":true,"key":"cache:","versio'
+    b'n":1},"dt":10,"h":1,"n":"cache.read","q":3,"r":"cache:","s":"step","st":"hit","v":1}'
+    b',{"d":{"key":"cache:","ttl":60.0,"version":2},"dt":10,"h":1,"n":"cache.write","q":4,'
+    b'"r":"cache:","s":"step","v":2},{"d":{"event_id":1,"payload":{},"topic":""},"dt":10,"'
+    b'h":1,"n":"outbox.written","q":5,"r":"outbox:","s":"step"},{"d":{"child_job_id":1,"ch'
+    b'ild_type":"","payload":{}},"dt":10,"h":1,"n":"child.enqueued","q":6,"s":"step"},{"d"'
+    b':{"value":""},"dt":10,"h":1,"n":"random.uuid","q":7,"s":"step"},{"d":{"value":0.5},"'
+    b'dt":10,"h":1,"n":"random.random","q":8,"s":"step"},{"d":{"error":"","error_class":"d'
+    b'ependency","key":"","kind":""},"dt":10,"h":1,"n":"effect.failed","q":9,"r":"","s":"s'
+    b'tep","st":"error"},{"d":{"key":"","kind":"","result":{}},"dt":10,"h":1,"n":"effect.d'
+    b'eduplicated","q":10,"r":"","s":"step","st":"success"},{"d":{"duration":0.0001,"error'
+    b'":"","error_class":"unknown","step_name":"step"},"dt":10,"h":1,"n":"step.finished","'
+    b'q":11,"st":"error"},{"d":{"causation_id":null,"message_id":null,"ordering_key":null,'
+    b'"priority":0,"run_at":1796102764.558651},"k":"lifecycle","n":"job.enqueued","st":"qu'
+    b'eued"},{"d":{"lease_deadline":1796102824.654009,"owner_token":"","redelivery_count":'
+    b'0,"version":"v1"},"k":"lifecycle","n":"job.leased","st":"running"},{"d":{"step_name"'
+    b':"load"},"n":"step.started","q":1,"st":"started"},{"d":{"branch":"main","exists":tru'
+    b'e},"dt":214,"h":1,"n":"state.read","q":2,"r":"order:1","s":"load","v":1},{"d":{"call'
+    b'":"service.call","duration":0.0001,"fingerprint":"0123456789abcdef","request":{"args'
+    b'":[],"kwargs":{}},"response":null},"dt":856,"h":65536,"n":"call","o":"blob:sha256:",'
+    b'"q":6,"s":"price","st":"success"},{"d":{"branch":"main","delta":{"replace":{}},"expe'
+    b'cted_version":0,"fencing":null,"parent_version":0},"dt":974,"h":65539,"n":"state.wri'
+    b'te","q":9,"r":"order:1","s":"reserve","v":1},{"d":{"claim":"","key":"charge:1","kind'
+    b'":"payment.charge"},"dt":323,"h":1,"n":"effect.claimed","q":12,"r":"charge:1","s":"c'
+    b'harge"},{"d":{"duration":0.0003,"key":"charge:1","kind":"payment.charge","result":{}'
+    b'},"n":"effect.succeeded","q":13,"r":"charge:1","s":"charge","st":"success","x":1},{"'
+    b'd":{"duration":0.0001,"step_name":"load"},"dt":298,"h":3,"n":"step.finished","q":4,"'
+    b'st":"success"},{"d":{"duration":0.0037782649999940077,"owner_token":"","version":"v1'
+    b'"},"k":"lifecycle","n":"job.succeeded","st":"succeeded"},{"d":{"step_name":"price"},'
+    b'"dt":314,"h":4,"n":"step.started","q":5,"st":"started"},{"d":{"duration":0.0005,"ste'
+    b'p_name":"price"},"dt":887,"h":65537,"n":"step.finished","q":7,"st":"success"}'
+)
+DICTIONARY_2_SHA256 = "c20fe38913382d297a259d400c024c630b28850bc0cb910ff05a9d178aabe0bc"
 
 # TraceEvent field -> key in a packed event. ``kind`` is left out when "domain",
 # ``hlc`` is an offset (``h``) from the pack's first, falsy side_effect and data too.
@@ -100,8 +172,38 @@ def _packed(event: TraceEvent, base_hlc: int, base_ts: float) -> dict[str, Any]:
     return item
 
 
-def pack_row(events: Sequence[TraceEvent]) -> dict[str, Any]:
-    """The ``rq_trace`` row of one group (from ``groups``), ``events`` as compact JSON.
+def deflated(text: str) -> bytes:
+    """``text`` (a pack's JSON) as format 2."""
+    compressor = zlib.compressobj(_LEVEL, zlib.DEFLATED, _WBITS, _MEM_LEVEL, zdict=DICTIONARY_2)
+    return _DEFLATE_MARK + compressor.compress(text.encode()) + compressor.flush()
+
+
+def pack_json(stored: str | bytes | None) -> str | None:
+    """A pack's ``events`` as JSON text, whichever format it was written in.
+
+    SQLite's ``rq_pack_json``: the SQL that unpacks packs reads them through it.
+    """
+    if stored is None or isinstance(stored, str):
+        return stored
+    if stored[:1] != _DEFLATE_MARK:
+        raise ValueError(f"trace pack of unknown format {stored[:1]!r}")
+    decompressor = zlib.decompressobj(_WBITS, zdict=DICTIONARY_2)
+    text = decompressor.decompress(memoryview(stored)[1:]) + decompressor.flush()
+    return text.decode()
+
+
+def register_sqlite(connection: Any) -> None:
+    """Give a ``sqlite3`` connection ``rq_pack_json``, which the ``rq_events`` view needs.
+
+    replayq does it on every connection it opens; a script that reads the trace in SQL
+    on its own connection calls this first.
+    """
+    connection.create_function("rq_pack_json", 1, pack_json, deterministic=True)
+
+
+def pack_row(events: Sequence[TraceEvent], pack_format: int = FORMAT_JSON) -> dict[str, Any]:
+    """The ``rq_trace`` row of one group (from ``groups``), ``events`` as compact JSON
+    (``FORMAT_JSON``) or that JSON deflated (``FORMAT_DEFLATE``, SQLite).
 
     Lifecycle data is built by replayq (string keys, scalars) and the user values in
     domain data were checked once when recorded (``Context.encoded``): no walk here.
@@ -125,7 +227,7 @@ def pack_row(events: Sequence[TraceEvent]) -> dict[str, Any]:
         "hlc": base,
         "hlc_last": max(hlcs),
         "ts": first.ts,
-        "events": text,
+        "events": deflated(text) if pack_format == FORMAT_DEFLATE else text,
     }
 
 
@@ -149,7 +251,7 @@ def unpack(row: Mapping[str, Any]) -> list[TraceEvent]:
     first = pack_id * PACK_SIZE
     built = TraceEvent.built  # every field named: no dataclass ``__init__`` per event
     out = []
-    for place, item in enumerate(codec.loads(row["events"])):
+    for place, item in enumerate(codec.loads(pack_json(row["events"]))):
         get = item.get
         out.append(
             built(

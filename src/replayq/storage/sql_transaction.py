@@ -159,6 +159,10 @@ def row_to_event(row: Mapping[str, Any]) -> TraceEvent:
 class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
     """Implements ``storage.protocol.Transaction`` on one open DB-API connection."""
 
+    # How this backend stores a pack's events (storage/packs.py): SQLite deflates them
+    # with the format's dictionary; PostgreSQL keeps JSON text (``PostgresTransaction``).
+    pack_format = packs.FORMAT_DEFLATE
+
     def __init__(self, connection: Any, queries: Mapping[str, str]) -> None:
         self.connection = connection
         self._queries = queries
@@ -177,6 +181,10 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
 
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         return self.connection.execute(self._queries[name], params or {})
+
+    def pack_row(self, events: Sequence[TraceEvent]) -> dict[str, Any]:
+        """``packs.pack_row`` in this backend's format."""
+        return packs.pack_row(events, self.pack_format)
 
     def execute_rows(self, name: str, row_sql: str, rows: int, values: Sequence[Any]) -> Any:
         """``name``'s statement with its ``(:rows)`` as ``rows`` copies of ``row_sql``
@@ -235,7 +243,7 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
         driver's limit on parameters allows: one for any batch of up to ~4,000 jobs."""
         if len(events) == 1:
             # One job (``enqueue``): the fixed one-row statement, prepared once.
-            pack_id = self.execute("trace_append", packs.pack_row(events)).fetchone()[0]
+            pack_id = self.execute("trace_append", self.pack_row(events)).fetchone()[0]
             assert events[0].job_id is not None
             self._placed(events, {events[0].job_id: int(pack_id)})
             return
@@ -253,7 +261,7 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
             chunk = events[start : start + per_statement]
             values: list[Any] = []
             for event in chunk:
-                row = packs.pack_row([event])
+                row = self.pack_row([event])
                 values.extend(row[name] for name in columns)
             found = self.execute_rows("trace_append_rows", row_sql, len(chunk), values)
             for pack_id, job_id in found.fetchall():
@@ -402,7 +410,7 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
         pack_id, earlier = last
         joined = [*earlier, *group]
         # Not found only if the pack was rolled back (to a savepoint): a new one then.
-        if not self.changed("trace_extend", {**packs.pack_row(joined), "id": pack_id}):
+        if not self.changed("trace_extend", {**self.pack_row(joined), "id": pack_id}):
             return None
         named = {e.resource for e in earlier}
         return pack_id, joined, [e for e in group if e.resource not in named]
@@ -410,13 +418,13 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
     def _pack_inserted(
         self, group: list[TraceEvent]
     ) -> tuple[int, list[TraceEvent], list[TraceEvent]]:
-        pack_id = self.fetchone("trace_append", packs.pack_row(group))["id"]
+        pack_id = self.fetchone("trace_append", self.pack_row(group))["id"]
         return pack_id, group, group
 
     def _pack_inserted_fenced(
         self, group: list[TraceEvent], fence: TraceFence
     ) -> tuple[int, list[TraceEvent], list[TraceEvent]] | None:
-        row = packs.pack_row(group)
+        row = self.pack_row(group)
         row["fence_job_id"] = fence.job_id
         row["fence_owner_token"] = fence.owner_token
         found = self.fetchone("trace_append_fenced", row)

@@ -222,6 +222,10 @@ _PACK_FIELDS = ("trace_id", "attempt", "worker_id", "hlc", "hlc_last", "ts", "ev
 class PostgresTransaction(SqlTransaction):
     """``SqlTransaction`` where PostgreSQL differs: arrays, driver errors, one-statement claims."""
 
+    # Packs stay JSON text here: the rq_events view and every query read them with
+    # PostgreSQL's own JSON functions, and TOAST compresses rows past ~2 KB.
+    pack_format = packs.FORMAT_JSON
+
     def list_param(self, values: Sequence[str] | Sequence[int] | None) -> Any:
         """A Python list, bound as an array for ``= ANY(%(x)s::text[])`` (or ``bigint[]``)."""
         return None if values is None else list(values)
@@ -246,7 +250,7 @@ class PostgresTransaction(SqlTransaction):
         entries: list[dict[str, Any]] = []
         for row, events, expires_at in moved:
             pack_id = int(row["id"])
-            rows.append({**packs.pack_row(events), "id": pack_id, "expires_at": expires_at})
+            rows.append({**self.pack_row(events), "id": pack_id, "expires_at": expires_at})
             entries.extend(
                 {**entry, "expires_at": expires_at}
                 for entry in packs.pack_resources(events, pack_id)
@@ -270,7 +274,7 @@ class PostgresTransaction(SqlTransaction):
         if len(params) == 1:
             return [self._job_enqueue_one(params[0], events[0])]
         values = {name: [getattr(p, name) for p in params] for name in _JOB_INSERT_FIELDS}
-        rows = [packs.pack_row([event]) for event in events]
+        rows = [self.pack_row([event]) for event in events]
         for column in _PACK_FIELDS:
             values[f"pack_{column}"] = [row[column] for row in rows]
         found = self.fetchall("job_enqueue", values)
@@ -295,7 +299,7 @@ class PostgresTransaction(SqlTransaction):
 
     def _job_enqueue_one(self, params: JobInsert, event: TraceEvent) -> tuple[int, bool]:
         values = query_params(params)
-        row = packs.pack_row([event])
+        row = self.pack_row([event])
         for column in _PACK_FIELDS:
             values[f"pack_{column}"] = row[column]
         found = self.execute("job_enqueue_one", values).fetchone()
