@@ -163,11 +163,25 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
     # with the format's dictionary; PostgreSQL keeps JSON text (``PostgresTransaction``).
     pack_format = packs.FORMAT_DEFLATE
 
-    def __init__(self, connection: Any, queries: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        connection: Any,
+        queries: Mapping[str, str],
+        *,
+        last_pack: tuple[int, list[TraceEvent]] | None = None,
+    ) -> None:
         self.connection = connection
         self._queries = queries
-        # The trace pack this transaction wrote last and its events (trace_append).
-        self._last_pack: tuple[int, list[TraceEvent]] | None = None
+        # The trace pack written last on this connection and its events (trace_append):
+        # this transaction's, or the one a committed transaction before it wrote last
+        # (``last_pack``, carried by the SQLite backend), which later events of the same
+        # attempt join instead of starting a row of their own.
+        self._last_pack = last_pack
+
+    @property
+    def last_pack(self) -> tuple[int, list[TraceEvent]] | None:
+        """The pack later events of its attempt may join, once this transaction commits."""
+        return self._last_pack
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -375,12 +389,21 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
         all of those entries in one ``executemany``.
 
         Events that continue the pack this transaction wrote last (same trace, job,
-        attempt and worker: a context's pending events, then the ack's) join that pack.
-        With ``fence`` the first new pack's insert is also the lease check
-        (``trace_append_fenced``); ``False``, nothing written, once the lease is gone.
+        attempt and worker: a context's pending events, then the ack's) join that pack,
+        as do those continuing the pack the connection's last committed transaction
+        wrote (``last_pack``: SQLite). With ``fence`` the first new pack's insert is also
+        the lease check (``trace_append_fenced``), or the check is asked before a pack
+        is joined; ``False``, nothing written, once the lease is gone.
         """
         entries = []
         for group in packs.groups(events):
+            last = self._last_pack
+            if fence is not None and last is not None and packs.same_pack(last[1], group):
+                # Joining a pack is an update, not the fenced insert: the lease is asked
+                # first, so that nothing is written once it is gone.
+                if not self.lease_check(fence.job_id, fence.owner_token):
+                    return False
+                fence = None
             placed = self._pack_extended(group)
             if placed is None:
                 if fence is not None:

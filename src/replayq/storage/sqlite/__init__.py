@@ -346,8 +346,15 @@ class SqliteStorage:
             raise storage_error(
                 f"cannot begin a transaction on {self.path!r}", exc, self.path
             ) from exc
+        # The pack a transaction on this connection committed last: the next one's events
+        # of the same attempt join it (storage/packs.py). Cleared until this one commits;
+        # a read-only transaction writes no pack and leaves it as it is.
+        carried = None
+        if not readonly:
+            carried, self._local.last_pack = getattr(self._local, "last_pack", None), None
+        tx = SqlTransaction(conn, self.queries, last_pack=carried)
         try:
-            yield SqlTransaction(conn, self.queries)
+            yield tx
         except sqlite3.Error as exc:
             self._fault(conn, exc)
             # Storage errors keep the driver's as __cause__ (as on PostgreSQL).
@@ -361,6 +368,7 @@ class SqliteStorage:
             self._fault(conn, exc)
             raise storage_error(f"commit failed on {self.path!r}", exc, self.path) from exc
         if not readonly:
+            self._local.last_pack = tx.last_pack
             for watcher in self._watchers:
                 watcher.poke()
 

@@ -312,8 +312,11 @@ WHERE EXISTS (SELECT 1 FROM rq_jobs
 RETURNING id;
 
 -- name: trace_extend
--- More events of the pack this transaction wrote last (the pack rewritten whole).
-UPDATE rq_trace SET hlc = :hlc, hlc_last = :hlc_last, ts = :ts, events = :events WHERE id = :id;
+-- More events of the pack written last on this connection, in this transaction or a
+-- committed one before it (the pack rewritten whole). The group's fields are checked too:
+-- a pack id is never taken for another attempt's pack.
+UPDATE rq_trace SET hlc = :hlc, hlc_last = :hlc_last, ts = :ts, events = :events
+WHERE id = :id AND trace_id = :trace_id AND job_id IS :job_id AND attempt IS :attempt;
 
 -- name: trace_resources_append
 INSERT OR IGNORE INTO rq_trace_resources (resource, hlc, pack_id) VALUES (:resource, :hlc, :pack_id);
