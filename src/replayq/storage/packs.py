@@ -201,6 +201,26 @@ def register_sqlite(connection: Any) -> None:
     connection.create_function("rq_pack_json", 1, pack_json, deterministic=True)
 
 
+# Each event's item text, by event: a pack joined by later commits (sql_transaction.py)
+# is written again whole, and its earlier events are not encoded again. Bounded; an
+# entry holds its event, so an id is never another event's while it is here.
+_ITEM_TEXTS: dict[int, tuple[TraceEvent, int, float, str]] = {}
+_ITEM_TEXTS_MAX = 4096
+
+
+def _item_text(event: TraceEvent, base_hlc: int, base_ts: float) -> str:
+    """``event`` as its pack's JSON item (``_packed``), encoded once per pack base."""
+    known = _ITEM_TEXTS.get(id(event))
+    if known is not None and known[0] is event and known[1] == base_hlc and known[2] == base_ts:
+        return known[3]
+    # Names the event whose data cannot be stored (PayloadError with its path).
+    text = codec.dumps_own(_packed(event, base_hlc, base_ts), what=f"event {event.name} data")
+    if len(_ITEM_TEXTS) >= _ITEM_TEXTS_MAX:
+        _ITEM_TEXTS.clear()
+    _ITEM_TEXTS[id(event)] = (event, base_hlc, base_ts, text)
+    return text
+
+
 def pack_row(events: Sequence[TraceEvent], pack_format: int = FORMAT_JSON) -> dict[str, Any]:
     """The ``rq_trace`` row of one group (from ``groups``), ``events`` as compact JSON
     (``FORMAT_JSON``) or that JSON deflated (``FORMAT_DEFLATE``, SQLite).
@@ -211,14 +231,7 @@ def pack_row(events: Sequence[TraceEvent], pack_format: int = FORMAT_JSON) -> di
     first = events[0]
     hlcs = [e.hlc for e in events]
     base = min(hlcs)
-    items = [_packed(e, base, first.ts) for e in events]
-    try:
-        text = codec.dumps_own(items, what="trace events")
-    except Exception:
-        # Name the event whose data cannot be stored.
-        for event, item in zip(events, items, strict=True):
-            codec.dumps_own(item, what=f"event {event.name} data")
-        raise
+    text = "[" + ",".join(_item_text(e, base, first.ts) for e in events) + "]"
     return {
         "trace_id": first.trace_id,
         "job_id": first.job_id,
