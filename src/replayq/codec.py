@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Callable
+from json import encoder as json_encoder
 from typing import Any
 
 from replayq.errors import PayloadError
@@ -70,6 +72,31 @@ _ENCODER = json.JSONEncoder(
 )
 
 
+def _c_encoder() -> Callable[[Any], str]:
+    """``_ENCODER.encode`` as the C encoder it builds on every call, built once.
+
+    ``JSONEncoder.encode`` makes a new C encoder (and a dict of the containers seen, for
+    cycles) per call, about a microsecond: a cost paid per payload and per trace pack.
+    This one keeps no such dict: a cycle is a ``RecursionError`` instead, which
+    ``dumps`` never meets (its shape walk refuses values that deep) and ``dumps_own``
+    hands to ``dumps``. The same options, so the same text.
+    """
+    # Not in the typeshed stubs: the C accelerators json.encoder imports from _json.
+    make = getattr(json_encoder, "c_make_encoder", None)
+    quote = getattr(json_encoder, "c_encode_basestring", None)
+    if make is None or quote is None:  # pragma: no cover - Python without _json
+        return _ENCODER.encode
+    iterencode = make(None, _ENCODER.default, quote, None, ":", ",", True, False, False)
+
+    def encode(value: Any) -> str:
+        return "".join(iterencode(value, 0))
+
+    return encode
+
+
+_encode = _c_encoder()
+
+
 # Types the shape walk (``_shape_valid``) passes without a look: the encoder checks them.
 _LEAVES = frozenset((str, int, float, bool, type(None)))
 
@@ -129,7 +156,7 @@ def dumps(value: Any, *, what: str = "value") -> str:
     ) and (not _shape_valid(value)):
         _check(value, what)
     try:
-        text = _ENCODER.encode(value)
+        text = _encode(value)
     except (TypeError, ValueError, RecursionError):
         _check(value, what)
         raise
@@ -149,8 +176,8 @@ def dumps_own(value: Any, *, what: str = "value") -> str:
     key (json would coerce it), so the caller vouches for the keys.
     """
     try:
-        return _ENCODER.encode(value)
-    except (TypeError, ValueError):
+        return _encode(value)
+    except (TypeError, ValueError, RecursionError):
         return dumps(value, what=what)
 
 

@@ -400,6 +400,45 @@ def test_a_bulk_enqueue_writes_each_job_the_events_one_by_one_writes(app: replay
     ]
 
 
+def test_a_bulk_enqueue_without_message_ids_stores_each_job_as_one_by_one_does(
+    app: replayq.App,
+) -> None:
+    """No message id, so nothing in the batch can be a duplicate (PostgreSQL then copies the
+    rows and packs instead of inserting them): each row and its ``job.enqueued`` event are
+    what ``enqueue`` stores, ids in the requests' order, later events in later packs."""
+    requests = [
+        replayq.EnqueueRequest(
+            "charge",
+            {"account": f"k{n % 2}", "amount": n, "note": 'é ✓ \\ "q"' * n},
+            priority=n,
+            delay="1h" if n == 2 else None,
+        )
+        for n in range(5)
+    ]
+    single = [
+        app.enqueue(r.job_type, r.payload, priority=r.priority, delay=r.delay) for r in requests
+    ]
+    bulk = app.enqueue_many(requests)
+    assert bulk == sorted(bulk) and bulk[0] > single[-1] and len(set(bulk)) == 5
+
+    def stored(job: replayq.Job) -> dict[str, Any]:
+        return {k: v for k, v in job.to_dict().items() if k not in ("id", "trace_id", "hlc")}
+
+    for one, many in zip(single, bulk, strict=True):
+        alone_job, batched_job = app.get_job(one), app.get_job(many)
+        assert stored(batched_job) == stored(alone_job)
+        [alone], [batched] = app.trace(one), app.trace(many)
+        assert _readable(batched) == _readable(alone)
+        assert (batched.job_id, batched.trace_id) == (many, batched_job.trace_id)
+        assert batched.hlc == batched_job.hlc and batched.ts == batched_job.created_at
+    assert len({app.get_job(i).trace_id for i in bulk}) == 5
+    # Leasing appends to the trace after the copied pack: the job's events stay in order.
+    for job in lease_all(app):
+        if job.id in bulk:
+            names = event_names(app, job.id)
+            assert names[0] == "job.enqueued" and len(names) >= 2
+
+
 class _CountingCursor:
     """A driver cursor that counts what it is asked to execute."""
 

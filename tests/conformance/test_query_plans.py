@@ -155,6 +155,18 @@ GC_QUERIES: list[tuple[str, dict[str, Any]]] = [
     ("gc_trace_derived", {"trace_id": "trace-50001"}),
 ]
 
+# What selects by job type: dedup, rollback's reroute, the rollout gates' outcomes and the
+# durations of `contract lint`. Served by the head of the unique rq_jobs_message
+# (job_type, message_id), which holds every job (migration 0014 dropped rq_jobs_type, its
+# duplicate). The type is a new one, with no history: a plan that scans is then all cost.
+_NEW_TYPE = "type-new"
+TYPE_QUERIES: list[tuple[str, dict[str, Any]]] = [
+    ("job_by_message_id", {"job_type": _NEW_TYPE, "message_id": "msg-1"}),
+    ("job_reroute", {"job_type": _NEW_TYPE, "from_version": "v1", "to_version": "v2"}),
+    ("version_outcomes", {"job_type": _NEW_TYPE, "since": NOW}),
+    ("job_durations", {"job_type": _NEW_TYPE, "version": None}),
+]
+
 # A scan is allowed only over the partial indexes of live (or failed) jobs, whose size is
 # the queue's, not the history's.
 LIVE_INDEXES = {
@@ -233,7 +245,7 @@ def checked(app: replayq.App) -> dict[str, str]:
     queries = [(n, p) for n, p in WORKER_QUERIES.items() if n in storage.queries]
     # Leases judged by the database's clock (``database_clock``: lease_now NULL) too.
     queries += [(n, {**p, "lease_now": None}) for n, p in queries if "lease_now" in p]
-    for name, params in [*queries, *LIST_QUERIES, *GC_QUERIES]:
+    for name, params in [*queries, *LIST_QUERIES, *GC_QUERIES, *TYPE_QUERIES]:
         plan = plan_of(app, name, params)
         scans = full_scans(storage.dialect, plan)
         assert not scans, f"{name} {params} reads the whole history:\n{plan}"

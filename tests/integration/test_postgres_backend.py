@@ -303,6 +303,54 @@ def test_a_bulk_enqueue_on_the_callers_connection_commits_with_it_and_wakes_list
     assert [e.name for e in shop.trace(ids[0])] == ["job.enqueued"]
 
 
+def test_a_bulk_enqueue_on_the_callers_connection_goes_when_the_caller_rolls_back(
+    shop: replayq.App, conninfo: str
+) -> None:
+    """Copied into the caller's transaction (whatever its row factory): rows, packs and
+    wake-ups are the caller's to commit or roll back."""
+    from psycopg.rows import dict_row
+
+    requests = [replayq.EnqueueRequest("ship_order", {"order_id": n}) for n in range(20)]
+    with psycopg.connect(conninfo, row_factory=dict_row) as conn:
+        ids = shop.enqueue_many(requests, conn=conn)
+        assert ids == sorted(ids) and len(set(ids)) == 20
+        conn.rollback()
+        kept = shop.enqueue_many(requests, conn=conn)
+        conn.commit()
+    assert {job.id for job in shop.list_jobs()} == set(kept) and not set(ids) & set(kept)
+    with psycopg.connect(conninfo) as conn:
+        row = conn.execute("SELECT count(*), count(DISTINCT job_id) FROM rq_trace").fetchone()
+    assert row == (20, 20), "one pack per kept job, none of the rolled-back ones"
+    assert [[e.name for e in shop.trace(i)] for i in kept] == [["job.enqueued"]] * 20
+
+
+def test_a_copied_bulk_enqueue_wakes_the_queues_of_its_due_jobs_only(shop: replayq.App) -> None:
+    """A batch with no message id is copied (rows and packs by ``COPY``); its wake-ups go
+    with the ids, one per queue with a job due now, and are heard once it commits."""
+    due, later = f"due-{time.monotonic_ns()}", f"later-{time.monotonic_ns()}"
+    for job_type, queue in (("ship_due", due), ("ship_later", later)):
+        shop.job(job_type, queue=queue)(lambda ctx, order_id: None)
+    storage = shop.storage
+    assert isinstance(storage, PostgresStorage)
+    woken: list[str | None] = []
+    notifier = storage.listen(woken.append)
+    try:
+        wait_for(notifier.listening.is_set, 10, "LISTEN to be in place")
+        ids = shop.enqueue_many(
+            [replayq.EnqueueRequest("ship_later", {"order_id": n}, delay="1h") for n in (1, 2)]
+            + [replayq.EnqueueRequest("ship_due", {"order_id": n}) for n in (3, 4)]
+        )
+        wait_for(lambda: due in woken, 5, "the wake-up of the due jobs' queue")
+        time.sleep(0.2)
+        assert later not in woken, "no wake-up for a queue whose jobs are all delayed"
+        assert woken.count(due) == 1, "one wake-up per queue, not per job"
+    finally:
+        notifier.close()
+    assert ids == sorted(ids)
+    assert [shop.get_job(i).queue for i in ids] == [later, later, due, due]
+    assert [[e.name for e in shop.trace(i)] for i in ids] == [["job.enqueued"]] * 4
+
+
 def test_enqueue_on_an_autocommit_connection_is_refused(shop: replayq.App, conninfo: str) -> None:
     with (
         psycopg.connect(conninfo, autocommit=True) as conn,

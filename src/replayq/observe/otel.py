@@ -48,22 +48,49 @@ def _ns(seconds: float) -> int:
     return int(seconds * 1_000_000_000)
 
 
+class _Api:
+    """The OpenTelemetry API's parts ``enqueue_span`` uses, imported once (``load``)."""
+
+    def __init__(self) -> None:
+        from opentelemetry import trace
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        self.trace = trace
+        self.propagator = TraceContextTextMapPropagator
+        # A tuple, not ``A | B``: the union would be built again at each isinstance.
+        self.no_op = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+
+
+# ``False`` until the first enqueue looks; then the API, or ``None`` if not installed.
+_API: _Api | bool | None = False
+
+
+def _api() -> _Api | None:
+    """The OpenTelemetry API, imported at the first enqueue rather than at import time (an
+    import statement in the enqueue itself cost ~3 µs each time)."""
+    global _API
+    if _API is False:
+        try:
+            _API = _Api()
+        except ImportError:
+            _API = None
+    assert _API is not True
+    return _API
+
+
 @contextmanager
 def enqueue_span(job_type: str) -> Iterator[str | None]:
     """The producer span of an enqueue; yields its W3C traceparent for the job row.
 
     Yields ``None`` when OpenTelemetry is not installed or no provider records spans.
     """
-    try:
-        from opentelemetry import trace
-        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-    except ImportError:
+    api = _api()
+    if api is None:
         yield None
         return
+    trace = api.trace
     if (
-        isinstance(
-            trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
-        )
+        isinstance(trace.get_tracer_provider(), api.no_op)
         and not trace.get_current_span().get_span_context().is_valid
     ):
         # No provider and no caller's span: the span would be the invalid no-op one and
@@ -75,7 +102,7 @@ def enqueue_span(job_type: str) -> Iterator[str | None]:
         f"replayq.enqueue {job_type}", kind=trace.SpanKind.PRODUCER
     ) as span:
         carrier: dict[str, str] = {}
-        TraceContextTextMapPropagator().inject(carrier, context=trace.set_span_in_context(span))
+        api.propagator().inject(carrier, context=trace.set_span_in_context(span))
         yield carrier.get("traceparent")
 
 

@@ -44,6 +44,11 @@ class TupleCursor:
     def rowcount(self) -> int:
         return int(self._cursor.rowcount)
 
+    @property
+    def lastrowid(self) -> Any:
+        """The DB-API extension SQLite's inserts read their new id from."""
+        return self._cursor.lastrowid
+
     def execute(self, sql: str, params: Any = None) -> TupleCursor:
         self._cursor.execute(sql, params if params is not None else {})
         return self

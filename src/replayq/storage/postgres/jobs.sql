@@ -69,6 +69,35 @@ SELECT i.id, i.trace_id, t.id AS pack_id,
        CASE WHEN i.run_at <= i.created_at THEN pg_notify('replayq_jobs', i.queue) END AS woke
 FROM inserted AS i JOIN traced AS t ON t.job_id = i.id;
 
+-- name: job_enqueue_ids
+-- The ids of a copied enqueue (PostgresTransaction._job_enqueue_copied), taken before its
+-- rows are copied: one job id and one pack id per job, each ascending in the jobs'
+-- order, so ids (and per-key FIFO) follow the requests as job_enqueue's do. The
+-- wake-ups go in the same round trip: one per queue given (its due jobs), delivered on
+-- commit like job_insert's, and never for a rolled-back enqueue.
+WITH seq AS (
+    SELECT pg_get_serial_sequence('rq_jobs', 'id')::regclass AS jobs,
+           pg_get_serial_sequence('rq_trace', 'id')::regclass AS packs
+), woke AS (
+    SELECT count(pg_notify('replayq_jobs', queue)) AS woke
+    FROM unnest(%(woke_queues)s::text[]) AS queue
+)
+SELECT nextval(seq.jobs) AS id, nextval(seq.packs) AS pack_id
+FROM seq, woke, generate_series(1, %(count)s::integer) AS n
+ORDER BY n;
+
+-- name: job_enqueue_copy
+-- The rows of a copied enqueue, ids given (job_enqueue_ids), in binary.
+COPY rq_jobs (id, job_type, queue, payload, state, priority, run_at, created_at,
+              max_attempts, trace_id, ordering_key, idempotency_key, handler_version,
+              hlc, correlation_id, causation_id, origin, trace_context)
+FROM STDIN (FORMAT BINARY);
+
+-- name: trace_pack_copy
+-- The first packs of a copied enqueue, ids given (job_enqueue_ids), in binary.
+COPY rq_trace (id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events)
+FROM STDIN (FORMAT BINARY);
+
 -- name: job_enqueue_one
 -- job_enqueue of one job (App.enqueue): job_insert and the job's first pack, scalars
 -- rather than one-element arrays.

@@ -207,6 +207,12 @@ def split_statements(script: str) -> list[str]:
     return statements
 
 
+class SqliteTransaction(SqlTransaction):
+    """The verbs on a SQLite connection: an insert's new id is the cursor's ``lastrowid``."""
+
+    ids_returned = False
+
+
 class SqliteStorage:
     """``Storage`` on one SQLite file; one connection per thread."""
 
@@ -352,7 +358,7 @@ class SqliteStorage:
         carried = None
         if not readonly:
             carried, self._local.last_pack = getattr(self._local, "last_pack", None), None
-        tx = SqlTransaction(conn, self.queries, last_pack=carried)
+        tx = SqliteTransaction(conn, self.queries, last_pack=carried)
         try:
             yield tx
         except sqlite3.Error as exc:
@@ -411,7 +417,7 @@ class SqliteStorage:
                 f"transactional enqueue on SQLite takes a sqlite3.Connection (or another "
                 f"DB-API connection to the same file), got {type(connection).__name__}"
             )
-        return SqlTransaction(TupleRows(connection), self.queries)
+        return SqliteTransaction(TupleRows(connection), self.queries)
 
     def _applied(self, conn: sqlite3.Connection) -> list[tuple[int, str, float]]:
         conn.execute(self.queries["migrations_create"])

@@ -2,14 +2,15 @@
 -- Parameters are named (:name); no query is built from strings at run time.
 
 -- name: job_insert
+-- The new id is the cursor's lastrowid (no row inserted: rowcount 0). RETURNING would
+-- build a temporary table at each run (SqlTransaction.inserted_id).
 INSERT INTO rq_jobs (job_type, queue, payload, state, priority, run_at, created_at,
                      max_attempts, trace_id, message_id, ordering_key, idempotency_key,
                      handler_version, hlc, correlation_id, causation_id, origin, trace_context)
 VALUES (:job_type, :queue, :payload_json, 'queued', :priority, :run_at, :now,
         :max_attempts, :trace_id, :message_id, :ordering_key, :idempotency_key,
         :handler_version, :hlc, :correlation_id, :causation_id, :origin, :trace_context)
-ON CONFLICT (job_type, message_id) DO NOTHING
-RETURNING id;
+ON CONFLICT (job_type, message_id) DO NOTHING;
 
 -- name: job_by_message_id
 -- Message-id dedup is per job type (rq_jobs_message).
@@ -289,9 +290,9 @@ WHERE e.name IN ('job.succeeded', 'job.failed', 'job.write_rejected')
 
 -- name: trace_append
 -- One pack: the events of one commit of one job attempt or derived trace (storage/packs.py).
+-- Its id is the cursor's lastrowid, as job_insert's.
 INSERT INTO rq_trace (trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events)
-VALUES (:trace_id, :job_id, :attempt, :worker_id, :hlc, :hlc_last, :ts, :events)
-RETURNING id;
+VALUES (:trace_id, :job_id, :attempt, :worker_id, :hlc, :hlc_last, :ts, :events);
 
 -- name: trace_append_rows
 -- Many packs in one statement (enqueue: each new job's first pack). The caller puts

@@ -294,11 +294,7 @@ CREATE INDEX rq_jobs_lease_deadline ON rq_jobs (lease_deadline) WHERE state = 'r
 CREATE INDEX rq_jobs_ordering ON rq_jobs (ordering_key, id)
     WHERE state IN ('queued', 'running') AND ordering_key IS NOT NULL;
 
-CREATE INDEX rq_jobs_type ON rq_jobs (job_type);
-
 CREATE INDEX rq_jobs_trace ON rq_jobs (trace_id);
-
-CREATE INDEX rq_jobs_finished ON rq_jobs (finished_at) WHERE finished_at IS NOT NULL;
 
 CREATE UNIQUE INDEX rq_jobs_message ON rq_jobs (job_type, message_id);
 
