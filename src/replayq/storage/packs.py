@@ -172,24 +172,68 @@ def _packed(event: TraceEvent, base_hlc: int, base_ts: float) -> dict[str, Any]:
     return item
 
 
+# A compressor with ``DICTIONARY_2`` already set: each pack's is a copy (``PackWriter``),
+# which skips hashing the dictionary again (~10 µs a pack).
+_PRIMED = zlib.compressobj(_LEVEL, zlib.DEFLATED, _WBITS, _MEM_LEVEL, zdict=DICTIONARY_2)
+
+
 def deflated(text: str) -> bytes:
-    """``text`` (a pack's JSON) as format 2."""
-    compressor = zlib.compressobj(_LEVEL, zlib.DEFLATED, _WBITS, _MEM_LEVEL, zdict=DICTIONARY_2)
+    """``text`` (a pack's JSON) as format 2, its deflate stream finished."""
+    compressor = _PRIMED.copy()
     return _DEFLATE_MARK + compressor.compress(text.encode()) + compressor.flush()
+
+
+class PackWriter:
+    """The deflate stream of one format 2 pack that later commits of its attempt append to.
+
+    The first commit stores ``b"\\x02"``, ``[`` and its items; each later one appends its
+    own items (``,`` first) compressed by the same stream, which keeps the earlier ones in
+    its window: a commit compresses only its new events, never those already stored. Each
+    piece ends with a sync flush (byte-aligned, everything so far decodable), so the
+    stored bytes are always a whole prefix of one deflate stream; ``pack_json`` closes the
+    array the stream leaves open. ``stored`` is what the row holds once the last piece is
+    written, which the append checks: a pack rewritten or rolled back since is not
+    appended to (its stream would no longer be this one).
+    """
+
+    __slots__ = ("_compressor", "stored")
+
+    def __init__(self) -> None:
+        self._compressor = _PRIMED.copy()
+        self.stored = b""
+
+    def first(self, items: str) -> bytes:
+        """The pack's ``events`` as first stored: the mark, ``[`` and ``items``."""
+        self.stored = _DEFLATE_MARK + self._piece("[" + items)
+        return self.stored
+
+    def more(self, items: str) -> bytes:
+        """The bytes that append ``items`` to the pack (``stored`` grows by them)."""
+        data = self._piece("," + items)
+        self.stored += data
+        return data
+
+    def _piece(self, text: str) -> bytes:
+        compressor = self._compressor
+        return compressor.compress(text.encode()) + compressor.flush(zlib.Z_SYNC_FLUSH)
 
 
 def pack_json(stored: str | bytes | None) -> str | None:
     """A pack's ``events`` as JSON text, whichever format it was written in.
 
-    SQLite's ``rq_pack_json``: the SQL that unpacks packs reads them through it.
+    SQLite's ``rq_pack_json``: the SQL that unpacks packs reads them through it. A format 2
+    pack still open to appends (``PackWriter``) is a deflate stream without its end and its
+    JSON array without its ``]``: both are closed here.
     """
     if stored is None or isinstance(stored, str):
         return stored
     if stored[:1] != _DEFLATE_MARK:
         raise ValueError(f"trace pack of unknown format {stored[:1]!r}")
     decompressor = zlib.decompressobj(_WBITS, zdict=DICTIONARY_2)
-    text = decompressor.decompress(memoryview(stored)[1:]) + decompressor.flush()
-    return text.decode()
+    text = decompressor.decompress(memoryview(stored)[1:])
+    if decompressor.eof:
+        return text.decode()
+    return text.decode() + "]"
 
 
 def register_sqlite(connection: Any) -> None:
@@ -201,8 +245,9 @@ def register_sqlite(connection: Any) -> None:
     connection.create_function("rq_pack_json", 1, pack_json, deterministic=True)
 
 
-# Each event's item text, by event: a pack joined by later commits (sql_transaction.py)
-# is written again whole, and its earlier events are not encoded again. Bounded; an
+# Each event's item text, by event: a JSON pack joined by later events of its transaction
+# (PostgreSQL, sql_transaction.py) is written again whole, and its earlier events are not
+# encoded again. Bounded; an
 # entry holds its event, so an id is never another event's while it is here.
 _ITEM_TEXTS: dict[int, tuple[TraceEvent, int, float, str]] = {}
 _ITEM_TEXTS_MAX = 4096
@@ -221,6 +266,12 @@ def _item_text(event: TraceEvent, base_hlc: int, base_ts: float) -> str:
     return text
 
 
+def pack_items(events: Sequence[TraceEvent], base_hlc: int, base_ts: float) -> str:
+    """``events`` as the comma-separated items of a pack whose row has ``base_hlc`` and
+    ``base_ts`` (its ``hlc`` and ``ts``)."""
+    return ",".join(_item_text(e, base_hlc, base_ts) for e in events)
+
+
 def pack_row(events: Sequence[TraceEvent], pack_format: int = FORMAT_JSON) -> dict[str, Any]:
     """The ``rq_trace`` row of one group (from ``groups``), ``events`` as compact JSON
     (``FORMAT_JSON``) or that JSON deflated (``FORMAT_DEFLATE``, SQLite).
@@ -228,11 +279,24 @@ def pack_row(events: Sequence[TraceEvent], pack_format: int = FORMAT_JSON) -> di
     Lifecycle data is built by replayq (string keys, scalars) and the user values in
     domain data were checked once when recorded (``Context.encoded``): no walk here.
     """
+    return opened_row(events, pack_format)[0]
+
+
+def opened_row(
+    events: Sequence[TraceEvent], pack_format: int = FORMAT_JSON
+) -> tuple[dict[str, Any], PackWriter | None]:
+    """``pack_row`` and, in format 2, the ``PackWriter`` that later events may join it by."""
     first = events[0]
     hlcs = [e.hlc for e in events]
     base = min(hlcs)
-    text = "[" + ",".join(_item_text(e, base, first.ts) for e in events) + "]"
-    return {
+    items = pack_items(events, base, first.ts)
+    writer = None
+    if pack_format == FORMAT_DEFLATE:
+        writer = PackWriter()
+        stored: str | bytes = writer.first(items)
+    else:
+        stored = "[" + items + "]"
+    row = {
         "trace_id": first.trace_id,
         "job_id": first.job_id,
         "attempt": first.attempt,
@@ -240,8 +304,9 @@ def pack_row(events: Sequence[TraceEvent], pack_format: int = FORMAT_JSON) -> di
         "hlc": base,
         "hlc_last": max(hlcs),
         "ts": first.ts,
-        "events": deflated(text) if pack_format == FORMAT_DEFLATE else text,
+        "events": stored,
     }
+    return row, writer
 
 
 def pack_resources(events: Sequence[TraceEvent], pack_id: int) -> list[dict[str, Any]]:
