@@ -51,14 +51,28 @@ from tests.conformance import test_query_plans as plans  # the same generator
 
 OPERATIONS = ("enqueue one by one", "enqueue bulk", "drain")
 
+# The generator's trace ids (``'trace-' || n``) sort after every real one, so each new
+# job's entry in ``rq_jobs_trace`` would go in at the left edge of a million-entry index.
+# A real history's ids are time-ordered (``new_trace_id``: 48 bits of milliseconds first)
+# and older than a new job's; here they are made so, from each job's ``created_at``.
+TRACE_ID = {
+    "sqlite": "printf('%012x%020x', CAST((:now - 86400 + n * 0.5) * 1000 AS INTEGER), n)",
+    "postgresql": "lpad(to_hex(CAST((%(now)s - 86400 + n * 0.5) * 1000 AS bigint)), 12, '0')"
+    " || lpad(to_hex(n), 20, '0')",
+}
+
 
 def generate(app: replayq.App, history: int) -> float:
     """Fill ``app``'s database with ``history`` finished jobs; returns the seconds it took."""
     storage: Any = app.storage
-    values = {"history": history, "queued": 0, "running": 0, "now": time.time()}
+    # The whole history is over (its last job created a day before this run), as the
+    # generator spreads the jobs half a second apart from a day before ``now``.
+    now = time.time() - history * 0.5
+    values = {"history": history, "queued": 0, "running": 0, "now": now}
     started = time.perf_counter()
     with storage.transaction() as tx:
         for sql in plans.HISTORY_SQL[storage.dialect]:
+            sql = sql.replace("'trace-' || n", TRACE_ID[storage.dialect])
             tx.connection.execute(sql, values)
     return time.perf_counter() - started
 

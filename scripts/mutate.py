@@ -98,6 +98,26 @@ BUGS: list[Bug] = [
         (BARRIER,),
         ".sql",
     ),
+    # The worker's heartbeat: every lease it holds, each by its own length, in one statement
+    # that answers the ids still held; a row matched without its token is a stale extend.
+    Bug(
+        "worker-heartbeat-owner-token-sqlite",
+        "owner token",
+        "  AND owner_token = (SELECT json_extract(l.value, '$[1]') FROM json_each(:leases) AS l\n"
+        "                     WHERE json_extract(l.value, '$[0]') = rq_jobs.id)\nRETURNING id;",
+        "\nRETURNING id;",
+        (BARRIER,),
+        ".sql",
+    ),
+    Bug(
+        "worker-heartbeat-owner-token-postgres",
+        "owner token",
+        "WHERE j.id = l.id AND j.owner_token = l.owner_token AND j.state = 'running'\n"
+        "RETURNING j.id;",
+        "WHERE j.id = l.id AND j.state = 'running'\nRETURNING j.id;",
+        (BARRIER,),
+        ".sql",
+    ),
     # Every commit of a job (step writes, effect claims and results, outbox, child jobs)
     # checks the owner token in the database: drop it and a stale worker's writes land.
     *[
@@ -130,11 +150,20 @@ BUGS: list[Bug] = [
             ("postgres", "%(fence_job_id)s::bigint", "%(fence_owner_token)s::text"),
         )
     ],
+    # One beat extends every lease held: a fixed visibility timeout must stay out of it.
     Bug(
         "heartbeat-zero-lease-extended",
         "lease deadline",
-        'first_beat = time.monotonic() + beat if beat > 0 else float("inf")',
-        "first_beat = time.monotonic() + beat",
+        "held = [f for f in self._inflight.values() if f.heartbeat_seconds > 0]",
+        "held = list(self._inflight.values())",
+        (HEARTBEAT_ZERO,),
+    ),
+    # A fixed visibility timeout counts from the lease: such a job is never leased ahead.
+    Bug(
+        "fixed-window-leased-ahead",
+        "lease deadline",
+        "fixed = self._fixed_window_types() if ahead > 0 else set()",
+        "fixed: set[str] = set()",
         (HEARTBEAT_ZERO,),
     ),
     # -- fencing token: a write under a lock that was re-acquired since is refused ---------------

@@ -14,6 +14,8 @@ import time
 import replayq
 
 SHORT_LEASE = {"lease": "1s", "heartbeat": "0.3s"}
+# Far longer than any test waits: a job that comes back quickly was released, not reaped.
+LONG_LEASE = {"lease": "120s", "heartbeat": "40s"}
 QUICK_RETRY = replayq.Retry(max_attempts=5, base="0.05s", cap="0.2s")
 
 
@@ -52,6 +54,7 @@ def build(url: str | None = None) -> replayq.App:
     """The app on ``url`` (default: ``--db`` / ``$REPLAYQ_DB``); tests build it to enqueue."""
     built = replayq.App(url)
     built.job("sleep", retry=QUICK_RETRY, **SHORT_LEASE)(sleep)
+    built.job("sleep_long_lease", retry=QUICK_RETRY, **LONG_LEASE)(sleep)
     built.job("sleep_in_order", ordering="account:{account}", retry=QUICK_RETRY, **SHORT_LEASE)(
         sleep_in_order
     )

@@ -192,7 +192,7 @@ def test_a_hold_spares_its_job_until_released_or_expired(app_factory: AppFactory
     app = retained.declare(app_factory(clock=clock, retention=retained.RETENTION))
     job = replayq.testing.run_inline(app, "credit", {"account": "a", "amount": 1})
     clock.advance(2 * DAY)
-    scan = GcScan(after=0, cutoff=clock.now() - DAY, limit=10, now=clock.now())
+    scan = GcScan(after=0, until=job.id, cutoff=clock.now() - DAY, limit=10, now=clock.now())
     with app.storage.transaction() as tx:
         assert tx.keep_transition(KeepHold("fork-test", job.id, clock.now() + 60))
         assert not tx.keep_transition(KeepHold("fork-none", 10**9, clock.now() + 60))
@@ -201,7 +201,7 @@ def test_a_hold_spares_its_job_until_released_or_expired(app_factory: AppFactory
     clock.advance(120)  # the holder died: its hold expires
     with app.storage.transaction() as tx:
         assert [c.job_id for c in tx.gc_scan(scan)] == []  # scan's own `now` is older
-        later = GcScan(after=0, cutoff=clock.now() - DAY, limit=10, now=clock.now())
+        later = GcScan(after=0, until=job.id, cutoff=clock.now() - DAY, limit=10, now=clock.now())
         assert [c.job_id for c in tx.gc_scan(later)] == [job.id]
         assert tx.keep_transition(KeepRelease("fork-test"))
         assert not tx.keep_transition(KeepRelease("fork-test"))

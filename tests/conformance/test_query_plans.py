@@ -52,6 +52,11 @@ _JOB_ROW = """
 _JOB_COLUMNS = """(job_type, queue, payload, state, priority, run_at, created_at, attempt,
     max_attempts, trace_id, message_id, ordering_key, worker_id, handler_version, hlc,
     owner_token, lease_deadline, finished_at, dead_reason)"""
+# One settled effect record per finished job: gc purges them by job id (idem_purge).
+_IDEMPOTENCY = """INSERT INTO rq_idempotency (key, operation, status, claim_token, started_at,
+    completed_at, trace_id, job_id, attempt)
+    SELECT 'effect-' || id, 'charge', 'succeeded', 'claim-' || id, created_at, finished_at,
+        trace_id, id, 1 FROM rq_jobs WHERE finished_at IS NOT NULL"""
 _TRACE = """INSERT INTO rq_trace (trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events)
     SELECT trace_id, id, 1, worker_id, hlc, hlc + 3, created_at, '[]' FROM rq_jobs"""
 
@@ -62,11 +67,13 @@ HISTORY_SQL = {
     "sqlite": [
         _GENERATE + f" INSERT INTO rq_jobs {_JOB_COLUMNS} SELECT {_JOB_ROW} FROM g",  # noqa: S608
         _TRACE,
+        _IDEMPOTENCY,
     ],
     "postgresql": [
         f"INSERT INTO rq_jobs {_JOB_COLUMNS} SELECT {_PG_JOB_ROW}"  # noqa: S608
         " FROM generate_series(1, %(history)s) AS g(n)",
         _TRACE,
+        _IDEMPOTENCY,
     ],
 }
 
@@ -77,7 +84,7 @@ LEASE = {"job_id": LIVE_ID, "owner_token": f"token-{LIVE_ID}"}
 # The queries a worker runs, with parameters; each must use an index. SQLite leases in two
 # steps (candidates, then one row), PostgreSQL in one statement (job_lease_batch).
 WORKER_QUERIES: dict[str, dict[str, Any]] = {
-    "job_lease_candidates": {"now": NOW, "queues": None, "limit": 10},
+    "job_lease_candidates": {"now": NOW, "queues": None, "job_types": None, "limit": 10},
     "job_lease_one": {
         "lease_now": NOW,
         "job_id": HISTORY,
@@ -92,6 +99,7 @@ WORKER_QUERIES: dict[str, dict[str, Any]] = {
         "lease_now": NOW,
         "now": NOW,
         "queues": None,
+        "job_types": None,
         "limit": 10,
         "owner_token": "t",
         "worker_id": WORKER,
@@ -102,6 +110,7 @@ WORKER_QUERIES: dict[str, dict[str, Any]] = {
     },
     "lease_check": LEASE,
     "lease_extend": {"lease_now": NOW, "lease_seconds": 30.0, "leases": [LEASE]},
+    "leases_extend": {"lease_now": NOW, "lease_rows": [{**LEASE, "lease_seconds": 30.0}]},
     "job_cancel_requested": {"worker_id": WORKER},
     "job_complete": {**LEASE, "now": NOW, "result_json": None, "hlc": 1},
     "job_retry": {
@@ -121,6 +130,7 @@ WORKER_QUERIES: dict[str, dict[str, Any]] = {
         "hlc": 1,
     },
     "lease_release": {**LEASE, "now": NOW, "hlc": 1},
+    "lease_return": {**LEASE, "hlc": 1},
     "lease_reap": {"lease_now": NOW + 60, "limit": 100},
     "job_redeliver": {**LEASE, "now": NOW, "hlc": 1},
     "job_scheduled": {"now": NOW, "queues": None},
@@ -153,6 +163,22 @@ GC_QUERIES: list[tuple[str, dict[str, Any]]] = [
     ("jobs_trace_delete", _IDS),
     ("jobs_delete", _IDS),
     ("gc_trace_derived", {"trace_id": "trace-50001"}),
+    ("gc_candidates", {"after": 50_000, "until": 54_000, "cutoff": NOW, "limit": 500, "now": NOW}),
+    ("idem_purge", _IDS),
+    ("job_message_forget", {"job_ids": _BATCH}),
+]
+
+# What ``trace show``, ``replay`` and the dashboard read of one job (or trace) of the
+# history: each by an index, whatever the history's size.
+_ONE = {"job_id": 50_001}
+TRACE_QUERIES: list[tuple[str, dict[str, Any]]] = [
+    ("trace_for_job", _ONE),
+    ("trace_for_jobs", {"job_ids": _BATCH[:50], "trace_id": None}),
+    ("trace_for_trace", {"trace_id": "trace-50001"}),
+    ("idem_by_job", _ONE),
+    ("step_by_job", _ONE),
+    ("entity_versions_by_job", _ONE),
+    ("outbox_by_job", _ONE),
 ]
 
 # What selects by job type: dedup, rollback's reroute, the rollout gates' outcomes and the
@@ -176,9 +202,19 @@ LIVE_INDEXES = {
     "rq_jobs_one_running_per_key",
     "rq_jobs_running_worker",
     "rq_jobs_failed",
+    # Pins and live holds: what operators and running forks asked to keep, not history.
+    "rq_keep_pkey",
+    "rq_gc_holds_job",
 }
+PG_HISTORY_TABLES = (
+    *("rq_jobs", r"rq_trace\w*", "rq_idempotency", "rq_steps", "rq_entity_versions"),
+    "rq_outbox",
+)
 SQLITE_SCAN = re.compile(r"\bSCAN (\w+)(?: USING (?:COVERING )?INDEX (\w+))?")
-HISTORY_TABLES = {"rq_jobs", "j", "k", "r", "rq_trace", "rq_trace_resources"}
+HISTORY_TABLES = {
+    *("rq_jobs", "j", "k", "r", "rq_trace", "rq_trace_resources", "rq_idempotency"),
+    *("rq_steps", "rq_entity_versions", "rq_outbox"),
+}
 
 
 def history(app: replayq.App) -> None:
@@ -211,6 +247,11 @@ def plan_of(app: replayq.App, name: str, params: dict[str, Any]) -> str:
         if "leases" in params:
             leases = params.pop("leases")
             params.update(tx.lease_pairs([(d["job_id"], d["owner_token"]) for d in leases]))
+        if "lease_rows" in params:
+            rows = params.pop("lease_rows")
+            params.update(
+                tx.lease_rows([(d["job_id"], d["owner_token"], d["lease_seconds"]) for d in rows])
+            )
         if storage.dialect == "sqlite":
             rows = conn.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall()
             return "\n".join(str(row[-1]) for row in rows)
@@ -227,7 +268,7 @@ def full_scans(dialect: str, plan: str) -> list[str]:
             # A range on the id with no other bound walks the history down from the top.
             if (whole and match[2] not in LIVE_INDEXES) or "PRIMARY KEY (rowid<?)" in line:
                 found.append(line)
-        elif re.search(r"Seq Scan on (rq_jobs|rq_trace)\b", line):
+        elif re.search(rf"Seq Scan on ({'|'.join(PG_HISTORY_TABLES)})\b", line):
             found.append(line)
         elif re.search(r"Index (Only )?Scan (Backward )?using (\w+)", line):
             index = re.search(r"using (\w+)", line)
@@ -245,7 +286,7 @@ def checked(app: replayq.App) -> dict[str, str]:
     queries = [(n, p) for n, p in WORKER_QUERIES.items() if n in storage.queries]
     # Leases judged by the database's clock (``database_clock``: lease_now NULL) too.
     queries += [(n, {**p, "lease_now": None}) for n, p in queries if "lease_now" in p]
-    for name, params in [*queries, *LIST_QUERIES, *GC_QUERIES, *TYPE_QUERIES]:
+    for name, params in [*queries, *LIST_QUERIES, *GC_QUERIES, *TYPE_QUERIES, *TRACE_QUERIES]:
         plan = plan_of(app, name, params)
         scans = full_scans(storage.dialect, plan)
         assert not scans, f"{name} {params} reads the whole history:\n{plan}"
@@ -263,6 +304,7 @@ def test_every_worker_and_list_query_uses_an_index_at_100k_jobs_of_history(
     with app.storage.transaction() as tx:
         tx.connection.execute("ANALYZE rq_jobs")
         tx.connection.execute("ANALYZE rq_trace")
+        tx.connection.execute("ANALYZE rq_idempotency")
     checked(app)
 
 

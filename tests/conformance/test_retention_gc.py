@@ -132,6 +132,28 @@ def test_ledger_tier_end_deletes_the_job(app_factory: AppFactory) -> None:
     assert app.enqueue("credit", {"account": "a", "amount": 1}, message_id="msg-1") != gone.id
 
 
+def test_gc_walks_past_a_stretch_of_ids_with_nothing_to_collect(app_factory: AppFactory) -> None:
+    """gc reads a window of ids at a time (a plan by the primary key's range): a window
+    with no candidate (here, jobs still waiting) does not end the pass early."""
+    clock = replayq.FrozenClock(START)
+    app = make_app(app_factory, clock)
+    waiting = [
+        app.enqueue("credit", {"account": f"w{n}", "amount": n}, delay="3d") for n in range(20)
+    ]
+    old = [
+        replayq.testing.run_inline(app, "credit", {"account": f"o{n}", "amount": n})
+        for n in range(3)
+    ]
+    assert min(job.id for job in old) > 16, "the first two windows of 8 ids hold none of them"
+    clock.advance(DAY + 60)
+
+    report = app.gc(batch=1)
+
+    assert report.complete and report.trimmed_jobs == 3
+    assert all(all(in_ledger(e) for e in app.trace(job.id)) for job in old)
+    assert all(app.get_job(job_id).state == replayq.JobState.QUEUED for job_id in waiting)
+
+
 def test_idempotency_records_are_forgotten_after_their_own_retention(
     app_factory: AppFactory,
 ) -> None:

@@ -70,6 +70,7 @@ from replayq.storage.protocol import (
     JobRoute,
     LeaseExtend,
     LeaseRelease,
+    LeasesExtend,
     LineagePut,
     Listener,
     LockAcquire,
@@ -226,6 +227,45 @@ def test_one_lease_extend_covers_every_lease_a_worker_holds_and_fails_if_one_was
         )
         assert tx.job_list(LeasesExpired(T0 + 13, 10)) == []
         assert sorted(j.id for j in tx.job_list(LeasesExpired(T0 + 15, 10))) == [first, second]
+
+
+def test_one_heartbeat_statement_extends_each_lease_by_its_own_length_and_names_the_lost(
+    storage: Storage,
+) -> None:
+    first = leased_job(storage, job_type="short")  # token "tok", leases end at T0 + 6
+    with storage.transaction() as tx:
+        second, _ = tx.job_insert(insert(job_type="short"))
+        third, _ = tx.job_insert(insert(job_type="short"))
+        assert {j.id for j in tx.job_lease(lease(owner="tok2"))} == {second, third}
+    with storage.transaction() as tx:
+        beat = LeasesExtend(
+            ((first, "tok", 5.0), (second, "tok2", 20.0), (third, "tok2", 5.0)), T0 + 5
+        )
+        assert tx.lease_extend(beat) == {first, second, third}
+        # A row is matched with its own token: another lease's token extends nothing.
+        assert tx.lease_extend(LeasesExtend(((first, "tok2", 50.0),), T0 + 5)) == set()
+        assert tx.job_transition(JobRedeliver(third, "tok2", T0 + 11, 5))
+        # The lost one is missing from the answer; the others were extended all the same.
+        assert tx.lease_extend(dataclasses.replace(beat, now=T0 + 11)) == {first, second}
+        assert tx.lease_extend(LeasesExtend((), T0 + 11)) == set()
+        assert tx.job_list(LeasesExpired(T0 + 15, 10)) == []
+        assert [j.id for j in tx.job_list(LeasesExpired(T0 + 17, 10))] == [first]
+        assert sorted(j.id for j in tx.job_list(LeasesExpired(T0 + 32, 10))) == [first, second]
+
+
+def test_a_job_given_back_unstarted_is_as_if_never_leased(storage: Storage) -> None:
+    job_id = leased_job(storage)
+    with storage.transaction() as tx:
+        leased = tx.job_get(job_id)
+        assert not tx.job_transition(LeaseRelease(job_id, "not the owner", T0 + 2, 3, False))
+        assert tx.job_transition(LeaseRelease(job_id, "tok", T0 + 2, 3, started=False))
+        back = tx.job_get(job_id)
+    assert leased is not None and back is not None
+    assert back.state is JobState.QUEUED and back.owner_token is None
+    assert (back.attempt, back.max_attempts, back.run_at) == (0, leased.max_attempts, T0)
+    with storage.transaction() as tx:
+        [again] = tx.job_lease(lease(now=T0 + 3, owner="tok2"))
+    assert again.id == job_id and again.attempt == 1
 
 
 def test_with_the_database_clock_a_caller_30_s_off_neither_reaps_nor_shortens_a_lease(

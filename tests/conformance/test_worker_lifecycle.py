@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 import replayq
 from replayq.model import TraceEvent
+from replayq.storage.protocol import JobRedeliver
 
 AppFactory = Callable[..., replayq.App]
 SEED = 20240607
@@ -311,55 +313,92 @@ def take_queued(worker: replayq.Worker) -> replayq.Job:
     return job
 
 
-def test_a_success_leases_the_slots_next_job_in_its_ack_and_queues_it(
-    app: replayq.App,
+def grouping(app: replayq.App, worker_id: str, **options: Any) -> replayq.Worker:
+    """A worker whose successes wait for a group commit, as in ``run()`` (tests drive
+    ``_execute`` and ``_commit_group`` directly)."""
+    worker = replayq.Worker(app, worker_id=worker_id, **options)
+    worker._grouping = True
+    return worker
+
+
+def counted_commits(app: replayq.App, monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Every write transaction the app's storage opens from now on."""
+    storage = app.storage
+    transaction = storage.transaction
+    opened: list[bool] = []
+
+    def counted(*, readonly: bool = False) -> Any:
+        if not readonly:
+            opened.append(True)
+        return transaction(readonly=readonly)
+
+    monkeypatch.setattr(storage, "transaction", counted)
+    return opened
+
+
+def test_a_group_commit_acks_its_jobs_and_leases_the_freed_slots_in_one_transaction(
+    app: replayq.App, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first, second = app.enqueue("ok", {"n": 1}), app.enqueue("ok", {"n": 2})
-    worker = replayq.Worker(app, worker_id="w")
-    worker.lease(1)
+    first, second, third = (app.enqueue("ok", {"n": n}) for n in range(3))
+    worker = grouping(app, "w", concurrency=1, prefetch=1)
+    assert [job.id for job in worker.lease(2, ahead=1)] == [first, second]
 
-    worker._execute(take_queued(worker), refill=True)
+    worker._execute(take_queued(worker))
+    assert app.get_job(first).state is replayq.JobState.RUNNING, "the ack waits in memory"
+    assert worker._inflight[first].acking, "held, so the heartbeat still extends it"
+    worker._execute(take_queued(worker))
+    commits = counted_commits(app, monkeypatch)
+    worker._commit_group(worker._take_acks(), refill=True)
 
-    assert app.get_job(first).state is replayq.JobState.SUCCEEDED
+    assert len(commits) == 1, "both acks and the next lease in one transaction"
+    for job_id in (first, second):
+        assert app.get_job(job_id).state is replayq.JobState.SUCCEEDED
+        assert [e.worker_id for e in events(app, job_id, "job.succeeded")] == ["w"]
     refilled = take_queued(worker)
-    assert refilled.id == second
-    stored = app.get_job(second)
+    assert refilled.id == third
+    stored = app.get_job(third)
     assert stored.state is replayq.JobState.RUNNING
     assert stored.owner_token == refilled.owner_token is not None
-    [leased] = events(app, second, "job.leased")
+    [leased] = events(app, third, "job.leased")
     assert leased.data["owner_token"] == refilled.owner_token
-    assert set(worker._inflight) == {first, second}, "held, so the heartbeat extends it"
-    worker._execute(refilled, refill=True)
-    assert app.get_job(second).state is replayq.JobState.SUCCEEDED
-    assert worker.stats.leased == 2
+    assert set(worker._inflight) == {third}, "acked jobs forgotten, the new lease held"
+    assert worker.stats.leased == 3 and worker.stats.succeeded == 2
 
 
-def test_a_rejected_ack_leases_nothing_for_the_slot(
+def test_a_lost_lease_rolls_its_group_back_and_the_others_commit_without_it(
     app: replayq.App, clock: replayq.FrozenClock
 ) -> None:
-    first, second = app.enqueue("ok", {"n": 1}), app.enqueue("ok", {"n": 2})
-    stale = replayq.Worker(app, worker_id="stale")
-    stale.lease(1)
-    clock.advance(10.1)
-    assert replayq.Worker(app, worker_id="reaper").reap() == 1
+    first, second, third = (app.enqueue("ok", {"n": n}) for n in range(3))
+    stale = grouping(app, "stale", concurrency=1, prefetch=1)
+    leased = {job.id: job for job in stale.lease(2, ahead=1)}
+    stale._execute(take_queued(stale))
+    stale._execute(take_queued(stale))
+    # The first job's lease is taken back before its ack commits (a reaper's compare-and-set).
+    token = leased[first].owner_token
+    assert token is not None
+    with app.storage.transaction() as tx:
+        assert tx.job_transition(JobRedeliver(first, token, clock.now(), 99))
 
-    stale._execute(take_queued(stale), refill=True)
+    stale._commit_group(stale._take_acks(), refill=False)
 
     assert [e.worker_id for e in events(app, first, "job.write_rejected")] == ["stale"]
+    assert events(app, first, "job.succeeded") == []
     assert app.get_job(first).state is replayq.JobState.QUEUED
-    assert app.get_job(second).state is replayq.JobState.QUEUED, "the refill rolled back"
-    assert events(app, second, "job.leased") == []
-    assert stale._work.empty()
-    assert stale.stats.leased == 1
+    assert app.get_job(second).state is replayq.JobState.SUCCEEDED, "the others still commit"
+    assert [e.worker_id for e in events(app, second, "job.succeeded")] == ["stale"]
+    assert app.get_job(third).state is replayq.JobState.QUEUED
+    assert stale._inflight == {} and stale._take_acks() == []
+    assert stale.stats.rejected == 1 and stale.stats.succeeded == 1
 
 
 def test_a_stopping_worker_acks_without_leasing_more(app: replayq.App) -> None:
     first, second = app.enqueue("ok", {"n": 1}), app.enqueue("ok", {"n": 2})
-    worker = replayq.Worker(app, worker_id="w")
+    worker = grouping(app, "w")
     worker.lease(1)
+    worker._execute(take_queued(worker))
     worker.stop()
 
-    worker._execute(take_queued(worker), refill=True)
+    worker._commit_group(worker._take_acks(), refill=True)
 
     assert app.get_job(first).state is replayq.JobState.SUCCEEDED
     assert app.get_job(second).state is replayq.JobState.QUEUED
@@ -369,7 +408,6 @@ def test_a_stopping_worker_acks_without_leasing_more(app: replayq.App) -> None:
 def test_one_heartbeat_statement_extends_every_held_lease_and_only_the_lost_one_is_lost(
     app: replayq.App, clock: replayq.FrozenClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from replayq.storage.protocol import JobRedeliver
     from replayq.storage.sql_transaction import SqlTransaction
 
     ids = [app.enqueue("ok", {"n": n}) for n in range(3)]
@@ -380,7 +418,7 @@ def test_one_heartbeat_statement_extends_every_held_lease_and_only_the_lost_one_
     execute = SqlTransaction.execute
 
     def counted(tx: SqlTransaction, name: str, params: object = None) -> object:
-        if name == "lease_extend":
+        if name == "leases_extend":
             extends.append(name)
         return execute(tx, name, params)  # type: ignore[arg-type]
 
@@ -399,7 +437,7 @@ def test_one_heartbeat_statement_extends_every_held_lease_and_only_the_lost_one_
     extends.clear()
     clock.advance(5)
     worker.extend_leases(flights)
-    assert len(extends) == 4, "the shared statement, then one by one to learn which was lost"
+    assert len(extends) == 1, "the same one statement learns which lease was lost"
     assert {f.job.id for f in flights if f.lost.is_set()} == {ids[0]}
     assert [e.name for e in app.trace(ids[0])][-1] == "lease.lost"
     assert [e.name for e in app.trace(ids[1])][-2:] == ["lease.extended", "lease.extended"]

@@ -23,6 +23,28 @@ from replayq.cli.env import Env, JobId, emit_json, log_options, pass_env
     help="Jobs run at once.",
 )
 @click.option(
+    "--prefetch",
+    type=click.IntRange(min=0),
+    default=replayq.Worker.default_prefetch,
+    show_default=True,
+    help="Jobs leased ahead of the free executors (given back at once on stop).",
+)
+@click.option(
+    "--prefetch-window",
+    type=click.FloatRange(min=0),
+    default=replayq.Worker.default_prefetch_window,
+    show_default=True,
+    help="Lease ahead only the jobs the executors finish in this many seconds at the recent "
+    "pace (inf: always --prefetch).",
+)
+@click.option(
+    "--ack-window",
+    type=click.FloatRange(min=0),
+    default=replayq.Worker.default_ack_window,
+    show_default=True,
+    help="Seconds a success's ack may wait in memory to commit with others.",
+)
+@click.option(
     "--burst",
     is_flag=True,
     help="Exit when no job is due (and --burst-wait finds none due soon); says how many "
@@ -75,6 +97,9 @@ def worker(
     env: Env,
     app_spec: str,
     concurrency: int,
+    prefetch: int,
+    prefetch_window: float,
+    ack_window: float,
     burst: bool,
     burst_wait: float,
     queues: str | None,
@@ -115,6 +140,9 @@ def worker(
     run = replayq.Worker(
         app,
         concurrency=concurrency,
+        prefetch=prefetch,
+        prefetch_window=prefetch_window,
+        ack_window=ack_window,
         burst=burst,
         burst_wait=burst_wait,
         queues=queues.split(",") if queues else None,

@@ -45,6 +45,7 @@ from replayq.storage.retention_params import (
     DerivedScan,
     GcCursor,
     GcCursorPut,
+    GcHighestId,
     GcScan,
     GcVacuum,
     IdemPurge,
@@ -238,6 +239,8 @@ class GcReport:
 
 
 CURSOR = "trace"
+# A batch's scan reads at most ``batch * WINDOW`` ids past the cursor.
+WINDOW = 8
 # The job type of the built-in periodic gc (``App.gc_periodic``).
 GC_JOB = "replayq.gc"
 # A blob stored (or stored again) this recently is never collected: a commit in flight may
@@ -302,9 +305,16 @@ def _jobs(
             report.trimmed_jobs += 1
         return kept
 
+    with storage.transaction(readonly=True) as tx:
+        highest = tx.gc_scan(GcHighestId())
     while max_batches is None or report.batches < max_batches:
+        # A window of ids at a time (the primary key's range: a plan that holds without
+        # statistics); a window with fewer than ``batch`` candidates is walked past.
+        until = min(after + batch * WINDOW, highest)
         with storage.transaction(readonly=True) as tx:
-            found = tx.gc_scan(GcScan(after=after, cutoff=cutoff, limit=batch, now=now))
+            found = tx.gc_scan(
+                GcScan(after=after, until=until, cutoff=cutoff, limit=batch, now=now)
+            )
         forget_idem: list[int] = []
         forget_message: list[int] = []
         purge: list[int] = []
@@ -327,8 +337,9 @@ def _jobs(
                 expires_at[candidate.job_id] = candidate.finished_at + rule.ledger_days * DAY
         report.idempotency_jobs += len(forget_idem)
         report.message_id_jobs += len(forget_message)
-        if found:
-            after = found[-1].job_id
+        full = len(found) == batch
+        after = found[-1].job_id if full else until
+        ended = not full and after >= highest
         if dry_run:
             report.purged_jobs += len(purge)
             with storage.transaction(readonly=True) as tx:
@@ -353,7 +364,7 @@ def _jobs(
                 if trim:
                     report.events_removed += tx.gc_apply(TraceTrim(trim, keep, now, expires_at))
                 # The end reached: the next pass starts over (jobs age into their tier).
-                tx.gc_apply(GcCursorPut(CURSOR, after if len(found) == batch else 0, now))
+                tx.gc_apply(GcCursorPut(CURSOR, 0 if ended else after, now))
         report.scanned += len(found)
         report.batches += 1
         if not dry_run and found:
@@ -361,12 +372,12 @@ def _jobs(
                 tx.gc_apply(GcVacuum())
         if progress is not None:
             progress(report.scanned, after)
-        if len(found) < batch:
+        if ended:
             if not dry_run:
                 with storage.transaction() as tx:
                     report.partitions_dropped += tx.gc_apply(LedgerDrop(now))
             return
-        if pause:
+        if pause and found:
             time.sleep(pause)
     report.complete = False
 

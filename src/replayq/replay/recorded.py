@@ -154,7 +154,8 @@ def read_recording(
     )
     lifecycle = [e for e in events if e.kind == "lifecycle" and e.attempt == attempt]
     leased = [e.hlc for e in lifecycle if e.name == "job.leased"]
-    start_hlc = leased[0] if leased else (domain[0].hlc - 1)
+    # The last lease of the attempt started it: one before it was given back unstarted.
+    start_hlc = leased[-1] if leased else (domain[0].hlc - 1)
     outcome = outcome_of(job, lifecycle)
     return Recording(job, attempt, domain, lifecycle, outcome, start_hlc, values, states)
 

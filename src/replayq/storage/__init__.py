@@ -29,7 +29,8 @@ scalars and returns records, never a mapping). A verb of many kinds takes a unio
 and has one ``@overload`` per kind, so each answer keeps its own type::
 
     jobs      job_insert job_enqueue (rows with their first trace packs) job_get
-              job_lease lease_check job_match
+              job_lease lease_check lease_extend(LeasesExtend: every lease held, one
+                  statement -> the ids still held) job_match
               job_list(JobFilter | CancelRequested | LeasesExpired)
               job_transition(LeaseExtend | JobComplete | JobRetry | JobBury | JobCancel |
                   JobCancelRequest | JobCancelRunning | JobReleaseRunning | JobRequeue |
@@ -53,7 +54,8 @@ and has one ``@overload`` per kind, so each answer keeps its own type::
               lineage_put lineage_list(LineageQuery)
               schedule_update(ScheduleRegister | ScheduleAdvance | ScheduleMade) schedule_list
     retention keep_transition(KeepPin | KeepHold | KeepRelease)       pins and live holds
-              gc_scan(KeptJobs | GcScan | GcCursor | JobHours | DerivedScan | BlobScan)
+              gc_scan(KeptJobs | GcScan | GcCursor | GcHighestId | JobHours |
+                      DerivedScan | BlobScan)
               gc_apply(TraceTrim | JobPurge | IdemPurge | MessageIdForget | LedgerPartitions |
                   LedgerDrop | DerivedPurge | BlobPurge | GcCursorPut | GcVacuum)
                                                   what gc removes, a batch of jobs at a time

@@ -56,6 +56,22 @@ class JobLease:
     version_for: Mapping[str, str] = field(default_factory=dict)
     queues: Sequence[str] | None = None
     database_clock: bool = False
+    # Only jobs of these types (``None``: of any): a worker leasing ahead of its free
+    # executors leaves out the types whose lease is a fixed visibility timeout.
+    job_types: Sequence[str] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LeasesExtend:
+    """One heartbeat for every lease a worker holds, in one statement: each lease ends
+    its own ``seconds`` after ``now`` (after the database's own now with
+    ``database_clock``). ``lease_extend`` answers the ids of the leases still held;
+    a lease missing from the answer was lost."""
+
+    # (job id, owner token, lease seconds) of each lease.
+    leases: tuple[tuple[int, str, float], ...]
+    now: float
+    database_clock: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +279,9 @@ class LeaseRelease:
     owner_token: str
     now: float
     hlc: int
+    # False: the job was leased ahead and never started. It goes back as if never
+    # leased: its attempt number and budget as they were, its place in the queue kept.
+    started: bool = True
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,6 +77,7 @@ from replayq.storage.params import (
     JobTrace,
     LeaseExtend,
     LeaseRelease,
+    LeasesExtend,
     MigrationStatus,
     RolloutChange,
     RolloutQuery,
@@ -134,6 +135,7 @@ from replayq.storage.retention_params import (
     DerivedScan,
     GcChange,
     GcCursor,
+    GcHighestId,
     GcQuery,
     GcScan,
     JobHours,
@@ -190,6 +192,7 @@ __all__ = [
     "KeepRecord",
     "LeaseExtend",
     "LeaseRelease",
+    "LeasesExtend",
     "LineagePut",
     "LineageRecord",
     "ListenHandle",
@@ -263,6 +266,11 @@ class Transaction(Protocol):
         result. ``False`` once the lease was reaped or re-leased; on PostgreSQL the
         row is locked (``FOR SHARE``) so a concurrent reaper cannot interleave.
         """
+        ...
+
+    def lease_extend(self, params: LeasesExtend) -> set[int]:
+        """Extend every lease of ``params`` in one statement; the ids of those still held
+        (each row a compare-and-set on its own owner token)."""
         ...
 
     @overload
@@ -479,6 +487,8 @@ class Transaction(Protocol):
     def gc_scan(self, query: GcScan) -> list[GcCandidate]: ...
     @overload
     def gc_scan(self, query: GcCursor) -> int: ...
+    @overload
+    def gc_scan(self, query: GcHighestId) -> int: ...
     @overload
     def gc_scan(self, query: JobHours) -> list[JobHour]: ...
     @overload

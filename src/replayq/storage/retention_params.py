@@ -47,11 +47,13 @@ class KeptJobs:
 
 @dataclass(frozen=True, slots=True)
 class GcScan:
-    """Finished jobs past ``cutoff`` with an id above ``after``, at most ``limit``
-    (``GcCandidate``): never a pinned one, nor one held at ``now``, nor one a derived
-    trace came from on or after ``cutoff``."""
+    """Finished jobs past ``cutoff`` with an id above ``after`` and at most ``until``, at
+    most ``limit`` of them (``GcCandidate``): never a pinned one, nor one held at ``now``,
+    nor one a derived trace came from on or after ``cutoff``. The id window keeps the
+    plan an index range scan without statistics (PostgreSQL scanned every job for it)."""
 
     after: int
+    until: int
     cutoff: float
     limit: int
     now: float
@@ -62,6 +64,11 @@ class GcCursor:
     """The last job id the gc pass ``name`` finished with (0: from the start)."""
 
     name: str
+
+
+@dataclass(frozen=True, slots=True)
+class GcHighestId:
+    """The highest job id there is (0: none): where a gc pass's walk ends."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +101,7 @@ class BlobScan:
     limit: int
 
 
-GcQuery = KeptJobs | GcScan | GcCursor | JobHours | DerivedScan | BlobScan
+GcQuery = KeptJobs | GcScan | GcCursor | GcHighestId | JobHours | DerivedScan | BlobScan
 """Every question gc asks: ``gc_scan`` answers each with its records (a cursor: an int)."""
 
 

@@ -28,6 +28,7 @@ from replayq.storage.retention_params import (
     GcChange,
     GcCursor,
     GcCursorPut,
+    GcHighestId,
     GcQuery,
     GcScan,
     IdemPurge,
@@ -97,6 +98,8 @@ class RetentionVerbs:
     @overload
     def gc_scan(self, query: GcCursor) -> int: ...
     @overload
+    def gc_scan(self, query: GcHighestId) -> int: ...
+    @overload
     def gc_scan(self, query: JobHours) -> list[JobHour]: ...
     @overload
     def gc_scan(self, query: DerivedScan) -> list[DerivedCandidate]: ...
@@ -112,6 +115,9 @@ class RetentionVerbs:
         if isinstance(query, GcCursor):
             row = self.fetchone("gc_cursor", {"name": query.name})
             return int(row["cursor"]) if row is not None else 0
+        if isinstance(query, GcHighestId):
+            row = self.fetchone("gc_highest_id", {})
+            return int(row["high"]) if row is not None and row["high"] is not None else 0
         if isinstance(query, JobHours):
             return [record(JobHour, r) for r in self.fetchall("job_hours", query_params(query))]
         if isinstance(query, DerivedScan):
@@ -132,8 +138,9 @@ class RetentionVerbs:
         if isinstance(change, JobPurge):
             return self._purge(change)
         if isinstance(change, IdemPurge):
-            values = {"job_ids": self.list_param(list(change.job_ids))}
-            return int(self.execute("idem_purge", values).rowcount)
+            if not change.job_ids:
+                return 0
+            return int(self.execute("idem_purge", self._id_list(change.job_ids)).rowcount)
         if isinstance(change, MessageIdForget):
             values = {"job_ids": self.list_param(list(change.job_ids))}
             return int(self.execute("job_message_forget", values).rowcount)

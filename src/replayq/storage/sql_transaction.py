@@ -44,6 +44,7 @@ from replayq.storage.params import (
     LeaseExtend,
     LeaseRelease,
     LeasesExpired,
+    LeasesExtend,
     RolloutChange,
     RolloutQuery,
     RoutingHistory,
@@ -204,6 +205,10 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
         """How (job id, owner token) pairs are passed (SQLite: one JSON array of pairs)."""
         return {"leases": codec.dumps([list(pair) for pair in leases])}
 
+    def lease_rows(self, leases: Sequence[tuple[int, str, float]]) -> dict[str, Any]:
+        """How (job id, owner token, lease seconds) rows are passed (SQLite: one JSON array)."""
+        return {"leases": codec.dumps([list(row) for row in leases])}
+
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         return self.connection.execute(self._queries[name], params or {})
 
@@ -334,7 +339,12 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
     def job_lease(self, params: JobLease) -> list[Job]:
         candidates = self.fetchall(
             "job_lease_candidates",
-            {"now": params.now, "queues": self.list_param(params.queues), "limit": params.limit},
+            {
+                "now": params.now,
+                "queues": self.list_param(params.queues),
+                "job_types": self.list_param(params.job_types),
+                "limit": params.limit,
+            },
         )
         leased = []
         for candidate in candidates:
@@ -360,6 +370,13 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
         row = self.fetchone("lease_check", {"job_id": job_id, "owner_token": owner_token})
         return row is not None
 
+    def lease_extend(self, params: LeasesExtend) -> set[int]:
+        if not params.leases:
+            return set()
+        values = {"lease_now": lease_now(params.now, params.database_clock)}
+        rows = self.fetchall("leases_extend", {**values, **self.lease_rows(params.leases)})
+        return {int(row["id"]) for row in rows}
+
     def job_transition(self, change: JobChange | JobReroute) -> Any:
         if isinstance(change, JobReroute):
             return int(self.execute("job_reroute", query_params(change)).rowcount)
@@ -373,6 +390,8 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
             return bool(extended.rowcount == len(set(leases)))
         if isinstance(change, JobBury):
             query = "job_bury_queued" if change.owner_token is None else "job_bury_owned"
+        elif isinstance(change, LeaseRelease) and not change.started:
+            query = "lease_return"
         else:
             query = _JOB_QUERIES[type(change)]
         return self.changed(query, query_params(change))

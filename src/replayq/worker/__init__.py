@@ -4,7 +4,8 @@
 
     worker/
     ├── process.py    Worker: run() starts the threads, the dispatcher loop (lease, reap,
-    │                 periodic jobs, burst end), signals, stop, shutdown and release
+    │                 periodic jobs, burst end), signals, stop, shutdown; jobs leased
+    │                 ahead and not started are released at once
     ├── core.py       WorkerCore: options, the in-flight table (InFlight), WorkerStats,
     │                 the thread events every part shares
     ├── lease.py      Leasing: lease for the free slots with job.leased, route the version,
@@ -13,14 +14,16 @@
     ├── execute.py    Executing: the executor threads; one attempt through its handler
     │                 under a Context over a LiveWorld; shadow comparisons
     ├── event_loop.py EventLoopThread: the one asyncio loop every async def handler runs on
-    ├── outcome.py    Outcomes: succeeded (+ refill), cancelled, failed (retry or dead), buried
+    ├── outcome.py    Outcomes: cancelled, failed (retry or dead), buried
+    ├── acks.py       Acking: succeeded; acks buffered in memory, committed in groups (each
+    │                 a compare-and-set on its owner token) with the lease of the freed slots
     ├── settle.py     Settling: one compare-and-set transaction per outcome, retried while
     │                 the database is away; write.rejected when the lease is gone
     └── reap.py       Reaping: expired leases re-delivered, buried or cancelled
 
-    Worker ─┬▶ Executing ─┬▶ Outcomes ─┬▶ Settling ─┬▶ WorkerCore
-            ├▶ Reaping ───┘             └▶ Leasing ──┤
-            └▶ Heartbeat ────────────────────────────┘
+    Worker ─┬▶ Executing ─▶ Acking ─┬▶ Outcomes ─┬▶ Settling ─┬▶ WorkerCore
+            ├▶ Reaping ─────────────┘             └▶ Leasing ──┤
+            └▶ Heartbeat ──────────────────────────────────────┘
 
 Each part is a class the next one builds on (the arrows); ``Worker`` is all of
 them, so the threads and the job's state machine read apart while sharing one

@@ -14,7 +14,7 @@ import threading
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from replayq.errors import UnknownJobTypeError
 from replayq.model import Job
@@ -31,6 +31,15 @@ from replayq.worker.event_loop import EventLoopThread
 # Put on the work queue once per executor at shutdown: the executor ends.
 STOP = object()
 
+# Jobs leased ahead of the free executors (``Worker(prefetch=...)``, ``--prefetch``),
+# chosen by measurement (docs/benchmarks.md, "Batched claims and grouped acks").
+DEFAULT_PREFETCH = 8
+# The longest a success's ack waits in memory for others to commit with (seconds).
+DEFAULT_ACK_WINDOW = 0.005
+# Jobs are leased ahead only as many as the executors finish in this many seconds at the
+# pace of the recent jobs: short jobs are batched, long ones are left to idle workers.
+DEFAULT_PREFETCH_WINDOW = 0.1
+
 
 @dataclass
 class InFlight:
@@ -45,6 +54,14 @@ class InFlight:
     # Set by the heartbeat when the job was asked to stop (``App.cancel`` on a running job).
     cancel: LostFlag = field(default_factory=LostFlag)
     ctx: Context | None = None
+    # Set (under ``_inflight_lock``) when an executor takes the job up: a held job not yet
+    # started is one leased ahead (``prefetch``), given back at once when the worker stops.
+    running: bool = False
+    # Set (under ``_inflight_lock``) when the stopping worker gives the unstarted job back.
+    releasing: bool = False
+    # Set when its success waits in memory for a group commit: it keeps its slot and its
+    # lease is still heartbeated until the ack commits.
+    acking: bool = False
     # Held while the heartbeat extends this lease and while the job settles: the two
     # never interleave, so their events' clock order is their commit order.
     beat: threading.Lock = field(default_factory=threading.Lock)
@@ -70,11 +87,18 @@ class WorkerStats:
 class WorkerCore:
     """A worker's options and shared state; ``Worker`` is the whole of it."""
 
+    default_prefetch: ClassVar[int] = DEFAULT_PREFETCH
+    default_ack_window: ClassVar[float] = DEFAULT_ACK_WINDOW
+    default_prefetch_window: ClassVar[float] = DEFAULT_PREFETCH_WINDOW
+
     def __init__(
         self,
         app: RuntimeSource,
         *,
         concurrency: int = 1,
+        prefetch: int = DEFAULT_PREFETCH,
+        ack_window: float = DEFAULT_ACK_WINDOW,
+        prefetch_window: float = DEFAULT_PREFETCH_WINDOW,
         queues: Sequence[str] | None = None,
         burst: bool = False,
         burst_wait: float = 0.0,
@@ -88,10 +112,28 @@ class WorkerCore:
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if prefetch < 0:
+            raise ValueError("prefetch must be 0 or more")
+        if ack_window < 0:
+            raise ValueError("ack_window must be 0 or more")
+        if prefetch_window < 0:
+            raise ValueError("prefetch_window must be 0 or more")
         self.runtime = app.runtime
         # Log lines are redacted with the rules of the job type they are about.
         redact_logs_with(self.runtime.redactor_for)
         self.concurrency = concurrency
+        # Leases held beyond the running jobs: an executor that ends one job starts the
+        # next without a round trip. Jobs with a fixed visibility timeout (heartbeat 0)
+        # are never leased ahead: their window counts from their lease.
+        self.prefetch = prefetch
+        self.capacity = concurrency + prefetch
+        self.ack_window = ack_window
+        # At most as many jobs ahead as the executors finish in this many seconds at the
+        # recent pace (``inf``: always ``prefetch``), so that a worker busy with long jobs
+        # does not hold jobs an idle worker could run (the prefetch problem).
+        self.prefetch_window = prefetch_window
+        # The recent attempts' mean seconds (a moving average); None before the first.
+        self._job_seconds: float | None = None
         self.queues = list(queues) if queues else None
         self.burst = burst
         # A burst run waits for jobs due within this many seconds (delayed, retrying).
@@ -108,6 +150,14 @@ class WorkerCore:
         # One thread leases at a time, so two threads never fill the same free slot.
         self._lease_lock = threading.Lock()
         self._work: queue.Queue[Any] = queue.Queue()
+        # Successes waiting in memory for their group commit (``acks.Ack``).
+        self._acks: list[Any] = []
+        self._acks_lock = threading.Lock()
+        self._acks_wake = threading.Event()
+        # Whether the acks thread knows of the buffered acks (sleeps until their window ends).
+        self._acks_armed = False
+        # Set while ``run()`` runs: outside it (``execute()`` on its own) an ack commits at once.
+        self._grouping = False
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._force = threading.Event()
@@ -130,8 +180,15 @@ class WorkerCore:
         self.router = Router(self.runtime.registry, routing_refresh)
 
     def _free_slots(self) -> int:
+        # An ack waiting in memory keeps its slot: the group commit that acks it leases
+        # the slot again in the same transaction (no other lease takes it meanwhile).
         with self._inflight_lock:
-            return self.concurrency - len(self._inflight)
+            return self.capacity - len(self._inflight)
+
+    def _idle(self) -> bool:
+        """Nothing held at all, not even an ack waiting in memory."""
+        with self._inflight_lock:
+            return not self._inflight
 
     def _flight_of(self, job: Job) -> InFlight | None:
         """The in-flight record of this lease of ``job`` (not of a later re-lease of it)."""
@@ -142,6 +199,14 @@ class WorkerCore:
         """Free the slot of this lease; a re-lease of the same job keeps its own record."""
         with self._inflight_lock:
             if self._flight_of(job) is not None:
+                del self._inflight[job.id]
+
+    def _ran(self, job: Job) -> None:
+        """An executor is done with this lease: forget it, unless its ack waits in memory
+        (the group commit forgets it, and the heartbeat covers it until then)."""
+        with self._inflight_lock:
+            flight = self._flight_of(job)
+            if flight is not None and not flight.acking:
                 del self._inflight[job.id]
 
     def _handler_or_none(self, job: Job) -> Handler | None:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from replayq.errors import DatabaseUnavailableError, ReplayqError
 from replayq.queue import lifecycle as trace
 from replayq.storage.params import CancelRequested
-from replayq.storage.protocol import LeaseExtend, Transaction
+from replayq.storage.protocol import LeasesExtend, Transaction
 from replayq.storage.reconnect import Backoff
 from replayq.worker.core import InFlight, WorkerCore
 
@@ -26,14 +26,14 @@ class Heartbeat(WorkerCore):
     def _heartbeat(self) -> None:
         """Beat when a lease needs it, and only then: the thread sleeps until the next
         flight's beat is due (at most ``IDLE_WAKE`` seconds; a new lease or the worker's
-        end wakes it sooner), not on a fixed tick."""
+        end wakes it sooner), not on a fixed tick. One beat covers every lease held:
+        once one is due, all of them are extended, in one statement."""
         backoff = Backoff(f"worker {self.worker_id}: heartbeat")
-        while not (
-            (self._stopping.is_set() or self._ended.is_set())
-            and self._free_slots() == self.concurrency
-        ):
+        while not ((self._stopping.is_set() or self._ended.is_set()) and self._idle()):
             with self._inflight_lock:
-                due = [f for f in self._inflight.values() if f.next_heartbeat <= time.monotonic()]
+                held = [f for f in self._inflight.values() if f.heartbeat_seconds > 0]
+            now = time.monotonic()
+            due = held if any(f.next_heartbeat <= now for f in held) else []
             if due:
                 try:
                     self.extend_leases(due)
@@ -112,26 +112,10 @@ class Heartbeat(WorkerCore):
 def _extend_held(
     tx: Transaction, flights: Sequence[InFlight], now: float, database_clock: bool
 ) -> set[int]:
-    """Extend the flights' leases; the ids of those still held.
-
-    One statement per lease length (usually one: a batch of one job type) for every
-    lease it covers; only when one of them was lost are they extended one by one, to
-    learn which.
-    """
-    by_seconds: dict[float, list[tuple[int, str]]] = {}
+    """Extend the flights' leases, each by its own length, in one statement; the ids of
+    those still held."""
+    leases = []
     for flight in flights:
         assert flight.job.owner_token is not None
-        by_seconds.setdefault(flight.lease_seconds, []).append(
-            (flight.job.id, flight.job.owner_token)
-        )
-    held: set[int] = set()
-    for seconds, leases in by_seconds.items():
-        (job_id, token), *more = leases
-        extend = LeaseExtend(job_id, token, now, seconds, database_clock, tuple(more))
-        if tx.job_transition(extend):
-            held.update(job_id for job_id, _ in leases)
-            continue
-        for job_id, token in leases:
-            if tx.job_transition(LeaseExtend(job_id, token, now, seconds, database_clock)):
-                held.add(job_id)
-    return held
+        leases.append((flight.job.id, flight.job.owner_token, flight.lease_seconds))
+    return tx.lease_extend(LeasesExtend(tuple(leases), now, database_clock))

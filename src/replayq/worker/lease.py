@@ -6,6 +6,8 @@ transaction committed: a rolled-back lease holds nothing.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -22,9 +24,37 @@ class Leasing(WorkerCore):
 
     def _lease_free_slots(self) -> tuple[int, list[Job]]:
         """Lease up to the number of free slots; returns (free slots before, jobs leased)."""
+        if self._free_slots() <= 0:
+            return 0, []  # nothing to lease: the lock is left to the executors' group commits
         with self._lease_lock:
-            free = self._free_slots()
-            return free, (self.lease(free) if free > 0 else [])
+            free, ahead = self._slots()
+            return free, (self.lease(free, ahead) if free > 0 else [])
+
+    def _slots(self, acking: int = 0) -> tuple[int, int]:
+        """(slots to lease, how many of them lie beyond the free executors: leased ahead);
+        ``acking``: held leases whose acks the caller's transaction commits."""
+        with self._inflight_lock:
+            held = len(self._inflight) - acking
+        executors = max(0, self.concurrency - held)
+        ahead = min(max(0, self.capacity - held - executors), self._ahead_allowed())
+        return executors + ahead, ahead
+
+    def _ahead_allowed(self) -> int:
+        """How many jobs may wait leased: as many as the executors finish within
+        ``prefetch_window`` at the recent pace, at most ``prefetch``; none before the
+        pace is known (a first job may be long)."""
+        if self.prefetch == 0 or math.isinf(self.prefetch_window):
+            return self.prefetch
+        seconds = self._job_seconds
+        if seconds is None:
+            return 0
+        pace = self.prefetch_window * self.concurrency / max(seconds, 1e-6)
+        return min(self.prefetch, int(pace))
+
+    def _ran_for(self, seconds: float) -> None:
+        """Count one attempt's seconds into the recent pace (a moving average)."""
+        mean = self._job_seconds
+        self._job_seconds = seconds if mean is None else 0.8 * mean + 0.2 * seconds
 
     def _lease_params(self, limit: int) -> JobLease:
         registry = self.runtime.registry
@@ -46,17 +76,39 @@ class Leasing(WorkerCore):
             database_clock=self.runtime.leases_by_database,
         )
 
-    def lease(self, limit: int) -> list[Job]:
-        """Lease up to ``limit`` jobs and queue them for the executors."""
+    def lease(self, limit: int, ahead: int = 0) -> list[Job]:
+        """Lease up to ``limit`` jobs and queue them for the executors; the last ``ahead``
+        of them wait for an executor (leased ahead)."""
         with self.runtime.storage.transaction() as tx:
-            jobs, now = self._lease_in(tx, limit)
+            jobs, now = self._lease_in(tx, limit, ahead)
         self._hold(jobs, now)
         return jobs
 
+    def _fixed_window_types(self) -> set[str]:
+        """Job types whose lease is a fixed visibility timeout (heartbeat 0)."""
+        registry = self.runtime.registry
+        return {t for t in registry.job_types() if registry.handler(t).contract.heartbeat <= 0}
+
+    def _claim(self, tx: Transaction, params: JobLease, ahead: int) -> list[Job]:
+        """``job_lease`` for ``params.limit`` jobs, of which the last ``ahead`` wait leased
+        in this worker. A fixed visibility timeout counts from the lease, so a job that
+        has one is never leased ahead: those slots take the other types only."""
+        fixed = self._fixed_window_types() if ahead > 0 else set()
+        if not fixed:
+            return tx.job_lease(params)
+        registry = self.runtime.registry
+        others = [t for t in (*registry.job_types(), *registry.system_types()) if t not in fixed]
+        first = params.limit - ahead
+        now = tx.job_lease(dataclasses.replace(params, limit=first)) if first > 0 else []
+        if not others or len(now) < first:  # the queue has no more ready jobs
+            return now
+        return now + tx.job_lease(dataclasses.replace(params, limit=ahead, job_types=others))
+
     def _lease_in(
-        self, tx: Transaction, limit: int, also: Sequence[TraceEvent] = ()
+        self, tx: Transaction, limit: int, ahead: int = 0, also: Sequence[TraceEvent] = ()
     ) -> tuple[list[Job], float]:
-        """Lease up to ``limit`` jobs inside ``tx`` with their ``job.leased`` events.
+        """Lease up to ``limit`` jobs inside ``tx`` with their ``job.leased`` events; the
+        last ``ahead`` of them are leased ahead of a free executor.
 
         ``also``: events of the same transaction appended before those (one insert
         batch). Returns (jobs, lease time). The caller hands them to ``_hold`` once
@@ -64,7 +116,8 @@ class Leasing(WorkerCore):
         """
         self.router.refresh(tx)
         params = self._lease_params(limit)
-        routed = [self._routed(tx, job, params.owner_token) for job in tx.job_lease(params)]
+        claimed = self._claim(tx, params, ahead) if limit > 0 else []
+        routed = [self._routed(tx, job, params.owner_token) for job in claimed]
         jobs = [job for job, _ in routed]
         events = list(also)
         for job, moved_from in routed:

@@ -1,4 +1,5 @@
-"""Outcomes: how an attempt ends — succeeded, cancelled, failed (retried or dead), buried.
+"""Outcomes: how an attempt ends — cancelled, failed (retried or dead), buried (succeeded:
+``acks.py``).
 
 Each is one write given to ``Settling._settle``: the job's state change (a
 compare-and-set on id and owner token) and its lifecycle events commit together.
@@ -29,7 +30,6 @@ from replayq.storage.protocol import (
     IdemFilter,
     JobBury,
     JobCancelRunning,
-    JobComplete,
     JobReleaseRunning,
     JobRetry,
     LeaseRelease,
@@ -50,61 +50,6 @@ STORAGE_FAULT_RELEASES = 5
 
 class Outcomes(Settling, Leasing):
     """The state machine's last step for an attempt this worker ran."""
-
-    def _succeed(
-        self,
-        job: Job,
-        handler: Handler,
-        ctx: Context,
-        result_json: str,
-        duration: float,
-        refill: bool = False,
-    ) -> None:
-        """Ack ``job`` with the handler's pending writes and its ``job.succeeded`` event.
-
-        With ``refill`` (an executor loop, the worker not stopping) the same
-        transaction leases the next job for the slot this one frees, so a busy
-        queue costs one commit per job instead of two. The lease comes after the
-        compare-and-set ack: a rejected ack rolls the refill back with it, and a
-        refill is only held (heartbeated, queued) once the transaction committed.
-        If a try committed but its reply was lost (``_settle`` then finds the ack
-        in the trace), that try's refill is not known here: it stays ``running``
-        and is reaped after its lease, like any claim whose commit reply was lost.
-        """
-        leased: list[Job] = []
-        leased_at = 0.0
-
-        def write(tx: Transaction) -> None:
-            nonlocal leased, leased_at
-            leased = []  # a retried write starts over; only the committed try's jobs count
-            now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
-            ctx.flush(tx)
-            assert job.owner_token is not None
-            if not tx.job_transition(JobComplete(job.id, job.owner_token, now, result_json, hlc)):
-                raise LeaseLostError("job.succeeded")
-            self.runtime.hlc.observe(hlc)
-            succeeded = trace.lifecycle(
-                trace.JOB_SUCCEEDED,
-                job,
-                now=now,
-                hlc=hlc,
-                worker_id=self.worker_id,
-                owner_token=job.owner_token,
-                status="succeeded",
-                duration=duration,
-                version=handler.contract.version,
-            )
-            if refill and not self._stopping.is_set():
-                leased, leased_at = self._lease_in(tx, 1, also=[succeeded])
-            else:
-                tx.trace_append([succeeded])
-
-        if self._settle(job, write, ctx):
-            # Held first: were anything below to raise, the leased job still runs.
-            self._hold(leased, leased_at)
-            ctx.committed()
-            self.stats.succeeded += 1
-            log.info("job %s succeeded in %.3fs", job.id, duration)
 
     def _cancel_event(
         self, tx: Transaction, job: Job, now: float, hlc: int, reason: str
@@ -225,13 +170,18 @@ class Outcomes(Settling, Leasing):
             cause,
         )
 
-    def _release_in(self, tx: Transaction, job: Job, reason: str, **data: Any) -> bool:
+    def _release_in(
+        self, tx: Transaction, job: Job, reason: str, *, started: bool = True, **data: Any
+    ) -> bool:
         """Give ``job`` back to the queue inside ``tx`` (its attempt budget intact) with its
-        ``lease.released`` event; ``False`` if this worker no longer holds the lease."""
+        ``lease.released`` event; ``False`` if this worker no longer holds the lease. Not
+        ``started`` (leased ahead): as if never leased, its attempt taken back too."""
         now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
         assert job.owner_token is not None
-        if not tx.job_transition(LeaseRelease(job.id, job.owner_token, now, hlc)):
+        if not tx.job_transition(LeaseRelease(job.id, job.owner_token, now, hlc, started)):
             return False
+        if not started:
+            data["started"] = False
         released = trace.lifecycle(
             trace.LEASE_RELEASED,
             job,

@@ -1,13 +1,15 @@
 """The worker: lease, heartbeat, run, classify, retry or bury, ack after commit, reap.
 
-One dispatcher thread leases jobs in batches (up to the free slots) and hands
-them to ``concurrency`` executor threads; on a busy queue an executor whose job
-succeeds leases its slot's next job in the ack's own transaction (one commit per
-job). A heartbeat thread extends the lease
-of every job in flight. Every write about a job is a compare-and-set on (job
-id, owner token): a worker that lost its lease cannot change the job's state.
-The dispatcher also runs the scheduler of the app's periodic jobs (off with
-``scheduler=False``, ``--no-scheduler``) between its looks for work.
+One dispatcher thread leases jobs in batches (up to ``concurrency + prefetch`` held
+leases: the jobs beyond the running ones wait leased in the worker) and hands them
+to ``concurrency`` executor threads. Successes are acked in groups (``acks.py``):
+on a busy queue an executor with nothing left to run commits the acks waiting in
+memory and leases the slots they free in the same transaction (one commit per
+batch). One heartbeat extends every lease held, in one statement. On stop, jobs
+leased ahead and not started go back to the queue at once. Every write about a job
+is a compare-and-set on (job id, owner token): a worker that lost its lease cannot
+change the job's state. The dispatcher also runs the scheduler of the app's periodic
+jobs (off with ``scheduler=False``, ``--no-scheduler``) between its looks for work.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ class Worker(Executing, Reaping, Heartbeat):
     # -- control ----------------------------------------------------------------------------
 
     def stop(self) -> None:
-        """Stop leasing; in-flight jobs get ``grace_period`` to finish, then are released."""
+        """Stop leasing; jobs leased ahead and not started are released at once, running
+        ones get ``grace_period`` to finish, then are released."""
         if self._stopping.is_set():
             self._force.set()
         else:
@@ -64,9 +67,11 @@ class Worker(Executing, Reaping, Heartbeat):
             for i in range(self.concurrency)
         ]
         heartbeat = threading.Thread(target=self._heartbeat, name="replayq-heartbeat", daemon=True)
+        acks = threading.Thread(target=self._acks_thread, name="replayq-acks", daemon=True)
         if self.observers.members:
             self.runtime.add_tap(self.observers.events)
-        for thread in [*executors, heartbeat]:
+        self._grouping = True
+        for thread in [*executors, heartbeat, acks]:
             thread.start()
         # Optional storage capability: backends that push wake-ups (PostgreSQL LISTEN).
         storage = self.runtime.storage
@@ -79,8 +84,10 @@ class Worker(Executing, Reaping, Heartbeat):
             self._shutdown(executors)
             # A burst run ends without a stop: its heartbeat thread ends with it (at once
             # when nothing is in flight; after the last executor otherwise).
+            self._grouping = False
             self._ended.set()
             self._beat_wake.set()
+            self._acks_wake.set()
             self.event_loop.close()
             if self.observers.members:
                 self.runtime.remove_tap(self.observers.events)
@@ -123,7 +130,7 @@ class Worker(Executing, Reaping, Heartbeat):
                 if self.scheduler is not None and now >= self._next_schedule_tick:
                     due = self.scheduler.tick()
                     self._next_schedule_tick = due if due is not None else now + 60.0
-                free, jobs = self._lease_free_slots()
+                _, jobs = self._lease_free_slots()
             except StorageError as exc:
                 # Killed session, restart, partition: retry until the database is back or we
                 # are told to stop. A claim whose commit was lost is reaped after its lease.
@@ -132,7 +139,8 @@ class Worker(Executing, Reaping, Heartbeat):
             backoff.reset()
             if jobs:
                 continue
-            if self.burst and free == self.concurrency and self._burst_done(now):
+            nothing_held = self._free_slots() == self.capacity
+            if self.burst and nothing_held and self._burst_done(now):
                 return
             wait = self.poll_interval
             if self.scheduler is not None:
@@ -162,34 +170,54 @@ class Worker(Executing, Reaping, Heartbeat):
         # From the signal, not from here: the dispatcher may have spent a moment ending an
         # outage wait, and the grace is what an operator's process supervisor counts.
         deadline = (self._stop_requested or time.monotonic()) + self.grace_period
-        while self._free_slots() < self.concurrency and time.monotonic() < deadline:
+        # Jobs leased ahead and not started go back at once: another worker runs them now,
+        # not after this one's grace (an executor that frees its slot starts none of them).
+        self._release_unstarted()
+        while not self._idle() and time.monotonic() < deadline:
             if self._force.is_set():
                 break
             time.sleep(0.05)
+            self._release_unstarted()
         self._force.set()  # settles still retrying against a dead database give up now
+        # Acks still in memory: one last try, given up at once if the database is away.
+        acks = self._take_acks(all_of_them=True)
+        if acks:
+            self._commit_group(acks, refill=False)
         with self._inflight_lock:
-            leftovers = list(self._inflight.values())
-        for index, flight in enumerate(leftovers):
-            try:
-                self._release(flight.job)
-            except StorageError as exc:
-                log.warning(
-                    "worker %s: could not release job %s (%s); it is reaped after its lease",
-                    self.worker_id,
-                    flight.job.id,
-                    exc,
-                )
-                if isinstance(exc, DatabaseUnavailableError):
-                    # The database is gone: don't wait on it once per job. The rest are
-                    # reaped after their leases too.
-                    rest = [f.job.id for f in leftovers[index + 1 :]]
-                    if rest:
-                        log.warning("worker %s: jobs %s not released", self.worker_id, rest)
-                    break
+            leftovers = [f for f in self._inflight.values() if not (f.releasing or f.acking)]
+        self._release_all([f.job for f in leftovers], "worker shut down before the job finished")
         for _ in executors:
             self._work.put(STOP)
 
-    def _release(self, job: Job) -> None:
-        with self.runtime.storage.transaction() as tx:
-            if self._release_in(tx, job, "worker shut down before the job finished"):
-                self.stats.released += 1
+    def _release_unstarted(self) -> None:
+        """Give back at once the jobs held but not started (only while stopping)."""
+        if not self._stopping.is_set():
+            return  # a burst run ends with nothing held
+        with self._inflight_lock:
+            unstarted = [f for f in self._inflight.values() if not (f.running or f.releasing)]
+            for flight in unstarted:
+                flight.releasing = True
+        if unstarted:
+            jobs = [f.job for f in unstarted]
+            self._release_all(jobs, "worker stopped before the job started", started=False)
+            for flight in unstarted:
+                self._forget(flight.job)
+
+    def _release_all(self, jobs: list[Job], reason: str, *, started: bool = True) -> None:
+        """Give ``jobs`` back to the queue in one transaction, each with ``lease.released``;
+        if the database refuses, they stay running and are reaped after their lease."""
+        if not jobs:
+            return
+        released = 0
+        try:
+            with self.runtime.storage.transaction() as tx:
+                released = sum(self._release_in(tx, job, reason, started=started) for job in jobs)
+        except StorageError as exc:
+            log.warning(
+                "worker %s: could not release jobs %s (%s); they are reaped after their lease",
+                self.worker_id,
+                [job.id for job in jobs],
+                exc,
+            )
+            return
+        self.stats.released += released

@@ -33,13 +33,15 @@ Known limits, up front:
   The channel is per database, not per schema: installations in sibling schemas
   wake each other's workers needlessly (harmless, one empty lease each).
 * Connections: a ``ConnectionPool`` of ``?pool_size=`` connections (default 4)
-  per ``PostgresStorage``; a worker uses one for the dispatcher, one for heartbeats
-  and one per executor while it settles a job, so give it ``concurrency + 2`` to
-  never wait. A connection broken by a server restart fails the call it is in
-  (``DatabaseUnavailableError``) and is replaced by the pool; callers retry
-  (``storage/reconnect.py``). An idle pooled connection whose session was killed
-  is noticed at checkout without a round trip: its socket is readable (the
-  server's FATAL message, then EOF), which an idle connection's never is. Once a
+  per ``PostgresStorage``; a worker uses one for the dispatcher, one for heartbeats,
+  one for a group commit of acks past their window and one per executor while it
+  settles a job, so give it ``concurrency + 3`` to never wait (a wait for a pooled
+  connection happens before a transaction opens, never inside one). A connection
+  broken by a server restart fails the call it is in (``DatabaseUnavailableError``)
+  and is replaced by the pool; callers retry (``storage/reconnect.py``). An idle
+  pooled connection whose session was killed is noticed at checkout without a round
+  trip: its socket is readable (the server's FATAL message, then EOF), which an idle
+  connection's never is. Once a
   call has found the database gone, a checkout waits ``OUTAGE_WAIT``, not
   ``pool_timeout``, until the pool connects again: callers retry with their own
   backoff, and a worker told to stop in an outage is not held for 30 s.
@@ -391,6 +393,14 @@ class PostgresTransaction(SqlTransaction):
         self._placed([with_job_id(event, job_id)], {job_id: int(found[1])})
         return job_id, True
 
+    def lease_rows(self, leases: Sequence[tuple[int, str, float]]) -> dict[str, Any]:
+        """(job id, owner token, lease seconds) rows as three arrays, for ``unnest``."""
+        return {
+            "job_ids": [job_id for job_id, _, _ in leases],
+            "owner_tokens": [token for _, token, _ in leases],
+            "lease_seconds": [float(seconds) for _, _, seconds in leases],
+        }
+
     def lease_pairs(self, leases: Sequence[tuple[int, str]]) -> dict[str, Any]:
         """(job id, owner token) pairs as two arrays of the same length, for ``unnest``."""
         return {
@@ -425,6 +435,7 @@ class PostgresTransaction(SqlTransaction):
             "now": params.now,
             "lease_now": lease_now(params.now, params.database_clock),
             "queues": self.list_param(params.queues),
+            "job_types": self.list_param(params.job_types),
             "limit": params.limit,
             "owner_token": params.owner_token,
             "worker_id": params.worker_id,

@@ -160,6 +160,7 @@ WITH candidates AS (
     WHERE j.state = 'queued'
       AND j.run_at <= %(now)s
       AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
+      AND (%(job_types)s::text[] IS NULL OR j.job_type = ANY(%(job_types)s::text[]))
       AND (j.ordering_key IS NULL OR (
             j.id = (SELECT MIN(k.id) FROM rq_jobs AS k
                     WHERE k.ordering_key = j.ordering_key AND k.state IN ('queued', 'running'))
@@ -197,6 +198,16 @@ UPDATE rq_jobs AS j
 SET lease_deadline = COALESCE(%(lease_now)s::float8, extract(epoch FROM statement_timestamp())::float8) + %(lease_seconds)s
 FROM unnest(%(job_ids)s::bigint[], %(owner_tokens)s::text[]) AS l(id, owner_token)
 WHERE j.id = l.id AND j.owner_token = l.owner_token AND j.state = 'running';
+
+-- name: leases_extend
+-- A worker's heartbeat: every lease of the rows (job_ids[i], owner_tokens[i],
+-- lease_seconds[i]) in one statement; RETURNING names the leases still held.
+UPDATE rq_jobs AS j
+SET lease_deadline = COALESCE(%(lease_now)s::float8, extract(epoch FROM statement_timestamp())::float8) + l.lease_seconds
+FROM unnest(%(job_ids)s::bigint[], %(owner_tokens)s::text[], %(lease_seconds)s::float8[])
+    AS l(id, owner_token, lease_seconds)
+WHERE j.id = l.id AND j.owner_token = l.owner_token AND j.state = 'running'
+RETURNING j.id;
 
 -- name: job_complete
 UPDATE rq_jobs
@@ -304,6 +315,18 @@ WITH released AS (
     RETURNING queue
 )
 SELECT pg_notify('replayq_jobs', queue) FROM released;
+
+-- name: lease_return
+-- A job leased ahead and never started goes back as if never leased: the attempt its
+-- lease counted is taken back, its budget and run_at (its place in the queue) kept.
+WITH returned AS (
+    UPDATE rq_jobs
+    SET state = 'queued', attempt = attempt - 1, owner_token = NULL, lease_deadline = NULL,
+        hlc = %(hlc)s
+    WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running'
+    RETURNING queue
+)
+SELECT pg_notify('replayq_jobs', queue) FROM returned;
 
 -- name: job_list
 SELECT * FROM rq_jobs
@@ -482,14 +505,19 @@ SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM 
 
 -- name: trace_for_trace
 -- A derived trace's packs (rq_trace_derived), or a job's by its trace id (rq_jobs_trace,
--- then rq_trace_job).
+-- then rq_trace_job for each job found: LATERAL keeps that plan without statistics, where
+-- a join would estimate the trace id's share of rq_trace and scan it).
 SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace WHERE trace_id = %(trace_id)s AND job_id IS NULL
 UNION ALL
-SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace
-WHERE job_id IN (SELECT id FROM rq_jobs WHERE trace_id = %(trace_id)s) AND trace_id = %(trace_id)s
-UNION ALL
-SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace_ledger
-WHERE job_id IN (SELECT id FROM rq_jobs WHERE trace_id = %(trace_id)s) AND trace_id = %(trace_id)s;
+SELECT t.id, t.trace_id, t.job_id, t.attempt, t.worker_id, t.hlc, t.hlc_last, t.ts, t.events
+FROM rq_jobs AS j CROSS JOIN LATERAL (
+    SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace
+    WHERE job_id = j.id AND trace_id = j.trace_id
+    UNION ALL
+    SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace_ledger
+    WHERE job_id = j.id AND trace_id = j.trace_id
+) AS t
+WHERE j.trace_id = %(trace_id)s;
 
 -- name: trace_for_resource
 -- The packs (full tier, then ledger tier) naming the resource or one of its versioned keys (``price:sku-1:v3``): both

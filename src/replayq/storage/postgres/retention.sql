@@ -9,13 +9,14 @@ ON CONFLICT (job_id) DO UPDATE SET reason = excluded.reason, kept_at = excluded.
 SELECT job_id, reason, kept_at FROM rq_keep ORDER BY job_id;
 
 -- name: gc_candidates
--- Finished jobs past ``cutoff`` after the cursor, by id: never a kept one, never one
+-- Finished jobs past ``cutoff`` in the id window after the cursor (the primary key's
+-- range: without it PostgreSQL planned a scan of every job before statistics), by id: never a kept one, never one
 -- held by a live fork or dry-run, never one a replay, fork or rerun derived from on or
 -- after ``cutoff`` (still in use).
 SELECT j.id AS job_id, j.job_type AS job_type, j.handler_version AS version,
        j.finished_at AS finished_at
 FROM rq_jobs AS j
-WHERE j.id > %(after)s::bigint
+WHERE j.id > %(after)s::bigint AND j.id <= %(until)s::bigint
   AND j.state IN ('succeeded', 'dead', 'cancelled')
   AND j.finished_at IS NOT NULL AND j.finished_at < %(cutoff)s::double precision
   AND NOT EXISTS (SELECT 1 FROM rq_keep AS k WHERE k.job_id = j.id)
@@ -25,6 +26,9 @@ WHERE j.id > %(after)s::bigint
                   WHERE l.source_job_id = j.id AND l.created_at >= %(cutoff)s::double precision)
 ORDER BY j.id
 LIMIT %(limit)s;
+
+-- name: gc_highest_id
+SELECT max(id) AS high FROM rq_jobs;
 
 -- name: gc_cursor
 SELECT cursor FROM rq_gc WHERE name = %(name)s;
@@ -187,7 +191,10 @@ DELETE FROM rq_jobs WHERE id = ANY(%(job_ids)s::bigint[]);
 
 -- name: idem_purge
 -- These jobs' settled idempotency records (their effect keys may run again afterwards).
-DELETE FROM rq_idempotency WHERE job_id = ANY(%(job_ids)s::bigint[]) AND status <> 'started';
+-- rq_idempotency_job; the range: as in gc_trace_for_jobs (a plan without statistics).
+DELETE FROM rq_idempotency
+WHERE job_id BETWEEN %(low)s::bigint AND %(high)s::bigint AND job_id = ANY(%(job_ids)s::bigint[])
+  AND status <> 'started';
 
 -- name: job_message_forget
 UPDATE rq_jobs SET message_id = NULL WHERE id = ANY(%(job_ids)s::bigint[]) AND message_id IS NOT NULL;

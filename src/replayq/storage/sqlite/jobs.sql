@@ -28,6 +28,7 @@ FROM rq_jobs AS j
 WHERE j.state = 'queued'
   AND j.run_at <= :now
   AND (:queues IS NULL OR j.queue IN (SELECT value FROM json_each(:queues)))
+  AND (:job_types IS NULL OR j.job_type IN (SELECT value FROM json_each(:job_types)))
   AND (j.ordering_key IS NULL OR (
         j.id = (
           SELECT MIN(k.id) FROM rq_jobs AS k
@@ -69,6 +70,20 @@ WHERE id IN (SELECT json_extract(value, '$[0]') FROM json_each(:leases))
   AND state = 'running'
   AND owner_token = (SELECT json_extract(l.value, '$[1]') FROM json_each(:leases) AS l
                      WHERE json_extract(l.value, '$[0]') = rq_jobs.id);
+
+-- name: leases_extend
+-- A worker's heartbeat: every lease in :leases (a JSON array of [job id, owner token,
+-- lease seconds]) in one statement, each row compared with its own token and given its
+-- own seconds; RETURNING names the leases still held.
+UPDATE rq_jobs
+SET lease_deadline = COALESCE(:lease_now, (julianday('now') - 2440587.5) * 86400.0)
+    + (SELECT json_extract(l.value, '$[2]') FROM json_each(:leases) AS l
+       WHERE json_extract(l.value, '$[0]') = rq_jobs.id)
+WHERE id IN (SELECT json_extract(value, '$[0]') FROM json_each(:leases))
+  AND state = 'running'
+  AND owner_token = (SELECT json_extract(l.value, '$[1]') FROM json_each(:leases) AS l
+                     WHERE json_extract(l.value, '$[0]') = rq_jobs.id)
+RETURNING id;
 
 -- name: job_complete
 UPDATE rq_jobs
@@ -155,6 +170,14 @@ WHERE id = :job_id AND owner_token = :owner_token AND state = 'running';
 UPDATE rq_jobs
 SET state = 'queued', run_at = :now, max_attempts = max_attempts + 1, owner_token = NULL,
     lease_deadline = NULL, hlc = :hlc
+WHERE id = :job_id AND owner_token = :owner_token AND state = 'running';
+
+-- name: lease_return
+-- A job leased ahead and never started goes back as if never leased: the attempt its
+-- lease counted is taken back, its budget and run_at (its place in the queue) kept.
+UPDATE rq_jobs
+SET state = 'queued', attempt = attempt - 1, owner_token = NULL, lease_deadline = NULL,
+    hlc = :hlc
 WHERE id = :job_id AND owner_token = :owner_token AND state = 'running';
 
 -- name: job_list

@@ -8,13 +8,14 @@ ON CONFLICT (job_id) DO UPDATE SET reason = excluded.reason, kept_at = excluded.
 SELECT job_id, reason, kept_at FROM rq_keep ORDER BY job_id;
 
 -- name: gc_candidates
--- Finished jobs past ``cutoff`` after the cursor, by id: never a kept one, never one
+-- Finished jobs past ``cutoff`` in the id window after the cursor (the primary key's
+-- range), by id: never a kept one, never one
 -- held by a live fork or dry-run, never one a replay, fork or rerun derived from on or
 -- after ``cutoff`` (still in use).
 SELECT j.id AS job_id, j.job_type AS job_type, j.handler_version AS version,
        j.finished_at AS finished_at
 FROM rq_jobs AS j
-WHERE j.id > :after
+WHERE j.id > :after AND j.id <= :until
   AND j.state IN ('succeeded', 'dead', 'cancelled')
   AND j.finished_at IS NOT NULL AND j.finished_at < :cutoff
   AND NOT EXISTS (SELECT 1 FROM rq_keep AS k WHERE k.job_id = j.id)
@@ -24,6 +25,9 @@ WHERE j.id > :after
                   WHERE l.source_job_id = j.id AND l.created_at >= :cutoff)
 ORDER BY j.id
 LIMIT :limit;
+
+-- name: gc_highest_id
+SELECT max(id) AS high FROM rq_jobs;
 
 -- name: gc_cursor
 SELECT cursor FROM rq_gc WHERE name = :name;
@@ -174,6 +178,7 @@ DELETE FROM rq_jobs WHERE id IN (SELECT value FROM json_each(:job_ids));
 
 -- name: idem_purge
 -- These jobs' settled idempotency records (their effect keys may run again afterwards).
+-- rq_idempotency_job.
 DELETE FROM rq_idempotency WHERE job_id IN (SELECT value FROM json_each(:job_ids)) AND status <> 'started';
 
 -- name: job_message_forget

@@ -300,6 +300,10 @@ CREATE UNIQUE INDEX rq_jobs_message ON rq_jobs (job_type, message_id);
 
 CREATE INDEX rq_jobs_failed ON rq_jobs (state, id) WHERE state IN ('dead', 'cancelled');
 
+CREATE INDEX rq_idempotency_job ON rq_idempotency (job_id);
+
+CREATE INDEX rq_outbox_job ON rq_outbox (job_id);
+
 CREATE VIEW rq_events AS
 SELECT p.id * 1024 + e.key AS id,
        p.trace_id AS trace_id,

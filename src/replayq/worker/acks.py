@@ -1,0 +1,302 @@
+"""Group commit: the acks of several successes in one transaction, never one held open.
+
+A success's ack (its handler's pending writes, the compare-and-set on its owner
+token, ``job.succeeded``) waits in memory, not in a transaction. The buffer is
+committed as one transaction when an executor has nothing left to run (that
+transaction also leases the slots it frees: acks and the next batch commit
+together), or by the ``replayq-acks`` thread once the oldest ack has waited
+``ack_window`` seconds. A transaction is opened only to flush and committed at
+once: no thread waits for others with one open.
+
+What the group promises:
+
+* Each ack is still a compare-and-set. A job whose lease was lost (or whose writes
+  are refused) rolls the group back; the group commits again without it, and that
+  job is settled alone (``write.rejected``, or a failed attempt). No savepoints.
+* A group that fails to commit acks none of its jobs: they stay ``running``, held
+  by this worker, their leases still heartbeated, and the group is tried again
+  after a backoff. At the end of the shutdown grace it gives up; the jobs are then
+  reaped after their lease and run again (at-least-once, as any lost ack).
+* A buffered ack never outlives its lease unnoticed: the heartbeat keeps extending
+  a job's lease until its ack commits, and the window is milliseconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from replayq.errors import DatabaseUnavailableError, JobError, LeaseLostError, StorageError
+from replayq.model import Job
+from replayq.queue import lifecycle as trace
+from replayq.queue.handlers import Handler
+from replayq.recording.context import Context
+from replayq.storage.protocol import JobComplete, Transaction
+from replayq.storage.reconnect import FIRST_DELAY, MAX_DELAY
+from replayq.worker.core import InFlight
+from replayq.worker.outcome import Outcomes
+
+log = logging.getLogger("replayq.worker")
+
+# A group whose commit failed (rolled back for sure) this many times is given up: its
+# jobs stay running and are reaped after their lease, as a single settle does.
+_GROUP_STORAGE_TRIES = 5
+# The acks thread's longest sleep with nothing buffered.
+_IDLE_WAKE = 1.0
+
+
+@dataclass(eq=False)  # compared by identity: the buffer removes the very acks it took
+class Ack:
+    """A success waiting in memory for its group commit."""
+
+    job: Job
+    handler: Handler
+    ctx: Context
+    result_json: str
+    duration: float
+    since: float  # monotonic time it was buffered
+    retry_at: float = 0.0
+    failures: int = 0
+    # A commit of its group may have landed although its reply was lost.
+    outcome_unknown: bool = False
+
+
+class _Refused(Exception):
+    """One ack of a group was refused: the group rolls back and commits without it."""
+
+    def __init__(self, ack: Ack, cause: LeaseLostError | JobError) -> None:
+        super().__init__(str(cause))
+        self.ack = ack
+        self.cause = cause
+
+
+class Acking(Outcomes):
+    """Buffer successes and commit them in groups."""
+
+    def _succeed(
+        self, job: Job, handler: Handler, ctx: Context, result_json: str, duration: float
+    ) -> None:
+        """Ack ``job`` with the handler's pending writes and its ``job.succeeded`` event.
+
+        In a running worker the ack waits in memory for a group commit (``acks.py``).
+        Acked at once instead: a job whose type has routing (shadow and dual-run
+        compare the settled attempt right after), a job run by ``execute()`` on its
+        own, and every job of a worker with observers (metrics, OpenTelemetry): an
+        observer's attempt ends when the handler returns, and must see the ack's
+        events by then.
+        """
+        ack = Ack(job, handler, ctx, result_json, duration, time.monotonic())
+        grouped = self._grouping and not self.observers.members
+        if grouped and job.job_type not in self.router.routed_types():
+            self._ack_later(ack)
+            return
+        if self._settle(job, lambda tx: self._ack_in(tx, ack), ctx):
+            self._acked(ack)
+
+    def _ack_in(self, tx: Transaction, ack: Ack) -> None:
+        """The ack of one success inside ``tx``: its writes, its compare-and-set, its event."""
+        job = ack.job
+        now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
+        ack.ctx.flush(tx)
+        assert job.owner_token is not None
+        if not tx.job_transition(JobComplete(job.id, job.owner_token, now, ack.result_json, hlc)):
+            raise LeaseLostError("job.succeeded")
+        self.runtime.hlc.observe(hlc)
+        succeeded = trace.lifecycle(
+            trace.JOB_SUCCEEDED,
+            job,
+            now=now,
+            hlc=hlc,
+            worker_id=self.worker_id,
+            owner_token=job.owner_token,
+            status="succeeded",
+            duration=ack.duration,
+            version=ack.handler.contract.version,
+        )
+        tx.trace_append([succeeded])
+
+    def _acked(self, ack: Ack) -> None:
+        ack.ctx.committed()
+        self.stats.succeeded += 1
+        log.info("job %s succeeded in %.3fs", ack.job.id, ack.duration)
+
+    # -- the buffer -------------------------------------------------------------------------
+
+    def _ack_later(self, ack: Ack) -> None:
+        """Buffer ``ack`` for the next group; it keeps its slot and its lease is beaten."""
+        with self._inflight_lock:
+            flight = self._flight_of(ack.job)
+            if flight is not None:
+                flight.acking = True
+        with self._acks_lock:
+            self._acks.append(ack)
+        # The acks thread is not woken here: an executor with nothing else to run commits
+        # the buffer itself at once; one that goes on to another job arms it (``_arm_acks``).
+
+    def _arm_acks(self) -> None:
+        """Have the acks thread commit the buffer when its window ends (an executor goes on
+        to another job while acks wait). Once per stretch of a non-empty buffer: the
+        thread stays armed until it finds the buffer empty."""
+        with self._acks_lock:
+            if not self._acks or self._acks_armed:
+                return
+            self._acks_armed = True
+        self._acks_wake.set()
+
+    def _take_acks(self, *, all_of_them: bool = False) -> list[Ack]:
+        now = time.monotonic()
+        with self._acks_lock:
+            taken = [a for a in self._acks if all_of_them or a.retry_at <= now]
+            if taken:
+                self._acks = [a for a in self._acks if a not in taken]
+        return taken
+
+    def _acks_thread(self) -> None:
+        """Commit the buffer once its oldest ack has waited ``ack_window`` seconds."""
+        while not (self._ended.is_set() and not self._acks):
+            self._acks_wake.clear()  # before the look: an arm after it wakes the wait below
+            with self._acks_lock:
+                # A group that failed is tried again at its backoff, not after the window.
+                due = min(
+                    (a.retry_at if a.failures else a.since + self.ack_window for a in self._acks),
+                    default=None,
+                )
+                self._acks_armed = due is not None
+            wait = _IDLE_WAKE if due is None else due - time.monotonic()
+            if wait > 0:
+                self._acks_wake.wait(min(wait, _IDLE_WAKE))
+                continue
+            self._flush_acks()
+            if self._ended.is_set() and self._force.is_set():
+                self._give_up(self._take_acks(all_of_them=True))
+
+    def _flush_acks(self, *, refill: bool = False, all_of_them: bool = False) -> list[Job]:
+        """Commit the buffered acks (those not backing off, unless ``all_of_them``) in one
+        transaction; with ``refill``, the slots they free are leased in it. Returns the
+        jobs leased (already held)."""
+        acks = self._take_acks(all_of_them=all_of_them)
+        if not acks:
+            return []
+        return self._commit_group(acks, refill=refill)
+
+    # -- one group --------------------------------------------------------------------------
+
+    def _commit_group(self, acks: list[Ack], *, refill: bool) -> list[Job]:
+        pending = list(acks)
+        while pending:
+            try:
+                leased = self._commit_once(pending, refill=refill)
+            except _Refused as refused:
+                # Rolled back: the group commits again without the refused one.
+                pending.remove(refused.ack)
+                self._settle_refused(refused.ack, refused.cause)
+                continue
+            except StorageError as exc:
+                self._group_failed(pending, exc)
+                return []
+            except Exception:
+                # Not the database's fault (a bug): the acks are dropped, never left held
+                # and heartbeated forever; the jobs are reaped after their lease.
+                log.exception("worker %s: group commit failed", self.worker_id)
+                self._give_up(pending)
+                return []
+            for ack in pending:
+                self._acked(ack)
+                self._forget(ack.job)
+            return leased
+        return []
+
+    def _commit_once(self, acks: Sequence[Ack], *, refill: bool) -> list[Job]:
+        """One try: every ack, then (with ``refill``) the lease of the free slots."""
+        flights = self._flights_of(acks)
+        for flight in flights:
+            flight.beat.acquire()  # the heartbeat skips a lease while its ack commits
+        # One thread leases at a time (the dispatcher may be in a lease of its own: waited
+        # for here, before this transaction opens, never inside it).
+        leasing = refill and not self._stopping.is_set()
+        if leasing:
+            self._lease_lock.acquire()
+        leased: list[Job] = []
+        leased_at = 0.0
+        try:
+            with self.runtime.storage.transaction() as tx:
+                for ack in acks:
+                    try:
+                        self._ack_in(tx, ack)
+                    except (LeaseLostError, JobError) as exc:
+                        raise _Refused(ack, exc) from exc
+                if leasing:
+                    # The acks just written free their slots.
+                    free, ahead = self._slots(acking=len(flights))
+                    if free > 0:
+                        leased, leased_at = self._lease_in(tx, free, ahead)
+            self._hold(leased, leased_at)
+        finally:
+            if leasing:
+                self._lease_lock.release()
+            for flight in flights:
+                flight.beat.release()
+        return leased
+
+    def _flights_of(self, acks: Sequence[Ack]) -> list[InFlight]:
+        with self._inflight_lock:
+            flights = [self._flight_of(ack.job) for ack in acks]
+        # One order for every group: two threads never wait on each other's beats.
+        return sorted((f for f in flights if f is not None), key=lambda f: f.job.id)
+
+    def _settle_refused(self, ack: Ack, cause: LeaseLostError | JobError) -> None:
+        """Settle alone the ack its group refused: lost lease, or writes refused."""
+        try:
+            if isinstance(cause, LeaseLostError):
+                if ack.outcome_unknown and self._settled_by_this_attempt(ack.job):
+                    self._acked(ack)  # an earlier try of its group committed
+                else:
+                    self._reject(ack.job, cause, ack.ctx)
+            else:
+                # The commit refused the handler's writes made outside steps (a version
+                # conflict, a stale fencing token): a failure of the attempt, classified.
+                ack.ctx.discard_writes()
+                self._fail(ack.job, ack.handler, ack.ctx, cause, ack.duration)
+        except Exception:
+            log.exception("worker %s: job %s could not be settled", self.worker_id, ack.job.id)
+        finally:
+            self._forget(ack.job)
+
+    def _group_failed(self, acks: list[Ack], exc: StorageError) -> None:
+        """Nothing of the group committed (or, unreachable, maybe all of it): back to the
+        buffer after a backoff, its leases still heartbeated."""
+        unavailable = isinstance(exc, DatabaseUnavailableError)
+        log.warning(
+            "worker %s: group commit of the acks of jobs %s failed (%s); tried again",
+            self.worker_id,
+            [ack.job.id for ack in acks],
+            exc,
+        )
+        retry, given_up = [], []
+        for ack in acks:
+            ack.failures += 1
+            ack.outcome_unknown = ack.outcome_unknown or unavailable
+            if self._force.is_set() or (not unavailable and ack.failures >= _GROUP_STORAGE_TRIES):
+                given_up.append(ack)
+                continue
+            ack.retry_at = time.monotonic() + min(FIRST_DELAY * 2**ack.failures, MAX_DELAY)
+            retry.append(ack)
+        self._give_up(given_up)
+        if retry:
+            with self._acks_lock:
+                self._acks.extend(retry)
+            self._arm_acks()
+
+    def _give_up(self, acks: Sequence[Ack]) -> None:
+        if not acks:
+            return
+        log.error(
+            "worker %s: gave up the acks of jobs %s; they stay running and are reaped "
+            "after their lease",
+            self.worker_id,
+            [ack.job.id for ack in acks],
+        )
+        for ack in acks:
+            self._forget(ack.job)
