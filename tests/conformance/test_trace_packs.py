@@ -13,6 +13,7 @@ from typing import Any
 
 import replayq
 from replayq.model import TraceEvent
+from replayq.storage import packs as storage_packs
 from replayq.storage.protocol import TraceQuery
 from replayq.testing import run_inline
 
@@ -138,3 +139,49 @@ def test_a_traced_job_is_a_few_rows_and_the_view_holds_every_event(
     assert by_resource == ["state.read", "state.write"]
     names = [e.name for e in trace]
     assert names.index("call") < names.index("state.write") < names.index("effect.claimed")
+
+
+def test_a_joining_commit_appends_to_the_stored_pack_and_a_rewritten_pack_is_not_joined(
+    sqlite_url: str,
+) -> None:
+    # SQLite only: PostgreSQL joins packs only within one transaction (JSON text, rewritten).
+    app = replayq.App(sqlite_url, auto_migrate=True)
+    try:
+        appended(app)
+    finally:
+        app.close()
+
+
+def appended(app: replayq.App) -> None:
+    base = {"trace_id": "replay-append", "attempt": 1, "worker_id": "w1", "ts": 1_700_000_000.0}
+    events = [TraceEvent(name=f"event.{n}", hlc=3_000 + n, seq=n, **base) for n in range(6)]
+    stored_sql = "SELECT id, events FROM rq_trace WHERE trace_id = 'replay-append' ORDER BY id"
+    with app.storage.transaction() as tx:
+        tx.trace_append(events[:2])
+    with app.storage.transaction(readonly=True) as tx:
+        [(pack_id, first)] = tx.connection.execute(stored_sql).fetchall()
+    with app.storage.transaction() as tx:
+        tx.trace_append(events[2:3])
+    with app.storage.transaction(readonly=True) as tx:
+        [(same_id, joined)] = tx.connection.execute(stored_sql).fetchall()
+    # The second commit appended its own bytes: the first commit's are stored unchanged.
+    assert same_id == pack_id and joined.startswith(first) and len(joined) > len(first)
+    # Another writer rewrites the pack (as the ledger's trimming does): the connection's
+    # next commit must not append to bytes its stream did not write, but start a pack.
+    rewritten = storage_packs.deflated(storage_packs.pack_json(joined) or "")
+    with app.storage.transaction() as tx:
+        tx.connection.execute("UPDATE rq_trace SET events = ? WHERE id = ?", (rewritten, pack_id))
+    with app.storage.transaction() as tx:
+        tx.trace_append(events[3:4])
+    # Events older than the pack's first HLC start a pack too (its hlc is their base).
+    earlier = TraceEvent(name="event.early", hlc=2_999, seq=9, **base)
+    with app.storage.transaction() as tx:
+        tx.trace_append(events[4:])
+    with app.storage.transaction() as tx:
+        tx.trace_append([earlier])
+    with app.storage.transaction(readonly=True) as tx:
+        rows = tx.connection.execute(stored_sql).fetchall()
+        back = tx.trace_query(TraceQuery(trace_id="replay-append"))
+    assert len(rows) == 3 and rows[0][1] == rewritten
+    assert [e.name for e in back] == ["event.early"] + [e.name for e in events]
+    assert len({e.id for e in back}) == len(events) + 1

@@ -128,3 +128,29 @@ def test_sql_reads_both_formats_through_the_registered_function() -> None:
     names = [e.name for e in events]
     assert rows == [(1, "text", n) for n in names] + [(2, "blob", n) for n in names]
     conn.close()
+
+
+def test_a_pack_appended_to_piece_by_piece_reads_back_whole_at_every_commit() -> None:
+    events = attempt_events()
+    row, writer = packs.opened_row(events[:1], packs.FORMAT_DEFLATE)
+    assert writer is not None
+    data = row["events"]
+    assert isinstance(data, bytes)
+    for n in range(1, len(events)):
+        # Each commit appends its own items: the bytes already stored stay as they were.
+        before = data
+        data += writer.more(packs.pack_items(events[n : n + 1], row["hlc"], row["ts"]))
+        assert data.startswith(before) and writer.stored == data
+        as_json = packs.pack_row(events[: n + 1], packs.FORMAT_JSON)["events"]
+        assert packs.pack_json(data) == as_json
+        assert packs.unpack({**row, "events": data, "id": 5}) == packs.unpack(
+            stored(events[: n + 1], packs.FORMAT_JSON)
+        )
+
+
+def test_a_format_2_pack_whose_stream_was_finished_still_reads() -> None:
+    # Packs written before appends existed end their deflate stream (and their array).
+    events = attempt_events()
+    text = packs.pack_row(events, packs.FORMAT_JSON)["events"]
+    assert isinstance(text, str)
+    assert packs.pack_json(packs.deflated(text)) == text
