@@ -67,6 +67,7 @@ from typing import Any
 from machine import PG_URL, PgSchemas, commit, load_average, machine, schema_of
 
 import replayq
+from replayq.storage import packs
 
 AIM = 0.15
 CUSTOMERS = 50
@@ -470,6 +471,32 @@ def _pg_stored(place: Place) -> dict[str, Stored]:
     return out
 
 
+def stored_by_object(place: Place) -> dict[str, int]:
+    """Bytes of each table and each index on its own (not only the trace's): SQLite's
+    ``dbstat`` pages by name, PostgreSQL's ``pg_relation_size`` (TOAST counted with its
+    table). Objects holding nothing (one empty page) are left out."""
+    if place.backend == "sqlite":
+        conn = sqlite3.connect(place.path or "")
+        try:
+            rows = conn.execute(
+                "SELECT name, SUM(pgsize) FROM dbstat GROUP BY name HAVING SUM(payload) > 0"
+            ).fetchall()
+        finally:
+            conn.close()
+        return {name: int(size) for name, size in rows}
+    import psycopg
+
+    sql = (
+        "SELECT c.relname, pg_relation_size(c.oid)"
+        " + COALESCE(pg_total_relation_size(NULLIF(c.reltoastrelid, 0)), 0)"
+        " FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relkind IN ('r', 'i')"
+    )
+    with psycopg.connect(place.conninfo, autocommit=True) as conn:
+        rows = conn.execute(sql, (schema_of(place.url),)).fetchall()
+    return {name: int(size) for name, size in rows if size > 8192}
+
+
 def event_bytes(place: Place) -> dict[str, tuple[int, int]]:
     """rq_events by kind: (rows, bytes of the row's text and number columns as stored)."""
     sql = (
@@ -494,6 +521,7 @@ EVENTS = "SELECT COUNT(*) FROM rq_events"
 def _query(place: Place, sql: str) -> list[Any]:
     if place.backend == "sqlite":
         conn = sqlite3.connect(place.path or "")
+        packs.register_sqlite(conn)  # rq_events reads deflated packs through rq_pack_json
         try:
             return conn.execute(sql).fetchall()
         finally:
@@ -893,6 +921,10 @@ def figures(opts: Options, runs: Runs) -> dict[str, Any]:
             "rows_per_job": round(sum(t.rows for t in tables.values()) / n, 2),
             "bytes_per_job": round(sum(t.pages for t in tables.values()) / n),
             "payload_bytes_per_job": round(sum(t.payload for t in tables.values()) / n),
+            "bytes_per_job_by_object": {
+                name: round(size / n)
+                for name, size in sorted(stored_by_object(runs.last[side]).items())
+            },
         }
     return out
 

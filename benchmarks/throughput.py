@@ -55,6 +55,7 @@ from machine import machine
 from noop_app import make_app
 
 import replayq
+from replayq.storage import packs
 
 REPO = Path(__file__).resolve().parent.parent
 APP_SPEC = "benchmarks.noop_app:app"
@@ -131,6 +132,7 @@ def sqlite_url(path: Path, synchronous: str) -> str:
 
 def replayq_states(path: Path) -> dict[str, int]:
     conn = sqlite3.connect(path)
+    packs.register_sqlite(conn)  # rq_events reads deflated packs through rq_pack_json
     try:
         rows = conn.execute("SELECT state, COUNT(*) FROM rq_jobs GROUP BY state").fetchall()
         events = conn.execute("SELECT name, COUNT(*) FROM rq_events GROUP BY name").fetchall()

@@ -14,6 +14,7 @@ from typing import Any
 
 import replayq
 from replayq.model import TraceEvent
+from replayq.storage import packs
 
 
 def run_once(worker: replayq.Worker) -> replayq.Job:
@@ -37,6 +38,7 @@ def query(url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, .
     """Run ``sql`` (``?`` placeholders) straight against the test database, and commit."""
     if url.startswith("sqlite:///"):
         conn = sqlite3.connect(url.removeprefix("sqlite:///"))
+        packs.register_sqlite(conn)  # the rq_events view reads deflated packs through it
         try:
             rows = list(conn.execute(sql, params).fetchall())
             conn.commit()

@@ -14,6 +14,7 @@ from pathlib import Path
 import psycopg
 
 import replayq
+from replayq.storage import packs
 from replayq.storage.postgres import parse_postgres_url
 from tests.migration.test_schema import SCHEMA_FILE
 
@@ -27,6 +28,7 @@ POSTGRES_ONLY_INDEXES = {"rq_trace_ledger_job", "rq_trace_ledger_hlc"}
 
 def sqlite_shape(path: Path) -> tuple[Shape, set[str]]:
     with sqlite3.connect(path) as conn:
+        packs.register_sqlite(conn)  # pragma_table_info of rq_events compiles the view
         tables = [
             name
             for (name,) in conn.execute(

@@ -12,6 +12,17 @@ entries; ``rq_trace`` stores one row per commit and group instead:
 * one ``rq_trace_resources`` entry per resource the pack's events name (the index of
   ``trace resource``).
 
+How ``events`` is stored (its first byte says which, so packs of every format stay readable):
+
+* format 1, JSON text (PostgreSQL always; SQLite packs written before 0016);
+* format 2, bytes (SQLite since 0016): ``b"\\x02"`` and the same JSON text as raw deflate
+  (``zlib``, 8 KB window) with ``DICTIONARY_2`` as preset dictionary: replayq's own keys,
+  event names and lifecycle data, so a pack of a few events does not pay for them again.
+  SQL reads it through ``rq_pack_json(events)``, a function replayq registers on every
+  SQLite connection it opens (``register_sqlite``); the ``rq_events`` view and every query
+  that unpacks packs in SQL call it. A plain ``sqlite3`` shell does not have it: read the trace
+  through replayq, or from Python after ``register_sqlite(connection)``.
+
 An event's id is ``pack id * PACK_SIZE + its place``: ids still grow in commit order, so
 ``ORDER BY hlc, id`` sorts as it did when each event was a row. The view ``rq_events``
 unpacks the rows in SQL for the queries that count or filter events by name.
@@ -19,6 +30,7 @@ unpacks the rows in SQL for the queries that count or filter events by name.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -27,6 +39,66 @@ from replayq.model import TraceEvent
 
 # Events per pack at most: an event id is pack id * PACK_SIZE + the event's place.
 PACK_SIZE = 1024
+
+# The formats of ``events`` (the first byte of a format 2 pack; format 1 is text).
+FORMAT_JSON = 1
+FORMAT_DEFLATE = 2
+_DEFLATE_MARK = bytes([FORMAT_DEFLATE])
+# Raw deflate (no zlib header or checksum: the row is the unit), an 8 KB window (the
+# dictionary and a pack of ~25 events in reach), level 6, memLevel 5: creating a
+# compressor with a preset dictionary at zlib's defaults (32 KB, memLevel 8/9) costs
+# ~100 µs of allocation and hashing per pack; these ~15 µs, for the same bytes.
+_WBITS = -13
+_LEVEL = 6
+_MEM_LEVEL = 5
+
+# The preset dictionary of format 2: pack items as replayq writes them (lifecycle events,
+# steps, state, calls, effects, locks, cache, outbox), common ones last (deflate reaches
+# the end of the dictionary with the shortest distances). Frozen: packs written with it
+# are decoded with it, so a change is a new format byte (tests/unit/test_packs.py
+# checks its digest). Its values are placeholders in the shapes replayq writes (a step
+# "load", a resource "order:1"): what a pack repeats is replayq's keys and names.
+DICTIONARY_2 = (
+    b'{"d":{"attempt":1,"duration":0.0012,"error":"","error_class":"transient","owner_toke'
+    b'n":"","retry_in":1.0,"version":"v1"},"k":"lifecycle","n":"job.failed","st":"failed"}'
+    b',{"d":{"error":"","error_class":"validation","owner_token":"","reason":""},"k":"life'
+    b'cycle","n":"job.dead","st":"dead"},{"d":{"redelivery_count":1,"stale":true},"k":"lif'
+    b'ecycle","n":"lease.expired","st":"expired"},{"d":{"fencing_token":1,"owner_token":""'
+    b',"ttl":60.0,"wait":0.0001},"dt":10,"h":1,"n":"lock.acquired","q":1,"r":"lock:","s":"'
+    b'step","st":"acquired"},{"d":{"fencing_token":1,"owner_token":""},"dt":10,"h":1,"n":"'
+    b'lock.released","q":2,"r":"lock:","s":"step"},{"d":{"hit":true,"key":"cache:","versio'
+    b'n":1},"dt":10,"h":1,"n":"cache.read","q":3,"r":"cache:","s":"step","st":"hit","v":1}'
+    b',{"d":{"key":"cache:","ttl":60.0,"version":2},"dt":10,"h":1,"n":"cache.write","q":4,'
+    b'"r":"cache:","s":"step","v":2},{"d":{"event_id":1,"payload":{},"topic":""},"dt":10,"'
+    b'h":1,"n":"outbox.written","q":5,"r":"outbox:","s":"step"},{"d":{"child_job_id":1,"ch'
+    b'ild_type":"","payload":{}},"dt":10,"h":1,"n":"child.enqueued","q":6,"s":"step"},{"d"'
+    b':{"value":""},"dt":10,"h":1,"n":"random.uuid","q":7,"s":"step"},{"d":{"value":0.5},"'
+    b'dt":10,"h":1,"n":"random.random","q":8,"s":"step"},{"d":{"error":"","error_class":"d'
+    b'ependency","key":"","kind":""},"dt":10,"h":1,"n":"effect.failed","q":9,"r":"","s":"s'
+    b'tep","st":"error"},{"d":{"key":"","kind":"","result":{}},"dt":10,"h":1,"n":"effect.d'
+    b'eduplicated","q":10,"r":"","s":"step","st":"success"},{"d":{"duration":0.0001,"error'
+    b'":"","error_class":"unknown","step_name":"step"},"dt":10,"h":1,"n":"step.finished","'
+    b'q":11,"st":"error"},{"d":{"causation_id":null,"message_id":null,"ordering_key":null,'
+    b'"priority":0,"run_at":1796102764.558651},"k":"lifecycle","n":"job.enqueued","st":"qu'
+    b'eued"},{"d":{"lease_deadline":1796102824.654009,"owner_token":"","redelivery_count":'
+    b'0,"version":"v1"},"k":"lifecycle","n":"job.leased","st":"running"},{"d":{"step_name"'
+    b':"load"},"n":"step.started","q":1,"st":"started"},{"d":{"branch":"main","exists":tru'
+    b'e},"dt":214,"h":1,"n":"state.read","q":2,"r":"order:1","s":"load","v":1},{"d":{"call'
+    b'":"service.call","duration":0.0001,"fingerprint":"0123456789abcdef","request":{"args'
+    b'":[],"kwargs":{}},"response":null},"dt":856,"h":65536,"n":"call","o":"blob:sha256:",'
+    b'"q":6,"s":"price","st":"success"},{"d":{"branch":"main","delta":{"replace":{}},"expe'
+    b'cted_version":0,"fencing":null,"parent_version":0},"dt":974,"h":65539,"n":"state.wri'
+    b'te","q":9,"r":"order:1","s":"reserve","v":1},{"d":{"claim":"","key":"charge:1","kind'
+    b'":"payment.charge"},"dt":323,"h":1,"n":"effect.claimed","q":12,"r":"charge:1","s":"c'
+    b'harge"},{"d":{"duration":0.0003,"key":"charge:1","kind":"payment.charge","result":{}'
+    b'},"n":"effect.succeeded","q":13,"r":"charge:1","s":"charge","st":"success","x":1},{"'
+    b'd":{"duration":0.0001,"step_name":"load"},"dt":298,"h":3,"n":"step.finished","q":4,"'
+    b'st":"success"},{"d":{"duration":0.0037782649999940077,"owner_token":"","version":"v1'
+    b'"},"k":"lifecycle","n":"job.succeeded","st":"succeeded"},{"d":{"step_name":"price"},'
+    b'"dt":314,"h":4,"n":"step.started","q":5,"st":"started"},{"d":{"duration":0.0005,"ste'
+    b'p_name":"price"},"dt":887,"h":65537,"n":"step.finished","q":7,"st":"success"}'
+)
+DICTIONARY_2_SHA256 = "c20fe38913382d297a259d400c024c630b28850bc0cb910ff05a9d178aabe0bc"
 
 # TraceEvent field -> key in a packed event. ``kind`` is left out when "domain",
 # ``hlc`` is an offset (``h``) from the pack's first, falsy side_effect and data too.
@@ -100,24 +172,131 @@ def _packed(event: TraceEvent, base_hlc: int, base_ts: float) -> dict[str, Any]:
     return item
 
 
-def pack_row(events: Sequence[TraceEvent]) -> dict[str, Any]:
-    """The ``rq_trace`` row of one group (from ``groups``), ``events`` as compact JSON.
+# A compressor with ``DICTIONARY_2`` already set: each pack's is a copy (``PackWriter``),
+# which skips hashing the dictionary again (~10 µs a pack).
+_PRIMED = zlib.compressobj(_LEVEL, zlib.DEFLATED, _WBITS, _MEM_LEVEL, zdict=DICTIONARY_2)
+
+
+def deflated(text: str) -> bytes:
+    """``text`` (a pack's JSON) as format 2, its deflate stream finished."""
+    compressor = _PRIMED.copy()
+    return _DEFLATE_MARK + compressor.compress(text.encode()) + compressor.flush()
+
+
+class PackWriter:
+    """The deflate stream of one format 2 pack that later commits of its attempt append to.
+
+    The first commit stores ``b"\\x02"``, ``[`` and its items; each later one appends its
+    own items (``,`` first) compressed by the same stream, which keeps the earlier ones in
+    its window: a commit compresses only its new events, never those already stored. Each
+    piece ends with a sync flush (byte-aligned, everything so far decodable), so the
+    stored bytes are always a whole prefix of one deflate stream; ``pack_json`` closes the
+    array the stream leaves open. ``stored`` is what the row holds once the last piece is
+    written, which the append checks: a pack rewritten or rolled back since is not
+    appended to (its stream would no longer be this one).
+    """
+
+    __slots__ = ("_compressor", "stored")
+
+    def __init__(self) -> None:
+        self._compressor = _PRIMED.copy()
+        self.stored = b""
+
+    def first(self, items: str) -> bytes:
+        """The pack's ``events`` as first stored: the mark, ``[`` and ``items``."""
+        self.stored = _DEFLATE_MARK + self._piece("[" + items)
+        return self.stored
+
+    def more(self, items: str) -> bytes:
+        """The bytes that append ``items`` to the pack (``stored`` grows by them)."""
+        data = self._piece("," + items)
+        self.stored += data
+        return data
+
+    def _piece(self, text: str) -> bytes:
+        compressor = self._compressor
+        return compressor.compress(text.encode()) + compressor.flush(zlib.Z_SYNC_FLUSH)
+
+
+def pack_json(stored: str | bytes | None) -> str | None:
+    """A pack's ``events`` as JSON text, whichever format it was written in.
+
+    SQLite's ``rq_pack_json``: the SQL that unpacks packs reads them through it. A format 2
+    pack still open to appends (``PackWriter``) is a deflate stream without its end and its
+    JSON array without its ``]``: both are closed here.
+    """
+    if stored is None or isinstance(stored, str):
+        return stored
+    if stored[:1] != _DEFLATE_MARK:
+        raise ValueError(f"trace pack of unknown format {stored[:1]!r}")
+    decompressor = zlib.decompressobj(_WBITS, zdict=DICTIONARY_2)
+    text = decompressor.decompress(memoryview(stored)[1:])
+    if decompressor.eof:
+        return text.decode()
+    return text.decode() + "]"
+
+
+def register_sqlite(connection: Any) -> None:
+    """Give a ``sqlite3`` connection ``rq_pack_json``, which the ``rq_events`` view needs.
+
+    replayq does it on every connection it opens; a script that reads the trace in SQL
+    on its own connection calls this first.
+    """
+    connection.create_function("rq_pack_json", 1, pack_json, deterministic=True)
+
+
+# Each event's item text, by event: a JSON pack joined by later events of its transaction
+# (PostgreSQL, sql_transaction.py) is written again whole, and its earlier events are not
+# encoded again. Bounded; an
+# entry holds its event, so an id is never another event's while it is here.
+_ITEM_TEXTS: dict[int, tuple[TraceEvent, int, float, str]] = {}
+_ITEM_TEXTS_MAX = 4096
+
+
+def _item_text(event: TraceEvent, base_hlc: int, base_ts: float) -> str:
+    """``event`` as its pack's JSON item (``_packed``), encoded once per pack base."""
+    known = _ITEM_TEXTS.get(id(event))
+    if known is not None and known[0] is event and known[1] == base_hlc and known[2] == base_ts:
+        return known[3]
+    # Names the event whose data cannot be stored (PayloadError with its path).
+    text = codec.dumps_own(_packed(event, base_hlc, base_ts), what=f"event {event.name} data")
+    if len(_ITEM_TEXTS) >= _ITEM_TEXTS_MAX:
+        _ITEM_TEXTS.clear()
+    _ITEM_TEXTS[id(event)] = (event, base_hlc, base_ts, text)
+    return text
+
+
+def pack_items(events: Sequence[TraceEvent], base_hlc: int, base_ts: float) -> str:
+    """``events`` as the comma-separated items of a pack whose row has ``base_hlc`` and
+    ``base_ts`` (its ``hlc`` and ``ts``)."""
+    return ",".join(_item_text(e, base_hlc, base_ts) for e in events)
+
+
+def pack_row(events: Sequence[TraceEvent], pack_format: int = FORMAT_JSON) -> dict[str, Any]:
+    """The ``rq_trace`` row of one group (from ``groups``), ``events`` as compact JSON
+    (``FORMAT_JSON``) or that JSON deflated (``FORMAT_DEFLATE``, SQLite).
 
     Lifecycle data is built by replayq (string keys, scalars) and the user values in
     domain data were checked once when recorded (``Context.encoded``): no walk here.
     """
+    return opened_row(events, pack_format)[0]
+
+
+def opened_row(
+    events: Sequence[TraceEvent], pack_format: int = FORMAT_JSON
+) -> tuple[dict[str, Any], PackWriter | None]:
+    """``pack_row`` and, in format 2, the ``PackWriter`` that later events may join it by."""
     first = events[0]
     hlcs = [e.hlc for e in events]
     base = min(hlcs)
-    items = [_packed(e, base, first.ts) for e in events]
-    try:
-        text = codec.dumps_own(items, what="trace events")
-    except Exception:
-        # Name the event whose data cannot be stored.
-        for event, item in zip(events, items, strict=True):
-            codec.dumps_own(item, what=f"event {event.name} data")
-        raise
-    return {
+    items = pack_items(events, base, first.ts)
+    writer = None
+    if pack_format == FORMAT_DEFLATE:
+        writer = PackWriter()
+        stored: str | bytes = writer.first(items)
+    else:
+        stored = "[" + items + "]"
+    row = {
         "trace_id": first.trace_id,
         "job_id": first.job_id,
         "attempt": first.attempt,
@@ -125,8 +304,9 @@ def pack_row(events: Sequence[TraceEvent]) -> dict[str, Any]:
         "hlc": base,
         "hlc_last": max(hlcs),
         "ts": first.ts,
-        "events": text,
+        "events": stored,
     }
+    return row, writer
 
 
 def pack_resources(events: Sequence[TraceEvent], pack_id: int) -> list[dict[str, Any]]:
@@ -149,7 +329,7 @@ def unpack(row: Mapping[str, Any]) -> list[TraceEvent]:
     first = pack_id * PACK_SIZE
     built = TraceEvent.built  # every field named: no dataclass ``__init__`` per event
     out = []
-    for place, item in enumerate(codec.loads(row["events"])):
+    for place, item in enumerate(codec.loads(pack_json(row["events"]))):
         get = item.get
         out.append(
             built(

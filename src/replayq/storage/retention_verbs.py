@@ -60,6 +60,9 @@ class RetentionVerbs:
     def executemany(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
         raise NotImplementedError
 
+    def pack_row(self, events: Sequence[TraceEvent]) -> dict[str, Any]:
+        raise NotImplementedError
+
     def fetchone(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         raise NotImplementedError
 
@@ -237,7 +240,7 @@ class RetentionVerbs:
                 if not now_events:
                     deleted.append(pack_id)
                     continue
-                rewritten.append({**packs.pack_row(now_events), "id": pack_id})
+                rewritten.append({**self.pack_row(now_events), "id": pack_id})
                 entries.extend(packs.pack_resources(now_events, pack_id))
         self._resources_delete(gone)
         if deleted:

@@ -118,6 +118,10 @@ _EVENT_COLUMNS = (
 )
 
 
+# A pack later events of its attempt may join: its id, its events and, in format 2, the
+# writer of its deflate stream (``packs.PackWriter``).
+OpenPack = tuple[int, list[TraceEvent], "packs.PackWriter | None"]
+
 # The columns of an ``rq_trace`` row (``packs.pack_row``) as ``trace_append_rows`` takes them.
 _PACK_COLUMNS = ("trace_id", "job_id", "attempt", "worker_id", "hlc", "hlc_last", "ts", "events")
 # Bound parameters per statement where the driver cannot say (SQLite's historical default).
@@ -160,16 +164,36 @@ def row_to_event(row: Mapping[str, Any]) -> TraceEvent:
 class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
     """Implements ``storage.protocol.Transaction`` on one open DB-API connection."""
 
+    # How this backend stores a pack's events (storage/packs.py): SQLite deflates them
+    # with the format's dictionary; PostgreSQL keeps JSON text (``PostgresTransaction``).
+    pack_format = packs.FORMAT_DEFLATE
+
     # How an insert's new id comes back (``inserted_id``): as its row (``RETURNING id``,
     # PostgreSQL) or as the cursor's ``lastrowid`` (SQLite, whose RETURNING builds a
     # temporary table each time it runs: ~15 µs of an insert in its own transaction).
     ids_returned = True
 
-    def __init__(self, connection: Any, queries: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        connection: Any,
+        queries: Mapping[str, str],
+        *,
+        last_pack: OpenPack | None = None,
+    ) -> None:
         self.connection = connection
         self._queries = queries
-        # The trace pack this transaction wrote last and its events (trace_append).
-        self._last_pack: tuple[int, list[TraceEvent]] | None = None
+        # The trace pack written last on this connection and its events (trace_append):
+        # this transaction's, or the one a committed transaction before it wrote last
+        # (``last_pack``, carried by the SQLite backend), which later events of the same
+        # attempt join instead of starting a row of their own.
+        self._last_pack = last_pack
+        # The writer of the format 2 row ``pack_row`` built last (``_placed`` keeps it).
+        self._writer: packs.PackWriter | None = None
+
+    @property
+    def last_pack(self) -> OpenPack | None:
+        """The pack later events of its attempt may join, once this transaction commits."""
+        return self._last_pack
 
     # -- plumbing ---------------------------------------------------------------------------
 
@@ -187,6 +211,12 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
 
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         return self.connection.execute(self._queries[name], params or {})
+
+    def pack_row(self, events: Sequence[TraceEvent]) -> dict[str, Any]:
+        """``packs.pack_row`` in this backend's format; its format 2 writer kept until
+        the next row (the pack, once inserted, may be joined by later commits)."""
+        row, self._writer = packs.opened_row(events, self.pack_format)
+        return row
 
     def execute_rows(self, name: str, row_sql: str, rows: int, values: Sequence[Any]) -> Any:
         """``name``'s statement with its ``(:rows)`` as ``rows`` copies of ``row_sql``
@@ -254,7 +284,7 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
         driver's limit on parameters allows: one for any batch of up to ~4,000 jobs."""
         if len(events) == 1:
             # One job (``enqueue``): the fixed one-row statement, prepared once.
-            pack_id = self.inserted_id("trace_append", packs.pack_row(events))
+            pack_id = self.inserted_id("trace_append", self.pack_row(events))
             assert events[0].job_id is not None and pack_id is not None
             self._placed(events, {events[0].job_id: pack_id})
             return
@@ -272,7 +302,7 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
             chunk = events[start : start + per_statement]
             values: list[Any] = []
             for event in chunk:
-                row = packs.pack_row([event])
+                row = self.pack_row([event])
                 values.extend(row[name] for name in columns)
             found = self.execute_rows("trace_append_rows", row_sql, len(chunk), values)
             for pack_id, job_id in found.fetchall():
@@ -291,7 +321,7 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
             self.executemany("trace_resources_append", entries)
         last = events[-1]
         assert last.job_id is not None
-        self._last_pack = (pack_ids[last.job_id], [last])
+        self._last_pack = (pack_ids[last.job_id], [last], self._writer)
 
     def _job_insert_one(self, params: JobInsert) -> tuple[int, bool]:
         job_id = self.inserted_id("job_insert", query_params(params))
@@ -400,14 +430,27 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
         all of those entries in one ``executemany``.
 
         Events that continue the pack this transaction wrote last (same trace, job,
-        attempt and worker: a context's pending events, then the ack's) join that pack.
-        With ``fence`` the first new pack's insert is also the lease check
-        (``trace_append_fenced``); ``False``, nothing written, once the lease is gone.
+        attempt and worker: a context's pending events, then the ack's) join that pack,
+        as do those continuing the pack the connection's last committed transaction
+        wrote (``last_pack``: SQLite). With ``fence`` the first new pack's insert is also
+        the lease check (``trace_append_fenced``), or the check is asked before a pack
+        is joined; ``False``, nothing written, once the lease is gone.
         """
         entries = []
         for group in packs.groups(events):
-            placed = self._pack_extended(group)
-            if placed is None:
+            last = self._last_pack
+            if fence is not None and last is not None and packs.same_pack(last[1], group):
+                # Joining a pack is an update, not the fenced insert: the lease is asked
+                # first, so that nothing is written once it is gone.
+                if not self.lease_check(fence.job_id, fence.owner_token):
+                    return False
+                fence = None
+            extended = self._pack_extended(group)
+            if extended is not None:
+                pack_id, joined, new = extended
+                assert last is not None
+                self._last_pack = (pack_id, joined, last[2])
+            else:
                 if fence is not None:
                     placed = self._pack_inserted_fenced(group, fence)
                     if placed is None:
@@ -415,8 +458,8 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
                     fence = None
                 else:
                     placed = self._pack_inserted(group)
-            pack_id, joined, new = placed
-            self._last_pack = (pack_id, joined)
+                pack_id, joined, new, writer = placed
+                self._last_pack = (pack_id, joined, writer)
             entries.extend(packs.pack_resources(new, pack_id))
         if fence is not None and not self.lease_check(fence.job_id, fence.owner_token):
             return False  # nothing was inserted to check it with (no events, or all joined)
@@ -428,33 +471,53 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
         self, group: list[TraceEvent]
     ) -> tuple[int, list[TraceEvent], list[TraceEvent]] | None:
         """``group`` added to the pack this transaction wrote last, if it continues it:
-        ``(pack id, all its events, the events naming a resource it did not name yet)``."""
+        ``(pack id, all its events, the events naming a resource it did not name yet)``.
+
+        In format 2 only ``group``'s items are compressed, appended to the stored bytes
+        (``trace_join``); a JSON pack (PostgreSQL, within one transaction) is rewritten.
+        """
         last = self._last_pack
         if last is None or not packs.same_pack(last[1], group):
             return None
-        pack_id, earlier = last
+        pack_id, earlier, writer = last
         joined = [*earlier, *group]
+        base = min(e.hlc for e in earlier)
+        if writer is not None:
+            if min(e.hlc for e in group) < base:
+                return None  # the row's hlc is its items' base: a new pack instead
+            row = {
+                "id": pack_id,
+                "trace_id": earlier[0].trace_id,
+                "job_id": earlier[0].job_id,
+                "attempt": earlier[0].attempt,
+                "stored": writer.stored,
+                "hlc_last": max(e.hlc for e in group),
+            }
+            row["piece"] = writer.more(packs.pack_items(group, base, earlier[0].ts))
+            # Not found if the pack was rolled back (to a savepoint) or rewritten since.
+            if not self.changed("trace_join", row):
+                return None
         # Not found only if the pack was rolled back (to a savepoint): a new one then.
-        if not self.changed("trace_extend", {**packs.pack_row(joined), "id": pack_id}):
+        elif not self.changed("trace_extend", {**self.pack_row(joined), "id": pack_id}):
             return None
         named = {e.resource for e in earlier}
         return pack_id, joined, [e for e in group if e.resource not in named]
 
     def _pack_inserted(
         self, group: list[TraceEvent]
-    ) -> tuple[int, list[TraceEvent], list[TraceEvent]]:
-        pack_id = self.inserted_id("trace_append", packs.pack_row(group))
+    ) -> tuple[int, list[TraceEvent], list[TraceEvent], packs.PackWriter | None]:
+        pack_id = self.inserted_id("trace_append", self.pack_row(group))
         assert pack_id is not None
-        return pack_id, group, group
+        return pack_id, group, group, self._writer
 
     def _pack_inserted_fenced(
         self, group: list[TraceEvent], fence: TraceFence
-    ) -> tuple[int, list[TraceEvent], list[TraceEvent]] | None:
-        row = packs.pack_row(group)
+    ) -> tuple[int, list[TraceEvent], list[TraceEvent], packs.PackWriter | None] | None:
+        row = self.pack_row(group)
         row["fence_job_id"] = fence.job_id
         row["fence_owner_token"] = fence.owner_token
         found = self.fetchone("trace_append_fenced", row)
-        return None if found is None else (found["id"], group, group)
+        return None if found is None else (found["id"], group, group, self._writer)
 
     def trace_query(self, query: TraceRead) -> Any:
         if isinstance(query, TraceJobs):

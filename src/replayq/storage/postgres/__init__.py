@@ -232,6 +232,10 @@ _PACK_COPY_TYPES = ["int8", "text", "int8", "int4", "text", "int8", "int8", "flo
 class PostgresTransaction(SqlTransaction):
     """``SqlTransaction`` where PostgreSQL differs: arrays, driver errors, one-statement claims."""
 
+    # Packs stay JSON text here: the rq_events view and every query read them with
+    # PostgreSQL's own JSON functions, and TOAST compresses rows past ~2 KB.
+    pack_format = packs.FORMAT_JSON
+
     def list_param(self, values: Sequence[str] | Sequence[int] | None) -> Any:
         """A Python list, bound as an array for ``= ANY(%(x)s::text[])`` (or ``bigint[]``)."""
         return None if values is None else list(values)
@@ -256,7 +260,7 @@ class PostgresTransaction(SqlTransaction):
         entries: list[dict[str, Any]] = []
         for row, events, expires_at in moved:
             pack_id = int(row["id"])
-            rows.append({**packs.pack_row(events), "id": pack_id, "expires_at": expires_at})
+            rows.append({**self.pack_row(events), "id": pack_id, "expires_at": expires_at})
             entries.extend(
                 {**entry, "expires_at": expires_at}
                 for entry in packs.pack_resources(events, pack_id)
@@ -293,7 +297,7 @@ class PostgresTransaction(SqlTransaction):
         jobs with message ids (its ``ON CONFLICT`` skips duplicates) and for a caller's
         connection that is not psycopg's synchronous one."""
         values = {name: [getattr(p, name) for p in params] for name in _JOB_INSERT_FIELDS}
-        rows = [packs.pack_row([event]) for event in events]
+        rows = [self.pack_row([event]) for event in events]
         for column in _PACK_FIELDS:
             values[f"pack_{column}"] = [row[column] for row in rows]
         found = self.fetchall("job_enqueue", values)
@@ -349,7 +353,7 @@ class PostgresTransaction(SqlTransaction):
                             p.causation_id, p.origin, p.trace_context,
                         )
                     )  # fmt: skip
-                    row = packs.pack_row([event])
+                    row = self.pack_row([event])
                     pack_rows.append(
                         (
                             pack_id, row["trace_id"], job_id, row["attempt"], row["worker_id"],
@@ -376,7 +380,7 @@ class PostgresTransaction(SqlTransaction):
 
     def _job_enqueue_one(self, params: JobInsert, event: TraceEvent) -> tuple[int, bool]:
         values = query_params(params)
-        row = packs.pack_row([event])
+        row = self.pack_row([event])
         for column in _PACK_FIELDS:
             values[f"pack_{column}"] = row[column]
         found = self.execute("job_enqueue_one", values).fetchone()

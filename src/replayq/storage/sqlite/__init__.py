@@ -44,6 +44,12 @@ Known limits, up front:
   the last transactions before the failure may roll back (the database stays
   consistent). ``App(url + "?synchronous=FULL")`` makes every commit durable
   against power loss at the cost of an fsync per commit.
+* Trace packs are stored deflated (``rq_trace.events`` is a blob since migration
+  0016; ``storage/packs.py``): a plain ``sqlite3`` shell cannot read them, nor the
+  ``rq_events`` view over them, because the view decodes them with ``rq_pack_json``,
+  a function replayq registers on its own connections. The bytes a traced job
+  stores fell by more than half; reading the trace in SQL outside replayq needs
+  ``packs.register_sqlite(conn)`` first (docs/recording-context.md).
 * Lock waits: a write waits up to 5 s for another writer's lock (``?busy_timeout=``
   in milliseconds changes it); past that the write raises
   ``DatabaseUnavailableError``, which workers wait out.
@@ -65,7 +71,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
 from replayq.seal import unsealed
-from replayq.storage import migrate
+from replayq.storage import migrate, packs
 from replayq.storage.adopted import TupleRows
 from replayq.storage.protocol import Listener, MigrationStatus
 from replayq.storage.queries import load_queries
@@ -269,6 +275,10 @@ class SqliteStorage:
             self._local.wal_pages = 0
             self._fit_wal(conn)
             conn.execute("PRAGMA foreign_keys = ON")
+            # Trace packs are deflated (storage/packs.py, format 2): the SQL that reads their
+            # events (the rq_events view, trace windows, gc's blob references) decodes them
+            # through this function, so every connection replayq opens has it.
+            packs.register_sqlite(conn)
         except (sqlite3.Error, OSError) as exc:
             raise DatabaseUnavailableError(
                 f"cannot open SQLite database {self.path!r}: {exc}"
@@ -342,8 +352,15 @@ class SqliteStorage:
             raise storage_error(
                 f"cannot begin a transaction on {self.path!r}", exc, self.path
             ) from exc
+        # The pack a transaction on this connection committed last: the next one's events
+        # of the same attempt join it (storage/packs.py). Cleared until this one commits;
+        # a read-only transaction writes no pack and leaves it as it is.
+        carried = None
+        if not readonly:
+            carried, self._local.last_pack = getattr(self._local, "last_pack", None), None
+        tx = SqliteTransaction(conn, self.queries, last_pack=carried)
         try:
-            yield SqliteTransaction(conn, self.queries)
+            yield tx
         except sqlite3.Error as exc:
             self._fault(conn, exc)
             # Storage errors keep the driver's as __cause__ (as on PostgreSQL).
@@ -357,6 +374,7 @@ class SqliteStorage:
             self._fault(conn, exc)
             raise storage_error(f"commit failed on {self.path!r}", exc, self.path) from exc
         if not readonly:
+            self._local.last_pack = tx.last_pack
             for watcher in self._watchers:
                 watcher.poke()
 

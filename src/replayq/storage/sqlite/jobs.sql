@@ -336,8 +336,22 @@ WHERE EXISTS (SELECT 1 FROM rq_jobs
 RETURNING id;
 
 -- name: trace_extend
--- More events of the pack this transaction wrote last (the pack rewritten whole).
-UPDATE rq_trace SET hlc = :hlc, hlc_last = :hlc_last, ts = :ts, events = :events WHERE id = :id;
+-- More events of a JSON text pack (format 1), the pack rewritten whole. SQLite writes
+-- format 2 and joins packs with trace_join; this stays for the shared code's sake.
+UPDATE rq_trace SET hlc = :hlc, hlc_last = :hlc_last, ts = :ts, events = :events
+WHERE id = :id AND trace_id = :trace_id AND job_id IS :job_id AND attempt IS :attempt;
+
+-- name: trace_join
+-- More events of the pack written last on this connection, in this transaction or a
+-- committed one before it: their piece of the pack's deflate stream appended to the
+-- stored bytes (storage/packs.py, PackWriter), the events already stored not written
+-- again. Only while the row holds exactly what its writer wrote (:stored): a pack rolled
+-- back or rewritten since is left alone, and the group's fields are checked too (a pack
+-- id is never taken for another attempt's pack). || gives text: cast back to a blob.
+UPDATE rq_trace
+SET hlc_last = max(hlc_last, :hlc_last), events = CAST(events || :piece AS BLOB)
+WHERE id = :id AND events = :stored
+  AND trace_id = :trace_id AND job_id IS :job_id AND attempt IS :attempt;
 
 -- name: trace_resources_append
 INSERT OR IGNORE INTO rq_trace_resources (resource, hlc, pack_id) VALUES (:resource, :hlc, :pack_id);

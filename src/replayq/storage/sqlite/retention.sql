@@ -108,14 +108,15 @@ DELETE FROM rq_lineage WHERE trace_id = :trace_id;
 -- name: gc_blobs
 -- Blobs nobody stored since ``before`` that nothing references: no trace event (only
 -- packs that name a blob at all are unpacked), state version, step or idempotency record.
+-- rq_pack_json: a pack's events as JSON text, of either format (storage/packs.py).
 SELECT b.hash AS hash, b.stored_size AS stored_size
 FROM rq_blobs AS b
 WHERE b.hash > :after AND b.used_at < :before
   AND 'blob:sha256:' || b.hash NOT IN (
       SELECT ref FROM (
-          SELECT json_extract(e.value, '$.i') AS ref FROM rq_trace AS p, json_each(p.events) AS e WHERE p.events LIKE '%blob:sha256:%'
+          SELECT json_extract(e.value, '$.i') AS ref FROM (SELECT rq_pack_json(events) AS events FROM rq_trace) AS p, json_each(p.events) AS e WHERE p.events LIKE '%blob:sha256:%'
           UNION ALL
-          SELECT json_extract(e.value, '$.o') AS ref FROM rq_trace AS p, json_each(p.events) AS e WHERE p.events LIKE '%blob:sha256:%'
+          SELECT json_extract(e.value, '$.o') AS ref FROM (SELECT rq_pack_json(events) AS events FROM rq_trace) AS p, json_each(p.events) AS e WHERE p.events LIKE '%blob:sha256:%'
           UNION ALL
           SELECT data_ref AS ref FROM rq_entity_versions
           UNION ALL

@@ -220,29 +220,6 @@ CREATE TABLE rq_trace_resources (
     PRIMARY KEY (resource, hlc, pack_id)
 ) WITHOUT ROWID;
 
-CREATE VIEW rq_events AS
-SELECT p.id * 1024 + e.key AS id,
-       p.trace_id AS trace_id,
-       p.job_id AS job_id,
-       p.attempt AS attempt,
-       COALESCE(json_extract(e.value, '$.k'), 'domain') AS kind,
-       json_extract(e.value, '$.n') AS name,
-       json_extract(e.value, '$.q') AS seq,
-       json_extract(e.value, '$.s') AS step,
-       p.ts + COALESCE(json_extract(e.value, '$.dt'), 0) / 1e6 AS ts,
-       p.hlc + COALESCE(json_extract(e.value, '$.h'), 0) AS hlc,
-       p.worker_id AS worker_id,
-       json_extract(e.value, '$.st') AS status,
-       json_extract(e.value, '$.r') AS resource,
-       json_extract(e.value, '$.v') AS resource_version,
-       COALESCE(json_extract(e.value, '$.x'), 0) AS side_effect,
-       json_extract(e.value, '$.i') AS input_ref,
-       json_extract(e.value, '$.o') AS output_ref,
-       COALESCE(json_extract(e.value, '$.d'), '{}') AS data,
-       p.hlc AS pack_hlc,
-       p.hlc_last AS pack_hlc_last
-FROM rq_trace AS p, json_each(p.events) AS e;
-
 CREATE TABLE rq_keep (
     job_id  INTEGER PRIMARY KEY,
     reason  TEXT    NOT NULL,
@@ -326,3 +303,26 @@ CREATE INDEX rq_jobs_failed ON rq_jobs (state, id) WHERE state IN ('dead', 'canc
 CREATE INDEX rq_idempotency_job ON rq_idempotency (job_id);
 
 CREATE INDEX rq_outbox_job ON rq_outbox (job_id);
+
+CREATE VIEW rq_events AS
+SELECT p.id * 1024 + e.key AS id,
+       p.trace_id AS trace_id,
+       p.job_id AS job_id,
+       p.attempt AS attempt,
+       COALESCE(json_extract(e.value, '$.k'), 'domain') AS kind,
+       json_extract(e.value, '$.n') AS name,
+       json_extract(e.value, '$.q') AS seq,
+       json_extract(e.value, '$.s') AS step,
+       p.ts + COALESCE(json_extract(e.value, '$.dt'), 0) / 1e6 AS ts,
+       p.hlc + COALESCE(json_extract(e.value, '$.h'), 0) AS hlc,
+       p.worker_id AS worker_id,
+       json_extract(e.value, '$.st') AS status,
+       json_extract(e.value, '$.r') AS resource,
+       json_extract(e.value, '$.v') AS resource_version,
+       COALESCE(json_extract(e.value, '$.x'), 0) AS side_effect,
+       json_extract(e.value, '$.i') AS input_ref,
+       json_extract(e.value, '$.o') AS output_ref,
+       COALESCE(json_extract(e.value, '$.d'), '{}') AS data,
+       p.hlc AS pack_hlc,
+       p.hlc_last AS pack_hlc_last
+FROM rq_trace AS p, json_each(rq_pack_json(p.events)) AS e;

@@ -1,0 +1,156 @@
+"""Trace pack formats (storage/packs.py): a deflated pack holds exactly the JSON pack.
+
+Format 2 (SQLite) is format 1's JSON text deflated with a frozen preset dictionary; what
+``unpack`` returns must not depend on the format a pack was written in, and the
+dictionary may never change under packs already written with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import zlib
+
+import pytest
+
+from replayq.model import TraceEvent
+from replayq.storage import packs
+
+
+def attempt_events() -> list[TraceEvent]:
+    """One commit's events as a traced step writes them, lifecycle and domain."""
+    common = {"trace_id": "0123456789abcdef0123456789abcdef", "job_id": 41, "attempt": 2}
+    common["worker_id"] = "host-1:worker"
+    return [
+        TraceEvent(
+            name="step.started",
+            seq=1,
+            status="started",
+            ts=1_796_000_000.5,
+            hlc=9_000_000,
+            data={"step_name": "reserve"},
+            **common,
+        ),
+        TraceEvent(
+            name="state.write",
+            seq=2,
+            step="reserve",
+            resource="order:41",
+            resource_version=3,
+            ts=1_796_000_000.500214,
+            hlc=9_000_001,
+            data={
+                "branch": "main",
+                "delta": {"replace": {"status": "reserved", "ü": [1, 2.5]}},
+                "expected_version": 2,
+                "fencing": None,
+                "parent_version": 2,
+            },
+            **common,
+        ),
+        TraceEvent(
+            name="effect.succeeded",
+            seq=3,
+            step="reserve",
+            resource="charge:41",
+            status="success",
+            side_effect=True,
+            output_ref="blob:sha256:" + "ab" * 32,
+            ts=1_796_000_000.6,
+            hlc=9_065_536,
+            data={"duration": 0.0003, "result": None},
+            **common,
+        ),
+        TraceEvent(
+            name="job.succeeded",
+            kind="lifecycle",
+            status="succeeded",
+            ts=1_796_000_000.7,
+            hlc=9_065_537,
+            data={"duration": 0.2, "owner_token": "f" * 32, "version": "v1"},
+            **common,
+        ),
+    ]
+
+
+def stored(events: list[TraceEvent], pack_format: int, pack_id: int = 5) -> dict[str, object]:
+    return {**packs.pack_row(events, pack_format), "id": pack_id}
+
+
+def test_a_deflated_pack_reads_back_as_the_same_events_as_its_json_pack() -> None:
+    events = attempt_events()
+    as_json, deflated = stored(events, packs.FORMAT_JSON), stored(events, packs.FORMAT_DEFLATE)
+    assert isinstance(as_json["events"], str)
+    assert isinstance(deflated["events"], bytes) and deflated["events"][:1] == b"\x02"
+    assert packs.pack_json(deflated["events"]) == as_json["events"]  # type: ignore[arg-type]
+    assert packs.unpack(deflated) == packs.unpack(as_json)
+    assert [(e.name, e.hlc, e.ts, e.data) for e in packs.unpack(deflated)] == [
+        (e.name, e.hlc, round(e.ts, 6), e.data) for e in events
+    ]
+    # Everything but the events column is the same row.
+    assert {k: v for k, v in as_json.items() if k != "events"} == {
+        k: v for k, v in deflated.items() if k != "events"
+    }
+
+
+def test_a_deflated_pack_is_a_fraction_of_its_json() -> None:
+    events = attempt_events()
+    text = packs.pack_row(events, packs.FORMAT_JSON)["events"]
+    data = packs.pack_row(events, packs.FORMAT_DEFLATE)["events"]
+    assert len(data) * 2 < len(text), (len(data), len(text))
+
+
+def test_the_dictionary_of_format_2_never_changes() -> None:
+    # Packs already stored are decoded with this dictionary: another one is another format.
+    digest = hashlib.sha256(packs.DICTIONARY_2).hexdigest()
+    assert digest == packs.DICTIONARY_2_SHA256
+    assert digest == "c20fe38913382d297a259d400c024c630b28850bc0cb910ff05a9d178aabe0bc"
+
+
+def test_a_pack_of_an_unknown_format_is_refused_not_misread() -> None:
+    with pytest.raises(ValueError, match="unknown format"):
+        packs.pack_json(b"\x07" + zlib.compress(b"[]"))
+    assert packs.pack_json("[]") == "[]"
+    assert packs.pack_json(None) is None
+
+
+def test_sql_reads_both_formats_through_the_registered_function() -> None:
+    events = attempt_events()
+    conn = sqlite3.connect(":memory:")
+    packs.register_sqlite(conn)
+    conn.execute("CREATE TABLE p (id INTEGER PRIMARY KEY, events TEXT NOT NULL)")
+    for pack_format in (packs.FORMAT_JSON, packs.FORMAT_DEFLATE):
+        conn.execute("INSERT INTO p (events) VALUES (?)", (stored(events, pack_format)["events"],))
+    rows = conn.execute(
+        "SELECT p.id, typeof(p.events), json_extract(e.value, '$.n') "
+        "FROM p, json_each(rq_pack_json(p.events)) AS e ORDER BY p.id, e.key"
+    ).fetchall()
+    names = [e.name for e in events]
+    assert rows == [(1, "text", n) for n in names] + [(2, "blob", n) for n in names]
+    conn.close()
+
+
+def test_a_pack_appended_to_piece_by_piece_reads_back_whole_at_every_commit() -> None:
+    events = attempt_events()
+    row, writer = packs.opened_row(events[:1], packs.FORMAT_DEFLATE)
+    assert writer is not None
+    data = row["events"]
+    assert isinstance(data, bytes)
+    for n in range(1, len(events)):
+        # Each commit appends its own items: the bytes already stored stay as they were.
+        before = data
+        data += writer.more(packs.pack_items(events[n : n + 1], row["hlc"], row["ts"]))
+        assert data.startswith(before) and writer.stored == data
+        as_json = packs.pack_row(events[: n + 1], packs.FORMAT_JSON)["events"]
+        assert packs.pack_json(data) == as_json
+        assert packs.unpack({**row, "events": data, "id": 5}) == packs.unpack(
+            stored(events[: n + 1], packs.FORMAT_JSON)
+        )
+
+
+def test_a_format_2_pack_whose_stream_was_finished_still_reads() -> None:
+    # Packs written before appends existed end their deflate stream (and their array).
+    events = attempt_events()
+    text = packs.pack_row(events, packs.FORMAT_JSON)["events"]
+    assert isinstance(text, str)
+    assert packs.pack_json(packs.deflated(text)) == text
