@@ -49,7 +49,13 @@ def test_gc_passes_beside_draining_workers_trim_only_finished_jobs(tmp_path: Pat
             for i in range(4)
         ]
         wait_for(
-            lambda: sum(r.trimmed_jobs for r in list(reports)) > 0,
+            lambda: app.get_job(held_id).state == replayq.JobState.RUNNING,
+            timeout=120,
+            what="the held job to start",
+        )
+        trimmed_before = sum(r.trimmed_jobs for r in list(reports))
+        wait_for(
+            lambda: sum(r.trimmed_jobs for r in list(reports)) > trimmed_before,
             timeout=120,
             what="a gc pass to trim finished jobs while one is still held in its step",
         )
