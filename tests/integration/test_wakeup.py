@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import replayq
+from replayq.storage.sqlite import SqliteStorage
 from replayq.storage.sqlite.watch import Watcher
 from replayq.worker import Worker
 from tests.integration.test_postgres_backend import wait_for
@@ -101,3 +102,36 @@ def test_the_sqlite_watch_reads_only_and_never_creates_the_file(tmp_path: Path) 
     time.sleep(0.2)
     watcher.close()
     assert not missing.exists() and not watcher.listening.is_set() and woken == []
+
+
+def test_only_a_commit_that_inserts_or_moves_a_job_wakes_the_process_watch(
+    tmp_path: Path,
+) -> None:
+    """A traced step's commit (events, state) cannot make a job ready: it does not poke
+    this process's watch (each poke costs a lease query). An enqueue does, at once."""
+    from replayq.model import TraceEvent
+
+    app = replayq.App(f"sqlite:///{tmp_path / 'w.db'}", auto_migrate=True)
+
+    @app.job("ping")
+    def ping(ctx: replayq.Context) -> None:
+        pass
+
+    storage = app.runtime.storage
+    assert isinstance(storage, SqliteStorage)
+    woken = threading.Event()
+    watcher = storage.listen(lambda _queue: woken.set())
+    try:
+        wait_for(watcher.listening.is_set, 10, "the watch to start")
+        watcher.interval = 60.0  # from the next wait on: only a poke wakes it
+        time.sleep(0.1)
+        woken.clear()
+        with storage.transaction() as tx:
+            tx.trace_append([TraceEvent(trace_id="tr", name="step.finished", ts=1.0, hlc=1)])
+        time.sleep(0.3)
+        assert not woken.is_set(), "a commit of trace events alone woke the watch"
+        app.enqueue("ping", {})
+        assert woken.wait(2.0), "an enqueue in this process did not wake the watch at once"
+    finally:
+        watcher.close()
+        app.close()

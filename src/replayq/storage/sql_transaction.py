@@ -189,6 +189,10 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
         self._last_pack = last_pack
         # The writer of the format 2 row ``pack_row`` built last (``_placed`` keeps it).
         self._writer: packs.PackWriter | None = None
+        # Whether this transaction changed a job row (insert or transition): only such a
+        # commit can make a job ready, so only it wakes the process's idle workers at once
+        # (SQLite ``Watcher.poke``). A commit of a step's events and state writes does not.
+        self.jobs_changed = False
 
     @property
     def last_pack(self) -> OpenPack | None:
@@ -324,6 +328,7 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
         self._last_pack = (pack_ids[last.job_id], [last], self._writer)
 
     def _job_insert_one(self, params: JobInsert) -> tuple[int, bool]:
+        self.jobs_changed = True
         job_id = self.inserted_id("job_insert", query_params(params))
         if job_id is not None:
             return job_id, True
@@ -378,6 +383,7 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
         return {int(row["id"]) for row in rows}
 
     def job_transition(self, change: JobChange | JobReroute) -> Any:
+        self.jobs_changed = True
         if isinstance(change, JobReroute):
             return int(self.execute("job_reroute", query_params(change)).rowcount)
         if isinstance(change, LeaseExtend):

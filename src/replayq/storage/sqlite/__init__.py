@@ -375,8 +375,9 @@ class SqliteStorage:
             raise storage_error(f"commit failed on {self.path!r}", exc, self.path) from exc
         if not readonly:
             self._local.last_pack = tx.last_pack
-            for watcher in self._watchers:
-                watcher.poke()
+            if tx.jobs_changed:
+                for watcher in self._watchers:
+                    watcher.poke()
 
     def _fault(self, conn: sqlite3.Connection, exc: sqlite3.Error) -> None:
         if _is_full(exc):

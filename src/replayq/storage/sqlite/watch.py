@@ -5,8 +5,11 @@ SQLite has no ``NOTIFY``. A ``Watcher`` thread keeps its own connection and asks
 which changes whenever another connection commits to the file. It asks:
 
 * at once when a write transaction of the same ``SqliteStorage`` in this process
-  commits (``poke``): an enqueuer and a worker in one process wake each other
-  without waiting;
+  that inserted or moved a job commits (``poke``): an enqueuer and a worker in one
+  process wake each other without waiting. A commit of a traced step's events and
+  state writes does not poke: it cannot make a job ready, and each poke costs a
+  ``PRAGMA`` here and a lease query in the worker (a third of a traced job's CPU
+  when every step's commit poked, docs/benchmarks.md);
 * else every ``interval`` seconds (5 ms by default): another process's commit is
   heard within that.
 
