@@ -163,8 +163,10 @@ class WorkerCore:
         self._force = threading.Event()
         # Set when ``run`` returns (a burst run ends without a stop): the heartbeat ends too.
         self._ended = threading.Event()
-        # Wakes the heartbeat thread early: a new lease, the worker's end.
+        # Wakes the heartbeat thread early: a new lease due before its wake-up, the end.
         self._beat_wake = threading.Event()
+        # When the sleeping heartbeat thread wakes by itself (monotonic; under the lock).
+        self._beat_wake_at = 0.0
         # Every async handler of this worker runs on this one loop (started on first use).
         self.event_loop = EventLoopThread(f"replayq-async-{self.worker_id}")
         self._next_reap = 0.0
@@ -200,6 +202,13 @@ class WorkerCore:
         with self._inflight_lock:
             if self._flight_of(job) is not None:
                 del self._inflight[job.id]
+
+    def _forget_all(self, jobs: Sequence[Job]) -> None:
+        """``_forget`` for several leases, under one hold of the lock."""
+        with self._inflight_lock:
+            for job in jobs:
+                if self._flight_of(job) is not None:
+                    del self._inflight[job.id]
 
     def _ran(self, job: Job) -> None:
         """An executor is done with this lease: forget it, unless its ack waits in memory

@@ -48,10 +48,15 @@ class Heartbeat(WorkerCore):
                     log.exception("worker %s: heartbeat failed", self.worker_id)
             with self._inflight_lock:
                 upcoming = min((f.next_heartbeat for f in self._inflight.values()), default=None)
-            wait = IDLE_WAKE if upcoming is None else upcoming - time.monotonic()
-            # At least MIN_WAKE: a beat that failed (or is skipped while its job settles)
-            # is tried again on the old tick, never in a busy loop.
-            self._beat_wake.wait(min(max(wait, MIN_WAKE), IDLE_WAKE))
+                now = time.monotonic()
+                wait = IDLE_WAKE if upcoming is None else upcoming - now
+                # At least MIN_WAKE: a beat that failed (or is skipped while its job settles)
+                # is tried again on the old tick, never in a busy loop.
+                wait = min(max(wait, MIN_WAKE), IDLE_WAKE)
+                # Under the lock: a lease held after the look above sees this, and wakes the
+                # thread only if its first beat is due sooner (``Leasing._hold``).
+                self._beat_wake_at = now + wait
+            self._beat_wake.wait(wait)
             self._beat_wake.clear()
 
     def extend_leases(self, flights: Sequence[InFlight]) -> None:

@@ -152,20 +152,23 @@ class Leasing(WorkerCore):
 
     def _hold(self, jobs: Sequence[Job], now: float) -> None:
         """Jobs whose lease committed: track them for heartbeats and queue them to run."""
+        wake_heartbeat = False
         for job in jobs:
             # Both in the clock that granted the lease (the database's, or ``now``'s).
             granted = job.leased_at if job.leased_at is not None else now
             lease_seconds = (job.lease_deadline or granted) - granted
             handler = self._handler_or_none(job)
             beat = handler.contract.heartbeat if handler else lease_seconds / 3
+            held_at = time.monotonic()
             # heartbeat 0: a fixed visibility timeout, the lease is never extended.
-            first_beat = time.monotonic() + beat if beat > 0 else float("inf")
+            first_beat = held_at + beat if beat > 0 else math.inf
             with self._inflight_lock:
-                self._inflight[job.id] = InFlight(
-                    job, lease_seconds, beat, first_beat, time.monotonic()
-                )
+                self._inflight[job.id] = InFlight(job, lease_seconds, beat, first_beat, held_at)
+                # The heartbeat sleeps until a beat is due: woken only if this one is sooner
+                # (a wake-up per batch cost as much as a no-op job's SQL).
+                wake_heartbeat = wake_heartbeat or first_beat < self._beat_wake_at
             self.observers.job_seen(job)
             self._work.put(job)
-        if jobs:
-            self._beat_wake.set()  # the heartbeat sleeps until a beat is due: count these
+        if wake_heartbeat:
+            self._beat_wake.set()
         self.stats.leased += len(jobs)

@@ -1,0 +1,75 @@
+"""What a running worker's group commits leave behind, on every backend: one log line per
+group naming every job it acked, and heartbeats for jobs leased while the beat sleeps.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+import replayq
+from tests.acceptance.workers import wait_for
+
+AppFactory = Callable[..., replayq.App]
+JOBS = 24
+
+
+def test_a_group_commit_logs_its_successes_in_one_line_naming_each_job(
+    app_factory: AppFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = app_factory()
+
+    @app.job("noop")
+    def noop(ctx: replayq.Context, n: int) -> None:
+        return None
+
+    ids = {app.enqueue("noop", {"n": n}) for n in range(JOBS)}
+    worker = replayq.Worker(app, burst=True, prefetch=7, prefetch_window=float("inf"))
+    with caplog.at_level(logging.INFO, logger="replayq.worker"):
+        stats = worker.run()
+    assert stats.succeeded == JOBS
+    lines = [r.getMessage() for r in caplog.records if "succeeded" in r.getMessage()]
+    named = [int(n) for line in lines for n in re.findall(r"(?:job |: |, )(\d+) ", line)]
+    assert sorted(named) == sorted(ids), lines  # every success is logged, each once
+    # Leased eight at a time and acked together: far fewer lines than jobs.
+    assert len(lines) <= JOBS // 2, lines
+
+
+def test_a_job_leased_while_the_heartbeat_sleeps_is_beaten_on_its_own_tick(
+    app_factory: AppFactory,
+) -> None:
+    """The heartbeat thread is woken by a new lease only when that lease's first beat is
+    due before the thread wakes by itself: a short heartbeat still beats on time."""
+    app = app_factory()
+    started, release = threading.Event(), threading.Event()
+
+    @app.job("hold", lease="1s", heartbeat="0.1s")
+    def hold(ctx: replayq.Context) -> None:
+        started.set()
+        assert release.wait(30), "the test never let the handler finish"
+
+    worker = replayq.Worker(app, worker_id="w", poll_interval=0.05)
+    runner = threading.Thread(target=worker.run, name="worker")
+    runner.start()
+    try:
+        time.sleep(0.3)  # the heartbeat thread is asleep for up to a second, nothing held
+        job_id = app.enqueue("hold", {})
+        assert started.wait(30), "the job never started"
+        time.sleep(0.6)
+        beats = [e for e in app.trace(job_id) if e.name == "lease.extended"]
+        # Without a wake-up the first beat would come only after the idle sleep (1 s).
+        assert len(beats) >= 3, [e.name for e in app.trace(job_id)]
+    finally:
+        release.set()
+        wait_for(
+            lambda: app.get_job(job_id).state is replayq.JobState.SUCCEEDED,
+            timeout=30,
+            what="the held job to succeed",
+        )
+        worker.stop()
+        runner.join(30)
