@@ -401,13 +401,6 @@ class PostgresTransaction(SqlTransaction):
             "lease_seconds": [float(seconds) for _, _, seconds in leases],
         }
 
-    def lease_pairs(self, leases: Sequence[tuple[int, str]]) -> dict[str, Any]:
-        """(job id, owner token) pairs as two arrays of the same length, for ``unnest``."""
-        return {
-            "job_ids": [job_id for job_id, _ in leases],
-            "owner_tokens": [token for _, token in leases],
-        }
-
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         try:
             return super().execute(name, params)

@@ -192,13 +192,6 @@ SELECT id FROM rq_jobs
 WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running'
 FOR SHARE;
 
--- name: lease_extend
--- Every lease of the pairs (job_ids[i], owner_tokens[i]) in one statement.
-UPDATE rq_jobs AS j
-SET lease_deadline = COALESCE(%(lease_now)s::float8, extract(epoch FROM statement_timestamp())::float8) + %(lease_seconds)s
-FROM unnest(%(job_ids)s::bigint[], %(owner_tokens)s::text[]) AS l(id, owner_token)
-WHERE j.id = l.id AND j.owner_token = l.owner_token AND j.state = 'running';
-
 -- name: leases_extend
 -- A worker's heartbeat: every lease of the rows (job_ids[i], owner_tokens[i],
 -- lease_seconds[i]) in one statement; RETURNING names the leases still held.
