@@ -273,7 +273,7 @@ def test_a_committed_transaction_keeps_both_and_a_worker_runs_the_job(
 def test_a_bulk_enqueue_on_the_callers_connection_commits_with_it_and_wakes_listeners(
     shop: replayq.App, conninfo: str
 ) -> None:
-    # Its own queue: the channel is per database, so other schemas' jobs wake us too.
+    # Its own queue: the wake-up asserted is this enqueue's, not an earlier test's.
     queue = f"bulk-{time.monotonic_ns()}"
 
     @shop.job("ship_bulk", queue=queue)
