@@ -73,3 +73,45 @@ def test_a_job_leased_while_the_heartbeat_sleeps_is_beaten_on_its_own_tick(
         )
         worker.stop()
         runner.join(30)
+
+
+def test_a_buffered_ack_commits_within_its_window_while_the_executor_runs_a_long_job(
+    app_factory: AppFactory,
+) -> None:
+    """The acks thread is not woken for every batch any more; an ack still waits at most
+    about ``ack_window`` when its executor goes on to a job that runs long."""
+    app = app_factory()
+    started, release = threading.Event(), threading.Event()
+
+    @app.job("quick")
+    def quick(ctx: replayq.Context) -> None:
+        return None
+
+    @app.job("hold", lease="30s")
+    def hold(ctx: replayq.Context) -> None:
+        started.set()
+        assert release.wait(30), "the test never let the handler finish"
+
+    # A stream of quick jobs first: the acks thread is then in its busy rhythm.
+    # 24: the last batch of five is four quick jobs and the long one, run after them.
+    quick_ids = [app.enqueue("quick", {}) for _ in range(24)]
+    held = app.enqueue("hold", {})
+    worker = replayq.Worker(
+        app, prefetch=4, prefetch_window=float("inf"), ack_window=0.05, poll_interval=0.05
+    )
+    runner = threading.Thread(target=worker.run, name="worker")
+    runner.start()
+    try:
+        assert started.wait(30), "the long job never started"
+        ran_at = time.monotonic()
+        wait_for(
+            lambda: all(app.get_job(i).state is replayq.JobState.SUCCEEDED for i in quick_ids),
+            timeout=5,
+            what="the quick jobs' acks to commit while the long job runs",
+        )
+        assert time.monotonic() - ran_at < 0.3  # the window (0.05 s), not the idle wake (1 s)
+        assert app.get_job(held).state is replayq.JobState.RUNNING
+    finally:
+        release.set()
+        worker.stop()
+        runner.join(30)

@@ -24,6 +24,7 @@ What the group promises:
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,6 +52,9 @@ log = logging.getLogger("replayq.worker")
 _GROUP_STORAGE_TRIES = 5
 # The acks thread's longest sleep with nothing buffered.
 _IDLE_WAKE = 1.0
+# For this long after acks were last buffered, the acks thread sleeps one ``ack_window``
+# at a time: acks buffered meanwhile are due after its wake-up, so they need no wake-up.
+_BUSY_SECONDS = 0.1
 
 
 @dataclass(eq=False)  # compared by identity: the buffer removes the very acks it took
@@ -149,7 +153,20 @@ class Acking(Outcomes):
             if not self._acks or self._acks_armed:
                 return
             self._acks_armed = True
+            self._acks_last_armed = now = time.monotonic()
+            # Asleep until before the buffer is due (a busy worker's thread wakes every
+            # window): it finds these acks then. A wake-up per batch cost more CPU than it.
+            if now < self._acks_wake_at <= self._acks_due():
+                return
         self._acks_wake.set()
+
+    def _acks_due(self) -> float:
+        """When the buffer must be committed (under ``_acks_lock``); ``inf`` if empty.
+        A group that failed is tried again at its backoff, not after the window."""
+        return min(
+            (a.retry_at if a.failures else a.since + self.ack_window for a in self._acks),
+            default=math.inf,
+        )
 
     def _take_acks(self, *, all_of_them: bool = False) -> list[Ack]:
         now = time.monotonic()
@@ -164,15 +181,15 @@ class Acking(Outcomes):
         while not (self._ended.is_set() and not self._acks):
             self._acks_wake.clear()  # before the look: an arm after it wakes the wait below
             with self._acks_lock:
-                # A group that failed is tried again at its backoff, not after the window.
-                due = min(
-                    (a.retry_at if a.failures else a.since + self.ack_window for a in self._acks),
-                    default=None,
-                )
-                self._acks_armed = due is not None
-            wait = _IDLE_WAKE if due is None else due - time.monotonic()
+                due = self._acks_due()
+                self._acks_armed = not math.isinf(due)
+                now = time.monotonic()
+                busy = self.ack_window > 0 and now - self._acks_last_armed < _BUSY_SECONDS
+                wait = min(due - now, self.ack_window if busy else _IDLE_WAKE)
+                # Under the lock: ``_arm_acks`` wakes this thread only if it sleeps past due.
+                self._acks_wake_at = now + wait if wait > 0 else 0.0
             if wait > 0:
-                self._acks_wake.wait(min(wait, _IDLE_WAKE))
+                self._acks_wake.wait(wait)
                 continue
             self._flush_acks()
             if self._ended.is_set() and self._force.is_set():

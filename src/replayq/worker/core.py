@@ -7,6 +7,7 @@ each part's methods, and ``process.Worker`` puts them together.
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import socket
@@ -156,6 +157,10 @@ class WorkerCore:
         self._acks_wake = threading.Event()
         # Whether the acks thread knows of the buffered acks (sleeps until their window ends).
         self._acks_armed = False
+        # When the sleeping acks thread wakes by itself (monotonic; 0: awake), and when an
+        # executor last asked it to commit the buffer (``acks._arm_acks``).
+        self._acks_wake_at = 0.0
+        self._acks_last_armed = -math.inf
         # Set while ``run()`` runs: outside it (``execute()`` on its own) an ack commits at once.
         self._grouping = False
         # Per executor thread: the id of the job whose ack it left for a group commit, which
