@@ -6,10 +6,10 @@ it forwards the COMMIT of the one transaction that carries given bytes, drops th
 server's reply (``CommandComplete COMMIT``: it did commit) and closes the connection.
 The worker sees only a dead connection (``DatabaseUnavailableError``) and retries:
 
-* an ack (``job_complete``, alone or in a group commit, and at once when the worker has
-  an observer): the retried compare-and-set finds the job no longer running under its
-  token; the worker finds its own ``job.succeeded`` (its worker id, token and attempt)
-  and counts the job succeeded, without a ``job.write_rejected``;
+* an ack (``job_complete`` in the worker's group commit): the retried compare-and-set
+  finds the job no longer running under its token; the worker finds its own
+  ``job.succeeded`` (its worker id, token and attempt) and counts the job succeeded,
+  without a ``job.write_rejected``;
 * an effect's claim: the retry finds the record claimed under its own claim token and
   runs the effect (once), adding no second ``effect.claimed``;
 * an effect's completion: the retried ``succeeded`` transition changes nothing and adds
@@ -18,7 +18,6 @@ The worker sees only a dead connection (``DatabaseUnavailableError``) and retrie
 
 from __future__ import annotations
 
-import socket
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,12 +55,6 @@ def queue(pg_schema_url: str) -> Iterator[replayq.App]:
     app.close()
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _by_n(app: replayq.App) -> dict[int, replayq.Job]:
     return {int(j.payload["n"]): j for j in app.list_jobs(limit=1000)}
 
@@ -93,9 +86,7 @@ def _assert_worker_fine(launcher: WorkerLauncher) -> None:
         assert "Traceback" not in worker.log()
 
 
-@pytest.mark.parametrize("ack", ["grouped", "at_once"])
 def test_an_ack_whose_commit_reply_was_lost_is_recognised_as_landed(
-    ack: str,
     queue: replayq.App,
     pg_schema_url: str,
     proxy: PgProxy,
@@ -104,8 +95,7 @@ def test_an_ack_whose_commit_reply_was_lost_is_recognised_as_landed(
     request: pytest.FixtureRequest,
 ) -> None:
     """The last job's ack commits, its reply is lost: succeeded once, one event, no
-    rejection, the handler ran once, and the worker goes on (grouped: the default group
-    commit; at once: a worker with an observer, which settles each job alone)."""
+    rejection, the handler ran once, and the worker goes on."""
     sink = tmp_path / "effects.jsonl"
     for n in range(JOBS):
         queue.enqueue("deliver", {"n": n, "sink": str(sink)})
@@ -113,12 +103,11 @@ def test_an_ack_whose_commit_reply_was_lost_is_recognised_as_landed(
     # The result is a parameter of job_complete, sent even once the statement is prepared.
     proxy.arm_commit_cut(b'{"n":%d,"quote":%d}' % (target, 2 * target))
     launcher = WorkerLauncher(proxy.url(pg_schema_url), tmp_path)
-    options = ("--metrics-port", str(_free_port())) if ack == "at_once" else ()
-    worker = launcher.start("w1", app="tests.apps.storage_faults:app", options=options)
+    worker = launcher.start("w1", app="tests.apps.storage_faults:app")
     try:
         _drain(queue, proxy, sink, launcher, JOBS)
         chaos_check.assert_clean(
-            f"PostgreSQL, an ack's COMMIT reply lost ({ack})",
+            "PostgreSQL, an ack's COMMIT reply lost",
             pg_schema_url,
             effects_service.base_url,
             expected=JOBS + MORE,
@@ -134,8 +123,7 @@ def test_an_ack_whose_commit_reply_was_lost_is_recognised_as_landed(
         effects = Counter(line["n"] for line in read_lines(sink) if line["event"] == "effect")
         assert effects[target] == 1, "the handler ran once"
         log = worker.log()
-        lost = "group commit of the acks of jobs" if ack == "grouped" else f"settle job {job.id}"
-        assert lost in log, "the worker saw the COMMIT fail"
+        assert "group commit of the acks of jobs" in log, "the worker saw the COMMIT fail"
         assert f"job {job.id} succeeded" in log, "and counted the job succeeded"
         _assert_worker_fine(launcher)
     except BaseException:
