@@ -113,6 +113,24 @@ def test_a_driver_error_inside_a_transaction_is_a_storage_error(
         assert tx.job_list(JobFilter()) == []
 
 
+def test_a_session_ended_by_idle_in_transaction_timeout_is_unavailability(
+    pg_schema_url: str,
+) -> None:
+    """SQLSTATE 25P03 (psycopg's ``InternalError``) is the database gone for this session,
+    retried like a killed one, not a ``StorageError`` that fails the job."""
+    store = PostgresStorage(f"{pg_schema_url}&idle_in_transaction_timeout=0.2")
+    try:
+        with pytest.raises(DatabaseUnavailableError) as caught, store.transaction() as tx:
+            tx.connection.execute("SELECT 1")
+            time.sleep(1.0)  # idle inside the transaction: the server ends the session
+            tx.execute("migrations_applied")
+        assert isinstance(caught.value.__cause__, psycopg.errors.IdleInTransactionSessionTimeout)
+        with store.transaction() as tx:  # the pool replaced the ended session
+            assert tx.connection.execute("SELECT 1").fetchone() is not None
+    finally:
+        store.close()
+
+
 # -- the verbs: tests/conformance/test_storage_verbs.py runs them on both backends ------------
 
 

@@ -51,7 +51,9 @@ Known limits, up front:
   sessions therefore set ``idle_in_transaction_session_timeout``
   (``?idle_in_transaction_timeout=`` seconds, default 10): the server ends a
   frozen session and releases its locks, the reaper takes the job, and the
-  worker, when it resumes, finds its connection gone and its lease lost.
+  worker, when it resumes, finds its connection gone and its lease lost. The
+  server's reason (SQLSTATE 25P03, which psycopg classes as ``InternalError``) is
+  ``DatabaseUnavailableError`` like any ended session, never a job's failure.
 * A server that takes no writes (SQLSTATE 25006: a standby after a failover, or
   ``default_transaction_read_only``) is ``DatabaseUnavailableError`` like a server
   that is down, unless replayq asked for a read-only transaction itself. The
@@ -215,6 +217,11 @@ def storage_error(what: str, exc: psycopg.Error, *, read_only_asked: bool = Fals
         exc, psycopg.errors.QueryCanceled
     ):
         return DatabaseUnavailableError(f"{what}: {exc}")
+    if isinstance(exc, psycopg.errors.IdleInTransactionSessionTimeout):
+        # SQLSTATE 25P03 (class 25, so psycopg's InternalError, not OperationalError): the
+        # server ended a session frozen inside a transaction (idle_in_transaction_timeout)
+        # and rolled it back, as a killed session. Not the job's failure: retried.
+        return DatabaseUnavailableError(f"{what}: the server ended the session: {exc}")
     return StorageError(f"{what}: {exc}")
 
 
