@@ -15,7 +15,7 @@ from replayq.errors import PayloadError
 try:  # the [fast] extra: the same text, encoded ~6x faster (``_fast_text``)
     import orjson
 except ImportError:  # pragma: no cover - exercised by tests that hide it
-    orjson = None
+    orjson = None  # type: ignore[assignment]
 
 # Deeper than any real payload; well inside Python's recursion limit for the walk below.
 MAX_DEPTH = 200
