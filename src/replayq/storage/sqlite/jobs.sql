@@ -362,9 +362,9 @@ UPDATE rq_trace
 SET hlc_last = max(hlc_last, :hlc_last), events = CAST(events || :piece AS BLOB)
 WHERE id = :id AND events = :stored
   AND trace_id = :trace_id AND job_id IS :job_id AND attempt IS :attempt
-  AND EXISTS (SELECT 1 FROM rq_jobs
-              WHERE id = :fence_job_id AND owner_token = :fence_owner_token
-                AND state = 'running');
+  AND EXISTS (SELECT 1 FROM rq_jobs AS fence
+              WHERE fence.id = :fence_job_id AND fence.owner_token = :fence_owner_token
+                AND fence.state = 'running');
 
 -- name: trace_resources_append
 INSERT OR IGNORE INTO rq_trace_resources (resource, hlc, pack_id) VALUES (:resource, :hlc, :pack_id);
