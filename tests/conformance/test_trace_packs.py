@@ -14,7 +14,7 @@ from typing import Any
 import replayq
 from replayq.model import TraceEvent
 from replayq.storage import packs as storage_packs
-from replayq.storage.protocol import TraceQuery
+from replayq.storage.protocol import TraceFence, TraceQuery
 from replayq.testing import run_inline
 
 AppFactory = Callable[..., replayq.App]
@@ -185,3 +185,71 @@ def appended(app: replayq.App) -> None:
     assert len(rows) == 3 and rows[0][1] == rewritten
     assert [e.name for e in back] == ["event.early"] + [e.name for e in events]
     assert len({e.id for e in back}) == len(events) + 1
+
+
+def test_a_fenced_commit_joining_a_pack_is_its_own_lease_check(sqlite_url: str) -> None:
+    # SQLite only (deflated packs joined across commits). The append that joins the
+    # connection's open pack checks the lease itself: no lease_check statement while the
+    # lease holds; once it is gone nothing is appended and the commit is refused; a pack
+    # rewritten since is not joined, and the lease (still held) is asked then.
+    app = replayq.App(sqlite_url, auto_migrate=True)
+    try:
+        fenced_joins(app)
+    finally:
+        app.close()
+
+
+def fenced_joins(app: replayq.App) -> None:
+    @app.job("noop")
+    def noop(ctx: replayq.Context) -> None:
+        return None
+
+    app.register_contracts()
+    job_id = app.enqueue("noop", {})
+    [job] = replayq.Worker(app, worker_id="w1").lease(1)
+    assert job.owner_token is not None
+    fence = TraceFence(job.id, job.owner_token)
+    base = {"trace_id": job.trace_id, "job_id": job.id, "attempt": job.attempt}
+    base.update(worker_id="w1", ts=1_700_000_000.0)
+    events = [TraceEvent(name=f"event.{n}", hlc=2**60 + n, seq=n, **base) for n in range(5)]
+    packs_sql = "SELECT id, events FROM rq_trace WHERE job_id = ? AND attempt = 1 ORDER BY id"
+    statements: list[str] = []
+
+    def stored() -> list[tuple[int, bytes]]:
+        with app.storage.transaction(readonly=True) as tx:
+            return [tuple(r) for r in tx.connection.execute(packs_sql, (job_id,)).fetchall()]
+
+    def append(group: list[TraceEvent]) -> bool:
+        with app.storage.transaction() as tx:
+            tx.connection.set_trace_callback(statements.append)
+            try:
+                return tx.trace_append(group, fence)
+            finally:
+                tx.connection.set_trace_callback(None)
+
+    assert append(events[:1])
+    [(pack_id, first)] = stored()
+    statements.clear()
+    assert append(events[1:2])
+    [(same_id, joined)] = stored()
+    assert same_id == pack_id and joined.startswith(first) and len(joined) > len(first)
+    assert not [s for s in statements if "FROM rq_jobs" in s and s.startswith("SELECT")]
+
+    # A pack rewritten by another writer: not joined; the lease is asked and holds.
+    rewritten = storage_packs.deflated(storage_packs.pack_json(joined) or "")
+    with app.storage.transaction() as tx:
+        tx.connection.execute("UPDATE rq_trace SET events = ? WHERE id = ?", (rewritten, pack_id))
+    assert append(events[2:3])
+    [(kept_id, _), (new_id, _)] = stored()
+    assert kept_id == pack_id and new_id != pack_id
+
+    # The lease is taken (another owner token): the joining commit appends nothing.
+    before = stored()
+    with app.storage.transaction() as tx:
+        tx.connection.execute("UPDATE rq_jobs SET owner_token = 'other' WHERE id = ?", (job_id,))
+    assert not append(events[3:4])
+    assert stored() == before
+    with app.storage.transaction(readonly=True) as tx:
+        back = tx.trace_query(TraceQuery(job_id=job_id))
+    names = [e.name for e in back if e.name.startswith("event.")]
+    assert names == ["event.0", "event.1", "event.2"]

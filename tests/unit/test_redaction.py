@@ -7,8 +7,11 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import replayq
+from replayq import codec, redaction
 from replayq.errors import ConfigurationError
 from replayq.redaction import Redaction, Redactor, is_marker, mask_url_passwords
 from replayq.testing import run_inline
@@ -274,3 +277,48 @@ def test_a_redacted_field_of_a_whole_payload_dataclass_reaches_the_handler_as_it
         assert is_marker(seen[0].card_number) and seen[0].amount == Decimal("12.30")
     finally:
         app.close()
+
+
+_json_leaves = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text()
+)
+_json_values = st.recursive(
+    _json_leaves,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.lists(st.dictionaries(st.text(max_size=5), inner, max_size=3), max_size=4)
+        | st.dictionaries(st.text(max_size=5), inner, max_size=4)
+    ),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(_json_values)
+def test_the_keys_of_a_value_are_the_keys_its_text_shows(value: object) -> None:
+    # clean_text takes a value's keys from the value (keys_of) instead of searching its
+    # canonical text: both must name the same keys, or a secret field could slip by.
+    text = codec.dumps(value)
+    if "\\" in text:
+        return  # clean_text walks such a text without looking at keys
+    assert redaction.keys_of(value) == set(redaction._KEYS.findall(text))
+
+
+def test_a_secret_field_deep_in_a_list_of_objects_is_still_found() -> None:
+    redactor = Redactor.build(Redaction(key="k"))
+    lines = [{"sku": f"S{n}", "qty": n} for n in range(20)]
+    lines[7] = {"sku": "S7", "qty": 7, "meta": {"password": "hunter2"}}
+    value, _ = redactor.encoded({"lines": lines}, codec.dumps)
+    assert "hunter2" not in codec.dumps(value)
+    assert redaction.keys_of(ODD) is None  # a dict subclass: the text is searched instead
+
+
+class _OddDict(dict):  # type: ignore[type-arg]
+    pass
+
+
+ODD = {"a": _OddDict(password="x")}

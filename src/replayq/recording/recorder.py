@@ -383,10 +383,6 @@ class Recorder:
         """
         refused = self.pending_writes() if not failed else []
         fence = self.trace_fence() if refused else None
-        lost = LeaseLostError(
-            f"job {self.job.id} attempt {self.job.attempt}: the lease was taken by "
-            f"another worker; not committed: {', '.join(refused)}"
-        )
         with self.runtime.storage.transaction() as tx:
             try:
                 held = self.flush(tx, failed=failed, fence=fence)
@@ -395,10 +391,17 @@ class Recorder:
                 # lease, the lease is the reason.
                 if fence is None or self._held_after_failure(tx):
                     raise
-                raise lost from exc
+                raise self._lost(refused) from exc
             if not held:
-                raise lost
+                raise self._lost(refused)
         self.committed()
+
+    def _lost(self, refused: list[str]) -> LeaseLostError:
+        """The error of a commit refused because the lease is gone (built only then)."""
+        return LeaseLostError(
+            f"job {self.job.id} attempt {self.job.attempt}: the lease was taken by "
+            f"another worker; not committed: {', '.join(refused)}"
+        )
 
     def _held_after_failure(self, tx: Transaction) -> bool:
         """Whether the lease is held, asked in ``tx`` after one of its writes failed; a

@@ -425,20 +425,29 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
         Events that continue the pack this transaction wrote last (same trace, job,
         attempt and worker: a context's pending events, then the ack's) join that pack,
         as do those continuing the pack the connection's last committed transaction
-        wrote (``last_pack``: SQLite). With ``fence`` the first new pack's insert is also
-        the lease check (``trace_append_fenced``), or the check is asked before a pack
-        is joined; ``False``, nothing written, once the lease is gone.
+        wrote (``last_pack``: SQLite). With ``fence`` the first new pack's insert or
+        deflated pack's append is also the lease check (``trace_append_fenced``,
+        ``trace_join_fenced``); the check is asked on its own before a JSON pack is
+        rewritten, and after an append that changed nothing (the lease, or the pack?);
+        ``False``, nothing written, once the lease is gone.
         """
         entries = []
         for group in packs.groups(events):
             last = self._last_pack
-            if fence is not None and last is not None and packs.same_pack(last[1], group):
-                # Joining a pack is an update, not the fenced insert: the lease is asked
-                # first, so that nothing is written once it is gone.
+            joins = last is not None and packs.same_pack(last[1], group)
+            if fence is not None and joins and (last is None or last[2] is None):
+                # Joining a JSON pack rewrites it (trace_extend, no fenced form): the lease
+                # is asked first, so that nothing is written once it is gone.
                 if not self.lease_check(fence.job_id, fence.owner_token):
                     return False
                 fence = None
-            extended = self._pack_extended(group)
+            extended = self._pack_extended(group, fence if joins else None)
+            if fence is not None and joins:
+                # The append was the lease check (trace_join_fenced); nothing appended is
+                # either a lost lease or a pack rewritten since: only then is it asked.
+                if extended is None and not self.lease_check(fence.job_id, fence.owner_token):
+                    return False
+                fence = None
             if extended is not None:
                 pack_id, joined, new = extended
                 assert last is not None
@@ -461,13 +470,14 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
         return True
 
     def _pack_extended(
-        self, group: list[TraceEvent]
+        self, group: list[TraceEvent], fence: TraceFence | None = None
     ) -> tuple[int, list[TraceEvent], list[TraceEvent]] | None:
         """``group`` added to the pack this transaction wrote last, if it continues it:
         ``(pack id, all its events, the events naming a resource it did not name yet)``.
 
         In format 2 only ``group``'s items are compressed, appended to the stored bytes
-        (``trace_join``); a JSON pack (PostgreSQL, within one transaction) is rewritten.
+        (``trace_join``; with ``fence``, ``trace_join_fenced``: only while the lease is
+        held); a JSON pack (PostgreSQL, within one transaction) is rewritten.
         """
         last = self._last_pack
         if last is None or not packs.same_pack(last[1], group):
@@ -487,8 +497,14 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
                 "hlc_last": max(e.hlc for e in group),
             }
             row["piece"] = writer.more(packs.pack_items(group, base, earlier[0].ts))
-            # Not found if the pack was rolled back (to a savepoint) or rewritten since.
-            if not self.changed("trace_join", row):
+            query = "trace_join"
+            if fence is not None:
+                query = "trace_join_fenced"
+                row["fence_job_id"] = fence.job_id
+                row["fence_owner_token"] = fence.owner_token
+            # Not found if the pack was rolled back (to a savepoint) or rewritten since
+            # (or, fenced, the lease is gone).
+            if not self.changed(query, row):
                 return None
         # Not found only if the pack was rolled back (to a savepoint): a new one then.
         elif not self.changed("trace_extend", {**self.pack_row(joined), "id": pack_id}):

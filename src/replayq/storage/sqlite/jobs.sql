@@ -343,6 +343,19 @@ SET hlc_last = max(hlc_last, :hlc_last), events = CAST(events || :piece AS BLOB)
 WHERE id = :id AND events = :stored
   AND trace_id = :trace_id AND job_id IS :job_id AND attempt IS :attempt;
 
+-- name: trace_join_fenced
+-- trace_join under a fence: the piece is appended only while the owner token holds the
+-- job's lease (lease_check folded into the update, as trace_append_fenced folds it into
+-- the insert). No row changed: the lease is gone or the pack is not as written; the
+-- caller asks lease_check which (only then).
+UPDATE rq_trace
+SET hlc_last = max(hlc_last, :hlc_last), events = CAST(events || :piece AS BLOB)
+WHERE id = :id AND events = :stored
+  AND trace_id = :trace_id AND job_id IS :job_id AND attempt IS :attempt
+  AND EXISTS (SELECT 1 FROM rq_jobs AS fence
+              WHERE fence.id = :fence_job_id AND fence.owner_token = :fence_owner_token
+                AND fence.state = 'running');
+
 -- name: trace_resources_append
 INSERT OR IGNORE INTO rq_trace_resources (resource, hlc, pack_id) VALUES (:resource, :hlc, :pack_id);
 
