@@ -30,10 +30,11 @@ def noop_app(db: Path) -> replayq.App:
     return app
 
 
-def delete_jobs(db: Path, where: str) -> None:
+def delete_jobs(db: Path, low: int, high: int = 2**63 - 1) -> None:
+    """Delete the jobs with ids from ``low`` to ``high`` on a connection of our own."""
     conn = sqlite3.connect(db)
     with conn:
-        conn.execute(f"DELETE FROM rq_jobs WHERE {where}")  # a fixed test clause
+        conn.execute("DELETE FROM rq_jobs WHERE id BETWEEN ? AND ?", (low, high))
     conn.close()
 
 
@@ -42,9 +43,9 @@ def test_the_id_of_a_deleted_newest_job_is_never_given_again(tmp_path: Path) -> 
     app = noop_app(db)
     try:
         first = [app.enqueue("noop", {"n": n}) for n in range(5)]
-        delete_jobs(db, f"id >= {first[3]}")  # the two newest
+        delete_jobs(db, first[3])  # the two newest
         assert app.enqueue("noop", {"n": 5}) == first[-1] + 1
-        delete_jobs(db, "1 = 1")  # every job: the table is empty
+        delete_jobs(db, 0)  # every job: the table is empty
         after_all = app.enqueue("noop", {"n": 6})
         assert after_all == first[-1] + 2
         # Once a job above the floor exists, ids follow max(id) again.
@@ -60,7 +61,7 @@ def test_an_older_jobs_delete_leaves_ids_as_they_were(tmp_path: Path) -> None:
     app = noop_app(db)
     try:
         first = [app.enqueue("noop", {"n": n}) for n in range(3)]
-        delete_jobs(db, f"id = {first[0]}")
+        delete_jobs(db, first[0], first[0])
         assert app.enqueue("noop", {"n": 3}) == first[-1] + 1
     finally:
         app.close()
