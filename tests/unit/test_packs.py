@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import sqlite3
+import weakref
 import zlib
 
 import pytest
@@ -154,3 +155,18 @@ def test_a_format_2_pack_whose_stream_was_finished_still_reads() -> None:
     text = packs.pack_row(events, packs.FORMAT_JSON)["events"]
     assert isinstance(text, str)
     assert packs.pack_json(packs.deflated(text)) == text
+
+
+def test_a_deflated_pack_keeps_no_reference_to_its_events() -> None:
+    """A format 2 pack is joined through its deflate stream, never rewritten from its items,
+    so writing one must not keep its events alive (an enqueue's event each, until a cache
+    filled): the JSON format keeps its items' texts for its rewrites."""
+    events = attempt_events()
+    alive = [weakref.ref(event) for event in events]
+    packs.pack_row(events, packs.FORMAT_DEFLATE)
+    del events
+    assert [ref() for ref in alive] == [None] * len(alive)
+
+    kept = attempt_events()
+    packs.pack_row(kept, packs.FORMAT_JSON)
+    assert all(id(event) in packs._ITEM_TEXTS for event in kept)

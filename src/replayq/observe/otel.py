@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from replayq.errors import ConfigurationError
@@ -78,25 +78,34 @@ def _api() -> _Api | None:
     return _API
 
 
-@contextmanager
-def enqueue_span(job_type: str) -> Iterator[str | None]:
+# What ``enqueue_span`` returns when no span would be recorded: one reusable context
+# manager yielding ``None``, not a generator per enqueue.
+_NO_SPAN: AbstractContextManager[str | None] = nullcontext(None)
+
+
+def enqueue_span(job_type: str) -> AbstractContextManager[str | None]:
     """The producer span of an enqueue; yields its W3C traceparent for the job row.
 
     Yields ``None`` when OpenTelemetry is not installed or no provider records spans.
     """
     api = _api()
     if api is None:
-        yield None
-        return
+        return _NO_SPAN
     trace = api.trace
     if (
         isinstance(trace.get_tracer_provider(), api.no_op)
         and not trace.get_current_span().get_span_context().is_valid
     ):
         # No provider and no caller's span: the span would be the invalid no-op one and
-        # carry no context. Skipping it saves ~30 µs per enqueue (a third of its Python).
-        yield None
-        return
+        # carry no context. Skipping it saves ~30 µs per enqueue (a third of its Python),
+        # and returning the shared ``_NO_SPAN`` rather than running a generator ~1.5 µs.
+        return _NO_SPAN
+    return _producer_span(api, job_type)
+
+
+@contextmanager
+def _producer_span(api: _Api, job_type: str) -> Iterator[str | None]:
+    trace = api.trace
     tracer = trace.get_tracer("replayq")
     with tracer.start_as_current_span(
         f"replayq.enqueue {job_type}", kind=trace.SpanKind.PRODUCER

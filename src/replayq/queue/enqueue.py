@@ -232,8 +232,12 @@ def _job_params(
             "(contracts are stored when a worker starts) or give --app module:app"
         )
     # Secrets never reach the database: the payload is stored, and keys are rendered,
-    # with its secret fields replaced by their markers (``replayq.redaction``).
-    redactor = runtime.redactor_for(request.job_type)
+    # with its secret fields replaced by their markers (``replayq.redaction``). A declared
+    # type's rules are its handler's (``Runtime.redactor_for``, without looking it up again).
+    if handler is not None:
+        redactor = handler.redactor if handler.redactor is not None else runtime.redactor
+    else:
+        redactor = runtime.redactor_for(request.job_type)
     payload = request.payload
     if handler is not None:
         # Keys are rendered from the JSON form: one text per value, whatever object was passed.

@@ -3,11 +3,16 @@
 
 -- name: job_insert
 -- The new id is the cursor's lastrowid (no row inserted: rowcount 0). RETURNING would
--- build a temporary table at each run (SqlTransaction.inserted_id).
-INSERT INTO rq_jobs (job_type, queue, payload, state, priority, run_at, created_at,
+-- build a temporary table at each run (SqlTransaction.inserted_id). The id is SQLite's
+-- max(id) + 1 (NULL here) unless a delete took the newest job: then the floor + 1, so no
+-- id is given twice (migration 0018; a seek in rq_gc, no write).
+INSERT INTO rq_jobs (id, job_type, queue, payload, state, priority, run_at, created_at,
                      max_attempts, trace_id, message_id, ordering_key, idempotency_key,
                      handler_version, hlc, correlation_id, causation_id, origin, trace_context)
-VALUES (:job_type, :queue, :payload_json, 'queued', :priority, :run_at, :now,
+VALUES ((SELECT g.cursor + 1 FROM rq_gc AS g
+         WHERE g.name = 'job_id_floor'
+           AND g.cursor >= COALESCE((SELECT MAX(j.id) FROM rq_jobs AS j), 0)),
+        :job_type, :queue, :payload_json, 'queued', :priority, :run_at, :now,
         :max_attempts, :trace_id, :message_id, :ordering_key, :idempotency_key,
         :handler_version, :hlc, :correlation_id, :causation_id, :origin, :trace_context)
 ON CONFLICT (job_type, message_id) DO NOTHING;

@@ -252,8 +252,35 @@ CREATE INDEX rq_gc_holds_job ON rq_gc_holds (job_id);
 
 CREATE INDEX rq_lineage_created ON rq_lineage (created_at);
 
+CREATE INDEX rq_idempotency_job ON rq_idempotency (job_id);
+
+CREATE INDEX rq_outbox_job ON rq_outbox (job_id);
+
+CREATE VIEW rq_events AS
+SELECT p.id * 1024 + e.key AS id,
+       p.trace_id AS trace_id,
+       p.job_id AS job_id,
+       p.attempt AS attempt,
+       COALESCE(json_extract(e.value, '$.k'), 'domain') AS kind,
+       json_extract(e.value, '$.n') AS name,
+       json_extract(e.value, '$.q') AS seq,
+       json_extract(e.value, '$.s') AS step,
+       p.ts + COALESCE(json_extract(e.value, '$.dt'), 0) / 1e6 AS ts,
+       p.hlc + COALESCE(json_extract(e.value, '$.h'), 0) AS hlc,
+       p.worker_id AS worker_id,
+       json_extract(e.value, '$.st') AS status,
+       json_extract(e.value, '$.r') AS resource,
+       json_extract(e.value, '$.v') AS resource_version,
+       COALESCE(json_extract(e.value, '$.x'), 0) AS side_effect,
+       json_extract(e.value, '$.i') AS input_ref,
+       json_extract(e.value, '$.o') AS output_ref,
+       COALESCE(json_extract(e.value, '$.d'), '{}') AS data,
+       p.hlc AS pack_hlc,
+       p.hlc_last AS pack_hlc_last
+FROM rq_trace AS p, json_each(rq_pack_json(p.events)) AS e;
+
 CREATE TABLE "rq_jobs" (
-    id               INTEGER PRIMARY KEY AUTOINCREMENT,
+    id               INTEGER PRIMARY KEY,
     job_type         TEXT    NOT NULL,
     queue            TEXT    NOT NULL DEFAULT 'default',
     payload          TEXT    NOT NULL,
@@ -300,29 +327,11 @@ CREATE UNIQUE INDEX rq_jobs_message ON rq_jobs (job_type, message_id);
 
 CREATE INDEX rq_jobs_failed ON rq_jobs (state, id) WHERE state IN ('dead', 'cancelled');
 
-CREATE INDEX rq_idempotency_job ON rq_idempotency (job_id);
-
-CREATE INDEX rq_outbox_job ON rq_outbox (job_id);
-
-CREATE VIEW rq_events AS
-SELECT p.id * 1024 + e.key AS id,
-       p.trace_id AS trace_id,
-       p.job_id AS job_id,
-       p.attempt AS attempt,
-       COALESCE(json_extract(e.value, '$.k'), 'domain') AS kind,
-       json_extract(e.value, '$.n') AS name,
-       json_extract(e.value, '$.q') AS seq,
-       json_extract(e.value, '$.s') AS step,
-       p.ts + COALESCE(json_extract(e.value, '$.dt'), 0) / 1e6 AS ts,
-       p.hlc + COALESCE(json_extract(e.value, '$.h'), 0) AS hlc,
-       p.worker_id AS worker_id,
-       json_extract(e.value, '$.st') AS status,
-       json_extract(e.value, '$.r') AS resource,
-       json_extract(e.value, '$.v') AS resource_version,
-       COALESCE(json_extract(e.value, '$.x'), 0) AS side_effect,
-       json_extract(e.value, '$.i') AS input_ref,
-       json_extract(e.value, '$.o') AS output_ref,
-       COALESCE(json_extract(e.value, '$.d'), '{}') AS data,
-       p.hlc AS pack_hlc,
-       p.hlc_last AS pack_hlc_last
-FROM rq_trace AS p, json_each(rq_pack_json(p.events)) AS e;
+CREATE TRIGGER rq_jobs_id_floor AFTER DELETE ON rq_jobs
+WHEN OLD.id > COALESCE((SELECT MAX(id) FROM rq_jobs), 0)
+BEGIN
+    INSERT INTO rq_gc (name, cursor, updated_at)
+    VALUES ('job_id_floor', OLD.id, (julianday('now') - 2440587.5) * 86400.0)
+    ON CONFLICT (name) DO UPDATE SET cursor = MAX(cursor, excluded.cursor),
+                                     updated_at = excluded.updated_at;
+END;
