@@ -36,6 +36,7 @@ from typing import Any, NoReturn
 
 from replayq import codec
 from replayq.errors import PayloadError, ReplayqError
+from replayq.model import TraceEvent
 from replayq.queue.contracts import render_template
 from replayq.queue.handlers import Handler
 from replayq.recording.aio import is_async
@@ -43,7 +44,7 @@ from replayq.recording.state import Entity, delta_of, resource_name
 from replayq.recording.world import LIVE
 from replayq.redaction import Redactor
 from replayq.replay.compare import ReplayReport, _canonical, signature
-from replayq.replay.recorded import Outcome, RecordedWorld, Recording
+from replayq.replay.recorded import Outcome, Recording
 from replayq.runtime import Runtime
 from replayq.seal import seal
 
@@ -66,7 +67,23 @@ COVERED = frozenset(
 )
 # Effect events a verification counts (``rollout.verify``) that carry no signature.
 _UNCOVERED_EFFECTS = frozenset(("effect.refused", "effect.in_doubt", "effect.failed"))
-_Signed = tuple[dict[str, Any], tuple[Any, ...]]
+_Signed = tuple[TraceEvent, tuple[Any, ...]]
+# The data fields of the compared events whose values a quick run compares as they are: a
+# redaction rule naming one of them would change what the full dry-run compares.
+_FIELDS = (
+    "step_name",
+    "decision",
+    "value",
+    "why",
+    "call",
+    "fingerprint",
+    "kind",
+    "key",
+    "delta",
+    "set",
+    "unset",
+    "replace",
+)
 
 
 class QuickCheckStopped(ReplayqError):
@@ -77,7 +94,7 @@ class QuickCheckStopped(ReplayqError):
 
 
 def covered(recording: Recording) -> list[_Signed] | None:
-    """The recording's compared events (data, signature), or ``None`` if a quick run
+    """The recording's compared events with their signatures, or ``None`` if a quick run
     cannot check it."""
     if recording.outcome.status != "succeeded":
         return None
@@ -90,7 +107,7 @@ def covered(recording: Recording) -> list[_Signed] | None:
             continue
         if mark[0] not in COVERED:
             return None
-        signed.append((event.data, mark))
+        signed.append((event, mark))
     return signed
 
 
@@ -102,7 +119,8 @@ class _Step:
 
     def __enter__(self) -> None:
         ctx = self.ctx
-        ctx._expect(("step", self.name), {"step_name": self.name})
+        ctx._expect(("step", self.name))
+        ctx._names.append(self.name)
         ctx._steps.append(self.name)
 
     def __exit__(
@@ -115,7 +133,7 @@ class _Step:
         ctx._steps.pop()
         if exc is not None:
             ctx._stop()  # a failed step: the full dry-run records and compares it
-        ctx._expect(("step.end", self.name, "success"), None)
+        ctx._expect(("step.end", self.name, "success"))
 
 
 class _QuickState:
@@ -136,16 +154,19 @@ class _QuickState:
         ident = (namespace, key)
         if ident in self._pending:
             return self._pending[ident]
-        world = ctx.world
         resource = resource_name(namespace, key)
-        recorded = world.state_version(resource)
-        held = LIVE if not recorded else world.recorded_state(resource, recorded)
-        if recorded != 0 and held is LIVE:
-            ctx._stop()  # the full dry-run reads it from the database
-        entity = Entity(namespace, key, recorded or 0, held if recorded else None)
-        self._read_versions[ident] = entity.version
+        # A dry-run reads the version the attempt read: the recorded read at this position.
+        event = ctx._peek()
+        if event.name != "state.read" or event.resource != resource:
+            ctx._stop()
+        version = event.resource_version or 0
+        held = ctx._recording.states.get((resource, version), LIVE) if version else None
+        if held is LIVE:
+            ctx._stop()  # not loaded with the recording: the full dry-run reads the database
+        entity = Entity(namespace, key, version, held)
+        self._read_versions[ident] = version
         self._read[ident] = entity
-        ctx._expect(("state.read", resource, entity.version), None)
+        ctx._expect(("state.read", resource, version))
         return entity
 
     def put(
@@ -157,7 +178,7 @@ class _QuickState:
         pending = self._pending.get(ident)
         if expected_version is None:
             expected_version = pending.version if pending else self._read_versions.get(ident, -1)
-        ctx._checked(data)
+        ctx._texts.append(ctx._checked(data))
         seen = self._read.get(ident)
         if seen is None and pending is None:
             ctx._stop()  # written unread: the full dry-run reads the head from the database
@@ -172,11 +193,11 @@ class _QuickState:
         if base > 0 and previous == data:
             return Entity(namespace, key, base, data)  # ``state.unchanged``: not compared
         delta = delta_of(previous, data)
-        recorded = ctx._expect(("state.write", resource, _canonical(delta)), {"delta": delta})
-        if recorded is not None and recorded.get("delta") != delta:
+        recorded = ctx._expect(("state.write", resource, _canonical(delta)))
+        if recorded.data.get("delta") != delta:
             ctx._stop()  # ``compare_writes`` compares the values themselves
-        if ctx.world.write_rejection(resource) is not None:
-            ctx._stop()
+        if "unset" in delta:
+            ctx._names.append(delta["unset"])  # field names of the recorded data
         entity = Entity(namespace, key, base + 1, data)
         self._pending[ident] = entity
         return entity
@@ -201,7 +222,6 @@ class QuickContext:
         redactor: Redactor,
         blob_limit: int,
     ) -> None:
-        self.world = RecordedWorld(recording)
         self.handler = handler
         self._recording = recording
         self.redactor = redactor
@@ -210,9 +230,10 @@ class QuickContext:
         self._stopped = False
         self._signed = signed
         self._count = 0
-        # The handler's values that were compared, with their field names: screened for
-        # secrets at the end (``clean``).
-        self._values: list[dict[str, Any]] = []
+        # What the handler's compared values hold, screened for secrets at the end
+        # (``_finished``): names and keys, and the texts of the values already encoded.
+        self._names: list[Any] = []
+        self._texts: list[str] = []
         self._trace_id = trace_id
         self._state: _QuickState | None = None
 
@@ -231,18 +252,25 @@ class QuickContext:
 
     # -- comparing ----------------------------------------------------------------------------
 
-    def _expect(
-        self, mark: tuple[Any, ...], values: dict[str, Any] | None
-    ) -> dict[str, Any] | None:
+    def _peek(self) -> TraceEvent:
+        """The recorded event the next compared event must match."""
+        if self._count >= len(self._signed):
+            self._stop()  # the run does more than the recording
+        return self._signed[self._count][0]
+
+    def _expect(self, mark: tuple[Any, ...]) -> TraceEvent:
         """The next compared event would be ``mark``: stop unless the recording has it here.
-        Returns the recorded event's data."""
+        Returns the recorded event.
+
+        The recorded event at this position is the one a dry-run's ``RecordedWorld``
+        answers from: it answers each (verb, name) from the recording in order, and every
+        answered event is compared, so while all match, the n-th answer of a name is the
+        n-th recorded event of that name."""
         index = self._count
         signed = self._signed
         if index >= len(signed) or signed[index][1] != mark:
             self._stop()
         self._count = index + 1
-        if values is not None:
-            self._values.append(values)
         return signed[index][0]
 
     def _checked(self, value: Any) -> str:
@@ -260,13 +288,15 @@ class QuickContext:
         """Whether the run did everything the recording did, with nothing secret compared."""
         if self._stopped or self._count != len(self._signed):
             return False
-        if not self._values:
-            return True
+        redactor = self.redactor
+        if redactor.any_secret_field(_FIELDS):
+            return False
         try:
-            # Each value was checked when it was compared (or built from checked ones).
-            return self.redactor.clean_text(codec.dumps_own(self._values))
+            names = codec.dumps_own(self._names)
         except PayloadError:
             return False
+        # One JSON text (a list) of everything compared: clean as a whole, clean in each part.
+        return redactor.clean_text("[" + ",".join([names, *self._texts]) + "]")
 
     # -- the job ------------------------------------------------------------------------------
 
@@ -316,19 +346,22 @@ class QuickContext:
         return _Step(self, name)
 
     def decide(self, name: str, value: Any, **why: Any) -> Any:
-        self._checked({"value": value, "why": why})
-        recorded = self._expect(
-            ("decision", name, _canonical(value)), {"decision": name, "value": value}
-        )
-        if recorded is not None and recorded.get("value") != value:
+        self._texts.append(self._checked({"value": value, "why": why}))
+        recorded = self._expect(("decision", name, _canonical(value)))
+        if recorded.data.get("value") != value:
             self._stop()  # ``compare_decisions`` compares the values themselves
+        self._names.append(name)
         return value
 
-    def _answer(self, name: str, label: str, fingerprint: str) -> Any:
-        try:
-            return self.world.answer(name, label, fingerprint)
-        except Exception:
-            self._stop()  # not recorded here, or a recorded failure: the full dry-run
+    def _answered(self, mark: tuple[Any, ...], key: str) -> Any:
+        """The recorded answer at this position (``RecordedWorld.answer``): its value, or
+        stop at a recorded failure."""
+        event = self._expect(mark)
+        if event.status == "fail":
+            self._stop()  # the recorded failure again: the full dry-run reports it
+        if key == "value":
+            return event.data.get("value")
+        return self._recording.value(event, key)
 
     def call(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if is_async(fn):
@@ -336,10 +369,9 @@ class QuickContext:
         request = {"args": list(args), "kwargs": dict(kwargs)}
         text = self._checked(request)
         fingerprint = codec.fingerprint_text(text)
-        answer = self._answer("call", name, fingerprint)
-        values = {"call": name, "fingerprint": fingerprint, "request": request}
-        self._expect(("call", name, fingerprint), values)
-        return answer
+        self._texts.append(text)
+        self._names += (name, fingerprint)
+        return self._answered(("call", name, fingerprint), "response")
 
     def effect(self, kind: str, fn: Callable[[], Any], *, key: str | None = None) -> Any:
         if is_async(fn):
@@ -349,23 +381,17 @@ class QuickContext:
             if base is None:
                 self._stop()
             key = f"{base}:{kind}"
-        answer = self._answer("effect", kind, key)
-        self._expect(("effect", kind, key), {"kind": kind, "key": key})
-        return answer
-
-    def _nondeterministic(self, name: str) -> Any:
-        value = self._answer(name, name, "")
-        self._expect((name,), None)
-        return value
+        self._names += (kind, key)
+        return self._answered(("effect", kind, key), "result")
 
     def now(self) -> float:
-        return float(self._nondeterministic("clock.now"))
+        return float(self._answered(("clock.now",), "value"))
 
     def random(self) -> float:
-        return float(self._nondeterministic("random.random"))
+        return float(self._answered(("random.random",), "value"))
 
     def uuid(self) -> str:
-        return str(self._nondeterministic("random.uuid"))
+        return str(self._answered(("random.uuid",), "value"))
 
 
 def quick_check(
