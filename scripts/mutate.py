@@ -80,24 +80,6 @@ BUGS: list[Bug] = [
     *_both_backends("ack-owner-token", "owner token", "job_retry", (BARRIER,)),
     *_both_backends("retry-owner-token", "owner token", "job_bury_owned", (BARRIER,)),
     *_both_backends("bury-owner-token", "owner token", "job_bury_queued", (BARRIER,)),
-    # The heartbeat extends every held lease in one statement, each row against its own token.
-    Bug(
-        "heartbeat-owner-token-sqlite",
-        "owner token",
-        "  AND owner_token = (SELECT json_extract(l.value, '$[1]') FROM json_each(:leases) AS l\n"
-        "                     WHERE json_extract(l.value, '$[0]') = rq_jobs.id);",
-        "  ;",
-        (BARRIER,),
-        ".sql",
-    ),
-    Bug(
-        "heartbeat-owner-token-postgres",
-        "owner token",
-        "WHERE j.id = l.id AND j.owner_token = l.owner_token AND j.state = 'running';",
-        "WHERE j.id = l.id AND j.state = 'running';",
-        (BARRIER,),
-        ".sql",
-    ),
     # The worker's heartbeat: every lease it holds, each by its own length, in one statement
     # that answers the ids still held; a row matched without its token is a stale extend.
     Bug(
@@ -130,7 +112,7 @@ BUGS: list[Bug] = [
             ".sql",
         )
         for backend, job_id, token, end in (
-            ("sqlite", ":job_id", ":owner_token", ";\n\n-- name: lease_extend"),
+            ("sqlite", ":job_id", ":owner_token", ";\n\n-- name: leases_extend"),
             ("postgres", "%(job_id)s", "%(owner_token)s", "\nFOR SHARE;"),
         )
     ],

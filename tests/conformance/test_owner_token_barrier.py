@@ -24,7 +24,7 @@ import pytest
 
 import replayq
 from replayq.model import Job
-from replayq.storage.protocol import LeaseExtend, idem_get
+from replayq.storage.protocol import LeasesExtend, idem_get
 
 AppFactory = Callable[..., replayq.App]
 LEASE = "1s"
@@ -157,10 +157,9 @@ def test_stale_heartbeat_while_the_new_owner_runs_does_not_extend_the_lease(
     with taken_over(app_factory, "succeed") as t:
         t.clock.advance(0.5)  # a lease extended now would end later than B's
         with t.app.storage.transaction() as tx:
-            extended = tx.job_transition(
-                LeaseExtend(t.stale.id, str(t.stale.owner_token), t.clock.now(), 30.0)
-            )
-        assert extended is False
+            beat = LeasesExtend(((t.stale.id, str(t.stale.owner_token), 30.0),), t.clock.now())
+            extended = tx.lease_extend(beat)
+        assert extended == set()
         t.assert_still_owned_by_b()
 
         flight = t.a._inflight[t.stale.id]  # A's own heartbeat, as its thread would beat

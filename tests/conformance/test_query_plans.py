@@ -109,7 +109,6 @@ WORKER_QUERIES: dict[str, dict[str, Any]] = {
         "default_lease_seconds": 30.0,
     },
     "lease_check": LEASE,
-    "lease_extend": {"lease_now": NOW, "lease_seconds": 30.0, "leases": [LEASE]},
     "leases_extend": {"lease_now": NOW, "lease_rows": [{**LEASE, "lease_seconds": 30.0}]},
     "job_cancel_requested": {"worker_id": WORKER},
     "job_complete": {**LEASE, "now": NOW, "result_json": None, "hlc": 1},
@@ -244,9 +243,6 @@ def plan_of(app: replayq.App, name: str, params: dict[str, Any]) -> str:
             k: tx.list_param(v) if k in ("states", "queues", "job_ids", "ids") else v
             for k, v in params.items()
         }
-        if "leases" in params:
-            leases = params.pop("leases")
-            params.update(tx.lease_pairs([(d["job_id"], d["owner_token"]) for d in leases]))
         if "lease_rows" in params:
             rows = params.pop("lease_rows")
             params.update(

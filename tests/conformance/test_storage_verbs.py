@@ -68,7 +68,6 @@ from replayq.storage.protocol import (
     JobReroute,
     JobRetry,
     JobRoute,
-    LeaseExtend,
     LeaseRelease,
     LeasesExtend,
     LineagePut,
@@ -185,7 +184,7 @@ def test_retry_then_bury_are_compare_and_set_on_the_owner_token(storage: Storage
 def test_expired_lease_is_reaped_and_redelivered_once(storage: Storage) -> None:
     job_id = leased_job(storage, job_type="short")
     with storage.transaction() as tx:
-        assert not tx.job_transition(LeaseExtend(job_id, "not the owner", T0 + 2, 5.0))
+        assert tx.lease_extend(LeasesExtend(((job_id, "not the owner", 5.0),), T0 + 2)) == set()
         assert tx.job_list(LeasesExpired(T0 + 5, 10)) == []
         [expired] = tx.job_list(LeasesExpired(T0 + 7, 10))
         assert expired.owner_token == "tok"
@@ -200,33 +199,9 @@ def test_expired_lease_is_reaped_and_redelivered_once(storage: Storage) -> None:
 def test_an_extended_lease_is_not_reaped(storage: Storage) -> None:
     job_id = leased_job(storage, job_type="short")  # lease ends at T0 + 6
     with storage.transaction() as tx:
-        assert tx.job_transition(LeaseExtend(job_id, "tok", T0 + 5, 5.0))
+        assert tx.lease_extend(LeasesExtend(((job_id, "tok", 5.0),), T0 + 5)) == {job_id}
         assert tx.job_list(LeasesExpired(T0 + 7, 10)) == []
         assert [j.id for j in tx.job_list(LeasesExpired(T0 + 11, 10))] == [job_id]
-
-
-def test_one_lease_extend_covers_every_lease_a_worker_holds_and_fails_if_one_was_lost(
-    storage: Storage,
-) -> None:
-    first = leased_job(storage, job_type="short")  # token "tok", leases end at T0 + 6
-    with storage.transaction() as tx:
-        second, _ = tx.job_insert(insert(job_type="short"))
-        third, _ = tx.job_insert(insert(job_type="short"))
-        assert {j.id for j in tx.job_lease(lease(owner="tok2"))} == {second, third}
-    with storage.transaction() as tx:
-        both = LeaseExtend(first, "tok", T0 + 5, 5.0, more=((second, "tok2"), (third, "tok2")))
-        assert tx.job_transition(both)
-        # A pair is matched as a pair: another lease's token does not extend a job.
-        other = LeaseExtend(first, "tok2", T0 + 5, 5.0, more=((second, "tok2"),))
-        assert not tx.job_transition(other)
-        assert [j.id for j in tx.job_list(LeasesExpired(T0 + 9, 10))] == []
-        assert tx.job_transition(JobRedeliver(third, "tok2", T0 + 9, 5))
-        # One of three lost: the statement reports it, and the others were still extended.
-        assert not tx.job_transition(
-            LeaseExtend(first, "tok", T0 + 9, 5.0, more=((second, "tok2"), (third, "tok2")))
-        )
-        assert tx.job_list(LeasesExpired(T0 + 13, 10)) == []
-        assert sorted(j.id for j in tx.job_list(LeasesExpired(T0 + 15, 10))) == [first, second]
 
 
 def test_one_heartbeat_statement_extends_each_lease_by_its_own_length_and_names_the_lost(
@@ -287,7 +262,8 @@ def test_with_the_database_clock_a_caller_30_s_off_neither_reaps_nor_shortens_a_
         assert [j.id for j in tx.job_list(LeasesExpired(fast, 10))] == [job_id]
         # ... the database's clock does not; nor does a slow worker's extension shorten it.
         assert tx.job_list(LeasesExpired(fast, 10, database_clock=True)) == []
-        assert tx.job_transition(LeaseExtend(job_id, "tok", slow, 0.5, database_clock=True))
+        beat = LeasesExtend(((job_id, "tok", 0.5),), slow, database_clock=True)
+        assert tx.lease_extend(beat) == {job_id}
         extended = tx.job_get(job_id)
     assert extended is not None and extended.lease_deadline is not None
     assert extended.lease_deadline > job.lease_deadline - 0.01

@@ -273,7 +273,7 @@ def test_a_committed_transaction_keeps_both_and_a_worker_runs_the_job(
 def test_a_bulk_enqueue_on_the_callers_connection_commits_with_it_and_wakes_listeners(
     shop: replayq.App, conninfo: str
 ) -> None:
-    # Its own queue: the channel is per database, so other schemas' jobs wake us too.
+    # Its own queue: the wake-up asserted is this enqueue's, not an earlier test's.
     queue = f"bulk-{time.monotonic_ns()}"
 
     @shop.job("ship_bulk", queue=queue)
@@ -411,3 +411,40 @@ def test_a_frozen_clock_app_uses_the_callers_now(pg_schema_url: str) -> None:
         assert Worker(app, burst=True).run().succeeded == 1
     finally:
         app.close()
+
+
+def test_a_wake_up_reaches_only_the_listeners_of_its_own_installation(
+    storage: PostgresStorage,
+) -> None:
+    """Two installations in sibling schemas of one database share the channel; each
+    listener hears its own schema's enqueues (and reconnects) only."""
+    import uuid
+
+    from tests.conftest import PG_URL
+
+    sibling = f"rq_test_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(PG_URL, autocommit=True) as conn:
+        conn.execute(psycopg.sql.SQL("CREATE SCHEMA {}").format(psycopg.sql.Identifier(sibling)))
+    sep = "&" if "?" in PG_URL else "?"
+    other = replayq.App(f"{PG_URL}{sep}options=-csearch_path%3D{sibling}", auto_migrate=True)
+    mine = replayq.App(storage.url)
+    for app in (other, mine):
+        app.job("ping")(lambda ctx: None)
+    woken: list[str | None] = []
+    notifier = storage.listen(woken.append)
+    try:
+        wait_for(notifier.listening.is_set, 10, "LISTEN to be in place")
+        woken.clear()  # the callback(None) of the connect
+        other.enqueue("ping", {})
+        time.sleep(0.3)
+        assert woken == [], "the sibling schema's enqueue woke this installation's listener"
+        mine.enqueue("ping", {})
+        wait_for(lambda: woken == ["default"], 5, "this installation's own wake-up")
+    finally:
+        notifier.close()
+        other.close()
+        mine.close()
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(
+                psycopg.sql.SQL("DROP SCHEMA {} CASCADE").format(psycopg.sql.Identifier(sibling))
+            )

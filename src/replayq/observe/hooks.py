@@ -13,15 +13,23 @@ class Observer:
     """Base with no-op hooks; a metrics, tracing or logging observer overrides some.
 
     ``attempt`` wraps one attempt on the executor thread, from just before the
-    handler runs until the attempt settled (acked, retry scheduled, buried or
-    rejected). ``job_seen`` names a job the worker handles without running it
-    (leased, reaped), so its events can be labelled. ``events`` receives the trace
-    events of every committed transaction of the process, on the committing thread.
+    handler runs until the worker has its outcome. ``settled(job)`` follows, once,
+    when that outcome is committed (acked, retry scheduled, buried, rejected) or
+    given up: on the executor thread right after ``attempt`` ends, or, for a success
+    whose ack waits for a group commit (``worker/acks.py``), on the thread that
+    commits the group, after its events went to ``events`` — possibly before
+    ``attempt`` has ended. An observer ends its view of the attempt in ``settled``.
+    ``job_seen`` names a job the worker handles without running it (leased, reaped),
+    so its events can be labelled. ``events`` receives the trace events of every
+    committed transaction of the process, on the committing thread.
     """
 
     @contextmanager
     def attempt(self, job: Job, worker_id: str) -> Iterator[None]:
         yield
+
+    def settled(self, job: Job) -> None:
+        return None
 
     def job_seen(self, job: Job) -> None:
         return None
@@ -43,6 +51,10 @@ class Observers(Observer):
             for member in self.members:
                 stack.enter_context(member.attempt(job, worker_id))
             yield
+
+    def settled(self, job: Job) -> None:
+        for member in self.members:
+            member.settled(job)
 
     def job_seen(self, job: Job) -> None:
         for member in self.members:

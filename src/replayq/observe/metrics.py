@@ -276,11 +276,11 @@ class WorkerMetrics(Observer):
     def attempt(self, job: Job, worker_id: str) -> Iterator[None]:
         self.job_seen(job)
         self.in_flight.inc()
-        try:
-            yield
-        finally:
-            self.in_flight.dec()
-            self._created.pop(job.id, None)
+        yield
+
+    def settled(self, job: Job) -> None:
+        self.in_flight.dec()
+        self._created.pop(job.id, None)
 
     def events(self, events: Sequence[TraceEvent]) -> None:
         for event in events:

@@ -176,7 +176,7 @@ class AttemptTracer(Observer):
 
     @contextmanager
     def attempt(self, job: Job, worker_id: str) -> Iterator[None]:
-        from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+        from opentelemetry.trace import Link, SpanKind
         from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
         parent = None
@@ -193,32 +193,38 @@ class AttemptTracer(Observer):
             "replayq.queue": job.queue,
             "replayq.worker_id": worker_id,
         }
-        with self.tracer.start_as_current_span(
+        span = self.tracer.start_span(
             f"replayq.attempt {job.job_type}",
             context=parent,
             kind=SpanKind.CONSUMER,
             links=[Link(c, {"replayq.attempt": n}) for n, c in earlier],
             attributes=attributes,
-            record_exception=False,
-            set_status_on_exception=False,
-        ) as span:
-            with self._lock:
-                self._open[job.id] = span
-            try:
-                yield
-            finally:
-                with self._lock:
-                    self._open.pop(job.id, None)
-                    orphans = self._waiting.pop(job.id, [])
-                    self._earlier.setdefault(job.id, []).append(
-                        (job.attempt, span.get_span_context())
-                    )
-                    if len(self._earlier) > 10_000:
-                        self._earlier.pop(next(iter(self._earlier)))
-                    outcome = self._outcomes.pop(job.id, None)
-                self._spans_for(orphans, span, {})
-                if outcome in ("failed", "rejected"):
-                    span.set_status(Status(StatusCode.ERROR, str(outcome)))
+        )
+        with self._lock:
+            self._open[job.id] = span
+        # Current while the handler runs; it ends when the attempt is settled (``settled``),
+        # which for a grouped ack comes after the group's commit, on another thread.
+        with self._trace.use_span(
+            span, end_on_exit=False, record_exception=False, set_status_on_exception=False
+        ):
+            yield
+
+    def settled(self, job: Job) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        with self._lock:
+            span = self._open.pop(job.id, None)
+            if span is None:
+                return
+            orphans = self._waiting.pop(job.id, [])
+            self._earlier.setdefault(job.id, []).append((job.attempt, span.get_span_context()))
+            if len(self._earlier) > 10_000:
+                self._earlier.pop(next(iter(self._earlier)))
+            outcome = self._outcomes.pop(job.id, None)
+        self._spans_for(orphans, span, {})
+        if outcome in ("failed", "rejected"):
+            span.set_status(Status(StatusCode.ERROR, str(outcome)))
+        span.end()
 
     def events(self, events: Sequence[TraceEvent]) -> None:
         by_job: dict[int, list[TraceEvent]] = {}

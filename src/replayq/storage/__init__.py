@@ -32,10 +32,10 @@ and has one ``@overload`` per kind, so each answer keeps its own type::
               job_lease lease_check lease_extend(LeasesExtend: every lease held, one
                   statement -> the ids still held) job_match
               job_list(JobFilter | CancelRequested | LeasesExpired)
-              job_transition(LeaseExtend | JobComplete | JobRetry | JobBury | JobCancel |
+              job_transition(JobComplete | JobRetry | JobBury | JobCancel |
                   JobCancelRequest | JobCancelRunning | JobReleaseRunning | JobRequeue |
                   LeaseRelease | JobRedeliver | JobRoute | JobSetRecorded)  one CAS on one
-                  job row -> bool (LeaseExtend: each lease it names, in one statement);
+                  job row -> bool;
                   | JobReroute (queued jobs of a type) -> how many
     reports   report(JobStats | JobCount | JobGauges | JobsScheduled | JobDurations |
                   OutOfOrder | VersionOutcomes | SignalCounts | SignalSeries | OutboxPending)

@@ -75,26 +75,6 @@ class LeasesExtend:
 
 
 @dataclass(frozen=True, slots=True)
-class LeaseExtend:
-    """The heartbeat: the lease ends ``lease_seconds`` after ``now`` (after the database's
-    own now with ``database_clock``, as ``JobLease`` granted it). With ``more``, other
-    leases too, in the same statement (a worker's heartbeat for every lease it holds):
-    ``job_transition`` is then True only if every one of them was still held; on False
-    the caller extends them one by one to learn which were lost (twice is harmless)."""
-
-    job_id: int
-    owner_token: str
-    now: float
-    lease_seconds: float
-    database_clock: bool = False
-    # Further (job id, owner token) pairs extended by the same seconds.
-    more: tuple[tuple[int, str], ...] = ()
-
-    def leases(self) -> list[tuple[int, str]]:
-        return [(self.job_id, self.owner_token), *self.more]
-
-
-@dataclass(frozen=True, slots=True)
 class JobComplete:
     job_id: int
     owner_token: str
@@ -152,7 +132,7 @@ class LeasesExpired:
     before the reaper re-queues them (PostgreSQL skips rows another transaction holds).
 
     With ``database_clock``: ended before the database's own now instead, the clock
-    ``JobLease`` and ``LeaseExtend`` granted the leases in when they had it.
+    ``JobLease`` and ``LeasesExtend`` granted the leases in when they had it.
     """
 
     now: float
@@ -315,8 +295,7 @@ class JobSetRecorded:
 
 
 JobChange = (
-    LeaseExtend
-    | JobComplete
+    JobComplete
     | JobRetry
     | JobBury
     | JobCancel

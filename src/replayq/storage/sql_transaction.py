@@ -41,7 +41,6 @@ from replayq.storage.params import (
     JobRoute,
     JobSetRecorded,
     JobTrace,
-    LeaseExtend,
     LeaseRelease,
     LeasesExpired,
     LeasesExtend,
@@ -204,10 +203,6 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
     def list_param(self, values: Sequence[str] | Sequence[int] | None) -> Any:
         """How a list parameter is passed (SQLite: JSON text for ``json_each``)."""
         return None if values is None else codec.dumps(list(values))
-
-    def lease_pairs(self, leases: Sequence[tuple[int, str]]) -> dict[str, Any]:
-        """How (job id, owner token) pairs are passed (SQLite: one JSON array of pairs)."""
-        return {"leases": codec.dumps([list(pair) for pair in leases])}
 
     def lease_rows(self, leases: Sequence[tuple[int, str, float]]) -> dict[str, Any]:
         """How (job id, owner token, lease seconds) rows are passed (SQLite: one JSON array)."""
@@ -386,14 +381,6 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
         self.jobs_changed = True
         if isinstance(change, JobReroute):
             return int(self.execute("job_reroute", query_params(change)).rowcount)
-        if isinstance(change, LeaseExtend):
-            leases = change.leases()
-            values = {
-                "lease_now": lease_now(change.now, change.database_clock),
-                "lease_seconds": change.lease_seconds,
-            }
-            extended = self.execute("lease_extend", {**values, **self.lease_pairs(leases)})
-            return bool(extended.rowcount == len(set(leases)))
         if isinstance(change, JobBury):
             query = "job_bury_queued" if change.owner_token is None else "job_bury_owned"
         elif isinstance(change, LeaseRelease) and not change.started:

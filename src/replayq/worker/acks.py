@@ -88,14 +88,12 @@ class Acking(Outcomes):
 
         In a running worker the ack waits in memory for a group commit (``acks.py``).
         Acked at once instead: a job whose type has routing (shadow and dual-run
-        compare the settled attempt right after), a job run by ``execute()`` on its
-        own, and every job of a worker with observers (metrics, OpenTelemetry): an
-        observer's attempt ends when the handler returns, and must see the ack's
-        events by then.
+        compare the settled attempt right after) and a job run by ``execute()`` on its
+        own. Observers (metrics, OpenTelemetry) hear that a grouped attempt settled
+        when its group commits (``Observer.settled``).
         """
         ack = Ack(job, handler, ctx, result_json, duration, time.monotonic())
-        grouped = self._grouping and not self.observers.members
-        if grouped and job.job_type not in self.router.routed_types():
+        if self._grouping and job.job_type not in self.router.routed_types():
             self._ack_later(ack)
             return
         if self._settle(job, lambda tx: self._ack_in(tx, ack), ctx):
@@ -132,6 +130,7 @@ class Acking(Outcomes):
 
     def _ack_later(self, ack: Ack) -> None:
         """Buffer ``ack`` for the next group; it keeps its slot and its lease is beaten."""
+        self._deferred.job_id = ack.job.id  # the observers hear of it from the group commit
         with self._inflight_lock:
             flight = self._flight_of(ack.job)
             if flight is not None:
@@ -211,6 +210,7 @@ class Acking(Outcomes):
             for ack in pending:
                 self._acked(ack)
                 self._forget(ack.job)
+                self.observers.settled(ack.job)
             return leased
         return []
 
@@ -269,6 +269,7 @@ class Acking(Outcomes):
             log.exception("worker %s: job %s could not be settled", self.worker_id, ack.job.id)
         finally:
             self._forget(ack.job)
+            self.observers.settled(ack.job)
 
     def _group_failed(self, acks: list[Ack], exc: StorageError) -> None:
         """Nothing of the group committed (or, unreachable, maybe all of it): back to the
@@ -306,3 +307,4 @@ class Acking(Outcomes):
         )
         for ack in acks:
             self._forget(ack.job)
+            self.observers.settled(ack.job)

@@ -158,6 +158,9 @@ class WorkerCore:
         self._acks_armed = False
         # Set while ``run()`` runs: outside it (``execute()`` on its own) an ack commits at once.
         self._grouping = False
+        # Per executor thread: the id of the job whose ack it left for a group commit, which
+        # then tells the observers the attempt settled (``Executing._execute``).
+        self._deferred = threading.local()
         self._wake = threading.Event()
         self._stopping = threading.Event()
         self._force = threading.Event()

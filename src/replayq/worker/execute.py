@@ -100,8 +100,14 @@ class Executing(Acking):
         self._execute(job)
 
     def _execute(self, job: Job) -> None:
-        with self.observers.attempt(job, self.worker_id):
-            self._attempt(job)
+        self._deferred.job_id = None
+        try:
+            with self.observers.attempt(job, self.worker_id):
+                self._attempt(job)
+        finally:
+            # A success whose ack waits for its group commit is settled by that commit.
+            if self._deferred.job_id != job.id:
+                self.observers.settled(job)
 
     def _attempt(self, job: Job) -> None:
         flight = self._flight_of(job)

@@ -30,8 +30,9 @@ Known limits, up front:
   notifications sent while it was away are lost. Workers keep their fallback poll.
   ``listen`` makes this backend a ``storage.protocol.Listener``, the optional
   capability a worker checks for with ``isinstance``; SQLite has none and polls.
-  The channel is per database, not per schema: installations in sibling schemas
-  wake each other's workers needlessly (harmless, one empty lease each).
+  The channel is per database; the payload names the installation (the oid of its
+  ``rq_jobs`` table) beside the queue, and a listener ignores another installation's
+  wake-ups, so installations in sibling schemas do not wake each other's workers.
 * Connections: a ``ConnectionPool`` of ``?pool_size=`` connections (default 4)
   per ``PostgresStorage``; a worker uses one for the dispatcher, one for heartbeats,
   one for a group commit of acks past their window and one per executor while it
@@ -78,6 +79,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import select
@@ -401,13 +403,6 @@ class PostgresTransaction(SqlTransaction):
             "lease_seconds": [float(seconds) for _, _, seconds in leases],
         }
 
-    def lease_pairs(self, leases: Sequence[tuple[int, str]]) -> dict[str, Any]:
-        """(job id, owner token) pairs as two arrays of the same length, for ``unnest``."""
-        return {
-            "job_ids": [job_id for job_id, _ in leases],
-            "owner_tokens": [token for _, token in leases],
-        }
-
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         try:
             return super().execute(name, params)
@@ -479,6 +474,9 @@ class Notifier:
     ) -> None:
         self.conninfo = conninfo
         self.listen_sql = queries["jobs_listen"]
+        self.installation_sql = queries["jobs_listen_installation"]
+        # The oid of the rq_jobs table this listener's wake-ups are about (``_listen_once``).
+        self.installation: int | None = None
         self.health_sql = queries["listen_health"]
         self.callback = callback
         self.health_check_seconds = health_check_seconds
@@ -512,6 +510,8 @@ class Notifier:
             self.conninfo, autocommit=True, connect_timeout=CONNECT_TIMEOUT
         ) as conn:
             conn.execute(self.listen_sql)
+            found = conn.execute(self.installation_sql).fetchone()
+            self.installation = None if found is None or found[0] is None else int(found[0])
             self.backend_pid = conn.info.backend_pid
             self.connects += 1
             self.listening.set()
@@ -520,7 +520,7 @@ class Notifier:
                 # Wait on the socket and on close()'s pipe together: closing never waits
                 # out a timeout. Notifications libpq already read are drained each turn.
                 for notify in conn.notifies(timeout=0):
-                    self.callback(notify.payload)
+                    self._heard(notify.payload)
                 readable, _, _ = select.select(
                     [conn.fileno(), self._closing_r], [], [], self.health_check_seconds
                 )
@@ -528,6 +528,18 @@ class Notifier:
                     return
                 if not readable:
                     self._check_alive(conn)
+
+    def _heard(self, payload: str) -> None:
+        """A wake-up: ``[rq_jobs oid, queue]`` as JSON. Another installation's (a sibling
+        schema's rq_jobs) is ignored; a payload of another form (a plain queue name, as
+        replayq sent before) wakes the callback as it did."""
+        try:
+            installation, queue = json.loads(payload)
+        except (ValueError, TypeError):
+            self.callback(payload)
+            return
+        if self.installation is None or installation == self.installation:
+            self.callback(str(queue))
 
     def _check_alive(self, conn: psycopg.Connection[Any]) -> None:
         # A silent half-open socket (partitioned host) raises nothing on read; a cheap

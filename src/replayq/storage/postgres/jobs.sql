@@ -19,7 +19,7 @@ WITH inserted AS (
     ON CONFLICT (job_type, message_id) DO NOTHING
     RETURNING id, queue, run_at
 )
-SELECT id, CASE WHEN run_at <= %(now)s THEN pg_notify('replayq_jobs', queue) END AS woke
+SELECT id, CASE WHEN run_at <= %(now)s THEN pg_notify('replayq_jobs', json_build_array('rq_jobs'::regclass::oid::bigint, queue)::text) END AS woke
 FROM inserted;
 
 -- name: job_enqueue
@@ -66,7 +66,7 @@ WITH given AS (
 )
 -- The wake-up as job_insert sends it (identical notifications fold into one at commit).
 SELECT i.id, i.trace_id, t.id AS pack_id,
-       CASE WHEN i.run_at <= i.created_at THEN pg_notify('replayq_jobs', i.queue) END AS woke
+       CASE WHEN i.run_at <= i.created_at THEN pg_notify('replayq_jobs', json_build_array('rq_jobs'::regclass::oid::bigint, i.queue)::text) END AS woke
 FROM inserted AS i JOIN traced AS t ON t.job_id = i.id;
 
 -- name: job_enqueue_ids
@@ -79,7 +79,7 @@ WITH seq AS (
     SELECT pg_get_serial_sequence('rq_jobs', 'id')::regclass AS jobs,
            pg_get_serial_sequence('rq_trace', 'id')::regclass AS packs
 ), woke AS (
-    SELECT count(pg_notify('replayq_jobs', queue)) AS woke
+    SELECT count(pg_notify('replayq_jobs', json_build_array('rq_jobs'::regclass::oid::bigint, queue)::text)) AS woke
     FROM unnest(%(woke_queues)s::text[]) AS queue
 )
 SELECT nextval(seq.jobs) AS id, nextval(seq.packs) AS pack_id
@@ -122,7 +122,7 @@ WITH inserted AS (
     RETURNING id
 )
 SELECT inserted.id, traced.id AS pack_id,
-       CASE WHEN run_at <= %(now)s THEN pg_notify('replayq_jobs', queue) END AS woke
+       CASE WHEN run_at <= %(now)s THEN pg_notify('replayq_jobs', json_build_array('rq_jobs'::regclass::oid::bigint, queue)::text) END AS woke
 FROM inserted, traced;
 
 -- name: job_by_message_id
@@ -191,13 +191,6 @@ RETURNING j.*;
 SELECT id FROM rq_jobs
 WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running'
 FOR SHARE;
-
--- name: lease_extend
--- Every lease of the pairs (job_ids[i], owner_tokens[i]) in one statement.
-UPDATE rq_jobs AS j
-SET lease_deadline = COALESCE(%(lease_now)s::float8, extract(epoch FROM statement_timestamp())::float8) + %(lease_seconds)s
-FROM unnest(%(job_ids)s::bigint[], %(owner_tokens)s::text[]) AS l(id, owner_token)
-WHERE j.id = l.id AND j.owner_token = l.owner_token AND j.state = 'running';
 
 -- name: leases_extend
 -- A worker's heartbeat: every lease of the rows (job_ids[i], owner_tokens[i],
@@ -268,7 +261,7 @@ WITH requeued AS (
     WHERE id = %(job_id)s AND state = 'dead'
     RETURNING queue
 )
-SELECT pg_notify('replayq_jobs', queue) FROM requeued;
+SELECT pg_notify('replayq_jobs', json_build_array('rq_jobs'::regclass::oid::bigint, queue)::text) FROM requeued;
 
 -- name: lease_reap
 -- SKIP LOCKED: two reapers (or a reaper and the job's own settle) never wait on each
@@ -288,7 +281,7 @@ WITH redelivered AS (
     WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running'
     RETURNING queue
 )
-SELECT pg_notify('replayq_jobs', queue) FROM redelivered;
+SELECT pg_notify('replayq_jobs', json_build_array('rq_jobs'::regclass::oid::bigint, queue)::text) FROM redelivered;
 
 -- name: job_release_running
 -- The attempt asked to be released (rollout rollback --release-inflight) goes back to the
@@ -302,7 +295,7 @@ WITH released AS (
       AND cancel_requested_at IS NOT NULL
     RETURNING queue
 )
-SELECT pg_notify('replayq_jobs', queue) FROM released;
+SELECT pg_notify('replayq_jobs', json_build_array('rq_jobs'::regclass::oid::bigint, queue)::text) FROM released;
 
 -- name: lease_release
 -- Shutdown: the job goes back with one more attempt in its budget; its attempt number
@@ -314,7 +307,7 @@ WITH released AS (
     WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running'
     RETURNING queue
 )
-SELECT pg_notify('replayq_jobs', queue) FROM released;
+SELECT pg_notify('replayq_jobs', json_build_array('rq_jobs'::regclass::oid::bigint, queue)::text) FROM released;
 
 -- name: lease_return
 -- A job leased ahead and never started goes back as if never leased: the attempt its
@@ -326,7 +319,7 @@ WITH returned AS (
     WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running'
     RETURNING queue
 )
-SELECT pg_notify('replayq_jobs', queue) FROM returned;
+SELECT pg_notify('replayq_jobs', json_build_array('rq_jobs'::regclass::oid::bigint, queue)::text) FROM returned;
 
 -- name: job_list
 SELECT * FROM rq_jobs

@@ -11,6 +11,11 @@ SELECT to_regclass('rq_schema_migrations') IS NOT NULL AS present;
 -- name: jobs_listen
 LISTEN replayq_jobs;
 
+-- name: jobs_listen_installation
+-- Which installation's wake-ups this listener wants: its rq_jobs table, as the notifying
+-- statements name it (NULL before the schema exists: then every wake-up is heard).
+SELECT to_regclass('rq_jobs')::oid::bigint AS installation;
+
 -- name: listen_health
 -- The listener's liveness probe: a half-open socket raises nothing until it is used.
 SELECT 1;

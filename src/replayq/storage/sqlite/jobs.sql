@@ -61,16 +61,6 @@ RETURNING *;
 SELECT id FROM rq_jobs
 WHERE id = :job_id AND owner_token = :owner_token AND state = 'running';
 
--- name: lease_extend
--- Every lease in :leases (a JSON array of [job id, owner token]) in one statement: the
--- ids are rowid seeks, each row's token compared with its own pair's.
-UPDATE rq_jobs
-SET lease_deadline = COALESCE(:lease_now, (julianday('now') - 2440587.5) * 86400.0) + :lease_seconds
-WHERE id IN (SELECT json_extract(value, '$[0]') FROM json_each(:leases))
-  AND state = 'running'
-  AND owner_token = (SELECT json_extract(l.value, '$[1]') FROM json_each(:leases) AS l
-                     WHERE json_extract(l.value, '$[0]') = rq_jobs.id);
-
 -- name: leases_extend
 -- A worker's heartbeat: every lease in :leases (a JSON array of [job id, owner token,
 -- lease seconds]) in one statement, each row compared with its own token and given its
