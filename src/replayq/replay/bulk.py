@@ -156,7 +156,13 @@ def _run_batch(
                 continue
             # The full dry-run on a recording of its own: the quick run's handler may have
             # changed the values it was handed (recorded state, responses) in place.
-            loaded = load_recording(runtime, job_id, loaded.attempt)
+            try:
+                loaded = load_recording(runtime, job_id, loaded.attempt)
+            except ReplayqError as exc:  # gone since the batch was read
+                if on_error is None:
+                    raise
+                on_error(job_id, exc)
+                continue
         reports.append(
             dry_run_recording(
                 runtime,

@@ -2,11 +2,11 @@
 
 A bulk dry-run that keeps nothing (``dry_run_many(..., keep=False)``, what ``rollout
 verify`` runs) only needs to know whether each job still does what its recording
-says. ``quick_check`` runs the handler with a ``QuickContext``: every ``ctx`` verb
-is answered from the recording (the same ``RecordedWorld`` a dry-run uses), and what
-a dry-run's event would be compared on (``compare.signature``) is computed from the
-verb's arguments and compared with the recorded event at the same position at once —
-no trace event is built, no step commits, nothing is redacted or kept.
+says. ``quick_check`` runs the handler with a ``QuickContext``: what a dry-run's
+event would be compared on (``compare.signature``) is computed from each ``ctx``
+verb's arguments and compared at once with the recorded event at the same position,
+and the verb is answered from that event (what a dry-run's ``RecordedWorld`` answers)
+— no trace event is built, no step commits, nothing is redacted or kept.
 
 It answers only "the same as recorded" or "ask the full dry-run" (``None``):
 
