@@ -210,8 +210,10 @@ def bulk_dry_run(
         for report in reports:
             if report.diverged:
                 raise SystemExit(f"job {report.job_id}: the dry-run diverged: {report.to_dict()}")
-        # Jobs the quick check of a ``keep=False`` run vouched for (absent before round 7).
-        QUICK[processes] = sum(bool(getattr(r, "matched_in_memory", False)) for r in reports)
+        # Jobs the quick check of a ``keep=False`` run vouched for (absent before round 7);
+        # counted in this process only: a worker process's report travels without the flag.
+        if processes == 1:
+            QUICK[processes] = sum(bool(getattr(r, "matched_in_memory", False)) for r in reports)
         return elapsed, cpu
 
     elapsed, cpu = timed()
