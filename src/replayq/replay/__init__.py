@@ -8,6 +8,7 @@
     ├── compare.py    signatures, the first divergence (as the run goes), ReplayReport
     ├── run.py        a handler run against a recording on its branch, sealed; BufferedContext
     ├── bulk.py       dry_run_many: batches, one handler, worker processes (worker_process.py)
+    ├── quick.py      a verification's quick check: the handler against its recording, no events
     ├── rerun.py      guarded real re-execution: GatedWorld, rerun, rerun_many
     ├── rollback.py   plan_rollback, rollback, compensate
     ├── diff.py       diff_traces, render

@@ -3,7 +3,9 @@
 ``dry_run_many`` is ``dry_run`` of each job, cheaper per job: the handler is chosen
 once per (job type, recorded version), the recordings of ``BATCH`` jobs are read in
 one read transaction, and with ``keep=True`` the derived traces of a batch are
-written in one transaction. ``processes > 1`` runs the batches in that many worker
+written in one transaction. With ``keep=False`` each job is first run through the quick
+check (``replay.quick``: no events built); only a job it cannot vouch for runs the full
+dry-run. ``processes > 1`` runs the batches in that many worker
 processes (``python -m replayq.replay.worker_process``): each is a fresh interpreter
 (never a fork of this one, whatever threads it runs), imports the application named
 by ``app`` (``module:attribute``, as ``--app`` takes it), opens its own connection to
@@ -32,8 +34,9 @@ from replayq import errors
 from replayq.errors import ReplayqError
 from replayq.queue.handlers import Handler
 from replayq.replay.compare import ReplayReport
-from replayq.replay.recorded import load_recordings
-from replayq.replay.run import Deferred, choose_handler, dry_run_recording
+from replayq.replay.quick import quick_check
+from replayq.replay.recorded import load_recording, load_recordings
+from replayq.replay.run import Deferred, choose_handler, derived_names, dry_run_recording
 from replayq.runtime import Runtime, RuntimeSource
 
 # Jobs whose recordings are read in one transaction (and, kept, written in one).
@@ -76,7 +79,9 @@ def dry_run_many(
     One handler is chosen per (job type, recorded version) and reused; recordings are
     read ``BATCH`` jobs per read transaction; the runs share one connection. Each run
     is sealed as ``dry_run`` is. ``keep=False`` writes nothing (verification: the
-    reports are the result); ``keep=True`` writes each job's derived trace, branch and
+    reports are the result); a job its quick check (``replay.quick``) finds the same as
+    recorded gets its report without events (``matched_in_memory``), every other job the
+    full dry-run's report. ``keep=True`` writes each job's derived trace, branch and
     lineage, a batch's in one transaction.
 
     ``processes > 1`` splits the batches over that many worker processes, fresh
@@ -143,11 +148,26 @@ def _run_batch(
         which = (loaded.job.job_type, loaded.job.handler_version)
         if which not in chosen:
             chosen[which] = choose_handler(runtime, loaded, options.version, options.handler)
+        handler = chosen[which]
+        if not options.keep and not options.allow_io:
+            quick = quick_check(runtime, loaded, handler, derived_names("replay"))
+            if quick is not None:
+                reports.append(quick)
+                continue
+            # The full dry-run on a recording of its own: the quick run's handler may have
+            # changed the values it was handed (recorded state, responses) in place.
+            try:
+                loaded = load_recording(runtime, job_id, loaded.attempt)
+            except ReplayqError as exc:  # gone since the batch was read
+                if on_error is None:
+                    raise
+                on_error(job_id, exc)
+                continue
         reports.append(
             dry_run_recording(
                 runtime,
                 loaded,
-                chosen[which],
+                handler,
                 allow_io=options.allow_io,
                 keep=options.keep,
                 deferred=deferred,

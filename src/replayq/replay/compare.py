@@ -60,6 +60,10 @@ class ReplayReport:
     # The re-execution's own events (a dry-run's kept events, a fork's derived trace):
     # what a comparison reads when ``keep=False`` wrote nothing. Not part of ``to_dict``.
     events_now: list[TraceEvent] = field(default_factory=list, repr=False, compare=False)
+    # True: a bulk verification's quick check found the run the same as its recording
+    # without building its events (``replay.quick``); ``events_now`` is then empty, and
+    # the recording's events stand for them. Not part of ``to_dict``.
+    matched_in_memory: bool = field(default=False, repr=False, compare=False)
 
     @property
     def outcome_divergence(self) -> str | None:
@@ -87,7 +91,7 @@ class ReplayReport:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        skip = ("outcome_recorded", "outcome_now", "events_now")
+        skip = ("outcome_recorded", "outcome_now", "events_now", "matched_in_memory")
         body = {k: v for k, v in vars(self).items() if k not in skip}
         body["outcome_recorded"] = self.outcome_recorded.to_dict()
         body["outcome_now"] = self.outcome_now.to_dict()

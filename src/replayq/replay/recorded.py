@@ -132,12 +132,14 @@ def read_recording(
     job = found
     if events is None:
         events = tx.trace_query(TraceQuery(job_id=job_id))
-    values = {
-        e.id: load_json(tx, None, e.output_ref)
-        for e in events
-        if e.output_ref is not None and e.id is not None
-    }
-    candidates = attempts_with_events(events)
+    values: dict[int, Any] = {}
+    attempts: set[int] = set()
+    for event in events:  # one pass: the large values, the attempts that recorded something
+        if event.output_ref is not None and event.id is not None:
+            values[event.id] = load_json(tx, None, event.output_ref)
+        if event.attempt and event.kind == "domain":
+            attempts.add(event.attempt)
+    candidates = sorted(attempts)
     if attempt is None:
         if not candidates:
             raise ReplayqError(f"job {job_id} has no recorded execution to replay")
@@ -147,12 +149,16 @@ def read_recording(
             f"job {job_id} attempt {attempt} recorded nothing; attempts with a recording: "
             f"{candidates or 'none'}"
         )
-    states = _read_states(tx, events, attempt)
-    domain = sorted(
-        (e for e in events if e.kind == "domain" and e.attempt == attempt),
-        key=lambda e: (e.seq or 0, e.hlc),
-    )
-    lifecycle = [e for e in events if e.kind == "lifecycle" and e.attempt == attempt]
+    domain: list[TraceEvent] = []
+    lifecycle: list[TraceEvent] = []
+    for event in events:
+        if event.attempt == attempt:
+            if event.kind == "domain":
+                domain.append(event)
+            elif event.kind == "lifecycle":
+                lifecycle.append(event)
+    domain.sort(key=lambda e: (e.seq or 0, e.hlc))
+    states = _read_states(tx, domain, attempt)
     leased = [e.hlc for e in lifecycle if e.name == "job.leased"]
     # The last lease of the attempt started it: one before it was given back unstarted.
     start_hlc = leased[-1] if leased else (domain[0].hlc - 1)

@@ -69,7 +69,7 @@ def choose_handler(
     return runtime.registry.handler(job.job_type, version or job.handler_version)
 
 
-def _names(origin: str) -> tuple[str, str]:
+def derived_names(origin: str) -> tuple[str, str]:
     """A new derived trace id and its branch."""
     trace_id = f"{origin}-{uuid.uuid4().hex[:16]}"
     return trace_id, f"{origin}:{trace_id}"
@@ -105,7 +105,7 @@ def _begin(
     runtime: Runtime, recording: Recording, origin: str, base_hlc: int, details: dict[str, Any]
 ) -> tuple[str, str]:
     """Create the derived trace's branch and lineage row."""
-    trace_id, branch = _names(origin)
+    trace_id, branch = derived_names(origin)
     with runtime.storage.transaction() as tx:
         _write_begin(tx, runtime, recording, origin, base_hlc, details, trace_id, branch)
     return trace_id, branch
@@ -247,7 +247,7 @@ def run_derived(
         "overrides": overrides,
     }
     if buffered:
-        trace_id, branch = _names(origin)
+        trace_id, branch = derived_names(origin)
     else:
         trace_id, branch = _begin(runtime, recording, origin, base_hlc, details)
     answers = RecordedWorld(recording, fork_step=fork_step, stubs=stubs)
