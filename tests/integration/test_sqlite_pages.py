@@ -19,7 +19,7 @@ import replayq
 ENQUEUES = 300
 # The row, rq_jobs_ready, rq_jobs_trace, rq_jobs_message, the job.enqueued pack,
 # rq_trace_job and rq_trace_hlc: 7 pages, plus page splits and the file's growth (7.28
-# measured here; 8.28 with AUTOINCREMENT's sqlite_sequence, before migration 0018).
+# measured here; 8.28 with AUTOINCREMENT's sqlite_sequence, before migration 0017).
 MOST_PAGES_PER_ENQUEUE = 8.0
 _WAL_HEADER = 32
 _FRAME_HEADER = 24

@@ -1,8 +1,8 @@
-"""Migration 0018: SQLite's job ids without AUTOINCREMENT are still never given twice.
+"""Migration 0017: SQLite's job ids without AUTOINCREMENT are still never given twice.
 
 A reused id would attach a new job to a deleted one's state versions, lineage and the
 references users keep (logs, dashboards, tickets). Without AUTOINCREMENT SQLite gives
-``max(id) + 1``, which repeats an id once the newest job is deleted; the floor that 0018
+``max(id) + 1``, which repeats an id once the newest job is deleted; the floor that 0017
 keeps (and its trigger raises) must prevent that, for ids given before the migration as
 well as after. The deletes here are plain SQL on another connection, as any delete could
 be: gc's ``jobs_delete`` is one of them.

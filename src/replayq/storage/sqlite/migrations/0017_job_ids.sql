@@ -1,4 +1,4 @@
--- 0018 job ids without AUTOINCREMENT: one page less per enqueue, ids still never reused.
+-- 0017 job ids without AUTOINCREMENT: one page less per enqueue, ids still never reused.
 --
 -- AUTOINCREMENT kept a job id from ever being given twice (a reused id would attach a new
 -- job to a deleted one's state versions, lineage and external references), at the price
@@ -18,7 +18,7 @@ FROM sqlite_sequence
 WHERE name = 'rq_jobs' AND seq > COALESCE((SELECT MAX(id) FROM rq_jobs), 0);
 
 -- The same columns, rows, ids and indexes; only the key's AUTOINCREMENT goes.
-CREATE TABLE rq_jobs_0018 (
+CREATE TABLE rq_jobs_0017 (
     id               INTEGER PRIMARY KEY,
     job_type         TEXT    NOT NULL,
     queue            TEXT    NOT NULL DEFAULT 'default',
@@ -53,7 +53,7 @@ CREATE TABLE rq_jobs_0018 (
     cancel_requested_at REAL
 );
 
-INSERT INTO rq_jobs_0018 (
+INSERT INTO rq_jobs_0017 (
     id, job_type, queue, payload, state, priority, run_at, created_at, attempt, max_attempts,
     trace_id, message_id, ordering_key, idempotency_key, handler_version, owner_token,
     worker_id, leased_at, lease_deadline, redelivery_count, last_error_class, last_error,
@@ -69,7 +69,7 @@ FROM rq_jobs;
 
 DROP TABLE rq_jobs;
 
-ALTER TABLE rq_jobs_0018 RENAME TO rq_jobs;
+ALTER TABLE rq_jobs_0017 RENAME TO rq_jobs;
 
 CREATE INDEX rq_jobs_ready ON rq_jobs (priority DESC, run_at, id) WHERE state = 'queued';
 
