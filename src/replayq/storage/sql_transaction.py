@@ -496,7 +496,8 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
                 "stored": writer.stored,
                 "hlc_last": max(e.hlc for e in group),
             }
-            row["piece"] = writer.more(packs.pack_items(group, base, earlier[0].ts))
+            # Appended through the deflate stream, never rewritten: no item texts kept.
+            row["piece"] = writer.more(packs.pack_items(group, base, earlier[0].ts, keep=False))
             query = "trace_join"
             if fence is not None:
                 query = "trace_join_fenced"
