@@ -20,6 +20,12 @@ from replayq.recording.world import LIVE
 from replayq.seal import unsealed
 
 
+def call_request(args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """What a call's fingerprint is over (redacted, then encoded): its arguments. The
+    dry-run's quick check builds it the same way."""
+    return {"args": list(args), "kwargs": dict(kwargs)}
+
+
 def record_call(
     ctx: Attempt,
     name: str,
@@ -32,7 +38,7 @@ def record_call(
     # The fingerprint is over the redacted request: a replay that passes the marker
     # (read back from a redacted payload) or the secret itself matches it.
     # A JSON request without secrets is encoded once, here, and not walked.
-    request = {"args": list(args), "kwargs": dict(kwargs)}
+    request = call_request(args, kwargs)
     try:
         summary, summary_text = ctx.redactor.encoded(request, codec.dumps)
     except PayloadError:

@@ -66,6 +66,13 @@ IN_DOUBT_POLICIES = ("park", "retry")
 RECONNECT_SECONDS = 60.0
 
 
+def default_effect_key(template: str | None, payload: Any, kind: str) -> str | None:
+    """The key of an effect given none: the job's idempotency key, then ``:kind``
+    (``None`` without a template). The dry-run's quick check derives it the same way."""
+    base = render_template(template, payload)
+    return None if base is None else f"{base}:{kind}"
+
+
 class EffectRunner:
     """Runs ``ctx.effect`` calls for one attempt."""
 
@@ -75,14 +82,14 @@ class EffectRunner:
         self._asked: set[str] = set()
 
     def default_key(self, kind: str) -> str:
-        template = self._ctx.handler.contract.idempotency
-        base = render_template(template, self._ctx.job.payload)
-        if base is None:
+        ctx = self._ctx
+        key = default_effect_key(ctx.handler.contract.idempotency, ctx.job.payload, kind)
+        if key is None:
             raise ConfigurationError(
                 f"{self._ctx.job.job_type}: effect {kind!r} needs an idempotency key: pass "
                 "key=... or declare idempotency='...' on the job (keys are never random)"
             )
-        return f"{base}:{kind}"
+        return key
 
     def run(self, kind: str, fn: Callable[[], Any], *, key: str | None) -> Any:
         """Run ``fn`` as the effect of ``kind`` under ``key`` (plain or async, see ``aio``)."""

@@ -37,9 +37,10 @@ from typing import Any, NoReturn
 from replayq import codec
 from replayq.errors import PayloadError, ReplayqError
 from replayq.model import TraceEvent
-from replayq.queue.contracts import render_template
 from replayq.queue.handlers import Handler
 from replayq.recording.aio import is_async
+from replayq.recording.calls import call_request
+from replayq.recording.effects import default_effect_key
 from replayq.recording.state import Entity, delta_of, resource_name
 from replayq.recording.world import LIVE
 from replayq.redaction import Redactor
@@ -366,8 +367,7 @@ class QuickContext:
     def call(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if is_async(fn):
             self._stop()
-        request = {"args": list(args), "kwargs": dict(kwargs)}
-        text = self._checked(request)
+        text = self._checked(call_request(args, kwargs))
         fingerprint = codec.fingerprint_text(text)
         self._texts.append(text)
         self._names += (name, fingerprint)
@@ -377,10 +377,9 @@ class QuickContext:
         if is_async(fn):
             self._stop()
         if not key:
-            base = render_template(self.handler.contract.idempotency, self.payload)
-            if base is None:
+            key = default_effect_key(self.handler.contract.idempotency, self.payload, kind)
+            if key is None:
                 self._stop()
-            key = f"{base}:{kind}"
         self._names += (kind, key)
         return self._answered(("effect", kind, key), "result")
 
