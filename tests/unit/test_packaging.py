@@ -28,6 +28,7 @@ EXTRA_MODULES = {
     "sqlalchemy": ["sqlalchemy", "replayq.contrib.sqlalchemy"],
     "pydantic": ["pydantic"],
     "msgspec": ["msgspec"],
+    "fast": ["orjson"],
 }
 
 
