@@ -22,7 +22,7 @@ from typing import Protocol
 
 from replayq.clock import Clock, HybridLogicalClock, SystemClock
 from replayq.errors import SchemaError
-from replayq.queue.handlers import HandlerRegistry
+from replayq.queue.handlers import Handler, HandlerRegistry
 from replayq.redaction import Redactor
 from replayq.storage import open_storage
 from replayq.storage.cache import CacheBackend, open_cache
@@ -99,10 +99,12 @@ class Runtime:
         """The redaction rules of ``job_type``: its handler's, else the app's."""
         registry = self.registry
         if job_type is not None and registry.declares(job_type):
-            own = registry.handler(job_type).redactor
-            if own is not None:
-                return own
+            return self.redactor_of(registry.handler(job_type))
         return self.redactor
+
+    def redactor_of(self, handler: Handler) -> Redactor:
+        """The redaction rules of a handler already looked up: its own, else the app's."""
+        return handler.redactor if handler.redactor is not None else self.redactor
 
     def scratch(self, url: str) -> Runtime:
         """A runtime on another database with the same handlers (replaying an exported case)."""

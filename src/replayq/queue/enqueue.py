@@ -233,9 +233,9 @@ def _job_params(
         )
     # Secrets never reach the database: the payload is stored, and keys are rendered,
     # with its secret fields replaced by their markers (``replayq.redaction``). A declared
-    # type's rules are its handler's (``Runtime.redactor_for``, without looking it up again).
+    # type's rules are its handler's, without looking it up again.
     if handler is not None:
-        redactor = handler.redactor if handler.redactor is not None else runtime.redactor
+        redactor = runtime.redactor_of(handler)
     else:
         redactor = runtime.redactor_for(request.job_type)
     payload = request.payload

@@ -132,14 +132,12 @@ def read_recording(
     job = found
     if events is None:
         events = tx.trace_query(TraceQuery(job_id=job_id))
-    values: dict[int, Any] = {}
-    attempts: set[int] = set()
-    for event in events:  # one pass: the large values, the attempts that recorded something
-        if event.output_ref is not None and event.id is not None:
-            values[event.id] = load_json(tx, None, event.output_ref)
-        if event.attempt and event.kind == "domain":
-            attempts.add(event.attempt)
-    candidates = sorted(attempts)
+    values = {
+        e.id: load_json(tx, None, e.output_ref)
+        for e in events
+        if e.output_ref is not None and e.id is not None
+    }
+    candidates = attempts_with_events(events)
     if attempt is None:
         if not candidates:
             raise ReplayqError(f"job {job_id} has no recorded execution to replay")

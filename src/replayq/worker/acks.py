@@ -129,7 +129,7 @@ class Acking(Outcomes):
         ack.ctx.committed()
         self.stats.succeeded += 1
         if logged:
-            log.info("job %s succeeded in %.3fs", ack.job.id, ack.duration)
+            _log_group((ack,))
 
     # -- the buffer -------------------------------------------------------------------------
 

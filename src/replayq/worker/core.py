@@ -207,9 +207,7 @@ class WorkerCore:
 
     def _forget(self, job: Job) -> None:
         """Free the slot of this lease; a re-lease of the same job keeps its own record."""
-        with self._inflight_lock:
-            if self._flight_of(job) is not None:
-                del self._inflight[job.id]
+        self._forget_all((job,))
 
     def _forget_all(self, jobs: Sequence[Job]) -> None:
         """``_forget`` for several leases, under one hold of the lock."""
