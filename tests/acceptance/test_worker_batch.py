@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import signal
 import sqlite3
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -271,3 +272,36 @@ def _row_locked(probe: psycopg.Connection[tuple[int]], job_id: int) -> bool:
 
 
 pytestmark = pytest.mark.timeout(180)
+
+
+class _SlowExecutorLease(replayq.Worker):
+    """An executor's lease that starts late: the scheduling a loaded machine gives at
+    random (an executor thread paused between freeing its slot and leasing), every time."""
+
+    def _lease_free_slots(self) -> tuple[int, list[replayq.Job]]:
+        if threading.current_thread().name.startswith("replayq-exec"):
+            time.sleep(0.3)  # longer than the dispatcher's poll: the run ends meanwhile
+        return super()._lease_free_slots()
+
+
+def test_a_burst_run_that_returned_leases_nothing_more(tmp_path: Path) -> None:
+    """An executor that freed its slot as the dispatcher decided to end used to lease
+    afterwards, from a run that had returned: it held the job enqueued next (put behind
+    its stop, never run) until that job's lease ran out. The job must stay queued."""
+    app = replayq.App(f"sqlite:///{tmp_path / 'burst.db'}", auto_migrate=True)
+    no_jitter = replayq.Retry(max_attempts=5, base="60s", cap="60s", jitter="none")
+
+    @app.job("unavailable", retry=no_jitter)
+    def unavailable(ctx: replayq.Context, n: int) -> None:
+        raise replayq.DependencyError("503 Service Unavailable")
+
+    try:
+        app.enqueue("unavailable", {"n": 1})
+        stats = _SlowExecutorLease(app, burst=True, poll_interval=0.05).run()
+        assert stats.leased == stats.retried == 1
+        after = app.enqueue("unavailable", {"n": 2})
+        time.sleep(0.6)  # the paused executor's lease has run by now
+        job = app.get_job(after)
+        assert job.state == "queued", f"a returned burst run leased job {after} ({job.worker_id})"
+    finally:
+        app.close()

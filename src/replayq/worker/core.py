@@ -150,6 +150,9 @@ class WorkerCore:
         self._inflight_lock = threading.Lock()
         # One thread leases at a time, so two threads never fill the same free slot.
         self._lease_lock = threading.Lock()
+        # Set under ``_lease_lock`` when ``run()`` winds down (stop, or a burst run's end):
+        # from then on no thread leases, so no lease lands after the worker let go of it.
+        self._leasing_closed = False
         self._work: queue.Queue[Any] = queue.Queue()
         # Successes waiting in memory for their group commit (``acks.Ack``).
         self._acks: list[Any] = []

@@ -32,7 +32,10 @@ class Leasing(WorkerCore):
 
     def _slots(self, acking: int = 0) -> tuple[int, int]:
         """(slots to lease, how many of them lie beyond the free executors: leased ahead);
-        ``acking``: held leases whose acks the caller's transaction commits."""
+        ``acking``: held leases whose acks the caller's transaction commits. None once
+        leasing is closed (called under ``_lease_lock``, as the close is)."""
+        if self._leasing_closed:
+            return 0, 0
         with self._inflight_lock:
             held = len(self._inflight) - acking
         executors = max(0, self.concurrency - held)

@@ -62,6 +62,7 @@ class Worker(Executing, Reaping, Heartbeat):
         if not self._register_contracts():
             return self.stats
         self._ended.clear()
+        self._leasing_closed = False
         executors = [
             threading.Thread(target=self._executor, name=f"replayq-exec-{i}", daemon=True)
             for i in range(self.concurrency)
@@ -170,6 +171,11 @@ class Worker(Executing, Reaping, Heartbeat):
         # From the signal, not from here: the dispatcher may have spent a moment ending an
         # outage wait, and the grace is what an operator's process supervisor counts.
         deadline = (self._stop_requested or time.monotonic()) + self.grace_period
+        # No lease after this one: an executor that freed its slot as the dispatcher decided
+        # to end leases nothing later (it would hold jobs nobody runs until their lease
+        # ran out). A lease already under way has held its jobs once the lock is ours.
+        with self._lease_lock:
+            self._leasing_closed = True
         # Jobs leased ahead and not started go back at once: another worker runs them now,
         # not after this one's grace (an executor that frees its slot starts none of them).
         self._release_unstarted()
