@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from replayq.errors import ConfigurationError
+from replayq.errors import ConfigurationError, StorageError
 from replayq.model import JobState, TraceEvent
 from replayq.storage import open_storage
 from replayq.storage.context_params import (
@@ -543,6 +543,36 @@ def test_a_branch_is_created_once_with_its_base(storage: Storage) -> None:
         branch = tx.branch_get("fork:1")
         assert tx.branch_get("fork:2") is None
     assert branch is not None and (branch.base_branch, branch.base_hlc) == ("main", 150)
+
+
+def test_a_branch_created_with_versions_holds_each_entity_at_its_last_one(
+    storage: Storage,
+) -> None:
+    """A dry-run's branch is stored at its end with the versions its run wrote: read back
+    as its steps' commits one by one would have left them; never on a branch that exists."""
+    rows = [
+        version("1", 1, 100, "replay:1"),
+        version("2", 1, 110, "replay:1"),
+        version("1", 2, 120, "replay:1"),
+    ]
+    with storage.transaction() as tx:
+        tx.branch_create(BranchCreate("replay:1", "main", 150, "replay", T0), rows)
+        first = tx.entity_get(EntityGet("replay:1", "order", "1"))
+        second = tx.entity_get(EntityGet("replay:1", "order", "2"))
+        listed = tx.entity_list(EntityFilter(branch="replay:1", namespace="order", key="1"))
+        assert not tx.entity_put(version("1", 3, 130, "replay:1"), 1), "the head is at 2"
+        assert tx.entity_put(version("1", 3, 130, "replay:1"), 2)
+        branch = tx.branch_get("replay:1")
+    assert first is not None and (first.version, first.hlc, first.data) == (2, 120, '{"v":2}')
+    assert second is not None and (second.version, second.hlc) == (1, 110)
+    assert [v.version for v in listed] == [1, 2]
+    assert branch is not None and (branch.base_branch, branch.base_hlc) == ("main", 150)
+    with pytest.raises(StorageError), storage.transaction() as tx:
+        tx.branch_create(
+            BranchCreate("replay:1", "main", 160, "replay", T0), [version("3", 1, 140, "replay:1")]
+        )
+    with storage.transaction(readonly=True) as tx:
+        assert tx.entity_get(EntityGet("replay:1", "order", "3")) is None
 
 
 # -- locks ----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ through to its base branch as of the branch point for entities it has not writte
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,14 @@ from replayq.recording.blobs import load_json
 from replayq.recording.world import LIVE
 from replayq.redaction import Redactor
 from replayq.runtime import RuntimeSource
-from replayq.storage.protocol import EntityFilter, EntityGet, EntityRecord, Transaction, lock_get
+from replayq.storage.protocol import (
+    BranchCreate,
+    EntityFilter,
+    EntityGet,
+    EntityRecord,
+    Transaction,
+    lock_get,
+)
 
 MAIN = "main"
 
@@ -378,38 +386,24 @@ class StateView:
             self._pending[ident] = entity
             return entity
 
-        def write(tx: Transaction) -> None:
-            for lock_resource, fencing_token in fences.items():
-                held = lock_get(tx, lock_resource)
-                newest = None if held is None else held.fencing_token
-                if newest is not None and newest > fencing_token:
-                    self._stale(resource, lock_resource, fencing_token, newest)
-            row = version_row(
-                ctx.branch,
-                namespace,
-                key,
-                new_version,
-                parent,
-                inline,
-                now=event.ts,
-                hlc=event.hlc,
-                job_id=ctx.job.id,
-                trace_id=ctx.trace_id,
-                attempt=ctx.attempt,
-                fencing_token=token,
-                data_ref=ref,
-                data_json=text,
-                delta=delta,
-            )
-            # A branch's first write of an entity starts its own head (copy-on-write).
-            fresh = (
-                ctx.branch != MAIN and tx.entity_get(EntityGet(ctx.branch, namespace, key)) is None
-            )
-            if not tx.entity_put(row, 0 if fresh else base):
-                head = tx.entity_get(EntityGet(ctx.branch, namespace, key))
-                self._conflict(resource, base, head.version if head else 0)
-
-        ctx.defer(write, f"state {resource} v{new_version}")
+        row = version_row(
+            ctx.branch,
+            namespace,
+            key,
+            new_version,
+            parent,
+            inline,
+            now=event.ts,
+            hlc=event.hlc,
+            job_id=ctx.job.id,
+            trace_id=ctx.trace_id,
+            attempt=ctx.attempt,
+            fencing_token=token,
+            data_ref=ref,
+            data_json=text,
+            delta=delta,
+        )
+        ctx.defer(StateWrite(self, row, base, fences), f"state {resource} v{new_version}")
         entity = Entity(namespace, key, new_version, data)
         self._pending[ident] = entity
         return entity
@@ -464,3 +458,57 @@ class StateView:
             f"write to {resource} rejected: fencing token {token} of lock {lock!r} is older "
             f"than the newest ({newest}); the lock was re-acquired by another holder"
         )
+
+
+class StateWrite:
+    """A new version of an entity, written by the commit of its step (``Recorder.defer``).
+
+    Called with that commit's transaction it checks the fencing token of every lock the
+    attempt holds, then compare-and-sets the head from ``base`` (a branch's first write of
+    an entity starts its own head: copy-on-write) and inserts the version. A dry-run, whose
+    branch is created by the one transaction that writes its end, keeps its writes and
+    writes them with its branch instead (``branch_with_writes``).
+    """
+
+    __slots__ = ("base", "fences", "row", "view")
+
+    def __init__(self, view: StateView, row: EntityRecord, base: int, fences: dict[str, int]):
+        self.view = view
+        self.row = row
+        self.base = base
+        self.fences = fences
+
+    def __call__(self, tx: Transaction) -> None:
+        self.check_fences(tx)
+        row = self.row
+        where = EntityGet(row.branch, row.namespace, row.key)
+        fresh = row.branch != MAIN and tx.entity_get(where) is None
+        if not tx.entity_put(row, 0 if fresh else self.base):
+            head = tx.entity_get(where)
+            self.view._conflict(self.resource, self.base, head.version if head else 0)
+
+    @property
+    def resource(self) -> str:
+        return resource_name(self.row.namespace, self.row.key)
+
+    def check_fences(self, tx: Transaction) -> None:
+        """``StaleFencingTokenError`` if a lock the write is under was re-acquired since."""
+        for lock_resource, fencing_token in self.fences.items():
+            held = lock_get(tx, lock_resource)
+            newest = None if held is None else held.fencing_token
+            if newest is not None and newest > fencing_token:
+                self.view._stale(self.resource, lock_resource, fencing_token, newest)
+
+
+def branch_with_writes(tx: Transaction, branch: BranchCreate, writes: Sequence[StateWrite]) -> None:
+    """Create ``branch`` in ``tx`` with the versions ``writes`` made on it before it was
+    stored (a dry-run's, at its end), as their steps' commits one by one would have left
+    it, in as few statements (``Transaction.branch_create``).
+
+    Their compare-and-sets could only have compared with the run's own earlier writes (no
+    one else knows the branch), and ``StateView.put`` checked each write against those
+    when it was made; the fencing tokens are checked here as each commit checks them.
+    """
+    for write in writes:
+        write.check_fences(tx)
+    tx.branch_create(branch, [write.row for write in writes])

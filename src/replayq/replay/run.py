@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -30,6 +30,7 @@ from replayq.model import TraceEvent
 from replayq.queue.handlers import Handler, PayloadShape
 from replayq.recording.attempt import Refusal
 from replayq.recording.context import Context
+from replayq.recording.state import StateWrite, branch_with_writes
 from replayq.replay.compare import (
     Comparison,
     Divergence,
@@ -84,10 +85,11 @@ def _write_begin(
     details: dict[str, Any],
     trace_id: str,
     branch: str,
+    state: Sequence[StateWrite] = (),
 ) -> None:
-    """The derived trace's branch and lineage rows."""
+    """The derived trace's branch (with the ``state`` a dry-run wrote on it) and lineage rows."""
     now = runtime.clock.now()
-    tx.branch_create(BranchCreate(branch, "main", base_hlc, origin, now))
+    branch_with_writes(tx, BranchCreate(branch, "main", base_hlc, origin, now), state)
     tx.lineage_put(
         LineagePut(
             trace_id=trace_id,
@@ -292,13 +294,18 @@ def run_derived(
         now_events = ctx.kept_events
         divergence = ctx.comparison.first()
         if keep:
-            kept = ctx.kept_writes
+            # The branch is created with the state written on it (``branch_with_writes``:
+            # its versions in two statements); the other writes (blobs) go one by one.
+            state = [w for w in ctx.kept_writes if isinstance(w, StateWrite)]
+            others = [w for w in ctx.kept_writes if not isinstance(w, StateWrite)]
             events = [*now_events, _finished(runtime, trace_id, outcome, origin, job.attempt)]
 
             def write_all(tx: Transaction) -> None:
-                _write_begin(tx, runtime, recording, origin, base_hlc, details, trace_id, branch)
-                for write in kept:
+                for write in others:
                     write(tx)
+                _write_begin(
+                    tx, runtime, recording, origin, base_hlc, details, trace_id, branch, state
+                )
                 tx.trace_append(events)
 
             end = deferred if deferred is not None else Deferred()

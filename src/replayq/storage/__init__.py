@@ -43,7 +43,8 @@ and has one ``@overload`` per kind, so each answer keeps its own type::
     rollouts  rollout_query(ContractQuery | ActiveVersion | RoutingQuery | RoutingHistory |
                   ComparisonQuery)
               rollout_update(ContractPut | ContractActivate | RoutingPut | ComparisonPut)
-    state     entity_get(EntityGet) entity_list(EntityFilter) entity_put branch_create branch_get
+    state     entity_get(EntityGet) entity_list(EntityFilter) entity_put branch_get
+              branch_create(BranchCreate, versions: a new branch with what a dry-run wrote)
     locks     lock_transition(LockAcquire | LockRenew | LockRelease (owner None: break))
               lock_list(LockFilter)
     effects   idem_transition(IdemClaim | IdemTakeover | IdemSucceed | IdemFail |

@@ -11,7 +11,7 @@ A mixin over ``SqlTransaction``'s plumbing (``execute``, ``fetchone``, ``fetchal
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from replayq.storage.context_params import (
@@ -116,6 +116,9 @@ class ContextVerbs:
     def changed(self, name: str, params: Mapping[str, Any]) -> bool:
         raise NotImplementedError
 
+    def executemany(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        raise NotImplementedError
+
     # -- state ------------------------------------------------------------------------------
 
     def entity_get(self, query: EntityGet) -> EntityRecord | None:
@@ -163,8 +166,25 @@ class ContextVerbs:
         self.execute("entity_version_insert", query_params(row))
         return True
 
-    def branch_create(self, change: BranchCreate) -> None:
+    def branch_create(self, change: BranchCreate, versions: Sequence[EntityRecord] = ()) -> None:
         self.execute("branch_create", query_params(change))
+        if not versions:
+            return
+        heads = {(row.namespace, row.key): row for row in versions}  # each entity's last
+        self.executemany("entity_version_insert", [query_params(row) for row in versions])
+        self.executemany(
+            "entity_head_create",
+            [
+                {
+                    "branch": row.branch,
+                    "namespace": row.namespace,
+                    "key": row.key,
+                    "version": row.version,
+                    "hlc": row.hlc,
+                }
+                for row in heads.values()
+            ],
+        )
 
     def branch_get(self, branch: str) -> Branch | None:
         row = self.fetchone("branch_get", {"branch": branch})

@@ -259,8 +259,9 @@ def _item_text(event: TraceEvent, base_hlc: int, base_ts: float, keep: bool = Tr
     known = _ITEM_TEXTS.get(id(event))
     if known is not None and known[0] is event and known[1] == base_hlc and known[2] == base_ts:
         return known[3]
-    # Names the event whose data cannot be stored (PayloadError with its path).
-    text = codec.dumps_own(_packed(event, base_hlc, base_ts), what=f"event {event.name} data")
+    # Names the event whose data cannot be stored (PayloadError with its path). Decoded,
+    # never compared as text: a tiny float may keep orjson's notation (``dumps_stored``).
+    text = codec.dumps_stored(_packed(event, base_hlc, base_ts), what=f"event {event.name} data")
     if not keep:
         return text
     if len(_ITEM_TEXTS) >= _ITEM_TEXTS_MAX:
@@ -275,6 +276,13 @@ def pack_items(
     """``events`` as the comma-separated items of a pack whose row has ``base_hlc`` and
     ``base_ts`` (its ``hlc`` and ``ts``); ``keep``: remember each item's text for a
     rewrite of the pack (``_ITEM_TEXTS``)."""
+    if not keep:
+        # No text kept per item: all of them in one encoding (a dry-run's derived trace is
+        # ~35 events at once), unless one holds what orjson refuses (then one by one, so
+        # that the error names its event).
+        whole = codec.stored_text([_packed(e, base_hlc, base_ts) for e in events])
+        if whole is not None:
+            return whole[1:-1]
     return ",".join(_item_text(e, base_hlc, base_ts, keep) for e in events)
 
 

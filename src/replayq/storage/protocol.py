@@ -399,7 +399,14 @@ class Transaction(Protocol):
         """
         ...
 
-    def branch_create(self, params: BranchCreate) -> None: ...
+    def branch_create(self, params: BranchCreate, versions: Sequence[EntityRecord] = ()) -> None:
+        """Create a branch (once: an existing one is an error), with ``versions`` on it: the
+        versions a run wrote there before the branch was stored (a dry-run writes its
+        branch at its end). Each is inserted in order and each entity's head set at its
+        last one, in two statements whatever their number: no head on a new branch to
+        compare with, and each version was checked against the ones before it when made.
+        """
+        ...
 
     def branch_get(self, branch: str) -> Branch | None: ...
 

@@ -21,6 +21,12 @@ INSERT INTO rq_entities (branch, namespace, key, version, hlc)
 VALUES (%(branch)s, %(namespace)s, %(key)s, %(new_version)s, %(hlc)s)
 ON CONFLICT (branch, namespace, key) DO NOTHING;
 
+-- name: entity_head_create
+-- The head of an entity on a branch being created (``branch_create`` with versions): no
+-- ON CONFLICT, an existing head is an error.
+INSERT INTO rq_entities (branch, namespace, key, version, hlc)
+VALUES (%(branch)s, %(namespace)s, %(key)s, %(version)s, %(hlc)s);
+
 -- name: entity_head_cas
 UPDATE rq_entities SET version = %(new_version)s, hlc = %(hlc)s
 WHERE branch = %(branch)s AND namespace = %(namespace)s AND key = %(key)s AND version = %(expected_version)s;

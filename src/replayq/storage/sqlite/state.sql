@@ -20,6 +20,12 @@ INSERT INTO rq_entities (branch, namespace, key, version, hlc)
 VALUES (:branch, :namespace, :key, :new_version, :hlc)
 ON CONFLICT (branch, namespace, key) DO NOTHING;
 
+-- name: entity_head_create
+-- The head of an entity on a branch being created (``branch_create`` with versions): no
+-- ON CONFLICT, an existing head is an error.
+INSERT INTO rq_entities (branch, namespace, key, version, hlc)
+VALUES (:branch, :namespace, :key, :version, :hlc);
+
 -- name: entity_head_cas
 UPDATE rq_entities SET version = :new_version, hlc = :hlc
 WHERE branch = :branch AND namespace = :namespace AND key = :key AND version = :expected_version;
