@@ -8,7 +8,7 @@ through to its base branch as of the branch point for entities it has not writte
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -386,24 +386,27 @@ class StateView:
             self._pending[ident] = entity
             return entity
 
-        row = version_row(
-            ctx.branch,
-            namespace,
-            key,
-            new_version,
-            parent,
-            inline,
-            now=event.ts,
-            hlc=event.hlc,
-            job_id=ctx.job.id,
-            trace_id=ctx.trace_id,
-            attempt=ctx.attempt,
-            fencing_token=token,
-            data_ref=ref,
-            data_json=text,
-            delta=delta,
-        )
-        ctx.defer(StateWrite(self, row, base, fences), f"state {resource} v{new_version}")
+        def row() -> EntityRecord:
+            return version_row(
+                ctx.branch,
+                namespace,
+                key,
+                new_version,
+                parent,
+                inline,
+                now=event.ts,
+                hlc=event.hlc,
+                job_id=ctx.job.id,
+                trace_id=ctx.trace_id,
+                attempt=ctx.attempt,
+                fencing_token=token,
+                data_ref=ref,
+                data_json=text,
+                delta=delta,
+            )
+
+        write = StateWrite(self, resource, row, base, fences)
+        ctx.defer(write, f"state {resource} v{new_version}")
         entity = Entity(namespace, key, new_version, data)
         self._pending[ident] = entity
         return entity
@@ -470,26 +473,32 @@ class StateWrite:
     writes them with its branch instead (``branch_with_writes``).
     """
 
-    __slots__ = ("base", "fences", "row", "view")
+    __slots__ = ("base", "fences", "resource", "row", "view")
 
-    def __init__(self, view: StateView, row: EntityRecord, base: int, fences: dict[str, int]):
+    def __init__(
+        self,
+        view: StateView,
+        resource: str,
+        row: Callable[[], EntityRecord],
+        base: int,
+        fences: dict[str, int],
+    ) -> None:
         self.view = view
+        self.resource = resource
+        # The version's row, built when it is written: a write that is never (a failed
+        # step's, a dry-run that keeps nothing) costs no encoding of its delta.
         self.row = row
         self.base = base
         self.fences = fences
 
     def __call__(self, tx: Transaction) -> None:
         self.check_fences(tx)
-        row = self.row
+        row = self.row()
         where = EntityGet(row.branch, row.namespace, row.key)
         fresh = row.branch != MAIN and tx.entity_get(where) is None
         if not tx.entity_put(row, 0 if fresh else self.base):
             head = tx.entity_get(where)
             self.view._conflict(self.resource, self.base, head.version if head else 0)
-
-    @property
-    def resource(self) -> str:
-        return resource_name(self.row.namespace, self.row.key)
 
     def check_fences(self, tx: Transaction) -> None:
         """``StaleFencingTokenError`` if a lock the write is under was re-acquired since."""
@@ -511,4 +520,4 @@ def branch_with_writes(tx: Transaction, branch: BranchCreate, writes: Sequence[S
     """
     for write in writes:
         write.check_fences(tx)
-    tx.branch_create(branch, [write.row for write in writes])
+    tx.branch_create(branch, [write.row() for write in writes])
