@@ -13,8 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import replayq
 from tests.acceptance.workers import ROOT, run_cli
 from tests.apps import loaded_modules
@@ -69,28 +67,18 @@ def test_the_lazy_public_names_still_import_on_first_use() -> None:
     assert {"replayq.replay.engine", "replayq.rollout.control"} <= set(json.loads(done.stdout))
 
 
-@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
-def test_a_worker_running_a_job_has_loaded_none_of_it(
-    backend: str, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
-    url = (
-        f"sqlite:///{tmp_path / 'queue.db'}"
-        if backend == "sqlite"
-        else str(request.getfixturevalue("pg_schema_url"))
-    )
-    migrator = replayq.App(url, auto_migrate=True)
+def test_a_worker_running_a_job_has_loaded_none_of_it(db_url: str, tmp_path: Path) -> None:
+    migrator = replayq.App(db_url, auto_migrate=True)
     migrator.storage  # noqa: B018 - opening it migrates the test's database
     migrator.close()
-    app = loaded_modules.build(url)
+    app = loaded_modules.build(db_url)
     report = tmp_path / "modules.json"
     app.enqueue("report_modules", {"path": str(report)})
     app.close()
 
-    done = run_cli(url, "worker", "--app", "tests.apps.loaded_modules:app", "--burst")
+    done = run_cli(db_url, "worker", "--app", "tests.apps.loaded_modules:app", "--burst")
 
     assert done.returncode == 0, done.stderr
     loaded = json.loads(report.read_text())
-    assert (
-        loaded_of(loaded, NOT_AT_START if backend == "postgres" else NOT_AT_START + UNLESS_PSYCOPG)
-        == []
-    )
+    on_sqlite = db_url.startswith("sqlite")
+    assert loaded_of(loaded, NOT_AT_START + UNLESS_PSYCOPG if on_sqlite else NOT_AT_START) == []
