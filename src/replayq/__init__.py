@@ -173,7 +173,7 @@ def __dir__() -> list[str]:
 
 
 def _installed_version() -> str:
-    # importlib.metadata costs more to import than most of replayq: read on demand.
+    # Imported here: importlib.metadata (email, zipfile, csv) is --version's alone.
     import importlib.metadata
 
     try:
