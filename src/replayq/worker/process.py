@@ -59,7 +59,8 @@ class Worker(Executing, Reaping, Heartbeat):
         self.stop()
 
     def run(self) -> WorkerStats:
-        """Lease and run jobs until stopped; returns what this run did."""
+        """Lease and run jobs until stopped (or, burst, until none is due); returns what
+        this run did, once its threads have ended."""
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
