@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import compileall
 import os
 import platform
 import sqlite3
@@ -114,3 +115,12 @@ class PgSchemas:
 def schema_of(url: str) -> str:
     """The schema a ``PgSchemas.fresh`` URL points at."""
     return url.rsplit("search_path%3D", 1)[1]
+
+
+def compile_package(package_dir: Path) -> str:
+    """Compile a package's bytecode, as ``pip install`` does for a wheel, so that worker
+    processes do not recompile it on every start: a checkout run from source (an
+    editable install, and always with ``PYTHONDONTWRITEBYTECODE`` set) recompiles it,
+    while its peers, installed from wheels, have theirs. Says what was done."""
+    compileall.compile_dir(package_dir, quiet=1)
+    return f"bytecode of {package_dir.name} compiled before the runs, as an installed wheel has it"

@@ -51,7 +51,7 @@ from pathlib import Path
 
 import postgres_baselines
 import sqlite_baselines
-from machine import machine
+from machine import compile_package, machine
 from noop_app import make_app
 
 import replayq
@@ -767,10 +767,18 @@ def main(argv: Sequence[str] | None = None) -> None:
         action="store_true",
         help="measure only enqueue (one by one and bulk) beside the peers, and its CPU",
     )
+    parser.add_argument(
+        "--source-start",
+        action="store_true",
+        help="leave replayq's bytecode uncompiled: each worker start compiles the source",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="replayq-bench-", dir=args.dir))
     opts = Options(args.jobs, args.repeat, args.synchronous, workdir, args.idle_poll)
+    bytecode = "compiled at each start (--source-start)"
+    if not args.source_start:
+        bytecode = compile_package(Path(replayq.__file__).parent)
     try:
         before = load_average()
         if args.idle_only:
@@ -782,7 +790,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             rows = BACKENDS[args.backend](opts)
         load = (before, load_average())
         if args.json:
-            print(json.dumps(as_json(args.backend, opts, rows, load), indent=2))
+            figures = as_json(args.backend, opts, rows, load)
+            print(json.dumps({**figures, "bytecode": bytecode}, indent=2))
         elif args.enqueue_only:
             print(f"commit {git_commit()}; load average before {load[0]}; after {load[1]}")
             print("\n".join(enqueue_lines(rows)))
@@ -791,8 +800,10 @@ def main(argv: Sequence[str] | None = None) -> None:
             print("\n".join(idle_lines(rows, opts.idle_poll, "the wake-up", 20)))
         elif args.backend == "postgres":
             print(report_postgres(opts, rows, load))
+            print(f"- replayq: {bytecode}")
         else:
             print(report(opts, args.backend, rows))
+            print(f"- replayq: {bytecode}")
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)

@@ -77,7 +77,23 @@ _CALL_SUBSTITUTION = 'if {condition}:\n        ctx.record("call", call=name'
 
 BUGS: list[Bug] = [
     # -- owner token: only the lease holder settles the job -------------------------------------
-    *_both_backends("ack-owner-token", "owner token", "job_retry", (BARRIER,)),
+    # A group commit's acks: one statement, each row compared with its own token.
+    Bug(
+        "ack-owner-token-sqlite",
+        "owner token",
+        "  AND rq_jobs.owner_token = json_extract(c.value, '$[1]') AND rq_jobs.state = 'running'",
+        "  AND rq_jobs.state = 'running'",
+        (BARRIER,),
+        ".sql",
+    ),
+    Bug(
+        "ack-owner-token-postgres",
+        "owner token",
+        "WHERE j.id = c.id AND j.owner_token = c.owner_token AND j.state = 'running'",
+        "WHERE j.id = c.id AND j.state = 'running'",
+        (BARRIER,),
+        ".sql",
+    ),
     *_both_backends("retry-owner-token", "owner token", "job_bury_owned", (BARRIER,)),
     *_both_backends("bury-owner-token", "owner token", "job_bury_queued", (BARRIER,)),
     # The worker's heartbeat: every lease it holds, each by its own length, in one statement
@@ -85,7 +101,7 @@ BUGS: list[Bug] = [
     Bug(
         "worker-heartbeat-owner-token-sqlite",
         "owner token",
-        "  AND owner_token = (SELECT json_extract(l.value, '$[1]') FROM json_each(:leases) AS l\n"
+        "  AND owner_token = (SELECT json_extract(l.value, '$[1]') FROM json_each(:rows) AS l\n"
         "                     WHERE json_extract(l.value, '$[0]') = rq_jobs.id)\nRETURNING id;",
         "\nRETURNING id;",
         (BARRIER,),

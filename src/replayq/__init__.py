@@ -33,7 +33,8 @@ The public API, by layer (everything a user or the ``replayq`` command line need
 the integrations (Django, SQLAlchemy). ``replayq.__version__`` is the installed version.
 """
 
-import importlib.metadata as _metadata
+import importlib as _importlib
+import typing as _typing
 
 from replayq.app import App, EnqueueRequest
 from replayq.clock import Clock, FrozenClock, HybridLogicalClock, SystemClock
@@ -66,11 +67,8 @@ from replayq.errors import (
     ValidationError,
 )
 from replayq.model import DeadReason, Job, JobState, StatRow, TraceEvent
-from replayq.observe.fleet import fleet_registry
 from replayq.observe.hooks import Observer
 from replayq.observe.logs import configure_logging
-from replayq.observe.metrics import WorkerMetrics
-from replayq.observe.metrics import serve as serve_metrics
 from replayq.observe.otel import AttemptTracer, otel_provider_from_env, otel_trace_id
 from replayq.queue.bulk import BulkPreview, BulkResult
 from replayq.queue.contracts import JobContract, Retry, diff_contracts, lint_contract
@@ -83,40 +81,106 @@ from replayq.recording.locks import break_lock, list_locks
 from replayq.recording.outbox import open_sink, publish_pending
 from replayq.recording.state import Entity, StateStore
 from replayq.redaction import Redaction
-from replayq.replay.diff import diff_traces, uncommitted_writes
-from replayq.replay.diff import render as render_diff
-from replayq.replay.engine import ReplayReport, dry_run, dry_run_many, fork, trace_replay
-from replayq.replay.export import export_case, import_case
-from replayq.replay.rerun import RerunReport, rerun, rerun_many
-from replayq.replay.rollback import compensate, plan_rollback, rollback
-from replayq.replay.signals import signal_counts
-from replayq.replay.window import SignalPoint, WindowEvent, events_between, signal_series
-from replayq.rollout import (
-    AttemptComparison,
-    Gate,
-    GateReport,
-    LockDifference,
-    PinRule,
-    RollbackResult,
-    Rollout,
-    Routing,
-    RoutingChange,
-    VerifyReport,
-    VerifyRun,
-    check_contracts,
-    freeze_contracts,
-    start_verify,
-    verify_rollout,
-    verify_run,
-    verify_runs,
-)
 from replayq.storage.protocol import JobMatch
 from replayq.worker import Worker
 
-try:
-    __version__ = _metadata.version("replayq")
-except _metadata.PackageNotFoundError:  # imported from a source tree that was never installed
-    __version__ = "0+unknown"
+# The replay engine, rollouts and the metrics exporters load on first use (PEP 562):
+# an app and its workers need none of them, and every process paid for them at start
+# (issue 13). Each name maps to (module, name there); the imports below are for type checkers.
+_ON_FIRST_USE = {
+    "AttemptComparison": ("replayq.rollout.verify", "AttemptComparison"),
+    "Gate": ("replayq.rollout.gates", "Gate"),
+    "GateReport": ("replayq.rollout.gates", "GateReport"),
+    "LockDifference": ("replayq.rollout.lockfile", "LockDifference"),
+    "PinRule": ("replayq.rollout.routing", "PinRule"),
+    "ReplayReport": ("replayq.replay.engine", "ReplayReport"),
+    "RerunReport": ("replayq.replay.rerun", "RerunReport"),
+    "RollbackResult": ("replayq.rollout.control", "RollbackResult"),
+    "Rollout": ("replayq.rollout.control", "Rollout"),
+    "Routing": ("replayq.rollout.routing", "Routing"),
+    "RoutingChange": ("replayq.rollout.control", "RoutingChange"),
+    "SignalPoint": ("replayq.replay.window", "SignalPoint"),
+    "VerifyReport": ("replayq.rollout.verify", "VerifyReport"),
+    "VerifyRun": ("replayq.rollout.background", "VerifyRun"),
+    "WindowEvent": ("replayq.replay.window", "WindowEvent"),
+    "WorkerMetrics": ("replayq.observe.metrics", "WorkerMetrics"),
+    "check_contracts": ("replayq.rollout.lockfile", "check"),
+    "compensate": ("replayq.replay.rollback", "compensate"),
+    "diff_traces": ("replayq.replay.diff", "diff_traces"),
+    "dry_run": ("replayq.replay.engine", "dry_run"),
+    "dry_run_many": ("replayq.replay.engine", "dry_run_many"),
+    "events_between": ("replayq.replay.window", "events_between"),
+    "export_case": ("replayq.replay.export", "export_case"),
+    "fleet_registry": ("replayq.observe.fleet", "fleet_registry"),
+    "fork": ("replayq.replay.engine", "fork"),
+    "freeze_contracts": ("replayq.rollout.lockfile", "freeze"),
+    "import_case": ("replayq.replay.export", "import_case"),
+    "plan_rollback": ("replayq.replay.rollback", "plan_rollback"),
+    "render_diff": ("replayq.replay.diff", "render"),
+    "rerun": ("replayq.replay.rerun", "rerun"),
+    "rerun_many": ("replayq.replay.rerun", "rerun_many"),
+    "rollback": ("replayq.replay.rollback", "rollback"),
+    "serve_metrics": ("replayq.observe.metrics", "serve"),
+    "signal_counts": ("replayq.replay.signals", "signal_counts"),
+    "signal_series": ("replayq.replay.window", "signal_series"),
+    "start_verify": ("replayq.rollout.background", "start_verify"),
+    "trace_replay": ("replayq.replay.engine", "trace_replay"),
+    "uncommitted_writes": ("replayq.replay.diff", "uncommitted_writes"),
+    "verify_rollout": ("replayq.rollout.verify", "verify_rollout"),
+    "verify_run": ("replayq.rollout.background", "verify_run"),
+    "verify_runs": ("replayq.rollout.background", "verify_runs"),
+}
+
+if _typing.TYPE_CHECKING:
+    from replayq.observe.fleet import fleet_registry
+    from replayq.observe.metrics import WorkerMetrics
+    from replayq.observe.metrics import serve as serve_metrics
+    from replayq.replay.diff import diff_traces, uncommitted_writes
+    from replayq.replay.diff import render as render_diff
+    from replayq.replay.engine import ReplayReport, dry_run, dry_run_many, fork, trace_replay
+    from replayq.replay.export import export_case, import_case
+    from replayq.replay.rerun import RerunReport, rerun, rerun_many
+    from replayq.replay.rollback import compensate, plan_rollback, rollback
+    from replayq.replay.signals import signal_counts
+    from replayq.replay.window import SignalPoint, WindowEvent, events_between, signal_series
+    from replayq.rollout.background import VerifyRun, start_verify, verify_run, verify_runs
+    from replayq.rollout.control import RollbackResult, Rollout, RoutingChange
+    from replayq.rollout.gates import Gate, GateReport
+    from replayq.rollout.lockfile import LockDifference
+    from replayq.rollout.lockfile import check as check_contracts
+    from replayq.rollout.lockfile import freeze as freeze_contracts
+    from replayq.rollout.routing import PinRule, Routing
+    from replayq.rollout.verify import AttemptComparison, VerifyReport, verify_rollout
+
+    __version__: str
+
+
+def __getattr__(name: str) -> _typing.Any:
+    """A name of ``_ON_FIRST_USE`` or ``__version__``, imported now and kept."""
+    if name == "__version__":
+        value: _typing.Any = _installed_version()
+    elif name in _ON_FIRST_USE:
+        module, attribute = _ON_FIRST_USE[name]
+        value = getattr(_importlib.import_module(module), attribute)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_ON_FIRST_USE, "__version__"})
+
+
+def _installed_version() -> str:
+    # Imported here: importlib.metadata (email, zipfile, csv) is --version's alone.
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("replayq")
+    except importlib.metadata.PackageNotFoundError:  # a source tree that was never installed
+        return "0+unknown"
+
 
 __all__ = [
     "App",

@@ -7,7 +7,7 @@ import inspect
 import os
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from replayq.clock import Clock, HybridLogicalClock, SystemClock
 from replayq.durations import Duration
@@ -32,7 +32,7 @@ from replayq.queue.scheduler import ScheduleStatus, schedule_statuses
 from replayq.recording.effects_facade import EffectsFacade
 from replayq.recording.state import StateStore
 from replayq.redaction import Redaction, Redactor
-from replayq.rollout import Rollout, verify_handler
+from replayq.rollout.background import verify_handler
 from replayq.runtime import DEFAULT_BLOB_LIMIT_BYTES, Limits, Runtime
 from replayq.storage import open_storage
 from replayq.storage.adopted import AsyncConnectionView, run_bridged
@@ -46,6 +46,9 @@ from replayq.storage.protocol import (
 )
 from replayq.storage.reports import JobDurations
 from replayq.storage.retention_params import JobHours, KeepPin, KeptJobs
+
+if TYPE_CHECKING:
+    from replayq.rollout.control import Rollout
 
 __all__ = ["App", "EnqueueRequest"]
 
@@ -506,4 +509,7 @@ class App(JobsFacade, EffectsFacade):
 
     def rollout(self, job_type: str, *, actor: str | None = None) -> Rollout:
         """The routing of ``job_type``: read it, and change it (each change recorded)."""
+        # Imported here: a worker never changes routing, and the gates came with it.
+        from replayq.rollout.control import Rollout
+
         return Rollout(self, job_type, actor=actor)

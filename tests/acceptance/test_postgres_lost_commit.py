@@ -6,7 +6,7 @@ it forwards the COMMIT of the one transaction that carries given bytes, drops th
 server's reply (``CommandComplete COMMIT``: it did commit) and closes the connection.
 The worker sees only a dead connection (``DatabaseUnavailableError``) and retries:
 
-* an ack (``job_complete`` in the worker's group commit): the retried compare-and-set
+* an ack (``jobs_complete`` in the worker's group commit): the retried compare-and-set
   finds the job no longer running under its token; the worker finds its own
   ``job.succeeded`` (its worker id, token and attempt) and counts the job succeeded,
   without a ``job.write_rejected``;
@@ -100,8 +100,9 @@ def test_an_ack_whose_commit_reply_was_lost_is_recognised_as_landed(
     for n in range(JOBS):
         queue.enqueue("deliver", {"n": n, "sink": str(sink)})
     target = JOBS - 1  # the last: its group commit leases no further job to lose with it
-    # The result is a parameter of job_complete, sent even once the statement is prepared.
-    proxy.arm_commit_cut(b'{"n":%d,"quote":%d}' % (target, 2 * target))
+    # The result is a parameter of jobs_complete, sent even once the statement is prepared:
+    # an element of a text array, its quotes escaped.
+    proxy.arm_commit_cut(b'{\\"n\\":%d,\\"quote\\":%d}' % (target, 2 * target))
     launcher = WorkerLauncher(proxy.url(pg_schema_url), tmp_path)
     worker = launcher.start("w1", app="tests.apps.storage_faults:app")
     try:

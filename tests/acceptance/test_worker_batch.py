@@ -287,7 +287,8 @@ class _SlowExecutorLease(replayq.Worker):
 def test_a_burst_run_that_returned_leases_nothing_more(tmp_path: Path) -> None:
     """An executor that freed its slot as the dispatcher decided to end used to lease
     afterwards, from a run that had returned: it held the job enqueued next (put behind
-    its stop, never run) until that job's lease ran out. The job must stay queued."""
+    its stop, never run) until that job's lease ran out. The job must stay queued, and
+    the run must return with its threads ended."""
     app = replayq.App(f"sqlite:///{tmp_path / 'burst.db'}", auto_migrate=True)
     no_jitter = replayq.Retry(max_attempts=5, base="60s", cap="60s", jitter="none")
 
@@ -299,6 +300,9 @@ def test_a_burst_run_that_returned_leases_nothing_more(tmp_path: Path) -> None:
         app.enqueue("unavailable", {"n": 1})
         stats = _SlowExecutorLease(app, burst=True, poll_interval=0.05).run()
         assert stats.leased == stats.retried == 1
+        # The run returned with its threads gone: none of them is left to lease.
+        left = [t.name for t in threading.enumerate() if t.name.startswith("replayq-")]
+        assert left == [], f"threads of a returned run: {left}"
         after = app.enqueue("unavailable", {"n": 2})
         time.sleep(0.6)  # the paused executor's lease has run by now
         job = app.get_job(after)

@@ -82,7 +82,8 @@ LIVE_ID = HISTORY - LIVE_QUEUED  # a running job
 LEASE = {"job_id": LIVE_ID, "owner_token": f"token-{LIVE_ID}"}
 
 # The queries a worker runs, with parameters; each must use an index. SQLite leases in two
-# steps (candidates, then one row), PostgreSQL in one statement (job_lease_batch).
+# steps (candidates, then one statement for them all), PostgreSQL in one (job_lease_batch).
+# ``rows_of``: (columns, rows) of a statement's many rows, passed as the backend does.
 WORKER_QUERIES: dict[str, dict[str, Any]] = {
     "job_lease_candidates": {"now": NOW, "queues": None, "job_types": None, "limit": 10},
     "job_lease_one": {
@@ -94,6 +95,13 @@ WORKER_QUERIES: dict[str, dict[str, Any]] = {
         "hlc": 1,
         "lease_seconds": 30.0,
         "handler_version": "v1",
+    },
+    "job_lease_many": {
+        "lease_now": NOW,
+        "owner_token": "t",
+        "worker_id": WORKER,
+        "hlc": 1,
+        "rows_of": (("job_ids", "lease_seconds", "versions"), [(HISTORY, 30.0, "v1")]),
     },
     "job_lease_batch": {
         "lease_now": NOW,
@@ -109,9 +117,15 @@ WORKER_QUERIES: dict[str, dict[str, Any]] = {
         "default_lease_seconds": 30.0,
     },
     "lease_check": LEASE,
-    "leases_extend": {"lease_now": NOW, "lease_rows": [{**LEASE, "lease_seconds": 30.0}]},
+    "leases_extend": {
+        "lease_now": NOW,
+        "rows_of": (("job_ids", "owner_tokens", "lease_seconds"), [(*LEASE.values(), 30.0)]),
+    },
     "job_cancel_requested": {"worker_id": WORKER},
-    "job_complete": {**LEASE, "now": NOW, "result_json": None, "hlc": 1},
+    "jobs_complete": {
+        "now": NOW,
+        "rows_of": (("job_ids", "owner_tokens", "results", "hlcs"), [(*LEASE.values(), None, 1)]),
+    },
     "job_retry": {
         **LEASE,
         "now": NOW,
@@ -243,11 +257,8 @@ def plan_of(app: replayq.App, name: str, params: dict[str, Any]) -> str:
             k: tx.list_param(v) if k in ("states", "queues", "job_ids", "ids") else v
             for k, v in params.items()
         }
-        if "lease_rows" in params:
-            rows = params.pop("lease_rows")
-            params.update(
-                tx.lease_rows([(d["job_id"], d["owner_token"], d["lease_seconds"]) for d in rows])
-            )
+        if "rows_of" in params:
+            params.update(tx.rows_param(*params.pop("rows_of")))
         if storage.dialect == "sqlite":
             rows = conn.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall()
             return "\n".join(str(row[-1]) for row in rows)

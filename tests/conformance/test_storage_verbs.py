@@ -59,7 +59,6 @@ from replayq.storage.protocol import (
     JobCancel,
     JobCancelRequest,
     JobCancelRunning,
-    JobComplete,
     JobFilter,
     JobInsert,
     JobLease,
@@ -68,6 +67,7 @@ from replayq.storage.protocol import (
     JobReroute,
     JobRetry,
     JobRoute,
+    JobsComplete,
     LeaseRelease,
     LeasesExtend,
     LineagePut,
@@ -159,11 +159,40 @@ def test_enqueue_lease_complete_round_trip(storage: Storage) -> None:
     assert job.payload == {"a": [1, "é"]} and job.handler_version == "v7"
     assert job.lease_deadline == pytest.approx(T0 + 31)
     with storage.transaction() as tx:
-        assert not tx.job_transition(JobComplete(job_id, "someone else", T0 + 2, "1", 3))
-        assert tx.job_transition(JobComplete(job_id, "tok", T0 + 2, '{"ok":true}', 3))
+        assert tx.jobs_complete(JobsComplete(T0 + 2, [(job_id, "someone else", "1", 3)])) == set()
+        assert tx.jobs_complete(JobsComplete(T0 + 2, [(job_id, "tok", '{"ok":true}', 3)])) == {
+            job_id
+        }
     with storage.transaction(readonly=True) as tx:
         done = tx.job_get(job_id)
     assert done is not None and done.state is JobState.SUCCEEDED and done.result == {"ok": True}
+
+
+def test_a_group_of_acks_completes_exactly_the_jobs_its_tokens_still_hold(
+    storage: Storage,
+) -> None:
+    """One statement for a group commit's acks: each row is its own compare-and-set, and
+    every job it completes carries its own result and hlc and the group's exact time."""
+    with storage.transaction() as tx:
+        ids = [tx.job_insert(insert(message_id=f"m{n}"))[0] for n in range(4)]
+        leased = tx.job_lease(lease(limit=3))
+    assert [j.id for j in leased] == ids[:3]  # the fourth stays queued
+    finished = T0 + 2.123456789012345  # a time SQLite's JSON would not give back exactly
+    acks = [
+        (ids[0], "tok", '{"n":0}', 11),
+        (ids[1], "someone else", '{"n":1}', 12),  # the lease went to another worker
+        (ids[2], "tok", None, 13),
+        (ids[3], "tok", '{"n":3}', 14),  # never leased
+    ]
+    with storage.transaction() as tx:
+        assert tx.jobs_complete(JobsComplete(finished, acks)) == {ids[0], ids[2]}
+        jobs = [tx.job_get(job_id) for job_id in ids]
+    assert all(job is not None for job in jobs)
+    done = [(j.state, j.result, j.hlc, j.finished_at, j.owner_token) for j in jobs if j]
+    assert done[0] == (JobState.SUCCEEDED, {"n": 0}, 11, finished, None)
+    assert done[2] == (JobState.SUCCEEDED, None, 13, finished, None)
+    assert [d[0] for d in (done[1], done[3])] == [JobState.RUNNING, JobState.QUEUED]
+    assert done[1][4] == "tok"
 
 
 def test_retry_then_bury_are_compare_and_set_on_the_owner_token(storage: Storage) -> None:
@@ -190,7 +219,7 @@ def test_expired_lease_is_reaped_and_redelivered_once(storage: Storage) -> None:
         assert expired.owner_token == "tok"
         assert tx.job_transition(JobRedeliver(job_id, "tok", T0 + 7, 5))
         assert not tx.job_transition(JobRedeliver(job_id, "tok", T0 + 7, 5))
-        assert not tx.job_transition(JobComplete(job_id, "tok", T0 + 8, None, 6))
+        assert tx.jobs_complete(JobsComplete(T0 + 8, [(job_id, "tok", None, 6)])) == set()
         requeued = tx.job_get(job_id)
     assert requeued is not None and requeued.state is JobState.QUEUED
     assert requeued.redelivery_count == 1

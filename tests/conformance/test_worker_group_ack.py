@@ -115,3 +115,33 @@ def test_a_buffered_ack_commits_within_its_window_while_the_executor_runs_a_long
         release.set()
         worker.stop()
         runner.join(30)
+
+
+def test_the_jobs_of_a_group_commit_each_keep_their_trace_and_resource_timeline(
+    app_factory: AppFactory,
+) -> None:
+    """A group's acks are one compare-and-set statement and their packs one insert: each
+    job still reads back its own events in order, each resource only its own job's write,
+    and each job its own result."""
+    app = app_factory()
+
+    @app.job("credit")
+    def credit(ctx: replayq.Context, n: int) -> int:
+        ctx.state.put("acct", str(n), {"balance": n})  # outside a step: commits with the ack
+        return n * 10
+
+    ids = {app.enqueue("credit", {"n": n}): n for n in range(JOBS)}
+    worker = replayq.Worker(app, burst=True, prefetch=7, prefetch_window=float("inf"))
+    assert worker.run().succeeded == JOBS
+    finished = set()
+    for job_id, n in ids.items():
+        job = app.get_job(job_id)
+        assert (job.state, job.result) == (replayq.JobState.SUCCEEDED, n * 10)
+        finished.add(job.finished_at)
+        names = [e.name for e in app.trace(job_id)]
+        assert names[0] == "job.enqueued" and names[-1] == "job.succeeded", names
+        assert names.index("job.leased") < names.index("state.write") < len(names) - 1
+        timeline = app.resource_trace(f"acct:{n}")
+        assert {e.job_id for e in timeline} == {job_id}, timeline
+        assert [e.data["delta"] for e in timeline] == [{"replace": {"balance": n}}]
+    assert len(finished) < JOBS  # acked in groups, each group at one time

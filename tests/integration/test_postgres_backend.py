@@ -24,10 +24,7 @@ from replayq.errors import ConfigurationError, DatabaseUnavailableError, Storage
 from replayq.model import JobState
 from replayq.storage import open_storage
 from replayq.storage.postgres import PostgresStorage, parse_postgres_url
-from replayq.storage.protocol import (
-    JobComplete,
-    JobFilter,
-)
+from replayq.storage.protocol import JobFilter, JobsComplete
 from replayq.worker import Worker
 from tests.conformance.test_storage_verbs import insert, lease
 
@@ -176,7 +173,7 @@ def test_a_late_committed_older_job_does_not_run_beside_the_running_one(
         late.commit()
         with storage.transaction() as tx:
             assert tx.job_lease(lease(owner="other")) == []
-            assert tx.job_transition(JobComplete(newer_id, "tok", 1_700_000_002.0, None, 3))
+            assert tx.jobs_complete(JobsComplete(1_700_000_002.0, [(newer_id, "tok", None, 3)]))
             [next_job] = tx.job_lease(lease(owner="other"))
         assert next_job.id == late_id
     finally:

@@ -8,7 +8,6 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-from rich.progress import Progress
 
 import replayq
 from replayq.cli import render
@@ -115,6 +114,8 @@ def run_bulk(
         return
     if not reason or not reason.strip():
         raise click.UsageError(f"a bulk {action} needs --reason; it goes into each job's trace")
+    from rich.progress import Progress
+
     with Progress(disable=as_json) as bar:
         task = bar.add_task(action, total=len(job_ids))
         result = app.bulk(
@@ -153,6 +154,8 @@ def bulk_dry_run(
     def could_not(job_id: int, exc: replayq.ReplayqError) -> None:
         outcomes["could not replay"] += 1
         diverged.append({"job_id": job_id, "divergence": f"could not replay: {exc}"})
+
+    from rich.progress import Progress
 
     with Progress(disable=as_json) as bar:
         task = bar.add_task("dry-run", total=found.matched)

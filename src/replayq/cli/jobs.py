@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 import click
-from rich.progress import Progress
 
 import replayq
 from replayq.cli import bulk, render
@@ -389,6 +388,8 @@ def dead_requeue(
         job.id
         for job in app.list_jobs(states=["dead"], job_type=job_type, version=version, limit=100_000)
     ]
+    from rich.progress import Progress
+
     # A bar when a selection is requeued (--type); job ids given one by one need none.
     with Progress(disable=bool(job_ids)) as bar:
         task = bar.add_task("requeue", total=len(ids))

@@ -6,6 +6,10 @@ signals; its bulk actions in ``bulk``), ``schedules``, ``events``, ``trace``,
 locks, outbox, state, demo) and ``rollout``. Each imports only the public
 ``replayq`` package; a new command goes in its group's module and is registered here.
 
+Every command, ``worker`` first, pays at start for what these modules import, so a
+command imports what only it needs (``rich``'s bars, the web server, the demo) in
+its own body, and ``replayq``'s replay and rollout names load on first use.
+
 Exit codes (docs/reliability.md), one table for every command:
 
 ====  ==========================================================================
@@ -31,7 +35,8 @@ from typing import Any, NoReturn
 
 import click
 
-from replayq import DatabaseUnavailableError, ReplayqError, __version__
+import replayq
+from replayq import DatabaseUnavailableError, ReplayqError
 from replayq.cli import (
     admin,
     effects,
@@ -94,8 +99,23 @@ class Cli(click.Group):
             )
 
 
+def _show_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    # Not click.version_option(replayq.__version__): importing importlib.metadata (email,
+    # zipfile, csv under it) cost every command's start, and only --version needs it.
+    if value and not ctx.resilient_parsing:
+        click.echo(f"replayq, version {replayq.__version__}")
+        ctx.exit()
+
+
 @click.group(cls=Cli)
-@click.version_option(__version__, prog_name="replayq")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_show_version,
+    help="Show the version and exit.",
+)
 @click.option(
     "--db",
     envvar="REPLAYQ_DB",

@@ -6,7 +6,8 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from replayq import HybridLogicalClock, Job, StatRow, TraceEvent, uncommitted_writes
+import replayq
+from replayq import HybridLogicalClock, Job, StatRow, TraceEvent
 
 _SKIP_DATA = {"traceback", "read"}
 
@@ -66,7 +67,7 @@ def timeline(events: Sequence[TraceEvent], *, show_job: bool = False) -> str:
     """Events one per line; a state write that never committed is marked with why."""
     if not events:
         return "(no events)"
-    dropped = uncommitted_writes(list(events))
+    dropped = replayq.uncommitted_writes(list(events))
     lines = []
     first = HybridLogicalClock.physical_ms(events[0].hlc)
     for event in events:

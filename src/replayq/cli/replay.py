@@ -7,7 +7,6 @@ import sys
 from typing import Any
 
 import click
-from rich.progress import Progress
 
 import replayq
 from replayq.cli import render
@@ -214,6 +213,8 @@ def rerun(
     else:
         raise click.UsageError("give a JOB_ID, or --type and --state for a bulk rerun")
     per_second = float(rate.removesuffix("/s")) if rate else None
+    from rich.progress import Progress
+
     # A bar for a bulk rerun (it can run for minutes under --rate); never on --json.
     with Progress(disable=as_json or job_id is not None) as bar:
         task = bar.add_task("rerun", total=len(ids))

@@ -6,7 +6,6 @@ import dataclasses
 import sys
 
 import click
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from replayq.cli.env import Env, emit_json, pass_env
 
@@ -46,6 +45,8 @@ def gc(
     younger replay, fork or rerun was derived from, never one a live fork or rerun holds.
     Then the derived traces past their days, then the blobs nothing references.
     """
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     app = env.app(app_spec)
     show = not as_json and sys.stderr.isatty()
     with Progress(

@@ -20,6 +20,10 @@ policy. A slot is *on time* while it is the newest due slot and younger than
 
 Limits: cron slots are whole seconds (a sixth field gives seconds); ``now`` is
 the app's ``Clock``, so slots follow that clock, not the database's.
+
+``croniter`` (and ``dateutil`` under it) is imported by ``cron_slots`` and the
+validation, not by the module: every app and worker imports this one, most declare
+no schedule.
 """
 
 from __future__ import annotations
@@ -31,12 +35,17 @@ from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
-
 from replayq.durations import Duration, parse_duration
 from replayq.errors import ConfigurationError
 
-__all__ = ["MissedSlots", "Schedule", "SlotDecision", "decide_slots", "slot_message_id"]
+__all__ = [
+    "MissedSlots",
+    "Schedule",
+    "SlotDecision",
+    "cron_slots",
+    "decide_slots",
+    "slot_message_id",
+]
 
 DEFAULT_GRACE_SECONDS = 60.0
 DEFAULT_CATCH_UP = 100
@@ -48,6 +57,13 @@ class MissedSlots(enum.StrEnum):
     SKIP = "skip"
     RUN_ONCE = "run_once"
     RUN_ALL = "run_all"
+
+
+def cron_slots(cron: str, timezone: str, at: float) -> Any:
+    """A ``croniter`` over ``cron``'s slots in ``timezone``, starting at ``at``."""
+    from croniter import croniter
+
+    return croniter(cron, datetime.fromtimestamp(at, ZoneInfo(timezone)))
 
 
 @dataclass(frozen=True)
@@ -66,6 +82,8 @@ class Schedule:
     priority: int = 0
 
     def __post_init__(self) -> None:
+        from croniter import croniter
+
         if not croniter.is_valid(self.cron):
             raise ConfigurationError(f"schedule {self.name!r}: {self.cron!r} is not a cron line")
         try:
@@ -79,17 +97,14 @@ class Schedule:
         if self.grace_seconds <= 0:
             raise ConfigurationError(f"schedule {self.name!r}: grace must be positive")
 
-    def _iter(self, at: float) -> Any:
-        return croniter(self.cron, datetime.fromtimestamp(at, ZoneInfo(self.timezone)))
-
     def next_slot(self, after: float) -> float:
         """The first slot strictly after ``after``."""
-        return float(self._iter(after).get_next(float))
+        return float(cron_slots(self.cron, self.timezone, after).get_next(float))
 
     def slots_back(self, now: float, above: float, limit: int) -> list[float]:
         """Up to ``limit`` slots in ``(above, now]``, newest first."""
         # Slots are whole seconds: start just past ``now`` so a slot at ``now`` counts.
-        it = self._iter(now + 0.001)
+        it = cron_slots(self.cron, self.timezone, now + 0.001)
         found: list[float] = []
         while len(found) < limit:
             slot = float(it.get_prev(float))

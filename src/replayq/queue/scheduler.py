@@ -10,14 +10,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
-from zoneinfo import ZoneInfo
-
-from croniter import croniter
 
 from replayq.errors import ConfigurationError, UnknownJobTypeError
 from replayq.queue.enqueue import EnqueueRequest, insert_job
-from replayq.queue.schedule import Schedule, decide_slots, slot_message_id
+from replayq.queue.schedule import Schedule, cron_slots, decide_slots, slot_message_id
 from replayq.runtime import Runtime
 from replayq.storage.protocol import ScheduleAdvance, ScheduleMade, ScheduleRegister
 
@@ -143,8 +139,7 @@ def schedule_statuses(runtime: Runtime, declared: Sequence[Schedule]) -> list[Sc
     now = runtime.clock.now()
 
     def next_slot(cron: str, timezone: str) -> float:
-        moment = datetime.fromtimestamp(now, ZoneInfo(timezone))
-        return float(croniter(cron, moment).get_next(float))
+        return float(cron_slots(cron, timezone, now).get_next(float))
 
     statuses = [
         ScheduleStatus(

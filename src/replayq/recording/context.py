@@ -24,7 +24,6 @@ for the replay engine. The context never asks which world it is in.
 
 from __future__ import annotations
 
-import asyncio
 import random as _random
 import uuid as _uuid
 from collections.abc import Callable, Coroutine
@@ -214,6 +213,8 @@ class Context(Recorder):
                 return result
             if run_coroutine is not None:
                 return run_coroutine(result)
+            import asyncio  # late, as worker/event_loop.py says why
+
             loop = asyncio.new_event_loop()
             try:
                 return loop.run_until_complete(result)

@@ -22,7 +22,6 @@ lag (published_at - created_at) is recorded as an ``outbox.published`` event.
 from __future__ import annotations
 
 import json
-import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
@@ -130,6 +129,10 @@ class WebhookSink(Sink):
         self._timeout = timeout
 
     def deliver(self, tx: Transaction, row: OutboxRecord) -> None:
+        # Imported here: urllib.request (http.client, email, ssl) is a webhook's alone,
+        # and every worker imports this module.
+        import urllib.request
+
         body = json.dumps(
             {
                 "event_id": row.event_id,

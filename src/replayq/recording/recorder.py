@@ -333,16 +333,26 @@ class Recorder:
         self._pending.blobs.append(write)
 
     def flush(
-        self, tx: Transaction, *, failed: bool = False, fence: TraceFence | None = None
+        self,
+        tx: Transaction,
+        *,
+        failed: bool = False,
+        fence: TraceFence | None = None,
+        events_to: list[TraceEvent] | None = None,
     ) -> bool:
         """Write what is pending into ``tx``: events and their blobs always; writes unless
         the attempt failed. With ``fence``, ``False`` (the events not appended) when the
-        lease is gone: the caller must then roll ``tx`` back."""
+        lease is gone: the caller must then roll ``tx`` back. With ``events_to`` the
+        events are added to that list instead: the caller appends them with others (a
+        group commit's, in one ``trace_append``)."""
         for blob in self._pending.blobs:
             blob(tx)
         if not failed:
             for write in self._pending.writes:
                 write(tx)
+        if events_to is not None:
+            events_to.extend(self._pending.events)
+            return True
         return tx.trace_append(self._pending.events, fence)
 
     def pending_write_calls(self) -> list[Callable[[Transaction], None]]:

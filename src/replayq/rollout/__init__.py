@@ -16,49 +16,8 @@ The part, by module::
 
 Above the replay engine (verification and shadow runs are dry-runs), below the
 worker, which reads routing at lease time.
+
+The package re-exports nothing, as its siblings: a worker imports ``router`` and
+``shadow`` and should not pay for ``control``, ``gates`` and ``lockfile`` too. The
+public names are ``replayq``'s (``replayq.Rollout``, ``replayq.verify_rollout``, …).
 """
-
-from replayq.rollout.background import (
-    VERIFY_JOB_TYPE,
-    VerifyRun,
-    start_verify,
-    verify_handler,
-    verify_run,
-    verify_runs,
-)
-from replayq.rollout.control import RollbackResult, Rollout, RoutingChange
-from replayq.rollout.gates import Gate, GateReport
-from replayq.rollout.lockfile import LOCK_FILE, LockDifference
-from replayq.rollout.lockfile import check as check_contracts
-from replayq.rollout.lockfile import freeze as freeze_contracts
-from replayq.rollout.routing import PinRule, Routing
-from replayq.rollout.verify import (
-    DIFFERENCE_CLASSES,
-    AttemptComparison,
-    VerifyReport,
-    verify_rollout,
-)
-
-__all__ = [
-    "DIFFERENCE_CLASSES",
-    "LOCK_FILE",
-    "VERIFY_JOB_TYPE",
-    "AttemptComparison",
-    "Gate",
-    "GateReport",
-    "LockDifference",
-    "PinRule",
-    "RollbackResult",
-    "Rollout",
-    "Routing",
-    "RoutingChange",
-    "VerifyReport",
-    "VerifyRun",
-    "check_contracts",
-    "freeze_contracts",
-    "start_verify",
-    "verify_handler",
-    "verify_rollout",
-    "verify_run",
-    "verify_runs",
-]

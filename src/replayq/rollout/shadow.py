@@ -4,13 +4,15 @@ The candidate runs with every outside answer the authoritative attempt recorded
 (its calls, reads and effects), inside the seal, so it makes no real effect and
 reaches nothing; its differences are classed as ``rollout verify`` classes them
 and stored in ``rq_rollout_comparisons`` for ``rollout status``.
+
+Every worker imports this module; the replay engine loads at the first comparison
+(``rollout.verify`` says why).
 """
 
 from __future__ import annotations
 
 from replayq import codec
 from replayq.model import Job
-from replayq.replay.engine import dry_run
 from replayq.rollout.verify import classify
 from replayq.runtime import Runtime
 from replayq.storage.protocol import ComparisonPut, TraceQuery
@@ -18,6 +20,8 @@ from replayq.storage.protocol import ComparisonPut, TraceQuery
 
 def compare_attempt(runtime: Runtime, job: Job, version: str, *, mode: str) -> list[str]:
     """Run ``version`` over ``job``'s attempt (as recorded) and store the comparison."""
+    from replayq.replay.engine import dry_run
+
     report = dry_run(runtime, job.id, attempt=job.attempt, version=version)
     with runtime.storage.transaction(readonly=True) as tx:
         recorded = [

@@ -19,6 +19,10 @@ cache_keys         cache keys written
 cache_shape        a value of another shape written under the same cache key
 unrecorded_io      handler I/O that bypassed ``ctx`` (refused)
 =================  ===========================================================
+
+The replay engine is imported by the functions that replay, not by the module: every
+worker imports this one (the ``replayq.verify`` handler, shadow runs) and most never
+verify, while the engine was the largest part of a worker's start.
 """
 
 from __future__ import annotations
@@ -27,14 +31,15 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from replayq import codec
 from replayq.model import TraceEvent
-from replayq.replay.engine import ReplayReport, dry_run, dry_run_many
-from replayq.replay.recorded import attempts_with_events
 from replayq.runtime import RuntimeSource
 from replayq.storage.protocol import JobFilter, TraceQuery
+
+if TYPE_CHECKING:
+    from replayq.replay.engine import ReplayReport
 
 DIFFERENCE_CLASSES = (
     "outcome",
@@ -177,6 +182,8 @@ def recorded_attempts(
     states: Sequence[str] | None = None,
 ) -> list[RecordedAttempt]:
     """Recorded attempts that ran ``from_version``, newest jobs first."""
+    from replayq.replay.recorded import attempts_with_events
+
     runtime = source.runtime
     found: list[RecordedAttempt] = []
     with runtime.storage.transaction(readonly=True) as tx:
@@ -271,6 +278,8 @@ def _replay_batch(
     attempt (a failure that was retried), or one that stopped being the last since it
     was selected, is dry-run on its own.
     """
+    from replayq.replay.engine import dry_run, dry_run_many
+
     last = [job_id for job_id, _, is_last in batch if is_last]
     bulk = dry_run_many(source, last, version=to_version, keep=False) if last else []
     by_job = {report.job_id: report for report in bulk}

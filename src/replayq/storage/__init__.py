@@ -30,9 +30,10 @@ and has one ``@overload`` per kind, so each answer keeps its own type::
 
     jobs      job_insert job_enqueue (rows with their first trace packs) job_get
               job_lease lease_check lease_extend(LeasesExtend: every lease held, one
-                  statement -> the ids still held) job_match
+                  statement -> the ids still held) jobs_complete(JobsComplete: a group
+                  commit's successes, one statement -> the ids still held) job_match
               job_list(JobFilter | CancelRequested | LeasesExpired)
-              job_transition(JobComplete | JobRetry | JobBury | JobCancel |
+              job_transition(JobRetry | JobBury | JobCancel |
                   JobCancelRequest | JobCancelRunning | JobReleaseRunning | JobRequeue |
                   LeaseRelease | JobRedeliver | JobRoute | JobSetRecorded)  one CAS on one
                   job row -> bool;

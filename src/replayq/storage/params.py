@@ -75,12 +75,12 @@ class LeasesExtend:
 
 
 @dataclass(frozen=True, slots=True)
-class JobComplete:
-    job_id: int
-    owner_token: str
+class JobsComplete:
+    """Successes acked together (``jobs_complete``): each ``(job id, owner token, result
+    JSON, hlc)`` row succeeds while its owner token holds the job; all finish at ``now``."""
+
     now: float
-    result_json: str | None
-    hlc: int
+    jobs: Sequence[tuple[int, str, str | None, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,8 +295,7 @@ class JobSetRecorded:
 
 
 JobChange = (
-    JobComplete
-    | JobRetry
+    JobRetry
     | JobBury
     | JobCancel
     | JobCancelRequest

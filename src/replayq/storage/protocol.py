@@ -61,7 +61,6 @@ from replayq.storage.params import (
     JobCancelRequest,
     JobCancelRunning,
     JobChange,
-    JobComplete,
     JobFilter,
     JobInsert,
     JobLease,
@@ -73,6 +72,7 @@ from replayq.storage.params import (
     JobReroute,
     JobRetry,
     JobRoute,
+    JobsComplete,
     JobSetRecorded,
     JobTrace,
     LeaseRelease,
@@ -173,7 +173,6 @@ __all__ = [
     "JobCancelRequest",
     "JobCancelRunning",
     "JobChange",
-    "JobComplete",
     "JobFilter",
     "JobGauge",
     "JobHour",
@@ -188,6 +187,7 @@ __all__ = [
     "JobRoute",
     "JobSetRecorded",
     "JobTrace",
+    "JobsComplete",
     "KeepRecord",
     "LeaseRelease",
     "LeasesExtend",
@@ -269,6 +269,11 @@ class Transaction(Protocol):
     def lease_extend(self, params: LeasesExtend) -> set[int]:
         """Extend every lease of ``params`` in one statement; the ids of those still held
         (each row a compare-and-set on its own owner token)."""
+        ...
+
+    def jobs_complete(self, params: JobsComplete) -> set[int]:
+        """Mark succeeded, in one statement, each running job whose owner token still holds
+        it (a compare-and-set per row); the ids of those it marked."""
         ...
 
     @overload

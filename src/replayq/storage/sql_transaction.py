@@ -28,7 +28,6 @@ from replayq.storage.params import (
     JobCancelRequest,
     JobCancelRunning,
     JobChange,
-    JobComplete,
     JobInsert,
     JobLease,
     JobMatch,
@@ -39,6 +38,7 @@ from replayq.storage.params import (
     JobReroute,
     JobRetry,
     JobRoute,
+    JobsComplete,
     JobSetRecorded,
     JobTrace,
     LeaseRelease,
@@ -122,13 +122,12 @@ _EVENT_COLUMNS = (
 OpenPack = tuple[int, list[TraceEvent], "packs.PackWriter | None"]
 
 # The columns of an ``rq_trace`` row (``packs.pack_row``) as ``trace_append_rows`` takes them.
-_PACK_COLUMNS = ("trace_id", "job_id", "attempt", "worker_id", "hlc", "hlc_last", "ts", "events")
+PACK_COLUMNS = ("trace_id", "job_id", "attempt", "worker_id", "hlc", "hlc_last", "ts", "events")
 # Bound parameters per statement where the driver cannot say (SQLite's historical default).
 _DEFAULT_VARIABLE_LIMIT = 999
 
 # The named query of each compare-and-set on a job row (``JobBury`` picks one of two).
 _JOB_QUERIES: dict[type[Any], str] = {
-    JobComplete: "job_complete",
     JobRetry: "job_retry",
     JobCancel: "job_cancel",
     JobCancelRequest: "job_cancel_request",
@@ -204,9 +203,10 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
         """How a list parameter is passed (SQLite: JSON text for ``json_each``)."""
         return None if values is None else codec.dumps(list(values))
 
-    def lease_rows(self, leases: Sequence[tuple[int, str, float]]) -> dict[str, Any]:
-        """How (job id, owner token, lease seconds) rows are passed (SQLite: one JSON array)."""
-        return {"leases": codec.dumps([list(row) for row in leases])}
+    def rows_param(self, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> dict[str, Any]:
+        """How a statement's many rows are passed (SQLite: one JSON array ``:rows`` of
+        rows, read with ``json_each``; PostgreSQL: an array per column, for ``unnest``)."""
+        return {"rows": codec.dumps([list(row) for row in rows])}
 
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         return self.connection.execute(self._queries[name], params or {})
@@ -270,24 +270,56 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
         """
         inserted = [self._job_insert_one(p) for p in params]
         written = [
-            with_job_id(event, job_id)
+            [with_job_id(event, job_id)]
             for event, (job_id, created) in zip(events, inserted, strict=True)
             if created
         ]
         if written:
-            self._packs_inserted(written)
+            self._index(self._packs_inserted(written))
         return inserted
 
-    def _packs_inserted(self, events: Sequence[TraceEvent]) -> None:
-        """One new pack per event (each of another job), in as few statements as the
-        driver's limit on parameters allows: one for any batch of up to ~4,000 jobs."""
-        if len(events) == 1:
-            # One job (``enqueue``): the fixed one-row statement, prepared once.
-            pack_id = self.inserted_id("trace_append", self.pack_row(events))
-            assert events[0].job_id is not None and pack_id is not None
-            self._placed(events, {events[0].job_id: pack_id})
-            return
-        columns = _PACK_COLUMNS
+    def _packs_inserted(self, groups: Sequence[Sequence[TraceEvent]]) -> list[dict[str, Any]]:
+        """A new pack for each group (``packs.groups``), in as few statements as the
+        driver's limit on parameters allows (one for any batch of up to ~4,000) where the
+        backend has a many-row insert; their ``rq_trace_resources`` entries. The last
+        pack is the one later events of its group may join (``_last_pack``)."""
+        if len(groups) > 1:
+            return self._packs_placed(groups, self._pack_rows_inserted(groups))
+        pack_ids = []
+        for group in groups:  # one pack (``enqueue``, a step's commit): one fixed statement
+            pack_id = self.inserted_id("trace_append", self.pack_row(group))
+            assert pack_id is not None
+            pack_ids.append(pack_id)
+        return self._packs_placed(groups, pack_ids)
+
+    def _packs_placed(
+        self, groups: Sequence[Sequence[TraceEvent]], pack_ids: Sequence[int]
+    ) -> list[dict[str, Any]]:
+        """After new packs of ``groups`` (``pack_ids[i]`` for ``groups[i]``, each made by
+        ``pack_row`` in turn): their ``rq_trace_resources`` entries; the last is
+        remembered as the pack later events of its group may join (``_last_pack``)."""
+        entries = []
+        for group, pack_id in zip(groups, pack_ids, strict=True):
+            entries.extend(packs.pack_resources(group, pack_id))
+        # pack_row keeps the writer of the row it made last: the last group's.
+        self._last_pack = (pack_ids[-1], list(groups[-1]), self._writer)
+        return entries
+
+    def _placed(self, events: Sequence[TraceEvent], pack_ids: Mapping[int, int]) -> None:
+        """After new packs of ``events`` (one each, by job id, the last made last): their
+        resources indexed (``_packs_placed``)."""
+        ids = [pack_ids[e.job_id] for e in events if e.job_id is not None]
+        self._index(self._packs_placed([[e] for e in events], ids))
+
+    def _index(self, entries: Sequence[Mapping[str, Any]]) -> None:
+        """``rq_trace_resources`` entries, in one ``executemany``."""
+        if entries:
+            self.executemany("trace_resources_append", entries)
+
+    def _pack_rows_inserted(self, groups: Sequence[Sequence[TraceEvent]]) -> list[int]:
+        """``trace_append_rows`` for ``groups``: their pack ids, in order (SQLite: a
+        multi-row ``VALUES`` per chunk of the driver's parameter limit)."""
+        columns = PACK_COLUMNS
         limit = getattr(self.connection, "getlimit", None)
         most = (
             limit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
@@ -296,31 +328,18 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
         )
         per_statement = max(1, most // len(columns))
         row_sql = "(" + ", ".join("?" * len(columns)) + ")"
-        pack_ids: dict[int, int] = {}
-        for start in range(0, len(events), per_statement):
-            chunk = events[start : start + per_statement]
+        pack_ids: list[int] = []
+        for start in range(0, len(groups), per_statement):
+            chunk = groups[start : start + per_statement]
             values: list[Any] = []
-            for event in chunk:
-                row = self.pack_row([event])
+            for group in chunk:
+                row = self.pack_row(group)
                 values.extend(row[name] for name in columns)
             found = self.execute_rows("trace_append_rows", row_sql, len(chunk), values)
-            for pack_id, job_id in found.fetchall():
-                pack_ids[int(job_id)] = int(pack_id)
-        self._placed(events, pack_ids)
-
-    def _placed(self, events: Sequence[TraceEvent], pack_ids: Mapping[int, int]) -> None:
-        """After new packs of ``events`` (one each, by job id): their resources indexed,
-        and the last one remembered as the pack later events of its group may join."""
-        entries = []
-        for event in events:
-            if event.resource is not None:
-                assert event.job_id is not None
-                entries.extend(packs.pack_resources([event], pack_ids[event.job_id]))
-        if entries:
-            self.executemany("trace_resources_append", entries)
-        last = events[-1]
-        assert last.job_id is not None
-        self._last_pack = (pack_ids[last.job_id], [last], self._writer)
+            # RETURNING has no order; the rows' ids rise in the order they were inserted
+            # (a new rowid is the largest one plus one).
+            pack_ids.extend(sorted(int(row[0]) for row in found.fetchall()))
+        return pack_ids
 
     def _job_insert_one(self, params: JobInsert) -> tuple[int, bool]:
         self.jobs_changed = True
@@ -337,6 +356,8 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
         return row_to_job(row) if row is not None else None
 
     def job_lease(self, params: JobLease) -> list[Job]:
+        """The candidates, then one ``UPDATE`` that claims them all (``job_lease_many``);
+        SQLite's write transaction is ``BEGIN IMMEDIATE``: nobody claims in between."""
         candidates = self.fetchall(
             "job_lease_candidates",
             {
@@ -346,25 +367,27 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
                 "limit": params.limit,
             },
         )
-        leased = []
-        for candidate in candidates:
-            row = self.fetchone(
-                "job_lease_one",
-                {
-                    "job_id": candidate["id"],
-                    "owner_token": params.owner_token,
-                    "worker_id": params.worker_id,
-                    "lease_now": lease_now(params.now, params.database_clock),
-                    "hlc": params.hlc,
-                    "lease_seconds": params.lease_for.get(
-                        candidate["job_type"], params.default_lease_seconds
-                    ),
-                    "handler_version": params.version_for.get(candidate["job_type"]),
-                },
+        if not candidates:
+            return []
+        claims = [
+            (
+                c["id"],
+                float(params.lease_for.get(c["job_type"], params.default_lease_seconds)),
+                params.version_for.get(c["job_type"]),
             )
-            if row is not None:
-                leased.append(row_to_job(row))
-        return leased
+            for c in candidates
+        ]
+        values = {
+            "owner_token": params.owner_token,
+            "worker_id": params.worker_id,
+            "lease_now": lease_now(params.now, params.database_clock),
+            "hlc": params.hlc,
+            **self.rows_param(("job_ids", "lease_seconds", "versions"), claims),
+        }
+        rows = self.fetchall("job_lease_many", values)
+        # RETURNING gives no order: the jobs go out in the order they were chosen.
+        chosen = {c["id"]: i for i, c in enumerate(candidates)}
+        return sorted((row_to_job(row) for row in rows), key=lambda job: chosen[job.id])
 
     def lease_check(self, job_id: int, owner_token: str) -> bool:
         row = self.fetchone("lease_check", {"job_id": job_id, "owner_token": owner_token})
@@ -373,9 +396,21 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
     def lease_extend(self, params: LeasesExtend) -> set[int]:
         if not params.leases:
             return set()
-        values = {"lease_now": lease_now(params.now, params.database_clock)}
-        rows = self.fetchall("leases_extend", {**values, **self.lease_rows(params.leases)})
+        leases = [(job_id, token, float(seconds)) for job_id, token, seconds in params.leases]
+        values = {
+            "lease_now": lease_now(params.now, params.database_clock),
+            **self.rows_param(("job_ids", "owner_tokens", "lease_seconds"), leases),
+        }
+        rows = self.fetchall("leases_extend", values)
         return {int(row["id"]) for row in rows}
+
+    def jobs_complete(self, params: JobsComplete) -> set[int]:
+        self.jobs_changed = True
+        # The time is a scalar: SQLite's JSON reads a float back a bit off.
+        rows = self.rows_param(("job_ids", "owner_tokens", "results", "hlcs"), params.jobs)
+        return {
+            int(row["id"]) for row in self.fetchall("jobs_complete", {"now": params.now, **rows})
+        }
 
     def job_transition(self, change: JobChange | JobReroute) -> Any:
         self.jobs_changed = True
@@ -430,9 +465,13 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
         ``trace_join_fenced``); the check is asked on its own before a JSON pack is
         rewritten, and after an append that changed nothing (the lease, or the pack?);
         ``False``, nothing written, once the lease is gone.
+
+        The packs after the first new one go in together (``_packs_inserted``: one
+        statement on SQLite for a lease batch's or a group commit's packs).
         """
         entries = []
-        for group in packs.groups(events):
+        cut = list(packs.groups(events))
+        for at, group in enumerate(cut):
             last = self._last_pack
             joins = last is not None and packs.same_pack(last[1], group)
             if fence is not None and joins and (last is None or last[2] is None):
@@ -452,21 +491,22 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
                 pack_id, joined, new = extended
                 assert last is not None
                 self._last_pack = (pack_id, joined, last[2])
-            else:
-                if fence is not None:
-                    placed = self._pack_inserted_fenced(group, fence)
-                    if placed is None:
-                        return False
-                    fence = None
-                else:
-                    placed = self._pack_inserted(group)
+            elif fence is not None:
+                placed = self._pack_inserted_fenced(group, fence)
+                if placed is None:
+                    return False
+                fence = None
                 pack_id, joined, new, writer = placed
                 self._last_pack = (pack_id, joined, writer)
+            else:
+                # A new pack: no later group joins it or another (each differs from the
+                # one before it, or that one is full), so they all go in with it.
+                entries.extend(self._packs_inserted(cut[at:]))
+                break
             entries.extend(packs.pack_resources(new, pack_id))
         if fence is not None and not self.lease_check(fence.job_id, fence.owner_token):
             return False  # nothing was inserted to check it with (no events, or all joined)
-        if entries:
-            self.executemany("trace_resources_append", entries)
+        self._index(entries)
         return True
 
     def _pack_extended(
@@ -512,13 +552,6 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
             return None
         named = {e.resource for e in earlier}
         return pack_id, joined, [e for e in group if e.resource not in named]
-
-    def _pack_inserted(
-        self, group: list[TraceEvent]
-    ) -> tuple[int, list[TraceEvent], list[TraceEvent], packs.PackWriter | None]:
-        pack_id = self.inserted_id("trace_append", self.pack_row(group))
-        assert pack_id is not None
-        return pack_id, group, group, self._writer
 
     def _pack_inserted_fenced(
         self, group: list[TraceEvent], fence: TraceFence

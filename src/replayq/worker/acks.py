@@ -36,11 +36,11 @@ from replayq.errors import (
     ReplayqError,
     StorageError,
 )
-from replayq.model import Job
+from replayq.model import Job, TraceEvent
 from replayq.queue import lifecycle as trace
 from replayq.queue.handlers import Handler
 from replayq.recording.context import Context
-from replayq.storage.protocol import JobComplete, Transaction
+from replayq.storage.protocol import JobsComplete, Transaction
 from replayq.storage.reconnect import FIRST_DELAY, MAX_DELAY
 from replayq.worker.core import InFlight
 from replayq.worker.outcome import Outcomes
@@ -104,26 +104,47 @@ class Acking(Outcomes):
             self._acked(ack)
 
     def _ack_in(self, tx: Transaction, ack: Ack) -> None:
-        """The ack of one success inside ``tx``: its writes, its compare-and-set, its event."""
-        job = ack.job
-        now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
-        ack.ctx.flush(tx)
-        assert job.owner_token is not None
-        if not tx.job_transition(JobComplete(job.id, job.owner_token, now, ack.result_json, hlc)):
-            raise LeaseLostError("job.succeeded")
-        self.runtime.hlc.observe(hlc)
-        succeeded = trace.lifecycle(
-            trace.JOB_SUCCEEDED,
-            job,
-            now=now,
-            hlc=hlc,
-            worker_id=self.worker_id,
-            owner_token=job.owner_token,
-            status="succeeded",
-            duration=ack.duration,
-            version=ack.handler.contract.version,
-        )
-        tx.trace_append([succeeded])
+        """The ack of one success inside ``tx`` (``_acks_in`` of one)."""
+        try:
+            self._acks_in(tx, [ack])
+        except _Refused as refused:
+            raise refused.cause from None
+
+    def _acks_in(self, tx: Transaction, acks: Sequence[Ack]) -> None:
+        """The acks of successes inside ``tx``: each one's writes; every ack's events and
+        ``job.succeeded`` in one append (new packs in one statement on SQLite); then one
+        compare-and-set for them all (``jobs_complete``), each row on its own owner
+        token. ``_Refused`` names the first ack refused (its writes, or its lease lost):
+        the caller rolls ``tx`` back."""
+        now = self.runtime.clock.now()
+        events: list[TraceEvent] = []
+        done: list[tuple[int, str, str | None, int]] = []
+        for ack in acks:
+            job = ack.job
+            assert job.owner_token is not None
+            hlc = self.runtime.hlc.tick()
+            succeeded = trace.lifecycle(
+                trace.JOB_SUCCEEDED,
+                job,
+                now=now,
+                hlc=hlc,
+                worker_id=self.worker_id,
+                owner_token=job.owner_token,
+                status="succeeded",
+                duration=ack.duration,
+                version=ack.handler.contract.version,
+            )
+            try:
+                ack.ctx.flush(tx, events_to=events)
+            except JobError as exc:
+                raise _Refused(ack, exc) from exc
+            events.append(succeeded)
+            done.append((job.id, job.owner_token, ack.result_json, hlc))
+        tx.trace_append(events)
+        held = tx.jobs_complete(JobsComplete(now, done))
+        for ack in acks:
+            if ack.job.id not in held:
+                raise _Refused(ack, LeaseLostError("job.succeeded"))
 
     def _acked(self, ack: Ack, *, logged: bool = True) -> None:
         ack.ctx.committed()
@@ -248,11 +269,7 @@ class Acking(Outcomes):
         leased_at = 0.0
         try:
             with self.runtime.storage.transaction() as tx:
-                for ack in acks:
-                    try:
-                        self._ack_in(tx, ack)
-                    except (LeaseLostError, JobError) as exc:
-                        raise _Refused(ack, exc) from exc
+                self._acks_in(tx, acks)
                 if leasing:
                     # The acks just written free their slots.
                     free, ahead = self._slots(acking=len(flights))

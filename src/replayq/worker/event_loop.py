@@ -14,14 +14,20 @@ blocking the other async jobs for as long as the query takes (about a
 millisecond on SQLite, one round trip on PostgreSQL). A handler that blocks in
 its own code (``time.sleep``, a synchronous HTTP client) blocks them all: use
 ``await asyncio.to_thread(...)`` for such calls.
+
+``asyncio`` itself (with ``ssl``, ``socket``, ``subprocess`` under it) is imported
+on the first async job, not by the module: a worker without async handlers never
+needs it.
 """
 
 from __future__ import annotations
 
-import asyncio
 import threading
 from collections.abc import Coroutine
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import asyncio
 
 
 class EventLoopThread:
@@ -34,6 +40,8 @@ class EventLoopThread:
         self._thread: threading.Thread | None = None
 
     def _started(self) -> asyncio.AbstractEventLoop:
+        import asyncio
+
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
@@ -44,6 +52,8 @@ class EventLoopThread:
 
     def run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coroutine`` on the loop and wait for its result (or its exception)."""
+        import asyncio
+
         return asyncio.run_coroutine_threadsafe(coroutine, self._started()).result()
 
     def close(self) -> None:

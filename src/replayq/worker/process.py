@@ -33,6 +33,10 @@ from replayq.worker.reap import Reaping
 
 log = logging.getLogger("replayq.worker")
 
+# How long a run waits, once it has handed out its stops, for each kind of its threads
+# (executors; heartbeat and acks) to end.
+_EXECUTOR_JOIN_SECONDS = 1.0
+
 
 class Worker(Executing, Reaping, Heartbeat):
     """Runs jobs of an ``App``. ``run()`` blocks until stopped (or, with ``burst``, idle)."""
@@ -55,7 +59,8 @@ class Worker(Executing, Reaping, Heartbeat):
         self.stop()
 
     def run(self) -> WorkerStats:
-        """Lease and run jobs until stopped; returns what this run did."""
+        """Lease and run jobs until stopped (or, burst, until none is due); returns what
+        this run did, once its threads have ended."""
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._on_signal)
             signal.signal(signal.SIGINT, self._on_signal)
@@ -89,6 +94,8 @@ class Worker(Executing, Reaping, Heartbeat):
             self._ended.set()
             self._beat_wake.set()
             self._acks_wake.set()
+            for thread in (heartbeat, acks):
+                thread.join(_EXECUTOR_JOIN_SECONDS)
             self.event_loop.close()
             if self.observers.members:
                 self.runtime.remove_tap(self.observers.events)
@@ -194,6 +201,11 @@ class Worker(Executing, Reaping, Heartbeat):
         self._release_all([f.job for f in leftovers], "worker shut down before the job finished")
         for _ in executors:
             self._work.put(STOP)
+        # The run returns with its executors gone (a caller running burst after burst keeps
+        # no threads of earlier runs), except one still inside a handler past the grace.
+        until = time.monotonic() + _EXECUTOR_JOIN_SECONDS
+        for thread in executors:
+            thread.join(max(0.0, until - time.monotonic()))
 
     def _release_unstarted(self) -> None:
         """Give back at once the jobs held but not started (only while stopping)."""

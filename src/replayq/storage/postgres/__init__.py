@@ -106,7 +106,12 @@ from replayq.storage.context_verbs import lease_now, query_params
 from replayq.storage.protocol import JobInsert, JobLease, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
 from replayq.storage.retention_params import LedgerDrop, LedgerPartitions
-from replayq.storage.sql_transaction import SqlTransaction, row_to_job, with_job_id
+from replayq.storage.sql_transaction import (
+    PACK_COLUMNS,
+    SqlTransaction,
+    row_to_job,
+    with_job_id,
+)
 
 log = logging.getLogger("replayq.storage.postgres")
 
@@ -402,13 +407,15 @@ class PostgresTransaction(SqlTransaction):
         self._placed([with_job_id(event, job_id)], {job_id: int(found[1])})
         return job_id, True
 
-    def lease_rows(self, leases: Sequence[tuple[int, str, float]]) -> dict[str, Any]:
-        """(job id, owner token, lease seconds) rows as three arrays, for ``unnest``."""
-        return {
-            "job_ids": [job_id for job_id, _, _ in leases],
-            "owner_tokens": [token for _, token, _ in leases],
-            "lease_seconds": [float(seconds) for _, _, seconds in leases],
-        }
+    def _pack_rows_inserted(self, groups: Sequence[Sequence[TraceEvent]]) -> list[int]:
+        """``trace_append_rows``: one statement, an array per column."""
+        rows = [self.pack_row(group) for group in groups]
+        values = {column: [row[column] for row in rows] for column in PACK_COLUMNS}
+        return sorted(int(row["id"]) for row in self.fetchall("trace_append_rows", values))
+
+    def rows_param(self, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> dict[str, Any]:
+        """An array per column, for ``unnest``."""
+        return {column: [row[i] for row in rows] for i, column in enumerate(columns)}
 
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         try:

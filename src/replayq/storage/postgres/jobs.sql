@@ -202,11 +202,17 @@ FROM unnest(%(job_ids)s::bigint[], %(owner_tokens)s::text[], %(lease_seconds)s::
 WHERE j.id = l.id AND j.owner_token = l.owner_token AND j.state = 'running'
 RETURNING j.id;
 
--- name: job_complete
-UPDATE rq_jobs
-SET state = 'succeeded', result = %(result_json)s::text, finished_at = %(now)s,
-    owner_token = NULL, lease_deadline = NULL, hlc = %(hlc)s
-WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running';
+-- name: jobs_complete
+-- A group commit's acks in one statement: the rows (job_ids[i], owner_tokens[i],
+-- results[i], hlcs[i]), all finished at %(now)s; RETURNING names the jobs whose lease
+-- was still held.
+UPDATE rq_jobs AS j
+SET state = 'succeeded', result = c.result, finished_at = %(now)s, owner_token = NULL,
+    lease_deadline = NULL, hlc = c.hlc
+FROM unnest(%(job_ids)s::bigint[], %(owner_tokens)s::text[], %(results)s::text[],
+            %(hlcs)s::bigint[]) AS c(id, owner_token, result, hlc)
+WHERE j.id = c.id AND j.owner_token = c.owner_token AND j.state = 'running'
+RETURNING j.id;
 
 -- name: job_retry
 UPDATE rq_jobs
@@ -456,6 +462,15 @@ WHERE e.name IN ('job.succeeded', 'job.failed', 'job.write_rejected')
 INSERT INTO rq_trace (trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events)
 VALUES (%(trace_id)s, %(job_id)s::bigint, %(attempt)s::integer, %(worker_id)s::text,
         %(hlc)s, %(hlc_last)s, %(ts)s, %(events)s)
+RETURNING id;
+
+-- name: trace_append_rows
+-- Many packs in one statement (a lease batch's, a group commit's): an array per column.
+-- The ids rise in the order of the rows (one sequence, called row by row).
+INSERT INTO rq_trace (trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events)
+SELECT * FROM unnest(%(trace_id)b::text[], %(job_id)b::bigint[], %(attempt)b::integer[],
+                     %(worker_id)b::text[], %(hlc)b::bigint[], %(hlc_last)b::bigint[],
+                     %(ts)b::float8[], %(events)b::text[])
 RETURNING id;
 
 -- name: trace_append_fenced

@@ -45,18 +45,23 @@ WHERE j.state = 'queued'
 ORDER BY j.priority DESC, j.run_at, j.id
 LIMIT :limit;
 
--- name: job_lease_one
--- Leases are granted, extended and reaped in :lease_now, or when it is NULL in SQLite's
--- own now: the host's clock, which every process on the file shares (julianday('now') is
--- one value for the whole statement, to the millisecond; unixepoch('subsec') needs 3.42).
+-- name: job_lease_many
+-- Claims the chosen candidates in one statement: :rows is a JSON array of [job id, lease
+-- seconds, handler version]. Leases are granted, extended and reaped in :lease_now, or when
+-- it is NULL in SQLite's own now: the host's clock, which every process on the file shares
+-- (julianday('now') is one value for the whole statement, to the millisecond;
+-- unixepoch('subsec') needs 3.42).
 UPDATE rq_jobs
 SET state = 'running', attempt = attempt + 1, owner_token = :owner_token,
     worker_id = :worker_id,
     leased_at = COALESCE(:lease_now, (julianday('now') - 2440587.5) * 86400.0),
-    lease_deadline = COALESCE(:lease_now, (julianday('now') - 2440587.5) * 86400.0) + :lease_seconds,
+    lease_deadline = COALESCE(:lease_now, (julianday('now') - 2440587.5) * 86400.0)
+        + json_extract(c.value, '$[1]'),
     -- A job keeps the version of its first lease through every later attempt.
-    handler_version = COALESCE(handler_version, :handler_version), hlc = MAX(hlc + 1, :hlc)
-WHERE id = :job_id AND state = 'queued'
+    handler_version = COALESCE(handler_version, json_extract(c.value, '$[2]')),
+    hlc = MAX(hlc + 1, :hlc)
+FROM json_each(:rows) AS c
+WHERE rq_jobs.id = json_extract(c.value, '$[0]') AND rq_jobs.state = 'queued'
 RETURNING *;
 
 -- name: lease_check
@@ -67,24 +72,30 @@ SELECT id FROM rq_jobs
 WHERE id = :job_id AND owner_token = :owner_token AND state = 'running';
 
 -- name: leases_extend
--- A worker's heartbeat: every lease in :leases (a JSON array of [job id, owner token,
+-- A worker's heartbeat: every lease in :rows (a JSON array of [job id, owner token,
 -- lease seconds]) in one statement, each row compared with its own token and given its
 -- own seconds; RETURNING names the leases still held.
 UPDATE rq_jobs
 SET lease_deadline = COALESCE(:lease_now, (julianday('now') - 2440587.5) * 86400.0)
-    + (SELECT json_extract(l.value, '$[2]') FROM json_each(:leases) AS l
+    + (SELECT json_extract(l.value, '$[2]') FROM json_each(:rows) AS l
        WHERE json_extract(l.value, '$[0]') = rq_jobs.id)
-WHERE id IN (SELECT json_extract(value, '$[0]') FROM json_each(:leases))
+WHERE id IN (SELECT json_extract(value, '$[0]') FROM json_each(:rows))
   AND state = 'running'
-  AND owner_token = (SELECT json_extract(l.value, '$[1]') FROM json_each(:leases) AS l
+  AND owner_token = (SELECT json_extract(l.value, '$[1]') FROM json_each(:rows) AS l
                      WHERE json_extract(l.value, '$[0]') = rq_jobs.id)
 RETURNING id;
 
--- name: job_complete
+-- name: jobs_complete
+-- A group commit's acks in one statement: :rows is a JSON array of [job id, owner token,
+-- result, hlc]; RETURNING names the jobs whose lease was still held. :now is a scalar:
+-- SQLite's JSON reads a float back a bit off.
 UPDATE rq_jobs
-SET state = 'succeeded', result = :result_json, finished_at = :now, owner_token = NULL,
-    lease_deadline = NULL, hlc = :hlc
-WHERE id = :job_id AND owner_token = :owner_token AND state = 'running';
+SET state = 'succeeded', result = json_extract(c.value, '$[2]'), finished_at = :now,
+    owner_token = NULL, lease_deadline = NULL, hlc = json_extract(c.value, '$[3]')
+FROM json_each(:rows) AS c
+WHERE rq_jobs.id = json_extract(c.value, '$[0]')
+  AND rq_jobs.owner_token = json_extract(c.value, '$[1]') AND rq_jobs.state = 'running'
+RETURNING rq_jobs.id;
 
 -- name: job_retry
 UPDATE rq_jobs
@@ -317,7 +328,7 @@ VALUES (:trace_id, :job_id, :attempt, :worker_id, :hlc, :hlc_last, :ts, :events)
 -- one "(?, ?, ?, ?, ?, ?, ?, ?)" per pack, in these columns' order, in place of (:rows).
 INSERT INTO rq_trace (trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events)
 VALUES (:rows)
-RETURNING id, job_id;
+RETURNING id;
 
 -- name: trace_append_fenced
 -- trace_append under a fence: the pack goes in only while the owner token holds the

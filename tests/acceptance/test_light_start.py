@@ -1,0 +1,84 @@
+"""A worker, and ``import replayq``, load none of what only other commands use.
+
+Process start was a quarter of a 5,000-job drain (issue 13): the replay engine,
+rollout control, progress bars, cron parsing, the web and metrics stacks and the
+installed-metadata reader were imported by every worker and never used by one.
+These tests hold the list, not a timing: a timing would flake on a shared machine.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import replayq
+from tests.acceptance.workers import ROOT, run_cli
+from tests.apps import loaded_modules
+
+NOT_AT_START = (
+    "replayq.replay",  # the replay engine, bulk dry-runs, diffs, reruns, rollbacks
+    "replayq.rollout.control",  # changing routing, with its gates and the lock file
+    "replayq.rollout.gates",
+    "replayq.rollout.lockfile",
+    "replayq.observe.fleet",
+    "replayq.observe.metrics",
+    "replayq.web",
+    "replayq.demo",
+    "rich",
+    "croniter",
+    "urllib.request",
+    "opentelemetry",
+    "prometheus_client",
+    "starlette",
+    "uvicorn",
+    "jinja2",
+)
+
+
+UNLESS_PSYCOPG = ("asyncio", "importlib.metadata")
+"""Only an ``async def`` handler and ``--version`` need these; psycopg imports both itself."""
+
+
+def loaded_of(modules: list[str], names: tuple[str, ...] = NOT_AT_START) -> list[str]:
+    """Those of ``modules`` that are, or are under, one of ``names``."""
+    return [m for m in modules if any(m == n or m.startswith(f"{n}.") for n in names)]
+
+
+def test_import_replayq_loads_no_replay_rollout_or_command_code() -> None:
+    code = "import json, sys, replayq; print(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert loaded_of(json.loads(done.stdout), NOT_AT_START + UNLESS_PSYCOPG) == []
+
+
+def test_the_lazy_public_names_still_import_on_first_use() -> None:
+    code = (
+        "import json, sys, replayq; replayq.dry_run; replayq.Rollout; replayq.__version__;"
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert {"replayq.replay.engine", "replayq.rollout.control"} <= set(json.loads(done.stdout))
+
+
+def test_a_worker_running_a_job_has_loaded_none_of_it(db_url: str, tmp_path: Path) -> None:
+    migrator = replayq.App(db_url, auto_migrate=True)
+    migrator.storage  # noqa: B018 - opening it migrates the test's database
+    migrator.close()
+    app = loaded_modules.build(db_url)
+    report = tmp_path / "modules.json"
+    app.enqueue("report_modules", {"path": str(report)})
+    app.close()
+
+    done = run_cli(db_url, "worker", "--app", "tests.apps.loaded_modules:app", "--burst")
+
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(report.read_text())
+    on_sqlite = db_url.startswith("sqlite")
+    assert loaded_of(loaded, NOT_AT_START + UNLESS_PSYCOPG if on_sqlite else NOT_AT_START) == []
