@@ -33,9 +33,15 @@ from replayq.worker.reap import Reaping
 
 log = logging.getLogger("replayq.worker")
 
-# How long a run waits, once it has handed out its stops, for each kind of its threads
-# (executors; heartbeat and acks) to end.
-_EXECUTOR_JOIN_SECONDS = 1.0
+# How long a run whose jobs all finished waits for each kind of its threads (executors;
+# heartbeat and acks) to end: they end at once then, this only bounds a surprise.
+_JOIN_SECONDS = 1.0
+
+
+def _join(threads: list[threading.Thread]) -> None:
+    until = time.monotonic() + _JOIN_SECONDS
+    for thread in threads:
+        thread.join(max(0.0, until - time.monotonic()))
 
 
 class Worker(Executing, Reaping, Heartbeat):
@@ -87,15 +93,15 @@ class Worker(Executing, Reaping, Heartbeat):
         finally:
             if self.notifier is not None:
                 self.notifier.close()
-            self._shutdown(executors)
+            finished = self._shutdown(executors)
             # A burst run ends without a stop: its heartbeat thread ends with it (at once
             # when nothing is in flight; after the last executor otherwise).
             self._grouping = False
             self._ended.set()
             self._beat_wake.set()
             self._acks_wake.set()
-            for thread in (heartbeat, acks):
-                thread.join(_EXECUTOR_JOIN_SECONDS)
+            if finished:
+                _join([heartbeat, acks])
             self.event_loop.close()
             if self.observers.members:
                 self.runtime.remove_tap(self.observers.events)
@@ -174,7 +180,10 @@ class Worker(Executing, Reaping, Heartbeat):
 
     # -- shutdown ---------------------------------------------------------------------------
 
-    def _shutdown(self, executors: list[threading.Thread]) -> None:
+    def _shutdown(self, executors: list[threading.Thread]) -> bool:
+        """Wind the run down within the grace; ``True`` if every job finished in it (the
+        threads are then joined: the run returns with them ended; past the grace it
+        returns at once, a handler still running in its executor)."""
         # From the signal, not from here: the dispatcher may have spent a moment ending an
         # outage wait, and the grace is what an operator's process supervisor counts.
         deadline = (self._stop_requested or time.monotonic()) + self.grace_period
@@ -191,6 +200,7 @@ class Worker(Executing, Reaping, Heartbeat):
                 break
             time.sleep(0.05)
             self._release_unstarted()
+        finished = self._idle()
         self._force.set()  # settles still retrying against a dead database give up now
         # Acks still in memory: one last try, given up at once if the database is away.
         acks = self._take_acks(all_of_them=True)
@@ -201,11 +211,11 @@ class Worker(Executing, Reaping, Heartbeat):
         self._release_all([f.job for f in leftovers], "worker shut down before the job finished")
         for _ in executors:
             self._work.put(STOP)
-        # The run returns with its executors gone (a caller running burst after burst keeps
-        # no threads of earlier runs), except one still inside a handler past the grace.
-        until = time.monotonic() + _EXECUTOR_JOIN_SECONDS
-        for thread in executors:
-            thread.join(max(0.0, until - time.monotonic()))
+        if finished:
+            # The run returns with its executors gone: a caller running burst after burst
+            # keeps no threads of earlier runs.
+            _join(executors)
+        return finished
 
     def _release_unstarted(self) -> None:
         """Give back at once the jobs held but not started (only while stopping)."""
