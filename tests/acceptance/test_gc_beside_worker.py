@@ -48,11 +48,7 @@ def test_gc_passes_beside_draining_workers_trim_only_finished_jobs(tmp_path: Pat
             launcher.start(f"w{i}", app="tests.apps.storage_faults:app", concurrency=2, env=env)
             for i in range(4)
         ]
-        wait_for(
-            lambda: app.get_job(held_id).state == replayq.JobState.RUNNING,
-            timeout=120,
-            what="the held job to start",
-        )
+        wait_for(lambda: storage_faults.inside(hold), timeout=120, what="the held job to start")
         trimmed_before = sum(r.trimmed_jobs for r in list(reports))
         wait_for(
             lambda: sum(r.trimmed_jobs for r in list(reports)) > trimmed_before,

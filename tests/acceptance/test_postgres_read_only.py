@@ -115,6 +115,7 @@ def test_a_read_only_server_is_waited_out_and_no_job_fails(
         # The server turns read-only while the workers are in the middle of the queue: the
         # jobs in flight meet it at a step's commit, an effect's record or their ack.
         wait_for(lambda: succeeded() >= 10, timeout=60, what="the drain to be under way")
+        wait_for(lambda: storage_faults.inside(hold), timeout=60, what="job 10 inside its step")
         held = next(j for j in app.list_jobs(limit=1000) if j.payload["n"] == 10)
         assert held.state.value == "running", "job 10 is held inside its step"
         _set_read_only(role, on=True)
@@ -151,9 +152,11 @@ def test_a_read_only_server_is_waited_out_and_no_job_fails(
             e for j in app.list_jobs(limit=1000) for e in app.trace(j.id) if e.name == "job.failed"
         ]
         assert failed == [], "a read-only server is never a job's failure"
-        put_back = [e for e in app.trace(held.id) if e.name == "lease.released"]
+        held_trace = app.trace(held.id)
+        put_back = [e for e in held_trace if e.name == "lease.released"]
         assert put_back and "storage_fault" in put_back[0].data, (
-            "the held job was put back, not failed"
+            "the held job was put back, not failed: "
+            f"{[(e.name, e.worker_id, e.attempt) for e in held_trace]}"
         )
     except BaseException:
         for worker in launcher.started:

@@ -108,6 +108,7 @@ def test_a_write_lock_held_past_the_busy_timeout_is_waited_out(
         hold, env = storage_faults.hold_inside_step(tmp_path)
         workers = [launcher.start(f"w{i}", app=APP, concurrency=2, env=env) for i in range(4)]
         wait_for(lambda: _counts(app)["succeeded"] >= 20, timeout=30, what="work under way")
+        wait_for(lambda: storage_faults.inside(hold), timeout=60, what="job 10 inside its step")
         held = next(j for j in app.list_jobs(limit=10_000) if j.payload["n"] == 10)
         assert held.state.value == "running", "job 10 is held inside its step"
 
@@ -261,6 +262,7 @@ def test_a_full_disk_is_waited_out_and_the_worker_resumes_when_space_is_freed(
             timeout=60,
             what="work under way, job 10 held inside its step",
         )
+        wait_for(lambda: storage_faults.inside(hold), timeout=60, what="job 10 inside its step")
         ballast = small_disk / "ballast"
         with ballast.open("wb") as out:
             try:
@@ -426,6 +428,7 @@ def test_a_read_only_or_failing_disk_is_waited_out_and_the_worker_resumes_when_i
             timeout=60,
             what="job 10 held inside its step",
         )
+        wait_for(lambda: storage_faults.inside(hold), timeout=60, what="job 10 inside its step")
         wait_for(lambda: _counts(app)["succeeded"] >= 10, timeout=60, what="work under way")
         assert _counts(app)["succeeded"] < total - 100, "the fault must land mid-drain"
         faulty_disk.set(fault)

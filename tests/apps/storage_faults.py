@@ -53,12 +53,19 @@ def hold_inside_step(directory: Path) -> tuple[Path, dict[str, str]]:
     return hold, {"STORAGE_FAULTS_HOLD": str(hold), "STORAGE_FAULTS_HOLD_JOB": str(HELD_JOB)}
 
 
+def inside(hold: Path) -> bool:
+    """Whether the held job has reached its hold (its handler runs, inside its step): a
+    job ``running`` in the database may only be leased ahead, its handler not started."""
+    return hold.with_name(hold.name + ".inside").exists()
+
+
 def _held_here(n: int) -> None:
     """Job ``$STORAGE_FAULTS_HOLD_JOB`` waits inside its step, before the step commits,
     while the file ``$STORAGE_FAULTS_HOLD`` exists: a test brings the fault on meanwhile,
-    so that commit meets it for certain."""
+    so that commit meets it for certain. It says it got there (``inside``)."""
     hold = os.environ.get("STORAGE_FAULTS_HOLD")
     if hold and str(n) == os.environ.get("STORAGE_FAULTS_HOLD_JOB"):
+        Path(hold + ".inside").touch()
         while os.path.exists(hold):
             time.sleep(0.02)
 
