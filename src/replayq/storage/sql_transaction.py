@@ -285,12 +285,10 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
         pack is the one later events of its group may join (``_last_pack``)."""
         if len(groups) > 1:
             return self._packs_placed(groups, self._pack_rows_inserted(groups))
-        pack_ids = []
-        for group in groups:  # one pack (``enqueue``, a step's commit): one fixed statement
-            pack_id = self.inserted_id("trace_append", self.pack_row(group))
-            assert pack_id is not None
-            pack_ids.append(pack_id)
-        return self._packs_placed(groups, pack_ids)
+        # One pack (``enqueue``, a step's commit): the fixed one-row statement.
+        pack_id = self.inserted_id("trace_append", self.pack_row(groups[0]))
+        assert pack_id is not None
+        return self._packs_placed(groups, [pack_id])
 
     def _packs_placed(
         self, groups: Sequence[Sequence[TraceEvent]], pack_ids: Sequence[int]
@@ -308,7 +306,10 @@ class SqlTransaction(ReportVerbs, RetentionVerbs, ContextVerbs):
     def _placed(self, events: Sequence[TraceEvent], pack_ids: Mapping[int, int]) -> None:
         """After new packs of ``events`` (one each, by job id, the last made last): their
         resources indexed (``_packs_placed``)."""
-        ids = [pack_ids[e.job_id] for e in events if e.job_id is not None]
+        ids = []
+        for event in events:
+            assert event.job_id is not None
+            ids.append(pack_ids[event.job_id])
         self._index(self._packs_placed([[e] for e in events], ids))
 
     def _index(self, entries: Sequence[Mapping[str, Any]]) -> None:
