@@ -97,7 +97,8 @@ def test_frozen_worker_past_its_lease_gets_no_write_and_no_effect_accepted(
         what="the first worker to be busy with several jobs",
     )
     freeze_outside_a_write(launcher, frozen)
-    held = [
+    # For the failure message only: what the database said the frozen worker held.
+    at_freeze = [
         j.id
         for j in fenced_app.list_jobs(states=[replayq.JobState.RUNNING], limit=100)
         if j.worker_id == "frozen"
@@ -116,20 +117,42 @@ def test_frozen_worker_past_its_lease_gets_no_write_and_no_effect_accepted(
 
     frozen.signal(signal.SIGCONT)
 
-    def refused_everywhere() -> bool:
-        return all(
-            any(
-                e.worker_id == "frozen" and e.name == "job.write_rejected"
-                for e in fenced_app.trace(job_id)
-            )
-            for job_id in held
-        )
+    def taken_over() -> list[int]:
+        """The jobs whose handler the frozen worker started and did not finish itself: it
+        was inside them when the taker took their leases (the side file says who started
+        what; the job's result says whose run counted)."""
+        started = {x["n"] for x in read_lines(sink) if x["event"] == "start"}
+        started_by_frozen = {
+            x["n"] for x in read_lines(sink) if x["event"] == "start" and x["worker"] == "frozen"
+        }
+        assert started == set(range(JOBS))
+        return [
+            ids[n]
+            for n in sorted(started_by_frozen)
+            if fenced_app.get_job(ids[n]).result["by"] != "frozen"
+        ]
 
-    wait_for(refused_everywhere, timeout=30, what="the resumed worker's refusals in the trace")
+    def unrefused() -> dict[int, list[tuple[str, str | None, int]]]:
+        """The jobs taken over with no refusal of the frozen worker yet, with their traces."""
+        traces = {job_id: fenced_app.trace(job_id) for job_id in taken_over()}
+        return {
+            job_id: [(e.name, e.worker_id, e.attempt) for e in events]
+            for job_id, events in traces.items()
+            if not any(e.worker_id == "frozen" and e.name == "job.write_rejected" for e in events)
+        }
+
+    try:
+        wait_for(lambda: not unrefused(), timeout=30, what="the resumed worker's refusals")
+    except AssertionError as exc:
+        raise AssertionError(
+            f"{exc}; running under the frozen worker at the freeze: {at_freeze}; "
+            f"not refused: {unrefused()}"
+        ) from exc
     frozen.signal(signal.SIGTERM)
     frozen.wait(30)
 
-    assert held, "the frozen worker held jobs when it was frozen"
+    held = taken_over()
+    assert held, "the frozen worker was inside jobs when it was frozen"
     assert _written_by(fenced_app, "frozen") == before, "a write of the frozen worker was accepted"
     effects_after = [x for x in read_lines(sink) if x["event"] == "effect"]
     assert len(effects_after) == effects_before, "the frozen worker started an effect"

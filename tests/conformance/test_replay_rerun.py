@@ -137,10 +137,12 @@ def test_bulk_rerun_through_the_cli_holds_the_rate_limit(
     assert len(starts) == 3
     gaps = [b - a for a, b in itertools.pairwise(starts)]
     # 5/s: the limiter spaces the reruns' starts 0.2 s apart on the monotonic clock. The
-    # lineage row's created_at is read a little after each start, so on a loaded machine one
-    # gap can shrink by the previous rerun's delay (seen: 0.184 then 0.203); the span holds.
+    # lineage row's created_at is taken after each rerun has read its recording, and the first
+    # rerun also loads the replay modules, so on a loaded machine a gap or the span can shrink
+    # by that delay (seen: 0.184 then 0.203; 0.188 then 0.201). Unlimited, three reruns of this
+    # job start well under 0.15 s apart.
     assert all(gap >= 0.15 for gap in gaps), gaps
-    assert starts[-1] - starts[0] >= 0.39, gaps
+    assert starts[-1] - starts[0] >= 0.35, gaps
 
 
 def test_rerun_is_refused_without_allow_effects_or_confirmation(
