@@ -10,7 +10,8 @@
     ├── retention_params.py those of keep_transition, gc_scan and gc_apply
     ├── reports.py          the questions ``report`` answers
     ├── records.py          the frozen records the verbs return
-    ├── sql_transaction.py  the queue, trace and rollout verbs, once, over named queries
+    ├── sql_transaction.py  the queue and rollout verbs, once, over named queries
+    ├── trace_verbs.py      trace_append and trace_query (the trace's packs), once, likewise
     ├── context_verbs.py    the recording context's verbs (state, locks, effects, cache,
     │                       outbox, steps, blobs, lineage, schedules), once, likewise
     ├── report_verbs.py     ``report``, once, likewise

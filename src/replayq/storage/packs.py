@@ -247,7 +247,7 @@ def register_sqlite(connection: Any) -> None:
 
 
 # Each event's item text, by event: a JSON pack joined by later events of its transaction
-# (PostgreSQL, sql_transaction.py) is written again whole, and its earlier events are not
+# (PostgreSQL, trace_verbs.py) is written again whole, and its earlier events are not
 # encoded again. Bounded; an
 # entry holds its event, so an id is never another event's while it is here.
 _ITEM_TEXTS: dict[int, tuple[TraceEvent, int, float, str]] = {}

@@ -106,12 +106,8 @@ from replayq.storage.context_verbs import lease_now, query_params
 from replayq.storage.protocol import JobInsert, JobLease, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
 from replayq.storage.retention_params import LedgerDrop, LedgerPartitions
-from replayq.storage.sql_transaction import (
-    PACK_COLUMNS,
-    SqlTransaction,
-    row_to_job,
-    with_job_id,
-)
+from replayq.storage.sql_transaction import SqlTransaction, row_to_job, with_job_id
+from replayq.storage.trace_verbs import PACK_COLUMNS
 
 log = logging.getLogger("replayq.storage.postgres")
 

@@ -1,0 +1,325 @@
+"""``trace_append`` and ``trace_query``: the trace's packs written and read, implemented once.
+
+A mixin over ``SqlTransaction``'s plumbing, like ``report_verbs.ReportVerbs``; the SQL
+is in the backends' ``jobs.sql`` (``trace_window``: ``window.sql``).
+
+A pack (``packs.py``) is one ``rq_trace`` row holding the events of one commit of one
+job attempt (or derived trace): ``packs.groups`` cuts ``events`` into runs of the same
+trace, job, attempt and worker, and each run is placed in a pack:
+
+* it joins the pack this transaction wrote last if it continues it (same trace, job,
+  attempt and worker: a context's pending events, then the ack's), or the pack the
+  connection's last committed transaction wrote (``last_pack``: SQLite). A format 2
+  pack (SQLite) takes only the run's items, compressed by its deflate stream
+  (``packs.PackWriter``) and appended to the stored bytes (``trace_join``); a JSON pack
+  (PostgreSQL, within one transaction) is rewritten (``trace_extend``);
+* otherwise it starts a new pack; the new packs after it go in together, in as few
+  statements as the driver's limit on parameters allows (``trace_append_rows``).
+
+With a ``TraceFence`` the first new pack's insert or deflated pack's append is also the
+lease check (``trace_append_fenced``, ``trace_join_fenced``): nothing is written once the
+lease is gone.
+
+Each pack is indexed by one ``rq_trace_resources`` entry per resource its events name,
+at its first HLC (``packs.pack_resources``, the index of ``trace resource``); a
+transaction's entries go in in one ``executemany``. ``trace_query`` reads the packs of
+a job, a trace, a resource or many jobs back as events in trace order
+(``packs.unpack_sorted``), or a window of events with their jobs' types and versions.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from replayq import codec
+from replayq.errors import ConfigurationError
+from replayq.model import TraceEvent
+from replayq.storage import packs
+from replayq.storage.context_params import TraceFence
+from replayq.storage.context_verbs import query_params
+from replayq.storage.params import JobTrace, TraceJobs, TraceRead, TraceWindow
+
+# A pack later events of its attempt may join: its id, its events and, in format 2, the
+# writer of its deflate stream (``packs.PackWriter``).
+OpenPack = tuple[int, list[TraceEvent], "packs.PackWriter | None"]
+
+# The columns of an ``rq_trace`` row (``packs.pack_row``) as ``trace_append_rows`` takes them.
+PACK_COLUMNS = ("trace_id", "job_id", "attempt", "worker_id", "hlc", "hlc_last", "ts", "events")
+# Bound parameters per statement where the driver cannot say (SQLite's historical default).
+_DEFAULT_VARIABLE_LIMIT = 999
+
+_EVENT_COLUMNS = (
+    "id",
+    "trace_id",
+    "job_id",
+    "attempt",
+    "kind",
+    "name",
+    "seq",
+    "step",
+    "ts",
+    "hlc",
+    "worker_id",
+    "status",
+    "resource",
+    "resource_version",
+    "input_ref",
+    "output_ref",
+)
+
+
+def row_to_event(row: Mapping[str, Any]) -> TraceEvent:
+    fields = {name: row[name] for name in _EVENT_COLUMNS}
+    fields["side_effect"] = bool(row["side_effect"])
+    fields["data"] = codec.loads(row["data"])
+    return TraceEvent.of(fields)
+
+
+class TraceVerbs:
+    """The ``trace_append`` and ``trace_query`` verbs, shared by every SQL backend."""
+
+    # Set by ``SqlTransaction.__init__``: its DB-API connection, the pack later events
+    # may join (``last_pack``) and the writer of the format 2 row ``pack_row`` built last.
+    connection: Any
+    _last_pack: OpenPack | None
+    _writer: packs.PackWriter | None
+
+    def list_param(self, values: Sequence[str] | Sequence[int] | None) -> Any:
+        raise NotImplementedError
+
+    def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
+        raise NotImplementedError
+
+    def execute_rows(self, name: str, row_sql: str, rows: int, values: Sequence[Any]) -> Any:
+        raise NotImplementedError
+
+    def executemany(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        raise NotImplementedError
+
+    def fetchone(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
+        raise NotImplementedError
+
+    def fetchall(self, name: str, params: Mapping[str, Any] | None = None) -> list[Any]:
+        raise NotImplementedError
+
+    def changed(self, name: str, params: Mapping[str, Any]) -> bool:
+        raise NotImplementedError
+
+    def inserted_id(self, name: str, params: Mapping[str, Any]) -> int | None:
+        raise NotImplementedError
+
+    def pack_row(self, events: Sequence[TraceEvent]) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def lease_check(self, job_id: int, owner_token: str) -> bool:
+        raise NotImplementedError
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def trace_append(self, events: Sequence[TraceEvent], fence: TraceFence | None = None) -> bool:
+        """One ``rq_trace`` row per job attempt (or derived trace) among ``events``, with
+        an ``rq_trace_resources`` entry per resource its events name (storage/packs.py);
+        all of those entries in one ``executemany``.
+
+        Events that continue the pack this transaction wrote last (same trace, job,
+        attempt and worker: a context's pending events, then the ack's) join that pack,
+        as do those continuing the pack the connection's last committed transaction
+        wrote (``last_pack``: SQLite). With ``fence`` the first new pack's insert or
+        deflated pack's append is also the lease check (``trace_append_fenced``,
+        ``trace_join_fenced``); the check is asked on its own before a JSON pack is
+        rewritten, and after an append that changed nothing (the lease, or the pack?);
+        ``False``, nothing written, once the lease is gone.
+
+        The packs after the first new one go in together (``_packs_inserted``: one
+        statement on SQLite for a lease batch's or a group commit's packs).
+        """
+        entries = []
+        cut = list(packs.groups(events))
+        for at, group in enumerate(cut):
+            last = self._last_pack
+            joins = last is not None and packs.same_pack(last[1], group)
+            if fence is not None and joins and (last is None or last[2] is None):
+                # Joining a JSON pack rewrites it (trace_extend, no fenced form): the lease
+                # is asked first, so that nothing is written once it is gone.
+                if not self.lease_check(fence.job_id, fence.owner_token):
+                    return False
+                fence = None
+            extended = self._pack_extended(group, fence if joins else None)
+            if fence is not None and joins:
+                # The append was the lease check (trace_join_fenced); nothing appended is
+                # either a lost lease or a pack rewritten since: only then is it asked.
+                if extended is None and not self.lease_check(fence.job_id, fence.owner_token):
+                    return False
+                fence = None
+            if extended is not None:
+                pack_id, joined, new = extended
+                assert last is not None
+                self._last_pack = (pack_id, joined, last[2])
+            elif fence is not None:
+                placed = self._pack_inserted_fenced(group, fence)
+                if placed is None:
+                    return False
+                fence = None
+                pack_id, joined, new, writer = placed
+                self._last_pack = (pack_id, joined, writer)
+            else:
+                # A new pack: no later group joins it or another (each differs from the
+                # one before it, or that one is full), so they all go in with it.
+                entries.extend(self._packs_inserted(cut[at:]))
+                break
+            entries.extend(packs.pack_resources(new, pack_id))
+        if fence is not None and not self.lease_check(fence.job_id, fence.owner_token):
+            return False  # nothing was inserted to check it with (no events, or all joined)
+        self._index(entries)
+        return True
+
+    def _pack_extended(
+        self, group: list[TraceEvent], fence: TraceFence | None = None
+    ) -> tuple[int, list[TraceEvent], list[TraceEvent]] | None:
+        """``group`` added to the pack this transaction wrote last, if it continues it:
+        ``(pack id, all its events, the events naming a resource it did not name yet)``.
+
+        In format 2 only ``group``'s items are compressed, appended to the stored bytes
+        (``trace_join``; with ``fence``, ``trace_join_fenced``: only while the lease is
+        held); a JSON pack (PostgreSQL, within one transaction) is rewritten.
+        """
+        last = self._last_pack
+        if last is None or not packs.same_pack(last[1], group):
+            return None
+        pack_id, earlier, writer = last
+        joined = [*earlier, *group]
+        base = min(e.hlc for e in earlier)
+        if writer is not None:
+            if min(e.hlc for e in group) < base:
+                return None  # the row's hlc is its items' base: a new pack instead
+            row = {
+                "id": pack_id,
+                "trace_id": earlier[0].trace_id,
+                "job_id": earlier[0].job_id,
+                "attempt": earlier[0].attempt,
+                "stored": writer.stored,
+                "hlc_last": max(e.hlc for e in group),
+            }
+            # Appended through the deflate stream, never rewritten: no item texts kept.
+            row["piece"] = writer.more(packs.pack_items(group, base, earlier[0].ts, keep=False))
+            query = "trace_join"
+            if fence is not None:
+                query = "trace_join_fenced"
+                row["fence_job_id"] = fence.job_id
+                row["fence_owner_token"] = fence.owner_token
+            # Not found if the pack was rolled back (to a savepoint) or rewritten since
+            # (or, fenced, the lease is gone).
+            if not self.changed(query, row):
+                return None
+        # Not found only if the pack was rolled back (to a savepoint): a new one then.
+        elif not self.changed("trace_extend", {**self.pack_row(joined), "id": pack_id}):
+            return None
+        named = {e.resource for e in earlier}
+        return pack_id, joined, [e for e in group if e.resource not in named]
+
+    def _pack_inserted_fenced(
+        self, group: list[TraceEvent], fence: TraceFence
+    ) -> tuple[int, list[TraceEvent], list[TraceEvent], packs.PackWriter | None] | None:
+        row = self.pack_row(group)
+        row["fence_job_id"] = fence.job_id
+        row["fence_owner_token"] = fence.owner_token
+        found = self.fetchone("trace_append_fenced", row)
+        return None if found is None else (found["id"], group, group, self._writer)
+
+    def _packs_inserted(self, groups: Sequence[Sequence[TraceEvent]]) -> list[dict[str, Any]]:
+        """A new pack for each group (``packs.groups``), in as few statements as the
+        driver's limit on parameters allows (one for any batch of up to ~4,000) where the
+        backend has a many-row insert; their ``rq_trace_resources`` entries. The last
+        pack is the one later events of its group may join (``_last_pack``)."""
+        if len(groups) > 1:
+            return self._packs_placed(groups, self._pack_rows_inserted(groups))
+        # One pack (``enqueue``, a step's commit): the fixed one-row statement.
+        pack_id = self.inserted_id("trace_append", self.pack_row(groups[0]))
+        assert pack_id is not None
+        return self._packs_placed(groups, [pack_id])
+
+    def _pack_rows_inserted(self, groups: Sequence[Sequence[TraceEvent]]) -> list[int]:
+        """``trace_append_rows`` for ``groups``: their pack ids, in order (SQLite: a
+        multi-row ``VALUES`` per chunk of the driver's parameter limit)."""
+        columns = PACK_COLUMNS
+        limit = getattr(self.connection, "getlimit", None)
+        most = (
+            limit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+            if limit is not None
+            else _DEFAULT_VARIABLE_LIMIT
+        )
+        per_statement = max(1, most // len(columns))
+        row_sql = "(" + ", ".join("?" * len(columns)) + ")"
+        pack_ids: list[int] = []
+        for start in range(0, len(groups), per_statement):
+            chunk = groups[start : start + per_statement]
+            values: list[Any] = []
+            for group in chunk:
+                row = self.pack_row(group)
+                values.extend(row[name] for name in columns)
+            found = self.execute_rows("trace_append_rows", row_sql, len(chunk), values)
+            # RETURNING has no order; the rows' ids rise in the order they were inserted
+            # (a new rowid is the largest one plus one).
+            pack_ids.extend(sorted(int(row[0]) for row in found.fetchall()))
+        return pack_ids
+
+    def _packs_placed(
+        self, groups: Sequence[Sequence[TraceEvent]], pack_ids: Sequence[int]
+    ) -> list[dict[str, Any]]:
+        """After new packs of ``groups`` (``pack_ids[i]`` for ``groups[i]``, each made by
+        ``pack_row`` in turn): their ``rq_trace_resources`` entries; the last is
+        remembered as the pack later events of its group may join (``_last_pack``)."""
+        entries = []
+        for group, pack_id in zip(groups, pack_ids, strict=True):
+            entries.extend(packs.pack_resources(group, pack_id))
+        # pack_row keeps the writer of the row it made last: the last group's.
+        self._last_pack = (pack_ids[-1], list(groups[-1]), self._writer)
+        return entries
+
+    def _placed(self, events: Sequence[TraceEvent], pack_ids: Mapping[int, int]) -> None:
+        """After new packs of ``events`` (one each, by job id, the last made last): their
+        resources indexed (``_packs_placed``)."""
+        ids = []
+        for event in events:
+            assert event.job_id is not None
+            ids.append(pack_ids[event.job_id])
+        self._index(self._packs_placed([[e] for e in events], ids))
+
+    def _index(self, entries: Sequence[Mapping[str, Any]]) -> None:
+        """``rq_trace_resources`` entries, in one ``executemany``."""
+        if entries:
+            self.executemany("trace_resources_append", entries)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def trace_query(self, query: TraceRead) -> Any:
+        if isinstance(query, TraceJobs):
+            return self._trace_jobs(query)
+        if isinstance(query, TraceWindow):
+            rows = self.fetchall("trace_window", query_params(query))
+            return [(row_to_event(r), r["job_type"], r["version"]) for r in rows]
+        if query.job_id is not None:
+            return packs.unpack_sorted(self.fetchall("trace_for_job", {"job_id": query.job_id}))
+        if query.trace_id is not None:
+            rows = self.fetchall("trace_for_trace", {"trace_id": query.trace_id})
+            return packs.unpack_sorted(rows)
+        if query.resource is None:
+            raise ConfigurationError("TraceQuery needs a job_id, a trace_id or a resource")
+        resource = query.resource
+        rows = self.fetchall("trace_for_resource", {"resource": resource})
+        versioned = resource + ":v"
+        return [
+            e
+            for e in packs.unpack_sorted(rows)
+            if e.resource is not None
+            and (e.resource == resource or e.resource.startswith(versioned))
+        ]
+
+    def _trace_jobs(self, params: TraceJobs) -> list[JobTrace]:
+        rows = self.fetchall("trace_for_jobs", {"job_ids": self.list_param(params.job_ids)})
+        by_job: dict[int, list[Any]] = {}
+        for row in rows:
+            by_job.setdefault(int(row["job_id"]), []).append(row)
+        return [JobTrace(job_id, packs.unpack_sorted(found)) for job_id, found in by_job.items()]
