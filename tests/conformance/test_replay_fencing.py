@@ -75,7 +75,12 @@ def test_a_kept_dry_run_under_a_lock_taken_again_since_reproduces_the_recording(
 
     report = dry_run(app, first.id)
     shown = cli(app.url, "replay", str(first.id), "--mode", "dry-run", "--app", TRUTH_APP)
+    [bulk] = replayq.dry_run_many(app, [first.id], keep=True)
 
+    assert bulk.error is None and not bulk.diverged, bulk.to_dict()
+    assert [v.data for v in StateStore(app, bulk.branch).history("stock", "sku-1")] == [
+        {"reserved": 1}
+    ]
     assert report.error is None, report.error
     assert report.outcome_now.status == "succeeded", report.outcome_now.to_dict()
     assert not report.diverged, report.to_dict()
