@@ -12,6 +12,9 @@ saves a quote and texts the customer (``ctx.effect("sms.send")``):
 ``fenced`` holds a lock around a write; the lock is broken while the step's
 dependency call is in flight (``INTERLUDE``), so fencing rejects the write.
 
+``reserve`` writes a quantity under a lock (no interlude): run twice, the second
+holder's fencing token is newer than the first's.
+
 ``hold`` holds a lock (TTL 0.2 s) for as long as told (``contract lint``).
 
 ``text`` sends one SMS whose provider answers 503 (``DependencyError``) until it
@@ -131,6 +134,11 @@ def declare(app: replayq.App) -> replayq.App:
         with ctx.lock(f"stock:{sku}", ttl="30s"), ctx.step("reserve"):
             ctx.state.put("stock", sku, {"reserved": 1})
             ctx.call("warehouse.slow", interlude)
+
+    @app.job("reserve", retry=replayq.Retry(max_attempts=1))
+    def reserve(ctx: replayq.Context, sku: str, qty: int) -> None:
+        with ctx.lock(f"stock:{sku}", ttl="30s"), ctx.step("reserve"):
+            ctx.state.put("stock", sku, {"reserved": qty})
 
     @app.job("hold", lease="30s", retry=replayq.Retry(max_attempts=1))
     def hold(ctx: replayq.Context, sku: str, seconds: float) -> None:

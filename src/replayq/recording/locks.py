@@ -97,9 +97,12 @@ class LockManager:
         return LockHandle(self, resource, ttl_s, wait_s)
 
     def fences(self) -> dict[str, int]:
-        """The fencing token of every lock this attempt holds, by resource (none in replay)."""
-        if not self._ctx.world.is_live:
-            return {}
+        """The fencing token of every lock this attempt holds, by resource.
+
+        In a replay, the tokens the recorded attempt's locks had (a lock taken past a fork
+        point has none): its writes carry them as the recorded writes did. Only a live
+        attempt's commit checks them against the lock table (``StateView.put``).
+        """
         return {r: h.fencing_token for r, h in self.held.items() if h.fencing_token is not None}
 
     def acquire(self, handle: LockHandle) -> None:
@@ -122,7 +125,7 @@ class LockManager:
                     replayed=True,
                 )
                 raise _timeout(handle.resource, recorded, float(recorded.get("wait") or 0.0))
-            handle.fencing_token = recorded.get("fencing_token") or 0
+            handle.fencing_token = recorded.get("fencing_token")
             self.held[handle.resource] = handle
             ctx.record(
                 "lock.acquired",

@@ -296,7 +296,9 @@ class StateView:
         ``expected_version`` defaults to the version this job read (optimistic);
         a mismatch raises ``ConcurrencyError`` with expected and actual versions.
         Under a lock the write carries the lock's fencing token and is rejected
-        (``StaleFencingTokenError``) if the lock has been re-acquired since.
+        (``StaleFencingTokenError``) if the lock has been re-acquired since. A replay's
+        write carries the token the recorded lock had and is rejected only where the
+        recorded write was (``World.write_rejection``).
         """
         ctx, key = self._ctx, str(key)
         ident = (namespace, key)
@@ -405,7 +407,11 @@ class StateView:
                 delta=delta,
             )
 
-        write = StateWrite(self, resource, row, base, fences)
+        # Only a live attempt holds real locks. A replay (dry-run, fork) holds none: its
+        # tokens are the recording's, and the lock table as it is now (a lock taken again
+        # after the recording) says nothing about a write of the past; the recording said
+        # whether fencing rejected it (``write_rejection`` above).
+        write = StateWrite(self, resource, row, base, fences if ctx.world.is_live else {})
         ctx.defer(write, f"state {resource} v{new_version}")
         entity = Entity(namespace, key, new_version, data)
         self._pending[ident] = entity
@@ -466,9 +472,10 @@ class StateView:
 class StateWrite:
     """A new version of an entity, written by the commit of its step (``Recorder.defer``).
 
-    Called with that commit's transaction it checks the fencing token of every lock the
-    attempt holds, then compare-and-sets the head from ``base`` (a branch's first write of
-    an entity starts its own head: copy-on-write) and inserts the version. A dry-run, whose
+    Called with that commit's transaction it checks ``fences`` (the fencing token of every
+    lock a live attempt holds; none in a replay) against the lock table, then
+    compare-and-sets the head from ``base`` (a branch's first write of an entity starts
+    its own head: copy-on-write) and inserts the version. A dry-run, whose
     branch is created by the one transaction that writes its end, keeps its writes and
     writes them with its branch instead (``branch_with_writes``).
     """
@@ -516,8 +523,8 @@ def branch_with_writes(tx: Transaction, branch: BranchCreate, writes: Sequence[S
 
     Their compare-and-sets could only have compared with the run's own earlier writes (no
     one else knows the branch), and ``StateView.put`` checked each write against those
-    when it was made; the fencing tokens are checked here as each commit checks them.
+    when it was made. Nothing is checked against the lock table: a dry-run holds no real
+    lock, and what fencing did to each write is the recording's answer (a write it
+    rejected then is rejected at its step's commit, never written here).
     """
-    for write in writes:
-        write.check_fences(tx)
     tx.branch_create(branch, [write.row() for write in writes])
