@@ -7,6 +7,7 @@ import json
 import math
 import re
 from collections.abc import Callable
+from itertools import chain
 from json import encoder as json_encoder
 from typing import Any
 
@@ -169,6 +170,7 @@ _FAST_OPTIONS = (
 _TINY_FLOAT = re.compile(rb"[0-9]e-|0\.0000")
 # The exact types ``_plain`` lets through to orjson (``bool`` included: an exact type).
 _PLAIN_LEAVES = frozenset((str, int, float, bool, type(None)))
+_DICT = frozenset((dict,))
 
 
 def _plain(value: Any, depth: int = 0) -> bool:
@@ -191,6 +193,13 @@ def _plain(value: Any, depth: int = 0) -> bool:
         return kind in _PLAIN_LEAVES
     if _PLAIN_LEAVES.issuperset(map(type, items)):
         return True
+    if (
+        depth < MAX_DEPTH
+        and _DICT.issuperset(map(type, items))
+        and _KEYS.issuperset(map(type, chain.from_iterable(items)))
+        and _PLAIN_LEAVES.issuperset(map(type, chain.from_iterable(map(dict.values, items))))
+    ):
+        return True  # flat objects only (a response's lines): three C-level passes
     for item in items:
         kind = type(item)
         if kind in _PLAIN_LEAVES:

@@ -386,6 +386,8 @@ class Redactor:
                     new = self.whole(item)
                 elif item is None or type(item) in _SCALARS:
                     new = item  # most leaves: no call
+                elif type(item) is str:
+                    new = self.text(item)  # what ``_walk`` does with it, one call less
                 else:
                     new = self._walk(item, depth + 1)
                 if new is not item and out is None:

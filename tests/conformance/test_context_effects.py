@@ -225,3 +225,33 @@ def test_effect_records_are_per_key_not_per_job(app: replayq.App) -> None:
         app.url, "SELECT key, status FROM rq_idempotency WHERE job_id = ? ORDER BY key", (job_id,)
     )
     assert rows == [("welcome:2:email.tips", "succeeded"), ("welcome:2:email.welcome", "succeeded")]
+
+
+def test_an_effect_result_is_recorded_redacted_as_any_event_data(app: replayq.App) -> None:
+    # The ``effect.succeeded`` event takes the result as ``encoded`` redacted it (not
+    # screened a second time): a secret inside it, and a field the job's rules call
+    # secret (here ``result`` itself), never reach the trace in clear.
+    @app.job("inner", idempotency="inner:{n}")
+    def inner(ctx: replayq.Context, n: int) -> None:
+        with ctx.step("pay"):
+            ctx.effect("pay", lambda: {"charge_id": "ch_1", "password": "hunter2-secret"})
+
+    @app.job("whole", idempotency="whole:{n}", redact=replayq.Redaction(["result"]))
+    def whole(ctx: replayq.Context, n: int) -> None:
+        with ctx.step("pay"):
+            ctx.effect("pay", lambda: {"charge_id": "ch_2", "note": "visible-elsewhere"})
+
+    first = app.enqueue("inner", {"n": 1})
+    second = app.enqueue("whole", {"n": 2})
+    worker = replayq.Worker(app)
+    run_once(worker)
+    run_once(worker)
+
+    (inner_event,) = [e for e in app.trace(first) if e.name == "effect.succeeded"]
+    assert inner_event.data["result"]["charge_id"] == "ch_1"
+    assert inner_event.data["result"]["password"].startswith("[redacted")
+    assert "hunter2-secret" not in str(inner_event.data)
+    (whole_event,) = [e for e in app.trace(second) if e.name == "effect.succeeded"]
+    assert isinstance(whole_event.data["result"], str)
+    assert whole_event.data["result"].startswith("[redacted")
+    assert whole_event.data["kind"] == "pay", "the other fields as any event's"

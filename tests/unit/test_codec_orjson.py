@@ -96,6 +96,10 @@ class Name(str):
         {"id": uuid.UUID(int=1)},  # orjson writes a UUID as text
         {"colour": Colour.RED},  # and an enum member as its value
         {1: "non-string key"},
+        # The same inside a list of flat objects (judged in C-level passes, not one by one).
+        [{"a": 1}, {"id": uuid.UUID(int=1)}],
+        {"lines": [{"a": 1}, {"colour": Colour.RED}]},
+        [{"a": 1}, {2: "non-string key"}],
     ],
 )
 def test_dumps_still_refuses_what_orjson_would_write(value: Any) -> None:

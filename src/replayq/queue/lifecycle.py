@@ -64,15 +64,27 @@ def lifecycle(
     **data: Any,
 ) -> TraceEvent:
     """A lifecycle event for ``job`` (the job's own trace, its current attempt by default)."""
-    return TraceEvent(
-        trace_id=job.trace_id,
-        job_id=job.id,
-        attempt=job.attempt if attempt is None else attempt,
-        kind="lifecycle",
-        name=name,
-        ts=now,
-        hlc=hlc,
-        worker_id=worker_id,
-        status=status,
-        data=data,
+    # Every field named (``TraceEvent.built``): no frozen ``__init__`` per event, which a
+    # leased and an acked job pay twice and an enqueue once.
+    return TraceEvent.built(
+        {
+            "trace_id": job.trace_id,
+            "job_id": job.id,
+            "attempt": job.attempt if attempt is None else attempt,
+            "kind": "lifecycle",
+            "name": name,
+            "seq": None,
+            "step": None,
+            "ts": now,
+            "hlc": hlc,
+            "worker_id": worker_id,
+            "status": status,
+            "resource": None,
+            "resource_version": None,
+            "side_effect": False,
+            "input_ref": None,
+            "output_ref": None,
+            "data": data,
+            "id": None,
+        }
     )

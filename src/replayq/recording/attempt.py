@@ -80,6 +80,20 @@ class Attempt(Protocol):
         """``record`` where the fields named in ``screened`` are redacted already."""
         ...
 
+    def event_screened(
+        self,
+        name: str,
+        screened: tuple[str, ...],
+        *,
+        status: str | None = None,
+        resource: str | None = None,
+        side_effect: bool = False,
+        output_ref: str | None = None,
+        **data: Any,
+    ) -> TraceEvent:
+        """``event`` where the fields named in ``screened`` are redacted already."""
+        ...
+
     def defer(self, write: Callable[[Transaction], None], what: str = "write") -> None:
         """Run ``write(tx)`` in the transaction that commits the current step (named ``what``)."""
         ...

@@ -265,8 +265,10 @@ class EffectRunner:
                 tx,
                 [
                     *riding,
-                    ctx.event(
+                    # ``inline`` came out of ``encoded``: redacted once, not screened again.
+                    ctx.event_screened(
                         "effect.succeeded",
+                        ("result",),
                         status="success",
                         side_effect=True,
                         resource=key,

@@ -145,15 +145,16 @@ class Recorder:
         **data: Any,
     ) -> TraceEvent:
         """Record a domain event; it commits with the step (or the ack)."""
-        event = self.event(
+        # ``event``'s body: its keyword arguments are not packed and unpacked again.
+        event = self._event(
             name,
-            status=status,
-            resource=resource,
-            resource_version=resource_version,
-            side_effect=side_effect,
-            output_ref=output_ref,
-            hlc=hlc,
-            **data,
+            self.redactor.value(data),
+            status,
+            resource,
+            resource_version,
+            side_effect,
+            output_ref,
+            hlc,
         )
         self._pending.events.append(event)
         return event
@@ -175,20 +176,50 @@ class Recorder:
         screened a second time. The other fields are redacted as any event's; a field of
         ``screened`` whose name is a secret field's (a user's rule) sends the whole data
         through ``redacted``, as ``record`` would."""
-        redactor = self.redactor
-        if redactor.any_secret_field(screened):
-            merged = redactor.value(data)
-        else:
-            rest = {key: value for key, value in data.items() if key not in screened}
-            clean = redactor.value(rest)
-            merged = (
-                data
-                if clean is rest
-                else {key: value if key in screened else clean[key] for key, value in data.items()}
-            )
-        event = self._event(name, merged, status, resource, resource_version, output_ref=output_ref)
+        event = self._event(
+            name,
+            self._screened_data(screened, data),
+            status,
+            resource,
+            resource_version,
+            output_ref=output_ref,
+        )
         self._pending.events.append(event)
         return event
+
+    def event_screened(
+        self,
+        name: str,
+        screened: tuple[str, ...],
+        *,
+        status: str | None = None,
+        resource: str | None = None,
+        side_effect: bool = False,
+        output_ref: str | None = None,
+        **data: Any,
+    ) -> TraceEvent:
+        """``event`` (built, not recorded) with the fields of ``screened`` taken as they are,
+        as ``record_screened`` takes them: an effect's result, out of ``encoded``."""
+        return self._event(
+            name,
+            self._screened_data(screened, data),
+            status,
+            resource,
+            side_effect=side_effect,
+            output_ref=output_ref,
+        )
+
+    def _screened_data(self, screened: tuple[str, ...], data: dict[str, Any]) -> dict[str, Any]:
+        """``data`` redacted, its fields named in ``screened`` left as they are (see
+        ``record_screened``)."""
+        redactor = self.redactor
+        if redactor.any_secret_field(screened):
+            return redactor.value(data)  # type: ignore[no-any-return]
+        rest = {key: value for key, value in data.items() if key not in screened}
+        clean = redactor.value(rest)
+        if clean is rest:
+            return data
+        return {key: value if key in screened else clean[key] for key, value in data.items()}
 
     def record_step(
         self, name: str, status: str, data: dict[str, Any], output_ref: str | None = None
