@@ -65,6 +65,24 @@ def wait_for(condition: Callable[[], T], *, timeout: float, what: str, interval:
         time.sleep(interval)
 
 
+def wait_for_progress(
+    count: Callable[[], int], target: int, *, stall: float, what: str, interval: float = 0.2
+) -> None:
+    """Poll ``count`` until it reaches ``target``; fail naming ``what`` and the count reached
+    once it has not grown for ``stall`` seconds (a slow machine passes, a stuck worker fails)."""
+    best = count()
+    moved = time.monotonic()
+    while best < target:
+        time.sleep(interval)
+        now = count()
+        if now > best:
+            best, moved = now, time.monotonic()
+        elif time.monotonic() - moved > stall:
+            raise AssertionError(
+                f"no progress for {stall}s at {best} of {target} waiting for: {what}"
+            )
+
+
 def read_lines(log: Path) -> list[dict[str, Any]]:
     """The JSON lines a test app's handler appended to its side file."""
     if not log.exists():

@@ -87,6 +87,9 @@ _JOURNAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
 _WAL_MIN_PAGES = 64
 # How many write transactions of one connection between two looks at the free space.
 _RETUNE_EVERY = 128
+# A WAL this many times its automatic checkpoint's size has grown past checkpoints that
+# could not restart it (readers kept using it): the committing writer waits for them.
+_WAL_OVERGROWN = 2
 # Primary result codes of a fault that passes (or is fixed outside replayq) rather than a
 # bad statement: BUSY 5, LOCKED 6, NOMEM 7, READONLY 8, IOERR 10, CORRUPT 11 (what a read
 # failing EIO becomes), FULL 13, CANTOPEN 14, PROTOCOL 15 (https://sqlite.org/rescode.html).
@@ -243,6 +246,9 @@ class SqliteStorage:
         self._watchers: list[Watcher] = []
         parent = Path(self.path).expanduser().resolve().parent
         self._directory = parent
+        in_file = self.path != ":memory:" and not self.path.startswith("file:")
+        self._wal_path = f"{self.path}-wal" if in_file else None
+        self._wal_retry_above = 0
         if self.path != ":memory:" and not parent.is_dir():
             raise DatabaseUnavailableError(
                 f"cannot open SQLite database {self.path!r}: "
@@ -378,6 +384,45 @@ class SqliteStorage:
             if tx.jobs_changed:
                 for watcher in self._watchers:
                     watcher.poke()
+            self._bound_wal(conn)
+
+    def _bound_wal(self, conn: sqlite3.Connection) -> None:
+        """After a commit: restart a WAL that readers have let grow past twice its size.
+
+        The automatic checkpoint is passive: it copies the WAL's pages into the
+        database file, but the WAL restarts from its beginning only if no reader is
+        still using it. Readers that always overlap (a dashboard polling, a long
+        report) keep it growing, and on a small or nearly full disk it takes the
+        room the checkpoint needs to grow the database file: no write could ever
+        commit again, even once the readers stop. A ``RESTART`` checkpoint waits
+        (``busy_timeout``) for the readers of the WAL to finish; readers that begin
+        meanwhile read the database file, so it cannot be starved.
+        """
+        if self._wal_path is None:
+            return
+        try:
+            size = os.stat(self._wal_path).st_size
+        except OSError:
+            return
+        step = self._local.wal_pages * self._local.page_size
+        if size <= max(_WAL_OVERGROWN * step, self._wal_retry_above):
+            return
+        try:
+            busy, _, _ = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+        except sqlite3.Error as exc:  # the next write meets the fault, and handles it
+            log.debug("checkpoint of an overgrown WAL failed: %s", exc)
+            busy = 1
+        # A reader that outlasted ``busy_timeout`` (a long report): the next commits do
+        # not each wait for it again; the next try is once the WAL has grown a step more.
+        self._wal_retry_above = size + step if busy else 0
+        if busy:
+            log.warning(
+                "%s: the WAL is %d bytes: readers kept it from restarting (checkpoint "
+                "starvation); tried again once it has grown by %d bytes",
+                self.path,
+                size,
+                step,
+            )
 
     def _fault(self, conn: sqlite3.Connection, exc: sqlite3.Error) -> None:
         if _is_full(exc):
