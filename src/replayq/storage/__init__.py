@@ -16,6 +16,7 @@
     │                       outbox, steps, blobs, lineage, schedules), once, likewise
     ├── report_verbs.py     ``report``, once, likewise
     ├── retention_verbs.py  keep_transition, gc_scan and gc_apply, once, likewise
+    ├── sql_statements.py   the statement plumbing those verb mixins run on, declared once
     ├── queries.py          loads ``-- name: NAME`` queries from a backend's *.sql files
     ├── sqlite/             SqliteStorage (+ Listener: watch.py, a data_version check), likewise
     ├── postgres/           PostgresStorage (+ Listener: LISTEN/NOTIFY wake-ups), likewise

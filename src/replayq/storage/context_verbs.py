@@ -58,6 +58,7 @@ from replayq.storage.records import (
     ScheduleRecord,
     StepRecord,
 )
+from replayq.storage.sql_statements import SqlStatements
 
 Row = dict[str, Any]
 R = TypeVar("R")
@@ -101,23 +102,8 @@ _SCHEDULE_QUERIES: dict[type[Any], str] = {
 }
 
 
-class ContextVerbs:
+class ContextVerbs(SqlStatements):
     """Storage verbs of the recording context, shared by every SQL backend."""
-
-    def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
-        raise NotImplementedError
-
-    def fetchone(self, name: str, params: Mapping[str, Any] | None = None) -> Row | None:
-        raise NotImplementedError
-
-    def fetchall(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
-        raise NotImplementedError
-
-    def changed(self, name: str, params: Mapping[str, Any]) -> bool:
-        raise NotImplementedError
-
-    def executemany(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
-        raise NotImplementedError
 
     # -- state ------------------------------------------------------------------------------
 

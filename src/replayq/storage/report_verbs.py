@@ -7,11 +7,11 @@ question's SQL is a named query in the backends' ``jobs.sql``, ``window.sql`` an
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from replayq.model import StatRow
-from replayq.storage.context_verbs import Row, record
+from replayq.storage.context_verbs import record
 from replayq.storage.records import (
     JobGauge,
     OrderBreak,
@@ -32,6 +32,7 @@ from replayq.storage.reports import (
     SignalSeries,
     VersionOutcomes,
 )
+from replayq.storage.sql_statements import SqlStatements
 
 
 def by_state(query: str, states: Sequence[str] | None) -> str:
@@ -43,17 +44,8 @@ def by_state(query: str, states: Sequence[str] | None) -> str:
     return {"job_list": "job_list_by_state", "job_count": "job_count_by_state"}[query]
 
 
-class ReportVerbs:
+class ReportVerbs(SqlStatements):
     """The ``report`` verb, shared by every SQL backend."""
-
-    def list_param(self, values: Sequence[str] | Sequence[int] | None) -> Any:
-        raise NotImplementedError
-
-    def fetchone(self, name: str, params: Mapping[str, Any] | None = None) -> Row | None:
-        raise NotImplementedError
-
-    def fetchall(self, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
-        raise NotImplementedError
 
     def report(self, query: ReportQuery) -> Any:
         answer: Callable[[ReportVerbs, Any], Any] = _ANSWERS[type(query)]

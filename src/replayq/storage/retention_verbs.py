@@ -43,34 +43,14 @@ from replayq.storage.retention_params import (
     MessageIdForget,
     TraceTrim,
 )
+from replayq.storage.sql_statements import SqlStatements
 
 
-class RetentionVerbs:
+class RetentionVerbs(SqlStatements):
     """Pins and holds, gc's questions and its deletions, shared by every SQL backend."""
 
     # Whether the ledger tier lives in day partitions that gc drops (PostgreSQL).
     ledger_partitioned = False
-
-    def list_param(self, values: Sequence[str] | Sequence[int] | None) -> Any:
-        raise NotImplementedError
-
-    def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
-        raise NotImplementedError
-
-    def executemany(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
-        raise NotImplementedError
-
-    def pack_row(self, events: Sequence[TraceEvent]) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def fetchone(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
-        raise NotImplementedError
-
-    def fetchall(self, name: str, params: Mapping[str, Any] | None = None) -> list[Any]:
-        raise NotImplementedError
-
-    def changed(self, name: str, params: Mapping[str, Any]) -> bool:
-        raise NotImplementedError
 
     # -- retention ------------------------------------------------------------------------
 

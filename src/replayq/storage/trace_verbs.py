@@ -40,6 +40,7 @@ from replayq.storage import packs
 from replayq.storage.context_params import TraceFence
 from replayq.storage.context_verbs import query_params
 from replayq.storage.params import JobTrace, TraceJobs, TraceRead, TraceWindow
+from replayq.storage.sql_statements import SqlStatements
 
 # A pack later events of its attempt may join: its id, its events and, in format 2, the
 # writer of its deflate stream (``packs.PackWriter``).
@@ -77,41 +78,13 @@ def row_to_event(row: Mapping[str, Any]) -> TraceEvent:
     return TraceEvent.of(fields)
 
 
-class TraceVerbs:
+class TraceVerbs(SqlStatements):
     """The ``trace_append`` and ``trace_query`` verbs, shared by every SQL backend."""
 
-    # Set by ``SqlTransaction.__init__``: its DB-API connection, the pack later events
-    # may join (``last_pack``) and the writer of the format 2 row ``pack_row`` built last.
-    connection: Any
+    # Set by ``SqlTransaction.__init__``: the pack later events may join (``last_pack``)
+    # and the writer of the format 2 row ``pack_row`` built last.
     _last_pack: OpenPack | None
     _writer: packs.PackWriter | None
-
-    def list_param(self, values: Sequence[str] | Sequence[int] | None) -> Any:
-        raise NotImplementedError
-
-    def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
-        raise NotImplementedError
-
-    def execute_rows(self, name: str, row_sql: str, rows: int, values: Sequence[Any]) -> Any:
-        raise NotImplementedError
-
-    def executemany(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
-        raise NotImplementedError
-
-    def fetchone(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
-        raise NotImplementedError
-
-    def fetchall(self, name: str, params: Mapping[str, Any] | None = None) -> list[Any]:
-        raise NotImplementedError
-
-    def changed(self, name: str, params: Mapping[str, Any]) -> bool:
-        raise NotImplementedError
-
-    def inserted_id(self, name: str, params: Mapping[str, Any]) -> int | None:
-        raise NotImplementedError
-
-    def pack_row(self, events: Sequence[TraceEvent]) -> dict[str, Any]:
-        raise NotImplementedError
 
     def lease_check(self, job_id: int, owner_token: str) -> bool:
         raise NotImplementedError

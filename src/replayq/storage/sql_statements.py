@@ -1,0 +1,47 @@
+"""The statement plumbing every SQL verb mixin runs on, declared once.
+
+``SqlTransaction`` (``sql_transaction.py``) implements it over a DB-API connection and
+its backend's named queries; the mixins (``ContextVerbs``, ``ReportVerbs``,
+``RetentionVerbs``, ``TraceVerbs``) subclass this so that each type-checks on its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from replayq.model import TraceEvent
+
+
+class SqlStatements:
+    """Named statements on the transaction's connection; see ``SqlTransaction``."""
+
+    # The transaction's DB-API connection (set by ``SqlTransaction.__init__``).
+    connection: Any
+
+    def list_param(self, values: Sequence[str] | Sequence[int] | None) -> Any:
+        raise NotImplementedError
+
+    def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
+        raise NotImplementedError
+
+    def execute_rows(self, name: str, row_sql: str, rows: int, values: Sequence[Any]) -> Any:
+        raise NotImplementedError
+
+    def executemany(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        raise NotImplementedError
+
+    def fetchone(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
+        raise NotImplementedError
+
+    def fetchall(self, name: str, params: Mapping[str, Any] | None = None) -> list[Any]:
+        raise NotImplementedError
+
+    def changed(self, name: str, params: Mapping[str, Any]) -> bool:
+        raise NotImplementedError
+
+    def inserted_id(self, name: str, params: Mapping[str, Any]) -> int | None:
+        raise NotImplementedError
+
+    def pack_row(self, events: Sequence[TraceEvent]) -> dict[str, Any]:
+        raise NotImplementedError
