@@ -1,0 +1,118 @@
+"""The SQLite WAL stays bounded under readers that never pause, and a reader that
+outlasts ``busy_timeout`` does not make every commit wait for it.
+
+SQLite's automatic checkpoint is passive: it restarts the WAL only when no reader is
+using it, so overlapping readers let the WAL grow past every checkpoint (on a small disk,
+until nothing can commit; ``test_sqlite_faults.py`` causes that on a full tmpfs). replayq
+restarts a WAL that has grown past twice its checkpoint size from the commit that finds
+it so (docs/reliability.md, "How SQLite gets through a full disk"). Real files, real
+reader connections in threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import replayq
+
+# The automatic checkpoint's size on a disk with room (``_WAL_AUTOCHECKPOINT_PAGES``).
+CHECKPOINT_BYTES = 4000 * 4096
+
+
+def _app(db: Path, query: str = "") -> replayq.App:
+    app = replayq.App(f"sqlite:///{db}{query}")
+
+    @app.job("noop")
+    def noop(ctx: replayq.Context, n: int) -> None: ...
+
+    return app
+
+
+def _wal_bytes(db: Path) -> int:
+    return Path(f"{db}-wal").stat().st_size
+
+
+@contextlib.contextmanager
+def _readers(db: Path, *, count: int, hold: float) -> Iterator[None]:
+    """``count`` threads in staggered read transactions of ``hold`` seconds each (one is
+    always open); ``hold`` = 0 means one read transaction kept open until the end."""
+    stop = threading.Event()
+    opened = threading.Barrier(count + 1)
+
+    def read(offset: float) -> None:
+        with contextlib.closing(sqlite3.connect(db, isolation_level=None)) as conn:
+            time.sleep(offset)
+            conn.execute("BEGIN")
+            conn.execute("SELECT COUNT(*) FROM rq_jobs").fetchone()
+            opened.wait()
+            while not stop.is_set():
+                if hold:
+                    time.sleep(hold)
+                    conn.execute("COMMIT")
+                    conn.execute("BEGIN")
+                    conn.execute("SELECT COUNT(*) FROM rq_jobs").fetchone()
+                else:
+                    stop.wait(0.05)
+            conn.execute("COMMIT")
+
+    threads = [threading.Thread(target=read, args=(n * hold / count,)) for n in range(count)]
+    for thread in threads:
+        thread.start()
+    opened.wait()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=10)
+
+
+def test_readers_that_never_pause_do_not_let_the_wal_outgrow_twice_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "q.db"
+    app = _app(db)
+    app.enqueue("noop", {"n": -1})  # the schema exists for the readers
+    largest = 0
+    with _readers(db, count=2, hold=0.02):
+        # ~28 KB of WAL an enqueue: 3,000 are ~5 checkpoints' worth, all under readers.
+        for n in range(3000):
+            app.enqueue("noop", {"n": n})
+            if n % 100 == 0:
+                largest = max(largest, _wal_bytes(db))
+    largest = max(largest, _wal_bytes(db))
+    app.close()
+    # Restarted once past twice the checkpoint's size: the file (never shrunk before a
+    # restart) stays within that plus the commits between a restart and its truncation.
+    assert largest <= 2 * CHECKPOINT_BYTES + 2 * 1024 * 1024, largest
+
+
+def test_a_reader_that_outlasts_busy_timeout_is_logged_and_not_waited_for_at_every_commit(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    db = tmp_path / "q.db"
+    app = _app(db, "?busy_timeout=200")
+    app.enqueue("noop", {"n": -1})
+    caplog.set_level(logging.WARNING, logger="replayq.storage.sqlite")
+    with _readers(db, count=1, hold=0):  # one read transaction, open throughout
+        started = time.monotonic()
+        for n in range(4000):
+            app.enqueue("noop", {"n": n})
+        spent = time.monotonic() - started
+    wal = _wal_bytes(db)
+    app.close()
+    starved = [r for r in caplog.records if "checkpoint starvation" in r.getMessage()]
+    # The WAL grew to several checkpoints' size (nothing could restart it); each try
+    # past twice its size waited 0.2 s for the reader once, then waited for more growth.
+    assert wal > 3 * CHECKPOINT_BYTES, wal
+    assert 1 <= len(starved) <= wal // CHECKPOINT_BYTES, [r.getMessage() for r in starved]
+    # Had every commit past the bound waited its 0.2 s, this would take minutes.
+    assert spent < 4000 * 0.2 / 20, spent
