@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -25,6 +27,10 @@ import replayq
 
 # The automatic checkpoint's size on a disk with room (``_WAL_AUTOCHECKPOINT_PAGES``).
 CHECKPOINT_BYTES = 4000 * 4096
+# What the WAL stays under here: restarted past twice the checkpoint's size, a try that
+# times out (a loaded machine) or meets another process's checkpoint costs up to one
+# checkpoint's growth more. Without the bound these runs end at 170-250 MB.
+BOUND = 4 * CHECKPOINT_BYTES + 2 * 1024 * 1024
 
 
 def _app(db: Path, query: str = "") -> replayq.App:
@@ -83,23 +89,24 @@ def test_readers_that_never_pause_do_not_let_the_wal_outgrow_twice_its_checkpoin
     app.enqueue("noop", {"n": -1})  # the schema exists for the readers
     largest = 0
     with _readers(db, count=2, hold=0.02):
-        # ~28 KB of WAL an enqueue: 3,000 are ~5 checkpoints' worth, all under readers.
-        for n in range(3000):
+        # ~28 KB of WAL an enqueue: 6,000 are ~10 checkpoints' worth, all under readers
+        # (without the bound the WAL ends at ~170 MB).
+        for n in range(6000):
             app.enqueue("noop", {"n": n})
             if n % 100 == 0:
                 largest = max(largest, _wal_bytes(db))
     largest = max(largest, _wal_bytes(db))
     app.close()
-    # Restarted once past twice the checkpoint's size: the file (never shrunk before a
-    # restart) stays within that plus the commits between a restart and its truncation.
-    assert largest <= 2 * CHECKPOINT_BYTES + 2 * 1024 * 1024, largest
+    # Restarted once past twice the checkpoint's size; on a loaded machine a try can
+    # outlast its 0.2 s wait and the next comes a checkpoint's growth later.
+    assert largest <= BOUND, largest
 
 
 def test_a_reader_that_outlasts_busy_timeout_is_logged_and_not_waited_for_at_every_commit(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     db = tmp_path / "q.db"
-    app = _app(db, "?busy_timeout=200")
+    app = _app(db)
     app.enqueue("noop", {"n": -1})
     caplog.set_level(logging.WARNING, logger="replayq.storage.sqlite")
     with _readers(db, count=1, hold=0):  # one read transaction, open throughout
@@ -111,8 +118,46 @@ def test_a_reader_that_outlasts_busy_timeout_is_logged_and_not_waited_for_at_eve
     app.close()
     starved = [r for r in caplog.records if "checkpoint starvation" in r.getMessage()]
     # The WAL grew to several checkpoints' size (nothing could restart it); each try
-    # past twice its size waited 0.2 s for the reader once, then waited for more growth.
+    # past twice its size waited 0.2 s for the reader once, then waited for more growth
+    # (the wait is replayq's own, not the connection's busy_timeout of 5 s).
     assert wal > 3 * CHECKPOINT_BYTES, wal
     assert 1 <= len(starved) <= wal // CHECKPOINT_BYTES, [r.getMessage() for r in starved]
     # Had every commit past the bound waited its 0.2 s, this would take minutes.
     assert spent < 4000 * 0.2 / 20, spent
+
+
+ENQUEUER = """
+import sys
+import replayq
+app = replayq.App(f"sqlite:///{sys.argv[1]}")
+app.job("noop")(lambda ctx, n: None)
+for n in range(int(sys.argv[2])):
+    app.enqueue("noop", {"n": n})
+app.close()
+"""
+
+
+def test_the_bound_holds_with_several_writing_processes(tmp_path: Path) -> None:
+    db = tmp_path / "q.db"
+    app = _app(db)
+    app.enqueue("noop", {"n": -1})
+    logs = [tmp_path / f"writer-{n}.log" for n in range(2)]
+    largest = 0
+    with _readers(db, count=2, hold=0.02):
+        writers = []
+        for log in logs:
+            with log.open("w") as out:
+                command = [sys.executable, "-c", ENQUEUER, str(db), "4000"]
+                writers.append(subprocess.Popen(command, stderr=out))
+        while any(w.poll() is None for w in writers):
+            largest = max(largest, _wal_bytes(db))
+            time.sleep(0.01)
+    errors = [log.read_text()[-2000:] for log in logs]
+    assert [w.returncode for w in writers] == [0, 0], errors
+    largest = max(largest, _wal_bytes(db))
+    app.close()
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        assert conn.execute("SELECT COUNT(*) FROM rq_jobs").fetchone()[0] == 8001
+    # A process whose try meets the other's checkpoint (SQLite's checkpoint lock) tries
+    # again at its next commit; no writer waited past its busy_timeout (return codes).
+    assert largest <= BOUND, largest

@@ -90,6 +90,9 @@ _RETUNE_EVERY = 128
 # A WAL this many times its automatic checkpoint's size has grown past checkpoints that
 # could not restart it (readers kept using it): the committing writer waits for them.
 _WAL_OVERGROWN = 2
+# How long that commit waits for the WAL's readers. It holds the write lock meanwhile:
+# other writers (their own ``busy_timeout`` is seconds) wait at most this long for it.
+_WAL_RESTART_WAIT_MS = 200
 # Primary result codes of a fault that passes (or is fixed outside replayq) rather than a
 # bad statement: BUSY 5, LOCKED 6, NOMEM 7, READONLY 8, IOERR 10, CORRUPT 11 (what a read
 # failing EIO becomes), FULL 13, CANTOPEN 14, PROTOCOL 15 (https://sqlite.org/rescode.html).
@@ -395,8 +398,9 @@ class SqliteStorage:
         report) keep it growing, and on a small or nearly full disk it takes the
         room the checkpoint needs to grow the database file: no write could ever
         commit again, even once the readers stop. A ``RESTART`` checkpoint waits
-        (``busy_timeout``) for the readers of the WAL to finish; readers that begin
-        meanwhile read the database file, so it cannot be starved.
+        (``_WAL_RESTART_WAIT_MS``, not ``busy_timeout``: it holds the write lock, and a
+        writer of another process waiting for it could time out) for the readers of the
+        WAL to finish; readers that begin meanwhile read the database file.
         """
         if self._wal_path is None:
             return
@@ -408,11 +412,16 @@ class SqliteStorage:
         if size <= max(_WAL_OVERGROWN * step, self._wal_retry_above):
             return
         try:
-            busy, _, _ = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+            conn.execute(f"PRAGMA busy_timeout = {_WAL_RESTART_WAIT_MS}")
+            busy, frames, _ = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
         except sqlite3.Error as exc:  # the next write meets the fault, and handles it
             log.debug("checkpoint of an overgrown WAL failed: %s", exc)
-            busy = 1
-        # A reader that outlasted ``busy_timeout`` (a long report): the next commits do
+            busy, frames = 1, 0  # backs off a step, as a reader that outlasts the wait
+        finally:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
+        if busy and frames < 0:
+            return  # another connection is checkpointing (it holds the lock): next commit
+        # A reader that outlasted the wait (a long report): the next commits do
         # not each wait for it again; the next try is once the WAL has grown a step more.
         self._wal_retry_above = size + step if busy else 0
         if busy:
