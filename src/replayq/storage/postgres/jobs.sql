@@ -193,25 +193,23 @@ WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running'
 FOR SHARE;
 
 -- name: leases_extend
--- A worker's heartbeat: every lease of the rows (job_ids[i], owner_tokens[i],
--- lease_seconds[i]) in one statement; RETURNING names the leases still held.
+-- A worker's heartbeat: every lease of %(rows)s, a JSON array of {job_ids, owner_tokens,
+-- lease_seconds} (``rows_param``), in one statement; RETURNING names the leases still held.
 UPDATE rq_jobs AS j
 SET lease_deadline = COALESCE(%(lease_now)s::float8, extract(epoch FROM statement_timestamp())::float8) + l.lease_seconds
-FROM unnest(%(job_ids)s::bigint[], %(owner_tokens)s::text[], %(lease_seconds)s::float8[])
-    AS l(id, owner_token, lease_seconds)
-WHERE j.id = l.id AND j.owner_token = l.owner_token AND j.state = 'running'
+FROM json_to_recordset(%(rows)s::json) AS l(job_ids bigint, owner_tokens text, lease_seconds float8)
+WHERE j.id = l.job_ids AND j.owner_token = l.owner_tokens AND j.state = 'running'
 RETURNING j.id;
 
 -- name: jobs_complete
--- A group commit's acks in one statement: the rows (job_ids[i], owner_tokens[i],
--- results[i], hlcs[i]), all finished at %(now)s; RETURNING names the jobs whose lease
--- was still held.
+-- A group commit's acks in one statement: %(rows)s is a JSON array of {job_ids,
+-- owner_tokens, results, hlcs} (``rows_param``), all finished at %(now)s; RETURNING names
+-- the jobs whose lease was still held.
 UPDATE rq_jobs AS j
-SET state = 'succeeded', result = c.result, finished_at = %(now)s, owner_token = NULL,
-    lease_deadline = NULL, hlc = c.hlc
-FROM unnest(%(job_ids)s::bigint[], %(owner_tokens)s::text[], %(results)s::text[],
-            %(hlcs)s::bigint[]) AS c(id, owner_token, result, hlc)
-WHERE j.id = c.id AND j.owner_token = c.owner_token AND j.state = 'running'
+SET state = 'succeeded', result = c.results, finished_at = %(now)s, owner_token = NULL,
+    lease_deadline = NULL, hlc = c.hlcs
+FROM json_to_recordset(%(rows)s::json) AS c(job_ids bigint, owner_tokens text, results text, hlcs bigint)
+WHERE j.id = c.job_ids AND j.owner_token = c.owner_tokens AND j.state = 'running'
 RETURNING j.id;
 
 -- name: job_retry
@@ -465,12 +463,15 @@ VALUES (%(trace_id)s, %(job_id)s::bigint, %(attempt)s::integer, %(worker_id)s::t
 RETURNING id;
 
 -- name: trace_append_rows
--- Many packs in one statement (a lease batch's, a group commit's): an array per column.
--- The ids rise in the order of the rows (one sequence, called row by row).
+-- Many packs in one statement (a lease batch's, a group commit's): %(rows)s is a JSON
+-- array of pack rows (objects; ``packs.pack_row``), cheaper to send than an array per
+-- column, whose elements the driver dumps one by one in Python. The ids rise in the order
+-- of the rows (one sequence, called row by row).
 INSERT INTO rq_trace (trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events)
-SELECT * FROM unnest(%(trace_id)b::text[], %(job_id)b::bigint[], %(attempt)b::integer[],
-                     %(worker_id)b::text[], %(hlc)b::bigint[], %(hlc_last)b::bigint[],
-                     %(ts)b::float8[], %(events)b::text[])
+SELECT trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events
+FROM json_to_recordset(%(rows)s::json)
+    AS r(trace_id text, job_id bigint, attempt integer, worker_id text, hlc bigint,
+         hlc_last bigint, ts float8, events text)
 RETURNING id;
 
 -- name: trace_append_fenced
