@@ -197,7 +197,7 @@ def test_a_group_of_acks_completes_exactly_the_jobs_its_tokens_still_hold(
 
 
 def test_a_group_commit_gives_back_its_texts_times_and_clocks_exactly(storage: Storage) -> None:
-    """The rows of a group (its acks, its packs) go to the database in one parameter:
+    """A group commit's acks and packs (the packs one JSON parameter on PostgreSQL):
     escapes, quotes, backslashes, characters outside the BMP, a float time to the last
     bit and a 63-bit clock read back as they were written."""
     text = 'quote " backslash \\ nul \\u0000 tab \\t é 𝄞 \u2028'

@@ -298,7 +298,7 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         leases = [(job_id, token, float(seconds)) for job_id, token, seconds in params.leases]
         values = {
             "lease_now": lease_now(params.now, params.database_clock),
-            **self.rows_param(("id", "owner_token", "lease_seconds"), leases),
+            **self.rows_param(("job_ids", "owner_tokens", "lease_seconds"), leases),
         }
         rows = self.fetchall("leases_extend", values)
         return {int(row["id"]) for row in rows}
@@ -306,7 +306,7 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
     def jobs_complete(self, params: JobsComplete) -> set[int]:
         self.jobs_changed = True
         # The time is a scalar: SQLite's JSON reads a float back a bit off.
-        rows = self.rows_param(("id", "owner_token", "result", "hlc"), params.jobs)
+        rows = self.rows_param(("job_ids", "owner_tokens", "results", "hlcs"), params.jobs)
         return {
             int(row["id"]) for row in self.fetchall("jobs_complete", {"now": params.now, **rows})
         }

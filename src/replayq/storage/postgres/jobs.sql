@@ -193,22 +193,24 @@ WHERE id = %(job_id)s AND owner_token = %(owner_token)s AND state = 'running'
 FOR SHARE;
 
 -- name: leases_extend
--- A worker's heartbeat: every lease of %(rows)s, a JSON array of {id, owner_token,
--- lease_seconds} (``rows_param``), in one statement; RETURNING names the leases still held.
+-- A worker's heartbeat: every lease of the rows (job_ids[i], owner_tokens[i],
+-- lease_seconds[i]) in one statement; RETURNING names the leases still held.
 UPDATE rq_jobs AS j
 SET lease_deadline = COALESCE(%(lease_now)s::float8, extract(epoch FROM statement_timestamp())::float8) + l.lease_seconds
-FROM json_to_recordset(%(rows)s::json) AS l(id bigint, owner_token text, lease_seconds float8)
+FROM unnest(%(job_ids)s::bigint[], %(owner_tokens)s::text[], %(lease_seconds)s::float8[])
+    AS l(id, owner_token, lease_seconds)
 WHERE j.id = l.id AND j.owner_token = l.owner_token AND j.state = 'running'
 RETURNING j.id;
 
 -- name: jobs_complete
--- A group commit's acks in one statement: %(rows)s is a JSON array of {id, owner_token,
--- result, hlc} (``rows_param``), all finished at %(now)s; RETURNING names the jobs whose
--- lease was still held.
+-- A group commit's acks in one statement: the rows (job_ids[i], owner_tokens[i],
+-- results[i], hlcs[i]), all finished at %(now)s; RETURNING names the jobs whose lease
+-- was still held.
 UPDATE rq_jobs AS j
 SET state = 'succeeded', result = c.result, finished_at = %(now)s, owner_token = NULL,
     lease_deadline = NULL, hlc = c.hlc
-FROM json_to_recordset(%(rows)s::json) AS c(id bigint, owner_token text, result text, hlc bigint)
+FROM unnest(%(job_ids)s::bigint[], %(owner_tokens)s::text[], %(results)s::text[],
+            %(hlcs)s::bigint[]) AS c(id, owner_token, result, hlc)
 WHERE j.id = c.id AND j.owner_token = c.owner_token AND j.state = 'running'
 RETURNING j.id;
 
