@@ -24,7 +24,9 @@ database ``test``) and measures replayq with 1 and 2 worker processes beside a r
 psycopg ``SKIP LOCKED`` loop (batch 1 and 100), PgQueuer and Procrastinate
 (``postgres_baselines.py``). Both backends also measure replayq's enqueue→start
 latency with one idle worker process (LISTEN on PostgreSQL, the file watch on SQLite)
-and that worker's CPU while idle.
+and that worker's CPU while idle. On PostgreSQL the drains' worker CPU per job is
+measured too (``getrusage`` of the waited worker processes), whole and beyond the same
+process's empty-queue run, for replayq (1 process), PgQueuer and Procrastinate.
 
 A backend is one ``run_<backend>(options) -> list[Measurement]`` function
 registered in ``BACKENDS``; the report and the ratios are shared.
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import sqlite3
@@ -102,6 +105,13 @@ def timed(fn: Callable[[], object]) -> float:
     started = time.perf_counter()
     fn()
     return time.perf_counter() - started
+
+
+def children_cpu() -> float:
+    """User + system CPU seconds of every child process waited for so far (``getrusage``):
+    the difference around a drain is its worker processes' CPU."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def timed_process(argv: Sequence[str], expect: Callable[[str], None]) -> float:
@@ -274,8 +284,11 @@ def pg_replayq_app(url: str) -> replayq.App:
     return app
 
 
-def pg_replayq_drain(opts: Options, processes: int) -> tuple[float, float, float, float]:
-    """(enqueue one by one s, enqueue bulk s, drain s, empty-queue s), ``processes`` workers."""
+def pg_replayq_drain(
+    opts: Options, processes: int
+) -> tuple[float, float, float, float, float, float]:
+    """(enqueue one by one s, enqueue bulk s, drain s, empty-queue s, the drain's and the
+    empty queue's worker CPU s), ``processes`` workers."""
     with pg_schema("replayq") as url:
         app = pg_replayq_app(url)
         single = timed(lambda: [app.enqueue("noop", {"n": n}) for n in range(opts.jobs)])
@@ -300,13 +313,16 @@ def pg_replayq_drain(opts: Options, processes: int) -> tuple[float, float, float
                     raise SystemExit(f"replayq worker failed ({proc.returncode}):\n{err.decode()}")
             return time.perf_counter() - started
 
+        cpu = children_cpu()
         drain = drain_with_workers()
+        cpu, empty_cpu = children_cpu() - cpu, children_cpu()
         states = pg_replayq_states(url)
         want = {"succeeded": opts.jobs, "event job.succeeded": opts.jobs}
         if any(states.get(key) != count for key, count in want.items()):
             raise SystemExit(f"replayq drain did not finish every job: {states}")
         empty = drain_with_workers()
-    return single, bulk, drain, empty
+        empty_cpu = children_cpu() - empty_cpu
+    return single, bulk, drain, empty, cpu, empty_cpu
 
 
 def process_cpu_seconds(pid: int) -> float:
@@ -395,8 +411,9 @@ def pg_raw_drain(opts: Options, batch: int) -> tuple[float, float]:
     return drain, empty
 
 
-def pg_library(opts: Options, system: str) -> tuple[float, float, float, float]:
-    """(enqueue one by one s, enqueue bulk s, drain s, empty-queue s): pgqueuer, procrastinate."""
+def pg_library(opts: Options, system: str) -> tuple[float, float, float, float, float, float]:
+    """(enqueue one by one s, enqueue bulk s, drain s, empty-queue s, the drain's and the
+    empty queue's worker CPU s): pgqueuer, procrastinate."""
     enqueue = {
         "pgqueuer": postgres_baselines.pgqueuer_enqueue,
         "procrastinate": postgres_baselines.procrastinate_enqueue,
@@ -411,9 +428,12 @@ def pg_library(opts: Options, system: str) -> tuple[float, float, float, float]:
             if int(stdout.strip().splitlines()[-1]) != 0:
                 raise SystemExit(f"{system} left {stdout.strip()} jobs behind")
 
+        cpu = children_cpu()
         drain = timed_process(argv, expect)
+        cpu, empty_cpu = children_cpu() - cpu, children_cpu()
         empty = timed_process(argv, expect)
-    return single, bulk, drain, empty
+        empty_cpu = children_cpu() - empty_cpu
+    return single, bulk, drain, empty, cpu, empty_cpu
 
 
 def run_postgres(opts: Options) -> list[Measurement]:
@@ -445,6 +465,10 @@ def run_postgres(opts: Options) -> list[Measurement]:
             Measurement("raw100", "drain", n, (raw100[0],), raw100[1]),
             Measurement("pgqueuer", "drain", n, (pgq[2],), pgq[3]),
             Measurement("procrastinate", "drain", n, (proc[2],), proc[3]),
+            # The worker processes' CPU seconds (``startup``: on the empty queue).
+            Measurement("replayq", "drain, CPU", n, (one[4],), one[5]),
+            Measurement("pgqueuer", "drain, CPU", n, (pgq[4],), pgq[5]),
+            Measurement("procrastinate", "drain, CPU", n, (proc[4],), proc[5]),
         ]
     return merge_runs(rows) + idle_rows(pg_replayq_latency(opts))
 
@@ -648,7 +672,7 @@ def report_postgres(opts: Options, rows: list[Measurement], load: tuple[str, str
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for m in rows:
-        if m.operation in IDLE_OPERATIONS:
+        if m.operation in IDLE_OPERATIONS or m.operation.endswith(", CPU"):
             continue
         start = "" if m.startup is None else f"{m.startup:.3f}"
         after = "" if m.rate_after_start is None else f"{m.rate_after_start:,.0f}"
@@ -676,7 +700,33 @@ def report_postgres(opts: Options, rows: list[Measurement], load: tuple[str, str
         lines.append(
             f"| replayq / {LABELS[other]} | {ours.rate / base.rate:.0%} | {after} | {aim} |"
         )
-    return "\n".join(lines + idle_lines(rows, opts.idle_poll, "LISTEN", 5))
+    return "\n".join(lines + cpu_lines(rows) + idle_lines(rows, opts.idle_poll, "LISTEN", 5))
+
+
+def cpu_lines(rows: Sequence[Measurement]) -> list[str]:
+    """The drains' worker CPU per job (whole process, and beyond its empty-queue run)."""
+    cpu = {m.system: m for m in rows if m.operation == "drain, CPU"}
+    if "replayq" not in cpu:
+        return []
+    ours = cpu["replayq"]
+    lines = [
+        "",
+        "| worker CPU per job (1 process) | µs, whole process | µs, beyond process start "
+        "| replayq / it (beyond start) |",
+        "|---|---:|---:|---:|",
+    ]
+    for system, m in cpu.items():
+        ratio = "" if system == "replayq" else f"{cpu_after_start(ours) / cpu_after_start(m):.2f}"
+        lines.append(
+            f"| {LABELS[system]} | {m.seconds / m.jobs * 1e6:.0f} "
+            f"| {cpu_after_start(m) * 1e6:.0f} | {ratio} |"
+        )
+    return lines
+
+
+def cpu_after_start(m: Measurement) -> float:
+    """CPU seconds per job of a drain beyond its empty-queue run (process start, imports)."""
+    return (m.seconds - (m.startup or 0.0)) / m.jobs
 
 
 IDLE_OPERATIONS = ("enqueue→start latency", "idle worker CPU fraction")
@@ -719,6 +769,9 @@ def as_json(
             figure |= {"probes": len(ms), "p50_ms": statistics.median(ms), "max_ms": ms[-1]}
         elif m.operation.endswith(", CPU"):
             figure |= {"jobs": m.jobs, "cpu_us_per_job": round(m.seconds / m.jobs * 1e6, 1)}
+            if m.startup is not None:
+                after = round(cpu_after_start(m) * 1e6, 1)
+                figure |= {"cpu_us_per_job_after_start": after}
         elif m.operation == "idle worker CPU fraction":
             figure |= {"cpu_fraction": m.runs[0], "seconds": IDLE_CPU_SECONDS}
         else:
