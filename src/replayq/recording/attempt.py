@@ -87,6 +87,7 @@ class Attempt(Protocol):
         *,
         status: str | None = None,
         resource: str | None = None,
+        resource_version: int | None = None,
         side_effect: bool = False,
         output_ref: str | None = None,
         **data: Any,

@@ -176,13 +176,14 @@ class Recorder:
         screened a second time. The other fields are redacted as any event's; a field of
         ``screened`` whose name is a secret field's (a user's rule) sends the whole data
         through ``redacted``, as ``record`` would."""
-        event = self._event(
+        event = self.event_screened(
             name,
-            self._screened_data(screened, data),
-            status,
-            resource,
-            resource_version,
+            screened,
+            status=status,
+            resource=resource,
+            resource_version=resource_version,
             output_ref=output_ref,
+            **data,
         )
         self._pending.events.append(event)
         return event
@@ -194,19 +195,21 @@ class Recorder:
         *,
         status: str | None = None,
         resource: str | None = None,
+        resource_version: int | None = None,
         side_effect: bool = False,
         output_ref: str | None = None,
         **data: Any,
     ) -> TraceEvent:
         """``event`` (built, not recorded) with the fields of ``screened`` taken as they are,
-        as ``record_screened`` takes them: an effect's result, out of ``encoded``."""
+        as ``record_screened`` takes them (an effect's result, out of ``encoded``)."""
         return self._event(
             name,
             self._screened_data(screened, data),
             status,
             resource,
-            side_effect=side_effect,
-            output_ref=output_ref,
+            resource_version,
+            side_effect,
+            output_ref,
         )
 
     def _screened_data(self, screened: tuple[str, ...], data: dict[str, Any]) -> dict[str, Any]:
