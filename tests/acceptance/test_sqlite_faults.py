@@ -22,7 +22,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -37,6 +36,7 @@ from tests.acceptance.workers import WorkerLauncher, read_lines, wait_for, wait_
 from tests.apps import storage_faults
 from tests.conftest import missing
 from tests.services import Service
+from tests.sqlite_readers import readers_that_never_pause
 
 APP = "tests.apps.storage_faults:app"
 HOLD_LOCK = """
@@ -244,36 +244,6 @@ def small_disk(tmp_path: Path):  # type: ignore[no-untyped-def]
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-@contextlib.contextmanager
-def readers_that_never_pause(database: Path, count: int, hold: float = 0.1) -> Iterator[None]:
-    """``count`` threads, each in a read transaction of ``hold`` seconds after another,
-    staggered so that one is always open (a dashboard that polls, a report): the WAL's
-    automatic checkpoints can never restart it while they read."""
-    stop = threading.Event()
-
-    def read(offset: float) -> None:
-        time.sleep(offset)
-        uri = f"file:{database}?mode=ro"
-        with contextlib.closing(sqlite3.connect(uri, uri=True, isolation_level=None)) as conn:
-            while not stop.is_set():
-                conn.execute("BEGIN")
-                conn.execute("SELECT COUNT(*) FROM rq_jobs").fetchone()
-                time.sleep(hold)
-                conn.execute("COMMIT")
-
-    threads = [
-        threading.Thread(target=read, args=(n * hold / count,), daemon=True) for n in range(count)
-    ]
-    for thread in threads:
-        thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=5)
-
-
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("readers", [0, 2], ids=["quiet", "readers-never-pause"])
 def test_a_full_disk_is_waited_out_and_the_worker_resumes_when_space_is_freed(
@@ -297,7 +267,7 @@ def test_a_full_disk_is_waited_out_and_the_worker_resumes_when_space_is_freed(
         # With readers that never pause, only a checkpoint that waits for them (replayq's,
         # once the WAL has outgrown its automatic checkpoints) keeps the WAL from taking
         # the whole disk, the room the checkpoint itself needs included.
-        reading.enter_context(readers_that_never_pause(database, readers))
+        reading.enter_context(readers_that_never_pause(database, count=readers, hold=0.1))
         hold, env = storage_faults.hold_inside_step(tmp_path)
         worker = launcher.start("w0", app=APP, concurrency=2, env=env)
         held = next(j for j in app.list_jobs(limit=1000) if j.payload["n"] == 10)

@@ -16,14 +16,13 @@ import logging
 import sqlite3
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import replayq
+from tests.sqlite_readers import readers_that_never_pause
 
 # The automatic checkpoint's size on a disk with room (``_WAL_AUTOCHECKPOINT_PAGES``).
 CHECKPOINT_BYTES = 4000 * 4096
@@ -46,41 +45,6 @@ def _wal_bytes(db: Path) -> int:
     return Path(f"{db}-wal").stat().st_size
 
 
-@contextlib.contextmanager
-def _readers(db: Path, *, count: int, hold: float) -> Iterator[None]:
-    """``count`` threads in staggered read transactions of ``hold`` seconds each (one is
-    always open); ``hold`` = 0 means one read transaction kept open until the end."""
-    stop = threading.Event()
-    opened = threading.Barrier(count + 1)
-
-    def read(offset: float) -> None:
-        with contextlib.closing(sqlite3.connect(db, isolation_level=None)) as conn:
-            time.sleep(offset)
-            conn.execute("BEGIN")
-            conn.execute("SELECT COUNT(*) FROM rq_jobs").fetchone()
-            opened.wait()
-            while not stop.is_set():
-                if hold:
-                    time.sleep(hold)
-                    conn.execute("COMMIT")
-                    conn.execute("BEGIN")
-                    conn.execute("SELECT COUNT(*) FROM rq_jobs").fetchone()
-                else:
-                    stop.wait(0.05)
-            conn.execute("COMMIT")
-
-    threads = [threading.Thread(target=read, args=(n * hold / count,)) for n in range(count)]
-    for thread in threads:
-        thread.start()
-    opened.wait()
-    try:
-        yield
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=10)
-
-
 def test_readers_that_never_pause_do_not_let_the_wal_outgrow_twice_its_checkpoint(
     tmp_path: Path,
 ) -> None:
@@ -88,7 +52,7 @@ def test_readers_that_never_pause_do_not_let_the_wal_outgrow_twice_its_checkpoin
     app = _app(db)
     app.enqueue("noop", {"n": -1})  # the schema exists for the readers
     largest = 0
-    with _readers(db, count=2, hold=0.02):
+    with readers_that_never_pause(db, count=2, hold=0.02):
         # ~28 KB of WAL an enqueue: 6,000 are ~10 checkpoints' worth, all under readers
         # (without the bound the WAL ends at ~170 MB).
         for n in range(6000):
@@ -109,7 +73,7 @@ def test_a_reader_that_outlasts_busy_timeout_is_logged_and_not_waited_for_at_eve
     app = _app(db)
     app.enqueue("noop", {"n": -1})
     caplog.set_level(logging.WARNING, logger="replayq.storage.sqlite")
-    with _readers(db, count=1, hold=0):  # one read transaction, open throughout
+    with readers_that_never_pause(db, count=1, hold=0):  # one read transaction, open throughout
         started = time.monotonic()
         for n in range(4000):
             app.enqueue("noop", {"n": n})
@@ -143,7 +107,7 @@ def test_the_bound_holds_with_several_writing_processes(tmp_path: Path) -> None:
     app.enqueue("noop", {"n": -1})
     logs = [tmp_path / f"writer-{n}.log" for n in range(2)]
     largest = 0
-    with _readers(db, count=2, hold=0.02):
+    with readers_that_never_pause(db, count=2, hold=0.02):
         writers = []
         for log in logs:
             with log.open("w") as out:
