@@ -121,10 +121,9 @@ def test_frozen_worker_past_its_lease_gets_no_write_and_no_effect_accepted(
         """The jobs whose handler the frozen worker started and did not finish itself: it
         was inside them when the taker took their leases (the side file says who started
         what; the job's result says whose run counted)."""
-        started = {x["n"] for x in read_lines(sink) if x["event"] == "start"}
-        started_by_frozen = {
-            x["n"] for x in read_lines(sink) if x["event"] == "start" and x["worker"] == "frozen"
-        }
+        starts = [x for x in read_lines(sink) if x["event"] == "start"]
+        started = {x["n"] for x in starts}
+        started_by_frozen = {x["n"] for x in starts if x["worker"] == "frozen"}
         assert started == set(range(JOBS))
         return [
             ids[n]
