@@ -168,6 +168,36 @@ def test_enqueue_lease_complete_round_trip(storage: Storage) -> None:
     assert done is not None and done.state is JobState.SUCCEEDED and done.result == {"ok": True}
 
 
+class _Abandoned(Exception):
+    """Raised inside a transaction to roll it back."""
+
+
+@pytest.mark.parametrize("claim_first", [True, False], ids=["claim-first", "after-a-read"])
+def test_a_lease_is_undone_with_the_transaction_it_was_taken_in(
+    storage: Storage, claim_first: bool
+) -> None:
+    """A claim belongs to its transaction, whether or not it is the transaction's first
+    statement: rolled back with it, it leaves the job queued as it was. (PostgreSQL
+    committed a first-statement claim on its own: a worker killed before its commit left
+    the job leased, with no ``job.leased`` in its trace.)"""
+    with storage.transaction() as tx:
+        job_id, _ = tx.job_insert(insert())
+    with pytest.raises(_Abandoned), storage.transaction() as tx:
+        if not claim_first:
+            assert tx.job_get(job_id) is not None
+        assert [j.id for j in tx.job_lease(lease())] == [job_id]
+        raise _Abandoned
+    with storage.transaction(readonly=True) as tx:
+        job = tx.job_get(job_id)
+    assert job is not None
+    assert (job.state, job.attempt, job.owner_token, job.worker_id) == (
+        JobState.QUEUED,
+        0,
+        None,
+        None,
+    )
+
+
 def test_a_group_of_acks_completes_exactly_the_jobs_its_tokens_still_hold(
     storage: Storage,
 ) -> None:

@@ -180,6 +180,108 @@ def test_a_late_committed_older_job_does_not_run_beside_the_running_one(
         late.close()
 
 
+@pytest.mark.parametrize("claim_first", [True, False], ids=["claim-first", "after-an-insert"])
+def test_a_claim_that_collides_on_an_ordering_key_is_undone_alone_and_tried_again(
+    storage: PostgresStorage, conninfo: str, claim_first: bool
+) -> None:
+    """Two claimers whose snapshots differ both pick a job of one key; the second waits
+    on the unique index, collides when the first commits, and claims again with a fresh
+    snapshot. Only its claim is undone: as the transaction's first statement (no
+    savepoint) or after an insert of its own, which commits with the claim's retry."""
+    late = psycopg.connect(conninfo)
+    try:
+        late_id, _ = storage.adopt(late).job_insert(insert(ordering_key="k"))  # not committed
+        with storage.transaction() as tx:
+            newer_id, _ = tx.job_insert(insert(ordering_key="k"))
+        claimed: list[list[int]] = []
+        claimer_pid: list[int] = []
+        errors: list[BaseException] = []
+        with storage.transaction() as first:
+            assert [j.id for j in first.job_lease(lease())] == [newer_id]
+            late.commit()  # the older job is visible now; the newer one runs, uncommitted
+
+            def second_claimer() -> None:
+                try:
+                    with storage.transaction() as tx:
+                        claimer_pid.append(tx.connection.info.backend_pid)
+                        if not claim_first:
+                            tx.job_insert(insert(job_type="other"))
+                        claimed.append([j.id for j in tx.job_lease(lease(owner="second"))])
+                except BaseException as exc:  # reported by the test thread
+                    errors.append(exc)
+
+            thread = threading.Thread(target=second_claimer)
+            thread.start()
+            with psycopg.connect(conninfo, autocommit=True) as admin:
+
+                def waits_on_the_index() -> bool:
+                    row = admin.execute(
+                        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                        [claimer_pid[0] if claimer_pid else -1],
+                    ).fetchone()
+                    return row is not None and row[0] == "Lock"
+
+                wait_for(waits_on_the_index, 10, "the second claim to wait on the first")
+        thread.join(10)
+        assert not errors, errors
+        with storage.transaction(readonly=True) as tx:
+            others = [j.id for j in tx.job_list(JobFilter(job_type="other"))]
+            jobs = {job_id: tx.job_get(job_id) for job_id in (late_id, newer_id, *others)}
+        assert claimed == [others], "the retry claims what its own insert made, not job k"
+        states = {job_id: (j.state, j.owner_token) for job_id, j in jobs.items() if j}
+        assert states[late_id] == (JobState.QUEUED, None)
+        assert states[newer_id] == (JobState.RUNNING, "tok")
+        assert all(states[job_id] == (JobState.RUNNING, "second") for job_id in others)
+    finally:
+        late.close()
+
+
+def test_a_worker_whose_session_ends_between_claim_and_commit_holds_no_lease(
+    pg_schema_url: str, conninfo: str
+) -> None:
+    """A worker's lease is one transaction: the claim and its ``job.leased`` packs. Here
+    the server ends the worker's session as the packs go in (a trigger terminates its
+    own backend, as when the worker is killed mid-lease): the job must stay queued,
+    never leased without its event. It was left running under the dead lease, reaped
+    later with no ``job.leased`` in its trace (seen once in the four-racer chaos test)."""
+    app = replayq.App(pg_schema_url, auto_migrate=True)
+    try:
+
+        @app.job("noop")
+        def noop(ctx: replayq.Context, n: int) -> None:
+            return None
+
+        worker = Worker(app, worker_id="doomed", routing_refresh=3600.0)
+        # Nothing to lease yet: this lease reads the routing, the next one does not, so
+        # that the next one's claim is its transaction's first statement.
+        assert worker.lease(1) == []
+        job_id = app.enqueue("noop", {"n": 1})
+        with psycopg.connect(conninfo, autocommit=True) as admin:
+            admin.execute(
+                "CREATE FUNCTION end_session_at_job_leased() RETURNS trigger LANGUAGE plpgsql "
+                "AS $$ BEGIN IF NEW.events LIKE '%job.leased%' THEN "
+                "PERFORM pg_terminate_backend(pg_backend_pid()); END IF; RETURN NEW; END $$"
+            )
+            admin.execute(
+                "CREATE TRIGGER end_session BEFORE INSERT ON rq_trace "
+                "FOR EACH ROW EXECUTE FUNCTION end_session_at_job_leased()"
+            )
+            try:
+                with pytest.raises(DatabaseUnavailableError):
+                    worker.lease(1)
+            finally:
+                admin.execute("DROP TRIGGER end_session ON rq_trace")
+        job = app.get_job(job_id)
+        assert (job.state, job.attempt, job.owner_token) == (JobState.QUEUED, 0, None)
+        assert [e.name for e in app.trace(job_id)] == ["job.enqueued"]
+        # The job is leased again at once, not after a dead lease runs out.
+        [again] = worker.lease(1)
+        assert again.id == job_id and again.attempt == 1
+        assert [e.name for e in app.trace(job_id)] == ["job.enqueued", "job.leased"]
+    finally:
+        app.close()
+
+
 def test_per_key_fifo_holds_with_two_workers_on_two_hosts(
     pg_schema_url: str,
 ) -> None:

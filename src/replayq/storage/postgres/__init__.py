@@ -432,9 +432,16 @@ class PostgresTransaction(SqlTransaction):
     def job_lease(self, params: JobLease) -> list[Job]:
         """Claim the whole batch in one statement (``job_lease_batch``).
 
-        The claim runs in a savepoint: if it trips the one-running-per-key unique
-        index (see the module docstring) only the claim is undone, and it is tried
-        again with a fresh snapshot, which sees the job that won.
+        If the claim trips the one-running-per-key unique index (see the module
+        docstring) only the claim is undone, and it is tried again with a fresh
+        snapshot, which sees the job that won: after the transaction's earlier
+        statements the claim runs in a savepoint; as its first statement it runs bare,
+        and a collision rolls back the transaction, which holds nothing else yet.
+
+        Never psycopg's ``connection.transaction()`` with no transaction open: that
+        block is the outer transaction, and its end commits the claim alone. The
+        lease would be taken before its ``job.leased`` is written, and kept if the
+        rest of the transaction never commits (a worker killed in between).
         """
         query_params = {
             "now": params.now,
@@ -449,14 +456,20 @@ class PostgresTransaction(SqlTransaction):
             "lease_for": codec.dumps({k: float(v) for k, v in params.lease_for.items()}),
             "version_for": codec.dumps(dict(params.version_for)),
         }
+        first = self.connection.info.transaction_status == pq.TransactionStatus.IDLE
         for attempt in range(3):
             try:
-                with self.connection.transaction():
+                if first:
                     rows = self.fetchall("job_lease_batch", query_params)
+                else:
+                    with self.connection.transaction():  # a savepoint: a transaction is open
+                        rows = self.fetchall("job_lease_batch", query_params)
                 break
             except StorageError as exc:
                 if not isinstance(exc.__cause__, psycopg.errors.UniqueViolation) or attempt == 2:
                     raise
+                if first:
+                    self.connection.rollback()  # the claim was all this transaction held
                 log.debug("lease collided on an ordering key; claiming again")
         jobs = [row_to_job(row) for row in rows]
         # RETURNING gives no order; hand jobs out in the order they were chosen.
