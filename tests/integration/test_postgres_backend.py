@@ -24,7 +24,8 @@ from replayq.errors import ConfigurationError, DatabaseUnavailableError, Storage
 from replayq.model import JobState
 from replayq.storage import open_storage
 from replayq.storage.postgres import PostgresStorage, parse_postgres_url
-from replayq.storage.protocol import JobFilter, JobsComplete
+from replayq.storage.postgres.adapt import array_literal, arrays_as_literals
+from replayq.storage.protocol import JobFilter, JobsComplete, TraceQuery
 from replayq.worker import Worker
 from tests.conformance.test_storage_verbs import insert, lease
 
@@ -129,6 +130,93 @@ def test_a_session_ended_by_idle_in_transaction_timeout_is_unavailability(
 
 
 # -- the verbs: tests/conformance/test_storage_verbs.py runs them on both backends ------------
+
+
+# -- array parameters: sent as array literals (storage/postgres/adapt.py) --------------------
+
+AWKWARD_TEXTS = [
+    "",
+    "NULL",
+    "null",
+    'a "quoted" word',
+    'back\\slash and \\" both',
+    "{braces},commas,and spaces ",
+    "  leading and trailing  ",
+    "tab\tnew\nline",
+    "ünïcödé ✓ 日本",
+    '{"json": ["a", "b\\"c"], "n": 1}',
+]
+
+
+@pytest.mark.parametrize(
+    ("values", "cast"),
+    [
+        ([1, -2, 0, 2**62], "bigint[]"),
+        (AWKWARD_TEXTS, "text[]"),
+        (["x", None, "NULL", None], "text[]"),
+        ([0.1, -0.0, 1e-300, 1.7976931348623157e308, float("inf"), float("-inf"), 60], "float8[]"),
+        ([True, False, None], "boolean[]"),
+        ([], "text[]"),
+        ([None], "bigint[]"),
+    ],
+    ids=["ints", "awkward-texts", "nulls", "floats", "bools", "empty", "only-null"],
+)
+def test_an_array_literal_reads_back_as_the_list_it_was_made_from(
+    storage: PostgresStorage, values: list[object], cast: str
+) -> None:
+    with storage.transaction(readonly=True) as tx:
+        literal = array_literal(values)
+        assert literal is not None
+        (back,) = tx.connection.execute(f"SELECT %(v)s::{cast}", {"v": literal}).fetchone()
+    assert back == values
+    assert [type(v) for v in back] == [type(v) for v in values] or cast == "float8[]"
+
+
+def test_nan_in_an_array_literal_reads_back_as_nan(storage: PostgresStorage) -> None:
+    with storage.transaction(readonly=True) as tx:
+        (back,) = tx.connection.execute(
+            "SELECT %(v)s::float8[]", {"v": array_literal([float("nan")])}
+        ).fetchone()
+    assert len(back) == 1 and back[0] != back[0]
+
+
+def test_a_list_of_containers_is_left_to_psycopg(storage: PostgresStorage) -> None:
+    assert array_literal([[1, 2], [3, 4]]) is None
+    assert array_literal([{"a": 1}]) is None
+    params = {"ids": [1, 2], "nested": [[1], [2]], "n": 3}
+    assert arrays_as_literals(params) == {"ids": "{1,2}", "nested": [[1], [2]], "n": 3}
+    plain = {"n": 3}
+    assert arrays_as_literals(plain) is plain
+
+
+def test_awkward_texts_survive_every_array_path_of_a_job(pg_schema_url: str) -> None:
+    """Payloads, results and trace events go through the batch statements' text arrays
+    (bulk enqueue, grouped acks, trace packs): each awkward text comes back as it went."""
+    app = replayq.App(pg_schema_url, auto_migrate=True)
+
+    @app.job("echo")
+    def echo(ctx: replayq.Context, text: str) -> dict[str, str]:
+        with ctx.step("say"):
+            ctx.decide("said", text, reasons=[text])
+        return {"text": text}
+
+    try:
+        ids = app.enqueue_many(
+            [replayq.EnqueueRequest("echo", {"text": text}) for text in AWKWARD_TEXTS]
+        )
+        stats = Worker(app, burst=True, concurrency=2).run()
+        assert stats.succeeded == len(AWKWARD_TEXTS)
+        for job_id, text in zip(ids, AWKWARD_TEXTS, strict=True):
+            with app.storage.transaction(readonly=True) as tx:
+                job = tx.job_get(job_id)
+                events = tx.trace_query(TraceQuery(job_id=job_id))
+            assert job is not None
+            assert job.payload == {"text": text}
+            assert job.result == {"text": text}
+            decided = [e for e in events if e.name == "decision"]
+            assert [e.data["value"] for e in decided] == [text], job_id
+    finally:
+        app.close()
 
 
 # -- ordering keys --------------------------------------------------------------------------

@@ -150,8 +150,9 @@ class Handler:
     # The app's redaction rules plus this job type's own (``None``: the app's alone).
     redactor: Redactor | None = None
 
-    @property
+    @cached_property
     def is_async(self) -> bool:
+        """Whether ``fn`` is an ``async def`` (asked once: ``inspect`` costs ~2 µs a job)."""
         return inspect.iscoroutinefunction(self.fn)
 
     def encode_payload(self, payload: Any) -> str:

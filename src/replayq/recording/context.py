@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import random as _random
 import uuid as _uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from contextlib import AbstractContextManager
 from functools import cached_property
 from typing import Any, TypeVar, overload
@@ -193,16 +193,23 @@ class Context(Recorder):
 
     # -- running ----------------------------------------------------------------------------
 
-    def run(self, run_coroutine: Callable[[Coroutine[Any, Any, Any]], Any] | None = None) -> Any:
+    def run(
+        self,
+        run_coroutine: Callable[[Coroutine[Any, Any, Any]], Any] | None = None,
+        args: tuple[Any, ...] | Mapping[str, Any] | None = None,
+    ) -> Any:
         """Call the handler with the job's payload, inside the contract's lock if it has one.
 
         An ``async def`` handler's coroutine is handed to ``run_coroutine`` (a worker's
         one event loop, shared by its async jobs) or, without one, run on a new loop.
+        ``args``: the payload as ``PayloadShape.decode`` gave it, where the caller decoded
+        it already (the worker, which buries a payload that does not decode).
         """
         handler, payload = self.handler, self.job.payload
         resource = render_template(handler.contract.lock, payload)
-        # Typed fields (Decimal, datetime, a dataclass...) from their stored JSON form.
-        args = handler.shape.decode(handler.contract.name, payload)
+        if args is None:
+            # Typed fields (Decimal, datetime, a dataclass...) from their stored JSON form.
+            args = handler.shape.decode(handler.contract.name, payload)
 
         def call() -> Any:
             if isinstance(args, tuple):

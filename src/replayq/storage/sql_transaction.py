@@ -189,19 +189,23 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         cursor = self.connection.cursor()
         cursor.executemany(self._queries[name], rows)
 
+    def columns(self, cursor: Any) -> list[str]:
+        """The column names of ``cursor``'s result (DB-API ``description``)."""
+        return [d[0] for d in cursor.description]
+
     def fetchone(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         cursor = self.execute(name, params)
         row = cursor.fetchone()
         if row is None:
             return None
-        return dict(zip([d[0] for d in cursor.description], row, strict=True))
+        return dict(zip(self.columns(cursor), row, strict=True))
 
     def fetchall(self, name: str, params: Mapping[str, Any] | None = None) -> list[Any]:
         cursor = self.execute(name, params)
         rows = cursor.fetchall()
         if not rows:
             return []
-        columns = [d[0] for d in cursor.description]
+        columns = self.columns(cursor)
         return [dict(zip(columns, row, strict=True)) for row in rows]
 
     def changed(self, name: str, params: Mapping[str, Any]) -> bool:

@@ -121,7 +121,7 @@ class Executing(Acking):
             )
             return
         try:
-            handler.shape.check(job.job_type, job.payload)
+            args = handler.shape.decode(job.job_type, job.payload)  # what ``ctx.run`` calls with
         except PayloadError as exc:
             self._bury(job, DeadReason.MALFORMED_PAYLOAD, FailureClass.VALIDATION, str(exc))
             return
@@ -141,7 +141,7 @@ class Executing(Acking):
             flight.ctx = ctx
         started = time.monotonic()
         try:
-            result = ctx.run(self.event_loop.run if handler.is_async else None)
+            result = ctx.run(self.event_loop.run if handler.is_async else None, args)
             result_json = codec.dumps(result, what=f"{job.job_type} result")
         except LeaseLostError as exc:
             # A commit or effect claim was fenced: another worker holds the job now. The

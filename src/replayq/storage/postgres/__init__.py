@@ -103,6 +103,7 @@ from replayq.redaction import mask_url_passwords
 from replayq.storage import migrate, packs
 from replayq.storage.adopted import AsyncConnectionView, TupleRows
 from replayq.storage.context_verbs import lease_now, query_params
+from replayq.storage.postgres.adapt import arrays_as_literals, column_names
 from replayq.storage.protocol import JobInsert, JobLease, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
 from replayq.storage.retention_params import LedgerDrop, LedgerPartitions
@@ -413,9 +414,12 @@ class PostgresTransaction(SqlTransaction):
         """An array per column, for ``unnest``."""
         return {column: [row[i] for row in rows] for i, column in enumerate(columns)}
 
+    def columns(self, cursor: Any) -> list[str]:
+        return column_names(cursor)
+
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         try:
-            return super().execute(name, params)
+            return super().execute(name, arrays_as_literals(params) if params else params)
         except psycopg.Error as exc:
             raise storage_error(
                 f"query {name} failed", exc, read_only_asked=bool(self.connection.read_only)
