@@ -8,6 +8,7 @@ the merged readers) must hold the same on SQLite and on PostgreSQL.
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 import time
 from collections import defaultdict
@@ -223,6 +224,38 @@ def test_a_group_of_acks_completes_exactly_the_jobs_its_tokens_still_hold(
     assert done[2] == (JobState.SUCCEEDED, None, 13, finished, None)
     assert [d[0] for d in (done[1], done[3])] == [JobState.RUNNING, JobState.QUEUED]
     assert done[1][4] == "tok"
+
+
+def test_a_group_commit_gives_back_its_texts_times_and_clocks_exactly(storage: Storage) -> None:
+    """A group commit's acks and packs (the packs one JSON parameter on PostgreSQL):
+    escapes, quotes, backslashes, characters outside the BMP, a float time to the last
+    bit and a 63-bit clock read back as they were written."""
+    text = 'quote " backslash \\ nul \\u0000 tab \\t é 𝄞 \u2028'
+    result = json.dumps({"s": text})
+    finished = T0 + 0.1 + 0.2  # not T0 + 0.3: its last bits count
+    hlc = 2**62 + 12345
+    with storage.transaction() as tx:
+        ids = [tx.job_insert(insert(message_id=f"m{n}"))[0] for n in range(2)]
+        tx.job_lease(lease(limit=2))
+    with storage.transaction() as tx:
+        assert tx.jobs_complete(JobsComplete(finished, [(i, "tok", result, hlc) for i in ids]))
+        tx.trace_append(
+            [
+                TraceEvent(
+                    trace_id="trace", name=f"e{i}", ts=finished, hlc=hlc, job_id=i, data={"s": text}
+                )
+                for i in ids
+            ]
+        )
+    with storage.transaction(readonly=True) as tx:
+        jobs = [tx.job_get(i) for i in ids]
+        events = [e for i in ids for e in tx.trace_query(TraceQuery(job_id=i))]
+    assert [(j.result, j.hlc, j.finished_at) for j in jobs if j] == [
+        ({"s": text}, hlc, finished)
+    ] * 2
+    assert [(e.name, e.data, e.ts, e.hlc) for e in events] == [
+        (f"e{i}", {"s": text}, finished, hlc) for i in ids
+    ]
 
 
 def test_retry_then_bury_are_compare_and_set_on_the_owner_token(storage: Storage) -> None:

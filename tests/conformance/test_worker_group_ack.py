@@ -145,3 +145,37 @@ def test_the_jobs_of_a_group_commit_each_keep_their_trace_and_resource_timeline(
         assert {e.job_id for e in timeline} == {job_id}, timeline
         assert [e.data["delta"] for e in timeline] == [{"replace": {"balance": n}}]
     assert len(finished) < JOBS  # acked in groups, each group at one time
+
+
+def test_a_group_commit_that_leases_writes_its_acks_and_leases_packs_in_one_insert(
+    pg_schema_url: str,
+) -> None:
+    """On PostgreSQL each statement is a round trip: a group commit that also leases the
+    next batch appends its acks' ``job.succeeded`` packs with that batch's ``job.leased``
+    packs, in one insert (rows of one statement share their command id, ``cmin``)."""
+    import psycopg
+
+    app = replayq.App(pg_schema_url, auto_migrate=True)
+
+    @app.job("noop")
+    def noop(ctx: replayq.Context, n: int) -> None:
+        return None
+
+    for n in range(JOBS):
+        app.enqueue("noop", {"n": n})
+    worker = replayq.Worker(app, burst=True, prefetch=3, prefetch_window=float("inf"))
+    assert worker.run().succeeded == JOBS
+    app.close()
+    with psycopg.connect(pg_schema_url) as conn:
+        rows = conn.execute(
+            "SELECT p.xmin::text, p.cmin::text, e.ev ->> 'n' FROM rq_trace AS p "
+            "CROSS JOIN LATERAL jsonb_array_elements(p.events::jsonb) AS e(ev) "
+            "WHERE e.ev ->> 'n' IN ('job.succeeded', 'job.leased')"
+        ).fetchall()
+    commands: dict[str, dict[str, set[str]]] = {}
+    for xid, cmin, name in rows:
+        commands.setdefault(xid, {}).setdefault(name, set()).add(cmin)
+    both = [names for names in commands.values() if len(names) == 2]
+    assert both, "no group commit leased the next batch"
+    for names in both:
+        assert len(names["job.succeeded"] | names["job.leased"]) == 1, names

@@ -110,12 +110,18 @@ class Acking(Outcomes):
         except _Refused as refused:
             raise refused.cause from None
 
-    def _acks_in(self, tx: Transaction, acks: Sequence[Ack]) -> None:
+    def _acks_in(
+        self, tx: Transaction, acks: Sequence[Ack], *, events_to: list[TraceEvent] | None = None
+    ) -> None:
         """The acks of successes inside ``tx``: each one's writes; every ack's events and
-        ``job.succeeded`` in one append (new packs in one statement on SQLite); then one
+        ``job.succeeded`` in one append (new packs in one statement); then one
         compare-and-set for them all (``jobs_complete``), each row on its own owner
         token. ``_Refused`` names the first ack refused (its writes, or its lease lost):
-        the caller rolls ``tx`` back."""
+        the caller rolls ``tx`` back.
+
+        With ``events_to`` the events are not appended here but added to that list, once
+        every ack was held, for the caller to append in ``tx`` with its own (a group
+        commit's next lease batch: one insert for both)."""
         now = self.runtime.clock.now()
         events: list[TraceEvent] = []
         done: list[tuple[int, str, str | None, int]] = []
@@ -140,11 +146,14 @@ class Acking(Outcomes):
                 raise _Refused(ack, exc) from exc
             events.append(succeeded)
             done.append((job.id, job.owner_token, ack.result_json, hlc))
-        tx.trace_append(events)
+        if events_to is None:
+            tx.trace_append(events)
         held = tx.jobs_complete(JobsComplete(now, done))
         for ack in acks:
             if ack.job.id not in held:
                 raise _Refused(ack, LeaseLostError("job.succeeded"))
+        if events_to is not None:
+            events_to.extend(events)
 
     def _acked(self, ack: Ack, *, logged: bool = True) -> None:
         ack.ctx.committed()
@@ -269,12 +278,18 @@ class Acking(Outcomes):
         leased_at = 0.0
         try:
             with self.runtime.storage.transaction() as tx:
-                self._acks_in(tx, acks)
-                if leasing:
-                    # The acks just written free their slots.
+                if not leasing:
+                    self._acks_in(tx, acks)
+                else:
+                    # The acks' events go in with the lease batch's ``job.leased`` (one
+                    # insert); the acks just written free their slots.
+                    events: list[TraceEvent] = []
+                    self._acks_in(tx, acks, events_to=events)
                     free, ahead = self._slots(acking=len(flights))
                     if free > 0:
-                        leased, leased_at = self._lease_in(tx, free, ahead)
+                        leased, leased_at = self._lease_in(tx, free, ahead, also=events)
+                    else:
+                        tx.trace_append(events)
             self._hold(leased, leased_at)
         finally:
             if leasing:

@@ -240,6 +240,13 @@ _PACK_COPY_TYPES = ["int8", "text", "int8", "int4", "text", "int8", "int8", "flo
 # fmt: on
 
 
+def _json_rows(rows: list[dict[str, Any]]) -> str:
+    """Rows as JSON text for ``json_to_recordset``: numbers in their shortest exact form
+    (a float8 reads back equal), text as is (a JSON text holds no raw NUL, the one
+    character PostgreSQL's JSON cannot give back as text)."""
+    return json.dumps(rows, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
 class PostgresTransaction(SqlTransaction):
     """``SqlTransaction`` where PostgreSQL differs: arrays, driver errors, one-statement claims."""
 
@@ -405,13 +412,16 @@ class PostgresTransaction(SqlTransaction):
         return job_id, True
 
     def _pack_rows_inserted(self, groups: Sequence[Sequence[TraceEvent]]) -> list[int]:
-        """``trace_append_rows``: one statement, an array per column."""
+        """``trace_append_rows``: one statement, the rows one JSON text."""
         rows = [self.pack_row(group) for group in groups]
-        values = {column: [row[column] for row in rows] for column in PACK_COLUMNS}
+        values = {"rows": _json_rows([{c: row[c] for c in PACK_COLUMNS} for row in rows])}
         return sorted(int(row["id"]) for row in self.fetchall("trace_append_rows", values))
 
     def rows_param(self, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> dict[str, Any]:
-        """An array per column, for ``unnest``."""
+        """An array per column, for ``unnest``: in a join (``jobs_complete``,
+        ``leases_extend``) the planner knows an array parameter's length and looks each
+        row up by id; a JSON recordset's it guesses (100), and it would hash all the
+        running jobs instead (see ``trace_append_rows``, an insert, for the JSON form)."""
         return {column: [row[i] for row in rows] for i, column in enumerate(columns)}
 
     def columns(self, cursor: Any) -> list[str]:

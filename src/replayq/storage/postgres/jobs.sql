@@ -465,12 +465,15 @@ VALUES (%(trace_id)s, %(job_id)s::bigint, %(attempt)s::integer, %(worker_id)s::t
 RETURNING id;
 
 -- name: trace_append_rows
--- Many packs in one statement (a lease batch's, a group commit's): an array per column.
--- The ids rise in the order of the rows (one sequence, called row by row).
+-- Many packs in one statement (a lease batch's, a group commit's): %(rows)s is a JSON
+-- array of pack rows (objects; ``packs.pack_row``), cheaper to send than an array per
+-- column, whose elements the driver dumps one by one in Python. The ids rise in the order
+-- of the rows (one sequence, called row by row).
 INSERT INTO rq_trace (trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events)
-SELECT * FROM unnest(%(trace_id)b::text[], %(job_id)b::bigint[], %(attempt)b::integer[],
-                     %(worker_id)b::text[], %(hlc)b::bigint[], %(hlc_last)b::bigint[],
-                     %(ts)b::float8[], %(events)b::text[])
+SELECT trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events
+FROM json_to_recordset(%(rows)s::json)
+    AS r(trace_id text, job_id bigint, attempt integer, worker_id text, hlc bigint,
+         hlc_last bigint, ts float8, events text)
 RETURNING id;
 
 -- name: trace_append_fenced
