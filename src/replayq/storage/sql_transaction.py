@@ -173,10 +173,10 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         return self.connection.execute(self._queries[name], params or {})
 
-    def pack_row(self, events: Sequence[TraceEvent]) -> dict[str, Any]:
+    def pack_row(self, events: Sequence[TraceEvent], *, enqueued: bool = False) -> dict[str, Any]:
         """``packs.pack_row`` in this backend's format; its format 2 writer kept until
         the next row (the pack, once inserted, may be joined by later commits)."""
-        row, self._writer = packs.opened_row(events, self.pack_format)
+        row, self._writer = packs.opened_row(events, self.pack_format, enqueued=enqueued)
         return row
 
     def execute_rows(self, name: str, row_sql: str, rows: int, values: Sequence[Any]) -> Any:
@@ -237,7 +237,7 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
             if created
         ]
         if written:
-            self._index(self._packs_inserted(written))
+            self._index(self._packs_inserted(written, enqueued=True))
         return inserted
 
     def _job_insert_one(self, params: JobInsert) -> tuple[int, bool]:
