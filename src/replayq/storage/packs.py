@@ -316,8 +316,11 @@ def opened_row(
     """``pack_row`` and, in format 2, the ``PackWriter`` that later events may join it by
     (``enqueued``: a new job's first pack, deflated by ``_PRIMED_ENQUEUED``)."""
     first = events[0]
-    hlcs = [e.hlc for e in events]
-    base = min(hlcs)
+    if len(events) == 1:  # an enqueue's pack, a lease's: no list of one HLC
+        base = last = first.hlc
+    else:
+        hlcs = [e.hlc for e in events]
+        base, last = min(hlcs), max(hlcs)
     # A format 2 pack is joined by appending to its deflate stream, never rewritten from
     # its items: keeping their texts would only hold each event alive until the bounded
     # cache is cleared, work for the garbage collector (~3-5 µs of a SQLite enqueue's ~40).
@@ -334,7 +337,7 @@ def opened_row(
         "attempt": first.attempt,
         "worker_id": first.worker_id,
         "hlc": base,
-        "hlc_last": max(hlcs),
+        "hlc_last": last,
         "ts": first.ts,
         "events": stored,
     }

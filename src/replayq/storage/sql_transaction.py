@@ -230,6 +230,12 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         Here every job insert is its own statement (on SQLite an in-process call, no
         round trip) and all the packs go in one multi-row insert (``_packs_inserted``).
         """
+        if len(params) == 1 and len(events) == 1:  # ``enqueue``: no lists to zip
+            job_id, created = self._job_insert_one(params[0])
+            if created:
+                pack = [with_job_id(events[0], job_id)]
+                self._index(self._packs_inserted([pack], enqueued=True))
+            return [(job_id, created)]
         inserted = [self._job_insert_one(p) for p in params]
         written = [
             [with_job_id(event, job_id)]
