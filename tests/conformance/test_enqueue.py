@@ -299,6 +299,44 @@ def test_enqueue_of_an_undeclared_type_is_refused_unless_unchecked(app: replayq.
     assert app.get_job(job_id).job_type == "ghost"
 
 
+def test_each_optional_column_is_stored_as_given_whichever_others_are_none(
+    app: replayq.App,
+) -> None:
+    # On SQLite the parameters that are None are written NULL in the insert's text (one
+    # statement per set of them): every mix must store exactly what was given.
+    @app.job("plain")
+    def plain(ctx: replayq.Context, n: int) -> None:
+        return None
+
+    given: dict[int, dict[str, str | None]] = {}
+    for n in range(8):
+        options = {
+            "message_id": f"m-{n}" if n & 1 else None,
+            "correlation_id": f"c-{n}" if n & 2 else None,
+            "causation_id": f"k-{n}" if n & 4 else None,
+        }
+        job_type, payload = (
+            ("charge", {"account": f"a{n}", "amount": n})
+            if n % 3
+            else (
+                "plain",
+                {"n": n},
+            )
+        )
+        given[app.enqueue(job_type, payload, **options)] = {  # type: ignore[arg-type]
+            **options,
+            "ordering_key": f"account:a{n}" if job_type == "charge" else None,
+        }
+    for job_id, expected in given.items():
+        job = app.get_job(job_id)
+        stored = {name: getattr(job, name) for name in expected}
+        assert stored == expected
+        [enqueued] = [e for e in app.trace(job_id) if e.name == "job.enqueued"]
+        assert enqueued.data["message_id"] == expected["message_id"]
+        assert enqueued.data["causation_id"] == expected["causation_id"]
+        assert enqueued.worker_id is None and enqueued.job_id == job_id
+
+
 HOSTILE = [
     "'; DROP TABLE jobs;--",
     "Robert'); DROP TABLE rq_jobs;--",

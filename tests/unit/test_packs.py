@@ -149,6 +149,49 @@ def test_a_pack_appended_to_piece_by_piece_reads_back_whole_at_every_commit() ->
         )
 
 
+def test_a_new_jobs_first_pack_reads_back_whole_with_what_later_commits_append() -> None:
+    # The enqueue's pack is deflated by a smaller compressor (packs._PRIMED_ENQUEUED) with
+    # the same dictionary: the same bytes for it, and its stream goes on for later events
+    # of the attempt (a job.deduplicated on the same connection joins it).
+    enqueued = TraceEvent(
+        trace_id="0123456789abcdef0123456789abcdef",
+        job_id=41,
+        attempt=0,
+        name="job.enqueued",
+        kind="lifecycle",
+        status="queued",
+        ts=1_796_000_000.5,
+        hlc=9_000_000,
+        data={"message_id": "m-1", "priority": 0, "run_at": 1_796_000_000.5},
+    )
+    row, writer = packs.opened_row([enqueued], packs.FORMAT_DEFLATE, enqueued=True)
+    assert writer is not None
+    data = row["events"]
+    assert isinstance(data, bytes)
+    assert data == packs.pack_row([enqueued], packs.FORMAT_DEFLATE)["events"]
+    later = [
+        TraceEvent(
+            trace_id=enqueued.trace_id,
+            job_id=41,
+            attempt=0,
+            name="job.deduplicated",
+            kind="lifecycle",
+            status="queued",
+            ts=1_796_000_001.0 + n,
+            hlc=9_000_001 + n,
+            data={"message_id": "m-1", "rule": "same message_id yields the existing job"},
+        )
+        for n in range(3)
+    ]
+    for n in range(len(later)):
+        data += writer.more(packs.pack_items(later[n : n + 1], row["hlc"], row["ts"]))
+        expected = [enqueued, *later[: n + 1]]
+        assert packs.pack_json(data) == packs.pack_row(expected, packs.FORMAT_JSON)["events"]
+        assert packs.unpack({**row, "events": data, "id": 5}) == packs.unpack(
+            stored(expected, packs.FORMAT_JSON)
+        )
+
+
 def test_a_format_2_pack_whose_stream_was_finished_still_reads() -> None:
     # Packs written before appends existed end their deflate stream (and their array).
     events = attempt_events()

@@ -218,7 +218,7 @@ def _job_params(
     if request.delay is not None:
         run_at = now + parse_duration(request.delay, name="delay")
     registry = runtime.registry
-    handler = registry.handler(request.job_type) if registry.declares(request.job_type) else None
+    handler = registry.declared(request.job_type)
     if handler is None and check:
         raise UnknownJobTypeError(
             f"no handler is registered for job type {request.job_type!r}; "

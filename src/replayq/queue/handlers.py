@@ -155,6 +155,11 @@ class Handler:
         """Whether ``fn`` is an ``async def`` (asked once: ``inspect`` costs ~2 µs a job)."""
         return inspect.iscoroutinefunction(self.fn)
 
+    @cached_property
+    def _payload_what(self) -> str:
+        """How ``PayloadError`` names this type's payload (built once, not per enqueue)."""
+        return f"{self.contract.name} payload"
+
     def encode_payload(self, payload: Any) -> str:
         """Check and encode a payload; ``PayloadError`` names the field or the limit."""
         return self.prepare_payload(payload)[1]
@@ -164,7 +169,7 @@ class Handler:
         against the handler's fields and the contract's size limit."""
         name = self.contract.name
         plain = self.shape.to_json(name, payload)
-        text = codec.dumps(plain, what=f"{name} payload")
+        text = codec.dumps(plain, what=self._payload_what)
         size = len(text.encode())
         if size > self.contract.max_payload_bytes:
             raise PayloadError(
@@ -238,6 +243,14 @@ class HandlerRegistry:
 
     def declares(self, job_type: str) -> bool:
         return job_type in self._versions or job_type in self._system
+
+    def declared(self, job_type: str) -> Handler | None:
+        """``handler(job_type)`` if this registry ``declares`` the type, else ``None``: in
+        one lookup (each enqueue asks)."""
+        versions = self._versions.get(job_type)
+        if versions:
+            return versions[self._active[job_type]]
+        return self._system.get(job_type)
 
     def versions(self, job_type: str) -> list[str]:
         """The declared versions of a type, in declaration order."""

@@ -44,6 +44,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
+from functools import cached_property
 from typing import Any
 
 from replayq.errors import PayloadError
@@ -231,6 +232,11 @@ class Fields:
     @property
     def names(self) -> tuple[str, ...]:
         return self.required + self.optional
+
+    @cached_property
+    def name_set(self) -> frozenset[str]:
+        """``names`` as a set, built once (``check_names`` runs at each enqueue)."""
+        return frozenset(self.names)
 
     def schema(self) -> dict[str, Any]:
         """Per field: its type's schema (``"any"`` if unchecked), ``?`` marking optional."""
@@ -443,13 +449,13 @@ def field_type(annotation: Any) -> FieldType | None:
 
 def check_names(record: Fields, value: Mapping[str, Any], path: str, extra: bool = False) -> None:
     """Raise ``PayloadError`` for the first missing required or unknown field of a record."""
-    where = f" of {path!r}" if path else ""
     missing = [name for name in record.required if name not in value]
     if missing:
         raise PayloadError(f"payload is missing required field {join(path, missing[0])!r}")
     if not extra:
-        unknown = sorted(set(value) - set(record.names))
+        unknown = sorted(value.keys() - record.name_set)
         if unknown:
+            where = f" of {path!r}" if path else ""
             raise PayloadError(
                 f"payload has unknown field {join(path, unknown[0])!r}"
                 f" (fields{where}: {', '.join(record.names) or 'none'})"
