@@ -66,7 +66,10 @@ def test_a_ramp_is_refused_while_the_candidate_retries_more_naming_gate_and_marg
     forced = rollout.ramp("75%", force=True, reason="accepting the retries for now")
     assert forced.weights == {"v2": 0.75}
     last = rollout.history()[-1]
-    assert last.action.startswith("ramp (forced over: retry rate: v2")
+    # The gates it forced over, named: the retry rate always; the error rate too when the
+    # random 50 % split happened to give v2 ~10 points more of the malformed records.
+    assert last.action.startswith("ramp (forced over: ")
+    assert "retry rate: v2" in last.action
     assert last.reason == "accepting the retries for now" and last.actor == "ops"
 
 
