@@ -149,47 +149,54 @@ def test_a_pack_appended_to_piece_by_piece_reads_back_whole_at_every_commit() ->
         )
 
 
-def test_a_new_jobs_first_pack_reads_back_whole_with_what_later_commits_append() -> None:
-    # The enqueue's pack is deflated by a smaller compressor (packs._PRIMED_ENQUEUED) with
-    # the same dictionary: the same bytes for it, and its stream goes on for later events
-    # of the attempt (a job.deduplicated on the same connection joins it).
-    enqueued = TraceEvent(
+def test_a_pack_a_lifecycle_event_starts_reads_back_whole_with_what_later_commits_append() -> None:
+    # A pack that a lifecycle event starts (job.enqueued, job.leased, job.succeeded) is
+    # deflated by a smaller compressor (packs._PRIMED_LIFECYCLE: 4 KB window) with the same
+    # dictionary: no more bytes for it than the pack's usual compressor gives, and its stream
+    # goes on for later events of the attempt, past its window (a lease's pack joined by
+    # the steps' events on the same connection).
+    leased = TraceEvent(
         trace_id="0123456789abcdef0123456789abcdef",
         job_id=41,
-        attempt=0,
-        name="job.enqueued",
+        attempt=1,
+        name="job.leased",
         kind="lifecycle",
-        status="queued",
+        status="running",
         ts=1_796_000_000.5,
         hlc=9_000_000,
-        data={"message_id": "m-1", "priority": 0, "run_at": 1_796_000_000.5},
+        worker_id="w-1",
+        data={"lease_deadline": 1_796_000_060.5, "owner_token": "ab" * 16, "version": "v1"},
     )
-    row, writer = packs.opened_row([enqueued], packs.FORMAT_DEFLATE, enqueued=True)
+    row, writer = packs.opened_row([leased], packs.FORMAT_DEFLATE)
     assert writer is not None
     data = row["events"]
     assert isinstance(data, bytes)
-    assert data == packs.pack_row([enqueued], packs.FORMAT_DEFLATE)["events"]
+    items = packs.pack_items([leased], row["hlc"], row["ts"])
+    assert len(data) <= len(packs.PackWriter().first(items))
     later = [
         TraceEvent(
-            trace_id=enqueued.trace_id,
+            trace_id=leased.trace_id,
             job_id=41,
-            attempt=0,
-            name="job.deduplicated",
-            kind="lifecycle",
-            status="queued",
+            attempt=1,
+            name="state.write",
+            step=f"step-{n}",
+            seq=n + 1,
             ts=1_796_000_001.0 + n,
             hlc=9_000_001 + n,
-            data={"message_id": "m-1", "rule": "same message_id yields the existing job"},
+            worker_id="w-1",
+            resource=f"order:{n}",
+            resource_version=n + 1,
+            data={"delta": {"replace": {"note": f"{n:04d}" * 40}}, "branch": "main"},
         )
-        for n in range(3)
+        for n in range(40)  # ~10 KB of JSON: well past the 4 KB window
     ]
     for n in range(len(later)):
         data += writer.more(packs.pack_items(later[n : n + 1], row["hlc"], row["ts"]))
-        expected = [enqueued, *later[: n + 1]]
+        expected = [leased, *later[: n + 1]]
         assert packs.pack_json(data) == packs.pack_row(expected, packs.FORMAT_JSON)["events"]
-        assert packs.unpack({**row, "events": data, "id": 5}) == packs.unpack(
-            stored(expected, packs.FORMAT_JSON)
-        )
+    assert packs.unpack({**row, "events": data, "id": 5}) == packs.unpack(
+        stored([leased, *later], packs.FORMAT_JSON)
+    )
 
 
 def test_a_format_2_pack_whose_stream_was_finished_still_reads() -> None:

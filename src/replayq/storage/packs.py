@@ -176,15 +176,16 @@ _PRIMED = zlib.compressobj(_LEVEL, zlib.DEFLATED, _WBITS, _MEM_LEVEL, zdict=DICT
 # largest part of that write (~90 µs for ~35 events); level 1 takes about half the time
 # for ~25 % more bytes (~1.1 KB instead of ~0.85 KB), still within one page.
 _PRIMED_DERIVED = zlib.compressobj(1, zlib.DEFLATED, _WBITS, _MEM_LEVEL, zdict=DICTIONARY_2)
-# A new job's first pack (its ``job.enqueued`` event, ~160 bytes of JSON; later events
-# rarely join it): a 4 KB window (the whole dictionary is within it) and memLevel 3,
-# the same stream format and, for that pack, the same bytes. Each enqueue copies its
-# compressor: ~17 KB of state instead of ~48 KB, ~2 µs of the ~5.5 µs the pack's
-# deflate took. Inflating with the format's 8 KB window reads any smaller window's stream.
-_ENQUEUED_WBITS = -12
-_ENQUEUED_MEM_LEVEL = 3
-_PRIMED_ENQUEUED = zlib.compressobj(
-    _LEVEL, zlib.DEFLATED, _ENQUEUED_WBITS, _ENQUEUED_MEM_LEVEL, zdict=DICTIONARY_2
+# A pack that a lifecycle event starts (a new job's ``job.enqueued``, a lease batch's
+# ``job.leased``, an ack's ``job.succeeded``: ~160 bytes of JSON, rarely joined later, three
+# such packs a job): a 4 KB window (the whole dictionary is within it) and memLevel 3, the
+# same stream format and, for such a pack, the same bytes. Each such pack copies its
+# compressor: ~17 KB of state instead of ~48 KB, ~2 µs of the ~5.5 µs the pack's deflate
+# took. Inflating with the format's 8 KB window reads any smaller window's stream.
+_LIFECYCLE_WBITS = -12
+_LIFECYCLE_MEM_LEVEL = 3
+_PRIMED_LIFECYCLE = zlib.compressobj(
+    _LEVEL, zlib.DEFLATED, _LIFECYCLE_WBITS, _LIFECYCLE_MEM_LEVEL, zdict=DICTIONARY_2
 )
 
 
@@ -209,8 +210,8 @@ class PackWriter:
 
     __slots__ = ("_compressor", "stored")
 
-    def __init__(self, derived: bool = False, enqueued: bool = False) -> None:
-        primed = _PRIMED_DERIVED if derived else _PRIMED_ENQUEUED if enqueued else _PRIMED
+    def __init__(self, derived: bool = False, lifecycle: bool = False) -> None:
+        primed = _PRIMED_DERIVED if derived else _PRIMED_LIFECYCLE if lifecycle else _PRIMED
         self._compressor = primed.copy()
         self.stored = b""
 
@@ -298,23 +299,21 @@ def pack_items(
     return ",".join(_item_text(e, base_hlc, base_ts, keep) for e in events)
 
 
-def pack_row(
-    events: Sequence[TraceEvent], pack_format: int = FORMAT_JSON, *, enqueued: bool = False
-) -> dict[str, Any]:
+def pack_row(events: Sequence[TraceEvent], pack_format: int = FORMAT_JSON) -> dict[str, Any]:
     """The ``rq_trace`` row of one group (from ``groups``), ``events`` as compact JSON
     (``FORMAT_JSON``) or that JSON deflated (``FORMAT_DEFLATE``, SQLite).
 
     Lifecycle data is built by replayq (string keys, scalars) and the user values in
     domain data were checked once when recorded (``Context.encoded``): no walk here.
     """
-    return opened_row(events, pack_format, enqueued=enqueued)[0]
+    return opened_row(events, pack_format)[0]
 
 
 def opened_row(
-    events: Sequence[TraceEvent], pack_format: int = FORMAT_JSON, *, enqueued: bool = False
+    events: Sequence[TraceEvent], pack_format: int = FORMAT_JSON
 ) -> tuple[dict[str, Any], PackWriter | None]:
     """``pack_row`` and, in format 2, the ``PackWriter`` that later events may join it by
-    (``enqueued``: a new job's first pack, deflated by ``_PRIMED_ENQUEUED``)."""
+    (a pack a lifecycle event starts is deflated by ``_PRIMED_LIFECYCLE``)."""
     first = events[0]
     if len(events) == 1:  # an enqueue's pack, a lease's: no list of one HLC
         base = last = first.hlc
@@ -327,7 +326,7 @@ def opened_row(
     items = pack_items(events, base, first.ts, keep=pack_format != FORMAT_DEFLATE)
     writer = None
     if pack_format == FORMAT_DEFLATE:
-        writer = PackWriter(derived=first.job_id is None, enqueued=enqueued)
+        writer = PackWriter(derived=first.job_id is None, lifecycle=first.kind == "lifecycle")
         stored: str | bytes = writer.first(items)
     else:
         stored = "[" + items + "]"

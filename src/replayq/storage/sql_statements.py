@@ -43,5 +43,5 @@ class SqlStatements:
     def inserted_id(self, name: str, params: Mapping[str, Any]) -> int | None:
         raise NotImplementedError
 
-    def pack_row(self, events: Sequence[TraceEvent], *, enqueued: bool = False) -> dict[str, Any]:
+    def pack_row(self, events: Sequence[TraceEvent]) -> dict[str, Any]:
         raise NotImplementedError

@@ -173,10 +173,10 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         return self.connection.execute(self._queries[name], params or {})
 
-    def pack_row(self, events: Sequence[TraceEvent], *, enqueued: bool = False) -> dict[str, Any]:
+    def pack_row(self, events: Sequence[TraceEvent]) -> dict[str, Any]:
         """``packs.pack_row`` in this backend's format; its format 2 writer kept until
         the next row (the pack, once inserted, may be joined by later commits)."""
-        row, self._writer = packs.opened_row(events, self.pack_format, enqueued=enqueued)
+        row, self._writer = packs.opened_row(events, self.pack_format)
         return row
 
     def execute_rows(self, name: str, row_sql: str, rows: int, values: Sequence[Any]) -> Any:
@@ -238,7 +238,7 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
             job_id, created = self._job_insert_one(params[0])
             if created:
                 pack = [with_job_id(events[0], job_id)]
-                self._index(self._packs_inserted([pack], enqueued=True))
+                self._index(self._packs_inserted([pack]))
             return [(job_id, created)]
         inserted = [self._job_insert_one(p) for p in params]
         written = [
@@ -247,7 +247,7 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
             if created
         ]
         if written:
-            self._index(self._packs_inserted(written, enqueued=True))
+            self._index(self._packs_inserted(written))
         return inserted
 
     def _job_insert_one(self, params: JobInsert) -> tuple[int, bool]:

@@ -201,24 +201,19 @@ class TraceVerbs(SqlStatements):
         found = self.fetchone("trace_append_fenced", row)
         return None if found is None else (found["id"], group, group, self._writer)
 
-    def _packs_inserted(
-        self, groups: Sequence[Sequence[TraceEvent]], *, enqueued: bool = False
-    ) -> list[dict[str, Any]]:
+    def _packs_inserted(self, groups: Sequence[Sequence[TraceEvent]]) -> list[dict[str, Any]]:
         """A new pack for each group (``packs.groups``), in as few statements as the
         driver's limit on parameters allows (one for any batch of up to ~4,000) where the
         backend has a many-row insert; their ``rq_trace_resources`` entries. The last
-        pack is the one later events of its group may join (``_last_pack``).
-        ``enqueued``: new jobs' first packs (``packs.opened_row``)."""
+        pack is the one later events of its group may join (``_last_pack``)."""
         if len(groups) > 1:
-            return self._packs_placed(groups, self._pack_rows_inserted(groups, enqueued))
+            return self._packs_placed(groups, self._pack_rows_inserted(groups))
         # One pack (``enqueue``, a step's commit): the fixed one-row statement.
-        pack_id = self.inserted_id("trace_append", self.pack_row(groups[0], enqueued=enqueued))
+        pack_id = self.inserted_id("trace_append", self.pack_row(groups[0]))
         assert pack_id is not None
         return self._packs_placed(groups, [pack_id])
 
-    def _pack_rows_inserted(
-        self, groups: Sequence[Sequence[TraceEvent]], enqueued: bool = False
-    ) -> list[int]:
+    def _pack_rows_inserted(self, groups: Sequence[Sequence[TraceEvent]]) -> list[int]:
         """``trace_append_rows`` for ``groups``: their pack ids, in order (SQLite: a
         multi-row ``VALUES`` per chunk of the driver's parameter limit)."""
         columns = PACK_COLUMNS
@@ -235,7 +230,7 @@ class TraceVerbs(SqlStatements):
             chunk = groups[start : start + per_statement]
             values: list[Any] = []
             for group in chunk:
-                row = self.pack_row(group, enqueued=enqueued)
+                row = self.pack_row(group)
                 values.extend(row[name] for name in columns)
             found = self.execute_rows("trace_append_rows", row_sql, len(chunk), values)
             # RETURNING has no order; the rows' ids rise in the order they were inserted

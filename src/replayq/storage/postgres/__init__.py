@@ -411,11 +411,8 @@ class PostgresTransaction(SqlTransaction):
         self._placed([with_job_id(event, job_id)], {job_id: int(found[1])})
         return job_id, True
 
-    def _pack_rows_inserted(
-        self, groups: Sequence[Sequence[TraceEvent]], enqueued: bool = False
-    ) -> list[int]:
-        """``trace_append_rows``: one statement, the rows one JSON text (JSON packs:
-        ``enqueued`` changes nothing)."""
+    def _pack_rows_inserted(self, groups: Sequence[Sequence[TraceEvent]]) -> list[int]:
+        """``trace_append_rows``: one statement, the rows one JSON text."""
         rows = [self.pack_row(group) for group in groups]
         values = {"rows": _json_rows([{c: row[c] for c in PACK_COLUMNS} for row in rows])}
         return sorted(int(row["id"]) for row in self.fetchall("trace_append_rows", values))
