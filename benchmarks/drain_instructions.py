@@ -1,8 +1,12 @@
 """Instructions per job of a worker draining no-op jobs, counted by valgrind's callgrind.
 
-Wall and CPU time on a shared 2-core machine move by tens of per cent between runs; the
-number of instructions a drain executes moves by a few (the worker's threads interleave
-differently, so its batches differ). This counts them: ``--jobs`` no-op jobs
+Wall and CPU time on a shared 2-core machine move with whatever else runs there; the
+number of instructions a drain executes does not, but it moves with the worker's own
+timing: its lease batches and group commits are as large as the pace of the jobs and the
+ack window make them, and under callgrind (~50 times slower) the database is fast beside
+the worker. Runs of one tree differed by up to 40 % (docs/benchmarks.md, "Round 10 —
+PostgreSQL worker CPU"): compare trees over several runs each, interleaved. This counts
+them: ``--jobs`` no-op jobs
 (``benchmarks/noop_app.py``) are enqueued into a fresh database before valgrind starts,
 then one process under ``valgrind --tool=callgrind`` opens the app and drains them with an
 in-process ``Worker(app, burst=True)`` (``--concurrency`` executors), and a second process
