@@ -28,7 +28,7 @@ FROM inserted;
 -- ids, and per-key FIFO, follow it); the packs are given by trace_id (each row's is new)
 -- and take the job id the insert returns. A duplicate message_id (an existing job's, or
 -- an earlier row's of the same batch) inserts neither the job nor its pack.
--- The arrays are sent in binary (%(x)b): the text form escapes every element.
+-- Each array arrives as one array literal (storage/postgres/adapt.py), cast here.
 WITH given AS (
     SELECT * FROM unnest(
         %(job_type)b::text[], %(queue)b::text[], %(payload_json)b::text[], %(priority)b::integer[],
