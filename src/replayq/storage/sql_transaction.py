@@ -128,11 +128,6 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
     # with the format's dictionary; PostgreSQL keeps JSON text (``PostgresTransaction``).
     pack_format = packs.FORMAT_DEFLATE
 
-    # How an insert's new id comes back (``inserted_id``): as its row (``RETURNING id``,
-    # PostgreSQL) or as the cursor's ``lastrowid`` (SQLite, whose RETURNING builds a
-    # temporary table each time it runs: ~15 µs of an insert in its own transaction).
-    ids_returned = True
-
     def __init__(
         self,
         connection: Any,
@@ -213,12 +208,10 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
 
     def inserted_id(self, name: str, params: Mapping[str, Any]) -> int | None:
         """The id of the one row ``name`` inserts; ``None`` if it inserted none (``ON
-        CONFLICT DO NOTHING``). Its SQL ends ``RETURNING id`` where ``ids_returned``."""
-        cursor = self.execute(name, params)
-        if self.ids_returned:
-            row = cursor.fetchone()
-            return None if row is None else int(row[0])
-        return int(cursor.lastrowid) if cursor.rowcount > 0 else None
+        CONFLICT DO NOTHING``). Its SQL ends ``RETURNING id`` (SQLite reads the cursor's
+        ``lastrowid`` instead: ``SqliteTransaction.inserted_id``)."""
+        row = self.execute(name, params).fetchone()
+        return None if row is None else int(row[0])
 
     # -- jobs -------------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 
 -- name: job_insert
 -- The new id is the cursor's lastrowid (no row inserted: rowcount 0). RETURNING would
--- build a temporary table at each run (SqlTransaction.inserted_id). The id is SQLite's
+-- build a temporary table at each run (SqliteTransaction.inserted_id). The id is SQLite's
 -- max(id) + 1 (NULL here) unless a delete took the newest job: then the floor + 1, so no
 -- id is given twice (migration 0017; a seek in rq_gc, no write).
 INSERT INTO rq_jobs (id, job_type, queue, payload, state, priority, run_at, created_at,
