@@ -155,11 +155,6 @@ class Handler:
         """Whether ``fn`` is an ``async def`` (asked once: ``inspect`` costs ~2 µs a job)."""
         return inspect.iscoroutinefunction(self.fn)
 
-    @cached_property
-    def _payload_what(self) -> str:
-        """How ``PayloadError`` names this type's payload (built once, not per enqueue)."""
-        return f"{self.contract.name} payload"
-
     def encode_payload(self, payload: Any) -> str:
         """Check and encode a payload; ``PayloadError`` names the field or the limit."""
         return self.prepare_payload(payload)[1]
@@ -169,7 +164,7 @@ class Handler:
         against the handler's fields and the contract's size limit."""
         name = self.contract.name
         plain = self.shape.to_json(name, payload)
-        text = codec.dumps(plain, what=self._payload_what)
+        text = codec.dumps(plain, what=f"{name} payload")
         size = len(text.encode())
         if size > self.contract.max_payload_bytes:
             raise PayloadError(
