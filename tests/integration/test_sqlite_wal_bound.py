@@ -26,10 +26,11 @@ from tests.sqlite_readers import readers_that_never_pause
 
 # The automatic checkpoint's size on a disk with room (``_WAL_AUTOCHECKPOINT_PAGES``).
 CHECKPOINT_BYTES = 4000 * 4096
-# What the WAL stays under here: restarted past twice the checkpoint's size, a try that
-# times out (a loaded machine) or meets another process's checkpoint costs up to one
-# checkpoint's growth more. Without the bound these runs end at 170-250 MB.
-BOUND = 4 * CHECKPOINT_BYTES + 2 * 1024 * 1024
+# What the WAL stays under here: restarted past twice the checkpoint's size; a restart
+# that cannot finish within its 0.2 s (a machine loaded past what these runs saw) or
+# meets another process's checkpoint costs up to one checkpoint's growth more. Without
+# the bound these runs end at 170-250 MB.
+BOUND = 3 * CHECKPOINT_BYTES + 2 * 1024 * 1024
 
 
 def _app(db: Path, query: str = "") -> replayq.App:
@@ -61,8 +62,9 @@ def test_readers_that_never_pause_do_not_let_the_wal_outgrow_twice_its_checkpoin
                 largest = max(largest, _wal_bytes(db))
     largest = max(largest, _wal_bytes(db))
     app.close()
-    # Restarted once past twice the checkpoint's size; on a loaded machine a try can
-    # outlast its 0.2 s wait and the next comes a checkpoint's growth later.
+    # Restarted once past twice the checkpoint's size, readers or not: before the restart
+    # was retried within its wait, one try in three lost its 0.2 s to the readers passing
+    # a read mark's slot between them, and the WAL passed 4 and once 5 checkpoints' size.
     assert largest <= BOUND, largest
 
 

@@ -64,6 +64,7 @@ import re
 import shutil
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -94,6 +95,10 @@ _WAL_OVERGROWN = 2
 # How long that commit waits for the WAL's readers. It holds the write lock meanwhile:
 # other writers (their own ``busy_timeout`` is seconds) wait at most this long for it.
 _WAL_RESTART_WAIT_MS = 200
+# The wait is spent in tries of this long each. A try waits for the reader that holds
+# the oldest read mark it saw; readers that begin meanwhile can take that mark's slot
+# again (with a newer mark) and keep it locked, and only a new try sees the newer mark.
+_WAL_RESTART_TRY_MS = 40
 # Primary result codes of a fault that passes (or is fixed outside replayq) rather than a
 # bad statement: BUSY 5, LOCKED 6, NOMEM 7, READONLY 8, IOERR 10, CORRUPT 11 (what a read
 # failing EIO becomes), FULL 13, CANTOPEN 14, PROTOCOL 15 (https://sqlite.org/rescode.html).
@@ -453,6 +458,12 @@ class SqliteStorage:
         (``_WAL_RESTART_WAIT_MS``, not ``busy_timeout``: it holds the write lock, and a
         writer of another process waiting for it could time out) for the readers of the
         WAL to finish; readers that begin meanwhile read the database file.
+
+        The wait is several short tries rather than one long one. SQLite's checkpoint
+        reads the readers' marks once, then waits for the slot of the oldest; two
+        readers that overlap can pass that slot between them, under a newer mark, for
+        the whole wait (a try in three failed so, with the WAL then passing 3 and 4
+        checkpoints' size). The next try reads the newer mark and does not wait for it.
         """
         if self._wal_path is None:
             return
@@ -463,9 +474,13 @@ class SqliteStorage:
         step = self._local.wal_pages * self._local.page_size
         if size <= max(_WAL_OVERGROWN * step, self._wal_retry_above):
             return
+        deadline = time.monotonic() + _WAL_RESTART_WAIT_MS / 1000
         try:
-            conn.execute(f"PRAGMA busy_timeout = {_WAL_RESTART_WAIT_MS}")
-            busy, frames, _ = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+            conn.execute(f"PRAGMA busy_timeout = {_WAL_RESTART_TRY_MS}")
+            while True:
+                busy, frames, _ = conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+                if not busy or frames < 0 or time.monotonic() >= deadline:
+                    break
         except sqlite3.Error as exc:  # the next write meets the fault, and handles it
             log.debug("checkpoint of an overgrown WAL failed: %s", exc)
             busy, frames = 1, 0  # backs off a step, as a reader that outlasts the wait
