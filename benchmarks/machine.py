@@ -40,17 +40,24 @@ def machine(workdir: Path, extra: Sequence[tuple[str, str]] = ()) -> list[tuple[
     ]
 
 
+# ``git archive`` writes the commit it exports here (``export-subst`` in .gitattributes).
+_ARCHIVED_FROM = "$Format:%h$"
+
+
 def commit() -> str:
     """The commit the benchmark ran on (``+dirty`` when the work tree has changes).
 
-    ``$REPLAYQ_BENCH_COMMIT`` names it for a tree that is not a git work tree (an
-    exported snapshot, as the before/after comparison in docs/benchmarks.md uses).
+    A tree exported with ``git archive`` (as the before/after comparisons in
+    docs/benchmarks.md use) names the commit it was exported from;
+    ``$REPLAYQ_BENCH_COMMIT`` names it for any other tree that is not a git work tree.
     """
     import subprocess
 
     named = os.environ.get("REPLAYQ_BENCH_COMMIT")
     if named:
         return named
+    if not _ARCHIVED_FROM.startswith("$Format"):
+        return _ARCHIVED_FROM
 
     here = Path(__file__).resolve().parent
     try:
