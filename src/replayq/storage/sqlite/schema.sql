@@ -45,15 +45,6 @@ CREATE TABLE rq_entity_versions (
 
 CREATE INDEX rq_entity_versions_job ON rq_entity_versions (job_id);
 
-CREATE TABLE rq_entities (
-    branch    TEXT    NOT NULL,
-    namespace TEXT    NOT NULL,
-    key       TEXT    NOT NULL,
-    version   INTEGER NOT NULL,
-    hlc       INTEGER NOT NULL,
-    PRIMARY KEY (branch, namespace, key)
-);
-
 CREATE TABLE rq_branches (
     branch      TEXT    PRIMARY KEY,
     base_branch TEXT    NOT NULL,
@@ -335,3 +326,12 @@ BEGIN
     ON CONFLICT (name) DO UPDATE SET cursor = MAX(cursor, excluded.cursor),
                                      updated_at = excluded.updated_at;
 END;
+
+CREATE TABLE "rq_entities" (
+    branch    TEXT    NOT NULL,
+    namespace TEXT    NOT NULL,
+    key       TEXT    NOT NULL,
+    version   INTEGER NOT NULL,
+    hlc       INTEGER NOT NULL,
+    PRIMARY KEY (branch, namespace, key)
+) WITHOUT ROWID;
