@@ -136,6 +136,14 @@ def groups(events: Sequence[TraceEvent]) -> Iterator[list[TraceEvent]]:
                 yield run[start : start + PACK_SIZE]
 
 
+def cut(events: Sequence[TraceEvent]) -> list[list[TraceEvent]]:
+    """``groups(events)`` as a list; a commit's few events of one attempt (the usual case:
+    a step's) as one group without ``groupby``'s iteration."""
+    if len(events) <= PACK_SIZE and len(set(map(_group_key, events))) == 1:
+        return [list(events)]
+    return list(groups(events))
+
+
 def _packed(event: TraceEvent, base_hlc: int, base_ts: float) -> dict[str, Any]:
     """One event as a pack item: the fields of ``_KEYS`` that are set, under short keys."""
     item: dict[str, Any] = {"n": event.name}
@@ -208,11 +216,13 @@ class PackWriter:
     appended to (its stream would no longer be this one).
     """
 
-    __slots__ = ("_compressor", "stored")
+    __slots__ = ("_compressor", "base_hlc", "stored")
 
-    def __init__(self, derived: bool = False, lifecycle: bool = False) -> None:
+    def __init__(self, derived: bool = False, lifecycle: bool = False, base_hlc: int = 0) -> None:
         primed = _PRIMED_DERIVED if derived else _PRIMED_LIFECYCLE if lifecycle else _PRIMED
         self._compressor = primed.copy()
+        # The row's ``hlc``, its items' base: a later piece is encoded against it.
+        self.base_hlc = base_hlc
         self.stored = b""
 
     def first(self, items: str) -> bytes:
@@ -326,7 +336,7 @@ def opened_row(
     items = pack_items(events, base, first.ts, keep=pack_format != FORMAT_DEFLATE)
     writer = None
     if pack_format == FORMAT_DEFLATE:
-        writer = PackWriter(derived=first.job_id is None, lifecycle=first.kind == "lifecycle")
+        writer = PackWriter(first.job_id is None, first.kind == "lifecycle", base)
         stored: str | bytes = writer.first(items)
     else:
         stored = "[" + items + "]"

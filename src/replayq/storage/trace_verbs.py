@@ -42,9 +42,11 @@ from replayq.storage.context_verbs import query_params
 from replayq.storage.params import JobTrace, TraceJobs, TraceRead, TraceWindow
 from replayq.storage.sql_statements import SqlStatements
 
-# A pack later events of its attempt may join: its id, its events and, in format 2, the
-# writer of its deflate stream (``packs.PackWriter``).
-OpenPack = tuple[int, list[TraceEvent], "packs.PackWriter | None"]
+# A pack later events of its attempt may join: its id, its events, in format 2 the writer
+# of its deflate stream (``packs.PackWriter``), and the resources its events name (those
+# already indexed in ``rq_trace_resources``: a join indexes only the new ones). Carried
+# from commit to commit, so that a join never walks the events already stored.
+OpenPack = tuple[int, list[TraceEvent], "packs.PackWriter | None", "set[str | None]"]
 
 # The columns of an ``rq_trace`` row (``packs.pack_row``) as ``trace_append_rows`` takes them.
 PACK_COLUMNS = ("trace_id", "job_id", "attempt", "worker_id", "hlc", "hlc_last", "ts", "events")
@@ -109,7 +111,7 @@ class TraceVerbs(SqlStatements):
         statement on SQLite for a lease batch's or a group commit's packs).
         """
         entries = []
-        cut = list(packs.groups(events))
+        cut = packs.cut(events)
         for at, group in enumerate(cut):
             last = self._last_pack
             joins = last is not None and packs.same_pack(last[1], group)
@@ -119,7 +121,7 @@ class TraceVerbs(SqlStatements):
                 if not self.lease_check(fence.job_id, fence.owner_token):
                     return False
                 fence = None
-            extended = self._pack_extended(group, fence if joins else None)
+            extended = self._pack_extended(group, fence) if joins else None
             if fence is not None and joins:
                 # The append was the lease check (trace_join_fenced); nothing appended is
                 # either a lost lease or a pack rewritten since: only then is it asked.
@@ -127,16 +129,16 @@ class TraceVerbs(SqlStatements):
                     return False
                 fence = None
             if extended is not None:
-                pack_id, joined, new = extended
+                pack_id, joined, new, named = extended
                 assert last is not None
-                self._last_pack = (pack_id, joined, last[2])
+                self._last_pack = (pack_id, joined, last[2], named)
             elif fence is not None:
                 placed = self._pack_inserted_fenced(group, fence)
                 if placed is None:
                     return False
                 fence = None
                 pack_id, joined, new, writer = placed
-                self._last_pack = (pack_id, joined, writer)
+                self._last_pack = (pack_id, joined, writer, {e.resource for e in group})
             else:
                 # A new pack: no later group joins it or another (each differs from the
                 # one before it, or that one is full), so they all go in with it.
@@ -150,33 +152,35 @@ class TraceVerbs(SqlStatements):
 
     def _pack_extended(
         self, group: list[TraceEvent], fence: TraceFence | None = None
-    ) -> tuple[int, list[TraceEvent], list[TraceEvent]] | None:
-        """``group`` added to the pack this transaction wrote last, if it continues it:
-        ``(pack id, all its events, the events naming a resource it did not name yet)``.
+    ) -> tuple[int, list[TraceEvent], list[TraceEvent], set[str | None]] | None:
+        """``group`` added to the pack this transaction wrote last, which it continues
+        (``packs.same_pack``, asked by the caller): ``(pack id, all its events, the events
+        naming a resource it did not name yet, every resource it names now)``.
 
         In format 2 only ``group``'s items are compressed, appended to the stored bytes
         (``trace_join``; with ``fence``, ``trace_join_fenced``: only while the lease is
         held); a JSON pack (PostgreSQL, within one transaction) is rewritten.
         """
         last = self._last_pack
-        if last is None or not packs.same_pack(last[1], group):
-            return None
-        pack_id, earlier, writer = last
+        assert last is not None
+        pack_id, earlier, writer, named = last
         joined = [*earlier, *group]
-        base = min(e.hlc for e in earlier)
         if writer is not None:
-            if min(e.hlc for e in group) < base:
+            hlcs = [e.hlc for e in group]
+            base = writer.base_hlc
+            if min(hlcs) < base:
                 return None  # the row's hlc is its items' base: a new pack instead
+            first = earlier[0]
             row = {
                 "id": pack_id,
-                "trace_id": earlier[0].trace_id,
-                "job_id": earlier[0].job_id,
-                "attempt": earlier[0].attempt,
+                "trace_id": first.trace_id,
+                "job_id": first.job_id,
+                "attempt": first.attempt,
                 "stored": writer.stored,
-                "hlc_last": max(e.hlc for e in group),
+                "hlc_last": max(hlcs),
             }
             # Appended through the deflate stream, never rewritten: no item texts kept.
-            row["piece"] = writer.more(packs.pack_items(group, base, earlier[0].ts, keep=False))
+            row["piece"] = writer.more(packs.pack_items(group, base, first.ts, keep=False))
             query = "trace_join"
             if fence is not None:
                 query = "trace_join_fenced"
@@ -189,8 +193,8 @@ class TraceVerbs(SqlStatements):
         # Not found only if the pack was rolled back (to a savepoint): a new one then.
         elif not self.changed("trace_extend", {**self.pack_row(joined), "id": pack_id}):
             return None
-        named = {e.resource for e in earlier}
-        return pack_id, joined, [e for e in group if e.resource not in named]
+        new = [e for e in group if e.resource not in named]
+        return pack_id, joined, new, named.union([e.resource for e in new]) if new else named
 
     def _pack_inserted_fenced(
         self, group: list[TraceEvent], fence: TraceFence
@@ -248,7 +252,8 @@ class TraceVerbs(SqlStatements):
         for group, pack_id in zip(groups, pack_ids, strict=True):
             entries.extend(packs.pack_resources(group, pack_id))
         # pack_row keeps the writer of the row it made last: the last group's.
-        self._last_pack = (pack_ids[-1], list(groups[-1]), self._writer)
+        last = list(groups[-1])
+        self._last_pack = (pack_ids[-1], last, self._writer, {e.resource for e in last})
         return entries
 
     def _placed(self, events: Sequence[TraceEvent], pack_ids: Mapping[int, int]) -> None:
