@@ -118,7 +118,9 @@ def with_job_id(event: TraceEvent, job_id: int) -> TraceEvent:
 def row_to_job(row: Mapping[str, Any]) -> Job:
     fields = {name: row[name] for name in _JOB_COLUMNS}
     fields["state"] = JobState(fields["state"])
-    return Job(payload=codec.loads(row["payload"]), result=codec.loads(row["result"]), **fields)
+    fields["payload"] = codec.loads(row["payload"])
+    fields["result"] = codec.loads(row["result"])
+    return Job.built(fields)
 
 
 class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
