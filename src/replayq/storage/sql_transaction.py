@@ -146,9 +146,10 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         self._last_pack = last_pack
         # The writer of the format 2 row ``pack_row`` built last (``_placed`` keeps it).
         self._writer: packs.PackWriter | None = None
-        # Whether this transaction changed a job row (insert or transition): only such a
-        # commit can make a job ready, so only it wakes the process's idle workers at once
-        # (SQLite ``Watcher.poke``). A commit of a step's events and state writes does not.
+        # Whether this transaction may have made a job ready (an insert, a transition, an
+        # ack of a job with an ordering key): only such a commit wakes the process's idle
+        # workers at once (SQLite ``Watcher.poke``). A commit of a step's events and state
+        # writes does not, nor a lease, nor the acks of jobs without an ordering key.
         self.jobs_changed = False
 
     @property
@@ -309,12 +310,15 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         return {int(row["id"]) for row in rows}
 
     def jobs_complete(self, params: JobsComplete) -> set[int]:
-        self.jobs_changed = True
         # The time is a scalar: SQLite's JSON reads a float back a bit off.
         rows = self.rows_param(("job_ids", "owner_tokens", "results", "hlcs"), params.jobs)
-        return {
-            int(row["id"]) for row in self.fetchall("jobs_complete", {"now": params.now, **rows})
-        }
+        acked = self.fetchall("jobs_complete", {"now": params.now, **rows})
+        # An ack makes another job ready only behind its ordering key: only then does its
+        # commit wake this process's idle workers at once (a worker's every group commit
+        # did, a thread wake-up and a query for each batch of a busy drain).
+        if any(row["ordering_key"] is not None for row in acked):
+            self.jobs_changed = True
+        return {int(row["id"]) for row in acked}
 
     def job_transition(self, change: JobChange | JobReroute) -> Any:
         self.jobs_changed = True
