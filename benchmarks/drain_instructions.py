@@ -17,12 +17,13 @@ kernel's work for the database's writes and round trips is not in it.
 
     python benchmarks/drain_instructions.py [--backend sqlite|postgres] [--jobs 1000]
                                             [--concurrency 4] [--repeat 2] [--json]
-                                            [--prefetch-window SECONDS]
+                                            [--prefetch-window S] [--ack-window S]
 
-``--prefetch-window inf`` has the worker lease its full ``prefetch`` whatever the pace:
-the batches are then the same size in every run (and each run prints its jobs per lease
-batch), so runs of one tree agree where, at the default, a loaded machine made them
-differ by a third.
+``--prefetch-window inf --ack-window inf`` has the worker lease its full ``prefetch``
+whatever the pace and ack only when its executor has nothing left to run (with the next
+lease): the batches and groups are then the same in every run (each run prints its jobs
+per lease batch), where at the defaults, under callgrind on a loaded machine, they
+followed the timing and a tree's runs differed by a third.
 
 Each run takes about a minute (callgrind runs the interpreter ~50 times slower). The tree
 measured is the one ``replayq`` is imported from: ``PYTHONPATH=<tree>/src``.
@@ -152,9 +153,23 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="the worker's prefetch window (inf: always lease the full prefetch, so that "
         "batch sizes do not follow the pace under callgrind and runs of a tree agree)",
     )
+    parser.add_argument(
+        "--ack-window",
+        type=float,
+        default=None,
+        help="the worker's ack window (inf: successes are acked only when the executor has "
+        "nothing left to run, with the next lease: the same groups in every run)",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     opts = parser.parse_args(argv)
-    options = {} if opts.prefetch_window is None else {"prefetch_window": opts.prefetch_window}
+    options = {
+        name: value
+        for name, value in (
+            ("prefetch_window", opts.prefetch_window),
+            ("ack_window", opts.ack_window),
+        )
+        if value is not None
+    }
     measured = [
         one_run(opts.backend, opts.jobs, opts.concurrency, options) for _ in range(opts.repeat)
     ]
@@ -164,7 +179,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "backend": opts.backend,
         "jobs": opts.jobs,
         "concurrency": opts.concurrency,
-        "prefetch_window": opts.prefetch_window,
+        "worker_options": options,
         "instructions_per_job": [round(r) for r in runs],
         "jobs_per_lease_batch": [round(b, 2) for _, b in measured],
         "replayq": replayq.__file__,
