@@ -10,8 +10,8 @@ which changes whenever another connection commits to the file. It asks:
   other without waiting. A commit of a traced step's events and state writes does
   not poke, nor a lease, nor the acks of jobs without an ordering key: none can make
   a job ready, and each poke costs a wake-up and a ``PRAGMA`` here (a third of a
-  traced job's CPU when every step's commit poked, and ~5 % of a no-op drain's when
-  each group commit did, docs/benchmarks.md);
+  traced job's CPU when every step's commit poked, and a few per cent of a no-op
+  drain's when each group commit did, docs/benchmarks.md);
 * else every ``interval`` seconds (5 ms by default): another process's commit is
   heard within that.
 
