@@ -17,6 +17,13 @@ kernel's work for the database's writes and round trips is not in it.
 
     python benchmarks/drain_instructions.py [--backend sqlite|postgres] [--jobs 1000]
                                             [--concurrency 4] [--repeat 2] [--json]
+                                            [--prefetch-window S] [--ack-window S]
+
+``--prefetch-window inf --ack-window inf`` has the worker lease its full ``prefetch``
+whatever the pace and ack only when its executor has nothing left to run (with the next
+lease): the batches and groups are then the same in every run (each run prints its jobs
+per lease batch), where at the defaults, under callgrind on a loaded machine, they
+followed the timing and a tree's runs differed by a third.
 
 Each run takes about a minute (callgrind runs the interpreter ~50 times slower). The tree
 measured is the one ``replayq`` is imported from: ``PYTHONPATH=<tree>/src``.
@@ -28,6 +35,7 @@ import argparse
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -46,13 +54,15 @@ sys.path.insert(0, {bench!r})
 import replayq
 from noop_app import make_app
 app = make_app({url!r})
-stats = replayq.Worker(app, burst=True, concurrency={concurrency}, worker_id="counted").run()
+stats = replayq.Worker(
+    app, burst=True, concurrency={concurrency}, worker_id="counted"{extra}
+).run()
 assert stats.succeeded == {jobs}, stats
 app.close()
 """
 
 
-def counted(url: str, jobs: int, concurrency: int) -> int:
+def counted(url: str, jobs: int, concurrency: int, worker_options: dict[str, float]) -> int:
     """Instructions callgrind counted in a process that opens the app on ``url`` and runs
     a burst worker, which must find ``jobs`` jobs to do."""
     code = DRAIN.format(
@@ -60,6 +70,8 @@ def counted(url: str, jobs: int, concurrency: int) -> int:
         url=url,
         jobs=jobs,
         concurrency=concurrency,
+        # float("inf") has no literal: each option as a float of its text.
+        extra="".join(f", {name}=float({str(value)!r})" for name, value in worker_options.items()),
     )
     with tempfile.TemporaryDirectory() as out:
         done = subprocess.run(
@@ -92,7 +104,24 @@ def fresh_database(backend: str, directory: str) -> tuple[str, str | None]:
     return f"{PG_URL}{separator}options=-csearch_path%3D{schema}", schema
 
 
-def one_run(backend: str, jobs: int, concurrency: int) -> float:
+def lease_batches(url: str, schema: str | None) -> int:
+    """How many lease statements leased the jobs: each batch's lease has one ``leased_at``."""
+    query = "SELECT COUNT(DISTINCT leased_at) FROM rq_jobs"
+    if schema is None:
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"))
+        try:
+            return int(conn.execute(query).fetchone()[0])
+        finally:
+            conn.close()
+    with psycopg.connect(PG_URL, autocommit=True) as pg:
+        row = pg.execute(query.replace("rq_jobs", f"{schema}.rq_jobs")).fetchone()
+        return int(row[0]) if row else 0
+
+
+def one_run(
+    backend: str, jobs: int, concurrency: int, worker_options: dict[str, float]
+) -> tuple[float, float]:
+    """(instructions per job, jobs per lease batch) of one drain."""
     with tempfile.TemporaryDirectory() as directory:
         url, schema = fresh_database(backend, directory)
         try:
@@ -100,9 +129,11 @@ def one_run(backend: str, jobs: int, concurrency: int) -> float:
             app.schema_upgrade()
             app.enqueue_many([replayq.EnqueueRequest("noop", {"n": n}) for n in range(jobs)])
             app.close()
-            draining = counted(url, jobs, concurrency)
-            idle = counted(url, 0, concurrency)  # the same worker on the queue it emptied
-            return (draining - idle) / jobs
+            draining = counted(url, jobs, concurrency, worker_options)
+            batches = lease_batches(url, schema)
+            # The same worker on the queue it emptied.
+            idle = counted(url, 0, concurrency, worker_options)
+            return (draining - idle) / jobs, jobs / max(1, batches)
         finally:
             if schema is not None:
                 with psycopg.connect(PG_URL, autocommit=True) as conn:
@@ -115,15 +146,42 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--jobs", type=int, default=1000)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument(
+        "--prefetch-window",
+        type=float,
+        default=None,
+        help="the worker's prefetch window (inf: always lease the full prefetch, so that "
+        "batch sizes do not follow the pace under callgrind and runs of a tree agree)",
+    )
+    parser.add_argument(
+        "--ack-window",
+        type=float,
+        default=None,
+        help="the worker's ack window (inf: successes are acked only when the executor has "
+        "nothing left to run, with the next lease: the same groups in every run)",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     opts = parser.parse_args(argv)
-    runs = [one_run(opts.backend, opts.jobs, opts.concurrency) for _ in range(opts.repeat)]
+    options = {
+        name: value
+        for name, value in (
+            ("prefetch_window", opts.prefetch_window),
+            ("ack_window", opts.ack_window),
+        )
+        if value is not None
+    }
+    measured = [
+        one_run(opts.backend, opts.jobs, opts.concurrency, options) for _ in range(opts.repeat)
+    ]
+    runs = [per_job for per_job, _ in measured]
     figures = {
         "benchmark": "drain_instructions",
         "backend": opts.backend,
         "jobs": opts.jobs,
         "concurrency": opts.concurrency,
+        "worker_options": options,
         "instructions_per_job": [round(r) for r in runs],
+        "jobs_per_lease_batch": [round(b, 2) for _, b in measured],
         "replayq": replayq.__file__,
         "commit": commit(),
         "load_average": load_average(),
@@ -133,8 +191,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     print(f"{opts.backend}, {opts.jobs} no-op jobs, {opts.concurrency} executors, replayq from")
     print(f"{replayq.__file__} (commit {figures['commit']}):")
-    for n, per_job in enumerate(runs, 1):
-        print(f"  run {n}: {per_job:,.0f} instructions per job")
+    for n, (per_job, batch) in enumerate(measured, 1):
+        print(f"  run {n}: {per_job:,.0f} instructions per job, {batch:.2f} jobs per lease batch")
 
 
 if __name__ == "__main__":

@@ -135,3 +135,49 @@ def test_only_a_commit_that_inserts_or_moves_a_job_wakes_the_process_watch(
     finally:
         watcher.close()
         app.close()
+
+
+def test_an_ack_wakes_the_process_watch_only_when_it_can_make_an_ordered_job_ready(
+    tmp_path: Path,
+) -> None:
+    """A busy worker's group commit acks and leases: neither makes a job ready, so it does
+    not poke the watch (a wake-up and a query per batch of a drain). The ack of a job with
+    an ordering key can (the next job of its key): that commit pokes at once."""
+    from replayq.storage.params import JobLease, JobsComplete
+
+    app = replayq.App(f"sqlite:///{tmp_path / 'w.db'}", auto_migrate=True)
+
+    @app.job("ping")
+    def ping(ctx: replayq.Context) -> None:
+        pass
+
+    @app.job("ordered", ordering="k:{k}")
+    def ordered(ctx: replayq.Context, k: int) -> None:
+        pass
+
+    plain_id = app.enqueue("ping", {})
+    first_id = app.enqueue("ordered", {"k": 1})
+    app.enqueue("ordered", {"k": 1})  # ready only once the first of its key is acked
+    storage = app.runtime.storage
+    assert isinstance(storage, SqliteStorage)
+    lease = JobLease("w", "token", time.time(), 1, 10, 60.0)
+    with storage.transaction() as tx:
+        leased = {job.id for job in tx.job_lease(lease)}
+    assert leased == {plain_id, first_id}
+    woken = threading.Event()
+    watcher = storage.listen(lambda _queue: woken.set())
+    try:
+        wait_for(watcher.listening.is_set, 10, "the watch to start")
+        watcher.interval = 60.0  # from the next wait on: only a poke wakes it
+        time.sleep(0.1)
+        woken.clear()
+        with storage.transaction() as tx:
+            assert tx.jobs_complete(JobsComplete(time.time(), [(plain_id, "token", None, 5)]))
+        time.sleep(0.3)
+        assert not woken.is_set(), "the ack of a job without an ordering key woke the watch"
+        with storage.transaction() as tx:
+            assert tx.jobs_complete(JobsComplete(time.time(), [(first_id, "token", None, 6)]))
+        assert woken.wait(2.0), "the ack that made the next job of its key ready did not wake"
+    finally:
+        watcher.close()
+        app.close()

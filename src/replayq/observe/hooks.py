@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 
 from replayq.model import Job, TraceEvent
 from replayq.observe.logs import job_fields
@@ -24,9 +24,8 @@ class Observer:
     committed transaction of the process, on the committing thread.
     """
 
-    @contextmanager
-    def attempt(self, job: Job, worker_id: str) -> Iterator[None]:
-        yield
+    def attempt(self, job: Job, worker_id: str) -> AbstractContextManager[None]:
+        return nullcontext()
 
     def settled(self, job: Job) -> None:
         return None
@@ -44,8 +43,15 @@ class Observers(Observer):
     def __init__(self, observers: Sequence[Observer] = ()) -> None:
         self.members = list(observers)
 
+    def attempt(self, job: Job, worker_id: str) -> AbstractContextManager[None]:
+        # With no observer (the default worker) only the log fields: no generator and
+        # no ExitStack around every attempt.
+        if not self.members:
+            return job_fields(job, worker_id)
+        return self._attempt_all(job, worker_id)
+
     @contextmanager
-    def attempt(self, job: Job, worker_id: str) -> Iterator[None]:
+    def _attempt_all(self, job: Job, worker_id: str) -> Iterator[None]:
         with ExitStack() as stack:
             stack.enter_context(job_fields(job, worker_id))
             for member in self.members:

@@ -47,6 +47,12 @@ class Router:
         with self._lock:
             return frozenset(self._routes)
 
+    def is_routed(self, job_type: str) -> bool:
+        """Whether ``job_type`` has routing records (``routed_types`` for one type, asked
+        for every success: no lock and no set). ``refresh`` replaces the mapping whole,
+        never changes it in place, so one read of it is consistent."""
+        return job_type in self._routes
+
     def comparisons_for(self, job: Job, ran: str) -> list[tuple[str, str]]:
         """``(mode, version)`` runs to compare with a settled attempt of ``job`` on ``ran``."""
         with self._lock:

@@ -115,10 +115,18 @@ def with_job_id(event: TraceEvent, job_id: int) -> TraceEvent:
     return TraceEvent.built({**event.__dict__, "job_id": job_id})
 
 
+# Every column of a job row (``SELECT *``, ``RETURNING *``): the ``Job`` fields, no more.
+_JOB_ROW = frozenset((*_JOB_COLUMNS, "payload", "result"))
+# A state's member by its stored text, without the ``Enum`` call's machinery.
+_STATES = {state.value: state for state in JobState}
+
+
 def row_to_job(row: Mapping[str, Any]) -> Job:
     fields = {name: row[name] for name in _JOB_COLUMNS}
-    fields["state"] = JobState(fields["state"])
-    return Job(payload=codec.loads(row["payload"]), result=codec.loads(row["result"]), **fields)
+    fields["state"] = _STATES[fields["state"]]
+    fields["payload"] = codec.loads(row["payload"])
+    fields["result"] = codec.loads(row["result"])
+    return Job.built(fields)
 
 
 class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
@@ -144,9 +152,10 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         self._last_pack = last_pack
         # The writer of the format 2 row ``pack_row`` built last (``_placed`` keeps it).
         self._writer: packs.PackWriter | None = None
-        # Whether this transaction changed a job row (insert or transition): only such a
-        # commit can make a job ready, so only it wakes the process's idle workers at once
-        # (SQLite ``Watcher.poke``). A commit of a step's events and state writes does not.
+        # Whether this transaction may have made a job ready (an insert, a transition, an
+        # ack of a job with an ordering key): only such a commit wakes the process's idle
+        # workers at once (SQLite ``Watcher.poke``). A commit of a step's events and state
+        # writes does not, nor a lease, nor the acks of jobs without an ordering key.
         self.jobs_changed = False
 
     @property
@@ -202,6 +211,27 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
             return []
         columns = self.columns(cursor)
         return [dict(zip(columns, row, strict=True)) for row in rows]
+
+    def fetch_jobs(self, name: str, params: Mapping[str, Any]) -> list[Job]:
+        """The jobs of ``name``'s rows (every column of ``rq_jobs``): each row's values
+        become the job's fields directly, one dictionary per job (``fetchall`` and
+        ``row_to_job`` made two)."""
+        cursor = self.execute(name, params)
+        rows = cursor.fetchall()
+        if not rows:
+            return []
+        columns = self.columns(cursor)
+        if len(columns) != len(_JOB_ROW) or not _JOB_ROW.issuperset(columns):
+            return [row_to_job(dict(zip(columns, row, strict=True))) for row in rows]
+        jobs = []
+        loads, states, built = codec.loads, _STATES, Job.built
+        for row in rows:
+            fields = dict(zip(columns, row, strict=True))
+            fields["state"] = states[fields["state"]]
+            fields["payload"] = loads(fields["payload"])
+            fields["result"] = loads(fields["result"])
+            jobs.append(built(fields))
+        return jobs
 
     def changed(self, name: str, params: Mapping[str, Any]) -> bool:
         return bool(self.execute(name, params).rowcount)
@@ -286,10 +316,11 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
             "hlc": params.hlc,
             **self.rows_param(("job_ids", "lease_seconds", "versions"), claims),
         }
-        rows = self.fetchall("job_lease_many", values)
+        leased = self.fetch_jobs("job_lease_many", values)
         # RETURNING gives no order: the jobs go out in the order they were chosen.
         chosen = {c["id"]: i for i, c in enumerate(candidates)}
-        return sorted((row_to_job(row) for row in rows), key=lambda job: chosen[job.id])
+        leased.sort(key=lambda job: chosen[job.id])
+        return leased
 
     def lease_check(self, job_id: int, owner_token: str) -> bool:
         row = self.fetchone("lease_check", {"job_id": job_id, "owner_token": owner_token})
@@ -307,12 +338,15 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         return {int(row["id"]) for row in rows}
 
     def jobs_complete(self, params: JobsComplete) -> set[int]:
-        self.jobs_changed = True
         # The time is a scalar: SQLite's JSON reads a float back a bit off.
         rows = self.rows_param(("job_ids", "owner_tokens", "results", "hlcs"), params.jobs)
-        return {
-            int(row["id"]) for row in self.fetchall("jobs_complete", {"now": params.now, **rows})
-        }
+        acked = self.fetchall("jobs_complete", {"now": params.now, **rows})
+        # An ack makes another job ready only behind its ordering key: only then does its
+        # commit wake this process's idle workers at once (a worker's every group commit
+        # did, a thread wake-up and a query for each batch of a busy drain).
+        if any(row["ordering_key"] is not None for row in acked):
+            self.jobs_changed = True
+        return {int(row["id"]) for row in acked}
 
     def job_transition(self, change: JobChange | JobReroute) -> Any:
         self.jobs_changed = True

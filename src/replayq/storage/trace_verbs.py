@@ -29,6 +29,7 @@ a job, a trace, a resource or many jobs back as events in trace order
 
 from __future__ import annotations
 
+import operator
 import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -50,6 +51,8 @@ OpenPack = tuple[int, list[TraceEvent], "packs.PackWriter | None", "set[str | No
 
 # The columns of an ``rq_trace`` row (``packs.pack_row``) as ``trace_append_rows`` takes them.
 PACK_COLUMNS = ("trace_id", "job_id", "attempt", "worker_id", "hlc", "hlc_last", "ts", "events")
+# A pack row's values in ``PACK_COLUMNS`` order, read in C (two packs a drained job).
+_pack_values = operator.itemgetter(*PACK_COLUMNS)
 # Bound parameters per statement where the driver cannot say (SQLite's historical default).
 _DEFAULT_VARIABLE_LIMIT = 999
 
@@ -234,8 +237,7 @@ class TraceVerbs(SqlStatements):
             chunk = groups[start : start + per_statement]
             values: list[Any] = []
             for group in chunk:
-                row = self.pack_row(group)
-                values.extend(row[name] for name in columns)
+                values.extend(_pack_values(self.pack_row(group)))
             found = self.execute_rows("trace_append_rows", row_sql, len(chunk), values)
             # RETURNING has no order; the rows' ids rise in the order they were inserted
             # (a new rowid is the largest one plus one).

@@ -97,7 +97,7 @@ class Acking(Outcomes):
         when its group commits (``Observer.settled``).
         """
         ack = Ack(job, handler, ctx, result_json, duration, time.monotonic())
-        if self._grouping and job.job_type not in self.router.routed_types():
+        if self._grouping and not self.router.is_routed(job.job_type):
             self._ack_later(ack)
             return
         if self._settle(job, lambda tx: self._ack_in(tx, ack), ctx):

@@ -153,7 +153,9 @@ class WorkerCore:
         # Set under ``_lease_lock`` when ``run()`` winds down (stop, or a burst run's end):
         # from then on no thread leases, so no lease lands after the worker let go of it.
         self._leasing_closed = False
-        self._work: queue.Queue[Any] = queue.Queue()
+        # Leased jobs for the executors. A ``SimpleQueue`` (C): a put and a get with no
+        # Python ``Condition`` to notify, twice per job.
+        self._work: queue.SimpleQueue[Any] = queue.SimpleQueue()
         # Successes waiting in memory for their group commit (``acks.Ack``).
         self._acks: list[Any] = []
         self._acks_lock = threading.Lock()

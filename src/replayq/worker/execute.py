@@ -142,7 +142,10 @@ class Executing(Acking):
         started = time.monotonic()
         try:
             result = ctx.run(self.event_loop.run if handler.is_async else None, args)
-            result_json = codec.dumps(result, what=f"{job.job_type} result")
+            # ``None`` (most handlers return nothing) is ``null`` without the encoder's checks.
+            result_json = (
+                "null" if result is None else codec.dumps(result, what=f"{job.job_type} result")
+            )
         except LeaseLostError as exc:
             # A commit or effect claim was fenced: another worker holds the job now. The
             # attempt ends here; only its events (with ``write.fenced``) are kept.

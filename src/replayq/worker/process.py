@@ -128,7 +128,12 @@ class Worker(Executing, Reaping, Heartbeat):
 
     def _on_notify(self, queue_name: str | None) -> None:
         """A backend wake-up: a job became ready on ``queue_name`` (``None``: look anyway)."""
-        if queue_name is None or self.queues is None or queue_name in self.queues:
+        if queue_name is not None and self.queues is not None and queue_name not in self.queues:
+            return
+        # With every slot held the dispatcher would lease nothing: not woken (on SQLite each
+        # of this worker's own group commits is such a change). A slot that frees is
+        # leased by its executor, which wakes the dispatcher when it finds nothing.
+        if self._free_slots() > 0:
             self._wake.set()
 
     # -- dispatcher -------------------------------------------------------------------------

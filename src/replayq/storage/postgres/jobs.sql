@@ -205,14 +205,14 @@ RETURNING j.id;
 -- name: jobs_complete
 -- A group commit's acks in one statement: the rows (job_ids[i], owner_tokens[i],
 -- results[i], hlcs[i]), all finished at %(now)s; RETURNING names the jobs whose lease
--- was still held.
+-- was still held (and their ordering keys: an ack can make the next job of its key ready).
 UPDATE rq_jobs AS j
 SET state = 'succeeded', result = c.result, finished_at = %(now)s, owner_token = NULL,
     lease_deadline = NULL, hlc = c.hlc
 FROM unnest(%(job_ids)s::bigint[], %(owner_tokens)s::text[], %(results)s::text[],
             %(hlcs)s::bigint[]) AS c(id, owner_token, result, hlc)
 WHERE j.id = c.id AND j.owner_token = c.owner_token AND j.state = 'running'
-RETURNING j.id;
+RETURNING j.id, j.ordering_key;
 
 -- name: job_retry
 UPDATE rq_jobs

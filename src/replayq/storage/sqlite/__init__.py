@@ -37,8 +37,10 @@ Known limits, up front:
   tables while another connection writes. The first ``App`` use, or
   ``replayq --db URL db upgrade``, creates them; later opens take no write lock.
 * Wake-ups: a worker's ``listen`` watches the file (``watch.py``): any commit,
-  of a job or not, wakes its idle workers, within 5 ms from another process and
-  at once from the same ``App``; an idle worker spends ~2 % of a core on it.
+  of a job or not, wakes its idle workers within 5 ms from another process; from
+  the same ``App`` at once when the commit may have made a job ready (an enqueue,
+  a retry, the ack of a job with an ordering key), else within the same 5 ms. An
+  idle worker spends ~2 % of a core on it.
 * Durability: ``journal_mode=WAL`` with ``synchronous=NORMAL``. A committed
   transaction survives a crash of any process; on power loss or an OS crash
   the last transactions before the failure may roll back (the database stays

@@ -87,15 +87,16 @@ RETURNING id;
 
 -- name: jobs_complete
 -- A group commit's acks in one statement: :rows is a JSON array of [job id, owner token,
--- result, hlc]; RETURNING names the jobs whose lease was still held. :now is a scalar:
--- SQLite's JSON reads a float back a bit off.
+-- result, hlc]; RETURNING names the jobs whose lease was still held (and their ordering
+-- keys: an ack can make the next job of its key ready). :now is a scalar: SQLite's JSON
+-- reads a float back a bit off.
 UPDATE rq_jobs
 SET state = 'succeeded', result = json_extract(c.value, '$[2]'), finished_at = :now,
     owner_token = NULL, lease_deadline = NULL, hlc = json_extract(c.value, '$[3]')
 FROM json_each(:rows) AS c
 WHERE rq_jobs.id = json_extract(c.value, '$[0]')
   AND rq_jobs.owner_token = json_extract(c.value, '$[1]') AND rq_jobs.state = 'running'
-RETURNING rq_jobs.id;
+RETURNING rq_jobs.id, rq_jobs.ordering_key;
 
 -- name: job_retry
 UPDATE rq_jobs

@@ -5,19 +5,22 @@ SQLite has no ``NOTIFY``. A ``Watcher`` thread keeps its own connection and asks
 which changes whenever another connection commits to the file. It asks:
 
 * at once when a write transaction of the same ``SqliteStorage`` in this process
-  that inserted or moved a job commits (``poke``): an enqueuer and a worker in one
-  process wake each other without waiting. A commit of a traced step's events and
-  state writes does not poke: it cannot make a job ready, and each poke costs a
-  ``PRAGMA`` here and a lease query in the worker (a third of a traced job's CPU
-  when every step's commit poked, docs/benchmarks.md);
+  that may have made a job ready commits (``poke``: an insert, a transition, the ack
+  of a job with an ordering key): an enqueuer and a worker in one process wake each
+  other without waiting. A commit of a traced step's events and state writes does
+  not poke, nor a lease, nor the acks of jobs without an ordering key: none can make
+  a job ready, and each poke costs a wake-up and a ``PRAGMA`` here (a third of a
+  traced job's CPU when every step's commit poked, and a few per cent of a no-op
+  drain's when each group commit did, docs/benchmarks.md);
 * else every ``interval`` seconds (5 ms by default): another process's commit is
   heard within that.
 
 Measured (docs/benchmarks.md): the 5 ms check costs an idle worker about 2 % of a
 core; a file watch (inotify on the WAL) would cost nothing while idle but is
 Linux-only and loses its watch when the WAL is removed, and a socket needs every
-enqueuing process to know the workers. A change the worker did not need (its own
-ack, a heartbeat) costs one indexed lease query.
+enqueuing process to know the workers. A change the worker did not need (a
+heartbeat, another process's ack) costs one indexed lease query, or nothing while
+the worker holds every slot it has (it would lease none).
 """
 
 from __future__ import annotations
