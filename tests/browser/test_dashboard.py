@@ -68,9 +68,11 @@ def test_overview_to_dead_job_to_timeline_to_fork_on_v2_to_diff(
     page.goto(web.url + "/")
     assert page.locator(".card.alarm .n").inner_text() == "2"
     page.click("text=dead")
-    assert page.url.endswith("/dead")
+    # A click returns once the new page starts loading; wait_for_url also waits for its
+    # load event, so the reads below never see the old or a half-parsed page.
+    page.wait_for_url("**/dead")
     page.click(f"a[href='/jobs/{job_id}']")
-    assert page.url.endswith(f"/jobs/{job_id}")
+    page.wait_for_url(f"**/jobs/{job_id}")
 
     # The attempt drawn: a lane, its lease, its steps as bars, its decision and lock.
     lanes = page.locator("svg.timeline .lane-label").all_text_contents()
@@ -93,7 +95,7 @@ def test_overview_to_dead_job_to_timeline_to_fork_on_v2_to_diff(
     page.click("text=Sign in with the token")
     page.fill("input[name=token]", TOKEN)
     page.click("button:has-text('Sign in')")
-    assert page.url.endswith(f"/jobs/{job_id}")
+    page.wait_for_url(f"**/jobs/{job_id}")
 
     page.select_option("form.fork select[name=from_step]", "decide")
     page.select_option("form.fork select[name=version]", "v2")
@@ -117,7 +119,7 @@ def test_overview_to_dead_job_to_timeline_to_fork_on_v2_to_diff(
     # The resource: one lane per worker, both jobs' leases and locks on order:1.
     page.goto(f"{web.url}/jobs/{job_id}")
     page.click("a.chip:text-is('order:1')")
-    assert page.url.endswith("/resources/order:1")
+    page.wait_for_url("**/resources/order:1")
     assert page.locator("svg.timeline .lane-label").all_text_contents() == [
         "host-a:41",
         "host-b:42",
@@ -168,7 +170,7 @@ def test_without_the_token_an_action_is_refused_and_nothing_changes(
     page.goto(f"{guarded.url}/login?next=/jobs/{job_id}")
     page.fill("input[name=token]", TOKEN)
     page.click("button:has-text('Sign in')")
-    assert page.url.endswith(f"/jobs/{job_id}")
+    page.wait_for_url(f"**/jobs/{job_id}")
     assert page.request.post(f"{url}/fork", form=fork_form).status == 403
     assert page.request.post(f"{url}/requeue", form={"reason": "x", "csrf": ""}).status == 403
     page.close()
