@@ -178,6 +178,22 @@ def succeeded_events_per_job(app: replayq.App) -> Counter[int]:
         return Counter({job_id: count for job_id, count in rows.fetchall()})
 
 
+def listening_worker_sessions(conninfo: str) -> set[int]:
+    """The server sessions (pids) from which this test's workers ``LISTEN``: a worker
+    starts its listener as its dispatcher starts leasing. A listener's last statement
+    reads which ``rq_jobs`` it listens for, and stays its last for five seconds (then a
+    health check may follow): pollers a few milliseconds apart see each one."""
+    with psycopg.connect(conninfo, autocommit=True) as admin:
+        rows = admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s AND query LIKE %s",
+            [
+                psycopg.conninfo.conninfo_to_dict(conninfo)["application_name"],
+                "%to_regclass('rq_jobs')%",
+            ],
+        ).fetchall()
+    return {pid for (pid,) in rows}
+
+
 def kill_worker_sessions(conninfo: str) -> int:
     """``pg_terminate_backend`` every worker session (pools and listeners); how many."""
     with psycopg.connect(conninfo, autocommit=True) as admin:
@@ -200,9 +216,6 @@ def test_four_workers_racing_never_hold_one_job_with_two_live_leases(
     sink = tmp_path / "runs.jsonl"
     total = 600
     payload = {"sink": str(sink), "seconds": 0.002}
-    chaos_app.enqueue_many(
-        [replayq.EnqueueRequest("touch", {**payload, "n": n}) for n in range(total)]
-    )
     conninfo = parse_postgres_url(pg_launcher.url)[0]
     violations: list[str] = []
     polls = 0
@@ -226,6 +239,20 @@ def test_four_workers_racing_never_hold_one_job_with_two_live_leases(
     watcher.start()
     try:
         workers = [pg_launcher.start(f"racer-{i}", concurrency=3) for i in range(4)]
+        # The jobs go in once all four are leasing, so that all four race for them: under
+        # load the racers' start-ups were hundreds of milliseconds apart, the first ones
+        # drained the queue before racer-0 leased anything, and it was never caught
+        # holding a job (seen: 2 runs in 6 at load average 4-6).
+        listeners: set[int] = set()
+
+        def all_listening() -> bool:
+            listeners.update(listening_worker_sessions(conninfo))
+            return len(listeners) >= len(workers)
+
+        wait_for(all_listening, timeout=60, what="all four racers to listen")
+        chaos_app.enqueue_many(
+            [replayq.EnqueueRequest("touch", {**payload, "n": n}) for n in range(total)]
+        )
 
         # One racer crashes mid-run while it holds jobs: they are re-leased by the others after
         # the lease. Jobs last milliseconds, so "it holds one" is checked while it is frozen

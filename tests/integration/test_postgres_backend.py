@@ -373,33 +373,44 @@ def test_a_worker_whose_session_ends_between_claim_and_commit_holds_no_lease(
 def test_per_key_fifo_holds_with_two_workers_on_two_hosts(
     pg_schema_url: str,
 ) -> None:
-    runs: list[tuple[str, int, float, float]] = []
+    # Each account's jobs alternate between two queues, and each host serves one of them,
+    # so every next job of a key is run by the other host: each of the 35 hand-overs
+    # crosses hosts. With both hosts on one queue a key stayed on the host that first
+    # leased it (a group commit acks a job and leases the next of its key in one
+    # transaction), no key ever changed hosts, and one host could take all five keys
+    # before the other's first lease (seen: 3 runs in 40 with one host idle).
+    runs: list[tuple[str, int, float, float, str]] = []
     runs_lock = threading.Lock()
+    queues = ["left", "right"]
 
-    def build() -> replayq.App:
+    def build(host: str) -> replayq.App:
         app = replayq.App(pg_schema_url, auto_migrate=True)
 
-        @app.job("step", ordering="account:{account}", lease="30s")
         def step(ctx: replayq.Context, account: str, n: int) -> None:
             started = time.monotonic()
             time.sleep(0.01)
             with runs_lock:
-                runs.append((account, n, started, time.monotonic()))
+                runs.append((account, n, started, time.monotonic(), host))
 
+        for queue in queues:
+            app.job(f"step_{queue}", queue=queue, ordering="account:{account}", lease="30s")(step)
         return app
 
-    producer = build()
+    producer = build("producer")
     accounts = ["a", "b", "c", "d", "e"]
     per_account = 8
     producer.enqueue_many(
         [
-            replayq.EnqueueRequest("step", {"account": account, "n": n})
+            replayq.EnqueueRequest(f"step_{queues[n % 2]}", {"account": account, "n": n})
             for n in range(per_account)
             for account in accounts
         ]
     )
-    hosts = [build(), build()]
-    workers = [Worker(app, concurrency=4, poll_interval=0.05) for app in hosts]
+    hosts = [build(queue) for queue in queues]
+    workers = [
+        Worker(app, concurrency=4, poll_interval=0.05, queues=[queue])
+        for app, queue in zip(hosts, queues, strict=True)
+    ]
     threads = [threading.Thread(target=w.run) for w in workers]
     for thread in threads:
         thread.start()
@@ -418,13 +429,15 @@ def test_per_key_fifo_holds_with_two_workers_on_two_hosts(
         for app in [producer, *hosts]:
             app.close()
     assert all(w.stats.succeeded > 0 for w in workers), "both hosts took part"
-    by_account: dict[str, list[tuple[int, float, float]]] = defaultdict(list)
-    for account, n, started, ended in runs:
-        by_account[account].append((n, started, ended))
+    by_account: dict[str, list[tuple[int, float, float, str]]] = defaultdict(list)
+    for account, n, started, ended, host in runs:
+        by_account[account].append((n, started, ended, host))
+    assert sorted(by_account) == accounts
     for account, seen in by_account.items():
         seen.sort(key=lambda run: run[1])
-        assert [n for n, _, _ in seen] == list(range(per_account)), account
-        for (_, _, ended), (_, next_started, _) in itertools.pairwise(seen):
+        assert [n for n, _, _, _ in seen] == list(range(per_account)), account
+        assert [host for _, _, _, host in seen] == [queues[n % 2] for n in range(per_account)]
+        for (_, _, ended, _), (_, next_started, _, _) in itertools.pairwise(seen):
             assert ended <= next_started, f"two jobs of {account} overlapped"
 
 
