@@ -217,87 +217,63 @@ def test_four_workers_racing_never_hold_one_job_with_two_live_leases(
     total = 600
     payload = {"sink": str(sink), "seconds": 0.002}
     conninfo = parse_postgres_url(pg_launcher.url)[0]
-    violations: list[str] = []
-    polls = 0
-    stop = threading.Event()
+    workers = [pg_launcher.start(f"racer-{i}", concurrency=3) for i in range(4)]
+    # The jobs go in once all four are leasing, so that all four race for them: under
+    # load the racers' start-ups were hundreds of milliseconds apart, the first ones
+    # drained the queue before racer-0 leased anything, and it was never caught
+    # holding a job (seen: 2 runs in 6 at load average 4-6).
+    listeners: set[int] = set()
 
-    def monitor() -> None:
-        # Every poll: no job has two owners, and no owner token leases two jobs' rows twice.
-        nonlocal polls
-        with psycopg.connect(conninfo, autocommit=True) as conn:
-            while not stop.is_set():
-                rows = conn.execute(
-                    "SELECT id, count(*), count(DISTINCT owner_token) FROM rq_jobs "
-                    "WHERE state = 'running' AND lease_deadline > extract(epoch FROM now()) "
-                    "GROUP BY id HAVING count(*) > 1 OR count(DISTINCT owner_token) > 1"
-                ).fetchall()
-                violations.extend(f"job {r[0]}: {r[1]} live leases" for r in rows)
-                polls += 1
-                time.sleep(0.005)
+    def all_listening() -> bool:
+        listeners.update(listening_worker_sessions(conninfo))
+        return len(listeners) >= len(workers)
 
-    watcher = threading.Thread(target=monitor, daemon=True)
-    watcher.start()
-    try:
-        workers = [pg_launcher.start(f"racer-{i}", concurrency=3) for i in range(4)]
-        # The jobs go in once all four are leasing, so that all four race for them: under
-        # load the racers' start-ups were hundreds of milliseconds apart, the first ones
-        # drained the queue before racer-0 leased anything, and it was never caught
-        # holding a job (seen: 2 runs in 6 at load average 4-6).
-        listeners: set[int] = set()
+    wait_for(all_listening, timeout=60, what="all four racers to listen")
+    chaos_app.enqueue_many(
+        [replayq.EnqueueRequest("touch", {**payload, "n": n}) for n in range(total)]
+    )
 
-        def all_listening() -> bool:
-            listeners.update(listening_worker_sessions(conninfo))
-            return len(listeners) >= len(workers)
+    # One racer crashes mid-run while it holds jobs: they are re-leased by the others after
+    # the lease. Jobs last milliseconds, so "it holds one" is checked while it is frozen
+    # (SIGSTOP): a racer that holds nothing is thawed and caught again, one that does is
+    # SIGKILLed without running another instruction, so it dies holding exactly those.
+    def ended() -> set[int]:
+        return {line["n"] for line in read_lines(sink) if line["event"] == "end"}
 
-        wait_for(all_listening, timeout=60, what="all four racers to listen")
-        chaos_app.enqueue_many(
-            [replayq.EnqueueRequest("touch", {**payload, "n": n}) for n in range(total)]
-        )
+    wait_for(lambda: len(ended()) > total // 4, timeout=60, what="a quarter done")
 
-        # One racer crashes mid-run while it holds jobs: they are re-leased by the others after
-        # the lease. Jobs last milliseconds, so "it holds one" is checked while it is frozen
-        # (SIGSTOP): a racer that holds nothing is thawed and caught again, one that does is
-        # SIGKILLed without running another instruction, so it dies holding exactly those.
-        def ended() -> set[int]:
-            return {line["n"] for line in read_lines(sink) if line["event"] == "end"}
+    def held_by_racer_0() -> set[int]:
+        with chaos_app.storage.transaction(readonly=True) as tx:
+            rows = tx.connection.execute(
+                "SELECT id FROM rq_jobs WHERE state = 'running' AND worker_id = 'racer-0'"
+            ).fetchall()
+        return {job_id for (job_id,) in rows}
 
-        wait_for(lambda: len(ended()) > total // 4, timeout=60, what="a quarter done")
-
-        def held_by_racer_0() -> set[int]:
-            with chaos_app.storage.transaction(readonly=True) as tx:
-                rows = tx.connection.execute(
-                    "SELECT id FROM rq_jobs WHERE state = 'running' AND worker_id = 'racer-0'"
-                ).fetchall()
-            return {job_id for (job_id,) in rows}
-
-        def racer_0_frozen_holding_jobs() -> set[int]:
-            workers[0].signal(signal.SIGSTOP)
+    def racer_0_frozen_holding_jobs() -> set[int]:
+        workers[0].signal(signal.SIGSTOP)
+        held = held_by_racer_0()
+        if held:
+            # A COMMIT it sent just before it froze still lands (seen: an ack in flight):
+            # give the server time to apply it, then read what it really dies holding.
+            time.sleep(0.2)
             held = held_by_racer_0()
-            if held:
-                # A COMMIT it sent just before it froze still lands (seen: an ack in flight):
-                # give the server time to apply it, then read what it really dies holding.
-                time.sleep(0.2)
-                held = held_by_racer_0()
-            if not held:
-                workers[0].signal(signal.SIGCONT)
-            return held
+        if not held:
+            workers[0].signal(signal.SIGCONT)
+        return held
 
-        held = wait_for(racer_0_frozen_holding_jobs, timeout=20, what="racer-0 to hold a job")
-        workers[0].proc.kill()  # SIGKILL ends a stopped process; no SIGCONT in between
-        workers[0].proc.wait(10)
-        workers[0].stopped = False
-        wait_for(lambda: all_succeeded(chaos_app, total), timeout=60, what=f"{total} succeeded")
-    finally:  # the monitor stops before the schema goes, whatever happened
-        stop.set()
-        watcher.join(5)
+    held = wait_for(racer_0_frozen_holding_jobs, timeout=20, what="racer-0 to hold a job")
+    workers[0].proc.kill()  # SIGKILL ends a stopped process; no SIGCONT in between
+    workers[0].proc.wait(10)
+    workers[0].stopped = False
+    wait_for(lambda: all_succeeded(chaos_app, total), timeout=60, what=f"{total} succeeded")
 
-    assert polls > 20 and not violations, violations[:10]
     assert states(chaos_app) == Counter({"succeeded": total})
     assert set(succeeded_events_per_job(chaos_app).values()) == {1}
     assert ended() == set(range(total))
-    # From the trace: two leases of one job never overlap. A lease lives from its
-    # job.leased until its settle or release, or else until its last deadline (extended
-    # by heartbeats) when it was reaped.
+    # From the trace: two leases of one job never overlap. (A job's row holds one owner at
+    # a time, so no query of rq_jobs can see two: a second lease shows only in the trace.)
+    # A lease lives from its job.leased until its settle or release, or else until its last
+    # deadline (extended by heartbeats) when it was reaped.
     with chaos_app.storage.transaction(readonly=True) as tx:
         events = tx.connection.execute(
             "SELECT job_id, worker_id, name, ts, data FROM rq_events "
