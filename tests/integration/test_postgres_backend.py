@@ -111,6 +111,32 @@ def test_a_driver_error_inside_a_transaction_is_a_storage_error(
         assert tx.job_list(JobFilter()) == []
 
 
+def test_read_only_and_writing_transactions_alternate_on_one_pooled_connection(
+    pg_schema_url: str,
+) -> None:
+    """A session's read-only mode is set only when it changes: each transaction still gets
+    the mode it asked for when the pool hands the same connection back again and again."""
+    separator = "&" if "?" in pg_schema_url else "?"
+    store = PostgresStorage(f"{pg_schema_url}{separator}pool_size=1")
+    try:
+        store.migrate(1_700_000_000.0)
+        for _ in range(2):
+            with pytest.raises(StorageError) as refused, store.transaction(readonly=True) as tx:
+                tx.job_insert(insert())
+            assert isinstance(refused.value.__cause__, psycopg.errors.ReadOnlySqlTransaction)
+            assert not isinstance(refused.value, DatabaseUnavailableError), "asked for"
+            with store.transaction() as tx:
+                tx.job_insert(insert())
+            with store.transaction(readonly=True) as tx:
+                assert tx.connection.execute("SHOW transaction_read_only").fetchone() == ("on",)
+            with store.transaction() as tx:
+                assert tx.connection.execute("SHOW transaction_read_only").fetchone() == ("off",)
+        with store.transaction(readonly=True) as tx:
+            assert len(tx.job_list(JobFilter())) == 2
+    finally:
+        store.close()
+
+
 def test_a_session_ended_by_idle_in_transaction_timeout_is_unavailability(
     pg_schema_url: str,
 ) -> None:

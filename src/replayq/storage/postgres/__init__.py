@@ -254,6 +254,20 @@ class PostgresTransaction(SqlTransaction):
     # PostgreSQL's own JSON functions, and TOAST compresses rows past ~2 KB.
     pack_format = packs.FORMAT_JSON
 
+    @classmethod
+    def pooled(
+        cls, connection: psycopg.Connection[Any], queries: Mapping[str, str]
+    ) -> PostgresTransaction:
+        """The verbs on a pooled connection's transaction, every statement on one cursor.
+
+        psycopg's ``connection.execute`` makes a cursor, and its adapters map, for each
+        statement; every verb reads a statement's result before it runs the next, so one
+        cursor serves the transaction. A caller's connection (``adopt``) keeps a cursor per
+        statement: its driver may not be psycopg's."""
+        tx = cls(connection, queries)
+        tx.statements = connection.cursor()
+        return tx
+
     def list_param(self, values: Sequence[str] | Sequence[int] | None) -> Any:
         """A Python list, bound as an array for ``= ANY(%(x)s::text[])`` (or ``bigint[]``)."""
         return None if values is None else list(values)
@@ -688,7 +702,11 @@ class PostgresStorage:
                     # Not ``False``: psycopg would BEGIN READ WRITE, which a standby refuses
                     # with another code (0A000) and which overrides a server told to take
                     # no writes; with the server's default a refused write is 25006.
-                    conn.read_only = True if readonly else None
+                    # Set only when it changes: psycopg's setter checks the transaction
+                    # status through its wait loop and forgets the cached BEGIN.
+                    read_only = True if readonly else None
+                    if conn.read_only is not read_only:
+                        conn.read_only = read_only
                     yield conn
             except BaseException as exc:
                 if not readonly and _read_only(exc):
@@ -712,7 +730,7 @@ class PostgresStorage:
     @contextmanager
     def transaction(self, *, readonly: bool = False) -> Iterator[PostgresTransaction]:
         with self._connection(readonly=readonly) as conn:
-            yield PostgresTransaction(conn, self.queries)
+            yield PostgresTransaction.pooled(conn, self.queries)
 
     @contextmanager
     def autocommit(self) -> Iterator[PostgresTransaction]:
@@ -721,7 +739,7 @@ class PostgresStorage:
         with self._connection() as conn:
             conn.autocommit = True
             try:
-                yield PostgresTransaction(conn, self.queries)
+                yield PostgresTransaction.pooled(conn, self.queries)
             finally:
                 if not conn.closed:
                     conn.autocommit = False
