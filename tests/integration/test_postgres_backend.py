@@ -10,6 +10,7 @@ run on both backends.
 from __future__ import annotations
 
 import itertools
+import json
 import threading
 import time
 from collections import defaultdict
@@ -23,7 +24,7 @@ from replayq.clock import FrozenClock
 from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
 from replayq.model import JobState
 from replayq.storage import open_storage
-from replayq.storage.postgres import PostgresStorage, parse_postgres_url
+from replayq.storage.postgres import PostgresStorage, _json_rows, parse_postgres_url
 from replayq.storage.postgres.adapt import array_literal, arrays_as_literals
 from replayq.storage.protocol import JobFilter, JobsComplete, TraceQuery
 from replayq.worker import Worker
@@ -204,6 +205,61 @@ def test_nan_in_an_array_literal_reads_back_as_nan(storage: PostgresStorage) -> 
             "SELECT %(v)s::float8[]", {"v": array_literal([float("nan")])}
         ).fetchone()
     assert len(back) == 1 and back[0] != back[0]
+
+
+def _pack_rows(ts_values: list[float]) -> list[dict[str, object]]:
+    """Pack rows (``PACK_COLUMNS``) with awkward texts, large integers and ``ts`` values."""
+    return [
+        {
+            "trace_id": text,
+            "job_id": 2**63 - 1 - n,
+            "attempt": n,
+            "worker_id": None if n % 3 == 0 else text,
+            "hlc": 2**62 + n,
+            "hlc_last": 2**62 + n + 1,
+            "ts": ts,
+            "events": text + "\u2028\x01\x1f",
+        }
+        for n, (text, ts) in enumerate(itertools.product(AWKWARD_TEXTS, ts_values))
+    ]
+
+
+_RECORDSET = """
+    SELECT * FROM json_to_recordset(%s::json)
+    AS r(trace_id text, job_id bigint, attempt integer, worker_id text, hlc bigint,
+         hlc_last bigint, ts float8, events text)
+"""
+
+
+def test_pack_rows_json_reads_back_as_the_standard_encoders_text_does(
+    storage: PostgresStorage,
+) -> None:
+    """The pack insert's JSON (orjson with the [fast] extra) gives the server the very
+    values the standard encoder's text gives: stored rows do not change."""
+    rows = _pack_rows([1_700_000_000.123456, 1e-05, 2.5e-07, 0.0, 1e16, 123.0, 5e-324])
+    standard = json.dumps(rows, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    text = _json_rows(rows)
+    assert text != standard, "orjson wrote it (its 0.00001 is the standard 1e-05)"
+    with storage.transaction(readonly=True) as tx:
+        ours = tx.connection.execute(_RECORDSET, (text,)).fetchall()
+        theirs = tx.connection.execute(_RECORDSET, (standard,)).fetchall()
+    assert ours == theirs
+    assert [row[0] for row in ours] == [row["trace_id"] for row in rows]
+    assert [row[6] for row in ours] == [row["ts"] for row in rows]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_pack_rows_json_refuses_a_time_that_is_not_finite(bad: float) -> None:
+    # orjson would write ``null``: a pack with no time. The standard encoder refuses it.
+    with pytest.raises(ValueError):
+        _json_rows(_pack_rows([1.5, bad]))
+
+
+def test_pack_rows_json_falls_back_where_orjson_refuses() -> None:
+    rows = _pack_rows([1.5])
+    rows[0]["job_id"] = 2**70  # beyond orjson's 64 bits
+    rows[1]["trace_id"] = "lone \ud800 surrogate"  # not UTF-8
+    assert json.loads(_json_rows(rows)) == rows
 
 
 def test_a_list_of_containers_is_left_to_psycopg(storage: PostgresStorage) -> None:
