@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import threading
 import time
 from collections import defaultdict
@@ -404,6 +405,77 @@ def test_a_claim_that_collides_on_an_ordering_key_is_undone_alone_and_tried_agai
         assert all(states[job_id] == (JobState.RUNNING, "second") for job_id in others)
     finally:
         late.close()
+
+
+def test_a_group_commit_whose_claim_collides_on_a_key_is_done_again_whole(
+    pg_schema_url: str, conninfo: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A group commit claims after its acks with no savepoint: a collision on an ordering
+    key aborts its transaction, and the group is committed again at once (its claim in a
+    savepoint then). The ack commits once, no job runs beside another of its key, and
+    nothing waits for a retry."""
+    app = replayq.App(pg_schema_url, auto_migrate=True)
+
+    @app.job("ok")
+    def ok(ctx: replayq.Context) -> None:
+        return None
+
+    @app.job("keyed", ordering="k:{k}")
+    def keyed(ctx: replayq.Context, k: str) -> None:
+        return None
+
+    late = psycopg.connect(conninfo)
+    try:
+        acked = app.enqueue("ok", {})
+        worker = Worker(app, worker_id="grouped", concurrency=1, prefetch=0)
+        worker._grouping = True  # successes wait for a group commit, as in run()
+        [job] = worker.lease(1)
+        worker._execute(worker._work.get_nowait())
+        late_id = app.enqueue("keyed", {"k": "x"}, conn=late)  # an id reserved, not committed
+        newer_id = app.enqueue("keyed", {"k": "x"})
+        caplog.set_level(logging.DEBUG, logger="replayq.worker")
+        leased: list[list[replayq.Job]] = []
+        errors: list[BaseException] = []
+        with app.storage.transaction() as first:
+            claim = lease(now=time.time() + 1, owner="first")
+            assert [j.id for j in first.job_lease(claim)] == [newer_id]
+            late.commit()  # the older job is visible now; the newer one runs, uncommitted
+
+            def group_commit() -> None:
+                try:
+                    leased.append(worker._commit_group(worker._take_acks(), refill=True))
+                except BaseException as exc:  # reported by the test thread
+                    errors.append(exc)
+
+            thread = threading.Thread(target=group_commit)
+            thread.start()
+            with psycopg.connect(conninfo, autocommit=True) as admin:
+
+                def waits_on_the_index() -> bool:
+                    # A session of this schema's rq_jobs waiting on a lock: the claim of the
+                    # older job, on the first claimer's uncommitted index entry.
+                    row = admin.execute(
+                        "SELECT count(*) FROM pg_locks AS l JOIN pg_stat_activity AS a"
+                        " USING (pid) WHERE l.relation = 'rq_jobs'::regclass"
+                        " AND a.wait_event_type = 'Lock' AND a.pid <> %s",
+                        [first.connection.info.backend_pid],
+                    ).fetchone()
+                    return row is not None and row[0] > 0
+
+                wait_for(waits_on_the_index, 10, "the group's claim to wait on the first")
+        thread.join(10)
+        assert not errors, errors
+        assert leased == [[]], "the older job waits: the newer one of its key runs"
+        assert any("collided" in r.getMessage() for r in caplog.records), "it did collide"
+        assert app.get_job(acked).state is JobState.SUCCEEDED
+        assert [e.name for e in app.trace(acked)].count("job.succeeded") == 1
+        assert app.get_job(late_id).state is JobState.QUEUED
+        assert app.get_job(newer_id).owner_token == "first"
+        assert worker._take_acks(all_of_them=True) == [], "nothing left for a retry"
+        assert worker.stats.succeeded == 1 and job.id == acked
+    finally:
+        late.close()
+        app.close()
 
 
 def test_a_worker_whose_session_ends_between_claim_and_commit_holds_no_lease(

@@ -99,7 +99,12 @@ from psycopg import pq
 from psycopg_pool import ConnectionPool
 
 from replayq import codec
-from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
+from replayq.errors import (
+    ConfigurationError,
+    DatabaseUnavailableError,
+    LeaseCollisionError,
+    StorageError,
+)
 from replayq.model import Job, TraceEvent
 from replayq.redaction import mask_url_passwords
 from replayq.storage import migrate, packs
@@ -486,7 +491,10 @@ class PostgresTransaction(SqlTransaction):
         docstring) only the claim is undone, and it is tried again with a fresh
         snapshot, which sees the job that won: after the transaction's earlier
         statements the claim runs in a savepoint; as its first statement it runs bare,
-        and a collision rolls back the transaction, which holds nothing else yet.
+        and a collision rolls back the transaction, which holds nothing else yet. With
+        ``collision_aborts`` (a worker's group commit, which can do its acks again) it
+        runs bare after them too: a collision aborts the transaction and raises
+        ``LeaseCollisionError``, and a savepoint's two round trips are saved.
 
         Never psycopg's ``connection.transaction()`` with no transaction open: that
         block is the outer transaction, and its end commits the claim alone. The
@@ -511,12 +519,25 @@ class PostgresTransaction(SqlTransaction):
             try:
                 if first:
                     rows = self.fetchall("job_lease_batch", query_params)
+                elif params.collision_aborts:
+                    # No savepoint: a collision aborts the transaction, which its caller
+                    # does again (LeaseCollisionError).
+                    try:
+                        rows = self.fetchall("job_lease_batch", query_params)
+                    except StorageError as exc:
+                        if isinstance(exc.__cause__, psycopg.errors.UniqueViolation):
+                            raise LeaseCollisionError(str(exc)) from exc.__cause__
+                        raise
                 else:
                     with self.connection.transaction():  # a savepoint: a transaction is open
                         rows = self.fetchall("job_lease_batch", query_params)
                 break
             except StorageError as exc:
-                if not isinstance(exc.__cause__, psycopg.errors.UniqueViolation) or attempt == 2:
+                if (
+                    not isinstance(exc.__cause__, psycopg.errors.UniqueViolation)
+                    or isinstance(exc, LeaseCollisionError)
+                    or attempt == 2
+                ):
                     raise
                 if first:
                     self.connection.rollback()  # the claim was all this transaction held
