@@ -18,12 +18,22 @@ kernel's work for the database's writes and round trips is not in it.
     python benchmarks/drain_instructions.py [--backend sqlite|postgres] [--jobs 1000]
                                             [--concurrency 4] [--repeat 2] [--json]
                                             [--prefetch-window S] [--ack-window S]
+                                            [--peer pgqueuer]
 
 ``--prefetch-window inf --ack-window inf`` has the worker lease its full ``prefetch``
 whatever the pace and ack only when its executor has nothing left to run (with the next
 lease): the batches and groups are then the same in every run (each run prints its jobs
 per lease batch), where at the defaults, under callgrind on a loaded machine, they
 followed the timing and a tree's runs differed by a third.
+
+``--peer pgqueuer`` (PostgreSQL) counts PgQueuer's own worker the same way, run for run
+interleaved with replayq's: ``--jobs`` jobs bulk-enqueued into a fresh schema before
+valgrind starts, then ``postgres_baselines.pgqueuer_drain`` (``PgQueuer.run(mode=drain)``,
+its defaults, the psycopg async driver, a no-op entrypoint) under callgrind, less the same
+process on the queue it emptied. It prints replayq's instructions per job over PgQueuer's
+(medians of the runs): the issue's row "worker CPU seconds per job vs PgQueuer" counted in
+instructions. PgQueuer must be importable (``pip install --no-deps --target /tmp/benchdeps
+-r benchmarks/requirements.txt``, then ``PYTHONPATH=/tmp/benchdeps:<tree>/src``).
 
 Each run takes about a minute (callgrind runs the interpreter ~50 times slower). The tree
 measured is the one ``replayq`` is imported from: ``PYTHONPATH=<tree>/src``.
@@ -36,6 +46,7 @@ import json
 import os
 import re
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,6 +73,17 @@ app.close()
 """
 
 
+PEER_DRAIN = {
+    "pgqueuer": """
+import sys
+sys.path.insert(0, {bench!r})
+import postgres_baselines
+left = postgres_baselines.pgqueuer_drain({url!r})
+assert left == 0, left
+""",
+}
+
+
 def counted(url: str, jobs: int, concurrency: int, worker_options: dict[str, float]) -> int:
     """Instructions callgrind counted in a process that opens the app on ``url`` and runs
     a burst worker, which must find ``jobs`` jobs to do."""
@@ -73,6 +95,11 @@ def counted(url: str, jobs: int, concurrency: int, worker_options: dict[str, flo
         # float("inf") has no literal: each option as a float of its text.
         extra="".join(f", {name}=float({str(value)!r})" for name, value in worker_options.items()),
     )
+    return callgrind(code)
+
+
+def callgrind(code: str) -> int:
+    """Instructions callgrind counts in ``python -c code`` (user space, every thread)."""
     with tempfile.TemporaryDirectory() as out:
         done = subprocess.run(
             [
@@ -140,6 +167,25 @@ def one_run(
                     conn.execute(f"DROP SCHEMA {schema} CASCADE")
 
 
+def peer_run(peer: str, jobs: int) -> float:
+    """Instructions per job of ``peer``'s own worker draining ``jobs`` no-op jobs,
+    enqueued (in bulk) before valgrind starts; less the same process on the emptied queue."""
+    import postgres_baselines
+
+    url, schema = fresh_database("postgres", "")
+    try:
+        postgres_baselines.pgqueuer_enqueue(url, jobs, bulk=True)
+        code = PEER_DRAIN[peer].format(bench=os.path.dirname(os.path.abspath(__file__)), url=url)
+        draining = callgrind(code)
+        if postgres_baselines.pgqueuer_pending(url) != 0:
+            raise SystemExit(f"{peer} left jobs behind")
+        idle = callgrind(code)
+        return (draining - idle) / jobs
+    finally:
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
@@ -160,6 +206,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="the worker's ack window (inf: successes are acked only when the executor has "
         "nothing left to run, with the next lease: the same groups in every run)",
     )
+    parser.add_argument(
+        "--peer",
+        choices=tuple(PEER_DRAIN),
+        default=None,
+        help="also count this peer's own worker draining as many no-op jobs (PostgreSQL), "
+        "run for run interleaved, and print replayq's instructions per job over its",
+    )
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     opts = parser.parse_args(argv)
     options = {
@@ -170,9 +223,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
         if value is not None
     }
-    measured = [
-        one_run(opts.backend, opts.jobs, opts.concurrency, options) for _ in range(opts.repeat)
-    ]
+    if opts.peer is not None and opts.backend != "postgres":
+        parser.error("--peer needs --backend postgres")
+    measured: list[tuple[float, float]] = []
+    peer_runs: list[float] = []
+    for _ in range(opts.repeat):
+        measured.append(one_run(opts.backend, opts.jobs, opts.concurrency, options))
+        if opts.peer is not None:
+            peer_runs.append(peer_run(opts.peer, opts.jobs))
     runs = [per_job for per_job, _ in measured]
     figures = {
         "benchmark": "drain_instructions",
@@ -182,6 +240,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         "worker_options": options,
         "instructions_per_job": [round(r) for r in runs],
         "jobs_per_lease_batch": [round(b, 2) for _, b in measured],
+        **(
+            {
+                "peer": opts.peer,
+                "peer_instructions_per_job": [round(r) for r in peer_runs],
+                # Medians of the runs: replayq's instructions per job over the peer's.
+                "ratio_to_peer": round(statistics.median(runs) / statistics.median(peer_runs), 3),
+            }
+            if opts.peer is not None
+            else {}
+        ),
         "replayq": replayq.__file__,
         "commit": commit(),
         "load_average": load_average(),
@@ -193,6 +261,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"{replayq.__file__} (commit {figures['commit']}):")
     for n, (per_job, batch) in enumerate(measured, 1):
         print(f"  run {n}: {per_job:,.0f} instructions per job, {batch:.2f} jobs per lease batch")
+    if opts.peer is not None:
+        each = ", ".join(f"{r:,.0f}" for r in peer_runs)
+        print(f"{opts.peer}, instructions per job (runs): {each}")
+        print(f"replayq / {opts.peer} (medians): {figures['ratio_to_peer']}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ The tree::
     ├── UnknownJobTypeError         enqueue or lease of a type no handler is registered for
     ├── StorageError                the database failed; the driver error is ``__cause__``
     │   ├── DatabaseUnavailableError   the database cannot be opened or reached
-    │   └── SchemaError             the schema is missing or newer than this code
+    │   ├── SchemaError             the schema is missing or newer than this code
+    │   └── LeaseCollisionError     a claim collided on an ordering key and aborted its
+    │                               transaction (asked for: ``JobLease.collision_aborts``)
     ├── LeaseLostError              a write by a worker whose lease on the job is gone
     │                               (refused in the database: ``write.fenced``)
     ├── JobCancelledError           raised in a handler at its next step boundary or ctx
@@ -113,6 +115,14 @@ StorageUnavailableError = DatabaseUnavailableError
 
 class SchemaError(StorageError):
     """The schema is missing, or newer than this version of replayq understands."""
+
+
+class LeaseCollisionError(StorageError):
+    """A claim collided with another claimer's on an ordering key and aborted the whole
+    transaction: nothing in it was written, and the caller does it again.
+
+    Raised only where the caller asked for it (``JobLease.collision_aborts``); otherwise
+    the claim is undone alone and tried again inside the transaction."""
 
 
 class RolloutRefusedError(ReplayqError):

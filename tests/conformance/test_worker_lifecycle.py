@@ -365,6 +365,35 @@ def test_a_group_commit_acks_its_jobs_and_leases_the_freed_slots_in_one_transact
     assert worker.stats.leased == 3 and worker.stats.succeeded == 2
 
 
+def test_a_group_commit_that_acks_a_keyed_job_leases_the_next_job_of_its_key_with_it(
+    app: replayq.App, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lease after a group's acks sees them: the next job of an acked job's ordering
+    key is leased in the same commit (on PostgreSQL with no savepoint around the claim),
+    never beside the one before it."""
+
+    @app.job("keyed", ordering="account:{account}")
+    def keyed(ctx: replayq.Context, account: str, n: int) -> int:
+        return n
+
+    first, second, third = (app.enqueue("keyed", {"account": "a", "n": n}) for n in range(3))
+    worker = grouping(app, "w", concurrency=1, prefetch=1)
+    assert [job.id for job in worker.lease(2, ahead=1)] == [first], "one running per key"
+    worker._execute(take_queued(worker))
+    commits = counted_commits(app, monkeypatch)
+    worker._commit_group(worker._take_acks(), refill=True)
+
+    assert len(commits) == 1, "the ack and the lease of the next job in one transaction"
+    assert app.get_job(first).state is replayq.JobState.SUCCEEDED
+    assert take_queued(worker).id == second
+    assert app.get_job(second).state is replayq.JobState.RUNNING
+    assert app.get_job(third).state is replayq.JobState.QUEUED, "behind the running one"
+    [succeeded] = events(app, first, "job.succeeded")
+    [leased] = events(app, second, "job.leased")
+    assert succeeded.hlc < leased.hlc, "the ack before the lease it made possible"
+    assert worker.stats.succeeded == 1 and worker.stats.leased == 2
+
+
 def test_a_lost_lease_rolls_its_group_back_and_the_others_commit_without_it(
     app: replayq.App, clock: replayq.FrozenClock
 ) -> None:

@@ -10,6 +10,8 @@ run on both backends.
 from __future__ import annotations
 
 import itertools
+import json
+import logging
 import threading
 import time
 from collections import defaultdict
@@ -23,7 +25,7 @@ from replayq.clock import FrozenClock
 from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
 from replayq.model import JobState
 from replayq.storage import open_storage
-from replayq.storage.postgres import PostgresStorage, parse_postgres_url
+from replayq.storage.postgres import PostgresStorage, _json_rows, parse_postgres_url
 from replayq.storage.postgres.adapt import array_literal, arrays_as_literals
 from replayq.storage.protocol import JobFilter, JobsComplete, TraceQuery
 from replayq.worker import Worker
@@ -111,6 +113,32 @@ def test_a_driver_error_inside_a_transaction_is_a_storage_error(
         assert tx.job_list(JobFilter()) == []
 
 
+def test_read_only_and_writing_transactions_alternate_on_one_pooled_connection(
+    pg_schema_url: str,
+) -> None:
+    """A session's read-only mode is set only when it changes: each transaction still gets
+    the mode it asked for when the pool hands the same connection back again and again."""
+    separator = "&" if "?" in pg_schema_url else "?"
+    store = PostgresStorage(f"{pg_schema_url}{separator}pool_size=1")
+    try:
+        store.migrate(1_700_000_000.0)
+        for _ in range(2):
+            with pytest.raises(StorageError) as refused, store.transaction(readonly=True) as tx:
+                tx.job_insert(insert())
+            assert isinstance(refused.value.__cause__, psycopg.errors.ReadOnlySqlTransaction)
+            assert not isinstance(refused.value, DatabaseUnavailableError), "asked for"
+            with store.transaction() as tx:
+                tx.job_insert(insert())
+            with store.transaction(readonly=True) as tx:
+                assert tx.connection.execute("SHOW transaction_read_only").fetchone() == ("on",)
+            with store.transaction() as tx:
+                assert tx.connection.execute("SHOW transaction_read_only").fetchone() == ("off",)
+        with store.transaction(readonly=True) as tx:
+            assert len(tx.job_list(JobFilter())) == 2
+    finally:
+        store.close()
+
+
 def test_a_session_ended_by_idle_in_transaction_timeout_is_unavailability(
     pg_schema_url: str,
 ) -> None:
@@ -178,6 +206,61 @@ def test_nan_in_an_array_literal_reads_back_as_nan(storage: PostgresStorage) -> 
             "SELECT %(v)s::float8[]", {"v": array_literal([float("nan")])}
         ).fetchone()
     assert len(back) == 1 and back[0] != back[0]
+
+
+def _pack_rows(ts_values: list[float]) -> list[dict[str, object]]:
+    """Pack rows (``PACK_COLUMNS``) with awkward texts, large integers and ``ts`` values."""
+    return [
+        {
+            "trace_id": text,
+            "job_id": 2**63 - 1 - n,
+            "attempt": n,
+            "worker_id": None if n % 3 == 0 else text,
+            "hlc": 2**62 + n,
+            "hlc_last": 2**62 + n + 1,
+            "ts": ts,
+            "events": text + "\u2028\x01\x1f",
+        }
+        for n, (text, ts) in enumerate(itertools.product(AWKWARD_TEXTS, ts_values))
+    ]
+
+
+_RECORDSET = """
+    SELECT * FROM json_to_recordset(%s::json)
+    AS r(trace_id text, job_id bigint, attempt integer, worker_id text, hlc bigint,
+         hlc_last bigint, ts float8, events text)
+"""
+
+
+def test_pack_rows_json_reads_back_as_the_standard_encoders_text_does(
+    storage: PostgresStorage,
+) -> None:
+    """The pack insert's JSON (orjson with the [fast] extra) gives the server the very
+    values the standard encoder's text gives: stored rows do not change."""
+    rows = _pack_rows([1_700_000_000.123456, 1e-05, 2.5e-07, 0.0, 1e16, 123.0, 5e-324])
+    standard = json.dumps(rows, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    text = _json_rows(rows)
+    assert text != standard, "orjson wrote it (its 0.00001 is the standard 1e-05)"
+    with storage.transaction(readonly=True) as tx:
+        ours = tx.connection.execute(_RECORDSET, (text,)).fetchall()
+        theirs = tx.connection.execute(_RECORDSET, (standard,)).fetchall()
+    assert ours == theirs
+    assert [row[0] for row in ours] == [row["trace_id"] for row in rows]
+    assert [row[6] for row in ours] == [row["ts"] for row in rows]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_pack_rows_json_refuses_a_time_that_is_not_finite(bad: float) -> None:
+    # orjson would write ``null``: a pack with no time. The standard encoder refuses it.
+    with pytest.raises(ValueError):
+        _json_rows(_pack_rows([1.5, bad]))
+
+
+def test_pack_rows_json_falls_back_where_orjson_refuses() -> None:
+    rows = _pack_rows([1.5])
+    rows[0]["job_id"] = 2**70  # beyond orjson's 64 bits
+    rows[1]["trace_id"] = "lone \ud800 surrogate"  # not UTF-8
+    assert json.loads(_json_rows(rows)) == rows
 
 
 def test_a_list_of_containers_is_left_to_psycopg(storage: PostgresStorage) -> None:
@@ -322,6 +405,77 @@ def test_a_claim_that_collides_on_an_ordering_key_is_undone_alone_and_tried_agai
         assert all(states[job_id] == (JobState.RUNNING, "second") for job_id in others)
     finally:
         late.close()
+
+
+def test_a_group_commit_whose_claim_collides_on_a_key_is_done_again_whole(
+    pg_schema_url: str, conninfo: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A group commit claims after its acks with no savepoint: a collision on an ordering
+    key aborts its transaction, and the group is committed again at once (its claim in a
+    savepoint then). The ack commits once, no job runs beside another of its key, and
+    nothing waits for a retry."""
+    app = replayq.App(pg_schema_url, auto_migrate=True)
+
+    @app.job("ok")
+    def ok(ctx: replayq.Context) -> None:
+        return None
+
+    @app.job("keyed", ordering="k:{k}")
+    def keyed(ctx: replayq.Context, k: str) -> None:
+        return None
+
+    late = psycopg.connect(conninfo)
+    try:
+        acked = app.enqueue("ok", {})
+        worker = Worker(app, worker_id="grouped", concurrency=1, prefetch=0)
+        worker._grouping = True  # successes wait for a group commit, as in run()
+        [job] = worker.lease(1)
+        worker._execute(worker._work.get_nowait())
+        late_id = app.enqueue("keyed", {"k": "x"}, conn=late)  # an id reserved, not committed
+        newer_id = app.enqueue("keyed", {"k": "x"})
+        caplog.set_level(logging.DEBUG, logger="replayq.worker")
+        leased: list[list[replayq.Job]] = []
+        errors: list[BaseException] = []
+        with app.storage.transaction() as first:
+            claim = lease(now=time.time() + 1, owner="first")
+            assert [j.id for j in first.job_lease(claim)] == [newer_id]
+            late.commit()  # the older job is visible now; the newer one runs, uncommitted
+
+            def group_commit() -> None:
+                try:
+                    leased.append(worker._commit_group(worker._take_acks(), refill=True))
+                except BaseException as exc:  # reported by the test thread
+                    errors.append(exc)
+
+            thread = threading.Thread(target=group_commit)
+            thread.start()
+            with psycopg.connect(conninfo, autocommit=True) as admin:
+
+                def waits_on_the_index() -> bool:
+                    # A session of this schema's rq_jobs waiting on a lock: the claim of the
+                    # older job, on the first claimer's uncommitted index entry.
+                    row = admin.execute(
+                        "SELECT count(*) FROM pg_locks AS l JOIN pg_stat_activity AS a"
+                        " USING (pid) WHERE l.relation = 'rq_jobs'::regclass"
+                        " AND a.wait_event_type = 'Lock' AND a.pid <> %s",
+                        [first.connection.info.backend_pid],
+                    ).fetchone()
+                    return row is not None and row[0] > 0
+
+                wait_for(waits_on_the_index, 10, "the group's claim to wait on the first")
+        thread.join(10)
+        assert not errors, errors
+        assert leased == [[]], "the older job waits: the newer one of its key runs"
+        assert any("collided" in r.getMessage() for r in caplog.records), "it did collide"
+        assert app.get_job(acked).state is JobState.SUCCEEDED
+        assert [e.name for e in app.trace(acked)].count("job.succeeded") == 1
+        assert app.get_job(late_id).state is JobState.QUEUED
+        assert app.get_job(newer_id).owner_token == "first"
+        assert worker._take_acks(all_of_them=True) == [], "nothing left for a retry"
+        assert worker.stats.succeeded == 1 and job.id == acked
+    finally:
+        late.close()
+        app.close()
 
 
 def test_a_worker_whose_session_ends_between_claim_and_commit_holds_no_lease(

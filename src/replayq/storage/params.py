@@ -59,6 +59,12 @@ class JobLease:
     # Only jobs of these types (``None``: of any): a worker leasing ahead of its free
     # executors leaves out the types whose lease is a fixed visibility timeout.
     job_types: Sequence[str] | None = None
+    # A claim that collides with another claimer's on an ordering key (PostgreSQL's
+    # one-running-per-key index) may abort the whole transaction: ``job_lease`` raises
+    # ``LeaseCollisionError`` and the caller does the transaction again. Otherwise, after
+    # the transaction's earlier statements, the claim runs in a savepoint of its own (two
+    # more round trips) so that a collision undoes it alone.
+    collision_aborts: bool = False
 
 
 @dataclass(frozen=True, slots=True)

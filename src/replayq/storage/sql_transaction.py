@@ -144,6 +144,9 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         last_pack: OpenPack | None = None,
     ) -> None:
         self.connection = connection
+        # What runs the statements (``execute``): the connection, or one cursor of it for
+        # the whole transaction (``PostgresTransaction.pooled``).
+        self.statements: Any = connection
         self._queries = queries
         # The trace pack written last on this connection and its events (trace_append):
         # this transaction's, or the one a committed transaction before it wrote last
@@ -175,7 +178,7 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         return {"rows": codec.dumps([list(row) for row in rows])}
 
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
-        return self.connection.execute(self._queries[name], params or {})
+        return self.statements.execute(self._queries[name], params or {})
 
     def pack_row(self, events: Sequence[TraceEvent]) -> dict[str, Any]:
         """``packs.pack_row`` in this backend's format; its format 2 writer kept until

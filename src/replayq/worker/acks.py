@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from replayq.errors import (
     DatabaseUnavailableError,
     JobError,
+    LeaseCollisionError,
     LeaseLostError,
     ReplayqError,
     StorageError,
@@ -238,13 +239,23 @@ class Acking(Outcomes):
 
     def _commit_group(self, acks: list[Ack], *, refill: bool) -> list[Job]:
         pending = list(acks)
+        # The lease after the acks runs without a savepoint until a claim collides on an
+        # ordering key (rare: two claimers whose snapshots differ); then in one.
+        collision_aborts = True
         while pending:
             try:
-                leased = self._commit_once(pending, refill=refill)
+                leased = self._commit_once(
+                    pending, refill=refill, collision_aborts=collision_aborts
+                )
             except _Refused as refused:
                 # Rolled back: the group commits again without the refused one.
                 pending.remove(refused.ack)
                 self._settle_refused(refused.ack, refused.cause)
+                continue
+            except LeaseCollisionError:
+                # Rolled back whole, nothing of it written: the same group again at once.
+                log.debug("group commit's lease collided on an ordering key; committing again")
+                collision_aborts = False
                 continue
             except StorageError as exc:
                 self._group_failed(pending, exc)
@@ -264,8 +275,12 @@ class Acking(Outcomes):
             return leased
         return []
 
-    def _commit_once(self, acks: Sequence[Ack], *, refill: bool) -> list[Job]:
-        """One try: every ack, then (with ``refill``) the lease of the free slots."""
+    def _commit_once(
+        self, acks: Sequence[Ack], *, refill: bool, collision_aborts: bool = False
+    ) -> list[Job]:
+        """One try: every ack, then (with ``refill``) the lease of the free slots; with
+        ``collision_aborts`` that lease needs no savepoint, and a collision on an ordering
+        key aborts the try (``LeaseCollisionError``)."""
         flights = self._flights_of(acks)
         for flight in flights:
             flight.beat.acquire()  # the heartbeat skips a lease while its ack commits
@@ -287,7 +302,9 @@ class Acking(Outcomes):
                     self._acks_in(tx, acks, events_to=events)
                     free, ahead = self._slots(acking=len(flights))
                     if free > 0:
-                        leased, leased_at = self._lease_in(tx, free, ahead, also=events)
+                        leased, leased_at = self._lease_in(
+                            tx, free, ahead, also=events, collision_aborts=collision_aborts
+                        )
                     else:
                         tx.trace_append(events)
             self._hold(leased, leased_at)

@@ -59,7 +59,7 @@ class Leasing(WorkerCore):
         mean = self._job_seconds
         self._job_seconds = seconds if mean is None else 0.8 * mean + 0.2 * seconds
 
-    def _lease_params(self, limit: int) -> JobLease:
+    def _lease_params(self, limit: int, *, collision_aborts: bool = False) -> JobLease:
         registry = self.runtime.registry
         handlers = {
             t: registry.handler(t) for t in (*registry.job_types(), *registry.system_types())
@@ -77,6 +77,7 @@ class Leasing(WorkerCore):
             version_for={t: h.contract.version for t, h in handlers.items() if t not in routed},
             queues=self.queues,
             database_clock=self.runtime.leases_by_database,
+            collision_aborts=collision_aborts,
         )
 
     def lease(self, limit: int, ahead: int = 0) -> list[Job]:
@@ -108,7 +109,13 @@ class Leasing(WorkerCore):
         return now + tx.job_lease(dataclasses.replace(params, limit=ahead, job_types=others))
 
     def _lease_in(
-        self, tx: Transaction, limit: int, ahead: int = 0, also: Sequence[TraceEvent] = ()
+        self,
+        tx: Transaction,
+        limit: int,
+        ahead: int = 0,
+        also: Sequence[TraceEvent] = (),
+        *,
+        collision_aborts: bool = False,
     ) -> tuple[list[Job], float]:
         """Lease up to ``limit`` jobs inside ``tx`` with their ``job.leased`` events; the
         last ``ahead`` of them are leased ahead of a free executor.
@@ -116,9 +123,11 @@ class Leasing(WorkerCore):
         ``also``: events of the same transaction appended before those (one insert
         batch). Returns (jobs, lease time). The caller hands them to ``_hold`` once
         ``tx`` has committed, never before: a rolled-back lease holds nothing.
+        ``collision_aborts``: the caller does ``tx`` again if the claim collides on an
+        ordering key (``LeaseCollisionError``; ``JobLease.collision_aborts``).
         """
         self.router.refresh(tx)
-        params = self._lease_params(limit)
+        params = self._lease_params(limit, collision_aborts=collision_aborts)
         claimed = self._claim(tx, params, ahead) if limit > 0 else []
         routed = [self._routed(tx, job, params.owner_token) for job in claimed]
         jobs = [job for job, _ in routed]

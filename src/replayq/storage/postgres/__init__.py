@@ -83,6 +83,8 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
+import operator
 import os
 import select
 import threading
@@ -97,7 +99,12 @@ from psycopg import pq
 from psycopg_pool import ConnectionPool
 
 from replayq import codec
-from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
+from replayq.errors import (
+    ConfigurationError,
+    DatabaseUnavailableError,
+    LeaseCollisionError,
+    StorageError,
+)
 from replayq.model import Job, TraceEvent
 from replayq.redaction import mask_url_passwords
 from replayq.storage import migrate, packs
@@ -109,6 +116,11 @@ from replayq.storage.queries import load_queries
 from replayq.storage.retention_params import LedgerDrop, LedgerPartitions
 from replayq.storage.sql_transaction import SqlTransaction, row_to_job, with_job_id
 from replayq.storage.trace_verbs import PACK_COLUMNS
+
+try:  # the [fast] extra (codec.py)
+    import orjson
+except ImportError:  # pragma: no cover - exercised by tests that hide it
+    orjson = None  # type: ignore[assignment]
 
 log = logging.getLogger("replayq.storage.postgres")
 
@@ -240,10 +252,25 @@ _PACK_COPY_TYPES = ["int8", "text", "int8", "int4", "text", "int8", "int8", "flo
 # fmt: on
 
 
+_ts = operator.itemgetter("ts")
+
+
 def _json_rows(rows: list[dict[str, Any]]) -> str:
-    """Rows as JSON text for ``json_to_recordset``: numbers in their shortest exact form
-    (a float8 reads back equal), text as is (a JSON text holds no raw NUL, the one
-    character PostgreSQL's JSON cannot give back as text)."""
+    """Pack rows as JSON text for ``json_to_recordset``: numbers in their shortest exact
+    form (a float8 reads back equal), text as is (a JSON text holds no raw NUL, the one
+    character PostgreSQL's JSON cannot give back as text).
+
+    With the [fast] extra orjson writes it while every row's ``ts`` (a pack row's one
+    float) is finite: orjson writes NaN and infinity as ``null`` where the standard
+    encoder refuses them. Its text may differ from the standard encoder's (``1e-05`` is
+    its ``0.00001``), never the values the server reads from it. What orjson refuses (a
+    lone surrogate, an integer beyond 64 bits) goes to the standard encoder as before."""
+    if orjson is not None:
+        try:
+            if math.isfinite(sum(map(_ts, rows))):
+                return orjson.dumps(rows).decode()
+        except (TypeError, KeyError):  # orjson.JSONEncodeError is a TypeError
+            pass
     return json.dumps(rows, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
@@ -253,6 +280,20 @@ class PostgresTransaction(SqlTransaction):
     # Packs stay JSON text here: the rq_events view and every query read them with
     # PostgreSQL's own JSON functions, and TOAST compresses rows past ~2 KB.
     pack_format = packs.FORMAT_JSON
+
+    @classmethod
+    def pooled(
+        cls, connection: psycopg.Connection[Any], queries: Mapping[str, str]
+    ) -> PostgresTransaction:
+        """The verbs on a pooled connection's transaction, every statement on one cursor.
+
+        psycopg's ``connection.execute`` makes a cursor, and its adapters map, for each
+        statement; every verb reads a statement's result before it runs the next, so one
+        cursor serves the transaction. A caller's connection (``adopt``) keeps a cursor per
+        statement: its driver may not be psycopg's."""
+        tx = cls(connection, queries)
+        tx.statements = connection.cursor()
+        return tx
 
     def list_param(self, values: Sequence[str] | Sequence[int] | None) -> Any:
         """A Python list, bound as an array for ``= ANY(%(x)s::text[])`` (or ``bigint[]``)."""
@@ -450,7 +491,10 @@ class PostgresTransaction(SqlTransaction):
         docstring) only the claim is undone, and it is tried again with a fresh
         snapshot, which sees the job that won: after the transaction's earlier
         statements the claim runs in a savepoint; as its first statement it runs bare,
-        and a collision rolls back the transaction, which holds nothing else yet.
+        and a collision rolls back the transaction, which holds nothing else yet. With
+        ``collision_aborts`` (a worker's group commit, which can do its acks again) it
+        runs bare after them too: a collision aborts the transaction and raises
+        ``LeaseCollisionError``, and a savepoint's two round trips are saved.
 
         Never psycopg's ``connection.transaction()`` with no transaction open: that
         block is the outer transaction, and its end commits the claim alone. The
@@ -475,12 +519,25 @@ class PostgresTransaction(SqlTransaction):
             try:
                 if first:
                     rows = self.fetchall("job_lease_batch", query_params)
+                elif params.collision_aborts:
+                    # No savepoint: a collision aborts the transaction, which its caller
+                    # does again (LeaseCollisionError).
+                    try:
+                        rows = self.fetchall("job_lease_batch", query_params)
+                    except StorageError as exc:
+                        if isinstance(exc.__cause__, psycopg.errors.UniqueViolation):
+                            raise LeaseCollisionError(str(exc)) from exc.__cause__
+                        raise
                 else:
                     with self.connection.transaction():  # a savepoint: a transaction is open
                         rows = self.fetchall("job_lease_batch", query_params)
                 break
             except StorageError as exc:
-                if not isinstance(exc.__cause__, psycopg.errors.UniqueViolation) or attempt == 2:
+                if (
+                    not isinstance(exc.__cause__, psycopg.errors.UniqueViolation)
+                    or isinstance(exc, LeaseCollisionError)
+                    or attempt == 2
+                ):
                     raise
                 if first:
                     self.connection.rollback()  # the claim was all this transaction held
@@ -688,7 +745,11 @@ class PostgresStorage:
                     # Not ``False``: psycopg would BEGIN READ WRITE, which a standby refuses
                     # with another code (0A000) and which overrides a server told to take
                     # no writes; with the server's default a refused write is 25006.
-                    conn.read_only = True if readonly else None
+                    # Set only when it changes: psycopg's setter checks the transaction
+                    # status through its wait loop and forgets the cached BEGIN.
+                    read_only = True if readonly else None
+                    if conn.read_only is not read_only:
+                        conn.read_only = read_only
                     yield conn
             except BaseException as exc:
                 if not readonly and _read_only(exc):
@@ -712,7 +773,7 @@ class PostgresStorage:
     @contextmanager
     def transaction(self, *, readonly: bool = False) -> Iterator[PostgresTransaction]:
         with self._connection(readonly=readonly) as conn:
-            yield PostgresTransaction(conn, self.queries)
+            yield PostgresTransaction.pooled(conn, self.queries)
 
     @contextmanager
     def autocommit(self) -> Iterator[PostgresTransaction]:
@@ -721,7 +782,7 @@ class PostgresStorage:
         with self._connection() as conn:
             conn.autocommit = True
             try:
-                yield PostgresTransaction(conn, self.queries)
+                yield PostgresTransaction.pooled(conn, self.queries)
             finally:
                 if not conn.closed:
                     conn.autocommit = False
