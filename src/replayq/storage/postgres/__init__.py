@@ -117,11 +117,6 @@ from replayq.storage.retention_params import LedgerDrop, LedgerPartitions
 from replayq.storage.sql_transaction import SqlTransaction, row_to_job, with_job_id
 from replayq.storage.trace_verbs import PACK_COLUMNS
 
-try:  # the [fast] extra (codec.py)
-    import orjson
-except ImportError:  # pragma: no cover - exercised by tests that hide it
-    orjson = None  # type: ignore[assignment]
-
 log = logging.getLogger("replayq.storage.postgres")
 
 
@@ -260,17 +255,19 @@ def _json_rows(rows: list[dict[str, Any]]) -> str:
     form (a float8 reads back equal), text as is (a JSON text holds no raw NUL, the one
     character PostgreSQL's JSON cannot give back as text).
 
-    With the [fast] extra orjson writes it while every row's ``ts`` (a pack row's one
-    float) is finite: orjson writes NaN and infinity as ``null`` where the standard
-    encoder refuses them. Its text may differ from the standard encoder's (``1e-05`` is
-    its ``0.00001``), never the values the server reads from it. What orjson refuses (a
-    lone surrogate, an integer beyond 64 bits) goes to the standard encoder as before."""
-    if orjson is not None:
-        try:
-            if math.isfinite(sum(map(_ts, rows))):
-                return orjson.dumps(rows).decode()
-        except (TypeError, KeyError):  # orjson.JSONEncodeError is a TypeError
-            pass
+    With the [fast] extra orjson writes it (``codec.stored_text``) while every row's
+    ``ts`` (a pack row's one float) is finite: orjson writes NaN and infinity as ``null``
+    where the standard encoder refuses them. Its text may differ from the standard
+    encoder's (``1e-05`` is its ``0.00001``), never the values the server reads from it.
+    What orjson refuses (a lone surrogate, an integer beyond 64 bits) goes to the standard
+    encoder as before."""
+    try:
+        finite = math.isfinite(sum(map(_ts, rows)))
+    except (TypeError, KeyError):
+        finite = False
+    text = codec.stored_text(rows) if finite else None
+    if text is not None:
+        return text
     return json.dumps(rows, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
