@@ -174,6 +174,28 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         rows, read with ``json_each``; PostgreSQL: an array per column, for ``unnest``)."""
         return {"rows": codec.dumps([list(row) for row in rows])}
 
+    def rows_query(
+        self,
+        name: str,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        params: Mapping[str, Any],
+    ) -> tuple[str, dict[str, Any]]:
+        """``name``'s SQL and its parameters: ``params`` and ``rows`` (``rows_param``; SQLite
+        binds each row's values in the statement instead: ``SqliteTransaction``)."""
+        return self._queries[name], {**params, **self.rows_param(columns, rows)}
+
+    def rows_executed(
+        self,
+        name: str,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        params: Mapping[str, Any],
+    ) -> list[Any]:
+        """``name`` run over ``rows`` with ``params`` (``rows_query``): its cursors, one
+        here (SQLite: one per chunk of its limit on a statement's parameters)."""
+        return [self.execute(name, {**params, **self.rows_param(columns, rows)})]
+
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         return self.connection.execute(self._queries[name], params or {})
 
@@ -216,7 +238,10 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         """The jobs of ``name``'s rows (every column of ``rq_jobs``): each row's values
         become the job's fields directly, one dictionary per job (``fetchall`` and
         ``row_to_job`` made two)."""
-        cursor = self.execute(name, params)
+        return self.jobs_of(self.execute(name, params))
+
+    def jobs_of(self, cursor: Any) -> list[Job]:
+        """The jobs of ``cursor``'s rows (``fetch_jobs``)."""
         rows = cursor.fetchall()
         if not rows:
             return []
@@ -309,14 +334,18 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
             )
             for c in candidates
         ]
-        values = {
-            "owner_token": params.owner_token,
-            "worker_id": params.worker_id,
-            "lease_now": lease_now(params.now, params.database_clock),
-            "hlc": params.hlc,
-            **self.rows_param(("job_ids", "lease_seconds", "versions"), claims),
-        }
-        leased = self.fetch_jobs("job_lease_many", values)
+        cursors = self.rows_executed(
+            "job_lease_many",
+            ("job_ids", "lease_seconds", "versions"),
+            claims,
+            {
+                "owner_token": params.owner_token,
+                "worker_id": params.worker_id,
+                "lease_now": lease_now(params.now, params.database_clock),
+                "hlc": params.hlc,
+            },
+        )
+        leased = [job for cursor in cursors for job in self.jobs_of(cursor)]
         # RETURNING gives no order: the jobs go out in the order they were chosen.
         chosen = {c["id"]: i for i, c in enumerate(candidates)}
         leased.sort(key=lambda job: chosen[job.id])
@@ -338,15 +367,19 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         return {int(row["id"]) for row in rows}
 
     def jobs_complete(self, params: JobsComplete) -> set[int]:
-        # The time is a scalar: SQLite's JSON reads a float back a bit off.
+        # The time is a scalar: SQLite's JSON read a float back a bit off.
         rows = self.rows_param(("job_ids", "owner_tokens", "results", "hlcs"), params.jobs)
         acked = self.fetchall("jobs_complete", {"now": params.now, **rows})
+        self._acked_keys([row["ordering_key"] for row in acked])
+        return {int(row["id"]) for row in acked}
+
+    def _acked_keys(self, ordering_keys: Sequence[str | None]) -> None:
+        """After acks: the ordering keys of the jobs acked."""
         # An ack makes another job ready only behind its ordering key: only then does its
         # commit wake this process's idle workers at once (a worker's every group commit
         # did, a thread wake-up and a query for each batch of a busy drain).
-        if any(row["ordering_key"] is not None for row in acked):
+        if any(key is not None for key in ordering_keys):
             self.jobs_changed = True
-        return {int(row["id"]) for row in acked}
 
     def job_transition(self, change: JobChange | JobReroute) -> Any:
         self.jobs_changed = True
