@@ -254,7 +254,9 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
             fields = dict(zip(columns, row, strict=True))
             fields["state"] = states[fields["state"]]
             fields["payload"] = loads(fields["payload"])
-            fields["result"] = loads(fields["result"])
+            result = fields["result"]
+            if result is not None:  # a leased job has none yet
+                fields["result"] = loads(result)
             jobs.append(built(fields))
         return jobs
 
@@ -315,7 +317,7 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
     def job_lease(self, params: JobLease) -> list[Job]:
         """The candidates, then one ``UPDATE`` that claims them all (``job_lease_many``);
         SQLite's write transaction is ``BEGIN IMMEDIATE``: nobody claims in between."""
-        candidates = self.fetchall(
+        candidates = self.execute(
             "job_lease_candidates",
             {
                 "now": params.now,
@@ -323,16 +325,14 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
                 "job_types": self.list_param(params.job_types),
                 "limit": params.limit,
             },
-        )
+        ).fetchall()  # (id, job_type) rows
         if not candidates:
             return []
+        lease_for, version_for = params.lease_for, params.version_for
+        default = params.default_lease_seconds
         claims = [
-            (
-                c["id"],
-                float(params.lease_for.get(c["job_type"], params.default_lease_seconds)),
-                params.version_for.get(c["job_type"]),
-            )
-            for c in candidates
+            (job_id, float(lease_for.get(job_type, default)), version_for.get(job_type))
+            for job_id, job_type in candidates
         ]
         cursors = self.rows_executed(
             "job_lease_many",
@@ -347,7 +347,7 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         )
         leased = [job for cursor in cursors for job in self.jobs_of(cursor)]
         # RETURNING gives no order: the jobs go out in the order they were chosen.
-        chosen = {c["id"]: i for i, c in enumerate(candidates)}
+        chosen = {job_id: i for i, (job_id, _) in enumerate(candidates)}
         leased.sort(key=lambda job: chosen[job.id])
         return leased
 
