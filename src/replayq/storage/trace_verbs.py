@@ -244,10 +244,15 @@ class TraceVerbs(SqlStatements):
                 row, self._writer = opened(group, pack_format)
                 values.extend(_pack_values(row))
             found = self.execute_rows("trace_append_rows", row_sql, len(chunk), values)
-            # RETURNING has no order; the rows' ids rise in the order they were inserted
-            # (a new rowid is the largest one plus one).
-            pack_ids.extend(sorted(int(row[0]) for row in found.fetchall()))
+            pack_ids.extend(self.rows_inserted_ids(found, len(chunk)))
         return pack_ids
+
+    def rows_inserted_ids(self, cursor: Any, rows: int) -> list[int]:
+        """The ids of the ``rows`` rows a multi-row insert made (``trace_append_rows``), in
+        the order of its ``VALUES``: its ``RETURNING id`` rows, sorted (``RETURNING`` has
+        no order; the ids rise in the order the rows went in). SQLite's
+        ``SqliteTransaction`` reads them off ``lastrowid`` instead."""
+        return sorted(int(row[0]) for row in cursor.fetchall())
 
     def _packs_placed(
         self, groups: Sequence[Sequence[TraceEvent]], pack_ids: Sequence[int]

@@ -328,6 +328,17 @@ class SqliteTransaction(SqlTransaction):
             for start in range(0, len(rows), per_statement)
         ]
 
+    def rows_inserted_ids(self, cursor: Any, rows: int) -> list[int]:
+        """The new ids of a multi-row insert into ``rq_trace``: ``lastrowid`` and the
+        ``rows - 1`` below it. Each new rowid is the largest one plus one (``rq_trace.id`` is
+        a rowid without ``AUTOINCREMENT``, far below 2**63), so one statement's rows get
+        consecutive ids in the order of its ``VALUES``; ``RETURNING id`` built a temporary
+        table and a Python int per row (two packs a drained job) to say the same."""
+        if cursor.rowcount != rows:
+            raise StorageError(f"{rows} packs to insert, {cursor.rowcount} inserted")
+        last = int(cursor.lastrowid)
+        return list(range(last - rows + 1, last + 1))
+
     def jobs_complete(self, params: JobsComplete) -> set[int]:
         """``SqlTransaction.jobs_complete`` with the acks as bound rows (``rows_query``)."""
         cursors = self.rows_executed(

@@ -330,9 +330,10 @@ VALUES (:trace_id, :job_id, :attempt, :worker_id, :hlc, :hlc_last, :ts, :events)
 -- name: trace_append_rows
 -- Many packs in one statement (enqueue: each new job's first pack). The caller puts
 -- one "(?, ?, ?, ?, ?, ?, ?, ?)" per pack, in these columns' order, in place of (:rows).
+-- The new ids are the cursor's lastrowid and the ones below it, one per row (no
+-- RETURNING: SqliteTransaction.rows_inserted_ids).
 INSERT INTO rq_trace (trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events)
-VALUES (:rows)
-RETURNING id;
+VALUES (:rows);
 
 -- name: trace_append_fenced
 -- trace_append under a fence: the pack goes in only while the owner token holds the
