@@ -81,7 +81,7 @@ BUGS: list[Bug] = [
     Bug(
         "ack-owner-token-sqlite",
         "owner token",
-        "  AND rq_jobs.owner_token = json_extract(c.value, '$[1]') AND rq_jobs.state = 'running'",
+        "  AND rq_jobs.owner_token = c.owner_token AND rq_jobs.state = 'running'",
         "  AND rq_jobs.state = 'running'",
         (BARRIER,),
         ".sql",

@@ -258,7 +258,9 @@ def plan_of(app: replayq.App, name: str, params: dict[str, Any]) -> str:
             for k, v in params.items()
         }
         if "rows_of" in params:
-            params.update(tx.rows_param(*params.pop("rows_of")))
+            # The statement as the verb runs it (SQLite: the rows bound in its VALUES).
+            columns, rows = params.pop("rows_of")
+            sql, params = tx.rows_query(name, columns, rows, params)
         if storage.dialect == "sqlite":
             rows = conn.execute("EXPLAIN QUERY PLAN " + sql, params).fetchall()
             return "\n".join(str(row[-1]) for row in rows)

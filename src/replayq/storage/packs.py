@@ -138,9 +138,14 @@ def groups(events: Sequence[TraceEvent]) -> Iterator[list[TraceEvent]]:
 
 def cut(events: Sequence[TraceEvent]) -> list[list[TraceEvent]]:
     """``groups(events)`` as a list; a commit's few events of one attempt (the usual case:
-    a step's) as one group without ``groupby``'s iteration."""
-    if len(events) <= PACK_SIZE and len(set(map(_group_key, events))) == 1:
+    a step's), or events of as many attempts, without ``groupby``'s iteration."""
+    keys = len(set(map(_group_key, events)))
+    if keys == 1 and len(events) <= PACK_SIZE:
         return [list(events)]
+    if keys == len(events):
+        # Every event its own attempt's (a lease batch's ``job.leased``, a group's
+        # ``job.succeeded``): each one a group, without ``groupby``'s iteration.
+        return [[event] for event in events]
     return list(groups(events))
 
 
@@ -227,8 +232,10 @@ class PackWriter:
 
     def first(self, items: str) -> bytes:
         """The pack's ``events`` as first stored: the mark, ``[`` and ``items``."""
-        self.stored = _DEFLATE_MARK + self._piece("[" + items)
-        return self.stored
+        compressor = self._compressor  # ``_piece`` inlined: two packs a drained job
+        piece = compressor.compress(("[" + items).encode()) + compressor.flush(zlib.Z_SYNC_FLUSH)
+        self.stored = stored = _DEFLATE_MARK + piece
+        return stored
 
     def more(self, items: str) -> bytes:
         """The bytes that append ``items`` to the pack (``stored`` grows by them)."""
@@ -303,6 +310,10 @@ def pack_items(
         # No text kept per item: all of them in one encoding (a dry-run's derived trace is
         # ~35 events at once), unless one holds what orjson refuses (then one by one, so
         # that the error names its event).
+        if len(events) == 1:  # a lifecycle event's pack: the object, no array to cut
+            one = codec.stored_text(_packed(events[0], base_hlc, base_ts))
+            if one is not None:
+                return one
         whole = codec.stored_text([_packed(e, base_hlc, base_ts) for e in events])
         if whole is not None:
             return whole[1:-1]
@@ -355,6 +366,11 @@ def opened_row(
 
 def pack_resources(events: Sequence[TraceEvent], pack_id: int) -> list[dict[str, Any]]:
     """The ``rq_trace_resources`` entries of a pack: each resource once, at its first HLC."""
+    if len(events) == 1:  # a lifecycle event's pack (two a job): it names no resource
+        only = events[0]
+        if only.resource is None:
+            return []
+        return [{"resource": only.resource, "hlc": only.hlc, "pack_id": pack_id}]
     first: dict[str, int] = {}
     for event in events:
         if event.resource is not None and (

@@ -177,6 +177,28 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         rows, read with ``json_each``; PostgreSQL: an array per column, for ``unnest``)."""
         return {"rows": codec.dumps([list(row) for row in rows])}
 
+    def rows_query(
+        self,
+        name: str,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        params: Mapping[str, Any],
+    ) -> tuple[str, dict[str, Any]]:
+        """``name``'s SQL and its parameters: ``params`` and ``rows`` (``rows_param``; SQLite
+        binds each row's values in the statement instead: ``SqliteTransaction``)."""
+        return self._queries[name], {**params, **self.rows_param(columns, rows)}
+
+    def rows_executed(
+        self,
+        name: str,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        params: Mapping[str, Any],
+    ) -> list[Any]:
+        """``name`` run over ``rows`` with ``params`` (``rows_query``): its cursors, one
+        here (SQLite: one per chunk of its limit on a statement's parameters)."""
+        return [self.execute(name, {**params, **self.rows_param(columns, rows)})]
+
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         return self.statements.execute(self._queries[name], params or {})
 
@@ -219,7 +241,10 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         """The jobs of ``name``'s rows (every column of ``rq_jobs``): each row's values
         become the job's fields directly, one dictionary per job (``fetchall`` and
         ``row_to_job`` made two)."""
-        cursor = self.execute(name, params)
+        return self.jobs_of(self.execute(name, params))
+
+    def jobs_of(self, cursor: Any) -> list[Job]:
+        """The jobs of ``cursor``'s rows (``fetch_jobs``)."""
         rows = cursor.fetchall()
         if not rows:
             return []
@@ -232,7 +257,9 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
             fields = dict(zip(columns, row, strict=True))
             fields["state"] = states[fields["state"]]
             fields["payload"] = loads(fields["payload"])
-            fields["result"] = loads(fields["result"])
+            result = fields["result"]
+            if result is not None:  # a leased job has none yet
+                fields["result"] = loads(result)
             jobs.append(built(fields))
         return jobs
 
@@ -293,7 +320,7 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
     def job_lease(self, params: JobLease) -> list[Job]:
         """The candidates, then one ``UPDATE`` that claims them all (``job_lease_many``);
         SQLite's write transaction is ``BEGIN IMMEDIATE``: nobody claims in between."""
-        candidates = self.fetchall(
+        candidates = self.execute(
             "job_lease_candidates",
             {
                 "now": params.now,
@@ -301,27 +328,29 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
                 "job_types": self.list_param(params.job_types),
                 "limit": params.limit,
             },
-        )
+        ).fetchall()  # (id, job_type) rows
         if not candidates:
             return []
+        lease_for, version_for = params.lease_for, params.version_for
+        default = params.default_lease_seconds
         claims = [
-            (
-                c["id"],
-                float(params.lease_for.get(c["job_type"], params.default_lease_seconds)),
-                params.version_for.get(c["job_type"]),
-            )
-            for c in candidates
+            (job_id, float(lease_for.get(job_type, default)), version_for.get(job_type))
+            for job_id, job_type in candidates
         ]
-        values = {
-            "owner_token": params.owner_token,
-            "worker_id": params.worker_id,
-            "lease_now": lease_now(params.now, params.database_clock),
-            "hlc": params.hlc,
-            **self.rows_param(("job_ids", "lease_seconds", "versions"), claims),
-        }
-        leased = self.fetch_jobs("job_lease_many", values)
+        cursors = self.rows_executed(
+            "job_lease_many",
+            ("job_ids", "lease_seconds", "versions"),
+            claims,
+            {
+                "owner_token": params.owner_token,
+                "worker_id": params.worker_id,
+                "lease_now": lease_now(params.now, params.database_clock),
+                "hlc": params.hlc,
+            },
+        )
+        leased = [job for cursor in cursors for job in self.jobs_of(cursor)]
         # RETURNING gives no order: the jobs go out in the order they were chosen.
-        chosen = {c["id"]: i for i, c in enumerate(candidates)}
+        chosen = {job_id: i for i, (job_id, _) in enumerate(candidates)}
         leased.sort(key=lambda job: chosen[job.id])
         return leased
 
@@ -341,15 +370,19 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         return {int(row["id"]) for row in rows}
 
     def jobs_complete(self, params: JobsComplete) -> set[int]:
-        # The time is a scalar: SQLite's JSON reads a float back a bit off.
+        # The time is a scalar: SQLite's JSON read a float back a bit off.
         rows = self.rows_param(("job_ids", "owner_tokens", "results", "hlcs"), params.jobs)
         acked = self.fetchall("jobs_complete", {"now": params.now, **rows})
+        self._acked_keys([row["ordering_key"] for row in acked])
+        return {int(row["id"]) for row in acked}
+
+    def _acked_keys(self, ordering_keys: Sequence[str | None]) -> None:
+        """After acks: the ordering keys of the jobs acked."""
         # An ack makes another job ready only behind its ordering key: only then does its
         # commit wake this process's idle workers at once (a worker's every group commit
         # did, a thread wake-up and a query for each batch of a busy drain).
-        if any(row["ordering_key"] is not None for row in acked):
+        if any(key is not None for key in ordering_keys):
             self.jobs_changed = True
-        return {int(row["id"]) for row in acked}
 
     def job_transition(self, change: JobChange | JobReroute) -> Any:
         self.jobs_changed = True

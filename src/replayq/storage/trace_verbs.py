@@ -90,6 +90,8 @@ class TraceVerbs(SqlStatements):
     # and the writer of the format 2 row ``pack_row`` built last.
     _last_pack: OpenPack | None
     _writer: packs.PackWriter | None
+    # How this backend stores a pack's events (``SqlTransaction.pack_format``).
+    pack_format: int
 
     def lease_check(self, job_id: int, owner_token: str) -> bool:
         raise NotImplementedError
@@ -233,16 +235,24 @@ class TraceVerbs(SqlStatements):
         per_statement = max(1, most // len(columns))
         row_sql = "(" + ", ".join("?" * len(columns)) + ")"
         pack_ids: list[int] = []
+        opened, pack_format = packs.opened_row, self.pack_format
         for start in range(0, len(groups), per_statement):
             chunk = groups[start : start + per_statement]
             values: list[Any] = []
             for group in chunk:
-                values.extend(_pack_values(self.pack_row(group)))
+                # ``pack_row`` without its call per pack: the last writer is kept below.
+                row, self._writer = opened(group, pack_format)
+                values.extend(_pack_values(row))
             found = self.execute_rows("trace_append_rows", row_sql, len(chunk), values)
-            # RETURNING has no order; the rows' ids rise in the order they were inserted
-            # (a new rowid is the largest one plus one).
-            pack_ids.extend(sorted(int(row[0]) for row in found.fetchall()))
+            pack_ids.extend(self.rows_inserted_ids(found, len(chunk)))
         return pack_ids
+
+    def rows_inserted_ids(self, cursor: Any, rows: int) -> list[int]:
+        """The ids of the ``rows`` rows a multi-row insert made (``trace_append_rows``), in
+        the order of its ``VALUES``: its ``RETURNING id`` rows, sorted (``RETURNING`` has
+        no order; the ids rise in the order the rows went in). SQLite's
+        ``SqliteTransaction`` reads them off ``lastrowid`` instead."""
+        return sorted(int(row[0]) for row in cursor.fetchall())
 
     def _packs_placed(
         self, groups: Sequence[Sequence[TraceEvent]], pack_ids: Sequence[int]

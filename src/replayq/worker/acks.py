@@ -58,7 +58,7 @@ _IDLE_WAKE = 1.0
 _BUSY_SECONDS = 0.1
 
 
-@dataclass(eq=False)  # compared by identity: the buffer removes the very acks it took
+@dataclass(eq=False, slots=True)  # compared by identity: the buffer removes the very acks it took
 class Ack:
     """A success waiting in memory for its group commit."""
 
@@ -126,10 +126,11 @@ class Acking(Outcomes):
         now = self.runtime.clock.now()
         events: list[TraceEvent] = []
         done: list[tuple[int, str, str | None, int]] = []
+        clock = self.runtime.hlc
         for ack in acks:
             job = ack.job
             assert job.owner_token is not None
-            hlc = self.runtime.hlc.tick()
+            hlc = clock.tick_at(now)  # stamped at the event's time: one clock read a group
             succeeded = trace.lifecycle(
                 trace.JOB_SUCCEEDED,
                 job,

@@ -132,8 +132,9 @@ class Leasing(WorkerCore):
         routed = [self._routed(tx, job, params.owner_token) for job in claimed]
         jobs = [job for job, _ in routed]
         events = list(also)
+        hlc = self.runtime.hlc
         for job, moved_from in routed:
-            self.runtime.hlc.observe(job.hlc)
+            hlc.observe(job.hlc)
             # A job whose routing no longer names its version (rolled back): the trace says so.
             moved: dict[str, Any] = {"version_moved_from": moved_from} if moved_from else {}
             events.append(
@@ -141,7 +142,8 @@ class Leasing(WorkerCore):
                     trace.JOB_LEASED,
                     job,
                     now=params.now,
-                    hlc=self.runtime.hlc.tick(),
+                    # Stamped at the event's own time: one clock read per batch, not per job.
+                    hlc=hlc.tick_at(params.now),
                     worker_id=self.worker_id,
                     status="running",
                     owner_token=params.owner_token,
@@ -164,21 +166,28 @@ class Leasing(WorkerCore):
 
     def _hold(self, jobs: Sequence[Job], now: float) -> None:
         """Jobs whose lease committed: track them for heartbeats and queue them to run."""
+        if not jobs:
+            return
         wake_heartbeat = False
+        held_at = time.monotonic()  # one reading for the batch, as its lease is one
+        flights = []
         for job in jobs:
             # Both in the clock that granted the lease (the database's, or ``now``'s).
             granted = job.leased_at if job.leased_at is not None else now
             lease_seconds = (job.lease_deadline or granted) - granted
             handler = self._handler_or_none(job)
             beat = handler.contract.heartbeat if handler else lease_seconds / 3
-            held_at = time.monotonic()
             # heartbeat 0: a fixed visibility timeout, the lease is never extended.
             first_beat = held_at + beat if beat > 0 else math.inf
-            with self._inflight_lock:
-                self._inflight[job.id] = InFlight(job, lease_seconds, beat, first_beat, held_at)
+            flights.append(InFlight(job, lease_seconds, beat, first_beat, held_at))
+        with self._inflight_lock:  # once for the batch
+            inflight = self._inflight
+            for flight in flights:
+                inflight[flight.job.id] = flight
                 # The heartbeat sleeps until a beat is due: woken only if this one is sooner
                 # (a wake-up per batch cost as much as a no-op job's SQL).
-                wake_heartbeat = wake_heartbeat or first_beat < self._beat_wake_at
+                wake_heartbeat = wake_heartbeat or flight.next_heartbeat < self._beat_wake_at
+        for job in jobs:
             self.observers.job_seen(job)
             self._work.put(job)
         if wake_heartbeat:

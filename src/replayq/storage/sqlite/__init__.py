@@ -67,7 +67,7 @@ import shutil
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -77,7 +77,7 @@ from replayq.errors import ConfigurationError, DatabaseUnavailableError, Storage
 from replayq.seal import unsealed
 from replayq.storage import migrate, packs
 from replayq.storage.adopted import TupleRows
-from replayq.storage.protocol import Listener, MigrationStatus
+from replayq.storage.protocol import JobsComplete, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
 from replayq.storage.sql_transaction import SqlTransaction
 from replayq.storage.sqlite.watch import Watcher
@@ -242,8 +242,114 @@ def null_folded(sql: str, nulls: tuple[str, ...]) -> str:
     return folded
 
 
+# The parameter names of ``rows`` rows of ``width`` values (``SqliteTransaction.rows_query``)
+# and a statement's text with that many rows, by their counts: a few sizes recur (a
+# worker's batches and groups), each built once.
+_ROW_NAMES: dict[tuple[int, int], list[str]] = {}
+_ROWS_SQL: dict[tuple[str, int, int], str] = {}
+_ROWS_MAX = 256
+# Where a statement takes its rows as bound values (``json_each(:rows)`` takes JSON text).
+_VALUES_ROWS = "VALUES (:rows)"
+
+
+def _row_names(width: int, rows: int) -> list[str]:
+    names = _ROW_NAMES.get((width, rows))
+    if names is None:
+        names = [f"r{row}_{column}" for row in range(rows) for column in range(width)]
+        if len(_ROW_NAMES) >= _ROWS_MAX:
+            _ROW_NAMES.clear()
+        _ROW_NAMES[(width, rows)] = names
+    return names
+
+
+def _rows_sql(sql: str, width: int, rows: int) -> str:
+    """``sql`` with ``rows`` rows of named parameters (``_row_names``) for its ``(:rows)``."""
+    text = _ROWS_SQL.get((sql, width, rows))
+    if text is None:
+        names = iter(_row_names(width, rows))
+        placed = ", ".join(
+            "(" + ", ".join(f":{next(names)}" for _ in range(width)) + ")" for _ in range(rows)
+        )
+        text = sql.replace(_VALUES_ROWS, "VALUES " + placed)
+        if len(_ROWS_SQL) >= _ROWS_MAX:
+            _ROWS_SQL.clear()
+        _ROWS_SQL[(sql, width, rows)] = text
+    return text
+
+
 class SqliteTransaction(SqlTransaction):
-    """The verbs on a SQLite connection: an insert's new id is the cursor's ``lastrowid``."""
+    """The verbs on a SQLite connection: an insert's new id is the cursor's ``lastrowid``;
+    a statement's many rows are bound values in the statement (``rows_query``)."""
+
+    def rows_query(
+        self,
+        name: str,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        params: Mapping[str, Any],
+    ) -> tuple[str, dict[str, Any]]:
+        """``name``'s SQL with one ``(:r0_0, :r0_1, ...)`` per row in place of its
+        ``VALUES (:rows)`` (a multi-row ``VALUES``), and its parameters: ``params`` and each
+        row's values under those names. A statement without it takes ``rows`` as one JSON
+        text (``rows_param``, read with ``json_each``).
+
+        A lease batch and a group's acks were a JSON text per statement, written by the
+        encoder and parsed again by SQLite for each value it read (``json_extract``):
+        ~15,000 instructions of a drained job. Each count of rows is its own statement
+        text, prepared once by the driver's cache (a batch's rows are as many as the
+        worker's free slots). Chunked? No: a statement's parameters are bounded by
+        ``SQLITE_LIMIT_VARIABLE_NUMBER`` (32,766 since SQLite 3.32); a lease batch or an ack
+        group holds at most the worker's capacity, far below it over ``columns``.
+        """
+        sql = self._queries[name]
+        if _VALUES_ROWS not in sql:
+            return super().rows_query(name, columns, rows, params)
+        width = len(columns)
+        names = _row_names(width, len(rows))
+        values = dict(params)
+        values.update(zip(names, [value for row in rows for value in row], strict=True))
+        return _rows_sql(sql, width, len(rows)), values
+
+    def rows_executed(
+        self,
+        name: str,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        params: Mapping[str, Any],
+    ) -> list[Any]:
+        """``rows_query``'s statement run over ``rows``, as many rows a statement as
+        SQLite's limit on its parameters allows (one for any worker's batch)."""
+        limit = getattr(self.connection, "getlimit", None)
+        most = limit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) if limit is not None else 999
+        per_statement = max(1, (most - len(params)) // max(1, len(columns)))
+        execute = self.connection.execute
+        return [
+            execute(*self.rows_query(name, columns, rows[start : start + per_statement], params))
+            for start in range(0, len(rows), per_statement)
+        ]
+
+    def rows_inserted_ids(self, cursor: Any, rows: int) -> list[int]:
+        """The new ids of a multi-row insert into ``rq_trace``: ``lastrowid`` and the
+        ``rows - 1`` below it. Each new rowid is the largest one plus one (``rq_trace.id`` is
+        a rowid without ``AUTOINCREMENT``, far below 2**63), so one statement's rows get
+        consecutive ids in the order of its ``VALUES``; ``RETURNING id`` built a temporary
+        table and a Python int per row (two packs a drained job) to say the same."""
+        if cursor.rowcount != rows:
+            raise StorageError(f"{rows} packs to insert, {cursor.rowcount} inserted")
+        last = int(cursor.lastrowid)
+        return list(range(last - rows + 1, last + 1))
+
+    def jobs_complete(self, params: JobsComplete) -> set[int]:
+        """``SqlTransaction.jobs_complete`` with the acks as bound rows (``rows_query``)."""
+        cursors = self.rows_executed(
+            "jobs_complete",
+            ("job_ids", "owner_tokens", "results", "hlcs"),
+            params.jobs,
+            {"now": params.now},
+        )
+        acked = [row for cursor in cursors for row in cursor.fetchall()]  # (id, ordering_key)
+        self._acked_keys([ordering_key for _, ordering_key in acked])
+        return {int(job_id) for job_id, _ in acked}
 
     def inserted_id(self, name: str, params: Mapping[str, Any]) -> int | None:
         """``SqlTransaction.inserted_id`` from the cursor's ``lastrowid`` (SQLite's

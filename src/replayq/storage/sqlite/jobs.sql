@@ -46,22 +46,24 @@ ORDER BY j.priority DESC, j.run_at, j.id
 LIMIT :limit;
 
 -- name: job_lease_many
--- Claims the chosen candidates in one statement: :rows is a JSON array of [job id, lease
--- seconds, handler version]. Leases are granted, extended and reaped in :lease_now, or when
--- it is NULL in SQLite's own now: the host's clock, which every process on the file shares
--- (julianday('now') is one value for the whole statement, to the millisecond;
--- unixepoch('subsec') needs 3.42).
+-- Claims the chosen candidates in one statement: the caller puts one row per job, (job id,
+-- lease seconds, handler version), in place of (:rows) (SqliteTransaction.rows_query:
+-- bound values, no JSON to write and parse per job). Leases are granted, extended and
+-- reaped in :lease_now, or when it is NULL in SQLite's own now: the host's clock, which
+-- every process on the file shares (julianday('now') is one value for the whole
+-- statement, to the millisecond; unixepoch('subsec') needs 3.42).
+WITH c (job_id, lease_seconds, version) AS (VALUES (:rows))
 UPDATE rq_jobs
 SET state = 'running', attempt = attempt + 1, owner_token = :owner_token,
     worker_id = :worker_id,
     leased_at = COALESCE(:lease_now, (julianday('now') - 2440587.5) * 86400.0),
     lease_deadline = COALESCE(:lease_now, (julianday('now') - 2440587.5) * 86400.0)
-        + json_extract(c.value, '$[1]'),
+        + c.lease_seconds,
     -- A job keeps the version of its first lease through every later attempt.
-    handler_version = COALESCE(handler_version, json_extract(c.value, '$[2]')),
+    handler_version = COALESCE(handler_version, c.version),
     hlc = MAX(hlc + 1, :hlc)
-FROM json_each(:rows) AS c
-WHERE rq_jobs.id = json_extract(c.value, '$[0]') AND rq_jobs.state = 'queued'
+FROM c
+WHERE rq_jobs.id = c.job_id AND rq_jobs.state = 'queued'
 RETURNING *;
 
 -- name: lease_check
@@ -86,16 +88,17 @@ WHERE id IN (SELECT json_extract(value, '$[0]') FROM json_each(:rows))
 RETURNING id;
 
 -- name: jobs_complete
--- A group commit's acks in one statement: :rows is a JSON array of [job id, owner token,
--- result, hlc]; RETURNING names the jobs whose lease was still held (and their ordering
--- keys: an ack can make the next job of its key ready). :now is a scalar: SQLite's JSON
--- reads a float back a bit off.
+-- A group commit's acks in one statement: the caller puts one row per ack, (job id,
+-- owner token, result, hlc), in place of (:rows) (bound values, as job_lease_many's);
+-- RETURNING names the jobs whose lease was still held (and their ordering keys: an ack
+-- can make the next job of its key ready).
+WITH c (job_id, owner_token, result, hlc) AS (VALUES (:rows))
 UPDATE rq_jobs
-SET state = 'succeeded', result = json_extract(c.value, '$[2]'), finished_at = :now,
-    owner_token = NULL, lease_deadline = NULL, hlc = json_extract(c.value, '$[3]')
-FROM json_each(:rows) AS c
-WHERE rq_jobs.id = json_extract(c.value, '$[0]')
-  AND rq_jobs.owner_token = json_extract(c.value, '$[1]') AND rq_jobs.state = 'running'
+SET state = 'succeeded', result = c.result, finished_at = :now,
+    owner_token = NULL, lease_deadline = NULL, hlc = c.hlc
+FROM c
+WHERE rq_jobs.id = c.job_id
+  AND rq_jobs.owner_token = c.owner_token AND rq_jobs.state = 'running'
 RETURNING rq_jobs.id, rq_jobs.ordering_key;
 
 -- name: job_retry
@@ -327,9 +330,10 @@ VALUES (:trace_id, :job_id, :attempt, :worker_id, :hlc, :hlc_last, :ts, :events)
 -- name: trace_append_rows
 -- Many packs in one statement (enqueue: each new job's first pack). The caller puts
 -- one "(?, ?, ?, ?, ?, ?, ?, ?)" per pack, in these columns' order, in place of (:rows).
+-- The new ids are the cursor's lastrowid and the ones below it, one per row (no
+-- RETURNING: SqliteTransaction.rows_inserted_ids).
 INSERT INTO rq_trace (trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events)
-VALUES (:rows)
-RETURNING id;
+VALUES (:rows);
 
 -- name: trace_append_fenced
 -- trace_append under a fence: the pack goes in only while the owner token holds the

@@ -1,0 +1,82 @@
+"""SQLite binds a lease batch's and an ack group's rows in the statement (``VALUES``): a
+batch larger than one statement's parameters allow is split, and still leases and acks
+exactly the jobs it should, each row its own compare-and-set."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from replayq.model import JobState
+from replayq.storage import open_storage
+from replayq.storage.params import JobInsert, JobLease, JobsComplete
+
+T0 = 1_700_000_000.0
+JOBS = 12
+# 20 parameters a statement: the lease's 4 scalars and 5 rows of 3, or the acks' 1 and 4
+# rows of 4. Twelve jobs take three statements each way.
+LIMIT = 20
+
+
+def test_batches_beyond_one_statements_parameters_lease_and_ack_exactly_their_jobs(
+    tmp_path: Path,
+) -> None:
+    storage = open_storage(f"sqlite:///{tmp_path / 'rows.db'}")
+    storage.migrate(T0)
+    try:
+        with storage.transaction() as tx:
+            ids = [
+                tx.job_insert(
+                    JobInsert(
+                        job_type="t",
+                        queue="default",
+                        payload_json=f'{{"n":{n}}}',
+                        priority=0,
+                        run_at=T0,
+                        now=T0,
+                        max_attempts=3,
+                        trace_id=f"trace-{n}",
+                        hlc=1,
+                        message_id=f"m{n}",
+                    )
+                )[0]
+                for n in range(JOBS)
+            ]
+        with storage.transaction() as tx:
+            tx.connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, LIMIT)
+            leased = tx.job_lease(
+                JobLease(
+                    worker_id="w",
+                    owner_token="tok",
+                    now=T0 + 1,
+                    hlc=2,
+                    limit=JOBS,
+                    default_lease_seconds=30.0,
+                    lease_for={},
+                    version_for={"t": "v1"},
+                )
+            )
+        assert [job.id for job in leased] == ids  # every one, in the order chosen
+        assert [job.payload for job in leased] == [{"n": n} for n in range(JOBS)]
+        assert {(job.state, job.owner_token, job.handler_version) for job in leased} == {
+            (JobState.RUNNING, "tok", "v1")
+        }
+        # Every third ack names a token that does not hold the lease.
+        acks = [
+            (job_id, "tok" if n % 3 else "another", f'{{"r":{n}}}', 10 + n)
+            for n, job_id in enumerate(ids)
+        ]
+        with storage.transaction() as tx:
+            tx.connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, LIMIT)
+            held = tx.jobs_complete(JobsComplete(T0 + 2, acks))
+        assert held == {job_id for n, job_id in enumerate(ids) if n % 3}
+        with storage.transaction(readonly=True) as tx:
+            jobs = [tx.job_get(job_id) for job_id in ids]
+        for n, job in enumerate(jobs):
+            assert job is not None
+            if n % 3:
+                assert (job.state, job.result, job.hlc) == (JobState.SUCCEEDED, {"r": n}, 10 + n)
+            else:
+                assert (job.state, job.owner_token) == (JobState.RUNNING, "tok")
+    finally:
+        storage.close()
