@@ -297,9 +297,9 @@ class SqliteTransaction(SqlTransaction):
         encoder and parsed again by SQLite for each value it read (``json_extract``):
         ~15,000 instructions of a drained job. Each count of rows is its own statement
         text, prepared once by the driver's cache (a batch's rows are as many as the
-        worker's free slots). Chunked? No: a statement's parameters are bounded by
-        ``SQLITE_LIMIT_VARIABLE_NUMBER`` (32,766 since SQLite 3.32); a lease batch or an ack
-        group holds at most the worker's capacity, far below it over ``columns``.
+        worker's free slots). A statement's parameters are bounded by
+        ``SQLITE_LIMIT_VARIABLE_NUMBER`` (32,766 since SQLite 3.32): ``rows_executed``
+        splits ``rows`` to stay under it (a worker's batch or group is one statement).
         """
         sql = self._queries[name]
         if _VALUES_ROWS not in sql:
