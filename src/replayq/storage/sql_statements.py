@@ -7,10 +7,14 @@ its backend's named queries; the mixins (``ContextVerbs``, ``ReportVerbs``,
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from replayq.model import TraceEvent
+
+# Bound parameters per statement where the driver cannot say (SQLite's historical default).
+_DEFAULT_VARIABLE_LIMIT = 999
 
 
 class SqlStatements:
@@ -27,6 +31,18 @@ class SqlStatements:
 
     def execute_rows(self, name: str, row_sql: str, rows: int, values: Sequence[Any]) -> Any:
         raise NotImplementedError
+
+    def rows_per_statement(self, width: int, reserved: int = 0) -> int:
+        """How many rows of ``width`` bound values one statement takes beside ``reserved``
+        other parameters: the driver's limit on a statement's parameters (SQLite's
+        ``SQLITE_LIMIT_VARIABLE_NUMBER``), else ``_DEFAULT_VARIABLE_LIMIT``."""
+        limit = getattr(self.connection, "getlimit", None)
+        most = (
+            limit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+            if limit is not None
+            else _DEFAULT_VARIABLE_LIMIT
+        )
+        return max(1, (most - reserved) // max(1, width))
 
     def executemany(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
         raise NotImplementedError

@@ -197,7 +197,7 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
     ) -> list[Any]:
         """``name`` run over ``rows`` with ``params`` (``rows_query``): its cursors, one
         here (SQLite: one per chunk of its limit on a statement's parameters)."""
-        return [self.execute(name, {**params, **self.rows_param(columns, rows)})]
+        return [self.statements.execute(*self.rows_query(name, columns, rows, params))]
 
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         return self.statements.execute(self._queries[name], params or {})
@@ -371,18 +371,19 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
 
     def jobs_complete(self, params: JobsComplete) -> set[int]:
         # The time is a scalar: SQLite's JSON read a float back a bit off.
-        rows = self.rows_param(("job_ids", "owner_tokens", "results", "hlcs"), params.jobs)
-        acked = self.fetchall("jobs_complete", {"now": params.now, **rows})
-        self._acked_keys([row["ordering_key"] for row in acked])
-        return {int(row["id"]) for row in acked}
-
-    def _acked_keys(self, ordering_keys: Sequence[str | None]) -> None:
-        """After acks: the ordering keys of the jobs acked."""
+        cursors = self.rows_executed(
+            "jobs_complete",
+            ("job_ids", "owner_tokens", "results", "hlcs"),
+            params.jobs,
+            {"now": params.now},
+        )
+        acked = [row for cursor in cursors for row in cursor.fetchall()]  # (id, ordering_key)
         # An ack makes another job ready only behind its ordering key: only then does its
         # commit wake this process's idle workers at once (a worker's every group commit
         # did, a thread wake-up and a query for each batch of a busy drain).
-        if any(key is not None for key in ordering_keys):
+        if any(ordering_key is not None for _, ordering_key in acked):
             self.jobs_changed = True
+        return {int(job_id) for job_id, _ in acked}
 
     def job_transition(self, change: JobChange | JobReroute) -> Any:
         self.jobs_changed = True

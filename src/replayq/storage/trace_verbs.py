@@ -30,7 +30,6 @@ a job, a trace, a resource or many jobs back as events in trace order
 from __future__ import annotations
 
 import operator
-import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -53,8 +52,6 @@ OpenPack = tuple[int, list[TraceEvent], "packs.PackWriter | None", "set[str | No
 PACK_COLUMNS = ("trace_id", "job_id", "attempt", "worker_id", "hlc", "hlc_last", "ts", "events")
 # A pack row's values in ``PACK_COLUMNS`` order, read in C (two packs a drained job).
 _pack_values = operator.itemgetter(*PACK_COLUMNS)
-# Bound parameters per statement where the driver cannot say (SQLite's historical default).
-_DEFAULT_VARIABLE_LIMIT = 999
 
 _EVENT_COLUMNS = (
     "id",
@@ -226,13 +223,7 @@ class TraceVerbs(SqlStatements):
         """``trace_append_rows`` for ``groups``: their pack ids, in order (SQLite: a
         multi-row ``VALUES`` per chunk of the driver's parameter limit)."""
         columns = PACK_COLUMNS
-        limit = getattr(self.connection, "getlimit", None)
-        most = (
-            limit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-            if limit is not None
-            else _DEFAULT_VARIABLE_LIMIT
-        )
-        per_statement = max(1, most // len(columns))
+        per_statement = self.rows_per_statement(len(columns))
         row_sql = "(" + ", ".join("?" * len(columns)) + ")"
         pack_ids: list[int] = []
         opened, pack_format = packs.opened_row, self.pack_format

@@ -77,7 +77,7 @@ from replayq.errors import ConfigurationError, DatabaseUnavailableError, Storage
 from replayq.seal import unsealed
 from replayq.storage import migrate, packs
 from replayq.storage.adopted import TupleRows
-from replayq.storage.protocol import JobsComplete, Listener, MigrationStatus
+from replayq.storage.protocol import Listener, MigrationStatus
 from replayq.storage.queries import load_queries
 from replayq.storage.sql_transaction import SqlTransaction
 from replayq.storage.sqlite.watch import Watcher
@@ -319,9 +319,7 @@ class SqliteTransaction(SqlTransaction):
     ) -> list[Any]:
         """``rows_query``'s statement run over ``rows``, as many rows a statement as
         SQLite's limit on its parameters allows (one for any worker's batch)."""
-        limit = getattr(self.connection, "getlimit", None)
-        most = limit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) if limit is not None else 999
-        per_statement = max(1, (most - len(params)) // max(1, len(columns)))
+        per_statement = self.rows_per_statement(len(columns), reserved=len(params))
         execute = self.connection.execute
         return [
             execute(*self.rows_query(name, columns, rows[start : start + per_statement], params))
@@ -338,18 +336,6 @@ class SqliteTransaction(SqlTransaction):
             raise StorageError(f"{rows} packs to insert, {cursor.rowcount} inserted")
         last = int(cursor.lastrowid)
         return list(range(last - rows + 1, last + 1))
-
-    def jobs_complete(self, params: JobsComplete) -> set[int]:
-        """``SqlTransaction.jobs_complete`` with the acks as bound rows (``rows_query``)."""
-        cursors = self.rows_executed(
-            "jobs_complete",
-            ("job_ids", "owner_tokens", "results", "hlcs"),
-            params.jobs,
-            {"now": params.now},
-        )
-        acked = [row for cursor in cursors for row in cursor.fetchall()]  # (id, ordering_key)
-        self._acked_keys([ordering_key for _, ordering_key in acked])
-        return {int(job_id) for job_id, _ in acked}
 
     def inserted_id(self, name: str, params: Mapping[str, Any]) -> int | None:
         """``SqlTransaction.inserted_id`` from the cursor's ``lastrowid`` (SQLite's
