@@ -514,27 +514,20 @@ class PostgresTransaction(SqlTransaction):
         first = self.connection.info.transaction_status == pq.TransactionStatus.IDLE
         for attempt in range(3):
             try:
-                if first:
+                if first or params.collision_aborts:
                     rows = self.fetchall("job_lease_batch", query_params)
-                elif params.collision_aborts:
-                    # No savepoint: a collision aborts the transaction, which its caller
-                    # does again (LeaseCollisionError).
-                    try:
-                        rows = self.fetchall("job_lease_batch", query_params)
-                    except StorageError as exc:
-                        if isinstance(exc.__cause__, psycopg.errors.UniqueViolation):
-                            raise LeaseCollisionError(str(exc)) from exc.__cause__
-                        raise
                 else:
                     with self.connection.transaction():  # a savepoint: a transaction is open
                         rows = self.fetchall("job_lease_batch", query_params)
                 break
             except StorageError as exc:
-                if (
-                    not isinstance(exc.__cause__, psycopg.errors.UniqueViolation)
-                    or isinstance(exc, LeaseCollisionError)
-                    or attempt == 2
-                ):
+                if not isinstance(exc.__cause__, psycopg.errors.UniqueViolation):
+                    raise
+                if not first and params.collision_aborts:
+                    # No savepoint: the collision aborted the transaction, which its caller
+                    # does again.
+                    raise LeaseCollisionError(str(exc)) from exc.__cause__
+                if attempt == 2:
                     raise
                 if first:
                     self.connection.rollback()  # the claim was all this transaction held
