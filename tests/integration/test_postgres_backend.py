@@ -25,7 +25,12 @@ from replayq.clock import FrozenClock
 from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
 from replayq.model import JobState
 from replayq.storage import open_storage
-from replayq.storage.postgres import PostgresStorage, _json_rows, parse_postgres_url
+from replayq.storage.postgres import (
+    PostgresStorage,
+    PostgresTransaction,
+    _json_rows,
+    parse_postgres_url,
+)
 from replayq.storage.postgres.adapt import array_literal, arrays_as_literals
 from replayq.storage.protocol import JobFilter, JobsComplete, TraceQuery
 from replayq.worker import Worker
@@ -351,6 +356,23 @@ def test_a_late_committed_older_job_does_not_run_beside_the_running_one(
         late.close()
 
 
+def wait_until_a_claim_waits(conninfo: str, first: PostgresTransaction, what: str) -> None:
+    """Until a session other than ``first``'s waits on a lock of this schema's ``rq_jobs``:
+    a claim of the older job of a key, on ``first``'s uncommitted index entry."""
+    with psycopg.connect(conninfo, autocommit=True) as admin:
+
+        def waits_on_the_index() -> bool:
+            row = admin.execute(
+                "SELECT count(*) FROM pg_locks AS l JOIN pg_stat_activity AS a"
+                " USING (pid) WHERE l.relation = 'rq_jobs'::regclass"
+                " AND a.wait_event_type = 'Lock' AND a.pid <> %s",
+                [first.connection.info.backend_pid],
+            ).fetchone()
+            return row is not None and row[0] > 0
+
+        wait_for(waits_on_the_index, 10, what)
+
+
 @pytest.mark.parametrize("claim_first", [True, False], ids=["claim-first", "after-an-insert"])
 def test_a_claim_that_collides_on_an_ordering_key_is_undone_alone_and_tried_again(
     storage: PostgresStorage, conninfo: str, claim_first: bool
@@ -365,7 +387,6 @@ def test_a_claim_that_collides_on_an_ordering_key_is_undone_alone_and_tried_agai
         with storage.transaction() as tx:
             newer_id, _ = tx.job_insert(insert(ordering_key="k"))
         claimed: list[list[int]] = []
-        claimer_pid: list[int] = []
         errors: list[BaseException] = []
         with storage.transaction() as first:
             assert [j.id for j in first.job_lease(lease())] == [newer_id]
@@ -374,7 +395,6 @@ def test_a_claim_that_collides_on_an_ordering_key_is_undone_alone_and_tried_agai
             def second_claimer() -> None:
                 try:
                     with storage.transaction() as tx:
-                        claimer_pid.append(tx.connection.info.backend_pid)
                         if not claim_first:
                             tx.job_insert(insert(job_type="other"))
                         claimed.append([j.id for j in tx.job_lease(lease(owner="second"))])
@@ -383,16 +403,7 @@ def test_a_claim_that_collides_on_an_ordering_key_is_undone_alone_and_tried_agai
 
             thread = threading.Thread(target=second_claimer)
             thread.start()
-            with psycopg.connect(conninfo, autocommit=True) as admin:
-
-                def waits_on_the_index() -> bool:
-                    row = admin.execute(
-                        "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
-                        [claimer_pid[0] if claimer_pid else -1],
-                    ).fetchone()
-                    return row is not None and row[0] == "Lock"
-
-                wait_for(waits_on_the_index, 10, "the second claim to wait on the first")
+            wait_until_a_claim_waits(conninfo, first, "the second claim to wait on the first")
         thread.join(10)
         assert not errors, errors
         with storage.transaction(readonly=True) as tx:
@@ -449,20 +460,7 @@ def test_a_group_commit_whose_claim_collides_on_a_key_is_done_again_whole(
 
             thread = threading.Thread(target=group_commit)
             thread.start()
-            with psycopg.connect(conninfo, autocommit=True) as admin:
-
-                def waits_on_the_index() -> bool:
-                    # A session of this schema's rq_jobs waiting on a lock: the claim of the
-                    # older job, on the first claimer's uncommitted index entry.
-                    row = admin.execute(
-                        "SELECT count(*) FROM pg_locks AS l JOIN pg_stat_activity AS a"
-                        " USING (pid) WHERE l.relation = 'rq_jobs'::regclass"
-                        " AND a.wait_event_type = 'Lock' AND a.pid <> %s",
-                        [first.connection.info.backend_pid],
-                    ).fetchone()
-                    return row is not None and row[0] > 0
-
-                wait_for(waits_on_the_index, 10, "the group's claim to wait on the first")
+            wait_until_a_claim_waits(conninfo, first, "the group's claim to wait on the first")
         thread.join(10)
         assert not errors, errors
         assert leased == [[]], "the older job waits: the newer one of its key runs"
