@@ -8,12 +8,13 @@ a user runs it, with the service's address in its environment.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from msgspec import structs
 
 import replayq
 from replayq.model import JobState, TraceEvent
@@ -76,13 +77,13 @@ def lineage(app: replayq.App, trace_id: str) -> dict[str, Any]:
     with app.storage.transaction(readonly=True) as tx:
         rows = tx.lineage_list(LineageQuery(trace_id=trace_id))
     assert rows, f"no lineage row for {trace_id}"
-    return dataclasses.asdict(rows[0])
+    return structs.asdict(rows[0])
 
 
 def lineage_of_job(app: replayq.App, job: replayq.Job) -> list[dict[str, Any]]:
     with app.storage.transaction(readonly=True) as tx:
         return [
-            dataclasses.asdict(row)
+            structs.asdict(row)
             for row in tx.lineage_list(LineageQuery(source_trace_id=job.trace_id))
         ]
 

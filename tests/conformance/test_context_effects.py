@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from msgspec import structs
 
 import replayq
 from replayq.storage.protocol import IdemClaim, idem_get
@@ -30,7 +30,7 @@ def idempotency_record(app: replayq.App, key: str) -> dict[str, Any]:
     with app.storage.transaction(readonly=True) as tx:
         row = idem_get(tx, key)
     assert row is not None, f"no idempotency record for {key!r}"
-    return dataclasses.asdict(row)
+    return structs.asdict(row)
 
 
 def test_effect_runs_once_per_key_and_a_second_job_gets_the_stored_result(

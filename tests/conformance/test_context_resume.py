@@ -8,13 +8,13 @@ straight from the database.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from msgspec import structs
 
 import replayq
 from replayq.replay.engine import dry_run
@@ -316,9 +316,9 @@ def test_the_step_ledger_and_the_outbox_keep_the_first_write_of_a_position(
     )
     with app.storage.transaction() as tx:
         assert tx.step_complete(step)
-        assert not tx.step_complete(dataclasses.replace(step, attempt=2, result='{"n": 2}'))
+        assert not tx.step_complete(structs.replace(step, attempt=2, result='{"n": 2}'))
         assert tx.outbox_update(row)
-        assert not tx.outbox_update(dataclasses.replace(row, payload='{"again": true}'))
+        assert not tx.outbox_update(structs.replace(row, payload='{"again": true}'))
     with app.storage.transaction(readonly=True) as tx:
         [ledger] = tx.step_by_job(1)
         [outbox] = tx.outbox_by_job(1)

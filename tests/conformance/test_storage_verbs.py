@@ -7,7 +7,6 @@ the merged readers) must hold the same on SQLite and on PostgreSQL.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import threading
 import time
@@ -16,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from msgspec import structs
 
 from replayq.errors import ConfigurationError, StorageError
 from replayq.model import JobState, TraceEvent
@@ -313,7 +313,7 @@ def test_one_heartbeat_statement_extends_each_lease_by_its_own_length_and_names_
         assert tx.lease_extend(LeasesExtend(((first, "tok2", 50.0),), T0 + 5)) == set()
         assert tx.job_transition(JobRedeliver(third, "tok2", T0 + 11, 5))
         # The lost one is missing from the answer; the others were extended all the same.
-        assert tx.lease_extend(dataclasses.replace(beat, now=T0 + 11)) == {first, second}
+        assert tx.lease_extend(structs.replace(beat, now=T0 + 11)) == {first, second}
         assert tx.lease_extend(LeasesExtend((), T0 + 11)) == set()
         assert tx.job_list(LeasesExpired(T0 + 15, 10)) == []
         assert [j.id for j in tx.job_list(LeasesExpired(T0 + 17, 10))] == [first]
@@ -344,7 +344,7 @@ def test_with_the_database_clock_a_caller_30_s_off_neither_reaps_nor_shortens_a_
     by_database = {"short": 0.5}
     with storage.transaction() as tx:
         job_id, _ = tx.job_insert(insert(job_type="short", run_at=T0))
-        claim = dataclasses.replace(lease(now=fast), lease_for=by_database, database_clock=True)
+        claim = structs.replace(lease(now=fast), lease_for=by_database, database_clock=True)
         [job] = tx.job_lease(claim)
     assert job.leased_at is not None and job.lease_deadline is not None
     assert abs(job.leased_at - time.time()) < 5, "granted in the database's time, not the caller's"

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 
 import click
+from msgspec import structs
 
 import replayq
 from replayq import codec
@@ -37,7 +37,7 @@ def db_status(env: Env, as_json: bool) -> None:
     """List migrations and whether each is applied."""
     statuses = replayq.App(env.db, auto_migrate=False).schema_status()
     if as_json:
-        emit_json([dataclasses.asdict(s) for s in statuses])
+        emit_json([structs.asdict(s) for s in statuses])
         return
     for status in statuses:
         state = "applied " + render.timestamp(status.applied_at) if status.applied_at else "PENDING"

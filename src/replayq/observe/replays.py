@@ -22,8 +22,9 @@ from __future__ import annotations
 import json
 import threading
 from collections import Counter
-from dataclasses import asdict
 from typing import Any
+
+from msgspec import structs
 
 from replayq.errors import ReplayqError
 from replayq.replay.diff import diff_traces, ending
@@ -58,7 +59,7 @@ class DerivedRuns:
                     del self._running[trace_id]
             with self.runtime.storage.transaction(readonly=True) as tx:
                 page = LineageQuery(after=self._cursor, limit=budget)
-                rows = [asdict(r) for r in tx.lineage_list(page)] if budget else []
+                rows = [structs.asdict(r) for r in tx.lineage_list(page)] if budget else []
             for row in rows:
                 self._cursor = (float(row["created_at"]), str(row["trace_id"]))
                 if not self._count(row):

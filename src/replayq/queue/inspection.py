@@ -7,10 +7,11 @@ runtime the app composed, so they live in the layer whose functions they call.
 
 from __future__ import annotations
 
-import dataclasses
 import getpass
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from msgspec import structs
 
 from replayq.model import Job, StatRow, TraceEvent
 from replayq.queue.actions import cancel_job, requeue_job
@@ -79,9 +80,7 @@ class JobsFacade:
         """Open jobs by queue, type, version and state, with the oldest ready job's ``run_at``
         (``oldest_ready``) and the oldest running lease (``oldest_leased``)."""
         with self.runtime.storage.transaction(readonly=True) as tx:
-            return [
-                dataclasses.asdict(row) for row in tx.report(JobGauges(self.runtime.clock.now()))
-            ]
+            return [structs.asdict(row) for row in tx.report(JobGauges(self.runtime.clock.now()))]
 
     def trace(self, job_id: int) -> list[TraceEvent]:
         """Every event of a job, ordered by the hybrid logical clock."""

@@ -9,9 +9,10 @@ job's own trace: not replays, forks or reruns).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from msgspec import structs
 
 from replayq.model import TraceEvent
 from replayq.replay.signals import SIGNALS
@@ -75,7 +76,7 @@ def events_between(
         if len(page) < params.limit:
             return
         last = page[-1][0]
-        params = dataclasses.replace(params, after_hlc=last.hlc, after_id=last.id or 0)
+        params = structs.replace(params, after_hlc=last.hlc, after_id=last.id or 0)
 
 
 @dataclass(frozen=True)

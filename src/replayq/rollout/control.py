@@ -10,11 +10,12 @@ attempts finish where they run.
 
 from __future__ import annotations
 
-import dataclasses
 import getpass
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from msgspec import structs
 
 from replayq import codec
 from replayq.errors import RolloutRefusedError
@@ -100,7 +101,7 @@ class Rollout:
             rows = tx.rollout_query(ComparisonQuery(self.job_type, mode, limit))
         return [
             {
-                **dataclasses.asdict(row),
+                **structs.asdict(row),
                 "classes": codec.loads(row.classes),
                 "report": codec.loads(row.report),
             }

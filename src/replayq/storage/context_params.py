@@ -8,11 +8,10 @@ readers. Imports: the foundations only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from msgspec import Struct
 
 
-@dataclass(frozen=True, slots=True)
-class EntityGet:
+class EntityGet(Struct, frozen=True):
     """One version of an entity: the head (neither filter), ``version``, or the newest
     written at or before ``at_hlc``."""
 
@@ -23,8 +22,7 @@ class EntityGet:
     at_hlc: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class EntityFilter:
+class EntityFilter(Struct, frozen=True):
     """Versions written by ``job_id`` (HLC order), or of one entity after ``after_version``."""
 
     job_id: int | None = None
@@ -34,8 +32,7 @@ class EntityFilter:
     after_version: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class BranchCreate:
+class BranchCreate(Struct, frozen=True):
     branch: str
     base_branch: str
     base_hlc: int
@@ -43,8 +40,7 @@ class BranchCreate:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class LockAcquire:
+class LockAcquire(Struct, frozen=True):
     """Take the lock if free or expired: its new fencing token and HLC, else ``None``."""
 
     resource: str
@@ -59,8 +55,7 @@ class LockAcquire:
     (``Runtime.leases_by_database``)."""
 
 
-@dataclass(frozen=True, slots=True)
-class LockRenew:
+class LockRenew(Struct, frozen=True):
     """Extend a lock ``owner_token`` holds by ``ttl`` from ``now``; ``False`` if it does not."""
 
     resource: str
@@ -70,8 +65,7 @@ class LockRenew:
     database_clock: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class LockRelease:
+class LockRelease(Struct, frozen=True):
     """Free a lock held by ``owner_token``; ``owner_token=None`` breaks it whoever holds it,
     and bumps the fencing token so the old holder's later writes are refused.
 
@@ -87,8 +81,7 @@ LockChange = LockAcquire | LockRenew | LockRelease
 """Every compare-and-set on one lock row: ``lock_transition`` answers each with its record."""
 
 
-@dataclass(frozen=True, slots=True)
-class LockFilter:
+class LockFilter(Struct, frozen=True):
     """The lock row of ``resource`` (held or not: its holder and fencing token), or, with
     no ``resource``, every lock currently held."""
 
@@ -98,8 +91,7 @@ class LockFilter:
     in the database's clock."""
 
 
-@dataclass(frozen=True, slots=True)
-class IdemClaim:
+class IdemClaim(Struct, frozen=True):
     """Claim a business key before its side effect runs; fails when the key exists."""
 
     key: str
@@ -111,8 +103,7 @@ class IdemClaim:
     attempt: int | None
 
 
-@dataclass(frozen=True, slots=True)
-class IdemTakeover:
+class IdemTakeover(Struct, frozen=True):
     """Claim again a record left ``expected_status`` by ``expected_claim``."""
 
     key: str
@@ -125,8 +116,7 @@ class IdemTakeover:
     expected_claim: str
 
 
-@dataclass(frozen=True, slots=True)
-class IdemSucceed:
+class IdemSucceed(Struct, frozen=True):
     key: str
     claim_token: str
     result: str | None
@@ -134,24 +124,21 @@ class IdemSucceed:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class IdemFail:
+class IdemFail(Struct, frozen=True):
     key: str
     claim_token: str
     error: str
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class IdemCompensate:
+class IdemCompensate(Struct, frozen=True):
     """A ``succeeded`` record whose effect was reversed (rollback)."""
 
     key: str
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class IdemResolve:
+class IdemResolve(Struct, frozen=True):
     """Settle an in-doubt record: compare-and-set on ``status = 'started'`` and its claim."""
 
     key: str
@@ -166,8 +153,7 @@ IdemChange = IdemClaim | IdemTakeover | IdemSucceed | IdemFail | IdemCompensate 
 """Every write of an idempotency record: ``idem_transition`` returns whether it applied."""
 
 
-@dataclass(frozen=True, slots=True)
-class IdemFilter:
+class IdemFilter(Struct, frozen=True):
     """Effect records by ``key``, by ``job_id`` (oldest first), or newest first by
     ``operation``; ``in_doubt``: only ``started`` by an attempt that no longer runs."""
 
@@ -178,8 +164,7 @@ class IdemFilter:
     limit: int = 100
 
 
-@dataclass(frozen=True, slots=True)
-class CachePut:
+class CachePut(Struct, frozen=True):
     key: str
     base_key: str
     value: str
@@ -190,8 +175,7 @@ class CachePut:
     expires_at: float | None
 
 
-@dataclass(frozen=True, slots=True)
-class CacheLookup:
+class CacheLookup(Struct, frozen=True):
     """An unexpired entry by ``key``, or the newest one of ``base_key``."""
 
     now: float
@@ -199,8 +183,7 @@ class CacheLookup:
     base_key: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class CacheDelete:
+class CacheDelete(Struct, frozen=True):
     """Drop the entries of ``base_key``, or those derived from entity ``namespace``/``key``."""
 
     base_key: str | None = None
@@ -212,8 +195,7 @@ CacheChange = CachePut | CacheDelete
 """Every write of the cache table (``cache_update``)."""
 
 
-@dataclass(frozen=True, slots=True)
-class OutboxInsert:
+class OutboxInsert(Struct, frozen=True):
     event_id: str
     topic: str
     payload: str
@@ -222,8 +204,7 @@ class OutboxInsert:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class OutboxMark:
+class OutboxMark(Struct, frozen=True):
     """A claimed row published (``error is None``) or failed with ``error``."""
 
     row_id: int
@@ -236,8 +217,7 @@ OutboxChange = OutboxInsert | OutboxMark
 whose ``event_id`` exists writes nothing)."""
 
 
-@dataclass(frozen=True, slots=True)
-class OutboxClaim:
+class OutboxClaim(Struct, frozen=True):
     """Claim up to ``limit`` unpublished rows for ``claim_seconds`` (the relay's batch)."""
 
     now: float
@@ -245,8 +225,7 @@ class OutboxClaim:
     limit: int
 
 
-@dataclass(frozen=True, slots=True)
-class StepComplete:
+class StepComplete(Struct, frozen=True):
     """A step of a job committed at position ``step_key`` with its result (the step
     ledger, ``rq_steps``): ``result`` is its JSON text, or ``None`` and ``result_ref``
     names the blob holding it."""
@@ -261,8 +240,7 @@ class StepComplete:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class TraceFence:
+class TraceFence(Struct, frozen=True):
     """The lease that must still be held for ``trace_append`` to write: the events go in
     only if ``owner_token`` holds job ``job_id``'s lease, checked in the statement that
     writes them (the fence of a step's commit, an effect's claim and result)."""
@@ -271,8 +249,7 @@ class TraceFence:
     owner_token: str
 
 
-@dataclass(frozen=True, slots=True)
-class BlobPut:
+class BlobPut(Struct, frozen=True):
     hash: str
     codec: str
     size: int
@@ -281,8 +258,7 @@ class BlobPut:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class LineagePut:
+class LineagePut(Struct, frozen=True):
     trace_id: str
     origin: str
     source_trace_id: str
@@ -292,8 +268,7 @@ class LineagePut:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class LineageQuery:
+class LineageQuery(Struct, frozen=True):
     """Where ``trace_id`` came from, every trace derived from ``source_trace_id``, or (with
     ``after``, a ``(created_at, trace_id)`` cursor) the next ``limit`` derived traces,
     oldest first. With none of them: every derived trace."""
@@ -304,8 +279,7 @@ class LineageQuery:
     limit: int = 1000
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduleRegister:
+class ScheduleRegister(Struct, frozen=True):
     """Store a periodic job's declaration; a new one is anchored at ``now``."""
 
     name: str
@@ -317,8 +291,7 @@ class ScheduleRegister:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduleAdvance:
+class ScheduleAdvance(Struct, frozen=True):
     """Compare-and-set of a schedule's anchor (the newest decided slot)."""
 
     name: str
@@ -328,8 +301,7 @@ class ScheduleAdvance:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduleMade:
+class ScheduleMade(Struct, frozen=True):
     """Note the newest slot a schedule enqueued and the job it made."""
 
     name: str

@@ -10,9 +10,10 @@ A mixin over ``SqlTransaction``'s plumbing (``execute``, ``fetchone``, ``fetchal
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
+
+from msgspec import Struct
 
 from replayq.storage.context_params import (
     BlobPut,
@@ -61,9 +62,7 @@ from replayq.storage.records import (
 from replayq.storage.sql_statements import SqlStatements
 
 Row = dict[str, Any]
-R = TypeVar("R")
-
-_FIELDS: dict[type[Any], tuple[str, ...]] = {}
+R = TypeVar("R", bound=Struct)
 
 
 def record(cls: type[R], row: Mapping[str, Any]) -> R:
@@ -71,18 +70,12 @@ def record(cls: type[R], row: Mapping[str, Any]) -> R:
 
     A field with a default may be absent from the row (``IdemRecord.in_doubt``).
     """
-    names = _FIELDS.get(cls)
-    if names is None:
-        names = _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))  # type: ignore[arg-type]
-    return cls(**{name: row[name] for name in names if name in row})
+    return cls(**{name: row[name] for name in cls.__struct_fields__ if name in row})
 
 
-def query_params(obj: Any) -> dict[str, Any]:
-    """A parameter dataclass as the named parameters of its query."""
-    names = _FIELDS.get(type(obj))
-    if names is None:
-        names = _FIELDS[type(obj)] = tuple(f.name for f in dataclasses.fields(obj))
-    return {name: getattr(obj, name) for name in names}
+def query_params(obj: Struct) -> dict[str, Any]:
+    """A parameter struct as the named parameters of its query."""
+    return {name: getattr(obj, name) for name in obj.__struct_fields__}
 
 
 # Which named query each compare-and-set runs; ``True`` when it answers with a row.

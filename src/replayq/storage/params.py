@@ -10,13 +10,13 @@ Imports: the foundations only.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 from replayq.model import TraceEvent
 
 
-@dataclass(frozen=True, slots=True)
-class JobInsert:
+class JobInsert(Struct, frozen=True):
     job_type: str
     queue: str
     payload_json: str
@@ -37,8 +37,7 @@ class JobInsert:
     trace_context: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class JobLease:
+class JobLease(Struct, frozen=True):
     """Claim up to ``limit`` jobs; each gets the lease (and handler version) of its type.
 
     ``now`` decides which jobs are due (``run_at``). The lease itself (``leased_at``,
@@ -67,8 +66,7 @@ class JobLease:
     collision_aborts: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class LeasesExtend:
+class LeasesExtend(Struct, frozen=True):
     """One heartbeat for every lease a worker holds, in one statement: each lease ends
     its own ``seconds`` after ``now`` (after the database's own now with
     ``database_clock``). ``lease_extend`` answers the ids of the leases still held;
@@ -80,8 +78,7 @@ class LeasesExtend:
     database_clock: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class JobsComplete:
+class JobsComplete(Struct, frozen=True):
     """Successes acked together (``jobs_complete``): each ``(job id, owner token, result
     JSON, hlc)`` row succeeds while its owner token holds the job; all finish at ``now``."""
 
@@ -89,8 +86,7 @@ class JobsComplete:
     jobs: Sequence[tuple[int, str, str | None, int]]
 
 
-@dataclass(frozen=True, slots=True)
-class JobRetry:
+class JobRetry(Struct, frozen=True):
     job_id: int
     owner_token: str
     now: float
@@ -100,8 +96,7 @@ class JobRetry:
     hlc: int
 
 
-@dataclass(frozen=True, slots=True)
-class JobBury:
+class JobBury(Struct, frozen=True):
     """Move a running job to ``dead`` (CAS on its owner); ``owner_token=None``: a queued one."""
 
     job_id: int
@@ -113,8 +108,7 @@ class JobBury:
     hlc: int
 
 
-@dataclass(frozen=True, slots=True)
-class JobFilter:
+class JobFilter(Struct, frozen=True):
     states: Sequence[str] | None = None
     job_type: str | None = None
     origin: str | None = "production"
@@ -125,15 +119,13 @@ class JobFilter:
     before: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class CancelRequested:
+class CancelRequested(Struct, frozen=True):
     """The running jobs of ``worker_id`` that were asked to stop (its heartbeat's question)."""
 
     worker_id: str
 
 
-@dataclass(frozen=True, slots=True)
-class LeasesExpired:
+class LeasesExpired(Struct, frozen=True):
     """Running jobs whose lease ended before ``now``, soonest expired first, as they are
     before the reaper re-queues them (PostgreSQL skips rows another transaction holds).
 
@@ -150,8 +142,7 @@ JobQuery = JobFilter | CancelRequested | LeasesExpired
 """What ``job_list`` reads; each kind has its own index-backed query."""
 
 
-@dataclass(frozen=True, slots=True)
-class JobMatch:
+class JobMatch(Struct, frozen=True):
     """The filters of a bulk action (``replayq jobs requeue|cancel|dry-run``); ``None``: any.
 
     ``since``/``until`` bound when a job settled, or when it was enqueued if it is open.
@@ -167,8 +158,7 @@ class JobMatch:
     limit: int = 10_000
 
 
-@dataclass(frozen=True, slots=True)
-class TraceWindow:
+class TraceWindow(Struct, frozen=True):
     """Events of production jobs with ``since_hlc <= hlc < until_hlc``, after a cursor.
 
     ``resource`` is a prefix; ``None`` filters nothing. Pages follow ``(after_hlc, after_id)``.
@@ -185,8 +175,7 @@ class TraceWindow:
     limit: int = 1000
 
 
-@dataclass(frozen=True, slots=True)
-class MigrationStatus:
+class MigrationStatus(Struct, frozen=True):
     version: int
     name: str
     applied_at: float | None
@@ -195,8 +184,7 @@ class MigrationStatus:
 # -- parameters of the queue's transitions (one verb: ``job_transition``) ----------------------
 
 
-@dataclass(frozen=True, slots=True)
-class JobCancel:
+class JobCancel(Struct, frozen=True):
     """Cancel a job that is still ``queued`` (a running one is asked: ``JobCancelRequest``)."""
 
     job_id: int
@@ -204,8 +192,7 @@ class JobCancel:
     hlc: int
 
 
-@dataclass(frozen=True, slots=True)
-class JobCancelRequest:
+class JobCancelRequest(Struct, frozen=True):
     """Ask a running job to stop; fails if it is not running (or was already asked)."""
 
     job_id: int
@@ -213,8 +200,7 @@ class JobCancelRequest:
     hlc: int
 
 
-@dataclass(frozen=True, slots=True)
-class JobCancelRunning:
+class JobCancelRunning(Struct, frozen=True):
     """End a running job that was asked to stop as ``cancelled`` (CAS on the owner)."""
 
     job_id: int
@@ -223,8 +209,7 @@ class JobCancelRunning:
     hlc: int
 
 
-@dataclass(frozen=True, slots=True)
-class JobReleaseRunning:
+class JobReleaseRunning(Struct, frozen=True):
     """Give a running job that was asked to stop back to the queue on ``to_version``.
 
     The release of ``rollout rollback --release-inflight``: a CAS on the owner, the
@@ -238,8 +223,7 @@ class JobReleaseRunning:
     hlc: int
 
 
-@dataclass(frozen=True, slots=True)
-class JobRequeue:
+class JobRequeue(Struct, frozen=True):
     """Move a ``dead`` job back to ``queued`` with a fresh attempt budget.
 
     Its version is ``to_version``, or chosen afresh at its next lease when ``None``.
@@ -252,8 +236,7 @@ class JobRequeue:
     to_version: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class LeaseRelease:
+class LeaseRelease(Struct, frozen=True):
     """Give a running job back to the queue (shutdown): one more attempt in its budget.
 
     The attempt number is kept, so the next run is a new attempt whose events never
@@ -270,8 +253,7 @@ class LeaseRelease:
     started: bool = True
 
 
-@dataclass(frozen=True, slots=True)
-class JobRedeliver:
+class JobRedeliver(Struct, frozen=True):
     """Re-queue a job whose lease expired; compare-and-set on the expired owner token."""
 
     job_id: int
@@ -280,8 +262,7 @@ class JobRedeliver:
     hlc: int
 
 
-@dataclass(frozen=True, slots=True)
-class JobRoute:
+class JobRoute(Struct, frozen=True):
     """Set the version of a running job this owner holds: leased without one, or with one
     its routing no longer names (the worker decides; the row is a CAS on the owner)."""
 
@@ -290,8 +271,7 @@ class JobRoute:
     version: str
 
 
-@dataclass(frozen=True, slots=True)
-class JobSetRecorded:
+class JobSetRecorded(Struct, frozen=True):
     """Mark an imported regression-case job as it was recorded."""
 
     job_id: int
@@ -316,8 +296,7 @@ JobChange = (
 """Every compare-and-set on one job row: ``job_transition`` returns whether it applied."""
 
 
-@dataclass(frozen=True, slots=True)
-class JobReroute:
+class JobReroute(Struct, frozen=True):
     """Move the queued jobs of a type from one version to another: the one change of many
     job rows, so ``job_transition`` answers it with how many moved, not a ``bool``."""
 
@@ -326,8 +305,7 @@ class JobReroute:
     to_version: str
 
 
-@dataclass(frozen=True, slots=True)
-class TraceQuery:
+class TraceQuery(Struct, frozen=True):
     """Which events ``trace_query`` reads: exactly one of the three filters is set.
 
     ``job_id``: the job's events in HLC order; ``trace_id``: one trace's events;
@@ -340,16 +318,14 @@ class TraceQuery:
     resource: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class TraceJobs:
+class TraceJobs(Struct, frozen=True):
     """Several jobs' events, all in one query (a bulk dry-run's batch): one ``JobTrace``
     per job that has events, in no particular order of jobs."""
 
     job_ids: Sequence[int]
 
 
-@dataclass(frozen=True, slots=True)
-class JobTrace:
+class JobTrace(Struct, frozen=True):
     """One job's events as ``trace_query(TraceJobs(...))`` returns them: in HLC order."""
 
     job_id: int
@@ -363,37 +339,32 @@ TraceRead = TraceQuery | TraceJobs | TraceWindow
 # -- parameters of the rollout verbs (``rollout_query``, ``rollout_update``) ----------------------
 
 
-@dataclass(frozen=True, slots=True)
-class ContractQuery:
+class ContractQuery(Struct, frozen=True):
     """Stored contracts, of one type (and one version of it) when given."""
 
     job_type: str | None = None
     version: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ActiveVersion:
+class ActiveVersion(Struct, frozen=True):
     """The version new jobs of ``job_type`` run under (``ContractActivate``), if any."""
 
     job_type: str
 
 
-@dataclass(frozen=True, slots=True)
-class RoutingQuery:
+class RoutingQuery(Struct, frozen=True):
     """Every type's routing record, or the one of ``job_type`` (if it has one)."""
 
     job_type: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class RoutingHistory:
+class RoutingHistory(Struct, frozen=True):
     """Every change of the type's routing, oldest first, with actor and reason."""
 
     job_type: str
 
 
-@dataclass(frozen=True, slots=True)
-class ComparisonQuery:
+class ComparisonQuery(Struct, frozen=True):
     """The newest ``limit`` comparisons of a type, of one ``mode`` when given."""
 
     job_type: str
@@ -405,8 +376,7 @@ RolloutQuery = ContractQuery | ActiveVersion | RoutingQuery | RoutingHistory | C
 """What ``rollout_query`` reads; each kind answers with its own record (see its overloads)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ContractPut:
+class ContractPut(Struct, frozen=True):
     """Store (or replace) the contract of one version of a type."""
 
     job_type: str
@@ -415,8 +385,7 @@ class ContractPut:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class ContractActivate:
+class ContractActivate(Struct, frozen=True):
     """Record ``version`` as the one new jobs of ``job_type`` run under."""
 
     job_type: str
@@ -424,8 +393,7 @@ class ContractActivate:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class RoutingPut:
+class RoutingPut(Struct, frozen=True):
     """Write a job type's routing record: compare-and-set on the revision the caller read.
 
     ``expected_revision=0`` creates the record. The change is appended to the type's
@@ -441,8 +409,7 @@ class RoutingPut:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class ComparisonPut:
+class ComparisonPut(Struct, frozen=True):
     """One shadow or dual-run comparison of a job under a candidate version."""
 
     job_type: str

@@ -5,11 +5,10 @@ Imports: the foundations only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from msgspec import Struct
 
 
-@dataclass(frozen=True, slots=True)
-class JobGauge:
+class JobGauge(Struct, frozen=True):
     """Open production jobs of one queue, type, version and state (``replayq metrics``)."""
 
     queue: str
@@ -21,8 +20,7 @@ class JobGauge:
     oldest_leased: float | None
 
 
-@dataclass(frozen=True, slots=True)
-class OrderBreak:
+class OrderBreak(Struct, frozen=True):
     """Production jobs of one queue, type and version run (or waiting) after an earlier job
     of their ordering key died or was cancelled (``replayq_jobs_out_of_order``)."""
 
@@ -32,8 +30,7 @@ class OrderBreak:
     count: int
 
 
-@dataclass(frozen=True, slots=True)
-class SignalBucket:
+class SignalBucket(Struct, frozen=True):
     """How many events of ``name`` fell in one time bucket for a type and version."""
 
     bucket_ms: int
@@ -43,8 +40,7 @@ class SignalBucket:
     count: int
 
 
-@dataclass(frozen=True, slots=True)
-class VersionOutcome:
+class VersionOutcome(Struct, frozen=True):
     """An attempt's end, a decision or an incident of a job, with the version that ran it."""
 
     job_id: int
@@ -57,24 +53,21 @@ class VersionOutcome:
     stale: bool | None
 
 
-@dataclass(frozen=True, slots=True)
-class ContractRecord:
+class ContractRecord(Struct, frozen=True):
     job_type: str
     version: str
     body: str
     registered_at: float
 
 
-@dataclass(frozen=True, slots=True)
-class RoutingRecord:
+class RoutingRecord(Struct, frozen=True):
     job_type: str
     body: str
     revision: int
     updated_at: float
 
 
-@dataclass(frozen=True, slots=True)
-class RoutingEvent:
+class RoutingEvent(Struct, frozen=True):
     id: int
     job_type: str
     revision: int
@@ -85,8 +78,7 @@ class RoutingEvent:
     ts: float
 
 
-@dataclass(frozen=True, slots=True)
-class Comparison:
+class Comparison(Struct, frozen=True):
     id: int
     job_type: str
     job_id: int
@@ -99,8 +91,7 @@ class Comparison:
     ts: float
 
 
-@dataclass(frozen=True, slots=True)
-class EntityRecord:
+class EntityRecord(Struct, frozen=True):
     """One copy-on-write version of an entity; also what ``entity_put`` writes."""
 
     branch: str
@@ -119,8 +110,7 @@ class EntityRecord:
     hlc: int
 
 
-@dataclass(frozen=True, slots=True)
-class Branch:
+class Branch(Struct, frozen=True):
     branch: str
     base_branch: str
     base_hlc: int
@@ -128,8 +118,7 @@ class Branch:
     created_at: float
 
 
-@dataclass(frozen=True, slots=True)
-class Lock:
+class Lock(Struct, frozen=True):
     """A lock row; ``owner_token is None`` when nobody holds it."""
 
     resource: str
@@ -144,14 +133,12 @@ class Lock:
     """Held past ``expires_at`` (read by resource only: ``LockFilter(resource=...)``)."""
 
 
-@dataclass(frozen=True, slots=True)
-class LockGrant:
+class LockGrant(Struct, frozen=True):
     fencing_token: int
     hlc: int
 
 
-@dataclass(frozen=True, slots=True)
-class IdemRecord:
+class IdemRecord(Struct, frozen=True):
     """An idempotency record. ``in_doubt`` is computed by ``idem_list`` only."""
 
     key: str
@@ -169,8 +156,7 @@ class IdemRecord:
     in_doubt: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class CacheRecord:
+class CacheRecord(Struct, frozen=True):
     key: str
     base_key: str
     value: str
@@ -181,8 +167,7 @@ class CacheRecord:
     expires_at: float | None
 
 
-@dataclass(frozen=True, slots=True)
-class OutboxRecord:
+class OutboxRecord(Struct, frozen=True):
     id: int
     event_id: str
     topic: str
@@ -196,14 +181,12 @@ class OutboxRecord:
     last_error: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class OutboxBacklog:
+class OutboxBacklog(Struct, frozen=True):
     pending: int
     oldest: float | None
 
 
-@dataclass(frozen=True, slots=True)
-class StepRecord:
+class StepRecord(Struct, frozen=True):
     """A step of a job that committed (the step ledger), with the result it returned."""
 
     job_id: int
@@ -216,14 +199,12 @@ class StepRecord:
     completed_at: float
 
 
-@dataclass(frozen=True, slots=True)
-class Blob:
+class Blob(Struct, frozen=True):
     codec: str
     body: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class LineageRecord:
+class LineageRecord(Struct, frozen=True):
     trace_id: str
     origin: str
     source_trace_id: str
@@ -233,16 +214,14 @@ class LineageRecord:
     created_at: float
 
 
-@dataclass(frozen=True, slots=True)
-class GcCandidate:
+class GcCandidate(Struct, frozen=True):
     job_id: int
     job_type: str
     version: str | None
     finished_at: float
 
 
-@dataclass(frozen=True, slots=True)
-class DerivedCandidate:
+class DerivedCandidate(Struct, frozen=True):
     """A derived trace gc may collect, with the type and version of the job it came from
     (``None``: that job is gone)."""
 
@@ -254,14 +233,12 @@ class DerivedCandidate:
     created_at: float
 
 
-@dataclass(frozen=True, slots=True)
-class BlobCandidate:
+class BlobCandidate(Struct, frozen=True):
     hash: str
     stored_size: int
 
 
-@dataclass(frozen=True, slots=True)
-class JobHour:
+class JobHour(Struct, frozen=True):
     """The aggregates tier: deleted jobs of one type, version, hour and final state."""
 
     job_type: str
@@ -272,15 +249,13 @@ class JobHour:
     attempts: int
 
 
-@dataclass(frozen=True, slots=True)
-class KeepRecord:
+class KeepRecord(Struct, frozen=True):
     job_id: int
     reason: str
     kept_at: float
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduleRecord:
+class ScheduleRecord(Struct, frozen=True):
     name: str
     cron: str
     job_type: str

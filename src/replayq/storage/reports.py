@@ -21,70 +21,62 @@ Imports: the foundations and ``params`` only.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from replayq.storage.params import JobFilter
 
 
-@dataclass(frozen=True, slots=True)
-class JobStats:
+class JobStats(Struct, frozen=True):
     """Jobs counted by type and state, with the oldest ``run_at`` of each group."""
 
 
-@dataclass(frozen=True, slots=True)
-class JobCount:
+class JobCount(Struct, frozen=True):
     """How many jobs match ``filter`` (its ``limit`` and ``before`` are ignored)."""
 
     filter: JobFilter
 
 
-@dataclass(frozen=True, slots=True)
-class JobGauges:
+class JobGauges(Struct, frozen=True):
     """Open jobs (queued, running, dead) counted by queue, type, version and state."""
 
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class JobsScheduled:
+class JobsScheduled(Struct, frozen=True):
     """Queued jobs not due yet (delayed or backing off): ``(count, first run_at)``."""
 
     now: float
     queues: Sequence[str] | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class JobDurations:
+class JobDurations(Struct, frozen=True):
     """How long each finished attempt of a type (and version) ran, in seconds."""
 
     job_type: str
     version: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class OutOfOrder:
+class OutOfOrder(Struct, frozen=True):
     """Jobs run (or waiting) after an earlier job of their ordering key died or was
     cancelled, counted by ``queue``, ``job_type`` and ``version``."""
 
 
-@dataclass(frozen=True, slots=True)
-class VersionOutcomes:
+class VersionOutcomes(Struct, frozen=True):
     """Attempt ends, decisions and incidents of a type since ``since``, with the version."""
 
     job_type: str
     since: float
 
 
-@dataclass(frozen=True, slots=True)
-class SignalCounts:
+class SignalCounts(Struct, frozen=True):
     """``(job type, event name, count)`` of production jobs' events since ``since``."""
 
     names: Sequence[str]
     since: float
 
 
-@dataclass(frozen=True, slots=True)
-class SignalSeries:
+class SignalSeries(Struct, frozen=True):
     """Counts of the named events per time bucket, job type, version and name."""
 
     names: Sequence[str]
@@ -93,8 +85,7 @@ class SignalSeries:
     bucket_ms: int
 
 
-@dataclass(frozen=True, slots=True)
-class OutboxPending:
+class OutboxPending(Struct, frozen=True):
     """Unpublished outbox rows: how many, and when the oldest was written."""
 
 

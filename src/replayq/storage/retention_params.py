@@ -6,13 +6,13 @@ Imports: the foundations only.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+
+from msgspec import Struct, field
 
 from replayq.model import TraceEvent
 
 
-@dataclass(frozen=True, slots=True)
-class KeepPin:
+class KeepPin(Struct, frozen=True):
     """Pin a job: gc never collects it (``replayq keep JOB --reason``)."""
 
     job_id: int
@@ -20,8 +20,7 @@ class KeepPin:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class KeepHold:
+class KeepHold(Struct, frozen=True):
     """A live fork, dry-run or verification holds the job it runs from until it releases
     the hold or ``expires_at``: gc neither trims nor deletes the job, nor collects its
     derived traces, meanwhile. Applies (``True``) only if the job exists."""
@@ -31,8 +30,7 @@ class KeepHold:
     expires_at: float
 
 
-@dataclass(frozen=True, slots=True)
-class KeepRelease:
+class KeepRelease(Struct, frozen=True):
     holder: str
 
 
@@ -40,13 +38,11 @@ KeepChange = KeepPin | KeepHold | KeepRelease
 """Every write of a pin or a hold: ``keep_transition`` returns whether it applied."""
 
 
-@dataclass(frozen=True, slots=True)
-class KeptJobs:
+class KeptJobs(Struct, frozen=True):
     """The pinned jobs (``KeepRecord``), by id."""
 
 
-@dataclass(frozen=True, slots=True)
-class GcScan:
+class GcScan(Struct, frozen=True):
     """Finished jobs past ``cutoff`` with an id above ``after`` and at most ``until``, at
     most ``limit`` of them (``GcCandidate``): never a pinned one, nor one held at ``now``,
     nor one a derived trace came from on or after ``cutoff``. The id window keeps the
@@ -59,27 +55,23 @@ class GcScan:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class GcCursor:
+class GcCursor(Struct, frozen=True):
     """The last job id the gc pass ``name`` finished with (0: from the start)."""
 
     name: str
 
 
-@dataclass(frozen=True, slots=True)
-class GcHighestId:
+class GcHighestId(Struct, frozen=True):
     """The highest job id there is (0: none): where a gc pass's walk ends."""
 
 
-@dataclass(frozen=True, slots=True)
-class JobHours:
+class JobHours(Struct, frozen=True):
     """The aggregates of the jobs gc deleted (``JobHour``), oldest hour first."""
 
     job_type: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class DerivedScan:
+class DerivedScan(Struct, frozen=True):
     """Derived traces (replays, forks, verifications) created before ``cutoff``, after the
     ``(created_at, trace_id)`` cursor, at most ``limit`` (``DerivedCandidate``): never one
     whose source job is pinned or held at ``now``."""
@@ -90,8 +82,7 @@ class DerivedScan:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class BlobScan:
+class BlobScan(Struct, frozen=True):
     """Blobs nobody stored since ``before`` that no trace event, state version, step or
     idempotency record references, by hash above ``after``, at most ``limit``
     (``BlobCandidate``)."""
@@ -105,8 +96,7 @@ GcQuery = KeptJobs | GcScan | GcCursor | GcHighestId | JobHours | DerivedScan | 
 """Every question gc asks: ``gc_scan`` answers each with its records (a cursor: an int)."""
 
 
-@dataclass(frozen=True, slots=True)
-class TraceTrim:
+class TraceTrim(Struct, frozen=True):
     """Rewrite these jobs' trace packs with what ``keep`` returns of each job's events (a
     subset, an event possibly with other data; a pack left empty is deleted, with its
     resource index entries). A job is skipped when it is not finished any more, pinned, held
@@ -124,8 +114,7 @@ class TraceTrim:
     expires_at: Mapping[int, float] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True)
-class JobPurge:
+class JobPurge(Struct, frozen=True):
     """Count these jobs into their hours (``JobHours``), then delete them: their rows, their
     full-tier trace packs and index entries, their steps (ledger-tier packs in a day
     partition go with the partition: ``LedgerDrop``); a job is skipped as ``TraceTrim``
@@ -135,22 +124,19 @@ class JobPurge:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class IdemPurge:
+class IdemPurge(Struct, frozen=True):
     """Forget these jobs' settled idempotency records (an in-flight claim stays)."""
 
     job_ids: Sequence[int]
 
 
-@dataclass(frozen=True, slots=True)
-class MessageIdForget:
+class MessageIdForget(Struct, frozen=True):
     """Forget these finished jobs' message ids: the same message id makes a new job again."""
 
     job_ids: Sequence[int]
 
 
-@dataclass(frozen=True, slots=True)
-class LedgerPartitions:
+class LedgerPartitions(Struct, frozen=True):
     """Make sure a ledger partition exists for the day of each of these expiry times (its
     own short transaction: creating a partition locks the partitioned table). Returns the
     partitions made (0 on a backend without them)."""
@@ -158,8 +144,7 @@ class LedgerPartitions:
     expires_at: Sequence[float]
 
 
-@dataclass(frozen=True, slots=True)
-class LedgerDrop:
+class LedgerDrop(Struct, frozen=True):
     """Drop each ledger partition whose day ended before ``now`` and whose jobs are all
     deleted (a pinned job's packs were moved out by ``KeepPin``; a held job is not deleted).
     Returns the partitions dropped (0 on a backend without them)."""
@@ -167,8 +152,7 @@ class LedgerDrop:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class DerivedPurge:
+class DerivedPurge(Struct, frozen=True):
     """Delete a derived trace: its packs and their index entries, its branch's state
     versions, the branch and the lineage row; nothing if its source job is held at ``now``."""
 
@@ -176,23 +160,20 @@ class DerivedPurge:
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class BlobPurge:
+class BlobPurge(Struct, frozen=True):
     """Delete these blobs, each only if nobody stored it since ``before``."""
 
     hashes: Sequence[str]
     before: float
 
 
-@dataclass(frozen=True, slots=True)
-class GcCursorPut:
+class GcCursorPut(Struct, frozen=True):
     name: str
     cursor: int
     now: float
 
 
-@dataclass(frozen=True, slots=True)
-class GcVacuum:
+class GcVacuum(Struct, frozen=True):
     """Give freed pages back (SQLite incremental vacuum; nothing on PostgreSQL)."""
 
 

@@ -6,12 +6,13 @@ transaction committed: a rolled-back lease holds nothing.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
+
+from msgspec import structs
 
 from replayq.model import Job, TraceEvent
 from replayq.queue import lifecycle as trace
@@ -103,10 +104,10 @@ class Leasing(WorkerCore):
         registry = self.runtime.registry
         others = [t for t in (*registry.job_types(), *registry.system_types()) if t not in fixed]
         first = params.limit - ahead
-        now = tx.job_lease(dataclasses.replace(params, limit=first)) if first > 0 else []
+        now = tx.job_lease(structs.replace(params, limit=first)) if first > 0 else []
         if not others or len(now) < first:  # the queue has no more ready jobs
             return now
-        return now + tx.job_lease(dataclasses.replace(params, limit=ahead, job_types=others))
+        return now + tx.job_lease(structs.replace(params, limit=ahead, job_types=others))
 
     def _lease_in(
         self,

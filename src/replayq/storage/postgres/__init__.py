@@ -80,7 +80,6 @@ Known limits, up front:
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import math
@@ -234,7 +233,7 @@ def storage_error(what: str, exc: psycopg.Error, *, read_only_asked: bool = Fals
     return StorageError(f"{what}: {exc}")
 
 
-_JOB_INSERT_FIELDS = tuple(f.name for f in dataclasses.fields(JobInsert))
+_JOB_INSERT_FIELDS = JobInsert.__struct_fields__
 # The columns of a pack row (``packs.pack_row``) besides its job id, which the insert gives.
 _PACK_FIELDS = ("trace_id", "attempt", "worker_id", "hlc", "hlc_last", "ts", "events")
 # The column types of job_enqueue_copy and trace_pack_copy (binary COPY sends no names).
