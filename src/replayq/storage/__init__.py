@@ -4,7 +4,7 @@
 
     storage/
     ├── protocol.py         Storage, Transaction (the verbs); Listener, an optional capability
-    ├── params.py           the frozen parameter dataclasses of the queue, trace and
+    ├── params.py           the frozen parameter structs of the queue, trace and
     │                       rollout verbs
     ├── context_params.py   those of the recording context's verbs
     ├── retention_params.py those of keep_transition, gc_scan and gc_apply
@@ -26,7 +26,7 @@
     ├── reconnect.py        backoff while the database is unreachable
     └── cache.py            where ``ctx.cache`` keeps entries: this database, or Redis
 
-The verbs, by noun (``Transaction``; each takes a parameter dataclass or a few
+The verbs, by noun (``Transaction``; each takes a parameter struct or a few
 scalars and returns records, never a mapping). A verb of many kinds takes a union
 and has one ``@overload`` per kind, so each answer keeps its own type::
 

@@ -1,4 +1,4 @@
-"""The parameters the storage verbs take: one frozen dataclass per question or change.
+"""The parameters the storage verbs take: one frozen struct per question or change.
 
 A verb that changes one job takes one of the ``JobChange`` union (``job_transition``);
 a reader of many kinds takes one of a union of queries (``JobQuery``, ``TraceRead``,

@@ -1,4 +1,4 @@
-"""The storage seam: a small protocol with noun-first verbs taking parameter dataclasses.
+"""The storage seam: a small protocol with noun-first verbs taking parameter structs.
 
 Domain code (queue, worker, context, replay) talks to a ``Storage`` and the
 ``Transaction`` objects it hands out; it never sees a driver. Every verb that

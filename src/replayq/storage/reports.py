@@ -1,4 +1,4 @@
-"""The questions ``Transaction.report`` answers: one frozen dataclass per report.
+"""The questions ``Transaction.report`` answers: one frozen struct per report.
 
 Each report is a read of many rows summed up for an operator (``replayq stats``,
 ``replayq metrics``, rollout gates, signals); each answers with its own record,
