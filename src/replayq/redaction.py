@@ -367,6 +367,20 @@ class Redactor:
         redacted = self._walk(value, 0)
         return redacted, (text if redacted is value else dumps(redacted))
 
+    def encoded_keyed(
+        self, value: Any, dumps_keyed: Callable[[Any], tuple[str, set[Any] | None]]
+    ) -> tuple[Any, str]:
+        """``encoded`` with ``codec.dumps_keyed``: the value's keys come from the walk that
+        encodes it (``keys_of`` only where that walk cannot tell them), so a value is
+        walked once for its types and keys, not twice."""
+        text, keys = dumps_keyed(value)
+        if keys is None and (self.names or self.globs):
+            keys = keys_of(value)
+        if self.clean_text(text, keys):
+            return value, text
+        redacted = self._walk(value, 0)
+        return redacted, (text if redacted is value else dumps_keyed(redacted)[0])
+
     def _walk(self, value: Any, depth: int) -> Any:
         kind = type(value)
         if kind is str:
