@@ -269,7 +269,9 @@ def _fast_text(value: Any) -> str | None:
         raw = orjson.dumps(value, option=_FAST_OPTIONS)
     except TypeError:  # orjson.JSONEncodeError
         return None
-    if (b"e-" in raw or b"0.0000" in raw) and _TINY_FLOAT.search(raw):
+    # ``find``, not ``in``: ``bytes in bytes`` first tries the operand as an integer (a
+    # byte value) and formats and clears a TypeError each time (~2,500 instructions).
+    if (raw.find(b"e-") != -1 or raw.find(b"0.0000") != -1) and _TINY_FLOAT.search(raw):
         return None
     return raw.decode()
 
