@@ -174,18 +174,20 @@ _DICT = frozenset((dict,))
 
 
 def _plain(value: Any, depth: int = 0) -> bool:
-    """Whether ``value`` is made of exact JSON types only (``dict`` with ``str`` keys,
-    ``list``, ``tuple``, ``str``, ``int``, ``float``, ``bool``, ``None``), at most
-    ``MAX_DEPTH`` deep: a value whose text orjson writes as the standard encoder does
-    (floats aside: ``_fast_text``). Anything else (a subclass, a UUID, an enum member, a
-    non-string key) goes to the standard path, which writes or refuses it as it always
-    did. Containers are judged by C-level passes over their types, as in ``_shape_valid``."""
+    """Whether ``value`` is made of exact JSON types only (``dict``, ``list``, ``tuple``,
+    ``str``, ``int``, ``float``, ``bool``, ``None``), at most ``MAX_DEPTH`` deep: a value
+    whose text orjson writes as the standard encoder does (floats aside: ``_fast_text``).
+    Anything else (a subclass, a UUID, an enum member) goes to the standard path, which
+    writes or refuses it as it always did. Containers are judged by C-level passes over
+    their types, as in ``_shape_valid``.
+
+    Object keys are not looked at: orjson refuses every key that is not exactly a ``str``
+    (a subclass, a number: ``Dict key must be str``, tests/unit/test_codec.py), and
+    ``_fast_text`` then hands the value to the standard path, as a ``False`` here did."""
     if depth > MAX_DEPTH:
         return False
     kind = type(value)
     if kind is dict:
-        if not _KEYS.issuperset(map(type, value)):
-            return False
         items: Any = value.values()
     elif kind is list or kind is tuple:
         items = value
@@ -196,10 +198,9 @@ def _plain(value: Any, depth: int = 0) -> bool:
     if (
         depth < MAX_DEPTH
         and _DICT.issuperset(map(type, items))
-        and _KEYS.issuperset(map(type, chain.from_iterable(items)))
         and _PLAIN_LEAVES.issuperset(map(type, chain.from_iterable(map(dict.values, items))))
     ):
-        return True  # flat objects only (a response's lines): three C-level passes
+        return True  # flat objects only (a response's lines): two C-level passes
     for item in items:
         kind = type(item)
         if kind in _PLAIN_LEAVES:
@@ -207,11 +208,47 @@ def _plain(value: Any, depth: int = 0) -> bool:
         if (
             kind is dict
             and depth < MAX_DEPTH
-            and _KEYS.issuperset(map(type, item))
             and _PLAIN_LEAVES.issuperset(map(type, item.values()))
         ):
             continue  # a flat object one level down: no call of its own
         if not _plain(item, depth + 1):
+            return False
+    return True
+
+
+def _plain_keys(value: Any, keys: set[Any], depth: int = 0) -> bool:
+    """``_plain``, adding the keys of every object in ``value`` to ``keys`` on the way:
+    when it answers ``True`` (every container exactly a ``dict``, ``list`` or ``tuple``),
+    ``keys`` holds what ``redaction.keys_of`` finds, without a second walk of the value
+    (``dumps_keyed``). On ``False`` ``keys`` is partial and means nothing."""
+    if depth > MAX_DEPTH:
+        return False
+    kind = type(value)
+    if kind is dict:
+        keys.update(value)
+        items: Any = value.values()
+    elif kind is list or kind is tuple:
+        items = value
+    else:
+        return kind in _PLAIN_LEAVES
+    if _PLAIN_LEAVES.issuperset(map(type, items)):
+        return True
+    if depth < MAX_DEPTH and _DICT.issuperset(map(type, items)):
+        keys.update(*items)  # flat objects (a response's lines): their keys in one pass
+        if _PLAIN_LEAVES.issuperset(map(type, chain.from_iterable(map(dict.values, items)))):
+            return True
+    for item in items:
+        kind = type(item)
+        if kind in _PLAIN_LEAVES:
+            continue
+        if (
+            kind is dict
+            and depth < MAX_DEPTH
+            and _PLAIN_LEAVES.issuperset(map(type, item.values()))
+        ):
+            keys.update(item)
+            continue  # a flat object one level down: no call of its own
+        if not _plain_keys(item, keys, depth + 1):
             return False
     return True
 
@@ -232,7 +269,9 @@ def _fast_text(value: Any) -> str | None:
         raw = orjson.dumps(value, option=_FAST_OPTIONS)
     except TypeError:  # orjson.JSONEncodeError
         return None
-    if (b"e-" in raw or b"0.0000" in raw) and _TINY_FLOAT.search(raw):
+    # ``find``, not ``in``: ``bytes in bytes`` first tries the operand as an integer (a
+    # byte value) and formats and clears a TypeError each time (~2,500 instructions).
+    if (raw.find(b"e-") != -1 or raw.find(b"0.0000") != -1) and _TINY_FLOAT.search(raw):
         return None
     return raw.decode()
 
@@ -254,6 +293,28 @@ def dumps(value: Any, *, what: str = "value") -> str:
         text = _fast_text(value)
         if text is not None and "null" not in text:
             return text
+    return _dumps_standard(value, what)
+
+
+def dumps_keyed(value: Any, *, what: str = "value") -> tuple[str, set[Any] | None]:
+    """``dumps`` and the keys of every object in ``value`` (``redaction.keys_of``'s set),
+    found by the walk that judges the value for orjson (``_plain_keys``) instead of a walk
+    of their own; ``None`` for the keys where that walk cannot tell them (a container
+    that is not exactly a ``dict``, ``list`` or ``tuple``, no [fast] extra): the caller
+    then finds them its own way. The text is ``dumps``'s, byte for byte."""
+    if orjson is None:
+        return dumps(value, what=what), None
+    keys: set[Any] = set()
+    if not _plain_keys(value, keys):
+        return _dumps_standard(value, what), None
+    text = _fast_text(value)
+    if text is not None and "null" not in text:
+        return text, keys
+    return _dumps_standard(value, what), keys
+
+
+def _dumps_standard(value: Any, what: str) -> str:
+    """``dumps`` by the standard encoder, with the checks orjson's path does not need."""
     kind = type(value)
     if (
         kind is dict or kind is list or kind is tuple or isinstance(value, dict | list | tuple)

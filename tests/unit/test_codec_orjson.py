@@ -110,3 +110,31 @@ def test_dumps_still_refuses_what_orjson_would_write(value: Any) -> None:
 def test_a_str_subclass_is_written_as_the_standard_encoder_writes_it() -> None:
     value = {"name": Name("x"), "n": 1}
     assert codec.dumps(value) == codec.dumps_own(value) == '{"n":1,"name":"x"}'
+
+
+def test_orjson_refuses_every_key_that_is_not_exactly_a_str() -> None:
+    # ``_plain`` leaves the keys to orjson: a str subclass or a number as a key must make
+    # it refuse the value, which then takes the standard path (as a ``False`` did).
+    import orjson
+
+    for value in ({Name("k"): 1}, {1: "x"}, [{"a": 1}, {Name("k"): 2}], {"a": {2.5: 1}}):
+        with pytest.raises(TypeError):
+            orjson.dumps(value, option=codec._FAST_OPTIONS)
+        assert codec._fast_text(value) is None
+    assert codec.dumps({Name("k"): 1}) == STANDARD({Name("k"): 1}) == '{"k":1}'
+
+
+@settings(max_examples=1500, deadline=None)
+@given(values)
+def test_dumps_keyed_is_dumps_with_the_keys_keys_of_finds(value: Any) -> None:
+    from replayq import redaction
+
+    try:
+        text = codec.dumps(value)
+    except PayloadError:
+        with pytest.raises(PayloadError):
+            codec.dumps_keyed(value)
+        return
+    keyed, keys = codec.dumps_keyed(value)
+    assert keyed == text
+    assert keys is None or keys == redaction.keys_of(value)

@@ -333,3 +333,21 @@ class _OddDict(dict):  # type: ignore[type-arg]
 
 
 ODD = {"a": _OddDict(password="x")}
+
+
+@settings(max_examples=500, deadline=None)
+@given(_json_values)
+def test_encoded_keyed_answers_as_encoded(value: object) -> None:
+    # Recorder.encoded takes the keys from the codec's walk (dumps_keyed) instead of
+    # keys_of: the same value and text come out, secrets or not.
+    redactor = Redactor.build(Redaction(key="k", fields=["*tok*"]))
+    assert redactor.encoded_keyed(value, codec.dumps_keyed) == redactor.encoded(value, codec.dumps)
+
+
+def test_a_secret_field_in_a_list_of_objects_is_found_by_the_keyed_encoding() -> None:
+    redactor = Redactor.build(Redaction(key="k"))
+    lines = [{"sku": f"S{n}", "qty": n} for n in range(20)]
+    lines[3] = {"sku": "S3", "password": "hunter2"}
+    value, text = redactor.encoded_keyed({"lines": lines, "n": 1}, codec.dumps_keyed)
+    assert "hunter2" not in text
+    assert value["lines"][3]["password"] != "hunter2"

@@ -40,7 +40,7 @@ def record_call(
     # A JSON request without secrets is encoded once, here, and not walked.
     request = call_request(args, kwargs)
     try:
-        summary, summary_text = ctx.redactor.encoded(request, codec.dumps)
+        summary, summary_text = ctx.redactor.encoded_keyed(request, codec.dumps_keyed)
     except PayloadError:
         summary, summary_text = _summarise_encoded(ctx.redactor.value(request))
     fingerprint = codec.fingerprint_text(summary_text)

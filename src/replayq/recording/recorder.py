@@ -340,7 +340,9 @@ class Recorder:
         """``encode``, keeping the canonical text: the value is walked and serialised once
         here; the size check, the version row, the blob and its hash reuse the text."""
         try:
-            value, text = self.redactor.encoded(value, lambda v: codec.dumps(v, what=what))
+            value, text = self.redactor.encoded_keyed(
+                value, lambda v: codec.dumps_keyed(v, what=what)
+            )
         except PayloadError as exc:
             raise PayloadError(f"{what} cannot be recorded: {exc}") from exc
         raw = text.encode()
