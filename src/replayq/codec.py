@@ -173,7 +173,7 @@ _PLAIN_LEAVES = frozenset((str, int, float, bool, type(None)))
 _DICT = frozenset((dict,))
 
 
-def _plain(value: Any, depth: int = 0) -> bool:
+def _plain(value: Any) -> bool:
     """Whether ``value`` is made of exact JSON types only (``dict``, ``list``, ``tuple``,
     ``str``, ``int``, ``float``, ``bool``, ``None``), at most ``MAX_DEPTH`` deep: a value
     whose text orjson writes as the standard encoder does (floats aside: ``_fast_text``).
@@ -184,40 +184,11 @@ def _plain(value: Any, depth: int = 0) -> bool:
     Object keys are not looked at: orjson refuses every key that is not exactly a ``str``
     (a subclass, a number: ``Dict key must be str``, tests/unit/test_codec.py), and
     ``_fast_text`` then hands the value to the standard path, as a ``False`` here did."""
-    if depth > MAX_DEPTH:
-        return False
-    kind = type(value)
-    if kind is dict:
-        items: Any = value.values()
-    elif kind is list or kind is tuple:
-        items = value
-    else:
-        return kind in _PLAIN_LEAVES
-    if _PLAIN_LEAVES.issuperset(map(type, items)):
-        return True
-    if (
-        depth < MAX_DEPTH
-        and _DICT.issuperset(map(type, items))
-        and _PLAIN_LEAVES.issuperset(map(type, chain.from_iterable(map(dict.values, items))))
-    ):
-        return True  # flat objects only (a response's lines): two C-level passes
-    for item in items:
-        kind = type(item)
-        if kind in _PLAIN_LEAVES:
-            continue
-        if (
-            kind is dict
-            and depth < MAX_DEPTH
-            and _PLAIN_LEAVES.issuperset(map(type, item.values()))
-        ):
-            continue  # a flat object one level down: no call of its own
-        if not _plain(item, depth + 1):
-            return False
-    return True
+    return _plain_keys(value, set())
 
 
 def _plain_keys(value: Any, keys: set[Any], depth: int = 0) -> bool:
-    """``_plain``, adding the keys of every object in ``value`` to ``keys`` on the way:
+    """``_plain``'s walk, adding the keys of every object in ``value`` to ``keys`` on the way:
     when it answers ``True`` (every container exactly a ``dict``, ``list`` or ``tuple``),
     ``keys`` holds what ``redaction.keys_of`` finds, without a second walk of the value
     (``dumps_keyed``). On ``False`` ``keys`` is partial and means nothing."""
