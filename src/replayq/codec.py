@@ -182,7 +182,7 @@ def _plain(value: Any) -> bool:
     their types, as in ``_shape_valid``.
 
     Object keys are not looked at: orjson refuses every key that is not exactly a ``str``
-    (a subclass, a number: ``Dict key must be str``, tests/unit/test_codec.py), and
+    (a subclass, a number: ``Dict key must be str``, tests/unit/test_codec_orjson.py), and
     ``_fast_text`` then hands the value to the standard path, as a ``False`` here did."""
     return _plain_keys(value, set())
 
