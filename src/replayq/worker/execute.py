@@ -81,19 +81,44 @@ class Executing(Acking):
         else:
             self._arm_acks()  # the acks waiting now commit when their window ends
             return job
-        leased: list[Job] = []
-        try:
-            acks = self._take_acks()
-            if acks:
-                leased = self._commit_group(acks, refill=True)
-            elif not self._stopping.is_set():
-                _, leased = self._lease_free_slots()
-        except Exception:
-            # Never let an executor thread die: the dispatcher leases (with backoff) instead.
-            log.exception("worker %s: lease from an executor failed", self.worker_id)
-        if not leased:
+        if self._refill():
             self._wake.set()
         return self._work.get()
+
+    def _refill(self) -> bool:
+        """Commit the waiting acks and lease the slots they free, one executor at a time;
+        ``True`` if it leased nothing (the dispatcher is woken to poll, reap or end).
+
+        An executor that finds another one refilling leaves its ack in the buffer and
+        waits for the jobs that refill brings: a refill of its own would wait for the
+        lease lock anyway, then commit a group of one and lease its one slot (with four
+        executors most groups were of one job). The refilling executor commits the
+        acks left meanwhile in its next group, or now if it leased nothing.
+        """
+        while True:
+            if not self._refilling.acquire(blocking=False):
+                # The refilling executor looks at the buffer after it lets go: this ack
+                # was buffered before, so it commits it or arms the window for it.
+                return False
+            leased: list[Job] = []
+            try:
+                acks = self._take_acks()
+                if acks:
+                    leased = self._commit_group(acks, refill=True)
+                elif not self._stopping.is_set():
+                    _, leased = self._lease_free_slots()
+            except Exception:
+                # Never let an executor thread die: the dispatcher leases (with backoff).
+                log.exception("worker %s: lease from an executor failed", self.worker_id)
+            finally:
+                self._refilling.release()
+            if not self._acks_waiting():
+                return not leased
+            if leased or not self._work.empty():
+                # Acks left while this one refilled: the executors go on to the jobs it
+                # brought, and these commit with the next group (or when their window ends).
+                self._arm_acks()
+                return False
 
     def execute(self, job: Job) -> None:
         """Run one leased job to a settled state (succeeded, retry scheduled, or dead)."""
