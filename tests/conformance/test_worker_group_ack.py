@@ -9,6 +9,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -179,3 +180,48 @@ def test_a_group_commit_that_leases_writes_its_acks_and_leases_packs_in_one_inse
     assert both, "no group commit leased the next batch"
     for names in both:
         assert len(names["job.succeeded"] | names["job.leased"]) == 1, names
+
+
+class _SlowRefills(replayq.Worker):
+    """A worker whose leases take a while (a slow database) and which counts its groups."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.groups: list[int] = []
+
+    def _commit_group(self, acks: list[Any], *, refill: bool) -> list[replayq.Job]:
+        self.groups.append(len(acks))
+        return super()._commit_group(acks, refill=refill)
+
+    def _lease_in(self, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.03)
+        return super()._lease_in(*args, **kwargs)
+
+
+def test_executors_that_free_their_slots_during_a_refill_take_its_jobs_not_a_group_each(
+    app_factory: AppFactory,
+) -> None:
+    """While one executor commits the group and leases the next batch, the others that
+    finish wait for that batch and leave their acks to the next group: each used to
+    commit its own ack alone after it and lease its one slot (groups of one)."""
+    app = app_factory()
+
+    @app.job("short")
+    def short(ctx: replayq.Context, n: int) -> None:
+        time.sleep(0.002)  # long enough for the four executors to share each batch
+
+    jobs = 96
+    app.enqueue_many([replayq.EnqueueRequest("short", {"n": n}) for n in range(jobs)])
+    worker = _SlowRefills(
+        app,
+        burst=True,
+        concurrency=4,
+        prefetch=8,
+        prefetch_window=float("inf"),
+        ack_window=float("inf"),  # only executors commit: every group is a refill
+    )
+    stats = worker.run()
+    assert stats.succeeded == jobs
+    assert sum(worker.groups) == jobs
+    # Twelve held at most (4 + 8): near twelve acks a group, never mostly ones.
+    assert jobs / len(worker.groups) >= 6, worker.groups

@@ -192,12 +192,6 @@ class Acking(Outcomes):
                 return
         self._acks_wake.set()
 
-    def _acks_waiting(self) -> bool:
-        """Whether acks wait in the buffer that a commit may take now (none backing off)."""
-        now = time.monotonic()
-        with self._acks_lock:
-            return any(a.retry_at <= now for a in self._acks)
-
     def _acks_due(self) -> float:
         """When the buffer must be committed (under ``_acks_lock``); ``inf`` if empty.
         A group that failed is tried again at its backoff, not after the window."""

@@ -73,34 +73,20 @@ class Executing(Acking):
         one commit per batch and no thread hand-off (on a 2-vCPU VM each wake-up of
         the dispatcher cost ~0.3 ms, more than the job's SQL). Only when nothing was
         leased is the dispatcher woken (to poll, reap, or end a burst run).
+
+        One executor refills at a time. One that finds another refilling waits for
+        that refill and takes a job it brought, its own ack left for the next group:
+        before, it waited for the lease lock and then committed a group of its own ack
+        alone, leasing its one slot (with four executors, most groups were of one).
         """
-        try:
-            job = self._work.get_nowait()
-        except queue.Empty:
-            pass
-        else:
-            self._arm_acks()  # the acks waiting now commit when their window ends
+        job = self._queued()
+        if job is not None:
             return job
-        if self._refill():
-            self._wake.set()
-        return self._work.get()
-
-    def _refill(self) -> bool:
-        """Commit the waiting acks and lease the slots they free, one executor at a time;
-        ``True`` if it leased nothing (the dispatcher is woken to poll, reap or end).
-
-        An executor that finds another one refilling leaves its ack in the buffer and
-        waits for the jobs that refill brings: a refill of its own would wait for the
-        lease lock anyway, then commit a group of one and lease its one slot (with four
-        executors most groups were of one job). The refilling executor commits the
-        acks left meanwhile in its next group, or now if it leased nothing.
-        """
-        while True:
-            if not self._refilling.acquire(blocking=False):
-                # The refilling executor looks at the buffer after it lets go: this ack
-                # was buffered before, so it commits it or arms the window for it.
-                return False
-            leased: list[Job] = []
+        leased: list[Job] = []
+        with self._refilling:
+            job = self._queued()  # a refill this executor waited for brought jobs
+            if job is not None:
+                return job
             try:
                 acks = self._take_acks()
                 if acks:
@@ -110,15 +96,19 @@ class Executing(Acking):
             except Exception:
                 # Never let an executor thread die: the dispatcher leases (with backoff).
                 log.exception("worker %s: lease from an executor failed", self.worker_id)
-            finally:
-                self._refilling.release()
-            if not self._acks_waiting():
-                return not leased
-            if leased or not self._work.empty():
-                # Acks left while this one refilled: the executors go on to the jobs it
-                # brought, and these commit with the next group (or when their window ends).
-                self._arm_acks()
-                return False
+        if not leased:
+            self._wake.set()
+        return self._work.get()
+
+    def _queued(self) -> Any:
+        """A job (or ``STOP``) queued for the executors, else None; the acks waiting
+        commit when their window ends, unless a refill takes them first."""
+        try:
+            job = self._work.get_nowait()
+        except queue.Empty:
+            return None
+        self._arm_acks()
+        return job
 
     def execute(self, job: Job) -> None:
         """Run one leased job to a settled state (succeeded, retry scheduled, or dead)."""
