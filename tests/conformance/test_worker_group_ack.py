@@ -225,3 +225,46 @@ def test_executors_that_free_their_slots_during_a_refill_take_its_jobs_not_a_gro
     assert sum(worker.groups) == jobs
     # Twelve held at most (4 + 8): near twelve acks a group, never mostly ones.
     assert jobs / len(worker.groups) >= 6, worker.groups
+
+
+def test_a_group_the_ack_window_commits_leases_the_slots_it_frees(
+    app_factory: AppFactory,
+) -> None:
+    """The acks thread's group commit (an executor went on to a long job) also leases the
+    slots its acks free, in the same transaction: not left to a later lease of its own
+    (here the dispatcher polls only every 30 s)."""
+    app = app_factory()
+    started, release = threading.Event(), threading.Event()
+
+    @app.job("quick")
+    def quick(ctx: replayq.Context) -> None:
+        return None
+
+    @app.job("hold", lease="30s")
+    def hold(ctx: replayq.Context) -> None:
+        started.set()
+        assert release.wait(30), "the test never let the handler finish"
+
+    quick_id = app.enqueue("quick", {})
+    held = app.enqueue("hold", {})
+    later = app.enqueue("quick", {})
+    # One executor and one job ahead: quick and hold are leased; quick's ack waits while
+    # the executor runs hold, and its window's group frees quick's slot for ``later``.
+    worker = replayq.Worker(
+        app, prefetch=1, prefetch_window=float("inf"), ack_window=0.05, poll_interval=30
+    )
+    runner = threading.Thread(target=worker.run, name="worker")
+    runner.start()
+    try:
+        assert started.wait(30), "the long job never started"
+        wait_for(
+            lambda: app.get_job(later).state is replayq.JobState.RUNNING,
+            timeout=5,
+            what="the slot freed by the window's group to be leased again",
+        )
+        assert app.get_job(quick_id).state is replayq.JobState.SUCCEEDED
+        assert app.get_job(held).state is replayq.JobState.RUNNING
+    finally:
+        release.set()
+        worker.stop()
+        runner.join(30)
