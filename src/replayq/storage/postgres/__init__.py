@@ -463,9 +463,8 @@ class PostgresTransaction(SqlTransaction):
         Each array as its literal (``arrays_as_literals``): ``rows_executed`` runs the
         statement on the cursor, past ``execute``, and a group commit's four arrays
         went through psycopg's list dumper."""
-        return arrays_as_literals(
-            {column: [row[i] for row in rows] for i, column in enumerate(columns)}
-        )
+        arrays = {column: [row[i] for row in rows] for i, column in enumerate(columns)}
+        return dict(arrays_as_literals(arrays))
 
     def columns(self, cursor: Any) -> list[str]:
         return column_names(cursor)
