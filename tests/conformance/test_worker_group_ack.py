@@ -9,6 +9,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -179,3 +180,91 @@ def test_a_group_commit_that_leases_writes_its_acks_and_leases_packs_in_one_inse
     assert both, "no group commit leased the next batch"
     for names in both:
         assert len(names["job.succeeded"] | names["job.leased"]) == 1, names
+
+
+class _SlowRefills(replayq.Worker):
+    """A worker whose leases take a while (a slow database) and which counts its groups."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.groups: list[int] = []
+
+    def _commit_group(self, acks: list[Any], *, refill: bool) -> list[replayq.Job]:
+        self.groups.append(len(acks))
+        return super()._commit_group(acks, refill=refill)
+
+    def _lease_in(self, *args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.03)
+        return super()._lease_in(*args, **kwargs)
+
+
+def test_executors_that_free_their_slots_during_a_refill_take_its_jobs_not_a_group_each(
+    app_factory: AppFactory,
+) -> None:
+    """While one executor commits the group and leases the next batch, the others that
+    finish wait for that batch and leave their acks to the next group: each used to
+    commit its own ack alone after it and lease its one slot (groups of one)."""
+    app = app_factory()
+
+    @app.job("short")
+    def short(ctx: replayq.Context, n: int) -> None:
+        time.sleep(0.002)  # long enough for the four executors to share each batch
+
+    jobs = 96
+    app.enqueue_many([replayq.EnqueueRequest("short", {"n": n}) for n in range(jobs)])
+    worker = _SlowRefills(
+        app,
+        burst=True,
+        concurrency=4,
+        prefetch=8,
+        prefetch_window=float("inf"),
+        ack_window=float("inf"),  # only executors commit: every group is a refill
+    )
+    stats = worker.run()
+    assert stats.succeeded == jobs
+    assert sum(worker.groups) == jobs
+    # Twelve held at most (4 + 8): near twelve acks a group, never mostly ones.
+    assert jobs / len(worker.groups) >= 6, worker.groups
+
+
+def test_a_group_the_ack_window_commits_leases_the_slots_it_frees(
+    app_factory: AppFactory,
+) -> None:
+    """The acks thread's group commit (an executor went on to a long job) also leases the
+    slots its acks free, in the same transaction: not left to a later lease of its own
+    (here the dispatcher polls only every 30 s)."""
+    app = app_factory()
+    started, release = threading.Event(), threading.Event()
+
+    @app.job("quick")
+    def quick(ctx: replayq.Context) -> None:
+        return None
+
+    @app.job("hold", lease="30s")
+    def hold(ctx: replayq.Context) -> None:
+        started.set()
+        assert release.wait(30), "the test never let the handler finish"
+
+    quick_id = app.enqueue("quick", {})
+    held = app.enqueue("hold", {})
+    later = app.enqueue("quick", {})
+    # One executor and one job ahead: quick and hold are leased; quick's ack waits while
+    # the executor runs hold, and its window's group frees quick's slot for ``later``.
+    worker = replayq.Worker(
+        app, prefetch=1, prefetch_window=float("inf"), ack_window=0.05, poll_interval=30
+    )
+    runner = threading.Thread(target=worker.run, name="worker")
+    runner.start()
+    try:
+        assert started.wait(30), "the long job never started"
+        wait_for(
+            lambda: app.get_job(later).state is replayq.JobState.RUNNING,
+            timeout=5,
+            what="the slot freed by the window's group to be leased again",
+        )
+        assert app.get_job(quick_id).state is replayq.JobState.SUCCEEDED
+        assert app.get_job(held).state is replayq.JobState.RUNNING
+    finally:
+        release.set()
+        worker.stop()
+        runner.join(30)

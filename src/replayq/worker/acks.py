@@ -5,8 +5,9 @@ token, ``job.succeeded``) waits in memory, not in a transaction. The buffer is
 committed as one transaction when an executor has nothing left to run (that
 transaction also leases the slots it frees: acks and the next batch commit
 together), or by the ``replayq-acks`` thread once the oldest ack has waited
-``ack_window`` seconds. A transaction is opened only to flush and committed at
-once: no thread waits for others with one open.
+``ack_window`` seconds (its transaction leases the freed slots too). A transaction
+is opened only to flush and committed at once: no thread waits for others with one
+open.
 
 What the group promises:
 
@@ -223,7 +224,9 @@ class Acking(Outcomes):
             if wait > 0:
                 self._acks_wake.wait(wait)
                 continue
-            self._flush_acks()
+            # The slots these acks free are leased in the same transaction, as an
+            # executor's group commit does: not in one more of their own afterwards.
+            self._flush_acks(refill=True)
             if self._ended.is_set() and self._force.is_set():
                 self._give_up(self._take_acks(all_of_them=True))
 

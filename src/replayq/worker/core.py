@@ -153,6 +153,9 @@ class WorkerCore:
         # Set under ``_lease_lock`` when ``run()`` winds down (stop, or a burst run's end):
         # from then on no thread leases, so no lease lands after the worker let go of it.
         self._leasing_closed = False
+        # Held by the executor that commits the waiting acks and leases the free slots
+        # (``Executing._next_work``): the others wait for the jobs it brings.
+        self._refilling = threading.Lock()
         # Leased jobs for the executors. A ``SimpleQueue`` (C): a put and a get with no
         # Python ``Condition`` to notify, twice per job.
         self._work: queue.SimpleQueue[Any] = queue.SimpleQueue()

@@ -73,27 +73,42 @@ class Executing(Acking):
         one commit per batch and no thread hand-off (on a 2-vCPU VM each wake-up of
         the dispatcher cost ~0.3 ms, more than the job's SQL). Only when nothing was
         leased is the dispatcher woken (to poll, reap, or end a burst run).
+
+        One executor refills at a time. One that finds another refilling waits for
+        that refill and takes a job it brought, its own ack left for the next group:
+        before, it waited for the lease lock and then committed a group of its own ack
+        alone, leasing its one slot (with four executors, most groups were of one).
         """
-        try:
-            job = self._work.get_nowait()
-        except queue.Empty:
-            pass
-        else:
-            self._arm_acks()  # the acks waiting now commit when their window ends
+        job = self._queued()
+        if job is not None:
             return job
         leased: list[Job] = []
-        try:
-            acks = self._take_acks()
-            if acks:
-                leased = self._commit_group(acks, refill=True)
-            elif not self._stopping.is_set():
-                _, leased = self._lease_free_slots()
-        except Exception:
-            # Never let an executor thread die: the dispatcher leases (with backoff) instead.
-            log.exception("worker %s: lease from an executor failed", self.worker_id)
+        with self._refilling:
+            job = self._queued()  # a refill this executor waited for brought jobs
+            if job is not None:
+                return job
+            try:
+                acks = self._take_acks()
+                if acks:
+                    leased = self._commit_group(acks, refill=True)
+                elif not self._stopping.is_set():
+                    _, leased = self._lease_free_slots()
+            except Exception:
+                # Never let an executor thread die: the dispatcher leases (with backoff).
+                log.exception("worker %s: lease from an executor failed", self.worker_id)
         if not leased:
             self._wake.set()
         return self._work.get()
+
+    def _queued(self) -> Any:
+        """A job (or ``STOP``) queued for the executors, else None; the acks waiting
+        commit when their window ends, unless a refill takes them first."""
+        try:
+            job = self._work.get_nowait()
+        except queue.Empty:
+            return None
+        self._arm_acks()
+        return job
 
     def execute(self, job: Job) -> None:
         """Run one leased job to a settled state (succeeded, retry scheduled, or dead)."""

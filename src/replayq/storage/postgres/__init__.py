@@ -114,7 +114,6 @@ from replayq.storage.protocol import JobInsert, JobLease, Listener, MigrationSta
 from replayq.storage.queries import load_queries
 from replayq.storage.retention_params import LedgerDrop, LedgerPartitions
 from replayq.storage.sql_transaction import SqlTransaction, row_to_job, with_job_id
-from replayq.storage.trace_verbs import PACK_COLUMNS
 
 log = logging.getLogger("replayq.storage.postgres")
 
@@ -450,16 +449,21 @@ class PostgresTransaction(SqlTransaction):
 
     def _pack_rows_inserted(self, groups: Sequence[Sequence[TraceEvent]]) -> list[int]:
         """``trace_append_rows``: one statement, the rows one JSON text."""
+        # ``pack_row``'s rows hold just ``PACK_COLUMNS``: no copy of each (two a job).
         rows = [self.pack_row(group) for group in groups]
-        values = {"rows": _json_rows([{c: row[c] for c in PACK_COLUMNS} for row in rows])}
+        values = {"rows": _json_rows(rows)}
         return sorted(int(row["id"]) for row in self.fetchall("trace_append_rows", values))
 
     def rows_param(self, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> dict[str, Any]:
         """An array per column, for ``unnest``: in a join (``jobs_complete``,
         ``leases_extend``) the planner knows an array parameter's length and looks each
         row up by id; a JSON recordset's it guesses (100), and it would hash all the
-        running jobs instead (see ``trace_append_rows``, an insert, for the JSON form)."""
-        return {column: [row[i] for row in rows] for i, column in enumerate(columns)}
+        running jobs instead (see ``trace_append_rows``, an insert, for the JSON form).
+        Each array as its literal (``arrays_as_literals``): ``rows_executed`` runs the
+        statement on the cursor, past ``execute``, and a group commit's four arrays
+        went through psycopg's list dumper."""
+        arrays = {column: [row[i] for row in rows] for i, column in enumerate(columns)}
+        return dict(arrays_as_literals(arrays))
 
     def columns(self, cursor: Any) -> list[str]:
         return column_names(cursor)
