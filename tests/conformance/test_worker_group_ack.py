@@ -82,16 +82,7 @@ def test_a_buffered_ack_commits_within_its_window_while_the_executor_runs_a_long
     """The acks thread is not woken for every batch any more; an ack still waits at most
     about ``ack_window`` when its executor goes on to a job that runs long."""
     app = app_factory()
-    started, release = threading.Event(), threading.Event()
-
-    @app.job("quick")
-    def quick(ctx: replayq.Context) -> None:
-        return None
-
-    @app.job("hold", lease="30s")
-    def hold(ctx: replayq.Context) -> None:
-        started.set()
-        assert release.wait(30), "the test never let the handler finish"
+    started, release = _quick_and_held_types(app)
 
     # A stream of quick jobs first: the acks thread is then in its busy rhythm.
     # 24: the last batch of five is four quick jobs and the long one, run after them.
@@ -234,16 +225,7 @@ def test_a_group_the_ack_window_commits_leases_the_slots_it_frees(
     slots its acks free, in the same transaction: not left to a later lease of its own
     (here the dispatcher polls only every 30 s)."""
     app = app_factory()
-    started, release = threading.Event(), threading.Event()
-
-    @app.job("quick")
-    def quick(ctx: replayq.Context) -> None:
-        return None
-
-    @app.job("hold", lease="30s")
-    def hold(ctx: replayq.Context) -> None:
-        started.set()
-        assert release.wait(30), "the test never let the handler finish"
+    started, release = _quick_and_held_types(app)
 
     quick_id = app.enqueue("quick", {})
     held = app.enqueue("hold", {})
@@ -268,3 +250,20 @@ def test_a_group_the_ack_window_commits_leases_the_slots_it_frees(
         release.set()
         worker.stop()
         runner.join(30)
+
+
+def _quick_and_held_types(app: replayq.App) -> tuple[threading.Event, threading.Event]:
+    """Job types ``quick`` (returns at once) and ``hold`` (sets the first event when it
+    starts, then waits for the test to set the second)."""
+    started, release = threading.Event(), threading.Event()
+
+    @app.job("quick")
+    def quick(ctx: replayq.Context) -> None:
+        return None
+
+    @app.job("hold", lease="30s")
+    def hold(ctx: replayq.Context) -> None:
+        started.set()
+        assert release.wait(30), "the test never let the handler finish"
+
+    return started, release
