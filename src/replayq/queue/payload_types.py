@@ -18,8 +18,7 @@ an ``Enum``                            its value                              th
 ``T | None``, ``Optional[T]``          ``null`` or ``T``                      ``None`` or T
 a dataclass                            an object of its fields, each typed    an instance
 a pydantic model (extra ``pydantic``)  ``model_dump(mode="json")``            ``model_validate``
-a ``msgspec.Struct`` (extra            ``msgspec.to_builtins``                ``msgspec.convert``
-``msgspec``)
+a ``msgspec.Struct``                   ``msgspec.to_builtins``                ``msgspec.convert``
 anything else, or no annotation        not checked                            the stored JSON
 =====================================  =====================================  ==================
 
