@@ -364,11 +364,7 @@ class Redactor:
     def encoded(self, value: Any, dumps: Callable[[Any], str]) -> tuple[Any, str]:
         """``value`` redacted and its text ``dumps(value)``, encoding it once when nothing
         in it is secret (the usual case) and twice otherwise."""
-        text = dumps(value)
-        if self.clean_text(text, keys_of(value) if self.names or self.globs else None):
-            return value, text
-        redacted = self._walk(value, 0)
-        return redacted, (text if redacted is value else dumps(redacted))
+        return self.encoded_keyed(value, lambda v: (dumps(v), None))
 
     def encoded_keyed(
         self, value: Any, dumps_keyed: Callable[[Any], tuple[str, set[Any] | None]]
