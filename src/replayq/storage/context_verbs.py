@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
-from msgspec import Struct
+from msgspec import Struct, structs
 
 from replayq.storage.context_params import (
     BlobPut,
@@ -75,7 +75,7 @@ def record(cls: type[R], row: Mapping[str, Any]) -> R:
 
 def query_params(obj: Struct) -> dict[str, Any]:
     """A parameter struct as the named parameters of its query."""
-    return {name: getattr(obj, name) for name in obj.__struct_fields__}
+    return structs.asdict(obj)
 
 
 # Which named query each compare-and-set runs; ``True`` when it answers with a row.
