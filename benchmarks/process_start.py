@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -87,15 +86,10 @@ def postgres_commands(workdir: Path) -> Iterator[dict[str, list[str]]]:
 
 
 def run_once(argv: Sequence[str]) -> tuple[float, float]:
-    """(wall s, CPU s) of one run of ``argv``."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    started = time.perf_counter()
-    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=False)
-    wall = time.perf_counter() - started
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
-        raise SystemExit(f"{argv[0]} failed ({done.returncode}):\n{done.stderr}")
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    """(wall s, CPU s) of one run of ``argv``, timed as throughput.py times a drain."""
+    cpu = throughput.children_cpu()
+    wall = throughput.timed_process(argv, lambda _: None)
+    return wall, throughput.children_cpu() - cpu
 
 
 def instructions(argv: Sequence[str]) -> int:
