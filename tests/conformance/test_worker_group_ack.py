@@ -8,7 +8,8 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -91,10 +92,7 @@ def test_a_buffered_ack_commits_within_its_window_while_the_executor_runs_a_long
     worker = replayq.Worker(
         app, prefetch=4, prefetch_window=float("inf"), ack_window=0.05, poll_interval=0.05
     )
-    runner = threading.Thread(target=worker.run, name="worker")
-    runner.start()
-    try:
-        assert started.wait(30), "the long job never started"
+    with _running_until_released(worker, started, release):
         ran_at = time.monotonic()
         wait_for(
             lambda: all(app.get_job(i).state is replayq.JobState.SUCCEEDED for i in quick_ids),
@@ -103,10 +101,6 @@ def test_a_buffered_ack_commits_within_its_window_while_the_executor_runs_a_long
         )
         assert time.monotonic() - ran_at < 0.3  # the window (0.05 s), not the idle wake (1 s)
         assert app.get_job(held).state is replayq.JobState.RUNNING
-    finally:
-        release.set()
-        worker.stop()
-        runner.join(30)
 
 
 def test_the_jobs_of_a_group_commit_each_keep_their_trace_and_resource_timeline(
@@ -235,10 +229,7 @@ def test_a_group_the_ack_window_commits_leases_the_slots_it_frees(
     worker = replayq.Worker(
         app, prefetch=1, prefetch_window=float("inf"), ack_window=0.05, poll_interval=30
     )
-    runner = threading.Thread(target=worker.run, name="worker")
-    runner.start()
-    try:
-        assert started.wait(30), "the long job never started"
+    with _running_until_released(worker, started, release):
         wait_for(
             lambda: app.get_job(later).state is replayq.JobState.RUNNING,
             timeout=5,
@@ -246,10 +237,6 @@ def test_a_group_the_ack_window_commits_leases_the_slots_it_frees(
         )
         assert app.get_job(quick_id).state is replayq.JobState.SUCCEEDED
         assert app.get_job(held).state is replayq.JobState.RUNNING
-    finally:
-        release.set()
-        worker.stop()
-        runner.join(30)
 
 
 def _quick_and_held_types(app: replayq.App) -> tuple[threading.Event, threading.Event]:
@@ -267,3 +254,20 @@ def _quick_and_held_types(app: replayq.App) -> tuple[threading.Event, threading.
         assert release.wait(30), "the test never let the handler finish"
 
     return started, release
+
+
+@contextmanager
+def _running_until_released(
+    worker: replayq.Worker, started: threading.Event, release: threading.Event
+) -> Iterator[None]:
+    """``worker`` running on a thread from the moment the ``hold`` job started; on the way
+    out the job is released and the worker stopped."""
+    runner = threading.Thread(target=worker.run, name="worker")
+    runner.start()
+    try:
+        assert started.wait(30), "the long job never started"
+        yield
+    finally:
+        release.set()
+        worker.stop()
+        runner.join(30)
