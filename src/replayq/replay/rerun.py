@@ -9,7 +9,8 @@ services, in-process, with guardrails:
 * idempotency records are honoured: an allowed effect whose key already
   succeeded is not repeated (the normal ``ctx.effect`` path);
 * locks are taken as in a worker; state writes are real and fenced;
-* a rate limit spaces bulk reruns.
+* a rate limit spaces bulk reruns: the handlers' starts, after each has read its
+  recording, so the real services see the spacing even when reading is slow.
 
 A rerun never changes the original job row; its trace is tagged ``rerun`` and
 linked to the original. Never the default: the caller must name the kinds.
@@ -81,16 +82,29 @@ class RerunReport:
 def rerun(source: RuntimeSource, job_id: int, *, allow_effects: Sequence[str]) -> RerunReport:
     """Re-execute one job for real with only ``allow_effects`` kinds running."""
     runtime = source.runtime
+    _require_named_effects(allow_effects)
+    # Held against gc while it runs: it appends to the job's trace.
+    with held(runtime, job_id, "rerun"):
+        return _rerun(runtime, job_id, allow_effects, _start_now)
+
+
+def _require_named_effects(allow_effects: Sequence[str]) -> None:
     if not allow_effects:
         raise ConfigurationError(
             "a rerun touches the real world: name the effect kinds it may run (--allow-effects)"
         )
-    # Held against gc while it runs: it appends to the job's trace.
-    with held(runtime, job_id, "rerun"):
-        return _rerun(runtime, job_id, allow_effects)
 
 
-def _rerun(runtime: Runtime, job_id: int, allow_effects: Sequence[str]) -> RerunReport:
+def _start_now() -> None:
+    """A single rerun starts as soon as its recording is read."""
+
+
+def _rerun(
+    runtime: Runtime,
+    job_id: int,
+    allow_effects: Sequence[str],
+    wait_for_start: Callable[[], None],
+) -> RerunReport:
     recording = load_recording(runtime, job_id)
     recorded: dict[str, list[Any]] = {}
     for event in recording.events:
@@ -100,6 +114,7 @@ def _rerun(runtime: Runtime, job_id: int, allow_effects: Sequence[str]) -> Rerun
             )
     gate = GatedWorld(allow_effects, recorded)
     trace_id = f"rerun-{uuid.uuid4().hex[:16]}"
+    wait_for_start()
     now = runtime.clock.now()
     with runtime.storage.transaction() as tx:
         tx.lineage_put(
@@ -154,17 +169,33 @@ def rerun_many(
     rate: float | None,
     progress: Callable[[int], None] | None = None,
 ) -> list[RerunReport]:
-    """Rerun several jobs, at most ``rate`` per second; ``progress`` is told of each one done."""
+    """Rerun several jobs, at most ``rate`` per second; ``progress`` is told of each one done.
+
+    The limit spaces the reruns' starts — each taken once its recording is read, just
+    before its lineage row and its handler — at least ``1 / rate`` seconds apart.
+    """
     runtime = source.runtime
+    _require_named_effects(allow_effects)
+    limiter = _StartSpacing(1.0 / rate if rate else 0.0)
     reports = []
-    interval = 1.0 / rate if rate else 0.0
-    next_start = time.monotonic()
     for job_id in job_ids:
-        wait = next_start - time.monotonic()
-        if wait > 0:
-            time.sleep(wait)
-        next_start = max(next_start, time.monotonic()) + interval
-        reports.append(rerun(runtime, job_id, allow_effects=allow_effects))
+        with held(runtime, job_id, "rerun"):
+            reports.append(_rerun(runtime, job_id, allow_effects, limiter.wait))
         if progress is not None:
             progress(1)
     return reports
+
+
+class _StartSpacing:
+    """Starts at least ``interval`` seconds apart on the monotonic clock."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._next: float | None = None
+
+    def wait(self) -> None:
+        if self._next is not None:
+            delay = self._next - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+        self._next = time.monotonic() + self.interval
