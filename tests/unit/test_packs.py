@@ -220,3 +220,16 @@ def test_a_deflated_pack_keeps_no_reference_to_its_events() -> None:
     kept = attempt_events()
     packs.pack_row(kept, packs.FORMAT_JSON)
     assert all(id(event) in packs._ITEM_TEXTS for event in kept)
+
+
+def test_a_joins_pieces_and_stored_bytes_are_bytearrays_and_its_row_keeps_its_bytes() -> None:
+    # A join's parameters (``trace_join``): the ``sqlite3`` driver binds a ``bytearray``
+    # as it is, where ``bytes`` first costs it a failed adapter lookup.
+    events = attempt_events()
+    row, writer = packs.opened_row(events[:1], packs.FORMAT_DEFLATE)
+    assert writer is not None
+    before = writer.stored
+    piece = writer.more(packs.pack_items(events[1:2], row["hlc"], row["ts"]))
+    assert type(piece) is bytearray and type(writer.stored) is bytearray
+    # ``stored`` is replaced, not grown in place: a row built before still holds its bytes.
+    assert before == row["events"] and writer.stored == row["events"] + piece
