@@ -274,14 +274,15 @@ def test_a_new_jobs_enqueued_pack_is_its_data_values_and_reads_back_as_its_json(
     # data, not deflated; read back (Python and the SQL function alike) as format 1's JSON.
     row, writer = packs.opened_row([event], packs.FORMAT_DEFLATE)
     data = row["events"]
-    assert isinstance(data, bytes) and data[:1] == b"\x03"
+    # A bytearray, which the sqlite3 driver binds without a failed adapter lookup.
+    assert type(data) is bytearray and data[:1] == b"\x03"
     assert writer is None  # a later event of its group rewrites the pack (trace_extend)
     as_json = packs.pack_row([event], packs.FORMAT_JSON)["events"]
     assert packs.pack_json(data) == as_json
     assert packs.unpack({**row, "id": 5}) == packs.unpack(stored([event], packs.FORMAT_JSON))
     connection = sqlite3.connect(":memory:")
     packs.register_sqlite(connection)
-    assert connection.execute("SELECT rq_pack_json(?)", (data,)).fetchone()[0] == as_json
+    assert connection.execute("SELECT rq_pack_json(?)", (bytes(data),)).fetchone()[0] == as_json
     connection.close()
 
 
@@ -292,7 +293,7 @@ def test_enqueued_packs_take_no_more_bytes_than_deflated() -> None:
     for run_at in (1_796_000_000.123456, 1_796_316_307.0042136, 1_796_316_307.1042137, 1e9):
         event = enqueued(run_at)
         stored_bytes = packs.opened_row([event], packs.FORMAT_DEFLATE)[0]["events"]
-        assert isinstance(stored_bytes, bytes)
+        assert isinstance(stored_bytes, bytearray)
         items = packs.pack_items([event], event.hlc, event.ts)
         stream = packs.PackWriter(lifecycle=True).first(items)
         assert len(stored_bytes) <= len(stream) + 3

@@ -271,9 +271,12 @@ _ENQUEUED_FIELDS = ("run_at", "priority", "message_id", "ordering_key", "causati
 _ENQUEUED_KEYS = frozenset(_ENQUEUED_FIELDS)
 
 
-def enqueued_pack(event: TraceEvent) -> bytes | None:
+def enqueued_pack(event: TraceEvent) -> bytearray | None:
     """The format 3 ``events`` of a pack holding ``event`` alone, or ``None`` if it is not a
-    new job's ``job.enqueued`` as ``pack_json`` rebuilds it (then it is deflated)."""
+    new job's ``job.enqueued`` as ``pack_json`` rebuilds it (then it is deflated).
+
+    A ``bytearray``, as ``PackWriter``'s pieces: the ``sqlite3`` driver binds it at once,
+    where ``bytes`` first costs it a failed adapter lookup (~3.7 K instructions)."""
     data = event.data
     if (
         event.name != JOB_ENQUEUED
@@ -294,7 +297,11 @@ def enqueued_pack(event: TraceEvent) -> bytes | None:
     while values and values[-1] is None:
         values.pop()
     text = codec.stored_text(values)
-    return None if text is None else _ENQUEUED_MARK + text.encode()
+    if text is None:
+        return None
+    packed = bytearray(_ENQUEUED_MARK)
+    packed += text.encode()
+    return packed
 
 
 def _enqueued_json(stored: bytes) -> str:
@@ -419,7 +426,9 @@ def opened_row(
     return _row(first, base, last, stored), writer
 
 
-def _row(first: TraceEvent, base: int, last: int, stored: str | bytes) -> dict[str, Any]:
+def _row(
+    first: TraceEvent, base: int, last: int, stored: str | bytes | bytearray
+) -> dict[str, Any]:
     return {
         "trace_id": first.trace_id,
         "job_id": first.job_id,
