@@ -233,3 +233,85 @@ def test_a_joins_pieces_and_stored_bytes_are_bytearrays_and_its_row_keeps_its_by
     assert type(piece) is bytearray and type(writer.stored) is bytearray
     # ``stored`` is replaced, not grown in place: a row built before still holds its bytes.
     assert before == row["events"] and writer.stored == row["events"] + piece
+
+
+def enqueued(run_at: float, **data: object) -> TraceEvent:
+    """A new job's ``job.enqueued`` as ``queue/enqueue.py`` builds it."""
+    return TraceEvent(
+        trace_id="0123456789abcdef0123456789abcdef",
+        job_id=41,
+        attempt=0,
+        name="job.enqueued",
+        kind="lifecycle",
+        status="queued",
+        ts=1_796_000_000.5,
+        hlc=9_000_000,
+        data={
+            "message_id": None,
+            "priority": 0,
+            "run_at": run_at,
+            "ordering_key": None,
+            "causation_id": None,
+            **data,
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        enqueued(1_796_000_000.5),
+        enqueued(1_796_000_060.123456, priority=-3),
+        enqueued(1_796_000_000, message_id='order-7 ü "q"', ordering_key="customer:1"),
+        enqueued(1_796_000_000.5, causation_id="01234567", message_id=None),
+    ],
+    ids=["defaults", "delayed", "message-and-key", "causation-only"],
+)
+def test_a_new_jobs_enqueued_pack_is_its_data_values_and_reads_back_as_its_json(
+    event: TraceEvent,
+) -> None:
+    # Format 3 (SQLite): the one event of a new job's first pack, stored as the values of its
+    # data, not deflated; read back (Python and the SQL function alike) as format 1's JSON.
+    row, writer = packs.opened_row([event], packs.FORMAT_DEFLATE)
+    data = row["events"]
+    # A bytearray, which the sqlite3 driver binds without a failed adapter lookup.
+    assert type(data) is bytearray and data[:1] == b"\x03"
+    assert writer is None  # a later event of its group rewrites the pack (trace_extend)
+    as_json = packs.pack_row([event], packs.FORMAT_JSON)["events"]
+    assert packs.pack_json(data) == as_json
+    assert packs.unpack({**row, "id": 5}) == packs.unpack(stored([event], packs.FORMAT_JSON))
+    connection = sqlite3.connect(":memory:")
+    packs.register_sqlite(connection)
+    assert connection.execute("SELECT rq_pack_json(?)", (bytes(data),)).fetchone()[0] == as_json
+    connection.close()
+
+
+def test_enqueued_packs_take_no_more_bytes_than_deflated() -> None:
+    # Over run_at values as ``time.time()`` gives them (one shares digits with the
+    # dictionary's sample time, which deflate then matches): each within a few bytes.
+    compact = deflated = 0
+    for run_at in (1_796_000_000.123456, 1_796_316_307.0042136, 1_796_316_307.1042137, 1e9):
+        event = enqueued(run_at)
+        stored_bytes = packs.opened_row([event], packs.FORMAT_DEFLATE)[0]["events"]
+        assert isinstance(stored_bytes, bytearray)
+        items = packs.pack_items([event], event.hlc, event.ts)
+        stream = packs.PackWriter(lifecycle=True).first(items)
+        assert len(stored_bytes) <= len(stream) + 3
+        compact, deflated = compact + len(stored_bytes), deflated + len(stream)
+    assert compact <= deflated
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        enqueued(1_796_000_000.5, extra=1),  # data the format does not hold
+        TraceEvent(**{**enqueued(1.0).__dict__, "status": "scheduled"}),
+        TraceEvent(**{**enqueued(1.0).__dict__, "job_id": None}),  # a derived trace's
+    ],
+    ids=["extra-data", "other-status", "no-job"],
+)
+def test_an_enqueued_event_of_another_shape_is_deflated(event: TraceEvent) -> None:
+    row, writer = packs.opened_row([event], packs.FORMAT_DEFLATE)
+    data = row["events"]
+    assert isinstance(data, bytes) and data[:1] == b"\x02" and writer is not None
+    assert packs.pack_json(data) == packs.pack_row([event], packs.FORMAT_JSON)["events"]

@@ -108,7 +108,7 @@ DELETE FROM rq_lineage WHERE trace_id = :trace_id;
 -- name: gc_blobs
 -- Blobs nobody stored since ``before`` that nothing references: no trace event (only
 -- packs that name a blob at all are unpacked), state version, step or idempotency record.
--- rq_pack_json: a pack's events as JSON text, of either format (storage/packs.py).
+-- rq_pack_json: a pack's events as JSON text, of any format (storage/packs.py).
 SELECT b.hash AS hash, b.stored_size AS stored_size
 FROM rq_blobs AS b
 WHERE b.hash > :after AND b.used_at < :before
