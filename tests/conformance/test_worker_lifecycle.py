@@ -438,20 +438,26 @@ def test_one_heartbeat_statement_extends_every_held_lease_and_only_the_lost_one_
     app: replayq.App, clock: replayq.FrozenClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from replayq.storage.sql_transaction import SqlTransaction
+    from replayq.storage.sqlite import SqliteTransaction
 
     ids = [app.enqueue("ok", {"n": n}) for n in range(3)]
     worker = replayq.Worker(app, worker_id="beating", concurrency=3)
     leased = {job.id: job for job in worker.lease(3)}
     assert sorted(leased) == ids
     extends: list[str] = []
-    execute = SqlTransaction.execute
 
-    def counted(tx: SqlTransaction, name: str, params: object = None) -> object:
-        if name == "leases_extend":
-            extends.append(name)
-        return execute(tx, name, params)  # type: ignore[arg-type]
+    # Each backend's transaction class runs its statements through its own ``execute``.
+    for cls in (SqlTransaction, SqliteTransaction):
+        execute = cls.execute
 
-    monkeypatch.setattr(SqlTransaction, "execute", counted)
+        def counted(
+            tx: SqlTransaction, name: str, params: object = None, execute: Any = execute
+        ) -> object:
+            if name == "leases_extend":
+                extends.append(name)
+            return execute(tx, name, params)
+
+        monkeypatch.setattr(cls, "execute", counted)
     flights = list(worker._inflight.values())
     clock.advance(5)
     worker.extend_leases(flights)

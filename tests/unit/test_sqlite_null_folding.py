@@ -1,11 +1,15 @@
 """The SQLite insert's ``None`` parameters written ``NULL`` in its text (``null_folded``),
-the others bound by position (``positional``)."""
+the others bound by position (``positional``); every statement bound by position where its
+text allows (``by_position``)."""
 
 from __future__ import annotations
 
 import sqlite3
+from pathlib import Path
 
-from replayq.storage.sqlite import null_folded, positional
+import pytest
+
+from replayq.storage.sqlite import SqliteTransaction, by_position, null_folded, positional
 
 
 def test_only_the_named_parameters_become_null_whole_names_only() -> None:
@@ -73,4 +77,40 @@ def test_a_positional_statement_stores_what_the_named_one_does() -> None:
         ("blob", "real"),
         ("blob", "null"),
     ]
+    conn.close()
+
+
+def test_a_statement_whose_text_may_hold_a_colon_that_is_no_parameter_binds_by_name() -> None:
+    # A literal's ':v' or a comment's ':name' is no parameter: written ``?`` it would be a
+    # placeholder more than the values bound, or a literal changed.
+    assert by_position("SELECT 1 FROM t WHERE r >= :r || ':v'") is None
+    assert by_position("-- the :r prefix\nSELECT 1 FROM t WHERE r = :r") is None
+    assert by_position("SELECT 1 /* :r */ FROM t WHERE r = :r") is None
+    found = by_position("SELECT 'x' || a FROM t WHERE a = :a AND b = 'b'")
+    assert found is not None
+    text, values_of = found
+    assert (text, values_of({"a": 1, "other": 2})) == (
+        "SELECT 'x' || a FROM t WHERE a = ? AND b = 'b'",
+        (1,),
+    )
+
+
+def test_statements_run_by_position_read_and_write_what_binding_by_name_does(
+    tmp_path: Path,
+) -> None:
+    """The worker's and the CLI's statements run through ``SqliteTransaction.execute``:
+    bound by position where the text allows, by name where it does not, a missing
+    parameter reported by the driver as before."""
+    conn = sqlite3.connect(tmp_path / "q.db")
+    conn.execute("CREATE TABLE t (r TEXT, n INTEGER)")
+    queries = {
+        "put": "INSERT INTO t (r, n) VALUES (:r, :n)",
+        "prefixed": "SELECT r, n FROM t WHERE r >= :r || ':v' AND r < :r || ':w' ORDER BY n",
+    }
+    tx = SqliteTransaction(conn, queries)
+    for n, r in enumerate(["a:v1", "a:v2", "b:v1", "a"]):
+        tx.execute("put", {"r": r, "n": n})
+    assert tx.execute("prefixed", {"r": "a"}).fetchall() == [("a:v1", 0), ("a:v2", 1)]
+    with pytest.raises(sqlite3.ProgrammingError, match="binding parameter :n"):
+        tx.execute("put", {"r": "c"})
     conn.close()
