@@ -89,7 +89,7 @@ def contract_diff(env: Env, job_type: str, old: str, new: str, as_json: bool) ->
             raise click.ClickException(f"{job_type} has no stored version {version!r}")
     changes = replayq.diff_contracts(found[old], found[new])
     if as_json:
-        emit_json([vars(c) for c in changes])
+        emit_json([structs.asdict(c) for c in changes])
     elif not changes:
         click.echo(f"{job_type}: {old} and {new} have the same contract")
     else:
@@ -106,7 +106,7 @@ def contract_lint(env: Env, job_type: str | None, as_json: bool) -> None:
     """Flag contracts that break the rules (exit 1 if any finding)."""
     findings = env.app().lint(job_type)
     if as_json:
-        emit_json([vars(f) for f in findings])
+        emit_json([structs.asdict(f) for f in findings])
     elif not findings:
         click.echo("no findings")
     else:

@@ -35,6 +35,8 @@ from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from msgspec import Struct
+
 from replayq.durations import Duration, parse_duration
 from replayq.errors import ConfigurationError
 
@@ -114,8 +116,7 @@ class Schedule:
         return found
 
 
-@dataclass(frozen=True)
-class SlotDecision:
+class SlotDecision(Struct, frozen=True):
     """What one look at a schedule decided: the slots to enqueue, oldest first, and the
     new anchor (``None``: nothing was due)."""
 
