@@ -172,7 +172,7 @@ def locks_list(env: Env, as_json: bool) -> None:
     app = env.app()
     held = replayq.list_locks(app)
     if as_json:
-        emit_json([vars(lock) for lock in held])
+        emit_json([structs.asdict(lock) for lock in held])
         return
     if not held:
         click.echo("(no locks held)")
@@ -243,7 +243,7 @@ def state_history(env: Env, namespace: str, key: str, as_json: bool) -> None:
     """Every version of an entity with the job that wrote it."""
     versions = env.app().state.history(namespace, key)
     if as_json:
-        emit_json([vars(v) for v in versions])
+        emit_json([structs.asdict(v) for v in versions])
         return
     click.echo(render.state_history(versions))
 
