@@ -32,7 +32,7 @@ from replayq.queue.scheduler import ScheduleStatus, schedule_statuses
 from replayq.recording.effects_facade import EffectsFacade
 from replayq.recording.state import StateStore
 from replayq.redaction import Redaction, Redactor
-from replayq.rollout.background import verify_handler
+from replayq.rollout.verify_job import verify_handler
 from replayq.runtime import DEFAULT_BLOB_LIMIT_BYTES, Limits, Runtime
 from replayq.storage import open_storage
 from replayq.storage.adopted import AsyncConnectionView, run_bridged

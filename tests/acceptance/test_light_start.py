@@ -22,6 +22,12 @@ NOT_AT_START = (
     "replayq.rollout.control",  # changing routing, with its gates and the lock file
     "replayq.rollout.gates",
     "replayq.rollout.lockfile",
+    # Verification, shadow runs and routing records: loaded when a type has routing or a
+    # verification runs (the worker's start declares replayq.verify through verify_job).
+    "replayq.rollout.background",
+    "replayq.rollout.routing",
+    "replayq.rollout.shadow",
+    "replayq.rollout.verify",
     "replayq.observe.fleet",
     "replayq.observe.metrics",
     "replayq.web",

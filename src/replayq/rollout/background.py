@@ -30,19 +30,15 @@ from typing import Any
 
 from replayq.errors import ReplayqError
 from replayq.model import Job
-from replayq.queue.contracts import Retry, build_contract
 from replayq.queue.enqueue import EnqueueRequest, insert_job
-from replayq.queue.handlers import Handler, PayloadShape
 from replayq.recording.context import Context
 from replayq.recording.ledger import CompletedStep, ledger_loader
 from replayq.rollout.verify import DIFFERENCE_CLASSES, VerifyReport, compare_attempts
 from replayq.rollout.verify import recorded_attempts as select_attempts
+from replayq.rollout.verify_job import CHUNK, VERIFY_JOB_TYPE
 from replayq.runtime import Runtime, RuntimeSource
 from replayq.storage.protocol import JobFilter
 
-VERIFY_JOB_TYPE = "replayq.verify"
-CHUNK = 200
-"""Attempts per chunk: the most a killed run does again."""
 SELECT_STEP = "select attempts"
 
 
@@ -89,19 +85,18 @@ def _empty_report(request: dict[str, Any]) -> VerifyReport:
     )
 
 
-def _run(
+def run(
     ctx: Context,
     job_type: str,
     from_version: str,
     to_version: str,
-    sample: int | None = None,
-    since: float | None = None,
-    states: list[str] | None = None,
-    allow: list[str] | None = None,
-    rate: float | None = None,
-    chunk: int = CHUNK,
+    sample: int | None,
+    since: float | None,
+    states: list[str] | None,
+    chunk: int,
 ) -> dict[str, Any]:
-    """The ``replayq.verify`` handler: select once, then one step per chunk."""
+    """The body of the ``replayq.verify`` handler (``verify_job``): select once, then one
+    step per chunk."""
     runtime = ctx.runtime
     request = dict(ctx.job.payload)
     runtime.registry.handler(job_type, to_version)  # this worker must declare the candidate
@@ -111,19 +106,6 @@ def _run(
         part = todo[start : start + max(1, chunk)]
         report.merge(ctx.step(_chunk_step(index), _verify_chunk, runtime, request, part))
     return report.to_dict()
-
-
-def verify_handler() -> Handler:
-    """The handler of ``replayq.verify`` (declared by every ``App``)."""
-    contract = build_contract(
-        VERIFY_JOB_TYPE,
-        fields=PayloadShape.from_function(_run).fields,
-        # A short lease, kept alive by heartbeats: a killed run is picked up again soon.
-        lease="10s",
-        heartbeat="2s",
-        retry=Retry(max_attempts=10, base="1s", cap="30s"),
-    )
-    return Handler(contract, _run, PayloadShape.from_function(_run), {})
 
 
 def start_verify(
