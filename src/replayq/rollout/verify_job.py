@@ -1,6 +1,6 @@
 """The ``replayq.verify`` job type, as every ``App`` declares it: its contract and entry.
 
-Its body is ``background.run``, imported when a worker first runs a verification:
+Its body is ``verify_steps.run``, imported when a worker first runs a verification:
 every worker and every ``App`` declares the type, few run one, and the verification
 code (the replay engine's comparisons, the report) cost each of them at start.
 """
@@ -31,7 +31,7 @@ def _run(
     chunk: int = CHUNK,
 ) -> dict[str, Any]:
     """The ``replayq.verify`` handler: select once, then one step per chunk."""
-    from replayq.rollout.background import run
+    from replayq.rollout.verify_steps import run
 
     return run(ctx, job_type, from_version, to_version, sample, since, states, chunk)
 
