@@ -28,6 +28,7 @@ NOT_AT_START = (
     "replayq.rollout.routing",
     "replayq.rollout.shadow",
     "replayq.rollout.verify",
+    "replayq.rollout.verify_steps",
     "replayq.observe.fleet",
     "replayq.observe.metrics",
     "replayq.web",
@@ -54,8 +55,9 @@ NOT_AT_START = (
 )
 
 
-UNLESS_PSYCOPG = ("asyncio", "importlib.metadata")
-"""Only an ``async def`` handler and ``--version`` need these; psycopg imports both itself."""
+UNLESS_PSYCOPG = ("asyncio", "importlib.metadata", "importlib.resources", "socket", "zoneinfo")
+"""Only an ``async def`` handler, ``--version``, a zip install's SQL files and schedules
+need these (the host name is ``platform.node()``); psycopg imports them all itself."""
 
 
 def loaded_of(modules: list[str], names: tuple[str, ...] = NOT_AT_START) -> list[str]:

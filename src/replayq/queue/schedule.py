@@ -33,7 +33,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from msgspec import Struct
 
@@ -63,6 +62,8 @@ class MissedSlots(enum.StrEnum):
 
 def cron_slots(cron: str, timezone: str, at: float) -> Any:
     """A ``croniter`` over ``cron``'s slots in ``timezone``, starting at ``at``."""
+    from zoneinfo import ZoneInfo
+
     from croniter import croniter
 
     return croniter(cron, datetime.fromtimestamp(at, ZoneInfo(timezone)))
@@ -84,6 +85,9 @@ class Schedule:
     priority: int = 0
 
     def __post_init__(self) -> None:
+        # Imported here, as croniter: zoneinfo (8M instructions) is the schedules' alone.
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
         from croniter import croniter
 
         if not croniter.is_valid(self.cron):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 import queue
-import socket
 import threading
 import uuid
 from collections.abc import Sequence
@@ -139,7 +139,9 @@ class WorkerCore:
         self.burst = burst
         # A burst run waits for jobs due within this many seconds (delayed, retrying).
         self.burst_wait = burst_wait
-        self.worker_id = worker_id or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        # platform.node() is the host name, as socket.gethostname(): importing socket (its
+        # enums) cost an SQLite worker 13M instructions at start, for this one call.
+        self.worker_id = worker_id or f"{platform.node()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.poll_interval = poll_interval
         self.reap_interval = reap_interval
         self.grace_period = grace_period
