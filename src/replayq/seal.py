@@ -100,7 +100,6 @@ import os
 import shlex
 import shutil
 import sys
-import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -220,6 +219,10 @@ def _temp_root() -> str:
     """The system's temporary directory with symbolic links resolved (looked up once)."""
     if not _TEMP_ROOT:
         with unsealed():
+            # Imported here: a seal is a replay's, and importing tempfile cost every
+            # process's start.
+            import tempfile
+
             _TEMP_ROOT.append(os.path.realpath(tempfile.gettempdir()))
     return _TEMP_ROOT[0]
 
@@ -250,7 +253,7 @@ def _install() -> None:
         sys.addaudithook(_audit)
         _installed = True
     # An earlier hook can veto sys.addaudithook without an error: make sure ours runs.
-    probe = SealReport(reserved_dir=Path(tempfile.gettempdir()), allow_io=True, created=True)
+    probe = SealReport(reserved_dir=Path(_temp_root()), allow_io=True, created=True)
     token = _ACTIVE.set(_Seal(probe, _no_step, ()))
     try:
         sys.audit(_PROBE)

@@ -55,9 +55,11 @@ NOT_AT_START = (
 )
 
 
-UNLESS_PSYCOPG = ("asyncio", "importlib.metadata", "importlib.resources", "socket", "zoneinfo")
-"""Only an ``async def`` handler, ``--version``, a zip install's SQL files and schedules
-need these (the host name is ``platform.node()``); psycopg imports them all itself."""
+UNLESS_PSYCOPG = ("asyncio", "importlib.metadata", "importlib.resources", "socket", "tempfile")
+UNLESS_PSYCOPG += ("zoneinfo",)
+"""Only an ``async def`` handler, ``--version``, a zip install's SQL files, schedules and
+a replay's seal need these (the host name is ``platform.node()``); psycopg imports them
+all itself."""
 
 
 def loaded_of(modules: list[str], names: tuple[str, ...] = NOT_AT_START) -> list[str]:
