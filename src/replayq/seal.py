@@ -158,11 +158,21 @@ class SealReport:
         return [v for v in self.violations if not v.allowed]
 
 
-@dataclass(frozen=True)
 class _Seal:
-    report: SealReport
-    step: Callable[[], str | None]
-    allowed_dirs: tuple[str, ...]
+    """One active seal: its report, the current step's name, the directories it may write.
+
+    A plain class, not a dataclass: it is never compared, and a frozen dataclass
+    compiles its methods when the module is imported, at every process's start.
+    """
+
+    __slots__ = ("allowed_dirs", "report", "step")
+
+    def __init__(
+        self, report: SealReport, step: Callable[[], str | None], allowed_dirs: tuple[str, ...]
+    ) -> None:
+        self.report = report
+        self.step = step
+        self.allowed_dirs = allowed_dirs
 
     def permits(self, path: str) -> bool:
         """Whether writing ``path`` (absolute, symbolic links resolved) stays inside the run."""
