@@ -9,6 +9,8 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from msgspec import structs
+
 from replayq.clock import Clock, HybridLogicalClock, SystemClock
 from replayq.durations import Duration
 from replayq.errors import ContractError, FailureClass, ReplayqError
@@ -343,7 +345,7 @@ class App(JobsFacade, EffectsFacade):
             active = self.registry.active_version(job_type)
             if (job_type, active) in contracts:
                 contracts[(job_type, None)] = contracts[(job_type, active)]
-        return dataclasses.replace(self.retention, contracts=contracts)
+        return structs.replace(self.retention, contracts=contracts)
 
     def keep(self, job_id: int, reason: str) -> None:
         """Pin a job so gc never collects it (``replayq keep JOB --reason``)."""
