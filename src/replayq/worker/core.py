@@ -14,8 +14,9 @@ import queue
 import threading
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from msgspec import Struct, field
 
 from replayq.errors import UnknownJobTypeError
 from replayq.model import Job
@@ -42,8 +43,7 @@ DEFAULT_ACK_WINDOW = 0.005
 DEFAULT_PREFETCH_WINDOW = 0.1
 
 
-@dataclass
-class InFlight:
+class InFlight(Struct):
     """A job this worker holds a lease on."""
 
     job: Job
@@ -68,8 +68,7 @@ class InFlight:
     beat: threading.Lock = field(default_factory=threading.Lock)
 
 
-@dataclass
-class WorkerStats:
+class WorkerStats(Struct):
     """What one worker run did."""
 
     leased: int = 0
