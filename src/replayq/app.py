@@ -9,6 +9,8 @@ import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from msgspec import structs
+
 from replayq.clock import Clock, HybridLogicalClock, SystemClock
 from replayq.durations import Duration
 from replayq.errors import ContractError, FailureClass, ReplayqError
@@ -32,7 +34,7 @@ from replayq.queue.scheduler import ScheduleStatus, schedule_statuses
 from replayq.recording.effects_facade import EffectsFacade
 from replayq.recording.state import StateStore
 from replayq.redaction import Redaction, Redactor
-from replayq.rollout.background import verify_handler
+from replayq.rollout.verify_job import verify_handler
 from replayq.runtime import DEFAULT_BLOB_LIMIT_BYTES, Limits, Runtime
 from replayq.storage import open_storage
 from replayq.storage.adopted import AsyncConnectionView, run_bridged
@@ -343,7 +345,7 @@ class App(JobsFacade, EffectsFacade):
             active = self.registry.active_version(job_type)
             if (job_type, active) in contracts:
                 contracts[(job_type, None)] = contracts[(job_type, active)]
-        return dataclasses.replace(self.retention, contracts=contracts)
+        return structs.replace(self.retention, contracts=contracts)
 
     def keep(self, job_id: int, reason: str) -> None:
         """Pin a job so gc never collects it (``replayq keep JOB --reason``)."""

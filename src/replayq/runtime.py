@@ -20,6 +20,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from msgspec import Struct
+
 from replayq.clock import Clock, HybridLogicalClock, SystemClock
 from replayq.errors import SchemaError
 from replayq.queue.handlers import Handler, HandlerRegistry
@@ -35,8 +37,7 @@ DEFAULT_BLOB_LIMIT_BYTES = 16 * 1024 * 1024
 UNCHECKED_MAX_PAYLOAD_BYTES = 256 * 1024
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(Struct, frozen=True):
     """Sizes replayq enforces: recorded values, and payloads of undeclared job types."""
 
     blob_limit_bytes: int = DEFAULT_BLOB_LIMIT_BYTES

@@ -100,7 +100,6 @@ import os
 import shlex
 import shutil
 import sys
-import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -159,11 +158,21 @@ class SealReport:
         return [v for v in self.violations if not v.allowed]
 
 
-@dataclass(frozen=True)
 class _Seal:
-    report: SealReport
-    step: Callable[[], str | None]
-    allowed_dirs: tuple[str, ...]
+    """One active seal: its report, the current step's name, the directories it may write.
+
+    A plain class, not a dataclass: it is never compared, and a frozen dataclass
+    compiles its methods when the module is imported, at every process's start.
+    """
+
+    __slots__ = ("allowed_dirs", "report", "step")
+
+    def __init__(
+        self, report: SealReport, step: Callable[[], str | None], allowed_dirs: tuple[str, ...]
+    ) -> None:
+        self.report = report
+        self.step = step
+        self.allowed_dirs = allowed_dirs
 
     def permits(self, path: str) -> bool:
         """Whether writing ``path`` (absolute, symbolic links resolved) stays inside the run."""
@@ -220,6 +229,10 @@ def _temp_root() -> str:
     """The system's temporary directory with symbolic links resolved (looked up once)."""
     if not _TEMP_ROOT:
         with unsealed():
+            # Imported here: a seal is a replay's, and importing tempfile cost every
+            # process's start.
+            import tempfile
+
             _TEMP_ROOT.append(os.path.realpath(tempfile.gettempdir()))
     return _TEMP_ROOT[0]
 
@@ -250,7 +263,7 @@ def _install() -> None:
         sys.addaudithook(_audit)
         _installed = True
     # An earlier hook can veto sys.addaudithook without an error: make sure ours runs.
-    probe = SealReport(reserved_dir=Path(tempfile.gettempdir()), allow_io=True, created=True)
+    probe = SealReport(reserved_dir=Path(_temp_root()), allow_io=True, created=True)
     token = _ACTIVE.set(_Seal(probe, _no_step, ()))
     try:
         sys.audit(_PROBE)

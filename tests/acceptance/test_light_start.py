@@ -22,10 +22,28 @@ NOT_AT_START = (
     "replayq.rollout.control",  # changing routing, with its gates and the lock file
     "replayq.rollout.gates",
     "replayq.rollout.lockfile",
+    # Verification, shadow runs and routing records: loaded when a type has routing or a
+    # verification runs (the worker's start declares replayq.verify through verify_job).
+    "replayq.rollout.background",
+    "replayq.rollout.routing",
+    "replayq.rollout.shadow",
+    "replayq.rollout.verify",
+    "replayq.rollout.verify_steps",
     "replayq.observe.fleet",
     "replayq.observe.metrics",
     "replayq.web",
     "replayq.demo",
+    # The command groups a worker never runs (the worker's own is replayq.cli.jobs).
+    "replayq.cli.admin",
+    "replayq.cli.effects",
+    "replayq.cli.events",
+    "replayq.cli.metrics",
+    "replayq.cli.replay",
+    "replayq.cli.retention",
+    "replayq.cli.rollout",
+    "replayq.cli.schedules",
+    "replayq.cli.trace",
+    "replayq.cli.web",
     "rich",
     "croniter",
     "urllib.request",
@@ -37,8 +55,11 @@ NOT_AT_START = (
 )
 
 
-UNLESS_PSYCOPG = ("asyncio", "importlib.metadata")
-"""Only an ``async def`` handler and ``--version`` need these; psycopg imports both itself."""
+UNLESS_PSYCOPG = ("asyncio", "importlib.metadata", "importlib.resources", "socket", "tempfile")
+UNLESS_PSYCOPG += ("zoneinfo",)
+"""Only an ``async def`` handler, ``--version``, a zip install's SQL files, schedules and
+a replay's seal need these (the host name is ``platform.node()``); psycopg imports them
+all itself."""
 
 
 def loaded_of(modules: list[str], names: tuple[str, ...] = NOT_AT_START) -> list[str]:

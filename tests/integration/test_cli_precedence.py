@@ -114,7 +114,11 @@ def test_version_is_printed_and_is_the_packages() -> None:
 def walk(command: click.Command, path: str = "replayq") -> list[tuple[str, click.Command]]:
     found = [(path, command)]
     if isinstance(command, click.Group):
-        for name, sub in command.commands.items():
+        # list_commands/get_command, not .commands: the root group loads most on demand.
+        ctx = click.Context(command)
+        for name in command.list_commands(ctx):
+            sub = command.get_command(ctx, name)
+            assert sub is not None, name
             found += walk(sub, f"{path} {name}")
     return found
 

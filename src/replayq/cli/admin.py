@@ -89,7 +89,7 @@ def contract_diff(env: Env, job_type: str, old: str, new: str, as_json: bool) ->
             raise click.ClickException(f"{job_type} has no stored version {version!r}")
     changes = replayq.diff_contracts(found[old], found[new])
     if as_json:
-        emit_json([vars(c) for c in changes])
+        emit_json([structs.asdict(c) for c in changes])
     elif not changes:
         click.echo(f"{job_type}: {old} and {new} have the same contract")
     else:
@@ -106,7 +106,7 @@ def contract_lint(env: Env, job_type: str | None, as_json: bool) -> None:
     """Flag contracts that break the rules (exit 1 if any finding)."""
     findings = env.app().lint(job_type)
     if as_json:
-        emit_json([vars(f) for f in findings])
+        emit_json([structs.asdict(f) for f in findings])
     elif not findings:
         click.echo("no findings")
     else:
@@ -172,7 +172,7 @@ def locks_list(env: Env, as_json: bool) -> None:
     app = env.app()
     held = replayq.list_locks(app)
     if as_json:
-        emit_json([vars(lock) for lock in held])
+        emit_json([structs.asdict(lock) for lock in held])
         return
     if not held:
         click.echo("(no locks held)")
@@ -243,7 +243,7 @@ def state_history(env: Env, namespace: str, key: str, as_json: bool) -> None:
     """Every version of an entity with the job that wrote it."""
     versions = env.app().state.history(namespace, key)
     if as_json:
-        emit_json([vars(v) for v in versions])
+        emit_json([structs.asdict(v) for v in versions])
         return
     click.echo(render.state_history(versions))
 

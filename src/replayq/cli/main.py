@@ -29,6 +29,7 @@ database URL masked; ``--debug`` (or ``REPLAYQ_DEBUG=1``) shows the traceback.
 
 from __future__ import annotations
 
+import importlib
 import sys
 import traceback
 from typing import Any, NoReturn
@@ -37,19 +38,7 @@ import click
 
 import replayq
 from replayq import DatabaseUnavailableError, ReplayqError
-from replayq.cli import (
-    admin,
-    effects,
-    events,
-    jobs,
-    metrics,
-    replay,
-    retention,
-    rollout,
-    schedules,
-    trace,
-    web,
-)
+from replayq.cli import jobs
 from replayq.cli.env import Env
 from replayq.redaction import mask_url_passwords
 
@@ -69,8 +58,49 @@ def _fail(ctx: click.Context, exc: BaseException, message: str, code: int) -> No
     ctx.exit(code)
 
 
+# The groups a worker never runs load when their command is run or listed (``--help``):
+# importing them all cost every worker's start (issue 13). Each name maps to (module,
+# attribute); ``jobs``'s commands, ``worker`` among them, are registered as they are.
+LAZY_COMMANDS = {
+    "effects": ("replayq.cli.effects", "effects"),
+    "schedules": ("replayq.cli.schedules", "schedules"),
+    "events": ("replayq.cli.events", "events"),
+    "metrics": ("replayq.cli.metrics", "metrics"),
+    "web": ("replayq.cli.web", "web"),
+    "trace": ("replayq.cli.trace", "trace_group"),
+    "db": ("replayq.cli.admin", "db"),
+    "contract": ("replayq.cli.admin", "contract"),
+    "locks": ("replayq.cli.admin", "locks"),
+    "outbox": ("replayq.cli.admin", "outbox"),
+    "state": ("replayq.cli.admin", "state"),
+    "demo": ("replayq.cli.admin", "demo_command"),
+    "gc": ("replayq.cli.retention", "gc"),
+    "keep": ("replayq.cli.retention", "keep"),
+    "replay": ("replayq.cli.replay", "replay"),
+    "fork": ("replayq.cli.replay", "fork_command"),
+    "diff": ("replayq.cli.replay", "diff_command"),
+    "rerun": ("replayq.cli.replay", "rerun"),
+    "rollback": ("replayq.cli.replay", "rollback"),
+    "rollout": ("replayq.cli.rollout", "rollout"),
+}
+
+
 class Cli(click.Group):
-    """The one error handler: each failure is one line on stderr and a code from the table."""
+    """The one error handler: each failure is one line on stderr and a code from the table.
+
+    Also the group that imports a command of ``LAZY_COMMANDS`` when it is first asked for.
+    """
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *LAZY_COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in LAZY_COMMANDS:
+            module, attribute = LAZY_COMMANDS[cmd_name]
+            command = getattr(importlib.import_module(module), attribute)
+            assert isinstance(command, click.Command)
+            self.add_command(command, cmd_name)
+        return self.commands.get(cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -147,25 +177,5 @@ main.add_command(jobs.worker)
 main.add_command(jobs.enqueue)
 main.add_command(jobs.jobs)
 main.add_command(jobs.dead)
-main.add_command(effects.effects)
 main.add_command(jobs.stats)
 main.add_command(jobs.signals)
-main.add_command(schedules.schedules)
-main.add_command(events.events)
-main.add_command(metrics.metrics)
-main.add_command(web.web)
-main.add_command(trace.trace_group)
-main.add_command(admin.db)
-main.add_command(admin.contract)
-main.add_command(admin.locks)
-main.add_command(admin.outbox)
-main.add_command(admin.state)
-main.add_command(admin.demo_command)
-main.add_command(retention.gc)
-main.add_command(retention.keep)
-main.add_command(replay.replay)
-main.add_command(replay.fork_command)
-main.add_command(replay.diff_command)
-main.add_command(replay.rerun)
-main.add_command(replay.rollback)
-main.add_command(rollout.rollout)

@@ -12,6 +12,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
+from msgspec import Struct
+
 from replayq.durations import Duration, parse_duration
 from replayq.errors import ContractError, FailureClass
 from replayq.queue.retention import Retention, check_contract_retention
@@ -303,8 +305,7 @@ def build_contract(
     )
 
 
-@dataclass(frozen=True)
-class ContractChange:
+class ContractChange(Struct, frozen=True):
     """One difference between two versions of a contract."""
 
     field: str
@@ -370,8 +371,7 @@ def diff_contracts(old: JobContract, new: JobContract) -> list[ContractChange]:
     return changes
 
 
-@dataclass(frozen=True)
-class LintFinding:
+class LintFinding(Struct, frozen=True):
     """A contract rule that is broken, with the evidence."""
 
     job_type: str
@@ -380,8 +380,7 @@ class LintFinding:
     message: str
 
 
-@dataclass(frozen=True)
-class LockHold:
+class LockHold(Struct, frozen=True):
     """One observed lock hold: from ``lock.acquired`` to ``lock.released`` (or ``lock.expired``),
     with the TTL the lock was taken with (the contract's, or the one passed to ``ctx.lock``)."""
 

@@ -46,6 +46,8 @@ from decimal import Decimal, InvalidOperation
 from functools import cached_property
 from typing import Any
 
+from msgspec import Struct
+
 from replayq.errors import PayloadError
 from replayq.redaction import is_marker
 
@@ -62,8 +64,7 @@ def _wrong(path: str, expected: str, value: Any, hint: str = "") -> PayloadError
     )
 
 
-@dataclass(frozen=True)
-class FieldType:
+class FieldType(Struct, frozen=True):
     """One annotation's check and conversion, both ways.
 
     ``to_json`` takes what a producer passed (a rich value or its JSON form) and

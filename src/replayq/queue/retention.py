@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
+
+import msgspec
 
 from replayq.clock import Clock
 from replayq.errors import ConfigurationError
@@ -137,8 +139,7 @@ def check_contract_retention(
     return {name: fields[name] for name in RETENTION_FIELDS if name in fields}
 
 
-@dataclass(frozen=True)
-class RetentionPolicy:
+class RetentionPolicy(msgspec.Struct, frozen=True):
     """The app's default retention, its overrides per job type, and the job contracts'.
 
     ``contracts``: the retention fields each declared contract sets (an empty mapping:
@@ -147,9 +148,11 @@ class RetentionPolicy:
     (``by_type``, else ``default``).
     """
 
-    default: Retention = field(default_factory=Retention)
-    by_type: Mapping[str, Retention] = field(default_factory=dict)
-    contracts: Mapping[tuple[str, str | None], ContractRetention] = field(default_factory=dict)
+    default: Retention = msgspec.field(default_factory=Retention)
+    by_type: Mapping[str, Retention] = msgspec.field(default_factory=dict)
+    contracts: Mapping[tuple[str, str | None], ContractRetention] = msgspec.field(
+        default_factory=dict
+    )
 
     def of(self, job_type: str, version: str | None = None) -> Retention:
         base = self.by_type.get(job_type, self.default)

@@ -33,7 +33,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from msgspec import Struct
 
 from replayq.durations import Duration, parse_duration
 from replayq.errors import ConfigurationError
@@ -61,6 +62,8 @@ class MissedSlots(enum.StrEnum):
 
 def cron_slots(cron: str, timezone: str, at: float) -> Any:
     """A ``croniter`` over ``cron``'s slots in ``timezone``, starting at ``at``."""
+    from zoneinfo import ZoneInfo
+
     from croniter import croniter
 
     return croniter(cron, datetime.fromtimestamp(at, ZoneInfo(timezone)))
@@ -82,6 +85,9 @@ class Schedule:
     priority: int = 0
 
     def __post_init__(self) -> None:
+        # Imported here, as croniter: zoneinfo (8M instructions) is the schedules' alone.
+        from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
         from croniter import croniter
 
         if not croniter.is_valid(self.cron):
@@ -114,8 +120,7 @@ class Schedule:
         return found
 
 
-@dataclass(frozen=True)
-class SlotDecision:
+class SlotDecision(Struct, frozen=True):
     """What one look at a schedule decided: the slots to enqueue, oldest first, and the
     new anchor (``None``: nothing was due)."""
 

@@ -20,8 +20,9 @@ Backends: the database (default) and Redis (``App(cache_url="redis://...")``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
+
+from msgspec import Struct, structs
 
 from replayq.errors import PayloadError
 from replayq.recording.attempt import Attempt
@@ -29,8 +30,7 @@ from replayq.recording.state import read_entity
 from replayq.storage.cache import CacheEntry
 
 
-@dataclass(frozen=True)
-class CacheRead:
+class CacheRead(Struct, frozen=True):
     """What ``ctx.cache.get`` found: ``hit``, the value, its version, and whether it was stale."""
 
     key: str
@@ -132,7 +132,7 @@ class CacheView:
             version=read.version,
             stale=read.stale,
             current_version=read.current_version,
-            read=vars(read),
+            read=structs.asdict(read),
             **({"age": age} if age is not None and read.hit else {}),
         )
         if read.stale:

@@ -9,8 +9,9 @@ first use) to answer ``completed_step``; see ``replayq.recording.steps``.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
+
+from msgspec import Struct
 
 from replayq import codec
 from replayq.recording.blobs import load_json
@@ -18,8 +19,7 @@ from replayq.runtime import RuntimeSource
 from replayq.storage.protocol import StepRecord, Transaction
 
 
-@dataclass(frozen=True)
-class CompletedStep:
+class CompletedStep(Struct, frozen=True):
     """A step position that committed in an earlier attempt, and what it returned."""
 
     key: str

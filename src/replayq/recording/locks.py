@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
+
+from msgspec import Struct
 
 from replayq.durations import parse_duration
 from replayq.errors import ConfigurationError, LockTimeoutError
@@ -30,8 +31,7 @@ DEFAULT_WAIT_SECONDS = 10.0
 _POLL_SECONDS = 0.05
 
 
-@dataclass(frozen=True)
-class LockInfo:
+class LockInfo(Struct, frozen=True):
     """A lock as ``replayq locks list`` shows it."""
 
     resource: str

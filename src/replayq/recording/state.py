@@ -12,6 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from msgspec import Struct
+
 from replayq import codec
 from replayq.recording.attempt import Attempt, Refusal
 from replayq.recording.blobs import load_json
@@ -48,8 +50,7 @@ class Entity:
         return resource_name(self.namespace, self.key)
 
 
-@dataclass(frozen=True)
-class EntityVersion:
+class EntityVersion(Struct, frozen=True):
     """A stored version with its provenance, as ``history()`` lists it."""
 
     namespace: str

@@ -23,107 +23,19 @@ the job and its step ledger (``rollout verify-status``, ``rollout status``).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from replayq.errors import ReplayqError
 from replayq.model import Job
-from replayq.queue.contracts import Retry, build_contract
 from replayq.queue.enqueue import EnqueueRequest, insert_job
-from replayq.queue.handlers import Handler, PayloadShape
-from replayq.recording.context import Context
 from replayq.recording.ledger import CompletedStep, ledger_loader
-from replayq.rollout.verify import DIFFERENCE_CLASSES, VerifyReport, compare_attempts
-from replayq.rollout.verify import recorded_attempts as select_attempts
+from replayq.rollout.verify import DIFFERENCE_CLASSES, VerifyReport
+from replayq.rollout.verify_job import CHUNK, VERIFY_JOB_TYPE
+from replayq.rollout.verify_steps import SELECT_STEP, chunk_step, empty_report
 from replayq.runtime import Runtime, RuntimeSource
 from replayq.storage.protocol import JobFilter
-
-VERIFY_JOB_TYPE = "replayq.verify"
-CHUNK = 200
-"""Attempts per chunk: the most a killed run does again."""
-SELECT_STEP = "select attempts"
-
-
-def _chunk_step(index: int) -> str:
-    return f"chunk {index + 1}"
-
-
-def _select(
-    runtime: Runtime,
-    job_type: str,
-    from_version: str,
-    sample: int | None,
-    since: float | None,
-    states: list[str] | None,
-) -> list[list[Any]]:
-    return [
-        [job_id, attempt, last]
-        for job_id, attempt, last in select_attempts(
-            runtime, job_type, from_version, sample=sample, since=since, states=states
-        )
-    ]
-
-
-def _verify_chunk(
-    runtime: Runtime, request: dict[str, Any], part: list[list[Any]]
-) -> dict[str, Any]:
-    report = _empty_report(request)
-    todo = [(int(j), int(a), bool(last)) for j, a, last in part]
-    started = time.perf_counter()
-    for comparison in compare_attempts(
-        runtime, todo, request["to_version"], max_per_second=request.get("rate")
-    ):
-        report.add(comparison)
-    report.seconds = time.perf_counter() - started
-    return report.summary()
-
-
-def _empty_report(request: dict[str, Any]) -> VerifyReport:
-    return VerifyReport(
-        request["job_type"],
-        request["from_version"],
-        request["to_version"],
-        tuple(request.get("allow") or ()),
-    )
-
-
-def _run(
-    ctx: Context,
-    job_type: str,
-    from_version: str,
-    to_version: str,
-    sample: int | None = None,
-    since: float | None = None,
-    states: list[str] | None = None,
-    allow: list[str] | None = None,
-    rate: float | None = None,
-    chunk: int = CHUNK,
-) -> dict[str, Any]:
-    """The ``replayq.verify`` handler: select once, then one step per chunk."""
-    runtime = ctx.runtime
-    request = dict(ctx.job.payload)
-    runtime.registry.handler(job_type, to_version)  # this worker must declare the candidate
-    todo = ctx.step(SELECT_STEP, _select, runtime, job_type, from_version, sample, since, states)
-    report = _empty_report(request)
-    for index, start in enumerate(range(0, len(todo), max(1, chunk))):
-        part = todo[start : start + max(1, chunk)]
-        report.merge(ctx.step(_chunk_step(index), _verify_chunk, runtime, request, part))
-    return report.to_dict()
-
-
-def verify_handler() -> Handler:
-    """The handler of ``replayq.verify`` (declared by every ``App``)."""
-    contract = build_contract(
-        VERIFY_JOB_TYPE,
-        fields=PayloadShape.from_function(_run).fields,
-        # A short lease, kept alive by heartbeats: a killed run is picked up again soon.
-        lease="10s",
-        heartbeat="2s",
-        retry=Retry(max_attempts=10, base="1s", cap="30s"),
-    )
-    return Handler(contract, _run, PayloadShape.from_function(_run), {})
 
 
 def start_verify(
@@ -197,11 +109,11 @@ class VerifyRun:
 def _run_of(runtime: Runtime, job: Job) -> VerifyRun:
     steps: dict[str, CompletedStep] = dict(ledger_loader(runtime, job.id)())
     request = dict(job.payload)
-    report = _empty_report(request)
+    report = empty_report(request)
     selected = steps.get(SELECT_STEP)
     chunks = 0
-    while _chunk_step(chunks) in steps:
-        report.merge(steps[_chunk_step(chunks)].result)
+    while chunk_step(chunks) in steps:
+        report.merge(steps[chunk_step(chunks)].result)
         chunks += 1
     return VerifyRun(
         job_id=job.id,

@@ -10,12 +10,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from replayq.model import Job
 from replayq.queue.handlers import HandlerRegistry
-from replayq.rollout.routing import Routing
 from replayq.storage.params import RoutingQuery
 from replayq.storage.protocol import Transaction
+
+if TYPE_CHECKING:
+    from replayq.rollout.routing import Routing
 
 log = logging.getLogger("replayq.rollout")
 
@@ -37,9 +40,14 @@ class Router:
         with self._lock:
             now = time.monotonic()
             if force or now - self._read_at >= self.refresh_seconds:
-                self._routes = {
-                    r.job_type: Routing.from_row(r) for r in tx.rollout_query(RoutingQuery())
-                }
+                rows = tx.rollout_query(RoutingQuery())
+                if rows:
+                    # Imported here: most workers' types have no routing.
+                    from replayq.rollout.routing import Routing
+
+                    self._routes = {r.job_type: Routing.from_row(r) for r in rows}
+                else:
+                    self._routes = {}
                 self._read_at = now
             return self._routes
 

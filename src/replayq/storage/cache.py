@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar, cast
+
+from msgspec import Struct, structs
 
 from replayq import codec
 from replayq.errors import ConfigurationError
@@ -18,8 +19,7 @@ from replayq.seal import unsealed
 from replayq.storage.protocol import CacheDelete, CacheLookup, CachePut, CacheRecord, Storage
 
 
-@dataclass(frozen=True)
-class CacheEntry:
+class CacheEntry(Struct, frozen=True):
     key: str
     base_key: str
     value: Any
@@ -145,7 +145,7 @@ class RedisCache:
 
     @_replayq_io
     def put(self, entry: CacheEntry) -> None:
-        body = codec.dumps(vars(entry), what=f"cache {entry.key}")
+        body = codec.dumps(structs.asdict(entry), what=f"cache {entry.key}")
         pipe = self._redis.pipeline(transaction=True)
         pipe.hset(self._hash(entry.key), "entry", body)
         if entry.expires_at is not None:

@@ -28,7 +28,8 @@ import logging
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from msgspec import Struct
 
 from replayq.errors import (
     DatabaseUnavailableError,
@@ -59,8 +60,8 @@ _IDLE_WAKE = 1.0
 _BUSY_SECONDS = 0.1
 
 
-@dataclass(eq=False, slots=True)  # compared by identity: the buffer removes the very acks it took
-class Ack:
+# Compared by identity: the buffer removes the very acks it took.
+class Ack(Struct, eq=False):
     """A success waiting in memory for its group commit."""
 
     job: Job

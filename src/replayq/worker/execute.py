@@ -26,7 +26,6 @@ from replayq.queue.handlers import Handler
 from replayq.recording.context import Context
 from replayq.recording.ledger import ledger_loader
 from replayq.recording.world import LiveWorld
-from replayq.rollout.shadow import compare_attempt
 from replayq.worker.acks import Acking
 from replayq.worker.core import STOP
 
@@ -201,6 +200,9 @@ class Executing(Acking):
         answers (observe-only) and the comparison is stored for ``rollout status``.
         """
         for mode, version in self.router.comparisons_for(job, handler.contract.version):
+            # Imported here: the replay engine is a worker's only once a type has a shadow.
+            from replayq.rollout.shadow import compare_attempt
+
             try:
                 compare_attempt(self.runtime, job, version, mode=mode)
             except Exception:  # a comparison never fails the job it observes
