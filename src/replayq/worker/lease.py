@@ -180,7 +180,7 @@ class Leasing(WorkerCore):
             beat = handler.contract.heartbeat if handler else lease_seconds / 3
             # heartbeat 0: a fixed visibility timeout, the lease is never extended.
             first_beat = held_at + beat if beat > 0 else math.inf
-            flights.append(InFlight(job, lease_seconds, beat, first_beat, held_at))
+            flights.append(InFlight(job, lease_seconds, beat, first_beat, held_at, handler=handler))
         with self._inflight_lock:  # once for the batch
             inflight = self._inflight
             for flight in flights:
