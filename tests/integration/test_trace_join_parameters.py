@@ -1,4 +1,4 @@
-"""A traced job's trace joins on SQLite bind no ``bytes``: the ``sqlite3`` driver takes a
+"""A traced job's trace packs and joins on SQLite bind no ``bytes``: the ``sqlite3`` driver takes a
 ``bytearray`` as it is, while for ``bytes`` it first looks for an adapter (and, finding
 none, raises and clears an ``AttributeError``) on every bind."""
 
@@ -39,6 +39,6 @@ def test_a_traced_jobs_step_commits_append_to_its_pack_without_bytes_parameters(
         sqlite3.adapters.pop((bytes, sqlite3.PrepareProtocol), None)
     assert app.get_job(job_id).state is replayq.JobState.SUCCEEDED
     app.close()
-    # The lease's pack is inserted as ``bytes``, once; the three steps' commits append
-    # their pieces to it (``trace_join``) without any.
-    assert len(bound) == 1
+    # The lease's pack is inserted as a ``bytearray`` too (``PackWriter.first``), and the
+    # three steps' commits append their pieces to it (``trace_join``): no ``bytes`` at all.
+    assert bound == []

@@ -82,7 +82,7 @@ def test_a_deflated_pack_reads_back_as_the_same_events_as_its_json_pack() -> Non
     events = attempt_events()
     as_json, deflated = stored(events, packs.FORMAT_JSON), stored(events, packs.FORMAT_DEFLATE)
     assert isinstance(as_json["events"], str)
-    assert isinstance(deflated["events"], bytes) and deflated["events"][:1] == b"\x02"
+    assert isinstance(deflated["events"], bytearray) and deflated["events"][:1] == b"\x02"
     assert packs.pack_json(deflated["events"]) == as_json["events"]  # type: ignore[arg-type]
     assert packs.unpack(deflated) == packs.unpack(as_json)
     assert [(e.name, e.hlc, e.ts, e.data) for e in packs.unpack(deflated)] == [
@@ -136,11 +136,11 @@ def test_a_pack_appended_to_piece_by_piece_reads_back_whole_at_every_commit() ->
     row, writer = packs.opened_row(events[:1], packs.FORMAT_DEFLATE)
     assert writer is not None
     data = row["events"]
-    assert isinstance(data, bytes)
+    assert isinstance(data, bytearray)  # bound by sqlite3 without an adapter lookup
     for n in range(1, len(events)):
         # Each commit appends its own items: the bytes already stored stay as they were.
-        before = data
-        data += writer.more(packs.pack_items(events[n : n + 1], row["hlc"], row["ts"]))
+        before = bytes(data)
+        data = data + writer.more(packs.pack_items(events[n : n + 1], row["hlc"], row["ts"]))
         assert data.startswith(before) and writer.stored == data
         as_json = packs.pack_row(events[: n + 1], packs.FORMAT_JSON)["events"]
         assert packs.pack_json(data) == as_json
@@ -170,7 +170,7 @@ def test_a_pack_a_lifecycle_event_starts_reads_back_whole_with_what_later_commit
     row, writer = packs.opened_row([leased], packs.FORMAT_DEFLATE)
     assert writer is not None
     data = row["events"]
-    assert isinstance(data, bytes)
+    assert isinstance(data, bytearray)
     items = packs.pack_items([leased], row["hlc"], row["ts"])
     assert len(data) <= len(packs.PackWriter().first(items))
     later = [
@@ -313,5 +313,5 @@ def test_enqueued_packs_take_no_more_bytes_than_deflated() -> None:
 def test_an_enqueued_event_of_another_shape_is_deflated(event: TraceEvent) -> None:
     row, writer = packs.opened_row([event], packs.FORMAT_DEFLATE)
     data = row["events"]
-    assert isinstance(data, bytes) and data[:1] == b"\x02" and writer is not None
+    assert isinstance(data, bytearray) and data[:1] == b"\x02" and writer is not None
     assert packs.pack_json(data) == packs.pack_row([event], packs.FORMAT_JSON)["events"]

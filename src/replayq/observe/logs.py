@@ -28,7 +28,7 @@ JOB_FIELDS = ("job_id", "trace_id", "attempt", "version", "job_type", "worker_id
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("text", "json")
 
-_current: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar(
+_current: contextvars.ContextVar[job_fields | None] = contextvars.ContextVar(
     "replayq_job_fields", default=None
 )
 
@@ -56,22 +56,30 @@ class job_fields:  # a function to its callers: ``with job_fields(job, worker_id
     """Records logged inside this block (on this thread) carry the job's fields.
 
     A class rather than a ``@contextmanager`` generator: it wraps every attempt, and the
-    generator's making, entering and leaving cost a no-op job several microseconds."""
+    generator's making, entering and leaving cost a no-op job several microseconds. The
+    fields are read off the (immutable) job when a record is logged, not built per attempt:
+    most attempts log nothing."""
 
-    __slots__ = ("_fields", "_token")
+    __slots__ = ("_job", "_token", "_worker_id")
 
     def __init__(self, job: Job, worker_id: str) -> None:
-        self._fields = {
+        self._job = job
+        self._worker_id = worker_id
+
+    def fields(self) -> dict[str, Any]:
+        """The fields a record logged inside this block carries (``JOB_FIELDS``)."""
+        job = self._job
+        return {
             "job_id": job.id,
             "trace_id": job.trace_id,
             "attempt": job.attempt,
             "version": job.handler_version,
             "job_type": job.job_type,
-            "worker_id": worker_id,
+            "worker_id": self._worker_id,
         }
 
     def __enter__(self) -> None:
-        self._token = _current.set(self._fields)
+        self._token = _current.set(self)
 
     def __exit__(self, *exc: object) -> None:
         _current.reset(self._token)
@@ -81,9 +89,9 @@ class JobFieldsFilter(logging.Filter):
     """Copies the current attempt's fields onto each record (never drops a record)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        fields = _current.get()
-        if fields:
-            for name, value in fields.items():
+        current = _current.get()
+        if current is not None:
+            for name, value in current.fields().items():
                 if not hasattr(record, name):
                     setattr(record, name, value)
         return True

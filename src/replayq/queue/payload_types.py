@@ -449,10 +449,11 @@ def field_type(annotation: Any) -> FieldType | None:
 
 def check_names(record: Fields, value: Mapping[str, Any], path: str, extra: bool = False) -> None:
     """Raise ``PayloadError`` for the first missing required or unknown field of a record."""
-    missing = [name for name in record.required if name not in value]
-    if missing:
-        raise PayloadError(f"payload is missing required field {join(path, missing[0])!r}")
-    if not extra:
+    # Run at every enqueue and attempt: no list or set is built while nothing is wrong.
+    for name in record.required:
+        if name not in value:
+            raise PayloadError(f"payload is missing required field {join(path, name)!r}")
+    if not extra and not record.name_set.issuperset(value):
         unknown = sorted(value.keys() - record.name_set)
         if unknown:
             where = f" of {path!r}" if path else ""

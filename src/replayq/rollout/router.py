@@ -63,8 +63,8 @@ class Router:
 
     def comparisons_for(self, job: Job, ran: str) -> list[tuple[str, str]]:
         """``(mode, version)`` runs to compare with a settled attempt of ``job`` on ``ran``."""
-        with self._lock:
-            routing = self._routes.get(job.job_type)
+        # No lock: ``refresh`` replaces the mapping whole (as for ``is_routed``).
+        routing = self._routes.get(job.job_type)
         if routing is None or ran != routing.baseline:
             return []
         declared = self.registry.versions(job.job_type)
@@ -88,8 +88,7 @@ class Router:
         declared = self.registry.versions(job.job_type)
         if not declared:
             return None
-        with self._lock:
-            routing = self._routes.get(job.job_type)
+        routing = self._routes.get(job.job_type)  # no lock, as ``comparisons_for``
         kept = job.handler_version
         still_routed = routing is None or kept in routing.versions()
         if kept is not None and kept in declared and still_routed:

@@ -243,12 +243,15 @@ class PackWriter:
     # raised and cleared, ~3.7 K instructions; two a join, ten a traced job). ``stored``
     # is replaced, never grown in place: a join's row still holds the bytes it had.
 
-    def first(self, items: str) -> bytes:
-        """The pack's ``events`` as first stored: the mark, ``[`` and ``items``."""
+    def first(self, items: str) -> bytearray:
+        """The pack's ``events`` as first stored: the mark, ``[`` and ``items``; the very
+        ``stored`` it keeps (bound as a ``bytearray``: no failed adapter lookup, two packs
+        a drained job; ``more`` replaces ``stored``, never grows it in place)."""
         compressor = self._compressor  # ``_piece`` inlined: two packs a drained job
-        piece = compressor.compress(("[" + items).encode()) + compressor.flush(zlib.Z_SYNC_FLUSH)
-        stored = _DEFLATE_MARK + piece
-        self.stored = bytearray(stored)
+        stored = bytearray(_DEFLATE_MARK)
+        stored += compressor.compress(("[" + items).encode())
+        stored += compressor.flush(zlib.Z_SYNC_FLUSH)
+        self.stored = stored
         return stored
 
     def more(self, items: str) -> bytearray:
@@ -420,7 +423,7 @@ def opened_row(
     writer = None
     if pack_format == FORMAT_DEFLATE:
         writer = PackWriter(first.job_id is None, first.kind == "lifecycle", base)
-        stored: str | bytes = writer.first(items)
+        stored: str | bytes | bytearray = writer.first(items)
     else:
         stored = "[" + items + "]"
     return _row(first, base, last, stored), writer

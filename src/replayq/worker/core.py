@@ -66,6 +66,9 @@ class InFlight(Struct):
     # Held while the heartbeat extends this lease and while the job settles: the two
     # never interleave, so their events' clock order is their commit order.
     beat: threading.Lock = field(default_factory=threading.Lock)
+    # The job's handler as looked up when the lease was held (``None``: no handler for
+    # its type and version): the attempt runs it without a second registry lookup.
+    handler: Handler | None = None
 
 
 class WorkerStats(Struct):

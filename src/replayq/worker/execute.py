@@ -125,7 +125,10 @@ class Executing(Acking):
 
     def _attempt(self, job: Job) -> None:
         flight = self._flight_of(job)
-        handler = self._handler_or_none(job)
+        # Looked up once per lease, when it was held (``Leasing._hold``), for this very job.
+        handler = flight.handler if flight is not None and flight.job is job else None
+        if handler is None:
+            handler = self._handler_or_none(job)
         if handler is None:
             self._bury(
                 job,

@@ -180,7 +180,7 @@ class Leasing(WorkerCore):
             beat = handler.contract.heartbeat if handler else lease_seconds / 3
             # heartbeat 0: a fixed visibility timeout, the lease is never extended.
             first_beat = held_at + beat if beat > 0 else math.inf
-            flights.append(InFlight(job, lease_seconds, beat, first_beat, held_at))
+            flights.append(InFlight(job, lease_seconds, beat, first_beat, held_at, handler=handler))
         with self._inflight_lock:  # once for the batch
             inflight = self._inflight
             for flight in flights:
@@ -188,8 +188,10 @@ class Leasing(WorkerCore):
                 # The heartbeat sleeps until a beat is due: woken only if this one is sooner
                 # (a wake-up per batch cost as much as a no-op job's SQL).
                 wake_heartbeat = wake_heartbeat or flight.next_heartbeat < self._beat_wake_at
+        if self.observers.members:  # none by default: no call per job for nobody
+            for job in jobs:
+                self.observers.job_seen(job)
         for job in jobs:
-            self.observers.job_seen(job)
             self._work.put(job)
         if wake_heartbeat:
             self._beat_wake.set()
