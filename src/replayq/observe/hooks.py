@@ -66,6 +66,19 @@ class Observers(Observer):
         for member in self.members:
             member.job_seen(job)
 
+    def settled_all(self, jobs: Sequence[Job]) -> None:
+        """``settled`` for each of ``jobs`` in turn: one call for a worker's group, none
+        per job when there is no observer (the default worker)."""
+        if self.members:
+            for job in jobs:
+                self.settled(job)
+
+    def job_seen_all(self, jobs: Sequence[Job]) -> None:
+        """``job_seen`` for each of ``jobs`` in turn (a lease batch), as ``settled_all``."""
+        if self.members:
+            for job in jobs:
+                self.job_seen(job)
+
     def events(self, events: Sequence[TraceEvent]) -> None:
         for member in self.members:
             member.events(events)

@@ -274,10 +274,9 @@ class Acking(Outcomes):
             for ack in pending:
                 self._acked(ack, logged=False)
             _log_group(pending)  # before the slots free: a burst run may end right after
-            self._forget_all([ack.job for ack in pending])
-            if self.observers.members:  # none by default: no call per job for nobody
-                for ack in pending:
-                    self.observers.settled(ack.job)
+            settled = [ack.job for ack in pending]
+            self._forget_all(settled)
+            self.observers.settled_all(settled)
             return leased
         return []
 

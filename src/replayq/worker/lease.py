@@ -188,9 +188,7 @@ class Leasing(WorkerCore):
                 # The heartbeat sleeps until a beat is due: woken only if this one is sooner
                 # (a wake-up per batch cost as much as a no-op job's SQL).
                 wake_heartbeat = wake_heartbeat or flight.next_heartbeat < self._beat_wake_at
-        if self.observers.members:  # none by default: no call per job for nobody
-            for job in jobs:
-                self.observers.job_seen(job)
+        self.observers.job_seen_all(jobs)
         for job in jobs:
             self._work.put(job)
         if wake_heartbeat:
