@@ -83,9 +83,7 @@ def rerun(source: RuntimeSource, job_id: int, *, allow_effects: Sequence[str]) -
     """Re-execute one job for real with only ``allow_effects`` kinds running."""
     runtime = source.runtime
     _require_named_effects(allow_effects)
-    # Held against gc while it runs: it appends to the job's trace.
-    with held(runtime, job_id, "rerun"):
-        return _rerun(runtime, job_id, allow_effects, _start_now)
+    return _rerun(runtime, job_id, allow_effects, _start_now)
 
 
 def _require_named_effects(allow_effects: Sequence[str]) -> None:
@@ -100,6 +98,17 @@ def _start_now() -> None:
 
 
 def _rerun(
+    runtime: Runtime,
+    job_id: int,
+    allow_effects: Sequence[str],
+    wait_for_start: Callable[[], None],
+) -> RerunReport:
+    # Held against gc while it runs: it appends to the job's trace.
+    with held(runtime, job_id, "rerun"):
+        return _run_held(runtime, job_id, allow_effects, wait_for_start)
+
+
+def _run_held(
     runtime: Runtime,
     job_id: int,
     allow_effects: Sequence[str],
@@ -179,8 +188,7 @@ def rerun_many(
     limiter = _StartSpacing(1.0 / rate if rate else 0.0)
     reports = []
     for job_id in job_ids:
-        with held(runtime, job_id, "rerun"):
-            reports.append(_rerun(runtime, job_id, allow_effects, limiter.wait))
+        reports.append(_rerun(runtime, job_id, allow_effects, limiter.wait))
         if progress is not None:
             progress(1)
     return reports
