@@ -104,11 +104,29 @@ class WorkerProcess:
         return self.proc.pid
 
     def signal(self, signum: int) -> None:
+        """Send ``signum``; for SIGSTOP, return only once every thread has stopped.
+
+        ``kill(2)`` returns before the target stops: on a busy machine the worker can
+        run on another core for a while after, and take a lock a caller has just
+        probed as free.
+        """
         self.proc.send_signal(signum)
         if signum == signal.SIGSTOP:
             self.stopped = True
+            wait_for(self._all_threads_stopped, timeout=10, what=f"{self.worker_id} to stop")
         elif signum == signal.SIGCONT:
             self.stopped = False
+
+    def _all_threads_stopped(self) -> bool:
+        """Whether every thread of the process is in state ``T`` (stopped by a signal)."""
+        for stat in Path(f"/proc/{self.pid}/task").glob("*/stat"):
+            try:
+                text = stat.read_text()
+            except FileNotFoundError:  # a thread that ended meanwhile
+                continue
+            if text.rpartition(")")[2].split()[0] not in ("T", "t"):
+                return False
+        return True
 
     def wait(self, timeout: float) -> int:
         try:
