@@ -1,6 +1,6 @@
 """The SQLite insert's ``None`` parameters written ``NULL`` in its text (``null_folded``),
 the others bound by position (``positional``); every statement bound by position where its
-text allows (``by_position``)."""
+text allows (``positional``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from replayq.storage.sqlite import SqliteTransaction, by_position, null_folded, positional
+from replayq.storage.sqlite import SqliteTransaction, null_folded, positional
 
 
 def test_only_the_named_parameters_become_null_whole_names_only() -> None:
@@ -83,10 +83,10 @@ def test_a_positional_statement_stores_what_the_named_one_does() -> None:
 def test_a_statement_whose_text_may_hold_a_colon_that_is_no_parameter_binds_by_name() -> None:
     # A literal's ':v' or a comment's ':name' is no parameter: written ``?`` it would be a
     # placeholder more than the values bound, or a literal changed.
-    assert by_position("SELECT 1 FROM t WHERE r >= :r || ':v'") is None
-    assert by_position("-- the :r prefix\nSELECT 1 FROM t WHERE r = :r") is None
-    assert by_position("SELECT 1 /* :r */ FROM t WHERE r = :r") is None
-    found = by_position("SELECT 'x' || a FROM t WHERE a = :a AND b = 'b'")
+    assert positional("SELECT 1 FROM t WHERE r >= :r || ':v'") is None
+    assert positional("-- the :r prefix\nSELECT 1 FROM t WHERE r = :r") is None
+    assert positional("SELECT 1 /* :r */ FROM t WHERE r = :r") is None
+    found = positional("SELECT 'x' || a FROM t WHERE a = :a AND b = 'b'")
     assert found is not None
     text, values_of = found
     assert (text, values_of({"a": 1, "other": 2})) == (
@@ -113,4 +113,27 @@ def test_statements_run_by_position_read_and_write_what_binding_by_name_does(
     assert tx.execute("prefixed", {"r": "a"}).fetchall() == [("a:v1", 0), ("a:v2", 1)]
     with pytest.raises(sqlite3.ProgrammingError, match="binding parameter :n"):
         tx.execute("put", {"r": "c"})
+    conn.close()
+
+
+def test_an_insert_whose_text_may_hold_a_colon_that_is_no_parameter_binds_by_name(
+    tmp_path: Path,
+) -> None:
+    """``inserted_id`` folds ``None`` into the text and binds the rest by position, except
+    where a literal or a comment holds a colon: there the folded text is bound by name,
+    and the row holds the literal unchanged."""
+    conn = sqlite3.connect(tmp_path / "q.db")
+    conn.execute("CREATE TABLE t (id INTEGER PRIMARY KEY, r TEXT, n INTEGER, k TEXT)")
+    queries = {
+        "put": "INSERT INTO t (r, n, k) VALUES (:r || ':v', :n, :k)",
+        "noted": "-- inserts :r\nINSERT INTO t (r, n, k) VALUES (:r, :n, :k)",
+    }
+    tx = SqliteTransaction(conn, queries)
+    first = tx.inserted_id("put", {"r": "a", "n": None, "k": "x"})
+    second = tx.inserted_id("noted", {"r": "b", "n": 2, "k": None})
+    assert (first, second) == (1, 2)
+    assert conn.execute("SELECT id, r, n, k FROM t ORDER BY id").fetchall() == [
+        (1, "a:v", None, "x"),
+        (2, "b", 2, None),
+    ]
     conn.close()

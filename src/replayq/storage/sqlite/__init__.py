@@ -245,25 +245,29 @@ def null_folded(sql: str, nulls: tuple[str, ...]) -> str:
 
 
 # ``null_folded``'s text with its other parameters written ``?``, and what reads their
-# values from a mapping in that order, by the statement and its ``None`` names. Bounded.
-_POSITIONAL: dict[
-    tuple[str, tuple[str, ...]], tuple[str, Callable[[Mapping[str, Any]], tuple[Any, ...]]]
-] = {}
+# values from a mapping in that order, by the statement and its ``None`` names; ``None``
+# where the text may hold ``:name`` that is not a parameter. Bounded.
+_Positional = tuple[str, Callable[[Mapping[str, Any]], tuple[Any, ...]]]
+_POSITIONAL: dict[tuple[str, tuple[str, ...]], _Positional | None] = {}
+_LITERAL = re.compile(r"'[^']*'")
 
 
-def positional(
-    sql: str, nulls: tuple[str, ...]
-) -> tuple[str, Callable[[Mapping[str, Any]], tuple[Any, ...]]]:
+def positional(sql: str, nulls: tuple[str, ...] = ()) -> _Positional | None:
     """``null_folded(sql, nulls)`` with each named parameter left written ``?``, and the
-    function that takes their values, in that order, from the mapping of parameters.
+    function that takes their values, in that order, from the mapping of parameters; or
+    ``None`` where ``sql`` may hold a ``:name`` that is not a parameter (a comment, a
+    string literal with a colon): such a statement keeps binding by name.
 
     The driver binds a mapping by name: for each parameter it makes a ``str`` of the name
     from the statement and looks it up (~400 instructions each, 27 an enqueue's two
     inserts). A tuple it binds by position, and ``itemgetter`` reads the values in C.
     """
     key = (sql, nulls)
-    found = _POSITIONAL.get(key)
-    if found is None:
+    if key in _POSITIONAL:
+        return _POSITIONAL[key]
+    found = None
+    plain = "--" not in sql and "/*" not in sql
+    if plain and not any(":" in literal for literal in _LITERAL.findall(sql)):
         names: list[str] = []
 
         def place(match: re.Match[str]) -> str:
@@ -272,9 +276,9 @@ def positional(
 
         text = _PARAMETER.sub(place, null_folded(sql, nulls))
         found = text, _values_of(names)
-        if len(_POSITIONAL) >= _NULL_FOLDED_MAX:
-            _POSITIONAL.clear()
-        _POSITIONAL[key] = found
+    if len(_POSITIONAL) >= _NULL_FOLDED_MAX:
+        _POSITIONAL.clear()
+    _POSITIONAL[key] = found
     return found
 
 
@@ -284,29 +288,6 @@ def _values_of(names: list[str]) -> Callable[[Mapping[str, Any]], tuple[Any, ...
     if len(names) > 1:
         return operator.itemgetter(*names)
     return lambda params: tuple([params[name] for name in names])
-
-
-# ``positional``'s answer for a whole statement run by ``SqliteTransaction.execute``, or
-# ``None`` where its text may hold ``:name`` that is not a parameter (a comment, a string
-# literal with a colon): such a statement keeps binding by name. Bounded.
-_BY_POSITION: dict[str, tuple[str, Callable[[Mapping[str, Any]], tuple[Any, ...]]] | None] = {}
-_LITERAL = re.compile(r"'[^']*'")
-
-
-def by_position(
-    sql: str,
-) -> tuple[str, Callable[[Mapping[str, Any]], tuple[Any, ...]]] | None:
-    """``positional(sql, ())`` where every ``:name`` in ``sql`` is a parameter, else ``None``."""
-    if sql in _BY_POSITION:
-        return _BY_POSITION[sql]
-    plain = "--" not in sql and "/*" not in sql
-    found = None
-    if plain and not any(":" in literal for literal in _LITERAL.findall(sql)):
-        found = positional(sql, ())
-    if len(_BY_POSITION) >= _NULL_FOLDED_MAX:
-        _BY_POSITION.clear()
-    _BY_POSITION[sql] = found
-    return found
 
 
 # The parameter names of ``rows`` rows of ``width`` values (``SqliteTransaction.rows_query``)
@@ -350,13 +331,13 @@ class SqliteTransaction(SqlTransaction):
 
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         """``name`` run with ``params`` bound by position where its text allows
-        (``by_position``): binding a mapping by name, the driver makes a ``str`` of each
+        (``positional``): binding a mapping by name, the driver makes a ``str`` of each
         name in the statement and looks it up (~400 instructions a parameter, ~300
         parameters a traced job). A parameter missing from ``params`` is left to the
         driver's binding by name, which reports it."""
         sql = self._queries[name]
         if params:
-            found = by_position(sql)
+            found = positional(sql)
             if found is not None:
                 text, values_of = found
                 try:
@@ -437,8 +418,13 @@ class SqliteTransaction(SqlTransaction):
         The others are bound by position (``positional``), not by name.
         """
         nulls = tuple([key for key, value in params.items() if value is None])
-        sql, values_of = positional(self._queries[name], nulls)
-        cursor = self.connection.execute(sql, values_of(params))
+        sql = self._queries[name]
+        found = positional(sql, nulls)
+        if found is None:
+            cursor = self.connection.execute(null_folded(sql, nulls), params)
+        else:
+            text, values_of = found
+            cursor = self.connection.execute(text, values_of(params))
         return int(cursor.lastrowid) if cursor.rowcount > 0 else None
 
 
