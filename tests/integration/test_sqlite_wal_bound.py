@@ -24,7 +24,7 @@ import pytest
 import replayq
 from tests.sqlite_readers import readers_that_never_pause
 
-# The automatic checkpoint's size on a disk with room (``_WAL_AUTOCHECKPOINT_PAGES``).
+# The automatic checkpoint's size on a disk with room (``_WAL_AUTOCHECKPOINT_BYTES``).
 CHECKPOINT_BYTES = 4000 * 4096
 # What the WAL stays under here: restarted past twice the checkpoint's size; a restart
 # that cannot finish within its 0.2 s (a machine loaded past what these runs saw) or

@@ -53,6 +53,9 @@ Known limits, up front:
   a function replayq registers on its own connections. The bytes a traced job
   stores fell by more than half; reading the trace in SQL outside replayq needs
   ``packs.register_sqlite(conn)`` first (docs/recording-context.md).
+* Page size: a database replayq creates has 2048-byte pages (``?page_size=`` chooses
+  another power of two when the file is created; an existing file keeps its own). A
+  commit writes each page it dirtied to the WAL whole, and a queue's commits are small.
 * Lock waits: a write waits up to 5 s for another writer's lock (``?busy_timeout=``
   in milliseconds changes it); past that the write raises
   ``DatabaseUnavailableError``, which workers wait out.
@@ -86,7 +89,14 @@ from replayq.storage.sqlite.watch import Watcher
 
 _MIGRATIONS = "replayq.storage.sqlite.migrations"
 _SYNC_MODES = {"OFF", "NORMAL", "FULL", "EXTRA"}
-_WAL_AUTOCHECKPOINT_PAGES = 4000
+# The page size of a database replayq creates (``?page_size=`` chooses another). Each
+# commit writes every page it dirtied to the WAL whole: an enqueue dirties about seven
+# (the job row, three indexes, its ``job.enqueued`` pack and two indexes), so half-size
+# pages halve the bytes each commit copies, checksums and writes (docs/operations.md).
+_PAGE_SIZE = 2048
+_PAGE_SIZES = {512 << n for n in range(8)}  # 512 .. 65536, as SQLite allows
+# The automatic checkpoint's size, whatever the page size: 4,000 pages of 4 KB, 8,000 of 2 KB.
+_WAL_AUTOCHECKPOINT_BYTES = 4000 * 4096
 _JOURNAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
 # On a small or nearly full disk the WAL must never take the room a checkpoint needs:
 # it is checkpointed once it holds a quarter of the free space (at least this many pages).
@@ -439,6 +449,13 @@ class SqliteStorage:
         self.synchronous = options.get("synchronous", "NORMAL").upper()
         if self.synchronous not in _SYNC_MODES:
             raise ConfigurationError(f"{url!r}: synchronous must be one of {sorted(_SYNC_MODES)}")
+        page_size = options.get("page_size", str(_PAGE_SIZE))
+        self.page_size = int(page_size) if page_size.isdigit() else 0
+        if self.page_size not in _PAGE_SIZES:
+            raise ConfigurationError(
+                f"{url!r}: page_size must be a power of two from 512 to 65536 (default "
+                f"{_PAGE_SIZE}); it applies when replayq creates the database file"
+            )
         try:
             self.busy_timeout_ms = int(options.get("busy_timeout", busy_timeout_ms))
         except ValueError:
@@ -482,6 +499,9 @@ class SqliteStorage:
             # Switching the mode needs the file to itself; asking does not, so a process
             # opening a WAL file while another connection writes is not blocked.
             if conn.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                # Takes effect only on a file with no page yet: switching to WAL writes
+                # the first one. A database that exists keeps the page size it has.
+                conn.execute(f"PRAGMA page_size = {self.page_size}")  # checked: _PAGE_SIZES
                 conn.execute("PRAGMA journal_mode = WAL")
             # PRAGMA values cannot be bound parameters; this one is checked against _SYNC_MODES.
             conn.execute(f"PRAGMA synchronous = {self.synchronous}")
@@ -509,13 +529,13 @@ class SqliteStorage:
     def _fit_wal(self, conn: sqlite3.Connection) -> None:
         """Size this connection's automatic checkpoint to the disk's free space.
 
-        At most ``_WAL_AUTOCHECKPOINT_PAGES`` (16 MB), and at most a quarter of the free
+        At most ``_WAL_AUTOCHECKPOINT_BYTES`` (16 MB), and at most a quarter of the free
         space: on a small or nearly full disk the WAL is checkpointed (and, past
         ``journal_size_limit``, truncated) long before it could fill the disk, which
         would leave no room for the checkpoint that empties it.
         """
         local = self._local
-        pages = _WAL_AUTOCHECKPOINT_PAGES
+        pages = _WAL_AUTOCHECKPOINT_BYTES // local.page_size
         if self.path != ":memory:":
             try:
                 free = shutil.disk_usage(self._directory).free
