@@ -201,6 +201,46 @@ def test_delay_and_run_at_together_are_refused(app: replayq.App) -> None:
     assert app.list_jobs() == []
 
 
+@pytest.mark.parametrize(
+    ("when", "message"),
+    [
+        ({"run_at": float("inf")}, "run_at must be a finite time"),
+        ({"run_at": float("nan")}, "run_at must be a finite time"),
+        ({"run_at": 1e300}, r"got 1e\+300"),
+        ({"run_at": "tomorrow"}, "run_at must be a POSIX time in seconds"),
+        ({"run_at": True}, "run_at must be a POSIX time in seconds"),
+        ({"delay": 1e300}, r"delay 1e\+300 gives"),
+        ({"priority": 1.5}, "priority must be a whole number"),
+        ({"priority": "high"}, "priority must be a whole number"),
+        ({"priority": True}, "priority must be a whole number"),
+        ({"priority": 2**31}, "from -2147483648 to 2147483647"),
+    ],
+)
+def test_a_run_at_or_priority_no_queue_can_keep_is_refused_and_nothing_is_written(
+    app: replayq.App, when: dict[str, Any], message: str
+) -> None:
+    """A time that is not a finite number (or one no backend stores exactly) and a priority
+    that is not a 32-bit whole number are refused before anything is written, one by one
+    and in bulk, instead of a row that never runs or a driver's error."""
+    with pytest.raises(replayq.ConfigurationError, match=message):
+        app.enqueue("charge", {"account": "a", "amount": 1}, **when)
+    request = replayq.EnqueueRequest("charge", {"account": "b", "amount": 2}, **when)
+    with pytest.raises(replayq.ConfigurationError, match=message):
+        app.enqueue_many([replayq.EnqueueRequest("charge", {"account": "c", "amount": 3}), request])
+    assert app.list_jobs() == []
+
+
+def test_the_bounds_themselves_are_kept(app: replayq.App) -> None:
+    edges = [(-(2**31), 1e15 - 1), (2**31 - 1, -(1e15 - 1)), (0, 0)]
+    ids = [
+        app.enqueue("charge", {"account": "a", "amount": n}, priority=p, run_at=t)
+        for n, (p, t) in enumerate(edges)
+    ]
+    assert [(j.priority, j.run_at) for j in map(app.get_job, ids)] == [
+        (p, float(t)) for p, t in edges
+    ]
+
+
 # -- cancel -----------------------------------------------------------------------------------
 
 
@@ -507,8 +547,8 @@ class _CountingConnection:
 
 def test_a_bulk_enqueue_writes_its_jobs_and_events_set_based(db_url: str, app: replayq.App) -> None:
     """PostgreSQL: one statement for every row and every ``job.enqueued`` pack. SQLite: one
-    insert per row (in-process calls), then one for all the packs. Inside the caller's
-    transaction (``conn=``), committed with it."""
+    insert per row (in-process calls), which writes the row's pack too (the trigger
+    ``rq_jobs_enqueued``). Inside the caller's transaction (``conn=``), committed with it."""
     import sqlite3
 
     app.storage  # noqa: B018 - the schema exists before the caller's transaction
@@ -524,7 +564,7 @@ def test_a_bulk_enqueue_writes_its_jobs_and_events_set_based(db_url: str, app: r
     raw.commit()
     raw.close()
     if db_url.startswith("sqlite"):
-        assert conn.counts == ["INSERT"] * 51
+        assert conn.counts == ["INSERT"] * 50
     else:
         assert conn.counts == ["WITH"]
     assert app.count_jobs(states=["queued"]) == 50

@@ -253,7 +253,8 @@ def test_a_group_commit_gives_back_its_texts_times_and_clocks_exactly(storage: S
     assert [(j.result, j.hlc, j.finished_at) for j in jobs if j] == [
         ({"s": text}, hlc, finished)
     ] * 2
-    assert [(e.name, e.data, e.ts, e.hlc) for e in events] == [
+    assert [e.name for e in events] == [n for i in ids for n in ("job.enqueued", f"e{i}")]
+    assert [(e.name, e.data, e.ts, e.hlc) for e in events if e.name != "job.enqueued"] == [
         (f"e{i}", {"s": text}, finished, hlc) for i in ids
     ]
 
@@ -490,7 +491,7 @@ def test_trace_query_reads_a_job_a_trace_or_a_resource_in_hlc_order(storage: Sto
         by_resource = [e.name for e in tx.trace_query(TraceQuery(resource="price:sku-1"))]
         with pytest.raises(ConfigurationError, match="job_id"):
             tx.trace_query(TraceQuery())
-    assert by_job == ["a", "b"]
+    assert by_job == ["job.enqueued", "a", "b"]
     assert by_trace == ["derived", "other"]
     assert by_resource == ["a", "b"], "the resource and its versioned keys, nothing else"
 
@@ -517,14 +518,14 @@ def test_a_fenced_trace_append_writes_only_while_the_owner_token_holds_the_lease
         names = [e.name for e in tx.trace_query(TraceQuery(job_id=job_id))]
         indexed = [e.name for r in ("r:1", "r:2") for e in tx.trace_query(TraceQuery(resource=r))]
     assert expired.id == job_id
-    assert names == ["kept", "unfenced"]
+    assert names == ["job.enqueued", "kept", "unfenced"]
     assert indexed == ["kept"]
 
 
 def test_trace_jobs_reads_several_jobs_events_in_one_query_as_trace_query_does(
     storage: Storage,
 ) -> None:
-    first, second, silent = leased_job(storage), leased_job(storage), leased_job(storage)
+    first, second, idle = leased_job(storage), leased_job(storage), leased_job(storage)
     with storage.transaction() as tx:
         tx.trace_append([event("b", 20, job_id=first), event("x", 12, job_id=second)])
     with storage.transaction() as tx:
@@ -532,12 +533,13 @@ def test_trace_jobs_reads_several_jobs_events_in_one_query_as_trace_query_does(
         tx.trace_append([event("derived", 11, trace_id="fork-2")])
     with storage.transaction(readonly=True) as tx:
         both = {
-            t.job_id: t.events for t in tx.trace_query(TraceJobs([first, second, silent, 10_000]))
+            t.job_id: t.events for t in tx.trace_query(TraceJobs([first, second, idle, 10_000]))
         }
-        one = {n: tx.trace_query(TraceQuery(job_id=n)) for n in (first, second)}
-    assert set(both) == {first, second}, "a job without events (or no job) is absent"
-    assert [e.name for e in both[first]] == ["a", "b"]
-    assert [e.name for e in both[second]] == ["x", "y"]
+        one = {n: tx.trace_query(TraceQuery(job_id=n)) for n in (first, second, idle)}
+    assert set(both) == {first, second, idle}, "every job has its job.enqueued; no job: absent"
+    assert [e.name for e in both[first]] == ["job.enqueued", "a", "b"]
+    assert [e.name for e in both[second]] == ["job.enqueued", "x", "y"]
+    assert [e.name for e in both[idle]] == ["job.enqueued"]
     assert both == one
 
 

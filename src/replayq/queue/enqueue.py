@@ -17,6 +17,7 @@ from replayq.queue.catalog import active_contract
 from replayq.queue.contracts import Retry, render_template, template_fields
 from replayq.redaction import Redactor
 from replayq.runtime import Runtime
+from replayq.storage.packs import enqueued_event
 from replayq.storage.protocol import JobInsert, Transaction
 
 
@@ -93,7 +94,7 @@ def insert_job(
         require_contract=require_contract,
         trace_context=trace_context,
     )
-    ((job_id, created),) = tx.job_enqueue([params], [_enqueued_event(params)])
+    ((job_id, created),) = tx.job_enqueue([params], [enqueued_event(params)])
     if not created:
         tx.trace_append([_deduplicated_event(tx, params, job_id)])
     return job_id
@@ -102,11 +103,11 @@ def insert_job(
 def enqueue_job(runtime: Runtime, request: EnqueueRequest, **options: Any) -> int:
     """``insert_job`` in a transaction of its own (``App.enqueue`` without ``conn``).
 
-    Where the storage can commit a statement by itself (``protocol.Autocommit``:
-    PostgreSQL) and the type is declared here (its row needs no read), the row and its
-    ``job.enqueued`` pack are that one statement: one round trip instead of ``BEGIN``,
-    it, ``COMMIT``. A duplicate ``message_id`` wrote nothing; its ``job.deduplicated``
-    goes in after.
+    Where the storage can commit a statement by itself (``protocol.Autocommit``: both
+    backends) and the type is declared here (its row needs no read), the row and its
+    ``job.enqueued`` pack are that one statement, instead of ``BEGIN``, it, ``COMMIT``:
+    one round trip on PostgreSQL; on SQLite the trigger ``rq_jobs_enqueued`` writes the
+    pack. A duplicate ``message_id`` wrote nothing; its ``job.deduplicated`` goes in after.
     """
     storage = runtime.storage
     # ``getattr``, not ``isinstance(storage, Autocommit)``: a protocol check costs ~10 µs.
@@ -119,7 +120,7 @@ def enqueue_job(runtime: Runtime, request: EnqueueRequest, **options: Any) -> in
     with autocommit() as tx:
         params = _job_params(runtime, tx, request, **options)
         job_id: int
-        ((job_id, created),) = tx.job_enqueue([params], [_enqueued_event(params)])
+        ((job_id, created),) = tx.job_enqueue([params], [enqueued_event(params)])
     if not created:
         with storage.transaction() as tx:
             tx.trace_append([_deduplicated_event(tx, params, job_id)])
@@ -135,7 +136,7 @@ def insert_jobs(runtime: Runtime, tx: Transaction, requests: Sequence[EnqueueReq
     existing job) took gets that job's id and a ``job.deduplicated`` event, as one by one.
     """
     params = [_job_params(runtime, tx, request) for request in requests]
-    inserted = tx.job_enqueue(params, [_enqueued_event(p) for p in params])
+    inserted = tx.job_enqueue(params, [enqueued_event(p) for p in params])
     duplicates = [
         _deduplicated_event(tx, p, job_id)
         for p, (job_id, created) in zip(params, inserted, strict=True)
@@ -144,42 +145,6 @@ def insert_jobs(runtime: Runtime, tx: Transaction, requests: Sequence[EnqueueReq
     if duplicates:
         tx.trace_append(duplicates)
     return [job_id for job_id, _ in inserted]
-
-
-def _enqueued_event(params: JobInsert) -> TraceEvent:
-    """A new job's ``job.enqueued`` event, made from what is inserted (no re-read of the
-    row); its ``job_id`` is set by ``job_enqueue`` from the insert.
-
-    Built with every field named (``TraceEvent.built``): the frozen dataclass's
-    ``__init__`` was ~5 µs of each enqueue."""
-    return TraceEvent.built(
-        {
-            "trace_id": params.trace_id,
-            "name": lifecycle.JOB_ENQUEUED,
-            "ts": params.now,
-            "hlc": params.hlc,
-            "job_id": None,
-            "attempt": 0,
-            "kind": "lifecycle",
-            "seq": None,
-            "step": None,
-            "worker_id": None,
-            "status": "queued",
-            "resource": None,
-            "resource_version": None,
-            "side_effect": False,
-            "input_ref": None,
-            "output_ref": None,
-            "data": {
-                "message_id": params.message_id,
-                "priority": params.priority,
-                "run_at": params.run_at,
-                "ordering_key": params.ordering_key,
-                "causation_id": params.causation_id,
-            },
-            "id": None,
-        }
-    )
 
 
 def _deduplicated_event(tx: Transaction, params: JobInsert, job_id: int) -> TraceEvent:
@@ -193,6 +158,47 @@ def _deduplicated_event(tx: Transaction, params: JobInsert, job_id: int) -> Trac
         hlc=params.hlc,
         message_id=params.message_id,
         rule="same message_id yields the existing job",
+    )
+
+
+# A job's priority is a 32-bit integer column on PostgreSQL; the same bounds on SQLite.
+_PRIORITY_MIN, _PRIORITY_MAX = -(2**31), 2**31 - 1
+# The latest run_at (a POSIX time in seconds, ~31 million years ahead) and the earliest:
+# a finite number whose shortest exact text every backend writes and reads back unchanged.
+_RUN_AT_LIMIT = 1e15
+
+
+def _scheduled_at(request: EnqueueRequest, now: float) -> float:
+    """The ``run_at`` of ``request``'s row from its ``run_at`` or ``delay``, refused with a
+    ``ConfigurationError`` unless it is a finite time (seconds since the epoch)."""
+    if request.run_at is not None and request.delay is not None:
+        raise ConfigurationError("give either delay or run_at, not both")
+    if request.delay is not None:
+        run_at = now + parse_duration(request.delay, name="delay")
+    else:
+        given = request.run_at
+        if isinstance(given, bool) or not isinstance(given, int | float):
+            raise ConfigurationError(
+                f"run_at must be a POSIX time in seconds (a number), got {given!r}"
+            )
+        run_at = float(given)
+    if not -_RUN_AT_LIMIT < run_at < _RUN_AT_LIMIT:  # also false for NaN
+        source = f"delay {request.delay!r} gives" if request.delay is not None else "got"
+        raise ConfigurationError(
+            f"run_at must be a finite time within {_RUN_AT_LIMIT:.0e} seconds of the epoch; "
+            f"{source} {run_at!r}"
+        )
+    return run_at
+
+
+def _checked_priority(priority: Any) -> int:
+    """``priority`` as an ``int`` (an ``IntEnum`` member is one), refused unless whole and
+    within the column's bounds."""
+    whole = isinstance(priority, int) and not isinstance(priority, bool)
+    if whole and _PRIORITY_MIN <= priority <= _PRIORITY_MAX:
+        return int(priority)
+    raise ConfigurationError(
+        f"priority must be a whole number from {_PRIORITY_MIN} to {_PRIORITY_MAX}, got {priority!r}"
     )
 
 
@@ -212,11 +218,12 @@ def _job_params(
     """The row to insert for ``request``: its payload checked and redacted, its keys
     rendered, its contract's attempt budget and queue."""
     now = runtime.clock.now()
-    if request.run_at is not None and request.delay is not None:
-        raise ConfigurationError("give either delay or run_at, not both")
-    run_at = request.run_at if request.run_at is not None else now
-    if request.delay is not None:
-        run_at = now + parse_duration(request.delay, name="delay")
+    run_at = now
+    if request.run_at is not None or request.delay is not None:
+        run_at = _scheduled_at(request, now)
+    priority = request.priority
+    if type(priority) is not int or not _PRIORITY_MIN <= priority <= _PRIORITY_MAX:
+        priority = _checked_priority(priority)
     registry = runtime.registry
     handler = registry.declared(request.job_type)
     if handler is None and check:
@@ -273,7 +280,7 @@ def _job_params(
         job_type=request.job_type,
         queue=job_queue,
         payload_json=payload_json,
-        priority=request.priority,
+        priority=priority,
         run_at=run_at,
         now=now,
         max_attempts=max_attempts,

@@ -238,8 +238,9 @@ class Transaction(Protocol):
     # -- jobs -------------------------------------------------------------------------------
 
     def job_insert(self, params: JobInsert) -> tuple[int, bool]:
-        """Insert a job; on a duplicate ``message_id`` return ``(existing_id, False)``.
-        Many jobs, with their first trace packs: ``job_enqueue``."""
+        """Insert a job with its ``job.enqueued`` pack (``packs.enqueued_event``); on a
+        duplicate ``message_id`` return ``(existing_id, False)`` and write nothing. Many
+        jobs, or other first events: ``job_enqueue``."""
         ...
 
     def job_enqueue(
@@ -248,7 +249,9 @@ class Transaction(Protocol):
         """``job_insert`` of ``params`` (one pair each, in order) with, for each row
         inserted, ``events[i]`` (its ``job_id`` set to the new row's id) appended as that
         job's first trace pack; a duplicate ``message_id`` writes neither. One statement
-        for all of it on PostgreSQL; on SQLite one insert per job, one for all the packs."""
+        for all of it on PostgreSQL; on SQLite one insert per job, whose pack the trigger
+        ``rq_jobs_enqueued`` writes from the row: there ``events`` must be each row's
+        ``packs.enqueued_event``, as every caller passes."""
         ...
 
     def job_get(self, job_id: int) -> Job | None: ...
@@ -540,9 +543,10 @@ class Listener(Protocol):
 @runtime_checkable
 class Autocommit(Protocol):
     """An optional capability: verbs each committed on their own, for a write that is one
-    statement — one round trip where ``transaction`` takes three (``BEGIN``, the
-    statement, ``COMMIT``). PostgreSQL has it (``App.enqueue``'s insert and event are one
-    statement there); on SQLite a statement is an in-process call and it would save nothing.
+    statement — one statement where ``transaction`` takes three (``BEGIN``, the
+    statement, ``COMMIT``). Both backends have it for ``App.enqueue``, whose row and
+    ``job.enqueued`` pack are one statement: one round trip on PostgreSQL, and on SQLite
+    two statements fewer (the trigger ``rq_jobs_enqueued`` writes the pack).
     """
 
     def autocommit(self) -> AbstractContextManager[Transaction]:

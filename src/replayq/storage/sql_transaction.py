@@ -276,7 +276,8 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
     # -- jobs -------------------------------------------------------------------------------
 
     def job_insert(self, params: JobInsert) -> tuple[int, bool]:
-        return self._job_insert_one(params)
+        ((job_id, created),) = self.job_enqueue([params], [packs.enqueued_event(params)])
+        return job_id, created
 
     def job_enqueue(
         self, params: Sequence[JobInsert], events: Sequence[TraceEvent]

@@ -79,10 +79,11 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
+from replayq.model import TraceEvent
 from replayq.seal import unsealed
 from replayq.storage import migrate, packs
 from replayq.storage.adopted import TupleRows
-from replayq.storage.protocol import Listener, MigrationStatus
+from replayq.storage.protocol import JobInsert, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
 from replayq.storage.sql_transaction import SqlTransaction
 from replayq.storage.sqlite.watch import Watcher
@@ -358,6 +359,16 @@ class SqliteTransaction(SqlTransaction):
                     return self.statements.execute(text, values)
         return self.statements.execute(sql, params or {})
 
+    def job_enqueue(
+        self, params: Sequence[JobInsert], events: Sequence[TraceEvent]
+    ) -> list[tuple[int, bool]]:
+        """Insert jobs, one statement each. Each inserted row's ``job.enqueued`` pack is
+        written by that statement: the trigger ``rq_jobs_enqueued`` (migration 0020) builds
+        it from the row's values, which are ``events[i]``'s (``queue/enqueue.py`` makes
+        the event from the same ``JobInsert``), so ``events`` are not written again here;
+        a row that ``ON CONFLICT`` skips gets none."""
+        return [self._job_insert_one(p) for p in params]
+
     def rows_query(
         self,
         name: str,
@@ -578,8 +589,19 @@ class SqliteStorage:
         ``readonly``); commits when the block ends, rolls back if it raises."""
         return _Transaction(self, readonly)
 
-    def _begin(self, readonly: bool) -> tuple[sqlite3.Connection, SqliteTransaction]:
-        """``BEGIN`` on this thread's connection, and the verbs on it."""
+    def autocommit(self) -> _Transaction:
+        """Verbs on this thread's connection without ``BEGIN``: each statement commits (or
+        fails) by itself (``protocol.Autocommit``). An enqueue is one statement (its row;
+        the trigger writes its pack): ``BEGIN IMMEDIATE`` and ``COMMIT`` around it were two
+        more statements for nothing. On a connection already inside a transaction it is
+        ``transaction()``, which refuses to nest as before."""
+        return _Transaction(self, False, autocommit=True)
+
+    def _begin(
+        self, readonly: bool, autocommit: bool = False
+    ) -> tuple[sqlite3.Connection, SqliteTransaction]:
+        """``BEGIN`` on this thread's connection (none with ``autocommit``), and the verbs
+        on it."""
         conn = self._connection()
         local = self._local
         if not readonly:
@@ -589,7 +611,8 @@ class SqliteStorage:
             if writes % _RETUNE_EVERY == 0:
                 self._fit_wal(conn)
         try:
-            conn.execute("BEGIN" if readonly else "BEGIN IMMEDIATE")
+            if not autocommit:
+                conn.execute("BEGIN" if readonly else "BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
             self._fault(conn, exc)
             raise storage_error(
@@ -609,18 +632,22 @@ class SqliteStorage:
         tx: SqliteTransaction,
         readonly: bool,
         exc: BaseException | None,
+        autocommit: bool = False,
     ) -> None:
         """Commit ``tx``, or roll it back after ``exc`` (re-raised by the caller; a driver
-        error is raised here as a storage error, the driver's as its ``__cause__``)."""
+        error is raised here as a storage error, the driver's as its ``__cause__``). With
+        ``autocommit`` each statement committed by itself: there is nothing to end."""
         if exc is not None:
             if isinstance(exc, sqlite3.Error):
                 self._fault(conn, exc)
                 # Storage errors keep the driver's as __cause__ (as on PostgreSQL).
                 raise storage_error(self.path, exc, self.path) from exc
-            _rollback(conn)
+            if not autocommit:
+                _rollback(conn)
             return
         try:
-            conn.execute("COMMIT")
+            if not autocommit:
+                conn.execute("COMMIT")
         except sqlite3.Error as error:
             self._fault(conn, error)
             raise storage_error(f"commit failed on {self.path!r}", error, self.path) from error
@@ -818,14 +845,18 @@ class _Transaction:
     making, entering and leaving cost ~5,000 instructions of every transaction (an
     enqueue is one)."""
 
-    __slots__ = ("_conn", "_readonly", "_storage", "_tx")
+    __slots__ = ("_autocommit", "_conn", "_readonly", "_storage", "_tx")
 
-    def __init__(self, storage: SqliteStorage, readonly: bool) -> None:
+    def __init__(self, storage: SqliteStorage, readonly: bool, autocommit: bool = False) -> None:
         self._storage = storage
         self._readonly = readonly
+        self._autocommit = autocommit
 
     def __enter__(self) -> SqliteTransaction:
-        self._conn, self._tx = self._storage._begin(self._readonly)
+        storage = self._storage
+        if self._autocommit and storage._connection().in_transaction:
+            self._autocommit = False  # inside a transaction: its BEGIN raises, as before
+        self._conn, self._tx = storage._begin(self._readonly, self._autocommit)
         return self._tx
 
     def __exit__(
@@ -834,7 +865,7 @@ class _Transaction:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        self._storage._end(self._conn, self._tx, self._readonly, exc)
+        self._storage._end(self._conn, self._tx, self._readonly, exc, self._autocommit)
 
 
 # The optional capability the worker looks for, checked here by the type checker.

@@ -335,3 +335,14 @@ CREATE TABLE "rq_entities" (
     hlc       INTEGER NOT NULL,
     PRIMARY KEY (branch, namespace, key)
 ) WITHOUT ROWID;
+
+CREATE TRIGGER rq_jobs_enqueued AFTER INSERT ON rq_jobs
+BEGIN
+    INSERT INTO rq_trace (trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events)
+    VALUES (NEW.trace_id, NEW.id, 0, NULL, NEW.hlc, NEW.hlc, NEW.created_at,
+            CAST(x'03' || '[' || rtrim(
+                printf('%!.17g', NEW.run_at) || ',' || NEW.priority
+                || ',' || json_quote(NEW.message_id)
+                || ',' || json_quote(NEW.ordering_key)
+                || ',' || json_quote(NEW.causation_id), ',nul') || ']' AS BLOB));
+END;

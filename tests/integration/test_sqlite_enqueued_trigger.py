@@ -1,0 +1,123 @@
+"""On SQLite a new job's ``job.enqueued`` pack is written by the insert of its row.
+
+The trigger ``rq_jobs_enqueued`` (migration 0020) builds the pack (format 3) from the
+row's values in the statement that inserts the row, so ``App.enqueue`` is one statement
+committed by itself. What the trace says of the enqueue must be what the caller asked,
+to the last bit of ``run_at`` and the last character of a message id.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import replayq
+from replayq.storage import packs
+
+# What the trigger writes run_at with, and the range enqueue accepts (queue/enqueue.py).
+_RUN_AT_TEXT = "SELECT printf('%!.17g', ?)"
+_LIMIT = 1e15
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.floats(min_value=-_LIMIT, max_value=_LIMIT, exclude_min=True, exclude_max=True))
+def test_the_triggers_run_at_text_reads_back_as_the_same_double(run_at: float) -> None:
+    conn = sqlite3.connect(":memory:")
+    try:
+        (text,) = conn.execute(_RUN_AT_TEXT, (run_at,)).fetchone()
+    finally:
+        conn.close()
+    assert float(text) == run_at
+    if run_at != 0:  # a REAL column holds -0.0 as 0: the row and the pack agree on 0.0
+        assert repr(float(text)) == repr(run_at)
+
+
+def _app(tmp_path: Path) -> replayq.App:
+    app = replayq.App(f"sqlite:///{tmp_path / 'q.db'}")
+
+    @app.job("noop")
+    def noop(ctx: replayq.Context, n: int) -> None: ...
+
+    return app
+
+
+def test_the_enqueued_event_holds_what_the_caller_asked_exactly(tmp_path: Path) -> None:
+    app = _app(tmp_path)
+    asks: list[dict[str, object]] = [
+        {"run_at": 1796398960.6402373, "priority": -3},
+        {"run_at": 0.1 + 0.2, "message_id": 'quote " backslash \\ é 𝄞 \u2028 nul-ish \\u0000'},
+        {"run_at": 5.0, "priority": 2**31 - 1, "causation_id": "cause-1"},
+        {"run_at": -1234.5e-9, "message_id": "m-null", "priority": 7},
+        {"run_at": 1e14 + 0.5},
+    ]
+    ids = [app.enqueue("noop", {"n": n}, **ask) for n, ask in enumerate(asks)]  # type: ignore[arg-type]
+    traced = [app.trace(job_id) for job_id in ids]
+    app.close()
+    for ask, events in zip(asks, traced, strict=True):
+        [event] = events
+        assert (event.name, event.kind, event.status, event.attempt) == (
+            "job.enqueued",
+            "lifecycle",
+            "queued",
+            0,
+        )
+        expected = {
+            "run_at": ask["run_at"],
+            "priority": ask.get("priority", 0),
+            "message_id": ask.get("message_id"),
+            "ordering_key": None,
+            "causation_id": ask.get("causation_id"),
+        }
+        assert event.data == expected
+        assert repr(event.data["run_at"]) == repr(ask["run_at"])
+
+
+def test_the_triggers_pack_is_the_one_replayq_would_encode(tmp_path: Path) -> None:
+    """Format 3 as the trigger writes it and as ``packs.enqueued_pack`` encodes the same
+    event decode to the same JSON: readers cannot tell who wrote it."""
+    app = _app(tmp_path)
+    job_id = app.enqueue("noop", {"n": 1}, message_id="m1", run_at=1796398960.25, priority=4)
+    [event] = app.trace(job_id)
+    app.close()
+    conn = sqlite3.connect(tmp_path / "q.db")
+    try:
+        (stored,) = conn.execute(
+            "SELECT events FROM rq_trace WHERE job_id = ?", (job_id,)
+        ).fetchone()
+    finally:
+        conn.close()
+    encoded = packs.enqueued_pack(event)
+    assert encoded is not None
+    assert stored[:1] == encoded[:1] == b"\x03"
+    assert packs.pack_json(stored) == packs.pack_json(bytes(encoded))
+
+
+def test_a_duplicate_message_id_writes_no_second_enqueued_pack(tmp_path: Path) -> None:
+    app = _app(tmp_path)
+    first = app.enqueue("noop", {"n": 1}, message_id="once")
+    again = app.enqueue("noop", {"n": 2}, message_id="once")
+    names = [e.name for e in app.trace(first)]
+    app.close()
+    assert again == first
+    assert names == ["job.enqueued", "job.deduplicated"]
+
+
+def test_an_enqueue_is_one_statement_committed_by_itself(tmp_path: Path) -> None:
+    """No BEGIN, no COMMIT, no second insert: the row's statement is the whole enqueue."""
+    app = _app(tmp_path)
+    app.enqueue("noop", {"n": 0})  # the schema and the connection exist
+    conn = app.storage._connection()  # type: ignore[attr-defined]
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    try:
+        job_id = app.enqueue("noop", {"n": 1})
+    finally:
+        conn.set_trace_callback(None)
+    assert not conn.in_transaction
+    # SQLite traces the statement again as it enters each trigger: every line is the insert.
+    assert statements and all(s.startswith("INSERT INTO rq_jobs ") for s in statements), statements
+    assert [e.name for e in app.trace(job_id)] == ["job.enqueued"]
+    app.close()
