@@ -21,6 +21,9 @@ from replayq.redaction import Redactor
 from replayq.runtime import Runtime
 from replayq.storage.protocol import TraceFence, Transaction
 
+_new_event = object.__new__
+_set_fields = object.__setattr__
+
 
 @dataclass
 class PendingRecord:
@@ -105,9 +108,17 @@ class Recorder:
     ) -> TraceEvent:
         """``event`` with ``data`` as it is (already redacted)."""
         self._seq += 1
-        runtime, job, steps, trace_id = self.runtime, self.job, self._steps, self._trace_id
-        now = runtime.clock.now()
-        return TraceEvent.built(
+        job, steps, trace_id = self.job, self._steps, self._trace_id
+        # The HLC of the runtime is over the runtime's clock: its reading is ``ts``.
+        if hlc is None:
+            now, hlc = self.runtime.hlc.stamp()
+        else:
+            now = self.runtime.clock.now()
+        # ``TraceEvent.built`` inlined (one call fewer an event): every field named.
+        event = _new_event(TraceEvent)
+        _set_fields(
+            event,
+            "__dict__",
             {
                 "trace_id": trace_id,
                 # A derived trace (replay, fork) is not part of the job's own timeline.
@@ -118,8 +129,7 @@ class Recorder:
                 "seq": self._seq,
                 "step": steps[-1] if steps else None,
                 "ts": now,
-                # The HLC of the runtime is over the same clock: its reading is ``ts``.
-                "hlc": hlc if hlc is not None else runtime.hlc.tick_at(now),
+                "hlc": hlc,
                 "worker_id": self.worker_id,
                 "status": status,
                 "resource": resource,
@@ -129,8 +139,9 @@ class Recorder:
                 "output_ref": output_ref,
                 "data": data,
                 "id": None,
-            }
+            },
         )
+        return event
 
     def record(
         self,
