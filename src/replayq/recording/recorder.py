@@ -21,6 +21,9 @@ from replayq.redaction import Redactor
 from replayq.runtime import Runtime
 from replayq.storage.protocol import TraceFence, Transaction
 
+# The keys of a ``state.read`` event's data (``record_read``).
+_READ_KEYS = ("exists", "branch")
+
 _new_event = object.__new__
 _set_fields = object.__setattr__
 
@@ -251,6 +254,28 @@ class Recorder:
             return self.record(name, status=status, output_ref=output_ref, **data)
         data["step_name"] = redactor.short_text(data["step_name"])
         event = self._event(name, data, status, output_ref=output_ref)
+        self._pending.events.append(event)
+        return event
+
+    def record_read(self, resource: str, version: int, exists: bool, branch: str) -> TraceEvent:
+        """Record ``state.read`` (it commits with the step, or the ack).
+
+        Its data is replayq's: whether the entity exists and the branch's name. So the
+        name is screened as a short text (``short_text``, as a step's name) and the keys
+        as field names, without ``record``'s keyword packing and value walk; a user's
+        rule naming one of the keys sends it through ``record``, as any event's data.
+        """
+        redactor = self.redactor
+        if redactor.any_secret_field(_READ_KEYS):
+            return self.record(
+                "state.read",
+                resource=resource,
+                resource_version=version,
+                exists=exists,
+                branch=branch,
+            )
+        data = {"exists": exists, "branch": redactor.short_text(branch)}
+        event = self._event("state.read", data, None, resource, version)
         self._pending.events.append(event)
         return event
 
