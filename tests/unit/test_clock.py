@@ -36,3 +36,28 @@ def test_hlc_follows_wall_time_when_it_moves_forward() -> None:
     hlc.tick()
     clock.advance(1)
     assert replayq.HybridLogicalClock.physical_ms(hlc.tick()) == 101_000
+
+
+def test_hlc_stamp_is_the_clock_reading_and_a_tick_in_one_order_with_ticks() -> None:
+    clock = replayq.FrozenClock(100.0)
+    hlc = replayq.HybridLogicalClock(clock)
+    first = hlc.tick()
+    now, stamped = hlc.stamp()
+    assert now == 100.0
+    assert first < stamped < hlc.tick()
+    clock.advance(1)
+    now, stamped = hlc.stamp()
+    assert now == 101.0
+    assert replayq.HybridLogicalClock.physical_ms(stamped) == 101_000
+    hlc.observe(stamped + 10)
+    assert hlc.stamp()[1] > stamped + 10
+
+
+def test_hlc_stamp_on_the_system_clock_reads_wall_time() -> None:
+    import time
+
+    hlc = replayq.HybridLogicalClock(replayq.SystemClock())
+    before = time.time()
+    now, stamped = hlc.stamp()
+    assert before <= now <= time.time()
+    assert replayq.HybridLogicalClock.physical_ms(stamped) == int(now * 1000)

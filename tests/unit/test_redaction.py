@@ -237,6 +237,35 @@ def test_a_state_writes_delta_is_redacted_as_its_data_is(tmp_path: Path) -> None
         app.close()
 
 
+def test_a_state_reads_data_is_screened_as_every_events_data(tmp_path: Path) -> None:
+    # ``state.read``'s data is replayq's own (built without a value walk): a rule naming one
+    # of its keys, or a pattern matching the branch's name, still redacts it.
+    app = replayq.App(f"sqlite:///{tmp_path / 'q.db'}", redaction=Redaction(key="k"))
+
+    def reader(ctx: replayq.Context) -> None:
+        with ctx.step("a"):
+            ctx.state.get("account", 1)
+
+    app.job("plain")(reader)
+    app.job("by_field", redact=Redaction(["branch"]))(reader)
+    app.job("by_pattern", redact=Redaction(patterns=[r"^(main)$"]))(reader)
+
+    def read(job_type: str) -> dict[str, object]:
+        done = run_inline(app, job_type, {})
+        [event] = [e for e in app.trace(done.id) if e.name == "state.read"]
+        assert (event.resource, event.resource_version) == ("account:1", 0)
+        return event.data
+
+    try:
+        assert read("plain") == {"exists": False, "branch": "main"}
+        by_field = read("by_field")
+        assert by_field["exists"] is False and is_marker(by_field["branch"])
+        by_pattern = read("by_pattern")
+        assert by_pattern["exists"] is False and is_marker(by_pattern["branch"])
+    finally:
+        app.close()
+
+
 def test_the_same_app_on_another_database_keeps_its_redaction(tmp_path: Path) -> None:
     # ``--db`` with ``--app``: the CLI runs the app's job types on another database.
     app = replayq.App(f"sqlite:///{tmp_path / 'a.db'}", redaction=Redaction(["iban"], key="k"))

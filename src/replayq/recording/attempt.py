@@ -66,6 +66,10 @@ class Attempt(Protocol):
         """Record a domain event; it commits with the step (or the ack)."""
         ...
 
+    def record_read(self, resource: str, version: int, exists: bool, branch: str) -> TraceEvent:
+        """Record ``state.read`` of ``resource`` at ``version`` on ``branch``."""
+        ...
+
     def record_screened(
         self,
         name: str,

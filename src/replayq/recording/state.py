@@ -274,19 +274,12 @@ class StateView:
         )
         return self._recorded_read(ident, entity)
 
-    def _read_fields(self, entity: Entity) -> dict[str, Any]:
-        return {
-            "resource": entity.resource,
-            "resource_version": entity.version,
-            "exists": entity.exists,
-            "branch": self._ctx.branch,
-        }
-
     def _recorded_read(self, ident: tuple[str, str], entity: Entity) -> Entity:
         """Remember a read and record its ``state.read`` event (it commits with the step)."""
         self._read_versions[ident] = entity.version
         self._read[ident] = entity
-        self._ctx.record("state.read", **self._read_fields(entity))
+        ctx = self._ctx
+        ctx.record_read(entity.resource, entity.version, entity.exists, ctx.branch)
         return entity
 
     def put(
