@@ -17,7 +17,6 @@ from replayq.queue.catalog import active_contract
 from replayq.queue.contracts import Retry, render_template, template_fields
 from replayq.redaction import Redactor
 from replayq.runtime import Runtime
-from replayq.storage.packs import enqueued_event
 from replayq.storage.protocol import JobInsert, Transaction
 
 
@@ -94,7 +93,7 @@ def insert_job(
         require_contract=require_contract,
         trace_context=trace_context,
     )
-    ((job_id, created),) = tx.job_enqueue([params], [enqueued_event(params)])
+    ((job_id, created),) = tx.job_enqueue([params])
     if not created:
         tx.trace_append([_deduplicated_event(tx, params, job_id)])
     return job_id
@@ -120,7 +119,7 @@ def enqueue_job(runtime: Runtime, request: EnqueueRequest, **options: Any) -> in
     with autocommit() as tx:
         params = _job_params(runtime, tx, request, **options)
         job_id: int
-        ((job_id, created),) = tx.job_enqueue([params], [enqueued_event(params)])
+        ((job_id, created),) = tx.job_enqueue([params])
     if not created:
         with storage.transaction() as tx:
             tx.trace_append([_deduplicated_event(tx, params, job_id)])
@@ -136,7 +135,7 @@ def insert_jobs(runtime: Runtime, tx: Transaction, requests: Sequence[EnqueueReq
     existing job) took gets that job's id and a ``job.deduplicated`` event, as one by one.
     """
     params = [_job_params(runtime, tx, request) for request in requests]
-    inserted = tx.job_enqueue(params, [enqueued_event(p) for p in params])
+    inserted = tx.job_enqueue(params)
     duplicates = [
         _deduplicated_event(tx, p, job_id)
         for p, (job_id, created) in zip(params, inserted, strict=True)

@@ -240,18 +240,15 @@ class Transaction(Protocol):
     def job_insert(self, params: JobInsert) -> tuple[int, bool]:
         """Insert a job with its ``job.enqueued`` pack (``packs.enqueued_event``); on a
         duplicate ``message_id`` return ``(existing_id, False)`` and write nothing. Many
-        jobs, or other first events: ``job_enqueue``."""
+        jobs: ``job_enqueue``."""
         ...
 
-    def job_enqueue(
-        self, params: Sequence[JobInsert], events: Sequence[TraceEvent]
-    ) -> list[tuple[int, bool]]:
-        """``job_insert`` of ``params`` (one pair each, in order) with, for each row
-        inserted, ``events[i]`` (its ``job_id`` set to the new row's id) appended as that
-        job's first trace pack; a duplicate ``message_id`` writes neither. One statement
-        for all of it on PostgreSQL; on SQLite one insert per job, whose pack the trigger
-        ``rq_jobs_enqueued`` writes from the row: there ``events`` must be each row's
-        ``packs.enqueued_event``, as every caller passes."""
+    def job_enqueue(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]:
+        """``job_insert`` of ``params`` (one pair each, in order): each row inserted with
+        its ``job.enqueued`` event (``packs.enqueued_event``) as its first trace pack; a
+        duplicate ``message_id`` writes neither. One statement for all of it on
+        PostgreSQL; on SQLite one insert per job, whose pack the trigger
+        ``rq_jobs_enqueued`` writes from the row."""
         ...
 
     def job_get(self, job_id: int) -> Job | None: ...

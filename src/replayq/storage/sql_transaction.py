@@ -276,28 +276,26 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
     # -- jobs -------------------------------------------------------------------------------
 
     def job_insert(self, params: JobInsert) -> tuple[int, bool]:
-        ((job_id, created),) = self.job_enqueue([params], [packs.enqueued_event(params)])
+        ((job_id, created),) = self.job_enqueue([params])
         return job_id, created
 
-    def job_enqueue(
-        self, params: Sequence[JobInsert], events: Sequence[TraceEvent]
-    ) -> list[tuple[int, bool]]:
-        """Insert jobs and, for each row inserted, its event (``events[i]`` for
-        ``params[i]``, its ``job_id`` set to the new row's id) as that job's first pack.
+    def job_enqueue(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]:
+        """Insert jobs and, for each row inserted, its ``job.enqueued`` event
+        (``packs.enqueued_event``, its ``job_id`` the new row's id) as that job's first pack.
 
         Here every job insert is its own statement (on SQLite an in-process call, no
         round trip) and all the packs go in one multi-row insert (``_packs_inserted``).
         """
-        if len(params) == 1 and len(events) == 1:  # ``enqueue``: no lists to zip
+        if len(params) == 1:  # ``enqueue``: no lists to zip
             job_id, created = self._job_insert_one(params[0])
             if created:
-                pack = [with_job_id(events[0], job_id)]
+                pack = [with_job_id(packs.enqueued_event(params[0]), job_id)]
                 self._index(self._packs_inserted([pack]))
             return [(job_id, created)]
         inserted = [self._job_insert_one(p) for p in params]
         written = [
-            [with_job_id(event, job_id)]
-            for event, (job_id, created) in zip(events, inserted, strict=True)
+            [with_job_id(packs.enqueued_event(p), job_id)]
+            for p, (job_id, created) in zip(params, inserted, strict=True)
             if created
         ]
         if written:

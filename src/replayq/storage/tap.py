@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from typing import Any, cast
 
 from replayq.model import TraceEvent
+from replayq.storage.packs import enqueued_event
 from replayq.storage.protocol import (
     JobInsert,
     MigrationStatus,
@@ -72,13 +73,11 @@ class _TappedTransaction:
         self.appended.extend(events)
         return True
 
-    def job_enqueue(
-        self, params: Sequence[JobInsert], events: Sequence[TraceEvent]
-    ) -> list[tuple[int, bool]]:
-        inserted = self._inner.job_enqueue(params, events)
+    def job_enqueue(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]:
+        inserted = self._inner.job_enqueue(params)
         self.appended.extend(
-            TraceEvent.built({**event.__dict__, "job_id": job_id})
-            for event, (job_id, created) in zip(events, inserted, strict=True)
+            TraceEvent.built({**enqueued_event(p).__dict__, "job_id": job_id})
+            for p, (job_id, created) in zip(params, inserted, strict=True)
             if created
         )
         return inserted

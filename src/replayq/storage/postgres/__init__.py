@@ -328,16 +328,15 @@ class PostgresTransaction(SqlTransaction):
         # (FOR UPDATE SKIP LOCKED) committed before, or skips the job and then sees the pin.
         self.execute("ledger_unmove", {"job_id": job_id})
 
-    def job_enqueue(
-        self, params: Sequence[JobInsert], events: Sequence[TraceEvent]
-    ) -> list[tuple[int, bool]]:
-        """Every row and every inserted row's first pack: copied when no job names a
-        message id (``_job_enqueue_copied``), else in one statement (``job_enqueue``),
-        duplicates looked up after."""
+    def job_enqueue(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]:
+        """Every row and every inserted row's first pack (its ``job.enqueued``): copied
+        when no job names a message id (``_job_enqueue_copied``), else in one statement
+        (``job_enqueue``), duplicates looked up after."""
         if not params:
             return []
         if len(params) == 1:
-            return [self._job_enqueue_one(params[0], events[0])]
+            return [self._job_enqueue_one(params[0], packs.enqueued_event(params[0]))]
+        events = [packs.enqueued_event(p) for p in params]
         # The caller's connection (conn=) too, when it is psycopg's own (not async).
         driver = self.connection.raw if isinstance(self.connection, TupleRows) else self.connection
         if isinstance(driver, psycopg.Connection) and all(p.message_id is None for p in params):

@@ -79,7 +79,6 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
-from replayq.model import TraceEvent
 from replayq.seal import unsealed
 from replayq.storage import migrate, packs
 from replayq.storage.adopted import TupleRows
@@ -362,14 +361,11 @@ class SqliteTransaction(SqlTransaction):
                     return self.statements.execute(text, values)
         return self.statements.execute(sql, params or {})
 
-    def job_enqueue(
-        self, params: Sequence[JobInsert], events: Sequence[TraceEvent]
-    ) -> list[tuple[int, bool]]:
+    def job_enqueue(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]:
         """Insert jobs, one statement each. Each inserted row's ``job.enqueued`` pack is
         written by that statement: the trigger ``rq_jobs_enqueued`` (migration 0020) builds
-        it from the row's values, which are ``events[i]``'s (``queue/enqueue.py`` makes
-        the event from the same ``JobInsert``), so ``events`` are not written again here;
-        a row that ``ON CONFLICT`` skips gets none."""
+        it from the row's values, as ``packs.enqueued_event`` does from ``params``; no
+        event is built here. A row that ``ON CONFLICT`` skips gets none."""
         return [self._job_insert_one(p) for p in params]
 
     def rows_query(
