@@ -276,7 +276,9 @@ def test_a_new_jobs_enqueued_pack_is_its_data_values_and_reads_back_as_its_json(
     data = row["events"]
     # A bytearray, which the sqlite3 driver binds without a failed adapter lookup.
     assert type(data) is bytearray and data[:1] == b"\x03"
-    assert writer is None  # a later event of its group rewrites the pack (trace_extend)
+    # No deflate stream to append to: a later event of its group rewrites the pack whole
+    # as format 2 (``CompactPack.rewritten``, ``trace_rewrite``).
+    assert isinstance(writer, packs.CompactPack) and writer.stored == data
     as_json = packs.pack_row([event], packs.FORMAT_JSON)["events"]
     assert packs.pack_json(data) == as_json
     assert packs.unpack({**row, "id": 5}) == packs.unpack(stored([event], packs.FORMAT_JSON))
