@@ -23,12 +23,22 @@ How ``events`` is stored (its first byte says which, so packs of every format st
   that unpacks packs in SQL call it. A plain ``sqlite3`` shell does not have it: read the trace
   through replayq, or from Python after ``register_sqlite(connection)``;
 * format 3, bytes (SQLite since 0019): a new job's ``job.enqueued`` pack, ``b"\\x03"`` and
-  the JSON array of its data's values (``_ENQUEUED_FIELDS``, trailing nulls left out).
+  the JSON array of its data's values (``LIFECYCLE_SHAPES[0]``, trailing nulls left out).
   Every job has one such pack of one event whose other fields are fixed; deflating its
   ~155 bytes cost ~30,000 instructions of each enqueue (a new stream, ~28 bytes), this
   is ~23 bytes for none. ``rq_pack_json`` returns the same JSON text as format 1. Since
   0020 the database writes it: the trigger ``rq_jobs_enqueued`` builds it from the row in
-  the statement that inserts the row (``enqueued_pack`` is the same encoding in Python).
+  the statement that inserts the row (``enqueued_pack`` is the same encoding in Python);
+* format 4, bytes (SQLite since 0020): a pack of one other lifecycle event of a known
+  shape (a lease's ``job.leased``, an ack's ``job.succeeded``), ``b"\\x04"``, its shape's
+  code (one byte, its place in ``LIFECYCLE_SHAPES``) and the JSON array of its data's
+  values in that shape's key order (trailing nulls left out). A drained job writes two
+  such packs; deflating each (a new stream and a sync flush) cost ~60,000 instructions.
+  ``rq_pack_json`` returns the same JSON text as format 1.
+
+A format 3 or 4 pack has no deflate stream to append to: a later event of its attempt
+that joins it (a traced job's steps after its lease, on the same connection) rewrites it
+whole as format 2 (``CompactPack``), whose stream later joins append to.
 
 An event's id is ``pack id * PACK_SIZE + its place``: ids still grow in commit order, so
 ``ORDER BY hlc, id`` sorts as it did when each event was a row. The view ``rq_events``
@@ -52,7 +62,7 @@ if TYPE_CHECKING:
 # Events per pack at most: an event id is pack id * PACK_SIZE + the event's place.
 PACK_SIZE = 1024
 
-# The formats of ``events`` (the first byte of a format 2 pack; format 1 is text).
+# The formats of ``events`` (the first byte of a pack of formats 2 to 4; format 1 is text).
 FORMAT_JSON = 1
 FORMAT_DEFLATE = 2
 FORMAT_ENQUEUED = 3
@@ -203,12 +213,13 @@ _PRIMED = zlib.compressobj(_LEVEL, zlib.DEFLATED, _WBITS, _MEM_LEVEL, zdict=DICT
 # largest part of that write (~90 µs for ~35 events); level 1 takes about half the time
 # for ~25 % more bytes (~1.1 KB instead of ~0.85 KB), still within one page.
 _PRIMED_DERIVED = zlib.compressobj(1, zlib.DEFLATED, _WBITS, _MEM_LEVEL, zdict=DICTIONARY_2)
-# A pack that a lifecycle event starts (a new job's ``job.enqueued``, a lease batch's
-# ``job.leased``, an ack's ``job.succeeded``: ~160 bytes of JSON, rarely joined later, three
-# such packs a job): a 4 KB window (the whole dictionary is within it) and memLevel 3, the
-# same stream format and, for such a pack, the same bytes. Each such pack copies its
-# compressor: ~17 KB of state instead of ~48 KB, ~2 µs of the ~5.5 µs the pack's deflate
-# took. Inflating with the format's 8 KB window reads any smaller window's stream.
+# A pack that a lifecycle event starts (~160 bytes of JSON, rarely joined later: one whose
+# event has no shape of formats 3 and 4, ``LIFECYCLE_SHAPES``, or a format 3 or 4 pack
+# rewritten when joined, ``CompactPack``): a 4 KB window (the whole dictionary is within
+# it) and memLevel 3, the same stream format and, for such a pack, the same bytes. Each
+# such pack copies its compressor: ~17 KB of state instead of ~48 KB, ~2 µs of the
+# ~5.5 µs the pack's deflate took. Inflating with the format's 8 KB window reads any
+# smaller window's stream.
 _LIFECYCLE_WBITS = -12
 _LIFECYCLE_MEM_LEVEL = 3
 _PRIMED_LIFECYCLE = zlib.compressobj(
@@ -252,9 +263,9 @@ class PackWriter:
 
     def first(self, items: str) -> bytearray:
         """The pack's ``events`` as first stored: the mark, ``[`` and ``items``; the very
-        ``stored`` it keeps (bound as a ``bytearray``: no failed adapter lookup, two packs
-        a drained job; ``more`` replaces ``stored``, never grows it in place)."""
-        compressor = self._compressor  # ``_piece`` inlined: two packs a drained job
+        ``stored`` it keeps (bound as a ``bytearray``: no failed adapter lookup; ``more``
+        replaces ``stored``, never grows it in place)."""
+        compressor = self._compressor  # ``_piece`` inlined: a step's commit, a rewrite
         stored = bytearray(_DEFLATE_MARK)
         stored += compressor.compress(("[" + items).encode())
         stored += compressor.flush(zlib.Z_SYNC_FLUSH)
