@@ -313,8 +313,6 @@ LIFECYCLE_SHAPES: tuple[tuple[str, str | None, tuple[str, ...]], ...] = (
     ("job.succeeded", "succeeded", ("duration", "owner_token", "version")),
 )
 LIFECYCLE_SHAPES_SHA256 = "6d51b8e0a50e2dbbeda1f0e49d5dd603d8a8bc905dee6dffd82a9b8e828383f7"
-# Shape 0's keys (format 3).
-_ENQUEUED_FIELDS = LIFECYCLE_SHAPES[0][2]
 # By event name: (shape code, status, the set of its data's keys, the values of those keys
 # in stored order as a tuple, read in C), and each code's first bytes: format 3's mark for
 # shape 0, else format 4's and the code.
@@ -410,21 +408,13 @@ def lifecycle_pack(event: TraceEvent) -> bytearray | None:
     return packed
 
 
-def enqueued_pack(event: TraceEvent) -> bytearray | None:
-    """The format 3 ``events`` of a pack holding ``event`` alone, or ``None`` if it is not a
-    new job's ``job.enqueued`` as ``pack_json`` rebuilds it (``lifecycle_pack``)."""
-    if event.name != JOB_ENQUEUED:
-        return None
-    return lifecycle_pack(event)
-
-
-def _lifecycle_json(code: int, values_text: bytes | memoryview) -> str:
+def _lifecycle_json(code: int, values_text: bytes) -> str:
     """A format 3 or 4 pack (shape ``code``, its data's values) as the JSON text its event
     has in format 1."""
     if code >= len(LIFECYCLE_SHAPES):
         raise ValueError(f"trace pack of unknown lifecycle shape {code}")
     name, status, fields = LIFECYCLE_SHAPES[code]
-    values = codec.loads(bytes(values_text).decode())  # a ``str``: ``loads``' quick path
+    values = codec.loads(values_text.decode())  # a ``str``: ``loads``' quick path
     if type(values) is not list or len(values) > len(fields):
         raise ValueError(f"trace pack of shape {code} holds {values!r}")
     if len(values) < len(fields):
@@ -479,9 +469,9 @@ def pack_json(stored: str | bytes | None) -> str | None:
         return stored
     if stored[:1] != _DEFLATE_MARK:
         if stored[:1] == _LIFECYCLE_MARK and len(stored) > 1:
-            return _lifecycle_json(stored[1], memoryview(stored)[2:])
+            return _lifecycle_json(stored[1], stored[2:])
         if stored[:1] == _ENQUEUED_MARK:
-            return _lifecycle_json(0, memoryview(stored)[1:])
+            return _lifecycle_json(0, stored[1:])
         raise ValueError(f"trace pack of unknown format {stored[:1]!r}")
     decompressor = zlib.decompressobj(_WBITS, zdict=DICTIONARY_2)
     text = decompressor.decompress(memoryview(stored)[1:])

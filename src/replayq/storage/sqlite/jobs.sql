@@ -348,7 +348,8 @@ RETURNING id;
 
 -- name: trace_extend
 -- More events of a JSON text pack (format 1), the pack rewritten whole. SQLite writes
--- format 2 and joins packs with trace_join; this stays for the shared code's sake.
+-- formats 2 to 4 and joins packs with trace_join and trace_rewrite; this stays for the
+-- shared code's sake.
 UPDATE rq_trace SET hlc = :hlc, hlc_last = :hlc_last, ts = :ts, events = :events
 WHERE id = :id AND trace_id = :trace_id AND job_id IS :job_id AND attempt IS :attempt;
 
