@@ -33,7 +33,7 @@ How ``events`` is stored (its first byte says which, so packs of every format st
   shape (a lease's ``job.leased``, an ack's ``job.succeeded``), ``b"\\x04"``, its shape's
   code (one byte, its place in ``LIFECYCLE_SHAPES``) and the JSON array of its data's
   values in that shape's key order (trailing nulls left out). A drained job writes two
-  such packs; deflating each (a new stream and a sync flush) cost ~60,000 instructions.
+  such packs; deflating each (a new stream and a sync flush) cost ~50,000 instructions.
   ``rq_pack_json`` returns the same JSON text as format 1.
 
 A format 3 or 4 pack has no deflate stream to append to: a later event of its attempt
