@@ -29,7 +29,7 @@ How ``events`` is stored (its first byte says which, so packs of every format st
   is ~23 bytes for none. ``rq_pack_json`` returns the same JSON text as format 1. Since
   0020 the database writes it: the trigger ``rq_jobs_enqueued`` builds it from the row in
   the statement that inserts the row (``enqueued_pack`` is the same encoding in Python);
-* format 4, bytes (SQLite since 0020): a pack of one other lifecycle event of a known
+* format 4, bytes (SQLite since 0021): a pack of one other lifecycle event of a known
   shape (a lease's ``job.leased``, an ack's ``job.succeeded``), ``b"\\x04"``, its shape's
   code (one byte, its place in ``LIFECYCLE_SHAPES``) and the JSON array of its data's
   values in that shape's key order (trailing nulls left out). A drained job writes two
@@ -408,6 +408,15 @@ def lifecycle_pack(event: TraceEvent) -> bytearray | None:
     return packed
 
 
+def enqueued_pack(event: TraceEvent) -> bytearray | None:
+    """The format 3 ``events`` of a pack holding ``event`` alone (the encoding the trigger
+    ``rq_jobs_enqueued`` writes, in Python), or ``None`` if it is not a new job's
+    ``job.enqueued`` as ``pack_json`` rebuilds it (``lifecycle_pack``)."""
+    if event.name != JOB_ENQUEUED:
+        return None
+    return lifecycle_pack(event)
+
+
 def _lifecycle_json(code: int, values_text: bytes) -> str:
     """A format 3 or 4 pack (shape ``code``, its data's values) as the JSON text its event
     has in format 1."""
@@ -556,9 +565,9 @@ def opened_row(
         if pack_format == FORMAT_DEFLATE and first.kind == "lifecycle":
             compact = lifecycle_pack(first)
             if compact is not None:
-                # A later event of its group (a traced job's steps after its lease, a
-                # ``job.deduplicated`` after its enqueue, on the same connection) rewrites
-                # the pack whole as format 2 (``CompactPack.rewritten``).
+                # A later event of its group (a traced job's steps after its lease, on the
+                # same connection) rewrites the pack whole as format 2
+                # (``CompactPack.rewritten``).
                 return _row(first, base, last, compact), CompactPack(compact, base)
     else:
         hlcs = [e.hlc for e in events]

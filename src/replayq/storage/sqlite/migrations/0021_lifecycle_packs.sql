@@ -1,4 +1,4 @@
--- 0020 a pack of one lifecycle event of a known shape in its own compact format
+-- 0021 a pack of one lifecycle event of a known shape in its own compact format
 -- (storage/packs.py, format 4).
 --
 -- A lease's job.leased and an ack's job.succeeded each start a pack of their own, whose
