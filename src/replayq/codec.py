@@ -353,6 +353,17 @@ def stored_text(value: Any) -> str | None:
         return None
 
 
+def stored_bytes(value: Any) -> bytes | None:
+    """``stored_text`` as UTF-8 bytes, as orjson gives them (no ``str`` made and encoded
+    again): a SQLite trace pack of one lifecycle event (``storage/packs.py``, format 4)."""
+    if orjson is None:
+        return None
+    try:
+        return orjson.dumps(value, option=_FAST_OPTIONS)
+    except TypeError:  # orjson.JSONEncodeError
+        return None
+
+
 _DECODER = json.JSONDecoder()
 
 

@@ -254,3 +254,138 @@ def fenced_joins(app: replayq.App) -> None:
         back = tx.trace_query(TraceQuery(job_id=job_id))
     names = [e.name for e in back if e.name.startswith("event.")]
     assert names == ["event.0", "event.1", "event.2"]
+
+
+def test_a_drained_jobs_lifecycle_packs_are_compact_and_read_back_as_recorded(
+    sqlite_url: str,
+) -> None:
+    # SQLite only (PostgreSQL keeps JSON text). Each job of a lease batch is its own attempt:
+    # its job.leased and its job.succeeded are packs of one event each, stored as their
+    # data's values (format 4) like its job.enqueued (format 3), not deflated. A pack that
+    # a later event of its attempt joins (the last leased job's ack, on the connection that
+    # wrote its lease) is rewritten whole as format 2. Every reader sees the same events.
+    app = replayq.App(sqlite_url, auto_migrate=True)
+    try:
+        drained(app)
+    finally:
+        app.close()
+
+
+def drained(app: replayq.App) -> None:
+    @app.job("noop")
+    def noop(ctx: replayq.Context) -> None:
+        return None
+
+    app.register_contracts()
+    job_ids = [app.enqueue("noop", {}) for _ in range(3)]
+    worker = replayq.Worker(app, worker_id="w1")
+    leased = worker.lease(3)
+    assert sorted(job.id for job in leased) == job_ids
+    for job in leased:
+        worker.execute(job)
+    formats = {}
+    for job in leased:
+        assert app.get_job(job.id).state is replayq.JobState.SUCCEEDED
+        trace = app.trace(job.id)
+        assert [e.name for e in trace] == ["job.enqueued", "job.leased", "job.succeeded"]
+        with app.storage.transaction(readonly=True) as tx:
+            stored = tx.connection.execute(PACKS["sqlite"] + " ORDER BY id", (job.id,)).fetchall()
+            view = tx.connection.execute(VIEW["sqlite"], (job.id,)).fetchall()
+        formats[job.id] = [bytes(p[0][: 2 if p[0][:1] == b"\x04" else 1]) for p in stored]
+        # The events as the worker recorded them, every field of their data back.
+        enqueued, lease, ack = trace
+        assert enqueued.data["priority"] == 0 and enqueued.status == "queued"
+        assert (lease.kind, lease.status, lease.worker_id) == ("lifecycle", "running", "w1")
+        assert lease.data == {
+            "lease_deadline": job.lease_deadline,
+            "owner_token": job.owner_token,
+            "redelivery_count": 0,
+            "version": job.handler_version,
+        }
+        assert (ack.kind, ack.status, ack.attempt) == ("lifecycle", "succeeded", job.attempt)
+        assert set(ack.data) == {"duration", "owner_token", "version"}
+        assert ack.data["owner_token"] == job.owner_token and ack.data["duration"] >= 0
+        # The rq_events view (rq_pack_json in SQL) holds the same events.
+        assert [(r[0], r[1], r[2], json.loads(r[3])) for r in view] == [
+            (e.name, e.hlc, e.resource, e.data) for e in trace
+        ]
+    # A lease's pack (code 1), an ack's (code 3). An ack committed on the connection that
+    # wrote its job's lease (the last of the batch) would join the lease's pack instead,
+    # which is then rewritten as format 2; the others' are packs of one event each.
+    compact = [b"\x03", b"\x04\x01", b"\x04\x03"]
+    assert all(f in (compact, [b"\x03", b"\x02"]) for f in formats.values()), formats
+    assert list(formats.values()).count(compact) >= 2, formats
+
+
+def test_a_fenced_commit_joining_a_lease_pack_rewrites_it_as_its_own_lease_check(
+    sqlite_url: str,
+) -> None:
+    # SQLite only. A lease's pack is its job.leased alone (format 4); a step's commit of the
+    # attempt on the same connection joins it by rewriting it as format 2, in one statement
+    # that is also the lease check (trace_rewrite_fenced): no lease_check statement while
+    # the lease holds, nothing written once it is gone.
+    app = replayq.App(sqlite_url, auto_migrate=True)
+    try:
+        fenced_rewrites(app)
+    finally:
+        app.close()
+
+
+def fenced_rewrites(app: replayq.App) -> None:
+    @app.job("noop")
+    def noop(ctx: replayq.Context) -> None:
+        return None
+
+    app.register_contracts()
+    first_id, second_id = app.enqueue("noop", {}), app.enqueue("noop", {})
+    worker = replayq.Worker(app, worker_id="w1")
+    packs_sql = "SELECT id, events FROM rq_trace WHERE job_id = ? AND attempt = 1 ORDER BY id"
+    statements: list[str] = []
+
+    def stored(job_id: int) -> list[tuple[int, bytes]]:
+        with app.storage.transaction(readonly=True) as tx:
+            return [tuple(r) for r in tx.connection.execute(packs_sql, (job_id,)).fetchall()]
+
+    def step_events(job: replayq.Job) -> list[TraceEvent]:
+        base = {"trace_id": job.trace_id, "job_id": job.id, "attempt": job.attempt}
+        base.update(worker_id="w1", ts=1_700_000_000.0)
+        return [TraceEvent(name=f"event.{n}", hlc=2**60 + n, seq=n, **base) for n in range(2)]
+
+    def append(job: replayq.Job, group: list[TraceEvent]) -> bool:
+        assert job.owner_token is not None
+        with app.storage.transaction() as tx:
+            tx.connection.set_trace_callback(statements.append)
+            try:
+                return tx.trace_append(group, TraceFence(job.id, job.owner_token))
+            finally:
+                tx.connection.set_trace_callback(None)
+
+    # The lease holds: the pack is rewritten, and the rewrite was the lease check.
+    [job] = worker.lease(1)
+    assert job.id == first_id
+    [(pack_id, leased)] = stored(job.id)
+    assert leased[:2] == b"\x04\x01"
+    events = step_events(job)
+    assert append(job, events[:1])
+    [(same_id, rewritten)] = stored(job.id)
+    assert same_id == pack_id and rewritten[:1] == b"\x02"
+    assert [s for s in statements if s.startswith("UPDATE rq_trace")]
+    assert not [s for s in statements if "FROM rq_jobs" in s and s.startswith("SELECT")]
+    # A later commit appends to the rewritten pack's stream.
+    assert append(job, events[1:])
+    [(_, joined)] = stored(job.id)
+    assert joined.startswith(rewritten) and len(joined) > len(rewritten)
+    trace = app.trace(job.id)
+    assert [e.name for e in trace] == ["job.enqueued", "job.leased", "event.0", "event.1"]
+    assert trace[1].data["owner_token"] == job.owner_token
+
+    # The lease is gone (another owner token): nothing is rewritten, the commit is refused.
+    [other] = worker.lease(1)
+    assert other.id == second_id
+    before = stored(other.id)
+    assert before[0][1][:2] == b"\x04\x01"
+    with app.storage.transaction() as tx:
+        tx.connection.execute("UPDATE rq_jobs SET owner_token = 'x' WHERE id = ?", (other.id,))
+    assert not append(other, step_events(other))
+    assert stored(other.id) == before
+    assert [e.name for e in app.trace(other.id)] == ["job.enqueued", "job.leased"]

@@ -8,6 +8,7 @@ dictionary may never change under packs already written with it.
 from __future__ import annotations
 
 import hashlib
+import json
 import sqlite3
 import weakref
 import zlib
@@ -276,7 +277,9 @@ def test_a_new_jobs_enqueued_pack_is_its_data_values_and_reads_back_as_its_json(
     data = row["events"]
     # A bytearray, which the sqlite3 driver binds without a failed adapter lookup.
     assert type(data) is bytearray and data[:1] == b"\x03"
-    assert writer is None  # a later event of its group rewrites the pack (trace_extend)
+    # No deflate stream to append to: a later event of its group rewrites the pack whole
+    # as format 2 (``CompactPack.rewritten``, ``trace_rewrite``).
+    assert isinstance(writer, packs.CompactPack) and writer.stored == data
     as_json = packs.pack_row([event], packs.FORMAT_JSON)["events"]
     assert packs.pack_json(data) == as_json
     assert packs.unpack({**row, "id": 5}) == packs.unpack(stored([event], packs.FORMAT_JSON))
@@ -315,3 +318,225 @@ def test_an_enqueued_event_of_another_shape_is_deflated(event: TraceEvent) -> No
     data = row["events"]
     assert isinstance(data, bytearray) and data[:1] == b"\x02" and writer is not None
     assert packs.pack_json(data) == packs.pack_row([event], packs.FORMAT_JSON)["events"]
+
+
+def lifecycle_event(name: str, status: str | None, **data: object) -> TraceEvent:
+    """A lifecycle event as ``queue/lifecycle.lifecycle`` builds it (a lease's, an ack's)."""
+    return TraceEvent(
+        trace_id="0123456789abcdef0123456789abcdef",
+        job_id=41,
+        attempt=2,
+        worker_id="host-1:worker",
+        name=name,
+        kind="lifecycle",
+        status=status,
+        ts=1_796_000_000.25,
+        hlc=9_000_000,
+        data=data,
+    )
+
+
+LEASED = {
+    "owner_token": "ab" * 16,
+    "lease_deadline": 1_796_000_060.123456,
+    "version": "v1",
+    "redelivery_count": 0,
+}
+
+
+@pytest.mark.parametrize(
+    ("event", "code"),
+    [
+        (lifecycle_event("job.leased", "running", **LEASED), 1),
+        (lifecycle_event("job.leased", "running", **{**LEASED, "redelivery_count": 3}), 1),
+        (lifecycle_event("job.leased", "running", **{**LEASED, "version": None}), 1),
+        (lifecycle_event("job.leased", "running", **LEASED, version_moved_from="v0"), 2),
+        (
+            lifecycle_event(
+                "job.succeeded", "succeeded", duration=0.0037, owner_token="f" * 32, version="v1"
+            ),
+            3,
+        ),
+        # orjson writes a float below 1e-4 its own way: it still reads back as format 1's.
+        (
+            lifecycle_event(
+                "job.succeeded", "succeeded", duration=7.2e-05, owner_token="", version="v2 ü"
+            ),
+            3,
+        ),
+        (
+            lifecycle_event(
+                "job.succeeded", "succeeded", duration=1.5, owner_token="t", version=None
+            ),
+            3,
+        ),
+    ],
+    ids=[
+        "leased",
+        "leased-redelivered",
+        "leased-no-version",
+        "leased-moved",
+        "succeeded",
+        "succeeded-tiny-duration",
+        "succeeded-no-version",
+    ],
+)
+def test_a_lone_lifecycle_event_of_a_known_shape_is_its_data_values_and_reads_back_as_its_json(
+    event: TraceEvent, code: int
+) -> None:
+    # Format 4 (SQLite): a lease's or an ack's pack of one event, stored as a shape code and
+    # the values of its data, not deflated; read back (Python and the SQL function alike)
+    # as format 1's JSON, so every reader sees the event as before.
+    row, writer = packs.opened_row([event], packs.FORMAT_DEFLATE)
+    data = row["events"]
+    assert type(data) is bytearray and bytes(data[:2]) == bytes([4, code])
+    assert not data.endswith(b",null]")  # trailing nulls are left out
+    assert isinstance(writer, packs.CompactPack) and writer.stored == data
+    as_json = packs.pack_row([event], packs.FORMAT_JSON)["events"]
+    assert packs.pack_json(data) == as_json
+    assert packs.pack_json(bytes(data)) == as_json
+    assert packs.unpack({**row, "id": 5}) == packs.unpack(stored([event], packs.FORMAT_JSON))
+    # Everything but the events column is the same row.
+    assert {k: v for k, v in row.items() if k != "events"} == {
+        k: v for k, v in stored([event], packs.FORMAT_JSON).items() if k not in ("events", "id")
+    }
+    connection = sqlite3.connect(":memory:")
+    packs.register_sqlite(connection)
+    assert connection.execute("SELECT rq_pack_json(?)", (bytes(data),)).fetchone()[0] == as_json
+    connection.close()
+
+
+def test_lifecycle_packs_take_about_the_bytes_deflated_ones_did() -> None:
+    # With owner tokens as replayq makes them (random hex, which deflate cannot shorten
+    # much): the values of a lease's and an ack's events take within a few bytes of their
+    # deflate streams (~60 bytes each); what format 4 saves is instructions, not bytes.
+    tokens = ["f72a0ff8d144a7239477bc86ce080b5e", "0c9be6c1a35d4e2f8b71d0a4c6e95f13"]
+    compact = deflated = 0
+    for n, token in enumerate(tokens):
+        for event in (
+            lifecycle_event(
+                "job.leased",
+                "running",
+                **{**LEASED, "owner_token": token, "lease_deadline": 1_796_316_367.0042 + n},
+            ),
+            lifecycle_event(
+                "job.succeeded", "succeeded", duration=0.000143 + n, owner_token=token, version="v1"
+            ),
+        ):
+            stored_bytes = packs.opened_row([event], packs.FORMAT_DEFLATE)[0]["events"]
+            assert stored_bytes[:1] == b"\x04"
+            items = packs.pack_items([event], event.hlc, event.ts)
+            stream = packs.PackWriter(lifecycle=True).first(items)
+            assert len(stored_bytes) <= len(stream) + 10
+            compact, deflated = compact + len(stored_bytes), deflated + len(stream)
+    assert compact <= deflated * 1.15
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        lifecycle_event("job.leased", "running", **LEASED, extra=1),  # data not in its shape
+        lifecycle_event("job.leased", "queued", **LEASED),  # another status
+        lifecycle_event("job.succeeded", "succeeded", duration=0.1, owner_token="t"),  # a key less
+        TraceEvent(**{**lifecycle_event("job.leased", "running", **LEASED).__dict__, "seq": 1}),
+        TraceEvent(
+            **{**lifecycle_event("job.leased", "running", **LEASED).__dict__, "job_id": None}
+        ),
+        TraceEvent(**{**lifecycle_event("job.succeeded", "succeeded").__dict__, "kind": "domain"}),
+        lifecycle_event("job.failed", "fail", error="boom", duration=0.1),  # no shape of its name
+        # A value orjson refuses (an integer beyond 64 bits): the standard encoder's path.
+        lifecycle_event("job.leased", "running", **{**LEASED, "redelivery_count": 2**70}),
+    ],
+    ids=[
+        "extra-data",
+        "other-status",
+        "missing-key",
+        "with-seq",
+        "no-job",
+        "domain",
+        "no-shape",
+        "big-int",
+    ],
+)
+def test_a_lone_event_of_no_known_shape_is_deflated(event: TraceEvent) -> None:
+    row, writer = packs.opened_row([event], packs.FORMAT_DEFLATE)
+    data = row["events"]
+    assert isinstance(data, bytearray) and data[:1] == b"\x02"
+    assert isinstance(writer, packs.PackWriter)
+    assert packs.pack_json(data) == packs.pack_row([event], packs.FORMAT_JSON)["events"]
+
+
+def test_the_lifecycle_shapes_never_change() -> None:
+    # Packs already stored name their shape by its place in the table: a shape is only ever
+    # added at the end; changing, reordering or removing one misreads stored packs.
+    text = json.dumps(packs.LIFECYCLE_SHAPES, separators=(",", ":"))
+    digest = hashlib.sha256(text.encode()).hexdigest()
+    assert digest == packs.LIFECYCLE_SHAPES_SHA256
+    assert digest == "6d51b8e0a50e2dbbeda1f0e49d5dd603d8a8bc905dee6dffd82a9b8e828383f7"
+    # Shape 0 is format 3's: packs written in it before format 4 read as they did.
+    assert packs.LIFECYCLE_SHAPES[0] == (
+        "job.enqueued",
+        "queued",
+        ("run_at", "priority", "message_id", "ordering_key", "causation_id"),
+    )
+
+
+def test_a_format_3_pack_written_before_format_4_still_reads() -> None:
+    # The bytes format 3 has always written for a new job's job.enqueued.
+    stored_bytes = b'\x03[1796000000.5,0,null,"customer:1"]'
+    event = enqueued(1_796_000_000.5, ordering_key="customer:1")
+    assert packs.pack_json(stored_bytes) == packs.pack_row([event], packs.FORMAT_JSON)["events"]
+    # Shape 0 in format 4 says the same.
+    assert packs.pack_json(b"\x04\x00" + stored_bytes[1:]) == packs.pack_json(stored_bytes)
+
+
+@pytest.mark.parametrize(
+    "stored_bytes",
+    [
+        b"\x05[1,2]",  # a format this replayq does not know
+        b"\x04",  # format 4 without its shape code
+        b"\x04\x7f[1,2]",  # a shape code beyond the table
+        b"\x04\x01[1,2,3,4,5,6]",  # more values than its shape has keys
+        b"\x04\x01{}",  # not an array
+    ],
+    ids=["format-5", "no-shape", "unknown-shape", "too-many-values", "not-an-array"],
+)
+def test_a_lifecycle_pack_that_cannot_be_read_is_refused_not_misread(stored_bytes: bytes) -> None:
+    with pytest.raises(ValueError):
+        packs.pack_json(stored_bytes)
+
+
+def test_a_lifecycle_pack_joined_by_later_events_is_rewritten_whole_as_format_2() -> None:
+    # A traced job's steps commit after its lease on the same connection: their events
+    # join the lease's pack, which has no deflate stream to append to; it is rewritten as
+    # format 2 (its event and theirs in one stream), and later commits append to that.
+    leased = lifecycle_event("job.leased", "running", **LEASED)
+    later = [
+        TraceEvent(**{**event.__dict__, "attempt": 2, "hlc": 9_000_001 + n})
+        for n, event in enumerate(attempt_events())
+    ]
+    row, compact = packs.opened_row([leased], packs.FORMAT_DEFLATE)
+    assert isinstance(compact, packs.CompactPack) and compact.base_hlc == row["hlc"]
+    writer = compact.rewritten([leased, *later[:2]])
+    data = one_stream = writer.stored
+    assert type(data) is bytearray and data[:1] == b"\x02"
+    assert writer.base_hlc == row["hlc"]
+    assert (
+        packs.pack_json(data) == packs.pack_row([leased, *later[:2]], packs.FORMAT_JSON)["events"]
+    )
+    # The row keeps its hlc and ts (the lease's event stays first): only ``events`` changes.
+    assert packs.unpack({**row, "events": data, "id": 5}) == packs.unpack(
+        stored([leased, *later[:2]], packs.FORMAT_JSON)
+    )
+    # Later commits append to the rewritten pack's stream, as to any format 2 pack.
+    data = data + writer.more(packs.pack_items(later[2:], row["hlc"], row["ts"]))
+    assert writer.stored == data
+    assert packs.unpack({**row, "events": data, "id": 5}) == packs.unpack(
+        stored([leased, *later], packs.FORMAT_JSON)
+    )
+    # One stream for the lease's event and the first step's: no larger than the two
+    # sync-flushed pieces the lease's deflated pack and its first join made before.
+    pieces = packs.PackWriter(lifecycle=True)
+    two = pieces.first(packs.pack_items([leased], row["hlc"], row["ts"]))
+    two += pieces.more(packs.pack_items(later[:2], row["hlc"], row["ts"]))
+    assert len(one_stream) <= len(two)

@@ -23,12 +23,22 @@ How ``events`` is stored (its first byte says which, so packs of every format st
   that unpacks packs in SQL call it. A plain ``sqlite3`` shell does not have it: read the trace
   through replayq, or from Python after ``register_sqlite(connection)``;
 * format 3, bytes (SQLite since 0019): a new job's ``job.enqueued`` pack, ``b"\\x03"`` and
-  the JSON array of its data's values (``_ENQUEUED_FIELDS``, trailing nulls left out).
+  the JSON array of its data's values (``LIFECYCLE_SHAPES[0]``, trailing nulls left out).
   Every job has one such pack of one event whose other fields are fixed; deflating its
   ~155 bytes cost ~30,000 instructions of each enqueue (a new stream, ~28 bytes), this
   is ~23 bytes for none. ``rq_pack_json`` returns the same JSON text as format 1. Since
   0020 the database writes it: the trigger ``rq_jobs_enqueued`` builds it from the row in
-  the statement that inserts the row (``enqueued_pack`` is the same encoding in Python).
+  the statement that inserts the row (``enqueued_pack`` is the same encoding in Python);
+* format 4, bytes (SQLite since 0021): a pack of one other lifecycle event of a known
+  shape (a lease's ``job.leased``, an ack's ``job.succeeded``), ``b"\\x04"``, its shape's
+  code (one byte, its place in ``LIFECYCLE_SHAPES``) and the JSON array of its data's
+  values in that shape's key order (trailing nulls left out). A drained job writes two
+  such packs; deflating each (a new stream and a sync flush) cost ~50,000 instructions.
+  ``rq_pack_json`` returns the same JSON text as format 1.
+
+A format 3 or 4 pack has no deflate stream to append to: a later event of its attempt
+that joins it (a traced job's steps after its lease, on the same connection) rewrites it
+whole as format 2 (``CompactPack``), whose stream later joins append to.
 
 An event's id is ``pack id * PACK_SIZE + its place``: ids still grow in commit order, so
 ``ORDER BY hlc, id`` sorts as it did when each event was a row. The view ``rq_events``
@@ -52,12 +62,14 @@ if TYPE_CHECKING:
 # Events per pack at most: an event id is pack id * PACK_SIZE + the event's place.
 PACK_SIZE = 1024
 
-# The formats of ``events`` (the first byte of a format 2 pack; format 1 is text).
+# The formats of ``events`` (the first byte of a pack of formats 2 to 4; format 1 is text).
 FORMAT_JSON = 1
 FORMAT_DEFLATE = 2
 FORMAT_ENQUEUED = 3
+FORMAT_LIFECYCLE = 4
 _DEFLATE_MARK = bytes([FORMAT_DEFLATE])
 _ENQUEUED_MARK = bytes([FORMAT_ENQUEUED])
+_LIFECYCLE_MARK = bytes([FORMAT_LIFECYCLE])
 # Raw deflate (no zlib header or checksum: the row is the unit), an 8 KB window (the
 # dictionary and a pack of ~25 events in reach), level 6, memLevel 5: creating a
 # compressor with a preset dictionary at zlib's defaults (32 KB, memLevel 8/9) costs
@@ -201,12 +213,13 @@ _PRIMED = zlib.compressobj(_LEVEL, zlib.DEFLATED, _WBITS, _MEM_LEVEL, zdict=DICT
 # largest part of that write (~90 µs for ~35 events); level 1 takes about half the time
 # for ~25 % more bytes (~1.1 KB instead of ~0.85 KB), still within one page.
 _PRIMED_DERIVED = zlib.compressobj(1, zlib.DEFLATED, _WBITS, _MEM_LEVEL, zdict=DICTIONARY_2)
-# A pack that a lifecycle event starts (a new job's ``job.enqueued``, a lease batch's
-# ``job.leased``, an ack's ``job.succeeded``: ~160 bytes of JSON, rarely joined later, three
-# such packs a job): a 4 KB window (the whole dictionary is within it) and memLevel 3, the
-# same stream format and, for such a pack, the same bytes. Each such pack copies its
-# compressor: ~17 KB of state instead of ~48 KB, ~2 µs of the ~5.5 µs the pack's deflate
-# took. Inflating with the format's 8 KB window reads any smaller window's stream.
+# A pack that a lifecycle event starts (~160 bytes of JSON, rarely joined later: one whose
+# event has no shape of formats 3 and 4, ``LIFECYCLE_SHAPES``, or a format 3 or 4 pack
+# rewritten when joined, ``CompactPack``): a 4 KB window (the whole dictionary is within
+# it) and memLevel 3, the same stream format and, for such a pack, the same bytes. Each
+# such pack copies its compressor: ~17 KB of state instead of ~48 KB, ~2 µs of the
+# ~5.5 µs the pack's deflate took. Inflating with the format's 8 KB window reads any
+# smaller window's stream.
 _LIFECYCLE_WBITS = -12
 _LIFECYCLE_MEM_LEVEL = 3
 _PRIMED_LIFECYCLE = zlib.compressobj(
@@ -250,9 +263,9 @@ class PackWriter:
 
     def first(self, items: str) -> bytearray:
         """The pack's ``events`` as first stored: the mark, ``[`` and ``items``; the very
-        ``stored`` it keeps (bound as a ``bytearray``: no failed adapter lookup, two packs
-        a drained job; ``more`` replaces ``stored``, never grows it in place)."""
-        compressor = self._compressor  # ``_piece`` inlined: two packs a drained job
+        ``stored`` it keeps (bound as a ``bytearray``: no failed adapter lookup; ``more``
+        replaces ``stored``, never grows it in place)."""
+        compressor = self._compressor  # ``_piece`` inlined: a step's commit, a rewrite
         stored = bytearray(_DEFLATE_MARK)
         stored += compressor.compress(("[" + items).encode())
         stored += compressor.flush(zlib.Z_SYNC_FLUSH)
@@ -272,11 +285,46 @@ class PackWriter:
         return piece
 
 
-# A new job's ``job.enqueued`` event (``queue/enqueue.py``): the keys of its data, in the
-# order format 3 stores their values, and what the rest of the event always is.
+# Packs of one lifecycle event of a known shape (formats 3 and 4): every drained job writes
+# three such packs (its ``job.enqueued``, its lease's ``job.leased``, its ack's
+# ``job.succeeded``), each an event whose fields are all fixed but its data's values.
+#
+# ``LIFECYCLE_SHAPES``: the event name, its status and the keys of its data, in the order
+# the pack stores their values; a pack's shape code is its place here. Frozen: packs
+# written with a code are decoded with it, so shapes are only ever added at the end,
+# never reordered, changed or removed (tests/unit/test_packs.py checks its digest). An
+# event of a shape that is not here (other data keys, another status) is deflated as
+# before. Shape 0 is format 3's (``job.enqueued``, no shape code stored). The failure
+# path's events (``job.failed`` with ``retry.scheduled`` or ``job.dead``, a reaped
+# ``lease.expired`` with ``job.redelivered`` or ``job.dead``) are committed in pairs, never
+# a pack of one: they are not here.
 JOB_ENQUEUED = "job.enqueued"
-_ENQUEUED_FIELDS = ("run_at", "priority", "message_id", "ordering_key", "causation_id")
-_ENQUEUED_KEYS = frozenset(_ENQUEUED_FIELDS)
+LIFECYCLE_SHAPES: tuple[tuple[str, str | None, tuple[str, ...]], ...] = (
+    # 0: a new job's (queue/enqueue.py); format 3.
+    (JOB_ENQUEUED, "queued", ("run_at", "priority", "message_id", "ordering_key", "causation_id")),
+    # 1: a lease's (worker/lease.py), 2: one whose routing moved it off its version.
+    ("job.leased", "running", ("lease_deadline", "owner_token", "redelivery_count", "version")),
+    (
+        "job.leased",
+        "running",
+        ("lease_deadline", "owner_token", "redelivery_count", "version", "version_moved_from"),
+    ),
+    # 3: an ack's (worker/acks.py).
+    ("job.succeeded", "succeeded", ("duration", "owner_token", "version")),
+)
+LIFECYCLE_SHAPES_SHA256 = "6d51b8e0a50e2dbbeda1f0e49d5dd603d8a8bc905dee6dffd82a9b8e828383f7"
+# By event name: (shape code, status, the set of its data's keys, the values of those keys
+# in stored order as a tuple, read in C), and each code's first bytes: format 3's mark for
+# shape 0, else format 4's and the code.
+_SHAPES: dict[str, list[tuple[int, str | None, frozenset[str], Any]]] = {}
+for _code, (_name, _status, _fields) in enumerate(LIFECYCLE_SHAPES):
+    assert len(_fields) > 1  # ``itemgetter`` of one key would not give a tuple
+    _SHAPES.setdefault(_name, []).append(
+        (_code, _status, frozenset(_fields), operator.itemgetter(*_fields))
+    )
+_SHAPE_MARKS = [_ENQUEUED_MARK] + [
+    bytes((FORMAT_LIFECYCLE, code)) for code in range(1, len(LIFECYCLE_SHAPES))
+]
 
 
 def enqueued_event(params: JobInsert) -> TraceEvent:
@@ -316,17 +364,18 @@ def enqueued_event(params: JobInsert) -> TraceEvent:
     )
 
 
-def enqueued_pack(event: TraceEvent) -> bytearray | None:
-    """The format 3 ``events`` of a pack holding ``event`` alone, or ``None`` if it is not a
-    new job's ``job.enqueued`` as ``pack_json`` rebuilds it (then it is deflated).
+def lifecycle_pack(event: TraceEvent) -> bytearray | None:
+    """The ``events`` of a pack holding ``event`` alone in format 3 (a new job's
+    ``job.enqueued``) or 4 (another event of ``LIFECYCLE_SHAPES``), or ``None`` if it is
+    not a job's lifecycle event of a shape there, as ``pack_json`` rebuilds it (then it is
+    deflated).
 
     A ``bytearray``, as ``PackWriter``'s pieces: the ``sqlite3`` driver binds it at once,
     where ``bytes`` first costs it a failed adapter lookup (~3.7 K instructions)."""
-    data = event.data
+    shapes = _SHAPES.get(event.name)
     if (
-        event.name != JOB_ENQUEUED
+        shapes is None
         or event.kind != "lifecycle"
-        or event.status != "queued"
         or event.job_id is None
         or event.seq is not None
         or event.step is not None
@@ -335,26 +384,87 @@ def enqueued_pack(event: TraceEvent) -> bytearray | None:
         or event.input_ref is not None
         or event.output_ref is not None
         or event.side_effect
-        or data.keys() != _ENQUEUED_KEYS
     ):
         return None
-    values = [data[field] for field in _ENQUEUED_FIELDS]
-    while values and values[-1] is None:
-        values.pop()
-    text = codec.stored_text(values)
+    data = event.data
+    keys = data.keys()
+    status = event.status
+    for shape in shapes:
+        if status == shape[1] and keys == shape[2]:
+            break
+    else:
+        return None
+    code, _, _, values_of = shape
+    values = values_of(data)
+    if values[-1] is None:  # trailing nulls left out
+        values = list(values)
+        while values and values[-1] is None:
+            values.pop()
+    text = codec.stored_bytes(values)
     if text is None:
         return None
-    packed = bytearray(_ENQUEUED_MARK)
-    packed += text.encode()
+    packed = bytearray(_SHAPE_MARKS[code])
+    packed += text
     return packed
 
 
-def _enqueued_json(stored: bytes) -> str:
-    """A format 3 pack as the JSON text its event has in format 1."""
-    values = codec.loads(stored[1:])
-    data = dict(zip(_ENQUEUED_FIELDS, [*values, None, None, None, None], strict=False))
-    item = {"n": JOB_ENQUEUED, "st": "queued", "k": "lifecycle", "d": data}
-    return "[" + codec.dumps_stored(item, what=f"event {JOB_ENQUEUED} data") + "]"
+def enqueued_pack(event: TraceEvent) -> bytearray | None:
+    """The format 3 ``events`` of a pack holding ``event`` alone (the encoding the trigger
+    ``rq_jobs_enqueued`` writes, in Python), or ``None`` if it is not a new job's
+    ``job.enqueued`` as ``pack_json`` rebuilds it (``lifecycle_pack``)."""
+    if event.name != JOB_ENQUEUED:
+        return None
+    return lifecycle_pack(event)
+
+
+def _lifecycle_json(code: int, values_text: bytes) -> str:
+    """A format 3 or 4 pack (shape ``code``, its data's values) as the JSON text its event
+    has in format 1."""
+    if code >= len(LIFECYCLE_SHAPES):
+        raise ValueError(f"trace pack of unknown lifecycle shape {code}")
+    name, status, fields = LIFECYCLE_SHAPES[code]
+    values = codec.loads(values_text.decode())  # a ``str``: ``loads``' quick path
+    if type(values) is not list or len(values) > len(fields):
+        raise ValueError(f"trace pack of shape {code} holds {values!r}")
+    if len(values) < len(fields):
+        values += [None] * (len(fields) - len(values))  # the trailing nulls left out
+    data = dict(zip(fields, values, strict=True))
+    item: dict[str, Any] = {"n": name, "k": "lifecycle", "d": data}
+    if status is not None:
+        item["st"] = status
+    return "[" + codec.dumps_stored(item, what=f"event {name} data") + "]"
+
+
+class CompactPack:
+    """A format 3 or 4 pack (one lifecycle event) that later events of its attempt may join.
+
+    It has no deflate stream to append to: a join rewrites it whole as format 2
+    (``rewritten``), its event's item and the new ones in one stream, whose
+    ``PackWriter`` later joins append to. ``stored`` is what the row holds, which the
+    rewrite checks (``trace_rewrite``), as an append does.
+    """
+
+    __slots__ = ("base_hlc", "stored")
+
+    def __init__(self, stored: bytearray, base_hlc: int) -> None:
+        self.stored = stored
+        self.base_hlc = base_hlc
+
+    def rewritten(self, events: Sequence[TraceEvent]) -> PackWriter:
+        """The writer of this pack rewritten as format 2 holding ``events`` (its own event
+        first, then those joining it); ``writer.stored`` is the row's new ``events``.
+
+        Its event's item is encoded again from the event (``pack_json`` gives the same
+        text for the stored bytes), in one encoding with the new ones: decoding the stored
+        values and encoding them again cost a traced job ~40,000 instructions more."""
+        writer = PackWriter(lifecycle=True, base_hlc=self.base_hlc)
+        writer.first(pack_items(events, self.base_hlc, events[0].ts, keep=False))
+        return writer
+
+
+# What later events of a pack's attempt join it by: the writer of its deflate stream
+# (format 2), or its compact bytes (formats 3 and 4, rewritten by a join).
+Writer = PackWriter | CompactPack
 
 
 def pack_json(stored: str | bytes | None) -> str | None:
@@ -367,8 +477,10 @@ def pack_json(stored: str | bytes | None) -> str | None:
     if stored is None or isinstance(stored, str):
         return stored
     if stored[:1] != _DEFLATE_MARK:
+        if stored[:1] == _LIFECYCLE_MARK and len(stored) > 1:
+            return _lifecycle_json(stored[1], stored[2:])
         if stored[:1] == _ENQUEUED_MARK:
-            return _enqueued_json(stored)
+            return _lifecycle_json(0, stored[1:])
         raise ValueError(f"trace pack of unknown format {stored[:1]!r}")
     decompressor = zlib.decompressobj(_WBITS, zdict=DICTIONARY_2)
     text = decompressor.decompress(memoryview(stored)[1:])
@@ -443,18 +555,20 @@ def pack_row(events: Sequence[TraceEvent], pack_format: int = FORMAT_JSON) -> di
 
 def opened_row(
     events: Sequence[TraceEvent], pack_format: int = FORMAT_JSON
-) -> tuple[dict[str, Any], PackWriter | None]:
-    """``pack_row`` and, in format 2, the ``PackWriter`` that later events may join it by
-    (a pack a lifecycle event starts is deflated by ``_PRIMED_LIFECYCLE``)."""
+) -> tuple[dict[str, Any], Writer | None]:
+    """``pack_row`` and, on SQLite, what later events may join it by: the ``PackWriter``
+    of a format 2 pack (a pack a lifecycle event starts is deflated by
+    ``_PRIMED_LIFECYCLE``), the ``CompactPack`` of a format 3 or 4 one."""
     first = events[0]
-    if len(events) == 1:  # an enqueue's pack, a lease's: no list of one HLC
+    if len(events) == 1:  # an enqueue's pack, a lease's, an ack's: no list of one HLC
         base = last = first.hlc
-        if pack_format == FORMAT_DEFLATE and first.name == JOB_ENQUEUED:
-            compact = enqueued_pack(first)
+        if pack_format == FORMAT_DEFLATE and first.kind == "lifecycle":
+            compact = lifecycle_pack(first)
             if compact is not None:
-                # No writer: a later event of its group (a ``job.deduplicated`` on the same
-                # connection) rewrites the pack whole (``trace_extend``), deflated.
-                return _row(first, base, last, compact), None
+                # A later event of its group (a traced job's steps after its lease, on the
+                # same connection) rewrites the pack whole as format 2
+                # (``CompactPack.rewritten``).
+                return _row(first, base, last, compact), CompactPack(compact, base)
     else:
         hlcs = [e.hlc for e in events]
         base, last = min(hlcs), max(hlcs)

@@ -154,7 +154,7 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         # attempt join instead of starting a row of their own.
         self._last_pack = last_pack
         # The writer of the format 2 row ``pack_row`` built last (``_placed`` keeps it).
-        self._writer: packs.PackWriter | None = None
+        self._writer: packs.Writer | None = None
         # Whether this transaction may have made a job ready (an insert, a transition, an
         # ack of a job with an ordering key): only such a commit wakes the process's idle
         # workers at once (SQLite ``Watcher.poke``). A commit of a step's events and state

@@ -11,14 +11,16 @@ trace, job, attempt and worker, and each run is placed in a pack:
   attempt and worker: a context's pending events, then the ack's), or the pack the
   connection's last committed transaction wrote (``last_pack``: SQLite). A format 2
   pack (SQLite) takes only the run's items, compressed by its deflate stream
-  (``packs.PackWriter``) and appended to the stored bytes (``trace_join``); a JSON pack
-  (PostgreSQL, within one transaction) is rewritten (``trace_extend``);
+  (``packs.PackWriter``) and appended to the stored bytes (``trace_join``); a format 3 or
+  4 pack (one lifecycle event, no stream to append to) is rewritten whole as format 2
+  (``trace_rewrite``, whose writer later joins append to); a JSON pack (PostgreSQL,
+  within one transaction) is rewritten (``trace_extend``);
 * otherwise it starts a new pack; the new packs after it go in together, in as few
   statements as the driver's limit on parameters allows (``trace_append_rows``).
 
-With a ``TraceFence`` the first new pack's insert or deflated pack's append is also the
-lease check (``trace_append_fenced``, ``trace_join_fenced``): nothing is written once the
-lease is gone.
+With a ``TraceFence`` the first new pack's insert or SQLite pack's append or rewrite is
+also the lease check (``trace_append_fenced``, ``trace_join_fenced``,
+``trace_rewrite_fenced``): nothing is written once the lease is gone.
 
 Each pack is indexed by one ``rq_trace_resources`` entry per resource its events name,
 at its first HLC (``packs.pack_resources``, the index of ``trace resource``); a
@@ -42,11 +44,16 @@ from replayq.storage.context_verbs import query_params
 from replayq.storage.params import JobTrace, TraceJobs, TraceRead, TraceWindow
 from replayq.storage.sql_statements import SqlStatements
 
-# A pack later events of its attempt may join: its id, its events, in format 2 the writer
-# of its deflate stream (``packs.PackWriter``), and the resources its events name (those
-# already indexed in ``rq_trace_resources``: a join indexes only the new ones). Carried
-# from commit to commit, so that a join never walks the events already stored.
-OpenPack = tuple[int, list[TraceEvent], "packs.PackWriter | None", "set[str | None]"]
+# A pack later events of its attempt may join: its id, its events, on SQLite what joins it
+# (``packs.Writer``: the writer of a format 2 pack's deflate stream, or a format 3 or 4
+# pack's bytes, rewritten by a join), and the resources its events name (those already
+# indexed in ``rq_trace_resources``: a join indexes only the new ones). Carried from
+# commit to commit, so that a join never walks the events already stored.
+OpenPack = tuple[int, list[TraceEvent], "packs.Writer | None", "set[str | None]"]
+
+# A pack joined (``TraceVerbs._pack_extended``): its id, all its events, the events naming a
+# resource it did not name yet, every resource it names now, what later events join it by.
+_Extended = tuple[int, list[TraceEvent], list[TraceEvent], "set[str | None]", "packs.Writer | None"]
 
 # The columns of an ``rq_trace`` row (``packs.pack_row``) as ``trace_append_rows`` takes them.
 PACK_COLUMNS = ("trace_id", "job_id", "attempt", "worker_id", "hlc", "hlc_last", "ts", "events")
@@ -86,7 +93,7 @@ class TraceVerbs(SqlStatements):
     # Set by ``SqlTransaction.__init__``: the pack later events may join (``last_pack``)
     # and the writer of the format 2 row ``pack_row`` built last.
     _last_pack: OpenPack | None
-    _writer: packs.PackWriter | None
+    _writer: packs.Writer | None
     # How this backend stores a pack's events (``SqlTransaction.pack_format``).
     pack_format: int
 
@@ -131,9 +138,8 @@ class TraceVerbs(SqlStatements):
                     return False
                 fence = None
             if extended is not None:
-                pack_id, joined, new, named = extended
-                assert last is not None
-                self._last_pack = (pack_id, joined, last[2], named)
+                pack_id, joined, new, named, writer = extended
+                self._last_pack = (pack_id, joined, writer, named)
             elif fence is not None:
                 placed = self._pack_inserted_fenced(group, fence)
                 if placed is None:
@@ -154,14 +160,17 @@ class TraceVerbs(SqlStatements):
 
     def _pack_extended(
         self, group: list[TraceEvent], fence: TraceFence | None = None
-    ) -> tuple[int, list[TraceEvent], list[TraceEvent], set[str | None]] | None:
+    ) -> _Extended | None:
         """``group`` added to the pack this transaction wrote last, which it continues
         (``packs.same_pack``, asked by the caller): ``(pack id, all its events, the events
-        naming a resource it did not name yet, every resource it names now)``.
+        naming a resource it did not name yet, every resource it names now, what later
+        events join it by)``.
 
         In format 2 only ``group``'s items are compressed, appended to the stored bytes
         (``trace_join``; with ``fence``, ``trace_join_fenced``: only while the lease is
-        held); a JSON pack (PostgreSQL, within one transaction) is rewritten.
+        held); a format 3 or 4 pack is rewritten whole as format 2, its event's item and
+        ``group``'s in one deflate stream (``trace_rewrite``, ``trace_rewrite_fenced``);
+        a JSON pack (PostgreSQL, within one transaction) is rewritten.
         """
         last = self._last_pack
         assert last is not None
@@ -181,11 +190,19 @@ class TraceVerbs(SqlStatements):
                 "stored": writer.stored,
                 "hlc_last": max(hlcs),
             }
-            # Appended through the deflate stream, never rewritten: no item texts kept.
-            row["piece"] = writer.more(packs.pack_items(group, base, first.ts, keep=False))
-            query = "trace_join"
+            if type(writer) is packs.PackWriter:
+                # Appended through the deflate stream, never rewritten: no item texts kept.
+                row["piece"] = writer.more(packs.pack_items(group, base, first.ts, keep=False))
+                query = "trace_join"
+            else:
+                assert isinstance(writer, packs.CompactPack)
+                # One lifecycle event's pack (format 3 or 4): rewritten whole as format 2,
+                # whose stream later joins append to.
+                writer = writer.rewritten(joined)
+                row["events"] = writer.stored
+                query = "trace_rewrite"
             if fence is not None:
-                query = "trace_join_fenced"
+                query += "_fenced"
                 row["fence_job_id"] = fence.job_id
                 row["fence_owner_token"] = fence.owner_token
             # Not found if the pack was rolled back (to a savepoint) or rewritten since
@@ -196,11 +213,17 @@ class TraceVerbs(SqlStatements):
         elif not self.changed("trace_extend", {**self.pack_row(joined), "id": pack_id}):
             return None
         new = [e for e in group if e.resource not in named]
-        return pack_id, joined, new, named.union([e.resource for e in new]) if new else named
+        return (
+            pack_id,
+            joined,
+            new,
+            named.union([e.resource for e in new]) if new else named,
+            writer,
+        )
 
     def _pack_inserted_fenced(
         self, group: list[TraceEvent], fence: TraceFence
-    ) -> tuple[int, list[TraceEvent], list[TraceEvent], packs.PackWriter | None] | None:
+    ) -> tuple[int, list[TraceEvent], list[TraceEvent], packs.Writer | None] | None:
         row = self.pack_row(group)
         row["fence_job_id"] = fence.job_id
         row["fence_owner_token"] = fence.owner_token

@@ -348,7 +348,8 @@ RETURNING id;
 
 -- name: trace_extend
 -- More events of a JSON text pack (format 1), the pack rewritten whole. SQLite writes
--- format 2 and joins packs with trace_join; this stays for the shared code's sake.
+-- formats 2 to 4 and joins packs with trace_join and trace_rewrite; this stays for the
+-- shared code's sake.
 UPDATE rq_trace SET hlc = :hlc, hlc_last = :hlc_last, ts = :ts, events = :events
 WHERE id = :id AND trace_id = :trace_id AND job_id IS :job_id AND attempt IS :attempt;
 
@@ -371,6 +372,27 @@ WHERE id = :id AND events = :stored
 -- caller asks lease_check which (only then).
 UPDATE rq_trace
 SET hlc_last = max(hlc_last, :hlc_last), events = CAST(events || :piece AS BLOB)
+WHERE id = :id AND events = :stored
+  AND trace_id = :trace_id AND job_id IS :job_id AND attempt IS :attempt
+  AND EXISTS (SELECT 1 FROM rq_jobs AS fence
+              WHERE fence.id = :fence_job_id AND fence.owner_token = :fence_owner_token
+                AND fence.state = 'running');
+
+-- name: trace_rewrite
+-- More events of a pack of one lifecycle event (format 3 or 4, storage/packs.py,
+-- CompactPack): it has no deflate stream to append to, so the pack is rewritten whole as
+-- format 2 (:events), its event's item and the new ones in one stream that later joins
+-- append to (trace_join). As trace_join, only while the row holds exactly what was
+-- written (:stored), and the group's fields are checked too.
+UPDATE rq_trace
+SET hlc_last = max(hlc_last, :hlc_last), events = :events
+WHERE id = :id AND events = :stored
+  AND trace_id = :trace_id AND job_id IS :job_id AND attempt IS :attempt;
+
+-- name: trace_rewrite_fenced
+-- trace_rewrite under a fence, as trace_join_fenced: the lease check folded into the update.
+UPDATE rq_trace
+SET hlc_last = max(hlc_last, :hlc_last), events = :events
 WHERE id = :id AND events = :stored
   AND trace_id = :trace_id AND job_id IS :job_id AND attempt IS :attempt
   AND EXISTS (SELECT 1 FROM rq_jobs AS fence
