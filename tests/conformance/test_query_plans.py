@@ -341,3 +341,24 @@ def _state_of(n: int) -> str:
     if n % 997 == 0:
         return "cancelled"
     return "succeeded"
+
+
+def test_the_history_holds_one_trace_pack_a_job_and_enqueues_after_it_are_traced(
+    app_factory: AppFactory,
+) -> None:
+    """The generated history is the same on both backends: one job row and one trace pack
+    a job (SQLite's trigger ``rq_jobs_enqueued`` writes no second one while it is made),
+    and a job enqueued afterwards still gets its ``job.enqueued``."""
+    app = app_factory()
+
+    @app.job("after")
+    def after(ctx: replayq.Context) -> None: ...
+
+    history(app)
+    with app.storage.transaction(readonly=True) as tx:
+        jobs, packs = tx.connection.execute(
+            "SELECT (SELECT COUNT(*) FROM rq_jobs), (SELECT COUNT(*) FROM rq_trace)"
+        ).fetchone()
+    assert (jobs, packs) == (HISTORY, HISTORY)
+    job_id = app.enqueue("after", {})
+    assert [e.name for e in app.trace(job_id)] == ["job.enqueued"]
