@@ -610,15 +610,27 @@ class SqliteStorage:
         fails) by itself (``protocol.Autocommit``). An enqueue is one statement (its row;
         the trigger writes its pack): ``BEGIN IMMEDIATE`` and ``COMMIT`` around it were two
         more statements for nothing. On a connection already inside a transaction it is
-        ``transaction()``, which refuses to nest as before."""
+        refused, as ``transaction()`` is there (``_begin``)."""
         return _Transaction(self, False, autocommit=True)
 
     def _begin(
         self, readonly: bool, autocommit: bool = False
     ) -> tuple[sqlite3.Connection, SqliteTransaction]:
         """``BEGIN`` on this thread's connection (none with ``autocommit``), and the verbs
-        on it."""
+        on it.
+
+        Refused on a connection already inside a transaction (this thread's, opened by
+        ``transaction()``: an ``App.enqueue`` in its block), and that transaction left as
+        it was. SQLite's own refusal of a nested ``BEGIN`` would go through ``_fault``,
+        whose rollback ends the open transaction: what it wrote before was lost, and
+        what it wrote after committed statement by statement."""
         conn = self._connection()
+        if conn.in_transaction:
+            raise StorageError(
+                f"cannot begin a transaction on {self.path!r}: this thread's connection is "
+                "inside one already, and transactions do not nest (inside a transaction, "
+                "enqueue with its own tx: App.insert_job(tx, request))"
+            )
         local = self._local
         if not readonly:
             if self._full.is_set():
@@ -869,10 +881,7 @@ class _Transaction:
         self._autocommit = autocommit
 
     def __enter__(self) -> SqliteTransaction:
-        storage = self._storage
-        if self._autocommit and storage._connection().in_transaction:
-            self._autocommit = False  # inside a transaction: its BEGIN raises, as before
-        self._conn, self._tx = storage._begin(self._readonly, self._autocommit)
+        self._conn, self._tx = self._storage._begin(self._readonly, self._autocommit)
         return self._tx
 
     def __exit__(
