@@ -2,8 +2,9 @@
 
 Known limits, up front:
 
-* One writer at a time. Every write transaction is ``BEGIN IMMEDIATE`` and
-  waits up to ``busy_timeout`` (5 s) for the write lock; past that the driver
+* One writer at a time. Every write transaction is ``BEGIN IMMEDIATE`` (an
+  ``App.enqueue``, one statement committed by itself, takes the lock as that statement
+  runs) and waits up to ``busy_timeout`` (5 s) for the write lock; past that the driver
   raises ``database is locked`` (``SQLITE_BUSY``), surfaced as
   ``DatabaseUnavailableError``: the worker waits it out like a server restart.
 * A worker process frozen (SIGSTOP, a paused VM) *inside* a write transaction
