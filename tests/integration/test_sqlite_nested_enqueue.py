@@ -97,3 +97,20 @@ def test_another_threads_enqueue_waits_for_the_open_transaction(tmp_path: Path) 
     assert [e.name for e in app.trace(ids[0])] == ["job.enqueued"]
     assert _marks(db) == ["mark-held"]
     app.close()
+
+
+def test_a_transaction_a_failure_left_open_is_ended_by_the_next_one(tmp_path: Path) -> None:
+    """A transaction that no ``storage.transaction()`` block holds (left open on the
+    connection when a failed ``ROLLBACK`` could not end it; begun here by hand) is not a
+    nesting: the next enqueue ends it and goes ahead, instead of every later transaction
+    of the thread being refused."""
+    db = tmp_path / "q.db"
+    app = _app(f"sqlite:///{db}")
+    app.enqueue("noop", {"n": 0})
+    conn = app.storage._connection()  # type: ignore[attr-defined]
+    conn.execute("BEGIN")
+    job_id = app.enqueue("noop", {"n": 1})
+    assert not conn.in_transaction
+    assert [e.name for e in app.trace(job_id)] == ["job.enqueued"]
+    assert len(app.list_jobs()) == 2
+    app.close()
