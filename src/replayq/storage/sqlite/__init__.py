@@ -620,19 +620,23 @@ class SqliteStorage:
         """``BEGIN`` on this thread's connection (none with ``autocommit``), and the verbs
         on it.
 
-        Refused on a connection already inside a transaction (this thread's, opened by
-        ``transaction()``: an ``App.enqueue`` in its block), and that transaction left as
-        it was. SQLite's own refusal of a nested ``BEGIN`` would go through ``_fault``,
-        whose rollback ends the open transaction: what it wrote before was lost, and
-        what it wrote after committed statement by statement."""
+        Refused inside a block of this thread's ``transaction()`` (an ``App.enqueue`` in
+        it), and that transaction left as it was. SQLite's own refusal of a nested
+        ``BEGIN`` would go through ``_fault``, whose rollback ends the open transaction:
+        what it wrote before was lost, and what it wrote after committed statement by
+        statement. A transaction no block holds (left open when a failed ``ROLLBACK``
+        could not end it) is rolled back here, and this one goes ahead.
+        """
         conn = self._connection()
-        if conn.in_transaction:
-            raise StorageError(
-                f"cannot begin a transaction on {self.path!r}: this thread's connection is "
-                "inside one already, and transactions do not nest (inside a transaction, "
-                "enqueue with its own tx: App.insert_job(tx, request))"
-            )
         local = self._local
+        if conn.in_transaction:
+            if getattr(local, "inside", False):
+                raise StorageError(
+                    f"cannot begin a transaction on {self.path!r}: this thread's connection "
+                    "is inside one already, and transactions do not nest (inside a "
+                    "transaction, enqueue with its own tx: App.insert_job(tx, request))"
+                )
+            _rollback(conn)
         if not readonly:
             if self._full.is_set():
                 self._checkpoint_after_full(conn)
@@ -882,7 +886,9 @@ class _Transaction:
         self._autocommit = autocommit
 
     def __enter__(self) -> SqliteTransaction:
-        self._conn, self._tx = self._storage._begin(self._readonly, self._autocommit)
+        storage = self._storage
+        self._conn, self._tx = storage._begin(self._readonly, self._autocommit)
+        storage._local.inside = True  # a nested transaction is refused (``_begin``)
         return self._tx
 
     def __exit__(
@@ -891,7 +897,11 @@ class _Transaction:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        self._storage._end(self._conn, self._tx, self._readonly, exc, self._autocommit)
+        storage = self._storage
+        try:
+            storage._end(self._conn, self._tx, self._readonly, exc, self._autocommit)
+        finally:
+            storage._local.inside = False
 
 
 # The optional capability the worker looks for, checked here by the type checker.
