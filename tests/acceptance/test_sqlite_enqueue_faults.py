@@ -107,10 +107,9 @@ def test_a_full_disk_fails_the_enqueue_cleanly_and_it_works_once_space_is_freed(
     with sqlite3.connect(database) as checkpoint:
         checkpoint.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     ballast = small_disk / "ballast"
-    with ballast.open("wb", buffering=0) as out:
-        with contextlib.suppress(OSError):
-            while True:
-                out.write(b"\0" * 65536)
+    with ballast.open("wb", buffering=0) as out, contextlib.suppress(OSError):
+        while True:
+            out.write(b"\0" * 65536)
     returned = 0
     with pytest.raises(replayq.DatabaseUnavailableError, match="full") as info:
         for n in range(1, 100_000):

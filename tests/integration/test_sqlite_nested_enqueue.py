@@ -49,7 +49,7 @@ def test_an_enqueue_inside_this_threads_transaction_is_refused_and_leaves_it_who
     db = tmp_path / "q.db"
     app = _app(f"sqlite:///{db}")
     app.enqueue("noop", {"n": 0})
-    with app.storage.transaction(readonly=readonly) as tx:  # type: ignore[attr-defined]
+    with app.storage.transaction(readonly=readonly) as tx:
         if not readonly:
             _mark(tx, "before")
         with pytest.raises(replayq.StorageError, match="cannot begin a transaction"):
@@ -72,10 +72,11 @@ def test_a_transaction_that_raises_after_a_refused_enqueue_writes_nothing(
     db = tmp_path / "q.db"
     app = _app(f"sqlite:///{db}")
     app.enqueue("noop", {"n": 0})
-    with pytest.raises(replayq.StorageError, match="cannot begin a transaction"):
-        with app.storage.transaction() as tx:  # type: ignore[attr-defined]
-            _mark(tx, "before")
-            app.enqueue("noop", {"n": 1})
+    storage = app.storage
+    refused = pytest.raises(replayq.StorageError, match="cannot begin a transaction")
+    with refused, storage.transaction() as tx:
+        _mark(tx, "before")
+        app.enqueue("noop", {"n": 1})
     assert _marks(db) == []
     assert len(app.list_jobs()) == 1
     app.close()
@@ -86,7 +87,7 @@ def test_another_threads_enqueue_waits_for_the_open_transaction(tmp_path: Path) 
     app = _app(f"sqlite:///{db}?busy_timeout=10000")
     app.enqueue("noop", {"n": 0})
     ids: list[int] = []
-    with app.storage.transaction() as tx:  # type: ignore[attr-defined]
+    with app.storage.transaction() as tx:
         _mark(tx, "held")
         other = threading.Thread(target=lambda: ids.append(app.enqueue("noop", {"n": 1})))
         other.start()

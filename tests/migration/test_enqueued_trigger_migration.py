@@ -62,7 +62,7 @@ def test_a_file_from_before_0020_keeps_one_enqueued_event_a_job(tmp_path: Path) 
     try:
         new = app.enqueue("noop", {"n": 1}, run_at=20.25, priority=-1, message_id="m1")
         old_trace, new_trace = app.trace(1), app.trace(new)
-        with app.storage.transaction(readonly=True) as tx:  # type: ignore[attr-defined]
+        with app.storage.transaction(readonly=True) as tx:
             (packs_stored,) = tx.connection.execute("SELECT COUNT(*) FROM rq_trace").fetchone()
     finally:
         app.close()
