@@ -317,15 +317,18 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         (gc of a finished job). Its message id is free then, and the insert is tried again.
         """
         self.jobs_changed = True
+        job_id = self.inserted_id("job_insert", query_params(params))
+        if job_id is not None:
+            return job_id, True
         for _ in range(_INSERT_TRIES):
-            job_id = self.inserted_id("job_insert", query_params(params))
-            if job_id is not None:
-                return job_id, True
             existing = self.fetchone(
                 "job_by_message_id", {"job_type": params.job_type, "message_id": params.message_id}
             )
             if existing is not None:
                 return int(existing["id"]), False
+            job_id = self.inserted_id("job_insert", query_params(params))
+            if job_id is not None:
+                return job_id, True
         raise StorageError(
             f"job {params.job_type!r} with message id {params.message_id!r}: the job that had "
             f"it was deleted between the insert and its read, {_INSERT_TRIES} times"

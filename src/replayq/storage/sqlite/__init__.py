@@ -657,7 +657,9 @@ class SqliteStorage:
         carried = None
         if not readonly:
             carried, local.last_pack = getattr(local, "last_pack", None), None
-        return conn, SqliteTransaction(conn, self.queries, last_pack=carried)
+        tx = SqliteTransaction(conn, self.queries, last_pack=carried)
+        local.inside = True  # until ``_Transaction.__exit__``: a nested one is refused
+        return conn, tx
 
     def _end(
         self,
@@ -886,9 +888,7 @@ class _Transaction:
         self._autocommit = autocommit
 
     def __enter__(self) -> SqliteTransaction:
-        storage = self._storage
-        self._conn, self._tx = storage._begin(self._readonly, self._autocommit)
-        storage._local.inside = True  # a nested transaction is refused (``_begin``)
+        self._conn, self._tx = self._storage._begin(self._readonly, self._autocommit)
         return self._tx
 
     def __exit__(
