@@ -70,10 +70,14 @@ def generate(app: replayq.App, history: int) -> float:
     now = time.time() - history * 0.5
     values = {"history": history, "queued": 0, "running": 0, "now": now}
     started = time.perf_counter()
+    trace_id = TRACE_ID[storage.dialect]
     with storage.transaction() as tx:
-        for sql in plans.HISTORY_SQL[storage.dialect]:
-            sql = sql.replace("'trace-' || n", TRACE_ID[storage.dialect])
-            tx.connection.execute(sql, values)
+        plans.generate(
+            tx.connection,
+            storage.dialect,
+            values,
+            lambda sql: sql.replace("'trace-' || n", trace_id),
+        )
     return time.perf_counter() - started
 
 

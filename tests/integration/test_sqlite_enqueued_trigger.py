@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -120,4 +121,59 @@ def test_an_enqueue_is_one_statement_committed_by_itself(tmp_path: Path) -> None
     # SQLite traces the statement again as it enters each trigger: every line is the insert.
     assert statements and all(s.startswith("INSERT INTO rq_jobs ") for s in statements), statements
     assert [e.name for e in app.trace(job_id)] == ["job.enqueued"]
+    app.close()
+
+
+def _deleted_when(app: replayq.App, job_id: int, statement: str) -> list[str]:
+    """Delete job ``job_id`` from another connection (as gc does a finished job) once the
+    app's connection starts a statement beginning with ``statement``; returns the
+    statements the app's connection ran, for the test to take the callback off."""
+    db = app.storage.path  # type: ignore[attr-defined]
+    other = sqlite3.connect(db, isolation_level=None, timeout=0)
+    seen: list[str] = []
+
+    def meddle(sql: str) -> None:
+        seen.append(sql)
+        if sql.startswith(statement) and other is not None and len(seen) < 100:
+            try:
+                other.execute("DELETE FROM rq_jobs WHERE id = ?", (job_id,))
+                seen.append("deleted")
+            except sqlite3.OperationalError:  # the write lock is held: nothing deleted
+                seen.append("locked")
+            other.close()
+
+    app.storage._connection().set_trace_callback(meddle)  # type: ignore[attr-defined]
+    return seen
+
+
+@pytest.mark.parametrize(
+    "between",
+    [
+        "SELECT id FROM rq_jobs WHERE job_type",  # the insert met the row; its id is read
+        "BEGIN IMMEDIATE",  # the job.deduplicated's own transaction
+    ],
+)
+def test_a_duplicate_whose_job_is_deleted_meanwhile_is_enqueued_anew(
+    tmp_path: Path, between: str
+) -> None:
+    """An enqueue is one statement committed by itself: the job a duplicate message id
+    met can be deleted (gc of a finished job) before the next statement reads it. The
+    message id is free then: the enqueue makes a new job, with its job.enqueued, instead
+    of failing on a job that is gone (a TypeError or an AssertionError)."""
+    app = _app(tmp_path)
+    first = app.enqueue("noop", {"n": 1}, message_id="m")
+    seen = _deleted_when(app, first, between)
+    try:
+        again = app.enqueue("noop", {"n": 2}, message_id="m")
+    finally:
+        app.storage._connection().set_trace_callback(None)  # type: ignore[attr-defined]
+    if "locked" in seen:  # a transaction held the write lock: the duplicate met the job
+        assert again == first
+        assert [e.name for e in app.trace(first)] == ["job.enqueued", "job.deduplicated"]
+    else:
+        assert "deleted" in seen, seen
+        job = app.get_job(again)
+        assert (job.message_id, job.payload) == ("m", {"n": 2})
+        assert [e.name for e in app.trace(again)] == ["job.enqueued"]
+        assert [j.id for j in app.list_jobs()] == [again]
     app.close()

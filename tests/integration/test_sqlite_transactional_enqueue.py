@@ -92,3 +92,29 @@ def test_rejected_payload_inside_the_callers_transaction_leaves_it_usable(
     business.execute("COMMIT")
     assert orders(business) == [(1, "paid")]
     assert app.list_jobs() == []
+
+
+@pytest.mark.parametrize("commit", [True, False], ids=["commit", "rollback"])
+def test_a_connection_in_the_drivers_default_mode_enqueues_in_its_implicit_transaction(
+    app: replayq.App, db_path: Path, business: sqlite3.Connection, commit: bool
+) -> None:
+    """``sqlite3.connect``'s default mode opens a transaction at the first write: the job's
+    row goes in it, and its one ``job.enqueued`` pack (the trigger ``rq_jobs_enqueued``)
+    with it; a duplicate message id in the same transaction writes a
+    ``job.deduplicated``, no second ``job.enqueued``."""
+    conn = sqlite3.connect(db_path)  # isolation_level "": implicit BEGIN before a write
+    try:
+        conn.execute("INSERT INTO orders VALUES (1, 'paid')")
+        job_id = app.enqueue("send_receipt", {"order_id": 1}, conn=conn, message_id="o-1")
+        again = app.enqueue("send_receipt", {"order_id": 1}, conn=conn, message_id="o-1")
+        assert conn.in_transaction
+        conn.commit() if commit else conn.rollback()
+    finally:
+        conn.close()
+    assert again == job_id
+    if commit:
+        assert [job.id for job in app.list_jobs()] == [job_id]
+        assert [e.name for e in app.trace(job_id)] == ["job.enqueued", "job.deduplicated"]
+    else:
+        assert app.list_jobs() == [] and app.trace(job_id) == []
+        assert orders(business) == []

@@ -106,7 +106,9 @@ def enqueue_job(runtime: Runtime, request: EnqueueRequest, **options: Any) -> in
     backends) and the type is declared here (its row needs no read), the row and its
     ``job.enqueued`` pack are that one statement, instead of ``BEGIN``, it, ``COMMIT``:
     one round trip on PostgreSQL; on SQLite the trigger ``rq_jobs_enqueued`` writes the
-    pack. A duplicate ``message_id`` wrote nothing; its ``job.deduplicated`` goes in after.
+    pack. A duplicate ``message_id`` wrote nothing; its ``job.deduplicated`` goes in after,
+    in a transaction that asks again (the job it met may have been deleted meanwhile, by
+    gc: then the message id is free, and this request's job is inserted there).
     """
     storage = runtime.storage
     # ``getattr``, not ``isinstance(storage, Autocommit)``: a protocol check costs ~10 µs.
@@ -122,7 +124,9 @@ def enqueue_job(runtime: Runtime, request: EnqueueRequest, **options: Any) -> in
         ((job_id, created),) = tx.job_enqueue([params])
     if not created:
         with storage.transaction() as tx:
-            tx.trace_append([_deduplicated_event(tx, params, job_id)])
+            ((job_id, created),) = tx.job_enqueue([params], [enqueued_event(params)])
+            if not created:
+                tx.trace_append([_deduplicated_event(tx, params, job_id)])
     return job_id
 
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from replayq import codec
+from replayq.errors import StorageError
 from replayq.model import Job, JobState, TraceEvent
 from replayq.storage import packs
 from replayq.storage.context_verbs import ContextVerbs, lease_now, query_params, record
@@ -119,6 +120,9 @@ def with_job_id(event: TraceEvent, job_id: int) -> TraceEvent:
 _JOB_ROW = frozenset((*_JOB_COLUMNS, "payload", "result"))
 # A state's member by its stored text, without the ``Enum`` call's machinery.
 _STATES = {state.value: state for state in JobState}
+# How often a job insert that met a duplicate message id whose job was deleted before it
+# could be read (``_job_insert_one``) tries again: once is what a gc needs.
+_INSERT_TRIES = 3
 
 
 def row_to_job(row: Mapping[str, Any]) -> Job:
@@ -303,14 +307,30 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         return inserted
 
     def _job_insert_one(self, params: JobInsert) -> tuple[int, bool]:
+        """The new job's id and ``True``, or the id of the job that already has its
+        message id and ``False``.
+
+        Outside a transaction (``Autocommit``) the insert and the read of the job it met
+        are two statements, each committed by itself: that job can be deleted in between
+        (gc of a finished job). Its message id is free then, and the insert is tried again.
+        """
         self.jobs_changed = True
         job_id = self.inserted_id("job_insert", query_params(params))
         if job_id is not None:
             return job_id, True
-        existing = self.fetchone(
-            "job_by_message_id", {"job_type": params.job_type, "message_id": params.message_id}
+        for _ in range(_INSERT_TRIES):
+            existing = self.fetchone(
+                "job_by_message_id", {"job_type": params.job_type, "message_id": params.message_id}
+            )
+            if existing is not None:
+                return int(existing["id"]), False
+            job_id = self.inserted_id("job_insert", query_params(params))
+            if job_id is not None:
+                return job_id, True
+        raise StorageError(
+            f"job {params.job_type!r} with message id {params.message_id!r}: the job that had "
+            f"it was deleted between the insert and its read, {_INSERT_TRIES} times"
         )
-        return int(existing["id"]), False
 
     def job_get(self, job_id: int) -> Job | None:
         row = self.fetchone("job_get", {"job_id": job_id})

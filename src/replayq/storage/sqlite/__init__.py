@@ -2,8 +2,9 @@
 
 Known limits, up front:
 
-* One writer at a time. Every write transaction is ``BEGIN IMMEDIATE`` and
-  waits up to ``busy_timeout`` (5 s) for the write lock; past that the driver
+* One writer at a time. Every write transaction is ``BEGIN IMMEDIATE`` (an
+  ``App.enqueue``, one statement committed by itself, takes the lock as that statement
+  runs) and waits up to ``busy_timeout`` (5 s) for the write lock; past that the driver
   raises ``database is locked`` (``SQLITE_BUSY``), surfaced as
   ``DatabaseUnavailableError``: the worker waits it out like a server restart.
 * A worker process frozen (SIGSTOP, a paused VM) *inside* a write transaction
@@ -607,16 +608,32 @@ class SqliteStorage:
         fails) by itself (``protocol.Autocommit``). An enqueue is one statement (its row;
         the trigger writes its pack): ``BEGIN IMMEDIATE`` and ``COMMIT`` around it were two
         more statements for nothing. On a connection already inside a transaction it is
-        ``transaction()``, which refuses to nest as before."""
+        refused, as ``transaction()`` is there (``_begin``)."""
         return _Transaction(self, False, autocommit=True)
 
     def _begin(
         self, readonly: bool, autocommit: bool = False
     ) -> tuple[sqlite3.Connection, SqliteTransaction]:
         """``BEGIN`` on this thread's connection (none with ``autocommit``), and the verbs
-        on it."""
+        on it.
+
+        Refused inside a block of this thread's ``transaction()`` (an ``App.enqueue`` in
+        it), and that transaction left as it was. SQLite's own refusal of a nested
+        ``BEGIN`` would go through ``_fault``, whose rollback ends the open transaction:
+        what it wrote before was lost, and what it wrote after committed statement by
+        statement. A transaction no block holds (left open when a failed ``ROLLBACK``
+        could not end it) is rolled back here, and this one goes ahead.
+        """
         conn = self._connection()
         local = self._local
+        if conn.in_transaction:
+            if getattr(local, "inside", False):
+                raise StorageError(
+                    f"cannot begin a transaction on {self.path!r}: this thread's connection "
+                    "is inside one already, and transactions do not nest (inside a "
+                    "transaction, enqueue with its own tx: App.insert_job(tx, request))"
+                )
+            _rollback(conn)
         if not readonly:
             if self._full.is_set():
                 self._checkpoint_after_full(conn)
@@ -637,7 +654,9 @@ class SqliteStorage:
         carried = None
         if not readonly:
             carried, local.last_pack = getattr(local, "last_pack", None), None
-        return conn, SqliteTransaction(conn, self.queries, last_pack=carried)
+        tx = SqliteTransaction(conn, self.queries, last_pack=carried)
+        local.inside = True  # until ``_Transaction.__exit__``: a nested one is refused
+        return conn, tx
 
     def _end(
         self,
@@ -866,10 +885,7 @@ class _Transaction:
         self._autocommit = autocommit
 
     def __enter__(self) -> SqliteTransaction:
-        storage = self._storage
-        if self._autocommit and storage._connection().in_transaction:
-            self._autocommit = False  # inside a transaction: its BEGIN raises, as before
-        self._conn, self._tx = storage._begin(self._readonly, self._autocommit)
+        self._conn, self._tx = self._storage._begin(self._readonly, self._autocommit)
         return self._tx
 
     def __exit__(
@@ -878,7 +894,11 @@ class _Transaction:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        self._storage._end(self._conn, self._tx, self._readonly, exc, self._autocommit)
+        storage = self._storage
+        try:
+            storage._end(self._conn, self._tx, self._readonly, exc, self._autocommit)
+        finally:
+            storage._local.inside = False
 
 
 # The optional capability the worker looks for, checked here by the type checker.
