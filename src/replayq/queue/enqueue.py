@@ -124,7 +124,7 @@ def enqueue_job(runtime: Runtime, request: EnqueueRequest, **options: Any) -> in
         ((job_id, created),) = tx.job_enqueue([params])
     if not created:
         with storage.transaction() as tx:
-            ((job_id, created),) = tx.job_enqueue([params], [enqueued_event(params)])
+            ((job_id, created),) = tx.job_enqueue([params])
             if not created:
                 tx.trace_append([_deduplicated_event(tx, params, job_id)])
     return job_id
