@@ -56,6 +56,16 @@ class Bug:
     suffix: str = ".py"  # the kind of file the snippet lives in: ".py" or ".sql"
 
 
+# The fence of a SQLite pack join or rewrite (``trace_join_fenced``, ``trace_rewrite_fenced``):
+# the same text in both, told apart by the query that follows it.
+_FENCE_CONDITION = " AND fence.owner_token = :fence_owner_token"
+_FENCE = (
+    "WHERE fence.id = :fence_job_id"
+    + _FENCE_CONDITION
+    + "\n                AND fence.state = 'running');"
+)
+
+
 def _owner_token_sql(query_after: str, *, postgres: bool) -> tuple[str, str]:
     """The owner-token condition of the UPDATE just before ``-- name: {query_after}``."""
     cond = "owner_token = %(owner_token)s AND " if postgres else "owner_token = :owner_token AND "
@@ -153,8 +163,18 @@ BUGS: list[Bug] = [
     Bug(
         "commit-fencing-join-owner-token-sqlite",
         "owner token",
-        "WHERE fence.id = :fence_job_id AND fence.owner_token = :fence_owner_token",
-        "WHERE fence.id = :fence_job_id",
+        _FENCE + "\n\n-- name: trace_rewrite\n",
+        _FENCE.replace(_FENCE_CONDITION, "") + "\n\n-- name: trace_rewrite\n",
+        ("tests/conformance/test_trace_packs.py",),
+        ".sql",
+    ),
+    # The first join of a lifecycle pack (format 3 or 4) rewrites it whole, and that
+    # rewrite is the lease check too (``trace_rewrite_fenced``).
+    Bug(
+        "commit-fencing-rewrite-owner-token-sqlite",
+        "owner token",
+        _FENCE + "\n\n-- name: trace_resources_append\n",
+        _FENCE.replace(_FENCE_CONDITION, "") + "\n\n-- name: trace_resources_append\n",
         ("tests/conformance/test_trace_packs.py",),
         ".sql",
     ),
