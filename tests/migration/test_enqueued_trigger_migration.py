@@ -12,7 +12,7 @@ from pathlib import Path
 import replayq
 from replayq.model import TraceEvent
 from replayq.storage import packs
-from replayq.storage.queries import load_migrations
+from tests.migration.older import migrated_before
 
 TRACE = "0123456789abcdef0123456789abcdef"
 
@@ -20,14 +20,7 @@ TRACE = "0123456789abcdef0123456789abcdef"
 def old_database(path: Path) -> None:
     conn = sqlite3.connect(path)
     with conn:
-        conn.execute(
-            "CREATE TABLE rq_schema_migrations (version INTEGER PRIMARY KEY,"
-            " name TEXT NOT NULL, applied_at REAL NOT NULL)"
-        )
-        for version, name, sql in load_migrations("replayq.storage.sqlite.migrations"):
-            if version < 20:
-                conn.executescript(sql)
-                conn.execute("INSERT INTO rq_schema_migrations VALUES (?, ?, 0)", (version, name))
+        migrated_before(conn, 20)
         conn.execute(
             "INSERT INTO rq_jobs (id, job_type, queue, payload, state, priority, run_at,"
             " created_at, max_attempts, trace_id, message_id, hlc) VALUES"

@@ -15,12 +15,10 @@ from typing import Any
 import pytest
 
 import replayq
-from replayq.storage.queries import load_migrations
 from replayq.testing import run_inline
+from tests.migration.older import migrated_before, version_named
 
-MIGRATIONS = load_migrations("replayq.storage.sqlite.migrations")
-# Found by name, so that renumbering the migration changes nothing here.
-ENTITY_HEADS = next(v for v, name, _ in MIGRATIONS if name == "entity_heads_without_rowid")
+ENTITY_HEADS = version_named("entity_heads_without_rowid")
 
 
 def database_before_the_migration(db: Path) -> None:
@@ -28,14 +26,7 @@ def database_before_the_migration(db: Path) -> None:
     written as replayq wrote them then (a head row and a row per version)."""
     conn = sqlite3.connect(db)
     with conn:
-        conn.execute(
-            "CREATE TABLE rq_schema_migrations (version INTEGER PRIMARY KEY,"
-            " name TEXT NOT NULL, applied_at REAL NOT NULL)"
-        )
-        for version, name, sql in MIGRATIONS:
-            if version < ENTITY_HEADS:
-                conn.executescript(sql)
-                conn.execute("INSERT INTO rq_schema_migrations VALUES (?, ?, 0)", (version, name))
+        migrated_before(conn, ENTITY_HEADS)
         versions = [
             ("order", "1", 1, None, '{"status":"new"}', 10),
             ("order", "1", 2, 1, '{"status":"paid"}', 20),

@@ -14,11 +14,9 @@ import sqlite3
 from pathlib import Path
 
 import replayq
-from replayq.storage.queries import load_migrations
+from tests.migration.older import migrated_before, version_named
 
-MIGRATIONS = load_migrations("replayq.storage.sqlite.migrations")
-# Found by name, so that renumbering the migration changes nothing here.
-JOB_IDS = next(version for version, name, _ in MIGRATIONS if name == "job_ids")
+JOB_IDS = version_named("job_ids")
 
 
 def noop_app(db: Path) -> replayq.App:
@@ -77,14 +75,7 @@ def test_ids_given_before_the_migration_are_not_given_again_after_it(tmp_path: P
     db = tmp_path / "old.db"
     conn = sqlite3.connect(db)
     with conn:
-        conn.execute(
-            "CREATE TABLE rq_schema_migrations (version INTEGER PRIMARY KEY,"
-            " name TEXT NOT NULL, applied_at REAL NOT NULL)"
-        )
-        for version, name, sql in MIGRATIONS:
-            if version < JOB_IDS:
-                conn.executescript(sql)
-                conn.execute("INSERT INTO rq_schema_migrations VALUES (?, ?, 0)", (version, name))
+        migrated_before(conn, JOB_IDS)
         for n in range(7):
             conn.execute(
                 "INSERT INTO rq_jobs (job_type, payload, state, run_at, created_at,"

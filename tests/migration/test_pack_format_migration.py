@@ -18,8 +18,8 @@ import replayq
 from replayq.model import TraceEvent
 from replayq.storage import packs
 from replayq.storage.protocol import TraceQuery, TraceWindow
-from replayq.storage.queries import load_migrations
 from replayq.storage.retention_params import BlobScan
+from tests.migration.older import migrated_before
 
 TRACE = "0123456789abcdef0123456789abcdef"
 KEPT, LOOSE = "aa" * 32, "bb" * 32
@@ -54,14 +54,7 @@ def old_database(path: Path) -> None:
     replayq wrote them then (JSON text), and three blobs, one of which nothing names."""
     conn = sqlite3.connect(path)
     with conn:
-        conn.execute(
-            "CREATE TABLE rq_schema_migrations (version INTEGER PRIMARY KEY,"
-            " name TEXT NOT NULL, applied_at REAL NOT NULL)"
-        )
-        for version, name, sql in load_migrations("replayq.storage.sqlite.migrations"):
-            if version < 16:
-                conn.executescript(sql)
-                conn.execute("INSERT INTO rq_schema_migrations VALUES (?, ?, 0)", (version, name))
+        migrated_before(conn, 16)
         conn.execute(
             "INSERT INTO rq_jobs (id, job_type, payload, state, run_at, created_at, attempt,"
             " max_attempts, trace_id) VALUES (1, 'order.process', '{}', 'running', 0, 0, 2, 5, ?)",
