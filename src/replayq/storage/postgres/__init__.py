@@ -448,11 +448,17 @@ class PostgresTransaction(SqlTransaction):
         return job_id, True
 
     def _pack_rows_inserted(self, groups: Sequence[Sequence[TraceEvent]]) -> list[int]:
-        """``trace_append_rows``: one statement, the rows one JSON text."""
+        """``trace_append_rows``: one statement, the rows one JSON text; the new ids read
+        off the result's tuples (``rows_inserted_ids``), no dictionary per pack."""
         # ``pack_row``'s rows hold just ``PACK_COLUMNS``: no copy of each (two a job).
-        rows = [self.pack_row(group) for group in groups]
-        values = {"rows": _json_rows(rows)}
-        return sorted(int(row["id"]) for row in self.fetchall("trace_append_rows", values))
+        # ``pack_row`` without its call per pack: the last writer is kept, as it keeps it.
+        rows = []
+        opened, pack_format = packs.opened_row, self.pack_format
+        for group in groups:
+            row, self._writer = opened(group, pack_format)
+            rows.append(row)
+        found = self.execute("trace_append_rows", {"rows": _json_rows(rows)})
+        return self.rows_inserted_ids(found, len(rows))
 
     def rows_param(self, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> dict[str, Any]:
         """An array per column, for ``unnest``: in a join (``jobs_complete``,
