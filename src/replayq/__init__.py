@@ -70,7 +70,6 @@ from replayq.model import DeadReason, Job, JobState, StatRow, TraceEvent
 from replayq.observe.hooks import Observer
 from replayq.observe.logs import configure_logging
 from replayq.observe.otel import AttemptTracer, otel_provider_from_env, otel_trace_id
-from replayq.queue.bulk import BulkPreview, BulkResult
 from replayq.queue.contracts import JobContract, Retry, diff_contracts, lint_contract
 from replayq.queue.retention import GcReport, Retention
 from replayq.queue.schedule import MissedSlots, Schedule
@@ -89,6 +88,9 @@ from replayq.worker import Worker
 # (issue 13). Each name maps to (module, name there); the imports below are for type checkers.
 _ON_FIRST_USE = {
     "AttemptComparison": ("replayq.rollout.verify", "AttemptComparison"),
+    # Bulk actions' results: a worker never builds one (two frozen dataclasses at start).
+    "BulkPreview": ("replayq.queue.bulk", "BulkPreview"),
+    "BulkResult": ("replayq.queue.bulk", "BulkResult"),
     "Gate": ("replayq.rollout.gates", "Gate"),
     "GateReport": ("replayq.rollout.gates", "GateReport"),
     "LockDifference": ("replayq.rollout.lockfile", "LockDifference"),
@@ -135,6 +137,7 @@ if _typing.TYPE_CHECKING:
     from replayq.observe.fleet import fleet_registry
     from replayq.observe.metrics import WorkerMetrics
     from replayq.observe.metrics import serve as serve_metrics
+    from replayq.queue.bulk import BulkPreview, BulkResult
     from replayq.replay.diff import diff_traces, uncommitted_writes
     from replayq.replay.diff import render as render_diff
     from replayq.replay.engine import ReplayReport, dry_run, dry_run_many, fork, trace_replay

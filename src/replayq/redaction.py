@@ -271,6 +271,8 @@ class Redactor:
         """``text`` with every secret the patterns find replaced (markers are left alone)."""
         if not text or not (self.patterns or self.cards):
             return text
+        if self._cannot_match(text):
+            return text
         screen = self._screen
         if screen is not None and not screen.search(text):
             return text
@@ -282,6 +284,26 @@ class Redactor:
                 out += [marker, self._plain(part)]
             return "".join(out)
         return self._plain(text)
+
+    def _cannot_match(self, text: str) -> bool:
+        """Whether no rule can match ``text``, known without the joined regex (``_screen``
+        costs ~25 ns a character: a worker's log line of a group commit, ~300 characters,
+        took half of its logging's CPU): with only the built-in patterns, an ASCII text
+        holding none of the substrings they need (``_needles``, in lower case) and no 13
+        digits in a run once spaces and dashes are dropped (what a card number needs).
+        ``False`` means "search it", as before."""
+        needles = self._needles
+        if needles is None or not text.isascii():
+            return False  # a pattern of the user's, or case folding beyond ASCII
+        if needles:
+            lowered = text.lower()
+            for needle in needles:
+                if needle in lowered:
+                    return False
+        # ``find``, not ``in``: ``bytes in bytes`` formats and clears a TypeError first.
+        return not (
+            self.cards and text.encode().translate(_DIGIT_RUNS, b" -").find(_CARD_RUN) != -1
+        )
 
     def _plain(self, text: str) -> str:
         for pattern in self.patterns:

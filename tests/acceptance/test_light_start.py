@@ -29,6 +29,7 @@ NOT_AT_START = (
     "replayq.rollout.shadow",
     "replayq.rollout.verify",
     "replayq.rollout.verify_steps",
+    "replayq.queue.bulk",  # bulk requeue/cancel: App.bulk and its results, never a worker's
     "replayq.observe.fleet",
     "replayq.observe.metrics",
     "replayq.web",

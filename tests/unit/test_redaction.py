@@ -54,6 +54,30 @@ def test_url_passwords_are_masked_wherever_they_occur_in_a_message() -> None:
     assert "pw-secret" not in stored and stored.startswith("cache at redis://:[redacted:")
 
 
+# Texts (log lines, errors) that ``Redactor.text``'s cheap screen passes or sends to the
+# regex: each must come out as the patterns alone make it (``_plain``).
+TEXTS = [
+    "2026-12-04 15:40:29,325 INFO replayq.worker: 12 jobs succeeded (one group commit): "
+    "2981 in 0.000s, 2982 in 0.001s",  # a worker's log line: nothing to find, kept as is
+    "job 1234567890123 failed",  # 13 digits, not a card (Luhn): kept by the regex too
+    "header BEARER abcdefgh12345 sent",  # upper case: the needles are matched lowered
+    "retry with Basic dXNlcjpwYXNzd29yZA== now",
+    "lost redis://:hunter2-pw@cache/0",
+    "paid with 4111 1111 1111 1111 today",  # spaces between the digit groups
+    "paid with 4111-1111-1111-1111 today",  # dashes between them
+    "ba\u017fic dXNlcjpwYXNzd29yZA==",  # not ASCII: the long s folds to s in the regex
+]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_the_screen_of_a_text_decides_as_the_patterns_do(text: str) -> None:
+    redactor = Redactor.build(key=b"k")
+    assert redactor.text(text) == redactor._plain(text)
+    secrets = ("abcdefgh12345", "dXNlcjpwYXNzd29yZA==", "hunter2-pw", "4111")
+    if any(secret in text for secret in secrets) and text.isascii():
+        assert redactor.text(text) != text, "a secret the patterns find is never skipped"
+
+
 # Values whose JSON text the one-search screen (``Redactor.clean_text``) passes or sends
 # to the walk: escapes, non-ASCII, secrets deep in lists, secret names in values only.
 SCREENED = [

@@ -29,6 +29,8 @@ database URL masked; ``--debug`` (or ``REPLAYQ_DEBUG=1``) shows the traceback.
 
 from __future__ import annotations
 
+import atexit
+import gc
 import importlib
 import sys
 import traceback
@@ -129,6 +131,26 @@ class Cli(click.Group):
             )
 
 
+_frozen_at_exit = False
+
+
+def _freeze_at_exit() -> None:
+    """Have the process's exit skip the collector's passes over what is still alive.
+
+    At exit the interpreter clears every module and runs full collections over all the
+    objects left: ~60M instructions of a PostgreSQL worker's ~1,000M from start to stop,
+    to free memory the process's end frees anyway. ``gc.freeze`` at exit moves them out of
+    the collector's reach first. Registered once a process, at its first command; ``atexit``
+    runs it after the handlers registered later (the app's, OpenTelemetry's) and before
+    ``logging``'s flush, which needs no collection. As ever at exit, an object kept alive
+    only by a reference cycle may then never be finalized: Python promises no ``__del__``
+    of objects that still exist when the interpreter exits."""
+    global _frozen_at_exit
+    if not _frozen_at_exit:
+        _frozen_at_exit = True
+        atexit.register(gc.freeze)
+
+
 def _show_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     # Not click.version_option(replayq.__version__): importing importlib.metadata (email,
     # zipfile, csv under it) cost every command's start, and only --version needs it.
@@ -164,6 +186,7 @@ def main(ctx: click.Context, db: str | None, debug: bool) -> None:
     Exit codes: 0 done, 1 findings (diverged, drift), 2 usage or not found,
     3 storage unavailable, 4 internal error.
     """
+    _freeze_at_exit()
     ctx.obj = Env(db, debug=debug)
     if db is not None and "://" not in db:
         raise click.BadParameter(

@@ -9,18 +9,21 @@ from __future__ import annotations
 
 import getpass
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from msgspec import structs
 
 from replayq.model import Job, StatRow, TraceEvent
 from replayq.queue.actions import cancel_job, requeue_job
-from replayq.queue.bulk import BulkPreview, BulkResult, bulk_apply, bulk_preview
 from replayq.queue.enqueue import get_job
 from replayq.queue.resources import resource_trace
 from replayq.runtime import Runtime
 from replayq.storage.protocol import JobFilter, JobMatch, TraceQuery
 from replayq.storage.reports import JobCount, JobGauges, JobStats
+
+if TYPE_CHECKING:
+    # Imported by the two bulk methods when called: a worker runs neither.
+    from replayq.queue.bulk import BulkPreview, BulkResult
 
 
 def os_user() -> str:
@@ -114,6 +117,8 @@ class JobsFacade:
 
     def bulk_preview(self, match: JobMatch, *, sample: int = 5) -> BulkPreview:
         """How many jobs a bulk action with these filters would touch, and a sample."""
+        from replayq.queue.bulk import bulk_preview
+
         return bulk_preview(self.runtime, match, sample=sample)
 
     def bulk(
@@ -133,6 +138,8 @@ class JobsFacade:
         (default: the OS user); jobs no longer in a state the action applies to are
         skipped. ``progress`` is told the size of each committed batch.
         """
+        from replayq.queue.bulk import bulk_apply
+
         return bulk_apply(
             self.runtime,
             action,

@@ -113,7 +113,7 @@ from replayq.storage.postgres.adapt import arrays_as_literals, column_names
 from replayq.storage.protocol import JobInsert, JobLease, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
 from replayq.storage.retention_params import LedgerDrop, LedgerPartitions
-from replayq.storage.sql_transaction import SqlTransaction, row_to_job, with_job_id
+from replayq.storage.sql_transaction import SqlTransaction, with_job_id
 
 log = logging.getLogger("replayq.storage.postgres")
 
@@ -447,11 +447,17 @@ class PostgresTransaction(SqlTransaction):
         return job_id, True
 
     def _pack_rows_inserted(self, groups: Sequence[Sequence[TraceEvent]]) -> list[int]:
-        """``trace_append_rows``: one statement, the rows one JSON text."""
+        """``trace_append_rows``: one statement, the rows one JSON text; the new ids read
+        off the result's tuples (``rows_inserted_ids``), no dictionary per pack."""
         # ``pack_row``'s rows hold just ``PACK_COLUMNS``: no copy of each (two a job).
-        rows = [self.pack_row(group) for group in groups]
-        values = {"rows": _json_rows(rows)}
-        return sorted(int(row["id"]) for row in self.fetchall("trace_append_rows", values))
+        # ``pack_row`` without its call per pack: the last writer is kept, as it keeps it.
+        rows = []
+        opened, pack_format = packs.opened_row, self.pack_format
+        for group in groups:
+            row, self._writer = opened(group, pack_format)
+            rows.append(row)
+        found = self.execute("trace_append_rows", {"rows": _json_rows(rows)})
+        return self.rows_inserted_ids(found, len(rows))
 
     def rows_param(self, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> dict[str, Any]:
         """An array per column, for ``unnest``: in a join (``jobs_complete``,
@@ -516,11 +522,13 @@ class PostgresTransaction(SqlTransaction):
         first = self.connection.info.transaction_status == pq.TransactionStatus.IDLE
         for attempt in range(3):
             try:
+                # ``jobs_of``: each row's values become the job's fields directly, one
+                # dictionary a job (``fetchall`` and ``row_to_job`` made two).
                 if first or params.collision_aborts:
-                    rows = self.fetchall("job_lease_batch", query_params)
+                    jobs = self.jobs_of(self.execute("job_lease_batch", query_params))
                 else:
                     with self.connection.transaction():  # a savepoint: a transaction is open
-                        rows = self.fetchall("job_lease_batch", query_params)
+                        jobs = self.jobs_of(self.execute("job_lease_batch", query_params))
                 break
             except StorageError as exc:
                 if not isinstance(exc.__cause__, psycopg.errors.UniqueViolation):
@@ -534,7 +542,6 @@ class PostgresTransaction(SqlTransaction):
                 if first:
                     self.connection.rollback()  # the claim was all this transaction held
                 log.debug("lease collided on an ordering key; claiming again")
-        jobs = [row_to_job(row) for row in rows]
         # RETURNING gives no order; hand jobs out in the order they were chosen.
         jobs.sort(key=lambda job: (-job.priority, job.run_at, job.id))
         return jobs
