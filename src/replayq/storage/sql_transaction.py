@@ -122,7 +122,7 @@ _JOB_ROW = frozenset((*_JOB_COLUMNS, "payload", "result"))
 _STATES = {state.value: state for state in JobState}
 # How often a job insert that met a duplicate message id whose job was deleted before it
 # could be read (``_job_insert_one``) tries again: once is what a gc needs.
-_INSERT_TRIES = 3
+INSERT_TRIES = 3
 
 
 def row_to_job(row: Mapping[str, Any]) -> Job:
@@ -318,7 +318,7 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         job_id = self.inserted_id("job_insert", query_params(params))
         if job_id is not None:
             return job_id, True
-        for _ in range(_INSERT_TRIES):
+        for _ in range(INSERT_TRIES):
             existing = self.fetchone(
                 "job_by_message_id", {"job_type": params.job_type, "message_id": params.message_id}
             )
@@ -329,7 +329,7 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
                 return job_id, True
         raise StorageError(
             f"job {params.job_type!r} with message id {params.message_id!r}: the job that had "
-            f"it was deleted between the insert and its read, {_INSERT_TRIES} times"
+            f"it was deleted between the insert and its read, {INSERT_TRIES} times"
         )
 
     def job_get(self, job_id: int) -> Job | None:
