@@ -11,7 +11,7 @@ mixins over that plumbing: ``trace_verbs`` (the trace's packs), ``context_verbs`
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from replayq import codec
@@ -121,7 +121,7 @@ _JOB_ROW = frozenset((*_JOB_COLUMNS, "payload", "result"))
 # A state's member by its stored text, without the ``Enum`` call's machinery.
 _STATES = {state.value: state for state in JobState}
 # How often a job insert that met a duplicate message id whose job was deleted before it
-# could be read (``_job_insert_one``) tries again: once is what a gc needs.
+# could be read tries again (``existing_or_inserted``): once is what a gc needs.
 INSERT_TRIES = 3
 
 
@@ -308,23 +308,31 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
 
     def _job_insert_one(self, params: JobInsert) -> tuple[int, bool]:
         """The new job's id and ``True``, or the id of the job that already has its
-        message id and ``False``.
+        message id and ``False`` (``existing_or_inserted``)."""
+        self.jobs_changed = True
+        values = query_params(params)
+        job_id = self.inserted_id("job_insert", values)
+        if job_id is not None:
+            return job_id, True
+        return self.existing_or_inserted(params, lambda: self.inserted_id("job_insert", values))
+
+    def existing_or_inserted(
+        self, params: JobInsert, insert: Callable[[], int | None]
+    ) -> tuple[int, bool]:
+        """After ``insert()`` met a duplicate message id: the id of the job that has it and
+        ``False``, or, if that job is gone, ``insert()``'s new job id and ``True``.
 
         Outside a transaction (``Autocommit``) the insert and the read of the job it met
         are two statements, each committed by itself: that job can be deleted in between
         (gc of a finished job). Its message id is free then, and the insert is tried again.
         """
-        self.jobs_changed = True
-        job_id = self.inserted_id("job_insert", query_params(params))
-        if job_id is not None:
-            return job_id, True
         for _ in range(INSERT_TRIES):
             existing = self.fetchone(
                 "job_by_message_id", {"job_type": params.job_type, "message_id": params.message_id}
             )
             if existing is not None:
                 return int(existing["id"]), False
-            job_id = self.inserted_id("job_insert", query_params(params))
+            job_id = insert()
             if job_id is not None:
                 return job_id, True
         raise StorageError(

@@ -113,7 +113,7 @@ from replayq.storage.postgres.adapt import arrays_as_literals, column_names
 from replayq.storage.protocol import JobInsert, JobLease, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
 from replayq.storage.retention_params import LedgerDrop, LedgerPartitions
-from replayq.storage.sql_transaction import INSERT_TRIES, SqlTransaction, with_job_id
+from replayq.storage.sql_transaction import SqlTransaction, with_job_id
 
 log = logging.getLogger("replayq.storage.postgres")
 
@@ -433,28 +433,25 @@ class PostgresTransaction(SqlTransaction):
 
     def _job_enqueue_one(self, params: JobInsert, event: TraceEvent) -> tuple[int, bool]:
         """The row and its pack in one statement; on a duplicate message id, the job that
-        has it. That job can be deleted between the two statements (gc of a finished job;
-        each statement sees what committed before it): its message id is free then, and
-        the insert is tried again, as on SQLite (``SqlTransaction._job_insert_one``)."""
+        has it (``existing_or_inserted``: each statement sees what committed before it, so
+        that job may be gone by the read, and the insert is tried again)."""
         values = query_params(params)
         row = self.pack_row([event])
         for column in _PACK_FIELDS:
             values[f"pack_{column}"] = row[column]
-        for _ in range(INSERT_TRIES):
+
+        def insert() -> int | None:
             found = self.execute("job_enqueue_one", values).fetchone()
-            if found is not None:
-                job_id = int(found[0])
-                self._placed([with_job_id(event, job_id)], {job_id: int(found[1])})
-                return job_id, True
-            existing = self.fetchone(
-                "job_by_message_id", {"job_type": params.job_type, "message_id": params.message_id}
-            )
-            if existing is not None:
-                return int(existing["id"]), False
-        raise StorageError(
-            f"job {params.job_type!r} with message id {params.message_id!r}: the job that had "
-            f"it was deleted between the insert and its read, {INSERT_TRIES} times"
-        )
+            if found is None:
+                return None
+            job_id = int(found[0])
+            self._placed([with_job_id(event, job_id)], {job_id: int(found[1])})
+            return job_id
+
+        job_id = insert()
+        if job_id is not None:
+            return job_id, True
+        return self.existing_or_inserted(params, insert)
 
     def _pack_rows_inserted(self, groups: Sequence[Sequence[TraceEvent]]) -> list[int]:
         """``trace_append_rows``: one statement, the rows one JSON text; the new ids read
