@@ -345,12 +345,8 @@ def dumps_stored(value: Any, *, what: str = "value") -> str:
 def stored_text(value: Any) -> str | None:
     """``dumps_stored``'s text of a container by orjson, or ``None`` where orjson refuses
     it or is absent (the caller then takes ``dumps_stored``'s path for a name to blame)."""
-    if orjson is None:
-        return None
-    try:
-        return orjson.dumps(value, option=_FAST_OPTIONS).decode()
-    except TypeError:  # orjson.JSONEncodeError
-        return None
+    data = stored_bytes(value)
+    return None if data is None else data.decode()
 
 
 def stored_bytes(value: Any) -> bytes | None:

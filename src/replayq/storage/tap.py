@@ -30,6 +30,7 @@ from replayq.storage.protocol import (
     TraceFence,
     Transaction,
 )
+from replayq.storage.sql_transaction import with_job_id
 
 log = logging.getLogger("replayq.tap")
 
@@ -76,7 +77,7 @@ class _TappedTransaction:
     def job_enqueue(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]:
         inserted = self._inner.job_enqueue(params)
         self.appended.extend(
-            TraceEvent.built({**enqueued_event(p).__dict__, "job_id": job_id})
+            with_job_id(enqueued_event(p), job_id)
             for p, (job_id, created) in zip(params, inserted, strict=True)
             if created
         )
