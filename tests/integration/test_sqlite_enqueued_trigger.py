@@ -77,7 +77,7 @@ def test_the_enqueued_event_holds_what_the_caller_asked_exactly(tmp_path: Path) 
 
 
 def test_the_triggers_pack_is_the_one_replayq_would_encode(tmp_path: Path) -> None:
-    """Format 3 as the trigger writes it and as ``packs.enqueued_pack`` encodes the same
+    """Format 3 as the trigger writes it and as ``packs.lifecycle_pack`` encodes the same
     event decode to the same JSON: readers cannot tell who wrote it."""
     app = _app(tmp_path)
     job_id = app.enqueue("noop", {"n": 1}, message_id="m1", run_at=1796398960.25, priority=4)
@@ -90,7 +90,7 @@ def test_the_triggers_pack_is_the_one_replayq_would_encode(tmp_path: Path) -> No
         ).fetchone()
     finally:
         conn.close()
-    encoded = packs.enqueued_pack(event)
+    encoded = packs.lifecycle_pack(event)
     assert encoded is not None
     assert stored[:1] == encoded[:1] == b"\x03"
     assert packs.pack_json(stored) == packs.pack_json(bytes(encoded))

@@ -28,7 +28,7 @@ How ``events`` is stored (its first byte says which, so packs of every format st
   ~155 bytes cost ~30,000 instructions of each enqueue (a new stream, ~28 bytes), this
   is ~23 bytes for none. ``rq_pack_json`` returns the same JSON text as format 1. Since
   0020 the database writes it: the trigger ``rq_jobs_enqueued`` builds it from the row in
-  the statement that inserts the row (``enqueued_pack`` is the same encoding in Python);
+  the statement that inserts the row (``lifecycle_pack`` is the same encoding in Python);
 * format 4, bytes (SQLite since 0021): a pack of one other lifecycle event of a known
   shape (a lease's ``job.leased``, an ack's ``job.succeeded``), ``b"\\x04"``, its shape's
   code (one byte, its place in ``LIFECYCLE_SHAPES``) and the JSON array of its data's
@@ -406,15 +406,6 @@ def lifecycle_pack(event: TraceEvent) -> bytearray | None:
     packed = bytearray(_SHAPE_MARKS[code])
     packed += text
     return packed
-
-
-def enqueued_pack(event: TraceEvent) -> bytearray | None:
-    """The format 3 ``events`` of a pack holding ``event`` alone (the encoding the trigger
-    ``rq_jobs_enqueued`` writes, in Python), or ``None`` if it is not a new job's
-    ``job.enqueued`` as ``pack_json`` rebuilds it (``lifecycle_pack``)."""
-    if event.name != JOB_ENQUEUED:
-        return None
-    return lifecycle_pack(event)
 
 
 def _lifecycle_json(code: int, values_text: bytes) -> str:
