@@ -101,3 +101,27 @@ def test_a_page_size_sqlite_cannot_have_is_refused_before_any_file_is_made(
         with pytest.raises(replayq.ConfigurationError, match="page_size must be a power of two"):
             app.enqueue("noop", {"n": 1})
         assert not db.exists()
+
+
+def test_the_documented_conversion_gives_a_file_the_default_page_size_and_keeps_its_jobs(
+    tmp_path: Path,
+) -> None:
+    """docs/operations.md: with every process stopped, ``journal_mode=DELETE``, the new
+    ``page_size``, ``VACUUM`` and ``journal_mode=WAL`` convert a 4096-page file; replayq
+    then reads its jobs and their traces as before and enqueues on it."""
+    db = tmp_path / "old.db"
+    app = _app(f"sqlite:///{db}?page_size=4096")
+    before = [app.enqueue("noop", {"n": n}, message_id=f"m{n}") for n in range(20)]
+    app.close()
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        for pragma in ("journal_mode=DELETE", "page_size=2048", "VACUUM", "journal_mode=WAL"):
+            conn.execute(pragma if pragma == "VACUUM" else f"PRAGMA {pragma}")
+    finally:
+        conn.close()
+    assert _page_size(db) == 2048
+    app = _app(f"sqlite:///{db}")
+    assert [app.get_job(i).message_id for i in before] == [f"m{n}" for n in range(20)]
+    assert all([e.name for e in app.trace(i)] == ["job.enqueued"] for i in before)
+    assert app.enqueue("noop", {"n": 0}, message_id="m0") == before[0]
+    app.close()
