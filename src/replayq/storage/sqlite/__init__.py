@@ -305,11 +305,14 @@ def _values_of(names: list[str]) -> Callable[[Mapping[str, Any]], tuple[Any, ...
     return lambda params: tuple([params[name] for name in names])
 
 
-# The parameter names of ``rows`` rows of ``width`` values (``SqliteTransaction.rows_query``)
-# and a statement's text with that many rows, by their counts: a few sizes recur (a
-# worker's batches and groups), each built once.
+# A statement's text with its ``(:rows)`` as that many rows of ``width`` ``?`` each and its
+# other parameters written ``?``, and the names those read before and after the rows
+# (``SqliteTransaction.rows_query``), by the statement and the counts: a few sizes recur
+# (a worker's batches and groups), each built once. ``None``: the statement may hold a
+# ``:name`` that is not a parameter, and binds its rows by name.
+_RowsText = tuple[str, tuple[str, ...], tuple[str, ...]]
+_ROWS_SQL: dict[tuple[str, int, int], _RowsText | None] = {}
 _ROW_NAMES: dict[tuple[int, int], list[str]] = {}
-_ROWS_SQL: dict[tuple[str, int, int], str] = {}
 _ROWS_MAX = 256
 # Where a statement takes its rows as bound values (``json_each(:rows)`` takes JSON text).
 _VALUES_ROWS = "VALUES (:rows)"
@@ -325,19 +328,47 @@ def _row_names(width: int, rows: int) -> list[str]:
     return names
 
 
-def _rows_sql(sql: str, width: int, rows: int) -> str:
-    """``sql`` with ``rows`` rows of named parameters (``_row_names``) for its ``(:rows)``."""
-    text = _ROWS_SQL.get((sql, width, rows))
-    if text is None:
-        names = iter(_row_names(width, rows))
-        placed = ", ".join(
-            "(" + ", ".join(f":{next(names)}" for _ in range(width)) + ")" for _ in range(rows)
+def _rows_text(sql: str, width: int, rows: int) -> _RowsText | None:
+    """``sql`` with ``rows`` rows of ``width`` ``?`` for its ``(:rows)`` and each other
+    named parameter ``?``; the names of those before the rows and after them."""
+    key = (sql, width, rows)
+    if key in _ROWS_SQL:
+        return _ROWS_SQL[key]
+    found = None
+    head, tail = sql.split(_VALUES_ROWS, 1)
+    plain = "--" not in sql and "/*" not in sql
+    if plain and not any(":" in literal for literal in _LITERAL.findall(sql)):
+        before: list[str] = []
+        after: list[str] = []
+
+        def placed(names: list[str]) -> Callable[[re.Match[str]], str]:
+            def place(match: re.Match[str]) -> str:
+                names.append(match.group(1))
+                return "?"
+
+            return place
+
+        row = "(" + ", ".join(["?"] * width) + ")"
+        text = (
+            _PARAMETER.sub(placed(before), head)
+            + "VALUES "
+            + ", ".join([row] * rows)
+            + _PARAMETER.sub(placed(after), tail)
         )
-        text = sql.replace(_VALUES_ROWS, "VALUES " + placed)
-        if len(_ROWS_SQL) >= _ROWS_MAX:
-            _ROWS_SQL.clear()
-        _ROWS_SQL[(sql, width, rows)] = text
-    return text
+        found = text, tuple(before), tuple(after)
+    if len(_ROWS_SQL) >= _ROWS_MAX:
+        _ROWS_SQL.clear()
+    _ROWS_SQL[key] = found
+    return found
+
+
+def _rows_named(sql: str, width: int, rows: int) -> str:
+    """``sql`` with ``rows`` rows of named parameters (``_row_names``) for its ``(:rows)``."""
+    names = iter(_row_names(width, rows))
+    placed = ", ".join(
+        "(" + ", ".join(f":{next(names)}" for _ in range(width)) + ")" for _ in range(rows)
+    )
+    return sql.replace(_VALUES_ROWS, "VALUES " + placed)
 
 
 class SqliteTransaction(SqlTransaction):
@@ -376,15 +407,17 @@ class SqliteTransaction(SqlTransaction):
         columns: Sequence[str],
         rows: Sequence[Sequence[Any]],
         params: Mapping[str, Any],
-    ) -> tuple[str, dict[str, Any]]:
-        """``name``'s SQL with one ``(:r0_0, :r0_1, ...)`` per row in place of its
-        ``VALUES (:rows)`` (a multi-row ``VALUES``), and its parameters: ``params`` and each
-        row's values under those names. A statement without it takes ``rows`` as one JSON
-        text (``rows_param``, read with ``json_each``).
+    ) -> tuple[str, Any]:
+        """``name``'s SQL with one ``(?, ?, ...)`` per row in place of its ``VALUES
+        (:rows)`` (a multi-row ``VALUES``) and its other parameters ``?``, and the values:
+        ``params``' and the rows', in the order of the text. A statement without it
+        takes ``rows`` as one JSON text (``rows_param``, read with ``json_each``).
 
         A lease batch and a group's acks were a JSON text per statement, written by the
         encoder and parsed again by SQLite for each value it read (``json_extract``):
-        ~15,000 instructions of a drained job. Each count of rows is its own statement
+        ~15,000 instructions of a drained job. Then their values were bound by name
+        (``:r0_0``...), the driver making a ``str`` of each name and looking it up: by
+        position, a batch's values are one list. Each count of rows is its own statement
         text, prepared once by the driver's cache (a batch's rows are as many as the
         worker's free slots). A statement's parameters are bounded by
         ``SQLITE_LIMIT_VARIABLE_NUMBER`` (32,766 since SQLite 3.32): ``rows_executed``
@@ -394,10 +427,21 @@ class SqliteTransaction(SqlTransaction):
         if _VALUES_ROWS not in sql:
             return super().rows_query(name, columns, rows, params)
         width = len(columns)
-        names = _row_names(width, len(rows))
-        values = dict(params)
-        values.update(zip(names, [value for row in rows for value in row], strict=True))
-        return _rows_sql(sql, width, len(rows)), values
+        found = _rows_text(sql, width, len(rows))
+        if found is None:  # by name
+            values = dict(params)
+            names = _row_names(width, len(rows))
+            values.update(zip(names, [v for row in rows for v in row], strict=True))
+            return _rows_named(sql, width, len(rows)), values
+        text, before, after = found
+        bound = [params[n] for n in before]
+        for row in rows:
+            bound += row
+        if len(bound) != len(before) + width * len(rows):
+            raise ValueError(f"{name}: rows of other than {width} values")
+        if after:
+            bound += [params[n] for n in after]
+        return text, bound
 
     def rows_executed(
         self,
