@@ -100,6 +100,28 @@ WHERE rq_jobs.id = c.column1
   AND rq_jobs.owner_token = c.column2 AND rq_jobs.state = 'running'
 RETURNING rq_jobs.id, rq_jobs.ordering_key;
 
+-- name: jobs_complete_counted
+-- jobs_complete without RETURNING, which builds a temporary table for each group
+-- (SqliteTransaction.jobs_complete), for a caller that knows the jobs' ordering keys: the
+-- rows changed are counted (the cursor's rowcount), and all or none of the group's acks
+-- held says which. Otherwise jobs_completed_by names them.
+UPDATE rq_jobs
+SET state = 'succeeded', result = c.column3, finished_at = :now,
+    owner_token = NULL, lease_deadline = NULL, hlc = c.column4
+FROM (VALUES (:rows)) AS c
+WHERE rq_jobs.id = c.column1
+  AND rq_jobs.owner_token = c.column2 AND rq_jobs.state = 'running';
+
+-- name: jobs_completed_by
+-- After jobs_complete_counted changed some of a group's rows but not all (a lease lost):
+-- the rows (job id, hlc) as that statement left them. Each row it changed is here; a row
+-- it did not change is here only if another ack gave it the same hlc and finish time.
+SELECT rq_jobs.id
+FROM rq_jobs, (VALUES (:rows)) AS c
+WHERE rq_jobs.id = c.column1 AND rq_jobs.hlc = c.column2
+  AND rq_jobs.state = 'succeeded' AND rq_jobs.owner_token IS NULL
+  AND rq_jobs.finished_at = :now;
+
 -- name: job_retry
 UPDATE rq_jobs
 SET state = 'queued', run_at = :run_at, last_error_class = :error_class, last_error = :error,
