@@ -109,8 +109,8 @@ UPDATE rq_jobs
 SET state = 'succeeded', result = c.column3, finished_at = :now,
     owner_token = NULL, lease_deadline = NULL, hlc = c.column4
 FROM (VALUES (:rows)) AS c
-WHERE rq_jobs.id = c.column1
-  AND rq_jobs.owner_token = c.column2 AND rq_jobs.state = 'running';
+WHERE rq_jobs.id = c.column1 AND rq_jobs.state = 'running'
+  AND rq_jobs.owner_token = c.column2;
 
 -- name: jobs_completed_by
 -- After jobs_complete_counted changed some of a group's rows but not all (a lease lost):
