@@ -451,8 +451,15 @@ class SqliteTransaction(SqlTransaction):
         params: Mapping[str, Any],
     ) -> list[Any]:
         """``rows_query``'s statement run over ``rows``, as many rows a statement as
-        SQLite's limit on its parameters allows (one for any worker's batch)."""
-        per_statement = self.rows_per_statement(len(columns), reserved=len(params))
+        SQLite's limit on its parameters allows (one for any worker's batch). Bound by
+        position, a name the statement uses twice (the lease's ``:lease_now``) is two."""
+        reserved = len(params)
+        sql = self._queries[name]
+        if _VALUES_ROWS in sql:
+            found = _rows_text(sql, len(columns), 1)
+            if found is not None:
+                reserved = len(found[1]) + len(found[2])
+        per_statement = self.rows_per_statement(len(columns), reserved=reserved)
         execute = self.connection.execute
         return [
             execute(*self.rows_query(name, columns, rows[start : start + per_statement], params))
