@@ -87,13 +87,23 @@ _CALL_SUBSTITUTION = 'if {condition}:\n        ctx.record("call", call=name'
 
 BUGS: list[Bug] = [
     # -- owner token: only the lease holder settles the job -------------------------------------
-    # A group commit's acks: one statement, each row compared with its own token.
+    # A group commit's acks: one statement, each row compared with its own token. On
+    # SQLite the worker's counts the rows it changed (jobs_complete_counted); a caller that
+    # does not know the jobs' ordering keys gets the one with RETURNING (jobs_complete).
     Bug(
         "ack-owner-token-sqlite",
         "owner token",
-        "  AND rq_jobs.owner_token = c.owner_token AND rq_jobs.state = 'running'",
-        "  AND rq_jobs.state = 'running'",
+        "  AND rq_jobs.owner_token = c.column2;\n\n-- name: jobs_completed_by",
+        ";\n\n-- name: jobs_completed_by",
         (BARRIER,),
+        ".sql",
+    ),
+    Bug(
+        "ack-owner-token-sqlite-returning",
+        "owner token",
+        "  AND rq_jobs.owner_token = c.column2 AND rq_jobs.state = 'running'",
+        "  AND rq_jobs.state = 'running'",
+        ("tests/conformance/test_storage_verbs.py",),
         ".sql",
     ),
     Bug(

@@ -14,6 +14,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 import replayq
 from replayq.storage.sqlite import SqliteStorage
 from replayq.storage.sqlite.watch import Watcher
@@ -137,12 +139,15 @@ def test_only_a_commit_that_inserts_or_moves_a_job_wakes_the_process_watch(
         app.close()
 
 
+@pytest.mark.parametrize("told", [False, True])
 def test_an_ack_wakes_the_process_watch_only_when_it_can_make_an_ordered_job_ready(
-    tmp_path: Path,
+    tmp_path: Path, told: bool
 ) -> None:
     """A busy worker's group commit acks and leases: neither makes a job ready, so it does
     not poke the watch (a wake-up and a query per batch of a drain). The ack of a job with
-    an ordering key can (the next job of its key): that commit pokes at once."""
+    an ordering key can (the next job of its key): that commit pokes at once. ``told``:
+    the caller says whether the jobs have ordering keys (``JobsComplete.ordered``, the
+    worker's group commit), else the statement returns them."""
     from replayq.storage.params import JobLease, JobsComplete
 
     app = replayq.App(f"sqlite:///{tmp_path / 'w.db'}", auto_migrate=True)
@@ -172,11 +177,17 @@ def test_an_ack_wakes_the_process_watch_only_when_it_can_make_an_ordered_job_rea
         time.sleep(0.1)
         woken.clear()
         with storage.transaction() as tx:
-            assert tx.jobs_complete(JobsComplete(time.time(), [(plain_id, "token", None, 5)]))
+            plain = JobsComplete(
+                time.time(), [(plain_id, "token", None, 5)], False if told else None
+            )
+            assert tx.jobs_complete(plain)
         time.sleep(0.3)
         assert not woken.is_set(), "the ack of a job without an ordering key woke the watch"
         with storage.transaction() as tx:
-            assert tx.jobs_complete(JobsComplete(time.time(), [(first_id, "token", None, 6)]))
+            first = JobsComplete(
+                time.time(), [(first_id, "token", None, 6)], True if told else None
+            )
+            assert tx.jobs_complete(first)
         assert woken.wait(2.0), "the ack that made the next job of its key ready did not wake"
     finally:
         watcher.close()

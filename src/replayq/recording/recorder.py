@@ -10,7 +10,6 @@ writes (state, cache) join through three hooks the context fills in.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 from replayq import codec
@@ -28,15 +27,21 @@ _new_event = object.__new__
 _set_fields = object.__setattr__
 
 
-@dataclass
 class PendingRecord:
-    events: list[TraceEvent] = field(default_factory=list)
-    writes: list[Callable[[Transaction], None]] = field(default_factory=list)
-    # Large recorded values (blob store rows) go with the events that name them: they do
-    # not make a step commit on its own, and a failed step's events keep theirs.
-    blobs: list[Callable[[Transaction], None]] = field(default_factory=list)
-    # What each write is, for ``write.fenced`` ("state order:1", "outbox orders.paid", ...).
-    what: list[str] = field(default_factory=list)
+    """What an attempt recorded since its last commit. A class with slots, not a dataclass:
+    two are made per attempt (the context's, and its commit's fresh one), and the
+    dataclass's ``__init__`` called ``list`` through a default factory four times each."""
+
+    __slots__ = ("blobs", "events", "what", "writes")
+
+    def __init__(self) -> None:
+        self.events: list[TraceEvent] = []
+        self.writes: list[Callable[[Transaction], None]] = []
+        # Large recorded values (blob store rows) go with the events that name them: they
+        # do not make a step commit on its own, and a failed step's events keep theirs.
+        self.blobs: list[Callable[[Transaction], None]] = []
+        # What each write is, for ``write.fenced`` ("state order:1", "outbox orders.paid").
+        self.what: list[str] = []
 
 
 class Recorder:

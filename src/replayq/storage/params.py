@@ -84,6 +84,10 @@ class JobsComplete(Struct, frozen=True):
 
     now: float
     jobs: Sequence[tuple[int, str, str | None, int]]
+    # Whether a job of ``jobs`` has an ordering key: its ack can make the next job of its
+    # key ready (the commit then wakes this process's idle workers). ``None``: not known,
+    # the statement returns each acked job's key (SQLite needs it only then).
+    ordered: bool | None = None
 
 
 class JobRetry(Struct, frozen=True):

@@ -250,13 +250,37 @@ class TraceVerbs(SqlStatements):
         row_sql = "(" + ", ".join("?" * len(columns)) + ")"
         pack_ids: list[int] = []
         opened, pack_format = packs.opened_row, self.pack_format
+        compact_of = packs.lifecycle_pack if pack_format == packs.FORMAT_DEFLATE else None
         for start in range(0, len(groups), per_statement):
             chunk = groups[start : start + per_statement]
             values: list[Any] = []
+            compact = None
             for group in chunk:
+                if compact_of is not None and len(group) == 1:
+                    # A lease batch's ``job.leased``, a group's ``job.succeeded``: one
+                    # lifecycle event a pack (format 4), its row's values straight from
+                    # the event (``opened_row``'s, without its dictionary and writer).
+                    event = group[0]
+                    compact = compact_of(event)
+                    if compact is not None:
+                        hlc = event.hlc
+                        values += (
+                            event.trace_id,
+                            event.job_id,
+                            event.attempt,
+                            event.worker_id,
+                            hlc,
+                            hlc,
+                            event.ts,
+                            compact,
+                        )
+                        continue
                 # ``pack_row`` without its call per pack: the last writer is kept below.
                 row, self._writer = opened(group, pack_format)
+                compact = None
                 values.extend(_pack_values(row))
+            if compact is not None:  # the last pack is format 4: what later events join
+                self._writer = packs.CompactPack(compact, chunk[-1][0].hlc)
             found = self.execute_rows("trace_append_rows", row_sql, len(chunk), values)
             pack_ids.extend(self.rows_inserted_ids(found, len(chunk)))
         return pack_ids
@@ -276,6 +300,8 @@ class TraceVerbs(SqlStatements):
         remembered as the pack later events of its group may join (``_last_pack``)."""
         entries = []
         for group, pack_id in zip(groups, pack_ids, strict=True):
+            if len(group) == 1 and group[0].resource is None:
+                continue  # a lifecycle event's pack (two a drained job) names no resource
             entries.extend(packs.pack_resources(group, pack_id))
         # pack_row keeps the writer of the row it made last: the last group's.
         last = list(groups[-1])

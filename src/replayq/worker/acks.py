@@ -129,9 +129,12 @@ class Acking(Outcomes):
         events: list[TraceEvent] = []
         done: list[tuple[int, str, str | None, int]] = []
         clock = self.runtime.hlc
+        ordered = False  # a job with an ordering key among them (``JobsComplete.ordered``)
         for ack in acks:
             job = ack.job
             assert job.owner_token is not None
+            if job.ordering_key is not None:
+                ordered = True
             hlc = clock.tick_at(now)  # stamped at the event's time: one clock read a group
             succeeded = trace.lifecycle(
                 trace.JOB_SUCCEEDED,
@@ -152,7 +155,7 @@ class Acking(Outcomes):
             done.append((job.id, job.owner_token, ack.result_json, hlc))
         if events_to is None:
             tx.trace_append(events)
-        held = tx.jobs_complete(JobsComplete(now, done))
+        held = tx.jobs_complete(JobsComplete(now, done, ordered))
         for ack in acks:
             if ack.job.id not in held:
                 raise _Refused(ack, LeaseLostError("job.succeeded"))

@@ -86,7 +86,7 @@ from replayq.storage import migrate, packs
 from replayq.storage.adopted import TupleRows
 from replayq.storage.context_params import EntityGet
 from replayq.storage.context_verbs import record
-from replayq.storage.protocol import JobInsert, Listener, MigrationStatus
+from replayq.storage.protocol import JobInsert, JobsComplete, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
 from replayq.storage.records import EntityRecord
 from replayq.storage.sql_transaction import SqlTransaction
@@ -305,11 +305,14 @@ def _values_of(names: list[str]) -> Callable[[Mapping[str, Any]], tuple[Any, ...
     return lambda params: tuple([params[name] for name in names])
 
 
-# The parameter names of ``rows`` rows of ``width`` values (``SqliteTransaction.rows_query``)
-# and a statement's text with that many rows, by their counts: a few sizes recur (a
-# worker's batches and groups), each built once.
+# A statement's text with its ``(:rows)`` as that many rows of ``width`` ``?`` each and its
+# other parameters written ``?``, and the names those read before and after the rows
+# (``SqliteTransaction.rows_query``), by the statement and the counts: a few sizes recur
+# (a worker's batches and groups), each built once. ``None``: the statement may hold a
+# ``:name`` that is not a parameter, and binds its rows by name.
+_RowsText = tuple[str, tuple[str, ...], tuple[str, ...]]
+_ROWS_SQL: dict[tuple[str, int, int], _RowsText | None] = {}
 _ROW_NAMES: dict[tuple[int, int], list[str]] = {}
-_ROWS_SQL: dict[tuple[str, int, int], str] = {}
 _ROWS_MAX = 256
 # Where a statement takes its rows as bound values (``json_each(:rows)`` takes JSON text).
 _VALUES_ROWS = "VALUES (:rows)"
@@ -325,19 +328,47 @@ def _row_names(width: int, rows: int) -> list[str]:
     return names
 
 
-def _rows_sql(sql: str, width: int, rows: int) -> str:
-    """``sql`` with ``rows`` rows of named parameters (``_row_names``) for its ``(:rows)``."""
-    text = _ROWS_SQL.get((sql, width, rows))
-    if text is None:
-        names = iter(_row_names(width, rows))
-        placed = ", ".join(
-            "(" + ", ".join(f":{next(names)}" for _ in range(width)) + ")" for _ in range(rows)
+def _rows_text(sql: str, width: int, rows: int) -> _RowsText | None:
+    """``sql`` with ``rows`` rows of ``width`` ``?`` for its ``(:rows)`` and each other
+    named parameter ``?``; the names of those before the rows and after them."""
+    key = (sql, width, rows)
+    if key in _ROWS_SQL:
+        return _ROWS_SQL[key]
+    found = None
+    head, tail = sql.split(_VALUES_ROWS, 1)
+    plain = "--" not in sql and "/*" not in sql
+    if plain and not any(":" in literal for literal in _LITERAL.findall(sql)):
+        before: list[str] = []
+        after: list[str] = []
+
+        def placed(names: list[str]) -> Callable[[re.Match[str]], str]:
+            def place(match: re.Match[str]) -> str:
+                names.append(match.group(1))
+                return "?"
+
+            return place
+
+        row = "(" + ", ".join(["?"] * width) + ")"
+        text = (
+            _PARAMETER.sub(placed(before), head)
+            + "VALUES "
+            + ", ".join([row] * rows)
+            + _PARAMETER.sub(placed(after), tail)
         )
-        text = sql.replace(_VALUES_ROWS, "VALUES " + placed)
-        if len(_ROWS_SQL) >= _ROWS_MAX:
-            _ROWS_SQL.clear()
-        _ROWS_SQL[(sql, width, rows)] = text
-    return text
+        found = text, tuple(before), tuple(after)
+    if len(_ROWS_SQL) >= _ROWS_MAX:
+        _ROWS_SQL.clear()
+    _ROWS_SQL[key] = found
+    return found
+
+
+def _rows_named(sql: str, width: int, rows: int) -> str:
+    """``sql`` with ``rows`` rows of named parameters (``_row_names``) for its ``(:rows)``."""
+    names = iter(_row_names(width, rows))
+    placed = ", ".join(
+        "(" + ", ".join(f":{next(names)}" for _ in range(width)) + ")" for _ in range(rows)
+    )
+    return sql.replace(_VALUES_ROWS, "VALUES " + placed)
 
 
 class SqliteTransaction(SqlTransaction):
@@ -376,15 +407,17 @@ class SqliteTransaction(SqlTransaction):
         columns: Sequence[str],
         rows: Sequence[Sequence[Any]],
         params: Mapping[str, Any],
-    ) -> tuple[str, dict[str, Any]]:
-        """``name``'s SQL with one ``(:r0_0, :r0_1, ...)`` per row in place of its
-        ``VALUES (:rows)`` (a multi-row ``VALUES``), and its parameters: ``params`` and each
-        row's values under those names. A statement without it takes ``rows`` as one JSON
-        text (``rows_param``, read with ``json_each``).
+    ) -> tuple[str, Any]:
+        """``name``'s SQL with one ``(?, ?, ...)`` per row in place of its ``VALUES
+        (:rows)`` (a multi-row ``VALUES``) and its other parameters ``?``, and the values:
+        ``params``' and the rows', in the order of the text. A statement without it
+        takes ``rows`` as one JSON text (``rows_param``, read with ``json_each``).
 
         A lease batch and a group's acks were a JSON text per statement, written by the
         encoder and parsed again by SQLite for each value it read (``json_extract``):
-        ~15,000 instructions of a drained job. Each count of rows is its own statement
+        ~15,000 instructions of a drained job. Then their values were bound by name
+        (``:r0_0``...), the driver making a ``str`` of each name and looking it up: by
+        position, a batch's values are one list. Each count of rows is its own statement
         text, prepared once by the driver's cache (a batch's rows are as many as the
         worker's free slots). A statement's parameters are bounded by
         ``SQLITE_LIMIT_VARIABLE_NUMBER`` (32,766 since SQLite 3.32): ``rows_executed``
@@ -394,10 +427,21 @@ class SqliteTransaction(SqlTransaction):
         if _VALUES_ROWS not in sql:
             return super().rows_query(name, columns, rows, params)
         width = len(columns)
-        names = _row_names(width, len(rows))
-        values = dict(params)
-        values.update(zip(names, [value for row in rows for value in row], strict=True))
-        return _rows_sql(sql, width, len(rows)), values
+        found = _rows_text(sql, width, len(rows))
+        if found is None:  # by name
+            values = dict(params)
+            names = _row_names(width, len(rows))
+            values.update(zip(names, [v for row in rows for v in row], strict=True))
+            return _rows_named(sql, width, len(rows)), values
+        text, before, after = found
+        bound = [params[n] for n in before]
+        for row in rows:
+            bound += row
+        if len(bound) != len(before) + width * len(rows):
+            raise ValueError(f"{name}: rows of other than {width} values")
+        if after:
+            bound += [params[n] for n in after]
+        return text, bound
 
     def rows_executed(
         self,
@@ -407,13 +451,67 @@ class SqliteTransaction(SqlTransaction):
         params: Mapping[str, Any],
     ) -> list[Any]:
         """``rows_query``'s statement run over ``rows``, as many rows a statement as
-        SQLite's limit on its parameters allows (one for any worker's batch)."""
-        per_statement = self.rows_per_statement(len(columns), reserved=len(params))
+        SQLite's limit on its parameters allows (one for any worker's batch). Bound by
+        position, a name the statement uses twice (the lease's ``:lease_now``) is two."""
+        reserved = len(params)
+        sql = self._queries[name]
+        if _VALUES_ROWS in sql:
+            found = _rows_text(sql, len(columns), 1)
+            if found is not None:
+                reserved = len(found[1]) + len(found[2])
+        per_statement = self.rows_per_statement(len(columns), reserved=reserved)
         execute = self.connection.execute
         return [
             execute(*self.rows_query(name, columns, rows[start : start + per_statement], params))
             for start in range(0, len(rows), per_statement)
         ]
+
+    def jobs_complete(self, params: JobsComplete) -> set[int]:
+        """``SqlTransaction.jobs_complete``; for a caller that says whether the jobs have
+        ordering keys (``params.ordered``, the worker's group commit), without
+        ``RETURNING``: SQLite builds a temporary table for it at each run, ~8,000
+        instructions of a drained no-op job. The rows the compare-and-set changed are
+        counted: all of the group's, or none, is the answer (one row each time). When a
+        lease among others was lost, the rows as the statement left them name those it
+        changed (``jobs_completed_by``): each of them has its row's hlc, the group's finish
+        time, ``succeeded`` and no owner. A row it did not change looks so only if another
+        ack gave it the same hlc and time; then more rows match than changed, and the
+        statement is refused whole (``StorageError``: the caller rolls back and tries
+        again, with a new time and new clocks)."""
+        if params.ordered is None:
+            return super().jobs_complete(params)
+        jobs = params.jobs
+        if not jobs:
+            return set()
+        columns = ("job_ids", "owner_tokens", "results", "hlcs")
+        scalars = {"now": params.now}
+        changed = sum(
+            cursor.rowcount
+            for cursor in self.rows_executed("jobs_complete_counted", columns, jobs, scalars)
+        )
+        if changed == len(jobs):
+            held = {job[0] for job in jobs}
+        elif changed <= 0:
+            return set()
+        else:
+            marks = [(job_id, hlc) for job_id, _, _, hlc in jobs]
+            held = {
+                int(row[0])
+                for cursor in self.rows_executed(
+                    "jobs_completed_by", ("job_ids", "hlcs"), marks, scalars
+                )
+                for row in cursor.fetchall()
+            }
+            if len(held) != changed:
+                raise StorageError(
+                    f"a group's acks changed {changed} rows and {len(held)} look so; "
+                    "rolled back, to be tried again"
+                )
+        if params.ordered:
+            # An ack makes another job ready only behind its ordering key (as in
+            # ``SqlTransaction.jobs_complete``).
+            self.jobs_changed = True
+        return held
 
     def rows_inserted_ids(self, cursor: Any, rows: int) -> list[int]:
         """The new ids of a multi-row insert into ``rq_trace``: ``lastrowid`` and the

@@ -51,19 +51,19 @@ LIMIT :limit;
 -- bound values, no JSON to write and parse per job). Leases are granted, extended and
 -- reaped in :lease_now, or when it is NULL in SQLite's own now: the host's clock, which
 -- every process on the file shares (julianday('now') is one value for the whole
--- statement, to the millisecond; unixepoch('subsec') needs 3.42).
-WITH c (job_id, lease_seconds, version) AS (VALUES (:rows))
+-- statement, to the millisecond; unixepoch('subsec') needs 3.42). The rows are a
+-- subquery (columns column1..3), not a WITH: a WITH cost each batch a materialized table.
 UPDATE rq_jobs
 SET state = 'running', attempt = attempt + 1, owner_token = :owner_token,
     worker_id = :worker_id,
     leased_at = COALESCE(:lease_now, (julianday('now') - 2440587.5) * 86400.0),
     lease_deadline = COALESCE(:lease_now, (julianday('now') - 2440587.5) * 86400.0)
-        + c.lease_seconds,
+        + c.column2,
     -- A job keeps the version of its first lease through every later attempt.
-    handler_version = COALESCE(handler_version, c.version),
+    handler_version = COALESCE(handler_version, c.column3),
     hlc = MAX(hlc + 1, :hlc)
-FROM c
-WHERE rq_jobs.id = c.job_id AND rq_jobs.state = 'queued'
+FROM (VALUES (:rows)) AS c
+WHERE rq_jobs.id = c.column1 AND rq_jobs.state = 'queued'
 RETURNING *;
 
 -- name: lease_check
@@ -89,17 +89,38 @@ RETURNING id;
 
 -- name: jobs_complete
 -- A group commit's acks in one statement: the caller puts one row per ack, (job id,
--- owner token, result, hlc), in place of (:rows) (bound values, as job_lease_many's);
--- RETURNING names the jobs whose lease was still held (and their ordering keys: an ack
--- can make the next job of its key ready).
-WITH c (job_id, owner_token, result, hlc) AS (VALUES (:rows))
+-- owner token, result, hlc), in place of (:rows) (bound values, as job_lease_many's:
+-- columns column1..4); RETURNING names the jobs whose lease was still held (and their
+-- ordering keys: an ack can make the next job of its key ready).
 UPDATE rq_jobs
-SET state = 'succeeded', result = c.result, finished_at = :now,
-    owner_token = NULL, lease_deadline = NULL, hlc = c.hlc
-FROM c
-WHERE rq_jobs.id = c.job_id
-  AND rq_jobs.owner_token = c.owner_token AND rq_jobs.state = 'running'
+SET state = 'succeeded', result = c.column3, finished_at = :now,
+    owner_token = NULL, lease_deadline = NULL, hlc = c.column4
+FROM (VALUES (:rows)) AS c
+WHERE rq_jobs.id = c.column1
+  AND rq_jobs.owner_token = c.column2 AND rq_jobs.state = 'running'
 RETURNING rq_jobs.id, rq_jobs.ordering_key;
+
+-- name: jobs_complete_counted
+-- jobs_complete without RETURNING, which builds a temporary table for each group
+-- (SqliteTransaction.jobs_complete), for a caller that knows the jobs' ordering keys: the
+-- rows changed are counted (the cursor's rowcount), and all or none of the group's acks
+-- held says which. Otherwise jobs_completed_by names them.
+UPDATE rq_jobs
+SET state = 'succeeded', result = c.column3, finished_at = :now,
+    owner_token = NULL, lease_deadline = NULL, hlc = c.column4
+FROM (VALUES (:rows)) AS c
+WHERE rq_jobs.id = c.column1 AND rq_jobs.state = 'running'
+  AND rq_jobs.owner_token = c.column2;
+
+-- name: jobs_completed_by
+-- After jobs_complete_counted changed some of a group's rows but not all (a lease lost):
+-- the rows (job id, hlc) as that statement left them. Each row it changed is here; a row
+-- it did not change is here only if another ack gave it the same hlc and finish time.
+SELECT rq_jobs.id
+FROM rq_jobs, (VALUES (:rows)) AS c
+WHERE rq_jobs.id = c.column1 AND rq_jobs.hlc = c.column2
+  AND rq_jobs.state = 'succeeded' AND rq_jobs.owner_token IS NULL
+  AND rq_jobs.finished_at = :now;
 
 -- name: job_retry
 UPDATE rq_jobs

@@ -270,13 +270,23 @@ SELECT p.id * 1024 + e.key AS id,
        p.hlc_last AS pack_hlc_last
 FROM rq_trace AS p, json_each(rq_pack_json(p.events)) AS e;
 
+CREATE TABLE "rq_entities" (
+    branch    TEXT    NOT NULL,
+    namespace TEXT    NOT NULL,
+    key       TEXT    NOT NULL,
+    version   INTEGER NOT NULL,
+    hlc       INTEGER NOT NULL,
+    PRIMARY KEY (branch, namespace, key)
+) WITHOUT ROWID;
+
 CREATE TABLE "rq_jobs" (
     id               INTEGER PRIMARY KEY,
     job_type         TEXT    NOT NULL,
     queue            TEXT    NOT NULL DEFAULT 'default',
     payload          TEXT    NOT NULL,
     state            TEXT    NOT NULL
-                     CHECK (state IN ('queued', 'running', 'succeeded', 'dead', 'cancelled')),
+                     CHECK (state = 'queued' OR state = 'running' OR state = 'succeeded'
+                            OR state = 'dead' OR state = 'cancelled'),
     priority         INTEGER NOT NULL DEFAULT 0,
     run_at           REAL    NOT NULL,
     created_at       REAL    NOT NULL,
@@ -326,15 +336,6 @@ BEGIN
     ON CONFLICT (name) DO UPDATE SET cursor = MAX(cursor, excluded.cursor),
                                      updated_at = excluded.updated_at;
 END;
-
-CREATE TABLE "rq_entities" (
-    branch    TEXT    NOT NULL,
-    namespace TEXT    NOT NULL,
-    key       TEXT    NOT NULL,
-    version   INTEGER NOT NULL,
-    hlc       INTEGER NOT NULL,
-    PRIMARY KEY (branch, namespace, key)
-) WITHOUT ROWID;
 
 CREATE TRIGGER rq_jobs_enqueued AFTER INSERT ON rq_jobs
 BEGIN

@@ -1,0 +1,79 @@
+"""Migration 0022: rq_jobs' state CHECK written as comparisons takes exactly what it took.
+
+SQLite coded the CHECK's IN list as a temporary index built again for every row written;
+0022 copies the table with the same condition as ORed comparisons. The copy keeps every
+row, id, index and trigger, and the CHECK still refuses any other state.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import replayq
+from tests.migration.older import migrated_before, version_named
+
+STATE_CHECK = version_named("state_check")
+STATES = ("queued", "running", "succeeded", "dead", "cancelled")
+
+
+def noop_app(db: Path) -> replayq.App:
+    app = replayq.App(f"sqlite:///{db}")
+
+    @app.job("noop")
+    def noop(ctx: replayq.Context, n: int) -> None: ...
+
+    return app
+
+
+def insert_job(conn: sqlite3.Connection, state: str, n: int) -> int:
+    cursor = conn.execute(
+        "INSERT INTO rq_jobs (job_type, payload, state, run_at, created_at, max_attempts,"
+        " trace_id) VALUES ('noop', ?, ?, 0, 0, 3, ?)",
+        (f'{{"n":{n}}}', state, f"{n:032x}"),
+    )
+    assert cursor.lastrowid is not None
+    return cursor.lastrowid
+
+
+def test_the_copied_table_keeps_its_rows_indexes_and_triggers_and_refuses_other_states(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "old.db"
+    conn = sqlite3.connect(db)
+    with conn:
+        migrated_before(conn, STATE_CHECK)
+        ids = [insert_job(conn, state, n) for n, state in enumerate(STATES)]
+        before = conn.execute("SELECT * FROM rq_jobs ORDER BY id").fetchall()
+        packs_before = conn.execute("SELECT COUNT(*) FROM rq_trace").fetchone()[0]
+        names = "SELECT type, name FROM sqlite_master WHERE tbl_name = 'rq_jobs' ORDER BY name"
+        schema_before = conn.execute(names).fetchall()
+    conn.close()
+    app = noop_app(db)  # applies 0022
+    try:
+        new_id = app.enqueue("noop", {"n": 9})
+    finally:
+        app.close()
+    conn = sqlite3.connect(db)
+    try:
+        sql = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'rq_jobs'").fetchone()[0]
+        assert "state IN (" not in sql and "state = 'cancelled'" in sql
+        after = conn.execute("SELECT * FROM rq_jobs WHERE id <= ? ORDER BY id", (ids[-1],))
+        assert after.fetchall() == before
+        assert conn.execute(names).fetchall() == schema_before  # every index and trigger
+        # The copy wrote no pack; the enqueue after it wrote its one (the trigger is back).
+        assert conn.execute("SELECT COUNT(*) FROM rq_trace").fetchone()[0] == packs_before + 1
+        assert new_id == ids[-1] + 1
+        with conn:
+            for state in STATES:
+                insert_job(conn, state, 10)
+        for bad in ("done", "Queued", "", "queued "):
+            with pytest.raises(sqlite3.IntegrityError, match="CHECK"), conn:
+                insert_job(conn, bad, 11)
+            with pytest.raises(sqlite3.IntegrityError, match="CHECK"), conn:
+                conn.execute("UPDATE rq_jobs SET state = ? WHERE id = ?", (bad, ids[0]))
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
+        conn.close()
