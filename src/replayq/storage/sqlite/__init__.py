@@ -49,12 +49,14 @@ Known limits, up front:
   against power loss at the cost of an fsync per commit.
 * Trace packs are stored deflated (``rq_trace.events`` is a blob since migration
   0016; a new job's ``job.enqueued`` pack, its data's values since 0019, as a lease's
-  ``job.leased`` and an ack's ``job.succeeded`` pack since 0021;
-  ``storage/packs.py``): a plain ``sqlite3`` shell cannot read them, nor the
-  ``rq_events`` view over them, because the view decodes them with ``rq_pack_json``,
-  a function replayq registers on its own connections. The bytes a traced job
-  stores fell by more than half; reading the trace in SQL outside replayq needs
-  ``packs.register_sqlite(conn)`` first (docs/recording-context.md).
+  ``job.leased`` and an ack's ``job.succeeded`` pack since 0021; that ``job.enqueued``
+  pack kept in the job's row, ``rq_jobs.enqueued``, since 0022, read through the views
+  ``rq_packs`` and ``rq_events``; ``storage/packs.py``): a plain ``sqlite3`` shell
+  cannot read them, nor the ``rq_events`` view over them, because the view decodes
+  them with ``rq_pack_json``, a function replayq registers on its own connections.
+  The bytes a traced job stores fell by more than half; reading the trace in SQL
+  outside replayq needs ``packs.register_sqlite(conn)`` first
+  (docs/recording-context.md).
 * Page size: a database replayq creates has 2048-byte pages (``?page_size=`` chooses
   another power of two when the file is created; an existing file keeps its own). A
   commit writes each page it dirtied to the WAL whole, and a queue's commits are small.
@@ -95,8 +97,9 @@ from replayq.storage.sqlite.watch import Watcher
 _MIGRATIONS = "replayq.storage.sqlite.migrations"
 _SYNC_MODES = {"OFF", "NORMAL", "FULL", "EXTRA"}
 # The page size of a database replayq creates (``?page_size=`` chooses another). Each
-# commit writes every page it dirtied to the WAL whole: an enqueue dirties about seven
-# (the job row, three indexes, its ``job.enqueued`` pack and two indexes), so half-size
+# commit writes every page it dirtied to the WAL whole: an enqueue dirties about six
+# (the job row, with its ``job.enqueued`` pack since migration 0022, and four indexes),
+# so half-size
 # pages halve the bytes each commit copies, checksums and writes (docs/operations.md).
 _PAGE_SIZE = 2048
 _PAGE_SIZES = {512 << n for n in range(8)}  # 512 .. 65536, as SQLite allows
@@ -372,9 +375,10 @@ class SqliteTransaction(SqlTransaction):
 
     def job_enqueue(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]:
         """Insert jobs, one statement each. Each inserted row's ``job.enqueued`` pack is
-        written by that statement: the trigger ``rq_jobs_enqueued`` (migration 0020) builds
-        it from the row's values, as ``packs.enqueued_event`` does from ``params``; no
-        event is built here. A row that ``ON CONFLICT`` skips gets none."""
+        written by that statement, in the row itself (``rq_jobs.enqueued``, migration 0022;
+        read through the view ``rq_packs``): ``job_insert`` builds it from the values it
+        inserts, as ``packs.enqueued_event`` does from ``params``; no event is built here. A
+        row that ``ON CONFLICT`` skips gets none."""
         return [self._job_insert_one(p) for p in params]
 
     def rows_query(
@@ -613,8 +617,8 @@ class SqliteStorage:
 
     def autocommit(self) -> _Transaction:
         """Verbs on this thread's connection without ``BEGIN``: each statement commits (or
-        fails) by itself (``protocol.Autocommit``). An enqueue is one statement (its row;
-        the trigger writes its pack): ``BEGIN IMMEDIATE`` and ``COMMIT`` around it were two
+        fails) by itself (``protocol.Autocommit``). An enqueue is one statement (its row,
+        which holds its pack): ``BEGIN IMMEDIATE`` and ``COMMIT`` around it were two
         more statements for nothing. On a connection already inside a transaction it is
         refused, as ``transaction()`` is there (``_begin``)."""
         return _Transaction(self, False, autocommit=True)
