@@ -7,7 +7,7 @@
 -- written by job_insert itself: enqueued (the format 3 pack, built as the trigger built
 -- it) and enqueued_hlc (the event's HLC; rq_jobs.hlc moves with the job's lifecycle).
 -- One index, rq_jobs_enqueued_hlc, lets windows by HLC find them: an enqueue dirties five
--- b-trees (~5.9 pages).
+-- b-trees (~6.1 pages, ~267,000 instructions).
 --
 -- Readers see the pack as before, as a row of the view rq_packs: rq_trace's packs and,
 -- for each job with enqueued_hlc, its job.enqueued pack with id -(job id) (a pack's id is
