@@ -18,7 +18,8 @@
 -- A job's pack goes with its row (gc deletes both; trimming keeps lifecycle events).
 --
 -- Jobs enqueued before keep their pack in rq_trace and NULL in both columns: nothing to
--- move, and no job has its job.enqueued twice.
+-- move, and no job has its job.enqueued twice. A migration that copies rq_jobs into a new
+-- table copies both columns, or the jobs lose their job.enqueued.
 DROP TRIGGER rq_jobs_enqueued;
 
 ALTER TABLE rq_jobs ADD COLUMN enqueued_hlc INTEGER;
