@@ -47,13 +47,14 @@ def _app(url: str) -> replayq.App:
 
 
 def _rows_and_enqueued(database: Path) -> tuple[int, list[int]]:
-    """The jobs in the file, and each job's count of ``job.enqueued`` packs (format 3)."""
+    """The jobs in the file, and each job's count of ``job.enqueued`` packs (format 3), as
+    readers see them (``rq_packs``: since migration 0023 that pack is in the job's row)."""
     with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as conn:
         rows = int(conn.execute("SELECT COUNT(*) FROM rq_jobs").fetchone()[0])
         counts = [
             int(n)
             for (n,) in conn.execute(
-                "SELECT (SELECT COUNT(*) FROM rq_trace AS t WHERE t.job_id = j.id"
+                "SELECT (SELECT COUNT(*) FROM rq_packs AS t WHERE t.job_id = j.id"
                 " AND substr(t.events, 1, 1) = x'03') FROM rq_jobs AS j ORDER BY j.id"
             )
         ]

@@ -20,8 +20,10 @@ from replayq.testing import run_inline
 AppFactory = Callable[..., replayq.App]
 
 
+# A job's packs as readers see them: on SQLite the view rq_packs, rq_trace's and the
+# job.enqueued pack kept in the job's row since migration 0023.
 PACKS = {
-    "sqlite": "SELECT events FROM rq_trace WHERE job_id = ?",
+    "sqlite": "SELECT events FROM rq_packs WHERE job_id = ?",
     "postgresql": "SELECT events FROM rq_trace WHERE job_id = %s",
 }
 VIEW = {
@@ -122,7 +124,9 @@ def test_a_traced_job_is_a_few_rows_and_the_view_holds_every_event(
     assert job.state is replayq.JobState.SUCCEEDED
     trace = app.trace(job.id)
     with app.storage.transaction(readonly=True) as tx:
-        packs = tx.connection.execute(PACKS[app.storage.dialect], (job.id,)).fetchall()
+        packs = tx.connection.execute(
+            PACKS[app.storage.dialect] + " ORDER BY id", (job.id,)
+        ).fetchall()
         view = tx.connection.execute(VIEW[app.storage.dialect], (job.id,)).fetchall()
         by_resource = [e.name for e in tx.trace_query(TraceQuery(resource="order:7"))]
     # enqueue, lease, reserve (with load's and price's events), claim, result, ack; on

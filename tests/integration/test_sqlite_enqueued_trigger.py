@@ -1,9 +1,10 @@
 """On SQLite a new job's ``job.enqueued`` pack is written by the insert of its row.
 
-The trigger ``rq_jobs_enqueued`` (migration 0020) builds the pack (format 3) from the
-row's values in the statement that inserts the row, so ``App.enqueue`` is one statement
-committed by itself. What the trace says of the enqueue must be what the caller asked,
-to the last bit of ``run_at`` and the last character of a message id.
+The insert (``job_insert``) builds the pack (format 3) from the values it inserts and keeps
+it in the row itself (``rq_jobs.enqueued``, migration 0023; the trigger ``rq_jobs_enqueued``
+of 0020 wrote it to ``rq_trace``), so ``App.enqueue`` is one statement committed by itself.
+What the trace says of the enqueue must be what the caller asked, to the last bit of
+``run_at`` and the last character of a message id.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 import replayq
 from replayq.storage import packs
 
-# What the trigger writes run_at with, and the range enqueue accepts (queue/enqueue.py).
+# What job_insert writes run_at with, and the range enqueue accepts (queue/enqueue.py).
 _RUN_AT_TEXT = "SELECT printf('%!.17g', ?)"
 _LIMIT = 1e15
 
@@ -76,17 +77,21 @@ def test_the_enqueued_event_holds_what_the_caller_asked_exactly(tmp_path: Path) 
         assert repr(event.data["run_at"]) == repr(ask["run_at"])
 
 
-def test_the_triggers_pack_is_the_one_replayq_would_encode(tmp_path: Path) -> None:
-    """Format 3 as the trigger writes it and as ``packs.lifecycle_pack`` encodes the same
-    event decode to the same JSON: readers cannot tell who wrote it."""
+def test_the_rows_pack_is_the_one_replayq_would_encode(tmp_path: Path) -> None:
+    """Format 3 as job_insert writes it in the row and as ``packs.lifecycle_pack`` encodes
+    the same event decode to the same JSON: readers cannot tell who wrote it. No pack of
+    it is in rq_trace."""
     app = _app(tmp_path)
     job_id = app.enqueue("noop", {"n": 1}, message_id="m1", run_at=1796398960.25, priority=4)
     [event] = app.trace(job_id)
     app.close()
     conn = sqlite3.connect(tmp_path / "q.db")
     try:
-        (stored,) = conn.execute(
-            "SELECT events FROM rq_trace WHERE job_id = ?", (job_id,)
+        (stored, hlc) = conn.execute(
+            "SELECT enqueued, enqueued_hlc FROM rq_jobs WHERE id = ?", (job_id,)
+        ).fetchone()
+        (in_trace,) = conn.execute(
+            "SELECT COUNT(*) FROM rq_trace WHERE job_id = ?", (job_id,)
         ).fetchone()
     finally:
         conn.close()
@@ -94,6 +99,7 @@ def test_the_triggers_pack_is_the_one_replayq_would_encode(tmp_path: Path) -> No
     assert encoded is not None
     assert stored[:1] == encoded[:1] == b"\x03"
     assert packs.pack_json(stored) == packs.pack_json(bytes(encoded))
+    assert (hlc, event.id, in_trace) == (event.hlc, -job_id * 1024, 0)
 
 
 def test_a_duplicate_message_id_writes_no_second_enqueued_pack(tmp_path: Path) -> None:
@@ -118,7 +124,7 @@ def test_an_enqueue_is_one_statement_committed_by_itself(tmp_path: Path) -> None
     finally:
         conn.set_trace_callback(None)
     assert not conn.in_transaction
-    # SQLite traces the statement again as it enters each trigger: every line is the insert.
+    # SQLite would trace the statement again as it entered a trigger: every line is the insert.
     assert statements and all(s.startswith("INSERT INTO rq_jobs ") for s in statements), statements
     assert [e.name for e in app.trace(job_id)] == ["job.enqueued"]
     app.close()

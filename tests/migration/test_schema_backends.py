@@ -24,6 +24,12 @@ Shape = dict[str, set[str]]
 # no use for (its 0013 says why). Every other table, column and index is on both.
 POSTGRES_ONLY_TABLES = {"rq_trace_ledger", "rq_trace_ledger_resources"}
 POSTGRES_ONLY_INDEXES = {"rq_trace_ledger_job", "rq_trace_ledger_hlc"}
+# SQLite's alone (migration 0023): a new job's job.enqueued pack kept in its row, and the
+# views that read it beside rq_trace's packs. PostgreSQL writes that pack to rq_trace in the
+# statement that inserts the job (its 0023 says so).
+SQLITE_ONLY_TABLES = {"rq_packs", "rq_pack_events", "rq_enqueued_events"}
+SQLITE_ONLY_COLUMNS = {"rq_jobs": {"enqueued_hlc", "enqueued"}}
+SQLITE_ONLY_INDEXES = {"rq_jobs_enqueued_hlc"}
 
 
 def sqlite_shape(path: Path) -> tuple[Shape, set[str]]:
@@ -91,6 +97,12 @@ def test_each_backends_migrations_build_the_tables_columns_and_indexes_of_the_sc
     conn.close()
     schema_columns, schema_indexes = sqlite_shape(canonical)
     columns, indexes = migrated_shape(db_url)
+    if not db_url.startswith("sqlite:///"):
+        for table in SQLITE_ONLY_TABLES:
+            del schema_columns[table]
+        for table, names in SQLITE_ONLY_COLUMNS.items():
+            schema_columns[table] -= names
+        schema_indexes -= SQLITE_ONLY_INDEXES
 
     assert len(schema_columns) >= 15 and len(schema_indexes) >= 12  # the whole file was read
     assert sorted(columns) == sorted(schema_columns)

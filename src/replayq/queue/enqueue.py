@@ -105,10 +105,11 @@ def enqueue_job(runtime: Runtime, request: EnqueueRequest, **options: Any) -> in
     Where the storage can commit a statement by itself (``protocol.Autocommit``: both
     backends) and the type is declared here (its row needs no read), the row and its
     ``job.enqueued`` pack are that one statement, instead of ``BEGIN``, it, ``COMMIT``:
-    one round trip on PostgreSQL; on SQLite the trigger ``rq_jobs_enqueued`` writes the
-    pack. A duplicate ``message_id`` wrote nothing; its ``job.deduplicated`` goes in after,
-    in a transaction that asks again (the job it met may have been deleted meanwhile, by
-    gc: then the message id is free, and this request's job is inserted there).
+    one round trip on PostgreSQL; on SQLite the insert keeps the pack in the job's row
+    (migration 0023). A duplicate ``message_id`` wrote nothing; its ``job.deduplicated``
+    goes in after, in a transaction that asks again (the job it met may have been deleted
+    meanwhile, by gc: then the message id is free, and this request's job is inserted
+    there).
     """
     storage = runtime.storage
     # ``getattr``, not ``isinstance(storage, Autocommit)``: a protocol check costs ~10 µs.

@@ -27,8 +27,10 @@ How ``events`` is stored (its first byte says which, so packs of every format st
   Every job has one such pack of one event whose other fields are fixed; deflating its
   ~155 bytes cost ~30,000 instructions of each enqueue (a new stream, ~28 bytes), this
   is ~23 bytes for none. ``rq_pack_json`` returns the same JSON text as format 1. Since
-  0020 the database writes it: the trigger ``rq_jobs_enqueued`` builds it from the row in
-  the statement that inserts the row (``lifecycle_pack`` is the same encoding in Python);
+  0020 the database writes it: the trigger ``rq_jobs_enqueued`` built it from the row in
+  the statement that inserts the row; since 0023 that statement (``job_insert``) builds it
+  and keeps it in the row, ``rq_jobs.enqueued``, read as a pack of id -(job id) through
+  the view ``rq_packs`` (``lifecycle_pack`` is the same encoding in Python);
 * format 4, bytes (SQLite since 0021): a pack of one other lifecycle event of a known
   shape (a lease's ``job.leased``, an ack's ``job.succeeded``), ``b"\\x04"``, its shape's
   code (one byte, its place in ``LIFECYCLE_SHAPES``) and the JSON array of its data's
@@ -329,8 +331,8 @@ _SHAPE_MARKS = [_ENQUEUED_MARK] + [
 
 def enqueued_event(params: JobInsert) -> TraceEvent:
     """A new job's ``job.enqueued`` event, made from what is inserted (no re-read of the
-    row); its ``job_id`` is set by ``job_enqueue`` from the insert. On SQLite the trigger
-    ``rq_jobs_enqueued`` writes the same event's pack from the row (migration 0020).
+    row); its ``job_id`` is set by ``job_enqueue`` from the insert. On SQLite the insert
+    keeps the same event's pack in the job's row (``rq_jobs.enqueued``, migration 0023).
 
     Built with every field named (``TraceEvent.built``): the frozen dataclass's
     ``__init__`` was ~5 µs of each enqueue."""

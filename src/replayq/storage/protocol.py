@@ -247,8 +247,8 @@ class Transaction(Protocol):
         """``job_insert`` of ``params`` (one pair each, in order): each row inserted with
         its ``job.enqueued`` event (``packs.enqueued_event``) as its first trace pack; a
         duplicate ``message_id`` writes neither. One statement for all of it on
-        PostgreSQL; on SQLite one insert per job, whose pack the trigger
-        ``rq_jobs_enqueued`` writes from the row."""
+        PostgreSQL; on SQLite one insert per job, which keeps the pack in the job's row
+        (``rq_jobs.enqueued``, migration 0023; read through the view ``rq_packs``)."""
         ...
 
     def job_get(self, job_id: int) -> Job | None: ...
@@ -543,7 +543,7 @@ class Autocommit(Protocol):
     statement — one statement where ``transaction`` takes three (``BEGIN``, the
     statement, ``COMMIT``). Both backends have it for ``App.enqueue``, whose row and
     ``job.enqueued`` pack are one statement: one round trip on PostgreSQL, and on SQLite
-    two statements fewer (the trigger ``rq_jobs_enqueued`` writes the pack).
+    two statements fewer (the insert keeps the pack in the job's row, migration 0023).
     """
 
     def autocommit(self) -> AbstractContextManager[Transaction]:

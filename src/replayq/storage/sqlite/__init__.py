@@ -49,12 +49,14 @@ Known limits, up front:
   against power loss at the cost of an fsync per commit.
 * Trace packs are stored deflated (``rq_trace.events`` is a blob since migration
   0016; a new job's ``job.enqueued`` pack, its data's values since 0019, as a lease's
-  ``job.leased`` and an ack's ``job.succeeded`` pack since 0021;
-  ``storage/packs.py``): a plain ``sqlite3`` shell cannot read them, nor the
-  ``rq_events`` view over them, because the view decodes them with ``rq_pack_json``,
-  a function replayq registers on its own connections. The bytes a traced job
-  stores fell by more than half; reading the trace in SQL outside replayq needs
-  ``packs.register_sqlite(conn)`` first (docs/recording-context.md).
+  ``job.leased`` and an ack's ``job.succeeded`` pack since 0021; that ``job.enqueued``
+  pack kept in the job's row, ``rq_jobs.enqueued``, since 0023, read through the views
+  ``rq_packs`` and ``rq_events``; ``storage/packs.py``): a plain ``sqlite3`` shell
+  cannot read them, nor the ``rq_events`` view over them, because the view decodes
+  them with ``rq_pack_json``, a function replayq registers on its own connections.
+  The bytes a traced job stores fell by more than half; reading the trace in SQL
+  outside replayq needs ``packs.register_sqlite(conn)`` first
+  (docs/recording-context.md).
 * Page size: a database replayq creates has 2048-byte pages (``?page_size=`` chooses
   another power of two when the file is created; an existing file keeps its own). A
   commit writes each page it dirtied to the WAL whole, and a queue's commits are small.
@@ -95,8 +97,9 @@ from replayq.storage.sqlite.watch import Watcher
 _MIGRATIONS = "replayq.storage.sqlite.migrations"
 _SYNC_MODES = {"OFF", "NORMAL", "FULL", "EXTRA"}
 # The page size of a database replayq creates (``?page_size=`` chooses another). Each
-# commit writes every page it dirtied to the WAL whole: an enqueue dirties about seven
-# (the job row, three indexes, its ``job.enqueued`` pack and two indexes), so half-size
+# commit writes every page it dirtied to the WAL whole: an enqueue dirties about six
+# (the job row, with its ``job.enqueued`` pack since migration 0023, and four indexes),
+# so half-size
 # pages halve the bytes each commit copies, checksums and writes (docs/operations.md).
 _PAGE_SIZE = 2048
 _PAGE_SIZES = {512 << n for n in range(8)}  # 512 .. 65536, as SQLite allows
@@ -118,6 +121,13 @@ _WAL_RESTART_WAIT_MS = 200
 # the oldest read mark it saw; readers that begin meanwhile can take that mark's slot
 # again (with a newer mark) and keep it locked, and only a new try sees the newer mark.
 _WAL_RESTART_TRY_MS = 40
+# How many rows a connection's commits change between two looks at the WAL's size: a
+# ``stat`` of it after every commit was ~2 µs of each ~60 µs enqueue (two rows, the job
+# and its pack) for a bound with a checkpoint's worth of slack. Every commit that changed
+# this many rows or more since the last look (a bulk enqueue, a worker's batch) looks at
+# once; one-job commits look every 16th. The WAL grows by ~16 enqueues' pages
+# (~300 KB) at most past where it would have been seen.
+_WAL_LOOK_EVERY_CHANGES = 32
 # Primary result codes of a fault that passes (or is fixed outside replayq) rather than a
 # bad statement: BUSY 5, LOCKED 6, NOMEM 7, READONLY 8, IOERR 10, CORRUPT 11 (what a read
 # failing EIO becomes), FULL 13, CANTOPEN 14, PROTOCOL 15 (https://sqlite.org/rescode.html).
@@ -396,9 +406,10 @@ class SqliteTransaction(SqlTransaction):
 
     def job_enqueue(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]:
         """Insert jobs, one statement each. Each inserted row's ``job.enqueued`` pack is
-        written by that statement: the trigger ``rq_jobs_enqueued`` (migration 0020) builds
-        it from the row's values, as ``packs.enqueued_event`` does from ``params``; no
-        event is built here. A row that ``ON CONFLICT`` skips gets none."""
+        written by that statement, in the row itself (``rq_jobs.enqueued``, migration 0023;
+        read through the view ``rq_packs``): ``job_insert`` builds it from the values it
+        inserts, as ``packs.enqueued_event`` does from ``params``; no event is built here. A
+        row that ``ON CONFLICT`` skips gets none."""
         return [self._job_insert_one(p) for p in params]
 
     def rows_query(
@@ -634,6 +645,7 @@ class SqliteStorage:
             self._local.page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
             self._local.writes = 0
             self._local.wal_pages = 0
+            self._local.changes_seen = 0
             self._fit_wal(conn)
             conn.execute("PRAGMA foreign_keys = ON")
             # Trace packs are deflated (storage/packs.py, format 2): the SQL that reads their
@@ -703,8 +715,8 @@ class SqliteStorage:
 
     def autocommit(self) -> _Transaction:
         """Verbs on this thread's connection without ``BEGIN``: each statement commits (or
-        fails) by itself (``protocol.Autocommit``). An enqueue is one statement (its row;
-        the trigger writes its pack): ``BEGIN IMMEDIATE`` and ``COMMIT`` around it were two
+        fails) by itself (``protocol.Autocommit``). An enqueue is one statement (its row,
+        which holds its pack): ``BEGIN IMMEDIATE`` and ``COMMIT`` around it were two
         more statements for nothing. On a connection already inside a transaction it is
         refused, as ``transaction()`` is there (``_begin``)."""
         return _Transaction(self, False, autocommit=True)
@@ -806,9 +818,16 @@ class SqliteStorage:
         readers that overlap can pass that slot between them, under a newer mark, for
         the whole wait (a try in three failed so, with the WAL then passing 3 and 4
         checkpoints' size). The next try reads the newer mark and does not wait for it.
+
+        The size is looked at once this connection's commits have changed
+        ``_WAL_LOOK_EVERY_CHANGES`` rows since the last look, not after every commit.
         """
         if self._wal_path is None:
             return
+        changes = conn.total_changes
+        if changes - self._local.changes_seen < _WAL_LOOK_EVERY_CHANGES:
+            return
+        self._local.changes_seen = changes
         try:
             size = os.stat(self._wal_path).st_size
         except OSError:

@@ -6,15 +6,28 @@
 -- build a temporary table at each run (SqliteTransaction.inserted_id). The id is SQLite's
 -- max(id) + 1 (NULL here) unless a delete took the newest job: then the floor + 1, so no
 -- id is given twice (migration 0017; a seek in rq_gc, no write).
+-- The job's job.enqueued pack is in the row (migration 0023): enqueued_hlc and enqueued,
+-- pack format 3 (storage/packs.py): b'\x03' and the JSON array [run_at, priority,
+-- message_id, ordering_key, causation_id], trailing nulls left out. run_at is written with
+-- 17 significant digits, which give back the same double for every run_at replayq accepts
+-- (|run_at| < 1e15, queue/enqueue.py); the other values with json_quote. rtrim(..., ',nul')
+-- drops the trailing nulls only: the text before them ends with a digit (priority) or a
+-- closing quote.
 INSERT INTO rq_jobs (id, job_type, queue, payload, state, priority, run_at, created_at,
                      max_attempts, trace_id, message_id, ordering_key, idempotency_key,
-                     handler_version, hlc, correlation_id, causation_id, origin, trace_context)
+                     handler_version, hlc, correlation_id, causation_id, origin, trace_context,
+                     enqueued_hlc, enqueued)
 VALUES ((SELECT g.cursor + 1 FROM rq_gc AS g
          WHERE g.name = 'job_id_floor'
            AND g.cursor >= COALESCE((SELECT MAX(j.id) FROM rq_jobs AS j), 0)),
         :job_type, :queue, :payload_json, 'queued', :priority, :run_at, :now,
         :max_attempts, :trace_id, :message_id, :ordering_key, :idempotency_key,
-        :handler_version, :hlc, :correlation_id, :causation_id, :origin, :trace_context)
+        :handler_version, :hlc, :correlation_id, :causation_id, :origin, :trace_context,
+        :hlc, CAST(x'03' || '[' || rtrim(
+            printf('%!.17g', :run_at) || ',' || :priority
+            || ',' || json_quote(:message_id)
+            || ',' || json_quote(:ordering_key)
+            || ',' || json_quote(:causation_id), ',nul') || ']' AS BLOB))
 ON CONFLICT (job_type, message_id) DO NOTHING;
 
 -- name: job_by_message_id
@@ -334,8 +347,9 @@ WHERE j.origin = 'production' AND j.state <> 'cancelled'
 GROUP BY j.queue, j.job_type, COALESCE(j.handler_version, '');
 
 -- name: job_durations
+-- rq_pack_events: none of these names is a job.enqueued (rq_enqueued_events).
 SELECT json_extract(e.data, '$.duration') AS duration
-FROM rq_events AS e
+FROM rq_pack_events AS e
 JOIN rq_jobs AS j ON j.id = e.job_id
 WHERE e.name IN ('job.succeeded', 'job.failed', 'job.write_rejected')
   AND j.job_type = :job_type
@@ -424,21 +438,32 @@ WHERE id = :id AND events = :stored
 INSERT OR IGNORE INTO rq_trace_resources (resource, hlc, pack_id) VALUES (:resource, :hlc, :pack_id);
 
 -- name: trace_for_job
--- rq_trace_job; the caller sorts the unpacked events by (hlc, id).
-SELECT * FROM rq_trace WHERE job_id = :job_id ORDER BY id;
+-- rq_packs: rq_trace_job, and the job's row for its job.enqueued pack (migration 0023);
+-- the caller sorts the unpacked events by (hlc, id).
+SELECT * FROM rq_packs WHERE job_id = :job_id ORDER BY id;
 
 -- name: trace_for_jobs
--- trace_for_job for a list of jobs (JSON array): rq_trace_job once per job; the caller
--- groups the rows by job and sorts each job's unpacked events by (hlc, id).
-SELECT * FROM rq_trace WHERE job_id IN (SELECT value FROM json_each(:job_ids));
+-- trace_for_job for a list of jobs (JSON array): rq_trace_job once per job, and the jobs'
+-- rows for their job.enqueued packs (an IN is not pushed into the view rq_packs: written
+-- out); the caller groups the rows by job and sorts each job's unpacked events by (hlc, id).
+SELECT * FROM rq_trace WHERE job_id IN (SELECT value FROM json_each(:job_ids))
+UNION ALL
+SELECT -id AS id, trace_id, id AS job_id, 0 AS attempt, NULL AS worker_id,
+       enqueued_hlc AS hlc, enqueued_hlc AS hlc_last, created_at AS ts, enqueued AS events
+FROM rq_jobs
+WHERE id IN (SELECT value FROM json_each(:job_ids)) AND enqueued_hlc IS NOT NULL;
 
 -- name: trace_for_trace
 -- A derived trace's packs (rq_trace_derived), or a job's by its trace id (rq_jobs_trace,
--- then rq_trace_job).
+-- then rq_trace_job, and the job's row for its job.enqueued pack).
 SELECT * FROM rq_trace WHERE trace_id = :trace_id AND job_id IS NULL
 UNION ALL
 SELECT * FROM rq_trace
-WHERE job_id IN (SELECT id FROM rq_jobs WHERE trace_id = :trace_id) AND trace_id = :trace_id;
+WHERE job_id IN (SELECT id FROM rq_jobs WHERE trace_id = :trace_id) AND trace_id = :trace_id
+UNION ALL
+SELECT -id AS id, trace_id, id AS job_id, 0 AS attempt, NULL AS worker_id,
+       enqueued_hlc AS hlc, enqueued_hlc AS hlc_last, created_at AS ts, enqueued AS events
+FROM rq_jobs WHERE trace_id = :trace_id AND enqueued_hlc IS NOT NULL;
 
 -- name: trace_for_resource
 -- The packs naming the resource or one of its versioned keys (a cache key ``price:sku-1``
@@ -494,8 +519,9 @@ WHERE id = :job_id;
 
 -- name: signal_counts
 -- Incident signals per job type, counted from the trace (production jobs only).
+-- rq_pack_events: no signal (replay/signals.py) is a job.enqueued (rq_enqueued_events).
 SELECT j.job_type AS job_type, e.name AS name, COUNT(*) AS count
-FROM rq_events AS e
+FROM rq_pack_events AS e
 JOIN rq_jobs AS j ON j.id = e.job_id
 WHERE e.name IN (SELECT value FROM json_each(:names))
   AND j.origin = 'production'

@@ -60,7 +60,8 @@ SELECT e.job_id AS job_id, e.attempt AS attempt, e.name AS name,
        json_extract(e.data, '$.duration') AS duration,
        json_extract(e.data, '$.reason') AS reason,
        json_extract(e.data, '$.stale') AS stale
-FROM rq_events AS e
+-- rq_pack_events: none of these names is a job.enqueued (rq_enqueued_events).
+FROM rq_pack_events AS e
 JOIN rq_jobs AS j ON j.id = e.job_id
 WHERE j.job_type = :job_type
   AND j.origin = 'production'

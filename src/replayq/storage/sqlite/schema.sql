@@ -247,29 +247,6 @@ CREATE INDEX rq_idempotency_job ON rq_idempotency (job_id);
 
 CREATE INDEX rq_outbox_job ON rq_outbox (job_id);
 
-CREATE VIEW rq_events AS
-SELECT p.id * 1024 + e.key AS id,
-       p.trace_id AS trace_id,
-       p.job_id AS job_id,
-       p.attempt AS attempt,
-       COALESCE(json_extract(e.value, '$.k'), 'domain') AS kind,
-       json_extract(e.value, '$.n') AS name,
-       json_extract(e.value, '$.q') AS seq,
-       json_extract(e.value, '$.s') AS step,
-       p.ts + COALESCE(json_extract(e.value, '$.dt'), 0) / 1e6 AS ts,
-       p.hlc + COALESCE(json_extract(e.value, '$.h'), 0) AS hlc,
-       p.worker_id AS worker_id,
-       json_extract(e.value, '$.st') AS status,
-       json_extract(e.value, '$.r') AS resource,
-       json_extract(e.value, '$.v') AS resource_version,
-       COALESCE(json_extract(e.value, '$.x'), 0) AS side_effect,
-       json_extract(e.value, '$.i') AS input_ref,
-       json_extract(e.value, '$.o') AS output_ref,
-       COALESCE(json_extract(e.value, '$.d'), '{}') AS data,
-       p.hlc AS pack_hlc,
-       p.hlc_last AS pack_hlc_last
-FROM rq_trace AS p, json_each(rq_pack_json(p.events)) AS e;
-
 CREATE TABLE "rq_entities" (
     branch    TEXT    NOT NULL,
     namespace TEXT    NOT NULL,
@@ -313,7 +290,7 @@ CREATE TABLE "rq_jobs" (
     origin           TEXT    NOT NULL DEFAULT 'production',
     trace_context    TEXT,
     cancel_requested_at REAL
-);
+, enqueued_hlc INTEGER, enqueued BLOB);
 
 CREATE INDEX rq_jobs_ready ON rq_jobs (priority DESC, run_at, id) WHERE state = 'queued';
 
@@ -337,13 +314,64 @@ BEGIN
                                      updated_at = excluded.updated_at;
 END;
 
-CREATE TRIGGER rq_jobs_enqueued AFTER INSERT ON rq_jobs
-BEGIN
-    INSERT INTO rq_trace (trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events)
-    VALUES (NEW.trace_id, NEW.id, 0, NULL, NEW.hlc, NEW.hlc, NEW.created_at,
-            CAST(x'03' || '[' || rtrim(
-                printf('%!.17g', NEW.run_at) || ',' || NEW.priority
-                || ',' || json_quote(NEW.message_id)
-                || ',' || json_quote(NEW.ordering_key)
-                || ',' || json_quote(NEW.causation_id), ',nul') || ']' AS BLOB));
-END;
+CREATE INDEX rq_jobs_enqueued_hlc ON rq_jobs (enqueued_hlc) WHERE enqueued_hlc IS NOT NULL;
+
+CREATE VIEW rq_packs AS
+SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace
+UNION ALL
+SELECT -id AS id, trace_id, id AS job_id, 0 AS attempt, NULL AS worker_id,
+       enqueued_hlc AS hlc, enqueued_hlc AS hlc_last, created_at AS ts, enqueued AS events
+FROM rq_jobs WHERE enqueued_hlc IS NOT NULL;
+
+CREATE VIEW rq_pack_events AS
+SELECT p.id * 1024 + e.key AS id,
+       p.trace_id AS trace_id,
+       p.job_id AS job_id,
+       p.attempt AS attempt,
+       COALESCE(json_extract(e.value, '$.k'), 'domain') AS kind,
+       json_extract(e.value, '$.n') AS name,
+       json_extract(e.value, '$.q') AS seq,
+       json_extract(e.value, '$.s') AS step,
+       p.ts + COALESCE(json_extract(e.value, '$.dt'), 0) / 1e6 AS ts,
+       p.hlc + COALESCE(json_extract(e.value, '$.h'), 0) AS hlc,
+       p.worker_id AS worker_id,
+       json_extract(e.value, '$.st') AS status,
+       json_extract(e.value, '$.r') AS resource,
+       json_extract(e.value, '$.v') AS resource_version,
+       COALESCE(json_extract(e.value, '$.x'), 0) AS side_effect,
+       json_extract(e.value, '$.i') AS input_ref,
+       json_extract(e.value, '$.o') AS output_ref,
+       COALESCE(json_extract(e.value, '$.d'), '{}') AS data,
+       p.hlc AS pack_hlc,
+       p.hlc_last AS pack_hlc_last
+FROM rq_trace AS p, json_each(rq_pack_json(p.events)) AS e;
+
+CREATE VIEW rq_enqueued_events AS
+SELECT p.id * 1024 + e.key AS id,
+       p.trace_id AS trace_id,
+       p.job_id AS job_id,
+       p.attempt AS attempt,
+       COALESCE(json_extract(e.value, '$.k'), 'domain') AS kind,
+       json_extract(e.value, '$.n') AS name,
+       json_extract(e.value, '$.q') AS seq,
+       json_extract(e.value, '$.s') AS step,
+       p.ts + COALESCE(json_extract(e.value, '$.dt'), 0) / 1e6 AS ts,
+       p.hlc + COALESCE(json_extract(e.value, '$.h'), 0) AS hlc,
+       p.worker_id AS worker_id,
+       json_extract(e.value, '$.st') AS status,
+       json_extract(e.value, '$.r') AS resource,
+       json_extract(e.value, '$.v') AS resource_version,
+       COALESCE(json_extract(e.value, '$.x'), 0) AS side_effect,
+       json_extract(e.value, '$.i') AS input_ref,
+       json_extract(e.value, '$.o') AS output_ref,
+       COALESCE(json_extract(e.value, '$.d'), '{}') AS data,
+       p.hlc AS pack_hlc,
+       p.hlc_last AS pack_hlc_last
+FROM (SELECT -id AS id, trace_id, id AS job_id, 0 AS attempt, NULL AS worker_id,
+       enqueued_hlc AS hlc, enqueued_hlc AS hlc_last, created_at AS ts, enqueued AS events
+FROM rq_jobs WHERE enqueued_hlc IS NOT NULL) AS p, json_each(rq_pack_json(p.events)) AS e;
+
+CREATE VIEW rq_events AS
+SELECT * FROM rq_pack_events
+UNION ALL
+SELECT * FROM rq_enqueued_events;
