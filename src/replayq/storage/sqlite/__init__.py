@@ -49,7 +49,8 @@ Known limits, up front:
   against power loss at the cost of an fsync per commit.
 * Trace packs are stored deflated (``rq_trace.events`` is a blob since migration
   0016; a new job's ``job.enqueued`` pack, its data's values since 0019, as a lease's
-  ``job.leased`` and an ack's ``job.succeeded`` pack since 0021;
+  ``job.leased`` and an ack's ``job.succeeded`` pack since 0021, an attempt's pack its
+  steps joined, their values, since 0023;
   ``storage/packs.py``): a plain ``sqlite3`` shell cannot read them, nor the
   ``rq_events`` view over them, because the view decodes them with ``rq_pack_json``,
   a function replayq registers on its own connections. The bytes a traced job
