@@ -475,16 +475,10 @@ PIECE_SHAPES: tuple[tuple[str, str, str | None, tuple[str, ...], tuple[str, ...]
         ("lease_deadline", "owner_token", "redelivery_count", "version", "version_moved_from"),
     ),
     ("job.succeeded", "lifecycle", "succeeded", (), ("duration", "owner_token", "version")),
-    # 3-5: steps (recording/steps.py).
+    # 3-5: steps (recording/steps.py): started, finished, failed.
     ("step.started", "domain", "started", ("q",), ("step_name",)),
     ("step.finished", "domain", "success", ("q",), ("duration", "step_name")),
-    (
-        "step.finished",
-        "domain",
-        "error",
-        ("q",),
-        ("duration", "error", "error_class", "step_name"),
-    ),
+    ("step.finished", "domain", "fail", ("q",), ("duration", "error", "step_name")),
     # 6-7: state (recording/state.py).
     ("state.read", "domain", None, ("q", "s", "r", "v"), ("branch", "exists")),
     (
@@ -512,7 +506,7 @@ PIECE_SHAPES: tuple[tuple[str, str, str | None, tuple[str, ...], tuple[str, ...]
         ("duration", "key", "kind", "result"),
     ),
 )
-PIECE_SHAPES_SHA256 = "682eba93d14c41c3aaba078ddeebe234e17b136570e3351dad7ac3b86d0248ac"
+PIECE_SHAPES_SHA256 = "9dfe68b0e343879ba74dbc573ca4079c463bc7068e7a230826c7e4b06d104cd3"
 
 
 def _getter(get: Any, count: int) -> Any:
