@@ -107,6 +107,38 @@ def test_the_screen_of_a_values_text_decides_as_the_walk_does(value: object) -> 
         assert "zzz" not in str(out) and "abc'" not in str(out) and ":pw@" not in str(out)
 
 
+# Flat objects (``Redactor._flat_clean``: keys judged at once, texts searched as one):
+# an event's data as replayq passes it, and the secrets the walk finds in such data.
+FLAT = [
+    {"call": "pricing.quote", "fingerprint": "617d26ad00922ef3", "duration": 0.000121},
+    {"key": "charge:1", "claim": "ab" * 16, "kind": "payment.charge", "n": None},
+    {"auth": "Bearer abcdefgh12345", "n": 1},
+    {"password": "hunter2", "x": 1},  # a secret field
+    {"Client-Secret": "abc'", "x": 1},
+    {"card": "4111 1111 1111 1111"},
+    {"a": "4111111111", "b": "111111"},  # neither text a card number: kept
+    {"n": 4111111111111111, "ok": True},  # a number, not a text: kept as the walk keeps it
+    {"dsn": "postgres://u:pw@h/db", "z": 0.5},
+    {"text": "été Bearer abcdefgh12345"},  # not ASCII
+    {"text": "a\0Bearer abcdefgh12345"},  # the joining NUL in a text
+    {1: "Bearer abcdefgh12345", "k": "v"},  # a key that is not a text
+    {},
+]
+
+
+@pytest.mark.parametrize("value", FLAT)
+def test_a_flat_objects_texts_searched_as_one_decide_as_the_walk_does(value: object) -> None:
+    redactor = Redactor.build(key=b"k")
+    for _ in range(2):  # keys judged once are known the second time
+        out = redactor.value(value)
+        assert out == redactor._walk(value, 0)
+        if out == value:
+            assert out is value, "a value without secrets is not copied"
+        else:
+            assert "abcdefgh12345" not in str(out) and "4111 1111" not in str(out)
+            assert "hunter2" not in str(out) and "abc'" not in str(out) and ":pw@" not in str(out)
+
+
 def test_own_anchored_patterns_and_globs_still_apply_to_every_value() -> None:
     redactor = Redactor.build(Redaction(fields=["*_pin"], patterns=[r"^(sk_live_\w+)$"]))
     out = redactor.value({"a": [{"card_pin": "1234"}], "b": ["sk_live_abc"], "c": "x"})

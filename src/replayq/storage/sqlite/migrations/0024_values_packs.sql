@@ -1,0 +1,14 @@
+-- 0024 an attempt's pack as the values of its events, appended to by each commit
+-- (storage/packs.py, format 5).
+--
+-- A traced job's step commits join its lease's pack (format 4, one job.leased). That pack
+-- was rewritten as a deflate stream (format 2) and each later commit appended a
+-- sync-flushed deflate piece to it: zlib builds its Huffman trees at every flush, ~100,000
+-- instructions a commit. The pack is now b'\x05' and a JSON array left open whose items
+-- are the events of a known shape (packs.PIECE_SHAPES) as the array of their shape code,
+-- offsets and values, any other event as its format 2 object; a commit appends its own
+-- items, compressing nothing. rq_pack_json(events) returns the same JSON text for it as
+-- for the other formats, so the rq_events view, trace windows and gc read it unchanged.
+-- Nothing to rewrite: packs written before stay as they are. The migration is the version
+-- mark that keeps an older replayq, which cannot read format 5, off a file that may hold it.
+SELECT 1;
