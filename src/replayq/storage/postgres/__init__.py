@@ -109,11 +109,12 @@ from replayq.redaction import mask_url_passwords
 from replayq.storage import migrate, packs
 from replayq.storage.adopted import AsyncConnectionView, TupleRows
 from replayq.storage.context_verbs import lease_now, query_params
+from replayq.storage.params import JobsComplete
 from replayq.storage.postgres.adapt import arrays_as_literals, column_names
 from replayq.storage.protocol import JobInsert, JobLease, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
 from replayq.storage.retention_params import LedgerDrop, LedgerPartitions
-from replayq.storage.sql_transaction import SqlTransaction, with_job_id
+from replayq.storage.sql_transaction import JOBS_COMPLETE_COLUMNS, SqlTransaction, with_job_id
 
 log = logging.getLogger("replayq.storage.postgres")
 
@@ -269,6 +270,17 @@ def _json_rows(rows: list[dict[str, Any]]) -> str:
     return json.dumps(rows, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
+def _autocommit_off(conn: psycopg.Connection[Any]) -> None:
+    """A connection ``pipelined`` set to autocommit mode, back out of it: its transaction
+    rolled back if still open (the block failed), else closed (the pool drops it)."""
+    try:
+        if conn.info.transaction_status != pq.TransactionStatus.IDLE:
+            conn.rollback()
+        conn.autocommit = False
+    except Exception:
+        conn.close()
+
+
 class PostgresTransaction(SqlTransaction):
     """``SqlTransaction`` where PostgreSQL differs: arrays, driver errors, one-statement claims."""
 
@@ -288,7 +300,120 @@ class PostgresTransaction(SqlTransaction):
         statement: its driver may not be psycopg's."""
         tx = cls(connection, queries)
         tx.statements = connection.cursor()
+        tx._pooled = True
         return tx
+
+    # Whether this transaction is replayq's own on a pooled connection (``pooled``): only
+    # then may ``pipelined`` commit it.
+    _pooled = False
+    # psycopg's pipeline while a ``pipelined`` block runs, else None.
+    _pipeline: psycopg.Pipeline | None = None
+
+    @contextmanager
+    def pipelined(self) -> Iterator[None]:
+        """The end of this transaction in psycopg's pipeline mode, committed at the end
+        of the block (``protocol.Transaction.pipelined``).
+
+        Each statement is sent as it is made; a verb that reads its result ends it with
+        a ``Sync`` and waits (``execute``, ``rows_executed``), so that every result it
+        reads (``rowcount`` too, which pipeline mode leaves unset until then) is there,
+        and an error is raised by the statement that made it. Only two are not waited
+        for: ``jobs_complete_sent``'s, read when the group commit asks (by then its lease
+        brought it), and a ``trace_append``'s new packs when they name no resource
+        (``_packs_inserted``), whose ids nothing reads. ``COMMIT`` is a statement sent
+        after them, and the pipeline's closing ``Sync`` brings all their results: an
+        error in any of them fails the block (``StorageError``) and nothing commits.
+
+        psycopg's own ``BEGIN`` in pipeline mode is followed by a ``Sync`` it waits for, a
+        round trip of its own. With nothing sent yet in the transaction, ``BEGIN`` is a
+        statement too, sent with the next: for the block the connection is in
+        autocommit mode (psycopg sends no ``BEGIN`` of its own), and it is set back
+        after, the transaction rolled back first if the block failed; a connection that
+        cannot be set back is closed, never returned to the pool in autocommit mode.
+
+        A group commit is so ``BEGIN``, its compare-and-set and its lease in one round
+        trip, its trace insert and ``COMMIT`` in a second: five round trips before.
+        """
+        conn = self.connection
+        if not self._pooled or conn.autocommit or self._pipeline is not None:
+            yield
+            return
+        own_begin = (
+            conn.info.transaction_status == pq.TransactionStatus.IDLE
+            and conn.isolation_level is None
+            and conn.read_only is None
+            and conn.deferrable is None
+        )
+        if own_begin:
+            conn.autocommit = True
+        try:
+            # BEGIN and COMMIT, never read; never prepared: a ``Parse`` names them each time.
+            control = conn.cursor()
+            with conn.pipeline() as pipeline:
+                self._pipeline = pipeline
+                try:
+                    if own_begin:
+                        control.execute("BEGIN", prepare=False)
+                    yield
+                    control.execute("COMMIT", prepare=False)
+                finally:
+                    self._pipeline = None
+        except psycopg.Error as exc:
+            raise storage_error(
+                "PostgreSQL transaction failed", exc, read_only_asked=bool(conn.read_only)
+            ) from exc
+        finally:
+            if own_begin:
+                _autocommit_off(conn)
+
+    def _waited(self, cursor: Any) -> Any:
+        """``cursor`` once its statement's result is in: in a pipeline, after a ``Sync``."""
+        if self._pipeline is not None:
+            self._pipeline.sync()
+        return cursor
+
+    def rows_executed(
+        self,
+        name: str,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        params: Mapping[str, Any],
+    ) -> list[Any]:
+        try:
+            return [
+                self._waited(cursor)
+                for cursor in super().rows_executed(name, columns, rows, params)
+            ]
+        except psycopg.Error as exc:
+            raise storage_error(
+                f"query {name} failed", exc, read_only_asked=bool(self.connection.read_only)
+            ) from exc
+
+    def jobs_complete_sent(self, params: JobsComplete) -> Callable[[], set[int]]:
+        """``jobs_complete``; in a ``pipelined`` block sent on a cursor of its own and not
+        waited for: the next statement that waits (the lease) brings its result too."""
+        pipeline = self._pipeline
+        if pipeline is None:
+            return super().jobs_complete_sent(params)
+        sql, values = self.rows_query(
+            "jobs_complete", JOBS_COMPLETE_COLUMNS, params.jobs, {"now": params.now}
+        )
+        cursor = self.connection.cursor()
+        try:
+            cursor.execute(sql, values)
+        except psycopg.Error as exc:
+            raise storage_error("query jobs_complete failed", exc) from exc
+
+        def held() -> set[int]:
+            try:
+                if cursor.pgresult is None:  # nothing waited since: wait for it now
+                    pipeline.sync()
+                rows = cursor.fetchall()
+            except psycopg.Error as exc:
+                raise storage_error("query jobs_complete failed", exc) from exc
+            return self.completed(rows)
+
+        return held
 
     def list_param(self, values: Sequence[str] | Sequence[int] | None) -> Any:
         """A Python list, bound as an array for ``= ANY(%(x)s::text[])`` (or ``bigint[]``)."""
@@ -453,6 +578,26 @@ class PostgresTransaction(SqlTransaction):
             return job_id, True
         return self.existing_or_inserted(params, insert)
 
+    def _packs_inserted(self, groups: Sequence[Sequence[TraceEvent]]) -> list[dict[str, Any]]:
+        """New packs; in a ``pipelined`` block, when none of their events names a resource
+        (a group commit's ``job.succeeded`` and ``job.leased``), sent with the ``COMMIT``
+        and not waited for: nothing reads their ids (no index entries; nothing joins them,
+        the block ends with the commit). Their insert's error fails the commit."""
+        if self._pipeline is None or any(e.resource is not None for g in groups for e in g):
+            return super()._packs_inserted(groups)
+        rows = []
+        opened, pack_format = packs.opened_row, self.pack_format
+        for group in groups:
+            row, self._writer = opened(group, pack_format)
+            rows.append(row)
+        cursor = self.connection.cursor()
+        try:
+            cursor.execute(self._queries["trace_append_rows"], {"rows": _json_rows(rows)})
+        except psycopg.Error as exc:
+            raise storage_error("query trace_append_rows failed", exc) from exc
+        self._last_pack = None  # its id is not read: later events start a pack of their own
+        return []
+
     def _pack_rows_inserted(self, groups: Sequence[Sequence[TraceEvent]]) -> list[int]:
         """``trace_append_rows``: one statement, the rows one JSON text; the new ids read
         off the result's tuples (``rows_inserted_ids``), no dictionary per pack."""
@@ -482,7 +627,9 @@ class PostgresTransaction(SqlTransaction):
 
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         try:
-            return super().execute(name, arrays_as_literals(params) if params else params)
+            return self._waited(
+                super().execute(name, arrays_as_literals(params) if params else params)
+            )
         except psycopg.Error as exc:
             raise storage_error(
                 f"query {name} failed", exc, read_only_asked=bool(self.connection.read_only)
@@ -491,6 +638,7 @@ class PostgresTransaction(SqlTransaction):
     def executemany(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
         try:
             super().executemany(name, rows)
+            self._waited(None)
         except psycopg.Error as exc:
             raise storage_error(
                 f"query {name} failed", exc, read_only_asked=bool(self.connection.read_only)
