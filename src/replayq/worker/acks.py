@@ -18,6 +18,9 @@ What the group promises:
   by this worker, their leases still heartbeated, and the group is tried again
   after a backoff. At the end of the shutdown grace it gives up; the jobs are then
   reaped after their lease and run again (at-least-once, as any lost ack).
+* On PostgreSQL a group is two round trips (``Transaction.pipelined``): ``BEGIN``, the
+  compare-and-sets and the lease in one, the trace insert and ``COMMIT`` in the other;
+  the compare-and-sets' answer is read before ``COMMIT`` is sent.
 * A buffered ack never outlives its lease unnoticed: the heartbeat keeps extending
   a job's lease until its ack commits, and the window is milliseconds.
 """
