@@ -372,7 +372,7 @@ class PostgresTransaction(SqlTransaction):
         trip, its trace insert and ``COMMIT`` in a second: five round trips before. The
         pipeline costs client instructions of its own (psycopg's Python around each
         statement, a ``poll`` before each send): with cursors made once per connection
-        (``_cursors_of``), a drain's worker runs ~2.5 % more instructions a job than
+        (``_cursors_of``), a drain's worker runs ~2 % more instructions a job than
         with five round trips, and waits three times less a group.
         """
         conn = self.connection
