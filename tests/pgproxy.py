@@ -8,12 +8,13 @@
 Every byte goes through unchanged until the proxy is armed. The client→server stream
 is read as PostgreSQL frontend messages (type byte + int32 length that counts itself;
 the startup packet has no type byte). Armed with markers, the proxy watches each
-transaction (from ``BEGIN`` to ``COMMIT``/``ROLLBACK``, all sent as simple-query
-``Q`` messages by psycopg) for messages containing every marker: the text of a
-``Q`` or a ``Parse``, or the parameters of a ``Bind``. Once a transaction has shown
-them all, its ``COMMIT`` is forwarded, the server's reply to it is read and dropped
-(its ``ReadyForQuery`` proves the server committed), and both sides are closed:
-the server committed, the client never hears it. One cut per arming.
+transaction (from ``BEGIN`` to ``COMMIT``/``ROLLBACK``: simple-query ``Q`` messages
+from psycopg, or ``Parse`` messages from replayq's pipelined group commit) for messages
+containing every marker: the text of a ``Q`` or a ``Parse``, or the parameters of a
+``Bind``. Once a transaction has shown them all, its ``COMMIT`` is forwarded (a
+pipelined one with the messages after it, up to its ``Sync``), the server's reply to
+it is read and dropped (its ``ReadyForQuery`` proves the server committed), and both
+sides are closed: the server committed, the client never hears it. One cut per arming.
 
 Why markers may be parameters: psycopg 3 prepares a statement after
 ``prepare_threshold`` (5) executions on a connection, and then sends only its name
@@ -105,16 +106,28 @@ class _Link:
             if self._cuts_here(message_type, body):
                 self.cutting.set()  # before forwarding: the reply must never pass
                 self.server.sendall(head + body)
+                if message_type == b"P":
+                    self._forward_to_sync()  # a pipelined COMMIT runs at its Sync
                 return
             self.server.sendall(head + body)
 
+    def _forward_to_sync(self) -> None:
+        """Forward the client's messages up to and including the next ``Sync``."""
+        while True:
+            head = _read_exactly(self.client, 5)
+            body = _read_exactly(self.client, struct.unpack("!i", head[1:])[0] - 4)
+            self.server.sendall(head + body)
+            if head[:1] == b"S":
+                return
+
     def _cuts_here(self, message_type: bytes, body: bytes) -> bool:
         statement = _statement(message_type, body).strip().upper()
-        if message_type == b"Q" and statement == b"COMMIT":
+        control = message_type in (b"Q", b"P")  # a Parse: a pipelined BEGIN or COMMIT
+        if control and statement == b"COMMIT":
             cut = bool(self.seen) and self.proxy._take_cut(self.seen)
             self.seen = set()
             return cut
-        if message_type == b"Q" and statement in (b"BEGIN", b"ROLLBACK"):
+        if control and statement in (b"BEGIN", b"ROLLBACK"):
             self.seen = set()
         elif message_type in (b"Q", b"P", b"B"):
             self.seen |= {m for m in self.proxy._markers() if m in body}

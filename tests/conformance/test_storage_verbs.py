@@ -18,7 +18,7 @@ import pytest
 from msgspec import structs
 
 from replayq.errors import ConfigurationError, StorageError
-from replayq.model import JobState, TraceEvent
+from replayq.model import Job, JobState, TraceEvent
 from replayq.storage import open_storage
 from replayq.storage.context_params import (
     LineageQuery,
@@ -167,6 +167,49 @@ def test_enqueue_lease_complete_round_trip(storage: Storage) -> None:
     with storage.transaction(readonly=True) as tx:
         done = tx.job_get(job_id)
     assert done is not None and done.state is JobState.SUCCEEDED and done.result == {"ok": True}
+
+
+def leased_event(job: Job) -> TraceEvent:
+    return event("job.leased", 10, trace_id=job.trace_id, job_id=job.id, attempt=job.attempt)
+
+
+def test_a_pipelined_end_commits_what_it_sent_and_an_exception_in_it_commits_nothing(
+    storage: Storage,
+) -> None:
+    """``pipelined``: the compare-and-set sent and read later (``jobs_complete_sent``), a
+    lease and its packs commit together at the block's end; an exception raised in the
+    block after the answer was read (a refused ack) rolls all of it back, and the
+    connection serves the next transaction as before."""
+    refused, job_id = leased_job(storage), leased_job(storage)
+    with storage.transaction() as tx:
+        next_id, _ = tx.job_insert(insert())
+    with pytest.raises(_Abandoned), storage.transaction() as tx, tx.pipelined():
+        held = tx.jobs_complete_sent(
+            JobsComplete(T0 + 2, [(refused, "someone else", "1", 3), (job_id, "tok", "2", 3)])
+        )
+        [job] = tx.job_lease(lease(owner="next"))
+        assert job.id == next_id
+        tx.trace_append([leased_event(job)])
+        assert held() == {job_id}, "the refused row is not in the answer"
+        raise _Abandoned
+    with storage.transaction(readonly=True) as tx:
+        assert [j.state for j in map(tx.job_get, (refused, job_id, next_id))] == [
+            JobState.RUNNING,
+            JobState.RUNNING,
+            JobState.QUEUED,
+        ]
+        assert [e.name for e in tx.trace_query(TraceQuery(job_id=next_id))] == ["job.enqueued"]
+    with storage.transaction() as tx, tx.pipelined():
+        held = tx.jobs_complete_sent(JobsComplete(T0 + 2, [(job_id, "tok", "2", 3)]))
+        [job] = tx.job_lease(lease(owner="next"))
+        tx.trace_append([leased_event(job)])
+        assert held() == {job_id}
+    with storage.transaction(readonly=True) as tx:
+        done, leased = tx.job_get(job_id), tx.job_get(next_id)
+        assert done is not None and done.state is JobState.SUCCEEDED and done.result == 2
+        assert leased is not None and leased.owner_token == "next"
+        names = [e.name for e in tx.trace_query(TraceQuery(job_id=next_id))]
+        assert names == ["job.enqueued", "job.leased"]
 
 
 class _Abandoned(Exception):

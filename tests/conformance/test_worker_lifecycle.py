@@ -420,6 +420,43 @@ def test_a_lost_lease_rolls_its_group_back_and_the_others_commit_without_it(
     assert stale.stats.rejected == 1 and stale.stats.succeeded == 1
 
 
+def test_a_refused_ack_rolls_back_the_lease_of_its_group_and_the_retry_leases_once(
+    app: replayq.App, clock: replayq.FrozenClock
+) -> None:
+    """A group commit that also leases (on PostgreSQL pipelined: the compare-and-set's
+    answer read only with the lease's) and whose ack is refused rolls back whole, its
+    lease with it: the group commits again without the refused ack, and each job it
+    leases is leased once, by the try that committed."""
+    first, second, third = (app.enqueue("ok", {"n": n}) for n in range(3))
+    stale = grouping(app, "stale", concurrency=2, prefetch=0)
+    leased = {job.id: job for job in stale.lease(2)}
+    assert set(leased) == {first, second}
+    stale._execute(take_queued(stale))
+    stale._execute(take_queued(stale))
+    token = leased[first].owner_token
+    assert token is not None
+    with app.storage.transaction() as tx:  # a reaper took the first job back
+        assert tx.job_transition(JobRedeliver(first, token, clock.now(), 99))
+
+    refilled = stale._commit_group(stale._take_acks(), refill=True)
+
+    assert [e.worker_id for e in events(app, first, "job.write_rejected")] == ["stale"]
+    assert events(app, first, "job.succeeded") == []
+    assert app.get_job(second).state is replayq.JobState.SUCCEEDED
+    assert [e.worker_id for e in events(app, second, "job.succeeded")] == ["stale"]
+    # The first try leased the requeued job and the third too, then rolled back: the try
+    # that committed leased them again, and only its leases left events.
+    assert sorted(job.id for job in refilled) == [first, third]
+    assert len(events(app, first, "job.leased")) == 2, "its first lease and this one"
+    assert len(events(app, third, "job.leased")) == 1
+    for job in refilled:
+        stored = app.get_job(job.id)
+        assert stored.state is replayq.JobState.RUNNING
+        assert stored.owner_token == job.owner_token is not None
+    assert set(stale._inflight) == {first, third} and stale._take_acks() == []
+    assert stale.stats.rejected == 1 and stale.stats.succeeded == 1
+
+
 def test_a_stopping_worker_acks_without_leasing_more(app: replayq.App) -> None:
     first, second = app.enqueue("ok", {"n": 1}), app.enqueue("ok", {"n": 2})
     worker = grouping(app, "w")

@@ -33,7 +33,9 @@ and has one ``@overload`` per kind, so each answer keeps its own type::
     jobs      job_insert job_enqueue (rows with their first trace packs) job_get
               job_lease lease_check lease_extend(LeasesExtend: every lease held, one
                   statement -> the ids still held) jobs_complete(JobsComplete: a group
-                  commit's successes, one statement -> the ids still held) job_match
+                  commit's successes, one statement -> the ids still held)
+                  jobs_complete_sent (the same, its answer read later: PostgreSQL sends it
+                  with the group's lease, in ``pipelined``) job_match
               job_list(JobFilter | CancelRequested | LeasesExpired)
               job_transition(JobRetry | JobBury | JobCancel |
                   JobCancelRequest | JobCancelRunning | JobReleaseRunning | JobRequeue |
@@ -43,6 +45,8 @@ and has one ``@overload`` per kind, so each answer keeps its own type::
     reports   report(JobStats | JobCount | JobGauges | JobsScheduled | JobDurations |
                   OutOfOrder | VersionOutcomes | SignalCounts | SignalSeries | OutboxPending)
     trace     trace_append  trace_query(TraceQuery | TraceJobs | TraceWindow)
+    ending    pipelined (a block that ends the transaction with its commit: on PostgreSQL
+                  in pipeline mode, what was not waited for sent with COMMIT)
     rollouts  rollout_query(ContractQuery | ActiveVersion | RoutingQuery | RoutingHistory |
                   ComparisonQuery)
               rollout_update(ContractPut | ContractActivate | RoutingPut | ComparisonPut)

@@ -276,6 +276,27 @@ class Transaction(Protocol):
         it (a compare-and-set per row); the ids of those it marked."""
         ...
 
+    def jobs_complete_sent(self, params: JobsComplete) -> Callable[[], set[int]]:
+        """``jobs_complete``, its answer (the ids marked) given by the function returned.
+        In a ``pipelined`` block on PostgreSQL the statement is sent and not waited for:
+        it travels with the next statement that waits (a group commit's lease), and the
+        function reads its result then (or waits for it). Call it before the block ends:
+        an ack refused must roll the transaction back, never commit."""
+        ...
+
+    def pipelined(self) -> AbstractContextManager[None]:
+        """The end of this transaction: the statements in the block, then its commit.
+
+        On a pooled PostgreSQL transaction the block runs in psycopg's pipeline mode and
+        commits at its end, the statements not yet waited for (``jobs_complete_sent``,
+        the new trace packs of a ``trace_append`` that index no resource) sent with the
+        ``COMMIT`` in one round trip; an error in any of them fails the commit
+        (``StorageError``) and nothing commits. Every other verb in the block waits for
+        its own result, as outside it. An exception in the block rolls the transaction
+        back. Nothing may follow the block in the transaction. Elsewhere (SQLite, a
+        caller's connection) it changes nothing: the transaction commits when it ends."""
+        ...
+
     @overload
     def job_transition(self, change: JobChange) -> bool: ...
 

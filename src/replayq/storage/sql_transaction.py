@@ -11,7 +11,8 @@ mixins over that plumbing: ``trace_verbs`` (the trace's packs), ``context_verbs`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from replayq import codec
@@ -60,6 +61,9 @@ from replayq.storage.records import (
 from replayq.storage.report_verbs import ReportVerbs, by_state
 from replayq.storage.retention_verbs import RetentionVerbs
 from replayq.storage.trace_verbs import OpenPack, TraceVerbs
+
+# The row columns of ``jobs_complete`` (``rows_param``), in ``JobsComplete.jobs`` order.
+JOBS_COMPLETE_COLUMNS = ("job_ids", "owner_tokens", "results", "hlcs")
 
 # Above every job id (BIGINT's largest): the bound of a job list's first page.
 LAST_ID = 2**63 - 1
@@ -399,12 +403,25 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
     def jobs_complete(self, params: JobsComplete) -> set[int]:
         # The time is a scalar: SQLite's JSON read a float back a bit off.
         cursors = self.rows_executed(
-            "jobs_complete",
-            ("job_ids", "owner_tokens", "results", "hlcs"),
-            params.jobs,
-            {"now": params.now},
+            "jobs_complete", JOBS_COMPLETE_COLUMNS, params.jobs, {"now": params.now}
         )
-        acked = [row for cursor in cursors for row in cursor.fetchall()]  # (id, ordering_key)
+        return self.completed([row for cursor in cursors for row in cursor.fetchall()])
+
+    def jobs_complete_sent(self, params: JobsComplete) -> Callable[[], set[int]]:
+        """``jobs_complete`` whose answer is read by the function returned: here at once
+        (PostgreSQL, in a ``pipelined`` block: with the next statement that waits)."""
+        held = self.jobs_complete(params)
+        return lambda: held
+
+    @contextmanager
+    def pipelined(self) -> Iterator[None]:
+        """The end of this transaction (``protocol.Transaction.pipelined``): here every
+        statement waits for its result as anywhere, and the transaction commits as it
+        would have, when the caller's ``transaction()`` block ends right after."""
+        yield
+
+    def completed(self, acked: Sequence[Sequence[Any]]) -> set[int]:
+        """The ids ``jobs_complete``'s ``(id, ordering_key)`` rows name."""
         # An ack makes another job ready only behind its ordering key: only then does its
         # commit wake this process's idle workers at once (a worker's every group commit
         # did, a thread wake-up and a query for each batch of a busy drain).

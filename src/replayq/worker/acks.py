@@ -18,12 +18,16 @@ What the group promises:
   by this worker, their leases still heartbeated, and the group is tried again
   after a backoff. At the end of the shutdown grace it gives up; the jobs are then
   reaped after their lease and run again (at-least-once, as any lost ack).
+* On PostgreSQL a group is two round trips (``Transaction.pipelined``): ``BEGIN``, the
+  compare-and-sets and the lease in one, the trace insert and ``COMMIT`` in the other;
+  the compare-and-sets' answer is read before ``COMMIT`` is sent.
 * A buffered ack never outlives its lease unnoticed: the heartbeat keeps extending
   a job's lease until its ack commits, and the window is milliseconds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -113,20 +117,24 @@ class Acking(Outcomes):
         except _Refused as refused:
             raise refused.cause from None
 
-    def _acks_in(
-        self, tx: Transaction, acks: Sequence[Ack], *, events_to: list[TraceEvent] | None = None
-    ) -> None:
+    def _acks_in(self, tx: Transaction, acks: Sequence[Ack]) -> None:
         """The acks of successes inside ``tx``: each one's writes; every ack's events and
         ``job.succeeded`` in one append (new packs in one statement); then one
         compare-and-set for them all (``jobs_complete``), each row on its own owner
         token. ``_Refused`` names the first ack refused (its writes, or its lease lost):
-        the caller rolls ``tx`` back.
-
-        With ``events_to`` the events are not appended here but added to that list, once
-        every ack was held, for the caller to append in ``tx`` with its own (a group
-        commit's next lease batch: one insert for both)."""
-        now = self.runtime.clock.now()
+        the caller rolls ``tx`` back."""
         events: list[TraceEvent] = []
+        done = self._acks_written(tx, acks, events)
+        tx.trace_append(events)
+        _held(acks, tx.jobs_complete(done))
+
+    def _acks_written(
+        self, tx: Transaction, acks: Sequence[Ack], events: list[TraceEvent]
+    ) -> JobsComplete:
+        """Each ack's writes inside ``tx``, its events and ``job.succeeded`` added to
+        ``events``; the compare-and-set that acks them all (``jobs_complete``), for the
+        caller to run. ``_Refused`` names the first ack whose writes were refused."""
+        now = self.runtime.clock.now()
         done: list[tuple[int, str, str | None, int]] = []
         clock = self.runtime.hlc
         ordered = False  # a job with an ordering key among them (``JobsComplete.ordered``)
@@ -153,14 +161,7 @@ class Acking(Outcomes):
                 raise _Refused(ack, exc) from exc
             events.append(succeeded)
             done.append((job.id, job.owner_token, ack.result_json, hlc))
-        if events_to is None:
-            tx.trace_append(events)
-        held = tx.jobs_complete(JobsComplete(now, done, ordered))
-        for ack in acks:
-            if ack.job.id not in held:
-                raise _Refused(ack, LeaseLostError("job.succeeded"))
-        if events_to is not None:
-            events_to.extend(events)
+        return JobsComplete(now, done, ordered)
 
     def _acked(self, ack: Ack, *, logged: bool = True) -> None:
         ack.ctx.committed()
@@ -301,20 +302,26 @@ class Acking(Outcomes):
         leased_at = 0.0
         try:
             with self.runtime.storage.transaction() as tx:
-                if not leasing:
-                    self._acks_in(tx, acks)
-                else:
-                    # The acks' events go in with the lease batch's ``job.leased`` (one
-                    # insert); the acks just written free their slots.
-                    events: list[TraceEvent] = []
-                    self._acks_in(tx, acks, events_to=events)
-                    free, ahead = self._slots(acking=len(flights))
+                # The handlers' writes wait each for its result, as in any transaction.
+                events: list[TraceEvent] = []
+                done = self._acks_written(tx, acks, events)
+                # Then the compare-and-set, the lease and the trace insert end the
+                # transaction (PostgreSQL: pipelined, two round trips with BEGIN and
+                # COMMIT). The compare-and-set's answer is read before the commit: an ack
+                # refused rolls the group back.
+                # (A try after a collision claims in a savepoint: not pipelined.)
+                with tx.pipelined() if collision_aborts else contextlib.nullcontext():
+                    held = tx.jobs_complete_sent(done)
+                    free, ahead = self._slots(acking=len(flights)) if leasing else (0, 0)
                     if free > 0:
+                        # The acks' events go in with the lease batch's ``job.leased`` (one
+                        # insert); the acks just written free their slots.
                         leased, leased_at = self._lease_in(
                             tx, free, ahead, also=events, collision_aborts=collision_aborts
                         )
                     else:
                         tx.trace_append(events)
+                    _held(acks, held())
             self._hold(leased, leased_at)
         finally:
             if leasing:
@@ -385,6 +392,13 @@ class Acking(Outcomes):
         for ack in acks:
             self._forget(ack.job)
             self.observers.settled(ack.job)
+
+
+def _held(acks: Sequence[Ack], held: set[int]) -> None:
+    """``_Refused`` for the first of ``acks`` whose compare-and-set did not hold."""
+    for ack in acks:
+        if ack.job.id not in held:
+            raise _Refused(ack, LeaseLostError("job.succeeded"))
 
 
 def _log_group(acks: Sequence[Ack]) -> None:
