@@ -132,11 +132,10 @@ def test_a_traced_job_is_a_few_rows_and_the_view_holds_every_event(
     # enqueue, lease, reserve (with load's and price's events), claim, result, ack; on
     # SQLite the attempt's commits after the lease join its pack: enqueue, the attempt.
     assert len(packs) <= (2 if app.storage.dialect == "sqlite" else 6) < len(trace), packs
-    # SQLite stores the enqueue's pack as the values of its job.enqueued data (format 3),
-    # the attempt's (its lease's, joined by its steps) as its events' values (format 5);
-    # PostgreSQL keeps JSON text (format 1).
+    # SQLite deflates a pack's events (format 2), but for the enqueue's pack, the values of
+    # its job.enqueued data (format 3); PostgreSQL keeps JSON text (format 1).
     if app.storage.dialect == "sqlite":
-        assert [(type(p[0]), p[0][:1]) for p in packs] == [(bytes, b"\x03"), (bytes, b"\x05")]
+        assert [(type(p[0]), p[0][:1]) for p in packs] == [(bytes, b"\x03"), (bytes, b"\x02")]
     else:
         assert all(isinstance(p[0], str) and p[0].startswith("[") for p in packs), packs
     assert [(r[0], r[1], r[2], json.loads(r[3])) for r in view] == [
@@ -268,7 +267,7 @@ def test_a_drained_jobs_lifecycle_packs_are_compact_and_read_back_as_recorded(
     # its job.leased and its job.succeeded are packs of one event each, stored as their
     # data's values (format 4) like its job.enqueued (format 3), not deflated. A pack that
     # a later event of its attempt joins (the last leased job's ack, on the connection that
-    # wrote its lease) is rewritten whole as format 5. Every reader sees the same events.
+    # wrote its lease) is rewritten whole as format 2. Every reader sees the same events.
     app = replayq.App(sqlite_url, auto_migrate=True)
     try:
         drained(app)
@@ -316,9 +315,9 @@ def drained(app: replayq.App) -> None:
         ]
     # A lease's pack (code 1), an ack's (code 3). An ack committed on the connection that
     # wrote its job's lease (the last of the batch) would join the lease's pack instead,
-    # which is then rewritten as format 5; the others' are packs of one event each.
+    # which is then rewritten as format 2; the others' are packs of one event each.
     compact = [b"\x03", b"\x04\x01", b"\x04\x03"]
-    assert all(f in (compact, [b"\x03", b"\x05"]) for f in formats.values()), formats
+    assert all(f in (compact, [b"\x03", b"\x02"]) for f in formats.values()), formats
     assert list(formats.values()).count(compact) >= 2, formats
 
 
@@ -326,7 +325,7 @@ def test_a_fenced_commit_joining_a_lease_pack_rewrites_it_as_its_own_lease_check
     sqlite_url: str,
 ) -> None:
     # SQLite only. A lease's pack is its job.leased alone (format 4); a step's commit of the
-    # attempt on the same connection joins it by rewriting it as format 5, in one statement
+    # attempt on the same connection joins it by rewriting it as format 2, in one statement
     # that is also the lease check (trace_rewrite_fenced): no lease_check statement while
     # the lease holds, nothing written once it is gone.
     app = replayq.App(sqlite_url, auto_migrate=True)
@@ -373,10 +372,10 @@ def fenced_rewrites(app: replayq.App) -> None:
     events = step_events(job)
     assert append(job, events[:1])
     [(same_id, rewritten)] = stored(job.id)
-    assert same_id == pack_id and rewritten[:1] == b"\x05"
+    assert same_id == pack_id and rewritten[:1] == b"\x02"
     assert [s for s in statements if s.startswith("UPDATE rq_trace")]
     assert not [s for s in statements if "FROM rq_jobs" in s and s.startswith("SELECT")]
-    # A later commit appends its items to the rewritten pack.
+    # A later commit appends to the rewritten pack's stream.
     assert append(job, events[1:])
     [(_, joined)] = stored(job.id)
     assert joined.startswith(rewritten) and len(joined) > len(rewritten)

@@ -506,10 +506,10 @@ def test_a_lifecycle_pack_that_cannot_be_read_is_refused_not_misread(stored_byte
         packs.pack_json(stored_bytes)
 
 
-def test_a_lifecycle_pack_joined_by_later_events_is_rewritten_whole_as_format_5() -> None:
+def test_a_lifecycle_pack_joined_by_later_events_is_rewritten_whole_as_format_2() -> None:
     # A traced job's steps commit after its lease on the same connection: their events
-    # join the lease's pack, which has nothing to append to; it is rewritten as format 5
-    # (its event's values and theirs), and later commits append their items to that.
+    # join the lease's pack, which has no deflate stream to append to; it is rewritten as
+    # format 2 (its event and theirs in one stream), and later commits append to that.
     leased = lifecycle_event("job.leased", "running", **LEASED)
     later = [
         TraceEvent(**{**event.__dict__, "attempt": 2, "hlc": 9_000_001 + n})
@@ -518,8 +518,8 @@ def test_a_lifecycle_pack_joined_by_later_events_is_rewritten_whole_as_format_5(
     row, compact = packs.opened_row([leased], packs.FORMAT_DEFLATE)
     assert isinstance(compact, packs.CompactPack) and compact.base_hlc == row["hlc"]
     writer = compact.rewritten([leased, *later[:2]])
-    data = writer.stored
-    assert type(data) is bytearray and data[:1] == b"\x05"
+    data = one_stream = writer.stored
+    assert type(data) is bytearray and data[:1] == b"\x02"
     assert writer.base_hlc == row["hlc"]
     assert (
         packs.pack_json(data) == packs.pack_row([leased, *later[:2]], packs.FORMAT_JSON)["events"]
@@ -528,169 +528,15 @@ def test_a_lifecycle_pack_joined_by_later_events_is_rewritten_whole_as_format_5(
     assert packs.unpack({**row, "events": data, "id": 5}) == packs.unpack(
         stored([leased, *later[:2]], packs.FORMAT_JSON)
     )
-    # Later commits append their items: the bytes already stored stay as they were.
-    before = bytes(data)
-    piece = writer.more(packs.values_items(later[2:3], row["hlc"], row["ts"]))
-    data = data + piece
-    assert type(piece) is bytearray and data.startswith(before) and writer.stored == data
-    # A format 2 item (an object) appended reads back too: every event has one.
-    data = data + writer.more(packs.pack_items(later[3:], row["hlc"], row["ts"]))
+    # Later commits append to the rewritten pack's stream, as to any format 2 pack.
+    data = data + writer.more(packs.pack_items(later[2:], row["hlc"], row["ts"]))
     assert writer.stored == data
     assert packs.unpack({**row, "events": data, "id": 5}) == packs.unpack(
         stored([leased, *later], packs.FORMAT_JSON)
     )
-    connection = sqlite3.connect(":memory:")
-    packs.register_sqlite(connection)
-    as_json = packs.pack_row([leased, *later], packs.FORMAT_JSON)["events"]
-    assert connection.execute("SELECT rq_pack_json(?)", (bytes(data),)).fetchone()[0] == as_json
-    connection.close()
-    # The values without their keys (the last two appended as objects): under the JSON text.
-    assert isinstance(as_json, str) and len(data) < len(as_json.encode())
-
-
-def test_the_piece_shapes_never_change() -> None:
-    # As the lifecycle shapes: a format 5 item names its shape by its place in the table.
-    text = json.dumps(packs.PIECE_SHAPES, separators=(",", ":"))
-    digest = hashlib.sha256(text.encode()).hexdigest()
-    assert digest == packs.PIECE_SHAPES_SHA256
-    assert digest == "9dfe68b0e343879ba74dbc573ca4079c463bc7068e7a230826c7e4b06d104cd3"
-
-
-def shaped_events() -> list[TraceEvent]:
-    """An event of every shape of ``PIECE_SHAPES`` and some of none (other status, other
-    data keys, a field more), as a traced job's commits record them."""
-    common = {"trace_id": "0123456789abcdef0123456789abcdef", "job_id": 41, "attempt": 2}
-    common["worker_id"] = "host-1:worker"
-    at = iter(range(100))
-
-    def event(name: str, **fields: object) -> TraceEvent:
-        n = next(at)
-        fields.setdefault("kind", "domain")
-        return TraceEvent(
-            name=name, ts=1_796_000_000.25 + n / 7, hlc=9_000_000 + n, **{**common, **fields}
-        )  # type: ignore[arg-type]
-
-    return [
-        lifecycle_event("job.leased", "running", **LEASED),
-        lifecycle_event("job.leased", "running", **LEASED, version_moved_from="v0"),
-        event("step.started", seq=1, status="started", data={"step_name": "load"}),
-        event(
-            "state.read",
-            seq=2,
-            step="load",
-            resource="order:1",
-            resource_version=0,
-            data={"branch": "main", "exists": False},
-        ),
-        event(
-            "step.finished",
-            seq=3,
-            status="success",
-            data={"duration": 0.000012, "step_name": "load"},
-        ),
-        event(
-            "call",
-            seq=4,
-            step="price",
-            status="success",
-            output_ref="blob:sha256:" + "c" * 64,
-            data={
-                "call": "q",
-                "duration": 1e-7,
-                "fingerprint": "0123",
-                "request": {"args": [1], "kwargs": {}},
-                "response": None,
-            },
-        ),
-        event(
-            "state.write",
-            seq=5,
-            step="reserve",
-            resource="order:1",
-            resource_version=1,
-            data={
-                "branch": "main",
-                "delta": {"replace": {"ü": [1, 2.5, None]}},
-                "expected_version": 0,
-                "fencing": None,
-                "parent_version": 0,
-            },
-        ),
-        event(
-            "effect.claimed",
-            seq=6,
-            step="charge",
-            resource="charge:1",
-            data={"claim": "ab" * 16, "key": "charge:1", "kind": "payment.charge"},
-        ),
-        event(
-            "effect.succeeded",
-            seq=7,
-            step="charge",
-            resource="charge:1",
-            status="success",
-            side_effect=True,
-            data={
-                "duration": 0.5,
-                "key": "charge:1",
-                "kind": "payment.charge",
-                "result": {"id": "ch_1"},
-            },
-        ),
-        event(
-            "step.finished",
-            seq=8,
-            status="fail",
-            data={"duration": 0.1, "error": "RuntimeError: boom", "step_name": "charge"},
-        ),
-        # None of a shape: another status, a data key more, a field more, no data.
-        event("step.finished", seq=9, status="cancelled", data={"duration": 0.1, "step_name": "x"}),
-        event("step.started", seq=10, status="started", data={"step_name": "x", "extra": 1}),
-        event(
-            "state.read",
-            seq=11,
-            step="load",
-            resource="order:1",
-            resource_version=0,
-            input_ref="blob:sha256:" + "d" * 64,
-            data={"branch": "main", "exists": True},
-        ),
-        event("decision", seq=12, step="load", data={}),
-        lifecycle_event(
-            "job.succeeded", "succeeded", duration=0.25, owner_token="ab" * 16, version="v1"
-        ),
-    ]
-
-
-def test_every_piece_shape_reads_back_as_the_json_pack() -> None:
-    events = shaped_events()
-    # Events of the same HLC and time as the row's (no offsets) and later ones.
-    events[1] = TraceEvent(**{**events[1].__dict__, "hlc": events[0].hlc, "ts": events[0].ts})
-    writer = packs.ValuesPack(events[0].hlc)
-    data = writer.first(packs.values_items(events[:3], events[0].hlc, events[0].ts))
-    for n in range(3, len(events)):
-        data = data + writer.more(
-            packs.values_items(events[n : n + 1], events[0].hlc, events[0].ts)
-        )
-        assert packs.pack_json(data) == packs.pack_row(events[: n + 1], packs.FORMAT_JSON)["events"]
-    items = json.loads(bytes(data[1:]).decode() + "]")
-    # Each event of a shape is an array; the others are their format 2 objects.
-    assert [type(item).__name__ for item in items] == ["list"] * 10 + ["dict"] * 4 + ["list"]
-    row = {**packs.pack_row(events, packs.FORMAT_JSON), "id": 5}
-    assert packs.unpack({**row, "events": data}) == packs.unpack(row)
-
-
-@pytest.mark.parametrize(
-    "stored_bytes",
-    [
-        b"\x05[1,2]",  # items neither arrays nor objects
-        b"\x05[[99,0,0]",  # a shape code beyond the table
-        b"\x05[[3,0,0,1]",  # fewer values than its shape has
-        b'\x05[[3,0,0,1,"load",2]',  # more
-        b'\x05[["3",0,0,1,"load"]',  # a code that is not a number
-        b'\x05[{"q":1}',  # an object without its name
-    ],
-)
-def test_a_values_pack_that_cannot_be_read_is_refused_not_misread(stored_bytes: bytes) -> None:
-    with pytest.raises(ValueError):
-        packs.pack_json(stored_bytes)
+    # One stream for the lease's event and the first step's: no larger than the two
+    # sync-flushed pieces the lease's deflated pack and its first join made before.
+    pieces = packs.PackWriter(lifecycle=True)
+    two = pieces.first(packs.pack_items([leased], row["hlc"], row["ts"]))
+    two += pieces.more(packs.pack_items(later[:2], row["hlc"], row["ts"]))
+    assert len(one_stream) <= len(two)

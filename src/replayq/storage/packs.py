@@ -36,16 +36,11 @@ How ``events`` is stored (its first byte says which, so packs of every format st
   code (one byte, its place in ``LIFECYCLE_SHAPES``) and the JSON array of its data's
   values in that shape's key order (trailing nulls left out). A drained job writes two
   such packs; deflating each (a new stream and a sync flush) cost ~50,000 instructions.
-  ``rq_pack_json`` returns the same JSON text as format 1;
-* format 5, bytes (SQLite since 0024): a format 3 or 4 pack that later events of its
-  attempt joined, ``b"\x05"`` and a JSON array left open whose items are its events, one
-  of a shape of ``PIECE_SHAPES`` as the array of its shape's code and values, any other
-  as its format 2 object; each join appends its own items (``ValuesPack``), compressing
-  nothing. ``rq_pack_json`` returns the same JSON text as format 1.
+  ``rq_pack_json`` returns the same JSON text as format 1.
 
-A format 3 or 4 pack has nothing to append to: a later event of its attempt that joins it
-(a traced job's steps after its lease, on the same connection) rewrites it whole as
-format 5 (``CompactPack``), which later joins append to.
+A format 3 or 4 pack has no deflate stream to append to: a later event of its attempt
+that joins it (a traced job's steps after its lease, on the same connection) rewrites it
+whole as format 2 (``CompactPack``), whose stream later joins append to.
 
 An event's id is ``pack id * PACK_SIZE + its place``: ids still grow in commit order, so
 ``ORDER BY hlc, id`` sorts as it did when each event was a row. The view ``rq_events``
@@ -74,11 +69,9 @@ FORMAT_JSON = 1
 FORMAT_DEFLATE = 2
 FORMAT_ENQUEUED = 3
 FORMAT_LIFECYCLE = 4
-FORMAT_VALUES = 5
 _DEFLATE_MARK = bytes([FORMAT_DEFLATE])
 _ENQUEUED_MARK = bytes([FORMAT_ENQUEUED])
 _LIFECYCLE_MARK = bytes([FORMAT_LIFECYCLE])
-_VALUES_MARK = bytes([FORMAT_VALUES])
 # Raw deflate (no zlib header or checksum: the row is the unit), an 8 KB window (the
 # dictionary and a pack of ~25 events in reach), level 6, memLevel 5: creating a
 # compressor with a preset dictionary at zlib's defaults (32 KB, memLevel 8/9) costs
@@ -435,225 +428,13 @@ def _lifecycle_json(code: int, values_text: bytes) -> str:
     return "[" + codec.dumps_stored(item, what=f"event {name} data") + "]"
 
 
-# Format 5: the pack of an attempt whose lease's compact pack (format 4) its steps joined,
-# as a JSON array of items left open (``pack_json`` closes it), each commit appending its
-# own items (``,`` first) to the stored bytes (``ValuesPack``, ``trace_join``), nothing
-# compressed. An item is an event of a shape of ``PIECE_SHAPES`` as the JSON array of its
-# shape's code, its HLC offset, its time offset (whole µs), the values of the shape's
-# fields and those of its data's keys, in the shape's order; any other event is its
-# format 2 item (``_packed``'s object), so every event has an item. A sync-flushed deflate
-# piece per commit was ~100,000 instructions (zlib builds its Huffman trees at each flush;
-# a traced 5-step job appends four), an item ~2,000.
-#
-# ``PIECE_SHAPES``: the event name, its kind, its status, the fields it has set (short
-# keys of ``_KEYS``; ``x``: a side effect, which stores no value) and the keys of its data,
-# in stored order; an item's shape code is its place here. Frozen as
-# ``LIFECYCLE_SHAPES``: shapes are only ever added at the end (tests/unit/test_packs.py
-# checks its digest). The events of a traced job's steps and of its lifecycle after its
-# lease; one of another status (a failed step) or other data keys is an object item.
-_FIELD_ATTRS = {
-    "q": "seq",
-    "s": "step",
-    "r": "resource",
-    "v": "resource_version",
-    "i": "input_ref",
-    "o": "output_ref",
-}
-_FIELD_BITS = {"q": 1, "s": 2, "r": 4, "v": 8, "i": 16, "o": 32, "x": 64}
-PIECE_SHAPES: tuple[tuple[str, str, str | None, tuple[str, ...], tuple[str, ...]], ...] = (
-    # 0-2: a lease's job.leased (as LIFECYCLE_SHAPES 1 and 2), an ack's job.succeeded.
-    (
-        "job.leased",
-        "lifecycle",
-        "running",
-        (),
-        ("lease_deadline", "owner_token", "redelivery_count", "version"),
-    ),
-    (
-        "job.leased",
-        "lifecycle",
-        "running",
-        (),
-        ("lease_deadline", "owner_token", "redelivery_count", "version", "version_moved_from"),
-    ),
-    ("job.succeeded", "lifecycle", "succeeded", (), ("duration", "owner_token", "version")),
-    # 3-5: steps (recording/steps.py): started, finished, failed.
-    ("step.started", "domain", "started", ("q",), ("step_name",)),
-    ("step.finished", "domain", "success", ("q",), ("duration", "step_name")),
-    ("step.finished", "domain", "fail", ("q",), ("duration", "error", "step_name")),
-    # 6-7: state (recording/state.py).
-    ("state.read", "domain", None, ("q", "s", "r", "v"), ("branch", "exists")),
-    (
-        "state.write",
-        "domain",
-        None,
-        ("q", "s", "r", "v"),
-        ("branch", "delta", "expected_version", "fencing", "parent_version"),
-    ),
-    # 8: a call whose response went to the blob store (recording/calls.py).
-    (
-        "call",
-        "domain",
-        "success",
-        ("q", "s", "o"),
-        ("call", "duration", "fingerprint", "request", "response"),
-    ),
-    # 9-10: an effect claimed and its result (recording/effects.py).
-    ("effect.claimed", "domain", None, ("q", "s", "r"), ("claim", "key", "kind")),
-    (
-        "effect.succeeded",
-        "domain",
-        "success",
-        ("q", "s", "r", "x"),
-        ("duration", "key", "kind", "result"),
-    ),
-)
-PIECE_SHAPES_SHA256 = "9dfe68b0e343879ba74dbc573ca4079c463bc7068e7a230826c7e4b06d104cd3"
-
-
-def _getter(get: Any, count: int) -> Any:
-    """``get`` (an ``attrgetter`` or ``itemgetter``) giving a tuple for any ``count``."""
-    if count == 0:
-        return lambda _: ()
-    if count == 1:
-        return lambda value: (get(value),)
-    return get
-
-
-# By event name: (shape code, kind, status, the bits of the fields set, the set of its
-# data's keys, its fields' values as a tuple, its data's values as a tuple; read in C).
-_PIECES: dict[str, list[tuple[int, str, str | None, int, frozenset[str], Any, Any]]] = {}
-for _code, (_name, _kind, _status, _set, _data_keys) in enumerate(PIECE_SHAPES):
-    _attrs = [_FIELD_ATTRS[key] for key in _set if key != "x"]
-    _PIECES.setdefault(_name, []).append(
-        (
-            _code,
-            _kind,
-            _status,
-            sum(_FIELD_BITS[key] for key in _set),
-            frozenset(_data_keys),
-            _getter(operator.attrgetter(*_attrs) if _attrs else None, len(_attrs)),
-            _getter(operator.itemgetter(*_data_keys) if _data_keys else None, len(_data_keys)),
-        )
-    )
-
-
-def _values_item(event: TraceEvent, base_hlc: int, base_ts: float) -> list[Any] | dict[str, Any]:
-    """``event`` as a format 5 item: its shape's array, or ``_packed``'s object."""
-    shapes = _PIECES.get(event.name)
-    if shapes is not None:
-        bits = (
-            (event.seq is not None)
-            | (event.step is not None) << 1
-            | (event.resource is not None) << 2
-            | (event.resource_version is not None) << 3
-            | (event.input_ref is not None) << 4
-            | (event.output_ref is not None) << 5
-            | bool(event.side_effect) << 6
-        )
-        data = event.data
-        keys = data.keys()
-        for code, kind, status, set_bits, data_keys, fields_of, values_of in shapes:
-            if (
-                bits == set_bits
-                and event.status == status
-                and event.kind == kind
-                and keys == data_keys
-            ):
-                item = [code, event.hlc - base_hlc, round((event.ts - base_ts) * 1e6)]
-                item += fields_of(event)
-                item += values_of(data)
-                return item
-    return _packed(event, base_hlc, base_ts)
-
-
-def values_items(events: Sequence[TraceEvent], base_hlc: int, base_ts: float) -> bytes:
-    """``events`` as the comma-separated items of a format 5 pack whose row has
-    ``base_hlc`` and ``base_ts`` (its ``hlc`` and ``ts``), UTF-8 JSON."""
-    items = [_values_item(e, base_hlc, base_ts) for e in events]
-    whole = codec.stored_bytes(items)
-    if whole is not None:
-        return whole[1:-1]
-    # orjson refuses one (or is absent): one by one, so that the error names its event.
-    return ",".join(
-        codec.dumps_stored(item, what=f"event {event.name} data")
-        for item, event in zip(items, events, strict=True)
-    ).encode()
-
-
-class ValuesPack:
-    """The writer of a format 5 pack: the stored bytes, which each later commit of its
-    attempt appends its items to (``trace_join``), and the row's ``hlc`` (their base).
-
-    ``stored`` and the pieces are ``bytearray``s, as ``PackWriter``'s (the ``sqlite3``
-    driver binds them at once); ``stored`` is replaced, never grown in place."""
-
-    __slots__ = ("base_hlc", "stored")
-
-    def __init__(self, base_hlc: int = 0) -> None:
-        self.base_hlc = base_hlc
-        self.stored = bytearray()
-
-    def first(self, items: bytes | str) -> bytearray:
-        """The pack's ``events`` as first stored: the mark, ``[`` and ``items``."""
-        stored = bytearray(_VALUES_MARK)
-        stored += b"["
-        stored += items.encode() if isinstance(items, str) else items
-        self.stored = stored
-        return stored
-
-    def more(self, items: bytes | str) -> bytearray:
-        """The bytes that append ``items`` to the pack (``stored`` grows by them)."""
-        piece = bytearray(b",")
-        piece += items.encode() if isinstance(items, str) else items
-        self.stored = self.stored + piece
-        return piece
-
-
-def _values_json(stored: bytes) -> str:
-    """A format 5 pack's bytes (after its mark) as the JSON text of format 1."""
-    items = codec.loads(bytes(stored).decode() + "]")  # the array left open
-    if type(items) is not list:
-        raise ValueError(f"trace pack of format 5 holds {items!r}")
-    texts = []
-    for item in items:
-        if type(item) is not list:
-            if type(item) is not dict or "n" not in item:
-                raise ValueError(f"trace pack of format 5 holds the item {item!r}")
-            texts.append(codec.dumps_stored(item, what="event data"))
-            continue
-        code = item[0] if item else None
-        if type(code) is not int or not 0 <= code < len(PIECE_SHAPES):
-            raise ValueError(f"trace pack item of unknown shape {code!r}")
-        name, kind, status, fields, keys = PIECE_SHAPES[code]
-        valued = [key for key in fields if key != "x"]
-        if len(item) != 3 + len(valued) + len(keys):
-            raise ValueError(f"trace pack item of shape {code} holds {item!r}")
-        event: dict[str, Any] = {"n": name}
-        event.update(zip(valued, item[3 : 3 + len(valued)], strict=True))
-        if "x" in fields:
-            event["x"] = 1
-        if kind != "domain":
-            event["k"] = kind
-        if status is not None:
-            event["st"] = status
-        if item[1]:
-            event["h"] = item[1]
-        if item[2]:
-            event["dt"] = item[2]
-        if keys:
-            event["d"] = dict(zip(keys, item[3 + len(valued) :], strict=True))
-        texts.append(codec.dumps_stored(event, what=f"event {name} data"))
-    return "[" + ",".join(texts) + "]"
-
-
 class CompactPack:
     """A format 3 or 4 pack (one lifecycle event) that later events of its attempt may join.
 
-    It has nothing to append to: a join rewrites it whole as format 5 (``rewritten``),
-    its event's item and the new ones, which later joins append to (``ValuesPack``).
-    ``stored`` is what the row holds, which the rewrite checks (``trace_rewrite``), as an
-    append does.
+    It has no deflate stream to append to: a join rewrites it whole as format 2
+    (``rewritten``), its event's item and the new ones in one stream, whose
+    ``PackWriter`` later joins append to. ``stored`` is what the row holds, which the
+    rewrite checks (``trace_rewrite``), as an append does.
     """
 
     __slots__ = ("base_hlc", "stored")
@@ -662,21 +443,21 @@ class CompactPack:
         self.stored = stored
         self.base_hlc = base_hlc
 
-    def rewritten(self, events: Sequence[TraceEvent]) -> ValuesPack:
-        """The writer of this pack rewritten as format 5 holding ``events`` (its own event
+    def rewritten(self, events: Sequence[TraceEvent]) -> PackWriter:
+        """The writer of this pack rewritten as format 2 holding ``events`` (its own event
         first, then those joining it); ``writer.stored`` is the row's new ``events``.
 
         Its event's item is encoded again from the event (``pack_json`` gives the same
-        text for the stored bytes), in one encoding with the new ones."""
-        writer = ValuesPack(self.base_hlc)
-        writer.first(values_items(events, self.base_hlc, events[0].ts))
+        text for the stored bytes), in one encoding with the new ones: decoding the stored
+        values and encoding them again cost a traced job ~40,000 instructions more."""
+        writer = PackWriter(lifecycle=True, base_hlc=self.base_hlc)
+        writer.first(pack_items(events, self.base_hlc, events[0].ts, keep=False))
         return writer
 
 
 # What later events of a pack's attempt join it by: the writer of its deflate stream
-# (format 2), its compact bytes (formats 3 and 4, rewritten by a join) or its values'
-# (format 5).
-Writer = PackWriter | CompactPack | ValuesPack
+# (format 2), or its compact bytes (formats 3 and 4, rewritten by a join).
+Writer = PackWriter | CompactPack
 
 
 def pack_json(stored: str | bytes | None) -> str | None:
@@ -689,8 +470,6 @@ def pack_json(stored: str | bytes | None) -> str | None:
     if stored is None or isinstance(stored, str):
         return stored
     if stored[:1] != _DEFLATE_MARK:
-        if stored[:1] == _VALUES_MARK:
-            return _values_json(stored[1:])
         if stored[:1] == _LIFECYCLE_MARK and len(stored) > 1:
             return _lifecycle_json(stored[1], stored[2:])
         if stored[:1] == _ENQUEUED_MARK:
@@ -780,7 +559,7 @@ def opened_row(
             compact = lifecycle_pack(first)
             if compact is not None:
                 # A later event of its group (a traced job's steps after its lease, on the
-                # same connection) rewrites the pack whole as format 5
+                # same connection) rewrites the pack whole as format 2
                 # (``CompactPack.rewritten``).
                 return _row(first, base, last, compact), CompactPack(compact, base)
     else:

@@ -11,11 +11,10 @@ trace, job, attempt and worker, and each run is placed in a pack:
   attempt and worker: a context's pending events, then the ack's), or the pack the
   connection's last committed transaction wrote (``last_pack``: SQLite). A format 2
   pack (SQLite) takes only the run's items, compressed by its deflate stream
-  (``packs.PackWriter``) and appended to the stored bytes (``trace_join``), a format 5
-  pack its items' values, appended uncompressed (``packs.ValuesPack``, ``trace_join``);
-  a format 3 or 4 pack (one lifecycle event, nothing to append to) is rewritten whole as
-  format 5 (``trace_rewrite``, whose writer later joins append to); a JSON pack
-  (PostgreSQL, within one transaction) is rewritten (``trace_extend``);
+  (``packs.PackWriter``) and appended to the stored bytes (``trace_join``); a format 3 or
+  4 pack (one lifecycle event, no stream to append to) is rewritten whole as format 2
+  (``trace_rewrite``, whose writer later joins append to); a JSON pack (PostgreSQL,
+  within one transaction) is rewritten (``trace_extend``);
 * otherwise it starts a new pack; the new packs after it go in together, in as few
   statements as the driver's limit on parameters allows (``trace_append_rows``).
 
@@ -46,11 +45,10 @@ from replayq.storage.params import JobTrace, TraceJobs, TraceRead, TraceWindow
 from replayq.storage.sql_statements import SqlStatements
 
 # A pack later events of its attempt may join: its id, its events, on SQLite what joins it
-# (``packs.Writer``: the writer of a format 2 pack's deflate stream or of a format 5
-# pack's values, or a format 3 or 4 pack's bytes, rewritten by a join), and the resources
-# its events name (those already indexed in ``rq_trace_resources``: a join indexes only
-# the new ones). Carried from commit to commit, so that a join never walks the events
-# already stored.
+# (``packs.Writer``: the writer of a format 2 pack's deflate stream, or a format 3 or 4
+# pack's bytes, rewritten by a join), and the resources its events name (those already
+# indexed in ``rq_trace_resources``: a join indexes only the new ones). Carried from
+# commit to commit, so that a join never walks the events already stored.
 OpenPack = tuple[int, list[TraceEvent], "packs.Writer | None", "set[str | None]"]
 
 # A pack joined (``TraceVerbs._pack_extended``): its id, all its events, the events naming a
@@ -170,10 +168,9 @@ class TraceVerbs(SqlStatements):
 
         In format 2 only ``group``'s items are compressed, appended to the stored bytes
         (``trace_join``; with ``fence``, ``trace_join_fenced``: only while the lease is
-        held), in format 5 its items' values are (uncompressed); a format 3 or 4 pack is
-        rewritten whole as format 5, its event's item and ``group``'s (``trace_rewrite``,
-        ``trace_rewrite_fenced``); a JSON pack (PostgreSQL, within one transaction) is
-        rewritten.
+        held); a format 3 or 4 pack is rewritten whole as format 2, its event's item and
+        ``group``'s in one deflate stream (``trace_rewrite``, ``trace_rewrite_fenced``);
+        a JSON pack (PostgreSQL, within one transaction) is rewritten.
         """
         last = self._last_pack
         assert last is not None
@@ -193,18 +190,14 @@ class TraceVerbs(SqlStatements):
                 "stored": writer.stored,
                 "hlc_last": max(hlcs),
             }
-            if type(writer) is packs.ValuesPack:
-                # A format 5 pack (a lease's pack its steps joined): the items appended.
-                row["piece"] = writer.more(packs.values_items(group, base, first.ts))
-                query = "trace_join"
-            elif type(writer) is packs.PackWriter:
+            if type(writer) is packs.PackWriter:
                 # Appended through the deflate stream, never rewritten: no item texts kept.
                 row["piece"] = writer.more(packs.pack_items(group, base, first.ts, keep=False))
                 query = "trace_join"
             else:
                 assert isinstance(writer, packs.CompactPack)
-                # One lifecycle event's pack (format 3 or 4): rewritten whole as format 5,
-                # which later joins append to.
+                # One lifecycle event's pack (format 3 or 4): rewritten whole as format 2,
+                # whose stream later joins append to.
                 writer = writer.rewritten(joined)
                 row["events"] = writer.stored
                 query = "trace_rewrite"

@@ -51,11 +51,11 @@ Known limits, up front:
   0016; a new job's ``job.enqueued`` pack, its data's values since 0019, as a lease's
   ``job.leased`` and an ack's ``job.succeeded`` pack since 0021; that ``job.enqueued``
   pack kept in the job's row, ``rq_jobs.enqueued``, since 0023, read through the views
-  ``rq_packs`` and ``rq_events``; an attempt's pack its steps joined, their values, since
-  0024; ``storage/packs.py``): a plain ``sqlite3`` shell cannot read them, nor the
-  ``rq_events`` view over them, because the view decodes them with ``rq_pack_json``, a
-  function replayq registers on its own connections. The bytes a traced job stores fell
-  by more than half; reading the trace in SQL outside replayq needs
+  ``rq_packs`` and ``rq_events``; ``storage/packs.py``): a plain ``sqlite3`` shell
+  cannot read them, nor the ``rq_events`` view over them, because the view decodes
+  them with ``rq_pack_json``, a function replayq registers on its own connections.
+  The bytes a traced job stores fell by more than half; reading the trace in SQL
+  outside replayq needs
   ``packs.register_sqlite(conn)`` first (docs/recording-context.md).
 * Page size: a database replayq creates has 2048-byte pages (``?page_size=`` chooses
   another power of two when the file is created; an existing file keeps its own). A

@@ -390,9 +390,9 @@ WHERE id = :id AND trace_id = :trace_id AND job_id IS :job_id AND attempt IS :at
 
 -- name: trace_join
 -- More events of the pack written last on this connection, in this transaction or a
--- committed one before it: their piece of the pack's deflate stream (format 2,
--- storage/packs.py, PackWriter) or their items' values (format 5, ValuesPack) appended
--- to the stored bytes, the events already stored not written again. Only while the row holds exactly what its writer wrote (:stored): a pack rolled
+-- committed one before it: their piece of the pack's deflate stream appended to the
+-- stored bytes (storage/packs.py, PackWriter), the events already stored not written
+-- again. Only while the row holds exactly what its writer wrote (:stored): a pack rolled
 -- back or rewritten since is left alone, and the group's fields are checked too (a pack
 -- id is never taken for another attempt's pack). || gives text: cast back to a blob.
 UPDATE rq_trace
@@ -415,8 +415,9 @@ WHERE id = :id AND events = :stored
 
 -- name: trace_rewrite
 -- More events of a pack of one lifecycle event (format 3 or 4, storage/packs.py,
--- CompactPack): it has nothing to append to, so the pack is rewritten whole as format 5
--- (:events), its event's item and the new ones, which later joins append to (trace_join). As trace_join, only while the row holds exactly what was
+-- CompactPack): it has no deflate stream to append to, so the pack is rewritten whole as
+-- format 2 (:events), its event's item and the new ones in one stream that later joins
+-- append to (trace_join). As trace_join, only while the row holds exactly what was
 -- written (:stored), and the group's fields are checked too.
 UPDATE rq_trace
 SET hlc_last = max(hlc_last, :hlc_last), events = :events
