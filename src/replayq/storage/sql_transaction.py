@@ -122,6 +122,10 @@ def with_job_id(event: TraceEvent, job_id: int) -> TraceEvent:
 
 # Every column of a job row (``SELECT *``, ``RETURNING *``): the ``Job`` fields, no more.
 _JOB_ROW = frozenset((*_JOB_COLUMNS, "payload", "result"))
+# SQLite's job row since migration 0023: those and its ``job.enqueued`` pack's two columns
+# (``enqueued_hlc``, ``enqueued``), which no ``Job`` field holds.
+_ENQUEUED_COLUMNS = ("enqueued_hlc", "enqueued")
+_JOB_ROW_PACKED = _JOB_ROW.union(_ENQUEUED_COLUMNS)
 # A state's member by its stored text, without the ``Enum`` call's machinery.
 _STATES = {state.value: state for state in JobState}
 # How often a job insert that met a duplicate message id whose job was deleted before it
@@ -257,12 +261,15 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         if not rows:
             return []
         columns = self.columns(cursor)
-        if len(columns) != len(_JOB_ROW) or not _JOB_ROW.issuperset(columns):
+        packed = len(columns) == len(_JOB_ROW_PACKED) and _JOB_ROW_PACKED.issuperset(columns)
+        if not packed and (len(columns) != len(_JOB_ROW) or not _JOB_ROW.issuperset(columns)):
             return [row_to_job(dict(zip(columns, row, strict=True))) for row in rows]
         jobs = []
         loads, states, built = codec.loads, _STATES, Job.built
         for row in rows:
             fields = dict(zip(columns, row, strict=True))
+            if packed:  # SQLite's row holds its job.enqueued pack: no field of the job
+                del fields["enqueued_hlc"], fields["enqueued"]
             fields["state"] = states[fields["state"]]
             fields["payload"] = loads(fields["payload"])
             result = fields["result"]
