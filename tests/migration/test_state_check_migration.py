@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+import replayq
 from tests.migration.older import MIGRATIONS, migrated_before, version_named
 
 STATE_CHECK = version_named("state_check")
@@ -69,6 +70,45 @@ def test_the_copied_table_keeps_its_rows_indexes_and_triggers_and_refuses_other_
                 insert_job(conn, bad, 11)
             with pytest.raises(sqlite3.IntegrityError, match="CHECK"), conn:
                 conn.execute("UPDATE rq_jobs SET state = ? WHERE id = ?", (bad, ids[0]))
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
+        conn.close()
+
+
+def test_a_file_whose_owner_made_views_over_rq_jobs_upgrades_and_keeps_them(
+    tmp_path: Path,
+) -> None:
+    """0022 copies rq_jobs, drops it and renames the copy: SQLite's rename checks every
+    view and trigger of the schema, and a view of the file's owner over rq_jobs (gone
+    for that moment: "no such table: main.rq_jobs") refused the whole upgrade. Such a
+    view, and a trigger of the owner's on another table that reads rq_jobs, are kept and
+    read the new table once it has the name again."""
+    db = tmp_path / "owned.db"
+    conn = sqlite3.connect(db)
+    with conn:
+        migrated_before(conn, STATE_CHECK)
+        ids = [insert_job(conn, state, n) for n, state in enumerate(STATES)]
+        conn.execute(
+            "CREATE VIEW my_done AS SELECT id, job_type FROM rq_jobs WHERE state = 'succeeded'"
+        )
+        conn.execute("CREATE TABLE my_audit (job_id INTEGER, state TEXT)")
+        conn.execute(
+            "CREATE TRIGGER my_audit_state AFTER INSERT ON my_audit BEGIN"
+            " UPDATE my_audit SET state = (SELECT state FROM rq_jobs WHERE id = NEW.job_id)"
+            " WHERE rowid = NEW.rowid; END"
+        )
+    conn.close()
+    app = replayq.App(f"sqlite:///{db}", auto_migrate=True)  # every pending migration
+    try:
+        assert app.get_job(ids[0]) is not None
+    finally:
+        app.close()
+    conn = sqlite3.connect(db)
+    try:
+        assert conn.execute("SELECT id FROM my_done").fetchall() == [(ids[2],)]
+        with conn:
+            conn.execute("INSERT INTO my_audit (job_id) VALUES (?)", (ids[3],))
+        assert conn.execute("SELECT job_id, state FROM my_audit").fetchall() == [(ids[3], "dead")]
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     finally:
         conn.close()

@@ -61,7 +61,15 @@ FROM rq_jobs;
 
 DROP TABLE rq_jobs;
 
+-- The rename in legacy mode: SQLite's own (3.26 on) checks every view and trigger of the
+-- schema first, and one of the file's owner over rq_jobs (dropped just above) refused the
+-- whole upgrade ("error in view ...: no such table: main.rq_jobs"). Legacy mode renames
+-- the table alone; such views and triggers name rq_jobs, which the copy is again.
+PRAGMA legacy_alter_table = ON;
+
 ALTER TABLE rq_jobs_0022 RENAME TO rq_jobs;
+
+PRAGMA legacy_alter_table = OFF;
 
 CREATE INDEX rq_jobs_ready ON rq_jobs (priority DESC, run_at, id) WHERE state = 'queued';
 
