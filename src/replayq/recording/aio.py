@@ -41,12 +41,26 @@ _PLAIN = frozenset(
 )
 
 
+_CO_COROUTINE = inspect.CO_COROUTINE
+
+
 def _awaitable(value: Any) -> bool:
     return type(value) not in _PLAIN and inspect.isawaitable(value)
 
 
 def is_async(fn: Any) -> bool:
-    """Whether ``fn`` is a coroutine function or already a coroutine (or other awaitable)."""
+    """Whether ``fn`` is a coroutine function or already a coroutine (or other awaitable).
+
+    A plain function (a ``def`` or a lambda: most of what ``ctx.call`` and ``ctx.effect``
+    get) is answered from its code's flags, as ``inspect.iscoroutinefunction`` answers it
+    after its own five calls; one marked by ``inspect.markcoroutinefunction`` (3.12+,
+    an attribute in its ``__dict__``) is left to ``inspect``."""
+    if (
+        type(fn) is types.FunctionType
+        and not fn.__code__.co_flags & _CO_COROUTINE
+        and "_is_coroutine_marker" not in fn.__dict__
+    ):
+        return False
     return inspect.iscoroutinefunction(fn) or _awaitable(fn)
 
 

@@ -135,6 +135,19 @@ class Context(Recorder):
         if self._built("cache"):
             self.cache.after_commit()
 
+    # ``Recorder``'s, with the hooks above inlined (asked at every step's end and commit).
+
+    def pending_writes(self) -> list[str]:
+        what = self._pending.what
+        if "cache" in self.__dict__:
+            return [*what, *self.cache.pending]
+        return [*what]
+
+    def committed(self) -> None:
+        self._pending = PendingRecord()
+        if "cache" in self.__dict__:
+            self.cache.after_commit()
+
     def _views_discard(self) -> None:
         if self._built("state"):
             self.state.discard_pending()
@@ -180,7 +193,8 @@ class Context(Recorder):
 
     def check_cancelled(self) -> None:
         """Raise ``JobCancelledError`` if the job was asked to stop (a cancel point)."""
-        if self.cancelled:
+        cancel = self._cancel
+        if cancel is not None and cancel.is_set():
             raise JobCancelledError(
                 f"job {self.job.id} attempt {self.attempt} was asked to stop; "
                 f"it stops before {self.current_step or 'its next step'}"
@@ -255,9 +269,15 @@ class Context(Recorder):
         ``with ctx.step("load"):`` is the same commit boundary around a block. A block
         always runs, so it is never skipped: it runs again on every attempt.
         """
-        self.check_cancelled()
+        cancel = self._cancel
+        if cancel is not None and cancel.is_set():
+            self.check_cancelled()
         if fn is None:
-            return self.step_block(name, self.next_step_key(name))
+            # ``next_step_key`` and ``step_block`` inlined: every step of every job passes here.
+            counts = self._step_counts
+            occurrence = counts.get(name, 0) + 1
+            counts[name] = occurrence
+            return StepBoundary(self, name, step_key(name, occurrence) if occurrence > 1 else name)
         return run_step(self, name, fn, args, kwargs)
 
     def next_step_key(self, name: str) -> str:
@@ -313,7 +333,9 @@ class Context(Recorder):
         With a coroutine function (or a coroutine) it returns a coroutine to await on the
         handler's loop: ``await ctx.call(name, client.get, url)`` (``recording.aio``).
         """
-        self.check_cancelled()
+        cancel = self._cancel
+        if cancel is not None and cancel.is_set():
+            self.check_cancelled()
         return run_flow(record_call(self, name, fn, args, kwargs), fn)
 
     def effect(self, kind: str, fn: Callable[[], Any], *, key: str | None = None) -> Any:
@@ -322,7 +344,9 @@ class Context(Recorder):
         With a coroutine function (or a coroutine) it returns a coroutine to await:
         ``await ctx.effect(kind, send_async, key=...)``.
         """
-        self.check_cancelled()
+        cancel = self._cancel
+        if cancel is not None and cancel.is_set():
+            self.check_cancelled()
         return self.effects.run(kind, fn, key=key)
 
     # -- recorded nondeterminism ------------------------------------------------------------

@@ -255,9 +255,13 @@ class Recorder:
         (a user's rule) sends it through ``redacted`` as any event's data.
         """
         redactor = self.redactor
-        if redactor.any_secret_field(data):
+        # ``any_secret_field`` and ``short_text`` asked only for keys and a name not known
+        # clean yet (their own first look, inlined: every step passes here twice).
+        if not redactor._plain_keys.issuperset(data) and redactor.any_secret_field(data):
             return self.record(name, status=status, output_ref=output_ref, **data)
-        data["step_name"] = redactor.short_text(data["step_name"])
+        step_name = data["step_name"]
+        if step_name not in redactor._clean_texts:
+            data["step_name"] = redactor.short_text(step_name)
         event = self._event(name, data, status, output_ref=output_ref)
         self._pending.events.append(event)
         return event
@@ -271,7 +275,9 @@ class Recorder:
         rule naming one of the keys sends it through ``record``, as any event's data.
         """
         redactor = self.redactor
-        if redactor.any_secret_field(_READ_KEYS):
+        if not redactor._plain_keys.issuperset(_READ_KEYS) and redactor.any_secret_field(
+            _READ_KEYS
+        ):
             return self.record(
                 "state.read",
                 resource=resource,
@@ -279,7 +285,9 @@ class Recorder:
                 exists=exists,
                 branch=branch,
             )
-        data = {"exists": exists, "branch": redactor.short_text(branch)}
+        if branch not in redactor._clean_texts:
+            branch = redactor.short_text(branch)
+        data = {"exists": exists, "branch": branch}
         event = self._event("state.read", data, None, resource, version)
         self._pending.events.append(event)
         return event
@@ -454,8 +462,11 @@ class Recorder:
         self._pending.what.clear()
         self._views_discard()
 
-    def commit_now(self, *, failed: bool = False) -> None:
+    def commit_now(self, *, failed: bool = False, refused: list[str] | None = None) -> None:
         """Commit what is pending in a transaction of its own (a step boundary).
+
+        ``refused``: ``pending_writes()`` as the caller just asked it (a step's end),
+        not asked again.
 
         The writes commit only if this context's owner token still holds the job's
         lease, checked in the database in the same transaction: the statement that
@@ -468,7 +479,10 @@ class Recorder:
         first; the lease is then asked in the same transaction, and without it the
         error is always ``LeaseLostError``. Everything rolls back.
         """
-        refused = self.pending_writes() if not failed else []
+        if failed:
+            refused = []
+        elif refused is None:
+            refused = self.pending_writes()
         fence = self.trace_fence() if refused else None
         with self.runtime.storage.transaction() as tx:
             try:

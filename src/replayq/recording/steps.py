@@ -41,6 +41,11 @@ RESUME_STEP = "step"
 class StepAttempt(Attempt, Protocol):
     """The parts of the context a callable step uses, beyond a view's ``Attempt``."""
 
+    # The names and positions of the running steps, innermost last (``enter_step``):
+    # ``StepBoundary`` pushes and pops them itself (two calls fewer a step).
+    _steps: list[str]
+    _step_keys: list[str]
+
     @property
     def owns_job_trace(self) -> bool: ...
 
@@ -60,7 +65,7 @@ class StepAttempt(Attempt, Protocol):
 
     def discard_writes(self) -> None: ...
 
-    def commit_now(self, *, failed: bool = False) -> None: ...
+    def commit_now(self, *, failed: bool = False, refused: list[str] | None = None) -> None: ...
 
     def record_fenced(self, refused: list[str], **details: Any) -> TraceEvent: ...
 
@@ -147,7 +152,9 @@ class StepBoundary:
         ctx, name = self.ctx, self.name
         ctx.world.on_step(name)
         ctx.record_step("step.started", "started", {"step_name": name})
-        ctx.enter_step(name, self.key)
+        # ``ctx.enter_step`` inlined.
+        ctx._steps.append(name)
+        ctx._step_keys.append(self.key)
         self.started = time.monotonic()
 
     def __exit__(
@@ -158,7 +165,9 @@ class StepBoundary:
     ) -> None:
         ctx, name = self.ctx, self.name
         duration = round(time.monotonic() - self.started, 6)  # µs: what a trace can tell
-        ctx.leave_step()
+        # ``ctx.leave_step`` inlined.
+        ctx._steps.pop()
+        ctx._step_keys.pop()
         if exc is not None:
             ctx.discard_writes()
             ctx.record(
@@ -183,7 +192,7 @@ class StepBoundary:
             # attempt (a step's writes, an effect's claim or result, the ack or failure).
             return
         try:
-            ctx.commit_now()
+            ctx.commit_now(refused=refused)
         except BaseException as error_raised:
             # The commit itself failed (a version conflict, a stale fencing token, a lost
             # lease): nothing of the step was written; keep its events and say why. The

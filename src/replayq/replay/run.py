@@ -136,7 +136,7 @@ class BufferedContext(Context):
             self.kept_after.extend(self.cache.take_after_commit())
         super().committed()
 
-    def commit_now(self, *, failed: bool = False) -> None:
+    def commit_now(self, *, failed: bool = False, refused: list[str] | None = None) -> None:
         if not failed:
             # What the recorded commit refused is refused here, at the step's commit.
             for write in self.pending_write_calls():
