@@ -340,9 +340,15 @@ class Redactor:
         searched as one (``_flat_clean``); a nested value is encoded and its text screened
         (``clean_text``); either is walked only if that finds something or the rules
         cannot be screened that way (another flat value is walked: cheaper than that)."""
-        if not self.active:
+        # ``active`` and ``_flat`` inlined: every recorded event's data passes here.
+        if not (self.names or self.globs or self.patterns or self.cards):
             return value
-        if self._needles is not None and type(value) is dict and _flat(value):
+        if (
+            self._needles is not None
+            and type(value) is dict
+            and len(value) <= 16
+            and _FLAT.issuperset(map(type, value.values()))
+        ):
             # A flat object (an event's data as replayq passes it: names, keys, tokens,
             # numbers): its keys judged at once, its texts searched as one
             # (``_flat_clean``); walked only if that finds something to look at.

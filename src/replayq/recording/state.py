@@ -92,14 +92,16 @@ def _delta_screened(redactor: Redactor, delta: dict[str, Any], data: Any, inline
     return not removed or redactor.value(removed) is removed
 
 
-def version_from_row(tx: Transaction, row: EntityRecord) -> EntityVersion:
+def version_from_row(tx: Transaction, row: EntityRecord, *, delta: bool = True) -> EntityVersion:
+    """The version ``row`` holds; without ``delta`` its delta is not decoded (``{}``): a
+    job's read takes the data only."""
     return EntityVersion(
         namespace=row.namespace,
         key=row.key,
         version=row.version,
         parent_version=row.parent_version,
         data=load_json(tx, codec.loads(row.data), row.data_ref),
-        delta=codec.loads(row.delta),
+        delta=codec.loads(row.delta) if delta else {},
         job_id=row.job_id,
         trace_id=row.trace_id,
         attempt=row.attempt,
@@ -115,15 +117,18 @@ def read_entity(
     namespace: str,
     key: str,
     base: tuple[str, int] | None = None,
+    *,
+    delta: bool = True,
 ) -> tuple[EntityVersion | None, int]:
     """The current version on ``branch`` (reading through to its base), and the head HLC.
 
-    ``base``: (base branch, base HLC) of a branch whose row is not written yet.
+    ``base``: (base branch, base HLC) of a branch whose row is not written yet. Without
+    ``delta`` the version's delta is not decoded (``version_from_row``).
     """
     head = tx.entity_get(EntityGet(branch, namespace, key))
     if head is not None:
         # The head moves with its newest version: that version's HLC is the head's.
-        return version_from_row(tx, head), head.hlc
+        return version_from_row(tx, head, delta=delta), head.hlc
     if branch == MAIN:
         return None, 0
     info = tx.branch_get(branch)
@@ -134,7 +139,7 @@ def read_entity(
     row = tx.entity_get(EntityGet(base[0], namespace, key, at_hlc=base[1]))
     if row is None:
         return None, 0
-    return version_from_row(tx, row), row.hlc
+    return version_from_row(tx, row, delta=delta), row.hlc
 
 
 class StateStore:
@@ -264,10 +269,12 @@ class StateView:
         with ctx.runtime.storage.transaction(readonly=True) as tx:
             if recorded is not None:
                 row = tx.entity_get(EntityGet(MAIN, namespace, key, version=recorded))
-                found = version_from_row(tx, row) if row else None
+                found = version_from_row(tx, row, delta=False) if row else None
                 head_hlc = 0
             else:
-                found, head_hlc = read_entity(tx, ctx.branch, namespace, key, ctx.branch_base)
+                found, head_hlc = read_entity(
+                    tx, ctx.branch, namespace, key, ctx.branch_base, delta=False
+                )
         ctx.runtime.hlc.observe(head_hlc)
         entity = Entity(
             namespace, key, found.version if found else 0, found.data if found else None
@@ -307,7 +314,9 @@ class StateView:
         current: EntityVersion | None = None
         if seen is None and ident not in self._pending:
             with ctx.runtime.storage.transaction(readonly=True) as tx:
-                current, _ = read_entity(tx, ctx.branch, namespace, key, ctx.branch_base)
+                current, _ = read_entity(
+                    tx, ctx.branch, namespace, key, ctx.branch_base, delta=False
+                )
         elif seen is not None:
             # Written on top of the version this attempt read, without reading the head
             # again: the step's commit is a compare-and-set on that version anyway (a

@@ -90,9 +90,9 @@ def retry_unavailable(what: str, attempt: Callable[[bool], T], *, seconds: float
     ``retrying`` is ``False`` on the first call. A ``DatabaseUnavailableError`` is
     retried with backoff for up to ``seconds``, then raised.
     """
-    backoff = Backoff(what)
     give_up = time.monotonic() + seconds
     retrying = False
+    backoff = None  # made at the first failure: most calls get through at once
     while True:
         try:
             return attempt(retrying)
@@ -100,4 +100,6 @@ def retry_unavailable(what: str, attempt: Callable[[bool], T], *, seconds: float
             if time.monotonic() > give_up:
                 raise
             retrying = True
+            if backoff is None:
+                backoff = Backoff(what)
             time.sleep(backoff.next_delay(exc))
