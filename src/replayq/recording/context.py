@@ -120,7 +120,7 @@ class Context(Recorder):
 
     def fences(self) -> dict[str, int]:
         """The fencing token of every lock this attempt holds, by resource."""
-        return self.locks.fences() if self._built("locks") else {}
+        return self.locks.fences() if "locks" in self.__dict__ else {}
 
     def _built(self, view: str) -> bool:
         """Whether the view ``view`` was used (built) in this attempt."""

@@ -195,14 +195,15 @@ class Recorder:
         screened a second time. The other fields are redacted as any event's; a field of
         ``screened`` whose name is a secret field's (a user's rule) sends the whole data
         through ``redacted``, as ``record`` would."""
-        event = self.event_screened(
+        # ``event_screened``'s body: its keyword arguments are not packed and unpacked again.
+        event = self._event(
             name,
-            screened,
-            status=status,
-            resource=resource,
-            resource_version=resource_version,
-            output_ref=output_ref,
-            **data,
+            self._screened_data(screened, data),
+            status,
+            resource,
+            resource_version,
+            False,
+            output_ref,
         )
         self._pending.events.append(event)
         return event
@@ -235,7 +236,7 @@ class Recorder:
         """``data`` redacted, its fields named in ``screened`` left as they are (see
         ``record_screened``)."""
         redactor = self.redactor
-        if redactor.any_secret_field(screened):
+        if not redactor._plain_keys.issuperset(screened) and redactor.any_secret_field(screened):
             return redactor.value(data)  # type: ignore[no-any-return]
         rest = {key: value for key, value in data.items() if key not in screened}
         clean = redactor.value(rest)

@@ -255,15 +255,13 @@ class StateView:
         if ident in self._pending:
             return self._pending[ident]
         world = ctx.world
-        recorded = (
-            world.state_version(resource_name(namespace, key)) if world.reads_recorded else None
-        )
-        resource = resource_name(namespace, key)
+        resource = f"{namespace}:{key}"  # ``resource_name``
+        recorded = world.state_version(resource) if world.reads_recorded else None
         held = LIVE if not recorded else world.recorded_state(resource, recorded)
         if recorded == 0 or held is not LIVE:
             # The version the attempt read, already loaded with the recording: no read here.
             entity = Entity(namespace, key, recorded or 0, held if recorded else None)
-            return self._recorded_read(ident, entity)
+            return self._recorded_read(ident, entity, resource)
         # The ``state.read`` event waits with the step's other events and commits with the
         # attempt's next commit (docs/recording-context.md, "What a crash can lose").
         with ctx.runtime.storage.transaction(readonly=True) as tx:
@@ -279,14 +277,16 @@ class StateView:
         entity = Entity(
             namespace, key, found.version if found else 0, found.data if found else None
         )
-        return self._recorded_read(ident, entity)
+        return self._recorded_read(ident, entity, resource)
 
-    def _recorded_read(self, ident: tuple[str, str], entity: Entity) -> Entity:
-        """Remember a read and record its ``state.read`` event (it commits with the step)."""
-        self._read_versions[ident] = entity.version
+    def _recorded_read(self, ident: tuple[str, str], entity: Entity, resource: str) -> Entity:
+        """Remember a read and record its ``state.read`` event (it commits with the step).
+        ``resource``: the entity's (``entity.resource``, which the caller made already)."""
+        version = entity.version
+        self._read_versions[ident] = version
         self._read[ident] = entity
         ctx = self._ctx
-        ctx.record_read(entity.resource, entity.version, entity.exists, ctx.branch)
+        ctx.record_read(resource, version, version > 0, ctx.branch)
         return entity
 
     def put(
@@ -303,7 +303,7 @@ class StateView:
         """
         ctx, key = self._ctx, str(key)
         ident = (namespace, key)
-        resource = resource_name(namespace, key)
+        resource = f"{namespace}:{key}"  # ``resource_name``
         if expected_version is None:
             pending = self._pending.get(ident)
             expected_version = pending.version if pending else self._read_versions.get(ident, -1)
@@ -364,7 +364,8 @@ class StateView:
             fencing=dict(fences) or None,
             branch=ctx.branch,
         )
-        ctx.store_blob(raw, f"state {resource}", ref)
+        if raw is not None:
+            ctx.store_blob(raw, f"state {resource}", ref)
         parent = (
             EntityVersion(
                 namespace, key, base, None, pending.data, {}, None, None, None, None, 0, ""
@@ -502,7 +503,8 @@ class StateWrite:
         self.fences = fences
 
     def __call__(self, tx: Transaction) -> None:
-        self.check_fences(tx)
+        if self.fences:
+            self.check_fences(tx)
         row = self.row()
         where = EntityGet(row.branch, row.namespace, row.key)
         fresh = row.branch != MAIN and tx.entity_get(where) is None
