@@ -28,8 +28,7 @@ import random as _random
 import uuid as _uuid
 from collections.abc import Callable, Coroutine, Mapping
 from contextlib import AbstractContextManager
-from functools import cached_property
-from typing import Any, TypeVar, overload
+from typing import Any, Generic, TypeVar, overload
 
 from replayq.errors import (
     JobCancelledError,
@@ -52,6 +51,32 @@ from replayq.recording.writes import defer_child_job, defer_db_write
 from replayq.runtime import RuntimeSource
 
 T = TypeVar("T")
+V = TypeVar("V")
+
+
+class _view(Generic[V]):
+    """A view of the context built on first use and kept in the context's ``__dict__``, as
+    ``functools.cached_property`` keeps it, without that one's Python-level lock (3.11):
+    a context is one attempt's, run by one thread. After the first use the instance's
+    ``__dict__`` answers (a non-data descriptor), as before."""
+
+    __slots__ = ("make", "name")
+
+    def __init__(self, make: Callable[[Any], V]) -> None:
+        self.make = make
+        self.name = make.__name__
+
+    @overload
+    def __get__(self, obj: None, owner: type[Any]) -> _view[V]: ...
+
+    @overload
+    def __get__(self, obj: object, owner: type[Any]) -> V: ...
+
+    def __get__(self, obj: object | None, owner: type[Any]) -> V | _view[V]:
+        if obj is None:
+            return self
+        value = obj.__dict__[self.name] = self.make(obj)
+        return value
 
 
 class Context(Recorder):
@@ -98,23 +123,23 @@ class Context(Recorder):
 
     # -- views, built on first use (most handlers touch few of them, many touch none) -------
 
-    @cached_property
+    @_view
     def locks(self) -> LockManager:
         return LockManager(self)
 
-    @cached_property
+    @_view
     def state(self) -> StateView:
         return StateView(self)
 
-    @cached_property
+    @_view
     def cache(self) -> CacheView:
         return CacheView(self)
 
-    @cached_property
+    @_view
     def outbox(self) -> OutboxView:
         return OutboxView(self)
 
-    @cached_property
+    @_view
     def effects(self) -> EffectRunner:
         return EffectRunner(self)
 
