@@ -734,8 +734,9 @@ class SqliteStorage:
         statement. A transaction no block holds (left open when a failed ``ROLLBACK``
         could not end it) is rolled back here, and this one goes ahead.
         """
-        conn = self._connection()
         local = self._local
+        # ``_connection``'s first look inlined: the thread's connection, once it has one.
+        conn = getattr(local, "conn", None) or self._connection()
         if conn.in_transaction:
             if getattr(local, "inside", False):
                 raise StorageError(
@@ -798,7 +799,12 @@ class SqliteStorage:
             if tx.jobs_changed:
                 for watcher in self._watchers:
                     watcher.poke()
-            self._bound_wal(conn)
+            # ``_bound_wal``'s first look inlined: most commits do not look at the WAL.
+            if (
+                self._wal_path is not None
+                and conn.total_changes - self._local.changes_seen >= _WAL_LOOK_EVERY_CHANGES
+            ):
+                self._bound_wal(conn)
 
     def _bound_wal(self, conn: sqlite3.Connection) -> None:
         """After a commit: restart a WAL that readers have let grow past twice its size.
