@@ -10,6 +10,7 @@ writes (state, cache) join through three hooks the context fills in.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, NoReturn
 
 from replayq import codec
@@ -390,9 +391,8 @@ class Recorder:
         """``encode``, keeping the canonical text: the value is walked and serialised once
         here; the size check, the version row, the blob and its hash reuse the text."""
         try:
-            value, text = self.redactor.encoded_keyed(
-                value, lambda v: codec.dumps_keyed(v, what=what)
-            )
+            # A partial, not a lambda: called in C, no Python frame of its own.
+            value, text = self.redactor.encoded_keyed(value, partial(codec.dumps_keyed, what=what))
         except PayloadError as exc:
             raise PayloadError(f"{what} cannot be recorded: {exc}") from exc
         raw = text.encode()
