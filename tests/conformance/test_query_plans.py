@@ -126,6 +126,16 @@ WORKER_QUERIES: dict[str, dict[str, Any]] = {
         "now": NOW,
         "rows_of": (("job_ids", "owner_tokens", "results", "hlcs"), [(*LEASE.values(), None, 1)]),
     },
+    # SQLite's group commit (JobsComplete.ordered): the acks counted, and the rows named
+    # after a group of which only some held.
+    "jobs_complete_counted": {
+        "now": NOW,
+        "rows_of": (("job_ids", "owner_tokens", "results", "hlcs"), [(*LEASE.values(), None, 1)]),
+    },
+    "jobs_completed_by": {
+        "now": NOW,
+        "rows_of": (("job_ids", "hlcs"), [(LIVE_ID, 1)]),
+    },
     "job_retry": {
         **LEASE,
         "now": NOW,
