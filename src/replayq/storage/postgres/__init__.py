@@ -624,11 +624,7 @@ class PostgresTransaction(SqlTransaction):
         the block ends with the commit). Their insert's error fails the commit."""
         if self._pipeline is None or any(e.resource is not None for g in groups for e in g):
             return super()._packs_inserted(groups)
-        rows = []
-        opened, pack_format = packs.opened_row, self.pack_format
-        for group in groups:
-            row, self._writer = opened(group, pack_format)
-            rows.append(row)
+        rows = self._pack_rows(groups)
         try:
             # On the transaction's cursor: never read, as COMMIT after it.
             self.statements.execute(self._queries["trace_append_rows"], {"rows": _json_rows(rows)})
@@ -640,15 +636,20 @@ class PostgresTransaction(SqlTransaction):
     def _pack_rows_inserted(self, groups: Sequence[Sequence[TraceEvent]]) -> list[int]:
         """``trace_append_rows``: one statement, the rows one JSON text; the new ids read
         off the result's tuples (``rows_inserted_ids``), no dictionary per pack."""
-        # ``pack_row``'s rows hold just ``PACK_COLUMNS``: no copy of each (two a job).
-        # ``pack_row`` without its call per pack: the last writer is kept, as it keeps it.
+        rows = self._pack_rows(groups)
+        found = self.execute("trace_append_rows", {"rows": _json_rows(rows)})
+        return self.rows_inserted_ids(found, len(rows))
+
+    def _pack_rows(self, groups: Sequence[Sequence[TraceEvent]]) -> list[dict[str, Any]]:
+        """A new pack's row for each group (``pack_row`` without its call per pack; its
+        rows hold just ``PACK_COLUMNS``, no copy of each), the last one's writer kept for
+        later events to join, as ``pack_row`` keeps it."""
         rows = []
         opened, pack_format = packs.opened_row, self.pack_format
         for group in groups:
             row, self._writer = opened(group, pack_format)
             rows.append(row)
-        found = self.execute("trace_append_rows", {"rows": _json_rows(rows)})
-        return self.rows_inserted_ids(found, len(rows))
+        return rows
 
     def rows_param(self, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> dict[str, Any]:
         """An array per column, for ``unnest``: in a join (``jobs_complete``,

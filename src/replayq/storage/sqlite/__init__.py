@@ -91,7 +91,7 @@ from replayq.storage.context_verbs import record
 from replayq.storage.protocol import JobInsert, JobsComplete, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
 from replayq.storage.records import EntityRecord
-from replayq.storage.sql_transaction import SqlTransaction
+from replayq.storage.sql_transaction import JOBS_COMPLETE_COLUMNS, SqlTransaction
 from replayq.storage.sqlite.watch import Watcher
 
 _MIGRATIONS = "replayq.storage.sqlite.migrations"
@@ -494,12 +494,9 @@ class SqliteTransaction(SqlTransaction):
         jobs = params.jobs
         if not jobs:
             return set()
-        columns = ("job_ids", "owner_tokens", "results", "hlcs")
         scalars = {"now": params.now}
-        changed = sum(
-            cursor.rowcount
-            for cursor in self.rows_executed("jobs_complete_counted", columns, jobs, scalars)
-        )
+        counted = self.rows_executed("jobs_complete_counted", JOBS_COMPLETE_COLUMNS, jobs, scalars)
+        changed = sum(cursor.rowcount for cursor in counted)
         if changed == len(jobs):
             held = {job[0] for job in jobs}
         elif changed <= 0:
@@ -799,14 +796,15 @@ class SqliteStorage:
             if tx.jobs_changed:
                 for watcher in self._watchers:
                     watcher.poke()
-            # ``_bound_wal``'s first look inlined: most commits do not look at the WAL.
+            # Most commits do not look at the WAL: only every _WAL_LOOK_EVERY_CHANGES rows.
+            wal_path = self._wal_path
             if (
-                self._wal_path is not None
+                wal_path is not None
                 and conn.total_changes - self._local.changes_seen >= _WAL_LOOK_EVERY_CHANGES
             ):
-                self._bound_wal(conn)
+                self._bound_wal(conn, wal_path)
 
-    def _bound_wal(self, conn: sqlite3.Connection) -> None:
+    def _bound_wal(self, conn: sqlite3.Connection, wal_path: str) -> None:
         """After a commit: restart a WAL that readers have let grow past twice its size.
 
         The automatic checkpoint is passive: it copies the WAL's pages into the
@@ -825,17 +823,13 @@ class SqliteStorage:
         the whole wait (a try in three failed so, with the WAL then passing 3 and 4
         checkpoints' size). The next try reads the newer mark and does not wait for it.
 
-        The size is looked at once this connection's commits have changed
-        ``_WAL_LOOK_EVERY_CHANGES`` rows since the last look, not after every commit.
+        Called (``_end``) once this connection's commits have changed
+        ``_WAL_LOOK_EVERY_CHANGES`` rows since the last look, not after every commit, and
+        only with a WAL.
         """
-        if self._wal_path is None:
-            return
-        changes = conn.total_changes
-        if changes - self._local.changes_seen < _WAL_LOOK_EVERY_CHANGES:
-            return
-        self._local.changes_seen = changes
+        self._local.changes_seen = conn.total_changes
         try:
-            size = os.stat(self._wal_path).st_size
+            size = os.stat(wal_path).st_size
         except OSError:
             return
         step = self._local.wal_pages * self._local.page_size
