@@ -186,3 +186,61 @@ def test_a_trigger_of_the_owners_that_cannot_be_kept_refuses_the_upgrade_by_name
         assert conn.execute("PRAGMA legacy_alter_table").fetchone()[0] == 0
     finally:
         conn.close()
+
+
+def test_an_upgrade_across_every_copy_keeps_the_owners_objects_and_referencing_rows(
+    tmp_path: Path,
+) -> None:
+    """A file from before 0011 upgraded by replayq in one go (0011, 0017, 0018, 0022 copy
+    their tables): the owner's views, triggers and indexes are there after it, and a
+    table of the owner's that references rq_jobs ON DELETE CASCADE keeps its rows (with
+    foreign keys on, the drop of the old rq_jobs deleted its rows first, and theirs)."""
+    db = tmp_path / "old.db"
+    conn = sqlite3.connect(db)
+    with conn:
+        migrated_before(conn, version_named("gc_reach"))
+        for n in range(1, 5):
+            insert_job(conn, n)
+            insert_head(conn, n)
+        make_owned(conn, JOBS)
+        conn.execute("CREATE VIEW my_heads AS SELECT key, version FROM rq_entities")
+        conn.execute(
+            "CREATE TRIGGER my_heads_log AFTER UPDATE ON rq_entities"
+            " BEGIN INSERT INTO my_log VALUES ('head', NEW.key); END"
+        )
+        conn.execute(
+            "CREATE TABLE my_notes (job_id INTEGER NOT NULL"
+            " REFERENCES rq_jobs (id) ON DELETE CASCADE, note TEXT)"
+        )
+        conn.executemany("INSERT INTO my_notes VALUES (?, 'note')", [(1,), (2,)])
+        owned = owners_schema(conn)
+    conn.close()
+
+    storage = SqliteStorage(f"sqlite:///{db}")
+    try:
+        done = storage.migrate(now=0.0)
+        conn = storage._connection()
+        assert conn.execute("PRAGMA foreign_keys").fetchone()[0] == 1  # on again
+        assert conn.execute("PRAGMA legacy_alter_table").fetchone()[0] == 0
+    finally:
+        storage.close()
+    assert {m.name for m in done} >= {"gc_reach", "job_ids", "entity_heads_without_rowid"}
+
+    conn = sqlite3.connect(db)
+    try:
+        conn.execute("PRAGMA foreign_keys = ON")
+        assert owners_schema(conn) == owned
+        assert conn.execute("SELECT * FROM my_view").fetchall() == [(1,), (3,)]
+        assert len(conn.execute("SELECT * FROM my_heads").fetchall()) == 4
+        assert conn.execute("SELECT job_id FROM my_notes").fetchall() == [(1,), (2,)]
+        assert conn.execute("SELECT COUNT(*) FROM my_log").fetchone()[0] == 0
+        with conn:
+            conn.execute("UPDATE rq_entities SET version = 9 WHERE key = 'o1'")
+            conn.execute("DELETE FROM rq_jobs WHERE id = 2")
+        log = conn.execute("SELECT * FROM my_log ORDER BY rowid").fetchall()
+        assert log == [("head", "o1"), ("deleted", 2)]
+        assert conn.execute("SELECT job_id FROM my_notes").fetchall() == [(1,)]  # cascaded
+        assert conn.execute("PRAGMA foreign_key_check").fetchall() == []
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    finally:
+        conn.close()

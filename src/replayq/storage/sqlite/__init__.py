@@ -995,6 +995,12 @@ class SqliteStorage:
             if self._up_to_date(conn):
                 return []
             own = replayq_objects([sql for _, _, sql in load_migrations(_MIGRATIONS)])
+            # Off for the upgrade (step 1 of SQLite's procedure; it can only be switched
+            # outside a transaction): a migration drops a table it copies, and with foreign
+            # keys on, that drop deletes its rows first, which deleted the rows of an
+            # owner's table that references it ON DELETE CASCADE (or refused the upgrade,
+            # without an action). The copy keeps every row and id, so each reference holds.
+            conn.execute("PRAGMA foreign_keys = OFF")
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 done = migrate.apply_pending(
@@ -1009,6 +1015,7 @@ class SqliteStorage:
                 conn.execute("COMMIT")
             finally:
                 _rollback(conn)  # after any failure, COMMIT's own included
+                conn.execute("PRAGMA foreign_keys = ON")
         except sqlite3.Error as exc:
             _rollback(conn)
             raise storage_error(f"cannot migrate {self.path!r}", exc) from exc
