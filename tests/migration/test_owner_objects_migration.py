@@ -244,3 +244,32 @@ def test_an_upgrade_across_every_copy_keeps_the_owners_objects_and_referencing_r
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     finally:
         conn.close()
+
+
+def test_an_instead_of_trigger_of_the_owners_on_a_view_replayq_makes_again_is_kept(
+    tmp_path: Path,
+) -> None:
+    """0016 and 0023 drop replayq's view rq_events and make it again: an INSTEAD OF
+    trigger of the owner's on it went with it, and is made again on the new view."""
+    db = tmp_path / "old.db"
+    conn = sqlite3.connect(db)
+    with conn:
+        migrated_before(conn, version_named("trace_pack_deflate"))
+        conn.execute("CREATE TABLE my_log (what TEXT)")
+        conn.execute(
+            "CREATE TRIGGER my_events_insert INSTEAD OF INSERT ON rq_events"
+            " BEGIN INSERT INTO my_log VALUES (NEW.name); END"
+        )
+        owned = owners_schema(conn)
+    conn.close()
+
+    storage = SqliteStorage(f"sqlite:///{db}")
+    try:
+        done = storage.migrate(now=0.0)
+        assert {m.name for m in done} >= {"trace_pack_deflate", "enqueued_in_row"}
+        conn = storage._connection()  # replayq's functions, which the view's SQL calls
+        assert owners_schema(conn) == owned
+        conn.execute("INSERT INTO rq_events (name) VALUES ('mine')")
+        assert conn.execute("SELECT what FROM my_log").fetchall() == [("mine",)]
+    finally:
+        storage.close()
