@@ -114,7 +114,8 @@ StorageUnavailableError = DatabaseUnavailableError
 
 
 class SchemaError(StorageError):
-    """The schema is missing, or newer than this version of replayq understands."""
+    """The schema is missing, newer than this version of replayq understands, or cannot be
+    upgraded without dropping an object of the database's owner."""
 
 
 class LeaseCollisionError(StorageError):

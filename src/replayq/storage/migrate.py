@@ -40,7 +40,10 @@ def apply_pending(
     done = []
     for version, name, sql in load_migrations(package):
         if version in todo:
-            run_script(sql)
+            try:
+                run_script(sql)
+            except SchemaError as exc:  # an upgrade refused: which migration refused it
+                raise SchemaError(f"migration {version:04d} ({name}): {exc}") from exc
             record(version, name)
             done.append(MigrationStatus(version, name, None))
     return done

@@ -82,14 +82,19 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
+from replayq.errors import (
+    ConfigurationError,
+    DatabaseUnavailableError,
+    SchemaError,
+    StorageError,
+)
 from replayq.seal import unsealed
 from replayq.storage import migrate, packs
 from replayq.storage.adopted import TupleRows
 from replayq.storage.context_params import EntityGet
 from replayq.storage.context_verbs import record
 from replayq.storage.protocol import JobInsert, JobsComplete, Listener, MigrationStatus
-from replayq.storage.queries import load_queries
+from replayq.storage.queries import load_migrations, load_queries
 from replayq.storage.records import EntityRecord
 from replayq.storage.sql_transaction import JOBS_COMPLETE_COLUMNS, SqlTransaction
 from replayq.storage.sqlite.watch import Watcher
@@ -246,6 +251,66 @@ def split_statements(script: str) -> list[str]:
     ):
         raise StorageError(f"incomplete SQL statement at the end of a migration: {buffer[:80]!r}")
     return statements
+
+
+# A migration that drops a table to copy it (0011, 0017, 0018, 0022), or a table or view to
+# put a view in its place (0009, 0016, 0023), drops every index and trigger on it with it.
+# Those replayq made, the migration makes again; the owner's are kept by the runner.
+_DROPS = re.compile(r"^\s*DROP\s+(?:TABLE|VIEW)\s+(?:IF\s+EXISTS\s+)?[\"`\[]?(\w+)", re.I | re.M)
+_CREATES = re.compile(
+    r"^\s*CREATE\s+(?:UNIQUE\s+)?(?:INDEX|TRIGGER)\s+(?:IF\s+NOT\s+EXISTS\s+)?[\"`\[]?(\w+)",
+    re.I | re.M,
+)
+
+
+def replayq_objects(scripts: Sequence[str]) -> frozenset[str]:
+    """The indexes and triggers ``scripts`` create (lower case): replayq's, not the owner's."""
+    return frozenset(name.lower() for script in scripts for name in _CREATES.findall(script))
+
+
+def run_migration(conn: sqlite3.Connection, script: str, replayq_own: frozenset[str]) -> None:
+    """Run one migration's ``script`` and keep the owner's indexes and triggers it dropped.
+
+    SQLite's procedure for a change ALTER TABLE cannot make (lang_altertable.html, section
+    7) saves the indexes, triggers and views that depend on the table it copies and makes
+    them again. Views need nothing here: a migration renames its copy in legacy mode,
+    and a view names the table, which the copy is again. An index or trigger of the
+    owner's (one ``replayq_own`` does not name) on a table or view the script drops is
+    made again from its own SQL once the script is done, so it fires for the rows written
+    after the upgrade and not for the copy. One that cannot be (its table is a view now)
+    refuses the upgrade, naming it: never dropped without a word.
+    """
+    dropped = {name.lower() for name in _DROPS.findall(script)}
+    owned: list[tuple[str, str, str, str]] = []
+    if dropped:
+        rows = conn.execute(
+            "SELECT type, name, tbl_name, sql FROM sqlite_master"
+            " WHERE type IN ('index', 'trigger') AND sql IS NOT NULL ORDER BY rowid"
+        ).fetchall()
+        owned = [
+            (kind, name, table, sql)
+            for kind, name, table, sql in rows
+            if table.lower() in dropped and name.lower() not in replayq_own
+        ]
+    try:
+        for statement in split_statements(script):
+            conn.execute(statement)
+    finally:
+        # The script switches it off after its rename; after a failure it may not have.
+        conn.execute("PRAGMA legacy_alter_table = OFF")
+    for kind, name, table, sql in owned:
+        present = "SELECT 1 FROM sqlite_master WHERE name = ? COLLATE NOCASE"
+        if conn.execute(present, (name,)).fetchone():
+            continue  # the script did not drop it after all
+        try:
+            conn.execute(sql)
+        except sqlite3.Error as exc:
+            raise SchemaError(
+                f"the {kind} {name!r} on {table!r} is not replayq's and cannot be kept: "
+                f"this upgrade drops {table!r} (to copy it, or to put a view in its place) "
+                f"and cannot make the {kind} again after it ({exc}). Nothing was changed: "
+                f"drop it (DROP {kind.upper()} {name}), upgrade, then create what still applies"
+            ) from exc
 
 
 _PARAMETER = re.compile(r":(\w+)")
@@ -929,21 +994,28 @@ class SqliteStorage:
         try:
             if self._up_to_date(conn):
                 return []
-            conn.execute("BEGIN IMMEDIATE")
+            own = replayq_objects([sql for _, _, sql in load_migrations(_MIGRATIONS)])
+            # Off for the upgrade (step 1 of SQLite's procedure; it can only be switched
+            # outside a transaction): a migration drops a table it copies, and with foreign
+            # keys on, that drop deletes its rows first, which deleted the rows of an
+            # owner's table that references it ON DELETE CASCADE (or refused the upgrade,
+            # without an action). The copy keeps every row and id, so each reference holds.
+            conn.execute("PRAGMA foreign_keys = OFF")
             try:
+                conn.execute("BEGIN IMMEDIATE")
                 done = migrate.apply_pending(
                     _MIGRATIONS,
                     self._applied(conn),
-                    lambda script: [conn.execute(s) for s in split_statements(script)],
+                    lambda script: run_migration(conn, script, own),
                     lambda version, name: conn.execute(
                         self.queries["migration_record"],
                         {"version": version, "name": name, "now": now},
                     ),
                 )
-            except BaseException:
-                _rollback(conn)
-                raise
-            conn.execute("COMMIT")
+                conn.execute("COMMIT")
+            finally:
+                _rollback(conn)  # after any failure, COMMIT's own included
+                conn.execute("PRAGMA foreign_keys = ON")
         except sqlite3.Error as exc:
             _rollback(conn)
             raise storage_error(f"cannot migrate {self.path!r}", exc) from exc

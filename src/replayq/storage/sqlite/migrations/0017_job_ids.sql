@@ -69,7 +69,16 @@ FROM rq_jobs;
 
 DROP TABLE rq_jobs;
 
+-- The rename in legacy mode, as in 0022: SQLite's own checks every view and trigger of
+-- the schema first, and a view of the file's owner over rq_jobs (dropped just above)
+-- refused the whole upgrade. Legacy mode renames the table alone; such views name
+-- rq_jobs, which the copy is again. (Added after 0022; the tables it leaves are
+-- the same, so a file that had this migration applied already is as it would be.)
+PRAGMA legacy_alter_table = ON;
+
 ALTER TABLE rq_jobs_0017 RENAME TO rq_jobs;
+
+PRAGMA legacy_alter_table = OFF;
 
 CREATE INDEX rq_jobs_ready ON rq_jobs (priority DESC, run_at, id) WHERE state = 'queued';
 
