@@ -188,6 +188,7 @@ def main(ctx: click.Context, db: str | None, debug: bool) -> None:
     """
     _freeze_at_exit()
     ctx.obj = Env(db, debug=debug)
+    ctx.call_on_close(ctx.obj.close)
     if db is not None and "://" not in db:
         raise click.BadParameter(
             f"{db!r} is not a database URL; use sqlite:///path/to/file.db or "
