@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from replayq.errors import SchemaError
-from replayq.storage.sqlite import SqliteStorage, replayq_objects, run_migration
+from replayq.storage.migrate import replayq_objects
+from replayq.storage.sqlite import SqliteStorage, run_migration
 from tests.migration.older import MIGRATIONS, migrated_before, version_named
 
 REPLAYQ_OWN = replayq_objects([sql for _, _, sql in MIGRATIONS])

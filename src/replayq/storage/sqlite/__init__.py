@@ -82,12 +82,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from replayq.errors import (
-    ConfigurationError,
-    DatabaseUnavailableError,
-    SchemaError,
-    StorageError,
-)
+from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
 from replayq.seal import unsealed
 from replayq.storage import migrate, packs
 from replayq.storage.adopted import TupleRows
@@ -253,23 +248,12 @@ def split_statements(script: str) -> list[str]:
     return statements
 
 
-# A migration that drops a table to copy it (0011, 0017, 0018, 0022), or a table or view to
-# put a view in its place (0009, 0016, 0023), drops every index and trigger on it with it.
-# Those replayq made, the migration makes again; the owner's are kept by the runner.
-_DROPS = re.compile(r"^\s*DROP\s+(?:TABLE|VIEW)\s+(?:IF\s+EXISTS\s+)?[\"`\[]?(\w+)", re.I | re.M)
-_CREATES = re.compile(
-    r"^\s*CREATE\s+(?:UNIQUE\s+)?(?:INDEX|TRIGGER)\s+(?:IF\s+NOT\s+EXISTS\s+)?[\"`\[]?(\w+)",
-    re.I | re.M,
-)
-
-
-def replayq_objects(scripts: Sequence[str]) -> frozenset[str]:
-    """The indexes and triggers ``scripts`` create (lower case): replayq's, not the owner's."""
-    return frozenset(name.lower() for script in scripts for name in _CREATES.findall(script))
-
-
 def run_migration(conn: sqlite3.Connection, script: str, replayq_own: frozenset[str]) -> None:
     """Run one migration's ``script`` and keep the owner's indexes and triggers it dropped.
+
+    A migration that drops a table to copy it (0011, 0017, 0018, 0022), or a table or view
+    to put a view in its place (0009, 0016, 0023), drops every index and trigger on it with
+    it. Those replayq made (``migrate.replayq_objects``), the migration makes again.
 
     SQLite's procedure for a change ALTER TABLE cannot make (lang_altertable.html, section
     7) saves the indexes, triggers and views that depend on the table it copies and makes
@@ -280,7 +264,7 @@ def run_migration(conn: sqlite3.Connection, script: str, replayq_own: frozenset[
     after the upgrade and not for the copy. One that cannot be (its table is a view now)
     refuses the upgrade, naming it: never dropped without a word.
     """
-    dropped = {name.lower() for name in _DROPS.findall(script)}
+    dropped = migrate.dropped_relations(script)
     owned: list[tuple[str, str, str, str]] = []
     if dropped:
         rows = conn.execute(
@@ -305,12 +289,13 @@ def run_migration(conn: sqlite3.Connection, script: str, replayq_own: frozenset[
         try:
             conn.execute(sql)
         except sqlite3.Error as exc:
-            raise SchemaError(
-                f"the {kind} {name!r} on {table!r} is not replayq's and cannot be kept: "
+            why = (
                 f"this upgrade drops {table!r} (to copy it, or to put a view in its place) "
-                f"and cannot make the {kind} again after it ({exc}). Nothing was changed: "
-                f"drop it (DROP {kind.upper()} {name}), upgrade, then create what still applies"
-            ) from exc
+                f"and cannot make the {kind} again after it ({exc})"
+            )
+            drop = f"DROP {kind.upper()} {name}"
+            what = f"{kind} {name!r} on {table!r}"
+            raise migrate.owner_object_refused(what, why, drop) from exc
 
 
 _PARAMETER = re.compile(r":(\w+)")
@@ -994,7 +979,7 @@ class SqliteStorage:
         try:
             if self._up_to_date(conn):
                 return []
-            own = replayq_objects([sql for _, _, sql in load_migrations(_MIGRATIONS)])
+            own = migrate.replayq_objects([sql for _, _, sql in load_migrations(_MIGRATIONS)])
             # Off for the upgrade (step 1 of SQLite's procedure; it can only be switched
             # outside a transaction): a migration drops a table it copies, and with foreign
             # keys on, that drop deletes its rows first, which deleted the rows of an
