@@ -253,14 +253,21 @@ def test_the_owners_index_trigger_and_rule_on_a_copied_table_are_made_again(
     pg: psycopg.Connection[Any], pg_schema_url: str
 ) -> None:
     """A migration that drops a table to copy it, and a view to make it again: the owner's
-    index, row trigger and rule on the table, and INSTEAD OF trigger on the view, are made
-    again in the same transaction, on the new ones, in the schema of the search path."""
+    index, row triggers and rule on the table, and INSTEAD OF trigger on the view, are made
+    again in the same transaction, on the new ones, in the schema of the search path, a
+    disabled trigger disabled and a comment kept."""
     make_things(pg)
     pg.execute("CREATE INDEX my_things_desc ON rq_things (id DESC)")
     pg.execute(
         "CREATE TRIGGER my_thing_added AFTER INSERT ON rq_things"
         " FOR EACH ROW EXECUTE FUNCTION my_log()"
     )
+    pg.execute(
+        "CREATE TRIGGER my_thing_quiet AFTER INSERT ON rq_things"
+        " FOR EACH ROW EXECUTE FUNCTION my_log()"
+    )
+    pg.execute("ALTER TABLE rq_things DISABLE TRIGGER my_thing_quiet")
+    pg.execute("COMMENT ON INDEX my_things_desc IS 'newest first'")
     pg.execute(
         "CREATE RULE my_thing_gone AS ON DELETE TO rq_things"
         " DO ALSO INSERT INTO my_log VALUES ('deleted ' || OLD.name)"
@@ -283,6 +290,14 @@ def test_the_owners_index_trigger_and_rule_on_a_copied_table_are_made_again(
     assert [row for row in schema_objects(pg) if row[1].startswith("my_")] == owned
     indexdef = pg.execute("SELECT pg_get_indexdef('my_things_desc'::regclass)").fetchone()[0]
     assert indexdef.endswith("rq_things USING btree (id DESC)")
+    assert pg.execute("SELECT obj_description('my_things_desc'::regclass)").fetchone() == (
+        "newest first",
+    )
+    enabled = "SELECT tgname, tgenabled::text FROM pg_trigger WHERE tgrelid = 'rq_things'::regclass"
+    assert sorted(pg.execute(enabled).fetchall()) == [
+        ("my_thing_added", "O"),
+        ("my_thing_quiet", "D"),  # disabled, as it was
+    ]
     assert pg.execute("SELECT COUNT(*) FROM my_log").fetchone() == (0,)  # not for the copy
     pg.execute("INSERT INTO rq_things_view (id, name) VALUES (3, 'three')")
     pg.execute("DELETE FROM rq_things WHERE id = 1")

@@ -1,4 +1,5 @@
--- PostgreSQL-only plumbing: migration locking and the LISTEN side of wake-ups.
+-- PostgreSQL-only plumbing: migration locking, what an owner hung on a relation a migration
+-- drops (storage/postgres/upgrade.py), and the LISTEN side of wake-ups.
 
 -- name: migrations_lock
 -- Two workers starting at once: the second waits here, then finds nothing pending.
@@ -12,7 +13,8 @@ SELECT to_regclass('rq_schema_migrations') IS NOT NULL AS present;
 -- What hangs on the relations a migration drops (``relations``, resolved through the
 -- search path as the script resolves them), to tell replayq's objects from the owner's.
 -- The relation's own indexes (not a constraint's), triggers and rules go with it without
--- a word: each comes with the SQL that makes it again and the kind of relation it was on.
+-- a word: each comes with the SQL that makes it again (a trigger or rule disabled, or
+-- enabled for replicas, as it was; its comment) and the kind of relation it was on.
 -- Its policies and statistics objects go too, and cannot be made again here (definition
 -- NULL). What other objects read it or reference it (a view, a rule, a foreign key, a
 -- function's body) makes PostgreSQL refuse the drop, or goes along with CASCADE (``NULL``
@@ -26,19 +28,35 @@ WITH dropped AS (
     JOIN pg_namespace AS n ON n.oid = c.relnamespace
 )
 SELECT 'index' AS kind, i.relname AS name, d.relation, d.relkind, d.schema, d.relname,
-       pg_get_indexdef(i.oid) AS definition, format('DROP INDEX %%s', i.oid::regclass) AS dropped
+       pg_get_indexdef(i.oid) || COALESCE(format('; COMMENT ON INDEX %%I.%%I IS ', d.schema,
+           i.relname) || quote_literal(obj_description(i.oid, 'pg_class')), '') AS definition,
+       format('DROP INDEX %%s', i.oid::regclass) AS dropped
 FROM dropped AS d
 JOIN pg_index AS x ON x.indrelid = d.oid
 JOIN pg_class AS i ON i.oid = x.indexrelid
 WHERE NOT EXISTS (SELECT FROM pg_constraint AS k WHERE k.conindid = i.oid AND k.conrelid = d.oid)
 UNION ALL
 SELECT 'trigger', t.tgname, d.relation, d.relkind, d.schema, d.relname,
-       pg_get_triggerdef(t.oid), format('DROP TRIGGER %%I ON %%s', t.tgname, d.relation)
+       pg_get_triggerdef(t.oid)
+       || CASE t.tgenabled WHEN 'O' THEN ''
+              ELSE format('; ALTER TABLE %%I.%%I %%s TRIGGER %%I', d.schema, d.relname,
+                          CASE t.tgenabled WHEN 'D' THEN 'DISABLE' WHEN 'R' THEN 'ENABLE REPLICA'
+                              ELSE 'ENABLE ALWAYS' END, t.tgname) END
+       || COALESCE(format('; COMMENT ON TRIGGER %%I ON %%I.%%I IS ', t.tgname, d.schema,
+           d.relname) || quote_literal(obj_description(t.oid, 'pg_trigger')), ''),
+       format('DROP TRIGGER %%I ON %%s', t.tgname, d.relation)
 FROM dropped AS d
 JOIN pg_trigger AS t ON t.tgrelid = d.oid AND NOT t.tgisinternal
 UNION ALL
 SELECT 'rule', r.rulename, d.relation, d.relkind, d.schema, d.relname,
-       pg_get_ruledef(r.oid), format('DROP RULE %%I ON %%s', r.rulename, d.relation)
+       pg_get_ruledef(r.oid)
+       || CASE r.ev_enabled WHEN 'O' THEN ''
+              ELSE format('; ALTER TABLE %%I.%%I %%s RULE %%I', d.schema, d.relname,
+                          CASE r.ev_enabled WHEN 'D' THEN 'DISABLE' WHEN 'R' THEN 'ENABLE REPLICA'
+                              ELSE 'ENABLE ALWAYS' END, r.rulename) END
+       || COALESCE(format('; COMMENT ON RULE %%I ON %%I.%%I IS ', r.rulename, d.schema,
+           d.relname) || quote_literal(obj_description(r.oid, 'pg_rewrite')), ''),
+       format('DROP RULE %%I ON %%s', r.rulename, d.relation)
 FROM dropped AS d
 JOIN pg_rewrite AS r ON r.ev_class = d.oid AND r.rulename <> '_RETURN'
 UNION ALL
