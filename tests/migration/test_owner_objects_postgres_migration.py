@@ -12,6 +12,7 @@ changes; an object on a table the migration copies is made again
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -57,6 +58,10 @@ def schema_objects(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
         " UNION ALL SELECT 'constraint', conname, conrelid::regclass::text FROM pg_constraint"
         " WHERE connamespace = current_schema()::regnamespace ORDER BY 1, 2, 3"
     ).fetchall()
+
+
+def schema_of(conn: psycopg.Connection[Any]) -> str:
+    return str(conn.execute("SELECT current_schema()").fetchone()[0])
 
 
 def applied(conn: psycopg.Connection[Any]) -> int:
@@ -164,23 +169,86 @@ def test_an_object_of_the_owners_on_rq_events_refuses_0009_by_name_and_nothing_c
     assert applied(pg) == PG_MIGRATIONS[-1][0]
 
 
-def test_postgresqls_own_refusal_for_a_dependent_object_names_the_migration(
+def test_privileges_granted_on_rq_events_are_granted_on_the_view_0009_puts_there(
     pg: psycopg.Connection[Any], pg_schema_url: str
 ) -> None:
+    """A role of the owner's that reads the table rq_events (a dashboard) reads the view
+    0009 puts in its place: its privileges went with the table, and are granted again."""
+    reader = f"my_reader_{uuid.uuid4().hex[:8]}"
+    pg_migrated_before(pg, version_named("trace_packs"))
+    pg.execute(f"CREATE ROLE {reader}")
+    try:
+        pg.execute(f"GRANT USAGE ON SCHEMA {schema_of(pg)} TO {reader}")
+        pg.execute(f"GRANT SELECT ON rq_events TO {reader} WITH GRANT OPTION")
+        pg.execute("GRANT SELECT ON rq_events TO PUBLIC")
+
+        storage = PostgresStorage(pg_schema_url)
+        try:
+            storage.migrate(now=0.0)
+        finally:
+            storage.close()
+
+        kind = "SELECT relkind::text FROM pg_class WHERE oid = 'rq_events'::regclass"
+        assert pg.execute(kind).fetchone() == ("v",)
+        acl = pg.execute(
+            "SELECT CASE grantee WHEN 0 THEN 'PUBLIC' ELSE grantee::regrole::text END,"
+            " privilege_type, is_grantable FROM aclexplode((SELECT relacl FROM pg_class"
+            " WHERE oid = 'rq_events'::regclass))"
+            " WHERE grantee <> (SELECT relowner FROM pg_class WHERE oid = 'rq_events'::regclass)"
+            " ORDER BY 1"
+        ).fetchall()
+        assert acl == [("PUBLIC", "SELECT", False), (reader, "SELECT", True)]
+        pg.execute(f"SET ROLE {reader}")
+        assert pg.execute("SELECT COUNT(*) FROM rq_events").fetchone() == (0,)
+    finally:
+        pg.execute("RESET ROLE")
+        pg.execute(f"DROP OWNED BY {reader}")
+        pg.execute(f"DROP ROLE {reader}")
+
+
+@pytest.mark.parametrize(
+    ("migration", "create", "refused", "depending"),
+    [
+        pytest.param(
+            "gc_reach",
+            "CREATE TABLE my_refs (message_id TEXT REFERENCES rq_jobs (message_id))",
+            "cannot drop constraint rq_jobs_message_id_key on table rq_jobs",
+            "constraint my_refs_message_id_fkey on table my_refs",
+            id="foreign-key-on-0011s-constraint",
+        ),
+        pytest.param(
+            "trace_packs",
+            "CREATE FUNCTION my_event_name(e rq_events) RETURNS text"
+            " LANGUAGE sql AS 'SELECT e.name'",
+            "cannot drop table rq_events",
+            "function my_event_name(rq_events) depends on type rq_events",
+            id="function-of-0009s-row-type",
+        ),
+    ],
+)
+def test_postgresqls_own_refusal_for_a_dependent_object_names_the_migration(
+    pg: psycopg.Connection[Any],
+    pg_schema_url: str,
+    migration: str,
+    create: str,
+    refused: str,
+    depending: str,
+) -> None:
     """0011 drops the unique constraint on rq_jobs.message_id (dedup is per job type
-    since): a foreign key of the owner's on it makes PostgreSQL refuse (SQLSTATE 2BP01).
-    That comes out as a SchemaError naming the migration and the owner's constraint, not
-    as the driver's error, and nothing changes."""
-    version = version_named("gc_reach")
+    since), 0009 the table rq_events: a foreign key of the owner's on the one, a function
+    of the owner's taking the other's row type, makes PostgreSQL refuse (SQLSTATE 2BP01).
+    That comes out as a SchemaError naming the migration and the owner's object, not as
+    the driver's error, and nothing changes."""
+    version = version_named(migration)
     pg_migrated_before(pg, version)
-    pg.execute("CREATE TABLE my_refs (message_id TEXT REFERENCES rq_jobs (message_id))")
+    pg.execute(create)
     before = schema_objects(pg)
 
     message = upgrade_refused(pg_schema_url)
 
-    assert message.startswith(f"migration {version:04d} (gc_reach): PostgreSQL refuses it: ")
-    assert "cannot drop constraint rq_jobs_message_id_key on table rq_jobs" in message
-    assert "constraint my_refs_message_id_fkey on table my_refs" in message
+    assert message.startswith(f"migration {version:04d} ({migration}): PostgreSQL refuses it: ")
+    assert refused in message
+    assert depending in message
     assert "Nothing was changed: drop them, upgrade" in message
     assert schema_objects(pg) == before
     assert applied(pg) == version - 1

@@ -15,7 +15,8 @@ SELECT to_regclass('rq_schema_migrations') IS NOT NULL AS present;
 -- The relation's own indexes (not a constraint's), triggers and rules go with it without
 -- a word: each comes with the SQL that makes it again (a trigger or rule disabled, or
 -- enabled for replicas, as it was; its comment) and the kind of relation it was on.
--- Its policies and statistics objects go too, and cannot be made again here (definition
+-- So do the privileges granted on it, given again on what takes its name (whatever its
+-- kind). Its policies and statistics objects go too, and cannot be made again here (definition
 -- NULL). What other objects read it or reference it (a view, a rule, a foreign key, a
 -- function's body) makes PostgreSQL refuse the drop, or goes along with CASCADE (``NULL``
 -- too). ``dropped`` says how to drop each, for the owner's part of the refusal.
@@ -59,6 +60,24 @@ SELECT 'rule', r.rulename, d.relation, d.relkind, d.schema, d.relname,
        format('DROP RULE %%I ON %%s', r.rulename, d.relation)
 FROM dropped AS d
 JOIN pg_rewrite AS r ON r.ev_class = d.oid AND r.rulename <> '_RETURN'
+UNION ALL
+-- The privileges granted on it (to roles other than its owner), granted again on what
+-- takes its name: a GRANT given twice changes nothing.
+SELECT 'privileges', string_agg(DISTINCT g.grantee, ', '), d.relation, d.relkind, d.schema,
+       d.relname,
+       string_agg(format('GRANT %%s ON %%I.%%I TO %%s%%s', g.privilege_type, d.schema,
+                         d.relname, g.grantee,
+                         CASE WHEN g.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END), '; '),
+       format('REVOKE ALL ON %%s FROM %%s', d.relation, string_agg(DISTINCT g.grantee, ', '))
+FROM dropped AS d
+JOIN pg_class AS c ON c.oid = d.oid
+CROSS JOIN LATERAL (
+    SELECT a.privilege_type, a.is_grantable,
+           CASE a.grantee WHEN 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END AS grantee
+    FROM aclexplode(c.relacl) AS a
+    WHERE a.grantee <> c.relowner
+) AS g
+GROUP BY d.relation, d.relkind, d.schema, d.relname
 UNION ALL
 SELECT 'policy', p.polname, d.relation, d.relkind, d.schema, d.relname,
        NULL, format('DROP POLICY %%I ON %%s', p.polname, d.relation)
@@ -105,8 +124,9 @@ SELECT (SELECT relkind FROM relation) AS relkind,
                IS NOT NULL
            WHEN 'trigger' THEN EXISTS (SELECT FROM pg_trigger AS t JOIN relation AS r
                                        ON t.tgrelid = r.oid WHERE t.tgname = %(name)s)
-           ELSE EXISTS (SELECT FROM pg_rewrite AS w JOIN relation AS r
-                        ON w.ev_class = r.oid WHERE w.rulename = %(name)s)
+           WHEN 'rule' THEN EXISTS (SELECT FROM pg_rewrite AS w JOIN relation AS r
+                                    ON w.ev_class = r.oid WHERE w.rulename = %(name)s)
+           ELSE false
        END AS present;
 
 -- name: jobs_listen

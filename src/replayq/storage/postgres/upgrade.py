@@ -13,7 +13,9 @@ drop, or go along with ``CASCADE``. replayq's own the migration makes again. The
   written after the upgrade. When the relation of that name is of another kind now (0009:
   a view where a table was), or PostgreSQL cannot make it again, the upgrade is refused,
   naming it: on a view such an object could not be made, or would never fire, since
-  replayq writes no rows to a view;
+  replayq writes no rows to a view. The privileges granted on the dropped relation are
+  granted again on what takes its name, whatever its kind (a reader of the table reads
+  the view);
 * a policy or statistics object on it, or a view, rule, foreign key or other object of
   the owner's that depends on it, refuses the upgrade before the script runs, naming it:
   replayq drops none of the owner's (with ``CASCADE`` PostgreSQL would, silently). Any
@@ -36,11 +38,12 @@ from replayq.errors import SchemaError
 from replayq.storage import migrate
 from replayq.storage.sql_transaction import SqlTransaction
 
-# The objects of a dropped relation made again after the script; the rest are refused.
-_MADE_AGAIN = frozenset({"index", "trigger", "rule"})
+# A relation's kind as a message names it (a partitioned table is a table here).
 _RELKINDS = {"r": "table", "v": "view", "m": "materialized view"}
 # Of the relation, and dropped with it; every other kind reads or references it.
-_ON_THE_RELATION = frozenset({"index", "trigger", "rule", "policy", "statistics object"})
+_ON_THE_RELATION = frozenset(
+    {"index", "trigger", "rule", "privileges", "policy", "statistics object"}
+)
 
 
 def run_migration(tx: SqlTransaction, script: str, replayq_own: frozenset[str]) -> None:
@@ -69,7 +72,10 @@ def run_migration(tx: SqlTransaction, script: str, replayq_own: frozenset[str]) 
         now = tx.fetchone("migration_dependent_kept", obj)
         if now["present"]:
             continue  # the script did not drop it after all
-        if now["relkind"] != obj["relkind"]:
+        if obj["kind"] == "privileges":
+            if now["relkind"] is None:
+                continue  # nothing takes the name: nothing to grant them on
+        elif now["relkind"] != obj["relkind"]:
             raise _refused(obj, _why_other_kind(obj, now["relkind"]))
         try:
             tx.connection.execute(obj["definition"])
