@@ -22,7 +22,7 @@ import pytest
 from replayq.errors import SchemaError
 from replayq.storage import migrate
 from replayq.storage.postgres import PostgresStorage, parse_postgres_url, upgrade
-from tests.migration.older import PG_MIGRATIONS, pg_migrated_before, version_named
+from tests.migration.older import PG_MIGRATIONS, migrated_before, version_named
 
 pytestmark = pytest.mark.postgres
 
@@ -146,7 +146,7 @@ def test_an_object_of_the_owners_on_rq_events_refuses_0009_by_name_and_nothing_c
     made PostgreSQL refuse with a raw error. Each refuses the upgrade naming the migration
     and the object, saying how to drop it, and the schema is left as it was."""
     version = version_named("trace_packs")
-    pg_migrated_before(pg, version)
+    migrated_before(pg, version)
     pg.execute(create)
     before = schema_objects(pg)
 
@@ -175,7 +175,7 @@ def test_privileges_granted_on_rq_events_are_granted_on_the_view_0009_puts_there
     """A role of the owner's that reads the table rq_events (a dashboard) reads the view
     0009 puts in its place: its privileges went with the table, and are granted again."""
     reader = f"my_reader_{uuid.uuid4().hex[:8]}"
-    pg_migrated_before(pg, version_named("trace_packs"))
+    migrated_before(pg, version_named("trace_packs"))
     pg.execute(f"CREATE ROLE {reader}")
     try:
         pg.execute(f"GRANT USAGE ON SCHEMA {schema_of(pg)} TO {reader}")
@@ -240,7 +240,7 @@ def test_postgresqls_own_refusal_for_a_dependent_object_names_the_migration(
     That comes out as a SchemaError naming the migration and the owner's object, not as
     the driver's error, and nothing changes."""
     version = version_named(migration)
-    pg_migrated_before(pg, version)
+    migrated_before(pg, version)
     pg.execute(create)
     before = schema_objects(pg)
 
@@ -260,7 +260,7 @@ def test_an_upgrade_from_the_first_migration_keeps_the_owners_objects_on_kept_ta
     """Every migration at once, as an app's upgrade runs them, from a schema at 0008 with
     the owner's view, trigger and index on rq_jobs and a view over rq_entities (tables no
     migration drops): all are there after it, and the trigger fires as before."""
-    pg_migrated_before(pg, version_named("trace_packs"))
+    migrated_before(pg, version_named("trace_packs"))
     pg.execute("CREATE VIEW my_jobs AS SELECT id, state FROM rq_jobs")
     pg.execute("CREATE VIEW my_heads AS SELECT key, version FROM rq_entities")
     pg.execute("CREATE INDEX my_jobs_by_payload ON rq_jobs (payload)")

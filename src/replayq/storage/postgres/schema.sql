@@ -37,29 +37,23 @@ JOIN pg_index AS x ON x.indrelid = d.oid
 JOIN pg_class AS i ON i.oid = x.indexrelid
 WHERE NOT EXISTS (SELECT FROM pg_constraint AS k WHERE k.conindid = i.oid AND k.conrelid = d.oid)
 UNION ALL
-SELECT 'trigger', t.tgname, d.relation, d.relkind, d.schema, d.relname,
-       pg_get_triggerdef(t.oid)
-       || CASE t.tgenabled WHEN 'O' THEN ''
-              ELSE format('; ALTER TABLE %%I.%%I %%s TRIGGER %%I', d.schema, d.relname,
-                          CASE t.tgenabled WHEN 'D' THEN 'DISABLE' WHEN 'R' THEN 'ENABLE REPLICA'
-                              ELSE 'ENABLE ALWAYS' END, t.tgname) END
-       || COALESCE(format('; COMMENT ON TRIGGER %%I ON %%I.%%I IS ', t.tgname, d.schema,
-           d.relname) || quote_literal(obj_description(t.oid, 'pg_trigger')), ''),
-       format('DROP TRIGGER %%I ON %%s', t.tgname, d.relation)
+SELECT o.kind, o.name, d.relation, d.relkind, d.schema, d.relname,
+       o.definition
+       || CASE o.enabled WHEN 'O' THEN ''
+              ELSE format('; ALTER TABLE %%I.%%I %%s %%s %%I', d.schema, d.relname,
+                          CASE o.enabled WHEN 'D' THEN 'DISABLE' WHEN 'R' THEN 'ENABLE REPLICA'
+                              ELSE 'ENABLE ALWAYS' END, upper(o.kind), o.name) END
+       || COALESCE(format('; COMMENT ON %%s %%I ON %%I.%%I IS ', upper(o.kind), o.name,
+                          d.schema, d.relname) || quote_literal(o.comment), ''),
+       format('DROP %%s %%I ON %%s', upper(o.kind), o.name, d.relation)
 FROM dropped AS d
-JOIN pg_trigger AS t ON t.tgrelid = d.oid AND NOT t.tgisinternal
-UNION ALL
-SELECT 'rule', r.rulename, d.relation, d.relkind, d.schema, d.relname,
-       pg_get_ruledef(r.oid)
-       || CASE r.ev_enabled WHEN 'O' THEN ''
-              ELSE format('; ALTER TABLE %%I.%%I %%s RULE %%I', d.schema, d.relname,
-                          CASE r.ev_enabled WHEN 'D' THEN 'DISABLE' WHEN 'R' THEN 'ENABLE REPLICA'
-                              ELSE 'ENABLE ALWAYS' END, r.rulename) END
-       || COALESCE(format('; COMMENT ON RULE %%I ON %%I.%%I IS ', r.rulename, d.schema,
-           d.relname) || quote_literal(obj_description(r.oid, 'pg_rewrite')), ''),
-       format('DROP RULE %%I ON %%s', r.rulename, d.relation)
-FROM dropped AS d
-JOIN pg_rewrite AS r ON r.ev_class = d.oid AND r.rulename <> '_RETURN'
+JOIN (SELECT 'trigger' AS kind, tgname AS name, tgrelid AS relid, pg_get_triggerdef(oid)
+             AS definition, tgenabled AS enabled, obj_description(oid, 'pg_trigger') AS comment
+      FROM pg_trigger WHERE NOT tgisinternal
+      UNION ALL
+      SELECT 'rule', rulename, ev_class, pg_get_ruledef(oid), ev_enabled,
+             obj_description(oid, 'pg_rewrite')
+      FROM pg_rewrite WHERE rulename <> '_RETURN') AS o ON o.relid = d.oid
 UNION ALL
 -- The privileges granted on it (to roles other than its owner), granted again on what
 -- takes its name: a GRANT given twice changes nothing.
