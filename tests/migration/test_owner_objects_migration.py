@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from replayq.errors import SchemaError
-from replayq.storage.migrate import replayq_objects
+from replayq.storage.migrate import replayq_names
 from replayq.storage.sqlite import SqliteStorage, run_migration
 from tests.migration.older import MIGRATIONS, migrated_before, version_named
 
-REPLAYQ_OWN = replayq_objects([sql for _, _, sql in MIGRATIONS])
+REPLAYQ_OWN = replayq_names([sql for _, _, sql in MIGRATIONS])
 
 
 def apply_alone(db: Path, version: int) -> None:
@@ -274,3 +274,45 @@ def test_an_instead_of_trigger_of_the_owners_on_a_view_replayq_makes_again_is_ke
         assert conn.execute("SELECT what FROM my_log").fetchall() == [("mine",)]
     finally:
         storage.close()
+
+
+@pytest.mark.parametrize(
+    ("migration", "table"),
+    [*((migration, owned.table) for migration, owned in COPIES), ("trace_packs", "rq_events")],
+)
+def test_a_column_the_owner_added_to_a_copied_table_refuses_the_upgrade_by_name(
+    tmp_path: Path, migration: str, table: str
+) -> None:
+    """The copy takes the columns the migration knows (0009 those of an event): the
+    values of a column the owner added would be lost. The upgrade is refused naming the
+    migration and the column, and the file is left as it was."""
+    version = version_named(migration)
+    db = tmp_path / "old.db"
+    conn = sqlite3.connect(db)
+    with conn:
+        migrated_before(conn, version)
+        conn.execute(f"ALTER TABLE {table} ADD COLUMN my_note TEXT")
+        before = conn.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
+    conn.close()
+
+    storage = SqliteStorage(f"sqlite:///{db}")
+    try:
+        with pytest.raises(SchemaError) as refused:
+            storage.migrate(now=0.0)
+    finally:
+        storage.close()
+    message = str(refused.value)
+    assert message.startswith(
+        f"migration {version:04d} ({migration}): the column 'my_note' of '{table}' is not"
+        " replayq's and cannot be kept"
+    )
+    assert f"drop it (ALTER TABLE {table} DROP COLUMN my_note)" in message
+
+    conn = sqlite3.connect(db)
+    try:
+        after = conn.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name")
+        assert after.fetchall() == before
+        applied = conn.execute("SELECT MAX(version) FROM rq_schema_migrations").fetchone()[0]
+        assert applied == version - 1
+    finally:
+        conn.close()

@@ -26,7 +26,7 @@ from tests.migration.older import PG_MIGRATIONS, migrated_before, version_named
 
 pytestmark = pytest.mark.postgres
 
-REPLAYQ_OWN = migrate.replayq_objects([sql for _, _, sql in PG_MIGRATIONS])
+REPLAYQ_OWN = migrate.replayq_names([sql for _, _, sql in PG_MIGRATIONS])
 LOG_FUNCTION = (
     "CREATE FUNCTION my_log() RETURNS trigger LANGUAGE plpgsql AS"
     " $$ BEGIN INSERT INTO my_log VALUES (TG_NAME); RETURN NULL; END $$"
@@ -128,6 +128,12 @@ ON_EVENTS = [
         id="materialized-view",
     ),
     pytest.param(
+        "column 'my_note' of",
+        "ALTER TABLE rq_events ADD COLUMN my_note TEXT",
+        "ALTER TABLE rq_events DROP COLUMN my_note",
+        id="column",
+    ),
+    pytest.param(
         "constraint 'my_notes_event_id_fkey'",
         "CREATE TABLE my_notes (event_id BIGINT REFERENCES rq_events (id), note TEXT)",
         "ALTER TABLE my_notes DROP CONSTRAINT my_notes_event_id_fkey",
@@ -142,7 +148,8 @@ def test_an_object_of_the_owners_on_rq_events_refuses_0009_by_name_and_nothing_c
 ) -> None:
     """The table rq_events becomes a view (events are written to rq_trace since): an
     index, trigger, rule or policy on the table cannot be made on the view, or would never
-    fire there, and PostgreSQL would drop it without a word; a view or foreign key over it
+    fire there, and PostgreSQL would drop it without a word, as the values of a column the
+    owner added (0009 copies the columns it knows); a view or foreign key over it
     made PostgreSQL refuse with a raw error. Each refuses the upgrade naming the migration
     and the object, saying how to drop it, and the schema is left as it was."""
     version = version_named("trace_packs")
@@ -153,7 +160,7 @@ def test_an_object_of_the_owners_on_rq_events_refuses_0009_by_name_and_nothing_c
     message = upgrade_refused(pg_schema_url)
 
     assert message.startswith(f"migration {version:04d} (trace_packs): the {named} ")
-    assert "on 'rq_events' is not replayq's and cannot be kept" in message
+    assert " 'rq_events' is not replayq's and cannot be kept" in message
     assert f"drop it ({drop}), upgrade, then create what still applies" in message
     assert schema_objects(pg) == before
     assert applied(pg) == version - 1
@@ -288,7 +295,7 @@ def test_an_upgrade_from_the_first_migration_keeps_the_owners_objects_on_kept_ta
 
 
 # A migration that copies replayq's table rq_things (as SQLite's 0011 does) and makes its
-# view rq_things_view again; what replayq made is named in REPLAYQ_THINGS.
+# view rq_things_view again; replayq's objects and columns are those the script names.
 COPY_THINGS = """
 CREATE TABLE rq_things_new (id BIGINT PRIMARY KEY, name TEXT NOT NULL, size INTEGER);
 INSERT INTO rq_things_new (id, name) SELECT id, name FROM rq_things;
@@ -298,7 +305,7 @@ ALTER TABLE rq_things_new RENAME TO rq_things;
 CREATE INDEX rq_things_name ON rq_things (name);
 CREATE VIEW rq_things_view AS SELECT id, name FROM rq_things;
 """
-REPLAYQ_THINGS = frozenset({"rq_things_name", "rq_things_view"})
+REPLAYQ_THINGS = migrate.replayq_names([COPY_THINGS])
 
 
 def make_things(conn: psycopg.Connection[Any]) -> None:
@@ -400,6 +407,31 @@ def test_a_drop_with_cascade_never_takes_the_owners_view_along(
         (1, "one"),
         (2, "two"),
     ]
+
+
+def test_a_column_the_owner_added_to_a_copied_table_refuses_the_copy(
+    pg: psycopg.Connection[Any], pg_schema_url: str
+) -> None:
+    """The copy takes the columns the migration knows: the values of one the owner added
+    would be lost. The upgrade is refused naming it; a column replayq's SQL names is not
+    taken for the owner's."""
+    make_things(pg)
+    pg.execute("ALTER TABLE rq_things ADD COLUMN my_weight INTEGER")
+    before = schema_objects(pg)
+
+    with pytest.raises(SchemaError) as refused:
+        run_alone(pg_schema_url, COPY_THINGS)
+
+    assert str(refused.value).startswith(
+        "the column 'my_weight' of 'rq_things' is not replayq's and cannot be kept: this"
+        " upgrade drops 'rq_things' (to copy it, or to put a view in its place) and copies"
+        " the columns it knows"
+    )
+    assert "drop it (ALTER TABLE rq_things DROP COLUMN my_weight)" in str(refused.value)
+    assert schema_objects(pg) == before
+    pg.execute("ALTER TABLE rq_things DROP COLUMN my_weight")
+    pg.execute("ALTER TABLE rq_things ADD COLUMN size INTEGER")  # named by the script
+    run_alone(pg_schema_url, COPY_THINGS)
 
 
 def test_only_the_drops_the_runner_guards_are_in_postgresqls_migrations() -> None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from replayq.errors import SchemaError
@@ -24,10 +25,44 @@ _CREATES = re.compile(
 )
 
 
-def replayq_objects(scripts: Sequence[str]) -> frozenset[str]:
-    """The indexes, triggers and views ``scripts`` create (lower case): replayq's, not the
-    owner's, told apart by name (replayq's are all named ``rq_...``)."""
-    return frozenset(name.lower() for script in scripts for name in _CREATES.findall(script))
+_COMMENTS = re.compile(r"--[^\n]*")
+_WORDS = re.compile(r"\w+")
+
+
+class ReplayqNames:
+    """What replayq's migrations name (lower case), to tell replayq's from the owner's:
+    an object of the owner's is one whose name no script creates (replayq's are all
+    ``rq_...``); a column of the owner's, one no script names at all (comments left out).
+    Read from the scripts the first time a runner asks, which only a migration that
+    drops a table or view makes it do."""
+
+    def __init__(self, scripts: Callable[[], Iterable[str]]) -> None:
+        self._scripts = scripts
+
+    @functools.cached_property
+    def _objects(self) -> frozenset[str]:
+        return frozenset(name.lower() for s in self._scripts() for name in _CREATES.findall(s))
+
+    @functools.cached_property
+    def _words(self) -> frozenset[str]:
+        code = (_COMMENTS.sub("", script).lower() for script in self._scripts())
+        return frozenset(word for text in code for word in _WORDS.findall(text))
+
+    def made(self, kind: str, name: str) -> bool:
+        """Whether the ``kind`` (``index``, ``column``, ...) ``name`` is replayq's. A column
+        of the owner's named like a word of replayq's SQL passes for replayq's: the check
+        errs towards what replayq made."""
+        return name.lower() in (self._words if kind == "column" else self._objects)
+
+
+def replayq_names(scripts: Sequence[str]) -> ReplayqNames:
+    """What ``scripts`` name (a runner's tests give their own)."""
+    return ReplayqNames(lambda: scripts)
+
+
+def replayq_names_of(package: str) -> ReplayqNames:
+    """What the migrations of ``package`` name, read only if asked."""
+    return ReplayqNames(lambda: [sql for _, _, sql in load_migrations(package)])
 
 
 def dropped_relations(script: str) -> frozenset[str]:
@@ -49,6 +84,16 @@ def owner_object_refused(what: str, why: str, drop: str) -> SchemaError:
         f"the {what} is not replayq's and cannot be kept: {why}. Nothing was changed: "
         f"drop it ({drop}), upgrade, then create what still applies"
     )
+
+
+def owner_column_refused(column: str, table: str) -> SchemaError:
+    """The refusal of an upgrade whose copy of ``table`` would lose the owner's ``column``."""
+    why = (
+        f"this upgrade drops {table!r} (to copy it, or to put a view in its place) and "
+        f"copies the columns it knows: the column's values would be lost"
+    )
+    drop = f"ALTER TABLE {table} DROP COLUMN {column}"
+    return owner_object_refused(f"column {column!r} of {table!r}", why, drop)
 
 
 def migration_status(applied: list[tuple[int, str, float]], package: str) -> list[MigrationStatus]:

@@ -117,7 +117,7 @@ from replayq.storage.params import JobsComplete
 from replayq.storage.postgres import upgrade
 from replayq.storage.postgres.adapt import arrays_as_literals, column_names
 from replayq.storage.protocol import JobInsert, JobLease, Listener, MigrationStatus
-from replayq.storage.queries import load_migrations, load_queries
+from replayq.storage.queries import load_queries
 from replayq.storage.retention_params import LedgerDrop, LedgerPartitions
 from replayq.storage.sql_transaction import JOBS_COMPLETE_COLUMNS, SqlTransaction, with_job_id
 
@@ -1025,7 +1025,7 @@ class PostgresStorage:
             tx.execute("migrations_lock")
             tx.execute("migrations_create")
 
-            own = migrate.replayq_objects([sql for _, _, sql in load_migrations(_MIGRATIONS)])
+            own = migrate.replayq_names_of(_MIGRATIONS)
 
             def run_script(script: str) -> None:
                 try:

@@ -16,7 +16,7 @@ SELECT to_regclass('rq_schema_migrations') IS NOT NULL AS present;
 -- a word: each comes with the SQL that makes it again (a trigger or rule disabled, or
 -- enabled for replicas, as it was; its comment) and the kind of relation it was on.
 -- So do the privileges granted on it, given again on what takes its name (whatever its
--- kind). Its policies and statistics objects go too, and cannot be made again here (definition
+-- kind), and the values of a table's columns that the relation taking its name has not. Its policies and statistics objects go too, and cannot be made again here (definition
 -- NULL). What other objects read it or reference it (a view, a rule, a foreign key, a
 -- function's body) makes PostgreSQL refuse the drop, or goes along with CASCADE (``NULL``
 -- too). ``dropped`` says how to drop each, for the owner's part of the refusal.
@@ -73,6 +73,13 @@ CROSS JOIN LATERAL (
 ) AS g
 GROUP BY d.relation, d.relkind, d.schema, d.relname
 UNION ALL
+-- The columns of a dropped table: the copy takes those the migration knows.
+SELECT 'column', a.attname, d.relation, d.relkind, d.schema, d.relname, '',
+       format('ALTER TABLE %%s DROP COLUMN %%I', d.relation, a.attname)
+FROM dropped AS d
+JOIN pg_attribute AS a ON a.attrelid = d.oid AND a.attnum > 0 AND NOT a.attisdropped
+WHERE d.relkind = 'r'
+UNION ALL
 SELECT 'policy', p.polname, d.relation, d.relkind, d.schema, d.relname,
        NULL, format('DROP POLICY %%I ON %%s', p.polname, d.relation)
 FROM dropped AS d
@@ -120,6 +127,9 @@ SELECT (SELECT relkind FROM relation) AS relkind,
                                        ON t.tgrelid = r.oid WHERE t.tgname = %(name)s)
            WHEN 'rule' THEN EXISTS (SELECT FROM pg_rewrite AS w JOIN relation AS r
                                     ON w.ev_class = r.oid WHERE w.rulename = %(name)s)
+           WHEN 'column' THEN EXISTS (SELECT FROM pg_attribute AS a JOIN relation AS r
+                                      ON a.attrelid = r.oid WHERE a.attname = %(name)s
+                                      AND NOT a.attisdropped)
            ELSE false
        END AS present;
 

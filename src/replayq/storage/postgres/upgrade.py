@@ -46,7 +46,7 @@ _ON_THE_RELATION = frozenset(
 )
 
 
-def run_migration(tx: SqlTransaction, script: str, replayq_own: frozenset[str]) -> None:
+def run_migration(tx: SqlTransaction, script: str, replayq: migrate.ReplayqNames) -> None:
     """Run one migration's ``script`` in ``tx``'s transaction and keep the owner's objects
     on the relations it drops, or refuse the upgrade naming them (see the module)."""
     dropped = migrate.dropped_relations(script)
@@ -54,7 +54,7 @@ def run_migration(tx: SqlTransaction, script: str, replayq_own: frozenset[str]) 
     if dropped:
         found = tx.fetchall("migration_dependents", {"relations": sorted(dropped)})
         for obj in found:
-            if obj["name"].lower() in replayq_own:
+            if replayq.made(obj["kind"], obj["name"]):
                 continue
             if obj["definition"] is None:
                 raise _refused(obj, _why_not_kept(obj))
@@ -72,6 +72,8 @@ def run_migration(tx: SqlTransaction, script: str, replayq_own: frozenset[str]) 
         now = tx.fetchone("migration_dependent_kept", obj)
         if now["present"]:
             continue  # the script did not drop it after all
+        if obj["kind"] == "column":
+            raise migrate.owner_column_refused(obj["name"], obj["relation"])
         if obj["kind"] == "privileges":
             if now["relkind"] is None:
                 continue  # nothing takes the name: nothing to grant them on
