@@ -5,7 +5,8 @@ of that name in its place) drops with it, without a word, its indexes, triggers,
 policies and statistics objects, replayq's and the owner's alike; the objects of other
 relations that read or reference it (a view, a foreign key) make PostgreSQL refuse the
 drop, or go along with ``CASCADE``. replayq's own the migration makes again. The owner's
-(any object whose name replayq's migrations do not create, ``migrate.replayq_objects``):
+(an object whose name replayq's migrations do not create, a column no word of their SQL
+names: ``migrate.ReplayqNames``):
 
 * an index, trigger or rule on the dropped relation is made again from its definition
   (``pg_get_indexdef``, ``pg_get_triggerdef``, ``pg_get_ruledef``, read before the script)
@@ -15,7 +16,8 @@ drop, or go along with ``CASCADE``. replayq's own the migration makes again. The
   naming it: on a view such an object could not be made, or would never fire, since
   replayq writes no rows to a view. The privileges granted on the dropped relation are
   granted again on what takes its name, whatever its kind (a reader of the table reads
-  the view);
+  the view). A column of the owner's on a dropped table that what takes its name has not
+  refuses the upgrade: the migration copies the columns it knows;
 * a policy or statistics object on it, or a view, rule, foreign key or other object of
   the owner's that depends on it, refuses the upgrade before the script runs, naming it:
   replayq drops none of the owner's (with ``CASCADE`` PostgreSQL would, silently). Any
