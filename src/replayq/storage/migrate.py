@@ -15,18 +15,16 @@ from replayq.storage.queries import load_migrations
 # make it again) drops what hangs on it: its indexes and triggers (on PostgreSQL its rules,
 # policies and statistics too). Those replayq made, the migration makes again; the
 # database owner's, each backend's runner keeps or refuses the upgrade over, naming them.
-_DROPS = re.compile(
-    r"^\s*DROP\s+(?:TABLE|(?:MATERIALIZED\s+)?VIEW)\s+(?:IF\s+EXISTS\s+)?([^;]+)", re.I | re.M
-)
-_CREATES = re.compile(
+# Patterns, not compiled at import: every process imports this module, few run a migration
+# that drops something (re compiles each on its first use, ~1M instructions each).
+_DROPS = r"^\s*DROP\s+(?:TABLE|(?:MATERIALIZED\s+)?VIEW)\s+(?:IF\s+EXISTS\s+)?([^;]+)"
+_CREATES = (
     r"^\s*CREATE\s+(?:OR\s+REPLACE\s+)?(?:UNIQUE\s+|MATERIALIZED\s+)?(?:INDEX|TRIGGER|VIEW)"
-    r"\s+(?:IF\s+NOT\s+EXISTS\s+)?[\"`\[]?(\w+)",
-    re.I | re.M,
+    r"\s+(?:IF\s+NOT\s+EXISTS\s+)?[\"`\[]?(\w+)"
 )
-
-
-_COMMENTS = re.compile(r"--[^\n]*")
-_WORDS = re.compile(r"\w+")
+_COMMENTS = r"--[^\n]*"
+_WORDS = r"\w+"
+_LINES = re.I | re.M
 
 
 class ReplayqNames:
@@ -41,12 +39,13 @@ class ReplayqNames:
 
     @functools.cached_property
     def _objects(self) -> frozenset[str]:
-        return frozenset(name.lower() for s in self._scripts() for name in _CREATES.findall(s))
+        scripts = self._scripts()
+        return frozenset(n.lower() for s in scripts for n in re.findall(_CREATES, s, _LINES))
 
     @functools.cached_property
     def _words(self) -> frozenset[str]:
-        code = (_COMMENTS.sub("", script).lower() for script in self._scripts())
-        return frozenset(word for text in code for word in _WORDS.findall(text))
+        code = (re.sub(_COMMENTS, "", script).lower() for script in self._scripts())
+        return frozenset(word for text in code for word in re.findall(_WORDS, text))
 
     def made(self, kind: str, name: str) -> bool:
         """Whether the ``kind`` (``index``, ``column``, ...) ``name`` is replayq's. A column
@@ -69,7 +68,7 @@ def dropped_relations(script: str) -> frozenset[str]:
     """The tables and views ``script`` drops (lower case, as written, without quotes or
     schema: a migration names them through the search path)."""
     names = set()
-    for listed in _DROPS.findall(script):
+    for listed in re.findall(_DROPS, script, _LINES):
         for item in listed.split(","):
             words = item.split()
             if words:  # the name, not a CASCADE or RESTRICT after it
