@@ -1,12 +1,14 @@
-"""SQLite files as an older replayq left them: its migrations applied and recorded."""
+"""Databases as an older replayq left them: its migrations applied and recorded."""
 
 from __future__ import annotations
 
 import sqlite3
+from typing import Any
 
 from replayq.storage.queries import load_migrations
 
 MIGRATIONS = load_migrations("replayq.storage.sqlite.migrations")
+PG_MIGRATIONS = load_migrations("replayq.storage.postgres.migrations")
 
 
 def version_named(name: str) -> int:
@@ -15,14 +17,17 @@ def version_named(name: str) -> int:
     return next(version for version, found, _ in MIGRATIONS if found == name)
 
 
-def migrated_before(conn: sqlite3.Connection, version: int) -> None:
+def migrated_before(conn: Any, version: int) -> None:
     """Every migration below ``version`` applied on ``conn`` and recorded in
-    ``rq_schema_migrations``, as replayq of that time would have left the file."""
+    ``rq_schema_migrations``, as replayq of that time would have left the database: a
+    SQLite file, or (``conn`` a psycopg connection) the schema of its search path."""
+    sqlite = isinstance(conn, sqlite3.Connection)
     conn.execute(
-        "CREATE TABLE rq_schema_migrations (version INTEGER PRIMARY KEY,"
-        " name TEXT NOT NULL, applied_at REAL NOT NULL)"
+        "CREATE TABLE rq_schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
+        f" applied_at {'REAL' if sqlite else 'DOUBLE PRECISION'} NOT NULL)"
     )
-    for number, name, sql in MIGRATIONS:
+    record = "INSERT INTO rq_schema_migrations VALUES (?, ?, 0)"
+    for number, name, sql in MIGRATIONS if sqlite else PG_MIGRATIONS:
         if number < version:
-            conn.executescript(sql)
-            conn.execute("INSERT INTO rq_schema_migrations VALUES (?, ?, 0)", (number, name))
+            (conn.executescript if sqlite else conn.execute)(sql)
+            conn.execute(record if sqlite else record.replace("?", "%s"), (number, name))

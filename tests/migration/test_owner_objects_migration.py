@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 from replayq.errors import SchemaError
-from replayq.storage.sqlite import SqliteStorage, replayq_objects, run_migration
+from replayq.storage.migrate import replayq_names
+from replayq.storage.sqlite import SqliteStorage, run_migration
 from tests.migration.older import MIGRATIONS, migrated_before, version_named
 
-REPLAYQ_OWN = replayq_objects([sql for _, _, sql in MIGRATIONS])
+REPLAYQ_OWN = replayq_names([sql for _, _, sql in MIGRATIONS])
 
 
 def apply_alone(db: Path, version: int) -> None:
@@ -152,15 +153,26 @@ def test_a_trigger_of_the_owners_that_cannot_be_kept_refuses_the_upgrade_by_name
     since): a trigger on the table cannot be made on the view, nor would it ever fire
     again. The upgrade is refused, naming it, and the file is left as it was."""
     version = version_named("trace_packs")
-    db = tmp_path / "old.db"
+    message = upgrade_refused(
+        tmp_path / "old.db",
+        version,
+        "CREATE TABLE my_log (what TEXT)",
+        "CREATE TRIGGER my_event_log AFTER INSERT ON rq_events"
+        " BEGIN INSERT INTO my_log VALUES (NEW.name); END",
+    )
+    assert f"migration {version:04d} (trace_packs)" in message
+    assert "trigger 'my_event_log' on 'rq_events'" in message
+    assert "DROP TRIGGER my_event_log" in message
+
+
+def upgrade_refused(db: Path, version: int, *owners: str) -> str:
+    """The refusal of an upgrade of a file at ``version`` with the owner's statements
+    applied; the file is left as it was (checked)."""
     conn = sqlite3.connect(db)
     with conn:
         migrated_before(conn, version)
-        conn.execute("CREATE TABLE my_log (what TEXT)")
-        conn.execute(
-            "CREATE TRIGGER my_event_log AFTER INSERT ON rq_events"
-            " BEGIN INSERT INTO my_log VALUES (NEW.name); END"
-        )
+        for sql in owners:
+            conn.execute(sql)
         before = conn.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
     conn.close()
 
@@ -170,22 +182,17 @@ def test_a_trigger_of_the_owners_that_cannot_be_kept_refuses_the_upgrade_by_name
             storage.migrate(now=0.0)
     finally:
         storage.close()
-    message = str(refused.value)
-    assert f"migration {version:04d} (trace_packs)" in message
-    assert "trigger 'my_event_log' on 'rq_events'" in message
-    assert "DROP TRIGGER my_event_log" in message
 
     conn = sqlite3.connect(db)
     try:
-        assert (
-            conn.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name").fetchall()
-            == before
-        )
+        after = conn.execute("SELECT type, name, sql FROM sqlite_master ORDER BY name")
+        assert after.fetchall() == before
         applied = conn.execute("SELECT MAX(version) FROM rq_schema_migrations").fetchone()[0]
         assert applied == version - 1
         assert conn.execute("PRAGMA legacy_alter_table").fetchone()[0] == 0
     finally:
         conn.close()
+    return str(refused.value)
 
 
 def test_an_upgrade_across_every_copy_keeps_the_owners_objects_and_referencing_rows(
@@ -273,3 +280,24 @@ def test_an_instead_of_trigger_of_the_owners_on_a_view_replayq_makes_again_is_ke
         assert conn.execute("SELECT what FROM my_log").fetchall() == [("mine",)]
     finally:
         storage.close()
+
+
+@pytest.mark.parametrize(
+    ("migration", "table"),
+    [*((migration, owned.table) for migration, owned in COPIES), ("trace_packs", "rq_events")],
+)
+def test_a_column_the_owner_added_to_a_copied_table_refuses_the_upgrade_by_name(
+    tmp_path: Path, migration: str, table: str
+) -> None:
+    """The copy takes the columns the migration knows (0009 those of an event): the
+    values of a column the owner added would be lost. The upgrade is refused naming the
+    migration and the column, and the file is left as it was."""
+    version = version_named(migration)
+    message = upgrade_refused(
+        tmp_path / "old.db", version, f"ALTER TABLE {table} ADD COLUMN my_note TEXT"
+    )
+    assert message.startswith(
+        f"migration {version:04d} ({migration}): the column 'my_note' of '{table}' is not"
+        " replayq's and cannot be kept"
+    )
+    assert f"drop it (ALTER TABLE {table} DROP COLUMN my_note)" in message

@@ -74,7 +74,10 @@ Known limits, up front:
   ``ledger_days``. The full tier stays in the unpartitioned ``rq_trace``.
 * Schema upgrades are explicit (``replayq --db URL db upgrade``), serialised by
   ``pg_advisory_xact_lock`` and run in one transaction: DDL is transactional here,
-  so a failed migration leaves the previous schema intact.
+  so a failed migration leaves the previous schema intact. The owner's indexes,
+  triggers and rules on a relation a migration drops are made again after it, or the
+  upgrade is refused naming them, as it is for the owner's views over it
+  (``upgrade.py``): never dropped without a word.
 """
 
 from __future__ import annotations
@@ -111,6 +114,7 @@ from replayq.storage import migrate, packs
 from replayq.storage.adopted import AsyncConnectionView, TupleRows
 from replayq.storage.context_verbs import lease_now, query_params
 from replayq.storage.params import JobsComplete
+from replayq.storage.postgres import upgrade
 from replayq.storage.postgres.adapt import arrays_as_literals, column_names
 from replayq.storage.protocol import JobInsert, JobLease, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
@@ -1021,10 +1025,11 @@ class PostgresStorage:
             tx.execute("migrations_lock")
             tx.execute("migrations_create")
 
+            own = migrate.replayq_names_of(_MIGRATIONS)
+
             def run_script(script: str) -> None:
-                # No parameters: psycopg sends the whole script in one simple query.
                 try:
-                    tx.connection.execute(script)
+                    upgrade.run_migration(tx, script, own)
                 except psycopg.Error as exc:
                     raise storage_error("migration failed", exc) from exc
 

@@ -82,19 +82,14 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from replayq.errors import (
-    ConfigurationError,
-    DatabaseUnavailableError,
-    SchemaError,
-    StorageError,
-)
+from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
 from replayq.seal import unsealed
 from replayq.storage import migrate, packs
 from replayq.storage.adopted import TupleRows
 from replayq.storage.context_params import EntityGet
 from replayq.storage.context_verbs import record
 from replayq.storage.protocol import JobInsert, JobsComplete, Listener, MigrationStatus
-from replayq.storage.queries import load_migrations, load_queries
+from replayq.storage.queries import load_queries
 from replayq.storage.records import EntityRecord
 from replayq.storage.sql_transaction import JOBS_COMPLETE_COLUMNS, SqlTransaction
 from replayq.storage.sqlite.watch import Watcher
@@ -253,51 +248,53 @@ def split_statements(script: str) -> list[str]:
     return statements
 
 
-# A migration that drops a table to copy it (0011, 0017, 0018, 0022), or a table or view to
-# put a view in its place (0009, 0016, 0023), drops every index and trigger on it with it.
-# Those replayq made, the migration makes again; the owner's are kept by the runner.
-_DROPS = re.compile(r"^\s*DROP\s+(?:TABLE|VIEW)\s+(?:IF\s+EXISTS\s+)?[\"`\[]?(\w+)", re.I | re.M)
-_CREATES = re.compile(
-    r"^\s*CREATE\s+(?:UNIQUE\s+)?(?:INDEX|TRIGGER)\s+(?:IF\s+NOT\s+EXISTS\s+)?[\"`\[]?(\w+)",
-    re.I | re.M,
-)
-
-
-def replayq_objects(scripts: Sequence[str]) -> frozenset[str]:
-    """The indexes and triggers ``scripts`` create (lower case): replayq's, not the owner's."""
-    return frozenset(name.lower() for script in scripts for name in _CREATES.findall(script))
-
-
-def run_migration(conn: sqlite3.Connection, script: str, replayq_own: frozenset[str]) -> None:
+def run_migration(conn: sqlite3.Connection, script: str, replayq: migrate.ReplayqNames) -> None:
     """Run one migration's ``script`` and keep the owner's indexes and triggers it dropped.
+
+    A migration that drops a table to copy it (0011, 0017, 0018, 0022), or a table or view
+    to put a view in its place (0009, 0016, 0023), drops every index and trigger on it with
+    it. Those replayq made (``replayq.objects``), the migration makes again.
 
     SQLite's procedure for a change ALTER TABLE cannot make (lang_altertable.html, section
     7) saves the indexes, triggers and views that depend on the table it copies and makes
     them again. Views need nothing here: a migration renames its copy in legacy mode,
     and a view names the table, which the copy is again. An index or trigger of the
-    owner's (one ``replayq_own`` does not name) on a table or view the script drops is
+    owner's (one ``replayq.objects`` does not name) on a table or view the script drops is
     made again from its own SQL once the script is done, so it fires for the rows written
     after the upgrade and not for the copy. One that cannot be (its table is a view now)
-    refuses the upgrade, naming it: never dropped without a word.
+    refuses the upgrade, naming it: never dropped without a word. So does a column the
+    owner added to a table the script drops (one no word of replayq's SQL names) that the
+    table or view in its place has not: the copy takes the columns it knows.
     """
-    dropped = {name.lower() for name in _DROPS.findall(script)}
+    dropped = migrate.dropped_relations(script)
     owned: list[tuple[str, str, str, str]] = []
+    columns: dict[str, list[str]] = {}
     if dropped:
         rows = conn.execute(
             "SELECT type, name, tbl_name, sql FROM sqlite_master"
-            " WHERE type IN ('index', 'trigger') AND sql IS NOT NULL ORDER BY rowid"
+            " WHERE type IN ('index', 'trigger', 'table') AND sql IS NOT NULL ORDER BY rowid"
         ).fetchall()
         owned = [
             (kind, name, table, sql)
             for kind, name, table, sql in rows
-            if table.lower() in dropped and name.lower() not in replayq_own
+            if kind != "table" and table.lower() in dropped and not replayq.made(kind, name)
         ]
+        columns = {
+            name: _columns(conn, name)
+            for kind, name, _, _ in rows
+            if kind == "table" and name.lower() in dropped
+        }
     try:
         for statement in split_statements(script):
             conn.execute(statement)
     finally:
         # The script switches it off after its rename; after a failure it may not have.
         conn.execute("PRAGMA legacy_alter_table = OFF")
+    for table, before in columns.items():
+        after = {column.lower() for column in _columns(conn, table)}
+        for column in before:
+            if not replayq.made("column", column) and column.lower() not in after:
+                raise migrate.owner_column_refused(column, table)
     for kind, name, table, sql in owned:
         present = "SELECT 1 FROM sqlite_master WHERE name = ? COLLATE NOCASE"
         if conn.execute(present, (name,)).fetchone():
@@ -305,12 +302,17 @@ def run_migration(conn: sqlite3.Connection, script: str, replayq_own: frozenset[
         try:
             conn.execute(sql)
         except sqlite3.Error as exc:
-            raise SchemaError(
-                f"the {kind} {name!r} on {table!r} is not replayq's and cannot be kept: "
+            why = (
                 f"this upgrade drops {table!r} (to copy it, or to put a view in its place) "
-                f"and cannot make the {kind} again after it ({exc}). Nothing was changed: "
-                f"drop it (DROP {kind.upper()} {name}), upgrade, then create what still applies"
-            ) from exc
+                f"and cannot make the {kind} again after it ({exc})"
+            )
+            drop = f"DROP {kind.upper()} {name}"
+            what = f"{kind} {name!r} on {table!r}"
+            raise migrate.owner_object_refused(what, why, drop) from exc
+
+
+def _columns(conn: sqlite3.Connection, relation: str) -> list[str]:
+    return [row[0] for row in conn.execute("SELECT name FROM pragma_table_info(?)", (relation,))]
 
 
 _PARAMETER = re.compile(r":(\w+)")
@@ -994,7 +996,7 @@ class SqliteStorage:
         try:
             if self._up_to_date(conn):
                 return []
-            own = replayq_objects([sql for _, _, sql in load_migrations(_MIGRATIONS)])
+            own = migrate.replayq_names_of(_MIGRATIONS)
             # Off for the upgrade (step 1 of SQLite's procedure; it can only be switched
             # outside a transaction): a migration drops a table it copies, and with foreign
             # keys on, that drop deletes its rows first, which deleted the rows of an
