@@ -236,6 +236,24 @@ def version_row(
     )
 
 
+def _head_read(storage: Any, namespace: str, key: str) -> tuple[int, int, Any] | None:
+    """The current version of a main-branch entity as ``(version, head HLC, data)`` (``(0,
+    0, None)`` if it does not exist), read by one statement without a transaction around
+    it where the storage can (``SnapshotRead``: SQLite), or ``None``: then read it in a
+    read-only transaction (as well a version whose data is in the blob store, a second
+    statement that must see the same snapshot)."""
+    snapshot_read = getattr(storage, "snapshot_read", None)
+    if snapshot_read is None:
+        return None
+    with snapshot_read() as tx:
+        head = tx.entity_get(EntityGet(MAIN, namespace, key))
+    if head is None:
+        return 0, 0, None
+    if head.data_ref is not None:
+        return None
+    return head.version, head.hlc, codec.loads(head.data)
+
+
 class StateView:
     """``ctx.state``: reads and writes of versioned entities inside a job."""
 
@@ -264,7 +282,14 @@ class StateView:
             return self._recorded_read(ident, entity, resource)
         # The ``state.read`` event waits with the step's other events and commits with the
         # attempt's next commit (docs/recording-context.md, "What a crash can lose").
-        with ctx.runtime.storage.transaction(readonly=True) as tx:
+        storage = ctx.runtime.storage
+        if recorded is None and ctx.branch == MAIN:
+            head = _head_read(storage, namespace, key)
+            if head is not None:
+                version, head_hlc, data = head
+                ctx.runtime.hlc.observe(head_hlc)
+                return self._recorded_read(ident, Entity(namespace, key, version, data), resource)
+        with storage.transaction(readonly=True) as tx:
             if recorded is not None:
                 row = tx.entity_get(EntityGet(MAIN, namespace, key, version=recorded))
                 found = version_from_row(tx, row, delta=False) if row else None
