@@ -572,6 +572,7 @@ class Autocommit(Protocol):
         ...
 
 
+@runtime_checkable
 class SnapshotRead(Protocol):
     """An optional capability: read verbs each reading a snapshot of their own, for a read
     that is one statement, without the ``BEGIN`` and ``COMMIT`` of a read-only
