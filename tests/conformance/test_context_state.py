@@ -158,6 +158,35 @@ def test_several_writes_in_one_step_chain_versions_within_the_step(app: replayq.
     ]
 
 
+def test_a_job_reads_the_current_version_small_large_or_absent(app: replayq.App) -> None:
+    """A read of a main-branch entity: on SQLite one statement without a transaction
+    around it (``SnapshotRead``), in a transaction where the version's data is in the
+    blob store; the same answers on both backends, and the reads are traced."""
+    large = {"lines": ["x" * 40] * 100}  # ~4.6 KB: above the inline size, a blob
+    app.state.put("doc", "small", {"a": 1}, expected_version=0)
+    app.state.put("doc", "large", large, expected_version=0)
+    app.state.put("doc", "small", {"a": 2}, expected_version=1)
+    seen: dict[str, Any] = {}
+
+    @app.job("reader")
+    def reader(ctx: replayq.Context) -> None:
+        with ctx.step("load"):
+            for key in ("small", "large", "absent"):
+                entity = ctx.state.get("doc", key)
+                seen[key] = (entity.version, entity.data)
+
+    job_id = app.enqueue("reader", {})
+    run_once(replayq.Worker(app))
+    assert app.get_job(job_id).state is replayq.JobState.SUCCEEDED
+    assert seen == {"small": (2, {"a": 2}), "large": (1, large), "absent": (0, None)}
+    reads = [e for e in app.trace(job_id) if e.name == "state.read"]
+    assert [(e.resource, e.resource_version, e.data["exists"]) for e in reads] == [
+        ("doc:small", 2, True),
+        ("doc:large", 1, True),
+        ("doc:absent", 0, False),
+    ]
+
+
 # -- locks and fencing ------------------------------------------------------------------------
 
 

@@ -8,6 +8,7 @@ through to its base branch as of the branch point for entities it has not writte
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from replayq.storage.protocol import (
     EntityFilter,
     EntityGet,
     EntityRecord,
+    SnapshotRead,
     Transaction,
     lock_get,
 )
@@ -236,6 +238,45 @@ def version_row(
     )
 
 
+# Whether a storage has ``SnapshotRead``, by storage (a weak reference to it, and the
+# answer): a protocol's ``isinstance`` looks up each of its members, which every read
+# would pay. Bounded.
+_SNAPSHOT_READS: dict[int, tuple[Callable[[], object], bool]] = {}
+
+
+def _snapshot_reads(storage: object) -> bool:
+    """``isinstance(storage, SnapshotRead)``, asked once per storage."""
+    known = _SNAPSHOT_READS.get(id(storage))
+    if known is not None and known[0]() is storage:
+        return known[1]
+    can = isinstance(storage, SnapshotRead)
+    try:
+        ref = weakref.ref(storage)
+    except TypeError:  # a storage without weak references: asked each time
+        return can
+    if len(_SNAPSHOT_READS) >= 64:
+        _SNAPSHOT_READS.clear()
+    _SNAPSHOT_READS[id(storage)] = (ref, can)
+    return can
+
+
+def _head_read(storage: Any, namespace: str, key: str) -> tuple[int, int, Any] | None:
+    """The current version of a main-branch entity as ``(version, head HLC, data)`` (``(0,
+    0, None)`` if it does not exist), read by one statement without a transaction around
+    it where the storage can (``SnapshotRead``: SQLite), or ``None``: then read it in a
+    read-only transaction (as well a version whose data is in the blob store, a second
+    statement that must see the same snapshot)."""
+    if not _snapshot_reads(storage):
+        return None
+    with storage.snapshot_read() as tx:
+        head = tx.entity_get(EntityGet(MAIN, namespace, key))
+    if head is None:
+        return 0, 0, None
+    if head.data_ref is not None:
+        return None
+    return head.version, head.hlc, codec.loads(head.data)
+
+
 class StateView:
     """``ctx.state``: reads and writes of versioned entities inside a job."""
 
@@ -264,7 +305,14 @@ class StateView:
             return self._recorded_read(ident, entity, resource)
         # The ``state.read`` event waits with the step's other events and commits with the
         # attempt's next commit (docs/recording-context.md, "What a crash can lose").
-        with ctx.runtime.storage.transaction(readonly=True) as tx:
+        storage = ctx.runtime.storage
+        if recorded is None and ctx.branch == MAIN:
+            head = _head_read(storage, namespace, key)
+            if head is not None:
+                version, head_hlc, data = head
+                ctx.runtime.hlc.observe(head_hlc)
+                return self._recorded_read(ident, Entity(namespace, key, version, data), resource)
+        with storage.transaction(readonly=True) as tx:
             if recorded is not None:
                 row = tx.entity_get(EntityGet(MAIN, namespace, key, version=recorded))
                 found = version_from_row(tx, row, delta=False) if row else None

@@ -3,7 +3,8 @@
 ::
 
     storage/
-    ├── protocol.py         Storage, Transaction (the verbs); Listener, an optional capability
+    ├── protocol.py         Storage, Transaction (the verbs); Listener, SnapshotRead: optional
+    │                       capabilities
     ├── params.py           the frozen parameter structs of the queue, trace and
     │                       rollout verbs
     ├── context_params.py   those of the recording context's verbs
@@ -18,7 +19,8 @@
     ├── retention_verbs.py  keep_transition, gc_scan and gc_apply, once, likewise
     ├── sql_statements.py   the statement plumbing those verb mixins run on, declared once
     ├── queries.py          loads ``-- name: NAME`` queries from a backend's *.sql files
-    ├── sqlite/             SqliteStorage (+ Listener: watch.py, a data_version check), likewise
+    ├── sqlite/             SqliteStorage (+ Listener: watch.py, a data_version check; +
+    │                       SnapshotRead: one-statement reads without BEGIN), likewise
     ├── postgres/           PostgresStorage (+ Listener: LISTEN/NOTIFY wake-ups), likewise
     ├── migrate.py          applying and reporting migrations
     ├── adopted.py          verbs on the caller's own connection (transactional enqueue)

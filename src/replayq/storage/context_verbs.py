@@ -142,7 +142,9 @@ class ContextVerbs(SqlStatements):
             query = "entity_head_insert" if expected_version == 0 else "entity_head_cas"
             if not self.changed(query, head):
                 return False
-        self.execute("entity_version_insert", query_params(row))
+        # A new entity's row has no parent version, and most none of data_ref and
+        # fencing_token either.
+        self.execute_nullable("entity_version_insert", query_params(row))
         return True
 
     def branch_create(self, change: BranchCreate, versions: Sequence[EntityRecord] = ()) -> None:

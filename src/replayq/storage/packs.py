@@ -552,6 +552,15 @@ def opened_row(
     """``pack_row`` and, on SQLite, what later events may join it by: the ``PackWriter``
     of a format 2 pack (a pack a lifecycle event starts is deflated by
     ``_PRIMED_LIFECYCLE``), the ``CompactPack`` of a format 3 or 4 one."""
+    values, writer = opened_values(events, pack_format)
+    return dict(zip(PACK_COLUMNS, values, strict=True)), writer
+
+
+def opened_values(
+    events: Sequence[TraceEvent], pack_format: int = FORMAT_JSON
+) -> tuple[tuple[Any, ...], Writer | None]:
+    """``opened_row`` with the row as its values in ``PACK_COLUMNS`` order (``row_values``):
+    a many-row insert binds them by position (``trace_append_rows``), no dictionary."""
     first = events[0]
     if len(events) == 1:  # an enqueue's pack, a lease's, an ack's: no list of one HLC
         base = last = first.hlc
@@ -561,7 +570,7 @@ def opened_row(
                 # A later event of its group (a traced job's steps after its lease, on the
                 # same connection) rewrites the pack whole as format 2
                 # (``CompactPack.rewritten``).
-                return _row(first, base, last, compact), CompactPack(compact, base)
+                return row_values(first, base, last, compact), CompactPack(compact, base)
     else:
         hlcs = [e.hlc for e in events]
         base, last = min(hlcs), max(hlcs)
@@ -575,22 +584,30 @@ def opened_row(
         stored: str | bytes | bytearray = writer.first(items)
     else:
         stored = "[" + items + "]"
-    return _row(first, base, last, stored), writer
+    return row_values(first, base, last, stored), writer
 
 
-def _row(
+# The columns of an ``rq_trace`` row, in the order of ``row_values``.
+PACK_COLUMNS = ("trace_id", "job_id", "attempt", "worker_id", "hlc", "hlc_last", "ts", "events")
+
+
+def row_values(
     first: TraceEvent, base: int, last: int, stored: str | bytes | bytearray
-) -> dict[str, Any]:
-    return {
-        "trace_id": first.trace_id,
-        "job_id": first.job_id,
-        "attempt": first.attempt,
-        "worker_id": first.worker_id,
-        "hlc": base,
-        "hlc_last": last,
-        "ts": first.ts,
-        "events": stored,
-    }
+) -> tuple[Any, ...]:
+    """The ``rq_trace`` row of a pack whose first event is ``first``, HLCs ``base`` to
+    ``last`` and ``events`` ``stored``: its values in ``PACK_COLUMNS`` order. The one place
+    a pack row's values are taken from its events (``opened_row``, ``opened_values``, and a
+    lifecycle event's format 4 pack in a lease's or ack's many-row insert)."""
+    return (
+        first.trace_id,
+        first.job_id,
+        first.attempt,
+        first.worker_id,
+        base,
+        last,
+        first.ts,
+        stored,
+    )
 
 
 def pack_resources(events: Sequence[TraceEvent], pack_id: int) -> list[dict[str, Any]]:

@@ -572,6 +572,18 @@ class Autocommit(Protocol):
         ...
 
 
+@runtime_checkable
+class SnapshotRead(Protocol):
+    """An optional capability: read verbs each reading a snapshot of their own, for a read
+    that is one statement, without the ``BEGIN`` and ``COMMIT`` of a read-only
+    ``transaction`` (SQLite, where the current version of an entity is one statement:
+    ``entity_get``). Nothing is written through it."""
+
+    def snapshot_read(self) -> AbstractContextManager[Transaction]:
+        """A ``Transaction`` whose every statement reads a snapshot of its own."""
+        ...
+
+
 class Storage(Protocol):
     """A database that replayq keeps its queue, trace and state in."""
 

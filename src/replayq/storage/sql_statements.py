@@ -29,6 +29,9 @@ class SqlStatements:
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         raise NotImplementedError
 
+    def execute_nullable(self, name: str, params: Mapping[str, Any]) -> Any:
+        raise NotImplementedError
+
     def execute_rows(self, name: str, row_sql: str, rows: int, values: Sequence[Any]) -> Any:
         raise NotImplementedError
 

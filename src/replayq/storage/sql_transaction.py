@@ -214,6 +214,11 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
     def execute(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         return self.statements.execute(self._queries[name], params or {})
 
+    def execute_nullable(self, name: str, params: Mapping[str, Any]) -> Any:
+        """``execute`` for a statement whose parameters are often ``None`` (SQLite writes
+        those ``NULL`` in its text: ``SqliteTransaction.execute_nullable``)."""
+        return self.execute(name, params)
+
     def pack_row(self, events: Sequence[TraceEvent]) -> dict[str, Any]:
         """``packs.pack_row`` in this backend's format; its format 2 writer kept until
         the next row (the pack, once inserted, may be joined by later commits)."""

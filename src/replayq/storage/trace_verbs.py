@@ -31,7 +31,6 @@ a job, a trace, a resource or many jobs back as events in trace order
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -56,9 +55,7 @@ OpenPack = tuple[int, list[TraceEvent], "packs.Writer | None", "set[str | None]"
 _Extended = tuple[int, list[TraceEvent], list[TraceEvent], "set[str | None]", "packs.Writer | None"]
 
 # The columns of an ``rq_trace`` row (``packs.pack_row``) as ``trace_append_rows`` takes them.
-PACK_COLUMNS = ("trace_id", "job_id", "attempt", "worker_id", "hlc", "hlc_last", "ts", "events")
-# A pack row's values in ``PACK_COLUMNS`` order, read in C (two packs a drained job).
-_pack_values = operator.itemgetter(*PACK_COLUMNS)
+PACK_COLUMNS = packs.PACK_COLUMNS
 
 _EVENT_COLUMNS = (
     "id",
@@ -249,7 +246,8 @@ class TraceVerbs(SqlStatements):
         per_statement = self.rows_per_statement(len(columns))
         row_sql = "(" + ", ".join("?" * len(columns)) + ")"
         pack_ids: list[int] = []
-        opened, pack_format = packs.opened_row, self.pack_format
+        opened, pack_format = packs.opened_values, self.pack_format
+        row_values = packs.row_values
         compact_of = packs.lifecycle_pack if pack_format == packs.FORMAT_DEFLATE else None
         for start in range(0, len(groups), per_statement):
             chunk = groups[start : start + per_statement]
@@ -259,26 +257,17 @@ class TraceVerbs(SqlStatements):
                 if compact_of is not None and len(group) == 1:
                     # A lease batch's ``job.leased``, a group's ``job.succeeded``: one
                     # lifecycle event a pack (format 4), its row's values straight from
-                    # the event (``opened_row``'s, without its dictionary and writer).
+                    # the event (``opened_values``', without its writer).
                     event = group[0]
                     compact = compact_of(event)
                     if compact is not None:
-                        hlc = event.hlc
-                        values += (
-                            event.trace_id,
-                            event.job_id,
-                            event.attempt,
-                            event.worker_id,
-                            hlc,
-                            hlc,
-                            event.ts,
-                            compact,
-                        )
+                        values += row_values(event, event.hlc, event.hlc, compact)
                         continue
-                # ``pack_row`` without its call per pack: the last writer is kept below.
-                row, self._writer = opened(group, pack_format)
+                # ``pack_row`` without its call per pack, nor its dictionary: the last
+                # writer is kept below.
+                found, self._writer = opened(group, pack_format)
                 compact = None
-                values.extend(_pack_values(row))
+                values += found
             if compact is not None:  # the last pack is format 4: what later events join
                 self._writer = packs.CompactPack(compact, chunk[-1][0].hlc)
             found = self.execute_rows("trace_append_rows", row_sql, len(chunk), values)

@@ -88,7 +88,13 @@ from replayq.storage import migrate, packs
 from replayq.storage.adopted import TupleRows
 from replayq.storage.context_params import EntityGet
 from replayq.storage.context_verbs import record
-from replayq.storage.protocol import JobInsert, JobsComplete, Listener, MigrationStatus
+from replayq.storage.protocol import (
+    JobInsert,
+    JobsComplete,
+    Listener,
+    MigrationStatus,
+    SnapshotRead,
+)
 from replayq.storage.queries import load_queries
 from replayq.storage.records import EntityRecord
 from replayq.storage.sql_transaction import JOBS_COMPLETE_COLUMNS, SqlTransaction
@@ -471,6 +477,39 @@ class SqliteTransaction(SqlTransaction):
                     return self.statements.execute(text, values)
         return self.statements.execute(sql, params or {})
 
+    def execute_nullable(self, name: str, params: Mapping[str, Any]) -> Any:
+        """``execute`` with each ``None`` value written ``NULL`` in the statement
+        (``null_folded``, as ``inserted_id`` does), not bound: the driver binds ``None``
+        only after a failed adapter lookup that raises and clears an ``AttributeError``
+        (~3,200 instructions each; a new entity's version row has three). Each set of
+        ``None`` names is its own statement text, prepared once by the driver's cache.
+        For statements whose parameters are often ``None``; asking every statement's
+        values cost more than it saved (comparing each value with ``None``)."""
+        nulls = tuple([key for key, value in params.items() if value is None])
+        sql = self._queries[name]
+        found = positional(sql, nulls)
+        if found is None:
+            return self.statements.execute(null_folded(sql, nulls), params)
+        text, values_of = found
+        return self.statements.execute(text, values_of(params))
+
+    def executemany(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """``SqlTransaction.executemany`` with each row's values bound by position where
+        the statement's text allows (``positional``, as ``execute``): a pack's
+        ``rq_trace_resources`` entries (three a traced job) bound three names each."""
+        sql = self._queries[name]
+        found = positional(sql)
+        if found is not None:
+            text, values_of = found
+            try:
+                values = [values_of(row) for row in rows]
+            except KeyError:
+                pass
+            else:
+                self.connection.cursor().executemany(text, values)
+                return
+        self.connection.cursor().executemany(sql, rows)
+
     def job_enqueue(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]:
         """Insert jobs, one statement each. Each inserted row's ``job.enqueued`` pack is
         written by that statement, in the row itself (``rq_jobs.enqueued``, migration 0023;
@@ -785,6 +824,14 @@ class SqliteStorage:
         refused, as ``transaction()`` is there (``_begin``)."""
         return _Transaction(self, False, autocommit=True)
 
+    def snapshot_read(self) -> _Transaction:
+        """Reads on this thread's connection without ``BEGIN``: each statement reads the
+        database as one snapshot of its own (``protocol.SnapshotRead``). A read that is one
+        statement (``ctx.state.get`` of an entity on the main branch) needs no
+        transaction around it: ``BEGIN`` and ``COMMIT`` were two more statements for the
+        same snapshot. Refused inside a block of ``transaction()``, as ``autocommit`` is."""
+        return _Transaction(self, True, autocommit=True)
+
     def _begin(
         self, readonly: bool, autocommit: bool = False
     ) -> tuple[sqlite3.Connection, SqliteTransaction]:
@@ -1094,3 +1141,4 @@ class _Transaction:
 
 # The optional capability the worker looks for, checked here by the type checker.
 _LISTENER: type[Listener] = SqliteStorage
+_SNAPSHOT_READ: type[SnapshotRead] = SqliteStorage
