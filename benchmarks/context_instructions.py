@@ -42,20 +42,8 @@ from machine import commit, load_average
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-SETUP = """
-import sys
-sys.path.insert(0, {bench!r})
-from pathlib import Path
-import context_overhead as co
-place = co.Place("sqlite", "sqlite:///" + {path!r}, Path({path!r}), "")
-app, db = co.open_app({side!r}, place, {lines})
-app.enqueue_many(co.requests({jobs}))
-app.close()
-if db is not None:
-    db.close()
-"""
-
-WORKER = """
+# Each script opens the benchmark's app on the database, runs its body, and closes it.
+PRELUDE = """
 import sys
 sys.path.insert(0, {bench!r})
 from pathlib import Path
@@ -63,24 +51,30 @@ import context_overhead as co
 import replayq
 place = co.Place("sqlite", "sqlite:///" + {path!r}, Path({path!r}), "")
 app, db = co.open_app({side!r}, place, {lines})
+"""
+CLOSING = """
+app.close()
+if db is not None:
+    db.close()
+"""
+
+SETUP = PRELUDE + "app.enqueue_many(co.requests({jobs}))\n" + CLOSING
+
+WORKER = (
+    PRELUDE
+    + """
 stats = replayq.Worker(
     app, burst=True, worker_id="counted", prefetch_window=float("inf"),
     ack_window=float("inf"),
 ).run()
 assert stats.succeeded == {jobs}, stats
-app.close()
-if db is not None:
-    db.close()
 """
+    + CLOSING
+)
 
-INLINE = """
-import sys
-sys.path.insert(0, {bench!r})
-from pathlib import Path
-import context_overhead as co
-import replayq
-place = co.Place("sqlite", "sqlite:///" + {path!r}, Path({path!r}), "")
-app, db = co.open_app({side!r}, place, {lines})
+INLINE = (
+    PRELUDE
+    + """
 app.register_contracts()
 worker = replayq.Worker(app, worker_id="counted")
 done = 0
@@ -90,10 +84,9 @@ while leased := worker.lease(1):
         worker._inflight.pop(job.id, None)
         done += 1
 assert done == {jobs}, done
-app.close()
-if db is not None:
-    db.close()
 """
+    + CLOSING
+)
 
 
 def counted(side: str, jobs: int, lines: int, inline: bool) -> tuple[int, list[int]]:
