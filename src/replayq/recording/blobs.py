@@ -51,7 +51,10 @@ def put_bytes(
     if len(data) > limit:
         raise PayloadError(f"{what}: {len(data)} bytes is above the blob limit of {limit} bytes")
     ref = ref or ref_of(data)
-    body = _compressor.compress(data)
+    # A ``bytearray``, as a trace pack's bytes (``storage/packs.py``): the ``sqlite3``
+    # driver binds it at once, where for ``bytes`` it first looks for an adapter and fails
+    # (an ``AttributeError`` raised and cleared, ~4,000 instructions a blob).
+    body = bytearray(_compressor.compress(data))
     tx.blob_put(
         BlobPut(
             hash=ref.removeprefix(REF_PREFIX),

@@ -78,8 +78,9 @@ def record_call(
         )
         raise
     duration = round(time.monotonic() - started, 6)
-    inline, ref, raw, _ = ctx.encoded(response, what=f"ctx.call({name!r}) response")
-    ctx.store_blob(raw, f"ctx.call({name!r}) response", ref)
+    what = f"ctx.call({name!r}) response"
+    inline, ref, raw, _ = ctx.encoded(response, what=what)
+    ctx.store_blob(raw, what, ref)
     # The request and the response were redacted above (``encoded``): not screened again.
     ctx.record_screened(
         "call",

@@ -254,7 +254,7 @@ class BlobPut(Struct, frozen=True):
     codec: str
     size: int
     stored_size: int
-    body: bytes
+    body: bytes | bytearray
     now: float
 
 
