@@ -1061,9 +1061,16 @@ class PostgresStorage:
             )
 
     def migration_status(self) -> list[MigrationStatus]:
-        with self.transaction(readonly=True) as tx:
-            present = tx.fetchone("migrations_table_exists")
-            applied = self._applied(tx) if present and present["present"] else []
+        # One statement in autocommit: a round trip, where BEGIN READ ONLY, a look for the
+        # table and COMMIT made four at every process's start. A database never migrated
+        # has no table (undefined table, nothing else changed): none applied.
+        with self.autocommit() as tx:
+            try:
+                applied = self._applied(tx)
+            except StorageError as exc:
+                if not isinstance(exc.__cause__, psycopg.errors.UndefinedTable):
+                    raise
+                applied = []
         return migrate.migration_status(applied, _MIGRATIONS)
 
     def connections(self) -> int:

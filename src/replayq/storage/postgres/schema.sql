@@ -5,9 +5,6 @@
 -- Keyed on the schema so separate schemas (one per test, one per tenant) do not queue.
 SELECT pg_advisory_xact_lock(hashtext('replayq.migrate:' || current_schema()));
 
--- name: migrations_table_exists
-SELECT to_regclass('rq_schema_migrations') IS NOT NULL AS present;
-
 -- name: jobs_listen
 LISTEN replayq_jobs;
 
