@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
@@ -389,4 +388,6 @@ def fingerprint(value: Any) -> str:
 
 def fingerprint_text(text: str) -> str:
     """``fingerprint`` of a value already encoded by ``dumps`` (the text is not encoded again)."""
+    import hashlib  # here: a worker whose jobs record no calls or steps never needs it
+
     return hashlib.sha256(text.encode()).hexdigest()[:16]

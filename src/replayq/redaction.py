@@ -23,8 +23,6 @@ from the database (a replay, an imported case) redact to themselves.
 from __future__ import annotations
 
 import fnmatch
-import hashlib
-import hmac
 import json
 import os
 import re
@@ -227,6 +225,10 @@ class Redactor:
         """The marker that replaces ``secret`` (keyed hash, or plain without a key)."""
         if self.key is None:
             return "[redacted]"
+        # Imported here: most processes never find a secret, and every start paid for them.
+        import hashlib
+        import hmac
+
         digest = hmac.new(self.key, secret.encode("utf-8", "surrogatepass"), hashlib.sha256)
         return f"[redacted:{digest.hexdigest()[:16]}]"
 

@@ -14,13 +14,11 @@ nothing; ``close()`` closes them (the next use opens them again).
 
 from __future__ import annotations
 
-import dataclasses
 import random
 import threading
-from dataclasses import dataclass, field
 from typing import Protocol
 
-from msgspec import Struct
+from msgspec import Struct, field, structs
 
 from replayq.clock import Clock, HybridLogicalClock, SystemClock
 from replayq.errors import SchemaError
@@ -64,8 +62,9 @@ class _Opened:
         self.tapped: Storage | None = None
 
 
-@dataclass(frozen=True, eq=False)
-class Runtime:
+# A frozen Struct compared by identity, not a frozen dataclass: built in C, where the
+# dataclass compiled its methods at every process's start.
+class Runtime(Struct, frozen=True, eq=False):
     """Storage, clocks, randomness, handlers and limits, as the layers below ``App`` see them."""
 
     url: str
@@ -78,7 +77,7 @@ class Runtime:
     auto_migrate: bool | None = None
     # Secrets redaction (``replayq.redaction``): the app's rules and HMAC key.
     redactor: Redactor = field(default_factory=Redactor.build)
-    _opened: _Opened = field(default_factory=_Opened, repr=False)
+    _opened: _Opened = field(default_factory=_Opened)
 
     @property
     def runtime(self) -> Runtime:
@@ -109,7 +108,7 @@ class Runtime:
 
     def scratch(self, url: str) -> Runtime:
         """A runtime on another database with the same handlers (replaying an exported case)."""
-        return dataclasses.replace(
+        return structs.replace(
             self, url=url, hlc=HybridLogicalClock(self.clock), auto_migrate=True, _opened=_Opened()
         )
 

@@ -97,7 +97,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import shlex
 import shutil
 import sys
 import threading
@@ -355,6 +354,8 @@ def _reverse_lookup(active: _Seal, args: tuple[Any, ...]) -> str:
 def _command(args: Any) -> str:
     if isinstance(args, (str, bytes, os.PathLike)):
         return os.fsdecode(args)
+    import shlex  # here: only a sealed block's refused subprocess is named with it
+
     try:
         return shlex.join(os.fsdecode(a) for a in args)
     except TypeError:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
+
+from msgspec import Struct
 
 from replayq import codec
 from replayq.errors import ContractError, FailureClass, PayloadError, UnknownJobTypeError
@@ -18,8 +19,10 @@ from replayq.queue.schedule import Schedule
 from replayq.redaction import Redactor, is_marker
 
 
-@dataclass(frozen=True)
-class PayloadShape:
+# PayloadShape and Handler are frozen Structs, not frozen dataclasses: built in C, where
+# each dataclass compiled six methods at every process's start. ``dict=True`` keeps room
+# for their ``cached_property`` values.
+class PayloadShape(Struct, frozen=True, dict=True):
     """The fields a handler takes, read from its signature after ``ctx``.
 
     Either keyword fields (``def ship(ctx, order_id: int, amount: Decimal)``), each
@@ -139,8 +142,7 @@ class PayloadShape:
             raise PayloadError(f"{job_type}: {exc}") from None
 
 
-@dataclass(frozen=True)
-class Handler:
+class Handler(Struct, frozen=True, dict=True):
     """A job type at one version: contract, function, payload shape, error mapping."""
 
     contract: JobContract

@@ -7,7 +7,6 @@ runtime the app composed, so they live in the layer whose functions they call.
 
 from __future__ import annotations
 
-import getpass
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +27,8 @@ if TYPE_CHECKING:
 
 def os_user() -> str:
     """Who is at the keyboard, for the ``by`` of a resolution (``$USER`` or the login name)."""
+    import getpass  # here: a worker never resolves an effect, and its start paid for it
+
     try:
         return getpass.getuser()
     except (KeyError, OSError):  # no passwd entry (containers) and no $USER

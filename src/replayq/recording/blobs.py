@@ -6,7 +6,6 @@ above ``App(blob_limit_bytes=...)`` are refused with ``PayloadError``.
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any, NamedTuple
 
 import zstandard
@@ -38,6 +37,8 @@ def is_ref(value: Any) -> bool:
 
 def ref_of(data: bytes) -> str:
     """The content reference of ``data`` (``blob:sha256:<hex>``)."""
+    import hashlib  # here: only a value past the blob limit is hashed, and every start paid
+
     return REF_PREFIX + hashlib.sha256(data).hexdigest()
 
 

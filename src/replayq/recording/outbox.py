@@ -22,8 +22,9 @@ lag (published_at - created_at) is recorded as an ``outbox.published`` event.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
+
+from msgspec import Struct
 
 from replayq import codec
 from replayq.model import TraceEvent
@@ -79,8 +80,7 @@ class OutboxView:
         return event_id
 
 
-@dataclass
-class PublishResult:
+class PublishResult(Struct):  # a Struct: no dataclass compiled at every process's start
     published: int = 0
     failed: int = 0
 

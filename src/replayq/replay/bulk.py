@@ -387,15 +387,16 @@ def serve(lines: IO[str], out: IO[str]) -> None:
     Answers one line per batch: for each job, ``{"report": ...}`` or
     ``{"error": ..., "error_type": ...}``, in the batch's order.
     """
-    import dataclasses
     import importlib
+
+    from msgspec import structs
 
     setup = json.loads(lines.readline())
     module_name, _, attribute = str(setup["app"]).partition(":")
     found = getattr(importlib.import_module(module_name), attribute)
     base: Runtime = found.runtime
     # The application's handlers, on the parent's database, with connections of its own.
-    runtime = dataclasses.replace(base, url=setup["url"], _opened=type(base._opened)())
+    runtime = structs.replace(base, url=setup["url"], _opened=type(base._opened)())
     try:
         for line in lines:
             message = json.loads(line)

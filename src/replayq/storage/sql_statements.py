@@ -7,7 +7,6 @@ its backend's named queries; the mixins (``ContextVerbs``, ``ReportVerbs``,
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -40,11 +39,14 @@ class SqlStatements:
         other parameters: the driver's limit on a statement's parameters (SQLite's
         ``SQLITE_LIMIT_VARIABLE_NUMBER``), else ``_DEFAULT_VARIABLE_LIMIT``."""
         limit = getattr(self.connection, "getlimit", None)
-        most = (
-            limit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
-            if limit is not None
-            else _DEFAULT_VARIABLE_LIMIT
-        )
+        if limit is None:
+            most = _DEFAULT_VARIABLE_LIMIT
+        else:
+            # Imported here: only a SQLite connection has ``getlimit`` (its process has
+            # sqlite3 loaded already), and a PostgreSQL worker's start paid for it.
+            import sqlite3
+
+            most = limit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
         return max(1, (most - reserved) // max(1, width))
 
     def executemany(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:

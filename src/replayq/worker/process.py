@@ -23,7 +23,7 @@ from types import FrameType
 from replayq.errors import DatabaseUnavailableError, StorageError
 from replayq.model import Job
 from replayq.queue.catalog import register_contracts
-from replayq.storage.protocol import Listener
+from replayq.storage.protocol import Autocommit, Listener
 from replayq.storage.reconnect import Backoff
 from replayq.storage.reports import JobsScheduled
 from replayq.worker.core import STOP, WorkerStats
@@ -174,7 +174,15 @@ class Worker(Executing, Reaping, Heartbeat):
         can say so instead of implying the queue is empty.
         """
         try:
-            with self.runtime.storage.transaction(readonly=True) as tx:
+            storage = self.runtime.storage
+            # One statement: in autocommit where the backend has it (PostgreSQL: one round
+            # trip, where BEGIN READ ONLY and COMMIT around it made three).
+            reading = (
+                storage.autocommit()
+                if isinstance(storage, Autocommit)
+                else storage.transaction(readonly=True)
+            )
+            with reading as tx:
                 count, next_run_at = tx.report(JobsScheduled(now, self.queues))
         except StorageError:
             return False  # the next lease meets the outage and backs off

@@ -853,6 +853,21 @@ class Notifier:
                     os.close(fd)
 
 
+def _handing_over(first: psycopg.Connection[Any]) -> type[psycopg.Connection[Any]]:
+    """The pool's connection class: its first ``connect`` returns ``first``, the connection
+    already opened to check that the server answers; every later one connects anew."""
+    spare = [first]
+
+    class Handed(psycopg.Connection[Any]):
+        @classmethod
+        def connect(cls, conninfo: str = "", **kwargs: Any) -> Any:
+            with contextlib.suppress(IndexError):  # pop is atomic: one thread takes it
+                return spare.pop()
+            return super().connect(conninfo, **kwargs)
+
+    return Handed
+
+
 class PostgresStorage:
     """``Storage`` on a PostgreSQL database through a connection pool."""
 
@@ -874,14 +889,17 @@ class PostgresStorage:
         self._reachable.set()
         try:
             # One direct connection first: the pool would retry quietly until its timeout,
-            # and this gives the caller the server's own reason at once.
-            psycopg.connect(self.conninfo, connect_timeout=CONNECT_TIMEOUT).close()
+            # and this gives the caller the server's own reason at once. It then becomes the
+            # pool's first connection (``_handing_over``): opening a second one cost every
+            # process's start a round of connection setup and the server a backend's start.
+            first = psycopg.connect(self.conninfo, connect_timeout=CONNECT_TIMEOUT)
         except psycopg.Error as exc:
             raise DatabaseUnavailableError(
                 f"cannot connect to PostgreSQL at {mask_url_passwords(self.conninfo)}: {exc}"
             ) from exc
         self.pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             self.conninfo,
+            connection_class=_handing_over(first),
             min_size=1,
             max_size=self.pool_size,
             timeout=pool_timeout,
@@ -895,6 +913,7 @@ class PostgresStorage:
             self.pool.open(wait=True, timeout=CONNECT_TIMEOUT)
         except psycopg.Error as exc:
             self.pool.close()
+            first.close()  # not taken by the pool (closing twice is harmless)
             raise DatabaseUnavailableError(
                 f"cannot connect to PostgreSQL at {mask_url_passwords(self.conninfo)}: {exc}"
             ) from exc
@@ -905,11 +924,15 @@ class PostgresStorage:
         It also bounds how long the session may sit idle inside a transaction, so a
         frozen worker's row locks are released by the server, not by the worker.
         """
-        conn.execute(
-            "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
-            (self._idle_in_transaction_ms,),
-        )
-        conn.commit()
+        # In autocommit: one round trip, where BEGIN, the statement and COMMIT were three.
+        conn.autocommit = True
+        try:
+            conn.execute(
+                "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                (self._idle_in_transaction_ms,),
+            )
+        finally:
+            conn.autocommit = False
         self._reachable.set()
 
     def _wait(self) -> float | None:
@@ -1043,9 +1066,16 @@ class PostgresStorage:
             )
 
     def migration_status(self) -> list[MigrationStatus]:
-        with self.transaction(readonly=True) as tx:
-            present = tx.fetchone("migrations_table_exists")
-            applied = self._applied(tx) if present and present["present"] else []
+        # One statement in autocommit: a round trip, where BEGIN READ ONLY, a look for the
+        # table and COMMIT made four at every process's start. A database never migrated
+        # has no table (undefined table, nothing else changed): none applied.
+        with self.autocommit() as tx:
+            try:
+                applied = self._applied(tx)
+            except StorageError as exc:
+                if not isinstance(exc.__cause__, psycopg.errors.UndefinedTable):
+                    raise
+                applied = []
         return migrate.migration_status(applied, _MIGRATIONS)
 
     def connections(self) -> int:

@@ -6,9 +6,6 @@
 -- Keyed on the schema so separate schemas (one per test, one per tenant) do not queue.
 SELECT pg_advisory_xact_lock(hashtext('replayq.migrate:' || current_schema()));
 
--- name: migrations_table_exists
-SELECT to_regclass('rq_schema_migrations') IS NOT NULL AS present;
-
 -- name: migration_dependents
 -- What hangs on the relations a migration drops (``relations``, resolved through the
 -- search path as the script resolves them), to tell replayq's objects from the owner's.
