@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import replayq
-from replayq.storage import packs
+from replayq.storage import lifecycle_packs, packs
 
 # What job_insert writes run_at with, and the range enqueue accepts (queue/enqueue.py).
 _RUN_AT_TEXT = "SELECT printf('%!.17g', ?)"
@@ -78,7 +78,7 @@ def test_the_enqueued_event_holds_what_the_caller_asked_exactly(tmp_path: Path) 
 
 
 def test_the_rows_pack_is_the_one_replayq_would_encode(tmp_path: Path) -> None:
-    """Format 3 as job_insert writes it in the row and as ``packs.lifecycle_pack`` encodes
+    """Format 3 as job_insert writes it in the row and as ``lifecycle_packs.lifecycle_pack`` encodes
     the same event decode to the same JSON: readers cannot tell who wrote it. No pack of
     it is in rq_trace."""
     app = _app(tmp_path)
@@ -95,7 +95,7 @@ def test_the_rows_pack_is_the_one_replayq_would_encode(tmp_path: Path) -> None:
         ).fetchone()
     finally:
         conn.close()
-    encoded = packs.lifecycle_pack(event)
+    encoded = lifecycle_packs.lifecycle_pack(event)
     assert encoded is not None
     assert stored[:1] == encoded[:1] == b"\x03"
     assert packs.pack_json(stored) == packs.pack_json(bytes(encoded))

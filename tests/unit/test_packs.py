@@ -16,7 +16,7 @@ import zlib
 import pytest
 
 from replayq.model import TraceEvent
-from replayq.storage import packs
+from replayq.storage import lifecycle_packs, packs
 
 
 def attempt_events() -> list[TraceEvent]:
@@ -469,12 +469,12 @@ def test_a_lone_event_of_no_known_shape_is_deflated(event: TraceEvent) -> None:
 def test_the_lifecycle_shapes_never_change() -> None:
     # Packs already stored name their shape by its place in the table: a shape is only ever
     # added at the end; changing, reordering or removing one misreads stored packs.
-    text = json.dumps(packs.LIFECYCLE_SHAPES, separators=(",", ":"))
+    text = json.dumps(lifecycle_packs.LIFECYCLE_SHAPES, separators=(",", ":"))
     digest = hashlib.sha256(text.encode()).hexdigest()
-    assert digest == packs.LIFECYCLE_SHAPES_SHA256
+    assert digest == lifecycle_packs.LIFECYCLE_SHAPES_SHA256
     assert digest == "6d51b8e0a50e2dbbeda1f0e49d5dd603d8a8bc905dee6dffd82a9b8e828383f7"
     # Shape 0 is format 3's: packs written in it before format 4 read as they did.
-    assert packs.LIFECYCLE_SHAPES[0] == (
+    assert lifecycle_packs.LIFECYCLE_SHAPES[0] == (
         "job.enqueued",
         "queued",
         ("run_at", "priority", "message_id", "ordering_key", "causation_id"),

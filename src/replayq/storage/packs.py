@@ -22,21 +22,10 @@ How ``events`` is stored (its first byte says which, so packs of every format st
   SQLite connection it opens (``register_sqlite``); the ``rq_events`` view and every query
   that unpacks packs in SQL call it. A plain ``sqlite3`` shell does not have it: read the trace
   through replayq, or from Python after ``register_sqlite(connection)``;
-* format 3, bytes (SQLite since 0019): a new job's ``job.enqueued`` pack, ``b"\\x03"`` and
-  the JSON array of its data's values (``LIFECYCLE_SHAPES[0]``, trailing nulls left out).
-  Every job has one such pack of one event whose other fields are fixed; deflating its
-  ~155 bytes cost ~30,000 instructions of each enqueue (a new stream, ~28 bytes), this
-  is ~23 bytes for none. ``rq_pack_json`` returns the same JSON text as format 1. Since
-  0020 the database writes it: the trigger ``rq_jobs_enqueued`` built it from the row in
-  the statement that inserts the row; since 0023 that statement (``job_insert``) builds it
-  and keeps it in the row, ``rq_jobs.enqueued``, read as a pack of id -(job id) through
-  the view ``rq_packs`` (``lifecycle_pack`` is the same encoding in Python);
-* format 4, bytes (SQLite since 0021): a pack of one other lifecycle event of a known
-  shape (a lease's ``job.leased``, an ack's ``job.succeeded``), ``b"\\x04"``, its shape's
-  code (one byte, its place in ``LIFECYCLE_SHAPES``) and the JSON array of its data's
-  values in that shape's key order (trailing nulls left out). A drained job writes two
-  such packs; deflating each (a new stream and a sync flush) cost ~50,000 instructions.
-  ``rq_pack_json`` returns the same JSON text as format 1.
+* formats 3 and 4, bytes (SQLite since 0019 and 0021): a pack of one lifecycle event of a
+  known shape (a new job's ``job.enqueued``, kept in its row since 0023; a lease's
+  ``job.leased``, an ack's ``job.succeeded``) as its data's values, no deflate
+  (``lifecycle_packs``). ``rq_pack_json`` returns the same JSON text as format 1.
 
 A format 3 or 4 pack has no deflate stream to append to: a later event of its attempt
 that joins it (a traced job's steps after its lease, on the same connection) rewrites it
@@ -53,13 +42,16 @@ import itertools
 import operator
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from replayq import codec
 from replayq.model import TraceEvent
-
-if TYPE_CHECKING:
-    from replayq.storage.protocol import JobInsert
+from replayq.storage.lifecycle_packs import (
+    ENQUEUED_MARK,
+    LIFECYCLE_MARK,
+    lifecycle_json,
+    lifecycle_pack,
+)
 
 # Events per pack at most: an event id is pack id * PACK_SIZE + the event's place.
 PACK_SIZE = 1024
@@ -67,11 +59,7 @@ PACK_SIZE = 1024
 # The formats of ``events`` (the first byte of a pack of formats 2 to 4; format 1 is text).
 FORMAT_JSON = 1
 FORMAT_DEFLATE = 2
-FORMAT_ENQUEUED = 3
-FORMAT_LIFECYCLE = 4
 _DEFLATE_MARK = bytes([FORMAT_DEFLATE])
-_ENQUEUED_MARK = bytes([FORMAT_ENQUEUED])
-_LIFECYCLE_MARK = bytes([FORMAT_LIFECYCLE])
 # Raw deflate (no zlib header or checksum: the row is the unit), an 8 KB window (the
 # dictionary and a pack of ~25 events in reach), level 6, memLevel 5: creating a
 # compressor with a preset dictionary at zlib's defaults (32 KB, memLevel 8/9) costs
@@ -287,147 +275,6 @@ class PackWriter:
         return piece
 
 
-# Packs of one lifecycle event of a known shape (formats 3 and 4): every drained job writes
-# three such packs (its ``job.enqueued``, its lease's ``job.leased``, its ack's
-# ``job.succeeded``), each an event whose fields are all fixed but its data's values.
-#
-# ``LIFECYCLE_SHAPES``: the event name, its status and the keys of its data, in the order
-# the pack stores their values; a pack's shape code is its place here. Frozen: packs
-# written with a code are decoded with it, so shapes are only ever added at the end,
-# never reordered, changed or removed (tests/unit/test_packs.py checks its digest). An
-# event of a shape that is not here (other data keys, another status) is deflated as
-# before. Shape 0 is format 3's (``job.enqueued``, no shape code stored). The failure
-# path's events (``job.failed`` with ``retry.scheduled`` or ``job.dead``, a reaped
-# ``lease.expired`` with ``job.redelivered`` or ``job.dead``) are committed in pairs, never
-# a pack of one: they are not here.
-JOB_ENQUEUED = "job.enqueued"
-LIFECYCLE_SHAPES: tuple[tuple[str, str | None, tuple[str, ...]], ...] = (
-    # 0: a new job's (queue/enqueue.py); format 3.
-    (JOB_ENQUEUED, "queued", ("run_at", "priority", "message_id", "ordering_key", "causation_id")),
-    # 1: a lease's (worker/lease.py), 2: one whose routing moved it off its version.
-    ("job.leased", "running", ("lease_deadline", "owner_token", "redelivery_count", "version")),
-    (
-        "job.leased",
-        "running",
-        ("lease_deadline", "owner_token", "redelivery_count", "version", "version_moved_from"),
-    ),
-    # 3: an ack's (worker/acks.py).
-    ("job.succeeded", "succeeded", ("duration", "owner_token", "version")),
-)
-LIFECYCLE_SHAPES_SHA256 = "6d51b8e0a50e2dbbeda1f0e49d5dd603d8a8bc905dee6dffd82a9b8e828383f7"
-# By event name: (shape code, status, the set of its data's keys, the values of those keys
-# in stored order as a tuple, read in C), and each code's first bytes: format 3's mark for
-# shape 0, else format 4's and the code.
-_SHAPES: dict[str, list[tuple[int, str | None, frozenset[str], Any]]] = {}
-for _code, (_name, _status, _fields) in enumerate(LIFECYCLE_SHAPES):
-    assert len(_fields) > 1  # ``itemgetter`` of one key would not give a tuple
-    _SHAPES.setdefault(_name, []).append(
-        (_code, _status, frozenset(_fields), operator.itemgetter(*_fields))
-    )
-_SHAPE_MARKS = [_ENQUEUED_MARK] + [
-    bytes((FORMAT_LIFECYCLE, code)) for code in range(1, len(LIFECYCLE_SHAPES))
-]
-
-
-def enqueued_event(params: JobInsert) -> TraceEvent:
-    """A new job's ``job.enqueued`` event, made from what is inserted (no re-read of the
-    row); its ``job_id`` is set by ``job_enqueue`` from the insert. On SQLite the insert
-    keeps the same event's pack in the job's row (``rq_jobs.enqueued``, migration 0023).
-
-    Built with every field named (``TraceEvent.built``): the frozen dataclass's
-    ``__init__`` was ~5 µs of each enqueue."""
-    return TraceEvent.built(
-        {
-            "trace_id": params.trace_id,
-            "name": JOB_ENQUEUED,
-            "ts": params.now,
-            "hlc": params.hlc,
-            "job_id": None,
-            "attempt": 0,
-            "kind": "lifecycle",
-            "seq": None,
-            "step": None,
-            "worker_id": None,
-            "status": "queued",
-            "resource": None,
-            "resource_version": None,
-            "side_effect": False,
-            "input_ref": None,
-            "output_ref": None,
-            "data": {
-                "message_id": params.message_id,
-                "priority": params.priority,
-                "run_at": params.run_at,
-                "ordering_key": params.ordering_key,
-                "causation_id": params.causation_id,
-            },
-            "id": None,
-        }
-    )
-
-
-def lifecycle_pack(event: TraceEvent) -> bytearray | None:
-    """The ``events`` of a pack holding ``event`` alone in format 3 (a new job's
-    ``job.enqueued``) or 4 (another event of ``LIFECYCLE_SHAPES``), or ``None`` if it is
-    not a job's lifecycle event of a shape there, as ``pack_json`` rebuilds it (then it is
-    deflated).
-
-    A ``bytearray``, as ``PackWriter``'s pieces: the ``sqlite3`` driver binds it at once,
-    where ``bytes`` first costs it a failed adapter lookup (~3.7 K instructions)."""
-    shapes = _SHAPES.get(event.name)
-    if (
-        shapes is None
-        or event.kind != "lifecycle"
-        or event.job_id is None
-        or event.seq is not None
-        or event.step is not None
-        or event.resource is not None
-        or event.resource_version is not None
-        or event.input_ref is not None
-        or event.output_ref is not None
-        or event.side_effect
-    ):
-        return None
-    data = event.data
-    keys = data.keys()
-    status = event.status
-    for shape in shapes:
-        if status == shape[1] and keys == shape[2]:
-            break
-    else:
-        return None
-    code, _, _, values_of = shape
-    values = values_of(data)
-    if values[-1] is None:  # trailing nulls left out
-        values = list(values)
-        while values and values[-1] is None:
-            values.pop()
-    text = codec.stored_bytes(values)
-    if text is None:
-        return None
-    packed = bytearray(_SHAPE_MARKS[code])
-    packed += text
-    return packed
-
-
-def _lifecycle_json(code: int, values_text: bytes) -> str:
-    """A format 3 or 4 pack (shape ``code``, its data's values) as the JSON text its event
-    has in format 1."""
-    if code >= len(LIFECYCLE_SHAPES):
-        raise ValueError(f"trace pack of unknown lifecycle shape {code}")
-    name, status, fields = LIFECYCLE_SHAPES[code]
-    values = codec.loads(values_text.decode())  # a ``str``: ``loads``' quick path
-    if type(values) is not list or len(values) > len(fields):
-        raise ValueError(f"trace pack of shape {code} holds {values!r}")
-    if len(values) < len(fields):
-        values += [None] * (len(fields) - len(values))  # the trailing nulls left out
-    data = dict(zip(fields, values, strict=True))
-    item: dict[str, Any] = {"n": name, "k": "lifecycle", "d": data}
-    if status is not None:
-        item["st"] = status
-    return "[" + codec.dumps_stored(item, what=f"event {name} data") + "]"
-
-
 class CompactPack:
     """A format 3 or 4 pack (one lifecycle event) that later events of its attempt may join.
 
@@ -470,10 +317,10 @@ def pack_json(stored: str | bytes | None) -> str | None:
     if stored is None or isinstance(stored, str):
         return stored
     if stored[:1] != _DEFLATE_MARK:
-        if stored[:1] == _LIFECYCLE_MARK and len(stored) > 1:
-            return _lifecycle_json(stored[1], stored[2:])
-        if stored[:1] == _ENQUEUED_MARK:
-            return _lifecycle_json(0, stored[1:])
+        if stored[:1] == LIFECYCLE_MARK and len(stored) > 1:
+            return lifecycle_json(stored[1], stored[2:])
+        if stored[:1] == ENQUEUED_MARK:
+            return lifecycle_json(0, stored[1:])
         raise ValueError(f"trace pack of unknown format {stored[:1]!r}")
     decompressor = zlib.decompressobj(_WBITS, zdict=DICTIONARY_2)
     text = decompressor.decompress(memoryview(stored)[1:])

@@ -238,14 +238,14 @@ class Transaction(Protocol):
     # -- jobs -------------------------------------------------------------------------------
 
     def job_insert(self, params: JobInsert) -> tuple[int, bool]:
-        """Insert a job with its ``job.enqueued`` pack (``packs.enqueued_event``); on a
+        """Insert a job with its ``job.enqueued`` pack (``lifecycle_packs.enqueued_event``); on a
         duplicate ``message_id`` return ``(existing_id, False)`` and write nothing. Many
         jobs: ``job_enqueue``."""
         ...
 
     def job_enqueue(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]:
         """``job_insert`` of ``params`` (one pair each, in order): each row inserted with
-        its ``job.enqueued`` event (``packs.enqueued_event``) as its first trace pack; a
+        its ``job.enqueued`` event (``lifecycle_packs.enqueued_event``) as its first trace pack; a
         duplicate ``message_id`` writes neither. One statement for all of it on
         PostgreSQL; on SQLite one insert per job, which keeps the pack in the job's row
         (``rq_jobs.enqueued``, migration 0023; read through the view ``rq_packs``)."""

@@ -20,6 +20,7 @@ from replayq.errors import StorageError
 from replayq.model import Job, JobState, TraceEvent
 from replayq.storage import packs
 from replayq.storage.context_verbs import ContextVerbs, lease_now, query_params, record
+from replayq.storage.lifecycle_packs import enqueued_event
 from replayq.storage.params import (
     ActiveVersion,
     CancelRequested,
@@ -309,12 +310,12 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         if len(params) == 1:  # ``enqueue``: no lists to zip
             job_id, created = self._job_insert_one(params[0])
             if created:
-                pack = [with_job_id(packs.enqueued_event(params[0]), job_id)]
+                pack = [with_job_id(enqueued_event(params[0]), job_id)]
                 self._index(self._packs_inserted([pack]))
             return [(job_id, created)]
         inserted = [self._job_insert_one(p) for p in params]
         written = [
-            [with_job_id(packs.enqueued_event(p), job_id)]
+            [with_job_id(enqueued_event(p), job_id)]
             for p, (job_id, created) in zip(params, inserted, strict=True)
             if created
         ]

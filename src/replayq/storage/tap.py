@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from typing import Any, cast
 
 from replayq.model import TraceEvent
-from replayq.storage.packs import enqueued_event
+from replayq.storage.lifecycle_packs import enqueued_event
 from replayq.storage.protocol import (
     JobInsert,
     MigrationStatus,

@@ -40,6 +40,7 @@ from replayq.model import TraceEvent
 from replayq.storage import packs
 from replayq.storage.context_params import TraceFence
 from replayq.storage.context_verbs import query_params
+from replayq.storage.lifecycle_packs import lifecycle_pack
 from replayq.storage.params import JobTrace, TraceJobs, TraceRead, TraceWindow
 from replayq.storage.sql_statements import SqlStatements
 
@@ -248,7 +249,7 @@ class TraceVerbs(SqlStatements):
         pack_ids: list[int] = []
         opened, pack_format = packs.opened_values, self.pack_format
         row_values = packs.row_values
-        compact_of = packs.lifecycle_pack if pack_format == packs.FORMAT_DEFLATE else None
+        compact_of = lifecycle_pack if pack_format == packs.FORMAT_DEFLATE else None
         for start in range(0, len(groups), per_statement):
             chunk = groups[start : start + per_statement]
             values: list[Any] = []

@@ -113,6 +113,7 @@ from replayq.redaction import mask_url_passwords
 from replayq.storage import migrate, packs
 from replayq.storage.adopted import AsyncConnectionView, TupleRows
 from replayq.storage.context_verbs import lease_now, query_params
+from replayq.storage.lifecycle_packs import enqueued_event
 from replayq.storage.params import JobsComplete
 from replayq.storage.postgres import upgrade
 from replayq.storage.postgres.adapt import arrays_as_literals, column_names
@@ -503,8 +504,8 @@ class PostgresTransaction(SqlTransaction):
         if not params:
             return []
         if len(params) == 1:
-            return [self._job_enqueue_one(params[0], packs.enqueued_event(params[0]))]
-        events = [packs.enqueued_event(p) for p in params]
+            return [self._job_enqueue_one(params[0], enqueued_event(params[0]))]
+        events = [enqueued_event(p) for p in params]
         # The caller's connection (conn=) too, when it is psycopg's own (not async).
         driver = self.connection.raw if isinstance(self.connection, TupleRows) else self.connection
         if isinstance(driver, psycopg.Connection) and all(p.message_id is None for p in params):

@@ -514,8 +514,8 @@ class SqliteTransaction(SqlTransaction):
         """Insert jobs, one statement each. Each inserted row's ``job.enqueued`` pack is
         written by that statement, in the row itself (``rq_jobs.enqueued``, migration 0023;
         read through the view ``rq_packs``): ``job_insert`` builds it from the values it
-        inserts, as ``packs.enqueued_event`` does from ``params``; no event is built here. A
-        row that ``ON CONFLICT`` skips gets none."""
+        inserts, as ``lifecycle_packs.enqueued_event`` does from ``params``; no event is
+        built here. A row that ``ON CONFLICT`` skips gets none."""
         return [self._job_insert_one(p) for p in params]
 
     def rows_query(
