@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import psycopg
+import psycopg.sql
 import pytest
 
 import replayq
@@ -22,7 +23,7 @@ from replayq.queue.retention import in_ledger
 from replayq.storage.postgres import parse_postgres_url
 from replayq.storage.retention_params import KeepHold, KeepRelease
 from tests.apps import retained
-from tests.replay_support import cli_ok
+from tests.replay_support import cli, cli_ok
 
 DAY = 86_400.0
 START = 1_700_000_000.0  # 2023-11-14 22:13:20 UTC
@@ -42,7 +43,7 @@ def pg(pg_schema_url: str) -> Iterator[Callable[..., list[tuple[object, ...]]]]:
     conninfo, _ = parse_postgres_url(pg_schema_url)
     with psycopg.connect(conninfo, autocommit=True) as conn:
 
-        def run(sql: str, *params: object) -> list[tuple[object, ...]]:
+        def run(sql: str | psycopg.sql.Composable, *params: object) -> list[tuple[object, ...]]:
             cursor = conn.execute(sql, params or None)
             return cursor.fetchall() if cursor.description else []
 
@@ -161,5 +162,59 @@ def test_an_expired_day_is_dropped_as_a_partition_and_pinned_and_held_jobs_survi
         assert {e.job_id for e in writes} == {later.id}
         # A pass over nothing new drops nothing more.
         assert app.gc().partitions_dropped == 0
+    finally:
+        app.close()
+
+
+def test_a_day_an_owner_view_depends_on_is_kept_and_named_and_the_other_days_drop(
+    pg_schema_url: str, pg: Callable[..., list[tuple[object, ...]]]
+) -> None:
+    """A view of the owner's over one day's partition: gc drops every other expired day,
+    keeps that one (never the owner's view with it) and says so, in its report, in its log
+    and as ``replayq gc``'s exit status; once the view is gone the day drops."""
+    clock = replayq.FrozenClock(START)
+    app = retained.declare(
+        replayq.App(pg_schema_url, clock=clock, retention=RETENTION, auto_migrate=True)
+    )
+    try:
+        replayq.testing.run_inline(app, "credit", {"account": "a", "amount": 1})
+        clock.advance(DAY)
+        replayq.testing.run_inline(app, "credit", {"account": "b", "amount": 2})
+        viewed, other = partition_name(START + 3 * DAY), partition_name(START + 4 * DAY)
+        clock.advance(DAY / 2)
+        app.gc()
+        clock.advance(DAY)
+        app.gc()
+        assert {viewed, other} <= partitions(pg, "rq_trace_ledger")
+        pg(
+            psycopg.sql.SQL("CREATE VIEW owner_day AS SELECT job_id FROM {}").format(
+                psycopg.sql.Identifier(viewed)
+            )
+        )
+
+        clock.advance(4 * DAY)  # both days ended, both jobs past their ledger tier
+        report = app.gc()
+
+        assert report.purged_jobs == 2 and report.partitions_dropped == 1
+        assert other not in partitions(pg, "rq_trace_ledger")
+        assert viewed in partitions(pg, "rq_trace_ledger")
+        [kept] = report.partitions_kept
+        assert kept.startswith(f"{viewed}: ") and "owner_day" in kept, kept
+        # The owner's view untouched, and through it the day's rows still there: the
+        # retention promise is not kept for that day, which is why gc fails loudly.
+        [(rows,)] = pg("SELECT count(*) FROM owner_day")
+        assert isinstance(rows, int) and rows > 0
+
+        shown = cli(pg_schema_url, "gc", "--app", "tests.apps.retained:app")
+        assert shown.returncode == 1, shown.stdout + shown.stderr
+        assert viewed in shown.stderr and "owner_day" in shown.stderr, shown.stderr
+
+        pg("DROP VIEW owner_day")
+        again = app.gc()
+        assert again.partitions_dropped == 1 and again.partitions_kept == []
+        assert viewed not in partitions(pg, "rq_trace_ledger")
+        assert pg("SELECT to_regclass(%s)", viewed.replace("ledger_", "ledger_resources_")) == [
+            (None,)
+        ]
     finally:
         app.close()

@@ -67,6 +67,8 @@ def gc(
         )
     if as_json:
         emit_json(dataclasses.asdict(report))
+        if report.partitions_kept:
+            raise SystemExit(1)
         return
     if not app.retention_policy().configured():
         click.echo(
@@ -89,6 +91,15 @@ def gc(
         f"blobs ({report.blob_bytes} bytes); {report.seconds:.2f}s"
         + ("" if report.complete else "; stopped early, resumes next run")
     )
+    if report.partitions_kept:
+        # Retention is a promise: an expired day kept is an error the operator must see.
+        for kept in report.partitions_kept:
+            click.echo(
+                f"error: kept the expired ledger day partition {kept} (objects of yours "
+                "depend on it; drop or move them and run gc again)",
+                err=True,
+            )
+        raise SystemExit(1)
 
 
 @click.command()

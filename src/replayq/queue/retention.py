@@ -23,15 +23,18 @@ records the last id it finished in ``rq_gc`` so a killed pass resumes there, and
 ``pause`` seconds between batches (the throttle). On PostgreSQL a job with a finite
 ``ledger_days`` moves into the ledger partition of the day its ledger ends, and once
 the pass reaches the end it drops the partitions of the days that ended with none of
-their jobs left (``LedgerDrop``). Then it deletes the derived traces past their type's
-``derived_days`` and the blobs nothing references any more.
+their jobs left (``LedgerDrop``); a day whose partition an object of the database's
+owner depends on (a view over it) is kept, named in ``GcReport.partitions_kept`` and
+logged, never dropped with the owner's object. Then it deletes the derived traces past
+their type's ``derived_days`` and the blobs nothing references any more.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import msgspec
 
@@ -233,6 +236,9 @@ class GcReport:
     message_id_jobs: int = 0
     derived_traces: int = 0
     partitions_dropped: int = 0
+    # Expired ledger days kept because the owner's objects depend on their partition:
+    # "partition: what depends on it" each (the server's words). ``replayq gc`` exits 1.
+    partitions_kept: list[str] = field(default_factory=list)
     blobs: int = 0
     blob_bytes: int = 0
     batches: int = 0
@@ -240,6 +246,8 @@ class GcReport:
     seconds: float = 0.0
     complete: bool = True
 
+
+log = logging.getLogger("replayq.retention")
 
 CURSOR = "trace"
 # A batch's scan reads at most ``batch * WINDOW`` ids past the cursor.
@@ -378,7 +386,15 @@ def _jobs(
         if ended:
             if not dry_run:
                 with storage.transaction() as tx:
-                    report.partitions_dropped += tx.gc_apply(LedgerDrop(now))
+                    dropped = tx.ledger_drop(LedgerDrop(now))
+                report.partitions_dropped += dropped.dropped
+                report.partitions_kept += dropped.kept
+                for kept in dropped.kept:
+                    log.error(
+                        "gc kept an expired ledger day: objects of the database's owner "
+                        "depend on its partition (drop or move them): %s",
+                        kept,
+                    )
             return
         if pause and found:
             time.sleep(pause)

@@ -140,6 +140,8 @@ from replayq.storage.retention_params import (
     JobHours,
     KeepChange,
     KeptJobs,
+    LedgerDrop,
+    LedgerDropped,
 )
 
 __all__ = [
@@ -533,6 +535,11 @@ class Transaction(Protocol):
     def gc_apply(self, change: GcChange) -> int:
         """Apply one of gc's changes (see ``GcChange``); how many events, jobs or rows it
         removed (0: nothing, or the job or derived trace is held)."""
+        ...
+
+    def ledger_drop(self, change: LedgerDrop) -> LedgerDropped:
+        """Drop the ledger day partitions ``change`` names (none on a backend without
+        them); a day whose partition the owner's objects depend on is kept and named."""
         ...
 
 

@@ -146,10 +146,20 @@ class LedgerPartitions(Struct, frozen=True):
 
 class LedgerDrop(Struct, frozen=True):
     """Drop each ledger partition whose day ended before ``now`` and whose jobs are all
-    deleted (a pinned job's packs were moved out by ``KeepPin``; a held job is not deleted).
-    Returns the partitions dropped (0 on a backend without them)."""
+    deleted (a pinned job's packs were moved out by ``KeepPin``; a held job is not deleted)
+    (``ledger_drop``)."""
 
     now: float
+
+
+class LedgerDropped(Struct, frozen=True):
+    """What ``ledger_drop`` did: the days it dropped, and each day it had to keep because
+    objects of the database's owner depend on its partition (a view over it, say): its
+    partition's name and the server's account of what depends on it. gc never drops the
+    owner's objects (no ``CASCADE``)."""
+
+    dropped: int = 0
+    kept: list[str] = []
 
 
 class DerivedPurge(Struct, frozen=True):
@@ -183,7 +193,6 @@ GcChange = (
     | IdemPurge
     | MessageIdForget
     | LedgerPartitions
-    | LedgerDrop
     | DerivedPurge
     | BlobPurge
     | GcCursorPut

@@ -39,6 +39,7 @@ from replayq.storage.retention_params import (
     KeepPin,
     KeptJobs,
     LedgerDrop,
+    LedgerDropped,
     LedgerPartitions,
     MessageIdForget,
     TraceTrim,
@@ -126,8 +127,6 @@ class RetentionVerbs(SqlStatements):
             return int(self.execute("job_message_forget", values).rowcount)
         if isinstance(change, LedgerPartitions):
             return self._ledger_partitions(change)
-        if isinstance(change, LedgerDrop):
-            return self._ledger_drop(change)
         if isinstance(change, DerivedPurge):
             return self._derived_purge(change)
         if isinstance(change, BlobPurge):
@@ -144,8 +143,8 @@ class RetentionVerbs(SqlStatements):
     def _ledger_partitions(self, change: LedgerPartitions) -> int:
         return 0
 
-    def _ledger_drop(self, change: LedgerDrop) -> int:
-        return 0
+    def ledger_drop(self, change: LedgerDrop) -> LedgerDropped:
+        return LedgerDropped()
 
     def _ledger_move(
         self, moved: Sequence[tuple[Mapping[str, Any], list[TraceEvent], float]]

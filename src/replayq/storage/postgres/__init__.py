@@ -119,7 +119,7 @@ from replayq.storage.postgres import upgrade
 from replayq.storage.postgres.adapt import arrays_as_literals, column_names
 from replayq.storage.protocol import JobInsert, JobLease, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
-from replayq.storage.retention_params import LedgerDrop, LedgerPartitions
+from replayq.storage.retention_params import LedgerDrop, LedgerDropped, LedgerPartitions
 from replayq.storage.sql_transaction import JOBS_COMPLETE_COLUMNS, SqlTransaction, with_job_id
 
 log = logging.getLogger("replayq.storage.postgres")
@@ -473,8 +473,9 @@ class PostgresTransaction(SqlTransaction):
             made += bool(self.fetchone("ledger_partition", {"expires_at": expires_at})["made"])
         return made
 
-    def _ledger_drop(self, change: LedgerDrop) -> int:
-        return int(self.fetchone("ledger_drop", {"now": change.now})["dropped"])
+    def ledger_drop(self, change: LedgerDrop) -> LedgerDropped:
+        row = self.fetchone("ledger_drop", {"now": change.now})
+        return LedgerDropped(int(row["dropped"]), list(row["kept"]))
 
     def _ledger_move(
         self, moved: Sequence[tuple[Mapping[str, Any], list[TraceEvent], float]]
