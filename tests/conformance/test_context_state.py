@@ -9,7 +9,7 @@ import pytest
 
 import replayq
 from replayq.recording.locks import break_lock, list_locks
-from tests.context_support import count_rows, named, run_once
+from tests.context_support import count_rows, named, query, run_once
 
 AppFactory = Callable[..., replayq.App]
 RETRY = replayq.Retry(max_attempts=3, base="1s", cap="1s")
@@ -156,6 +156,59 @@ def test_several_writes_in_one_step_chain_versions_within_the_step(app: replayq.
         (1, None, {"replace": {"a": 1}}),
         (2, 1, {"set": {"b": 2}, "unset": []}),
     ]
+
+
+def test_a_version_row_holds_its_value_once_as_written_and_the_trace_redacts_it(
+    app: replayq.App,
+) -> None:
+    """A state value is the application's data: stored and read back as written, a secret
+    field included (docs/secrets.md), while the ``state.write`` event in the trace is
+    redacted. A delta that replaces the whole value is stored once, as the row's data (its
+    delta is ``null``; a large value is in the blob store only), and history still shows
+    ``{"replace": data}``."""
+    large = {"lines": ["x" * 40] * 100}  # ~4.6 KB: above the inline size, a blob
+    read_back: list[Any] = []
+
+    @app.job("sign_up")
+    def sign_up(ctx: replayq.Context) -> None:
+        with ctx.step("create"):
+            ctx.state.put("user", "u1", {"name": "ann", "password": "hunter2"})
+            ctx.state.put("doc", "big", {**large, "api_key": "sk-1"})
+            ctx.state.put("label", "l1", "plain text")
+        with ctx.step("change"):
+            ctx.state.put("user", "u1", {"name": "ann", "password": "hunter3"})
+
+    @app.job("sign_in")
+    def sign_in(ctx: replayq.Context) -> None:
+        with ctx.step("load"):
+            read_back.append(ctx.state.get("user", "u1").data)
+            read_back.append(ctx.state.get("doc", "big").data)
+
+    worker = replayq.Worker(app)
+    jobs = [app.enqueue("sign_up", {}), app.enqueue("sign_in", {})]
+    for _ in jobs:
+        run_once(worker)
+    assert [app.get_job(j).state for j in jobs] == [replayq.JobState.SUCCEEDED] * 2
+
+    assert read_back == [{"name": "ann", "password": "hunter3"}, {**large, "api_key": "sk-1"}]
+    assert app.state.get("user", "u1").data == {"name": "ann", "password": "hunter3"}
+    rows = query(
+        app.url,
+        "SELECT namespace, version, data_ref, delta FROM rq_entity_versions "
+        "ORDER BY namespace, version",
+    )
+    deltas = {(ns, v): (ref, delta) for ns, v, ref, delta in rows}
+    assert deltas[("doc", 1)][0] is not None and deltas[("doc", 1)][1] == "null"
+    assert deltas[("label", 1)][1] == "null" and deltas[("user", 1)][1] == "null"
+    [user_1, user_2] = app.state.history("user", "u1")
+    assert user_1.delta == {"replace": {"name": "ann", "password": "hunter2"}}
+    assert user_2.delta == {"set": {"password": "hunter3"}, "unset": []}
+    assert app.state.history("doc", "big")[0].delta == {"replace": {**large, "api_key": "sk-1"}}
+    assert app.state.history("label", "l1")[0].delta == {"replace": "plain text"}
+    # The trace keeps no secret: the writes' deltas are redacted.
+    writes = [e for e in app.trace(jobs[0]) if e.name == "state.write"]
+    assert len(writes) == 4
+    assert not any(secret in repr(e.data) for e in writes for secret in ("hunter", "sk-1"))
 
 
 def test_a_job_reads_the_current_version_small_large_or_absent(app: replayq.App) -> None:

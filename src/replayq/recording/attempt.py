@@ -130,6 +130,10 @@ class Attempt(Protocol):
         """``encode`` keeping the text (serialised once, reused for rows and hashes)."""
         ...
 
+    def encoded_as_written(self, value: Any, *, what: str) -> tuple[Encoded, Encoded]:
+        """``encoded`` and the value as written (once, if redaction changed nothing)."""
+        ...
+
     def store_blob(self, raw: bytes | None, what: str, ref: str | None = None) -> None: ...
 
     def fences(self) -> dict[str, int]:

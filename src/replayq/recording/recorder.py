@@ -390,11 +390,28 @@ class Recorder:
     def encoded(self, value: Any, *, what: str) -> Encoded:
         """``encode``, keeping the canonical text: the value is walked and serialised once
         here; the size check, the version row, the blob and its hash reuse the text."""
+        return self._sized(*self._redacted_text(value, what), what)
+
+    def encoded_as_written(self, value: Any, *, what: str) -> tuple[Encoded, Encoded]:
+        """``encoded`` (redacted: for the trace) and the value as written, for a store the
+        application reads back (``ctx.state``: docs/secrets.md leaves its values alone).
+        The same ``Encoded`` twice when redaction changed nothing (the usual case: one
+        walk, one serialisation); else the value is serialised again as it is."""
+        redacted, text = self._redacted_text(value, what)
+        traced = self._sized(redacted, text, what)
+        if redacted is value:
+            return traced, traced
+        return traced, self._sized(value, codec.dumps(value, what=what), what)
+
+    def _redacted_text(self, value: Any, what: str) -> tuple[Any, str]:
         try:
             # A partial, not a lambda: called in C, no Python frame of its own.
-            value, text = self.redactor.encoded_keyed(value, partial(codec.dumps_keyed, what=what))
+            return self.redactor.encoded_keyed(value, partial(codec.dumps_keyed, what=what))
         except PayloadError as exc:
             raise PayloadError(f"{what} cannot be recorded: {exc}") from exc
+
+    def _sized(self, value: Any, text: str, what: str) -> Encoded:
+        """``text`` (``value``'s) inline or for the blob store, by its size."""
         raw = text.encode()
         size = len(raw)
         if size > self.blob_limit:

@@ -73,6 +73,14 @@ def resource_name(namespace: str, key: str) -> str:
     return f"{namespace}:{key}"
 
 
+# A version row's ``delta`` when it replaces the whole value with the row's own data (a new
+# entity, a value that is not an object): JSON ``null`` instead of ``{"replace": data}``,
+# which stored the value a second time in the same row (a large value in the blob store a
+# second time inline). A real delta is always an object, so ``null`` is unambiguous; rows
+# written before keep their full delta, and ``version_from_row`` reads both.
+WHOLE_DATA = "null"
+
+
 def delta_of(old: Any, new: Any) -> dict[str, Any]:
     """Field-level delta for objects (``set``/``unset``); a whole replacement otherwise."""
     if isinstance(old, dict) and isinstance(new, dict):
@@ -102,8 +110,10 @@ def version_from_row(tx: Transaction, row: EntityRecord, *, delta: bool = True) 
         key=row.key,
         version=row.version,
         parent_version=row.parent_version,
-        data=load_json(tx, codec.loads(row.data), row.data_ref),
-        delta=codec.loads(row.delta) if delta else {},
+        data=(data := load_json(tx, codec.loads(row.data), row.data_ref)),
+        delta=({"replace": data} if row.delta == WHOLE_DATA else codec.loads(row.delta))
+        if delta
+        else {},
         job_id=row.job_id,
         trace_id=row.trace_id,
         attempt=row.attempt,
@@ -208,8 +218,10 @@ def version_row(
 ) -> EntityRecord:
     """The row for a new version (``data`` inline unless ``data_ref`` points to a blob).
 
-    ``data_json`` is ``data`` already checked and encoded (``Context.encoded``) and
-    ``delta`` the delta already computed: neither is walked or computed again.
+    ``data_json`` is ``data`` already checked and encoded (``Context.encoded_as_written``)
+    and ``delta`` the delta already computed: neither is walked or computed again. A
+    delta that replaces the whole value is stored as ``WHOLE_DATA``: its value is the
+    row's data.
     """
     if data_ref:
         data_text = None
@@ -228,7 +240,7 @@ def version_row(
         data=data_text,
         data_ref=data_ref,
         # Built from checked values (the new data, a stored version): no second walk.
-        delta=codec.dumps_own(delta),
+        delta=WHOLE_DATA if "replace" in delta else codec.dumps_own(delta),
         job_id=job_id,
         trace_id=trace_id,
         attempt=attempt,
@@ -355,7 +367,9 @@ class StateView:
         if expected_version is None:
             pending = self._pending.get(ident)
             expected_version = pending.version if pending else self._read_versions.get(ident, -1)
-        inline, ref, raw, text = ctx.encoded(data, what=f"state {resource}")
+        # Redacted for the trace (the ``state.write`` event's delta); the version row keeps
+        # the value as written: the application reads it back (docs/secrets.md).
+        (inline, _, _, _), stored = ctx.encoded_as_written(data, what=f"state {resource}")
         if not ctx.world.writes_apply:
             return self._record_only(namespace, key, data, expected_version)
         seen = self._read.get(ident)
@@ -412,8 +426,8 @@ class StateView:
             fencing=dict(fences) or None,
             branch=ctx.branch,
         )
-        if raw is not None:
-            ctx.store_blob(raw, f"state {resource}", ref)
+        if stored.raw is not None:
+            ctx.store_blob(stored.raw, f"state {resource}", stored.ref)
         parent = (
             EntityVersion(
                 namespace, key, base, None, pending.data, {}, None, None, None, None, 0, ""
@@ -447,15 +461,15 @@ class StateView:
                 key,
                 new_version,
                 parent,
-                inline,
+                stored.inline,
                 now=event.ts,
                 hlc=event.hlc,
                 job_id=ctx.job.id,
                 trace_id=ctx.trace_id,
                 attempt=ctx.attempt,
                 fencing_token=token,
-                data_ref=ref,
-                data_json=text,
+                data_ref=stored.ref,
+                data_json=stored.text,
                 delta=delta,
             )
 
