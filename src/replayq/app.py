@@ -13,7 +13,7 @@ from msgspec import structs
 
 from replayq.clock import Clock, HybridLogicalClock, SystemClock
 from replayq.durations import Duration
-from replayq.errors import ContractError, FailureClass, ReplayqError
+from replayq.errors import ConfigurationError, ContractError, FailureClass, ReplayqError
 from replayq.observe.otel import enqueue_span
 from replayq.queue.catalog import register_contracts, stored_contracts
 from replayq.queue.contracts import (
@@ -328,7 +328,15 @@ class App(JobsFacade, EffectsFacade):
         worker's scheduler enqueues it, any worker runs it; its result is the report."""
 
         def collect(ctx: Any) -> dict[str, Any]:
-            return dataclasses.asdict(self.gc(batch=batch, pause=pause))
+            report = self.gc(batch=batch, pause=pause)
+            if report.partitions_kept:
+                # Retention not kept for those days: the job goes dead (max_attempts=1),
+                # where an operator looks, as ``replayq gc`` exits 1.
+                raise ConfigurationError(
+                    "gc kept expired ledger days that objects of the database's owner "
+                    f"depend on (drop or move them): {'; '.join(report.partitions_kept)}"
+                )
+            return dataclasses.asdict(report)
 
         handler = self.job(GC_JOB, lease="10m", retry=Retry(max_attempts=1))(collect)
         self.periodic(cron, missed="run_once")(handler)

@@ -352,7 +352,8 @@ def stored_text(value: Any) -> str | None:
 
 def stored_bytes(value: Any) -> bytes | None:
     """``stored_text`` as UTF-8 bytes, as orjson gives them (no ``str`` made and encoded
-    again): a SQLite trace pack of one lifecycle event (``storage/packs.py``, format 4)."""
+    again): a SQLite trace pack of one lifecycle event (``storage/lifecycle_packs.py``,
+    format 4)."""
     if orjson is None:
         return None
     try:
@@ -361,7 +362,6 @@ def stored_bytes(value: Any) -> bytes | None:
         return None
 
 
-_DECODER = json.JSONDecoder()
 # msgspec's JSON decoder (``loads``): a core dependency, in C.
 _FAST_DECODE = msgspec.json.Decoder().decode
 
@@ -370,26 +370,18 @@ def loads(text: str | bytes | None) -> Any:
     """Decode JSON text; ``None`` stays ``None``; the value ``json.loads`` gives.
 
     msgspec's decoder first: it gives the same values as ``json.loads`` (integers of any
-    size, floats correctly rounded, the last of duplicate keys) in about a third of the
-    time (a kept dry-run reads its recording's packs, state and responses: ~5 % of its
-    instructions). What it refuses and ``json.loads`` reads (``NaN``, ``Infinity``,
-    ``1e400``, a lone surrogate, bytes not in UTF-8) and every error go the
-    standard way (tests/unit/test_codec_loads.py compares the two).
+    size since msgspec 0.19, floats correctly rounded, the last of duplicate keys) in
+    about a third of the time (a kept dry-run reads its recording's packs, states and
+    responses: ~5 % of its instructions). What it refuses and ``json.loads`` reads
+    (``NaN``, ``Infinity``, ``1e400``, a lone surrogate, bytes not in UTF-8) and every
+    error go to ``json.loads`` (tests/unit/test_codec_loads.py compares the two).
     """
     if text is None:
         return None
     try:
         return _FAST_DECODE(text)
     except (msgspec.DecodeError, UnicodeError):  # the latter: a lone surrogate, as text or bytes
-        pass
-    if type(text) is str:
-        try:
-            value, end = _DECODER.raw_decode(text)
-        except ValueError:
-            return json.loads(text)
-        if end == len(text):
-            return value
-    return json.loads(text)
+        return json.loads(text)
 
 
 def fingerprint(value: Any) -> str:

@@ -11,6 +11,7 @@ triggers on every trace table count the rows deleted, and none is.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 
 import psycopg
@@ -20,7 +21,7 @@ import pytest
 import replayq
 import replayq.testing
 from replayq.queue.retention import in_ledger
-from replayq.storage.postgres import parse_postgres_url
+from replayq.storage.postgres import LEDGER_DROP_DAYS, parse_postgres_url
 from replayq.storage.retention_params import KeepHold, KeepRelease
 from tests.apps import retained
 from tests.replay_support import cli, cli_ok
@@ -167,7 +168,9 @@ def test_an_expired_day_is_dropped_as_a_partition_and_pinned_and_held_jobs_survi
 
 
 def test_a_day_an_owner_view_depends_on_is_kept_and_named_and_the_other_days_drop(
-    pg_schema_url: str, pg: Callable[..., list[tuple[object, ...]]]
+    pg_schema_url: str,
+    pg: Callable[..., list[tuple[object, ...]]],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A view of the owner's over one day's partition: gc drops every other expired day,
     keeps that one (never the owner's view with it) and says so, in its report, in its log
@@ -193,13 +196,15 @@ def test_a_day_an_owner_view_depends_on_is_kept_and_named_and_the_other_days_dro
         )
 
         clock.advance(4 * DAY)  # both days ended, both jobs past their ledger tier
-        report = app.gc()
+        with caplog.at_level(logging.WARNING, logger="replayq.retention"):
+            report = app.gc()
 
         assert report.purged_jobs == 2 and report.partitions_dropped == 1
         assert other not in partitions(pg, "rq_trace_ledger")
         assert viewed in partitions(pg, "rq_trace_ledger")
         [kept] = report.partitions_kept
         assert kept.startswith(f"{viewed}: ") and "owner_day" in kept, kept
+        assert [r.getMessage() for r in caplog.records if viewed in r.getMessage()] != []
         # The owner's view untouched, and through it the day's rows still there: the
         # retention promise is not kept for that day, which is why gc fails loudly.
         [(rows,)] = pg("SELECT count(*) FROM owner_day")
@@ -207,7 +212,14 @@ def test_a_day_an_owner_view_depends_on_is_kept_and_named_and_the_other_days_dro
 
         shown = cli(pg_schema_url, "gc", "--app", "tests.apps.retained:app")
         assert shown.returncode == 1, shown.stdout + shown.stderr
-        assert viewed in shown.stderr and "owner_day" in shown.stderr, shown.stderr
+        [line] = [line for line in shown.stderr.splitlines() if viewed in line]
+        assert line.startswith("error: ") and "owner_day" in line, shown.stderr
+
+        # The periodic gc job fails where an operator looks: dead, naming the day.
+        app.gc_periodic()
+        periodic = replayq.testing.run_inline(app, "replayq.gc")
+        assert periodic.state == replayq.JobState.DEAD, periodic.last_error
+        assert viewed in (periodic.last_error or "") and "owner_day" in (periodic.last_error or "")
 
         pg("DROP VIEW owner_day")
         again = app.gc()
@@ -216,5 +228,30 @@ def test_a_day_an_owner_view_depends_on_is_kept_and_named_and_the_other_days_dro
         assert pg("SELECT to_regclass(%s)", viewed.replace("ledger_", "ledger_resources_")) == [
             (None,)
         ]
+    finally:
+        app.close()
+
+
+def test_a_backlog_of_expired_days_drops_in_bounded_transactions(
+    pg_schema_url: str, pg: Callable[..., list[tuple[object, ...]]]
+) -> None:
+    """More expired days than one transaction looks at (``LEDGER_DROP_DAYS``, each a
+    subtransaction): gc goes on in the next transaction until every one is dropped."""
+    days = LEDGER_DROP_DAYS + 8
+    clock = replayq.FrozenClock(START + (days + 2) * DAY)
+    app = retained.declare(
+        replayq.App(pg_schema_url, clock=clock, retention=RETENTION, auto_migrate=True)
+    )
+    try:
+        assert app.gc().partitions_dropped == 0  # the schema made, nothing to drop yet
+        for day in range(days):
+            pg("SELECT rq_trace_ledger_partition(%s::double precision)", START + day * DAY)
+        assert len(partitions(pg, "rq_trace_ledger")) == days
+
+        report = app.gc()
+
+        assert report.partitions_dropped == days and report.partitions_kept == []
+        assert partitions(pg, "rq_trace_ledger") == set()
+        assert partitions(pg, "rq_trace_ledger_resources") == set()
     finally:
         app.close()

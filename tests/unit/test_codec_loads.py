@@ -60,6 +60,10 @@ def test_loads_gives_what_json_loads_gives(value: Any, ensure_ascii: bool) -> No
     [
         '{"a": 1, "a": 2}',  # the last of duplicate keys
         "123456789012345678901234567890",  # past 64 bits: an int, never a float
+        # 20 digits past 2**64: msgspec before 0.19 wrapped these silently (hence >=0.19)
+        "19446744073709551617",
+        "19999999999999999999",
+        "-19999999999999999999",
         "-9223372036854775809",
         "18446744073709551616",
         "-0.0",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import sys
 
 import click
@@ -48,6 +49,9 @@ def gc(
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     app = env.app(app_spec)
+    # A kept ledger day is printed below as this command's error, once: not a second time
+    # by logging's last resort (no handler is configured here).
+    logging.getLogger("replayq.retention").addHandler(logging.NullHandler())
     show = not as_json and sys.stderr.isatty()
     with Progress(
         SpinnerColumn(),

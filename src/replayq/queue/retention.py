@@ -61,6 +61,8 @@ from replayq.storage.retention_params import (
     TraceTrim,
 )
 
+log = logging.getLogger("replayq.retention")
+
 DAY = 86_400.0
 
 # The ledger tier keeps these events (by name prefix) and every lifecycle event but
@@ -236,18 +238,16 @@ class GcReport:
     message_id_jobs: int = 0
     derived_traces: int = 0
     partitions_dropped: int = 0
-    # Expired ledger days kept because the owner's objects depend on their partition:
-    # "partition: what depends on it" each (the server's words). ``replayq gc`` exits 1.
-    partitions_kept: list[str] = field(default_factory=list)
     blobs: int = 0
     blob_bytes: int = 0
     batches: int = 0
     resumed_from: int = 0
     seconds: float = 0.0
     complete: bool = True
+    # Expired ledger days kept because the owner's objects depend on their partition:
+    # "partition: what depends on it" each (the server's words). ``replayq gc`` exits 1.
+    partitions_kept: list[str] = field(default_factory=list)
 
-
-log = logging.getLogger("replayq.retention")
 
 CURSOR = "trace"
 # A batch's scan reads at most ``batch * WINDOW`` ids past the cursor.
@@ -385,20 +385,32 @@ def _jobs(
             progress(report.scanned, after)
         if ended:
             if not dry_run:
-                with storage.transaction() as tx:
-                    dropped = tx.ledger_drop(LedgerDrop(now))
-                report.partitions_dropped += dropped.dropped
-                report.partitions_kept += dropped.kept
-                for kept in dropped.kept:
-                    log.error(
-                        "gc kept an expired ledger day: objects of the database's owner "
-                        "depend on its partition (drop or move them): %s",
-                        kept,
-                    )
+                _drop_days(storage, now, report)
             return
         if pause and found:
             time.sleep(pause)
     report.complete = False
+
+
+def _drop_days(storage: Storage, now: float, report: GcReport) -> None:
+    """Drop the expired ledger days, a bounded number per transaction (each day is a
+    subtransaction on PostgreSQL); a day kept because the owner's objects depend on its
+    partition is named in the report and logged."""
+    after = ""
+    while True:
+        with storage.transaction() as tx:
+            dropped = tx.gc_apply(LedgerDrop(now, after))
+        report.partitions_dropped += dropped.dropped
+        report.partitions_kept += dropped.kept
+        for kept in dropped.kept:
+            log.warning(
+                "gc kept an expired ledger day: objects of the database's owner depend on "
+                "its partition (drop or move them): %s",
+                kept,
+            )
+        if dropped.last is None:
+            return
+        after = dropped.last
 
 
 def _derived(

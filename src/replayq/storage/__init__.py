@@ -67,10 +67,8 @@ and has one ``@overload`` per kind, so each answer keeps its own type::
               gc_scan(KeptJobs | GcScan | GcCursor | GcHighestId | JobHours |
                       DerivedScan | BlobScan)
               gc_apply(TraceTrim | JobPurge | IdemPurge | MessageIdForget | LedgerPartitions |
-                  DerivedPurge | BlobPurge | GcCursorPut | GcVacuum)
+                  LedgerDrop | DerivedPurge | BlobPurge | GcCursorPut | GcVacuum)
                                                   what gc removes, a batch of jobs at a time
-              ledger_drop(LedgerDrop)             expired ledger days, kept if the owner's
-                                                  objects depend on them
 
 A capability only some backends have is an optional protocol the caller checks
 with ``isinstance`` (``Listener``), never a ``getattr`` probe. Imports: the

@@ -157,7 +157,7 @@ def lifecycle_json(code: int, values_text: bytes) -> str:
     if code >= len(LIFECYCLE_SHAPES):
         raise ValueError(f"trace pack of unknown lifecycle shape {code}")
     name, status, fields = LIFECYCLE_SHAPES[code]
-    values = codec.loads(values_text.decode())  # a ``str``: ``loads``' quick path
+    values = codec.loads(values_text)
     if type(values) is not list or len(values) > len(fields):
         raise ValueError(f"trace pack of shape {code} holds {values!r}")
     if len(values) < len(fields):

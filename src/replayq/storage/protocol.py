@@ -133,6 +133,7 @@ from replayq.storage.retention_params import (
     BlobScan,
     DerivedScan,
     GcChange,
+    GcCount,
     GcCursor,
     GcHighestId,
     GcQuery,
@@ -532,14 +533,15 @@ class Transaction(Protocol):
         """Answer one of gc's questions (see ``GcQuery``)."""
         ...
 
-    def gc_apply(self, change: GcChange) -> int:
+    @overload
+    def gc_apply(self, change: GcCount) -> int: ...
+    @overload
+    def gc_apply(self, change: LedgerDrop) -> LedgerDropped: ...
+    def gc_apply(self, change: GcChange) -> int | LedgerDropped:
         """Apply one of gc's changes (see ``GcChange``); how many events, jobs or rows it
-        removed (0: nothing, or the job or derived trace is held)."""
-        ...
-
-    def ledger_drop(self, change: LedgerDrop) -> LedgerDropped:
-        """Drop the ledger day partitions ``change`` names (none on a backend without
-        them); a day whose partition the owner's objects depend on is kept and named."""
+        removed (0: nothing, or the job or derived trace is held). ``LedgerDrop``: the
+        expired ledger days dropped (none on a backend without partitions), and those
+        kept because the owner's objects depend on them."""
         ...
 
 

@@ -146,20 +146,25 @@ class LedgerPartitions(Struct, frozen=True):
 
 class LedgerDrop(Struct, frozen=True):
     """Drop each ledger partition whose day ended before ``now`` and whose jobs are all
-    deleted (a pinned job's packs were moved out by ``KeepPin``; a held job is not deleted)
-    (``ledger_drop``)."""
+    deleted (a pinned job's packs were moved out by ``KeepPin``; a held job is not deleted).
+    ``gc_apply`` answers ``LedgerDropped``: for the partitions after ``after`` (by name),
+    a bounded number of them; its ``last`` is where the next call goes on."""
 
     now: float
+    after: str = ""
 
 
 class LedgerDropped(Struct, frozen=True):
-    """What ``ledger_drop`` did: the days it dropped, and each day it had to keep because
+    """What ``gc_apply(LedgerDrop)`` did: the days it dropped, and each day it had to keep because
     objects of the database's owner depend on its partition (a view over it, say): its
     partition's name and the server's account of what depends on it. gc never drops the
     owner's objects (no ``CASCADE``)."""
 
     dropped: int = 0
     kept: list[str] = []
+    # The last partition looked at when the call stopped at its bound (call again with
+    # ``after=last``); ``None``: every partition was looked at.
+    last: str | None = None
 
 
 class DerivedPurge(Struct, frozen=True):
@@ -187,7 +192,7 @@ class GcVacuum(Struct, frozen=True):
     """Give freed pages back (SQLite incremental vacuum; nothing on PostgreSQL)."""
 
 
-GcChange = (
+GcCount = (
     TraceTrim
     | JobPurge
     | IdemPurge
@@ -198,4 +203,7 @@ GcChange = (
     | GcCursorPut
     | GcVacuum
 )
-"""Every change gc makes: ``gc_apply`` returns how many events, jobs or rows it removed."""
+"""The changes whose ``gc_apply`` answer is how many events, jobs or rows they removed."""
+
+GcChange = GcCount | LedgerDrop
+"""Every change gc makes (``gc_apply``): a count, or ``LedgerDropped`` for ``LedgerDrop``."""

@@ -26,6 +26,7 @@ from replayq.storage.retention_params import (
     DerivedPurge,
     DerivedScan,
     GcChange,
+    GcCount,
     GcCursor,
     GcCursorPut,
     GcHighestId,
@@ -113,7 +114,11 @@ class RetentionVerbs(SqlStatements):
         rows = self.fetchall("gc_blobs", query_params(query))
         return [record(BlobCandidate, r) for r in rows]
 
-    def gc_apply(self, change: GcChange) -> int:
+    @overload
+    def gc_apply(self, change: GcCount) -> int: ...
+    @overload
+    def gc_apply(self, change: LedgerDrop) -> LedgerDropped: ...
+    def gc_apply(self, change: GcChange) -> int | LedgerDropped:
         if isinstance(change, TraceTrim):
             return self._trim(change)
         if isinstance(change, JobPurge):
@@ -127,6 +132,8 @@ class RetentionVerbs(SqlStatements):
             return int(self.execute("job_message_forget", values).rowcount)
         if isinstance(change, LedgerPartitions):
             return self._ledger_partitions(change)
+        if isinstance(change, LedgerDrop):
+            return self._ledger_drop(change)
         if isinstance(change, DerivedPurge):
             return self._derived_purge(change)
         if isinstance(change, BlobPurge):
@@ -143,7 +150,7 @@ class RetentionVerbs(SqlStatements):
     def _ledger_partitions(self, change: LedgerPartitions) -> int:
         return 0
 
-    def ledger_drop(self, change: LedgerDrop) -> LedgerDropped:
+    def _ledger_drop(self, change: LedgerDrop) -> LedgerDropped:
         return LedgerDropped()
 
     def _ledger_move(

@@ -302,7 +302,8 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
 
     def job_enqueue(self, params: Sequence[JobInsert]) -> list[tuple[int, bool]]:
         """Insert jobs and, for each row inserted, its ``job.enqueued`` event
-        (``packs.enqueued_event``, its ``job_id`` the new row's id) as that job's first pack.
+        (``lifecycle_packs.enqueued_event``, its ``job_id`` the new row's id) as that job's
+        first pack.
 
         Here every job insert is its own statement (on SQLite an in-process call, no
         round trip) and all the packs go in one multi-row insert (``_packs_inserted``).

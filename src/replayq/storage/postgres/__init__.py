@@ -153,6 +153,10 @@ POOL_RECONNECT_WINDOW = 2.0
 CONNECT_TIMEOUT = 10
 # libpq settings that bound how long a dead peer goes unnoticed; the URL may override them.
 DEFAULT_TCP_USER_TIMEOUT_MS = 10_000
+# Expired ledger days gc looks at per transaction: each is a subtransaction, and past 64
+# in one transaction the server's per-session cache of them overflows (other sessions'
+# snapshots then slow down until it ends). gc goes on in the next transaction.
+LEDGER_DROP_DAYS = 32
 _LIVENESS = {
     "keepalives": "1",
     "keepalives_idle": "5",
@@ -473,9 +477,10 @@ class PostgresTransaction(SqlTransaction):
             made += bool(self.fetchone("ledger_partition", {"expires_at": expires_at})["made"])
         return made
 
-    def ledger_drop(self, change: LedgerDrop) -> LedgerDropped:
-        row = self.fetchone("ledger_drop", {"now": change.now})
-        return LedgerDropped(int(row["dropped"]), list(row["kept"]))
+    def _ledger_drop(self, change: LedgerDrop) -> LedgerDropped:
+        values = {"now": change.now, "after": change.after, "max_days": LEDGER_DROP_DAYS}
+        row = self.fetchone("ledger_drop", values)
+        return LedgerDropped(int(row["dropped"]), list(row["kept"]), row["last"])
 
     def _ledger_move(
         self, moved: Sequence[tuple[Mapping[str, Any], list[TraceEvent], float]]

@@ -204,9 +204,11 @@ UPDATE rq_jobs SET message_id = NULL WHERE id = ANY(%(job_ids)s::bigint[]) AND m
 SELECT rq_trace_ledger_partition(%(expires_at)s::double precision) AS made;
 
 -- name: ledger_drop
--- The ledger partitions of the days that ended before ``now`` with none of their jobs left;
--- those the owner's objects depend on are kept, each with the server's detail (0024).
-SELECT dropped, kept FROM rq_trace_ledger_drop(%(now)s::double precision);
+-- The ledger partitions of the days that ended before ``now`` with none of their jobs left,
+-- after the partition ``after``, at most ``max_days`` of them; those the owner's objects
+-- depend on are kept, each with the server's detail; ``last``: where to go on (0024).
+SELECT dropped, kept, last
+FROM rq_trace_ledger_drop_days(%(now)s::double precision, %(after)s::text, %(max_days)s::integer);
 
 -- name: ledger_pack_insert
 -- A job's pack as its ledger tier keeps it, same id, into the partition of its expiry day.

@@ -7,7 +7,7 @@
 -- max(id) + 1 (NULL here) unless a delete took the newest job: then the floor + 1, so no
 -- id is given twice (migration 0017; a seek in rq_gc, no write).
 -- The job's job.enqueued pack is in the row (migration 0023): enqueued_hlc and enqueued,
--- pack format 3 (storage/packs.py): b'\x03' and the JSON array [run_at, priority,
+-- pack format 3 (storage/lifecycle_packs.py): b'\x03' and the JSON array [run_at, priority,
 -- message_id, ordering_key, causation_id], trailing nulls left out. run_at is written with
 -- 17 significant digits, which give back the same double for every run_at replayq accepts
 -- (|run_at| < 1e15, queue/enqueue.py); the other values with json_quote. rtrim(..., ',nul')
@@ -414,11 +414,11 @@ WHERE id = :id AND events = :stored
                 AND fence.state = 'running');
 
 -- name: trace_rewrite
--- More events of a pack of one lifecycle event (format 3 or 4, storage/packs.py,
--- CompactPack): it has no deflate stream to append to, so the pack is rewritten whole as
--- format 2 (:events), its event's item and the new ones in one stream that later joins
--- append to (trace_join). As trace_join, only while the row holds exactly what was
--- written (:stored), and the group's fields are checked too.
+-- More events of a pack of one lifecycle event (format 3 or 4, storage/lifecycle_packs.py;
+-- storage/packs.py's CompactPack): it has no deflate stream to append to, so the pack is
+-- rewritten whole as format 2 (:events), its event's item and the new ones in one stream
+-- that later joins append to (trace_join). As trace_join, only while the row holds
+-- exactly what was written (:stored), and the group's fields are checked too.
 UPDATE rq_trace
 SET hlc_last = max(hlc_last, :hlc_last), events = :events
 WHERE id = :id AND events = :stored
