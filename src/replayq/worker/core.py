@@ -167,12 +167,14 @@ class WorkerCore:
         self._refilling = threading.Lock()
         # Leased jobs for the executors. A ``SimpleQueue`` (C): a put and a get with no
         # Python ``Condition`` to notify, twice per job. Executors do not wait on it: an
-        # executor with nothing to run sleeps on ``_sleep`` (``_next_queued``), woken by
-        # ``_hand_out`` only as many as the jobs need.
+        # executor with nothing to run sleeps (``_next_queued``), woken by ``_hand_out``
+        # only as many as the jobs need.
         self._work: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._sleep = threading.Condition(threading.Lock())
-        # Executors asleep on ``_sleep`` (under it; the waker counts its wake-ups off).
-        self._sleeping = 0
+        # The sleeping executors' bells (under ``_sleep``): each a lock its executor holds
+        # and waits to acquire again, released to wake it; the last to sleep wakes first.
+        # Plain locks (C), not a ``Condition``, whose Python a wake-up pays for.
+        self._sleep = threading.Lock()
+        self._sleepers: list[Any] = []
         # Items taken off ``_work``: the acks thread's watch compares it between two looks
         # (``_watch_queue``). Counted without a lock: a lost count costs a spare wake-up.
         self._taken = 0
@@ -270,41 +272,47 @@ class WorkerCore:
         for item in items:
             self._work.put(item)
         with self._sleep:
-            if not self._sleeping:
+            sleepers = self._sleepers
+            if not sleepers:
                 return
-            wake = self._sleeping if everyone else self._wanted(self._work.qsize())
-            self._sleep.notify(wake)
-            self._sleeping -= wake
-            left_asleep = self._sleeping
+            wake = len(sleepers) if everyone else self._wanted(self._work.qsize())
+            for _ in range(wake):
+                sleepers.pop().release()
+            left_asleep = bool(sleepers)
         if left_asleep:
             self._watch_queue_from(time.monotonic())
 
     def _wanted(self, queued: int) -> int:
         """How many sleeping executors ``queued`` jobs need (under ``_sleep``): those the
         awake ones would not start within ``START_WITHIN`` at the recent pace."""
+        sleeping = len(self._sleepers)
         seconds = self._job_seconds
         if seconds is None:
-            return self._sleeping
-        awake = self.concurrency - self._sleeping
+            return sleeping
+        awake = self.concurrency - sleeping
         needed = max(1, math.ceil(queued * seconds / START_WITHIN))
-        return max(0, min(self._sleeping, needed - awake))
+        return max(0, min(sleeping, needed - awake))
 
     def _next_queued(self) -> Any:
         """The next queued job (or ``STOP``), asleep until one is handed to this executor."""
         while True:
-            try:
-                item = self._work.get_nowait()
-            except queue.Empty:
-                pass
-            else:
-                self._taken += 1
-                return item
             with self._sleep:
                 # Looked at under the lock ``_hand_out`` counts the sleepers under: a job
-                # queued after this look finds this executor counted asleep, and wakes it.
+                # queued after this look finds this executor's bell, and rings it.
+                bell = None
                 if self._work.empty():
-                    self._sleeping += 1
-                    self._sleep.wait()
+                    bell = threading.Lock()
+                    bell.acquire()
+                    self._sleepers.append(bell)
+            if bell is not None:
+                bell.acquire()  # until ``_hand_out`` or the watch releases it
+                continue
+            try:
+                item = self._work.get_nowait()
+            except queue.Empty:  # another executor took it since the look
+                continue
+            self._taken += 1
+            return item
 
     def _watch_queue_from(self, now: float) -> None:
         """Have the acks thread look at the queue ``START_WITHIN`` from ``now``: jobs were
@@ -327,10 +335,9 @@ class WorkerCore:
         if now < self._watch_at:
             return self._watch_at
         with self._sleep:
-            if self._sleeping and not self._work.empty():
+            if self._sleepers and not self._work.empty():
                 if self._taken == self._watch_taken:
-                    self._sleep.notify(1)
-                    self._sleeping -= 1
+                    self._sleepers.pop().release()
                 self._watch_at = now + START_WITHIN
                 self._watch_taken = self._taken
             else:
