@@ -26,7 +26,8 @@ psycopg ``SKIP LOCKED`` loop (batch 1 and 100), PgQueuer and Procrastinate
 latency with one idle worker process (LISTEN on PostgreSQL, the file watch on SQLite)
 and that worker's CPU while idle. On PostgreSQL the drains' worker CPU per job is
 measured too (``getrusage`` of the waited worker processes), whole and beyond the same
-process's empty-queue run, for replayq (1 process), PgQueuer and Procrastinate.
+process's empty-queue run, for replayq (1 process), PgQueuer and Procrastinate; the JSON
+also splits it into user and kernel CPU and counts the context switches per job.
 
 A backend is one ``run_<backend>(options) -> list[Measurement]`` function
 registered in ``BACKENDS``; the report and the ratios are shared.
@@ -112,6 +113,56 @@ def children_cpu() -> float:
     the difference around a drain is its worker processes' CPU."""
     used = resource.getrusage(resource.RUSAGE_CHILDREN)
     return used.ru_utime + used.ru_stime
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What waited-for child processes used (``getrusage(RUSAGE_CHILDREN)``), or the
+    difference of two such readings: CPU seconds in user space and in the kernel, and
+    context switches, voluntary (a wait: a lock, the GIL, a socket) and involuntary
+    (preempted)."""
+
+    user: float
+    sys: float
+    voluntary: int
+    involuntary: int
+
+    @property
+    def cpu(self) -> float:
+        return self.user + self.sys
+
+    def __sub__(self, other: Usage) -> Usage:
+        return Usage(
+            self.user - other.user,
+            self.sys - other.sys,
+            self.voluntary - other.voluntary,
+            self.involuntary - other.involuntary,
+        )
+
+
+def children_usage() -> Usage:
+    """``Usage`` of every child process waited for so far: the difference around a
+    drain is its worker processes'."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return Usage(used.ru_utime, used.ru_stime, used.ru_nvcsw, used.ru_nivcsw)
+
+
+def usage_rows(system: str, jobs: int, drain: Usage, empty: Usage) -> list[Measurement]:
+    """A drain's worker CPU (whole) and its parts (user, kernel, switches) as report rows,
+    each with the same command's empty-queue run as its ``startup``."""
+    return [
+        Measurement(system, "drain, CPU", jobs, (drain.cpu,), empty.cpu),
+        *(
+            Measurement(
+                system,
+                operation,
+                jobs,
+                (float(getattr(drain, field)),),
+                float(getattr(empty, field)),
+            )
+            for operation, field in USAGE_OPERATIONS.items()
+        ),
+    ]
 
 
 def timed_process(argv: Sequence[str], expect: Callable[[str], None]) -> float:
@@ -286,9 +337,9 @@ def pg_replayq_app(url: str) -> replayq.App:
 
 def pg_replayq_drain(
     opts: Options, processes: int
-) -> tuple[float, float, float, float, float, float]:
+) -> tuple[float, float, float, float, Usage, Usage]:
     """(enqueue one by one s, enqueue bulk s, drain s, empty-queue s, the drain's and the
-    empty queue's worker CPU s), ``processes`` workers."""
+    empty queue's worker ``Usage``), ``processes`` workers."""
     with pg_schema("replayq") as url:
         app = pg_replayq_app(url)
         single = timed(lambda: [app.enqueue("noop", {"n": n}) for n in range(opts.jobs)])
@@ -313,15 +364,15 @@ def pg_replayq_drain(
                     raise SystemExit(f"replayq worker failed ({proc.returncode}):\n{err.decode()}")
             return time.perf_counter() - started
 
-        cpu = children_cpu()
+        cpu = children_usage()
         drain = drain_with_workers()
-        cpu, empty_cpu = children_cpu() - cpu, children_cpu()
+        cpu, empty_cpu = children_usage() - cpu, children_usage()
         states = pg_replayq_states(url)
         want = {"succeeded": opts.jobs, "event job.succeeded": opts.jobs}
         if any(states.get(key) != count for key, count in want.items()):
             raise SystemExit(f"replayq drain did not finish every job: {states}")
         empty = drain_with_workers()
-        empty_cpu = children_cpu() - empty_cpu
+        empty_cpu = children_usage() - empty_cpu
     return single, bulk, drain, empty, cpu, empty_cpu
 
 
@@ -411,9 +462,9 @@ def pg_raw_drain(opts: Options, batch: int) -> tuple[float, float]:
     return drain, empty
 
 
-def pg_library(opts: Options, system: str) -> tuple[float, float, float, float, float, float]:
+def pg_library(opts: Options, system: str) -> tuple[float, float, float, float, Usage, Usage]:
     """(enqueue one by one s, enqueue bulk s, drain s, empty-queue s, the drain's and the
-    empty queue's worker CPU s): pgqueuer, procrastinate."""
+    empty queue's worker ``Usage``): pgqueuer, procrastinate."""
     enqueue = {
         "pgqueuer": postgres_baselines.pgqueuer_enqueue,
         "procrastinate": postgres_baselines.procrastinate_enqueue,
@@ -428,11 +479,11 @@ def pg_library(opts: Options, system: str) -> tuple[float, float, float, float, 
             if int(stdout.strip().splitlines()[-1]) != 0:
                 raise SystemExit(f"{system} left {stdout.strip()} jobs behind")
 
-        cpu = children_cpu()
+        cpu = children_usage()
         drain = timed_process(argv, expect)
-        cpu, empty_cpu = children_cpu() - cpu, children_cpu()
+        cpu, empty_cpu = children_usage() - cpu, children_usage()
         empty = timed_process(argv, expect)
-        empty_cpu = children_cpu() - empty_cpu
+        empty_cpu = children_usage() - empty_cpu
     return single, bulk, drain, empty, cpu, empty_cpu
 
 
@@ -465,10 +516,11 @@ def run_postgres(opts: Options) -> list[Measurement]:
             Measurement("raw100", "drain", n, (raw100[0],), raw100[1]),
             Measurement("pgqueuer", "drain", n, (pgq[2],), pgq[3]),
             Measurement("procrastinate", "drain", n, (proc[2],), proc[3]),
-            # The worker processes' CPU seconds (``startup``: on the empty queue).
-            Measurement("replayq", "drain, CPU", n, (one[4],), one[5]),
-            Measurement("pgqueuer", "drain, CPU", n, (pgq[4],), pgq[5]),
-            Measurement("procrastinate", "drain, CPU", n, (proc[4],), proc[5]),
+            # The worker processes' CPU seconds and context switches (``startup``: on the
+            # empty queue).
+            *usage_rows("replayq", n, one[4], one[5]),
+            *usage_rows("pgqueuer", n, pgq[4], pgq[5]),
+            *usage_rows("procrastinate", n, proc[4], proc[5]),
         ]
     return merge_runs(rows) + idle_rows(pg_replayq_latency(opts))
 
@@ -672,7 +724,7 @@ def report_postgres(opts: Options, rows: list[Measurement], load: tuple[str, str
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for m in rows:
-        if m.operation in IDLE_OPERATIONS or m.operation.endswith(", CPU"):
+        if m.operation in (*IDLE_OPERATIONS, *USAGE_OPERATIONS) or m.operation.endswith(", CPU"):
             continue
         start = "" if m.startup is None else f"{m.startup:.3f}"
         after = "" if m.rate_after_start is None else f"{m.rate_after_start:,.0f}"
@@ -730,6 +782,13 @@ def cpu_after_start(m: Measurement) -> float:
 
 
 IDLE_OPERATIONS = ("enqueue→start latency", "idle worker CPU fraction")
+# A drain's worker ``Usage`` in parts beside its "drain, CPU" row: operation → field.
+USAGE_OPERATIONS = {
+    "drain, user CPU": "user",
+    "drain, system CPU": "sys",
+    "drain, voluntary switches": "voluntary",
+    "drain, involuntary switches": "involuntary",
+}
 
 
 def idle_lines(rows: Sequence[Measurement], poll: float, wake: str, aim_ms: int) -> list[str]:
@@ -772,6 +831,13 @@ def as_json(
             if m.startup is not None:
                 after = round(cpu_after_start(m) * 1e6, 1)
                 figure |= {"cpu_us_per_job_after_start": after}
+        elif m.operation in USAGE_OPERATIONS:
+            # Per job beyond the empty-queue run: µs of CPU, or context switches.
+            per_job = (m.seconds - (m.startup or 0.0)) / m.jobs
+            if m.operation.endswith(" CPU"):
+                figure |= {"jobs": m.jobs, "us_per_job_after_start": round(per_job * 1e6, 1)}
+            else:
+                figure |= {"jobs": m.jobs, "per_job_after_start": round(per_job, 3)}
         elif m.operation == "idle worker CPU fraction":
             figure |= {"cpu_fraction": m.runs[0], "seconds": IDLE_CPU_SECONDS}
         else:

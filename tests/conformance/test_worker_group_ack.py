@@ -212,6 +212,37 @@ def test_executors_that_free_their_slots_during_a_refill_take_its_jobs_not_a_gro
     assert jobs / len(worker.groups) >= 6, worker.groups
 
 
+def test_a_job_queued_behind_a_long_one_starts_on_a_sleeping_executor_after_quick_jobs(
+    app_factory: AppFactory,
+) -> None:
+    """After a stream of quick jobs the executors not needed for them sleep, and a batch
+    is left to the awake one (``_hand_out``): when one of its jobs then runs long, the
+    next queued job is still started at once on a sleeping executor, not after it. Here
+    the two jobs can only finish together (a barrier)."""
+    app = app_factory()
+    barrier = threading.Barrier(2, timeout=10)
+    started: dict[str, float] = {}
+
+    @app.job("quick")
+    def quick(ctx: replayq.Context, n: int) -> None:
+        return None
+
+    @app.job("meet")
+    def meet(ctx: replayq.Context, side: str) -> None:
+        started[side] = time.monotonic()
+        barrier.wait()  # BrokenBarrierError after 10 s: the other side never started
+
+    quick_ids = [app.enqueue("quick", {"n": n}) for n in range(48)]
+    sides = [app.enqueue("meet", {"side": side}) for side in ("left", "right")]
+    worker = replayq.Worker(
+        app, burst=True, concurrency=4, prefetch=8, prefetch_window=float("inf")
+    )
+    stats = worker.run()
+    assert stats.succeeded == len(quick_ids) + 2, stats
+    assert all(app.get_job(i).state is replayq.JobState.SUCCEEDED for i in sides)
+    assert abs(started["left"] - started["right"]) < 1.0, started
+
+
 def test_a_group_the_ack_window_commits_leases_the_slots_it_frees(
     app_factory: AppFactory,
 ) -> None:

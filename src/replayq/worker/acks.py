@@ -222,8 +222,13 @@ class Acking(Outcomes):
                 due = self._acks_due()
                 self._acks_armed = not math.isinf(due)
                 now = time.monotonic()
+                # Jobs left queued beside sleeping executors are looked at too (``_hand_out``).
+                watch = self._watch_queue(now)
                 busy = self.ack_window > 0 and now - self._acks_last_armed < _BUSY_SECONDS
-                wait = min(due - now, self.ack_window if busy else _IDLE_WAKE)
+                # Never past _IDLE_WAKE: with ``ack_window`` inf a busy wait would be inf,
+                # which ``Event.wait`` refuses (OverflowError ended this thread).
+                wait = min(due - now, watch - now, self.ack_window if busy else _IDLE_WAKE)
+                wait = min(wait, _IDLE_WAKE)
                 # Under the lock: ``_arm_acks`` wakes this thread only if it sleeps past due.
                 self._acks_wake_at = now + wait if wait > 0 else 0.0
             if wait > 0:

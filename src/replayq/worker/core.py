@@ -12,6 +12,7 @@ import os
 import platform
 import queue
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -41,6 +42,10 @@ DEFAULT_ACK_WINDOW = 0.005
 # Jobs are leased ahead only as many as the executors finish in this many seconds at the
 # pace of the recent jobs: short jobs are batched, long ones are left to idle workers.
 DEFAULT_PREFETCH_WINDOW = 0.1
+# Queued jobs should start within this many seconds: a sleeping executor is woken for them
+# only as far as the awake ones would not start them so soon at the recent pace, and one
+# is woken when queued jobs saw none taken for this long (a job far longer than the pace).
+START_WITHIN = 0.005
 
 
 class InFlight(Struct):
@@ -161,8 +166,23 @@ class WorkerCore:
         # (``Executing._next_work``): the others wait for the jobs it brings.
         self._refilling = threading.Lock()
         # Leased jobs for the executors. A ``SimpleQueue`` (C): a put and a get with no
-        # Python ``Condition`` to notify, twice per job.
+        # Python ``Condition`` to notify, twice per job. Executors do not wait on it: an
+        # executor with nothing to run sleeps (``_next_queued``), woken by ``_hand_out``
+        # only as many as the jobs need.
         self._work: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        # The sleeping executors' bells (under ``_sleep``): each a lock its executor holds
+        # and waits to acquire again, released to wake it; the last to sleep wakes first.
+        # Plain locks (C), not a ``Condition``, whose Python a wake-up pays for.
+        self._sleep = threading.Lock()
+        self._sleepers: list[Any] = []
+        # Items taken off ``_work``: the acks thread's watch compares it between two looks
+        # (``_watch_queue``). Counted without a lock: a lost count costs a spare wake-up.
+        self._taken = 0
+        # When (monotonic; inf: not watching) the acks thread next looks whether queued
+        # jobs beside sleeping executors were taken since ``_watch_taken`` (under
+        # ``_acks_lock``).
+        self._watch_at = math.inf
+        self._watch_taken = 0
         # Successes waiting in memory for their group commit (``acks.Ack``).
         self._acks: list[Any] = []
         self._acks_lock = threading.Lock()
@@ -235,6 +255,94 @@ class WorkerCore:
             flight = self._flight_of(job)
             if flight is not None and not flight.acking:
                 del self._inflight[job.id]
+
+    # -- handing jobs to the executors ------------------------------------------------------
+
+    def _hand_out(self, items: Sequence[Any], *, everyone: bool = False) -> None:
+        """Queue jobs (or ``STOP``) for the executors and wake as many sleeping ones as
+        they need (``everyone``: all of them).
+
+        Each wake-up is a thread hand-off: two context switches, and the GIL passed back
+        and forth with the waker while it talks to the database. Short jobs (at the recent
+        pace) are left to the executors awake, which take them as they finish: a drain of
+        no-op jobs on four executors runs mostly on one, with a third of the context
+        switches a job. Jobs of unknown pace wake every sleeper; queued jobs that see none
+        taken for ``START_WITHIN`` wake one more (``_watch_queue``).
+        """
+        for item in items:
+            self._work.put(item)
+        with self._sleep:
+            sleepers = self._sleepers
+            if not sleepers:
+                return
+            wake = len(sleepers) if everyone else self._wanted(self._work.qsize())
+            for _ in range(wake):
+                sleepers.pop().release()
+            left_asleep = bool(sleepers)
+        if left_asleep:
+            self._watch_queue_from(time.monotonic())
+
+    def _wanted(self, queued: int) -> int:
+        """How many sleeping executors ``queued`` jobs need (under ``_sleep``): those the
+        awake ones would not start within ``START_WITHIN`` at the recent pace."""
+        sleeping = len(self._sleepers)
+        seconds = self._job_seconds
+        if seconds is None:
+            return sleeping
+        awake = self.concurrency - sleeping
+        needed = max(1, math.ceil(queued * seconds / START_WITHIN))
+        return max(0, min(sleeping, needed - awake))
+
+    def _next_queued(self) -> Any:
+        """The next queued job (or ``STOP``), asleep until one is handed to this executor."""
+        while True:
+            with self._sleep:
+                # Looked at under the lock ``_hand_out`` counts the sleepers under: a job
+                # queued after this look finds this executor's bell, and rings it.
+                bell = None
+                if self._work.empty():
+                    bell = threading.Lock()
+                    bell.acquire()
+                    self._sleepers.append(bell)
+            if bell is not None:
+                bell.acquire()  # until ``_hand_out`` or the watch releases it
+                continue
+            try:
+                item = self._work.get_nowait()
+            except queue.Empty:  # another executor took it since the look
+                continue
+            self._taken += 1
+            return item
+
+    def _watch_queue_from(self, now: float) -> None:
+        """Have the acks thread look at the queue ``START_WITHIN`` from ``now``: jobs were
+        left queued beside sleeping executors, and an awake one may be in a long job."""
+        with self._acks_lock:
+            if not math.isinf(self._watch_at):
+                return  # watching already: its next look sees these jobs too
+            self._watch_at = now + START_WITHIN
+            self._watch_taken = self._taken
+            # The acks thread sleeps until ``_acks_wake_at`` (0: awake, it looks anyway):
+            # woken only if that is later (in a busy worker it wakes every ``ack_window``).
+            if self._acks_wake_at <= self._watch_at:
+                return
+        self._acks_wake.set()
+
+    def _watch_queue(self, now: float) -> float:
+        """(The acks thread, under ``_acks_lock``.) Wake a sleeping executor if the
+        queued jobs saw none taken since the last look; when to look next (inf: nothing
+        left to watch)."""
+        if now < self._watch_at:
+            return self._watch_at
+        with self._sleep:
+            if self._sleepers and not self._work.empty():
+                if self._taken == self._watch_taken:
+                    self._sleepers.pop().release()
+                self._watch_at = now + START_WITHIN
+                self._watch_taken = self._taken
+            else:
+                self._watch_at = math.inf
+        return self._watch_at
 
     def _handler_or_none(self, job: Job) -> Handler | None:
         try:

@@ -36,7 +36,7 @@ class Executing(Acking):
     """Run leased jobs to a settled state."""
 
     def _executor(self) -> None:
-        item = self._work.get()
+        item = self._next_queued()
         while item is not STOP:
             # A job not started stays held: the stopping worker gives it back (``_shutdown``).
             started = False
@@ -97,7 +97,7 @@ class Executing(Acking):
                 log.exception("worker %s: lease from an executor failed", self.worker_id)
         if not leased:
             self._wake.set()
-        return self._work.get()
+        return self._next_queued()
 
     def _queued(self) -> Any:
         """A job (or ``STOP``) queued for the executors, else None; the acks waiting
@@ -106,6 +106,7 @@ class Executing(Acking):
             job = self._work.get_nowait()
         except queue.Empty:
             return None
+        self._taken += 1
         self._arm_acks()
         return job
 

@@ -189,8 +189,7 @@ class Leasing(WorkerCore):
                 # (a wake-up per batch cost as much as a no-op job's SQL).
                 wake_heartbeat = wake_heartbeat or flight.next_heartbeat < self._beat_wake_at
         self.observers.job_seen_all(jobs)
-        for job in jobs:
-            self._work.put(job)
+        self._hand_out(jobs)
         if wake_heartbeat:
             self._beat_wake.set()
         self.stats.leased += len(jobs)

@@ -222,8 +222,7 @@ class Worker(Executing, Reaping, Heartbeat):
         with self._inflight_lock:
             leftovers = [f for f in self._inflight.values() if not (f.releasing or f.acking)]
         self._release_all([f.job for f in leftovers], "worker shut down before the job finished")
-        for _ in executors:
-            self._work.put(STOP)
+        self._hand_out([STOP] * len(executors), everyone=True)
         if finished:
             # The run returns with its executors gone: a caller running burst after burst
             # keeps no threads of earlier runs.
