@@ -1,6 +1,7 @@
 """The owner's views, triggers, indexes and foreign keys across migrations that copy a table.
 
-0011, 0017 and 0022 copy ``rq_jobs`` and 0018 copies ``rq_entities`` (create the new
+0011, 0017 and 0022 copy ``rq_jobs``, 0018 ``rq_entities`` and 0025 ``rq_idempotency``
+(create the new
 table, copy the rows, drop the old, rename the new): SQLite's rename checked every view
 of the schema while the table was gone, so an owner's view over it refused the upgrade,
 and the drop took the owner's triggers and indexes on it along without a word. Each
@@ -54,6 +55,14 @@ def insert_head(conn: sqlite3.Connection, n: int) -> None:
     )
 
 
+def insert_record(conn: sqlite3.Connection, n: int) -> None:
+    conn.execute(
+        "INSERT INTO rq_idempotency (key, operation, status, claim_token, started_at, job_id)"
+        " VALUES (?, 'charge', 'started', ?, 0, ?)",
+        (f"o{n}", f"c{n}", n),
+    )
+
+
 @dataclass(frozen=True)
 class Owned:
     """A table a migration copies, and the owner's objects over it (literal SQL)."""
@@ -89,12 +98,25 @@ HEADS = Owned(
     ),
     "DELETE FROM rq_entities WHERE key = 'o1'",
 )
+RECORDS = Owned(
+    "rq_idempotency",
+    insert_record,
+    "SELECT rowid, * FROM rq_idempotency ORDER BY key",
+    (
+        "CREATE VIEW my_view AS SELECT key FROM rq_idempotency WHERE key IN ('o1', 'o3')",
+        "CREATE TRIGGER my_deleted AFTER DELETE ON rq_idempotency"
+        " BEGIN INSERT INTO my_log VALUES ('deleted', OLD.key); END",
+        "CREATE INDEX my_index ON rq_idempotency (key DESC)",
+    ),
+    "DELETE FROM rq_idempotency WHERE key = 'o1'",
+)
 # The migrations that copy a table: create the new, copy the rows, drop the old, rename.
 COPIES = [
     ("gc_reach", JOBS),
     ("job_ids", JOBS),
     ("entity_heads_without_rowid", HEADS),
     ("state_check", JOBS),
+    ("idempotency_check", RECORDS),
 ]
 
 

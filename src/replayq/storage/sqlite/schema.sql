@@ -64,21 +64,6 @@ CREATE TABLE rq_locks (
     hlc           INTEGER NOT NULL
 );
 
-CREATE TABLE rq_idempotency (
-    key          TEXT    PRIMARY KEY,
-    operation    TEXT    NOT NULL,
-    status       TEXT    NOT NULL CHECK (status IN ('started', 'succeeded', 'failed', 'compensated')),
-    result       TEXT,
-    result_ref   TEXT,
-    error        TEXT,
-    claim_token  TEXT    NOT NULL,
-    started_at   REAL    NOT NULL,
-    completed_at REAL,
-    trace_id     TEXT,
-    job_id       INTEGER,
-    attempt      INTEGER
-);
-
 CREATE TABLE rq_cache (
     key              TEXT    PRIMARY KEY,
     base_key         TEXT    NOT NULL,
@@ -243,8 +228,6 @@ CREATE INDEX rq_gc_holds_job ON rq_gc_holds (job_id);
 
 CREATE INDEX rq_lineage_created ON rq_lineage (created_at);
 
-CREATE INDEX rq_idempotency_job ON rq_idempotency (job_id);
-
 CREATE INDEX rq_outbox_job ON rq_outbox (job_id);
 
 CREATE TABLE "rq_entities" (
@@ -375,3 +358,22 @@ CREATE VIEW rq_events AS
 SELECT * FROM rq_pack_events
 UNION ALL
 SELECT * FROM rq_enqueued_events;
+
+CREATE TABLE "rq_idempotency" (
+    key          TEXT    PRIMARY KEY,
+    operation    TEXT    NOT NULL,
+    status       TEXT    NOT NULL
+                 CHECK (status = 'started' OR status = 'succeeded' OR status = 'failed'
+                        OR status = 'compensated'),
+    result       TEXT,
+    result_ref   TEXT,
+    error        TEXT,
+    claim_token  TEXT    NOT NULL,
+    started_at   REAL    NOT NULL,
+    completed_at REAL,
+    trace_id     TEXT,
+    job_id       INTEGER,
+    attempt      INTEGER
+);
+
+CREATE INDEX rq_idempotency_job ON rq_idempotency (job_id);
