@@ -56,6 +56,8 @@ class Recorder:
     blob_limit: int
     _pending: PendingRecord
     _seq: int
+    # The fields every domain event of this attempt starts from (``_event``).
+    _event_template: dict[str, Any] | None = None
     _trace_id: str
     _steps: list[str]
 
@@ -117,40 +119,68 @@ class Recorder:
     ) -> TraceEvent:
         """``event`` with ``data`` as it is (already redacted)."""
         self._seq += 1
-        job, steps, trace_id = self.job, self._steps, self._trace_id
+        steps = self._steps
         # The HLC of the runtime is over the runtime's clock: its reading is ``ts``.
         if hlc is None:
             now, hlc = self.runtime.hlc.stamp()
         else:
             now = self.runtime.clock.now()
-        # ``TraceEvent.built`` inlined (one call fewer an event): every field named.
+        # ``TraceEvent.built`` inlined (one call fewer an event): every field named. The
+        # fields are a copy of the attempt's template (``_event_template``: what is the same
+        # for each of its events, in the dataclass's order) with the rest set on it: a
+        # copy of an 18-key dict is one ``memcpy``, where a dict display inserted each key
+        # (~3 k instructions more an event, 17 events a traced 5-step job). The defaults
+        # (``None``, ``False``) are the template's: set only when given.
+        template = self._event_template
+        fields = (template or self._new_event_template()).copy()
+        fields["name"] = name
+        fields["seq"] = self._seq
+        if steps:
+            fields["step"] = steps[-1]
+        fields["ts"] = now
+        fields["hlc"] = hlc
+        if status is not None:
+            fields["status"] = status
+        if resource is not None:
+            fields["resource"] = resource
+        if resource_version is not None:
+            fields["resource_version"] = resource_version
+        if side_effect:
+            fields["side_effect"] = side_effect
+        if output_ref is not None:
+            fields["output_ref"] = output_ref
+        fields["data"] = data
         event = _new_event(TraceEvent)
-        _set_fields(
-            event,
-            "__dict__",
-            {
-                "trace_id": trace_id,
-                # A derived trace (replay, fork) is not part of the job's own timeline.
-                "job_id": job.id if trace_id == job.trace_id else None,
-                "attempt": job.attempt,
-                "kind": "domain",
-                "name": name,
-                "seq": self._seq,
-                "step": steps[-1] if steps else None,
-                "ts": now,
-                "hlc": hlc,
-                "worker_id": self.worker_id,
-                "status": status,
-                "resource": resource,
-                "resource_version": resource_version,
-                "side_effect": side_effect,
-                "input_ref": None,
-                "output_ref": output_ref,
-                "data": data,
-                "id": None,
-            },
-        )
+        _set_fields(event, "__dict__", fields)
         return event
+
+    def _new_event_template(self) -> dict[str, Any]:
+        """This attempt's event template (``_event_template``, built at its first event):
+        its domain events' fields, those that differ from event to event at their
+        defaults (``job``, ``worker_id`` and the trace are the attempt's, set once)."""
+        job, trace_id = self.job, self._trace_id
+        template = self._event_template = {
+            "trace_id": trace_id,
+            # A derived trace (replay, fork) is not part of the job's own timeline.
+            "job_id": job.id if trace_id == job.trace_id else None,
+            "attempt": job.attempt,
+            "kind": "domain",
+            "name": "",
+            "seq": 0,
+            "step": None,
+            "ts": 0.0,
+            "hlc": 0,
+            "worker_id": self.worker_id,
+            "status": None,
+            "resource": None,
+            "resource_version": None,
+            "side_effect": False,
+            "input_ref": None,
+            "output_ref": None,
+            "data": None,
+            "id": None,
+        }
+        return template
 
     def record(
         self,
