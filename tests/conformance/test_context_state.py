@@ -8,7 +8,10 @@ from typing import Any
 import pytest
 
 import replayq
+from replayq import codec
 from replayq.recording.locks import break_lock, list_locks
+from replayq.storage.context_params import EntityGet
+from replayq.storage.protocol import SnapshotRead
 from tests.context_support import count_rows, named, query, run_once
 
 AppFactory = Callable[..., replayq.App]
@@ -212,9 +215,10 @@ def test_a_version_row_holds_its_value_once_as_written_and_the_trace_redacts_it(
 
 
 def test_a_job_reads_the_current_version_small_large_or_absent(app: replayq.App) -> None:
-    """A read of a main-branch entity: on SQLite one statement without a transaction
-    around it (``SnapshotRead``), in a transaction where the version's data is in the
-    blob store; the same answers on both backends, and the reads are traced."""
+    """A read of a main-branch entity: one statement without a transaction around it
+    (``SnapshotRead``: SQLite without ``BEGIN``, PostgreSQL in autocommit mode), in a
+    transaction where the version's data is in the blob store; the same answers on both
+    backends, and the reads are traced."""
     large = {"lines": ["x" * 40] * 100}  # ~4.6 KB: above the inline size, a blob
     app.state.put("doc", "small", {"a": 1}, expected_version=0)
     app.state.put("doc", "large", large, expected_version=0)
@@ -238,6 +242,41 @@ def test_a_job_reads_the_current_version_small_large_or_absent(app: replayq.App)
         ("doc:large", 1, True),
         ("doc:absent", 0, False),
     ]
+
+
+def test_a_snapshot_read_of_the_current_version_answers_as_the_head_then_its_version(
+    app: replayq.App,
+) -> None:
+    """Both backends read ``ctx.state.get``'s entity outside a transaction
+    (``SnapshotRead``), the head joined to its version row in one statement: the same
+    record as the head read and then the read of the version it names, and nothing for
+    an entity without a head, while later writes move the head."""
+    storage = app.storage
+    assert isinstance(storage, SnapshotRead)
+    app.state.put("account", 1, {"balance": 10}, expected_version=0)
+    app.state.put("account", 1, {"balance": 7}, expected_version=1)
+    app.state.put("account", 2, {"balance": 3}, expected_version=0)
+
+    def two_step(key: str) -> tuple[int, Any] | None:
+        where = {"branch": "main", "namespace": "account", "key": key}
+        with storage.transaction(readonly=True) as tx:
+            head = tx.fetchone("entity_head", where)  # type: ignore[attr-defined]
+            if head is None:
+                return None
+            version = int(head["version"])
+            row = tx.fetchone("entity_version_get", {**where, "version": version})  # type: ignore[attr-defined]
+        return version, codec.loads(row["data"])
+
+    def snapshot(key: str) -> tuple[int, Any] | None:
+        with storage.snapshot_read() as tx:
+            found = tx.entity_get(EntityGet("main", "account", key))
+        return None if found is None else (found.version, codec.loads(found.data))
+
+    for key in ("1", "2", "3"):
+        assert snapshot(key) == two_step(key)
+    assert snapshot("1") == (2, {"balance": 7}) and snapshot("3") is None
+    app.state.put("account", 1, {"balance": 1}, expected_version=2)
+    assert snapshot("1") == (3, {"balance": 1}) == two_step("1")
 
 
 # -- locks and fencing ------------------------------------------------------------------------

@@ -21,7 +21,8 @@
     ├── queries.py          loads ``-- name: NAME`` queries from a backend's *.sql files
     ├── sqlite/             SqliteStorage (+ Listener: watch.py, a data_version check; +
     │                       SnapshotRead: one-statement reads without BEGIN), likewise
-    ├── postgres/           PostgresStorage (+ Listener: LISTEN/NOTIFY wake-ups), likewise
+    ├── postgres/           PostgresStorage (+ Listener: LISTEN/NOTIFY wake-ups; +
+    │                       SnapshotRead: reads in autocommit mode), likewise
     ├── migrate.py          applying and reporting migrations
     ├── adopted.py          verbs on the caller's own connection (transactional enqueue)
     ├── tap.py              tells listeners which trace events committed (metrics, OTel)

@@ -101,17 +101,17 @@ class ContextVerbs(SqlStatements):
     # -- state ------------------------------------------------------------------------------
 
     def entity_get(self, query: EntityGet) -> EntityRecord | None:
+        """A version of an entity: at an HLC point, a version asked, or its current one,
+        the head joined to its version row in one statement (``entity_head_version``: one
+        snapshot, so that a read outside a transaction, ``SnapshotRead``, needs no other;
+        every ``ctx.state.get`` of an entity that exists reads it so)."""
         where = {"branch": query.branch, "namespace": query.namespace, "key": query.key}
         if query.at_hlc is not None:
             row = self.fetchone("entity_version_at", {**where, "hlc": query.at_hlc})
+        elif query.version is None:
+            row = self.fetchone("entity_head_version", where)
         else:
-            version = query.version
-            if version is None:
-                head = self.fetchone("entity_head", where)
-                if head is None:
-                    return None
-                version = int(head["version"])
-            row = self.fetchone("entity_version_get", {**where, "version": version})
+            row = self.fetchone("entity_version_get", {**where, "version": query.version})
         return None if row is None else record(EntityRecord, row)
 
     def entity_list(self, query: EntityFilter) -> list[EntityRecord]:

@@ -585,8 +585,8 @@ class Autocommit(Protocol):
 class SnapshotRead(Protocol):
     """An optional capability: read verbs each reading a snapshot of their own, for a read
     that is one statement, without the ``BEGIN`` and ``COMMIT`` of a read-only
-    ``transaction`` (SQLite, where the current version of an entity is one statement:
-    ``entity_get``). Nothing is written through it."""
+    ``transaction`` (SQLite, PostgreSQL in autocommit mode: the current version of an
+    entity is one statement, ``entity_get``). Nothing is written through it."""
 
     def snapshot_read(self) -> AbstractContextManager[Transaction]:
         """A ``Transaction`` whose every statement reads a snapshot of its own."""

@@ -93,7 +93,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
@@ -1002,6 +1002,14 @@ class PostgresStorage:
     def transaction(self, *, readonly: bool = False) -> Iterator[PostgresTransaction]:
         with self._connection(readonly=readonly) as conn:
             yield PostgresTransaction.pooled(conn, self.queries)
+
+    def snapshot_read(self) -> AbstractContextManager[PostgresTransaction]:
+        """Reads each of its own snapshot (``protocol.SnapshotRead``): a pooled connection
+        in autocommit mode, as ``autocommit``. A read that is one statement
+        (``ctx.state.get`` of an entity on the main branch, ``entity_head_version``) is
+        one round trip, not three (``BEGIN``, the statement, ``COMMIT``). Nothing is
+        written through it."""
+        return self.autocommit()
 
     @contextmanager
     def autocommit(self) -> Iterator[PostgresTransaction]:

@@ -9,6 +9,15 @@ WHERE branch = %(branch)s AND namespace = %(namespace)s AND key = %(key)s;
 SELECT * FROM rq_entity_versions
 WHERE branch = %(branch)s AND namespace = %(namespace)s AND key = %(key)s AND version = %(version)s;
 
+-- name: entity_head_version
+-- entity_head, then entity_version_get of the version it names, as one statement (one
+-- snapshot, one round trip): an entity's current version (its HLC is the head's).
+SELECT v.* FROM rq_entities AS h
+JOIN rq_entity_versions AS v
+  ON v.branch = h.branch AND v.namespace = h.namespace AND v.key = h.key
+ AND v.version = h.version
+WHERE h.branch = %(branch)s AND h.namespace = %(namespace)s AND h.key = %(key)s;
+
 -- name: entity_version_at
 -- The newest version of an entity on a branch written at or before an HLC point.
 SELECT * FROM rq_entity_versions

@@ -86,8 +86,6 @@ from replayq.errors import ConfigurationError, DatabaseUnavailableError, Storage
 from replayq.seal import unsealed
 from replayq.storage import migrate, packs
 from replayq.storage.adopted import TupleRows
-from replayq.storage.context_params import EntityGet
-from replayq.storage.context_verbs import record
 from replayq.storage.protocol import (
     JobInsert,
     JobsComplete,
@@ -96,7 +94,6 @@ from replayq.storage.protocol import (
     SnapshotRead,
 )
 from replayq.storage.queries import load_queries
-from replayq.storage.records import EntityRecord
 from replayq.storage.sql_transaction import JOBS_COMPLETE_COLUMNS, SqlTransaction
 from replayq.storage.sqlite.watch import Watcher
 
@@ -637,19 +634,6 @@ class SqliteTransaction(SqlTransaction):
             raise StorageError(f"{rows} packs to insert, {cursor.rowcount} inserted")
         last = int(cursor.lastrowid)
         return list(range(last - rows + 1, last + 1))
-
-    def entity_get(self, query: EntityGet) -> EntityRecord | None:
-        """``ContextVerbs.entity_get``; an entity's current version (no version, no HLC
-        point asked) in one statement, the head joined to its version row
-        (``entity_head_version``), not a head read and then a version read: every
-        ``ctx.state.get`` of an entity that exists reads it so."""
-        if query.version is not None or query.at_hlc is not None:
-            return super().entity_get(query)
-        row = self.fetchone(
-            "entity_head_version",
-            {"branch": query.branch, "namespace": query.namespace, "key": query.key},
-        )
-        return None if row is None else record(EntityRecord, row)
 
     def inserted_id(self, name: str, params: Mapping[str, Any]) -> int | None:
         """``SqlTransaction.inserted_id`` from the cursor's ``lastrowid`` (SQLite's

@@ -11,7 +11,7 @@ WHERE branch = :branch AND namespace = :namespace AND key = :key AND version = :
 -- name: entity_head_version
 -- entity_head, then entity_version_get of the version it names, as one statement: an
 -- entity's current version (its HLC is the head's). One statement fewer for every read of
--- an entity that exists (SqliteTransaction.entity_get); rq_entities' key, then
+-- an entity that exists (ContextVerbs.entity_get); rq_entities' key, then
 -- rq_entity_versions' primary key.
 SELECT v.* FROM rq_entities AS h
 JOIN rq_entity_versions AS v
