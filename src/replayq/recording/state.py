@@ -275,9 +275,9 @@ def _snapshot_reads(storage: object) -> bool:
 def _head_read(storage: Any, namespace: str, key: str) -> tuple[int, int, Any] | None:
     """The current version of a main-branch entity as ``(version, head HLC, data)`` (``(0,
     0, None)`` if it does not exist), read by one statement without a transaction around
-    it where the storage can (``SnapshotRead``: SQLite), or ``None``: then read it in a
-    read-only transaction (as well a version whose data is in the blob store, a second
-    statement that must see the same snapshot)."""
+    it where the storage can (``SnapshotRead``: SQLite, PostgreSQL), or ``None``: then
+    read it in a read-only transaction (as well a version whose data is in the blob
+    store, a second statement that must see the same snapshot)."""
     if not _snapshot_reads(storage):
         return None
     with storage.snapshot_read() as tx:
