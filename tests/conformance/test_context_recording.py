@@ -221,7 +221,9 @@ def test_a_large_call_response_is_stored_once_by_hash_compressed_and_referenced(
     ref = refs[0]
     assert refs == [ref, ref], "the same content has the same reference"
     digest = ref.removeprefix("blob:sha256:")
-    assert count_rows(app.url, "rq_blobs", "hash = ?", (digest,)) == 1, "deduplicated"
+    # Keyed by the hash's 32 bytes (migration 0026); the reference names it in hex.
+    key = bytes.fromhex(digest)
+    assert count_rows(app.url, "rq_blobs", "hash = ?", (key,)) == 1, "deduplicated"
     [(codec_name, size, stored_size, body)] = _blob_row(app, digest)
     assert codec_name == "zstd"
     assert stored_size == len(body) < size, "stored compressed"
@@ -234,7 +236,9 @@ def _blob_row(app: replayq.App, digest: str) -> list[tuple[Any, ...]]:
     from tests.context_support import query
 
     return query(
-        app.url, "SELECT codec, size, stored_size, body FROM rq_blobs WHERE hash = ?", (digest,)
+        app.url,
+        "SELECT codec, size, stored_size, body FROM rq_blobs WHERE hash = ?",
+        (bytes.fromhex(digest),),
     )
 
 

@@ -825,9 +825,10 @@ def test_an_outbox_row_is_written_once_claimed_and_marked(storage: Storage) -> N
 
 def test_a_blob_and_a_lineage_row_round_trip(storage: Storage) -> None:
     with storage.transaction() as tx:
-        tx.blob_put(BlobPut("abc", "zstd", 10, 4, b"\x00\x01\xff\x02", T0))
-        blob = tx.blob_get("abc")
-        assert tx.blob_get("def") is None
+        tx.blob_put(BlobPut("ab" * 32, "zstd", 10, 4, b"\x00\x01\xff\x02", T0))
+        blob = tx.blob_get("ab" * 32)
+        assert tx.blob_get("de" * 32) is None
+        assert tx.blob_get("not hex") is None  # a reference to nothing stored: no blob
         tx.lineage_put(LineagePut("fork-1", "fork", "tr", 1, "fork:1", "{}", T0))
         tx.lineage_put(LineagePut("fork-2", "replay", "tr", 1, None, "{}", T0 + 1))
         tx.lineage_put(LineagePut("fork-3", "replay", "other", 2, None, "{}", T0 + 2))

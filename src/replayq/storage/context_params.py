@@ -250,6 +250,7 @@ class TraceFence(Struct, frozen=True):
 
 
 class BlobPut(Struct, frozen=True):
+    # The SHA-256 in hex, as a reference names it; stored as its 32 bytes (migration 0026).
     hash: str
     codec: str
     size: int

@@ -259,11 +259,22 @@ class ContextVerbs(SqlStatements):
 
     # -- blobs ------------------------------------------------------------------------------
 
+    # The key is stored as the SHA-256's 32 bytes (migration 0026), half its hex, in the
+    # row and in its index; a reference (and ``BlobPut.hash``) keeps the hex. A
+    # ``bytearray``, as a blob's body (recording/blobs.py): the ``sqlite3`` driver binds it
+    # at once, ``bytes`` after a failed adapter lookup.
+
     def blob_put(self, change: BlobPut) -> None:
-        self.execute("blob_put", query_params(change))
+        values = query_params(change)
+        values["hash"] = bytearray.fromhex(change.hash)
+        self.execute("blob_put", values)
 
     def blob_get(self, digest: str) -> Blob | None:
-        row = self.fetchone("blob_get", {"hash": digest})
+        try:
+            key = bytearray.fromhex(digest)
+        except ValueError:  # not a hash in hex: no blob is stored under it
+            return None
+        row = self.fetchone("blob_get", {"hash": key})
         return None if row is None else Blob(str(row["codec"]), bytes(row["body"]))
 
     # -- lineage ----------------------------------------------------------------------------

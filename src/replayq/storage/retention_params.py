@@ -85,7 +85,8 @@ class DerivedScan(Struct, frozen=True):
 class BlobScan(Struct, frozen=True):
     """Blobs nobody stored since ``before`` that no trace event, state version, step or
     idempotency record references, by hash above ``after``, at most ``limit``
-    (``BlobCandidate``)."""
+    (``BlobCandidate``). Hashes in hex, as references name them (``""``: from the
+    first); stored as their bytes (migration 0026), in the same order."""
 
     after: str
     before: float
@@ -176,7 +177,8 @@ class DerivedPurge(Struct, frozen=True):
 
 
 class BlobPurge(Struct, frozen=True):
-    """Delete these blobs, each only if nobody stored it since ``before``."""
+    """Delete these blobs (their hashes in hex), each only if nobody stored it since
+    ``before``."""
 
     hashes: Sequence[str]
     before: float

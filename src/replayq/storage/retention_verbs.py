@@ -111,8 +111,14 @@ class RetentionVerbs(SqlStatements):
                 "now": query.now,
             }
             return [record(DerivedCandidate, r) for r in self.fetchall("gc_derived", values)]
-        rows = self.fetchall("gc_blobs", query_params(query))
-        return [record(BlobCandidate, r) for r in rows]
+        # The keys are stored as bytes (migration 0026); the hex of references here.
+        values = {
+            "after": bytes.fromhex(query.after),
+            "before": query.before,
+            "limit": query.limit,
+        }
+        rows = self.fetchall("gc_blobs", values)
+        return [BlobCandidate(bytes(r["hash"]).hex(), r["stored_size"]) for r in rows]
 
     @overload
     def gc_apply(self, change: GcCount) -> int: ...
@@ -137,8 +143,11 @@ class RetentionVerbs(SqlStatements):
         if isinstance(change, DerivedPurge):
             return self._derived_purge(change)
         if isinstance(change, BlobPurge):
-            values = {"hashes": self.list_param(list(change.hashes)), "before": change.before}
-            return int(self.execute("blob_purge", values).rowcount)
+            if not change.hashes:
+                return 0
+            keys = [(bytes.fromhex(digest),) for digest in change.hashes]
+            found = self.rows_executed("blob_purge", ("hashes",), keys, {"before": change.before})
+            return sum(int(cursor.rowcount) for cursor in found)
         if isinstance(change, GcCursorPut):
             self.execute("gc_cursor_put", query_params(change))
             return 0

@@ -52,6 +52,15 @@ class SqlStatements:
     def executemany(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
         raise NotImplementedError
 
+    def rows_executed(
+        self,
+        name: str,
+        columns: Sequence[str],
+        rows: Sequence[Sequence[Any]],
+        params: Mapping[str, Any],
+    ) -> list[Any]:
+        raise NotImplementedError
+
     def fetchone(self, name: str, params: Mapping[str, Any] | None = None) -> Any:
         raise NotImplementedError
 

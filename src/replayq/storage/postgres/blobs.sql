@@ -1,4 +1,6 @@
 -- Content-addressed, compressed, deduplicated blobs.
+-- The key (hash) is the SHA-256's 32 bytes (migration 0026), not its hex: the verbs
+-- (context_verbs.py) convert the hex of a reference (blob:sha256:<hex>) at this seam.
 -- PostgreSQL flavour of storage/sqlite/blobs.sql: same query names and parameters.
 
 -- name: blob_put

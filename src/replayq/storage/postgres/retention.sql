@@ -110,10 +110,12 @@ DELETE FROM rq_lineage WHERE trace_id = %(trace_id)s;
 -- name: gc_blobs
 -- Blobs nobody stored since ``before`` that nothing references: no trace event (only
 -- packs that name a blob at all are unpacked), state version, step or idempotency record.
+-- b.hash is the SHA-256's 32 bytes (bytea, migration 0026): a reference names it in
+-- lower-case hex (encode). %(after)s is bytes too (retention_verbs.py converts).
 SELECT b.hash AS hash, b.stored_size AS stored_size
 FROM rq_blobs AS b
-WHERE b.hash > %(after)s::text AND b.used_at < %(before)s::double precision
-  AND 'blob:sha256:' || b.hash NOT IN (
+WHERE b.hash > %(after)s::bytea AND b.used_at < %(before)s::double precision
+  AND 'blob:sha256:' || encode(b.hash, 'hex') NOT IN (
       SELECT ref FROM (
           SELECT e.ev ->> 'i' AS ref FROM rq_trace AS p CROSS JOIN LATERAL jsonb_array_elements(p.events::jsonb) AS e(ev) WHERE p.events LIKE '%%blob:sha256:%%'
           UNION ALL
@@ -134,7 +136,8 @@ ORDER BY b.hash
 LIMIT %(limit)s;
 
 -- name: blob_purge
-DELETE FROM rq_blobs WHERE hash = ANY(%(hashes)s::text[]) AND used_at < %(before)s::double precision;
+-- The keys' bytes as one array (rows_param: a column of rows_executed's rows).
+DELETE FROM rq_blobs WHERE hash = ANY(%(hashes)s::bytea[]) AND used_at < %(before)s::double precision;
 
 -- name: trace_resource_delete
 -- One resource index entry, by its primary key: the caller names the entries of the packs it

@@ -23,7 +23,9 @@ names: ``migrate.ReplayqNames``):
   replayq drops none of the owner's (with ``CASCADE`` PostgreSQL would, silently). Any
   other refusal of PostgreSQL's for a dependent object (SQLSTATE 2BP01: a foreign key on
   the unique constraint 0011 drops, a function taking the dropped table's row type) is a
-  ``SchemaError`` too, with PostgreSQL's own list of the objects.
+  ``SchemaError`` too, with PostgreSQL's own list of the objects; so is its refusal to
+  alter the type of a column (0026: ``rq_blobs.hash``) that a view or rule of the
+  owner's reads (SQLSTATE 0A000).
 
 The upgrade is one transaction (DDL is transactional here): a refusal changes nothing.
 Names resolve through the search path, as the migration's own statements do, so a
@@ -63,7 +65,9 @@ def run_migration(tx: SqlTransaction, script: str, replayq: migrate.ReplayqNames
             kept.append(obj)
     try:
         tx.connection.execute(script)  # no parameters: one simple query, the whole script
-    except psycopg.errors.DependentObjectsStillExist as exc:
+    except (psycopg.errors.DependentObjectsStillExist, psycopg.errors.FeatureNotSupported) as exc:
+        # FeatureNotSupported: a column whose type the script alters (0026, rq_blobs.hash)
+        # that a view or rule of the owner's reads; PostgreSQL names it in its detail.
         detail = (exc.diag.message_detail or "").replace("\n", "; ")
         raise SchemaError(
             f"PostgreSQL refuses it: {exc.diag.message_primary} ({detail}); replayq drops "

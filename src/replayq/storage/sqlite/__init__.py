@@ -269,6 +269,7 @@ def run_migration(conn: sqlite3.Connection, script: str, replayq: migrate.Replay
     owner added to a table the script drops (one no word of replayq's SQL names) that the
     table or view in its place has not: the copy takes the columns it knows.
     """
+    register_migration_functions(conn)
     dropped = migrate.dropped_relations(script)
     owned: list[tuple[str, str, str, str]] = []
     columns: dict[str, list[str]] = {}
@@ -312,6 +313,18 @@ def run_migration(conn: sqlite3.Connection, script: str, replayq: migrate.Replay
             drop = f"DROP {kind.upper()} {name}"
             what = f"{kind} {name!r} on {table!r}"
             raise migrate.owner_object_refused(what, why, drop) from exc
+
+
+def _unhex(value: Any) -> Any:
+    """The bytes a hex text stands for (SQLite 3.41's ``unhex``); another value as it is."""
+    return bytes.fromhex(value) if isinstance(value, str) else value
+
+
+def register_migration_functions(conn: sqlite3.Connection) -> None:
+    """Give ``conn`` the functions replayq's migrations call beside SQLite's own:
+    ``rq_unhex`` (0026 stores the blob store's keys as bytes; SQLite 3.40 has no ``unhex``).
+    ``run_migration`` does it; a test applying migrations by hand calls it first."""
+    conn.create_function("rq_unhex", 1, _unhex, deterministic=True)
 
 
 def _columns(conn: sqlite3.Connection, relation: str) -> list[str]:

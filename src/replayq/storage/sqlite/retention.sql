@@ -109,10 +109,13 @@ DELETE FROM rq_lineage WHERE trace_id = :trace_id;
 -- Blobs nobody stored since ``before`` that nothing references: no trace event (only
 -- packs that name a blob at all are unpacked), state version, step or idempotency record.
 -- rq_pack_json: a pack's events as JSON text, of any format (storage/packs.py).
+-- b.hash is the SHA-256's 32 bytes (migration 0026): a reference names it in lower-case
+-- hex, which SQLite 3.40 can write (hex) but not read back (no unhex); ordered by its
+-- bytes, as by its hex. :after is bytes too (retention_verbs.py converts).
 SELECT b.hash AS hash, b.stored_size AS stored_size
 FROM rq_blobs AS b
 WHERE b.hash > :after AND b.used_at < :before
-  AND 'blob:sha256:' || b.hash NOT IN (
+  AND 'blob:sha256:' || lower(hex(b.hash)) NOT IN (
       SELECT ref FROM (
           SELECT json_extract(e.value, '$.i') AS ref FROM (SELECT rq_pack_json(events) AS events FROM rq_trace) AS p, json_each(p.events) AS e WHERE p.events LIKE '%blob:sha256:%'
           UNION ALL
@@ -129,7 +132,9 @@ ORDER BY b.hash
 LIMIT :limit;
 
 -- name: blob_purge
-DELETE FROM rq_blobs WHERE hash IN (SELECT value FROM json_each(:hashes)) AND used_at < :before;
+-- The keys as bound values (VALUES (:rows): SqliteTransaction.rows_query), one row each:
+-- JSON text cannot carry their bytes. Each is sought in the key's index.
+DELETE FROM rq_blobs WHERE hash IN (VALUES (:rows)) AND used_at < :before;
 
 -- name: trace_resource_delete
 -- One resource index entry, by its primary key: the caller names the entries of the packs it

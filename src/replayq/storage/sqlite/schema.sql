@@ -16,15 +16,6 @@ CREATE TABLE rq_contracts (
     PRIMARY KEY (job_type, version)
 );
 
-CREATE TABLE rq_blobs (
-    hash        TEXT    PRIMARY KEY,
-    codec       TEXT    NOT NULL,
-    size        INTEGER NOT NULL,
-    stored_size INTEGER NOT NULL,
-    body        BLOB    NOT NULL,
-    created_at  REAL    NOT NULL
-, used_at REAL NOT NULL DEFAULT 0);
-
 CREATE TABLE rq_entity_versions (
     branch         TEXT    NOT NULL,
     namespace      TEXT    NOT NULL,
@@ -377,3 +368,13 @@ CREATE TABLE "rq_idempotency" (
 );
 
 CREATE INDEX rq_idempotency_job ON rq_idempotency (job_id);
+
+CREATE TABLE "rq_blobs" (
+    hash        BLOB    PRIMARY KEY,
+    codec       TEXT    NOT NULL,
+    size        INTEGER NOT NULL,
+    stored_size INTEGER NOT NULL,
+    body        BLOB    NOT NULL,
+    created_at  REAL    NOT NULL,
+    used_at     REAL    NOT NULL DEFAULT 0
+);

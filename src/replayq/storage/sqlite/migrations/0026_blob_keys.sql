@@ -1,0 +1,33 @@
+-- 0026 rq_blobs keyed by the SHA-256's 32 bytes, not its 64 characters of hex.
+--
+-- The key is kept twice, in the row and in its primary key's index: as hex text it was
+-- ~65 bytes in each, as a BLOB 33 (docs/benchmarks.md; issue 11, a traced job's bytes
+-- against the same work done by hand). References keep their form (blob:sha256:<hex>):
+-- the verbs convert at the storage seam (storage/context_verbs.py, retention_verbs.py).
+-- A column's type cannot be altered: the table is copied (the same columns, rows and
+-- rowids; still a rowid table: a blob's body is a value too large to stay inline, past
+-- what a WITHOUT ROWID table's B-tree takes well). SQLite 3.40 has no unhex(): rq_unhex
+-- is the runner's (run_migration registers it; storage/sqlite/__init__.py).
+CREATE TABLE rq_blobs_0026 (
+    hash        BLOB    PRIMARY KEY,
+    codec       TEXT    NOT NULL,
+    size        INTEGER NOT NULL,
+    stored_size INTEGER NOT NULL,
+    body        BLOB    NOT NULL,
+    created_at  REAL    NOT NULL,
+    used_at     REAL    NOT NULL DEFAULT 0
+);
+
+INSERT INTO rq_blobs_0026 (rowid, hash, codec, size, stored_size, body, created_at, used_at)
+SELECT rowid, rq_unhex(hash), codec, size, stored_size, body, created_at, used_at
+FROM rq_blobs;
+
+DROP TABLE rq_blobs;
+
+-- The rename in legacy mode, as in 0018, 0022 and 0025: a view of the file's owner over
+-- the table dropped just above would otherwise refuse the whole upgrade.
+PRAGMA legacy_alter_table = ON;
+
+ALTER TABLE rq_blobs_0026 RENAME TO rq_blobs;
+
+PRAGMA legacy_alter_table = OFF;
