@@ -6,6 +6,7 @@ import sqlite3
 from typing import Any
 
 from replayq.storage.queries import load_migrations
+from replayq.storage.sqlite import register_migration_functions
 
 MIGRATIONS = load_migrations("replayq.storage.sqlite.migrations")
 PG_MIGRATIONS = load_migrations("replayq.storage.postgres.migrations")
@@ -22,6 +23,8 @@ def migrated_before(conn: Any, version: int) -> None:
     ``rq_schema_migrations``, as replayq of that time would have left the database: a
     SQLite file, or (``conn`` a psycopg connection) the schema of its search path."""
     sqlite = isinstance(conn, sqlite3.Connection)
+    if sqlite:  # 0026 calls rq_unhex, as replayq's runner provides it
+        register_migration_functions(conn)
     conn.execute(
         "CREATE TABLE rq_schema_migrations (version INTEGER PRIMARY KEY, name TEXT NOT NULL,"
         f" applied_at {'REAL' if sqlite else 'DOUBLE PRECISION'} NOT NULL)"

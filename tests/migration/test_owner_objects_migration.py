@@ -1,10 +1,10 @@
 """The owner's views, triggers, indexes and foreign keys across migrations that copy a table.
 
-0011, 0017 and 0022 copy ``rq_jobs``, 0018 ``rq_entities`` and 0025 ``rq_idempotency``
-(create the new
-table, copy the rows, drop the old, rename the new): SQLite's rename checked every view
-of the schema while the table was gone, so an owner's view over it refused the upgrade,
-and the drop took the owner's triggers and indexes on it along without a word. Each
+0011, 0017 and 0022 copy ``rq_jobs``, 0018 ``rq_entities``, 0025 ``rq_idempotency`` and
+0026 ``rq_blobs`` (create the new table, copy the rows, drop the old, rename the new):
+SQLite's rename checked every view of the schema while the table was gone, so an owner's
+view over it refused the upgrade, and the drop took the owner's triggers and indexes on
+it along without a word. Each
 migration is applied alone here, as replayq applies it (``run_migration``), on a real
 file at the version before it; then every migration at once, as an app's upgrade does.
 """
@@ -63,6 +63,15 @@ def insert_record(conn: sqlite3.Connection, n: int) -> None:
     )
 
 
+def insert_blob(conn: sqlite3.Connection, n: int) -> None:
+    """A blob as replayq stored it before 0026: keyed by its hash's hex."""
+    conn.execute(
+        "INSERT INTO rq_blobs (hash, codec, size, stored_size, body, created_at, used_at)"
+        " VALUES (?, 'raw', ?, 1, x'7b', 0, 0)",
+        (f"{n:064x}", n),
+    )
+
+
 @dataclass(frozen=True)
 class Owned:
     """A table a migration copies, and the owner's objects over it (literal SQL)."""
@@ -110,6 +119,19 @@ RECORDS = Owned(
     ),
     "DELETE FROM rq_idempotency WHERE key = 'o1'",
 )
+BLOBS = Owned(
+    "rq_blobs",
+    insert_blob,
+    # Not the key itself: 0026 stores it as its bytes (its own test checks it).
+    "SELECT rowid, size, codec, stored_size, body, created_at, used_at FROM rq_blobs ORDER BY size",
+    (
+        "CREATE VIEW my_view AS SELECT size FROM rq_blobs WHERE size IN (1, 3)",
+        "CREATE TRIGGER my_deleted AFTER DELETE ON rq_blobs"
+        " BEGIN INSERT INTO my_log VALUES ('deleted', OLD.size); END",
+        "CREATE INDEX my_index ON rq_blobs (size DESC)",
+    ),
+    "DELETE FROM rq_blobs WHERE size = 1",
+)
 # The migrations that copy a table: create the new, copy the rows, drop the old, rename.
 COPIES = [
     ("gc_reach", JOBS),
@@ -117,6 +139,7 @@ COPIES = [
     ("entity_heads_without_rowid", HEADS),
     ("state_check", JOBS),
     ("idempotency_check", RECORDS),
+    ("blob_keys", BLOBS),
 ]
 
 
