@@ -1,7 +1,9 @@
 """The blob store: large values by content hash, zstd-compressed, deduplicated.
 
 Events hold a reference (``blob:sha256:<hex>``) instead of the value. Values
-above ``App(blob_limit_bytes=...)`` are refused with ``PayloadError``.
+above ``App(blob_limit_bytes=...)`` are refused with ``PayloadError``. The store keys a
+blob by the hash's 32 bytes (``rq_blobs.hash``, migration 0026); the storage verbs take
+and give the hex, as references name it.
 """
 
 from __future__ import annotations

@@ -5,5 +5,5 @@
 -- (blob:sha256:<hex>): the verbs convert at the storage seam (storage/context_verbs.py,
 -- retention_verbs.py). PostgreSQL rewrites the table and its index in place (the same
 -- rows; an index or trigger of the owner's on it is rebuilt with it; a view of the
--- owner's that reads the column refuses the upgrade, naming itself).
+-- owner's that reads the column refuses the upgrade, naming it: upgrade.py).
 ALTER TABLE rq_blobs ALTER COLUMN hash TYPE bytea USING decode(hash, 'hex');

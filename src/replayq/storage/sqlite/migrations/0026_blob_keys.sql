@@ -1,9 +1,10 @@
 -- 0026 rq_blobs keyed by the SHA-256's 32 bytes, not its 64 characters of hex.
 --
 -- The key is kept twice, in the row and in its primary key's index: as hex text it was
--- ~65 bytes in each, as a BLOB 33 (docs/benchmarks.md; issue 11, a traced job's bytes
--- against the same work done by hand). References keep their form (blob:sha256:<hex>):
--- the verbs convert at the storage seam (storage/context_verbs.py, retention_verbs.py).
+-- ~65 bytes in each, as a BLOB 33 (issue 11, a traced job's bytes against the same work
+-- done by hand: benchmarks/context_overhead.py). References keep their form
+-- (blob:sha256:<hex>): the verbs convert at the storage seam (storage/context_verbs.py,
+-- retention_verbs.py).
 -- A column's type cannot be altered: the table is copied (the same columns, rows and
 -- rowids; still a rowid table: a blob's body is a value too large to stay inline, past
 -- what a WITHOUT ROWID table's B-tree takes well). SQLite 3.40 has no unhex(): rq_unhex
