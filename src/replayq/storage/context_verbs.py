@@ -144,7 +144,7 @@ class ContextVerbs(SqlStatements):
                 return False
         # A new entity's row has no parent version, and most none of data_ref and
         # fencing_token either.
-        self.execute_nullable("entity_version_insert", query_params(row))
+        self.send("entity_version_insert", query_params(row), nullable=True)
         return True
 
     def branch_create(self, change: BranchCreate, versions: Sequence[EntityRecord] = ()) -> None:
@@ -260,7 +260,7 @@ class ContextVerbs(SqlStatements):
     # -- blobs ------------------------------------------------------------------------------
 
     def blob_put(self, change: BlobPut) -> None:
-        self.execute("blob_put", query_params(change))
+        self.send("blob_put", query_params(change))
 
     def blob_get(self, digest: str) -> Blob | None:
         row = self.fetchone("blob_get", {"hash": digest})
