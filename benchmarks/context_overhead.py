@@ -28,13 +28,15 @@ bookkeeping and its commits, entity version rows with deltas.
 
     python benchmarks/context_overhead.py [--jobs 2000] [--repeat 3] [--lines 32]
                                           [--backend sqlite|postgres] [--json]
-                                          [--dir DIR] [--profile]
+                                          [--rtt-ms MS] [--dir DIR] [--profile]
 
 ``--json`` prints one object instead of the tables: each side's µs/job, the
 overhead %, transactions, event rows, rows and bytes per job, the load average
 and the commit, so that runs on different commits can be compared.
 ``--backend postgres`` runs every drain in a fresh schema on ``--pg-url``
-(default ``$REPLAYQ_TEST_PG``); the plain side then uses ``psycopg``.
+(default ``$REPLAYQ_TEST_PG``); the plain side then uses ``psycopg``. ``--rtt-ms``
+puts ``latency_proxy.py`` between both sides and the server, adding that much to every
+round trip, as a server on another host would: a side's round trips then show in its time.
 
 ``--profile`` also runs the traced and plain handlers inline (lease + execute
 on the main thread, as ``replayq.testing.run_inline`` does), once with every
@@ -64,7 +66,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from machine import PG_URL, PgSchemas, commit, load_average, machine, schema_of
+from machine import PG_URL, PgSchemas, commit, delayed_url, load_average, machine, schema_of
 
 import replayq
 from replayq.storage import packs
@@ -309,6 +311,8 @@ class Options:
     workdir: Path
     backend: str = "sqlite"
     schemas: PgSchemas | None = None
+    # Added to each PostgreSQL round trip by latency_proxy.py (``--rtt-ms``): 0, none.
+    rtt_ms: float = 0.0
 
     def place(self, label: str) -> Place:
         """A fresh database for one drain: a SQLite file, or a new PostgreSQL schema."""
@@ -892,6 +896,7 @@ def figures(opts: Options, runs: Runs) -> dict[str, Any]:
         "load_average": load_average(),
         "jobs": n,
         "repeat": opts.repeat,
+        "rtt_ms_added": opts.rtt_ms,
         "sides": {},
         "overhead_pct": round(med(pct) * 100, 1),
         "overhead_pct_runs": [round(p * 100, 1) for p in pct],
@@ -937,6 +942,8 @@ def report(opts: Options, runs: Runs) -> str:
     lines = [f"## Recording overhead — {backend}, {n} jobs, median of {opts.repeat}", ""]
     lines += [f"- {key}: {value}" for key, value in machine(opts.workdir)]
     lines += [f"- commit: {commit()}"]
+    if opts.rtt_ms:
+        lines += [f"- every PostgreSQL round trip {opts.rtt_ms} ms longer (latency_proxy.py)"]
     lines += [
         f"- the call's response: {opts.lines} lines, "
         f"{len(json.dumps(quote(1, opts.lines)))} bytes of JSON",
@@ -1020,6 +1027,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--lines", type=int, default=32, help="lines in the call's response")
     parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
     parser.add_argument("--pg-url", default=PG_URL, help="PostgreSQL server (--backend postgres)")
+    parser.add_argument(
+        "--rtt-ms",
+        type=float,
+        default=0.0,
+        help="PostgreSQL: add this to every round trip (a proxy process), as across a network",
+    )
     parser.add_argument("--dir", type=Path, default=None, help="where the databases go")
     parser.add_argument("--keep", action="store_true", help="keep the databases afterwards")
     parser.add_argument("--profile", action="store_true", help="add an inline cProfile breakdown")
@@ -1030,9 +1043,16 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="inline runs only: least thread CPU µs/job, SQL statements and Python calls/job",
     )
     args = parser.parse_args(argv)
+    if args.rtt_ms and args.backend != "postgres":
+        parser.error("--rtt-ms is for --backend postgres")
+    with delayed_url(args.pg_url, args.rtt_ms) as pg_url:
+        measure(args, pg_url)
+
+
+def measure(args: argparse.Namespace, pg_url: str) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="replayq-ctx-bench-", dir=args.dir))
-    schemas = PgSchemas(args.pg_url) if args.backend == "postgres" else None
-    opts = Options(args.jobs, args.repeat, args.lines, workdir, args.backend, schemas)
+    schemas = PgSchemas(pg_url) if args.backend == "postgres" else None
+    opts = Options(args.jobs, args.repeat, args.lines, workdir, args.backend, schemas, args.rtt_ms)
     try:
         if args.cpu:
             print(json.dumps(cpu_figures(opts), indent=1))

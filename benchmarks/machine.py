@@ -6,7 +6,8 @@ import compileall
 import os
 import platform
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -131,3 +132,40 @@ def compile_package(package_dir: Path) -> str:
     while its peers, installed from wheels, have theirs. Says what was done."""
     compileall.compile_dir(package_dir, quiet=1)
     return f"bytecode of {package_dir.name} compiled before the runs, as an installed wheel has it"
+
+
+@contextmanager
+def delayed_url(url: str, rtt_ms: float) -> Iterator[str]:
+    """``url`` through ``latency_proxy.py`` (a process of its own) adding ``rtt_ms`` to
+    every round trip, as to a server on another host; ``url`` itself when ``rtt_ms`` is 0.
+    The proxy is stopped when the block ends."""
+    if not rtt_ms:
+        yield url
+        return
+    import subprocess
+    import sys
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    upstream = f"{parts.hostname or '127.0.0.1'}:{parts.port or 5432}"
+    proxy = subprocess.Popen(
+        [
+            sys.executable,
+            str(Path(__file__).with_name("latency_proxy.py")),
+            "--upstream",
+            upstream,
+            "--rtt-ms",
+            str(rtt_ms),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proxy.stdout is not None
+        port = int(proxy.stdout.readline())
+        userinfo = parts.netloc.rpartition("@")[0]
+        netloc = f"{userinfo}@127.0.0.1:{port}" if userinfo else f"127.0.0.1:{port}"
+        yield urlunsplit(parts._replace(netloc=netloc))
+    finally:
+        proxy.terminate()
+        proxy.wait(10)

@@ -244,6 +244,46 @@ def test_a_job_reads_the_current_version_small_large_or_absent(app: replayq.App)
     ]
 
 
+def test_a_write_without_a_read_builds_on_the_current_version_small_large_or_absent(
+    app: replayq.App,
+) -> None:
+    """``ctx.state.put`` of an entity the job did not read: the head is read as ``get``
+    reads it (one statement where the data is inline; a transaction where it is in the
+    blob store), and the new version's parent and delta are those of the current one. No
+    ``state.read`` is traced: the job did not read."""
+    large = {"lines": ["x" * 40] * 100}  # ~4.6 KB: above the inline size, a blob
+    app.state.put("doc", "small", {"a": 1}, expected_version=0)
+    app.state.put("doc", "small", {"a": 2}, expected_version=1)
+    app.state.put("doc", "large", large, expected_version=0)
+
+    @app.job("writer")
+    def writer(ctx: replayq.Context) -> None:
+        with ctx.step("write"):
+            ctx.state.put("doc", "small", {"a": 3})
+            ctx.state.put("doc", "large", {"lines": large["lines"][:1]})
+            ctx.state.put("doc", "absent", {"a": 1})
+
+    job_id = app.enqueue("writer", {})
+    run_once(replayq.Worker(app))
+    assert app.get_job(job_id).state is replayq.JobState.SUCCEEDED
+    for key, version, parent, data in (
+        ("small", 3, 2, {"a": 3}),
+        ("large", 2, 1, {"lines": large["lines"][:1]}),
+        ("absent", 1, None, {"a": 1}),
+    ):
+        newest = app.state.history("doc", key)[-1]
+        assert (newest.version, newest.parent_version, newest.data) == (version, parent, data)
+        assert newest.job_id == job_id
+    writes = {e.resource: e.data for e in app.trace(job_id) if e.name == "state.write"}
+    assert writes["doc:small"]["delta"] == {"set": {"a": 3}, "unset": []}, writes["doc:small"]
+    assert [writes[f"doc:{key}"]["parent_version"] for key in ("small", "large", "absent")] == [
+        2,
+        1,
+        0,
+    ]
+    assert "state.read" not in [e.name for e in app.trace(job_id)]
+
+
 def test_a_snapshot_read_of_the_current_version_answers_as_the_head_then_its_version(
     app: replayq.App,
 ) -> None:

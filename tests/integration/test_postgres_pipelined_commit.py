@@ -181,3 +181,165 @@ def test_pipelined_changes_nothing_on_a_callers_connection_or_in_autocommit(
         assert_out_of_pipeline(app)
     finally:
         app.close()
+
+
+def frontend_messages(path: Path) -> list[tuple[str, str]]:
+    """``(message type, its text)`` of each message the client sent: a ``Parse``'s
+    statement (its first line), a ``Query``'s text, else what follows the type."""
+    sent = []
+    for line in path.read_text().splitlines():
+        fields = line.split("\t", 3)
+        if len(fields) < 3 or fields[0] != "F":
+            continue
+        kind, rest = fields[2], fields[3] if len(fields) > 3 else ""
+        quoted = rest.split('"')
+        text = quoted[3] if kind == "Parse" and len(quoted) > 3 else rest
+        sent.append((kind, text.strip()))
+    return sent
+
+
+def transaction_of(sent: list[tuple[str, str]], marker: str) -> list[tuple[str, str]]:
+    """The messages of the pipelined transaction (``Parse "BEGIN"`` to the ``Sync`` after
+    ``Parse "COMMIT"``) whose statements include ``marker``."""
+    begins = [i for i, (kind, text) in enumerate(sent) if kind == "Parse" and text == "BEGIN"]
+    for start in begins:
+        end = next(i for i in range(start, len(sent)) if sent[i] == ("Parse", "COMMIT"))
+        end = next(i for i in range(end, len(sent)) if sent[i][0] == "Sync")
+        block = sent[start : end + 1]
+        if any(marker in text for _, text in block):
+            return block
+    raise AssertionError(f"no pipelined transaction sent {marker!r}: {sent}")
+
+
+def test_a_step_commit_waits_three_times_for_its_five_statements(
+    pg_schema_url: str, tmp_path: Path
+) -> None:
+    """A step that writes an entity commits in psycopg's pipeline mode: ``BEGIN`` and the
+    head's compare-and-set (its row count is read: one wait), the version row and the
+    fenced events (their pack id is read: a second), the events' resource index and
+    ``COMMIT`` (a third). The version row and the index are not waited for on their own.
+    Seven round trips before (``BEGIN``, each statement, ``COMMIT``)."""
+    app = one_connection_app(pg_schema_url)
+
+    @app.job("write")
+    def write(ctx: replayq.Context, n: int) -> int:
+        with ctx.step("write"):
+            ctx.state.get("order", n)
+            ctx.state.put("order", n, {"n": n})
+        return n
+
+    try:
+        job_id = app.enqueue("write", {"n": 7})
+        worker = Worker(app, worker_id="w")
+        (job,) = worker.lease(1)
+        trace = tmp_path / "trace.txt"
+        with trace.open("w") as out:
+            with the_connection(app) as conn:
+                conn.pgconn.trace(out.fileno())
+                conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+            worker.execute(job)
+            with the_connection(app) as conn:
+                conn.pgconn.untrace()
+        block = transaction_of(frontend_messages(trace), "INSERT INTO rq_entity_versions")
+        kinds = [kind for kind, _ in block]
+        assert kinds.count("Sync") == 3, block
+        assert kinds.count("Bind") == 6, "BEGIN, head, version, events, index, COMMIT"
+        assert "Query" not in kinds, "BEGIN and COMMIT go in the pipeline"
+        assert app.get_job(job_id).state is JobState.SUCCEEDED
+        assert app.state.get("order", 7).data == {"n": 7}
+        assert [e.name for e in app.trace(job_id)].count("state.write") == 1
+        assert_out_of_pipeline(app)
+    finally:
+        app.close()
+
+
+def test_a_db_write_runs_on_a_connection_out_of_pipeline_mode(
+    pg_schema_url: str, conninfo: str
+) -> None:
+    """``ctx.db_write``'s function is the application's code: its step's commit is not
+    pipelined, so its statements answer at once (a row count, an error at the statement
+    that made it), and a session that waits inside it is still ended by the server's
+    ``idle_in_transaction_session_timeout`` (which a pipeline before its Sync is not)."""
+    app = one_connection_app(pg_schema_url)
+    seen: list[tuple[Any, int]] = []
+
+    @app.job("tally")
+    def tally(ctx: replayq.Context, n: int) -> int:
+        with ctx.step("count"):
+            ctx.state.get("order", n)
+            ctx.state.put("order", n, {"n": n})
+
+            def bump(conn: psycopg.Connection[Any]) -> None:
+                cursor = conn.execute("UPDATE app_tally SET hits = hits + 1 WHERE name = 'a'")
+                seen.append((conn.info.pipeline_status, cursor.rowcount))
+
+            ctx.db_write(bump)
+        return n
+
+    try:
+        with psycopg.connect(conninfo, autocommit=True) as admin:
+            admin.execute("CREATE TABLE app_tally (name text PRIMARY KEY, hits int NOT NULL)")
+            admin.execute("INSERT INTO app_tally VALUES ('a', 0)")
+            job_id = app.enqueue("tally", {"n": 1})
+            worker = Worker(app, worker_id="w")
+            (job,) = worker.lease(1)
+            worker.execute(job)
+            assert seen == [(pq.PipelineStatus.OFF, 1)]
+            assert app.get_job(job_id).state is JobState.SUCCEEDED
+            assert admin.execute("SELECT hits FROM app_tally").fetchone() == (1,)
+            assert app.state.get("order", 1).data == {"n": 1}
+        assert_out_of_pipeline(app)
+    finally:
+        app.close()
+
+
+def test_a_pipelined_step_commit_whose_version_row_fails_commits_nothing(
+    pg_schema_url: str, conninfo: str
+) -> None:
+    """The version row is sent without a wait of its own: its error surfaces at the next
+    statement that waits and fails the whole commit, the message naming the statements
+    sent unread before it. No head, no version; the attempt's events are kept; the
+    connection goes back to the pool out of pipeline mode and the next job's commit on it
+    goes through."""
+    app = one_connection_app(pg_schema_url)
+
+    @app.job("write", retry=replayq.Retry(max_attempts=1))
+    def write(ctx: replayq.Context, n: int) -> int:
+        with ctx.step("write"):
+            ctx.state.get("order", n)
+            ctx.state.put("order", n, {"n": n})
+        return n
+
+    try:
+        app.storage  # noqa: B018 - opening it migrates the test's schema
+        with psycopg.connect(conninfo, autocommit=True) as admin:
+            admin.execute(
+                "CREATE FUNCTION refuse_version() RETURNS trigger LANGUAGE plpgsql AS "
+                "$$ BEGIN RAISE EXCEPTION 'version refused by the test'; END $$"
+            )
+            admin.execute(
+                "CREATE TRIGGER refuse_version BEFORE INSERT ON rq_entity_versions "
+                "FOR EACH ROW EXECUTE FUNCTION refuse_version()"
+            )
+            refused = app.enqueue("write", {"n": 3})
+            worker = Worker(app, worker_id="w")
+            (job,) = worker.lease(1)
+            worker.execute(job)
+            failed = app.get_job(refused)
+            assert failed.state is JobState.DEAD
+            assert "version refused by the test" in (failed.last_error or ""), failed
+            assert "entity_version_insert" in (failed.last_error or ""), failed
+            assert app.state.get("order", 3).version == 0, "neither head nor version"
+            assert app.state.history("order", 3) == []
+            names = [e.name for e in app.trace(refused)]
+            assert "state.write" in names, "the attempt's events are kept"
+            assert_out_of_pipeline(app)
+            admin.execute("DROP TRIGGER refuse_version ON rq_entity_versions")
+        written = app.enqueue("write", {"n": 4})
+        (job,) = worker.lease(1)
+        worker.execute(job)
+        assert app.get_job(written).state is JobState.SUCCEEDED
+        assert app.state.get("order", 4).data == {"n": 4}
+        assert_out_of_pipeline(app)
+    finally:
+        app.close()

@@ -99,8 +99,11 @@ class Attempt(Protocol):
         """``event`` where the fields named in ``screened`` are redacted already."""
         ...
 
-    def defer(self, write: Callable[[Transaction], None], what: str = "write") -> None:
-        """Run ``write(tx)`` in the transaction that commits the current step (named ``what``)."""
+    def defer(
+        self, write: Callable[[Transaction], None], what: str = "write", *, pipelines: bool = True
+    ) -> None:
+        """Run ``write(tx)`` in the transaction that commits the current step (named ``what``;
+        ``pipelines=False``: that commit is not pipelined)."""
         ...
 
     def fence(self, tx: Transaction, refused: list[str], **details: Any) -> None:

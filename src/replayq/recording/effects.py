@@ -149,7 +149,7 @@ class EffectRunner:
         # A claim whose COMMIT reply was lost is recognised by its claim token on the retry.
         def claim_once(retrying: bool) -> Any:
             refused = [f"effect claim {kind} {key}"]
-            with runtime.storage.transaction() as tx:
+            with runtime.storage.transaction() as tx, tx.pipelined():
                 if tx.idem_transition(claim):
                     # A new claim (the usual case): the append of its event is the fence.
                     # A worker whose lease was taken never starts the effect: nothing is
@@ -196,7 +196,7 @@ class EffectRunner:
                 result = yield outside_call(fn)
         except Exception as exc:
             error = ctx.redactor.error(exc)
-            with runtime.storage.transaction() as tx:
+            with runtime.storage.transaction() as tx, tx.pipelined():
                 ctx.fence(tx, [f"effect failure {kind} {key}"], kind=kind, key=key, error=error)
                 tx.idem_transition(IdemFail(key, claim_token, error, runtime.clock.now()))
                 tx.trace_append(
@@ -248,7 +248,7 @@ class EffectRunner:
         # The outcome the late worker saw is kept in ``write.fenced`` for whoever settles
         # the record the new owner finds in doubt.
         details = {"kind": kind, "key": key, "result": inline, "output_ref": ref}
-        with runtime.storage.transaction() as tx:
+        with runtime.storage.transaction() as tx, tx.pipelined():
             if raw is not None:
                 put_bytes(
                     tx,

@@ -10,6 +10,7 @@ writes (state, cache) join through three hooks the context fills in.
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from functools import partial
 from typing import Any, NoReturn
 
@@ -33,7 +34,7 @@ class PendingRecord:
     two are made per attempt (the context's, and its commit's fresh one), and the
     dataclass's ``__init__`` called ``list`` through a default factory four times each."""
 
-    __slots__ = ("blobs", "events", "what", "writes")
+    __slots__ = ("blobs", "events", "unpipelined", "what", "writes")
 
     def __init__(self) -> None:
         self.events: list[TraceEvent] = []
@@ -43,6 +44,8 @@ class PendingRecord:
         self.blobs: list[Callable[[Transaction], None]] = []
         # What each write is, for ``write.fenced`` ("state order:1", "outbox orders.paid").
         self.what: list[str] = []
+        # Whether a write may not run in a pipelined commit (``Recorder.defer``).
+        self.unpipelined = False
 
 
 class Recorder:
@@ -324,13 +327,21 @@ class Recorder:
         self._pending.events.append(event)
         return event
 
-    def defer(self, write: Callable[[Transaction], None], what: str = "write") -> None:
+    def defer(
+        self, write: Callable[[Transaction], None], what: str = "write", *, pipelines: bool = True
+    ) -> None:
         """Run ``write(tx)`` in the transaction that commits the current step.
 
         ``what`` names the write in ``write.fenced`` should the lease be gone by then.
+        ``pipelines=False``: the commit that runs it is not pipelined (``commit_now``), for
+        a write that runs the application's code (``ctx.db_write``) or more than replayq's
+        own verbs (a child job's enqueue).
         """
-        self._pending.writes.append(write)
-        self._pending.what.append(what)
+        pending = self._pending
+        pending.writes.append(write)
+        pending.what.append(what)
+        if not pipelines:
+            pending.unpipelined = True
 
     # -- fencing ----------------------------------------------------------------------------
 
@@ -526,13 +537,24 @@ class Recorder:
         (a version conflict, a stale lock token: ``state.write_rejected``) refuses it
         first; the lease is then asked in the same transaction, and without it the
         error is always ``LeaseLostError``. Everything rolls back.
+
+        On PostgreSQL the commit is pipelined (``Transaction.pipelined``: ``BEGIN`` and
+        the statements whose results nobody reads ride with the next that is waited for,
+        three round trips for a step that writes an entity instead of seven), unless a
+        pending write runs the application's code (``ctx.db_write``) or enqueues a child
+        job (``defer(..., pipelines=False)``): those run on a connection out of pipeline
+        mode, as they would anywhere.
         """
         if failed:
             refused = []
         elif refused is None:
             refused = self.pending_writes()
         fence = self.trace_fence() if refused else None
-        with self.runtime.storage.transaction() as tx:
+        pending = self._pending
+        with (
+            self.runtime.storage.transaction() as tx,
+            nullcontext() if pending.unpipelined else tx.pipelined(),
+        ):
             try:
                 held = self.flush(tx, failed=failed, fence=fence)
             except Exception as exc:

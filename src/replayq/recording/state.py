@@ -375,15 +375,22 @@ class StateView:
         seen = self._read.get(ident)
         current: EntityVersion | None = None
         if seen is None and ident not in self._pending:
-            with ctx.runtime.storage.transaction(readonly=True) as tx:
-                current, _ = read_entity(
-                    tx, ctx.branch, namespace, key, ctx.branch_base, delta=False
-                )
-        elif seen is not None:
-            # Written on top of the version this attempt read, without reading the head
-            # again: the step's commit is a compare-and-set on that version anyway (a
-            # newer head fails it with ``ConcurrencyError`` then). A dry-run's read is the
-            # version the attempt read, even if another worker wrote after the branch point.
+            # A write without a read first: the head as ``get`` reads it (one statement,
+            # no transaction: ``_head_read``) where it can, else in a read-only transaction.
+            head = _head_read(ctx.runtime.storage, namespace, key) if ctx.branch == MAIN else None
+            if head is not None:
+                seen = Entity(namespace, key, head[0], head[2])
+            else:
+                with ctx.runtime.storage.transaction(readonly=True) as tx:
+                    current, _ = read_entity(
+                        tx, ctx.branch, namespace, key, ctx.branch_base, delta=False
+                    )
+        if seen is not None:
+            # Written on top of the version this attempt read (or the head just read),
+            # without reading the head again: the step's commit is a compare-and-set on
+            # that version anyway (a newer head fails it with ``ConcurrencyError`` then).
+            # A dry-run's read is the version the attempt read, even if another worker
+            # wrote after the branch point.
             current = (
                 EntityVersion(
                     namespace=namespace,

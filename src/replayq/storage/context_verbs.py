@@ -144,7 +144,7 @@ class ContextVerbs(SqlStatements):
                 return False
         # A new entity's row has no parent version, and most none of data_ref and
         # fencing_token either.
-        self.execute_nullable("entity_version_insert", query_params(row))
+        self.send("entity_version_insert", query_params(row), nullable=True)
         return True
 
     def branch_create(self, change: BranchCreate, versions: Sequence[EntityRecord] = ()) -> None:
@@ -267,7 +267,7 @@ class ContextVerbs(SqlStatements):
     def blob_put(self, change: BlobPut) -> None:
         values = query_params(change)
         values["hash"] = bytearray.fromhex(change.hash)
-        self.execute("blob_put", values)
+        self.send("blob_put", values)
 
     def blob_get(self, digest: str) -> Blob | None:
         try:

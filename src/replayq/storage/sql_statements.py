@@ -34,6 +34,17 @@ class SqlStatements:
     def execute_rows(self, name: str, row_sql: str, rows: int, values: Sequence[Any]) -> Any:
         raise NotImplementedError
 
+    def send(self, name: str, params: Mapping[str, Any], *, nullable: bool = False) -> None:
+        """Run a statement whose result no caller reads (an insert whose rows and row count
+        nobody asks); ``nullable``: through ``execute_nullable``. PostgreSQL, in a
+        ``pipelined`` block, does not wait for it: an error it makes is raised by the next
+        statement that waits (or the ``COMMIT``) and fails the block."""
+        raise NotImplementedError
+
+    def send_many(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """``executemany`` as ``send`` runs one statement: nobody reads its result."""
+        raise NotImplementedError
+
     def rows_per_statement(self, width: int, reserved: int = 0) -> int:
         """How many rows of ``width`` bound values one statement takes beside ``reserved``
         other parameters: the driver's limit on a statement's parameters (SQLite's

@@ -220,6 +220,15 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         those ``NULL`` in its text: ``SqliteTransaction.execute_nullable``)."""
         return self.execute(name, params)
 
+    def send(self, name: str, params: Mapping[str, Any], *, nullable: bool = False) -> None:
+        if nullable:
+            self.execute_nullable(name, params)
+        else:
+            self.execute(name, params)
+
+    def send_many(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        self.executemany(name, rows)
+
     def pack_row(self, events: Sequence[TraceEvent]) -> dict[str, Any]:
         """``packs.pack_row`` in this backend's format; its format 2 writer kept until
         the next row (the pack, once inserted, may be joined by later commits)."""

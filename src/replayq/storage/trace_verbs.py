@@ -310,7 +310,7 @@ class TraceVerbs(SqlStatements):
     def _index(self, entries: Sequence[Mapping[str, Any]]) -> None:
         """``rq_trace_resources`` entries, in one ``executemany``."""
         if entries:
-            self.executemany("trace_resources_append", entries)
+            self.send_many("trace_resources_append", entries)
 
     # -- reading ----------------------------------------------------------------------------
 

@@ -351,6 +351,9 @@ class PostgresTransaction(SqlTransaction):
     _pooled = False
     # psycopg's pipeline while a ``pipelined`` block runs, else None.
     _pipeline: psycopg.Pipeline | None = None
+    # The statements ``send`` sent in the pipeline since its last wait (their errors are
+    # raised by the next statement that waits: its error names them too).
+    _unread: tuple[str, ...] = ()
     # The pooled connection's second cursor (``_cursors_of``): ``jobs_complete_sent``'s.
     _second: psycopg.Cursor[Any] | None = None
 
@@ -408,9 +411,12 @@ class PostgresTransaction(SqlTransaction):
                     self._pipeline = None
         except psycopg.Error as exc:
             raise storage_error(
-                "PostgreSQL transaction failed", exc, read_only_asked=bool(conn.read_only)
+                self._failed("transaction", "PostgreSQL "),
+                exc,
+                read_only_asked=bool(conn.read_only),
             ) from exc
         finally:
+            self._unread = ()
             if own_begin:
                 _autocommit_off(conn)
 
@@ -418,7 +424,16 @@ class PostgresTransaction(SqlTransaction):
         """``cursor`` once its statement's result is in: in a pipeline, after a ``Sync``."""
         if self._pipeline is not None:
             self._pipeline.sync()
+            self._unread = ()
         return cursor
+
+    def _failed(self, name: str, what: str = "query ") -> str:
+        """What failed when ``name`` raised: in a pipeline, maybe a statement sent before it
+        and not waited for (``send``)."""
+        unread, self._unread = self._unread, ()
+        if not unread:
+            return f"{what}{name} failed"
+        return f"{what}{name} (or {', '.join(unread)}, sent before it unread) failed"
 
     def rows_executed(
         self,
@@ -434,7 +449,7 @@ class PostgresTransaction(SqlTransaction):
             ]
         except psycopg.Error as exc:
             raise storage_error(
-                f"query {name} failed", exc, read_only_asked=bool(self.connection.read_only)
+                self._failed(name), exc, read_only_asked=bool(self.connection.read_only)
             ) from exc
 
     def jobs_complete_sent(self, params: JobsComplete) -> Callable[[], set[int]]:
@@ -683,7 +698,7 @@ class PostgresTransaction(SqlTransaction):
             )
         except psycopg.Error as exc:
             raise storage_error(
-                f"query {name} failed", exc, read_only_asked=bool(self.connection.read_only)
+                self._failed(name), exc, read_only_asked=bool(self.connection.read_only)
             ) from exc
 
     def executemany(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
@@ -692,8 +707,32 @@ class PostgresTransaction(SqlTransaction):
             self._waited(None)
         except psycopg.Error as exc:
             raise storage_error(
-                f"query {name} failed", exc, read_only_asked=bool(self.connection.read_only)
+                self._failed(name), exc, read_only_asked=bool(self.connection.read_only)
             ) from exc
+
+    def send(self, name: str, params: Mapping[str, Any], *, nullable: bool = False) -> None:
+        """``SqlStatements.send``: in a ``pipelined`` block, sent on the transaction's
+        cursor and not waited for (the next statement that waits brings its result, and
+        its error if it made one); elsewhere ``execute``."""
+        if self._pipeline is None:
+            self.execute(name, params)
+            return
+        try:
+            self.statements.execute(self._queries[name], arrays_as_literals(params))
+        except psycopg.Error as exc:
+            raise storage_error(self._failed(name), exc) from exc
+        self._unread += (name,)
+
+    def send_many(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
+        """``executemany``, in a ``pipelined`` block not waited for (``send``)."""
+        if self._pipeline is None:
+            self.executemany(name, rows)
+            return
+        try:
+            SqlTransaction.executemany(self, name, rows)
+        except psycopg.Error as exc:
+            raise storage_error(self._failed(name), exc) from exc
+        self._unread += (name,)
 
     def job_lease(self, params: JobLease) -> list[Job]:
         """Claim the whole batch in one statement (``job_lease_batch``).
