@@ -198,17 +198,46 @@ def frontend_messages(path: Path) -> list[tuple[str, str]]:
     return sent
 
 
+def _begins(message: tuple[str, str]) -> bool:
+    kind, text = message
+    return (kind, text) == ("Parse", "BEGIN") or (kind == "Query" and '"BEGIN' in text)
+
+
+def _commits(message: tuple[str, str]) -> bool:
+    kind, text = message
+    return (kind, text) == ("Parse", "COMMIT") or (kind == "Query" and '"COMMIT"' in text)
+
+
 def transaction_of(sent: list[tuple[str, str]], marker: str) -> list[tuple[str, str]]:
-    """The messages of the pipelined transaction (``Parse "BEGIN"`` to the ``Sync`` after
-    ``Parse "COMMIT"``) whose statements include ``marker``."""
-    begins = [i for i, (kind, text) in enumerate(sent) if kind == "Parse" and text == "BEGIN"]
-    for start in begins:
-        end = next(i for i in range(start, len(sent)) if sent[i] == ("Parse", "COMMIT"))
+    """The messages of the transaction (its ``BEGIN`` to its ``COMMIT``, and in a pipeline
+    the ``Sync`` after it) that sent a statement starting with ``marker``; it was
+    pipelined if it starts with ``("Parse", "BEGIN")``."""
+    at = next(
+        (i for i, (kind, text) in enumerate(sent) if kind == "Parse" and text.startswith(marker)),
+        None,
+    )
+    assert at is not None, f"no statement {marker!r} sent: {sent}"
+    start = next(i for i in range(at, -1, -1) if _begins(sent[i]))
+    end = next(i for i in range(at, len(sent)) if _commits(sent[i]))
+    if sent[end][0] == "Parse":
         end = next(i for i in range(end, len(sent)) if sent[i][0] == "Sync")
-        block = sent[start : end + 1]
-        if any(marker in text for _, text in block):
-            return block
-    raise AssertionError(f"no pipelined transaction sent {marker!r}: {sent}")
+    return sent[start : end + 1]
+
+
+@contextmanager
+def traced_run(app: replayq.App, path: Path) -> Iterator[list[tuple[str, str]]]:
+    """The frontend messages of the pool's one connection while the block runs."""
+    sent: list[tuple[str, str]] = []
+    with path.open("w") as out:
+        with the_connection(app) as conn:
+            conn.pgconn.trace(out.fileno())
+            conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        try:
+            yield sent
+        finally:
+            with the_connection(app) as conn:
+                conn.pgconn.untrace()
+    sent.extend(frontend_messages(path))
 
 
 def test_a_step_commit_waits_three_times_for_its_five_statements(
@@ -232,15 +261,10 @@ def test_a_step_commit_waits_three_times_for_its_five_statements(
         job_id = app.enqueue("write", {"n": 7})
         worker = Worker(app, worker_id="w")
         (job,) = worker.lease(1)
-        trace = tmp_path / "trace.txt"
-        with trace.open("w") as out:
-            with the_connection(app) as conn:
-                conn.pgconn.trace(out.fileno())
-                conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+        with traced_run(app, tmp_path / "trace.txt") as sent:
             worker.execute(job)
-            with the_connection(app) as conn:
-                conn.pgconn.untrace()
-        block = transaction_of(frontend_messages(trace), "INSERT INTO rq_entity_versions")
+        block = transaction_of(sent, "INSERT INTO rq_entity_versions")
+        assert block[0] == ("Parse", "BEGIN"), block
         kinds = [kind for kind, _ in block]
         assert kinds.count("Sync") == 3, block
         assert kinds.count("Bind") == 6, "BEGIN, head, version, events, index, COMMIT"
@@ -340,6 +364,52 @@ def test_a_pipelined_step_commit_whose_version_row_fails_commits_nothing(
         worker.execute(job)
         assert app.get_job(written).state is JobState.SUCCEEDED
         assert app.state.get("order", 4).data == {"n": 4}
+        assert_out_of_pipeline(app)
+    finally:
+        app.close()
+
+
+def test_an_effects_claim_and_outcome_are_pipelined_and_a_child_jobs_commit_is_not(
+    pg_schema_url: str, tmp_path: Path
+) -> None:
+    """An effect's claim and its outcome commit in pipeline mode (replayq's statements
+    alone, the claim's answer and the fence each waited for before ``COMMIT``); a step
+    that enqueues a child job commits out of it (``BEGIN`` as a query of its own), as a
+    ``ctx.db_write``'s does. The effect runs once, the child is enqueued once."""
+    app = one_connection_app(pg_schema_url)
+    sent_mail: list[int] = []
+
+    @app.job("parent")
+    def parent(ctx: replayq.Context, n: int) -> int:
+        with ctx.step("mail"):
+            ctx.effect("mail.send", lambda: sent_mail.append(n), key=f"mail:{n}")
+        with ctx.step("spawn"):
+            ctx.enqueue("ok", {"n": n})
+        return n
+
+    try:
+        job_id = app.enqueue("parent", {"n": 5})
+        worker = Worker(app, worker_id="w")
+        (job,) = worker.lease(1)
+        with traced_run(app, tmp_path / "trace.txt") as sent:
+            worker.execute(job)
+        claim = transaction_of(sent, "INSERT INTO rq_idempotency")
+        outcome = transaction_of(sent, "UPDATE rq_idempotency")
+        for block in (claim, outcome):
+            kinds = [kind for kind, _ in block]
+            assert block[0] == ("Parse", "BEGIN"), block
+            assert "Query" not in kinds
+            assert kinds.count("Sync") == 3, block
+        child = transaction_of(sent, "WITH inserted AS (")
+        assert child[0][0] == "Query" and "BEGIN" in child[0][1], child
+        assert sent_mail == [5]
+        assert app.get_job(job_id).state is JobState.SUCCEEDED
+        names = [e.name for e in app.trace(job_id)]
+        assert names.count("effect.claimed") == 1 and names.count("effect.succeeded") == 1
+        [spawned] = [e for e in app.trace(job_id) if e.name == "child.enqueued"]
+        child_id = spawned.data["child_job_id"]
+        assert app.get_job(child_id).job_type == "ok"
+        assert [j.id for j in app.list_jobs(job_type="ok")] == [child_id], "enqueued once"
         assert_out_of_pipeline(app)
     finally:
         app.close()

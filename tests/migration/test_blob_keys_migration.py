@@ -12,6 +12,7 @@ and rowids as they were, as 0025 did); on PostgreSQL the column is altered in pl
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import sqlite3
@@ -164,6 +165,35 @@ def test_blobs_stored_before_the_upgrade_read_back_by_their_references_and_gc_st
         assert app.gc().blobs == 0, "a second pass finds nothing more"
     finally:
         app.close()
+
+
+def test_a_key_written_as_hex_after_the_upgrade_is_refused_not_stored_unfindable(
+    old: Old,
+) -> None:
+    """A process of the earlier release still running binds a blob's key as its hex text:
+    after 0026 the insert is refused (the key's CHECK), where it would have stored a row
+    no reader finds (and that gc, on PostgreSQL, would collect)."""
+    app = replayq.App(old.url, auto_migrate=True)
+    try:
+        app.storage  # noqa: B018 - opening it applies 0026
+    finally:
+        app.close()
+    data = value("late")
+    body = zstandard.ZstdCompressor(level=3).compress(data)
+    sql = (
+        "INSERT INTO rq_blobs (hash, codec, size, stored_size, body, created_at, used_at)"
+        " VALUES (?, 'zstd', ?, ?, ?, 1, 1)"
+    )
+    params = (ref_of(data).removeprefix("blob:sha256:"), len(data), len(body), body)
+    if old.sqlite:
+        with (
+            contextlib.closing(sqlite3.connect(old.url.removeprefix("sqlite:///"))) as conn,
+            pytest.raises(sqlite3.IntegrityError, match="CHECK constraint failed"),
+        ):
+            conn.execute(sql, params)
+    else:
+        with pytest.raises(psycopg.errors.CheckViolation, match="rq_blobs_hash_bytes"):
+            old.run(sql, params)
 
 
 def test_sqlite_copies_every_row_with_its_rowid_and_only_the_key_changes(

@@ -100,10 +100,11 @@ class Attempt(Protocol):
         ...
 
     def defer(
-        self, write: Callable[[Transaction], None], what: str = "write", *, pipelines: bool = True
+        self, write: Callable[[Transaction], None], what: str = "write", *, pipelines: bool = False
     ) -> None:
         """Run ``write(tx)`` in the transaction that commits the current step (named ``what``;
-        ``pipelines=False``: that commit is not pipelined)."""
+        ``pipelines=True``: ``write`` runs replayq's own verbs alone, and that commit may be
+        pipelined)."""
         ...
 
     def fence(self, tx: Transaction, refused: list[str], **details: Any) -> None:

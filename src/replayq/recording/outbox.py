@@ -76,7 +76,7 @@ class OutboxView:
                 # This step position published this event in an earlier attempt.
                 event.data["deduplicated"] = True
 
-        ctx.defer(write, f"outbox {topic} {event_id}")
+        ctx.defer(write, f"outbox {topic} {event_id}", pipelines=True)
         return event_id
 
 

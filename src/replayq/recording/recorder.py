@@ -328,14 +328,15 @@ class Recorder:
         return event
 
     def defer(
-        self, write: Callable[[Transaction], None], what: str = "write", *, pipelines: bool = True
+        self, write: Callable[[Transaction], None], what: str = "write", *, pipelines: bool = False
     ) -> None:
         """Run ``write(tx)`` in the transaction that commits the current step.
 
         ``what`` names the write in ``write.fenced`` should the lease be gone by then.
-        ``pipelines=False``: the commit that runs it is not pipelined (``commit_now``), for
-        a write that runs the application's code (``ctx.db_write``) or more than replayq's
-        own verbs (a child job's enqueue).
+        ``pipelines=True``: ``write`` runs replayq's own verbs alone, so the commit that
+        runs it may be pipelined (``commit_now``); any other write (the application's
+        code, ``ctx.db_write``; a child job's enqueue) keeps that commit out of pipeline
+        mode.
         """
         pending = self._pending
         pending.writes.append(write)
@@ -542,7 +543,7 @@ class Recorder:
         the statements whose results nobody reads ride with the next that is waited for,
         three round trips for a step that writes an entity instead of seven), unless a
         pending write runs the application's code (``ctx.db_write``) or enqueues a child
-        job (``defer(..., pipelines=False)``): those run on a connection out of pipeline
+        job (any ``defer`` without ``pipelines=True``): those run on a connection out of pipeline
         mode, as they would anywhere.
         """
         if failed:

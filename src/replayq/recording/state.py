@@ -485,7 +485,7 @@ class StateView:
         # after the recording) says nothing about a write of the past; the recording said
         # whether fencing rejected it (``write_rejection`` above).
         write = StateWrite(self, resource, row, base, fences if ctx.world.is_live else {})
-        ctx.defer(write, f"state {resource} v{new_version}")
+        ctx.defer(write, f"state {resource} v{new_version}", pipelines=True)
         entity = Entity(namespace, key, new_version, data)
         self._pending[ident] = entity
         return entity

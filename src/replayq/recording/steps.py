@@ -127,7 +127,7 @@ def run_step(
                 # False: an earlier attempt committed this position (resume was off then).
                 tx.step_complete(params)
 
-            ctx.defer(complete)
+            ctx.defer(complete, pipelines=True)
     return result
 
 

@@ -35,9 +35,10 @@ def defer_db_write(ctx: Attempt, fn: Callable[[Any], Any], key: str | None) -> N
         if key is not None:
             tx.idem_transition(IdemSucceed(key, claim_token, "null", None, event.ts))
 
-    # Not pipelined: ``fn`` may wait inside the transaction, and a PostgreSQL session
-    # waiting before a pipeline's Sync is not ended by idle_in_transaction_session_timeout.
-    ctx.defer(write, f"db_write {key}" if key else "db_write", pipelines=False)
+    # Not pipelined (``defer``'s default): ``fn`` may wait inside the transaction, and a
+    # PostgreSQL session waiting before a pipeline's Sync is not ended by
+    # idle_in_transaction_session_timeout.
+    ctx.defer(write, f"db_write {key}" if key else "db_write")
 
 
 def defer_child_job(
@@ -66,4 +67,4 @@ def defer_child_job(
         )
         event.data["child_job_id"] = child
 
-    ctx.defer(write, f"child job {job_type}", pipelines=False)
+    ctx.defer(write, f"child job {job_type}")

@@ -292,10 +292,12 @@ class Transaction(Protocol):
 
         On a pooled PostgreSQL transaction the block runs in psycopg's pipeline mode and
         commits at its end, the statements not yet waited for (``jobs_complete_sent``,
-        the new trace packs of a ``trace_append`` that index no resource) sent with the
-        ``COMMIT`` in one round trip; an error in any of them fails the commit
-        (``StorageError``) and nothing commits. Every other verb in the block waits for
-        its own result, as outside it. An exception in the block rolls the transaction
+        the new trace packs of a ``trace_append`` that index no resource, what ``send``
+        and ``send_many`` sent) sent with the next that waits or with the ``COMMIT``; an
+        error in any of them fails the commit (``StorageError``) and nothing commits.
+        Every other verb in the block waits for its own result, as outside it; nothing
+        but replayq's verbs may run in it (``Recorder.defer``'s ``pipelines``). An
+        exception in the block rolls the transaction
         back. Nothing may follow the block in the transaction. Elsewhere (SQLite, a
         caller's connection) it changes nothing: the transaction commits when it ends."""
         ...

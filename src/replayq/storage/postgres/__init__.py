@@ -365,10 +365,13 @@ class PostgresTransaction(SqlTransaction):
         Each statement is sent as it is made; a verb that reads its result ends it with
         a ``Sync`` and waits (``execute``, ``rows_executed``), so that every result it
         reads (``rowcount`` too, which pipeline mode leaves unset until then) is there,
-        and an error is raised by the statement that made it. Only two are not waited
-        for: ``jobs_complete_sent``'s, read when the group commit asks (by then its lease
-        brought it), and a ``trace_append``'s new packs when they name no resource
-        (``_packs_inserted``), whose ids nothing reads. ``COMMIT`` is queued after them
+        and an error is raised by the statement that made it. Not waited for:
+        ``jobs_complete_sent``'s, read when the group commit asks (by then its lease
+        brought it); a ``trace_append``'s new packs when they name no resource
+        (``_packs_inserted``), whose ids nothing reads; and what ``send`` and
+        ``send_many`` send (a blob, an entity's version row, the resource index), whose
+        results nobody reads: their errors are raised by the next statement that waits,
+        named with it (``_failed``). ``COMMIT`` is queued after them
         (``_queue_command``), and the pipeline's closing ``Sync`` brings all their
         results: an error in any of them fails the block (``StorageError``) and nothing
         commits.
@@ -470,10 +473,10 @@ class PostgresTransaction(SqlTransaction):
         def held() -> set[int]:
             try:
                 if cursor.pgresult is None:  # nothing waited since: wait for it now
-                    pipeline.sync()
+                    self._waited(None)
                 rows = cursor.fetchall()
             except psycopg.Error as exc:
-                raise storage_error("query jobs_complete failed", exc) from exc
+                raise storage_error(self._failed("jobs_complete"), exc) from exc
             return self.completed(rows)
 
         return held
@@ -655,7 +658,8 @@ class PostgresTransaction(SqlTransaction):
             # On the transaction's cursor: never read, as COMMIT after it.
             self.statements.execute(self._queries["trace_append_rows"], {"rows": _json_rows(rows)})
         except psycopg.Error as exc:
-            raise storage_error("query trace_append_rows failed", exc) from exc
+            raise storage_error(self._failed("trace_append_rows"), exc) from exc
+        self._unread += ("trace_append_rows",)
         self._last_pack = None  # its id is not read: later events start a pack of their own
         return []
 

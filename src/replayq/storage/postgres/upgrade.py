@@ -65,9 +65,18 @@ def run_migration(tx: SqlTransaction, script: str, replayq: migrate.ReplayqNames
             kept.append(obj)
     try:
         tx.connection.execute(script)  # no parameters: one simple query, the whole script
-    except (psycopg.errors.DependentObjectsStillExist, psycopg.errors.FeatureNotSupported) as exc:
-        # FeatureNotSupported: a column whose type the script alters (0026, rq_blobs.hash)
-        # that a view or rule of the owner's reads; PostgreSQL names it in its detail.
+    except (
+        psycopg.errors.DependentObjectsStillExist,
+        psycopg.errors.FeatureNotSupported,
+        psycopg.errors.DatatypeMismatch,
+        psycopg.errors.UndefinedObject,
+        psycopg.errors.UndefinedFunction,
+    ) as exc:
+        # A column whose type the script alters (0026, rq_blobs.hash) that an object of the
+        # owner's depends on: a view or rule reading it (FeatureNotSupported), a foreign
+        # key to it (DatatypeMismatch), an index with a text operator class
+        # (UndefinedObject) or on a text function of it (UndefinedFunction); PostgreSQL
+        # names it in its message or detail.
         detail = (exc.diag.message_detail or "").replace("\n", "; ")
         raise SchemaError(
             f"PostgreSQL refuses it: {exc.diag.message_primary} ({detail}); replayq drops "

@@ -370,7 +370,7 @@ CREATE TABLE "rq_idempotency" (
 CREATE INDEX rq_idempotency_job ON rq_idempotency (job_id);
 
 CREATE TABLE "rq_blobs" (
-    hash        BLOB    PRIMARY KEY,
+    hash        BLOB    PRIMARY KEY CHECK (typeof(hash) = 'blob' AND length(hash) = 32),
     codec       TEXT    NOT NULL,
     size        INTEGER NOT NULL,
     stored_size INTEGER NOT NULL,

@@ -9,8 +9,11 @@
 -- rowids; still a rowid table: a blob's body is a value too large to stay inline, past
 -- what a WITHOUT ROWID table's B-tree takes well). SQLite 3.40 has no unhex(): rq_unhex
 -- is the runner's (run_migration registers it; storage/sqlite/__init__.py).
+-- The CHECK: a process of an earlier release still running would bind the key as its hex
+-- text, a row no reader finds; it is refused instead (docs/operations.md: stop or restart
+-- the workers of the earlier release before upgrading).
 CREATE TABLE rq_blobs_0026 (
-    hash        BLOB    PRIMARY KEY,
+    hash        BLOB    PRIMARY KEY CHECK (typeof(hash) = 'blob' AND length(hash) = 32),
     codec       TEXT    NOT NULL,
     size        INTEGER NOT NULL,
     stored_size INTEGER NOT NULL,
