@@ -10,7 +10,6 @@ writes (state, cache) join through three hooks the context fills in.
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextlib import nullcontext
 from functools import partial
 from typing import Any, NoReturn
 
@@ -20,7 +19,7 @@ from replayq.model import Job, TraceEvent
 from replayq.recording.blobs import Encoded, put_bytes, ref_of
 from replayq.redaction import Redactor
 from replayq.runtime import Runtime
-from replayq.storage.protocol import TraceFence, Transaction
+from replayq.storage.protocol import UNPIPELINED, TraceFence, Transaction
 
 # The keys of a ``state.read`` event's data (``record_read``).
 _READ_KEYS = ("exists", "branch")
@@ -554,7 +553,7 @@ class Recorder:
         pending = self._pending
         with (
             self.runtime.storage.transaction() as tx,
-            nullcontext() if pending.unpipelined else tx.pipelined(),
+            UNPIPELINED if pending.unpipelined else tx.pipelined(),
         ):
             try:
                 held = self.flush(tx, failed=failed, fence=fence)

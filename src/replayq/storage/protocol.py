@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol, overload, runtime_checkable
 
 from replayq.model import Job, StatRow, TraceEvent
@@ -146,6 +146,7 @@ from replayq.storage.retention_params import (
 )
 
 __all__ = [
+    "UNPIPELINED",
     "Blob",
     "BlobPut",
     "Branch",
@@ -229,6 +230,12 @@ __all__ = [
     "iter_chunks",
     "lock_get",
 ]
+
+
+# ``Transaction.pipelined`` where a transaction has no pipeline (SQLite, a caller's
+# connection), and what a commit that must not be pipelined enters instead
+# (``Recorder.commit_now``): one reusable no-op, no generator made for each commit.
+UNPIPELINED: AbstractContextManager[None] = nullcontext()
 
 
 class Transaction(Protocol):
