@@ -124,7 +124,7 @@ class Recorder:
         hlc: int | None = None,
     ) -> TraceEvent:
         """``event`` with ``data`` as it is (already redacted)."""
-        self._seq += 1
+        self._seq = seq = self._seq + 1
         steps = self._steps
         # The HLC of the runtime is over the runtime's clock: its reading is ``ts``.
         if hlc is None:
@@ -150,7 +150,7 @@ class Recorder:
         template = self._event_template
         fields = (template or self._new_event_template()).copy()
         fields["name"] = name
-        fields["seq"] = self._seq
+        fields["seq"] = seq
         if steps:
             fields["step"] = steps[-1]
         fields["ts"] = now
@@ -310,7 +310,7 @@ class Recorder:
         step_name = data["step_name"]
         if step_name not in redactor._clean_texts:
             data["step_name"] = redactor.short_text(step_name)
-        event = self._event(name, data, status, output_ref=output_ref)
+        event = self._event(name, data, status, None, None, False, output_ref)  # positional
         self._pending.events.append(event)
         return event
 
