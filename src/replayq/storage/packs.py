@@ -173,7 +173,7 @@ def _packed_items(
 ) -> list[dict[str, Any]]:
     """``_packed`` of each of ``events``: its body is this loop's (a commit's events are
     packed without a Python call each, ~1.2 K instructions an event)."""
-    items = []
+    items: list[dict[str, Any]] = []
     append = items.append
     for event in events:
         item: dict[str, Any] = {"n": event.name}
