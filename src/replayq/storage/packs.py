@@ -172,7 +172,7 @@ def _packed_items(
     events: Sequence[TraceEvent], base_hlc: int, base_ts: float
 ) -> list[dict[str, Any]]:
     """``_packed`` of each of ``events``: its body is this loop's (a commit's events are
-    packed without a Python call each, ~1.2 K instructions an event)."""
+    packed without a Python call each: ~400 instructions an event)."""
     items: list[dict[str, Any]] = []
     append = items.append
     for event in events:
