@@ -142,10 +142,13 @@ class TraceEvent:
         not keep it. A conformance test (``test_context_recording``) checks that the events
         both build carry every field."""
         event = object.__new__(cls)
-        object.__setattr__(event, "__dict__", fields)
+        _set_event_dict(event, fields)
         return event
 
 
+# ``TraceEvent``'s ``__dict__`` setter (``built``): the descriptor's own, not
+# ``object.__setattr__``, which looks the name up on the type first.
+_set_event_dict = TraceEvent.__dict__["__dict__"].__set__
 _EVENT_FIELDS = frozenset(f.name for f in dataclasses.fields(TraceEvent))
 
 

@@ -165,34 +165,46 @@ def cut(events: Sequence[TraceEvent]) -> list[list[TraceEvent]]:
 
 def _packed(event: TraceEvent, base_hlc: int, base_ts: float) -> dict[str, Any]:
     """One event as a pack item: the fields of ``_KEYS`` that are set, under short keys."""
-    item: dict[str, Any] = {"n": event.name}
-    # Unrolled ``_KEYS`` (one attribute read each, no getattr loop: ~17 events a job).
-    if event.seq is not None:
-        item["q"] = event.seq
-    if event.step is not None:
-        item["s"] = event.step
-    if event.status is not None:
-        item["st"] = event.status
-    if event.resource is not None:
-        item["r"] = event.resource
-    if event.resource_version is not None:
-        item["v"] = event.resource_version
-    if event.input_ref is not None:
-        item["i"] = event.input_ref
-    if event.output_ref is not None:
-        item["o"] = event.output_ref
-    if event.kind != "domain":
-        item["k"] = event.kind
-    if event.hlc != base_hlc:
-        item["h"] = event.hlc - base_hlc
-    offset = round((event.ts - base_ts) * 1e6)
-    if offset:
-        item["dt"] = offset
-    if event.side_effect:
-        item["x"] = 1
-    if event.data:
-        item["d"] = event.data
-    return item
+    return _packed_items((event,), base_hlc, base_ts)[0]
+
+
+def _packed_items(
+    events: Sequence[TraceEvent], base_hlc: int, base_ts: float
+) -> list[dict[str, Any]]:
+    """``_packed`` of each of ``events``: its body is this loop's (a commit's events are
+    packed without a Python call each: ~400 instructions an event)."""
+    items: list[dict[str, Any]] = []
+    append = items.append
+    for event in events:
+        item: dict[str, Any] = {"n": event.name}
+        # Unrolled ``_KEYS`` (one attribute read each, no getattr loop: ~17 events a job).
+        if event.seq is not None:
+            item["q"] = event.seq
+        if event.step is not None:
+            item["s"] = event.step
+        if event.status is not None:
+            item["st"] = event.status
+        if event.resource is not None:
+            item["r"] = event.resource
+        if event.resource_version is not None:
+            item["v"] = event.resource_version
+        if event.input_ref is not None:
+            item["i"] = event.input_ref
+        if event.output_ref is not None:
+            item["o"] = event.output_ref
+        if event.kind != "domain":
+            item["k"] = event.kind
+        if event.hlc != base_hlc:
+            item["h"] = event.hlc - base_hlc
+        offset = round((event.ts - base_ts) * 1e6)
+        if offset:
+            item["dt"] = offset
+        if event.side_effect:
+            item["x"] = 1
+        if event.data:
+            item["d"] = event.data
+        append(item)
+    return items
 
 
 # A compressor with ``DICTIONARY_2`` already set: each pack's is a copy (``PackWriter``),
@@ -377,7 +389,7 @@ def pack_items(
             one = codec.stored_text(_packed(events[0], base_hlc, base_ts))
             if one is not None:
                 return one
-        whole = codec.stored_text([_packed(e, base_hlc, base_ts) for e in events])
+        whole = codec.stored_text(_packed_items(events, base_hlc, base_ts))
         if whole is not None:
             return whole[1:-1]
     return ",".join(_item_text(e, base_hlc, base_ts, keep) for e in events)
