@@ -61,21 +61,12 @@ def the_connection(app: replayq.App) -> Iterator[psycopg.Connection[Any]]:
 
 @contextmanager
 def protocol_traced(app: replayq.App, path: Path) -> Iterator[list[str]]:
-    """The frontend messages the pool's connection sends in the block (after it)."""
+    """The types of the frontend messages the pool's connection sends in the block (after
+    it): ``traced_run``'s, without their texts."""
     sent: list[str] = []
-    with path.open("w") as out:
-        with the_connection(app) as conn:
-            conn.pgconn.trace(out.fileno())
-            conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
-        try:
-            yield sent
-        finally:
-            with the_connection(app) as conn:
-                conn.pgconn.untrace()
-    for line in path.read_text().splitlines():
-        fields = line.split("\t")
-        if fields[0] == "F" and len(fields) > 2:
-            sent.append(fields[2].split(" ")[0])
+    with traced_run(app, path) as messages:
+        yield sent
+    sent.extend(kind for kind, _ in messages)
 
 
 def assert_out_of_pipeline(app: replayq.App) -> None:
