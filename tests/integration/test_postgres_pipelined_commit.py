@@ -238,7 +238,7 @@ def test_a_step_commit_waits_three_times_for_its_five_statements(
     head's compare-and-set (its row count is read: one wait), the version row and the
     fenced events (their pack id is read: a second), the events' resource index and
     ``COMMIT`` (a third). The version row and the index are not waited for on their own.
-    Seven round trips before (``BEGIN``, each statement, ``COMMIT``)."""
+    Six round trips before (``BEGIN``, each statement, ``COMMIT``)."""
     app = one_connection_app(pg_schema_url)
 
     @app.job("write")

@@ -578,7 +578,7 @@ class Recorder:
 
         On PostgreSQL the commit is pipelined (``Transaction.pipelined``: ``BEGIN`` and
         the statements whose results nobody reads ride with the next that is waited for,
-        three round trips for a step that writes an entity instead of seven), unless a
+        three round trips for a step that writes an entity instead of six), unless a
         pending write runs the application's code (``ctx.db_write``) or enqueues a child
         job (any ``defer`` without ``pipelines=True``): those run on a connection out of pipeline
         mode, as they would anywhere.
