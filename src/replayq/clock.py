@@ -87,8 +87,6 @@ class HybridLogicalClock:
     def stamp(self) -> tuple[float, int]:
         """A local event's reading of this clock's ``Clock`` and its stamp: ``tick_at`` of
         that reading, in one call (each event of a traced job is stamped)."""
-        # ``Recorder._event`` has this body inlined (no call per event): a change here is a
-        # change there.
         now = self._read()
         physical = int(now * 1000) << _LOGICAL_BITS
         lock = self._lock  # as in ``tick_at``

@@ -142,13 +142,14 @@ class TraceEvent:
         not keep it. A conformance test (``test_context_recording``) checks that the events
         both build carry every field."""
         event = object.__new__(cls)
-        _set_event_dict(event, fields)
+        set_event_dict(event, fields)
         return event
 
 
-# ``TraceEvent``'s ``__dict__`` setter (``built``): the descriptor's own, not
-# ``object.__setattr__``, which looks the name up on the type first.
-_set_event_dict = TraceEvent.__dict__["__dict__"].__set__
+# ``TraceEvent``'s ``__dict__`` setter (``built``, ``Recorder._event``): the descriptor's
+# own, not ``object.__setattr__``, which looks the name up on the type first (~400
+# instructions an event).
+set_event_dict = TraceEvent.__dict__["__dict__"].__set__
 _EVENT_FIELDS = frozenset(f.name for f in dataclasses.fields(TraceEvent))
 
 

@@ -14,9 +14,8 @@ from functools import partial
 from typing import Any, NoReturn
 
 from replayq import codec
-from replayq.clock import _LOGICAL_BITS
 from replayq.errors import LeaseLostError, PayloadError
-from replayq.model import Job, TraceEvent
+from replayq.model import Job, TraceEvent, set_event_dict
 from replayq.recording.blobs import Encoded, put_bytes, ref_of
 from replayq.redaction import Redactor
 from replayq.runtime import Runtime
@@ -26,9 +25,6 @@ from replayq.storage.protocol import UNPIPELINED, TraceFence, Transaction
 _READ_KEYS = ("exists", "branch")
 
 _new_event = object.__new__
-# Sets an event's ``__dict__`` (``TraceEvent.built``'s): the descriptor's own setter, without
-# ``object.__setattr__``'s look-up of the name (~400 instructions an event).
-_set_fields = TraceEvent.__dict__["__dict__"].__set__
 
 
 class PendingRecord:
@@ -123,22 +119,11 @@ class Recorder:
         hlc: int | None = None,
     ) -> TraceEvent:
         """``event`` with ``data`` as it is (already redacted)."""
-        # ``record_step`` has this body for a step's events: a change here is a change there.
         self._seq = seq = self._seq + 1
         steps = self._steps
         # The HLC of the runtime is over the runtime's clock: its reading is ``ts``.
         if hlc is None:
-            # ``HybridLogicalClock.stamp`` inlined (every event is stamped: its call, and
-            # the ``with`` block's ``__enter__`` and ``__exit__``, were ~2 K instructions of
-            # its ~5.4 K). Nothing in the locked part can raise: ``release`` always runs.
-            clock = self.runtime.hlc
-            now = clock._read()
-            physical = int(now * 1000) << _LOGICAL_BITS
-            lock = clock._lock
-            lock.acquire()
-            last = clock._last
-            clock._last = hlc = physical if physical > last else last + 1
-            lock.release()
+            now, hlc = self.runtime.hlc.stamp()
         else:
             now = self.runtime.clock.now()
         # ``TraceEvent.built`` inlined (one call fewer an event): every field named. The
@@ -167,7 +152,7 @@ class Recorder:
             fields["output_ref"] = output_ref
         fields["data"] = data
         event = _new_event(TraceEvent)
-        _set_fields(event, fields)
+        set_event_dict(event, fields)
         return event
 
     def _new_event_template(self) -> dict[str, Any]:
@@ -310,31 +295,7 @@ class Recorder:
         step_name = data["step_name"]
         if step_name not in redactor._clean_texts:
             data["step_name"] = redactor.short_text(step_name)
-        # ``_event``'s body for a step's event (stamped now, no resource, no side effect):
-        # one call fewer for each of a step's two events. A change there is a change here.
-        self._seq = seq = self._seq + 1
-        clock = self.runtime.hlc
-        now = clock._read()
-        physical = int(now * 1000) << _LOGICAL_BITS
-        lock = clock._lock
-        lock.acquire()
-        last = clock._last
-        clock._last = hlc = physical if physical > last else last + 1
-        lock.release()
-        fields = (self._event_template or self._new_event_template()).copy()
-        fields["name"] = name
-        fields["seq"] = seq
-        steps = self._steps
-        if steps:
-            fields["step"] = steps[-1]
-        fields["ts"] = now
-        fields["hlc"] = hlc
-        fields["status"] = status
-        if output_ref is not None:
-            fields["output_ref"] = output_ref
-        fields["data"] = data
-        event = _new_event(TraceEvent)
-        _set_fields(event, fields)
+        event = self._event(name, data, status, output_ref=output_ref)
         self._pending.events.append(event)
         return event
 
