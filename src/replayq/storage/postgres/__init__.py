@@ -653,13 +653,8 @@ class PostgresTransaction(SqlTransaction):
         the block ends with the commit). Their insert's error fails the commit."""
         if self._pipeline is None or any(e.resource is not None for g in groups for e in g):
             return super()._packs_inserted(groups)
-        rows = self._pack_rows(groups)
-        try:
-            # On the transaction's cursor: never read, as COMMIT after it.
-            self.statements.execute(self._queries["trace_append_rows"], {"rows": _json_rows(rows)})
-        except psycopg.Error as exc:
-            raise storage_error(self._failed("trace_append_rows"), exc) from exc
-        self._unread += ("trace_append_rows",)
+        # Never read: sent with the COMMIT after it (``send``, in the block).
+        self.send("trace_append_rows", {"rows": _json_rows(self._pack_rows(groups))})
         self._last_pack = None  # its id is not read: later events start a pack of their own
         return []
 

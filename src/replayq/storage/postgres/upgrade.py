@@ -24,8 +24,9 @@ names: ``migrate.ReplayqNames``):
   other refusal of PostgreSQL's for a dependent object (SQLSTATE 2BP01: a foreign key on
   the unique constraint 0011 drops, a function taking the dropped table's row type) is a
   ``SchemaError`` too, with PostgreSQL's own list of the objects; so is its refusal to
-  alter the type of a column (0026: ``rq_blobs.hash``) that a view or rule of the
-  owner's reads (SQLSTATE 0A000).
+  alter the type of a column (0026: ``rq_blobs.hash``) that an object of the owner's
+  depends on: a view or rule reading it (SQLSTATE 0A000), a foreign key to it (42804), an
+  index with a text operator class (42704) or on a text function of it (42883).
 
 The upgrade is one transaction (DDL is transactional here): a refusal changes nothing.
 Names resolve through the search path, as the migration's own statements do, so a

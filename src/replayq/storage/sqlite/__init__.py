@@ -254,7 +254,7 @@ def split_statements(script: str) -> list[str]:
 def run_migration(conn: sqlite3.Connection, script: str, replayq: migrate.ReplayqNames) -> None:
     """Run one migration's ``script`` and keep the owner's indexes and triggers it dropped.
 
-    A migration that drops a table to copy it (0011, 0017, 0018, 0022, 0025), or a table
+    A migration that drops a table to copy it (0011, 0017, 0018, 0022, 0025, 0026), or a table
     or view to put a view in its place (0009, 0016, 0023), drops every index and trigger
     on it with it. Those replayq made (``replayq.objects``), the migration makes again.
 
