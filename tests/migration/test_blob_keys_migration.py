@@ -276,3 +276,51 @@ def test_postgres_alters_the_column_to_bytea_and_refuses_over_the_owners_view_of
             " 'rq_blobs'::regclass AND contype = 'p'"
         ).fetchone()
         assert key == ("PRIMARY KEY (hash)",)
+
+
+@pytest.mark.parametrize(
+    ("create", "drop", "names"),
+    [
+        (
+            "CREATE TABLE my_refs (blob TEXT REFERENCES rq_blobs (hash))",
+            "DROP TABLE my_refs",
+            "my_refs",
+        ),
+        (
+            "CREATE INDEX my_blob_prefix ON rq_blobs (hash text_pattern_ops)",
+            "DROP INDEX my_blob_prefix",
+            "text_pattern_ops",
+        ),
+        (
+            "CREATE INDEX my_blob_upper ON rq_blobs (upper(hash))",
+            "DROP INDEX my_blob_upper",
+            "upper",
+        ),
+    ],
+    ids=["foreign-key", "text-opclass-index", "text-function-index"],
+)
+def test_postgres_refuses_0026_over_the_owners_foreign_key_or_text_index_on_the_key(
+    pg_schema_url: str, create: str, drop: str, names: str
+) -> None:
+    """A foreign key of the owner's to rq_blobs.hash, or an index of the owner's on it that
+    only text has (an operator class, a function), cannot follow the column to bytea: the
+    upgrade is a ``SchemaError`` with PostgreSQL's reason, nothing changes, and once the
+    object is dropped the upgrade goes through."""
+    with psycopg.connect(parse_postgres_url(pg_schema_url)[0], autocommit=True) as conn:
+        Old(pg_schema_url, conn).fill()
+        conn.execute(create)
+        before = conn.execute("SELECT * FROM rq_blobs ORDER BY hash").fetchall()
+        storage = PostgresStorage(pg_schema_url)
+        try:
+            with pytest.raises(SchemaError) as refused:
+                storage.migrate(now=0.0)
+            message = str(refused.value)
+            assert message.startswith("migration 0026 (blob_keys): PostgreSQL refuses it")
+            assert names in message and "Nothing was changed" in message
+            assert conn.execute("SELECT * FROM rq_blobs ORDER BY hash").fetchall() == before
+            version = conn.execute("SELECT MAX(version) FROM rq_schema_migrations").fetchone()
+            assert version == (BLOB_KEYS - 1,)
+            conn.execute(drop)
+            assert [m.name for m in storage.migrate(now=0.0)] == ["blob_keys"]
+        finally:
+            storage.close()
