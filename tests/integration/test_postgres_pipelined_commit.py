@@ -7,6 +7,7 @@ for the server, as is each simple ``Query``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -231,14 +232,12 @@ def traced_run(app: replayq.App, path: Path) -> Iterator[list[tuple[str, str]]]:
     sent.extend(frontend_messages(path))
 
 
-def test_a_step_commit_waits_three_times_for_its_five_statements(
-    pg_schema_url: str, tmp_path: Path
-) -> None:
-    """A step that writes an entity commits in psycopg's pipeline mode: ``BEGIN`` and the
-    head's compare-and-set (its row count is read: one wait), the version row and the
-    fenced events (their pack id is read: a second), the events' resource index and
-    ``COMMIT`` (a third). The version row and the index are not waited for on their own.
-    Six round trips before (``BEGIN``, each statement, ``COMMIT``)."""
+def test_a_step_commit_is_one_round_trip(pg_schema_url: str, conninfo: str, tmp_path: Path) -> None:
+    """A step that writes an entity commits in one round trip (``commit_at_once``):
+    ``BEGIN``, the head's compare-and-set (as a statement that refuses in the server
+    unless it changed one row), the version row, the fenced events with their resource
+    index (one statement) and ``COMMIT``, behind one ``Sync``. Six round trips before
+    pipelining, three after it and before the refusals."""
     app = one_connection_app(pg_schema_url)
 
     @app.job("write")
@@ -257,12 +256,151 @@ def test_a_step_commit_waits_three_times_for_its_five_statements(
         block = transaction_of(sent, "INSERT INTO rq_entity_versions")
         assert block[0] == ("Parse", "BEGIN"), block
         kinds = [kind for kind, _ in block]
-        assert kinds.count("Sync") == 3, block
-        assert kinds.count("Bind") == 6, "BEGIN, head, version, events, index, COMMIT"
+        assert kinds.count("Sync") == 1, block
+        assert kinds.count("Bind") == 5, "BEGIN, head, version, events and index, COMMIT"
         assert "Query" not in kinds, "BEGIN and COMMIT go in the pipeline"
+        statements = [text for kind, text in block if kind == "Parse"]
+        assert "-- entity_head_insert_refusing" in statements, statements
         assert app.get_job(job_id).state is JobState.SUCCEEDED
         assert app.state.get("order", 7).data == {"n": 7}
-        assert [e.name for e in app.trace(job_id)].count("state.write") == 1
+        first = min(e.hlc for e in app.trace(job_id) if e.resource == "order:7")
+        with psycopg.connect(conninfo) as admin:
+            indexed = admin.execute(
+                "SELECT hlc FROM rq_trace_resources WHERE resource = 'order:7'"
+            ).fetchall()
+        assert indexed == [(first,)], "the step's resource indexed at its first event"
+        assert_out_of_pipeline(app)
+    finally:
+        app.close()
+
+
+def refused_and_made_again(sent: list[tuple[str, str]], marker: str) -> list[str]:
+    """The one-round-trip commit that sent a statement starting with ``marker`` and was
+    refused, and the statements of the commit made again after it, returned.
+
+    Asserted: the refused one, its ``BEGIN`` to the ``ROLLBACK`` after it, waited once
+    (one ``Sync``: the refusal surfaces there, or at a statement sent after the refusing
+    one if the server's answer was in already); the one made again read its answers
+    (more than one ``Sync``) and failed too (a ``ROLLBACK``, no ``COMMIT``)."""
+    at = next(
+        i for i, (kind, text) in enumerate(sent) if kind == "Parse" and text.startswith(marker)
+    )
+    start = next(i for i in range(at, -1, -1) if _begins(sent[i]))
+    end = sent.index(("Query", '"ROLLBACK"'), at)
+    refused = sent[start : end + 1]
+    assert refused[0] == ("Parse", "BEGIN"), refused
+    assert [kind for kind, _ in refused].count("Sync") == 1, refused
+    careful = sent[end + 1 : sent.index(("Query", '"ROLLBACK"'), end + 1) + 1]
+    statements = [text for kind, text in careful if kind == "Parse"]
+    assert "COMMIT" not in statements and [kind for kind, _ in careful].count("Sync") > 1
+    return statements
+
+
+def test_a_commit_refused_in_the_server_commits_nothing_and_is_made_again_to_say_why(
+    pg_schema_url: str, tmp_path: Path
+) -> None:
+    """Another writer moves the entity's head between the step's ``put`` and its commit:
+    the one-round-trip commit's compare-and-set refuses in the server (RQ001), and
+    nothing of it commits; the commit is made again with every result read, which finds
+    the conflict (``state.conflict`` with both versions, class concurrency) as before.
+    The attempt's events are those the careful commit alone records, once each."""
+    app = one_connection_app(pg_schema_url)
+
+    @app.job("rename", retry=replayq.Retry(max_attempts=2, base="0.01s", cap="0.01s"))
+    def rename(ctx: replayq.Context, key: str) -> None:
+        with ctx.step("rename"):
+            item = ctx.state.get("item", key)
+            ctx.state.put("item", key, {"name": f"ours {ctx.attempt}"})
+            if ctx.attempt == 1:
+                app.state.put("item", key, {"name": "theirs"}, expected_version=item.version)
+
+    try:
+        app.state.put("item", "a", {"name": "original"}, expected_version=0)
+        job_id = app.enqueue("rename", {"key": "a"})
+        worker = Worker(app, worker_id="w")
+        (job,) = worker.lease(1)
+        with traced_run(app, tmp_path / "trace.txt") as sent:
+            worker.execute(job)
+        # Made again with every answer read: the head's compare-and-set, read at once,
+        # finds the conflict and ends it (no version row sent).
+        statements = refused_and_made_again(sent, "-- entity_head_cas_refusing")
+        assert statements[:2] == ["BEGIN", "UPDATE rq_entities SET version = $1, hlc = $2"]
+        assert "INSERT INTO rq_entity_versions" not in "".join(statements)
+        assert app.get_job(job_id).last_error_class == "concurrency"
+        assert app.state.get("item", "a").data == {"name": "theirs"}
+        events = app.trace(job_id)
+        [conflict] = [e for e in events if e.name == "state.conflict"]
+        assert (conflict.data["expected"], conflict.data["actual"]) == (1, 2)
+        first = [e for e in events if e.kind == "domain" and e.attempt == 1]
+        assert [e.name for e in first] == [
+            "step.started",
+            "state.read",
+            "state.write",
+            "state.conflict",
+            "step.rolled_back",
+            "step.finished",
+        ], "what the careful commit alone records (as on SQLite): nothing of the refused try"
+        assert len({e.seq for e in first}) == len(first)
+
+        again = worker.lease(1)
+        while not again:  # its retry is due 10 ms after the failure
+            time.sleep(0.01)
+            again = worker.lease(1)
+        worker.execute(again[0])
+        assert app.get_job(job_id).state is JobState.SUCCEEDED
+        assert app.state.get("item", "a").data == {"name": "ours 2"}
+        assert [v.version for v in app.state.history("item", "a")] == [1, 2, 3]
+        assert_out_of_pipeline(app)
+    finally:
+        app.close()
+
+
+def test_a_commit_whose_lease_is_gone_is_refused_in_the_server_and_fenced(
+    pg_schema_url: str, conninfo: str, tmp_path: Path
+) -> None:
+    """Another worker took the job before the step commits: the fenced trace append of the
+    one-round-trip commit refuses in the server (RQ002) and nothing commits; made again
+    with every result read, the commit is fenced as before (``write.fenced``, no entity
+    written, ``LeaseLostError``), for each of forty jobs."""
+    app = one_connection_app(pg_schema_url)
+
+    @app.job("write")
+    def write(ctx: replayq.Context, n: int) -> int:
+        with ctx.step("write"):
+            ctx.state.get("order", n)
+            with psycopg.connect(conninfo, autocommit=True) as thief:
+                thief.execute(
+                    "UPDATE rq_jobs SET owner_token = 'another worker' WHERE id = %s",
+                    (ctx.job_id,),
+                )
+            ctx.state.put("order", n, {"n": n})
+        return n
+
+    try:
+        jobs = {n: app.enqueue("write", {"n": n}) for n in range(40)}
+        worker = Worker(app, worker_id="w")
+        (job,) = worker.lease(1)
+        with traced_run(app, tmp_path / "trace.txt") as sent:
+            worker.execute(job)
+        # Made again with every answer read: the head's insert and the fenced append,
+        # which finds the lease gone and rolls it all back.
+        statements = refused_and_made_again(sent, "-- entity_head_insert_refusing")
+        assert statements[:2] == [
+            "BEGIN",
+            "INSERT INTO rq_entities (branch, namespace, key, version, hlc)",
+        ]
+        # Where the refusal surfaces varies with when the server's answer comes in: at
+        # the Sync, or first in the results psycopg reads while it sends the Sync, then
+        # hidden by the COMMIT's "pipeline aborted" (``_first_error``). Each way, it is
+        # a refusal and the commit made again is fenced, never an outage to retry.
+        while leased := worker.lease(1):
+            worker.execute(leased[0])
+        for n, job_id in jobs.items():
+            assert app.state.get("order", n).version == 0, "nothing written"
+            assert app.state.history("order", n) == []
+            [fenced] = [e for e in app.trace(job_id) if e.name == "write.fenced"]
+            assert fenced.worker_id == "w" and fenced.data["refused"] == [f"state order:{n} v1"]
+            assert app.get_job(job_id).owner_token == "another worker"
         assert_out_of_pipeline(app)
     finally:
         app.close()
@@ -363,8 +501,8 @@ def test_a_pipelined_step_commit_whose_version_row_fails_commits_nothing(
 def test_an_effects_claim_and_outcome_are_pipelined_and_a_child_jobs_commit_is_not(
     pg_schema_url: str, tmp_path: Path
 ) -> None:
-    """An effect's claim and its outcome commit in pipeline mode (replayq's statements
-    alone, the claim's answer and the fence each waited for before ``COMMIT``); a step
+    """An effect's claim and its outcome commit in one round trip each (replayq's
+    statements alone, the claim and the fence refusing in the server); a step
     that enqueues a child job commits out of it (``BEGIN`` as a query of its own), as a
     ``ctx.db_write``'s does. The effect runs once, the child is enqueued once."""
     app = one_connection_app(pg_schema_url)
@@ -384,13 +522,13 @@ def test_an_effects_claim_and_outcome_are_pipelined_and_a_child_jobs_commit_is_n
         (job,) = worker.lease(1)
         with traced_run(app, tmp_path / "trace.txt") as sent:
             worker.execute(job)
-        claim = transaction_of(sent, "INSERT INTO rq_idempotency")
-        outcome = transaction_of(sent, "UPDATE rq_idempotency")
+        claim = transaction_of(sent, "-- idem_claim_refusing")
+        outcome = transaction_of(sent, "-- idem_succeed_refusing")
         for block in (claim, outcome):
             kinds = [kind for kind, _ in block]
             assert block[0] == ("Parse", "BEGIN"), block
             assert "Query" not in kinds
-            assert kinds.count("Sync") == 3, block
+            assert kinds.count("Sync") == 1, block
         child = transaction_of(sent, "WITH inserted AS (")
         assert child[0][0] == "Query" and "BEGIN" in child[0][1], child
         assert sent_mail == [5]

@@ -18,6 +18,12 @@ def version_named(name: str) -> int:
     return next(version for version, found, _ in MIGRATIONS if found == name)
 
 
+def names_from(version: int) -> list[str]:
+    """The names of the migrations from ``version`` on, in order: what an upgrade of a
+    database ``migrated_before(version)`` applies (the same numbering on both backends)."""
+    return [name for number, name, _ in MIGRATIONS if number >= version]
+
+
 def migrated_before(conn: Any, version: int) -> None:
     """Every migration below ``version`` applied on ``conn`` and recorded in
     ``rq_schema_migrations``, as replayq of that time would have left the database: a

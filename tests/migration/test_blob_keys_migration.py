@@ -30,7 +30,7 @@ from replayq.recording.blobs import get_bytes, put_bytes
 from replayq.storage.postgres import PostgresStorage, parse_postgres_url
 from replayq.storage.sqlite import SqliteStorage
 from tests.conftest import BACKENDS
-from tests.migration.older import migrated_before, version_named
+from tests.migration.older import migrated_before, names_from, version_named
 
 BLOB_KEYS = version_named("blob_keys")
 DAY = 86_400.0
@@ -140,7 +140,7 @@ def test_blobs_stored_before_the_upgrade_read_back_by_their_references_and_gc_st
     try:
         statuses = app.storage.migration_status()
         assert all(m.applied_at is not None for m in statuses)
-        assert [m.name for m in statuses if m.applied_at != 0] == ["blob_keys"]
+        assert [m.name for m in statuses if m.applied_at != 0] == names_from(BLOB_KEYS)
         # Every blob, by the reference that named it, through replayq's readers too.
         for data in [*REFERENCED.values(), *LOOSE]:
             assert read(app, ref_of(data)) == data
@@ -208,7 +208,7 @@ def test_sqlite_copies_every_row_with_its_rowid_and_only_the_key_changes(
     assert [row[0] for row in before] == [1, 2, 3, 5, 6, 7]  # 4 deleted, then stored again
     storage = SqliteStorage(f"sqlite:///{path}")
     try:
-        assert [m.name for m in storage.migrate(now=0.0)] == ["blob_keys"]
+        assert [m.name for m in storage.migrate(now=0.0)] == names_from(BLOB_KEYS)
     finally:
         storage.close()
 
@@ -261,7 +261,7 @@ def test_postgres_alters_the_column_to_bytea_and_refuses_over_the_owners_view_of
             assert version == (BLOB_KEYS - 1,)
 
             conn.execute("DROP VIEW my_blobs")
-            assert [m.name for m in storage.migrate(now=0.0)] == ["blob_keys"]
+            assert [m.name for m in storage.migrate(now=0.0)] == names_from(BLOB_KEYS)
         finally:
             storage.close()
         column = conn.execute(
@@ -321,6 +321,6 @@ def test_postgres_refuses_0026_over_the_owners_foreign_key_or_text_index_on_the_
             version = conn.execute("SELECT MAX(version) FROM rq_schema_migrations").fetchone()
             assert version == (BLOB_KEYS - 1,)
             conn.execute(drop)
-            assert [m.name for m in storage.migrate(now=0.0)] == ["blob_keys"]
+            assert [m.name for m in storage.migrate(now=0.0)] == names_from(BLOB_KEYS)
         finally:
             storage.close()

@@ -31,6 +31,7 @@ outcome it saw is kept in its ``write.fenced`` event for whoever settles it.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -57,6 +58,7 @@ from replayq.storage.protocol import (
     IdemSucceed,
     IdemTakeover,
     Transaction,
+    commit_at_once,
     idem_get,
 )
 from replayq.storage.reconnect import retry_unavailable
@@ -146,34 +148,36 @@ class EffectRunner:
         # The step's events so far commit with the claim (not in a commit of their own).
         riding = ctx.ride_along()
 
-        # A claim whose COMMIT reply was lost is recognised by its claim token on the retry.
-        def claim_once(retrying: bool) -> Any:
-            refused = [f"effect claim {kind} {key}"]
-            with runtime.storage.transaction() as tx, tx.pipelined():
-                if tx.idem_transition(claim):
-                    # A new claim (the usual case): the append of its event is the fence.
-                    # A worker whose lease was taken never starts the effect: nothing is
-                    # appended, ``LeaseLostError`` rolls the claim back.
-                    event = ctx.event(
-                        "effect.claimed", resource=key, kind=kind, key=key, claim=claim_token
-                    )
-                    ctx.append_fenced(tx, [*riding, event], refused, kind=kind, key=key)
-                    return _RUN_RODE
-                # A record exists: fenced before anything is decided from it.
-                ctx.fence(tx, refused, kind=kind, key=key)
-                existing = idem_get(tx, key)
-                ours = existing is not None and existing.claim_token == claim_token
-                if existing is not None and not ours:
-                    outcome = self._existing(tx, kind, key, existing, claim)
-                    if outcome is not _RUN:
-                        return outcome
-                if not ours:
-                    event = ctx.event(
-                        "effect.claimed", resource=key, kind=kind, key=key, claim=claim_token
-                    )
-                    tx.trace_append([*riding, event])
+        refused = [f"effect claim {kind} {key}"]
+        # Made once (``functools.cache``): ``commit_at_once`` may run ``claim_in`` twice.
+        claimed = functools.cache(
+            lambda: ctx.event("effect.claimed", resource=key, kind=kind, key=key, claim=claim_token)
+        )
+
+        def claim_in(tx: Transaction) -> Any:
+            if tx.idem_transition(claim):
+                # A new claim (the usual case): the append of its event is the fence. A
+                # worker whose lease was taken never starts the effect: nothing is
+                # appended, ``LeaseLostError`` rolls the claim back.
+                ctx.append_fenced(tx, [*riding, claimed()], refused, kind=kind, key=key)
+                return _RUN_RODE
+            # A record exists: fenced before anything is decided from it.
+            ctx.fence(tx, refused, kind=kind, key=key)
+            existing = idem_get(tx, key)
+            ours = existing is not None and existing.claim_token == claim_token
+            if existing is not None and not ours:
+                outcome = self._existing(tx, kind, key, existing, claim)
+                if outcome is not _RUN:
+                    return outcome
+            if not ours:
+                tx.trace_append([*riding, claimed()])
             # ``riding`` committed now, or with this claim by the try whose reply was lost.
             return _RUN_RODE
+
+        # One round trip where it can be (``commit_at_once``); a claim whose COMMIT reply
+        # was lost is recognised by its claim token on the retry.
+        def claim_once(retrying: bool) -> Any:
+            return commit_at_once(runtime.storage, claim_in)
 
         outcome = retry_unavailable(
             f"job {ctx.job.id}: claim effect {key!r}", claim_once, seconds=RECONNECT_SECONDS
@@ -248,7 +252,24 @@ class EffectRunner:
         # The outcome the late worker saw is kept in ``write.fenced`` for whoever settles
         # the record the new owner finds in doubt.
         details = {"kind": kind, "key": key, "result": inline, "output_ref": ref}
-        with runtime.storage.transaction() as tx, tx.pipelined():
+        # ``inline`` came out of ``encoded``: redacted once, not screened again. Made once
+        # (``_Once``): ``commit_at_once`` may run ``record_in`` twice.
+        succeeded = functools.cache(
+            lambda: ctx.event_screened(
+                "effect.succeeded",
+                ("result",),
+                status="success",
+                side_effect=True,
+                resource=key,
+                kind=kind,
+                key=key,
+                result=inline,
+                output_ref=ref,
+                duration=round(time.monotonic() - started, 6),
+            )
+        )
+
+        def record_in(tx: Transaction) -> None:
             if raw is not None:
                 put_bytes(
                     tx,
@@ -271,27 +292,9 @@ class EffectRunner:
                 ctx.fence(tx, refused, **details)
                 return  # committed by the try whose reply was lost, with ``riding``
             # The append is the fence: without the lease nothing of ``tx`` commits.
-            ctx.append_fenced(
-                tx,
-                [
-                    *riding,
-                    # ``inline`` came out of ``encoded``: redacted once, not screened again.
-                    ctx.event_screened(
-                        "effect.succeeded",
-                        ("result",),
-                        status="success",
-                        side_effect=True,
-                        resource=key,
-                        kind=kind,
-                        key=key,
-                        result=inline,
-                        output_ref=ref,
-                        duration=round(time.monotonic() - started, 6),
-                    ),
-                ],
-                refused,
-                **details,
-            )
+            ctx.append_fenced(tx, [*riding, succeeded()], refused, **details)
+
+        commit_at_once(runtime.storage, record_in)
 
     def _existing(
         self, tx: Transaction, kind: str, key: str, existing: IdemRecord, claim: IdemClaim

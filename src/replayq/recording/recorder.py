@@ -19,7 +19,7 @@ from replayq.model import Job, TraceEvent, set_event_dict
 from replayq.recording.blobs import Encoded, put_bytes, ref_of
 from replayq.redaction import Redactor
 from replayq.runtime import Runtime
-from replayq.storage.protocol import UNPIPELINED, TraceFence, Transaction
+from replayq.storage.protocol import CommitRefused, TraceFence, Transaction, commit_at_once
 
 # The keys of a ``state.read`` event's data (``record_read``).
 _READ_KEYS = ("exists", "branch")
@@ -537,33 +537,41 @@ class Recorder:
         first; the lease is then asked in the same transaction, and without it the
         error is always ``LeaseLostError``. Everything rolls back.
 
-        On PostgreSQL the commit is pipelined (``Transaction.pipelined``: ``BEGIN`` and
-        the statements whose results nobody reads ride with the next that is waited for,
-        three round trips for a step that writes an entity instead of six), unless a
-        pending write runs the application's code (``ctx.db_write``) or enqueues a child
-        job (any ``defer`` without ``pipelines=True``): those run on a connection out of pipeline
-        mode, as they would anywhere.
+        On PostgreSQL the commit is one round trip (``commit_at_once``: ``BEGIN``, the
+        writes, the fenced events and ``COMMIT`` behind one ``Sync``; six before
+        pipelining, three after), each compare-and-set and the fence refusing in the
+        server; a refusal committed nothing, and the commit is made again the careful way
+        (every result read before ``COMMIT``), which says what refused it as above. Not
+        so when a pending write runs the application's code (``ctx.db_write``) or
+        enqueues a child job (any ``defer`` without ``pipelines=True``): those run on a
+        connection out of pipeline mode, as they would anywhere.
         """
         if failed:
             refused = []
         elif refused is None:
             refused = self.pending_writes()
         fence = self.trace_fence() if refused else None
-        pending = self._pending
-        with (
-            self.runtime.storage.transaction() as tx,
-            UNPIPELINED if pending.unpipelined else tx.pipelined(),
-        ):
+        lost = refused
+
+        def commit(tx: Transaction) -> None:
             try:
                 held = self.flush(tx, failed=failed, fence=fence)
+            except CommitRefused:
+                raise  # not an answer yet: commit_at_once asks again, every result read
             except Exception as exc:
                 # A write's own check refused it (its event is recorded): without the
                 # lease, the lease is the reason.
                 if fence is None or self._held_after_failure(tx):
                     raise
-                raise self._lost(refused) from exc
+                raise self._lost(lost) from exc
             if not held:
-                raise self._lost(refused)
+                raise self._lost(lost)
+
+        if self._pending.unpipelined:
+            with self.runtime.storage.transaction() as tx:
+                commit(tx)
+        else:
+            commit_at_once(self.runtime.storage, commit)
         self.committed()
 
     def _lost(self, refused: list[str]) -> LeaseLostError:

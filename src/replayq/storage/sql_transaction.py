@@ -437,7 +437,7 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         held = self.jobs_complete(params)
         return lambda: held
 
-    def pipelined(self) -> AbstractContextManager[None]:
+    def pipelined(self, *, refusals: bool = False) -> AbstractContextManager[None]:
         """The end of this transaction (``protocol.Transaction.pipelined``): here every
         statement waits for its result as anywhere, and the transaction commits as it
         would have, when the caller's ``transaction()`` block ends right after. One

@@ -112,12 +112,13 @@ from replayq.model import Job, TraceEvent
 from replayq.redaction import mask_url_passwords
 from replayq.storage import migrate, packs
 from replayq.storage.adopted import AsyncConnectionView, TupleRows
+from replayq.storage.context_params import IdemChange, IdemClaim, TraceFence
 from replayq.storage.context_verbs import lease_now, query_params
 from replayq.storage.lifecycle_packs import enqueued_event
 from replayq.storage.params import JobsComplete
 from replayq.storage.postgres import upgrade
 from replayq.storage.postgres.adapt import arrays_as_literals, column_names
-from replayq.storage.protocol import JobInsert, JobLease, Listener, MigrationStatus
+from replayq.storage.protocol import CommitRefused, JobInsert, JobLease, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
 from replayq.storage.retention_params import LedgerDrop, LedgerDropped, LedgerPartitions
 from replayq.storage.sql_transaction import JOBS_COMPLETE_COLUMNS, SqlTransaction, with_job_id
@@ -182,6 +183,51 @@ def parse_postgres_url(url: str) -> tuple[str, dict[str, str]]:
     theirs += [(k, v) for k, v in _LIVENESS.items() if k not in given]
     conninfo = urlunsplit(parts._replace(query=urlencode(theirs)))
     return conninfo, ours
+
+
+# The compare-and-sets a ``pipelined(refusals=True)`` block sends without reading their
+# row count (``PostgresTransaction.changed``, ``idem_transition``): each as the statement
+# under another name that refuses in the server (``rq_require``, migration 0027; SQLSTATE
+# RQ001) unless it changed exactly one row (``refusing_queries``).
+_REFUSING = {
+    name: f"{name}_refusing"
+    for name in ("entity_head_insert", "entity_head_cas", "idem_claim", "idem_succeed")
+}
+# The SQLSTATE class of rq_require's refusals (RQ001: no row changed; RQ002: the lease
+# is not held, ``trace_append_indexed``).
+_REFUSAL_CLASS = "RQ"
+
+
+def refusing_queries(queries: Mapping[str, str]) -> dict[str, str]:
+    """``_REFUSING``'s statements, made from the named ``queries`` they refuse for: the
+    statement in a ``WITH`` (``RETURNING 1`` added if it returns nothing), its rows
+    counted by ``rq_require``. The statement's name is the refusal's message, and its
+    first line a comment naming it (the server's logs and ``pg_stat_statements``)."""
+    made = {}
+    for name, refusing in _REFUSING.items():
+        statement = queries[name].strip().rstrip(";")
+        if "RETURNING" not in statement.upper():
+            statement += "\nRETURNING 1"
+        made[refusing] = (
+            f"-- {refusing}\nWITH changed AS (\n{statement}\n)\n"
+            f"SELECT rq_require(count(*) = 1, 'RQ001', '{name}: no row changed') FROM changed"
+        )
+    return made
+
+
+def _first_error(exc: psycopg.Error) -> psycopg.Error:
+    """The error of the statement that failed in a pipeline, where psycopg raised the
+    ``PipelineAborted`` of one after it instead: leaving the pipeline, psycopg processes
+    the results that came in while it sent the ``Sync`` (the failed statement's error,
+    raised), then, in a ``finally``, those still to come, and the ``COMMIT``'s abort
+    raised there replaces the error (which it keeps as its ``__context__``). Seen about
+    once in ten refusals of a one-round-trip commit (``CommitRefused``), and the same
+    for any failing statement sent unread (``send``): the real error, not an outage."""
+    while isinstance(exc, psycopg.errors.PipelineAborted) and isinstance(
+        exc.__context__, psycopg.Error
+    ):
+        exc = exc.__context__
+    return exc
 
 
 def _looks_dead(conn: psycopg.Connection[Any]) -> bool:
@@ -356,9 +402,11 @@ class PostgresTransaction(SqlTransaction):
     _unread: tuple[str, ...] = ()
     # The pooled connection's second cursor (``_cursors_of``): ``jobs_complete_sent``'s.
     _second: psycopg.Cursor[Any] | None = None
+    # Whether the ``pipelined`` block running was asked for ``refusals``.
+    _refusing = False
 
     @contextmanager
-    def pipelined(self) -> Iterator[None]:
+    def pipelined(self, *, refusals: bool = False) -> Iterator[None]:
         """The end of this transaction in psycopg's pipeline mode, committed at the end
         of the block (``protocol.Transaction.pipelined``).
 
@@ -389,6 +437,15 @@ class PostgresTransaction(SqlTransaction):
         statement, a ``poll`` before each send): with cursors made once per connection
         (``_cursors_of``), a drain's worker runs ~2 % more instructions a job than
         with five round trips, and waits three times less a group.
+
+        With ``refusals`` (``commit_at_once``) the compare-and-sets of an entity's head
+        and of an effect's claim and success (``changed``, ``idem_transition``) and the
+        block's fenced trace append (``trace_append``) are sent unread too, as
+        statements that refuse in the server (``rq_require``: SQLSTATE class RQ) when
+        they change no row or find the lease gone. A step's commit is then one round
+        trip: ``BEGIN``, its statements and ``COMMIT`` behind one ``Sync``. A refusal
+        aborts the transaction, nothing commits, and the block raises ``CommitRefused``
+        for the caller to run it again without refusals.
         """
         conn = self.connection
         if not self._pooled or conn.autocommit or self._pipeline is not None:
@@ -405,6 +462,7 @@ class PostgresTransaction(SqlTransaction):
         try:
             with conn.pipeline() as pipeline:
                 self._pipeline = pipeline
+                self._refusing = refusals
                 try:
                     if own_begin:
                         _queue_command(conn, b"BEGIN")
@@ -413,13 +471,10 @@ class PostgresTransaction(SqlTransaction):
                 finally:
                     self._pipeline = None
         except psycopg.Error as exc:
-            raise storage_error(
-                self._failed("transaction", "PostgreSQL "),
-                exc,
-                read_only_asked=bool(conn.read_only),
-            ) from exc
+            raise self._error("transaction", exc, "PostgreSQL ") from exc
         finally:
             self._unread = ()
+            self._refusing = False
             if own_begin:
                 _autocommit_off(conn)
 
@@ -429,6 +484,16 @@ class PostgresTransaction(SqlTransaction):
             self._pipeline.sync()
             self._unread = ()
         return cursor
+
+    def _error(self, name: str, exc: psycopg.Error, what: str = "query ") -> Exception:
+        """What ``exc``, raised when ``name`` ran or waited, is to the caller: in a
+        ``refusals`` block a refusal of ``rq_require``'s is ``CommitRefused``; anything
+        else a ``StorageError`` (``storage_error``) naming what failed (``_failed``)."""
+        failed = self._failed(name, what)
+        exc = _first_error(exc)
+        if self._refusing and (exc.sqlstate or "").startswith(_REFUSAL_CLASS):
+            return CommitRefused(f"{failed}: {exc}")
+        return storage_error(failed, exc, read_only_asked=bool(self.connection.read_only))
 
     def _failed(self, name: str, what: str = "query ") -> str:
         """What failed when ``name`` raised: in a pipeline, maybe a statement sent before it
@@ -451,9 +516,7 @@ class PostgresTransaction(SqlTransaction):
                 for cursor in super().rows_executed(name, columns, rows, params)
             ]
         except psycopg.Error as exc:
-            raise storage_error(
-                self._failed(name), exc, read_only_asked=bool(self.connection.read_only)
-            ) from exc
+            raise self._error(name, exc) from exc
 
     def jobs_complete_sent(self, params: JobsComplete) -> Callable[[], set[int]]:
         """``jobs_complete``; in a ``pipelined`` block sent on a cursor of its own and not
@@ -696,18 +759,14 @@ class PostgresTransaction(SqlTransaction):
                 super().execute(name, arrays_as_literals(params) if params else params)
             )
         except psycopg.Error as exc:
-            raise storage_error(
-                self._failed(name), exc, read_only_asked=bool(self.connection.read_only)
-            ) from exc
+            raise self._error(name, exc) from exc
 
     def executemany(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
         try:
             super().executemany(name, rows)
             self._waited(None)
         except psycopg.Error as exc:
-            raise storage_error(
-                self._failed(name), exc, read_only_asked=bool(self.connection.read_only)
-            ) from exc
+            raise self._error(name, exc) from exc
 
     def send(self, name: str, params: Mapping[str, Any], *, nullable: bool = False) -> None:
         """``SqlStatements.send``: in a ``pipelined`` block, sent on the transaction's
@@ -719,8 +778,46 @@ class PostgresTransaction(SqlTransaction):
         try:
             self.statements.execute(self._queries[name], arrays_as_literals(params))
         except psycopg.Error as exc:
-            raise storage_error(self._failed(name), exc) from exc
+            raise self._error(name, exc) from exc
         self._unread += (name,)
+
+    def changed(self, name: str, params: Mapping[str, Any]) -> bool:
+        """``SqlStatements.changed``; in a ``refusals`` block a compare-and-set of
+        ``_REFUSING`` is sent unread as its refusing statement, and answers ``True``: had
+        it changed nothing, the block fails (``CommitRefused``)."""
+        refusing = _REFUSING.get(name) if self._refusing else None
+        if refusing is None:
+            return super().changed(name, params)
+        self.send(refusing, params)
+        return True
+
+    def idem_transition(self, change: IdemChange) -> bool:
+        """``ContextVerbs.idem_transition``; in a ``refusals`` block a claim is sent
+        unread (``changed``): had the key a record already, the block fails."""
+        if self._refusing and type(change) is IdemClaim:
+            self.send(_REFUSING["idem_claim"], query_params(change))
+            return True
+        return super().idem_transition(change)
+
+    def trace_append(self, events: Sequence[TraceEvent], fence: TraceFence | None = None) -> bool:
+        """``TraceVerbs.trace_append``; in a ``refusals`` block, events that make one new
+        pack are sent unread with their resources' index entries, one statement
+        (``trace_append_indexed``), which refuses in the server (RQ002) if ``fence``'s
+        lease is not held, and answer ``True``. Nothing joins that pack (its id is not
+        read): the block's last append."""
+        if not self._refusing or self._last_pack is not None:
+            return super().trace_append(events, fence)
+        cut = packs.cut(events)
+        if len(cut) != 1:
+            return super().trace_append(events, fence)
+        row = self.pack_row(cut[0])
+        entries = packs.pack_resources(cut[0], 0)
+        row["resources"] = [entry["resource"] for entry in entries]
+        row["resource_hlcs"] = [entry["hlc"] for entry in entries]
+        row["fence_job_id"] = None if fence is None else fence.job_id
+        row["fence_owner_token"] = None if fence is None else fence.owner_token
+        self.send("trace_append_indexed", row)
+        return True
 
     def send_many(self, name: str, rows: Sequence[Mapping[str, Any]]) -> None:
         """``executemany``, in a ``pipelined`` block not waited for (``send``)."""
@@ -730,7 +827,7 @@ class PostgresTransaction(SqlTransaction):
         try:
             SqlTransaction.executemany(self, name, rows)
         except psycopg.Error as exc:
-            raise storage_error(self._failed(name), exc) from exc
+            raise self._error(name, exc) from exc
         self._unread += (name,)
 
     def job_lease(self, params: JobLease) -> list[Job]:
@@ -928,6 +1025,7 @@ class PostgresStorage:
         )
         self._idle_in_transaction_ms = str(int(idle * 1000))
         self.queries = load_queries("replayq.storage.postgres")
+        self.queries.update(refusing_queries(self.queries))
         # Cleared when a call finds the database gone (a dead or broken connection), set
         # again by the next connection the pool opens: while clear, waits are short.
         self._reachable = threading.Event()

@@ -605,3 +605,28 @@ FROM rq_jobs
 WHERE state = 'queued'
   AND run_at > %(now)s
   AND (%(queues)s::text[] IS NULL OR queue = ANY(%(queues)s::text[]));
+
+-- name: trace_append_indexed
+-- A pack and its rq_trace_resources entries in one statement, sent unread with COMMIT by
+-- a commit in one round trip (``pipelined(refusals=True)``: trace_append_fenced, then
+-- trace_resources_append with the new pack's id, without waiting in between). With a
+-- fence the pack goes in only while the owner token holds the job's lease, the row kept
+-- as read until the commit (FOR SHARE, as lease_check); else rq_require refuses (RQ002)
+-- and the whole transaction with it. No resources: the pack alone.
+WITH pack AS (
+    INSERT INTO rq_trace (trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events)
+    SELECT %(trace_id)s::text, %(job_id)s::bigint, %(attempt)s::integer, %(worker_id)s::text,
+           %(hlc)s::bigint, %(hlc_last)s::bigint, %(ts)s::float8, %(events)s::text
+    WHERE %(fence_job_id)s::bigint IS NULL
+       OR rq_require(EXISTS (SELECT 1 FROM rq_jobs
+                             WHERE id = %(fence_job_id)s::bigint
+                               AND owner_token = %(fence_owner_token)s::text
+                               AND state = 'running'
+                             FOR SHARE),
+                     'RQ002', 'trace_append_indexed: the job''s lease is not held')
+    RETURNING id
+)
+INSERT INTO rq_trace_resources (resource, hlc, pack_id)
+SELECT r.resource, r.hlc, pack.id
+FROM pack, unnest(%(resources)s::text[], %(resource_hlcs)s::bigint[]) AS r(resource, hlc)
+ON CONFLICT DO NOTHING;
