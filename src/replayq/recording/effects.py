@@ -31,11 +31,10 @@ outcome it saw is kept in its ``write.fenced`` event for whoever settles it.
 
 from __future__ import annotations
 
-import functools
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from replayq import codec
 from replayq.errors import (
@@ -66,6 +65,9 @@ from replayq.storage.reconnect import retry_unavailable
 IN_DOUBT_POLICIES = ("park", "retry")
 # How long the record's claim or completion is retried while the database is unreachable.
 RECONNECT_SECONDS = 60.0
+
+
+_T = TypeVar("_T")
 
 
 def default_effect_key(template: str | None, payload: Any, kind: str) -> str | None:
@@ -149,8 +151,8 @@ class EffectRunner:
         riding = ctx.ride_along()
 
         refused = [f"effect claim {kind} {key}"]
-        # Made once (``functools.cache``): ``commit_at_once`` may run ``claim_in`` twice.
-        claimed = functools.cache(
+        # Made once (``_Once``): ``commit_at_once`` may run ``claim_in`` twice.
+        claimed = _Once(
             lambda: ctx.event("effect.claimed", resource=key, kind=kind, key=key, claim=claim_token)
         )
 
@@ -254,7 +256,7 @@ class EffectRunner:
         details = {"kind": kind, "key": key, "result": inline, "output_ref": ref}
         # ``inline`` came out of ``encoded``: redacted once, not screened again. Made once
         # (``_Once``): ``commit_at_once`` may run ``record_in`` twice.
-        succeeded = functools.cache(
+        succeeded = _Once(
             lambda: ctx.event_screened(
                 "effect.succeeded",
                 ("result",),
@@ -396,6 +398,23 @@ class EffectRunner:
                 claim_token=existing.claim_token,
             )
         self._asked.add(key)
+
+
+class _Once(Generic[_T]):
+    """``make()``, made at the first call and kept: ``commit_at_once`` may run a block
+    twice, and an event it appends is made once (no sequence number skipped). Not
+    ``functools.cache``: its wrapper cost ~9 K instructions to make, twice an effect."""
+
+    __slots__ = ("_made", "_make")
+
+    def __init__(self, make: Callable[[], _T]) -> None:
+        self._make = make
+        self._made: _T | None = None
+
+    def __call__(self) -> _T:
+        if self._made is None:
+            self._made = self._make()
+        return self._made
 
 
 class _Ask:
