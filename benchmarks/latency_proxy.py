@@ -91,7 +91,14 @@ def serve(upstream: tuple[str, int], delay: float, count: Counter) -> socket.soc
     def accept() -> None:
         while True:
             client, _ = listener.accept()
-            server = socket.create_connection(upstream)
+            try:
+                server = socket.create_connection(upstream)
+            except OSError as exc:
+                # The server is down or refusing: this client is refused, as it would be
+                # without the proxy, and the proxy keeps accepting the next ones.
+                print(f"latency_proxy: {upstream[0]}:{upstream[1]}: {exc}", file=sys.stderr)
+                client.close()
+                continue
             for sock in (client, server):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             threading.Thread(target=_forward, args=(client, server), daemon=True).start()
