@@ -26,7 +26,7 @@ from replayq.errors import (
     ReplayDivergenceError,
     classify,
 )
-from replayq.model import TraceEvent
+from replayq.model import Job, TraceEvent
 from replayq.queue.handlers import Handler, PayloadShape
 from replayq.recording.attempt import Refusal
 from replayq.recording.context import Context
@@ -269,10 +269,15 @@ def run_derived(
     else:
         trace_id, branch = _begin(runtime, recording, origin, base_hlc, details)
     answers = RecordedWorld(recording, fork_step=fork_step, stubs=stubs)
-    job = recording.job.evolve(
-        attempt=recording.attempt,
-        payload={**recording.job.payload, **overrides},
-        origin=origin,
+    # ``recording.job.evolve(...)`` without ``dataclasses.replace``'s ``getattr`` and
+    # frozen ``__setattr__`` of each of the job's ~30 fields: a copy of its fields.
+    job = Job.built(
+        {
+            **vars(recording.job),
+            "attempt": recording.attempt,
+            "payload": {**recording.job.payload, **overrides},
+            "origin": origin,
+        }
     )
     options: dict[str, Any] = {
         "worker_id": REPLAY_WORKER,
