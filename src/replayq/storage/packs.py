@@ -49,6 +49,7 @@ from replayq.model import TraceEvent, set_event_dict
 from replayq.storage.lifecycle_packs import (
     ENQUEUED_MARK,
     LIFECYCLE_MARK,
+    lifecycle_item,
     lifecycle_json,
     lifecycle_pack,
 )
@@ -518,6 +519,19 @@ def pack_resources(events: Sequence[TraceEvent], pack_id: int) -> list[dict[str,
     ]
 
 
+def _items(stored: str | bytes | None) -> list[dict[str, Any]]:
+    """A pack's items as ``codec.loads(pack_json(stored))`` decodes them; a format 3 or 4
+    pack's one item straight from its values (``lifecycle_item``: no JSON text made for it
+    and decoded again)."""
+    if stored is not None and not isinstance(stored, str):
+        mark = stored[:1]
+        if mark == LIFECYCLE_MARK and len(stored) > 1:
+            return [lifecycle_item(stored[1], stored[2:])]
+        if mark == ENQUEUED_MARK:
+            return [lifecycle_item(0, stored[1:])]
+    return codec.loads(pack_json(stored))  # type: ignore[no-any-return]
+
+
 def unpack(row: Mapping[str, Any]) -> list[TraceEvent]:
     """The events of one ``rq_trace`` row, in the order they were appended.
 
@@ -552,7 +566,7 @@ def unpack(row: Mapping[str, Any]) -> list[TraceEvent]:
     new, cls = object.__new__, TraceEvent
     out: list[TraceEvent] = []
     append = out.append
-    for item in codec.loads(pack_json(row["events"])):
+    for item in _items(row["events"]):
         fields = copy()
         fields["name"] = item["n"]
         fields["id"] = event_id
