@@ -100,7 +100,6 @@ import os
 import shutil
 import sys
 import threading
-import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
@@ -207,8 +206,14 @@ def seal(
     refuses nothing and records each such call as allowed.
     """
     _install()
-    # The run's own directory: a name no one else can guess, created on first use.
-    temp_dir = Path(_temp_root()) / f"replayq-seal-{uuid.uuid4().hex}"
+    # The run's own directory: a name no one else can guess, created on first use. The
+    # root's ``Path`` is made once (``_temp_root_path``) and the name is ``uuid4().hex``'s
+    # 16 random bytes with its version and variant bits, without the ``UUID`` object: a
+    # ``Path`` parsed from the whole text and a UUID were ~half of a seal's cost.
+    raw = bytearray(os.urandom(16))
+    raw[6] = raw[6] & 0x0F | 0x40
+    raw[8] = raw[8] & 0x3F | 0x80
+    temp_dir = _temp_root_path() / f"replayq-seal-{raw.hex()}"
     report = SealReport(reserved_dir=temp_dir, allow_io=allow_io)
     allowed = (str(temp_dir), *(os.path.realpath(d) for d in allow_dirs))
     active = _Seal(report, step, allowed)
@@ -223,6 +228,14 @@ def seal(
 
 
 _TEMP_ROOT: list[str] = []
+_TEMP_ROOT_PATH: list[Path] = []
+
+
+def _temp_root_path() -> Path:
+    """``_temp_root()`` as a ``Path`` (made once)."""
+    if not _TEMP_ROOT_PATH:
+        _TEMP_ROOT_PATH.append(Path(_temp_root()))
+    return _TEMP_ROOT_PATH[0]
 
 
 def _temp_root() -> str:

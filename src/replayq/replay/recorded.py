@@ -16,6 +16,7 @@ explicit stub; an effect the recording lacks is never made up.
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -80,6 +81,10 @@ class Recording:
         if event.output_ref is not None and event.id in self.values:
             return self.values[event.id]
         return event.data.get(key)
+
+
+_SEQ = operator.attrgetter("seq")
+_SEQ_HLC = operator.attrgetter("seq", "hlc")
 
 
 def attempts_with_events(events: list[TraceEvent]) -> list[int]:
@@ -155,7 +160,10 @@ def read_recording(
                 domain.append(event)
             elif event.kind == "lifecycle":
                 lifecycle.append(event)
-    domain.sort(key=lambda e: (e.seq or 0, e.hlc))
+    if None in map(_SEQ, domain):
+        domain.sort(key=lambda e: (e.seq or 0, e.hlc))
+    else:  # every domain event numbered (as the recorder numbers them): the key read in C
+        domain.sort(key=_SEQ_HLC)
     states = _read_states(tx, domain, attempt)
     leased = [e.hlc for e in lifecycle if e.name == "job.leased"]
     # The last lease of the attempt started it: one before it was given back unstarted.

@@ -12,7 +12,7 @@ transaction at the end, or not at all with ``keep=False``.
 from __future__ import annotations
 
 import importlib
-import uuid
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -26,7 +26,7 @@ from replayq.errors import (
     ReplayDivergenceError,
     classify,
 )
-from replayq.model import TraceEvent
+from replayq.model import Job, TraceEvent
 from replayq.queue.handlers import Handler, PayloadShape
 from replayq.recording.attempt import Refusal
 from replayq.recording.context import Context
@@ -35,8 +35,7 @@ from replayq.replay.compare import (
     Comparison,
     Divergence,
     ReplayReport,
-    compare_decisions,
-    compare_writes,
+    compare_outcomes,
     first_divergence,
     from_step,
 )
@@ -72,7 +71,11 @@ def choose_handler(
 
 def derived_names(origin: str) -> tuple[str, str]:
     """A new derived trace id and its branch."""
-    trace_id = f"{origin}-{uuid.uuid4().hex[:16]}"
+    # ``uuid.uuid4().hex[:16]``: its first 8 random bytes, the version nibble ("4") set,
+    # without the ``UUID`` object and its 16 bytes' integer arithmetic.
+    head = bytearray(os.urandom(8))
+    head[6] = head[6] & 0x0F | 0x40
+    trace_id = f"{origin}-{head.hex()}"
     return trace_id, f"{origin}:{trace_id}"
 
 
@@ -199,16 +202,29 @@ def _finished(
 ) -> TraceEvent:
     """The derived trace's last event. It carries the attempt, as the run's events do, so
     that it joins their pack (one ``rq_trace`` row per kept dry-run, not two)."""
-    return TraceEvent(
-        trace_id=trace_id,
-        attempt=attempt,
-        name=f"{origin}.finished",
-        kind="domain",
-        ts=runtime.clock.now(),
-        hlc=runtime.hlc.tick(),
-        worker_id=REPLAY_WORKER,
-        status=outcome.status,
-        data=outcome.to_dict(),
+    now = runtime.clock.now()
+    # Every field named (``TraceEvent.built``: no frozen dataclass ``__init__``).
+    return TraceEvent.built(
+        {
+            "trace_id": trace_id,
+            "name": f"{origin}.finished",
+            "ts": now,
+            "hlc": runtime.hlc.tick_at(now),
+            "job_id": None,
+            "attempt": attempt,
+            "kind": "domain",
+            "seq": None,
+            "step": None,
+            "worker_id": REPLAY_WORKER,
+            "status": outcome.status,
+            "resource": None,
+            "resource_version": None,
+            "side_effect": False,
+            "input_ref": None,
+            "output_ref": None,
+            "data": outcome.to_dict(),
+            "id": None,
+        }
     )
 
 
@@ -253,10 +269,15 @@ def run_derived(
     else:
         trace_id, branch = _begin(runtime, recording, origin, base_hlc, details)
     answers = RecordedWorld(recording, fork_step=fork_step, stubs=stubs)
-    job = recording.job.evolve(
-        attempt=recording.attempt,
-        payload={**recording.job.payload, **overrides},
-        origin=origin,
+    # ``recording.job.evolve(...)`` without ``dataclasses.replace``'s ``getattr`` and
+    # frozen ``__setattr__`` of each of the job's ~30 fields: a copy of its fields.
+    job = Job.built(
+        {
+            **vars(recording.job),
+            "attempt": recording.attempt,
+            "payload": {**recording.job.payload, **overrides},
+            "origin": origin,
+        }
     )
     options: dict[str, Any] = {
         "worker_id": REPLAY_WORKER,
@@ -327,6 +348,7 @@ def run_derived(
             recorded = from_step(recorded, fork_step)
             now_events = from_step(now_events, fork_step)
         divergence = first_divergence(recorded, now_events)
+    decisions, state_writes = compare_outcomes(recorded, now_events)
     report = ReplayReport(
         mode=origin,
         job_id=recording.job.id,
@@ -338,8 +360,8 @@ def run_derived(
         outcome_recorded=recording.outcome,
         outcome_now=outcome,
         first_divergence=divergence,
-        decisions=compare_decisions(recorded, now_events),
-        state_writes=compare_writes(recorded, now_events),
+        decisions=decisions,
+        state_writes=state_writes,
         error=error,
         fork_step=fork_step,
         reached_fork=answers.reached_fork if fork_step else None,

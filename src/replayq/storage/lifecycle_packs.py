@@ -154,6 +154,22 @@ def lifecycle_pack(event: TraceEvent) -> bytearray | None:
 def lifecycle_json(code: int, values_text: bytes) -> str:
     """A format 3 or 4 pack (shape ``code``, its data's values) as the JSON text its event
     has in format 1."""
+    item = _lifecycle_item(code, values_text)
+    return "[" + codec.dumps_stored(item, what=f"event {item['n']} data") + "]"
+
+
+def lifecycle_item(code: int, values_text: bytes) -> dict[str, Any]:
+    """The pack item ``codec.loads(lifecycle_json(code, values_text))[0]`` decodes to (its
+    data's keys in sorted order, as that canonical text has them), without encoding the
+    text and decoding it again: a reader of a job's trace (a dry-run's recording) meets
+    two such packs a job."""
+    item = _lifecycle_item(code, values_text)
+    item["d"] = dict(sorted(item["d"].items()))
+    return item
+
+
+def _lifecycle_item(code: int, values_text: bytes) -> dict[str, Any]:
+    """The item of a format 3 or 4 pack, its data in its shape's key order."""
     if code >= len(LIFECYCLE_SHAPES):
         raise ValueError(f"trace pack of unknown lifecycle shape {code}")
     name, status, fields = LIFECYCLE_SHAPES[code]
@@ -166,4 +182,4 @@ def lifecycle_json(code: int, values_text: bytes) -> str:
     item: dict[str, Any] = {"n": name, "k": "lifecycle", "d": data}
     if status is not None:
         item["st"] = status
-    return "[" + codec.dumps_stored(item, what=f"event {name} data") + "]"
+    return item

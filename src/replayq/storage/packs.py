@@ -45,10 +45,11 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from replayq import codec
-from replayq.model import TraceEvent
+from replayq.model import TraceEvent, set_event_dict
 from replayq.storage.lifecycle_packs import (
     ENQUEUED_MARK,
     LIFECYCLE_MARK,
+    lifecycle_item,
     lifecycle_json,
     lifecycle_pack,
 )
@@ -518,39 +519,85 @@ def pack_resources(events: Sequence[TraceEvent], pack_id: int) -> list[dict[str,
     ]
 
 
+def _items(stored: str | bytes | None) -> list[dict[str, Any]]:
+    """A pack's items as ``codec.loads(pack_json(stored))`` decodes them; a format 3 or 4
+    pack's one item straight from its values (``lifecycle_item``: no JSON text made for it
+    and decoded again)."""
+    if stored is not None and not isinstance(stored, str):
+        mark = stored[:1]
+        if mark == LIFECYCLE_MARK and len(stored) > 1:
+            return [lifecycle_item(stored[1], stored[2:])]
+        if mark == ENQUEUED_MARK:
+            return [lifecycle_item(0, stored[1:])]
+    return codec.loads(pack_json(stored))  # type: ignore[no-any-return]
+
+
 def unpack(row: Mapping[str, Any]) -> list[TraceEvent]:
-    """The events of one ``rq_trace`` row, in the order they were appended."""
-    base, base_ts, pack_id = row["hlc"], row["ts"], row["id"]
-    trace_id, job_id, attempt, worker_id = (row[name] for name in _GROUP)
-    first = pack_id * PACK_SIZE
-    built = TraceEvent.built  # every field named: no dataclass ``__init__`` per event
-    out = []
-    for place, item in enumerate(codec.loads(pack_json(row["events"]))):
-        get = item.get
-        out.append(
-            built(
-                {
-                    "trace_id": trace_id,
-                    "job_id": job_id,
-                    "attempt": attempt,
-                    "worker_id": worker_id,
-                    "name": item["n"],
-                    "ts": base_ts + get("dt", 0) / 1e6,
-                    "hlc": base + get("h", 0),
-                    "kind": get("k") or "domain",
-                    "seq": get("q"),
-                    "step": get("s"),
-                    "status": get("st"),
-                    "resource": get("r"),
-                    "resource_version": get("v"),
-                    "side_effect": bool(get("x")),
-                    "input_ref": get("i"),
-                    "output_ref": get("o"),
-                    "data": get("d") or {},
-                    "id": first + place,
-                }
-            )
-        )
+    """The events of one ``rq_trace`` row, in the order they were appended.
+
+    Each event's fields are a copy of the pack's template (its group's fields, the
+    row's ``hlc`` and ``ts``, the other fields at their defaults, in the order a dict
+    display named them) with only the keys its item holds set on it: a copy of an
+    18-key dict is one ``memcpy``, where a display inserted every key and looked each
+    one up in the item (~4.5 k instructions an event fewer, ~35 events a dry-run reads).
+    """
+    base, base_ts = row["hlc"], row["ts"]
+    copy = {
+        "trace_id": row["trace_id"],
+        "job_id": row["job_id"],
+        "attempt": row["attempt"],
+        "worker_id": row["worker_id"],
+        "name": None,
+        "ts": base_ts + 0.0,  # a float, as ``base_ts + dt / 1e6`` is
+        "hlc": base,
+        "kind": "domain",
+        "seq": None,
+        "step": None,
+        "status": None,
+        "resource": None,
+        "resource_version": None,
+        "side_effect": False,
+        "input_ref": None,
+        "output_ref": None,
+        "data": None,
+        "id": None,
+    }.copy
+    event_id = row["id"] * PACK_SIZE
+    new, cls = object.__new__, TraceEvent
+    out: list[TraceEvent] = []
+    append = out.append
+    for item in _items(row["events"]):
+        fields = copy()
+        fields["name"] = item["n"]
+        fields["id"] = event_id
+        event_id += 1
+        fields["data"] = item.get("d") or {}
+        # Only the keys the item holds (``_packed_items`` leaves out what is at its default).
+        if "h" in item:
+            fields["hlc"] = base + item["h"]
+        if "dt" in item:
+            fields["ts"] = base_ts + item["dt"] / 1e6
+        if "q" in item:
+            fields["seq"] = item["q"]
+        if "s" in item:
+            fields["step"] = item["s"]
+        if "st" in item:
+            fields["status"] = item["st"]
+        if "r" in item:
+            fields["resource"] = item["r"]
+        if "v" in item:
+            fields["resource_version"] = item["v"]
+        if "i" in item:
+            fields["input_ref"] = item["i"]
+        if "o" in item:
+            fields["output_ref"] = item["o"]
+        if "k" in item:
+            fields["kind"] = item["k"] or "domain"
+        if "x" in item:
+            fields["side_effect"] = bool(item["x"])
+        event = new(cls)  # ``TraceEvent.built`` inlined: every field named
+        set_event_dict(event, fields)
+        append(event)
     return out
 
 

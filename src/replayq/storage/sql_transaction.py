@@ -369,8 +369,10 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
         )
 
     def job_get(self, job_id: int) -> Job | None:
-        row = self.fetchone("job_get", {"job_id": job_id})
-        return row_to_job(row) if row is not None else None
+        # ``jobs_of``: the row's values become the job's fields, one dictionary (``fetchone``
+        # and ``row_to_job`` made two, the second by name from the first).
+        found = self.jobs_of(self.execute("job_get", {"job_id": job_id}))
+        return found[0] if found else None
 
     def job_lease(self, params: JobLease) -> list[Job]:
         """The candidates, then one ``UPDATE`` that claims them all (``job_lease_many``);
