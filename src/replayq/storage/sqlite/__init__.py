@@ -112,6 +112,40 @@ _JOURNAL_SIZE_LIMIT_BYTES = 64 * 1024 * 1024
 # On a small or nearly full disk the WAL must never take the room a checkpoint needs:
 # it is checkpointed once it holds a quarter of the free space (at least this many pages).
 _WAL_MIN_PAGES = 64
+# One lock a database file (by its resolved path) for the write transactions of this
+# process's threads, whatever ``SqliteStorage`` they go through (``_writer_of``): a thread
+# that finds another of the process writing waits on it, woken the moment that one
+# commits. Without it both ask SQLite, and the one refused sleeps in SQLite's busy
+# handler (1 ms, then 2, 5, 10 ...) however soon the lock is free again: a worker's
+# executor (a step's commit) and its acks thread (a group commit) met so on most traced
+# jobs. Other processes still meet on SQLite's own lock.
+_WRITERS: dict[str, threading.Lock] = {}
+_WRITERS_LOCK = threading.Lock()
+
+
+def _writer_of(path: str) -> threading.Lock:
+    """The process's lock for writing ``path`` (``_WRITERS``); ``:memory:`` and ``file:``
+    URIs have one each, their own."""
+    if path == ":memory:" or path.startswith("file:"):
+        return threading.Lock()
+    key = os.path.realpath(os.path.expanduser(path))
+    with _WRITERS_LOCK:
+        found = _WRITERS.get(key)
+        if found is None:
+            found = _WRITERS[key] = threading.Lock()
+        return found
+
+
+def _writers_after_fork() -> None:
+    """A child forked while a thread of its parent wrote holds that thread's lock and
+    never the thread: new locks (the child's storages find them by path)."""
+    global _WRITERS_LOCK
+    _WRITERS_LOCK = threading.Lock()
+    _WRITERS.clear()
+
+
+os.register_at_fork(after_in_child=_writers_after_fork)
+
 # How many write transactions of one connection between two looks at the free space.
 _RETUNE_EVERY = 128
 # A WAL this many times its automatic checkpoint's size has grown past checkpoints that
@@ -702,6 +736,7 @@ class SqliteStorage:
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
+        self._writer = _writer_of(self.path)
         # Set by SQLITE_FULL: writes wait until a checkpoint has emptied the WAL (see
         # ``_checkpoint_after_full``), so that space freed goes to the checkpoint first.
         self._full = threading.Event()
@@ -859,10 +894,14 @@ class SqliteStorage:
             writes = local.writes = local.writes + 1
             if writes % _RETUNE_EVERY == 0:
                 self._fit_wal(conn)
+            # The process's writers queue here (``_WRITERS``); past ``busy_timeout`` the
+            # write goes on to SQLite's lock and its own wait, as without the queue.
+            local.writing = self._writer.acquire(timeout=self.busy_timeout_ms / 1000)
         try:
             if not autocommit:
                 conn.execute("BEGIN" if readonly else "BEGIN IMMEDIATE")
         except sqlite3.Error as exc:
+            self._done_writing()
             self._fault(conn, exc)
             raise storage_error(
                 f"cannot begin a transaction on {self.path!r}", exc, self.path
@@ -876,6 +915,13 @@ class SqliteStorage:
         tx = SqliteTransaction(conn, self.queries, last_pack=carried)
         local.inside = True  # until ``_Transaction.__exit__``: a nested one is refused
         return conn, tx
+
+    def _done_writing(self) -> None:
+        """This thread's write transaction is over: the next writer of the process goes."""
+        local = self._local
+        if getattr(local, "writing", False):
+            local.writing = False
+            self._writer.release()
 
     def _end(
         self,
@@ -1134,6 +1180,8 @@ class _Transaction:
             storage._end(self._conn, self._tx, self._readonly, exc, self._autocommit)
         finally:
             storage._local.inside = False
+            if not self._readonly:
+                storage._done_writing()
 
 
 # The optional capability the worker looks for, checked here by the type checker.
