@@ -28,8 +28,9 @@ import random as _random
 import uuid as _uuid
 from collections.abc import Callable, Coroutine, Mapping
 from contextlib import AbstractContextManager
-from typing import Any, Generic, TypeVar, overload
+from typing import Any, TypeVar, overload
 
+from replayq.compiled import mypyc_attr
 from replayq.errors import (
     JobCancelledError,
 )
@@ -51,36 +52,21 @@ from replayq.recording.writes import defer_child_job, defer_db_write
 from replayq.runtime import RuntimeSource
 
 T = TypeVar("T")
-V = TypeVar("V")
 
 
-class _view(Generic[V]):
-    """A view of the context built on first use and kept in the context's ``__dict__``, as
-    ``functools.cached_property`` keeps it, without that one's Python-level lock (3.11):
-    a context is one attempt's, run by one thread. After the first use the instance's
-    ``__dict__`` answers (a non-data descriptor), as before."""
-
-    __slots__ = ("make", "name")
-
-    def __init__(self, make: Callable[[Any], V]) -> None:
-        self.make = make
-        self.name = make.__name__
-
-    @overload
-    def __get__(self, obj: None, owner: type[Any]) -> _view[V]: ...
-
-    @overload
-    def __get__(self, obj: object, owner: type[Any]) -> V: ...
-
-    def __get__(self, obj: object | None, owner: type[Any]) -> V | _view[V]:
-        if obj is None:
-            return self
-        value = obj.__dict__[self.name] = self.make(obj)
-        return value
-
-
+@mypyc_attr(allow_interpreted_subclasses=True)  # replay's BufferedContext
 class Context(Recorder):
     """What a handler receives as its first argument."""
+
+    # The views, built on first use (most handlers touch few of them, many touch none):
+    # plain attributes, ``None`` until then, rather than entries a descriptor puts in the
+    # instance's ``__dict__``, so that a compiled build (scripts/build_compiled.py, mypyc)
+    # can give the class fixed attributes. ``_release_views`` drops them.
+    _locks: LockManager | None = None
+    _state: StateView | None = None
+    _cache: CacheView | None = None
+    _outbox: OutboxView | None = None
+    _effects: EffectRunner | None = None
 
     def __init__(
         self,
@@ -121,63 +107,83 @@ class Context(Recorder):
         # Applied to every value before it enters the recording (``redacted``).
         self.redactor = handler.redactor or runtime.redactor
 
-    # -- views, built on first use (most handlers touch few of them, many touch none) -------
+    # -- views, built on first use --------------------------------------------------------
 
-    @_view
+    @property
     def locks(self) -> LockManager:
-        return LockManager(self)
+        """This attempt's locks (``LockManager``), built on first use."""
+        view = self._locks
+        if view is None:
+            view = self._locks = LockManager(self)
+        return view
 
-    @_view
+    @property
     def state(self) -> StateView:
-        return StateView(self)
+        """Reads and writes of versioned entities (``StateView``), built on first use."""
+        view = self._state
+        if view is None:
+            view = self._state = StateView(self)
+        return view
 
-    @_view
+    @property
     def cache(self) -> CacheView:
-        return CacheView(self)
+        """Recorded cache reads and writes (``CacheView``), built on first use."""
+        view = self._cache
+        if view is None:
+            view = self._cache = CacheView(self)
+        return view
 
-    @_view
+    @property
     def outbox(self) -> OutboxView:
-        return OutboxView(self)
+        """The transactional outbox (``OutboxView``), built on first use."""
+        view = self._outbox
+        if view is None:
+            view = self._outbox = OutboxView(self)
+        return view
 
-    @_view
+    @property
     def effects(self) -> EffectRunner:
-        return EffectRunner(self)
+        """What runs ``ctx.effect`` calls (``EffectRunner``), built on first use."""
+        view = self._effects
+        if view is None:
+            view = self._effects = EffectRunner(self)
+        return view
 
     def fences(self) -> dict[str, int]:
         """The fencing token of every lock this attempt holds, by resource."""
-        return self.locks.fences() if "locks" in self.__dict__ else {}
+        return self._locks.fences() if self._locks is not None else {}
 
-    def _built(self, view: str) -> bool:
-        """Whether the view ``view`` was used (built) in this attempt."""
-        return view in self.__dict__
+    def _release_views(self) -> None:
+        """Drop the views built in this attempt (they refer back to the context)."""
+        self._locks = self._state = self._cache = self._outbox = self._effects = None
 
     # -- what the views hold for the next commit (hooks of ``Recorder``) -------------------
 
     def _views_pending(self) -> list[str]:
-        return self.cache.pending if self._built("cache") else []
+        return self._cache.pending if self._cache is not None else []
 
     def _views_committed(self) -> None:
-        if self._built("cache"):
-            self.cache.after_commit()
+        if self._cache is not None:
+            self._cache.after_commit()
 
     # ``Recorder``'s, with the hooks above inlined (asked at every step's end and commit).
 
     def pending_writes(self) -> list[str]:
         what = self._pending.what
-        if "cache" in self.__dict__:
-            return [*what, *self.cache.pending]
+        if self._cache is not None:
+            return [*what, *self._cache.pending]
         return [*what]
 
     def committed(self) -> None:
         self._pending = PendingRecord()
-        if "cache" in self.__dict__:
-            self.cache.after_commit()
+        if self._cache is not None:
+            self._cache.after_commit()
 
     def _views_discard(self) -> None:
-        if self._built("state"):
-            self.state.discard_pending()
-        if self._built("cache"):
-            self.cache.discard_pending()
+        if self._state is not None:
+            self._state.discard_pending()
+        if self._cache is not None:
+            self._cache.discard_pending()
 
     # -- identity ---------------------------------------------------------------------------
 

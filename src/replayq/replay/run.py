@@ -135,8 +135,8 @@ class BufferedContext(Context):
         self.kept_after: list[Callable[[], None]] = []
 
     def committed(self) -> None:
-        if self._built("cache"):
-            self.kept_after.extend(self.cache.take_after_commit())
+        if self._cache is not None:
+            self.kept_after.extend(self._cache.take_after_commit())
         super().committed()
 
     def commit_now(self, *, failed: bool = False, refused: list[str] | None = None) -> None:
@@ -157,8 +157,7 @@ class BufferedContext(Context):
         collector (whose collections, scanning every report kept so far, took about a
         quarter of a 1,000-job bulk dry-run)."""
         self.kept_writes = []
-        for view in ("locks", "state", "cache", "outbox", "effects"):
-            self.__dict__.pop(view, None)
+        self._release_views()
 
 
 @dataclass
