@@ -271,8 +271,8 @@ class TraceVerbs(SqlStatements):
                 values += found
             if compact is not None:  # the last pack is format 4: what later events join
                 self._writer = packs.CompactPack(compact, chunk[-1][0].hlc)
-            found = self.execute_rows("trace_append_rows", row_sql, len(chunk), values)
-            pack_ids.extend(self.rows_inserted_ids(found, len(chunk)))
+            cursor = self.execute_rows("trace_append_rows", row_sql, len(chunk), values)
+            pack_ids.extend(self.rows_inserted_ids(cursor, len(chunk)))
         return pack_ids
 
     def rows_inserted_ids(self, cursor: Any, rows: int) -> list[int]:
