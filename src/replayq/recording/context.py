@@ -30,7 +30,6 @@ from collections.abc import Callable, Coroutine, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar, overload
 
-from replayq.compiled import mypyc_attr
 from replayq.errors import (
     JobCancelledError,
 )
@@ -54,14 +53,13 @@ from replayq.runtime import RuntimeSource
 T = TypeVar("T")
 
 
-@mypyc_attr(allow_interpreted_subclasses=True)  # replay's BufferedContext
 class Context(Recorder):
     """What a handler receives as its first argument."""
 
     # The views, built on first use (most handlers touch few of them, many touch none):
-    # plain attributes, ``None`` until then, rather than entries a descriptor puts in the
-    # instance's ``__dict__``, so that a compiled build (scripts/build_compiled.py, mypyc)
-    # can give the class fixed attributes. ``_release_views`` drops them.
+    # plain attributes, ``None`` until then, read through properties (a descriptor that
+    # put them in the instance's ``__dict__`` cost a ``_built()`` call at each commit:
+    # ~70 K instructions a traced job). ``_release_views`` drops them.
     _locks: LockManager | None = None
     _state: StateView | None = None
     _cache: CacheView | None = None

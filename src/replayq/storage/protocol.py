@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol, TypeVar, overload, runtime_checkable
 
+from replayq.errors import StorageError
 from replayq.model import Job, StatRow, TraceEvent
 from replayq.storage.context_params import (
     BlobPut,
@@ -242,10 +243,11 @@ _T = TypeVar("_T")
 UNPIPELINED: AbstractContextManager[None] = nullcontext()
 
 
-class CommitRefused(Exception):
+class CommitRefused(StorageError):
     """A ``pipelined(refusals=True)`` block refused in the server: one of its
     compare-and-sets changed no row, or its fenced trace append found the lease gone.
-    Nothing of it committed; ``commit_at_once`` runs the block again without refusals."""
+    Nothing of it committed; ``commit_at_once`` runs the block again without refusals,
+    and it never reaches a handler (a ``StorageError`` only to stay in the one tree)."""
 
 
 class Transaction(Protocol):
