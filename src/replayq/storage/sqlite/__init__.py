@@ -62,7 +62,13 @@ Known limits, up front:
   commit writes each page it dirtied to the WAL whole, and a queue's commits are small.
 * Lock waits: a write waits up to 5 s for another writer's lock (``?busy_timeout=``
   in milliseconds changes it); past that the write raises
-  ``DatabaseUnavailableError``, which workers wait out.
+  ``DatabaseUnavailableError``, which workers wait out. Writers of one process (a
+  worker's executors and its acks thread, two ``App`` objects of one file) queue on a
+  lock of the process first (``_WRITERS``) and go the moment the one before commits;
+  only writers of other processes meet on SQLite's lock, whose busy handler sleeps
+  (1 ms, 2, 5, 10 ...) between its tries. A write that waited ``busy_timeout`` in the
+  queue goes on to SQLite's lock and waits there too: up to twice ``busy_timeout``
+  before the error.
 """
 
 from __future__ import annotations
