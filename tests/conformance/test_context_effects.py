@@ -212,6 +212,62 @@ def test_a_started_record_left_by_a_crashed_attempt_follows_the_kinds_policy(
         assert (record["status"], record["job_id"]) == ("succeeded", job_id)
 
 
+@pytest.mark.parametrize("found", ["succeeded", "park", "retry"])
+def test_an_effects_existing_record_is_traced_in_order_with_no_sequence_number_skipped(
+    app: replayq.App, found: str
+) -> None:
+    """The claim finds a record (another job's success, a crashed attempt's claim): the
+    attempt's events say so in the order they happened, numbered one after another, on
+    each backend alike. On PostgreSQL the claim's first, one-round-trip try is refused in
+    the server (the record exists) and the claim is made again the careful way: the
+    ``effect.claimed`` the refused try built is made again after ``effect.in_doubt``
+    (``retry``), or never (``park``, a deduplicated effect), and leaves no gap."""
+    sent: list[int] = []
+    policy = "retry" if found == "retry" else "park"
+
+    @app.job("notify", idempotency="notify:{user_id}", effects={"email.send": policy})
+    def notify(ctx: replayq.Context, user_id: int) -> str:
+        with ctx.step("email"):
+            ctx.effect("email.send", lambda: sent.append(user_id))
+        return "sent"
+
+    if found == "succeeded":
+        first = app.enqueue("notify", {"user_id": 8})
+        run_once(replayq.Worker(app))
+        assert app.get_job(first).state is replayq.JobState.SUCCEEDED
+    else:
+        with app.storage.transaction() as tx:
+            assert tx.idem_transition(
+                IdemClaim(
+                    key="notify:8:email.send",
+                    operation="email.send",
+                    claim_token="claim-of-the-crashed-attempt",
+                    now=app.clock.now(),
+                    trace_id="trace-of-the-crashed-attempt",
+                    job_id=None,
+                    attempt=1,
+                )
+            )
+    job_id = app.enqueue("notify", {"user_id": 8})
+    run_once(replayq.Worker(app))
+
+    events = [e for e in app.trace(job_id) if e.kind == "domain"]
+    expected = {
+        "succeeded": ["step.started", "effect.deduplicated", "step.finished"],
+        "park": ["step.started", "effect.in_doubt", "step.finished"],
+        "retry": [
+            "step.started",
+            "effect.in_doubt",
+            "effect.claimed",
+            "effect.succeeded",
+            "step.finished",
+        ],
+    }[found]
+    assert [e.name for e in events] == expected
+    assert [e.seq for e in events] == list(range(1, len(events) + 1)), events
+    assert sent == ([] if found == "park" else [8]), "the effect ran once, or never (parked)"
+
+
 def test_effect_records_are_per_key_not_per_job(app: replayq.App) -> None:
     @app.job("two_emails", idempotency="welcome:{user_id}")
     def two_emails(ctx: replayq.Context, user_id: int) -> None:

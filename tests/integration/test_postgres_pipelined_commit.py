@@ -7,6 +7,8 @@ for the server, as is each simple ``Query``.
 
 from __future__ import annotations
 
+import logging
+import select
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +22,7 @@ from psycopg import pq
 import replayq
 from replayq import JobState, Worker
 from replayq.storage.postgres import parse_postgres_url
+from replayq.storage.protocol import CommitRefused
 
 pytestmark = pytest.mark.postgres
 
@@ -540,5 +543,75 @@ def test_an_effects_claim_and_outcome_are_pipelined_and_a_child_jobs_commit_is_n
         assert app.get_job(child_id).job_type == "ok"
         assert [j.id for j in app.list_jobs(job_type="ok")] == [child_id], "enqueued once"
         assert_out_of_pipeline(app)
+    finally:
+        app.close()
+
+
+# A compare-and-set of a head no entity has: its refusing statement refuses (RQ001).
+NO_HEAD = {
+    "branch": "main",
+    "namespace": "nothing",
+    "key": "here",
+    "new_version": 2,
+    "expected_version": 1,
+    "hlc": 1,
+}
+
+
+def answered(tx: Any) -> None:
+    """Wait, in a ``PostgresTransaction``'s ``pipelined`` block, until the server's
+    answer to what was sent is in the client's socket (before any ``Sync``): the server
+    sends a statement's error at once."""
+    conn = tx.connection
+    conn.pgconn.flush()
+    readable, _, _ = select.select([conn.pgconn.socket], [], [], 5.0)
+    assert readable, "the server answered nothing in 5 s"
+
+
+def test_a_refusal_answered_before_the_block_ends_is_a_refusal_not_an_outage(
+    pg_schema_url: str,
+) -> None:
+    """The refusing statement's error is in before the block's ``Sync``: psycopg raises
+    the ``COMMIT``'s "pipeline aborted" in its place (the refusal its ``__context__``),
+    which ``_first_error`` unwraps: ``CommitRefused``, never a ``StorageError`` (an outage
+    to retry). Made to happen every time here; a job's commit meets it by chance."""
+    app = one_connection_app(pg_schema_url)
+    try:
+        app.storage  # noqa: B018 - opening it migrates the test's schema
+        for _ in range(3):
+            with (
+                pytest.raises(CommitRefused, match="entity_head_cas: no row changed"),
+                app.storage.transaction() as tx,
+                tx.pipelined(refusals=True),
+            ):
+                assert tx.changed("entity_head_cas", NO_HEAD)
+                answered(tx)
+            assert_out_of_pipeline(app)
+    finally:
+        app.close()
+
+
+def test_a_refusal_raised_by_a_statement_sent_after_it_logs_no_warning(
+    pg_schema_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The refusal is in when the block sends its next statement, which raises it
+    (``CommitRefused``) inside the block: the aborted pipeline is read to its ``Sync``
+    there, so psycopg's exit has nothing to log ("error ignored terminating", a WARNING
+    for each such conflict or deduplicated effect otherwise)."""
+    app = one_connection_app(pg_schema_url)
+    try:
+        app.storage  # noqa: B018 - opening it migrates the test's schema
+        with caplog.at_level(logging.WARNING):
+            for _ in range(3):
+                with (
+                    pytest.raises(CommitRefused),
+                    app.storage.transaction() as tx,
+                    tx.pipelined(refusals=True),
+                ):
+                    assert tx.changed("entity_head_cas", NO_HEAD)
+                    answered(tx)
+                    tx.changed("entity_head_cas", NO_HEAD)  # raises the refusal
+                assert_out_of_pipeline(app)
+        assert [r.getMessage() for r in caplog.records if r.name.startswith("psycopg")] == []
     finally:
         app.close()

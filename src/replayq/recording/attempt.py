@@ -66,6 +66,11 @@ class Attempt(Protocol):
         """Record a domain event; it commits with the step (or the ack)."""
         ...
 
+    def unmake(self, event: TraceEvent) -> None:
+        """``event`` (the last ``event`` built) dropped unrecorded: its sequence number is
+        the next event's again."""
+        ...
+
     def record_read(self, resource: str, version: int, exists: bool, branch: str) -> TraceEvent:
         """Record ``state.read`` of ``resource`` at ``version`` on ``branch``."""
         ...

@@ -44,6 +44,7 @@ from replayq.errors import (
     RecordedFailure,
     classify,
 )
+from replayq.model import TraceEvent
 from replayq.queue.contracts import render_template
 from replayq.recording.aio import Flow, outside_call, run_flow
 from replayq.recording.attempt import Attempt
@@ -151,19 +152,19 @@ class EffectRunner:
         riding = ctx.ride_along()
 
         refused = [f"effect claim {kind} {key}"]
-        # Made once (``_Once``): ``commit_at_once`` may run ``claim_in`` twice.
-        claimed = _Once(
-            lambda: ctx.event("effect.claimed", resource=key, kind=kind, key=key, claim=claim_token)
-        )
 
-        def claim_in(tx: Transaction) -> Any:
+        def claim_in(tx: Transaction, claimed: _Once[TraceEvent]) -> Any:
             if tx.idem_transition(claim):
                 # A new claim (the usual case): the append of its event is the fence. A
                 # worker whose lease was taken never starts the effect: nothing is
                 # appended, ``LeaseLostError`` rolls the claim back.
                 ctx.append_fenced(tx, [*riding, claimed()], refused, kind=kind, key=key)
                 return _RUN_RODE
-            # A record exists: fenced before anything is decided from it.
+            # A record exists. The event a refused try of this commit made (it found the
+            # record) is unmade: made again below, after ``_existing``'s events, or never
+            # (a deduplicated or parked effect), as where no try was refused.
+            claimed.unmade(ctx.unmake)
+            # Fenced before anything is decided from it.
             ctx.fence(tx, refused, kind=kind, key=key)
             existing = idem_get(tx, key)
             ours = existing is not None and existing.claim_token == claim_token
@@ -179,7 +180,14 @@ class EffectRunner:
         # One round trip where it can be (``commit_at_once``); a claim whose COMMIT reply
         # was lost is recognised by its claim token on the retry.
         def claim_once(retrying: bool) -> Any:
-            return commit_at_once(runtime.storage, claim_in)
+            # Made once a commit (``_Once``): ``commit_at_once`` may run ``claim_in`` twice;
+            # a try after an outage (its COMMIT maybe made) makes its own, as before.
+            claimed = _Once(
+                lambda: ctx.event(
+                    "effect.claimed", resource=key, kind=kind, key=key, claim=claim_token
+                )
+            )
+            return commit_at_once(runtime.storage, lambda tx: claim_in(tx, claimed))
 
         outcome = retry_unavailable(
             f"job {ctx.job.id}: claim effect {key!r}", claim_once, seconds=RECONNECT_SECONDS
@@ -291,6 +299,8 @@ class EffectRunner:
                 )
             )
             if not changed and not first:
+                # The event a refused try made is not recorded: unmade, as never made.
+                succeeded.unmade(ctx.unmake)
                 ctx.fence(tx, refused, **details)
                 return  # committed by the try whose reply was lost, with ``riding``
             # The append is the fence: without the lease nothing of ``tx`` commits.
@@ -402,7 +412,8 @@ class EffectRunner:
 
 class _Once(Generic[_T]):
     """``make()``, made at the first call and kept: ``commit_at_once`` may run a block
-    twice, and an event it appends is made once (no sequence number skipped). Not
+    twice, and an event it appends is made once (no sequence number skipped); one the
+    careful try does not append where the refused one did is ``unmade``. Not
     ``functools.cache``: its wrapper cost ~9 K instructions to make, twice an effect."""
 
     __slots__ = ("_made", "_make")
@@ -415,6 +426,12 @@ class _Once(Generic[_T]):
         if self._made is None:
             self._made = self._make()
         return self._made
+
+    def unmade(self, unmake: Callable[[_T], None]) -> None:
+        """What a refused try made, dropped (``unmake``): the next call makes it anew."""
+        made, self._made = self._made, None
+        if made is not None:
+            unmake(made)
 
 
 class _Ask:

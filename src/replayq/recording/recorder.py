@@ -155,6 +155,15 @@ class Recorder:
         set_event_dict(event, fields)
         return event
 
+    def unmake(self, event: TraceEvent) -> None:
+        """``event``, built by ``event`` and never recorded, is dropped: when it is the last
+        event built, its sequence number goes to the next one again. A block that
+        ``commit_at_once`` runs again after a refusal built an event in the refused try
+        that the careful one records later, after others, or not at all (an effect's
+        existing record): unmade, its place in the attempt's sequence is as it was."""
+        if event.seq == self._seq:
+            self._seq -= 1
+
     def _new_event_template(self) -> dict[str, Any]:
         """This attempt's event template (``_event_template``, built at its first event):
         its domain events' fields, those that differ from event to event at their

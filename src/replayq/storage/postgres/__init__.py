@@ -466,7 +466,16 @@ class PostgresTransaction(SqlTransaction):
                 try:
                     if own_begin:
                         _queue_command(conn, b"BEGIN")
-                    yield
+                    try:
+                        yield
+                    except CommitRefused:
+                        # The refusal came in before the block's end (raised by a
+                        # statement sent after the refusing one): the pipeline is aborted
+                        # up to its Sync, read here, or psycopg's exit would read it and
+                        # log "error ignored terminating" (a WARNING) for a refusal.
+                        with contextlib.suppress(psycopg.Error):
+                            pipeline.sync()
+                        raise
                     _queue_command(conn, b"COMMIT")
                 finally:
                     self._pipeline = None
