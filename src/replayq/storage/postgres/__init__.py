@@ -220,9 +220,10 @@ def _first_error(exc: psycopg.Error) -> psycopg.Error:
     ``PipelineAborted`` of one after it instead: leaving the pipeline, psycopg processes
     the results that came in while it sent the ``Sync`` (the failed statement's error,
     raised), then, in a ``finally``, those still to come, and the ``COMMIT``'s abort
-    raised there replaces the error (which it keeps as its ``__context__``). Seen about
-    once in ten refusals of a one-round-trip commit (``CommitRefused``), and the same
-    for any failing statement sent unread (``send``): the real error, not an outage."""
+    raised there replaces the error (which it keeps as its ``__context__``). Seen for a
+    few refusals in a hundred of a one-round-trip commit (``CommitRefused``; more under
+    load), and the same for any failing statement sent unread (``send``): the real
+    error, not an outage."""
     while isinstance(exc, psycopg.errors.PipelineAborted) and isinstance(
         exc.__context__, psycopg.Error
     ):
