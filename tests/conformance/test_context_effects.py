@@ -169,6 +169,22 @@ def test_effect_that_raises_a_validation_error_goes_dead_without_retrying(
     assert named(app, job_id, "retry.scheduled") == []
 
 
+def claimed_by_a_crashed_attempt(app: replayq.App) -> None:
+    """``notify:8:email.send`` left ``started`` by an attempt that crashed mid-effect."""
+    with app.storage.transaction() as tx:
+        assert tx.idem_transition(
+            IdemClaim(
+                key="notify:8:email.send",
+                operation="email.send",
+                claim_token="claim-of-the-crashed-attempt",
+                now=app.clock.now(),
+                trace_id="trace-of-the-crashed-attempt",
+                job_id=None,
+                attempt=1,
+            )
+        )
+
+
 @pytest.mark.parametrize("policy", ["park", "retry"])
 def test_a_started_record_left_by_a_crashed_attempt_follows_the_kinds_policy(
     app: replayq.App, policy: str
@@ -182,18 +198,7 @@ def test_a_started_record_left_by_a_crashed_attempt_follows_the_kinds_policy(
             ctx.effect("email.send", lambda: sent.append(user_id))
         return "sent"
 
-    with app.storage.transaction() as tx:
-        assert tx.idem_transition(
-            IdemClaim(
-                key="notify:8:email.send",
-                operation="email.send",
-                claim_token="claim-of-the-crashed-attempt",
-                now=app.clock.now(),
-                trace_id="trace-of-the-crashed-attempt",
-                job_id=None,
-                attempt=1,
-            )
-        )
+    claimed_by_a_crashed_attempt(app)
     job_id = app.enqueue("notify", {"user_id": 8})
     run_once(replayq.Worker(app))
 
@@ -236,18 +241,7 @@ def test_an_effects_existing_record_is_traced_in_order_with_no_sequence_number_s
         run_once(replayq.Worker(app))
         assert app.get_job(first).state is replayq.JobState.SUCCEEDED
     else:
-        with app.storage.transaction() as tx:
-            assert tx.idem_transition(
-                IdemClaim(
-                    key="notify:8:email.send",
-                    operation="email.send",
-                    claim_token="claim-of-the-crashed-attempt",
-                    now=app.clock.now(),
-                    trace_id="trace-of-the-crashed-attempt",
-                    job_id=None,
-                    attempt=1,
-                )
-            )
+        claimed_by_a_crashed_attempt(app)
     job_id = app.enqueue("notify", {"user_id": 8})
     run_once(replayq.Worker(app))
 
