@@ -944,9 +944,12 @@ class SqliteStorage:
                 f"cannot begin a transaction on {self.path!r}", exc, self.path
             ) from exc
         except BaseException:
-            _rollback(conn)
-            if held is not None:
-                held.release()
+            try:
+                with contextlib.suppress(sqlite3.Error):  # a connection ``close()`` closed
+                    _rollback(conn)
+            finally:
+                if held is not None:
+                    held.release()
             raise
         local.inside = True  # until ``_Transaction.__exit__``: a nested one is refused
         return conn, tx, held
