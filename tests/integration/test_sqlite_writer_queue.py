@@ -13,6 +13,7 @@ from __future__ import annotations
 import _thread
 import contextlib
 import os
+import signal
 import sqlite3
 import threading
 import time
@@ -151,6 +152,9 @@ def test_an_interrupt_as_begin_returns_leaves_neither_lock_held(tmp_path: Path) 
         time.sleep(0.1)
         blocker.execute("COMMIT")
 
+    # Python's own SIGINT handler (a worker run earlier in this process installs its own
+    # and leaves it: Worker.run).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     interrupter = threading.Thread(target=interrupt_then_commit)
     interrupter.start()
     entered = []
@@ -162,6 +166,7 @@ def test_an_interrupt_as_begin_returns_leaves_neither_lock_held(tmp_path: Path) 
         assert _write_seconds(storage) < 1.0
     finally:
         interrupter.join(10)
+        signal.signal(signal.SIGINT, previous)
         blocker.close()
         storage.close()
 
