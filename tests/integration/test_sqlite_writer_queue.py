@@ -10,6 +10,10 @@ through, after the other's commit, shows it waited in the queue.
 
 from __future__ import annotations
 
+import _thread
+import contextlib
+import os
+import signal
 import sqlite3
 import threading
 import time
@@ -17,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from replayq.errors import DatabaseUnavailableError
+from replayq.errors import DatabaseUnavailableError, StorageError
 from replayq.storage.sqlite import SqliteStorage
 
 HOLD = 0.2  # seconds the first writer keeps its transaction open after the second asks
@@ -108,3 +112,132 @@ def test_without_the_queue_the_second_writer_meets_sqlites_lock(tmp_path: Path) 
     finally:
         first.close()
         second.close()
+
+
+def _write_seconds(storage: SqliteStorage) -> float:
+    """How long a write of a new thread (a connection of its own) takes; raises its error."""
+    took: list[float] = []
+    failures: list[BaseException] = []
+
+    def write() -> None:
+        start = time.monotonic()
+        try:
+            with storage.transaction() as tx:
+                tx.connection.execute("INSERT INTO t VALUES ('later')")
+        except BaseException as exc:  # raised again by the test's thread
+            failures.append(exc)
+        took.append(time.monotonic() - start)
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    thread.join(30)
+    if failures:
+        raise failures[0]
+    return took[0]
+
+
+def test_an_interrupt_as_begin_returns_leaves_neither_lock_held(tmp_path: Path) -> None:
+    """A ``KeyboardInterrupt`` that lands after the queue's lock was taken, before the
+    block is entered (here: as ``BEGIN IMMEDIATE`` returns from SQLite's busy wait), must
+    not keep the lock (nor SQLite's): every later write of the process waited
+    ``busy_timeout`` in the queue, then as long on SQLite's lock, and failed."""
+    url = _file(tmp_path) + "?busy_timeout=2000"
+    storage = SqliteStorage(url)
+    blocker = sqlite3.connect(storage.path, isolation_level=None, check_same_thread=False)
+    blocker.execute("BEGIN IMMEDIATE")  # another connection (as another process) writes
+
+    def interrupt_then_commit() -> None:
+        time.sleep(0.3)  # the main thread waits in SQLite's busy handler
+        _thread.interrupt_main()
+        time.sleep(0.1)
+        blocker.execute("COMMIT")
+
+    # Python's own SIGINT handler (a worker run earlier in this process installs its own
+    # and leaves it: Worker.run).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupter = threading.Thread(target=interrupt_then_commit)
+    interrupter.start()
+    entered = []
+    try:
+        with pytest.raises(KeyboardInterrupt), storage.transaction():
+            entered.append(True)
+        interrupter.join(10)
+        assert entered == []  # raised in ``_begin``: no ``__exit__`` released anything
+        assert _write_seconds(storage) < 1.0
+    finally:
+        interrupter.join(10)
+        signal.signal(signal.SIGINT, previous)
+        blocker.close()
+        storage.close()
+
+
+def test_close_while_a_thread_writes_frees_the_lock_for_the_files_other_storages(
+    tmp_path: Path,
+) -> None:
+    """``close()`` resets the threads' locals: the transaction it cut short still
+    releases the lock it took, which another ``App`` of the file shares."""
+    url = _file(tmp_path) + "?busy_timeout=2000"
+    closing, other = SqliteStorage(url), SqliteStorage(url)
+    inside, closed = threading.Event(), threading.Event()
+
+    def write_across_the_close() -> None:
+        # (the commit on the closed connection fails; ``_fault`` meets it closed too)
+        with contextlib.suppress(StorageError, sqlite3.Error), closing.transaction() as tx:
+            tx.connection.execute("INSERT INTO t VALUES ('cut short')")
+            inside.set()
+            closed.wait(10)
+
+    writer = threading.Thread(target=write_across_the_close)
+    writer.start()
+    try:
+        assert inside.wait(10)
+        closing.close()
+        closed.set()
+        writer.join(10)
+        assert _write_seconds(other) < 1.0
+    finally:
+        closed.set()
+        writer.join(10)
+        other.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_writes_through_an_inherited_storage_without_the_parents_lock(
+    tmp_path: Path,
+) -> None:
+    """A child forked while a thread of the parent held the queue (here in an autocommit
+    block, which takes the queue and no SQLite lock) writes through the storage it
+    inherited at once: that storage's lock is a new one, not the copy held by a thread
+    the child does not have (which made each of its writes wait ``busy_timeout``)."""
+    url = _file(tmp_path) + "?busy_timeout=2000"
+    storage = SqliteStorage(url)
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with storage.autocommit():
+            holding.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    read, write = os.pipe()
+    try:
+        assert holding.wait(10)
+        pid = os.fork()
+        if pid == 0:  # the child: report and leave, whatever happens
+            code = 1
+            try:
+                os.write(write, f"{_write_seconds(storage):.3f}".encode())
+                code = 0
+            finally:
+                os._exit(code)
+        os.close(write)
+        _, status = os.waitpid(pid, 0)
+        took = os.read(read, 100).decode()
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert float(took) < 1.0
+    finally:
+        release.set()
+        holder.join(10)
+        os.close(read)
+        storage.close()

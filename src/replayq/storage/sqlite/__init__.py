@@ -82,6 +82,7 @@ import shutil
 import sqlite3
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
@@ -127,14 +128,22 @@ _WAL_MIN_PAGES = 64
 # jobs. Other processes still meet on SQLite's own lock.
 _WRITERS: dict[str, threading.Lock] = {}
 _WRITERS_LOCK = threading.Lock()
+# Every storage of the process, so that a forked child gives each a lock of its own.
+_STORAGES: weakref.WeakSet[SqliteStorage] = weakref.WeakSet()
 
 
-def _writer_of(path: str) -> threading.Lock:
-    """The process's lock for writing ``path`` (``_WRITERS``); ``:memory:`` and ``file:``
-    URIs have one each, their own."""
+def _writer_key(path: str) -> str | None:
+    """The name of ``path``'s lock in ``_WRITERS``; ``None`` for ``:memory:`` and ``file:``
+    URIs, which have one each, their own."""
     if path == ":memory:" or path.startswith("file:"):
+        return None
+    return os.path.realpath(os.path.expanduser(path))
+
+
+def _writer_of(key: str | None) -> threading.Lock:
+    """The process's lock for writing the file named ``key`` (``_writer_key``)."""
+    if key is None:
         return threading.Lock()
-    key = os.path.realpath(os.path.expanduser(path))
     with _WRITERS_LOCK:
         found = _WRITERS.get(key)
         if found is None:
@@ -144,10 +153,14 @@ def _writer_of(path: str) -> threading.Lock:
 
 def _writers_after_fork() -> None:
     """A child forked while a thread of its parent wrote holds that thread's lock and
-    never the thread: new locks (the child's storages find them by path)."""
+    never the thread: new locks, also for the storages the child inherited (they keep
+    theirs in ``_writer``; a transaction the forking thread had open releases the one it
+    took, ``_Transaction._held``)."""
     global _WRITERS_LOCK
     _WRITERS_LOCK = threading.Lock()
     _WRITERS.clear()
+    for storage in list(_STORAGES):
+        storage._writer = _writer_of(storage._writer_key)
 
 
 os.register_at_fork(after_in_child=_writers_after_fork)
@@ -742,7 +755,10 @@ class SqliteStorage:
         self._local = threading.local()
         self._all: list[sqlite3.Connection] = []
         self._all_lock = threading.Lock()
-        self._writer = _writer_of(self.path)
+        self._writer_key = _writer_key(self.path)
+        self._writer = _writer_of(self._writer_key)
+        with _WRITERS_LOCK:
+            _STORAGES.add(self)
         # Set by SQLITE_FULL: writes wait until a checkpoint has emptied the WAL (see
         # ``_checkpoint_after_full``), so that space freed goes to the checkpoint first.
         self._full = threading.Event()
@@ -872,9 +888,13 @@ class SqliteStorage:
 
     def _begin(
         self, readonly: bool, autocommit: bool = False
-    ) -> tuple[sqlite3.Connection, SqliteTransaction]:
-        """``BEGIN`` on this thread's connection (none with ``autocommit``), and the verbs
-        on it.
+    ) -> tuple[sqlite3.Connection, SqliteTransaction, threading.Lock | None]:
+        """``BEGIN`` on this thread's connection (none with ``autocommit``), the verbs on
+        it, and the process's writer lock it took (``_WRITERS``; ``None`` if none): the
+        transaction releases that one, whatever thread ends it and whatever ``close()``
+        did meanwhile. Whatever raises here (a ``KeyboardInterrupt`` as ``BEGIN``
+        returns) releases it and rolls back: a lock kept by nobody made every later write
+        of the process wait ``busy_timeout`` first.
 
         Refused inside a block of this thread's ``transaction()`` (an ``App.enqueue`` in
         it), and that transaction left as it was. SQLite's own refusal of a nested
@@ -902,32 +922,37 @@ class SqliteStorage:
                 self._fit_wal(conn)
             # The process's writers queue here (``_WRITERS``); past ``busy_timeout`` the
             # write goes on to SQLite's lock and its own wait, as without the queue.
-            local.writing = self._writer.acquire(timeout=self.busy_timeout_ms / 1000)
+            writer = self._writer
+            held = writer if writer.acquire(timeout=self.busy_timeout_ms / 1000) else None
+        else:
+            held = None
         try:
             if not autocommit:
                 conn.execute("BEGIN" if readonly else "BEGIN IMMEDIATE")
+            # The pack a transaction on this connection committed last: the next one's
+            # events of the same attempt join it (storage/packs.py). Cleared until this one
+            # commits; a read-only transaction writes no pack and leaves it as it is.
+            carried = None
+            if not readonly:
+                carried, local.last_pack = getattr(local, "last_pack", None), None
+            tx = SqliteTransaction(conn, self.queries, last_pack=carried)
         except sqlite3.Error as exc:
-            self._done_writing()
+            if held is not None:
+                held.release()
             self._fault(conn, exc)
             raise storage_error(
                 f"cannot begin a transaction on {self.path!r}", exc, self.path
             ) from exc
-        # The pack a transaction on this connection committed last: the next one's events
-        # of the same attempt join it (storage/packs.py). Cleared until this one commits;
-        # a read-only transaction writes no pack and leaves it as it is.
-        carried = None
-        if not readonly:
-            carried, local.last_pack = getattr(local, "last_pack", None), None
-        tx = SqliteTransaction(conn, self.queries, last_pack=carried)
+        except BaseException:
+            try:
+                with contextlib.suppress(sqlite3.Error):  # a connection ``close()`` closed
+                    _rollback(conn)
+            finally:
+                if held is not None:
+                    held.release()
+            raise
         local.inside = True  # until ``_Transaction.__exit__``: a nested one is refused
-        return conn, tx
-
-    def _done_writing(self) -> None:
-        """This thread's write transaction is over: the next writer of the process goes."""
-        local = self._local
-        if getattr(local, "writing", False):
-            local.writing = False
-            self._writer.release()
+        return conn, tx, held
 
     def _end(
         self,
@@ -1164,7 +1189,7 @@ class _Transaction:
     making, entering and leaving cost ~5,000 instructions of every transaction (an
     enqueue is one)."""
 
-    __slots__ = ("_autocommit", "_conn", "_readonly", "_storage", "_tx")
+    __slots__ = ("_autocommit", "_conn", "_held", "_readonly", "_storage", "_tx")
 
     def __init__(self, storage: SqliteStorage, readonly: bool, autocommit: bool = False) -> None:
         self._storage = storage
@@ -1172,7 +1197,7 @@ class _Transaction:
         self._autocommit = autocommit
 
     def __enter__(self) -> SqliteTransaction:
-        self._conn, self._tx = self._storage._begin(self._readonly, self._autocommit)
+        self._conn, self._tx, self._held = self._storage._begin(self._readonly, self._autocommit)
         return self._tx
 
     def __exit__(
@@ -1186,8 +1211,10 @@ class _Transaction:
             storage._end(self._conn, self._tx, self._readonly, exc, self._autocommit)
         finally:
             storage._local.inside = False
-            if not self._readonly:
-                storage._done_writing()
+            held = self._held
+            if held is not None:
+                self._held = None
+                held.release()
 
 
 # The optional capability the worker looks for, checked here by the type checker.
