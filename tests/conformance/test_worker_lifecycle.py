@@ -8,7 +8,9 @@ delay and deadline is exact.
 from __future__ import annotations
 
 import random
+import signal
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import pytest
@@ -302,6 +304,35 @@ def test_burst_worker_drains_every_job_and_stops(
     assert stats.succeeded == 20
     assert {job.id for job in app.list_jobs(states=["succeeded"])} == set(ids)
     assert runs["ok"] == 20
+
+
+def test_a_burst_run_puts_back_the_signal_handlers_it_found(
+    app: replayq.App, runs: dict[str, int]
+) -> None:
+    """While it runs, SIGINT and SIGTERM stop the worker; once it returns, a script's
+    Ctrl-C raises ``KeyboardInterrupt`` again and its own SIGTERM handler is its own."""
+
+    def scripts_own(signum: int, frame: FrameType | None) -> None:
+        raise AssertionError("not called: the test only looks at which handler is set")
+
+    before_int = signal.getsignal(signal.SIGINT)
+    before_term = signal.signal(signal.SIGTERM, scripts_own)
+    try:
+        app.enqueue("ok", {"n": 1})
+        seen: list[Any] = []
+
+        @app.job("look")
+        def look(ctx: replayq.Context) -> None:
+            seen.append(signal.getsignal(signal.SIGINT))
+
+        app.enqueue("look", {})
+        stats = replayq.Worker(app, burst=True, poll_interval=0.01).run()
+        assert stats.succeeded == 2
+        assert getattr(seen[0], "__self__", None) is not None, "the worker's own while it ran"
+        assert signal.getsignal(signal.SIGINT) is before_int
+        assert signal.getsignal(signal.SIGTERM) is scripts_own
+    finally:
+        signal.signal(signal.SIGTERM, before_term)
 
 
 # -- ack and refill in one transaction (the executor loop's path) -----------------------------

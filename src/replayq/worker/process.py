@@ -19,6 +19,7 @@ import signal
 import threading
 import time
 from types import FrameType
+from typing import Any
 
 from replayq.errors import DatabaseUnavailableError, StorageError
 from replayq.model import Job
@@ -66,10 +67,24 @@ class Worker(Executing, Reaping, Heartbeat):
 
     def run(self) -> WorkerStats:
         """Lease and run jobs until stopped (or, burst, until none is due); returns what
-        this run did, once its threads have ended."""
+        this run did, once its threads have ended.
+
+        On the main thread SIGTERM and SIGINT stop it (``stop``) while it runs; the
+        handlers that were there before are put back when it returns (a burst run in a
+        script leaves Ctrl-C raising ``KeyboardInterrupt`` again)."""
+        previous: dict[signal.Signals, Any] = {}
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._on_signal)
-            signal.signal(signal.SIGINT, self._on_signal)
+            for caught in (signal.SIGTERM, signal.SIGINT):
+                previous[caught] = signal.signal(caught, self._on_signal)
+        try:
+            return self._run()
+        finally:
+            for caught, handler in previous.items():
+                if handler is not None:  # None: not set from Python, nothing to put back
+                    signal.signal(caught, handler)
+
+    def _run(self) -> WorkerStats:
+        """``run`` within its signal handlers."""
         if not self._register_contracts():
             return self.stats
         self._ended.clear()
