@@ -251,14 +251,7 @@ def test_postgres_alters_the_column_to_bytea_and_refuses_over_the_owners_view_of
 
         storage = PostgresStorage(pg_schema_url)
         try:
-            with pytest.raises(SchemaError) as refused:
-                storage.migrate(now=0.0)
-            message = str(refused.value)
-            assert message.startswith("migration 0026 (blob_keys): PostgreSQL refuses it")
-            assert "my_blobs" in message and "Nothing was changed" in message
-            assert conn.execute("SELECT * FROM rq_blobs ORDER BY hash").fetchall() == before
-            version = conn.execute("SELECT MAX(version) FROM rq_schema_migrations").fetchone()
-            assert version == (BLOB_KEYS - 1,)
+            assert_0026_refused(storage, conn, "my_blobs", before)
 
             conn.execute("DROP VIEW my_blobs")
             assert [m.name for m in storage.migrate(now=0.0)] == names_from(BLOB_KEYS)
@@ -276,6 +269,21 @@ def test_postgres_alters_the_column_to_bytea_and_refuses_over_the_owners_view_of
             " 'rq_blobs'::regclass AND contype = 'p'"
         ).fetchone()
         assert key == ("PRIMARY KEY (hash)",)
+
+
+def assert_0026_refused(
+    storage: PostgresStorage, conn: psycopg.Connection[Any], names: str, before: list[Any]
+) -> None:
+    """The upgrade refused as a ``SchemaError`` naming ``names`` and PostgreSQL's reason,
+    with nothing changed: the blobs as ``before``, the schema still before 0026."""
+    with pytest.raises(SchemaError) as refused:
+        storage.migrate(now=0.0)
+    message = str(refused.value)
+    assert message.startswith("migration 0026 (blob_keys): PostgreSQL refuses it")
+    assert names in message and "Nothing was changed" in message
+    assert conn.execute("SELECT * FROM rq_blobs ORDER BY hash").fetchall() == before
+    version = conn.execute("SELECT MAX(version) FROM rq_schema_migrations").fetchone()
+    assert version == (BLOB_KEYS - 1,)
 
 
 @pytest.mark.parametrize(
@@ -312,14 +320,7 @@ def test_postgres_refuses_0026_over_the_owners_foreign_key_or_text_index_on_the_
         before = conn.execute("SELECT * FROM rq_blobs ORDER BY hash").fetchall()
         storage = PostgresStorage(pg_schema_url)
         try:
-            with pytest.raises(SchemaError) as refused:
-                storage.migrate(now=0.0)
-            message = str(refused.value)
-            assert message.startswith("migration 0026 (blob_keys): PostgreSQL refuses it")
-            assert names in message and "Nothing was changed" in message
-            assert conn.execute("SELECT * FROM rq_blobs ORDER BY hash").fetchall() == before
-            version = conn.execute("SELECT MAX(version) FROM rq_schema_migrations").fetchone()
-            assert version == (BLOB_KEYS - 1,)
+            assert_0026_refused(storage, conn, names, before)
             conn.execute(drop)
             assert [m.name for m in storage.migrate(now=0.0)] == names_from(BLOB_KEYS)
         finally:
