@@ -27,9 +27,10 @@ import replayq
 
 V1_RETRY = replayq.Retry(max_attempts=4, base="20s", cap="60s", on=("transient",))
 V3_SAMPLE = 100  # recorded v1 attempts act 4 verifies v3 over
-V3_CANARY_JOBS = 100  # half on v3 (binomial): 30 is 4 sigma below the mean of 50
+V3_CANARY_JOBS = 100  # 51 route to v3, 10 of them invalid; 49 to v1, 10 invalid
 V3_MIN_SAMPLE = 30
 V2_RETRY = replayq.Retry(max_attempts=4, base="20s", cap="60s", on=("transient", "unknown"))
+ORDERING = "order:{order_id}"
 
 
 @dataclass
@@ -49,7 +50,10 @@ class RolloutDemoResult:
 
 
 def _declare(app: replayq.App) -> None:
-    def body(ctx: replayq.Context, sku: str, qty: int) -> dict[str, Any]:
+    # Each job has its own ordering key, so the canary's split is a hash of the
+    # order id (not of a random trace id): the same jobs reach the same version
+    # in every run, and the invalid ones split evenly (see _jobs).
+    def body(ctx: replayq.Context, order_id: int, sku: str, qty: int) -> dict[str, Any]:
         with ctx.step("quote"):
             price = ctx.call("quote", lambda: 1000 + len(sku))
         with ctx.step("check"):
@@ -60,19 +64,26 @@ def _declare(app: replayq.App) -> None:
         time.sleep(0.002)
         return {"amount": price * qty}
 
-    app.job("price", version="v1", retry=V1_RETRY)(lambda ctx, sku, qty: body(ctx, sku, qty))
-    app.job("price", version="v2", retry=V2_RETRY, candidate=True)(
-        lambda ctx, sku, qty: body(ctx, sku, qty)
-    )
-    app.job("price", version="v3", retry=V1_RETRY, candidate=True)(
-        lambda ctx, sku, qty: body(ctx, sku, qty)
-    )
+    for version, retry, candidate in (
+        ("v1", V1_RETRY, False),
+        ("v2", V2_RETRY, True),
+        ("v3", V1_RETRY, True),
+    ):
+        app.job("price", version=version, retry=retry, candidate=candidate, ordering=ORDERING)(
+            lambda ctx, order_id, sku, qty: body(ctx, order_id, sku, qty)
+        )
 
 
 def _jobs(count: int, start: int) -> list[replayq.EnqueueRequest]:
+    """Orders ``start`` … ``start + count - 1``; every fifth has qty 0 (invalid).
+
+    Routed by ``order:<n>``: of act 2's 300, 153 go to v2 (33 invalid); of act 4's
+    100, 51 go to v3 (10 invalid) and 49 stay on v1 (10 invalid).
+    """
     return [
         replayq.EnqueueRequest(
-            "price", {"sku": f"sku-{n % 40}", "qty": 0 if n % 5 == 0 else n % 9 + 1}
+            "price",
+            {"order_id": n, "sku": f"sku-{n % 40}", "qty": 0 if n % 5 == 0 else n % 9 + 1},
         )
         for n in range(start, start + count)
     ]
