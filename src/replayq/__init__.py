@@ -42,6 +42,7 @@ from replayq.durations import parse_duration
 from replayq.errors import (
     ConcurrencyError,
     ConfigurationError,
+    ContextEndedError,
     ContractError,
     DatabaseUnavailableError,
     DependencyError,
@@ -195,6 +196,7 @@ __all__ = [
     "ConcurrencyError",
     "ConfigurationError",
     "Context",
+    "ContextEndedError",
     "ContractError",
     "DatabaseUnavailableError",
     "DeadReason",

@@ -16,6 +16,8 @@ The tree::
     │                               (refused in the database: ``write.fenced``)
     ├── JobCancelledError           raised in a handler at its next step boundary or ctx
     │                               call once the running job was asked to stop
+    ├── ContextEndedError           a ``ctx`` used after its attempt ended (kept by a thread
+    │                               or a closure past the handler's return)
     ├── ReplayDivergenceError       a replay asked for something the recording does not have
     ├── RecordedFailure             in a replay, a call or effect that failed in the recording
     │                               (also a JobError of its recorded class: see recorded_failure)
@@ -138,6 +140,15 @@ class JobCancelledError(ReplayqError):
     """The running job was asked to stop (``replayq jobs cancel``); raised in the handler at
     its next step boundary or ``ctx`` call. Let it propagate: the attempt ends ``cancelled``
     with the steps it had committed. Not a ``JobError``: it is never retried."""
+
+
+class ContextEndedError(ReplayqError):
+    """A ``Context`` used after its attempt ended: a view read (``ctx.state``,
+    ``ctx.effects``...) or a verb called (``ctx.step``, ``ctx.call``...) by code that kept
+    ``ctx`` past the handler's return (a background thread, a closure called later).
+
+    What it would record belongs to no attempt any more, so it is refused rather than
+    dropped. A ``ctx`` is good for the one call of the handler it was passed to."""
 
 
 class JobError(ReplayqError):

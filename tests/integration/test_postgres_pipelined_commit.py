@@ -21,8 +21,8 @@ from psycopg import pq
 
 import replayq
 from replayq import JobState, Worker
+from replayq.storage.commits import CommitRefused
 from replayq.storage.postgres import parse_postgres_url
-from replayq.storage.protocol import CommitRefused
 
 pytestmark = pytest.mark.postgres
 

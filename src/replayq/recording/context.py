@@ -20,6 +20,11 @@ records ``write.fenced`` naming what was refused. Contexts without a lease
 Every read of the outside world goes through the context's ``World``
 (``replayq.recording.world``): live for workers; recorded, gated or stubbed
 for the replay engine. The context never asks which world it is in.
+
+A context serves one attempt. What ran it calls ``end`` once the attempt is settled;
+code that kept ``ctx`` past that (a thread, a closure called later) gets
+``ContextEndedError`` from every view and every verb with a cancel point, where it
+would otherwise record into an attempt that never commits again.
 """
 
 from __future__ import annotations
@@ -30,9 +35,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar, overload
 
-from replayq.errors import (
-    JobCancelledError,
-)
+from replayq.errors import ContextEndedError, JobCancelledError
 from replayq.model import Job, TraceEvent
 from replayq.queue.contracts import render_template
 from replayq.queue.handlers import Handler
@@ -52,6 +55,12 @@ from replayq.runtime import RuntimeSource
 
 T = TypeVar("T")
 
+# What ``Context.end`` puts in place of the cancel flag, and the mark of an ended context:
+# always set, so every verb's cancel point (``check_cancelled``) is reached and says the
+# attempt ended. No check of its own on the way of a live attempt's every step and call.
+_ENDED = LostFlag()
+_ENDED.set()
+
 
 class Context(Recorder):
     """What a handler receives as its first argument."""
@@ -59,7 +68,8 @@ class Context(Recorder):
     # The views, built on first use (most handlers touch few of them, many touch none):
     # plain attributes, ``None`` until then, read through properties (a descriptor that
     # put them in the instance's ``__dict__`` cost a ``_built()`` call at each commit:
-    # ~70 K instructions a traced job). ``_release_views`` drops them.
+    # ~70 K instructions a traced job). ``end`` drops them, and none is built after it:
+    # asked where a view is built, so a read of a built view asks nothing more.
     _locks: LockManager | None = None
     _state: StateView | None = None
     _cache: CacheView | None = None
@@ -112,6 +122,8 @@ class Context(Recorder):
         """This attempt's locks (``LockManager``), built on first use."""
         view = self._locks
         if view is None:
+            if self._cancel is _ENDED:
+                raise self._ended_error()
             view = self._locks = LockManager(self)
         return view
 
@@ -120,6 +132,8 @@ class Context(Recorder):
         """Reads and writes of versioned entities (``StateView``), built on first use."""
         view = self._state
         if view is None:
+            if self._cancel is _ENDED:
+                raise self._ended_error()
             view = self._state = StateView(self)
         return view
 
@@ -128,6 +142,8 @@ class Context(Recorder):
         """Recorded cache reads and writes (``CacheView``), built on first use."""
         view = self._cache
         if view is None:
+            if self._cancel is _ENDED:
+                raise self._ended_error()
             view = self._cache = CacheView(self)
         return view
 
@@ -136,6 +152,8 @@ class Context(Recorder):
         """The transactional outbox (``OutboxView``), built on first use."""
         view = self._outbox
         if view is None:
+            if self._cancel is _ENDED:
+                raise self._ended_error()
             view = self._outbox = OutboxView(self)
         return view
 
@@ -144,6 +162,8 @@ class Context(Recorder):
         """What runs ``ctx.effect`` calls (``EffectRunner``), built on first use."""
         view = self._effects
         if view is None:
+            if self._cancel is _ENDED:
+                raise self._ended_error()
             view = self._effects = EffectRunner(self)
         return view
 
@@ -151,9 +171,47 @@ class Context(Recorder):
         """The fencing token of every lock this attempt holds, by resource."""
         return self._locks.fences() if self._locks is not None else {}
 
-    def _release_views(self) -> None:
-        """Drop the views built in this attempt (they refer back to the context)."""
-        self._locks = self._state = self._cache = self._outbox = self._effects = None
+    def renew_locks(self) -> None:
+        """Renew the locks this attempt holds (the worker's heartbeat; builds no view)."""
+        locks = self._locks
+        if locks is not None and locks.held:
+            locks.renew_all()
+
+    # -- the end of the attempt -------------------------------------------------------------
+
+    def end(self) -> None:
+        """The attempt is over (settled, or its run done): drop the views built in it (they
+        refer back to the context) and refuse any later use with ``ContextEndedError``.
+
+        Called by what ran the attempt, once nothing of it is left to commit. A handler
+        that kept ``ctx`` (a thread, a closure called later) then gets that error from a
+        view (``ctx.state``...) or a verb with a cancel point (``ctx.step``, ``ctx.call``,
+        ``ctx.effect``, ``ctx.decide``, ``ctx.lock``...), where it would otherwise record
+        into an attempt that will never commit again; ``ctx.cancelled`` reads True.
+        """
+        self._cancel = _ENDED
+        # Only the views built are dropped: one never built is the class's ``None`` already
+        # (an instance attribute set to ``None`` would grow the instance's dict each job).
+        if self._locks is not None:
+            self._locks = None
+        if self._state is not None:
+            self._state = None
+        if self._cache is not None:
+            self._cache = None
+        if self._outbox is not None:
+            self._outbox = None
+        if self._effects is not None:
+            self._effects = None
+
+    def _ended_error(self) -> ContextEndedError:
+        """The error a use of this context after ``end`` raises."""
+        return ContextEndedError(
+            f"this Context's attempt (job {self.job.id}, attempt {self.attempt}) has ended; "
+            "a ctx is good only during the handler call it was passed to, and code that "
+            "kept it (a thread, a closure called later) would record into an attempt that "
+            "never commits again: finish that work before the handler returns, or enqueue "
+            "a job for it"
+        )
 
     # -- what the views hold for the next commit (hooks of ``Recorder``) -------------------
 
@@ -221,9 +279,12 @@ class Context(Recorder):
         return self._cancel is not None and self._cancel.is_set()
 
     def check_cancelled(self) -> None:
-        """Raise ``JobCancelledError`` if the job was asked to stop (a cancel point)."""
+        """Raise ``JobCancelledError`` if the job was asked to stop (a cancel point), and
+        ``ContextEndedError`` once the attempt has ended (``end``)."""
         cancel = self._cancel
         if cancel is not None and cancel.is_set():
+            if cancel is _ENDED:
+                raise self._ended_error()
             raise JobCancelledError(
                 f"job {self.job.id} attempt {self.attempt} was asked to stop; "
                 f"it stops before {self.current_step or 'its next step'}"

@@ -51,6 +51,7 @@ from replayq.recording.attempt import Attempt
 from replayq.recording.blobs import Encoded, load_json, put_bytes
 from replayq.recording.world import LIVE
 from replayq.seal import unsealed
+from replayq.storage.commits import commit_at_once
 from replayq.storage.protocol import (
     IdemClaim,
     IdemFail,
@@ -58,7 +59,6 @@ from replayq.storage.protocol import (
     IdemSucceed,
     IdemTakeover,
     Transaction,
-    commit_at_once,
     idem_get,
 )
 from replayq.storage.reconnect import retry_unavailable

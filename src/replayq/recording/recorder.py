@@ -19,7 +19,8 @@ from replayq.model import Job, TraceEvent, set_event_dict
 from replayq.recording.blobs import Encoded, put_bytes, ref_of
 from replayq.redaction import Redactor
 from replayq.runtime import Runtime
-from replayq.storage.protocol import CommitRefused, TraceFence, Transaction, commit_at_once
+from replayq.storage.commits import CommitRefused, commit_at_once
+from replayq.storage.protocol import TraceFence, Transaction
 
 # The keys of a ``state.read`` event's data (``record_read``).
 _READ_KEYS = ("exists", "branch")

@@ -150,6 +150,7 @@ def _run_held(
         # The failure class (as the worker would class it) and ``Type: message``, as everywhere.
         failure = classify(exc, dict(handler.error_map))
         outcome = Outcome("failed", error_class=failure.value, error=f"{type(exc).__name__}: {exc}")
+    ctx.end()
     with runtime.storage.transaction() as tx:
         tx.trace_append(
             [

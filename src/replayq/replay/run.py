@@ -157,7 +157,7 @@ class BufferedContext(Context):
         collector (whose collections, scanning every report kept so far, took about a
         quarter of a 1,000-job bulk dry-run)."""
         self.kept_writes = []
-        self._release_views()
+        self.end()
 
 
 @dataclass
@@ -371,6 +371,8 @@ def run_derived(
     )
     if isinstance(ctx, BufferedContext):
         ctx.release()
+    else:
+        ctx.end()
     if recording.outcome.status == "failed":
         report.retry_recorded = recorded_decision(recording.lifecycle, recording.job.max_attempts)
     if outcome.status == "failed" and outcome.error_class != "replay":

@@ -5,6 +5,8 @@
     storage/
     ├── protocol.py         Storage, Transaction (the verbs); Listener, SnapshotRead: optional
     │                       capabilities
+    ├── commits.py          commit_at_once: a block in one round trip where it can be, again
+    │                       the careful way after a refusal (CommitRefused)
     ├── params.py           the frozen parameter structs of the queue, trace and
     │                       rollout verbs
     ├── context_params.py   those of the recording context's verbs

@@ -11,9 +11,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Protocol, TypeVar, overload, runtime_checkable
+from typing import Any, Protocol, overload, runtime_checkable
 
-from replayq.errors import StorageError
 from replayq.model import Job, StatRow, TraceEvent
 from replayq.storage.context_params import (
     BlobPut,
@@ -156,7 +155,6 @@ __all__ = [
     "CacheLookup",
     "CachePut",
     "CacheRecord",
-    "CommitRefused",
     "Comparison",
     "ComparisonPut",
     "ContractRecord",
@@ -228,26 +226,16 @@ __all__ = [
     "TraceWindow",
     "Transaction",
     "VersionOutcome",
-    "commit_at_once",
     "idem_get",
     "iter_chunks",
     "lock_get",
 ]
 
 
-_T = TypeVar("_T")
-
 # ``Transaction.pipelined`` where a transaction has no pipeline (SQLite, a caller's
 # connection), and what a commit that must not be pipelined enters instead
 # (``Recorder.commit_now``): one reusable no-op, no generator made for each commit.
 UNPIPELINED: AbstractContextManager[None] = nullcontext()
-
-
-class CommitRefused(StorageError):
-    """A ``pipelined(refusals=True)`` block refused in the server: one of its
-    compare-and-sets changed no row, or its fenced trace append found the lease gone.
-    Nothing of it committed; ``commit_at_once`` runs the block again without refusals,
-    and it never reaches a handler (a ``StorageError`` only to stay in the one tree)."""
 
 
 class Transaction(Protocol):
@@ -325,9 +313,10 @@ class Transaction(Protocol):
         the server when it changes no row or finds the lease gone, so the whole block
         is one round trip. They answer ``True`` as if they had changed their row, and
         a refusal fails the block with ``CommitRefused`` (nothing committed): the caller
-        runs it again without ``refusals`` (``commit_at_once``), where each answer is
-        read and says what happened. The block's last trace append must be its last
-        statement of the trace (nothing joins its pack). Elsewhere it changes nothing."""
+        runs it again without ``refusals`` (``commit_at_once``, ``storage/commits.py``),
+        where each answer is read and says what happened. The block's last trace append
+        must be its last statement of the trace (nothing joins its pack). Elsewhere it
+        changes nothing."""
         ...
 
     @overload
@@ -667,22 +656,3 @@ def lock_get(tx: Transaction, resource: str, now: float | None = None) -> Lock |
     ``now``, or in the database's clock when ``None``."""
     found = tx.lock_list(LockFilter(resource=resource, now=now))
     return found[0] if found else None
-
-
-def commit_at_once(storage: Storage, block: Callable[[Transaction], _T]) -> _T:
-    """``block`` in a transaction of its own, committed in one round trip where it can be.
-
-    On PostgreSQL the block runs in ``pipelined(refusals=True)``: its compare-and-sets
-    and fenced trace append are sent with ``COMMIT`` and refuse in the server. A refusal
-    (``CommitRefused``) committed nothing, and the block runs again in ``pipelined()``,
-    every answer read: there a compare-and-set that changed nothing or a lease that is
-    gone is seen where it happens and said as such (a version conflict, ``LeaseLostError``).
-    ``block`` must do the same work when run twice; whatever it returns the second time
-    is the answer. Elsewhere (SQLite) ``pipelined`` changes nothing and it runs once.
-    """
-    try:
-        with storage.transaction() as tx, tx.pipelined(refusals=True):
-            return block(tx)
-    except CommitRefused:
-        with storage.transaction() as tx, tx.pipelined():
-            return block(tx)

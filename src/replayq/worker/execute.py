@@ -116,15 +116,21 @@ class Executing(Acking):
 
     def _execute(self, job: Job) -> None:
         self._deferred.job_id = None
+        ctx = None
         try:
             with self.observers.attempt(job, self.worker_id):
-                self._attempt(job)
+                ctx = self._attempt(job)
         finally:
-            # A success whose ack waits for its group commit is settled by that commit.
+            # A success whose ack waits for its group commit is settled (and its context
+            # ended) by that commit.
             if self._deferred.job_id != job.id:
                 self.observers.settled(job)
+                if ctx is not None:
+                    ctx.end()
 
-    def _attempt(self, job: Job) -> None:
+    def _attempt(self, job: Job) -> Context | None:
+        """Run one attempt of ``job`` and settle it (or buffer its ack); the context it ran
+        in (``None``: the job was buried before it ran)."""
         flight = self._flight_of(job)
         # Looked up once per lease, when it was held (``Leasing._hold``), for this very job.
         handler = flight.handler if flight is not None and flight.job is job else None
@@ -137,12 +143,12 @@ class Executing(Acking):
                 None,
                 f"no handler for job type {job.job_type!r} on worker {self.worker_id}",
             )
-            return
+            return None
         try:
             args = handler.shape.decode(job.job_type, job.payload)  # what ``ctx.run`` calls with
         except PayloadError as exc:
             self._bury(job, DeadReason.MALFORMED_PAYLOAD, FailureClass.VALIDATION, str(exc))
-            return
+            return None
         # Only a later attempt can find steps an earlier one committed.
         steps = ledger_loader(self.runtime, job.id) if job.attempt > 1 else None
         world = LiveWorld(flight.lost if flight is not None else None, steps)
@@ -168,24 +174,24 @@ class Executing(Acking):
             # A commit or effect claim was fenced: another worker holds the job now. The
             # attempt ends here; only its events (with ``write.fenced``) are kept.
             self._reject(job, exc, ctx)
-            return
+            return ctx
         except JobCancelledError as exc:
             self._cancelled(job, ctx, str(exc), time.monotonic() - started)
-            return
+            return ctx
         except Exception as exc:
             fault = database_fault(exc)
             if fault is not None:
                 self._put_back(job, handler, ctx, exc, fault, time.monotonic() - started)
-                return
+                return ctx
             ctx.discard_writes()
             self._fail(job, handler, ctx, exc, time.monotonic() - started)
             self._compare(job, handler)
-            return
+            return ctx
         if ctx.cancelled:
             # The handler saw ``ctx.cancelled`` and returned: the attempt still ends cancelled,
             # and what it did outside a step is not committed.
             self._cancelled(job, ctx, "the handler returned after the cancel", 0.0)
-            return
+            return ctx
         try:
             self._succeed(job, handler, ctx, result_json, time.monotonic() - started)
         except JobError as exc:
@@ -196,6 +202,7 @@ class Executing(Acking):
             ctx.discard_writes()
             self._fail(job, handler, ctx, exc, time.monotonic() - started)
         self._compare(job, handler)
+        return ctx
 
     def _compare(self, job: Job, handler: Handler) -> None:
         """Shadow and dual-run: the candidate re-runs this settled attempt, sealed.

@@ -110,8 +110,8 @@ class Heartbeat(WorkerCore):
                     flight.lost.set()
             tx.trace_append(events)
         for flight in flights:
-            if flight.ctx is not None and flight.ctx.locks.held and not flight.lost.is_set():
-                flight.ctx.locks.renew_all()
+            if flight.ctx is not None and not flight.lost.is_set():
+                flight.ctx.renew_locks()
 
 
 def _extend_held(

@@ -112,13 +112,14 @@ from replayq.model import Job, TraceEvent
 from replayq.redaction import mask_url_passwords
 from replayq.storage import migrate, packs
 from replayq.storage.adopted import AsyncConnectionView, TupleRows
+from replayq.storage.commits import CommitRefused
 from replayq.storage.context_params import IdemChange, IdemClaim, TraceFence
 from replayq.storage.context_verbs import lease_now, query_params
 from replayq.storage.lifecycle_packs import enqueued_event
 from replayq.storage.params import JobsComplete
 from replayq.storage.postgres import upgrade
 from replayq.storage.postgres.adapt import arrays_as_literals, column_names
-from replayq.storage.protocol import CommitRefused, JobInsert, JobLease, Listener, MigrationStatus
+from replayq.storage.protocol import JobInsert, JobLease, Listener, MigrationStatus
 from replayq.storage.queries import load_queries
 from replayq.storage.retention_params import LedgerDrop, LedgerDropped, LedgerPartitions
 from replayq.storage.sql_transaction import JOBS_COMPLETE_COLUMNS, SqlTransaction, with_job_id
