@@ -112,10 +112,15 @@ class WorkerProcess:
         """
         self.proc.send_signal(signum)
         if signum == signal.SIGSTOP:
-            self.stopped = True
-            wait_for(self._all_threads_stopped, timeout=10, what=f"{self.worker_id} to stop")
+            self.wait_stopped()
         elif signum == signal.SIGCONT:
             self.stopped = False
+
+    def wait_stopped(self, timeout: float = 10) -> None:
+        """Return once every thread has stopped: after ``signal(SIGSTOP)``, or a stop the
+        process sent itself (a test app's fault hook)."""
+        self.stopped = True
+        wait_for(self._all_threads_stopped, timeout=timeout, what=f"{self.worker_id} to stop")
 
     def _all_threads_stopped(self) -> bool:
         """Whether every thread of the process is in state ``T`` (stopped by a signal)."""

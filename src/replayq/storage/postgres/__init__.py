@@ -53,7 +53,12 @@ Known limits, up front:
   frozen session and releases its locks, the reaper takes the job, and the
   worker, when it resumes, finds its connection gone and its lease lost. The
   server's reason (SQLSTATE 25P03, which psycopg classes as ``InternalError``) is
-  ``DatabaseUnavailableError`` like any ended session, never a job's failure.
+  ``DatabaseUnavailableError`` like any ended session, never a job's failure. Not
+  inside a ``pipelined`` commit between its statements and their ``Sync``: the server
+  arms that timeout only at a ``Sync``, and no other setting of PostgreSQL 15 ends such
+  a session (17 has ``transaction_timeout``), so a worker frozen there keeps the job
+  until it thaws (its commit then goes through, once) or its process ends (rolled
+  back, the job reaped): ``tests/acceptance/test_postgres_frozen_pipeline.py``.
 * A server that takes no writes (SQLSTATE 25006: a standby after a failover, or
   ``default_transaction_read_only``) is ``DatabaseUnavailableError`` like a server
   that is down, unless replayq asked for a read-only transaction itself. The
