@@ -777,6 +777,34 @@ def test_a_lock_is_held_by_one_owner_and_each_acquisition_bumps_its_fencing_toke
     assert after is not None and after.owner_token is None and after.worker_id == "worker-b"
 
 
+def test_a_writes_fence_finds_the_lock_only_once_its_fencing_token_moved_past_the_writes(
+    storage: Storage,
+) -> None:
+    """``LockFilter.newer_than``, a write's fence: the lock's row only once its fencing
+    token moved past the write's (taken again, broken). No lock, the write's own token, or
+    a lock whose TTL ran out with nobody taking it fences nothing."""
+
+    def newer(token: int, now: float | None = None) -> list[int]:
+        found = tx.lock_list(LockFilter("res", now=now, newer_than=token))
+        return [lock.fencing_token for lock in found]
+
+    with storage.transaction() as tx:
+        assert newer(0) == [], "no lock row"
+        first = tx.lock_transition(acquire("a", T0, 10))
+        assert first is not None
+        token = first.fencing_token
+        assert newer(token) == [] and newer(token, now=T0 + 100) == [], "ran out, not taken"
+        assert newer(token - 1) == [token]
+        second = tx.lock_transition(acquire("b", T0 + 100, 11))
+        assert second is not None
+        [taken] = tx.lock_list(LockFilter("res", newer_than=token))
+        assert (taken.fencing_token, taken.owner_token) == (second.fencing_token, "b")
+        assert second.fencing_token == token + 1
+        tx.lock_transition(LockRelease("res", None, 12))
+        assert newer(token + 1) == [token + 2], "broken: the token moved on"
+        assert newer(token + 2) == []
+
+
 # -- cache, outbox, blobs, lineage ----------------------------------------------------------
 
 

@@ -21,7 +21,7 @@ from psycopg import pq
 
 import replayq
 from replayq import JobState, Worker
-from replayq.storage.postgres import parse_postgres_url
+from replayq.storage.postgres import PostgresTransaction, parse_postgres_url
 from replayq.storage.protocol import CommitRefused
 
 pytestmark = pytest.mark.postgres
@@ -404,6 +404,119 @@ def test_a_commit_whose_lease_is_gone_is_refused_in_the_server_and_fenced(
             [fenced] = [e for e in app.trace(job_id) if e.name == "write.fenced"]
             assert fenced.worker_id == "w" and fenced.data["refused"] == [f"state order:{n} v1"]
             assert app.get_job(job_id).owner_token == "another worker"
+        assert_out_of_pipeline(app)
+    finally:
+        app.close()
+
+
+# The statement that asks a lock's fencing token in a commit in one round trip
+# (``lock_fence_refusing``), by its first line (the loader drops its comments).
+LOCK_FENCE = "SELECT rq_require(NOT EXISTS (SELECT 1 FROM rq_locks"
+
+
+def locked_writer(app: replayq.App, stolen: str | None = None) -> None:
+    """``app``'s job "locked": under ``ctx.lock("account:N")``, a step that writes the
+    entity; with ``stolen`` (a conninfo) another holder takes the lock meanwhile (its
+    fencing token moves on, as ``lock_acquire`` moves it), before the step commits."""
+
+    @app.job("locked", retry=replayq.Retry(max_attempts=1))
+    def locked(ctx: replayq.Context, n: int) -> int:
+        with ctx.lock(f"account:{n}", ttl="30s"), ctx.step("write"):
+            ctx.state.get("account", n)
+            ctx.state.put("account", n, {"n": n})
+            if stolen is not None:
+                with psycopg.connect(stolen, autocommit=True) as other:
+                    other.execute(
+                        "UPDATE rq_locks SET owner_token = 'another holder', "
+                        "fencing_token = fencing_token + 1, worker_id = 'other', job_id = NULL "
+                        "WHERE resource = %s",
+                        (f"account:{n}",),
+                    )
+        return n
+
+
+def test_a_step_commit_under_a_lock_is_one_round_trip(pg_schema_url: str, tmp_path: Path) -> None:
+    """A step that writes under ``ctx.lock`` commits in one round trip too: the write's
+    fence (the lock's fencing token no newer than the write's) is sent unread as a
+    statement that refuses in the server (RQ003), with the head, the version, the events
+    and ``COMMIT``. Two round trips before: the lock's row read first."""
+    app = one_connection_app(pg_schema_url)
+    locked_writer(app)
+    try:
+        job_id = app.enqueue("locked", {"n": 1})
+        worker = Worker(app, worker_id="w")
+        (job,) = worker.lease(1)
+        with traced_run(app, tmp_path / "trace.txt") as sent:
+            worker.execute(job)
+        block = transaction_of(sent, "INSERT INTO rq_entity_versions")
+        assert block[0] == ("Parse", "BEGIN"), block
+        kinds = [kind for kind, _ in block]
+        assert kinds.count("Sync") == 1, block
+        assert kinds.count("Bind") == 6, "BEGIN, fence, head, version, events and index, COMMIT"
+        statements = [text for kind, text in block if kind == "Parse"]
+        assert statements[1] == LOCK_FENCE, "the fence first, as the careful commit asks it"
+        assert "-- entity_head_insert_refusing" in statements, statements
+        assert app.get_job(job_id).state is JobState.SUCCEEDED
+        [version] = app.state.history("account", 1)
+        assert (version.data, version.fencing_token) == ({"n": 1}, 1)
+        assert_out_of_pipeline(app)
+    finally:
+        app.close()
+
+
+def test_a_write_whose_lock_another_holder_took_is_refused_in_the_server_and_rejected(
+    pg_schema_url: str, conninfo: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another holder takes the lock (its fencing token moves on) between the step's
+    ``put`` and its commit: the fence of the one-round-trip commit refuses in the server
+    (RQ003) and nothing commits; made again with every answer read, the commit reads the
+    lock's row and rejects the write as before (``state.write_rejected`` with both tokens,
+    ``StaleFencingTokenError``), the attempt's events those the careful commit alone
+    records (``test_context_state``'s, on every backend)."""
+    refusals: list[str] = []
+    made_error = PostgresTransaction._error
+
+    def error(tx: PostgresTransaction, name: str, exc: psycopg.Error, what: str = "query ") -> Any:
+        made = made_error(tx, name, exc, what)
+        if isinstance(made, CommitRefused):
+            refusals.append(str(made))
+        return made
+
+    monkeypatch.setattr(PostgresTransaction, "_error", error)
+    app = one_connection_app(pg_schema_url)
+    locked_writer(app, stolen=conninfo)
+    try:
+        job_id = app.enqueue("locked", {"n": 2})
+        worker = Worker(app, worker_id="w")
+        (job,) = worker.lease(1)
+        with traced_run(app, tmp_path / "trace.txt") as sent:
+            worker.execute(job)
+        assert len(refusals) == 1, refusals
+        assert "lock_fence_refusing: the lock's fencing token moved past" in refusals[0]
+        # Made again with every answer read: the lock's row, read at once, rejects the
+        # write and ends it (no head, no version sent).
+        statements = refused_and_made_again(sent, LOCK_FENCE)
+        assert statements[0] == "BEGIN" and statements[1].startswith("SELECT *, (expires_at")
+        assert "INSERT INTO rq_entities" not in "".join(statements)
+        assert app.state.get("account", 2).version == 0, "the fenced write did not land"
+        job = app.get_job(job_id)
+        assert (job.state, job.last_error_class) == (JobState.DEAD, "concurrency")
+        error = job.last_error or ""
+        assert "fencing token 1" in error and "newest (2)" in error, error
+        events = [e for e in app.trace(job_id) if e.kind == "domain"]
+        assert [e.name for e in events] == [
+            "lock.acquired",
+            "step.started",
+            "state.read",
+            "state.write",
+            "state.write_rejected",
+            "step.rolled_back",
+            "step.finished",
+            "lock.expired",
+        ], "what the careful commit alone records: nothing of the refused try"
+        assert len({e.seq for e in events}) == len(events)
+        [rejected] = [e for e in events if e.name == "state.write_rejected"]
+        assert (rejected.data["fencing_token"], rejected.data["newest_token"]) == (1, 2)
         assert_out_of_pipeline(app)
     finally:
         app.close()

@@ -188,7 +188,12 @@ class ContextVerbs(SqlStatements):
     def lock_list(self, query: LockFilter) -> list[Lock]:
         if query.resource is not None:
             row = self.fetchone("lock_get", {"resource": query.resource, "lock_now": query.now})
-            return [] if row is None else [record(Lock, row)]
+            if row is None:
+                return []
+            lock = record(Lock, row)
+            if query.newer_than is not None and lock.fencing_token <= query.newer_than:
+                return []
+            return [lock]
         return [record(Lock, r) for r in self.fetchall("lock_list")]
 
     # -- idempotency records ----------------------------------------------------------------

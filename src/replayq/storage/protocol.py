@@ -245,7 +245,8 @@ UNPIPELINED: AbstractContextManager[None] = nullcontext()
 
 class CommitRefused(StorageError):
     """A ``pipelined(refusals=True)`` block refused in the server: one of its
-    compare-and-sets changed no row, or its fenced trace append found the lease gone.
+    compare-and-sets changed no row, a lock fence found the lock's fencing token moved
+    on, or its fenced trace append found the lease gone.
     Nothing of it committed; ``commit_at_once`` runs the block again without refusals,
     and it never reaches a handler (a ``StorageError`` only to stay in the one tree)."""
 
@@ -321,9 +322,11 @@ class Transaction(Protocol):
         caller's connection) it changes nothing: the transaction commits when it ends.
 
         ``refusals``: the block's compare-and-sets (an entity's head, an effect's claim and
-        success) and its fenced trace append are not waited for either: each refuses in
-        the server when it changes no row or finds the lease gone, so the whole block
-        is one round trip. They answer ``True`` as if they had changed their row, and
+        success), the fences of its writes under a lock (``LockFilter.newer_than``) and
+        its fenced trace append are not waited for either: each refuses in the server
+        when it changes no row, finds the lock's fencing token moved on or the lease
+        gone, so the whole block is one round trip. They answer as if they had changed
+        their row (``True``) or found the token where it was (no lock newer), and
         a refusal fails the block with ``CommitRefused`` (nothing committed): the caller
         runs it again without ``refusals`` (``commit_at_once``), where each answer is
         read and says what happened. The block's last trace append must be its last
@@ -672,11 +675,12 @@ def lock_get(tx: Transaction, resource: str, now: float | None = None) -> Lock |
 def commit_at_once(storage: Storage, block: Callable[[Transaction], _T]) -> _T:
     """``block`` in a transaction of its own, committed in one round trip where it can be.
 
-    On PostgreSQL the block runs in ``pipelined(refusals=True)``: its compare-and-sets
-    and fenced trace append are sent with ``COMMIT`` and refuse in the server. A refusal
-    (``CommitRefused``) committed nothing, and the block runs again in ``pipelined()``,
-    every answer read: there a compare-and-set that changed nothing or a lease that is
-    gone is seen where it happens and said as such (a version conflict, ``LeaseLostError``).
+    On PostgreSQL the block runs in ``pipelined(refusals=True)``: its compare-and-sets,
+    lock fences and fenced trace append are sent with ``COMMIT`` and refuse in the
+    server. A refusal (``CommitRefused``) committed nothing, and the block runs again in
+    ``pipelined()``, every answer read: there a compare-and-set that changed nothing, a
+    lock taken again or a lease that is gone is seen where it happens and said as such
+    (a version conflict, ``StaleFencingTokenError``, ``LeaseLostError``).
     ``block`` must do the same work when run twice; whatever it returns the second time
     is the answer. Elsewhere (SQLite) ``pipelined`` changes nothing and it runs once.
     """
