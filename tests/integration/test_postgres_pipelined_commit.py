@@ -17,12 +17,21 @@ from typing import Any
 
 import psycopg
 import pytest
+from msgspec import structs
 from psycopg import pq
 
 import replayq
 from replayq import JobState, Worker
+from replayq.recording.state import StateStore
+from replayq.replay.engine import fork
 from replayq.storage.postgres import PostgresTransaction, parse_postgres_url
-from replayq.storage.protocol import CommitRefused
+from replayq.storage.protocol import (
+    BranchCreate,
+    CommitRefused,
+    EntityFilter,
+    EntityGet,
+    EntityRecord,
+)
 
 pytestmark = pytest.mark.postgres
 
@@ -521,6 +530,100 @@ def test_a_write_whose_lock_another_holder_took_is_refused_in_the_server_and_rej
         assert len({e.seq for e in events}) == len(events)
         [rejected] = [e for e in events if e.name == "state.write_rejected"]
         assert (rejected.data["fencing_token"], rejected.data["newest_token"]) == (1, 2)
+        assert_out_of_pipeline(app)
+    finally:
+        app.close()
+
+
+def on_branch(number: int, hlc: int) -> EntityRecord:
+    """Version ``number`` of ``order:1`` on the branch ``fork:1``."""
+    return EntityRecord(
+        "fork:1", "order", "1", number, number - 1 or None, f'{{"v":{number}}}', None, "{}",
+        None, None, None, None, float(hlc), hlc,
+    )  # fmt: skip
+
+
+def test_a_branchs_write_is_one_statement_that_refuses_where_the_careful_put_fails(
+    pg_schema_url: str, tmp_path: Path
+) -> None:
+    """In a commit in one round trip a branch's write (``copy_on_write``) is one statement,
+    its head not looked up first (``entity_head_put_refusing``): it starts the head where
+    the branch has none, moves it from the expected version, and refuses exactly where
+    the careful put answers ``False`` (``test_storage_verbs``'s cases, the same order),
+    nothing of the refused commit kept. Two round trips before: the head looked up."""
+    app = one_connection_app(pg_schema_url)
+    storage = app.storage
+
+    def put(row: EntityRecord, expected: int) -> bool:
+        """Committed in one round trip (``True``), or refused (``False``)."""
+        try:
+            with storage.transaction() as tx, tx.pipelined(refusals=True):
+                assert tx.entity_put(row, expected, copy_on_write=True)
+        except CommitRefused:
+            assert_out_of_pipeline(app)
+            return False
+        return True
+
+    try:
+        with storage.transaction() as tx:
+            tx.entity_put(structs.replace(on_branch(1, 100), branch="main"), 0)
+            tx.entity_put(structs.replace(on_branch(2, 110), branch="main"), 1)
+            tx.branch_create(BranchCreate("fork:1", "main", 150, "fork", 0.0))
+        with traced_run(app, tmp_path / "trace.txt") as sent:
+            assert put(on_branch(3, 160), 2), "started on the base's version 2, read through"
+        kinds = [kind for kind, _ in sent]
+        statements = [text for kind, text in sent if kind == "Parse"]
+        assert kinds.count("Sync") == 1, sent
+        assert statements[:2] == ["BEGIN", "-- entity_head_put_refusing"], statements
+        assert statements[2].startswith("INSERT INTO rq_entity_versions"), statements
+        assert not put(on_branch(3, 161), 2), "the branch's head is at 3 now"
+        assert not put(on_branch(4, 162), 0), "a new entity's write, but the branch has its head"
+        assert put(on_branch(4, 170), 3)
+        with storage.transaction(readonly=True) as tx:
+            head = tx.entity_get(EntityGet("fork:1", "order", "1"))
+            base = tx.entity_get(EntityGet("main", "order", "1"))
+            listed = tx.entity_list(EntityFilter(branch="fork:1", namespace="order", key="1"))
+        assert head is not None and (head.version, head.hlc) == (4, 170)
+        assert base is not None and (base.version, base.hlc) == (2, 110)
+        assert [(v.version, v.hlc) for v in listed] == [(3, 160), (4, 170)]
+        assert_out_of_pipeline(app)
+    finally:
+        app.close()
+
+
+def test_a_forks_step_commit_on_its_branch_is_one_round_trip(
+    pg_schema_url: str, tmp_path: Path
+) -> None:
+    """A fork writes on its own branch: its step's commit starts the entity's head there in
+    the same round trip as the rest (``entity_head_put_refusing``), no lookup first (two
+    round trips before); the branch holds the fork's version, production its own."""
+    app = one_connection_app(pg_schema_url)
+
+    @app.job("bump")
+    def bump(ctx: replayq.Context, n: int) -> int:
+        with ctx.step("bump"):
+            counter = ctx.state.get("counter", n)
+            ctx.state.put("counter", n, {"n": (counter.data or {"n": 0})["n"] + 1})
+        return n
+
+    try:
+        app.state.put("counter", 1, {"n": 10}, expected_version=0)
+        job_id = app.enqueue("bump", {"n": 1})
+        worker = Worker(app, worker_id="w")
+        (job,) = worker.lease(1)
+        worker.execute(job)
+        with traced_run(app, tmp_path / "trace.txt") as sent:
+            report = fork(app, job_id, from_step="bump")
+        block = transaction_of(sent, "INSERT INTO rq_entity_versions")
+        assert block[0] == ("Parse", "BEGIN"), block
+        assert [kind for kind, _ in block].count("Sync") == 1, block
+        statements = [text for kind, text in block if kind == "Parse"]
+        assert "-- entity_head_put_refusing" in statements, statements
+        assert report.outcome_now.status == "succeeded"
+        [forked] = StateStore(app, report.branch).history("counter", 1)
+        assert (forked.version, forked.parent_version, forked.data) == (2, 1, {"n": 11})
+        assert forked.trace_id == report.trace_id
+        assert [v.trace_id for v in app.state.history("counter", 1)][1] == job.trace_id
         assert_out_of_pipeline(app)
     finally:
         app.close()

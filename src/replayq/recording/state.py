@@ -575,10 +575,9 @@ class StateWrite:
         if self.fences:
             self.check_fences(tx)
         row = self.row()
-        where = EntityGet(row.branch, row.namespace, row.key)
-        fresh = row.branch != MAIN and tx.entity_get(where) is None
-        if not tx.entity_put(row, 0 if fresh else self.base):
-            head = tx.entity_get(where)
+        # A branch's first write of an entity starts its head there (copy-on-write).
+        if not tx.entity_put(row, self.base, copy_on_write=row.branch != MAIN):
+            head = tx.entity_get(EntityGet(row.branch, row.namespace, row.key))
             self.view._conflict(self.resource, self.base, head.version if head else 0)
 
     def check_fences(self, tx: Transaction) -> None:

@@ -453,11 +453,17 @@ class Transaction(Protocol):
 
     def entity_list(self, params: EntityFilter) -> list[EntityRecord]: ...
 
-    def entity_put(self, row: EntityRecord, expected_version: int | None) -> bool:
+    def entity_put(
+        self, row: EntityRecord, expected_version: int | None, *, copy_on_write: bool = False
+    ) -> bool:
         """Compare-and-set the head from ``expected_version`` (0: new) and insert the version.
 
         ``expected_version=None`` inserts the version without moving the head (importing
-        a recorded case).
+        a recorded case). ``copy_on_write``: ``row.branch`` reads the entity through to
+        its base until it writes it (a fork's branch): with no head of the entity there
+        yet the head is started, whatever ``expected_version``; else compare-and-set as
+        above. In a ``pipelined(refusals=True)`` block on PostgreSQL that is one
+        statement, sent unread and refusing; elsewhere the head is looked up first.
         """
         ...
 

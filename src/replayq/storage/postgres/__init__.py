@@ -198,7 +198,13 @@ def parse_postgres_url(url: str) -> tuple[str, dict[str, str]]:
 # RQ001) unless it changed exactly one row (``refusing_queries``).
 _REFUSING = {
     name: f"{name}_refusing"
-    for name in ("entity_head_insert", "entity_head_cas", "idem_claim", "idem_succeed")
+    for name in (
+        "entity_head_insert",
+        "entity_head_cas",
+        "entity_head_put",
+        "idem_claim",
+        "idem_succeed",
+    )
 }
 # The SQLSTATE class of rq_require's refusals (RQ001: no row changed; RQ002: the lease
 # is not held, ``trace_append_indexed``; RQ003: a lock's fencing token moved past a
@@ -808,6 +814,16 @@ class PostgresTransaction(SqlTransaction):
         if refusing is None:
             return super().changed(name, params)
         self.send(refusing, params)
+        return True
+
+    def branch_head_put(self, head: dict[str, Any]) -> bool:
+        """``ContextVerbs.branch_head_put``; in a ``refusals`` block one statement sent
+        unread, the head not looked up first: ``entity_head_put``, which inserts it or, if
+        the branch has one, moves it from ``expected_version``, and refuses unless it
+        changed a row. A refusal's careful commit looks it up, as always."""
+        if not self._refusing:
+            return super().branch_head_put(head)
+        self.send(_REFUSING["entity_head_put"], head)
         return True
 
     def lock_list(self, query: LockFilter) -> list[Lock]:
