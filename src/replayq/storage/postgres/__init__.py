@@ -193,9 +193,10 @@ def parse_postgres_url(url: str) -> tuple[str, dict[str, str]]:
 
 
 # The compare-and-sets a ``pipelined(refusals=True)`` block sends without reading their
-# row count (``PostgresTransaction.changed``, ``idem_transition``): each as the statement
-# under another name that refuses in the server (``rq_require``, migration 0027; SQLSTATE
-# RQ001) unless it changed exactly one row (``refusing_queries``).
+# row count (``PostgresTransaction.changed``, ``idem_transition``, ``branch_head_put``,
+# the one sender of ``entity_head_put``): each as the statement under another name that
+# refuses in the server (``rq_require``, migration 0027; SQLSTATE RQ001) unless it
+# changed exactly one row (``refusing_queries``).
 _REFUSING = {
     name: f"{name}_refusing"
     for name in (
