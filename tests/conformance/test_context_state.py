@@ -355,6 +355,59 @@ def test_a_write_after_the_lock_was_broken_is_rejected_by_the_fencing_check(
     assert list_locks(app) == []
 
 
+def test_a_write_under_a_lock_another_holder_took_meanwhile_is_rejected_and_nothing_lands(
+    app: replayq.App, clock: replayq.FrozenClock
+) -> None:
+    """The lock's TTL runs out between the lock and the step's commit, and another job
+    takes it (fencing token 2) while the holder's write is pending: the commit is refused
+    (``state.write_rejected`` with both tokens, ``StaleFencingTokenError``, class
+    concurrency), nothing is written, and the attempt's trace is the same on every
+    backend. (On PostgreSQL the commit in one round trip refuses in the server, RQ003,
+    and the commit made again says why: ``test_postgres_pipelined_commit``.)"""
+
+    @app.job("take", retry=replayq.Retry(max_attempts=1))
+    def take(ctx: replayq.Context) -> None:
+        with ctx.lock("account:a", ttl="30s"):
+            pass
+
+    @app.job("adjust", retry=replayq.Retry(max_attempts=1))
+    def adjust(ctx: replayq.Context) -> None:
+        with ctx.lock("account:a", ttl="1s"), ctx.step("adjust"):
+            balance = ctx.state.get("account", "a")
+            ctx.state.put("account", "a", {"balance": 5}, expected_version=balance.version)
+            clock.advance(2)  # the lock's TTL ran out: another holder takes it
+            app.enqueue("take", {})
+            run_once(replayq.Worker(app, worker_id="other"))
+
+    job_id = app.enqueue("adjust", {})
+    run_once(replayq.Worker(app, worker_id="first"))
+
+    assert app.state.get("account", "a").version == 0, "the fenced write did not land"
+    assert app.state.history("account", "a") == []
+    job = app.get_job(job_id)
+    assert (job.state, job.last_error_class) == (replayq.JobState.DEAD, "concurrency")
+    assert "fencing token 1" in (job.last_error or "") and "newest (2)" in (job.last_error or "")
+    events = [e for e in app.trace(job_id) if e.kind == "domain"]
+    assert [e.name for e in events] == [
+        "lock.acquired",
+        "step.started",
+        "state.read",
+        "state.write",
+        "state.write_rejected",
+        "step.rolled_back",
+        "step.finished",
+        "lock.expired",
+    ], "what the careful commit alone records: nothing of a refused try"
+    assert len({e.seq for e in events}) == len(events)
+    [rejected] = [e for e in events if e.name == "state.write_rejected"]
+    assert rejected.resource == "account:a"
+    assert rejected.data["lock"] == "account:a"
+    assert (rejected.data["fencing_token"], rejected.data["newest_token"]) == (1, 2)
+    assert [e.name for e in app.trace(job_id) if e.name == "write.fenced"] == [], (
+        "the lease is still held: the lock, not the lease, refused it"
+    )
+
+
 def test_lock_fencing_tokens_grow_per_resource_and_writes_carry_them(app: replayq.App) -> None:
     @app.job("bump", lock="counter:{name}")
     def bump(ctx: replayq.Context, name: str) -> None:

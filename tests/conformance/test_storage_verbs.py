@@ -715,6 +715,33 @@ def test_a_branch_created_with_versions_holds_each_entity_at_its_last_one(
         assert tx.entity_get(EntityGet("replay:1", "order", "3")) is None
 
 
+def test_a_branchs_first_write_starts_its_head_there_and_later_ones_compare_and_set(
+    storage: Storage,
+) -> None:
+    """``entity_put(copy_on_write=True)``: a branch's first write of an entity starts its
+    head there, whatever version it was written on (the branch read it through to its
+    base); later ones compare-and-set on that head, as on main. The base stays as it was.
+    (On PostgreSQL, in a commit in one round trip, one statement that refuses where these
+    answer ``False``: ``test_postgres_pipelined_commit``.)"""
+
+    def put(number: int, hlc: int, expected: int) -> bool:
+        return tx.entity_put(version("1", number, hlc, "fork:1"), expected, copy_on_write=True)
+
+    with storage.transaction() as tx:
+        assert tx.entity_put(version("1", 1, 100), 0) and tx.entity_put(version("1", 2, 110), 1)
+        tx.branch_create(BranchCreate("fork:1", "main", 150, "fork", T0))
+        assert put(3, 160, 2), "started on the base's version 2, read through"
+        assert not put(3, 161, 2), "the branch's head is at 3 now"
+        assert not put(4, 162, 0), "a new entity's write, but the branch has its head"
+        assert put(4, 170, 3)
+        head = tx.entity_get(EntityGet("fork:1", "order", "1"))
+        base = tx.entity_get(EntityGet("main", "order", "1"))
+        listed = tx.entity_list(EntityFilter(branch="fork:1", namespace="order", key="1"))
+    assert head is not None and (head.version, head.hlc) == (4, 170)
+    assert base is not None and (base.version, base.hlc) == (2, 110)
+    assert [(v.version, v.hlc) for v in listed] == [(3, 160), (4, 170)]
+
+
 # -- locks ----------------------------------------------------------------------------------
 
 
@@ -775,6 +802,34 @@ def test_a_lock_is_held_by_one_owner_and_each_acquisition_bumps_its_fencing_toke
     assert held.owner_token == "b" and held.worker_id == "worker-b"
     assert broken is not None and broken.fencing_token == second.fencing_token + 1
     assert after is not None and after.owner_token is None and after.worker_id == "worker-b"
+
+
+def test_a_writes_fence_finds_the_lock_only_once_its_fencing_token_moved_past_the_writes(
+    storage: Storage,
+) -> None:
+    """``LockFilter.newer_than``, a write's fence: the lock's row only once its fencing
+    token moved past the write's (taken again, broken). No lock, the write's own token, or
+    a lock whose TTL ran out with nobody taking it fences nothing."""
+
+    def newer(token: int, now: float | None = None) -> list[int]:
+        found = tx.lock_list(LockFilter("res", now=now, newer_than=token))
+        return [lock.fencing_token for lock in found]
+
+    with storage.transaction() as tx:
+        assert newer(0) == [], "no lock row"
+        first = tx.lock_transition(acquire("a", T0, 10))
+        assert first is not None
+        token = first.fencing_token
+        assert newer(token) == [] and newer(token, now=T0 + 100) == [], "ran out, not taken"
+        assert newer(token - 1) == [token]
+        second = tx.lock_transition(acquire("b", T0 + 100, 11))
+        assert second is not None
+        [taken] = tx.lock_list(LockFilter("res", newer_than=token))
+        assert (taken.fencing_token, taken.owner_token) == (second.fencing_token, "b")
+        assert second.fencing_token == token + 1
+        tx.lock_transition(LockRelease("res", None, 12))
+        assert newer(token + 1) == [token + 2], "broken: the token moved on"
+        assert newer(token + 2) == []
 
 
 # -- cache, outbox, blobs, lineage ----------------------------------------------------------

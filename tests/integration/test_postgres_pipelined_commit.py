@@ -17,12 +17,21 @@ from typing import Any
 
 import psycopg
 import pytest
+from msgspec import structs
 from psycopg import pq
 
 import replayq
 from replayq import JobState, Worker
+from replayq.recording.state import StateStore
+from replayq.replay.engine import fork
 from replayq.storage.commits import CommitRefused
-from replayq.storage.postgres import parse_postgres_url
+from replayq.storage.postgres import PostgresTransaction, parse_postgres_url
+from replayq.storage.protocol import (
+    BranchCreate,
+    EntityFilter,
+    EntityGet,
+    EntityRecord,
+)
 
 pytestmark = pytest.mark.postgres
 
@@ -281,12 +290,13 @@ def refused_and_made_again(sent: list[tuple[str, str]], marker: str) -> list[str
     """The one-round-trip commit that sent a statement starting with ``marker`` and was
     refused, and the statements of the commit made again after it, returned.
 
-    Asserted: the refused one, its ``BEGIN`` to the ``ROLLBACK`` after it, sent all its
-    statements before it waited (one ``Sync`` after them: the refusal surfaces there, or
-    at a statement sent after the refusing one if the server's answer was in already; in
-    that case the block reads to its ``Sync`` and psycopg's pipeline exit sends an empty
-    one of its own, so only ``Sync`` and ``Flush`` follow the first); the one made again read
-    its answers (more than one ``Sync``) and failed too (a ``ROLLBACK``, no ``COMMIT``)."""
+    Asserted: the refused one, its ``BEGIN`` to the ``ROLLBACK`` after it, waited once
+    (one ``Sync``, after its ``COMMIT``: the refusal surfaces there) or, when the server's
+    answer was in before the block's end and a statement sent after the refusing one
+    raised it (no ``COMMIT`` queued), twice: the block reads the aborted pipeline to its
+    ``Sync`` (``pipelined``) and psycopg's exit from pipeline mode always sends one more.
+    The one made again read its answers (more than one ``Sync``) and failed too (a
+    ``ROLLBACK``, no ``COMMIT``)."""
     at = next(
         i for i, (kind, text) in enumerate(sent) if kind == "Parse" and text.startswith(marker)
     )
@@ -294,8 +304,8 @@ def refused_and_made_again(sent: list[tuple[str, str]], marker: str) -> list[str
     end = sent.index(("Query", '"ROLLBACK"'), at)
     refused = sent[start : end + 1]
     assert refused[0] == ("Parse", "BEGIN"), refused
-    kinds = [kind for kind, _ in refused[:-1]]
-    assert set(kinds[kinds.index("Sync") :]) <= {"Sync", "Flush"}, refused
+    ended = ("Parse", "COMMIT") in refused
+    assert [kind for kind, _ in refused].count("Sync") == (1 if ended else 2), refused
     careful = sent[end + 1 : sent.index(("Query", '"ROLLBACK"'), end + 1) + 1]
     statements = [text for kind, text in careful if kind == "Parse"]
     assert "COMMIT" not in statements and [kind for kind, _ in careful].count("Sync") > 1
@@ -407,6 +417,213 @@ def test_a_commit_whose_lease_is_gone_is_refused_in_the_server_and_fenced(
             [fenced] = [e for e in app.trace(job_id) if e.name == "write.fenced"]
             assert fenced.worker_id == "w" and fenced.data["refused"] == [f"state order:{n} v1"]
             assert app.get_job(job_id).owner_token == "another worker"
+        assert_out_of_pipeline(app)
+    finally:
+        app.close()
+
+
+# The statement that asks a lock's fencing token in a commit in one round trip
+# (``lock_fence_refusing``), by its first line (the loader drops its comments).
+LOCK_FENCE = "SELECT rq_require(NOT EXISTS (SELECT 1 FROM rq_locks"
+
+
+def locked_writer(app: replayq.App, stolen: str | None = None) -> None:
+    """``app``'s job "locked": under ``ctx.lock("account:N")``, a step that writes the
+    entity; with ``stolen`` (a conninfo) another holder takes the lock meanwhile (its
+    fencing token moves on, as ``lock_acquire`` moves it), before the step commits."""
+
+    @app.job("locked", retry=replayq.Retry(max_attempts=1))
+    def locked(ctx: replayq.Context, n: int) -> int:
+        with ctx.lock(f"account:{n}", ttl="30s"), ctx.step("write"):
+            ctx.state.get("account", n)
+            ctx.state.put("account", n, {"n": n})
+            if stolen is not None:
+                with psycopg.connect(stolen, autocommit=True) as other:
+                    other.execute(
+                        "UPDATE rq_locks SET owner_token = 'another holder', "
+                        "fencing_token = fencing_token + 1, worker_id = 'other', job_id = NULL "
+                        "WHERE resource = %s",
+                        (f"account:{n}",),
+                    )
+        return n
+
+
+def test_a_step_commit_under_a_lock_is_one_round_trip(pg_schema_url: str, tmp_path: Path) -> None:
+    """A step that writes under ``ctx.lock`` commits in one round trip too: the write's
+    fence (the lock's fencing token no newer than the write's) is sent unread as a
+    statement that refuses in the server (RQ003), with the head, the version, the events
+    and ``COMMIT``. Two round trips before: the lock's row read first."""
+    app = one_connection_app(pg_schema_url)
+    locked_writer(app)
+    try:
+        job_id = app.enqueue("locked", {"n": 1})
+        worker = Worker(app, worker_id="w")
+        (job,) = worker.lease(1)
+        with traced_run(app, tmp_path / "trace.txt") as sent:
+            worker.execute(job)
+        block = transaction_of(sent, "INSERT INTO rq_entity_versions")
+        assert block[0] == ("Parse", "BEGIN"), block
+        kinds = [kind for kind, _ in block]
+        assert kinds.count("Sync") == 1, block
+        assert kinds.count("Bind") == 6, "BEGIN, fence, head, version, events and index, COMMIT"
+        statements = [text for kind, text in block if kind == "Parse"]
+        assert statements[1] == LOCK_FENCE, "the fence first, as the careful commit asks it"
+        assert "-- entity_head_insert_refusing" in statements, statements
+        assert app.get_job(job_id).state is JobState.SUCCEEDED
+        [version] = app.state.history("account", 1)
+        assert (version.data, version.fencing_token) == ({"n": 1}, 1)
+        assert_out_of_pipeline(app)
+    finally:
+        app.close()
+
+
+def test_a_write_whose_lock_another_holder_took_is_refused_in_the_server_and_rejected(
+    pg_schema_url: str, conninfo: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another holder takes the lock (its fencing token moves on) between the step's
+    ``put`` and its commit: the fence of the one-round-trip commit refuses in the server
+    (RQ003) and nothing commits; made again with every answer read, the commit reads the
+    lock's row and rejects the write as before (``state.write_rejected`` with both tokens,
+    ``StaleFencingTokenError``), the attempt's events those the careful commit alone
+    records (``test_context_state``'s, on every backend)."""
+    refusals: list[str] = []
+    made_error = PostgresTransaction._error
+
+    def error(tx: PostgresTransaction, name: str, exc: psycopg.Error, what: str = "query ") -> Any:
+        made = made_error(tx, name, exc, what)
+        if isinstance(made, CommitRefused):
+            refusals.append(str(made))
+        return made
+
+    monkeypatch.setattr(PostgresTransaction, "_error", error)
+    app = one_connection_app(pg_schema_url)
+    locked_writer(app, stolen=conninfo)
+    try:
+        job_id = app.enqueue("locked", {"n": 2})
+        worker = Worker(app, worker_id="w")
+        (job,) = worker.lease(1)
+        with traced_run(app, tmp_path / "trace.txt") as sent:
+            worker.execute(job)
+        assert len(refusals) == 1, refusals
+        assert "lock_fence_refusing: the lock's fencing token moved past" in refusals[0]
+        # Made again with every answer read: the lock's row, read at once, rejects the
+        # write and ends it (no head, no version sent).
+        statements = refused_and_made_again(sent, LOCK_FENCE)
+        assert statements[0] == "BEGIN" and statements[1].startswith("SELECT *, (expires_at")
+        assert "INSERT INTO rq_entities" not in "".join(statements)
+        assert app.state.get("account", 2).version == 0, "the fenced write did not land"
+        job = app.get_job(job_id)
+        assert (job.state, job.last_error_class) == (JobState.DEAD, "concurrency")
+        error = job.last_error or ""
+        assert "fencing token 1" in error and "newest (2)" in error, error
+        events = [e for e in app.trace(job_id) if e.kind == "domain"]
+        assert [e.name for e in events] == [
+            "lock.acquired",
+            "step.started",
+            "state.read",
+            "state.write",
+            "state.write_rejected",
+            "step.rolled_back",
+            "step.finished",
+            "lock.expired",
+        ], "what the careful commit alone records: nothing of the refused try"
+        assert len({e.seq for e in events}) == len(events)
+        [rejected] = [e for e in events if e.name == "state.write_rejected"]
+        assert (rejected.data["fencing_token"], rejected.data["newest_token"]) == (1, 2)
+        assert_out_of_pipeline(app)
+    finally:
+        app.close()
+
+
+def on_branch(number: int, hlc: int) -> EntityRecord:
+    """Version ``number`` of ``order:1`` on the branch ``fork:1``."""
+    return EntityRecord(
+        "fork:1", "order", "1", number, number - 1 or None, f'{{"v":{number}}}', None, "{}",
+        None, None, None, None, float(hlc), hlc,
+    )  # fmt: skip
+
+
+def test_a_branchs_write_is_one_statement_that_refuses_where_the_careful_put_fails(
+    pg_schema_url: str, tmp_path: Path
+) -> None:
+    """In a commit in one round trip a branch's write (``copy_on_write``) is one statement,
+    its head not looked up first (``entity_head_put_refusing``): it starts the head where
+    the branch has none, moves it from the expected version, and refuses exactly where
+    the careful put answers ``False`` (``test_storage_verbs``'s cases, the same order),
+    nothing of the refused commit kept. Two round trips before: the head looked up."""
+    app = one_connection_app(pg_schema_url)
+    storage = app.storage
+
+    def put(row: EntityRecord, expected: int) -> bool:
+        """Committed in one round trip (``True``), or refused (``False``)."""
+        try:
+            with storage.transaction() as tx, tx.pipelined(refusals=True):
+                assert tx.entity_put(row, expected, copy_on_write=True)
+        except CommitRefused:
+            assert_out_of_pipeline(app)
+            return False
+        return True
+
+    try:
+        with storage.transaction() as tx:
+            tx.entity_put(structs.replace(on_branch(1, 100), branch="main"), 0)
+            tx.entity_put(structs.replace(on_branch(2, 110), branch="main"), 1)
+            tx.branch_create(BranchCreate("fork:1", "main", 150, "fork", 0.0))
+        with traced_run(app, tmp_path / "trace.txt") as sent:
+            assert put(on_branch(3, 160), 2), "started on the base's version 2, read through"
+        kinds = [kind for kind, _ in sent]
+        statements = [text for kind, text in sent if kind == "Parse"]
+        assert kinds.count("Sync") == 1, sent
+        assert statements[:2] == ["BEGIN", "-- entity_head_put_refusing"], statements
+        assert statements[2].startswith("INSERT INTO rq_entity_versions"), statements
+        assert not put(on_branch(3, 161), 2), "the branch's head is at 3 now"
+        assert not put(on_branch(4, 162), 0), "a new entity's write, but the branch has its head"
+        assert put(on_branch(4, 170), 3)
+        with storage.transaction(readonly=True) as tx:
+            head = tx.entity_get(EntityGet("fork:1", "order", "1"))
+            base = tx.entity_get(EntityGet("main", "order", "1"))
+            listed = tx.entity_list(EntityFilter(branch="fork:1", namespace="order", key="1"))
+        assert head is not None and (head.version, head.hlc) == (4, 170)
+        assert base is not None and (base.version, base.hlc) == (2, 110)
+        assert [(v.version, v.hlc) for v in listed] == [(3, 160), (4, 170)]
+        assert_out_of_pipeline(app)
+    finally:
+        app.close()
+
+
+def test_a_forks_step_commit_on_its_branch_is_one_round_trip(
+    pg_schema_url: str, tmp_path: Path
+) -> None:
+    """A fork writes on its own branch: its step's commit starts the entity's head there in
+    the same round trip as the rest (``entity_head_put_refusing``), no lookup first (two
+    round trips before); the branch holds the fork's version, production its own."""
+    app = one_connection_app(pg_schema_url)
+
+    @app.job("bump")
+    def bump(ctx: replayq.Context, n: int) -> int:
+        with ctx.step("bump"):
+            counter = ctx.state.get("counter", n)
+            ctx.state.put("counter", n, {"n": (counter.data or {"n": 0})["n"] + 1})
+        return n
+
+    try:
+        app.state.put("counter", 1, {"n": 10}, expected_version=0)
+        job_id = app.enqueue("bump", {"n": 1})
+        worker = Worker(app, worker_id="w")
+        (job,) = worker.lease(1)
+        worker.execute(job)
+        with traced_run(app, tmp_path / "trace.txt") as sent:
+            report = fork(app, job_id, from_step="bump")
+        block = transaction_of(sent, "INSERT INTO rq_entity_versions")
+        assert block[0] == ("Parse", "BEGIN"), block
+        assert [kind for kind, _ in block].count("Sync") == 1, block
+        statements = [text for kind, text in block if kind == "Parse"]
+        assert "-- entity_head_put_refusing" in statements, statements
+        assert report.outcome_now.status == "succeeded"
+        [forked] = StateStore(app, report.branch).history("counter", 1)
+        assert (forked.version, forked.parent_version, forked.data) == (2, 1, {"n": 11})
+        assert forked.trace_id == report.trace_id
+        assert [v.trace_id for v in app.state.history("counter", 1)][1] == job.trace_id
         assert_out_of_pipeline(app)
     finally:
         app.close()

@@ -549,12 +549,13 @@ class Recorder:
 
         On PostgreSQL the commit is one round trip (``commit_at_once``: ``BEGIN``, the
         writes, the fenced events and ``COMMIT`` behind one ``Sync``; six before
-        pipelining, three after), each compare-and-set and the fence refusing in the
-        server; a refusal committed nothing, and the commit is made again the careful way
-        (every result read before ``COMMIT``), which says what refused it as above. Not
-        so when a pending write runs the application's code (``ctx.db_write``) or
-        enqueues a child job (any ``defer`` without ``pipelines=True``): those run on a
-        connection out of pipeline mode, as they would anywhere.
+        pipelining, three after), each compare-and-set, each lock a write is under and
+        the lease's fence refusing in the server; a refusal committed nothing, and the
+        commit is made again the careful way (every result read before ``COMMIT``), which
+        says what refused it as above. Not so when a pending write runs the
+        application's code (``ctx.db_write``) or enqueues a child job (any ``defer``
+        without ``pipelines=True``): those run on a connection out of pipeline mode, as
+        they would anywhere.
         """
         if failed:
             refused = []

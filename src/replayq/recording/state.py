@@ -21,6 +21,7 @@ from replayq.recording.blobs import load_json
 from replayq.recording.world import LIVE
 from replayq.redaction import Redactor
 from replayq.runtime import RuntimeSource
+from replayq.storage.context_params import LockFilter
 from replayq.storage.protocol import (
     BranchCreate,
     EntityFilter,
@@ -28,7 +29,6 @@ from replayq.storage.protocol import (
     EntityRecord,
     SnapshotRead,
     Transaction,
-    lock_get,
 )
 
 MAIN = "main"
@@ -575,19 +575,20 @@ class StateWrite:
         if self.fences:
             self.check_fences(tx)
         row = self.row()
-        where = EntityGet(row.branch, row.namespace, row.key)
-        fresh = row.branch != MAIN and tx.entity_get(where) is None
-        if not tx.entity_put(row, 0 if fresh else self.base):
-            head = tx.entity_get(where)
+        # A branch's first write of an entity starts its head there (copy-on-write).
+        if not tx.entity_put(row, self.base, copy_on_write=row.branch != MAIN):
+            head = tx.entity_get(EntityGet(row.branch, row.namespace, row.key))
             self.view._conflict(self.resource, self.base, head.version if head else 0)
 
     def check_fences(self, tx: Transaction) -> None:
-        """``StaleFencingTokenError`` if a lock the write is under was re-acquired since."""
+        """``StaleFencingTokenError`` if a lock the write is under was re-acquired since.
+
+        Asked as "the lock if its token is newer than ours" (``LockFilter.newer_than``): in
+        a commit in one round trip (PostgreSQL) the question is sent unread and refuses in
+        the server; the commit made again asks it here, answer read, and says so."""
         for lock_resource, fencing_token in self.fences.items():
-            held = lock_get(tx, lock_resource)
-            newest = None if held is None else held.fencing_token
-            if newest is not None and newest > fencing_token:
-                self.view._stale(self.resource, lock_resource, fencing_token, newest)
+            for newer in tx.lock_list(LockFilter(lock_resource, newer_than=fencing_token)):
+                self.view._stale(self.resource, lock_resource, fencing_token, newer.fencing_token)
 
 
 def branch_with_writes(tx: Transaction, branch: BranchCreate, writes: Sequence[StateWrite]) -> None:

@@ -89,6 +89,11 @@ class LockFilter(Struct, frozen=True):
     now: float | None = None
     """Whether the lock of ``resource`` has ``expired`` is judged in ``now``, or when ``None``
     in the database's clock."""
+    newer_than: int | None = None
+    """With ``resource``: its lock row only if its fencing token is newer than this one (a
+    write fenced by this token is stale), else none. In a ``pipelined(refusals=True)``
+    block on PostgreSQL the question is sent unread, and it answers none: had the token
+    moved on, the block fails (``CommitRefused``)."""
 
 
 class IdemClaim(Struct, frozen=True):

@@ -127,9 +127,12 @@ class ContextVerbs(SqlStatements):
             rows = self.fetchall("entity_versions_after", where)
         return [record(EntityRecord, r) for r in rows]
 
-    def entity_put(self, row: EntityRecord, expected_version: int | None) -> bool:
+    def entity_put(
+        self, row: EntityRecord, expected_version: int | None, *, copy_on_write: bool = False
+    ) -> bool:
         """Compare-and-set the head from ``expected_version`` (0: new) and insert the version;
-        ``None``: insert the version only (importing a recorded case)."""
+        ``None``: insert the version only (importing a recorded case). ``copy_on_write``:
+        a branch's head, started if the branch has none yet (``branch_head_put``)."""
         if expected_version is not None:
             head = {
                 "branch": row.branch,
@@ -139,13 +142,27 @@ class ContextVerbs(SqlStatements):
                 "expected_version": expected_version,
                 "hlc": row.hlc,
             }
-            query = "entity_head_insert" if expected_version == 0 else "entity_head_cas"
-            if not self.changed(query, head):
+            if copy_on_write:
+                moved = self.branch_head_put(head)
+            else:
+                query = "entity_head_insert" if expected_version == 0 else "entity_head_cas"
+                moved = self.changed(query, head)
+            if not moved:
                 return False
         # A new entity's row has no parent version, and most none of data_ref and
         # fencing_token either.
         self.send("entity_version_insert", query_params(row), nullable=True)
         return True
+
+    def branch_head_put(self, head: dict[str, Any]) -> bool:
+        """A branch's head of an entity moved to ``head``'s ``new_version``: started if the
+        branch has none yet (until its first write it reads the entity through to its
+        base), else compare-and-set from ``expected_version``; looked up first."""
+        where = EntityGet(head["branch"], head["namespace"], head["key"])
+        if self.entity_get(where) is None:
+            return self.changed("entity_head_insert", head)
+        query = "entity_head_insert" if head["expected_version"] == 0 else "entity_head_cas"
+        return self.changed(query, head)
 
     def branch_create(self, change: BranchCreate, versions: Sequence[EntityRecord] = ()) -> None:
         self.execute("branch_create", query_params(change))
@@ -188,7 +205,12 @@ class ContextVerbs(SqlStatements):
     def lock_list(self, query: LockFilter) -> list[Lock]:
         if query.resource is not None:
             row = self.fetchone("lock_get", {"resource": query.resource, "lock_now": query.now})
-            return [] if row is None else [record(Lock, row)]
+            if row is None:
+                return []
+            lock = record(Lock, row)
+            if query.newer_than is not None and lock.fencing_token <= query.newer_than:
+                return []
+            return [lock]
         return [record(Lock, r) for r in self.fetchall("lock_list")]
 
     # -- idempotency records ----------------------------------------------------------------

@@ -309,9 +309,11 @@ class Transaction(Protocol):
         caller's connection) it changes nothing: the transaction commits when it ends.
 
         ``refusals``: the block's compare-and-sets (an entity's head, an effect's claim and
-        success) and its fenced trace append are not waited for either: each refuses in
-        the server when it changes no row or finds the lease gone, so the whole block
-        is one round trip. They answer ``True`` as if they had changed their row, and
+        success), the fences of its writes under a lock (``LockFilter.newer_than``) and
+        its fenced trace append are not waited for either: each refuses in the server
+        when it changes no row, finds the lock's fencing token moved on or the lease
+        gone, so the whole block is one round trip. They answer as if they had changed
+        their row (``True``) or found the token where it was (no lock newer), and
         a refusal fails the block with ``CommitRefused`` (nothing committed): the caller
         runs it again without ``refusals`` (``commit_at_once``, ``storage/commits.py``),
         where each answer is read and says what happened. The block's last trace append
@@ -439,11 +441,17 @@ class Transaction(Protocol):
 
     def entity_list(self, params: EntityFilter) -> list[EntityRecord]: ...
 
-    def entity_put(self, row: EntityRecord, expected_version: int | None) -> bool:
+    def entity_put(
+        self, row: EntityRecord, expected_version: int | None, *, copy_on_write: bool = False
+    ) -> bool:
         """Compare-and-set the head from ``expected_version`` (0: new) and insert the version.
 
         ``expected_version=None`` inserts the version without moving the head (importing
-        a recorded case).
+        a recorded case). ``copy_on_write``: ``row.branch`` reads the entity through to
+        its base until it writes it (a fork's branch): with no head of the entity there
+        yet the head is started, whatever ``expected_version``; else compare-and-set as
+        above. In a ``pipelined(refusals=True)`` block on PostgreSQL that is one
+        statement, sent unread and refusing; elsewhere the head is looked up first.
         """
         ...
 

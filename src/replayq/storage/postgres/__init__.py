@@ -118,13 +118,13 @@ from replayq.redaction import mask_url_passwords
 from replayq.storage import migrate, packs
 from replayq.storage.adopted import AsyncConnectionView, TupleRows
 from replayq.storage.commits import CommitRefused
-from replayq.storage.context_params import IdemChange, IdemClaim, TraceFence
+from replayq.storage.context_params import IdemChange, IdemClaim, LockFilter, TraceFence
 from replayq.storage.context_verbs import lease_now, query_params
 from replayq.storage.lifecycle_packs import enqueued_event
 from replayq.storage.params import JobsComplete
 from replayq.storage.postgres import upgrade
 from replayq.storage.postgres.adapt import arrays_as_literals, column_names
-from replayq.storage.protocol import JobInsert, JobLease, Listener, MigrationStatus
+from replayq.storage.protocol import JobInsert, JobLease, Listener, Lock, MigrationStatus
 from replayq.storage.queries import load_queries
 from replayq.storage.retention_params import LedgerDrop, LedgerDropped, LedgerPartitions
 from replayq.storage.sql_transaction import JOBS_COMPLETE_COLUMNS, SqlTransaction, with_job_id
@@ -192,15 +192,23 @@ def parse_postgres_url(url: str) -> tuple[str, dict[str, str]]:
 
 
 # The compare-and-sets a ``pipelined(refusals=True)`` block sends without reading their
-# row count (``PostgresTransaction.changed``, ``idem_transition``): each as the statement
-# under another name that refuses in the server (``rq_require``, migration 0027; SQLSTATE
-# RQ001) unless it changed exactly one row (``refusing_queries``).
+# row count (``PostgresTransaction.changed``, ``idem_transition``, ``branch_head_put``,
+# the one sender of ``entity_head_put``): each as the statement under another name that
+# refuses in the server (``rq_require``, migration 0027; SQLSTATE RQ001) unless it
+# changed exactly one row (``refusing_queries``).
 _REFUSING = {
     name: f"{name}_refusing"
-    for name in ("entity_head_insert", "entity_head_cas", "idem_claim", "idem_succeed")
+    for name in (
+        "entity_head_insert",
+        "entity_head_cas",
+        "entity_head_put",
+        "idem_claim",
+        "idem_succeed",
+    )
 }
 # The SQLSTATE class of rq_require's refusals (RQ001: no row changed; RQ002: the lease
-# is not held, ``trace_append_indexed``).
+# is not held, ``trace_append_indexed``; RQ003: a lock's fencing token moved past a
+# write's, ``lock_fence_refusing``).
 _REFUSAL_CLASS = "RQ"
 
 
@@ -446,10 +454,11 @@ class PostgresTransaction(SqlTransaction):
         with five round trips, and waits three times less a group.
 
         With ``refusals`` (``commit_at_once``) the compare-and-sets of an entity's head
-        and of an effect's claim and success (``changed``, ``idem_transition``) and the
-        block's fenced trace append (``trace_append``) are sent unread too, as
-        statements that refuse in the server (``rq_require``: SQLSTATE class RQ) when
-        they change no row or find the lease gone. A step's commit is then one round
+        and of an effect's claim and success (``changed``, ``idem_transition``), the fence
+        of a write under a lock (``lock_list``) and the block's fenced trace append
+        (``trace_append``) are sent unread too, as statements that refuse in the server
+        (``rq_require``: SQLSTATE class RQ) when they change no row, find the lock's
+        fencing token moved on or the lease gone. A step's commit is then one round
         trip: ``BEGIN``, its statements and ``COMMIT`` behind one ``Sync``. A refusal
         aborts the transaction, nothing commits, and the block raises ``CommitRefused``
         for the caller to run it again without refusals.
@@ -806,6 +815,28 @@ class PostgresTransaction(SqlTransaction):
             return super().changed(name, params)
         self.send(refusing, params)
         return True
+
+    def branch_head_put(self, head: dict[str, Any]) -> bool:
+        """``ContextVerbs.branch_head_put``; in a ``refusals`` block one statement sent
+        unread, the head not looked up first: ``entity_head_put``, which inserts it or, if
+        the branch has one, moves it from ``expected_version``, and refuses unless it
+        changed a row. A refusal's careful commit looks it up, as always."""
+        if not self._refusing:
+            return super().branch_head_put(head)
+        self.send(_REFUSING["entity_head_put"], head)
+        return True
+
+    def lock_list(self, query: LockFilter) -> list[Lock]:
+        """``ContextVerbs.lock_list``; in a ``refusals`` block a write's fence (a lock's row
+        asked ``newer_than`` its token) is sent unread (``lock_fence_refusing``) and
+        answers none: had the token moved on, the block fails (RQ003)."""
+        if self._refusing and query.resource is not None and query.newer_than is not None:
+            self.send(
+                "lock_fence_refusing",
+                {"resource": query.resource, "fencing_token": query.newer_than},
+            )
+            return []
+        return super().lock_list(query)
 
     def idem_transition(self, change: IdemChange) -> bool:
         """``ContextVerbs.idem_transition``; in a ``refusals`` block a claim is sent

@@ -1,7 +1,8 @@
 -- Lease locks with owner tokens and a fencing token that grows with every acquisition.
 -- Lock TTLs are judged by :lock_now, or when it is NULL by the database's own clock
 -- (one clock for every worker: a worker whose clock runs fast cannot take a live lock).
--- PostgreSQL flavour of storage/sqlite/locks.sql: same query names and parameters.
+-- PostgreSQL flavour of storage/sqlite/locks.sql: same query names and parameters, and
+-- lock_fence_refusing, this backend's alone (a commit in one round trip).
 
 -- name: lock_acquire
 INSERT INTO rq_locks (resource, owner_token, fencing_token, job_id, worker_id, acquired_at,
@@ -24,6 +25,18 @@ RETURNING fencing_token, hlc;
 -- :lock_now is given).
 SELECT *, (expires_at IS NOT NULL AND expires_at < COALESCE(%(lock_now)s::float8, extract(epoch FROM statement_timestamp())::float8)) AS expired
 FROM rq_locks WHERE resource = %(resource)s;
+
+-- name: lock_fence_refusing
+-- The fence of a write under a lock, sent unread by a commit in one round trip
+-- (``pipelined(refusals=True)``): lock_get's row read only for whether its fencing token
+-- moved past the write's (taken again, or broken: ``LockFilter.newer_than``). If it did,
+-- rq_require refuses (RQ003) and the whole transaction with it; the commit made again
+-- reads lock_get and says so (``state.write_rejected``). Read as lock_get reads it (no
+-- row lock), so a write is fenced neither more nor less than the careful way.
+SELECT rq_require(NOT EXISTS (SELECT 1 FROM rq_locks
+                              WHERE resource = %(resource)s
+                                AND fencing_token > %(fencing_token)s),
+                  'RQ003', 'lock_fence_refusing: the lock''s fencing token moved past the write''s');
 
 -- name: lock_renew
 UPDATE rq_locks SET expires_at = COALESCE(%(lock_now)s::float8, extract(epoch FROM statement_timestamp())::float8) + %(ttl)s

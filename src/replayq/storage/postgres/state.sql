@@ -30,6 +30,20 @@ INSERT INTO rq_entities (branch, namespace, key, version, hlc)
 VALUES (%(branch)s, %(namespace)s, %(key)s, %(new_version)s, %(hlc)s)
 ON CONFLICT (branch, namespace, key) DO NOTHING;
 
+-- name: entity_head_put
+-- A branch's head of an entity in one statement (``branch_head_put`` in a commit in one
+-- round trip, sent as entity_head_put_refusing only): started if the branch has none (it
+-- read the entity through to its base until now), else moved from :expected_version. The
+-- same answer as looking the head up first and then entity_head_insert or entity_head_cas:
+-- inserted where there was no head, moved where it was at :expected_version (a head is
+-- never at version 0, so with :expected_version 0 an existing one is never moved), else
+-- no row changed. A concurrent insert of the head is waited for and then compared.
+INSERT INTO rq_entities (branch, namespace, key, version, hlc)
+VALUES (%(branch)s, %(namespace)s, %(key)s, %(new_version)s, %(hlc)s)
+ON CONFLICT (branch, namespace, key) DO UPDATE
+SET version = excluded.version, hlc = excluded.hlc
+WHERE rq_entities.version = %(expected_version)s;
+
 -- name: entity_head_create
 -- The head of an entity on a branch being created (``branch_create`` with versions): no
 -- ON CONFLICT, an existing head is an error.
