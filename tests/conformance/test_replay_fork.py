@@ -14,6 +14,7 @@ from replayq.recording.state import StateStore
 from replayq.replay.diff import diff_traces
 from replayq.replay.engine import fork
 from replayq.replay.recorded import Outcome
+from replayq.storage.protocol import BranchCreate
 from tests.apps import replay_shop
 from tests.replay_support import APP_SPEC, cli_ok, derived_events, lineage, record, record_dead
 from tests.services import Service
@@ -162,3 +163,21 @@ def test_fork_of_a_failed_attempt_with_a_stub_shows_the_fix_without_real_calls(
         "b": "succeeded",
     }
     assert diff.state == []
+
+
+def test_a_write_from_outside_a_job_on_a_branch_starts_its_head_there(app: replayq.App) -> None:
+    """``StateStore(app, branch).put`` (seeding or repairing a fork's branch by hand): an
+    entity the branch still reads through to its base is written on the branch at the
+    base's version + 1, main untouched; a stale expected version is refused."""
+    main = StateStore(app)
+    main.put("customer", 7, {"tier": "gold"}, expected_version=0)
+    with app.storage.transaction() as tx:
+        tx.branch_create(BranchCreate("fork:by-hand", "main", app.hlc.tick(), "fork", 0.0))
+    branch = StateStore(app, "fork:by-hand")
+    assert branch.get("customer", 7).data == {"tier": "gold"}, "read through to main"
+    written = branch.put("customer", 7, {"tier": "silver"}, expected_version=1)
+    assert (written.version, written.data) == (2, {"tier": "silver"})
+    assert branch.get("customer", 7).data == {"tier": "silver"}
+    assert (main.get("customer", 7).version, main.get("customer", 7).data) == (1, {"tier": "gold"})
+    with pytest.raises(replayq.ConcurrencyError, match="expected version 1, found 2"):
+        branch.put("customer", 7, {"tier": "bronze"}, expected_version=1)

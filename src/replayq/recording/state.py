@@ -193,7 +193,9 @@ class StateStore:
             row = version_row(
                 self.branch, namespace, str(key), actual + 1, current, data, now=now, hlc=hlc
             )
-            if not tx.entity_put(row, actual):
+            # A branch reads an entity through to its base until it writes it: its first
+            # write starts the branch's head (copy-on-write), as a fork's step does.
+            if not tx.entity_put(row, actual, copy_on_write=self.branch != MAIN):
                 raise ConcurrencyError(f"{resource_name(namespace, str(key))}: write raced")
         return Entity(namespace, str(key), actual + 1, data)
 
