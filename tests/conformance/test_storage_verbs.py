@@ -897,6 +897,44 @@ def test_a_lock_is_taken_again_only_after_the_commit_of_a_write_whose_fence_pass
     assert grant is not None and grant.fencing_token == first.fencing_token + 1
 
 
+CHANGES = {
+    "renewed by its holder": LockRenew("res", "a", T0 + 5, 10.0),
+    "released": LockRelease("res", "a", 11),
+    "broken": LockRelease("res", None, 11),
+}
+
+
+@FENCE_WAYS
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_lock_changes_only_after_the_commit_of_a_write_whose_fence_passed(
+    storage: Storage, refusals: bool, change: str
+) -> None:
+    """Every other change of the lock's row waits for that commit too, then goes through:
+    the holder's heartbeat renewing it while its own step commits on another connection,
+    a release, a break. No deadlock: none of them holds a row the commit waits for."""
+    with storage.transaction() as tx:
+        first = tx.lock_transition(acquire("a", T0, 10))
+    assert first is not None
+    changed: list[tuple[float, Any]] = []
+
+    def change_it() -> None:
+        with storage.transaction() as other:
+            answer = other.lock_transition(CHANGES[change])
+        changed.append((time.monotonic(), answer))
+
+    with storage.transaction() as tx, tx.pipelined(refusals=refusals):
+        assert tx.lock_list(LockFilter("res", newer_than=first.fencing_token)) == []
+        assert lock_get(tx, "res") is not None
+        changer = threading.Thread(target=change_it)
+        changer.start()
+        changer.join(0.5)
+        committing = time.monotonic()
+    changer.join(10)
+    [(at, answer)] = changed
+    assert at > committing, f"the lock was {change} before the fenced write committed"
+    assert answer, f"not {change}"
+
+
 @FENCE_WAYS
 def test_a_fence_asked_while_the_lock_is_taken_again_waits_and_finds_the_new_token(
     storage: Storage, refusals: bool
