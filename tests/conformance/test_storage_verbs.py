@@ -20,6 +20,7 @@ from msgspec import structs
 from replayq.errors import ConfigurationError, StorageError
 from replayq.model import Job, JobState, TraceEvent
 from replayq.storage import open_storage
+from replayq.storage.commits import CommitRefused
 from replayq.storage.context_params import (
     LineageQuery,
     LockFilter,
@@ -74,6 +75,7 @@ from replayq.storage.protocol import (
     LineagePut,
     Listener,
     LockAcquire,
+    LockGrant,
     OutboxInsert,
     OutboxMark,
     ScheduleAdvance,
@@ -830,6 +832,141 @@ def test_a_writes_fence_finds_the_lock_only_once_its_fencing_token_moved_past_th
         tx.lock_transition(LockRelease("res", None, 12))
         assert newer(token + 1) == [token + 2], "broken: the token moved on"
         assert newer(token + 2) == []
+
+
+@pytest.mark.parametrize("lock", ["no row", "held", "released", "run out", "taken again", "broken"])
+def test_a_one_round_trip_fence_refuses_exactly_where_the_careful_fence_finds_a_newer_lock(
+    storage: Storage, lock: str
+) -> None:
+    """The fence sent unread (``lock_fence_refusing``) decides as the fence read does: only
+    a fencing token moved past the write's (taken again, broken) refuses it."""
+    with storage.transaction() as tx:
+        if lock != "no row":
+            tx.lock_transition(acquire("a", T0, 10))
+        if lock == "released":
+            tx.lock_transition(LockRelease("res", "a", 11))
+        elif lock == "taken again":
+            tx.lock_transition(acquire("b", T0 + 100, 11))
+        elif lock == "broken":
+            tx.lock_transition(LockRelease("res", None, 11))
+    with storage.transaction() as tx:
+        careful = tx.lock_list(LockFilter("res", newer_than=1)) != []
+    try:
+        with storage.transaction() as tx, tx.pipelined(refusals=True):
+            at_once = tx.lock_list(LockFilter("res", newer_than=1)) != []
+    except CommitRefused:
+        at_once = True
+    assert at_once == careful == (lock in ("taken again", "broken"))
+
+
+# A write's fence as a step's commit asks it: sent unread with the commit in one round
+# trip (``pipelined(refusals=True)``, PostgreSQL) or read before ``COMMIT`` (the careful way).
+FENCE_WAYS = pytest.mark.parametrize("refusals", [True, False], ids=["one-round-trip", "careful"])
+
+
+@FENCE_WAYS
+def test_a_lock_is_taken_again_only_after_the_commit_of_a_write_whose_fence_passed(
+    storage: Storage, refusals: bool
+) -> None:
+    """A write under a lock whose fence passed commits before the lock can be taken again:
+    another worker's ``lock_acquire`` meanwhile (the holder's TTL ran out) waits for that
+    commit (PostgreSQL: the fence keeps the lock's row ``FOR SHARE``; SQLite: the commit
+    holds the write lock). Else the write, under the old token, would commit after the
+    new holder's writes, and fencing would guard nothing but the entity it writes."""
+    with storage.transaction() as tx:
+        first = tx.lock_transition(acquire("a", T0, 10))
+    assert first is not None
+    taken: list[tuple[float, LockGrant | None]] = []
+
+    def take_again() -> None:
+        with storage.transaction() as other:
+            grant = other.lock_transition(acquire("b", T0 + 100, 11))
+        taken.append((time.monotonic(), grant))
+
+    with storage.transaction() as tx, tx.pipelined(refusals=refusals):
+        assert tx.lock_list(LockFilter("res", newer_than=first.fencing_token)) == []
+        # A read that waits for its answer: a fence sent unread has run in the server.
+        assert lock_get(tx, "res") is not None
+        taker = threading.Thread(target=take_again)
+        taker.start()
+        taker.join(0.5)
+        committing = time.monotonic()
+    taker.join(10)
+    [(at, grant)] = taken
+    assert at > committing, "the lock was taken again before the fenced write committed"
+    assert grant is not None and grant.fencing_token == first.fencing_token + 1
+
+
+CHANGES = {
+    "renewed by its holder": LockRenew("res", "a", T0 + 5, 10.0),
+    "released": LockRelease("res", "a", 11),
+    "broken": LockRelease("res", None, 11),
+}
+
+
+@FENCE_WAYS
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_a_lock_changes_only_after_the_commit_of_a_write_whose_fence_passed(
+    storage: Storage, refusals: bool, change: str
+) -> None:
+    """Every other change of the lock's row waits for that commit too, then goes through:
+    the holder's heartbeat renewing it while its own step commits on another connection,
+    a release, a break. No deadlock: none of them holds a row the commit waits for."""
+    with storage.transaction() as tx:
+        first = tx.lock_transition(acquire("a", T0, 10))
+    assert first is not None
+    changed: list[tuple[float, Any]] = []
+
+    def change_it() -> None:
+        with storage.transaction() as other:
+            answer = other.lock_transition(CHANGES[change])
+        changed.append((time.monotonic(), answer))
+
+    with storage.transaction() as tx, tx.pipelined(refusals=refusals):
+        assert tx.lock_list(LockFilter("res", newer_than=first.fencing_token)) == []
+        assert lock_get(tx, "res") is not None
+        changer = threading.Thread(target=change_it)
+        changer.start()
+        changer.join(0.5)
+        committing = time.monotonic()
+    changer.join(10)
+    [(at, answer)] = changed
+    assert at > committing, f"the lock was {change} before the fenced write committed"
+    assert answer, f"not {change}"
+
+
+@FENCE_WAYS
+def test_a_fence_asked_while_the_lock_is_taken_again_waits_and_finds_the_new_token(
+    storage: Storage, refusals: bool
+) -> None:
+    """The lock taken again by a transaction not yet committed: a write's fence asked then
+    waits for it and finds the new token, so the write is refused (PostgreSQL: ``FOR
+    SHARE`` waits for the row's updater and reads its newest version, where a plain read
+    saw the old token and let the write commit after the new holder's; SQLite: the
+    fence's transaction waits for the write lock)."""
+    with storage.transaction() as tx:
+        first = tx.lock_transition(acquire("a", T0, 10))
+    assert first is not None
+    fenced: list[Any] = []
+
+    def fence() -> None:
+        try:
+            with storage.transaction() as tx, tx.pipelined(refusals=refusals):
+                newer = tx.lock_list(LockFilter("res", newer_than=first.fencing_token))
+            fenced.append([lock.fencing_token for lock in newer])
+        except CommitRefused:
+            fenced.append("refused in the server")
+
+    with storage.transaction() as tx:
+        taken = tx.lock_transition(acquire("b", T0 + 100, 11))
+        fencing = threading.Thread(target=fence)
+        fencing.start()
+        fencing.join(0.5)
+    fencing.join(10)
+    assert taken is not None and taken.fencing_token == first.fencing_token + 1
+    # Refused in the server only in a one-round-trip commit on PostgreSQL (SQLite's
+    # ``pipelined`` changes nothing: the fence's answer is read there).
+    assert fenced in ([[taken.fencing_token]], ["refused in the server"]), fenced
 
 
 # -- cache, outbox, blobs, lineage ----------------------------------------------------------

@@ -424,7 +424,7 @@ def test_a_commit_whose_lease_is_gone_is_refused_in_the_server_and_fenced(
 
 # The statement that asks a lock's fencing token in a commit in one round trip
 # (``lock_fence_refusing``), by its first line (the loader drops its comments).
-LOCK_FENCE = "SELECT rq_require(NOT EXISTS (SELECT 1 FROM rq_locks"
+LOCK_FENCE = "SELECT rq_require(COALESCE((SELECT fencing_token <= $1 FROM rq_locks"
 
 
 def locked_writer(app: replayq.App, stolen: str | None = None) -> None:

@@ -4,8 +4,12 @@ Acquiring a lock is an upsert that succeeds only when the lock is free or its
 lease has expired; each acquisition increments the resource's fencing token.
 Release is a compare-and-release on the owner token. State writes made while a
 lock is held carry its fencing token, and the store rejects a token older than
-the lock's newest. Acquisition and release commit at once, so other workers see
-them; the worker's heartbeat renews held locks.
+the lock's newest; a write that passes commits before the lock can be taken again
+(the lock may guard another entity than the one written): on PostgreSQL its fence
+keeps the lock's row FOR SHARE until the commit, and an acquisition meanwhile waits
+for it; on SQLite the commit's write lock holds off every acquisition anyway.
+Acquisition and release commit at once, so other workers see them; the worker's
+heartbeat renews held locks.
 """
 
 from __future__ import annotations

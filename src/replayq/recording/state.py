@@ -587,7 +587,9 @@ class StateWrite:
 
         Asked as "the lock if its token is newer than ours" (``LockFilter.newer_than``): in
         a commit in one round trip (PostgreSQL) the question is sent unread and refuses in
-        the server; the commit made again asks it here, answer read, and says so."""
+        the server; the commit made again asks it here, answer read, and says so. Either
+        way the lock's row stays as read until ``tx`` ends (PostgreSQL: ``FOR SHARE``), so
+        nobody takes the lock again before this write commits."""
         for lock_resource, fencing_token in self.fences.items():
             for newer in tx.lock_list(LockFilter(lock_resource, newer_than=fencing_token)):
                 self.view._stale(self.resource, lock_resource, fencing_token, newer.fencing_token)

@@ -91,9 +91,11 @@ class LockFilter(Struct, frozen=True):
     in the database's clock."""
     newer_than: int | None = None
     """With ``resource``: its lock row only if its fencing token is newer than this one (a
-    write fenced by this token is stale), else none. In a ``pipelined(refusals=True)``
-    block on PostgreSQL the question is sent unread, and it answers none: had the token
-    moved on, the block fails (``CommitRefused``)."""
+    write fenced by this token is stale), else none. The row stays as read until the
+    transaction ends (PostgreSQL: ``FOR SHARE``; SQLite's write transaction holds the
+    database's write lock): the lock is not taken again before the write commits. In a
+    ``pipelined(refusals=True)`` block on PostgreSQL the question is sent unread, and it
+    answers none: had the token moved on, the block fails (``CommitRefused``)."""
 
 
 class IdemClaim(Struct, frozen=True):

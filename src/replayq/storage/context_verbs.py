@@ -204,7 +204,10 @@ class ContextVerbs(SqlStatements):
 
     def lock_list(self, query: LockFilter) -> list[Lock]:
         if query.resource is not None:
-            row = self.fetchone("lock_get", {"resource": query.resource, "lock_now": query.now})
+            # A write's fence reads the row as it stays until the commit (``lock_fence``:
+            # on PostgreSQL FOR SHARE), so the lock is not taken again before the write lands.
+            name = "lock_get" if query.newer_than is None else "lock_fence"
+            row = self.fetchone(name, {"resource": query.resource, "lock_now": query.now})
             if row is None:
                 return []
             lock = record(Lock, row)

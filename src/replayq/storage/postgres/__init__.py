@@ -47,7 +47,9 @@ Known limits, up front:
   ``pool_timeout``, until the pool connects again: callers retry with their own
   backoff, and a worker told to stop in an outage is not held for 30 s.
 * A worker frozen inside a transaction (SIGSTOP, a paused VM) holds its job row
-  ``FOR SHARE`` (the fencing check), and the reaper skips locked rows. Pooled
+  ``FOR SHARE`` (the fencing check), and the reaper skips locked rows; in a step's
+  commit, the row of each lock a write is under too (its fence), and another worker's
+  acquisition of that lock waits for it (``lock_fence`` in ``locks.sql``). Pooled
   sessions therefore set ``idle_in_transaction_session_timeout``
   (``?idle_in_transaction_timeout=`` seconds, default 10): the server ends a
   frozen session and releases its locks, the reaper takes the job, and the

@@ -3,6 +3,13 @@
 -- (one clock for every worker: a worker whose clock runs fast cannot take a live lock).
 -- PostgreSQL flavour of storage/sqlite/locks.sql: same query names and parameters, and
 -- lock_fence_refusing, this backend's alone (a commit in one round trip).
+-- A write's fence (lock_fence, lock_fence_refusing) keeps the lock's row FOR SHARE until
+-- its transaction ends: under READ COMMITTED a plain read let another worker take the
+-- lock again (lock_acquire) and commit its writes between the fence and our COMMIT, our
+-- write under the old token then committing after the new holder's. Now lock_acquire,
+-- lock_renew, lock_release and lock_break of that row wait for the fenced commit (at most
+-- its duration), and a fence asked while one of them is uncommitted waits for it and reads
+-- the row as it left it (READ COMMITTED's FOR SHARE reads the newest version).
 
 -- name: lock_acquire
 INSERT INTO rq_locks (resource, owner_token, fencing_token, job_id, worker_id, acquired_at,
@@ -26,16 +33,28 @@ RETURNING fencing_token, hlc;
 SELECT *, (expires_at IS NOT NULL AND expires_at < COALESCE(%(lock_now)s::float8, extract(epoch FROM statement_timestamp())::float8)) AS expired
 FROM rq_locks WHERE resource = %(resource)s;
 
+-- name: lock_fence
+-- lock_get for a write's fence, as the careful commit asks it (``LockFilter.newer_than``;
+-- the caller compares the tokens): the row kept FOR SHARE until the transaction ends, so
+-- the lock is not taken again between the fence and the COMMIT. Not for ctx.lock's own
+-- reads or the CLI, which must not hold up a lock's holder.
+SELECT *, (expires_at IS NOT NULL AND expires_at < COALESCE(%(lock_now)s::float8, extract(epoch FROM statement_timestamp())::float8)) AS expired
+FROM rq_locks WHERE resource = %(resource)s
+FOR SHARE;
+
 -- name: lock_fence_refusing
 -- The fence of a write under a lock, sent unread by a commit in one round trip
--- (``pipelined(refusals=True)``): lock_get's row read only for whether its fencing token
--- moved past the write's (taken again, or broken: ``LockFilter.newer_than``). If it did,
--- rq_require refuses (RQ003) and the whole transaction with it; the commit made again
--- reads lock_get and says so (``state.write_rejected``). Read as lock_get reads it (no
--- row lock), so a write is fenced neither more nor less than the careful way.
-SELECT rq_require(NOT EXISTS (SELECT 1 FROM rq_locks
-                              WHERE resource = %(resource)s
-                                AND fencing_token > %(fencing_token)s),
+-- (``pipelined(refusals=True)``): lock_fence's row, kept FOR SHARE as lock_fence keeps it,
+-- asked only whether its fencing token moved past the write's (taken again, or broken:
+-- ``LockFilter.newer_than``). If it did, rq_require refuses (RQ003) and the whole
+-- transaction with it; the commit made again reads lock_fence and says so
+-- (``state.write_rejected``). No row, or a row whose token is the write's (held, released
+-- or run out with nobody taking it), passes, as in the careful commit. The row is chosen
+-- by its resource alone, whatever its token, so that it is locked when the fence passes.
+SELECT rq_require(COALESCE((SELECT fencing_token <= %(fencing_token)s FROM rq_locks
+                            WHERE resource = %(resource)s
+                            FOR SHARE),
+                           true),
                   'RQ003', 'lock_fence_refusing: the lock''s fencing token moved past the write''s');
 
 -- name: lock_renew

@@ -24,6 +24,13 @@ RETURNING fencing_token, hlc;
 SELECT *, (expires_at IS NOT NULL AND expires_at < COALESCE(:lock_now, (julianday('now') - 2440587.5) * 86400.0)) AS expired
 FROM rq_locks WHERE resource = :resource;
 
+-- name: lock_fence
+-- lock_get for a write's fence (``LockFilter.newer_than``). No row lock to take: the fence
+-- runs in a write transaction (BEGIN IMMEDIATE), which holds the database's write lock
+-- until it ends, so nobody takes the lock again between the fence and the COMMIT.
+SELECT *, (expires_at IS NOT NULL AND expires_at < COALESCE(:lock_now, (julianday('now') - 2440587.5) * 86400.0)) AS expired
+FROM rq_locks WHERE resource = :resource;
+
 -- name: lock_renew
 UPDATE rq_locks SET expires_at = COALESCE(:lock_now, (julianday('now') - 2440587.5) * 86400.0) + :ttl
 WHERE resource = :resource AND owner_token = :owner_token;
