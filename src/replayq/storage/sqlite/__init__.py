@@ -869,7 +869,7 @@ class SqliteStorage:
             # through this function, so every connection replayq opens has it.
             packs.register_sqlite(conn)
         except (sqlite3.Error, OSError) as exc:
-            self._discard(conn)
+            self._discard(conn)  # not kept half set up
             raise DatabaseUnavailableError(
                 f"cannot open SQLite database {self.path!r}: {exc}"
             ) from exc
