@@ -96,12 +96,15 @@ def _write(storage: SqliteStorage, who: str) -> None:
         tx.connection.execute("INSERT INTO t VALUES (?)", (who,))
 
 
+@pytest.mark.parametrize("listening", [False, True], ids=["", "listening"])
 def test_a_child_of_an_idle_app_enqueues_through_it_and_its_jobs_outlive_the_parents_close(
-    tmp_path: Path,
+    tmp_path: Path, listening: bool
 ) -> None:
     """The child's second enqueue commits after the parent closed its last connection to
     the file: had the child's connections taken no locks of their own, that close found
-    no other process on the file, deleted the WAL, and the job was lost."""
+    no other process on the file, deleted the WAL, and the job was lost. ``listening``:
+    the parent's storage has a watcher too (a worker's wake-ups), whose own connection
+    the child must close as well."""
     app = replayq.App(f"sqlite:///{tmp_path / 'q.db'}")
 
     @app.job("count")
@@ -109,6 +112,13 @@ def test_a_child_of_an_idle_app_enqueues_through_it_and_its_jobs_outlive_the_par
         """Never run here."""
 
     app.enqueue("count", {"n": 0})  # the parent's storage, open and used, idle at the fork
+    if listening:
+        watcher = app.runtime.storage.listen(lambda queue: None)  # type: ignore[attr-defined]
+        assert watcher.listening.wait(10)
+        # Between two looks at the file at the fork, not inside one (a look then is a
+        # use: the child would be refused): the next look is an hour away.
+        watcher.interval = 3600
+        time.sleep(0.05)
     to_child_read, to_child = os.pipe()
     from_child, from_child_write = os.pipe()
     pid = os.fork()
@@ -127,6 +137,8 @@ def test_a_child_of_an_idle_app_enqueues_through_it_and_its_jobs_outlive_the_par
             os._exit(0)
     try:
         assert _receive(from_child, pid) == "1"
+        if listening:
+            watcher.close()
         app.close()  # the parent's connections: the last ones to the file but the child's
         os.write(to_child, b"1")
         assert _receive(from_child, pid) == "enqueued"
