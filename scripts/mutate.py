@@ -44,6 +44,10 @@ SQLITE_DISK_FAULTS = (
 )
 
 
+# The check of a closed SQLite storage before a new connection (``_connection``).
+_SQLITE_CLOSED_RAISE = '            raise storage_closed(f"SQLite database {self.path!r}")\n'
+
+
 @dataclass(frozen=True)
 class Bug:
     """A named bug: ``find`` (unique in the source tree) becomes ``plant``."""
@@ -208,8 +212,8 @@ BUGS: list[Bug] = [
     Bug(
         "fencing-token-off-by-one",
         "fencing token",
-        "if newest is not None and newest > fencing_token:",
-        "if newest is not None and newest > fencing_token + 1:",
+        "if query.newer_than is not None and lock.fencing_token <= query.newer_than:",
+        "if query.newer_than is not None and lock.fencing_token <= query.newer_than + 1:",
         ("tests/conformance/test_context_state.py", "tests/acceptance/test_context_fencing.py"),
     ),
     # -- lease deadline: the reaper takes only expired leases ------------------------------------
@@ -278,6 +282,34 @@ BUGS: list[Bug] = [
         "            self._discard(conn)\n",
         "            pass\n",
         (SQLITE_DISK_FAULTS,),
+    ),
+    # -- SQLite across fork and after close --------------------------------------------------
+    Bug(
+        "sqlite-fork-inherited-left-open",
+        "fork",
+        "            conn.close()\n        del _INHERITED[key]",
+        "            pass\n        del _INHERITED[key]",
+        (
+            "tests/integration/test_sqlite_fork.py::"
+            "test_a_child_of_an_idle_app_enqueues_through_it_and_its_jobs_outlive_the_parents_close",
+        ),
+    ),
+    Bug(
+        "sqlite-fork-busy-connection-closed",
+        "fork",
+        "busy = conn.inside != 0 or _in_transaction(conn)",
+        "busy = False",
+        (
+            "tests/integration/test_sqlite_fork.py::"
+            "test_a_child_forked_while_a_thread_used_the_file_is_refused_at_once_and_the_parent_goes_on",
+        ),
+    ),
+    Bug(
+        "sqlite-closed-storage-reopens",
+        "closed storage",
+        "        if self._closed:\n" + _SQLITE_CLOSED_RAISE + "        # A forked child's",
+        "        # A forked child's",
+        ("tests/conformance/test_storage_closed.py",),
     ),
     # -- retry classification: validation is never retried; the contract's map wins -------------
     Bug(

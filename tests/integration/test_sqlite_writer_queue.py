@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import _thread
 import contextlib
-import os
 import signal
 import sqlite3
 import threading
@@ -199,45 +198,3 @@ def test_close_while_a_thread_writes_frees_the_lock_for_the_files_other_storages
         closed.set()
         writer.join(10)
         other.close()
-
-
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_a_forked_child_writes_through_an_inherited_storage_without_the_parents_lock(
-    tmp_path: Path,
-) -> None:
-    """A child forked while a thread of the parent held the queue (here in an autocommit
-    block, which takes the queue and no SQLite lock) writes through the storage it
-    inherited at once: that storage's lock is a new one, not the copy held by a thread
-    the child does not have (which made each of its writes wait ``busy_timeout``)."""
-    url = _file(tmp_path) + "?busy_timeout=2000"
-    storage = SqliteStorage(url)
-    holding, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        with storage.autocommit():
-            holding.set()
-            release.wait(10)
-
-    holder = threading.Thread(target=hold)
-    holder.start()
-    read, write = os.pipe()
-    try:
-        assert holding.wait(10)
-        pid = os.fork()
-        if pid == 0:  # the child: report and leave, whatever happens
-            code = 1
-            try:
-                os.write(write, f"{_write_seconds(storage):.3f}".encode())
-                code = 0
-            finally:
-                os._exit(code)
-        os.close(write)
-        _, status = os.waitpid(pid, 0)
-        took = os.read(read, 100).decode()
-        assert os.waitstatus_to_exitcode(status) == 0
-        assert float(took) < 1.0
-    finally:
-        release.set()
-        holder.join(10)
-        os.close(read)
-        storage.close()

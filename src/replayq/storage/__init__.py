@@ -22,7 +22,8 @@
     ├── sql_statements.py   the statement plumbing those verb mixins run on, declared once
     ├── queries.py          loads ``-- name: NAME`` queries from a backend's *.sql files
     ├── sqlite/             SqliteStorage (+ Listener: watch.py, a data_version check; +
-    │                       SnapshotRead: one-statement reads without BEGIN), likewise
+    │                       SnapshotRead: one-statement reads without BEGIN; fork.py: what
+    │                       a forked child does with the connections it inherited), likewise
     ├── postgres/           PostgresStorage (+ Listener: LISTEN/NOTIFY wake-ups; +
     │                       SnapshotRead: reads in autocommit mode), likewise
     ├── migrate.py          applying and reporting migrations

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol, overload, runtime_checkable
 
+from replayq.errors import StorageError
 from replayq.model import Job, StatRow, TraceEvent
 from replayq.storage.context_params import (
     BlobPut,
@@ -644,7 +645,16 @@ class Storage(Protocol):
         """Database connections this process holds open (a worker's resource-usage gauge)."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Close the storage's connections; every later use raises ``storage_closed``'s
+        ``StorageError``, on every backend."""
+        ...
+
+
+def storage_closed(what: str) -> StorageError:
+    """The error of a storage used after its ``close()``: a ``StorageError``, not
+    ``DatabaseUnavailableError`` (waiting would never make it usable again)."""
+    return StorageError(f"{what}: this storage is closed (its close() was called); open a new one")
 
 
 def iter_chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:

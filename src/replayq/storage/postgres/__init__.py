@@ -45,7 +45,9 @@ Known limits, up front:
   connection's never is. Once a
   call has found the database gone, a checkout waits ``OUTAGE_WAIT``, not
   ``pool_timeout``, until the pool connects again: callers retry with their own
-  backoff, and a worker told to stop in an outage is not held for 30 s.
+  backoff, and a worker told to stop in an outage is not held for 30 s. After
+  ``close()`` every use raises ``StorageError`` (closed), not the pool's ``PoolClosed``
+  as an outage to wait out; a block open meanwhile finishes (the pool waits up to 5 s).
 * A worker frozen inside a transaction (SIGSTOP, a paused VM) holds its job row
   ``FOR SHARE`` (the fencing check), and the reaper skips locked rows; in a step's
   commit, the row of each lock a write is under too (its fence), and another worker's
@@ -126,7 +128,14 @@ from replayq.storage.lifecycle_packs import enqueued_event
 from replayq.storage.params import JobsComplete
 from replayq.storage.postgres import upgrade
 from replayq.storage.postgres.adapt import arrays_as_literals, column_names
-from replayq.storage.protocol import JobInsert, JobLease, Listener, Lock, MigrationStatus
+from replayq.storage.protocol import (
+    JobInsert,
+    JobLease,
+    Listener,
+    Lock,
+    MigrationStatus,
+    storage_closed,
+)
 from replayq.storage.queries import load_queries
 from replayq.storage.retention_params import LedgerDrop, LedgerDropped, LedgerPartitions
 from replayq.storage.sql_transaction import JOBS_COMPLETE_COLUMNS, SqlTransaction, with_job_id
@@ -1075,6 +1084,8 @@ class PostgresStorage:
         self._idle_in_transaction_ms = str(int(idle * 1000))
         self.queries = load_queries("replayq.storage.postgres")
         self.queries.update(refusing_queries(self.queries))
+        self._closed = False  # by ``close()``: every later use raises ``StorageError``
+        self._where = f"PostgreSQL at {mask_url_passwords(self.conninfo)}"
         # Cleared when a call finds the database gone (a dead or broken connection), set
         # again by the next connection the pool opens: while clear, waits are short.
         self._reachable = threading.Event()
@@ -1173,6 +1184,8 @@ class PostgresStorage:
             finally:
                 self.pool.putconn(conn)
         except psycopg.Error as exc:
+            if self._closed:  # the pool's ``PoolClosed`` is no outage to wait out
+                raise storage_closed(self._where) from exc
             raise storage_error(
                 "PostgreSQL transaction failed", exc, read_only_asked=readonly
             ) from exc
@@ -1216,6 +1229,8 @@ class PostgresStorage:
         DB-API connection (a framework's adapter) is trusted to be on this database
         inside the caller's transaction.
         """
+        if self._closed:
+            raise storage_closed(self._where)
         driver = connection.raw if isinstance(connection, AsyncConnectionView) else connection
         if isinstance(driver, psycopg.Connection | psycopg.AsyncConnection):
             status = driver.info.transaction_status
@@ -1237,6 +1252,8 @@ class PostgresStorage:
 
     def listen(self, callback: Callable[[str | None], None]) -> Notifier:
         """Call ``callback(queue)`` when a job becomes ready; ``close()`` the result to stop."""
+        if self._closed:
+            raise storage_closed(self._where)
         return Notifier(self.conninfo, self.queries, callback)
 
     def _applied(self, tx: PostgresTransaction) -> list[tuple[int, str, float]]:
@@ -1283,6 +1300,9 @@ class PostgresStorage:
         return int(self.pool.get_stats().get("pool_size", 0))
 
     def close(self) -> None:
+        """Close the pool; every later use raises ``StorageError`` (closed). A block open
+        meanwhile keeps its connection to its end (up to 5 s), then the pool closes it."""
+        self._closed = True
         self.pool.close(timeout=5.0)
 
 

@@ -69,6 +69,17 @@ Known limits, up front:
   (1 ms, 2, 5, 10 ...) between its tries. A write that waited ``busy_timeout`` in the
   queue goes on to SQLite's lock and waits there too: up to twice ``busy_timeout``
   before the error.
+* Fork (``fork.py``): SQLite's locks do not carry across ``fork()``, and a connection
+  the child opens beside one it inherited takes none of its own (its commits can be
+  lost once the parent closes the file). A child's first use of the file closes the
+  connections it inherited, when nothing was using them at the fork, and opens its own:
+  an ``App`` opened before the fork works in the child. When a thread of the parent was
+  inside a block on the file at the fork, they can be neither used nor closed, and
+  every use of the file in the child raises ``StorageError`` saying so (fork while no
+  thread uses it, ``App.close()`` first, or use the ``spawn`` start method). Other
+  connections to the file (the caller's own) are not seen: close them before forking.
+* After ``close()`` every use of the storage raises ``StorageError`` (closed), as on
+  PostgreSQL; a block another thread had open on it raises it too and commits nothing.
 """
 
 from __future__ import annotations
@@ -83,7 +94,7 @@ import sqlite3
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -99,9 +110,12 @@ from replayq.storage.protocol import (
     Listener,
     MigrationStatus,
     SnapshotRead,
+    storage_closed,
 )
 from replayq.storage.queries import load_queries
 from replayq.storage.sql_transaction import JOBS_COMPLETE_COLUMNS, SqlTransaction
+from replayq.storage.sqlite import fork
+from replayq.storage.sqlite.fork import Connection
 from replayq.storage.sqlite.watch import Watcher
 
 _MIGRATIONS = "replayq.storage.sqlite.migrations"
@@ -151,19 +165,30 @@ def _writer_of(key: str | None) -> threading.Lock:
         return found
 
 
-def _writers_after_fork() -> None:
-    """A child forked while a thread of its parent wrote holds that thread's lock and
-    never the thread: new locks, also for the storages the child inherited (they keep
-    theirs in ``_writer``; a transaction the forking thread had open releases the one it
-    took, ``_Transaction._held``)."""
+def _after_fork_in_child() -> None:
+    """In a forked child, the storages it inherited give up their parent's connections.
+
+    Each storage's connections (and its watchers') go to ``fork.inherit``, marked in use
+    or not at the fork, and its threads open new ones on their next use, once
+    ``fork.leave_inherited`` has closed the old ones or refused (``fork.py``). No SQLite
+    call is made here. A child forked while a thread of its parent wrote also holds that
+    thread's locks of the process and never the thread: new locks (``_writer``, and
+    ``_all_lock``; a transaction the forking thread had open releases the one it took,
+    ``_Transaction._held``).
+    """
     global _WRITERS_LOCK
     _WRITERS_LOCK = threading.Lock()
     _WRITERS.clear()
     for storage in list(_STORAGES):
         storage._writer = _writer_of(storage._writer_key)
+        storage._all_lock = threading.Lock()
+        watched = [w.connection for w in storage._watchers if w.connection is not None]
+        fork.inherit(storage._writer_key, storage._all + watched)
+        storage._all = []
+        storage._local = threading.local()
 
 
-os.register_at_fork(after_in_child=_writers_after_fork)
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 # How many write transactions of one connection between two looks at the free space.
 _RETUNE_EVERY = 128
@@ -240,12 +265,32 @@ def _rollback(conn: sqlite3.Connection) -> None:
     After ``SQLITE_FULL`` or ``SQLITE_IOERR`` SQLite may have rolled back already, and
     ``ROLLBACK`` then fails with ``cannot rollback - no transaction is active``.
     """
-    if not conn.in_transaction:
+    try:
+        if not conn.in_transaction:
+            return
+    except sqlite3.ProgrammingError:  # closed (``SqliteStorage.close()``): nothing to end
         return
     try:
         conn.execute("ROLLBACK")
     except sqlite3.Error as exc:
         log.debug("ROLLBACK failed after an earlier error: %s", exc)
+
+
+def _leave(conn: Connection) -> None:
+    """One block fewer in ``conn`` (``inside``); a mark ``close()`` or a fork left kept."""
+    if conn.inside > 0:
+        conn.inside -= 1
+
+
+@contextlib.contextmanager
+def _using(conn: Connection) -> Iterator[Connection]:
+    """``conn`` counted in use (``inside``) for a block outside ``transaction()``
+    (migrations): a child forked meanwhile must not close it (``fork.py``)."""
+    conn.inside += 1
+    try:
+        yield conn
+    finally:
+        _leave(conn)
 
 
 def _is_full(exc: sqlite3.Error) -> bool:
@@ -753,8 +798,9 @@ class SqliteStorage:
             )
         self.queries = load_queries("replayq.storage.sqlite")
         self._local = threading.local()
-        self._all: list[sqlite3.Connection] = []
+        self._all: list[Connection] = []
         self._all_lock = threading.Lock()
+        self._closed = False  # by ``close()``: every later use raises ``StorageError``
         self._writer_key = _writer_key(self.path)
         self._writer = _writer_of(self._writer_key)
         with _WRITERS_LOCK:
@@ -776,16 +822,29 @@ class SqliteStorage:
             )
         self._connection()  # fail now, with a clear message, if the file cannot be opened
 
-    def _connection(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+    def _connection(self) -> Connection:
+        conn: Connection | None = getattr(self._local, "conn", None)
         if conn is not None:
             return conn
+        if self._closed:
+            raise storage_closed(f"SQLite database {self.path!r}")
+        # A forked child's first connection to the file: the parent's are closed first, or
+        # the use is refused (fork.py).
+        fork.leave_inherited(self._writer_key, self.path)
         try:
             with unsealed():  # replayq's own database, also during a sealed replay
                 create_private(self.path)
-                conn = sqlite3.connect(
-                    self.path, isolation_level=None, check_same_thread=False, timeout=0
-                )
+                conn = fork.connect(self.path, timeout=0)
+        except (sqlite3.Error, OSError) as exc:
+            raise DatabaseUnavailableError(
+                f"cannot open SQLite database {self.path!r}: {exc}"
+            ) from exc
+        # In use until set up, and known to a fork from here on: a connection that has
+        # read nothing yet holds no lock, so one a child missed before this is harmless.
+        conn.inside = 1
+        with self._all_lock:
+            self._all.append(conn)
+        try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
             # Switching the mode needs the file to itself; asking does not, so a process
             # opening a WAL file while another connection writes is not blocked.
@@ -810,12 +869,14 @@ class SqliteStorage:
             # through this function, so every connection replayq opens has it.
             packs.register_sqlite(conn)
         except (sqlite3.Error, OSError) as exc:
+            self._discard(conn)  # not kept half set up
             raise DatabaseUnavailableError(
                 f"cannot open SQLite database {self.path!r}: {exc}"
             ) from exc
+        finally:
+            if conn.inside > 0:  # not closed meanwhile (``close()``, ``_discard``)
+                conn.inside = 0
         self._local.conn = conn
-        with self._all_lock:
-            self._all.append(conn)
         return conn
 
     def _fit_wal(self, conn: sqlite3.Connection) -> None:
@@ -888,7 +949,7 @@ class SqliteStorage:
 
     def _begin(
         self, readonly: bool, autocommit: bool = False
-    ) -> tuple[sqlite3.Connection, SqliteTransaction, threading.Lock | None]:
+    ) -> tuple[Connection, SqliteTransaction, threading.Lock | None]:
         """``BEGIN`` on this thread's connection (none with ``autocommit``), the verbs on
         it, and the process's writer lock it took (``_WRITERS``; ``None`` if none): the
         transaction releases that one, whatever thread ends it and whatever ``close()``
@@ -902,31 +963,36 @@ class SqliteStorage:
         what it wrote before was lost, and what it wrote after committed statement by
         statement. A transaction no block holds (left open when a failed ``ROLLBACK``
         could not end it) is rolled back here, and this one goes ahead.
+
+        The connection counts the block (``inside``) from before its first statement to
+        its end (``_Transaction.__exit__``): a child forked meanwhile must not close it
+        (``fork.py``).
         """
         local = self._local
         # ``_connection``'s first look inlined: the thread's connection, once it has one.
         conn = getattr(local, "conn", None) or self._connection()
-        if conn.in_transaction:
-            if getattr(local, "inside", False):
-                raise StorageError(
-                    f"cannot begin a transaction on {self.path!r}: this thread's connection "
-                    "is inside one already, and transactions do not nest (inside a "
-                    "transaction, enqueue with its own tx: App.insert_job(tx, request))"
-                )
-            _rollback(conn)
-        if not readonly:
-            if self._full.is_set():
-                self._checkpoint_after_full(conn)
-            writes = local.writes = local.writes + 1
-            if writes % _RETUNE_EVERY == 0:
-                self._fit_wal(conn)
-            # The process's writers queue here (``_WRITERS``); past ``busy_timeout`` the
-            # write goes on to SQLite's lock and its own wait, as without the queue.
-            writer = self._writer
-            held = writer if writer.acquire(timeout=self.busy_timeout_ms / 1000) else None
-        else:
-            held = None
+        orphan = conn.in_transaction
+        if orphan and conn.inside:
+            raise StorageError(
+                f"cannot begin a transaction on {self.path!r}: this thread's connection "
+                "is inside one already, and transactions do not nest (inside a "
+                "transaction, enqueue with its own tx: App.insert_job(tx, request))"
+            )
+        conn.inside += 1
+        held = None
         try:
+            if orphan:
+                _rollback(conn)
+            if not readonly:
+                if self._full.is_set():
+                    self._checkpoint_after_full(conn)
+                writes = local.writes = local.writes + 1
+                if writes % _RETUNE_EVERY == 0:
+                    self._fit_wal(conn)
+                # The process's writers queue here (``_WRITERS``); past ``busy_timeout`` the
+                # write goes on to SQLite's lock and its own wait, as without the queue.
+                writer = self._writer
+                held = writer if writer.acquire(timeout=self.busy_timeout_ms / 1000) else None
             if not autocommit:
                 conn.execute("BEGIN" if readonly else "BEGIN IMMEDIATE")
             # The pack a transaction on this connection committed last: the next one's
@@ -939,19 +1005,20 @@ class SqliteStorage:
         except sqlite3.Error as exc:
             if held is not None:
                 held.release()
-            self._fault(conn, exc)
-            raise storage_error(
-                f"cannot begin a transaction on {self.path!r}", exc, self.path
-            ) from exc
+            try:
+                self._fault(conn, exc)
+            finally:
+                _leave(conn)  # after the rollback: in use until then
+            raise self._failure(f"cannot begin a transaction on {self.path!r}", exc) from exc
         except BaseException:
             try:
                 with contextlib.suppress(sqlite3.Error):  # a connection ``close()`` closed
                     _rollback(conn)
             finally:
+                _leave(conn)
                 if held is not None:
                     held.release()
             raise
-        local.inside = True  # until ``_Transaction.__exit__``: a nested one is refused
         return conn, tx, held
 
     def _end(
@@ -969,7 +1036,7 @@ class SqliteStorage:
             if isinstance(exc, sqlite3.Error):
                 self._fault(conn, exc)
                 # Storage errors keep the driver's as __cause__ (as on PostgreSQL).
-                raise storage_error(self.path, exc, self.path) from exc
+                raise self._failure(self.path, exc) from exc
             if not autocommit:
                 _rollback(conn)
             return
@@ -978,7 +1045,7 @@ class SqliteStorage:
                 conn.execute("COMMIT")
         except sqlite3.Error as error:
             self._fault(conn, error)
-            raise storage_error(f"commit failed on {self.path!r}", error, self.path) from error
+            raise self._failure(f"commit failed on {self.path!r}", error) from error
         if not readonly:
             self._local.last_pack = tx.last_pack
             if tx.jobs_changed:
@@ -1049,6 +1116,25 @@ class SqliteStorage:
                 step,
             )
 
+    def _failure(self, what: str, exc: sqlite3.Error) -> StorageError:
+        """The replayq error for ``exc``; once the storage is closed, that it is (a block
+        another thread cut short by ``close()``), not the closed connection's error."""
+        if self._closed:
+            return storage_closed(f"SQLite database {self.path!r}")
+        return storage_error(what, exc, self.path)
+
+    def _cut_short(self, inside: int) -> StorageError:
+        """The error at the end of a block whose connection was closed by ``close()``
+        (``inside`` is ``fork.CLOSED``), or inherited by a fork since the block began:
+        the child cannot commit its parent's transaction, nor roll it back (``fork.py``)."""
+        if inside == fork.CLOSED:
+            return storage_closed(f"SQLite database {self.path!r}")
+        return StorageError(
+            f"{self.path!r}: this process was forked inside a transaction, which belongs "
+            "to the parent's connection: the child neither commits it nor rolls it back "
+            "(the parent does, as its own block ends)"
+        )
+
     def _fault(self, conn: sqlite3.Connection, exc: sqlite3.Error) -> None:
         if _is_full(exc):
             self._full.set()
@@ -1077,6 +1163,8 @@ class SqliteStorage:
         (a framework's wrapper of ``sqlite3`` or ``aiosqlite``) is trusted to be on this
         file inside the caller's transaction: replayq cannot check it.
         """
+        if self._closed:
+            raise storage_closed(f"SQLite database {self.path!r}")
         if isinstance(connection, sqlite3.Connection):
             if not connection.in_transaction and connection.isolation_level is None:
                 raise ConfigurationError(
@@ -1113,7 +1201,10 @@ class SqliteStorage:
         So a process whose app opens while the caller's own transaction holds the write
         lock (transactional enqueue as the first use) does not wait on itself.
         """
-        conn = self._connection()
+        with _using(self._connection()) as conn:
+            return self._migrate(conn, now)
+
+    def _migrate(self, conn: Connection, now: float) -> list[MigrationStatus]:
         try:
             if self._up_to_date(conn):
                 return []
@@ -1145,16 +1236,16 @@ class SqliteStorage:
         return done
 
     def migration_status(self) -> list[MigrationStatus]:
-        conn = self._connection()
-        try:
-            conn.execute("BEGIN IMMEDIATE")
+        with _using(self._connection()) as conn:
             try:
-                return migrate.migration_status(self._applied(conn), _MIGRATIONS)
-            finally:
-                conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            _rollback(conn)
-            raise storage_error(f"cannot read the migrations of {self.path!r}", exc) from exc
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    return migrate.migration_status(self._applied(conn), _MIGRATIONS)
+                finally:
+                    conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                _rollback(conn)
+                raise storage_error(f"cannot read the migrations of {self.path!r}", exc) from exc
 
     def listen(self, callback: Callable[[str | None], None]) -> Watcher:
         """Call ``callback(None)`` when the file may hold new work; ``close()`` the result.
@@ -1162,6 +1253,9 @@ class SqliteStorage:
         SQLite cannot say which queue changed: every commit to the file wakes the
         listener (``watch.py``), at once for this process's own commits.
         """
+        if self._closed:
+            raise storage_closed(f"SQLite database {self.path!r}")
+        fork.leave_inherited(self._writer_key, self.path)  # before the watch's own (fork.py)
         watcher = Watcher(self.path, callback, on_close=self._unwatch)
         with self._all_lock:
             self._watchers = [*self._watchers, watcher]
@@ -1177,8 +1271,13 @@ class SqliteStorage:
             return len(self._all)
 
     def close(self) -> None:
+        """Close every connection of the storage; every later use of it raises
+        ``StorageError`` (closed), as does the end of a block another thread had open on
+        it: that block neither commits nor goes on (its connection is closed)."""
+        self._closed = True
         with self._all_lock:
             for conn in self._all:
+                conn.inside = fork.CLOSED  # a block open on it ends without a statement
                 conn.close()
             self._all.clear()
         self._local = threading.local()
@@ -1207,10 +1306,15 @@ class _Transaction:
         traceback: TracebackType | None,
     ) -> None:
         storage = self._storage
+        conn = self._conn
+        inside = conn.inside
         try:
-            storage._end(self._conn, self._tx, self._readonly, exc, self._autocommit)
+            if inside <= 0:  # ``close()`` or a fork since the block began (``fork.py``)
+                raise storage._cut_short(inside) from exc
+            storage._end(conn, self._tx, self._readonly, exc, self._autocommit)
         finally:
-            storage._local.inside = False
+            if inside > 0:
+                conn.inside = inside - 1
             held = self._held
             if held is not None:
                 self._held = None

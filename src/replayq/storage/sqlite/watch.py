@@ -32,6 +32,7 @@ from collections.abc import Callable
 from urllib.parse import quote
 
 from replayq.seal import unsealed
+from replayq.storage.sqlite.fork import Connection, connect
 
 log = logging.getLogger("replayq.storage.sqlite")
 
@@ -53,6 +54,9 @@ class Watcher:
         self.callback = callback
         self.interval = interval
         self.listening = threading.Event()
+        # The thread's connection while it has one: a forked child closes it before its
+        # own first connection to the file, if it was not in use at the fork (fork.py).
+        self.connection: Connection | None = None
         self._on_close = on_close
         self._poked = threading.Event()
         self._stop = threading.Event()
@@ -87,9 +91,12 @@ class Watcher:
         if self.path != ":memory:":
             target, uri = f"file:{quote(self.path)}?mode=ro", True
         with unsealed():  # replayq's own database, also during a sealed replay
-            conn = sqlite3.connect(target, uri=uri, isolation_level=None, check_same_thread=False)
+            conn = connect(target, uri=uri)
+        conn.inside = 1  # in use around each statement (fork.py)
+        self.connection = conn
         try:
             version = conn.execute("PRAGMA data_version").fetchone()[0]
+            conn.inside = 0
             self.listening.set()
             self.callback(None)  # anything enqueued before the watch began
             while not self._stop.is_set():
@@ -97,9 +104,13 @@ class Watcher:
                 self._poked.clear()
                 if self._stop.is_set():
                     return
+                conn.inside = 1
                 seen = conn.execute("PRAGMA data_version").fetchone()[0]
+                conn.inside = 0
                 if seen != version:
                     version = seen
                     self.callback(None)
         finally:
+            conn.inside = 1
+            self.connection = None
             conn.close()

@@ -1,0 +1,132 @@
+"""A storage used after its ``close()`` fails the same way on every backend: a
+``StorageError`` saying it is closed — never the driver's own error (SQLite's
+``ProgrammingError``), never ``DatabaseUnavailableError`` (PostgreSQL's closed pool was
+one: a worker would have waited forever for a storage that cannot come back).
+
+A block another thread has open when ``close()`` runs either commits whole (PostgreSQL:
+the pool lets it finish) or raises that error and commits nothing (SQLite: its
+connection is closed under it); never half, never a raw driver error.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from replayq.errors import DatabaseUnavailableError, StorageError
+from replayq.storage import open_storage
+from replayq.storage.params import JobFilter, JobInsert
+from replayq.storage.protocol import Autocommit, Listener, SnapshotRead, Storage
+
+T0 = 1_700_000_000.0
+
+
+def insert(message_id: str) -> JobInsert:
+    return JobInsert(
+        job_type="t",
+        queue="default",
+        payload_json="{}",
+        priority=0,
+        run_at=T0,
+        now=T0,
+        max_attempts=3,
+        trace_id="trace",
+        hlc=1,
+        message_id=message_id,
+    )
+
+
+def _write(storage: Storage) -> None:
+    with storage.transaction() as tx:
+        tx.job_insert(insert("after close"))
+
+
+def _read(storage: Storage) -> None:
+    with storage.transaction(readonly=True) as tx:
+        tx.job_list(JobFilter())
+
+
+def _autocommit(storage: Storage) -> None:
+    assert isinstance(storage, Autocommit)
+    with storage.autocommit() as tx:
+        tx.job_insert(insert("after close"))
+
+
+def _listen(storage: Storage) -> None:
+    assert isinstance(storage, Listener)
+    storage.listen(lambda queue: None).close()
+
+
+def _snapshot_read(storage: Storage) -> None:
+    assert isinstance(storage, SnapshotRead)
+    with storage.snapshot_read() as tx:
+        tx.job_list(JobFilter())
+
+
+USES: dict[str, Callable[[Storage], Any]] = {
+    "write": _write,
+    "read": _read,
+    "autocommit": _autocommit,
+    "snapshot_read": _snapshot_read,
+    "migration_status": lambda storage: storage.migration_status(),
+    "migrate": lambda storage: storage.migrate(T0),
+    "listen": _listen,
+}
+
+
+@pytest.mark.parametrize("use", sorted(USES))
+def test_every_use_of_a_closed_storage_raises_storage_error_saying_so(
+    db_url: str, use: str
+) -> None:
+    storage = open_storage(db_url)
+    storage.migrate(T0)
+    storage.close()
+    with pytest.raises(StorageError, match="storage is closed") as raised:
+        USES[use](storage)
+    assert not isinstance(raised.value, DatabaseUnavailableError)  # no outage to wait out
+    storage.close()  # closing again is harmless
+
+
+def test_a_block_open_on_another_thread_at_close_commits_whole_or_raises_and_commits_nothing(
+    db_url: str,
+) -> None:
+    storage = open_storage(db_url)
+    storage.migrate(T0)
+    inside, closed = threading.Event(), threading.Event()
+    outcome: list[BaseException | None] = []
+
+    def write_across_the_close() -> None:
+        try:
+            with storage.transaction() as tx:
+                tx.job_insert(insert("before close"))
+                inside.set()
+                closed.wait(10)
+                tx.job_insert(insert("after close"))
+        except BaseException as exc:  # judged by the test's thread
+            outcome.append(exc)
+        else:
+            outcome.append(None)
+
+    writer = threading.Thread(target=write_across_the_close)
+    writer.start()
+    assert inside.wait(10)
+    closer = threading.Thread(target=storage.close)
+    closer.start()
+    closer.join(0.5)  # SQLite's returns at once; PostgreSQL's waits for the block to end
+    closed.set()
+    writer.join(10)
+    closer.join(10)
+    [error] = outcome
+    if error is not None:
+        assert type(error) is StorageError, repr(error)
+        assert "storage is closed" in str(error)
+    reader = open_storage(db_url)
+    try:
+        with reader.transaction(readonly=True) as tx:
+            kept = sorted(job.message_id or "" for job in tx.job_list(JobFilter()))
+    finally:
+        reader.close()
+    assert kept == ([] if error is not None else ["after close", "before close"])
