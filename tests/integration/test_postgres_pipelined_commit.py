@@ -504,8 +504,11 @@ def test_a_write_whose_lock_another_holder_took_is_refused_in_the_server_and_rej
         (job,) = worker.lease(1)
         with traced_run(app, tmp_path / "trace.txt") as sent:
             worker.execute(job)
-        assert len(refusals) == 1, refusals
+        assert len(refusals) == 2, refusals
         assert "lock_fence_refusing: the lock's fencing token moved past" in refusals[0]
+        # The lock's release in one round trip refuses too (not this holder's any more):
+        # made again, it says ``lock.expired``.
+        assert "lock_release_in_time: no row changed" in refusals[1]
         # Made again with every answer read: the lock's row, read at once, rejects the
         # write and ends it (no head, no version sent).
         statements = refused_and_made_again(sent, LOCK_FENCE)

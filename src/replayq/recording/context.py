@@ -174,7 +174,7 @@ class Context(Recorder):
     def renew_locks(self) -> None:
         """Renew the locks this attempt holds (the worker's heartbeat; builds no view)."""
         locks = self._locks
-        if locks is not None and locks.held:
+        if locks is not None and (locks.held or locks.waiting):
             locks.renew_all()
 
     # -- the end of the attempt -------------------------------------------------------------
@@ -221,6 +221,9 @@ class Context(Recorder):
     def _views_committed(self) -> None:
         if self._cache is not None:
             self._cache.after_commit()
+        locks = self._locks
+        if locks is not None and locks.deferred:
+            locks.released()
 
     # ``Recorder``'s, with the hooks above inlined (asked at every step's end and commit).
 
@@ -234,6 +237,9 @@ class Context(Recorder):
         self._pending = PendingRecord()
         if self._cache is not None:
             self._cache.after_commit()
+        locks = self._locks
+        if locks is not None and locks.deferred:
+            locks.released()
 
     def _views_discard(self) -> None:
         if self._state is not None:
