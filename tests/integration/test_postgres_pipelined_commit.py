@@ -528,9 +528,8 @@ def test_a_lock_let_go_of_before_its_writes_commit_is_released_in_their_one_roun
 
     @app.job("reserve")
     def reserve(ctx: replayq.Context, n: int) -> int:
-        with ctx.step("reserve"):
-            with ctx.lock("warehouse:1", ttl="30s"):
-                ctx.state.put("order", n, {"n": n})
+        with ctx.step("reserve"), ctx.lock("warehouse:1", ttl="30s"):
+            ctx.state.put("order", n, {"n": n})
         return n
 
     try:

@@ -5,7 +5,8 @@ job's trace. Events and state writes wait in the context until the step that
 made them commits (``with ctx.step(...)`` or ``ctx.step(name, fn)``) or, outside
 steps, until the job is acked: the step's state writes, outbox rows, child jobs and
 events commit in one transaction. Two things commit at once because other workers
-must see them: lock acquisition/release and idempotency records around effects.
+must see them: lock acquisition/release and idempotency records around effects (a
+lock let go of while writes under it wait is released by their commit, after them).
 
 Fencing: a worker's context carries the job's ``owner_token``. Every transaction
 that writes for the job — a step's commit, an effect's claim and its result, a

@@ -9,7 +9,9 @@ the lock's newest; a write that passes commits before the lock can be taken agai
 keeps the lock's row FOR SHARE until the commit, and an acquisition meanwhile waits
 for it; on SQLite the commit's write lock holds off every acquisition anyway.
 Acquisition and release commit at once, so other workers see them; the worker's
-heartbeat renews held locks.
+heartbeat renews held locks. A lock let go of while writes carrying its token wait for
+their commit is released by that commit instead, after them (``release``): until they
+land nobody takes it and reads what they are about to change.
 """
 
 from __future__ import annotations
