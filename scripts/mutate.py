@@ -216,6 +216,14 @@ BUGS: list[Bug] = [
         "if query.newer_than is not None and lock.fencing_token <= query.newer_than + 1:",
         ("tests/conformance/test_context_state.py", "tests/acceptance/test_context_fencing.py"),
     ),
+    # -- a lock guards its writes until they commit: released by their commit, not before -----
+    Bug(
+        "lock-released-before-its-writes-commit",
+        "lock guards its writes",
+        'getattr(write, "fences", {}).get(resource) == fencing_token',
+        "False",
+        ("tests/conformance/test_context_state.py", "tests/acceptance/test_lock_guards_writes.py"),
+    ),
     # -- lease deadline: the reaper takes only expired leases ------------------------------------
     Bug(
         "reaper-ignores-deadline-sqlite",

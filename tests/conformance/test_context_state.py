@@ -424,6 +424,172 @@ def test_lock_fencing_tokens_grow_per_resource_and_writes_carry_them(app: replay
     assert list_locks(app) == [], "released after each job"
 
 
+# -- a lock let go of while writes under it wait for their commit -------------------------------
+
+
+def holder(app: replayq.App, resource: str) -> int | None:
+    """The job that holds the lock on ``resource`` now, as another worker would see it."""
+    held = {lock.resource: lock.job_id for lock in list_locks(app)}
+    return held.get(resource)
+
+
+def domain_names(app: replayq.App, job_id: int) -> list[str]:
+    return [e.name for e in app.trace(job_id) if e.kind == "domain"]
+
+
+@pytest.mark.parametrize("handler", ["plain", "async"])
+def test_a_lock_let_go_of_inside_a_step_is_released_by_the_commit_of_its_writes(
+    app: replayq.App, handler: str
+) -> None:
+    """A lock on ``warehouse:1`` guards a write to ``order:N``, let go of before the step
+    ends: nobody can take it until the write is committed; its release commits with the
+    step, where the handler let go of it in the trace (a plain or an ``async def``
+    handler alike)."""
+    seen: dict[str, Any] = {}
+
+    def reserve(ctx: replayq.Context, n: int) -> None:
+        with ctx.step("reserve"):
+            with ctx.lock("warehouse:1", ttl="30s"):
+                ctx.state.put("order", n, {"reserved": True})
+            seen["during the step"] = holder(app, "warehouse:1")
+            seen["order during the step"] = app.state.get("order", n).version
+
+    if handler == "plain":
+        app.job("reserve", retry=replayq.Retry(max_attempts=1))(reserve)
+    else:
+
+        async def reserve_async(ctx: replayq.Context, n: int) -> None:
+            reserve(ctx, n)
+
+        app.job("reserve", retry=replayq.Retry(max_attempts=1))(reserve_async)
+    job_id = app.enqueue("reserve", {"n": 5})
+    run_once(replayq.Worker(app))
+
+    assert app.get_job(job_id).state is replayq.JobState.SUCCEEDED
+    assert seen == {"during the step": job_id, "order during the step": 0}
+    assert holder(app, "warehouse:1") is None, "released with the step's commit"
+    [version] = app.state.history("order", 5)
+    assert version.fencing_token == 1
+    assert domain_names(app, job_id) == [
+        "step.started",
+        "lock.acquired",
+        "state.write",
+        "lock.released",
+        "step.finished",
+    ]
+    [released] = named(app, job_id, "lock.released")
+    assert released.data["fencing_token"] == 1
+
+
+def test_a_failed_steps_writes_are_dropped_and_its_lock_released_all_the_same(
+    app: replayq.App,
+) -> None:
+    @app.job("reserve", retry=replayq.Retry(max_attempts=1))
+    def reserve(ctx: replayq.Context, n: int) -> None:
+        with ctx.step("reserve"):
+            with ctx.lock("warehouse:1", ttl="30s"):
+                ctx.state.put("order", n, {"reserved": True})
+            raise RuntimeError("the rest of the step failed")
+
+    job_id = app.enqueue("reserve", {"n": 6})
+    run_once(replayq.Worker(app))
+
+    assert app.get_job(job_id).state is replayq.JobState.DEAD
+    assert app.state.history("order", 6) == [], "the failed step's write was dropped"
+    assert holder(app, "warehouse:1") is None, "and its lock released"
+    names = domain_names(app, job_id)
+    assert names.index("lock.released") < names.index("step.finished")
+    [finished] = named(app, job_id, "step.finished")
+    assert finished.status == "fail"
+
+
+def test_a_lock_let_go_of_outside_steps_is_released_with_the_ack_of_its_writes(
+    app: replayq.App,
+) -> None:
+    """Writes outside steps commit with the ack: the lock they were made under is held
+    until then (renewed by the heartbeat meanwhile), and released by the ack."""
+    seen: list[int | None] = []
+
+    @app.job("reserve", retry=replayq.Retry(max_attempts=1))
+    def reserve(ctx: replayq.Context, n: int) -> None:
+        with ctx.lock("warehouse:1", ttl="30s"):
+            ctx.state.put("order", n, {"reserved": True})
+        seen.append(holder(app, "warehouse:1"))
+
+    job_id = app.enqueue("reserve", {"n": 7})
+    run_once(replayq.Worker(app))
+
+    assert app.get_job(job_id).state is replayq.JobState.SUCCEEDED
+    assert seen == [job_id]
+    assert holder(app, "warehouse:1") is None
+    assert app.state.get("order", 7).data == {"reserved": True}
+    names = domain_names(app, job_id)
+    assert names == ["lock.acquired", "state.write", "lock.released"], names
+
+
+def test_a_lock_taken_again_before_its_release_committed_is_still_this_attempts(
+    app: replayq.App,
+) -> None:
+    """A loop that takes the lock for each item of one step: the second take finds the
+    release of the first waiting for the step's commit and takes the lock back, without
+    waiting for itself; both writes carry the one fencing token."""
+
+    @app.job("reserve", retry=replayq.Retry(max_attempts=1))
+    def reserve(ctx: replayq.Context) -> None:
+        with ctx.step("reserve"):
+            for n in (1, 2):
+                with ctx.lock("warehouse:1", ttl="30s", wait="0.5s"):
+                    ctx.state.put("order", n, {"reserved": True})
+
+    job_id = app.enqueue("reserve", {})
+    run_once(replayq.Worker(app))
+
+    assert app.get_job(job_id).state is replayq.JobState.SUCCEEDED, app.get_job(job_id).last_error
+    assert holder(app, "warehouse:1") is None
+    for n in (1, 2):
+        [version] = app.state.history("order", n)
+        assert version.fencing_token == 1
+    acquired = named(app, job_id, "lock.acquired")
+    assert [e.data["fencing_token"] for e in acquired] == [1, 1]
+    assert "taken back" in acquired[1].data["note"]
+    assert domain_names(app, job_id).count("lock.released") == 2
+
+
+def test_a_lock_that_ran_out_while_its_release_waited_is_recorded_as_expired(
+    app: replayq.App, clock: replayq.FrozenClock
+) -> None:
+    """Nobody took it: the write, fenced by a token nobody moved, commits, and the pending
+    ``lock.released`` says ``lock.expired`` (in its place) once the commit found it ran
+    out."""
+
+    @app.job("reserve", retry=replayq.Retry(max_attempts=1))
+    def reserve(ctx: replayq.Context, n: int) -> None:
+        with ctx.step("reserve"):
+            with ctx.lock("warehouse:1", ttl="1s"):
+                ctx.state.put("order", n, {"reserved": True})
+            clock.advance(2)
+
+    job_id = app.enqueue("reserve", {"n": 8})
+    run_once(replayq.Worker(app))
+
+    assert app.get_job(job_id).state is replayq.JobState.SUCCEEDED
+    assert app.state.get("order", 8).data == {"reserved": True}
+    assert holder(app, "warehouse:1") is None
+    assert domain_names(app, job_id) == [
+        "step.started",
+        "lock.acquired",
+        "state.write",
+        "lock.expired",
+        "step.finished",
+    ]
+    [expired] = named(app, job_id, "lock.expired")
+    assert expired.status == "fail"
+    assert expired.data["note"] == "the lock's lease ran out before the holder released it"
+    events = [e for e in app.trace(job_id) if e.kind == "domain"]
+    assert [e.seq for e in events] == sorted(e.seq for e in events)
+    assert len({e.seq for e in events}) == len(events)
+
+
 def test_a_lock_held_by_another_job_times_out_as_concurrency(
     app: replayq.App, clock: replayq.FrozenClock
 ) -> None:

@@ -10,6 +10,7 @@ fenced for real (``test_fencing.py``, ``tests/acceptance/test_context_fencing.py
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -99,6 +100,52 @@ def test_a_kept_dry_run_under_a_lock_taken_again_since_reproduces_the_recording(
     assert (version.data, version.fencing_token) == ({"reserved": 1}, token)
     assert app.state.history("stock", "sku-1") == production, "production state untouched"
     assert newest_token(app) == token + 1, "a replay takes no lock"
+
+
+def test_a_dry_run_of_a_lock_released_with_its_steps_commit_reproduces_the_recording(
+    app: replayq.App, service: Service
+) -> None:
+    """A live lock let go of inside its step is released by the step's commit (and taken
+    back by the loop's next turn, still this attempt's); its events stay where the handler
+    let go of it, so a dry-run, which takes no lock, records them where the recording has
+    them, with the recorded tokens, and does not diverge."""
+
+    @app.job("allot", retry=replayq.Retry(max_attempts=1))
+    def allot(ctx: replayq.Context, n: int) -> None:
+        with ctx.step("allot"):
+            for turn in (1, 2):
+                with ctx.lock("warehouse:1", ttl="30s"):
+                    ctx.state.put("order", n, {"turn": turn})
+
+    job = run_inline(app, "allot", {"n": 1})
+    assert job.state == JobState.SUCCEEDED, job.last_error
+    recorded = [e for e in app.trace(job.id) if e.kind == "domain"]
+
+    report = dry_run(app, job.id)
+
+    assert report.error is None, report.error
+    assert not report.diverged, report.to_dict()
+    now = derived_events(app, report.trace_id)
+
+    def locks(events: list[TraceEvent]) -> list[tuple[str, Any]]:
+        return [(e.name, e.data.get("fencing_token")) for e in events if e.name.startswith("lock.")]
+
+    assert (
+        locks(now)
+        == locks(recorded)
+        == [
+            ("lock.acquired", 1),
+            ("lock.released", 1),
+            ("lock.acquired", 1),
+            ("lock.released", 1),
+        ]
+    )
+    names = [e.name for e in now if e.kind == "domain"]
+    assert names.index("step.finished") > max(
+        i for i, name in enumerate(names) if name == "lock.released"
+    )
+    with app.storage.transaction(readonly=True) as tx:
+        assert lock_get(tx, "warehouse:1").owner_token is None  # type: ignore[union-attr]
 
 
 def test_a_fork_past_a_lock_taken_again_since_writes_its_branch(

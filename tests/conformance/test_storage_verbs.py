@@ -25,6 +25,7 @@ from replayq.storage.context_params import (
     LineageQuery,
     LockFilter,
     LockRelease,
+    LockReleaseInTime,
     LockRenew,
     OutboxClaim,
 )
@@ -74,6 +75,7 @@ from replayq.storage.protocol import (
     LeasesExtend,
     LineagePut,
     Listener,
+    Lock,
     LockAcquire,
     LockGrant,
     OutboxInsert,
@@ -857,6 +859,53 @@ def test_a_one_round_trip_fence_refuses_exactly_where_the_careful_fence_finds_a_
     except CommitRefused:
         at_once = True
     assert at_once == careful == (lock in ("taken again", "broken"))
+
+
+@pytest.mark.parametrize("lock", ["held", "run out", "released", "taken again", "broken"])
+def test_a_release_in_time_frees_only_its_holders_live_lock_and_refuses_where_it_does_not(
+    storage: Storage, lock: str
+) -> None:
+    """``LockReleaseInTime``: the holder's lock, its lease not run out, is freed (``True``);
+    a lock that ran out, another's or none is left as it is (``False``). Sent unread in a
+    commit in one round trip (PostgreSQL) it refuses exactly there, nothing committed."""
+
+    def prepared(resource: str) -> Lock | None:
+        with storage.transaction() as tx:
+            tx.lock_transition(LockAcquire(resource, "a", None, "worker-a", T0, 10.0, 10))
+            if lock == "released":
+                tx.lock_transition(LockRelease(resource, "a", 11))
+            elif lock == "taken again":
+                tx.lock_transition(LockAcquire(resource, "b", None, "worker-b", T0 + 100, 10.0, 11))
+            elif lock == "broken":
+                tx.lock_transition(LockRelease(resource, None, 11))
+            return lock_get(tx, resource)
+
+    def release(resource: str) -> LockReleaseInTime:
+        now = T0 + 100 if lock in ("run out", "taken again") else T0 + 5
+        return LockReleaseInTime(resource, "a", now, 20)
+
+    before = prepared("at-once")
+    try:
+        with storage.transaction() as tx, tx.pipelined(refusals=True):
+            at_once = tx.lock_transition(release("at-once"))
+    except CommitRefused:
+        at_once = False
+    prepared("careful")
+    with storage.transaction() as tx:
+        careful = tx.lock_transition(release("careful"))
+    assert at_once == careful == (lock == "held")
+    with storage.transaction(readonly=True) as tx:
+        for resource in ("at-once", "careful"):
+            after = lock_get(tx, resource)
+            assert before is not None and after is not None
+            assert after.fencing_token == before.fencing_token, "a release never moves it"
+            if lock == "held":
+                assert after.owner_token is None and after.expires_at is None
+            else:
+                assert (after.owner_token, after.expires_at) == (
+                    before.owner_token,
+                    before.expires_at,
+                ), "refused: nothing changed"
 
 
 # A write's fence as a step's commit asks it: sent unread with the commit in one round

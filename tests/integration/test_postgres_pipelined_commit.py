@@ -477,6 +477,82 @@ def test_a_step_commit_under_a_lock_is_one_round_trip(pg_schema_url: str, tmp_pa
         app.close()
 
 
+# A holder's release of its lock (``lock_release_in_time``), sent unread in a commit in
+# one round trip, and the upsert that takes a lock (``lock_acquire``), by their first lines.
+LOCK_RELEASE = "-- lock_release_in_time_refusing"
+LOCK_ACQUIRE = "INSERT INTO rq_locks"
+
+
+def test_a_lock_is_taken_in_two_round_trips_and_released_in_one(
+    pg_schema_url: str, tmp_path: Path
+) -> None:
+    """Taking a lock: ``BEGIN`` and the upsert, whose fencing token ``lock.acquired``
+    carries (read: a ``Sync``); then the event, fenced by the lease, and ``COMMIT`` (six
+    round trips before: the lease asked, the upsert, the pack, its index, ``BEGIN`` and
+    ``COMMIT`` each). Releasing it after the step committed: ``BEGIN``, the release that
+    refuses unless it freed the holder's live lock, ``lock.released`` and ``COMMIT``
+    behind one ``Sync`` (six before: the row read first)."""
+    app = one_connection_app(pg_schema_url)
+    locked_writer(app)
+    try:
+        job_id = app.enqueue("locked", {"n": 3})
+        worker = Worker(app, worker_id="w")
+        (job,) = worker.lease(1)
+        with traced_run(app, tmp_path / "trace.txt") as sent:
+            worker.execute(job)
+        taken = transaction_of(sent, LOCK_ACQUIRE)
+        assert taken[0] == ("Parse", "BEGIN"), taken
+        assert [kind for kind, _ in taken].count("Sync") == 2, taken
+        assert "SELECT id FROM rq_jobs" not in "".join(text for _, text in taken), (
+            "the lease is fenced by the event's append, no statement of its own"
+        )
+        released = transaction_of(sent, LOCK_RELEASE)
+        assert released[0] == ("Parse", "BEGIN"), released
+        assert [kind for kind, _ in released].count("Sync") == 1, released
+        assert "INSERT INTO rq_entity_versions" not in "".join(t for _, t in released)
+        assert app.get_job(job_id).state is JobState.SUCCEEDED
+        names = [e.name for e in app.trace(job_id) if e.kind == "domain"]
+        assert names[0] == "lock.acquired" and names[-1] == "lock.released", names
+        assert_out_of_pipeline(app)
+    finally:
+        app.close()
+
+
+def test_a_lock_let_go_of_before_its_writes_commit_is_released_in_their_one_round_trip(
+    pg_schema_url: str, tmp_path: Path
+) -> None:
+    """``with ctx.lock(...)`` inside the step that writes under it: the release waits for
+    the step's commit and goes into it, after the writes and before the events, all
+    behind its one ``Sync``: no round trip of its own."""
+    app = one_connection_app(pg_schema_url)
+
+    @app.job("reserve")
+    def reserve(ctx: replayq.Context, n: int) -> int:
+        with ctx.step("reserve"), ctx.lock("warehouse:1", ttl="30s"):
+            ctx.state.put("order", n, {"n": n})
+        return n
+
+    try:
+        job_id = app.enqueue("reserve", {"n": 4})
+        worker = Worker(app, worker_id="w")
+        (job,) = worker.lease(1)
+        with traced_run(app, tmp_path / "trace.txt") as sent:
+            worker.execute(job)
+        block = transaction_of(sent, "INSERT INTO rq_entity_versions")
+        assert block[0] == ("Parse", "BEGIN"), block
+        assert [kind for kind, _ in block].count("Sync") == 1, block
+        statements = [text for kind, text in block if kind == "Parse"]
+        at = statements.index
+        version = next(t for t in statements if t.startswith("INSERT INTO rq_entity_versions"))
+        assert at(LOCK_FENCE) < at(version) < at(LOCK_RELEASE)
+        assert at(LOCK_RELEASE) < at("WITH pack AS (") < at("COMMIT"), statements
+        assert [text for kind, text in sent if kind == "Parse"].count(LOCK_RELEASE) == 1
+        assert app.get_job(job_id).state is JobState.SUCCEEDED
+        assert_out_of_pipeline(app)
+    finally:
+        app.close()
+
+
 def test_a_write_whose_lock_another_holder_took_is_refused_in_the_server_and_rejected(
     pg_schema_url: str, conninfo: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -504,8 +580,11 @@ def test_a_write_whose_lock_another_holder_took_is_refused_in_the_server_and_rej
         (job,) = worker.lease(1)
         with traced_run(app, tmp_path / "trace.txt") as sent:
             worker.execute(job)
-        assert len(refusals) == 1, refusals
+        assert len(refusals) == 2, refusals
         assert "lock_fence_refusing: the lock's fencing token moved past" in refusals[0]
+        # The lock's release in one round trip refuses too (not this holder's any more):
+        # made again, it says ``lock.expired``.
+        assert "lock_release_in_time: no row changed" in refusals[1]
         # Made again with every answer read: the lock's row, read at once, rejects the
         # write and ends it (no head, no version sent).
         statements = refused_and_made_again(sent, LOCK_FENCE)

@@ -8,7 +8,7 @@ protocol and never the context itself (the context builds them on first use).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from replayq.model import Job, TraceEvent
 from replayq.queue.handlers import Handler
@@ -16,7 +16,7 @@ from replayq.recording.blobs import Encoded
 from replayq.recording.world import World
 from replayq.redaction import Redactor
 from replayq.runtime import Runtime
-from replayq.storage.protocol import Transaction
+from replayq.storage.protocol import TraceFence, Transaction
 
 
 class Refusal:
@@ -110,6 +110,27 @@ class Attempt(Protocol):
         """Run ``write(tx)`` in the transaction that commits the current step (named ``what``;
         ``pipelines=True``: ``write`` runs replayq's own verbs alone, and that commit may be
         pipelined)."""
+        ...
+
+    def defer_release(self, release: Callable[[Transaction], None]) -> None:
+        """Run ``release(tx)`` (a lock's release) in the attempt's next commit, after its
+        writes, whether or not they are written."""
+        ...
+
+    def fenced_by(self, resource: str, fencing_token: int) -> bool:
+        """Whether a pending write carries ``fencing_token`` of the lock on ``resource``."""
+        ...
+
+    def amend(self, event: TraceEvent, amended: TraceEvent) -> None:
+        """The pending ``event`` replaced by ``amended``, in its place in the sequence."""
+        ...
+
+    def trace_fence(self) -> TraceFence | None:
+        """The lease this attempt's writes are fenced by (``None`` without an owner token)."""
+        ...
+
+    def refuse(self, refused: list[str], **details: Any) -> NoReturn:
+        """Trace ``write.fenced`` and raise ``LeaseLostError``: the lease is gone."""
         ...
 
     def fence(self, tx: Transaction, refused: list[str], **details: Any) -> None:

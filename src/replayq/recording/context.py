@@ -5,7 +5,8 @@ job's trace. Events and state writes wait in the context until the step that
 made them commits (``with ctx.step(...)`` or ``ctx.step(name, fn)``) or, outside
 steps, until the job is acked: the step's state writes, outbox rows, child jobs and
 events commit in one transaction. Two things commit at once because other workers
-must see them: lock acquisition/release and idempotency records around effects.
+must see them: lock acquisition/release and idempotency records around effects (a
+lock let go of while writes under it wait is released by their commit, after them).
 
 Fencing: a worker's context carries the job's ``owner_token``. Every transaction
 that writes for the job — a step's commit, an effect's claim and its result, a
@@ -174,7 +175,7 @@ class Context(Recorder):
     def renew_locks(self) -> None:
         """Renew the locks this attempt holds (the worker's heartbeat; builds no view)."""
         locks = self._locks
-        if locks is not None and locks.held:
+        if locks is not None and (locks.held or locks.waiting):
             locks.renew_all()
 
     # -- the end of the attempt -------------------------------------------------------------
@@ -221,6 +222,9 @@ class Context(Recorder):
     def _views_committed(self) -> None:
         if self._cache is not None:
             self._cache.after_commit()
+        locks = self._locks
+        if locks is not None and locks.deferred:
+            locks.released()
 
     # ``Recorder``'s, with the hooks above inlined (asked at every step's end and commit).
 
@@ -234,6 +238,9 @@ class Context(Recorder):
         self._pending = PendingRecord()
         if self._cache is not None:
             self._cache.after_commit()
+        locks = self._locks
+        if locks is not None and locks.deferred:
+            locks.released()
 
     def _views_discard(self) -> None:
         if self._state is not None:

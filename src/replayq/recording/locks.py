@@ -9,13 +9,17 @@ the lock's newest; a write that passes commits before the lock can be taken agai
 keeps the lock's row FOR SHARE until the commit, and an acquisition meanwhile waits
 for it; on SQLite the commit's write lock holds off every acquisition anyway.
 Acquisition and release commit at once, so other workers see them; the worker's
-heartbeat renews held locks.
+heartbeat renews held locks. A lock let go of while writes carrying its token wait for
+their commit is released by that commit instead, after them (``release``): until they
+land nobody takes it and reads what they are about to change.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
+from functools import partial
 from types import TracebackType
 from typing import Any
 
@@ -28,8 +32,17 @@ from replayq.queue.contracts import LockHold
 from replayq.recording.attempt import Attempt
 from replayq.recording.world import LIVE
 from replayq.runtime import RuntimeSource
-from replayq.storage.context_params import LockFilter, LockRelease, LockRenew
-from replayq.storage.protocol import JobFilter, Lock, LockAcquire, TraceQuery, lock_get
+from replayq.storage.commits import commit_at_once
+from replayq.storage.context_params import LockFilter, LockRelease, LockReleaseInTime, LockRenew
+from replayq.storage.protocol import (
+    JobFilter,
+    Lock,
+    LockAcquire,
+    LockGrant,
+    TraceQuery,
+    Transaction,
+    lock_get,
+)
 
 DEFAULT_WAIT_SECONDS = 10.0
 _POLL_SECONDS = 0.05
@@ -69,6 +82,13 @@ class LockHandle:
         self.wait = wait
         self.owner_token = uuid.uuid4().hex
         self.fencing_token: int | None = None
+        # Its place among the attempt's acquisitions: the order its row is renewed and
+        # released in with others (``LockManager.renew_all``, ``_release_waiting``).
+        self.order = 0
+        # A release waiting for the commit of writes under the lock: its ``lock.released``
+        # as built, and as it is pending now (``lock.expired`` once its commit said so).
+        self.release_event: TraceEvent | None = None
+        self.recorded: TraceEvent | None = None
 
     def __enter__(self) -> LockHandle:
         self._manager.acquire(self)
@@ -89,6 +109,12 @@ class LockManager:
     def __init__(self, ctx: Attempt) -> None:
         self._ctx = ctx
         self.held: dict[str, LockHandle] = {}
+        # Let go of while writes under them wait for their commit: released by that commit
+        # (``release``), renewed until then.
+        self.waiting: dict[str, LockHandle] = {}
+        # Whether ``_release_waiting`` waits for the next commit (once per commit).
+        self.deferred = False
+        self._acquisitions = 0
 
     def handle(self, resource: str, *, ttl: Any = None, wait: Any = None) -> LockHandle:
         contract = self._ctx.handler.contract
@@ -139,40 +165,22 @@ class LockManager:
                 replayed=True,
             )
             return
+        kept = self.waiting.pop(handle.resource, None)
+        if kept is not None:
+            self._take_back(handle, kept)
+            return
         while True:
             now = runtime.clock.now()
             hlc = runtime.hlc.tick()
-            with runtime.storage.transaction() as tx:
-                # A worker whose lease was taken must not bump the fencing token under the
-                # new owner's feet.
-                ctx.fence(tx, [f"lock {handle.resource}"], lock=handle.resource)
-                grant = tx.lock_transition(
-                    LockAcquire(
-                        resource=handle.resource,
-                        owner_token=handle.owner_token,
-                        job_id=ctx.job.id,
-                        worker_id=ctx.worker_id,
-                        now=now,
-                        ttl=handle.ttl,
-                        hlc=hlc,
-                        database_clock=runtime.leases_by_database,
-                    )
-                )
-                if grant is not None:
-                    runtime.hlc.observe(grant.hlc)
-                    handle.fencing_token = grant.fencing_token
-                    event = ctx.event(
-                        "lock.acquired",
-                        resource=handle.resource,
-                        fencing_token=handle.fencing_token,
-                        owner_token=handle.owner_token,
-                        ttl=handle.ttl,
-                        wait=time.monotonic() - started,
-                    )
-                    tx.trace_append([event])
-                    self.held[handle.resource] = handle
-                    return
-                holder = lock_get(tx, handle.resource)
+            tried: list[TraceEvent] = []
+            grant, holder = commit_at_once(
+                runtime.storage, partial(self._acquire_in, handle, now, hlc, started, tried)
+            )
+            if grant is not None:
+                self._acquisitions += 1
+                handle.order = self._acquisitions
+                self.held[handle.resource] = handle
+                return
             waited = time.monotonic() - started
             if waited >= handle.wait:
                 ctx.record(
@@ -195,7 +203,85 @@ class LockManager:
                 )
             time.sleep(_POLL_SECONDS)
 
+    def _acquire_in(
+        self,
+        handle: LockHandle,
+        now: float,
+        hlc: int,
+        started: float,
+        tried: list[TraceEvent],
+        tx: Transaction,
+    ) -> tuple[LockGrant | None, Lock | None]:
+        """One try at ``handle``'s lock in ``tx``: the grant, committed with its
+        ``lock.acquired``, or the holder that keeps it. ``tried``: the event a refused
+        try of the same commit built (``commit_at_once`` runs it again), unmade.
+
+        Two round trips on PostgreSQL (``commit_at_once``): ``BEGIN`` and the upsert, whose
+        fencing token the event carries; then the event and ``COMMIT``. The append of the
+        event is the lease's fence: a worker whose lease was taken must not bump the
+        fencing token under the new owner's feet, and its grant rolls back.
+        """
+        ctx, runtime = self._ctx, self._ctx.runtime
+        while tried:
+            ctx.unmake(tried.pop())
+        grant = tx.lock_transition(
+            LockAcquire(
+                resource=handle.resource,
+                owner_token=handle.owner_token,
+                job_id=ctx.job.id,
+                worker_id=ctx.worker_id,
+                now=now,
+                ttl=handle.ttl,
+                hlc=hlc,
+                database_clock=runtime.leases_by_database,
+            )
+        )
+        refused = [f"lock {handle.resource}"]
+        if grant is None:
+            # Not granted: a lost lease says so now, rather than after the wait.
+            ctx.fence(tx, refused, lock=handle.resource)
+            return None, lock_get(tx, handle.resource)
+        runtime.hlc.observe(grant.hlc)
+        handle.fencing_token = grant.fencing_token
+        event = ctx.event(
+            "lock.acquired",
+            resource=handle.resource,
+            fencing_token=handle.fencing_token,
+            owner_token=handle.owner_token,
+            ttl=handle.ttl,
+            wait=time.monotonic() - started,
+        )
+        tried.append(event)
+        if not tx.trace_append([event], ctx.trace_fence()):
+            ctx.unmake(tried.pop())
+            ctx.refuse(refused, lock=handle.resource)
+        return grant, None
+
+    def _take_back(self, handle: LockHandle, kept: LockHandle) -> None:
+        """``handle`` takes the lock ``kept`` let go of while its release waits for the
+        commit of writes under it: the row is still this attempt's (``kept``'s owner and
+        fencing tokens), so nothing is asked of the database; the release is ``handle``'s
+        now."""
+        handle.owner_token = kept.owner_token
+        handle.fencing_token = kept.fencing_token
+        handle.order = kept.order
+        self.held[handle.resource] = handle
+        self._ctx.record(
+            "lock.acquired",
+            resource=handle.resource,
+            fencing_token=handle.fencing_token,
+            owner_token=handle.owner_token,
+            ttl=handle.ttl,
+            wait=0.0,
+            note="taken back before its release committed: still held by this attempt",
+        )
+
     def release(self, handle: LockHandle) -> None:
+        """Let go of ``handle``'s lock: released at once, or, while writes under it wait for
+        their commit, by that commit (after them, in its transaction): nobody takes the lock
+        and reads what they are about to change before they land. Either way its
+        ``lock.released`` (``lock.expired`` if it ran out or was broken first) commits with
+        the release."""
         ctx = self._ctx
         self.held.pop(handle.resource, None)
         recorded = ctx.world.lock_outcome("release", handle.resource)
@@ -210,47 +296,91 @@ class LockManager:
                 replayed=True,
             )
             return
-        runtime = ctx.runtime
-        hlc = runtime.hlc.tick()
-        now = runtime.clock.now()
-        with runtime.storage.transaction() as tx:
-            # Judged in the clock that granted the lock (the database's, unless a test clock).
-            row = lock_get(tx, handle.resource, None if runtime.leases_by_database else now)
-            # Ran out while held, even if nobody took it meanwhile: "expired before completion".
-            overdue = (
-                row is not None and row.owner_token == handle.owner_token and bool(row.expired)
+        hlc = ctx.runtime.hlc.tick()
+        if handle.fencing_token is not None and ctx.fenced_by(
+            handle.resource, handle.fencing_token
+        ):
+            event = ctx.record(
+                "lock.released",
+                resource=handle.resource,
+                fencing_token=handle.fencing_token,
+                hlc=hlc,
             )
-            released = (
-                tx.lock_transition(LockRelease(handle.resource, handle.owner_token, hlc))
-                is not None
+            handle.release_event = handle.recorded = event
+            if not self.deferred:
+                ctx.defer_release(self._release_waiting)
+                self.deferred = True
+            self.waiting[handle.resource] = handle
+            return
+        event = ctx.event(
+            "lock.released",
+            resource=handle.resource,
+            fencing_token=handle.fencing_token,
+            hlc=hlc,
+        )
+
+        def block(tx: Transaction) -> None:
+            tx.trace_append([self._release_in(tx, handle, event)])
+
+        commit_at_once(ctx.runtime.storage, block)
+
+    def _release_waiting(self, tx: Transaction) -> None:
+        """The releases waiting for this commit (``defer_release``), in the order their locks
+        were acquired (their heartbeat's renewal takes the rows in that order too); each
+        pending event amended to what its release found."""
+        ctx = self._ctx
+        for handle in sorted(self.waiting.values(), key=_acquired):
+            assert handle.release_event is not None and handle.recorded is not None
+            event = self._release_in(tx, handle, handle.release_event)
+            if event is not handle.recorded:
+                ctx.amend(handle.recorded, event)
+                handle.recorded = event
+
+    def released(self) -> None:
+        """The commit that ran the waiting releases committed (``Context.committed``)."""
+        self.waiting.clear()
+        self.deferred = False
+
+    def _release_in(self, tx: Transaction, handle: LockHandle, event: TraceEvent) -> TraceEvent:
+        """Release ``handle``'s lock in ``tx``; ``event`` (its ``lock.released``) as it is to
+        be recorded: itself, or ``lock.expired`` (same place in the sequence) when the lock
+        ran out while held, even if nobody took it meanwhile, or was taken or broken.
+
+        One statement (``LockReleaseInTime``), judged in the clock that granted the lock
+        (the database's, unless a test clock); on PostgreSQL sent unread in a commit in one
+        round trip. Only a lock that ran out asks more (``LockRelease``)."""
+        runtime = self._ctx.runtime
+        if tx.lock_transition(
+            LockReleaseInTime(
+                handle.resource,
+                handle.owner_token,
+                runtime.clock.now(),
+                event.hlc,
+                runtime.leases_by_database,
             )
-            if released and not overdue:
-                event = ctx.event(
-                    "lock.released",
-                    resource=handle.resource,
-                    fencing_token=handle.fencing_token,
-                    hlc=hlc,
-                )
-            else:
-                event = ctx.event(
-                    "lock.expired",
-                    status="fail",
-                    resource=handle.resource,
-                    fencing_token=handle.fencing_token,
-                    hlc=hlc,
-                    note="the lock's lease ran out before the holder released it"
-                    if released
-                    else "the lock expired or was broken before the holder finished",
-                )
-            tx.trace_append([event])
+        ):
+            return event
+        released = tx.lock_transition(LockRelease(handle.resource, handle.owner_token, event.hlc))
+        note = (
+            "the lock's lease ran out before the holder released it"
+            if released is not None
+            else "the lock expired or was broken before the holder finished"
+        )
+        return dataclasses.replace(
+            event,
+            name="lock.expired",
+            status="fail",
+            data=self._ctx.redactor.value({**event.data, "note": note}),
+        )
 
     def renew_all(self) -> list[str]:
-        """Extend every held lock by its TTL; returns the resources whose lock was lost."""
+        """Extend every held lock by its TTL, and those whose release waits for a commit;
+        returns the resources whose lock was lost."""
         runtime = self._ctx.runtime
         lost = []
         now = runtime.clock.now()
         with runtime.storage.transaction() as tx:
-            for handle in list(self.held.values()):
+            for handle in sorted([*self.held.values(), *self.waiting.values()], key=_acquired):
                 if not tx.lock_transition(
                     LockRenew(
                         handle.resource,
@@ -262,6 +392,10 @@ class LockManager:
                 ):
                     lost.append(handle.resource)
         return lost
+
+
+def _acquired(handle: LockHandle) -> int:
+    return handle.order
 
 
 def _timeout(resource: str, holder: dict[str, Any], waited: float) -> LockTimeoutError:

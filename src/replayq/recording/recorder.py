@@ -33,7 +33,7 @@ class PendingRecord:
     two are made per attempt (the context's, and its commit's fresh one), and the
     dataclass's ``__init__`` called ``list`` through a default factory four times each."""
 
-    __slots__ = ("blobs", "events", "unpipelined", "what", "writes")
+    __slots__ = ("blobs", "events", "releases", "unpipelined", "what", "writes")
 
     def __init__(self) -> None:
         self.events: list[TraceEvent] = []
@@ -43,6 +43,9 @@ class PendingRecord:
         self.blobs: list[Callable[[Transaction], None]] = []
         # What each write is, for ``write.fenced`` ("state order:1", "outbox orders.paid").
         self.what: list[str] = []
+        # The releases of locks let go of while writes under them waited (``defer_release``):
+        # run after the writes, whether or not they are written.
+        self.releases: list[Callable[[Transaction], None]] = []
         # Whether a write may not run in a pipelined commit (``Recorder.defer``).
         self.unpipelined = False
 
@@ -352,6 +355,29 @@ class Recorder:
         if not pipelines:
             pending.unpipelined = True
 
+    def defer_release(self, release: Callable[[Transaction], None]) -> None:
+        """Run ``release(tx)`` (a lock's release, replayq's own verbs) in the next commit of
+        this attempt, after its writes, and whether or not they are written: a failed
+        step's commit or the attempt's failure releases it as well as a step's commit."""
+        self._pending.releases.append(release)
+
+    def fenced_by(self, resource: str, fencing_token: int) -> bool:
+        """Whether a pending write carries ``fencing_token`` of the lock on ``resource``: a
+        state write's ``fences`` (no other write is fenced by a lock)."""
+        return any(
+            getattr(write, "fences", {}).get(resource) == fencing_token
+            for write in self._pending.writes
+        )
+
+    def amend(self, event: TraceEvent, amended: TraceEvent) -> None:
+        """The pending ``event`` replaced by ``amended`` (its place in the sequence kept): a
+        pending release's event once its commit knows how the release went."""
+        events = self._pending.events
+        for at, pending in enumerate(events):
+            if pending is event:
+                events[at] = amended
+                return
+
     # -- fencing ----------------------------------------------------------------------------
 
     def lease_held(self, tx: Transaction) -> bool:
@@ -412,7 +438,9 @@ class Recorder:
         effect's claim or result), so that they need no commit of their own. None while
         a write is pending: a step's events commit with that step's writes."""
         pending = self._pending
-        return [] if pending.blobs or self.pending_writes() else list(pending.events)
+        if pending.blobs or pending.releases or self.pending_writes():
+            return []
+        return list(pending.events)
 
     def rode(self, events: list[TraceEvent]) -> None:
         """``events`` (from ``ride_along``) committed: they are no longer pending."""
@@ -493,20 +521,25 @@ class Recorder:
         fence: TraceFence | None = None,
         events_to: list[TraceEvent] | None = None,
     ) -> bool:
-        """Write what is pending into ``tx``: events and their blobs always; writes unless
-        the attempt failed. With ``fence``, ``False`` (the events not appended) when the
-        lease is gone: the caller must then roll ``tx`` back. With ``events_to`` the
-        events are added to that list instead: the caller appends them with others (a
-        group commit's, in one ``trace_append``)."""
-        for blob in self._pending.blobs:
+        """Write what is pending into ``tx``: events, their blobs and lock releases always;
+        writes unless the attempt failed. With ``fence``, ``False`` (the events not
+        appended) when the lease is gone: the caller must then roll ``tx`` back. With
+        ``events_to`` the events are added to that list instead: the caller appends them
+        with others (a group commit's, in one ``trace_append``)."""
+        pending = self._pending
+        for blob in pending.blobs:
             blob(tx)
         if not failed:
-            for write in self._pending.writes:
+            for write in pending.writes:
                 write(tx)
+        # After the writes they guarded, so that no one takes the lock before they land;
+        # a release may amend its pending event (``amend``): before the events are read.
+        for release in pending.releases:
+            release(tx)
         if events_to is not None:
-            events_to.extend(self._pending.events)
+            events_to.extend(pending.events)
             return True
-        return tx.trace_append(self._pending.events, fence)
+        return tx.trace_append(pending.events, fence)
 
     def pending_write_calls(self) -> list[Callable[[Transaction], None]]:
         """The writes the next commit would run, in order."""
@@ -514,7 +547,8 @@ class Recorder:
 
     def take_pending(self, *, failed: bool = False) -> tuple[list[Any], list[TraceEvent]]:
         """Hand over what is pending — writes (none if ``failed``) and events — instead of
-        committing it now; for a caller that commits them later (a dry-run)."""
+        committing it now; for a caller that commits them later (a dry-run, which holds no
+        real lock: no release waits in it)."""
         pending = self._pending
         self.committed()
         return [*pending.blobs, *([] if failed else pending.writes)], pending.events
@@ -525,7 +559,8 @@ class Recorder:
         self._views_committed()
 
     def discard_writes(self) -> None:
-        """A step failed: its writes never happen; its events are kept for the record."""
+        """A step failed: its writes never happen; its events are kept for the record, and
+        the releases of locks that guarded them still run at the next commit."""
         self._pending.writes.clear()
         self._pending.what.clear()
         self._views_discard()

@@ -58,7 +58,8 @@ and has one ``@overload`` per kind, so each answer keeps its own type::
               rollout_update(ContractPut | ContractActivate | RoutingPut | ComparisonPut)
     state     entity_get(EntityGet) entity_list(EntityFilter) entity_put branch_get
               branch_create(BranchCreate, versions: a new branch with what a dry-run wrote)
-    locks     lock_transition(LockAcquire | LockRenew | LockRelease (owner None: break))
+    locks     lock_transition(LockAcquire | LockRenew | LockReleaseInTime |
+                  LockRelease (owner None: break))
               lock_list(LockFilter)
     effects   idem_transition(IdemClaim | IdemTakeover | IdemSucceed | IdemFail |
                   IdemCompensate | IdemResolve)  idem_list(IdemFilter)

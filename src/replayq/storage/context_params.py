@@ -77,7 +77,24 @@ class LockRelease(Struct, frozen=True):
     hlc: int
 
 
-LockChange = LockAcquire | LockRenew | LockRelease
+class LockReleaseInTime(Struct, frozen=True):
+    """Free a lock ``owner_token`` holds whose lease has not run out (judged like its
+    acquisition, in ``now`` or the database's clock): ``True``, or ``False`` when it was not
+    held by that owner or its lease ran out, and nothing changed.
+
+    A holder's release in one statement: the answer is all ``lock.released`` needs. On
+    ``False`` the holder releases it with ``LockRelease`` and records ``lock.expired``. In
+    a ``pipelined(refusals=True)`` block on PostgreSQL it is sent unread and answers
+    ``True``: had it changed nothing, the block fails (``CommitRefused``)."""
+
+    resource: str
+    owner_token: str
+    now: float
+    hlc: int
+    database_clock: bool = False
+
+
+LockChange = LockAcquire | LockRenew | LockRelease | LockReleaseInTime
 """Every compare-and-set on one lock row: ``lock_transition`` answers each with its record."""
 
 

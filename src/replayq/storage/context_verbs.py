@@ -36,6 +36,7 @@ from replayq.storage.context_params import (
     LockAcquire,
     LockChange,
     LockFilter,
+    LockReleaseInTime,
     LockRenew,
     OutboxChange,
     OutboxClaim,
@@ -196,6 +197,8 @@ class ContextVerbs(SqlStatements):
             return None if row is None else LockGrant(int(row["fencing_token"]), int(row["hlc"]))
         if isinstance(change, LockRenew):
             return self.changed("lock_renew", _lock_params(change))
+        if isinstance(change, LockReleaseInTime):
+            return self.changed("lock_release_in_time", _lock_params(change))
         if change.owner_token is None:
             row = self.fetchone("lock_break", {"resource": change.resource, "hlc": change.hlc})
         else:
@@ -332,6 +335,6 @@ def lease_now(now: float, database_clock: bool) -> float | None:
     return None if database_clock else now
 
 
-def _lock_params(change: LockAcquire | LockRenew) -> dict[str, Any]:
+def _lock_params(change: LockAcquire | LockRenew | LockReleaseInTime) -> dict[str, Any]:
     """The change's fields plus ``lock_now``, judged like a job's lease (``lease_now``)."""
     return {**query_params(change), "lock_now": lease_now(change.now, change.database_clock)}

@@ -38,6 +38,7 @@ from replayq.storage.context_params import (
     LockChange,
     LockFilter,
     LockRelease,
+    LockReleaseInTime,
     LockRenew,
     OutboxChange,
     OutboxClaim,
@@ -478,9 +479,13 @@ class Transaction(Protocol):
     @overload
     def lock_transition(self, change: LockRelease) -> Lock | None: ...
 
+    @overload
+    def lock_transition(self, change: LockReleaseInTime) -> bool: ...
+
     def lock_transition(self, change: LockChange) -> LockGrant | Lock | bool | None:
         """Acquire (the new fencing token and HLC, or ``None`` when held), renew (whether
-        it was held) or release or break a lock (the lock as left, or ``None``)."""
+        it was held), release in time (whether it was held and had not run out) or release
+        or break a lock (the lock as left, or ``None``)."""
         ...
 
     def lock_list(self, params: LockFilter) -> list[Lock]: ...

@@ -215,6 +215,7 @@ _REFUSING = {
         "entity_head_put",
         "idem_claim",
         "idem_succeed",
+        "lock_release_in_time",
     )
 }
 # The SQLSTATE class of rq_require's refusals (RQ001: no row changed; RQ002: the lease

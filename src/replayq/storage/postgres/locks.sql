@@ -66,6 +66,17 @@ UPDATE rq_locks SET owner_token = NULL, expires_at = NULL, hlc = GREATEST(hlc + 
 WHERE resource = %(resource)s AND owner_token = %(owner_token)s
 RETURNING *;
 
+-- name: lock_release_in_time
+-- A holder's release, only while its lease has not run out (judged like lock_get's
+-- ``expired``): no row changed says the lock ran out or was taken or broken meanwhile.
+-- In a commit in one round trip it is sent unread as lock_release_in_time_refusing, which
+-- refuses (RQ001) unless it changed the row. A step's commit releases so a lock whose
+-- writes it fenced: it holds the row FOR SHARE already (lock_fence_refusing) and only
+-- upgrades its own row lock, never waiting for another's.
+UPDATE rq_locks SET owner_token = NULL, expires_at = NULL, hlc = GREATEST(hlc + 1, %(hlc)s)
+WHERE resource = %(resource)s AND owner_token = %(owner_token)s
+  AND expires_at >= COALESCE(%(lock_now)s::float8, extract(epoch FROM statement_timestamp())::float8);
+
 -- name: lock_list
 SELECT * FROM rq_locks WHERE owner_token IS NOT NULL ORDER BY resource;
 

@@ -40,6 +40,13 @@ UPDATE rq_locks SET owner_token = NULL, expires_at = NULL, hlc = MAX(hlc + 1, :h
 WHERE resource = :resource AND owner_token = :owner_token
 RETURNING *;
 
+-- name: lock_release_in_time
+-- A holder's release, only while its lease has not run out (judged like lock_get's
+-- ``expired``): no row changed says the lock ran out or was taken or broken meanwhile.
+UPDATE rq_locks SET owner_token = NULL, expires_at = NULL, hlc = MAX(hlc + 1, :hlc)
+WHERE resource = :resource AND owner_token = :owner_token
+  AND expires_at >= COALESCE(:lock_now, (julianday('now') - 2440587.5) * 86400.0);
+
 -- name: lock_list
 SELECT * FROM rq_locks WHERE owner_token IS NOT NULL ORDER BY resource;
 
