@@ -84,9 +84,10 @@ class Leasing(WorkerCore):
     def lease(self, limit: int, ahead: int = 0) -> list[Job]:
         """Lease up to ``limit`` jobs and queue them for the executors; the last ``ahead``
         of them wait for an executor (leased ahead)."""
+        sent_at = self._lease_clock()  # before the claim is sent: ``InFlight.held_until``
         with self.runtime.storage.transaction() as tx:
             jobs, now = self._lease_in(tx, limit, ahead)
-        self._hold(jobs, now)
+        self._hold(jobs, now, sent_at)
         return jobs
 
     def _fixed_window_types(self) -> set[str]:
@@ -165,8 +166,9 @@ class Leasing(WorkerCore):
             return job, None
         return job.evolve(handler_version=version), job.handler_version
 
-    def _hold(self, jobs: Sequence[Job], now: float) -> None:
-        """Jobs whose lease committed: track them for heartbeats and queue them to run."""
+    def _hold(self, jobs: Sequence[Job], now: float, sent_at: float) -> None:
+        """Jobs whose lease committed: track them for heartbeats and queue them to run.
+        ``sent_at``: ``_lease_clock`` read before the claim was sent."""
         if not jobs:
             return
         wake_heartbeat = False
@@ -180,7 +182,17 @@ class Leasing(WorkerCore):
             beat = handler.contract.heartbeat if handler else lease_seconds / 3
             # heartbeat 0: a fixed visibility timeout, the lease is never extended.
             first_beat = held_at + beat if beat > 0 else math.inf
-            flights.append(InFlight(job, lease_seconds, beat, first_beat, held_at, handler=handler))
+            flights.append(
+                InFlight(
+                    job,
+                    lease_seconds,
+                    beat,
+                    first_beat,
+                    held_at,
+                    held_until=sent_at + lease_seconds,
+                    handler=handler,
+                )
+            )
         with self._inflight_lock:  # once for the batch
             inflight = self._inflight
             for flight in flights:
