@@ -1,5 +1,9 @@
 """The executor threads: each runs one leased job at a time through its handler.
 
+A held job is started only while its lease is surely held (``InFlight.held_until``): a
+worker that stalled while jobs waited in it renews their leases first and drops unrun
+the jobs another worker took meanwhile (``_start``).
+
 An attempt builds the job's ``Context`` over a ``LiveWorld``, runs the handler
 (an ``async def`` one on the thread's own event loop) and hands the result to one
 of the outcomes; on a busy queue a success leases the slot's next job in its ack.
@@ -62,7 +66,7 @@ class Executing(Acking, Heartbeat):
         held (``InFlight.held_until``, one comparison): past that, the worker stalled
         while the job waited (it was leased ahead, or the executor was stopped) and
         another worker may have reaped it and run it. Its lease is then renewed first
-        (``renew_before_start``) and the job started only if it is still held; a lease
+        (``_renew_before_start``) and the job started only if it is still held; a lease
         the heartbeat already found lost fails the same comparison. Never an ack or a
         write for a dropped job: the trace has the heartbeat's ``lease.lost``
         (``started: false``), the job is the new holder's.
@@ -76,21 +80,23 @@ class Executing(Acking, Heartbeat):
             if now < flight.held_until:
                 flight.running = True
                 return True
-        held = self.renew_before_start(flight)
+        renewed = self._renew_before_start(flight)
         with self._inflight_lock:
             if flight.releasing or self._stopping.is_set():
-                return False  # the stopping worker gives it back (or found it lost)
-            if held:
+                return False  # the stopping worker gives it back (or finds it lost)
+            # Read under the lock the heartbeat marks a lease lost under: exact.
+            if renewed and not flight.lost.is_set():
                 flight.running = True
                 return True
             if self._flight_of(job) is flight:
                 del self._inflight[job.id]
         self.stats.lost += 1
         log.warning(
-            "worker %s: job %s waited past its lease (the worker stalled?) and its lease "
-            "is lost or unknown; not started here",
+            "worker %s: job %s waited here past its lease (the worker stalled?) and %s; "
+            "not started",
             self.worker_id,
             job.id,
+            "another worker took it" if flight.lost.is_set() else "it could not be renewed",
         )
         return False
 

@@ -76,7 +76,7 @@ class Heartbeat(WorkerCore):
             for flight in held:
                 flight.beat.release()
 
-    def renew_before_start(self, flight: InFlight) -> bool:
+    def _renew_before_start(self, flight: InFlight) -> bool:
         """Whether a held job whose lease may have run out while it waited (its
         ``held_until`` passed: the worker stalled, SIGSTOP, a paused VM, a long pause)
         is still this worker's to start.
