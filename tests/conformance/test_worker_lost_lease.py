@@ -75,6 +75,11 @@ def held(request: pytest.FixtureRequest, app_factory: AppFactory) -> Held:
         app = app_factory()
         assert app.runtime.leases_by_database
         move_clock = time.sleep
+    return hold_batch(app, move_clock)
+
+
+def hold_batch(app: replayq.App, move_clock: Callable[[float], None]) -> Held:
+    """A holding ``JOBS`` jobs of a handler that notes who entered it, none started."""
     holder: list[Held] = []
 
     @app.job("enter", lease=f"{LEASE}s", heartbeat="0.3s")
@@ -177,3 +182,23 @@ def test_a_fixed_visibility_timeout_job_past_its_window_is_not_started(
     b.execute(again)
     assert ran == [1]
     assert app.get_job(job_id).state is replayq.JobState.SUCCEEDED
+
+
+def test_a_job_whose_lease_the_heartbeat_found_lost_is_not_started_before_its_bound(
+    app_factory: AppFactory,
+) -> None:
+    """The lease taken while A's own bound has not passed (the database's clock stepped
+    ahead of A's, an operator's release): the heartbeat's word is enough."""
+    clock = replayq.FrozenClock()
+    held = hold_batch(app_factory(clock=clock), clock.advance)
+    leased_at = clock.now()
+    held.past_the_lease()
+    with b_inside_the_first(held):
+        flights = [held.a._inflight[job.id] for job in held.jobs]
+        held.a.extend_leases(flights)  # A's heartbeat: every lease lost
+        clock.set(leased_at)  # A's bound not passed
+        held.run_a()
+        assert held.entries("a") == [], "A started a job its heartbeat had found lost"
+    assert held.a.stats.lost == JOBS
+    for job in held.jobs:
+        assert held.trace_names(job, "a") == ["job.leased", "lease.lost"]

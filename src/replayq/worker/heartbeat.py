@@ -32,8 +32,7 @@ class Heartbeat(WorkerCore):
         once one is due, all of them are extended, in one statement."""
         backoff = Backoff(f"worker {self.worker_id}: heartbeat")
         while not ((self._stopping.is_set() or self._ended.is_set()) and self._idle()):
-            with self._inflight_lock:
-                held = [f for f in self._inflight.values() if f.heartbeat_seconds > 0]
+            held = self._renewable()
             now = time.monotonic()
             due = held if any(f.next_heartbeat <= now for f in held) else []
             if due:
@@ -60,6 +59,13 @@ class Heartbeat(WorkerCore):
                 self._beat_wake_at = now + wait
             self._beat_wake.wait(wait)
             self._beat_wake.clear()
+
+    def _renewable(self) -> list[InFlight]:
+        """The leases a beat extends: every one held but a fixed visibility timeout's
+        (heartbeat 0), whose window counts from its lease and is never extended."""
+        with self._inflight_lock:
+            held = [f for f in self._inflight.values() if f.heartbeat_seconds > 0]
+        return held
 
     def extend_leases(self, flights: Sequence[InFlight]) -> None:
         """Extend the given leases; a failed compare-and-set marks the lease lost.
@@ -90,8 +96,7 @@ class Heartbeat(WorkerCore):
         """
         if flight.heartbeat_seconds <= 0:
             return False
-        with self._inflight_lock:
-            held = [f for f in self._inflight.values() if f.heartbeat_seconds > 0]
+        held = self._renewable()
         # Blocking on this one: a beat of it under way (the heartbeat thread's, woken by
         # the same stall) answers the question; the others are skipped if busy, as a beat does.
         with flight.beat:
