@@ -306,7 +306,7 @@ class Acking(Outcomes):
             self._lease_lock.acquire()
         leased: list[Job] = []
         leased_at = 0.0
-        sent_at = self._lease_clock()  # before the lease is sent: ``InFlight.held_until``
+        held_at = time.monotonic()  # before the lease is sent: ``InFlight.held_until``
         try:
             with self.runtime.storage.transaction() as tx:
                 # The handlers' writes wait each for its result, as in any transaction.
@@ -329,7 +329,7 @@ class Acking(Outcomes):
                     else:
                         tx.trace_append(events)
                     _held(acks, held())
-            self._hold(leased, leased_at, sent_at)
+            self._hold(leased, leased_at, held_at)
         finally:
             if leasing:
                 self._lease_lock.release()

@@ -55,6 +55,7 @@ class InFlight(Struct):
     lease_seconds: float
     heartbeat_seconds: float
     next_heartbeat: float
+    # When the lease was asked for (monotonic, before its statement was sent).
     started: float
     # Until when the lease is surely held, in the clock of ``WorkerCore._lease_clock``: read
     # before the statement that granted or last extended it was sent, plus its length, so it
