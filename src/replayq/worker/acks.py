@@ -306,7 +306,9 @@ class Acking(Outcomes):
             self._lease_lock.acquire()
         leased: list[Job] = []
         leased_at = 0.0
-        held_at = time.monotonic()  # before the lease is sent: ``InFlight.held_until``
+        # Before the lease is sent (``InFlight.held_until``); no reading for a group that
+        # leases nothing.
+        held_at = time.monotonic() if leasing else 0.0
         try:
             with self.runtime.storage.transaction() as tx:
                 # The handlers' writes wait each for its result, as in any transaction.
