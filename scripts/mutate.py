@@ -38,6 +38,7 @@ PER_BUG_TIMEOUT = 1800.0
 
 BARRIER = "tests/conformance/test_owner_token_barrier.py"
 HEARTBEAT_ZERO = "tests/conformance/test_fixed_visibility_timeout_worker.py"
+LOST_LEASE = "tests/conformance/test_worker_lost_lease.py"
 SQLITE_DISK_FAULTS = (
     "tests/acceptance/test_sqlite_faults.py::"
     "test_a_read_only_or_failing_disk_is_waited_out_and_the_worker_resumes_when_it_clears"
@@ -199,6 +200,22 @@ BUGS: list[Bug] = [
         "held = [f for f in self._inflight.values() if f.heartbeat_seconds > 0]",
         "held = list(self._inflight.values())",
         (HEARTBEAT_ZERO,),
+    ),
+    # A held job starts only while its lease is surely held; past that it is renewed first.
+    Bug(
+        "held-job-started-past-its-lease",
+        "lease deadline",
+        "if now < flight.held_until:",
+        "if True:",
+        (LOST_LEASE,),
+    ),
+    # A lease the heartbeat found lost is never started, whatever the local bound says.
+    Bug(
+        "lost-lease-bound-kept",
+        "lease deadline",
+        "flight.held_until = -math.inf",
+        "flight.held_until = flight.held_until",
+        (LOST_LEASE,),
     ),
     # A fixed visibility timeout counts from the lease: such a job is never leased ahead.
     Bug(

@@ -159,7 +159,7 @@ def worker(
     click.echo(
         f"worker {run.worker_id}: leased={stats.leased} succeeded={stats.succeeded} "
         f"retried={stats.retried} dead={stats.dead} rejected={stats.rejected} "
-        f"released={stats.released} cancelled={stats.cancelled}",
+        f"released={stats.released} cancelled={stats.cancelled} lost={stats.lost}",
         err=True,
     )
     if stats.scheduled_later and stats.next_run_at is not None:

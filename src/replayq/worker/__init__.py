@@ -10,9 +10,12 @@
     │                 the thread events every part shares
     ├── lease.py      Leasing: lease for the free slots with job.leased, route the version,
     │                 hold a committed lease (heartbeat it, queue it)
-    ├── heartbeat.py  Heartbeat: the thread that extends leases and sees cancel requests
-    ├── execute.py    Executing: the executor threads; one attempt through its handler
-    │                 under a Context over a LiveWorld; shadow comparisons
+    ├── heartbeat.py  Heartbeat: the thread that extends leases and sees cancel requests;
+    │                 the renew of a held job whose lease may have run out before it starts
+    ├── execute.py    Executing: the executor threads; a held job started only while its
+    │                 lease is surely held (else renewed first, or dropped unrun if lost);
+    │                 one attempt through its handler under a Context over a LiveWorld;
+    │                 shadow comparisons
     ├── event_loop.py EventLoopThread: the one asyncio loop every async def handler runs on
     ├── outcome.py    Outcomes: cancelled, failed (retry or dead), buried
     ├── acks.py       Acking: succeeded; acks buffered in memory, committed in groups (each
@@ -21,9 +24,10 @@
     │                 the database is away; write.rejected when the lease is gone
     └── reap.py       Reaping: expired leases re-delivered, buried or cancelled
 
-    Worker ─┬▶ Executing ─▶ Acking ─┬▶ Outcomes ─┬▶ Settling ─┬▶ WorkerCore
-            ├▶ Reaping ─────────────┘             └▶ Leasing ──┤
-            └▶ Heartbeat ──────────────────────────────────────┘
+    Worker ─┬▶ Reaping ──────────────┐
+            └▶ Executing ─┬▶ Acking ─┴▶ Outcomes ─┬▶ Settling ─┬▶ WorkerCore
+                          │                       └▶ Leasing ──┤
+                          └▶ Heartbeat ────────────────────────┘
 
 Each part is a class the next one builds on (the arrows); ``Worker`` is all of
 them, so the threads and the job's state machine read apart while sharing one

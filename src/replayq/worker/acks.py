@@ -306,6 +306,9 @@ class Acking(Outcomes):
             self._lease_lock.acquire()
         leased: list[Job] = []
         leased_at = 0.0
+        # Before the lease is sent (``InFlight.held_until``); no reading for a group that
+        # leases nothing.
+        held_at = time.monotonic() if leasing else 0.0
         try:
             with self.runtime.storage.transaction() as tx:
                 # The handlers' writes wait each for its result, as in any transaction.
@@ -328,7 +331,7 @@ class Acking(Outcomes):
                     else:
                         tx.trace_append(events)
                     _held(acks, held())
-            self._hold(leased, leased_at)
+            self._hold(leased, leased_at, held_at)
         finally:
             if leasing:
                 self._lease_lock.release()

@@ -55,7 +55,13 @@ class InFlight(Struct):
     lease_seconds: float
     heartbeat_seconds: float
     next_heartbeat: float
+    # When the lease was asked for (monotonic, before its statement was sent).
     started: float
+    # Until when the lease is surely held, in the clock of ``WorkerCore._lease_clock``: read
+    # before the statement that granted or last extended it was sent, plus its length, so it
+    # errs early. ``-inf`` once a heartbeat found the lease lost. A held job is started only
+    # before it (``Executing._start``); past it, the lease is renewed first.
+    held_until: float = math.inf
     lost: LostFlag = field(default_factory=LostFlag)
     # Set by the heartbeat when the job was asked to stop (``App.cancel`` on a running job).
     cancel: LostFlag = field(default_factory=LostFlag)
@@ -87,6 +93,9 @@ class WorkerStats(Struct):
     cancelled: int = 0
     redelivered: int = 0
     released: int = 0
+    # Held jobs not started because their lease was found lost (reaped while the worker
+    # stalled): dropped unrun, the job is the new holder's.
+    lost: int = 0
     # A burst run that ended with jobs still scheduled for later (delayed or backing off).
     scheduled_later: int = 0
     next_run_at: float | None = None
@@ -210,6 +219,13 @@ class WorkerCore:
         # Every async handler of this worker runs on this one loop (started on first use).
         self.event_loop = EventLoopThread(f"replayq-async-{self.worker_id}")
         self._next_reap = 0.0
+        # The local clock a lease's ``held_until`` is read in. With the database's clock
+        # judging leases (``Runtime.leases_by_database``) the worker cannot read that clock
+        # without a round trip: the monotonic clock stands in, read before each grant or
+        # extension is sent, so that a bound from it ends no later than the database's
+        # deadline. Otherwise the app's clock judges leases, and is read itself.
+        self._leases_monotonic = self.runtime.leases_by_database
+        self._lease_clock = time.monotonic if self._leases_monotonic else self.runtime.clock.now
         self._stop_requested: float | None = None
         # The backend's wake-up listener while running (PostgreSQL LISTEN), else None.
         self.notifier: Any = None

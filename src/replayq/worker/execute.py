@@ -1,5 +1,9 @@
 """The executor threads: each runs one leased job at a time through its handler.
 
+A held job is started only while its lease is surely held (``InFlight.held_until``): a
+worker that stalled while jobs waited in it renews their leases first and drops unrun
+the jobs another worker took meanwhile (``_start``).
+
 An attempt builds the job's ``Context`` over a ``LiveWorld``, runs the handler
 (an ``async def`` one on the thread's own event loop) and hands the result to one
 of the outcomes; on a busy queue a success leases the slot's next job in its ack.
@@ -28,11 +32,12 @@ from replayq.recording.ledger import ledger_loader
 from replayq.recording.world import LiveWorld
 from replayq.worker.acks import Acking
 from replayq.worker.core import STOP
+from replayq.worker.heartbeat import Heartbeat
 
 log = logging.getLogger("replayq.worker")
 
 
-class Executing(Acking):
+class Executing(Acking, Heartbeat):
     """Run leased jobs to a settled state."""
 
     def _executor(self) -> None:
@@ -41,9 +46,9 @@ class Executing(Acking):
             # A job not started stays held: the stopping worker gives it back (``_shutdown``).
             started = False
             try:
-                started = self._start(item)
+                began = time.monotonic()
+                started = self._start(item, began)
                 if started:
-                    began = time.monotonic()
                     self._execute(item)
                     self._ran_for(time.monotonic() - began)
             except Exception:
@@ -53,15 +58,47 @@ class Executing(Acking):
                     self._ran(item)
             item = self._next_work()
 
-    def _start(self, job: Job) -> bool:
+    def _start(self, job: Job, now: float) -> bool:
         """Mark a held job started; ``False`` if the worker is stopping and gives it back
-        unstarted (or already has)."""
+        unstarted (or already has), or if its lease is lost: the job is dropped unrun.
+
+        ``now``: ``time.monotonic()``. A job is started only while its lease is surely
+        held (``InFlight.held_until``, one comparison): past that, the worker stalled
+        while the job waited (it was leased ahead, or the executor was stopped) and
+        another worker may have reaped it and run it. Its lease is then renewed first
+        (``_renew_before_start``) and the job started only if it is still held; a lease
+        the heartbeat already found lost fails the same comparison. Never an ack or a
+        write for a dropped job: the trace has the heartbeat's ``lease.lost``
+        (``started: false``), the job is the new holder's.
+        """
+        if not self._leases_monotonic:
+            now = self._lease_clock()  # the app's clock judges leases (a test's)
         with self._inflight_lock:
             flight = self._flight_of(job)
             if flight is None or flight.releasing or self._stopping.is_set():
                 return False
-            flight.running = True
-            return True
+            if now < flight.held_until:
+                flight.running = True
+                return True
+        renewed = self._renew_before_start(flight)
+        with self._inflight_lock:
+            if flight.releasing or self._stopping.is_set():
+                return False  # the stopping worker gives it back (or finds it lost)
+            # Read under the lock the heartbeat marks a lease lost under: exact.
+            if renewed and not flight.lost.is_set():
+                flight.running = True
+                return True
+            if self._flight_of(job) is flight:
+                del self._inflight[job.id]
+        self.stats.lost += 1
+        log.warning(
+            "worker %s: job %s waited here past its lease (the worker stalled?) and %s; "
+            "not started",
+            self.worker_id,
+            job.id,
+            "another worker took it" if flight.lost.is_set() else "it could not be renewed",
+        )
+        return False
 
     def _next_work(self) -> Any:
         """The next job for an executor that just freed its slot.

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from replayq.errors import DatabaseUnavailableError, ReplayqError
 from replayq.queue import lifecycle as trace
@@ -30,8 +32,7 @@ class Heartbeat(WorkerCore):
         once one is due, all of them are extended, in one statement."""
         backoff = Backoff(f"worker {self.worker_id}: heartbeat")
         while not ((self._stopping.is_set() or self._ended.is_set()) and self._idle()):
-            with self._inflight_lock:
-                held = [f for f in self._inflight.values() if f.heartbeat_seconds > 0]
+            held = self._renewable()
             now = time.monotonic()
             due = held if any(f.next_heartbeat <= now for f in held) else []
             if due:
@@ -59,6 +60,13 @@ class Heartbeat(WorkerCore):
             self._beat_wake.wait(wait)
             self._beat_wake.clear()
 
+    def _renewable(self) -> list[InFlight]:
+        """The leases a beat extends: every one held but a fixed visibility timeout's
+        (heartbeat 0), whose window counts from its lease and is never extended."""
+        with self._inflight_lock:
+            held = [f for f in self._inflight.values() if f.heartbeat_seconds > 0]
+        return held
+
     def extend_leases(self, flights: Sequence[InFlight]) -> None:
         """Extend the given leases; a failed compare-and-set marks the lease lost.
 
@@ -74,8 +82,46 @@ class Heartbeat(WorkerCore):
             for flight in held:
                 flight.beat.release()
 
+    def _renew_before_start(self, flight: InFlight) -> bool:
+        """Whether a held job whose lease may have run out while it waited (its
+        ``held_until`` passed: the worker stalled, SIGSTOP, a paused VM, a long pause)
+        is still this worker's to start.
+
+        Its lease is renewed first, with every other lease held, in one statement (a
+        heartbeat's): the database judges the lease, and until a reaper took the job the
+        owner token still holds it. ``False``: the renew found it lost (``lease.lost``,
+        ``started: false``), or could not ask (the database away), or its lease is a fixed
+        visibility timeout (heartbeat 0: never renewed). The caller then drops the job
+        unrun; a lease still held is reaped after its deadline, which is past.
+        """
+        if flight.heartbeat_seconds <= 0:
+            return False
+        held = self._renewable()
+        # Blocking on this one: a beat of it under way (the heartbeat thread's, woken by
+        # the same stall) answers the question; the others are skipped if busy, as a beat does.
+        with flight.beat:
+            if flight.lost.is_set() or self._lease_clock() < flight.held_until:
+                return not flight.lost.is_set()  # that beat answered
+            others = [f for f in held if f is not flight and f.beat.acquire(blocking=False)]
+            try:
+                self._extend([flight, *others])
+            except ReplayqError as exc:
+                log.warning(
+                    "worker %s: job %s waited past its lease and could not be renewed (%s); "
+                    "not started, it is reaped",
+                    self.worker_id,
+                    flight.job.id,
+                    exc,
+                )
+                return False
+            finally:
+                for other in others:
+                    other.beat.release()
+        return not flight.lost.is_set()
+
     def _extend(self, flights: Sequence[InFlight]) -> None:
         now = self.runtime.clock.now()
+        sent_at = self._lease_clock()  # before the extension is sent: ``held_until``
         with self.runtime.storage.transaction() as tx:
             events = []
             asked_to_stop = {j.id for j in tx.job_list(CancelRequested(self.worker_id))}
@@ -91,10 +137,13 @@ class Heartbeat(WorkerCore):
                 else:
                     extending.append(flight)
             held = _extend_held(tx, extending, now, self.runtime.leases_by_database)
+            unstarted = self._mark_lost([f for f in extending if f.job.id not in held])
             for flight in extending:
                 job = flight.job
                 extended = job.id in held
                 name = trace.LEASE_EXTENDED if extended else trace.LEASE_LOST
+                # ``started: false``: a job held ahead, dropped unrun (``Executing._start``).
+                data: dict[str, Any] = {"started": False} if job.id in unstarted else {}
                 events.append(
                     trace.lifecycle(
                         name,
@@ -103,15 +152,32 @@ class Heartbeat(WorkerCore):
                         hlc=self.runtime.hlc.tick(),
                         worker_id=self.worker_id,
                         lease_deadline=now + flight.lease_seconds if extended else None,
+                        **data,
                     )
                 )
                 flight.next_heartbeat = time.monotonic() + flight.heartbeat_seconds
-                if not extended:
-                    flight.lost.set()
             tx.trace_append(events)
+        # Once committed: an extension rolled back holds nothing longer.
+        for flight in extending:
+            if flight.job.id in held:
+                flight.held_until = sent_at + flight.lease_seconds
         for flight in flights:
             if flight.ctx is not None and not flight.lost.is_set():
                 flight.ctx.renew_locks()
+
+    def _mark_lost(self, flights: Sequence[InFlight]) -> set[int]:
+        """Mark the flights' leases lost; the ids of those whose job had not started.
+
+        Under ``_inflight_lock``, as ``Executing._start`` reads ``held_until`` and sets
+        ``running``: a job not running now is never started, so the trace can say so.
+        """
+        if not flights:
+            return set()
+        with self._inflight_lock:
+            for flight in flights:
+                flight.lost.set()
+                flight.held_until = -math.inf
+            return {f.job.id for f in flights if not f.running}
 
 
 def _extend_held(

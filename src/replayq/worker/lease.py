@@ -84,9 +84,10 @@ class Leasing(WorkerCore):
     def lease(self, limit: int, ahead: int = 0) -> list[Job]:
         """Lease up to ``limit`` jobs and queue them for the executors; the last ``ahead``
         of them wait for an executor (leased ahead)."""
+        held_at = time.monotonic()  # before the claim is sent: ``InFlight.held_until``
         with self.runtime.storage.transaction() as tx:
             jobs, now = self._lease_in(tx, limit, ahead)
-        self._hold(jobs, now)
+        self._hold(jobs, now, held_at)
         return jobs
 
     def _fixed_window_types(self) -> set[str]:
@@ -165,22 +166,30 @@ class Leasing(WorkerCore):
             return job, None
         return job.evolve(handler_version=version), job.handler_version
 
-    def _hold(self, jobs: Sequence[Job], now: float) -> None:
-        """Jobs whose lease committed: track them for heartbeats and queue them to run."""
+    def _hold(self, jobs: Sequence[Job], now: float, held_at: float) -> None:
+        """Jobs whose lease committed: track them for heartbeats and queue them to run.
+
+        ``held_at``: ``time.monotonic()`` read before the claim was sent (one reading for
+        the batch, as its lease is one), so that a bound counted from it ends no later
+        than the lease the database granted (``InFlight.held_until``).
+        """
         if not jobs:
             return
         wake_heartbeat = False
-        held_at = time.monotonic()  # one reading for the batch, as its lease is one
+        by_monotonic = self._leases_monotonic
         flights = []
         for job in jobs:
             # Both in the clock that granted the lease (the database's, or ``now``'s).
             granted = job.leased_at if job.leased_at is not None else now
             lease_seconds = (job.lease_deadline or granted) - granted
+            held_until = (held_at if by_monotonic else granted) + lease_seconds
             handler = self._handler_or_none(job)
             beat = handler.contract.heartbeat if handler else lease_seconds / 3
             # heartbeat 0: a fixed visibility timeout, the lease is never extended.
             first_beat = held_at + beat if beat > 0 else math.inf
-            flights.append(InFlight(job, lease_seconds, beat, first_beat, held_at, handler=handler))
+            flights.append(
+                InFlight(job, lease_seconds, beat, first_beat, held_at, held_until, handler=handler)
+            )
         with self._inflight_lock:  # once for the batch
             inflight = self._inflight
             for flight in flights:

@@ -29,7 +29,6 @@ from replayq.storage.reconnect import Backoff
 from replayq.storage.reports import JobsScheduled
 from replayq.worker.core import STOP, WorkerStats
 from replayq.worker.execute import Executing
-from replayq.worker.heartbeat import Heartbeat
 from replayq.worker.reap import Reaping
 
 log = logging.getLogger("replayq.worker")
@@ -45,7 +44,7 @@ def _join(threads: list[threading.Thread]) -> None:
         thread.join(max(0.0, until - time.monotonic()))
 
 
-class Worker(Executing, Reaping, Heartbeat):
+class Worker(Executing, Reaping):
     """Runs jobs of an ``App``. ``run()`` blocks until stopped (or, with ``burst``, idle)."""
 
     # -- control ----------------------------------------------------------------------------
