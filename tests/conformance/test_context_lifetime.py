@@ -82,6 +82,34 @@ def test_a_ctx_kept_past_its_attempt_refuses_every_view_and_verb_and_records_not
     assert count_rows(db_url, "rq_jobs") == 1, "no child job"
 
 
+def test_a_ctx_kept_from_an_attempt_whose_settle_raised_refuses_too(
+    app_factory: AppFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler failed and its settle raised (the database failed there: the job stays
+    running, to be reaped): the attempt is over all the same, and its ``ctx`` refuses."""
+    app = app_factory()
+    kept: list[replayq.Context] = []
+
+    @app.job("keeps_and_fails", retry=replayq.Retry(max_attempts=1))
+    def keeps_and_fails(ctx: replayq.Context) -> None:
+        kept.append(ctx)
+        raise ValueError("the handler failed")
+
+    job_id = app.enqueue("keeps_and_fails", {})
+    worker = replayq.Worker(app, worker_id="w1")
+
+    def settle_fails(*args: Any, **kwargs: Any) -> None:
+        raise replayq.StorageError("the database failed in the settle")
+
+    monkeypatch.setattr(worker, "_fail", settle_fails)
+    [job] = worker.lease(1)
+    with pytest.raises(replayq.StorageError, match="failed in the settle"):
+        worker.execute(job)
+    assert app.get_job(job_id).state == replayq.JobState.RUNNING, "left to be reaped"
+    [ctx] = kept
+    assert_refused_after_the_attempt(ctx, job_id)
+
+
 @pytest.mark.parametrize("mode", ["dry_run", "rerun"])
 def test_a_ctx_kept_from_a_replay_refuses_once_the_replay_returned(
     app_factory: AppFactory, mode: str
