@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 import replayq
+from replayq.replay.bulk import dry_run_many
 from replayq.replay.engine import dry_run
 from replayq.replay.rerun import rerun
 from tests.context_support import count_rows, run_once
@@ -82,6 +83,34 @@ def test_a_ctx_kept_past_its_attempt_refuses_every_view_and_verb_and_records_not
     assert count_rows(db_url, "rq_jobs") == 1, "no child job"
 
 
+def test_a_ctx_kept_from_an_attempt_whose_settle_raised_refuses_too(
+    app_factory: AppFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The handler failed and its settle raised (the database failed there: the job stays
+    running, to be reaped): the attempt is over all the same, and its ``ctx`` refuses."""
+    app = app_factory()
+    kept: list[replayq.Context] = []
+
+    @app.job("keeps_and_fails", retry=replayq.Retry(max_attempts=1))
+    def keeps_and_fails(ctx: replayq.Context) -> None:
+        kept.append(ctx)
+        raise ValueError("the handler failed")
+
+    job_id = app.enqueue("keeps_and_fails", {})
+    worker = replayq.Worker(app, worker_id="w1")
+
+    def settle_fails(*args: Any, **kwargs: Any) -> None:
+        raise replayq.StorageError("the database failed in the settle")
+
+    monkeypatch.setattr(worker, "_fail", settle_fails)
+    [job] = worker.lease(1)
+    with pytest.raises(replayq.StorageError, match="failed in the settle"):
+        worker.execute(job)
+    assert app.get_job(job_id).state == replayq.JobState.RUNNING, "left to be reaped"
+    [ctx] = kept
+    assert_refused_after_the_attempt(ctx, job_id)
+
+
 @pytest.mark.parametrize("mode", ["dry_run", "rerun"])
 def test_a_ctx_kept_from_a_replay_refuses_once_the_replay_returned(
     app_factory: AppFactory, mode: str
@@ -99,3 +128,34 @@ def test_a_ctx_kept_from_a_replay_refuses_once_the_replay_returned(
     _, replayed = kept
     assert replayed is not kept[0]
     assert_refused_after_the_attempt(replayed, job_id, replayed.attempt)
+
+
+def test_a_ctx_kept_from_a_quick_dry_run_refuses_once_the_run_returned(
+    app_factory: AppFactory,
+) -> None:
+    """A bulk dry-run that keeps nothing checks a job it covers in memory (``quick.py``): its
+    ``ctx`` is no ``Context``, and kept, it refused with the quick run's own
+    ``QuickCheckStopped`` while ``ctx.cancelled`` read False. It ends as a ``Context`` does."""
+    app = app_factory()
+    kept: list[Any] = []
+
+    @app.job("decides")
+    def decides(ctx: replayq.Context, n: int) -> None:
+        with ctx.step("decide"):
+            ctx.decide("ship", n > 0)
+        kept.append(ctx)
+
+    job_id = app.enqueue("decides", {"n": 1})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    [report] = dry_run_many(app, [job_id], keep=False)
+    assert report.matched_in_memory, "checked by the quick run"
+    _, replayed = kept
+    for late in (
+        lambda: replayed.decide("late", True),
+        lambda: replayed.step("late").__enter__(),
+        lambda: replayed.state.put("order", "late", {"paid": True}),
+        replayed.check_cancelled,
+    ):
+        with pytest.raises(replayq.ContextEndedError, match=f"job {job_id}, attempt 1"):
+            late()
+    assert replayed.cancelled, "a loop in a thread that polls ctx.cancelled stops"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -9,9 +10,12 @@ import pytest
 
 import replayq
 from replayq import codec
+from replayq.model import TraceEvent
+from replayq.recording.context import Context
 from replayq.recording.locks import break_lock, list_locks
-from replayq.storage.context_params import EntityGet
-from replayq.storage.protocol import SnapshotRead
+from replayq.recording.world import LiveWorld
+from replayq.storage.context_params import EntityGet, LockFilter
+from replayq.storage.protocol import LeasesExtend, LockAcquire, SnapshotRead, TraceFence
 from tests.context_support import count_rows, named, query, run_once
 
 AppFactory = Callable[..., replayq.App]
@@ -613,6 +617,83 @@ def test_a_lock_held_by_another_job_times_out_as_concurrency(
     assert inner_job.last_error_class == "concurrency"
     [timeout] = named(app, inner_id, "lock.timeout")
     assert (timeout.data["holder_job"], timeout.data["holder_token"]) == (outer_id, 1)
+
+
+def test_a_lock_wanted_while_a_write_under_it_commits_waits_without_a_deadlock(
+    app: replayq.App, clock: replayq.FrozenClock
+) -> None:
+    """One worker runs two jobs: ``holder``'s step commits a write under lock ``res`` (its
+    fence keeps the lock's row ``FOR SHARE`` on PostgreSQL) while ``wanter`` asks for
+    ``res`` and the worker's heartbeat extends both leases in one statement. The
+    acquisition waits for the commit and then finds the lock held; nothing deadlocks.
+
+    The worst moment, held by hand: the fence has passed, the acquisition waits for the
+    lock's row, the heartbeat has taken ``holder``'s row and waits for ``wanter``'s, and
+    the commit's fenced append then needs ``holder``'s row. An acquisition that asked
+    its own lease (``wanter``'s row ``FOR SHARE``) before the lock's row closed the
+    cycle, and PostgreSQL aborted one of the three (``deadlock detected``)."""
+
+    @app.job("hold")
+    def hold(ctx: replayq.Context) -> None:
+        pass
+
+    @app.job("want")
+    def want(ctx: replayq.Context) -> None:
+        pass
+
+    app.enqueue("hold", {})
+    app.enqueue("want", {})
+    worker = replayq.Worker(app, worker_id="w")
+    runtime = worker.runtime
+    holder, wanter = sorted(worker.lease(2), key=lambda job: job.job_type)
+    assert (holder.job_type, wanter.job_type) == ("hold", "want")
+    assert holder.owner_token is not None and wanter.owner_token is not None
+    with app.storage.transaction() as tx:
+        grant = tx.lock_transition(LockAcquire("res", "h", holder.id, "w", clock.now(), 30.0, 1))
+    assert grant is not None
+    ctx = Context(
+        runtime,
+        wanter,
+        runtime.registry.handler("want", wanter.handler_version),
+        worker_id="w",
+        world=LiveWorld(None, None),
+        owner_token=wanter.owner_token,
+    )
+    outcomes: dict[str, Any] = {}
+
+    def take() -> None:
+        try:
+            with ctx.lock("res", ttl="30s", wait="0.3s"):
+                outcomes["take"] = "granted"
+        except Exception as exc:
+            outcomes["take"] = exc
+
+    def beat() -> None:
+        leases = ((holder.id, holder.owner_token, 30.0), (wanter.id, wanter.owner_token, 30.0))
+        try:
+            with app.storage.transaction() as tx:
+                outcomes["beat"] = tx.lease_extend(LeasesExtend(leases, clock.now(), False))
+        except Exception as exc:
+            outcomes["beat"] = exc
+
+    taker, beater = threading.Thread(target=take), threading.Thread(target=beat)
+    try:
+        with app.storage.transaction() as tx:
+            fence = LockFilter("res", newer_than=grant.fencing_token)
+            assert tx.lock_list(fence) == [], "the write's fence passes"
+            taker.start()
+            taker.join(0.5)
+            beater.start()
+            beater.join(0.5)
+            event = TraceEvent("t", "step.committed", clock.now(), 2, job_id=holder.id)
+            outcomes["commit"] = tx.trace_append([event], TraceFence(holder.id, holder.owner_token))
+    except Exception as exc:
+        outcomes["commit"] = exc
+    taker.join(30)
+    beater.join(30)
+    assert outcomes["commit"] is True, outcomes
+    assert outcomes["beat"] == {holder.id, wanter.id}, outcomes
+    assert isinstance(outcomes["take"], replayq.LockTimeoutError), outcomes
 
 
 @pytest.mark.parametrize("ttl", [0, "0s", -1, -0.5])

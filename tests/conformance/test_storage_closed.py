@@ -130,3 +130,49 @@ def test_a_block_open_on_another_thread_at_close_commits_whole_or_raises_and_com
     finally:
         reader.close()
     assert kept == ([] if error is not None else ["after close", "before close"])
+
+
+class _PausedAfterClosing:
+    """``SqliteStorage._all_lock`` whose release pauses ``close()`` once it has closed the
+    connections, before it forgets this thread's (``_local``): the worst moment for a
+    block that begins on another thread."""
+
+    def __init__(self, storage: Any) -> None:
+        self._lock = threading.Lock()
+        self._storage = storage
+        self.paused, self.resume = threading.Event(), threading.Event()
+
+    def __enter__(self) -> None:
+        self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+        if self._storage._closed and not self.paused.is_set():
+            self.paused.set()
+            assert self.resume.wait(10)
+
+
+def test_a_block_begun_while_close_runs_raises_storage_error_not_the_drivers(
+    db_url: str,
+) -> None:
+    """SQLite: this thread's connection is closed by ``close()`` on another thread, which
+    has not yet forgotten it when this thread begins its next block: that block raises
+    the closed storage's ``StorageError``, not ``sqlite3.ProgrammingError`` (``Cannot
+    operate on a closed database``) from a look at the closed connection."""
+    if not db_url.startswith("sqlite"):
+        pytest.skip("PostgreSQL's pool hands out no closed connection")
+    storage = open_storage(db_url)
+    storage.migrate(T0)
+    _read(storage)  # this thread's connection, opened and idle
+    gate = _PausedAfterClosing(storage)
+    storage._all_lock = gate  # type: ignore[attr-defined]
+    closer = threading.Thread(target=storage.close)
+    closer.start()
+    try:
+        assert gate.paused.wait(10)
+        for use in ("read", "write", "autocommit", "snapshot_read"):
+            with pytest.raises(StorageError, match="storage is closed"):
+                USES[use](storage)
+    finally:
+        gate.resume.set()
+        closer.join(10)

@@ -206,13 +206,7 @@ class Context(Recorder):
 
     def _ended_error(self) -> ContextEndedError:
         """The error a use of this context after ``end`` raises."""
-        return ContextEndedError(
-            f"this Context's attempt (job {self.job.id}, attempt {self.attempt}) has ended; "
-            "a ctx is good only during the handler call it was passed to, and code that "
-            "kept it (a thread, a closure called later) would record into an attempt that "
-            "never commits again: finish that work before the handler returns, or enqueue "
-            "a job for it"
-        )
+        return ended_error(self.job.id, self.attempt)
 
     # -- what the views hold for the next commit (hooks of ``Recorder``) -------------------
 
@@ -495,3 +489,15 @@ class Context(Recorder):
 
     def __repr__(self) -> str:
         return f"<Context job={self.job.id} type={self.job.job_type} attempt={self.attempt}>"
+
+
+def ended_error(job_id: int, attempt: int) -> ContextEndedError:
+    """The error a use of a context (``Context``, a quick dry-run's) after its attempt
+    ended raises."""
+    return ContextEndedError(
+        f"this Context's attempt (job {job_id}, attempt {attempt}) has ended; "
+        "a ctx is good only during the handler call it was passed to, and code that "
+        "kept it (a thread, a closure called later) would record into an attempt that "
+        "never commits again: finish that work before the handler returns, or enqueue "
+        "a job for it"
+    )

@@ -40,6 +40,7 @@ from replayq.model import TraceEvent
 from replayq.queue.handlers import Handler
 from replayq.recording.aio import is_async
 from replayq.recording.calls import call_request
+from replayq.recording.context import ended_error
 from replayq.recording.effects import default_effect_key
 from replayq.recording.state import Entity, delta_of, resource_name
 from replayq.recording.world import LIVE
@@ -237,6 +238,7 @@ class QuickContext:
         self._texts: list[str] = []
         self._trace_id = trace_id
         self._state: _QuickState | None = None
+        self._ended = False  # by ``_close``: a kept ctx then refuses, as ``Context.end``
 
     def __getattr__(self, name: str) -> Any:
         self._stop()
@@ -244,10 +246,15 @@ class QuickContext:
     def _close(self) -> None:
         """Drop the state view (it refers back to this context): without the cycle, a
         finished run and the recording it holds are freed at once, not by the cyclic
-        garbage collector (which a bulk dry-run runs only between batches)."""
+        garbage collector (which a bulk dry-run runs only between batches). The run is
+        over: a ctx the handler kept refuses from here on (``ContextEndedError``, as a
+        ``Context`` after ``end``), never the quick run's own ``QuickCheckStopped``."""
         self._state = None
+        self._ended = True
 
     def _stop(self) -> NoReturn:
+        if self._ended:
+            raise ended_error(self.job_id, self.attempt)
         self._stopped = True
         raise QuickCheckStopped
 
@@ -325,17 +332,25 @@ class QuickContext:
     def current_step(self) -> str | None:
         return self._steps[-1] if self._steps else None
 
-    cancelled = False
     lease_lost = False
 
+    @property
+    def cancelled(self) -> bool:
+        """False during the run; True once it is over (``_close``), as ``Context.cancelled``
+        after ``end``: a loop that polls it stops."""
+        return self._ended
+
     def check_cancelled(self) -> None:
-        return None
+        if self._ended:
+            raise ended_error(self.job_id, self.attempt)
 
     # -- verbs --------------------------------------------------------------------------------
 
     @property
     def state(self) -> _QuickState:
         if self._state is None:
+            if self._ended:
+                raise ended_error(self.job_id, self.attempt)
             self._state = _QuickState(self)
         return self._state
 

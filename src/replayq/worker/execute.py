@@ -162,6 +162,11 @@ class Executing(Acking, Heartbeat):
             # ended) by that commit.
             if self._deferred.job_id != job.id:
                 self.observers.settled(job)
+                if ctx is None:
+                    # ``_attempt`` raised (its settle failed: the job stays running and is
+                    # reaped): the context it had built is its flight's.
+                    flight = self._flight_of(job)
+                    ctx = flight.ctx if flight is not None else None
                 if ctx is not None:
                     ctx.end()
 

@@ -971,7 +971,11 @@ class SqliteStorage:
         local = self._local
         # ``_connection``'s first look inlined: the thread's connection, once it has one.
         conn = getattr(local, "conn", None) or self._connection()
-        orphan = conn.in_transaction
+        try:
+            orphan = conn.in_transaction
+        except sqlite3.ProgrammingError as exc:
+            # Closed by ``close()`` on another thread, which has not forgotten it yet.
+            raise self._failure(f"cannot begin a transaction on {self.path!r}", exc) from exc
         if orphan and conn.inside:
             raise StorageError(
                 f"cannot begin a transaction on {self.path!r}: this thread's connection "
