@@ -10,13 +10,16 @@ harm no fencing takes back), ``LeaseLostError`` is raised in the handler, and
 refused settle (``job.write_rejected``), schedules no retry and writes nothing of the
 job's; B's run is unaffected and the job succeeds once, B's. A goes on with other jobs.
 
-Sync and ``async def`` handlers, on both backends. ``tests/acceptance/
-test_stalled_worker.py`` does the same with real worker processes and SIGSTOP.
+Sync and ``async def`` handlers, on both backends. A handler that polls ``ctx.cancelled``
+in a loop stops once a running worker's own heartbeat thread finds the lease lost.
+``tests/acceptance/test_stalled_worker.py`` does the same with real worker processes and
+SIGSTOP.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +27,7 @@ from typing import Any
 import pytest
 
 import replayq
+from tests.acceptance.workers import wait_for
 
 AppFactory = Callable[..., replayq.App]
 
@@ -164,3 +168,81 @@ def test_a_handler_whose_lease_the_heartbeat_found_lost_makes_no_further_call(
     assert race.calls_of("a") == ["first", "next"]
     a.event_loop.close()
     b.event_loop.close()
+
+
+def test_a_handler_polling_ctx_cancelled_stops_once_the_heartbeat_thread_finds_the_lease_lost(
+    app_factory: AppFactory,
+) -> None:
+    """A running worker's own heartbeat thread, held off while the job is taken over (as a
+    stall would), then let go: the handler's loop on ``ctx.cancelled`` ends, its return is
+    recorded as a refused settle, and the worker runs its next job."""
+    clock = replayq.FrozenClock()
+    app = app_factory(clock=clock)
+    race = Race()
+
+    def poll(ctx: replayq.Context, n: int) -> dict[str, str]:
+        if ctx.worker_id == "a":
+            race.a_between_calls.set()
+            deadline = time.monotonic() + 20
+            while not ctx.cancelled and time.monotonic() < deadline:
+                time.sleep(0.01)  # work between cancel points
+            race.seen_by_a.update(cancelled=ctx.cancelled, lease_lost=ctx.lease_lost)
+        else:
+            race.pause(ctx)
+        return {"by": ctx.worker_id}
+
+    app.job("poll", lease="1s", heartbeat="0.1s")(poll)
+    app.job("next")(lambda ctx: ctx.call("next", race.outside, ctx.worker_id, "next"))
+    job_id = app.enqueue("poll", {"n": 1})
+    # No reaper of its own (B reaps), one slot, nothing leased ahead.
+    a = replayq.Worker(
+        app, worker_id="a", poll_interval=0.02, reap_interval=3600, prefetch=0, grace_period=5
+    )
+    b = replayq.Worker(app, worker_id="b")
+    run_a = threading.Thread(target=a.run, name="worker-a", daemon=True)
+    run_b: threading.Thread | None = None
+    run_a.start()
+    try:
+        assert race.a_between_calls.wait(30), "A never started the job"
+        flight = a._inflight[job_id]
+        with flight.beat:  # A's heartbeat skips this lease: A stalls, as far as it knows
+            clock.advance(2)
+            assert b.reap() == 1
+            [owned] = b.lease(1)
+            run_b = threading.Thread(target=b.execute, args=(owned,), name="worker-b")
+            run_b.start()
+            assert race.b_inside.wait(30), "B's handler never started"
+        # A's heartbeat thread beats again: the lease is lost, ``ctx.cancelled`` reads True.
+        wait_for(
+            lambda: [e for e in app.trace(job_id) if e.name == "job.write_rejected"],
+            timeout=10,
+            what="A's handler to stop polling and its return to be refused",
+        )
+        assert race.seen_by_a == {"cancelled": True, "lease_lost": True}
+        [rejected] = [e for e in app.trace(job_id) if e.name == "job.write_rejected"]
+        assert (rejected.worker_id, rejected.data["attempted"]) == ("a", "job.succeeded")
+        job = app.get_job(job_id)
+        assert (job.state, job.worker_id, job.owner_token) == (
+            replayq.JobState.RUNNING,
+            "b",
+            owned.owner_token,
+        )
+        # A goes on with other jobs.
+        next_id = app.enqueue("next", {})
+        wait_for(
+            lambda: app.get_job(next_id).state is replayq.JobState.SUCCEEDED,
+            timeout=10,
+            what="A to run its next job",
+        )
+        assert race.calls_of("a") == ["next"]
+    finally:
+        race.b_may_finish.set()
+        if run_b is not None:
+            run_b.join(30)
+        a.stop()
+        run_a.join(30)
+    job = app.get_job(job_id)
+    assert job.state is replayq.JobState.SUCCEEDED and job.result == {"by": "b"}
+    names = [e.name for e in app.trace(job_id)]
+    assert names.count("job.succeeded") == 1 and "retry.scheduled" not in names
+    assert (a.stats.rejected, a.stats.succeeded, a.stats.retried) == (1, 1, 0)
