@@ -39,6 +39,7 @@ PER_BUG_TIMEOUT = 1800.0
 BARRIER = "tests/conformance/test_owner_token_barrier.py"
 HEARTBEAT_ZERO = "tests/conformance/test_fixed_visibility_timeout_worker.py"
 LOST_LEASE = "tests/conformance/test_worker_lost_lease.py"
+LOST_LEASE_RUNNING = "tests/conformance/test_worker_lost_lease_running.py"
 SQLITE_DISK_FAULTS = (
     "tests/acceptance/test_sqlite_faults.py::"
     "test_a_read_only_or_failing_disk_is_waited_out_and_the_worker_resumes_when_it_clears"
@@ -216,6 +217,14 @@ BUGS: list[Bug] = [
         "flight.held_until = -math.inf",
         "flight.held_until = flight.held_until",
         (LOST_LEASE,),
+    ),
+    # A running handler whose lease the heartbeat found lost stops at its next cancel point.
+    Bug(
+        "lost-lease-handler-runs-on",
+        "lease deadline",
+        "                flight.lost.set()\n                flight.cancel.set()\n",
+        "                flight.lost.set()\n",
+        (LOST_LEASE_RUNNING,),
     ),
     # A fixed visibility timeout counts from the lease: such a job is never leased ahead.
     Bug(

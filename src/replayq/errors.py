@@ -13,7 +13,8 @@ The tree::
     │   └── LeaseCollisionError     a claim collided on an ordering key and aborted its
     │                               transaction (asked for: ``JobLease.collision_aborts``)
     ├── LeaseLostError              a write by a worker whose lease on the job is gone
-    │                               (refused in the database: ``write.fenced``)
+    │                               (refused in the database: ``write.fenced``), or a
+    │                               handler's cancel point once the heartbeat found it gone
     ├── JobCancelledError           raised in a handler at its next step boundary or ctx
     │                               call once the running job was asked to stop
     ├── ContextEndedError           a ``ctx`` used after its attempt ended (kept by a thread
@@ -133,7 +134,12 @@ class RolloutRefusedError(ReplayqError):
 
 
 class LeaseLostError(ReplayqError):
-    """A worker tried to write a job whose lease it no longer holds."""
+    """A worker tried to write a job whose lease it no longer holds, or its handler reached
+    a cancel point (``ctx.step``, ``ctx.call``...) after the heartbeat found the lease lost.
+
+    Let it propagate: the job is another worker's now. The attempt is recorded as a refused
+    settle (its events, then ``job.write_rejected``), none of its writes commit, and this
+    worker schedules no retry. Not a ``JobError``: it is never retried."""
 
 
 class JobCancelledError(ReplayqError):

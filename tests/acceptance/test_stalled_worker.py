@@ -1,4 +1,5 @@
-"""A worker frozen past its lease cannot write the job when it wakes (owner-token CAS)."""
+"""A worker frozen past its lease cannot write the job when it wakes (owner-token CAS), and
+its handler, once the heartbeat found the lease lost, makes no further ``ctx.call``."""
 
 from __future__ import annotations
 
@@ -51,3 +52,55 @@ def test_stalled_worker_late_write_is_rejected_and_state_not_regressed(
     assert "retry.scheduled" not in events
     ran_to_end = [line["pid"] for line in read_lines(side_file) if line["event"] != "start"]
     assert sorted(ran_to_end) == sorted([stalled.pid, taker.pid]), "both handlers did finish"
+
+
+def test_a_thawed_handler_whose_lease_was_taken_makes_no_further_call(
+    launcher: WorkerLauncher, sleepy_app: replayq.App, side_file: Path
+) -> None:
+    """Frozen inside its handler, reaped and run by another worker, then thawed: its
+    heartbeat finds the lease lost before the handler's next ``ctx.call``, which is not
+    made (``LeaseLostError``); the job is the taker's, the stalled worker goes on."""
+    job_id = sleepy_app.enqueue("nap_then_call", {"log": str(side_file), "n": 1, "naps": 30})
+    stalled = launcher.start("stalled")
+    wait_for(lambda: read_lines(side_file), timeout=20, what="the first worker to start the job")
+
+    stalled.signal(signal.SIGSTOP)
+    taker = launcher.start("taker")
+    done = wait_for(
+        lambda: (job := sleepy_app.get_job(job_id)).state is replayq.JobState.SUCCEEDED and job,
+        timeout=30,
+        what="the second worker to take over the job and finish it",
+    )
+    assert done.worker_id == "taker" and done.result["pid"] == taker.pid
+
+    stalled.signal(signal.SIGCONT)
+
+    def said(name: str) -> list[TraceEvent]:
+        return [e for e in sleepy_app.trace(job_id) if e.name == name]
+
+    rejection = wait_for(lambda: said("job.write_rejected"), timeout=20, what="its refusal")[0]
+    assert rejection.worker_id == "stalled"
+    assert "stops before" in rejection.data["attempted"], rejection.data
+    lines = [(line["event"], line["pid"]) for line in read_lines(side_file)]
+    assert ("call", stalled.pid) not in lines, "the thawed handler called out after its lease"
+    assert ("stopped", stalled.pid) in lines
+    assert lines.count(("call", taker.pid)) == 1
+    after = sleepy_app.get_job(job_id)
+    assert (after.state, after.result, after.finished_at) == (
+        replayq.JobState.SUCCEEDED,
+        done.result,
+        done.finished_at,
+    )
+    names = [e.name for e in sleepy_app.trace(job_id)]
+    assert names.count("job.succeeded") == 1 and "retry.scheduled" not in names
+
+    # The stalled worker goes on with other jobs.
+    taker.kill()
+    late = sleepy_app.enqueue("sleep", {"log": str(side_file), "n": 2, "seconds": 0.0})
+    ran = wait_for(
+        lambda: (job := sleepy_app.get_job(late)).state is replayq.JobState.SUCCEEDED and job,
+        timeout=30,
+        what="the thawed worker to run a new job",
+    )
+    assert ran.result["pid"] == stalled.pid
+    assert "Traceback" not in stalled.log(), stalled.log()

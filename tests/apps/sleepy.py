@@ -50,11 +50,28 @@ def sleep_in_order(
     return {"n": n, "pid": os.getpid()}
 
 
+def nap_then_call(ctx: replayq.Context, log: str, n: int, naps: int) -> dict[str, int]:
+    """Nap ``naps`` times 0.1 s (a worker frozen meanwhile has the rest to nap when it is
+    thawed: its heartbeat beats first), then make one call through ``ctx``: the call writes
+    ``call`` to the side file; a call refused for a lost lease writes ``stopped``."""
+    record(log, "start", n)
+    for _ in range(naps):
+        time.sleep(0.1)
+    try:
+        ctx.call("side_effect", record, log, "call", n)
+    except replayq.LeaseLostError:
+        record(log, "stopped", n)
+        raise
+    record(log, "end", n)
+    return {"n": n, "pid": os.getpid()}
+
+
 def build(url: str | None = None) -> replayq.App:
     """The app on ``url`` (default: ``--db`` / ``$REPLAYQ_DB``); tests build it to enqueue."""
     built = replayq.App(url)
     built.job("sleep", retry=QUICK_RETRY, **SHORT_LEASE)(sleep)
     built.job("sleep_long_lease", retry=QUICK_RETRY, **LONG_LEASE)(sleep)
+    built.job("nap_then_call", retry=QUICK_RETRY, **SHORT_LEASE)(nap_then_call)
     built.job("sleep_in_order", ordering="account:{account}", retry=QUICK_RETRY, **SHORT_LEASE)(
         sleep_in_order
     )

@@ -9,7 +9,10 @@ makes these tests fail, on both backends (``scripts/mutate.py`` plants them).
 
 An effect claim, an outbox row and a child job committed before any heartbeat noticed
 the lost lease are refused too: every commit checks the owner token in the database
-(``lease_check``), not only the heartbeat's flag.
+(``lease_check``), not only the heartbeat's flag. A step whose commit comes after A's
+heartbeat found the lease lost (the beat came while the step ran) is refused the same
+way; once the heartbeat found it lost, A's handler stops at its next cancel point
+(``LeaseLostError``) and starts no step (``test_worker_lost_lease_running.py`` for calls).
 """
 
 from __future__ import annotations
@@ -76,8 +79,10 @@ def hold_handler(takeover: Callable[[], Takeover]) -> Callable[..., Any]:
             raise replayq.TransientError("A's attempt failed after its lease was taken")
         if outcome == "validation":
             raise replayq.ValidationError("A's attempt found the payload wrong")
-        if outcome == "step":
+        if outcome in ("step", "beat inside the step"):
             with ctx.step("write"):
+                if outcome == "beat inside the step":  # past the step's cancel point
+                    t.a.extend_leases([t.a._inflight[t.stale.id]])  # A's heartbeat: lost
                 ctx.state.put("order", 1, {"written_by": "a"})
         return {"by": "a"}
 
@@ -173,13 +178,28 @@ def test_stale_heartbeat_while_the_new_owner_runs_does_not_extend_the_lease(
 def test_step_commit_after_the_heartbeat_found_the_lease_lost_writes_nothing(
     app_factory: AppFactory,
 ) -> None:
-    with taken_over(app_factory, "step") as t:
-        t.a.extend_leases([t.a._inflight[t.stale.id]])  # A's heartbeat: lease lost
+    with taken_over(app_factory, "beat inside the step") as t:
         t.act_as_a()
         t.assert_still_owned_by_b()
         assert t.app.state.get("order", 1).version == 0, "A's step committed after its lease"
         names = [(e.name, e.worker_id, e.status) for e in t.app.trace(t.owned.id)]
         assert ("step.rolled_back", "a", "fail") in names
+        assert ("write.fenced", "a", "rejected") in names
+
+
+def test_a_handler_whose_lease_the_heartbeat_found_lost_starts_no_step(
+    app_factory: AppFactory,
+) -> None:
+    with taken_over(app_factory, "step") as t:
+        t.a.extend_leases([t.a._inflight[t.stale.id]])  # A's heartbeat: lease lost
+        t.act_as_a()
+        t.assert_still_owned_by_b()
+        assert t.app.state.get("order", 1).version == 0, "A's step committed after its lease"
+        by_a = [e for e in t.app.trace(t.owned.id) if e.worker_id == "a"]
+        assert "step.started" not in [e.name for e in by_a], "A started a step it had lost"
+        [rejected] = [e for e in by_a if e.name == "job.write_rejected"]
+        assert "stops before its next step" in rejected.data["attempted"]
+        assert (t.a.stats.rejected, t.a.stats.retried) == (1, 0)
 
 
 # -- paths fenced in the database by issue 10 -------------------------------------------------
@@ -274,16 +294,17 @@ def test_stale_child_enqueue_while_the_new_owner_runs_is_not_committed(
 def test_outbox_and_child_jobs_of_a_step_after_the_heartbeat_found_the_lease_lost_are_refused(
     app_factory: AppFactory, path: str
 ) -> None:
-    def body(ctx: replayq.Context) -> None:
+    def body(ctx: replayq.Context) -> None:  # ``t`` is bound below, before A runs this
         with ctx.step(path):
             if path == "outbox":
                 ctx.outbox.publish("orders", {"n": 1})
             else:
                 ctx.enqueue("child", {})
+            # A's heartbeat: lease lost, after the cancel points, before the step's commit.
+            t.a.extend_leases([t.a._inflight[t.stale.id]])
 
     t = stale_writer(app_factory, body)
     with b_running(t):
-        t.a.extend_leases([t.a._inflight[t.stale.id]])  # A's heartbeat: lease lost
         t.act_as_a()
         t.assert_still_owned_by_b()
         with t.app.storage.transaction(readonly=True) as tx:

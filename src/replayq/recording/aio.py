@@ -87,7 +87,7 @@ def _drive(flow: Flow[T]) -> T:
             try:
                 value = thunk()
                 if _awaitable(value):
-                    _close(value)
+                    close_unstarted(value)
                     raise ConfigurationError(
                         "the function returned an awaitable: pass the coroutine function "
                         "itself (or the coroutine) and await the verb, "
@@ -121,10 +121,12 @@ async def _drive_async(flow: Flow[T], fn: Any) -> T:
     finally:
         if not started:
             # Replayed or refused: the coroutine the handler passed is never run.
-            _close(fn)
+            close_unstarted(fn)
 
 
-def _close(value: Any) -> None:
+def close_unstarted(value: Any) -> None:
+    """Close ``value`` if it is a coroutine that will never run (its verb was refused or
+    replayed), so it is not reported as never awaited."""
     close = getattr(value, "close", None)
     if inspect.iscoroutine(value) and close is not None:
         close()

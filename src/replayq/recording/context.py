@@ -18,6 +18,13 @@ write is refused with ``LeaseLostError``, nothing of it commits, and the trace
 records ``write.fenced`` naming what was refused. Contexts without a lease
 (replays, forks, guarded reruns) have no owner token and are not fenced by one.
 
+A worker's heartbeat that finds the lease lost also stops the handler: it sets the
+cancel flag beside the lost one, so the next cancel point raises ``LeaseLostError``
+before it does anything (a ``ctx.call`` does not call out while another worker runs the
+job) and ``ctx.cancelled`` reads True; ``ctx.lease_lost`` tells the two causes apart.
+The lost lease costs a cancel point nothing more: the cause is asked only once the one
+flag every cancel point reads is set.
+
 Every read of the outside world goes through the context's ``World``
 (``replayq.recording.world``): live for workers; recorded, gated or stubbed
 for the replay engine. The context never asks which world it is in.
@@ -36,11 +43,11 @@ from collections.abc import Callable, Coroutine, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar, overload
 
-from replayq.errors import ContextEndedError, JobCancelledError
+from replayq.errors import ContextEndedError, JobCancelledError, LeaseLostError
 from replayq.model import Job, TraceEvent
 from replayq.queue.contracts import render_template
 from replayq.queue.handlers import Handler
-from replayq.recording.aio import run_flow
+from replayq.recording.aio import close_unstarted, run_flow
 from replayq.recording.cache import CacheView
 from replayq.recording.calls import record_call
 from replayq.recording.effects import EffectRunner
@@ -104,7 +111,8 @@ class Context(Recorder):
         self.world: World = world or LiveWorld()
         self.namespace = namespace
         self.owner_token = owner_token
-        # Set by the worker's heartbeat once the running job was asked to stop.
+        # Set by the worker's heartbeat once the running job was asked to stop or its lease
+        # was found lost (``world.lease_lost()`` then true): every cancel point reads it.
         self._cancel = cancel
         self._trace_id = trace_id or job.trace_id
         self._pending = PendingRecord()
@@ -271,29 +279,49 @@ class Context(Recorder):
 
     @property
     def cancelled(self) -> bool:
-        """True once the job was asked to stop (``replayq jobs cancel``) while it ran.
+        """True once the attempt must stop: the job was asked to stop (``replayq jobs
+        cancel``) while it ran, or the worker's heartbeat found its lease lost.
 
         A handler in a long loop can check it and return; otherwise its next step
-        boundary or ``ctx`` call raises ``JobCancelledError``. The worker notices a
-        cancel at its next heartbeat.
+        boundary or ``ctx`` call raises ``JobCancelledError`` (asked to stop) or
+        ``LeaseLostError`` (the lease lost: another worker holds the job now).
+        ``ctx.lease_lost`` tells the two apart. The worker notices either at its
+        next heartbeat.
         """
         return self._cancel is not None and self._cancel.is_set()
 
     def check_cancelled(self) -> None:
-        """Raise ``JobCancelledError`` if the job was asked to stop (a cancel point), and
-        ``ContextEndedError`` once the attempt has ended (``end``)."""
+        """A cancel point: raise ``JobCancelledError`` if the job was asked to stop,
+        ``LeaseLostError`` if the heartbeat found the lease lost, and ``ContextEndedError``
+        once the attempt has ended (``end``)."""
         cancel = self._cancel
         if cancel is not None and cancel.is_set():
             if cancel is _ENDED:
                 raise self._ended_error()
+            before = self.current_step or "its next step"
+            if self.world.lease_lost():
+                raise LeaseLostError(
+                    f"job {self.job.id} attempt {self.attempt}: the heartbeat found the lease "
+                    f"taken by another worker; it stops before {before}"
+                )
             raise JobCancelledError(
                 f"job {self.job.id} attempt {self.attempt} was asked to stop; "
-                f"it stops before {self.current_step or 'its next step'}"
+                f"it stops before {before}"
             )
+
+    def _stop_before_call(self, fn: Any) -> None:
+        """``check_cancelled`` for a verb about to call ``fn``: a coroutine the handler
+        passed (``ctx.call(name, fetch())``) is closed, never to be awaited."""
+        try:
+            self.check_cancelled()
+        except BaseException:
+            close_unstarted(fn)
+            raise
 
     @property
     def lease_lost(self) -> bool:
-        """True once a heartbeat found this worker no longer holds the job's lease."""
+        """True once a heartbeat found this worker no longer holds the job's lease (then
+        ``cancelled`` is True too, and cancel points raise ``LeaseLostError``)."""
         return self.world.lease_lost()
 
     # -- running ----------------------------------------------------------------------------
@@ -426,7 +454,7 @@ class Context(Recorder):
         """
         cancel = self._cancel
         if cancel is not None and cancel.is_set():
-            self.check_cancelled()
+            self._stop_before_call(fn)
         return run_flow(record_call(self, name, fn, args, kwargs), fn)
 
     def effect(self, kind: str, fn: Callable[[], Any], *, key: str | None = None) -> Any:
@@ -437,7 +465,7 @@ class Context(Recorder):
         """
         cancel = self._cancel
         if cancel is not None and cancel.is_set():
-            self.check_cancelled()
+            self._stop_before_call(fn)
         return self.effects.run(kind, fn, key=key)
 
     # -- recorded nondeterminism ------------------------------------------------------------

@@ -63,7 +63,8 @@ class InFlight(Struct):
     # before it (``Executing._start``); past it, the lease is renewed first.
     held_until: float = math.inf
     lost: LostFlag = field(default_factory=LostFlag)
-    # Set by the heartbeat when the job was asked to stop (``App.cancel`` on a running job).
+    # Set by the heartbeat when the job was asked to stop (``App.cancel`` on a running job)
+    # or its lease was found lost (after ``lost``): the handler's cancel points read it.
     cancel: LostFlag = field(default_factory=LostFlag)
     ctx: Context | None = None
     # Set (under ``_inflight_lock``) when an executor takes the job up: a held job not yet

@@ -213,8 +213,9 @@ class Executing(Acking, Heartbeat):
                 "null" if result is None else codec.dumps(result, what=f"{job.job_type} result")
             )
         except LeaseLostError as exc:
-            # A commit or effect claim was fenced: another worker holds the job now. The
-            # attempt ends here; only its events (with ``write.fenced``) are kept.
+            # A commit or effect claim was fenced, or a cancel point found the lease the
+            # heartbeat marked lost: another worker holds the job now. The attempt ends
+            # here, no retry of this worker's; only its events (with ``write.fenced``) are kept.
             self._reject(job, exc, ctx)
             return ctx
         except JobCancelledError as exc:
@@ -230,6 +231,11 @@ class Executing(Acking, Heartbeat):
             self._compare(job, handler)
             return ctx
         if ctx.cancelled:
+            if ctx.lease_lost:
+                # The heartbeat found the lease lost (``ctx.cancelled`` says so too): its ack
+                # would be refused; recorded as that refusal without asking the database.
+                self._reject(job, LeaseLostError("job.succeeded"), ctx)
+                return ctx
             # The handler saw ``ctx.cancelled`` and returned: the attempt still ends cancelled,
             # and what it did outside a step is not committed.
             self._cancelled(job, ctx, "the handler returned after the cancel", 0.0)

@@ -1,4 +1,8 @@
-"""The heartbeat thread: extends the lease of every job in flight, and sees cancel requests."""
+"""The heartbeat thread: extends the lease of every job in flight, and sees cancel requests.
+
+A lease it finds lost stops the job's handler at its next cancel point (``LeaseLostError``),
+as a cancel request does (``JobCancelledError``): the job is another worker's now.
+"""
 
 from __future__ import annotations
 
@@ -170,12 +174,18 @@ class Heartbeat(WorkerCore):
 
         Under ``_inflight_lock``, as ``Executing._start`` reads ``held_until`` and sets
         ``running``: a job not running now is never started, so the trace can say so.
+
+        A running job's handler is stopped too: its context's cancel flag is set, so its
+        next cancel point raises ``LeaseLostError`` (the context asks which of the two
+        flags it was, only once one is set) and ``ctx.cancelled`` reads True. The lost
+        flag first: a handler that sees the cancel flag must find the lease lost.
         """
         if not flights:
             return set()
         with self._inflight_lock:
             for flight in flights:
                 flight.lost.set()
+                flight.cancel.set()
                 flight.held_until = -math.inf
             return {f.job.id for f in flights if not f.running}
 
