@@ -128,7 +128,9 @@ class Heartbeat(WorkerCore):
 
     def _extend(self, flights: Sequence[InFlight]) -> None:
         now = self.runtime.clock.now()
-        sent_at = self._lease_clock()  # before the extension is sent: ``held_until``
+        # Before the extension is sent: ``held_until``. In the app's clock, the very ``now``
+        # the new deadline is counted from (a second reading would end past it).
+        sent_at = self._lease_clock() if self._leases_monotonic else now
         with self.runtime.storage.transaction() as tx:
             events = []
             asked_to_stop = {j.id for j in tx.job_list(CancelRequested(self.worker_id))}
