@@ -221,3 +221,20 @@ def test_a_job_asked_to_stop_while_it_waited_past_its_lease_is_not_started(
     assert b.reap() == JOBS
     for job in held.jobs:
         assert held.app.get_job(job.id).state is replayq.JobState.CANCELLED
+
+
+def test_a_lease_found_lost_is_not_beaten_again(app_factory: AppFactory) -> None:
+    """A lost lease stays lost (its owner token is the lease's own): the next beats leave
+    it alone, so its trace says ``lease.lost`` once, not once a beat while the job waits
+    for an executor (or its handler runs on), and the heartbeat does not wake for it."""
+    clock = replayq.FrozenClock()
+    held = hold_batch(app_factory(clock=clock), clock.advance)
+    held.past_the_lease()
+    with b_inside_the_first(held):
+        flights = [held.a._inflight[job.id] for job in held.jobs]
+        held.a.extend_leases(flights)  # A's heartbeat: every lease lost
+        held.a.extend_leases(flights)  # and its next beat
+        assert all(f.next_heartbeat == float("inf") for f in flights)
+        held.run_a()
+    for job in held.jobs:
+        assert held.trace_names(job, "a") == ["job.leased", "lease.lost"]

@@ -136,6 +136,10 @@ class Heartbeat(WorkerCore):
             asked_to_stop = {j.id for j in tx.job_list(CancelRequested(self.worker_id))}
             extending = []
             for flight in flights:
+                if flight.lost.is_set():
+                    # Lost for good (the owner token was this lease's): no beat, no second
+                    # ``lease.lost``.
+                    continue
                 if flight.job.id in asked_to_stop:
                     # Not extended: a handler that reaches no step boundary within the
                     # lease is cancelled by the reaper, its late writes fenced.
@@ -164,7 +168,9 @@ class Heartbeat(WorkerCore):
                         **data,
                     )
                 )
-                flight.next_heartbeat = time.monotonic() + flight.heartbeat_seconds
+                flight.next_heartbeat = (
+                    time.monotonic() + flight.heartbeat_seconds if extended else math.inf
+                )
             tx.trace_append(events)
         # Once committed: an extension rolled back holds nothing longer.
         for flight in extending:
