@@ -15,7 +15,7 @@ from replayq.model import TraceEvent
 from replayq.recording.context import Context
 from replayq.recording.locks import break_lock, list_locks
 from replayq.recording.world import LiveWorld
-from replayq.storage.context_params import EntityGet, LockFilter
+from replayq.storage.context_params import EntityGet, LockFilter, LockRelease
 from replayq.storage.protocol import LeasesExtend, LockAcquire, SnapshotRead, TraceFence
 from tests.context_support import count_rows, named, query, run_once
 
@@ -635,6 +635,46 @@ def test_a_lock_taken_by_another_while_its_release_waited_is_not_taken_back(
     names = domain_names(app, job_id)
     assert "lock.expired" in names and "lock.released" not in names, names
     assert names.count("lock.acquired") == 1, names
+    [expired] = named(app, job_id, "lock.expired")
+    assert expired.data["note"] == "the lock expired or was broken before the holder finished"
+    assert names.index("lock.expired") < names.index("lock.timeout")
+
+
+def test_a_lock_lost_while_its_release_waited_and_taken_anew_records_both_holds(
+    app: replayq.App, clock: replayq.FrozenClock
+) -> None:
+    """Another job took the lock and let go of it while its release waited: taking it
+    again acquires it anew (a new fencing token); the first hold's pending release says
+    ``lock.expired`` and the second's ``lock.released``, each once, and the new lock is
+    released by the step's commit (which refuses the write under the old token)."""
+
+    @app.job("reserve", retry=replayq.Retry(max_attempts=1))
+    def reserve(ctx: replayq.Context, n: int) -> None:
+        with ctx.step("reserve"):
+            with ctx.lock("warehouse:1", ttl="1s"):
+                ctx.state.put("order", n, {"reserved": True})
+            clock.advance(2)
+            with app.storage.transaction() as tx:
+                now = clock.now()
+                assert tx.lock_transition(LockAcquire("warehouse:1", "other", 0, "o", now, 30, 1))
+                assert tx.lock_transition(LockRelease("warehouse:1", "other", 2))
+            with ctx.lock("warehouse:1", ttl="1s", wait="0.2s") as lock:
+                assert lock.fencing_token == 3
+                ctx.state.put("order", n + 1, {"reserved": True})
+
+    job_id = app.enqueue("reserve", {"n": 11})
+    run_once(replayq.Worker(app))
+
+    assert app.get_job(job_id).state is replayq.JobState.DEAD
+    assert holder(app, "warehouse:1") is None, "the new hold released by the step's commit"
+    locks = [(e.name, e.data.get("fencing_token")) for e in app.trace(job_id)]
+    locks = [lock for lock in locks if lock[0].startswith("lock.")]
+    assert locks == [
+        ("lock.acquired", 1),
+        ("lock.expired", 1),
+        ("lock.acquired", 3),
+        ("lock.released", 3),
+    ], locks
 
 
 def test_a_lock_taken_by_another_while_its_release_waited_is_not_taken_back_database_clock(

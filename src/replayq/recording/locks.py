@@ -46,6 +46,7 @@ from replayq.storage.protocol import (
 )
 
 DEFAULT_WAIT_SECONDS = 10.0
+_TAKEN = "the lock expired or was broken before the holder finished"
 _POLL_SECONDS = 0.05
 
 
@@ -273,8 +274,9 @@ class LockManager:
         """``handle`` takes the lock ``kept`` let go of while its release waits for the
         commit of writes under it, if the row is still this attempt's (``kept``'s owner and
         fencing tokens); the release is ``handle``'s now. ``False``: another holder took
-        it meanwhile; ``kept``'s release waits again (it records ``lock.expired``) and
-        ``handle`` is acquired as any lock is.
+        it (or it was broken) meanwhile: ``kept``'s pending ``lock.released`` says
+        ``lock.expired``, nothing of it is left to release, and ``handle`` is acquired as
+        any lock is.
 
         Nothing is asked of the database while ``kept`` is surely held (``held_until``, the
         heartbeat renews it); past that the lock may have run out and been taken, and is
@@ -295,8 +297,8 @@ class LockManager:
             with runtime.storage.transaction() as tx:
                 renewed = tx.lock_transition(renew)
             if not renewed:
-                kept.held_until = -math.inf
-                self.waiting[kept.resource] = kept
+                assert kept.recorded is not None
+                self._ctx.amend(kept.recorded, self._expired(kept.recorded, _TAKEN))
                 return False
             kept.held_until = sent + handle.ttl
         handle.held_until = kept.held_until
@@ -403,8 +405,12 @@ class LockManager:
         note = (
             "the lock's lease ran out before the holder released it"
             if released is not None
-            else "the lock expired or was broken before the holder finished"
+            else _TAKEN
         )
+        return self._expired(event, note)
+
+    def _expired(self, event: TraceEvent, note: str) -> TraceEvent:
+        """``event`` (a ``lock.released``) as ``lock.expired``, its place kept."""
         return dataclasses.replace(
             event,
             name="lock.expired",
