@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +15,7 @@ from replayq.model import TraceEvent
 from replayq.recording.context import Context
 from replayq.recording.locks import break_lock, list_locks
 from replayq.recording.world import LiveWorld
-from replayq.storage.context_params import EntityGet, LockFilter
+from replayq.storage.context_params import EntityGet, LockFilter, LockRelease
 from replayq.storage.protocol import LeasesExtend, LockAcquire, SnapshotRead, TraceFence
 from tests.context_support import count_rows, named, query, run_once
 
@@ -592,6 +593,124 @@ def test_a_lock_that_ran_out_while_its_release_waited_is_recorded_as_expired(
     events = [e for e in app.trace(job_id) if e.kind == "domain"]
     assert [e.seq for e in events] == sorted(e.seq for e in events)
     assert len({e.seq for e in events}) == len(events)
+
+
+def test_a_lock_taken_by_another_while_its_release_waited_is_not_taken_back(
+    app: replayq.App, clock: replayq.FrozenClock
+) -> None:
+    """The lock ran out while its release waited for the step's commit and another job
+    took it: taking it again waits for that holder (here, times out), rather than taking
+    back a lock that is no longer this attempt's; the pending write under the old token
+    is refused as stale, and the pending release says ``lock.expired``."""
+    seen: dict[str, Any] = {}
+
+    @app.job("reserve", retry=replayq.Retry(max_attempts=1))
+    def reserve(ctx: replayq.Context, n: int) -> None:
+        with ctx.step("reserve"):
+            with ctx.lock("warehouse:1", ttl="1s"):
+                ctx.state.put("order", n, {"reserved": True})
+            clock.advance(2)
+            with app.storage.transaction() as tx:
+                grant = tx.lock_transition(
+                    LockAcquire("warehouse:1", "other", 0, "other", clock.now(), 30.0, 1)
+                )
+            seen["taken by the other"] = grant is not None
+            try:
+                with ctx.lock("warehouse:1", ttl="1s", wait="0.2s"):
+                    seen["taken back"] = True
+            except replayq.LockTimeoutError:
+                seen["taken back"] = False
+                raise
+
+    job_id = app.enqueue("reserve", {"n": 9})
+    run_once(replayq.Worker(app))
+
+    assert seen == {"taken by the other": True, "taken back": False}
+    job = app.get_job(job_id)
+    assert job.state is replayq.JobState.DEAD
+    assert job.last_error_class == "concurrency"
+    assert app.state.history("order", 9) == []
+    [lock] = list_locks(app)
+    assert (lock.owner_token, lock.fencing_token) == ("other", 2)
+    names = domain_names(app, job_id)
+    assert "lock.expired" in names and "lock.released" not in names, names
+    assert names.count("lock.acquired") == 1, names
+    [expired] = named(app, job_id, "lock.expired")
+    assert expired.data["note"] == "the lock expired or was broken before the holder finished"
+    assert names.index("lock.expired") < names.index("lock.timeout")
+
+
+def test_a_lock_lost_while_its_release_waited_and_taken_anew_records_both_holds(
+    app: replayq.App, clock: replayq.FrozenClock
+) -> None:
+    """Another job took the lock and let go of it while its release waited: taking it
+    again acquires it anew (a new fencing token); the first hold's pending release says
+    ``lock.expired`` and the second's ``lock.released``, each once, and the new lock is
+    released by the step's commit (which refuses the write under the old token)."""
+
+    @app.job("reserve", retry=replayq.Retry(max_attempts=1))
+    def reserve(ctx: replayq.Context, n: int) -> None:
+        with ctx.step("reserve"):
+            with ctx.lock("warehouse:1", ttl="1s"):
+                ctx.state.put("order", n, {"reserved": True})
+            clock.advance(2)
+            with app.storage.transaction() as tx:
+                now = clock.now()
+                assert tx.lock_transition(LockAcquire("warehouse:1", "other", 0, "o", now, 30, 1))
+                assert tx.lock_transition(LockRelease("warehouse:1", "other", 2))
+            with ctx.lock("warehouse:1", ttl="1s", wait="0.2s") as lock:
+                assert lock.fencing_token == 3
+                ctx.state.put("order", n + 1, {"reserved": True})
+
+    job_id = app.enqueue("reserve", {"n": 11})
+    run_once(replayq.Worker(app))
+
+    assert app.get_job(job_id).state is replayq.JobState.DEAD
+    assert holder(app, "warehouse:1") is None, "the new hold released by the step's commit"
+    locks = [(e.name, e.data.get("fencing_token")) for e in app.trace(job_id)]
+    locks = [lock for lock in locks if lock[0].startswith("lock.")]
+    assert locks == [
+        ("lock.acquired", 1),
+        ("lock.expired", 1),
+        ("lock.acquired", 3),
+        ("lock.released", 3),
+    ], locks
+
+
+def test_a_lock_taken_by_another_while_its_release_waited_is_not_taken_back_database_clock(
+    app_factory: AppFactory,
+) -> None:
+    """As above, with the database's clock judging locks (the real clock): the
+    take-back's bound is the monotonic clock's, read before the grant was sent."""
+    app = app_factory()
+    seen: dict[str, Any] = {}
+
+    @app.job("reserve", retry=replayq.Retry(max_attempts=1))
+    def reserve(ctx: replayq.Context, n: int) -> None:
+        with ctx.step("reserve"):
+            with ctx.lock("warehouse:1", ttl="0.2s"):
+                ctx.state.put("order", n, {"reserved": True})
+            time.sleep(0.3)
+            with app.storage.transaction() as tx:
+                grant = tx.lock_transition(
+                    LockAcquire("warehouse:1", "other", 0, "other", 0.0, 30.0, 1, True)
+                )
+            seen["taken by the other"] = grant is not None
+            try:
+                with ctx.lock("warehouse:1", ttl="1s", wait="0.2s"):
+                    seen["taken back"] = True
+            except replayq.LockTimeoutError:
+                seen["taken back"] = False
+                raise
+
+    job_id = app.enqueue("reserve", {"n": 10})
+    run_once(replayq.Worker(app))
+
+    assert seen == {"taken by the other": True, "taken back": False}
+    assert app.get_job(job_id).state is replayq.JobState.DEAD
+    assert app.state.history("order", 10) == []
+    [lock] = list_locks(app)
+    assert lock.owner_token == "other"
 
 
 def test_a_lock_held_by_another_job_times_out_as_concurrency(

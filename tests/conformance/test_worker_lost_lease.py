@@ -202,3 +202,39 @@ def test_a_job_whose_lease_the_heartbeat_found_lost_is_not_started_before_its_bo
     assert held.a.stats.lost == JOBS
     for job in held.jobs:
         assert held.trace_names(job, "a") == ["job.leased", "lease.lost"]
+
+
+def test_a_job_asked_to_stop_while_it_waited_past_its_lease_is_not_started(
+    held: Held,
+) -> None:
+    """Asked to stop while A stalled: the renewal before its start does not extend a lease
+    whose job was asked to stop, so the lease is still past A's bound and the handler must
+    not run on it (the reaper cancels the job, as any stopped job that outlived its
+    lease)."""
+    for job in held.jobs:
+        assert held.app.cancel(job.id)
+    held.past_the_lease()
+    held.run_a()
+    assert held.entries("a") == [], "A ran the handler of a job whose lease it did not renew"
+    assert not held.a._inflight
+    b = replayq.Worker(held.app, worker_id="b")
+    assert b.reap() == JOBS
+    for job in held.jobs:
+        assert held.app.get_job(job.id).state is replayq.JobState.CANCELLED
+
+
+def test_a_lease_found_lost_is_not_beaten_again(app_factory: AppFactory) -> None:
+    """A lost lease stays lost (its owner token is the lease's own): the next beats leave
+    it alone, so its trace says ``lease.lost`` once, not once a beat while the job waits
+    for an executor (or its handler runs on), and the heartbeat does not wake for it."""
+    clock = replayq.FrozenClock()
+    held = hold_batch(app_factory(clock=clock), clock.advance)
+    held.past_the_lease()
+    with b_inside_the_first(held):
+        flights = [held.a._inflight[job.id] for job in held.jobs]
+        held.a.extend_leases(flights)  # A's heartbeat: every lease lost
+        held.a.extend_leases(flights)  # and its next beat
+        assert all(f.next_heartbeat == float("inf") for f in flights)
+        held.run_a()
+    for job in held.jobs:
+        assert held.trace_names(job, "a") == ["job.leased", "lease.lost"]

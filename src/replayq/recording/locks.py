@@ -17,6 +17,7 @@ land nobody takes it and reads what they are about to change.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 import uuid
 from functools import partial
@@ -45,6 +46,7 @@ from replayq.storage.protocol import (
 )
 
 DEFAULT_WAIT_SECONDS = 10.0
+_TAKEN = "the lock expired or was broken before the holder finished"
 _POLL_SECONDS = 0.05
 
 
@@ -89,6 +91,11 @@ class LockHandle:
         # as built, and as it is pending now (``lock.expired`` once its commit said so).
         self.release_event: TraceEvent | None = None
         self.recorded: TraceEvent | None = None
+        # Until when the lock is surely this handle's, in ``LockManager._lock_clock``: read
+        # before the statement that granted or last renewed it was sent, plus its TTL, so
+        # it errs early; ``-inf`` once a renewal found it lost. A take-back past it asks
+        # the row first (``LockManager._take_back``).
+        self.held_until = -math.inf
 
     def __enter__(self) -> LockHandle:
         self._manager.acquire(self)
@@ -166,17 +173,18 @@ class LockManager:
             )
             return
         kept = self.waiting.pop(handle.resource, None)
-        if kept is not None:
-            self._take_back(handle, kept)
+        if kept is not None and self._take_back(handle, kept):
             return
         while True:
             now = runtime.clock.now()
+            sent = self._lock_clock(now)  # before the acquisition is sent: ``held_until``
             hlc = runtime.hlc.tick()
             tried: list[TraceEvent] = []
             grant, holder = commit_at_once(
                 runtime.storage, partial(self._acquire_in, handle, now, hlc, started, tried)
             )
             if grant is not None:
+                handle.held_until = sent + handle.ttl
                 self._acquisitions += 1
                 handle.order = self._acquisitions
                 self.held[handle.resource] = handle
@@ -257,11 +265,43 @@ class LockManager:
             ctx.refuse(refused, lock=handle.resource)
         return grant, None
 
-    def _take_back(self, handle: LockHandle, kept: LockHandle) -> None:
+    def _lock_clock(self, now: float) -> float:
+        """The clock a handle's ``held_until`` is read in: ``now`` (the app's clock) when
+        it judges locks, else the monotonic clock standing in for the database's."""
+        return time.monotonic() if self._ctx.runtime.leases_by_database else now
+
+    def _take_back(self, handle: LockHandle, kept: LockHandle) -> bool:
         """``handle`` takes the lock ``kept`` let go of while its release waits for the
-        commit of writes under it: the row is still this attempt's (``kept``'s owner and
-        fencing tokens), so nothing is asked of the database; the release is ``handle``'s
-        now."""
+        commit of writes under it, if the row is still this attempt's (``kept``'s owner and
+        fencing tokens); the release is ``handle``'s now. ``False``: another holder took
+        it (or it was broken) meanwhile: ``kept``'s pending ``lock.released`` says
+        ``lock.expired``, nothing of it is left to release, and ``handle`` is acquired as
+        any lock is.
+
+        Nothing is asked of the database while ``kept`` is surely held (``held_until``, the
+        heartbeat renews it); past that the lock may have run out and been taken, and is
+        renewed first (one statement, a compare-and-set on the owner token: a lock that ran
+        out and that nobody took is still this attempt's, its fencing token unmoved).
+        """
+        runtime = self._ctx.runtime
+        now = runtime.clock.now()
+        sent = self._lock_clock(now)
+        if not sent < kept.held_until:
+            renew = LockRenew(
+                kept.resource,
+                kept.owner_token,
+                now,
+                handle.ttl,
+                database_clock=runtime.leases_by_database,
+            )
+            with runtime.storage.transaction() as tx:
+                renewed = tx.lock_transition(renew)
+            if not renewed:
+                assert kept.recorded is not None
+                self._ctx.amend(kept.recorded, self._expired(kept.recorded, _TAKEN))
+                return False
+            kept.held_until = sent + handle.ttl
+        handle.held_until = kept.held_until
         handle.owner_token = kept.owner_token
         handle.fencing_token = kept.fencing_token
         handle.order = kept.order
@@ -275,6 +315,7 @@ class LockManager:
             wait=0.0,
             note="taken back before its release committed: still held by this attempt",
         )
+        return True
 
     def release(self, handle: LockHandle) -> None:
         """Let go of ``handle``'s lock: released at once, or, while writes under it wait for
@@ -364,8 +405,12 @@ class LockManager:
         note = (
             "the lock's lease ran out before the holder released it"
             if released is not None
-            else "the lock expired or was broken before the holder finished"
+            else _TAKEN
         )
+        return self._expired(event, note)
+
+    def _expired(self, event: TraceEvent, note: str) -> TraceEvent:
+        """``event`` (a ``lock.released``) as ``lock.expired``, its place kept."""
         return dataclasses.replace(
             event,
             name="lock.expired",
@@ -379,9 +424,12 @@ class LockManager:
         runtime = self._ctx.runtime
         lost = []
         now = runtime.clock.now()
+        sent = self._lock_clock(now)  # before the renewal is sent: ``held_until``
+        handles = sorted([*self.held.values(), *self.waiting.values()], key=_acquired)
+        renewed = []
         with runtime.storage.transaction() as tx:
-            for handle in sorted([*self.held.values(), *self.waiting.values()], key=_acquired):
-                if not tx.lock_transition(
+            for handle in handles:
+                if tx.lock_transition(
                     LockRenew(
                         handle.resource,
                         handle.owner_token,
@@ -390,7 +438,13 @@ class LockManager:
                         database_clock=runtime.leases_by_database,
                     )
                 ):
+                    renewed.append(handle)
+                else:
                     lost.append(handle.resource)
+                    handle.held_until = -math.inf
+        # Once committed: a renewal rolled back holds nothing longer.
+        for handle in renewed:
+            handle.held_until = sent + handle.ttl
         return lost
 
 

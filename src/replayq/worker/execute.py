@@ -96,7 +96,11 @@ class Executing(Acking, Heartbeat):
             "not started",
             self.worker_id,
             job.id,
-            "another worker took it" if flight.lost.is_set() else "it could not be renewed",
+            "another worker took it"
+            if flight.lost.is_set()
+            else "it was asked to stop (not renewed; the reaper cancels it)"
+            if flight.cancel.is_set()
+            else "it could not be renewed",
         )
         return False
 

@@ -94,9 +94,11 @@ class Heartbeat(WorkerCore):
         Its lease is renewed first, with every other lease held, in one statement (a
         heartbeat's): the database judges the lease, and until a reaper took the job the
         owner token still holds it. ``False``: the renew found it lost (``lease.lost``,
-        ``started: false``), or could not ask (the database away), or its lease is a fixed
+        ``started: false``), or could not ask (the database away), or did not extend it
+        (the job was asked to stop: a beat extends no such lease), or its lease is a fixed
         visibility timeout (heartbeat 0: never renewed). The caller then drops the job
-        unrun; a lease still held is reaped after its deadline, which is past.
+        unrun; a lease still held is reaped after its deadline, which is past (a job
+        asked to stop is then cancelled).
         """
         if flight.heartbeat_seconds <= 0:
             return False
@@ -105,7 +107,7 @@ class Heartbeat(WorkerCore):
         # the same stall) answers the question; the others are skipped if busy, as a beat does.
         with flight.beat:
             if flight.lost.is_set() or self._lease_clock() < flight.held_until:
-                return not flight.lost.is_set()  # that beat answered
+                return self._surely_held(flight)  # that beat answered
             others = [f for f in held if f is not flight and f.beat.acquire(blocking=False)]
             try:
                 self._extend([flight, *others])
@@ -121,16 +123,27 @@ class Heartbeat(WorkerCore):
             finally:
                 for other in others:
                     other.beat.release()
-        return not flight.lost.is_set()
+        return self._surely_held(flight)
+
+    def _surely_held(self, flight: InFlight) -> bool:
+        """Whether ``flight``'s lease is held now by its bound: not found lost, and
+        extended (not only not lost: a beat leaves a job asked to stop unextended)."""
+        return not flight.lost.is_set() and self._lease_clock() < flight.held_until
 
     def _extend(self, flights: Sequence[InFlight]) -> None:
         now = self.runtime.clock.now()
-        sent_at = self._lease_clock()  # before the extension is sent: ``held_until``
+        # Before the extension is sent: ``held_until``. In the app's clock, the very ``now``
+        # the new deadline is counted from (a second reading would end past it).
+        sent_at = self._lease_clock() if self._leases_monotonic else now
         with self.runtime.storage.transaction() as tx:
             events = []
             asked_to_stop = {j.id for j in tx.job_list(CancelRequested(self.worker_id))}
             extending = []
             for flight in flights:
+                if flight.lost.is_set():
+                    # Lost for good (the owner token was this lease's): no beat, no second
+                    # ``lease.lost``.
+                    continue
                 if flight.job.id in asked_to_stop:
                     # Not extended: a handler that reaches no step boundary within the
                     # lease is cancelled by the reaper, its late writes fenced.
@@ -159,7 +172,9 @@ class Heartbeat(WorkerCore):
                         **data,
                     )
                 )
-                flight.next_heartbeat = time.monotonic() + flight.heartbeat_seconds
+                flight.next_heartbeat = (
+                    time.monotonic() + flight.heartbeat_seconds if extended else math.inf
+                )
             tx.trace_append(events)
         # Once committed: an extension rolled back holds nothing longer.
         for flight in extending:
