@@ -32,6 +32,7 @@ from replayq.storage.protocol import (
     EntityGet,
     EntityRecord,
 )
+from tests.context_support import assert_write_rejected_under_a_taken_lock
 
 pytestmark = pytest.mark.postgres
 
@@ -580,25 +581,7 @@ def test_a_write_whose_lock_another_holder_took_is_refused_in_the_server_and_rej
         statements = refused_and_made_again(sent, LOCK_FENCE)
         assert statements[0] == "BEGIN" and statements[1].startswith("SELECT *, (expires_at")
         assert "INSERT INTO rq_entities" not in "".join(statements)
-        assert app.state.get("account", 2).version == 0, "the fenced write did not land"
-        job = app.get_job(job_id)
-        assert (job.state, job.last_error_class) == (JobState.DEAD, "concurrency")
-        error = job.last_error or ""
-        assert "fencing token 1" in error and "newest (2)" in error, error
-        events = [e for e in app.trace(job_id) if e.kind == "domain"]
-        assert [e.name for e in events] == [
-            "lock.acquired",
-            "step.started",
-            "state.read",
-            "state.write",
-            "state.write_rejected",
-            "step.rolled_back",
-            "step.finished",
-            "lock.expired",
-        ], "what the careful commit alone records: nothing of the refused try"
-        assert len({e.seq for e in events}) == len(events)
-        [rejected] = [e for e in events if e.name == "state.write_rejected"]
-        assert (rejected.data["fencing_token"], rejected.data["newest_token"]) == (1, 2)
+        assert_write_rejected_under_a_taken_lock(app, job_id, "account", 2)
         assert_out_of_pipeline(app)
     finally:
         app.close()
