@@ -32,13 +32,12 @@ import argparse
 import glob
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
 
-from machine import commit, load_average
+from machine import callgrind_count, commit, load_average
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -98,24 +97,8 @@ def counted(side: str, jobs: int, lines: int, inline: bool) -> tuple[int, list[i
         subprocess.run([sys.executable, "-c", SETUP.format(**fields)], check=True)
         code = (INLINE if inline else WORKER).format(**fields)
         out = os.path.join(directory, "callgrind.out")
-        done = subprocess.run(
-            [
-                "valgrind",
-                "--tool=callgrind",
-                "--separate-threads=yes",
-                f"--callgrind-out-file={out}",
-                sys.executable,
-                "-c",
-                code,
-            ],
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0:
-            raise SystemExit(f"{side}: the counted drain failed:\n{done.stderr[-3000:]}")
-        found = re.search(r"Collected : (\d+)", done.stderr)
-        if found is None:
-            raise SystemExit(f"callgrind printed no count:\n{done.stderr[-2000:]}")
+        drain = [sys.executable, "-c", code]
+        total = callgrind_count(drain, out, f"{side}: the counted drain", separate_threads=True)
         threads = []
         for name in sorted(glob.glob(out + "*")):
             with open(name) as file:
@@ -123,7 +106,7 @@ def counted(side: str, jobs: int, lines: int, inline: bool) -> tuple[int, list[i
                     if line.startswith(("summary:", "totals:")):
                         threads.append(int(line.split()[1]))
                         break
-        return int(found.group(1)), threads
+        return total, threads
 
 
 def main(argv: Sequence[str] | None = None) -> None:

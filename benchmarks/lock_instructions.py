@@ -24,13 +24,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
 
-from machine import commit, load_average
+from machine import callgrind_count, commit, load_average
 
 SCRIPT = """
 import sys
@@ -83,18 +82,8 @@ def counted(variant: str, jobs: int) -> int:
         args = [path, str(jobs), variant]
         subprocess.run([sys.executable, script, *args, "enqueue"], check=True)
         out = os.path.join(directory, "callgrind.out")
-        command = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
-        done = subprocess.run(
-            [*command, sys.executable, script, *args, "run"],
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0:
-            raise SystemExit(f"{variant}: the counted run failed:\n{done.stderr[-3000:]}")
-        found = re.search(r"Collected : (\d+)", done.stderr)
-        if found is None:
-            raise SystemExit(f"callgrind printed no count:\n{done.stderr[-2000:]}")
-        return int(found.group(1))
+        run = [sys.executable, script, *args, "run"]
+        return callgrind_count(run, out, f"{variant}: the counted run")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import compileall
 import os
 import platform
+import re
 import sqlite3
+import subprocess
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -82,6 +84,26 @@ def commit() -> str:
 def load_average() -> list[float]:
     """1, 5 and 15 minute load averages (empty where the OS has none)."""
     return list(os.getloadavg()) if hasattr(os, "getloadavg") else []
+
+
+def callgrind_count(
+    program: Sequence[str], out: str, what: str, *, separate_threads: bool = False
+) -> int:
+    """Instructions callgrind counts in ``program`` (user space, every thread), its profile
+    written to ``out`` (with ``separate_threads``, one file a thread beside it). A failed
+    run or a missing count ends the benchmark, naming ``what`` with the run's stderr."""
+    threads = ["--separate-threads=yes"] if separate_threads else []
+    done = subprocess.run(
+        ["valgrind", "--tool=callgrind", *threads, f"--callgrind-out-file={out}", *program],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{what} failed:\n{done.stderr[-3000:]}")
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if found is None:
+        raise SystemExit(f"callgrind printed no count:\n{done.stderr[-2000:]}")
+    return int(found.group(1))
 
 
 PG_URL = os.environ.get("REPLAYQ_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")

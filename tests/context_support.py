@@ -34,6 +34,35 @@ def names(app: replayq.App, job_id: int, *, kind: str | None = None) -> list[str
     return [e.name for e in app.trace(job_id) if kind is None or e.kind == kind]
 
 
+def assert_write_rejected_under_a_taken_lock(
+    app: replayq.App, job_id: int, namespace: str, key: str | int
+) -> TraceEvent:
+    """The job's write under a lock another holder took meanwhile (the write's fencing
+    token 1, the lock's now 2) was rejected: nothing stored, the job dead of
+    ``concurrency``, and the attempt's domain events those the careful commit alone
+    records (nothing of a refused try, each once). Its ``state.write_rejected``, returned."""
+    assert app.state.get(namespace, key).version == 0, "the fenced write did not land"
+    job = app.get_job(job_id)
+    assert (job.state, job.last_error_class) == (replayq.JobState.DEAD, "concurrency")
+    error = job.last_error or ""
+    assert "fencing token 1" in error and "newest (2)" in error, error
+    events = [e for e in app.trace(job_id) if e.kind == "domain"]
+    assert [e.name for e in events] == [
+        "lock.acquired",
+        "step.started",
+        "state.read",
+        "state.write",
+        "state.write_rejected",
+        "step.rolled_back",
+        "step.finished",
+        "lock.expired",
+    ], "what the careful commit alone records: nothing of a refused try"
+    assert len({e.seq for e in events}) == len(events)
+    [rejected] = [e for e in events if e.name == "state.write_rejected"]
+    assert (rejected.data["fencing_token"], rejected.data["newest_token"]) == (1, 2)
+    return rejected
+
+
 def query(url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     """Run ``sql`` (``?`` placeholders) straight against the test database, and commit."""
     if url.startswith("sqlite:///"):

@@ -38,6 +38,7 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,8 +53,8 @@ from tests.acceptance.workers import (
     WorkerLauncher,
     WorkerProcess,
     read_lines,
-    show_worker_logs,
     wait_for,
+    workers_ended,
 )
 from tests.apps import pipeline_freeze
 from tests.conftest import PG_URL
@@ -149,7 +150,7 @@ def frozen(
         app=APP,
         env={"PIPELINE_FREEZE_JOB": str(HELD), "PIPELINE_FREEZE_MARK": str(mark)},
     )
-    try:
+    with closing(app), workers_ended(request, launcher):
         wait_for(mark.exists, timeout=60, what="w1 to stop itself inside its pipelined commit")
         w1.wait_stopped()
         w2 = launcher.start("w2", app=APP)
@@ -216,13 +217,6 @@ def frozen(
         assert "lease.expired" not in {name for _, _, name in state.trace()}, state.trace()
         print(f"\nw1 frozen past its lease by {held_row()[3]:.1f}s; its job kept, locked")
         yield state
-    except BaseException:
-        launcher.kill_all()
-        show_worker_logs(request, launcher.started)
-        raise
-    finally:
-        launcher.kill_all()
-        app.close()
 
 
 def test_a_worker_thawed_inside_its_pipelined_commit_commits_once_and_nothing_runs_twice(

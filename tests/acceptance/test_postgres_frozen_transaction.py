@@ -16,6 +16,7 @@ from __future__ import annotations
 import signal
 import time
 from collections import Counter
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import pytest
 
 import replayq
 from tests import chaos_check
-from tests.acceptance.workers import WorkerLauncher, read_lines, show_worker_logs, wait_for
+from tests.acceptance.workers import WorkerLauncher, read_lines, wait_for, workers_ended
 from tests.apps import frozen_tx
 from tests.conftest import PG_URL
 from tests.services import Service
@@ -76,7 +77,7 @@ def test_a_worker_frozen_inside_a_transaction_is_ended_and_nothing_runs_twice(
             if e.name == "job.succeeded" and e.worker_id == worker_id
         )
 
-    try:
+    with closing(app), workers_ended(request, launcher):
         # w1 alone until it holds job HELD inside its commit: it took jobs 0..HELD.
         wait_for(entered.exists, timeout=60, what="w1 to hold job HELD inside its commit")
         w1.signal(signal.SIGSTOP)
@@ -139,10 +140,3 @@ def test_a_worker_frozen_inside_a_transaction_is_ended_and_nothing_runs_twice(
         wait_for(lambda: succeeded_by("w1") == before + 3, timeout=60, what="w1 to drain on")
         for worker in launcher.started:
             assert "Traceback" not in worker.log(), worker.log()
-    except BaseException:
-        launcher.kill_all()
-        show_worker_logs(request, launcher.started)
-        raise
-    finally:
-        launcher.kill_all()
-        app.close()

@@ -26,7 +26,7 @@ import pytest
 
 import replayq
 from tests import chaos_check
-from tests.acceptance.workers import WorkerLauncher, read_lines, show_worker_logs, wait_for
+from tests.acceptance.workers import WorkerLauncher, read_lines, wait_for, workers_ended
 from tests.apps import storage_faults
 from tests.pgproxy import PgProxy
 from tests.services import Service
@@ -105,7 +105,7 @@ def test_an_ack_whose_commit_reply_was_lost_is_recognised_as_landed(
     proxy.arm_commit_cut(b'{\\"n\\":%d,\\"quote\\":%d}' % (target, 2 * target))
     launcher = WorkerLauncher(proxy.url(pg_schema_url), tmp_path)
     worker = launcher.start("w1", app="tests.apps.storage_faults:app")
-    try:
+    with workers_ended(request, launcher):
         _drain(queue, proxy, sink, launcher, JOBS)
         chaos_check.assert_clean(
             "PostgreSQL, an ack's COMMIT reply lost",
@@ -127,12 +127,6 @@ def test_an_ack_whose_commit_reply_was_lost_is_recognised_as_landed(
         assert "group commit of the acks of jobs" in log, "the worker saw the COMMIT fail"
         assert f"job {job.id} succeeded" in log, "and counted the job succeeded"
         _assert_worker_fine(launcher)
-    except BaseException:
-        launcher.kill_all()
-        show_worker_logs(request, launcher.started)
-        raise
-    finally:
-        launcher.kill_all()
 
 
 @pytest.mark.parametrize("record", ["claim", "completion"])
@@ -159,7 +153,7 @@ def test_an_effect_record_whose_commit_reply_was_lost_runs_the_effect_once(
     proxy.arm_commit_cut(*markers)
     launcher = WorkerLauncher(proxy.url(pg_schema_url), tmp_path)
     worker = launcher.start("w1", app="tests.apps.storage_faults:app")
-    try:
+    with workers_ended(request, launcher):
         _drain(queue, proxy, sink, launcher, JOBS)
         chaos_check.assert_clean(
             f"PostgreSQL, an effect {record}'s COMMIT reply lost",
@@ -178,9 +172,3 @@ def test_an_effect_record_whose_commit_reply_was_lost_runs_the_effect_once(
         what = "claim effect" if record == "claim" else "record effect"
         assert f"{what} {key.decode()!r}: database unavailable" in worker.log()
         _assert_worker_fine(launcher)
-    except BaseException:
-        launcher.kill_all()
-        show_worker_logs(request, launcher.started)
-        raise
-    finally:
-        launcher.kill_all()

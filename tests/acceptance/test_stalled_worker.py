@@ -10,7 +10,30 @@ import pytest
 
 import replayq
 from replayq.model import TraceEvent
-from tests.acceptance.workers import WorkerLauncher, read_lines, wait_for
+from tests.acceptance.workers import WorkerLauncher, WorkerProcess, read_lines, wait_for
+
+
+def stalled_and_taken_over(
+    launcher: WorkerLauncher,
+    app: replayq.App,
+    side_file: Path,
+    job_id: int,
+    env: dict[str, str] | None = None,
+) -> tuple[WorkerProcess, WorkerProcess, replayq.Job]:
+    """Worker ``stalled`` (``env``) starts the job and is frozen (SIGSTOP) inside it; worker
+    ``taker`` takes the job over and finishes it. The two workers and the finished job;
+    ``stalled`` is left frozen."""
+    stalled = launcher.start("stalled", env=env)
+    wait_for(lambda: read_lines(side_file), timeout=20, what="the first worker to start the job")
+
+    stalled.signal(signal.SIGSTOP)
+    taker = launcher.start("taker")
+    done = wait_for(
+        lambda: (job := app.get_job(job_id)).state is replayq.JobState.SUCCEEDED and job,
+        timeout=30,
+        what="the second worker to take over the job and finish it",
+    )
+    return stalled, taker, done
 
 
 @pytest.mark.parametrize("late_outcome", ["succeed", "fail"])
@@ -19,16 +42,7 @@ def test_stalled_worker_late_write_is_rejected_and_state_not_regressed(
 ) -> None:
     job_id = sleepy_app.enqueue("sleep", {"log": str(side_file), "n": 1, "seconds": 1.5})
     env = {"SLEEPY_LATE_OUTCOME": "fail"} if late_outcome == "fail" else {}
-    stalled = launcher.start("stalled", env=env)
-    wait_for(lambda: read_lines(side_file), timeout=20, what="the first worker to start the job")
-
-    stalled.signal(signal.SIGSTOP)
-    taker = launcher.start("taker")
-    done = wait_for(
-        lambda: (job := sleepy_app.get_job(job_id)).state is replayq.JobState.SUCCEEDED and job,
-        timeout=30,
-        what="the second worker to take over the job and finish it",
-    )
+    stalled, taker, done = stalled_and_taken_over(launcher, sleepy_app, side_file, job_id, env)
     assert done.worker_id == "taker"
     assert done.redelivery_count == 1
 
@@ -61,16 +75,7 @@ def test_a_thawed_handler_whose_lease_was_taken_makes_no_further_call(
     heartbeat finds the lease lost before the handler's next ``ctx.call``, which is not
     made (``LeaseLostError``); the job is the taker's, the stalled worker goes on."""
     job_id = sleepy_app.enqueue("nap_then_call", {"log": str(side_file), "n": 1, "naps": 30})
-    stalled = launcher.start("stalled")
-    wait_for(lambda: read_lines(side_file), timeout=20, what="the first worker to start the job")
-
-    stalled.signal(signal.SIGSTOP)
-    taker = launcher.start("taker")
-    done = wait_for(
-        lambda: (job := sleepy_app.get_job(job_id)).state is replayq.JobState.SUCCEEDED and job,
-        timeout=30,
-        what="the second worker to take over the job and finish it",
-    )
+    stalled, taker, done = stalled_and_taken_over(launcher, sleepy_app, side_file, job_id)
     assert done.worker_id == "taker" and done.result["pid"] == taker.pid
 
     stalled.signal(signal.SIGCONT)

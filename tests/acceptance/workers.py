@@ -15,7 +15,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -234,3 +235,17 @@ def show_worker_logs(
     for worker in workers:
         log = worker.log()[-tail:] if tail else worker.log()
         print(f"--- worker {worker.worker_id} (pid {worker.pid}) ---\n{log}")
+
+
+@contextmanager
+def workers_ended(request: pytest.FixtureRequest, launcher: WorkerLauncher) -> Iterator[None]:
+    """The launcher's workers killed when the block ends; if it raised, killed first and
+    their logs shown (``show_worker_logs``: complete, as each worker's process ended)."""
+    try:
+        yield
+    except BaseException:
+        launcher.kill_all()
+        show_worker_logs(request, launcher.started)
+        raise
+    finally:
+        launcher.kill_all()

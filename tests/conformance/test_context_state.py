@@ -17,7 +17,13 @@ from replayq.recording.locks import break_lock, list_locks
 from replayq.recording.world import LiveWorld
 from replayq.storage.context_params import EntityGet, LockFilter, LockRelease
 from replayq.storage.protocol import LeasesExtend, LockAcquire, SnapshotRead, TraceFence
-from tests.context_support import count_rows, named, query, run_once
+from tests.context_support import (
+    assert_write_rejected_under_a_taken_lock,
+    count_rows,
+    named,
+    query,
+    run_once,
+)
 
 AppFactory = Callable[..., replayq.App]
 RETRY = replayq.Retry(max_attempts=3, base="1s", cap="1s")
@@ -387,27 +393,10 @@ def test_a_write_under_a_lock_another_holder_took_meanwhile_is_rejected_and_noth
     job_id = app.enqueue("adjust", {})
     run_once(replayq.Worker(app, worker_id="first"))
 
-    assert app.state.get("account", "a").version == 0, "the fenced write did not land"
+    rejected = assert_write_rejected_under_a_taken_lock(app, job_id, "account", "a")
     assert app.state.history("account", "a") == []
-    job = app.get_job(job_id)
-    assert (job.state, job.last_error_class) == (replayq.JobState.DEAD, "concurrency")
-    assert "fencing token 1" in (job.last_error or "") and "newest (2)" in (job.last_error or "")
-    events = [e for e in app.trace(job_id) if e.kind == "domain"]
-    assert [e.name for e in events] == [
-        "lock.acquired",
-        "step.started",
-        "state.read",
-        "state.write",
-        "state.write_rejected",
-        "step.rolled_back",
-        "step.finished",
-        "lock.expired",
-    ], "what the careful commit alone records: nothing of a refused try"
-    assert len({e.seq for e in events}) == len(events)
-    [rejected] = [e for e in events if e.name == "state.write_rejected"]
     assert rejected.resource == "account:a"
     assert rejected.data["lock"] == "account:a"
-    assert (rejected.data["fencing_token"], rejected.data["newest_token"]) == (1, 2)
     assert [e.name for e in app.trace(job_id) if e.name == "write.fenced"] == [], (
         "the lease is still held: the lock, not the lease, refused it"
     )
@@ -595,24 +584,28 @@ def test_a_lock_that_ran_out_while_its_release_waited_is_recorded_as_expired(
     assert len({e.seq for e in events}) == len(events)
 
 
-def test_a_lock_taken_by_another_while_its_release_waited_is_not_taken_back(
-    app: replayq.App, clock: replayq.FrozenClock
-) -> None:
-    """The lock ran out while its release waited for the step's commit and another job
-    took it: taking it again waits for that holder (here, times out), rather than taking
-    back a lock that is no longer this attempt's; the pending write under the old token
-    is refused as stale, and the pending release says ``lock.expired``."""
-    seen: dict[str, Any] = {}
+def reserve_that_another_takes_meanwhile(
+    app: replayq.App,
+    ttl: str,
+    run_out: Callable[[], object],
+    now: Callable[[], float],
+    database_clock: bool = False,
+) -> dict[str, bool]:
+    """Register job ``reserve``: its step writes ``order:n`` under lock ``warehouse:1``
+    (``ttl``) and lets go of it, the release waiting for the step's commit; ``run_out``
+    lets the lock run out, another owner takes it (``now`` its grant's time), and the step
+    asks for the lock again (``wait="0.2s"``). What the job saw, filled in as it runs."""
+    seen: dict[str, bool] = {}
 
     @app.job("reserve", retry=replayq.Retry(max_attempts=1))
     def reserve(ctx: replayq.Context, n: int) -> None:
         with ctx.step("reserve"):
-            with ctx.lock("warehouse:1", ttl="1s"):
+            with ctx.lock("warehouse:1", ttl=ttl):
                 ctx.state.put("order", n, {"reserved": True})
-            clock.advance(2)
+            run_out()
             with app.storage.transaction() as tx:
                 grant = tx.lock_transition(
-                    LockAcquire("warehouse:1", "other", 0, "other", clock.now(), 30.0, 1)
+                    LockAcquire("warehouse:1", "other", 0, "other", now(), 30.0, 1, database_clock)
                 )
             seen["taken by the other"] = grant is not None
             try:
@@ -622,6 +615,17 @@ def test_a_lock_taken_by_another_while_its_release_waited_is_not_taken_back(
                 seen["taken back"] = False
                 raise
 
+    return seen
+
+
+def test_a_lock_taken_by_another_while_its_release_waited_is_not_taken_back(
+    app: replayq.App, clock: replayq.FrozenClock
+) -> None:
+    """The lock ran out while its release waited for the step's commit and another job
+    took it: taking it again waits for that holder (here, times out), rather than taking
+    back a lock that is no longer this attempt's; the pending write under the old token
+    is refused as stale, and the pending release says ``lock.expired``."""
+    seen = reserve_that_another_takes_meanwhile(app, "1s", lambda: clock.advance(2), clock.now)
     job_id = app.enqueue("reserve", {"n": 9})
     run_once(replayq.Worker(app))
 
@@ -683,26 +687,9 @@ def test_a_lock_taken_by_another_while_its_release_waited_is_not_taken_back_data
     """As above, with the database's clock judging locks (the real clock): the
     take-back's bound is the monotonic clock's, read before the grant was sent."""
     app = app_factory()
-    seen: dict[str, Any] = {}
-
-    @app.job("reserve", retry=replayq.Retry(max_attempts=1))
-    def reserve(ctx: replayq.Context, n: int) -> None:
-        with ctx.step("reserve"):
-            with ctx.lock("warehouse:1", ttl="0.2s"):
-                ctx.state.put("order", n, {"reserved": True})
-            time.sleep(0.3)
-            with app.storage.transaction() as tx:
-                grant = tx.lock_transition(
-                    LockAcquire("warehouse:1", "other", 0, "other", 0.0, 30.0, 1, True)
-                )
-            seen["taken by the other"] = grant is not None
-            try:
-                with ctx.lock("warehouse:1", ttl="1s", wait="0.2s"):
-                    seen["taken back"] = True
-            except replayq.LockTimeoutError:
-                seen["taken back"] = False
-                raise
-
+    seen = reserve_that_another_takes_meanwhile(
+        app, "0.2s", lambda: time.sleep(0.3), lambda: 0.0, database_clock=True
+    )
     job_id = app.enqueue("reserve", {"n": 10})
     run_once(replayq.Worker(app))
 

@@ -913,6 +913,37 @@ def test_a_release_in_time_frees_only_its_holders_live_lock_and_refuses_where_it
 FENCE_WAYS = pytest.mark.parametrize("refusals", [True, False], ids=["one-round-trip", "careful"])
 
 
+def changed_while_a_fenced_write_commits(
+    storage: Storage, refusals: bool, change: Any, what: str
+) -> tuple[LockGrant, Any]:
+    """Lock ``res`` taken by ``a``; then, inside a transaction whose write fence on it
+    passed (``refusals`` as in ``FENCE_WAYS``), ``change`` asked of the lock's row on
+    another connection, asserted answered only after that transaction committed. The
+    first grant and the change's answer."""
+    with storage.transaction() as tx:
+        first = tx.lock_transition(acquire("a", T0, 10))
+    assert first is not None
+    changed: list[tuple[float, Any]] = []
+
+    def change_it() -> None:
+        with storage.transaction() as other:
+            answer = other.lock_transition(change)
+        changed.append((time.monotonic(), answer))
+
+    with storage.transaction() as tx, tx.pipelined(refusals=refusals):
+        assert tx.lock_list(LockFilter("res", newer_than=first.fencing_token)) == []
+        # A read that waits for its answer: a fence sent unread has run in the server.
+        assert lock_get(tx, "res") is not None
+        changer = threading.Thread(target=change_it)
+        changer.start()
+        changer.join(0.5)
+        committing = time.monotonic()
+    changer.join(10)
+    [(at, answer)] = changed
+    assert at > committing, f"the lock was {what} before the fenced write committed"
+    return first, answer
+
+
 @FENCE_WAYS
 def test_a_lock_is_taken_again_only_after_the_commit_of_a_write_whose_fence_passed(
     storage: Storage, refusals: bool
@@ -922,27 +953,10 @@ def test_a_lock_is_taken_again_only_after_the_commit_of_a_write_whose_fence_pass
     commit (PostgreSQL: the fence keeps the lock's row ``FOR SHARE``; SQLite: the commit
     holds the write lock). Else the write, under the old token, would commit after the
     new holder's writes, and fencing would guard nothing but the entity it writes."""
-    with storage.transaction() as tx:
-        first = tx.lock_transition(acquire("a", T0, 10))
-    assert first is not None
-    taken: list[tuple[float, LockGrant | None]] = []
-
-    def take_again() -> None:
-        with storage.transaction() as other:
-            grant = other.lock_transition(acquire("b", T0 + 100, 11))
-        taken.append((time.monotonic(), grant))
-
-    with storage.transaction() as tx, tx.pipelined(refusals=refusals):
-        assert tx.lock_list(LockFilter("res", newer_than=first.fencing_token)) == []
-        # A read that waits for its answer: a fence sent unread has run in the server.
-        assert lock_get(tx, "res") is not None
-        taker = threading.Thread(target=take_again)
-        taker.start()
-        taker.join(0.5)
-        committing = time.monotonic()
-    taker.join(10)
-    [(at, grant)] = taken
-    assert at > committing, "the lock was taken again before the fenced write committed"
+    take_again = acquire("b", T0 + 100, 11)
+    first, grant = changed_while_a_fenced_write_commits(
+        storage, refusals, take_again, "taken again"
+    )
     assert grant is not None and grant.fencing_token == first.fencing_token + 1
 
 
@@ -961,26 +975,7 @@ def test_a_lock_changes_only_after_the_commit_of_a_write_whose_fence_passed(
     """Every other change of the lock's row waits for that commit too, then goes through:
     the holder's heartbeat renewing it while its own step commits on another connection,
     a release, a break. No deadlock: none of them holds a row the commit waits for."""
-    with storage.transaction() as tx:
-        first = tx.lock_transition(acquire("a", T0, 10))
-    assert first is not None
-    changed: list[tuple[float, Any]] = []
-
-    def change_it() -> None:
-        with storage.transaction() as other:
-            answer = other.lock_transition(CHANGES[change])
-        changed.append((time.monotonic(), answer))
-
-    with storage.transaction() as tx, tx.pipelined(refusals=refusals):
-        assert tx.lock_list(LockFilter("res", newer_than=first.fencing_token)) == []
-        assert lock_get(tx, "res") is not None
-        changer = threading.Thread(target=change_it)
-        changer.start()
-        changer.join(0.5)
-        committing = time.monotonic()
-    changer.join(10)
-    [(at, answer)] = changed
-    assert at > committing, f"the lock was {change} before the fenced write committed"
+    _, answer = changed_while_a_fenced_write_commits(storage, refusals, CHANGES[change], change)
     assert answer, f"not {change}"
 
 

@@ -32,6 +32,7 @@ from replayq.storage.protocol import (
     EntityGet,
     EntityRecord,
 )
+from tests.context_support import assert_write_rejected_under_a_taken_lock
 
 pytestmark = pytest.mark.postgres
 
@@ -244,6 +245,30 @@ def traced_run(app: replayq.App, path: Path) -> Iterator[list[tuple[str, str]]]:
     sent.extend(frontend_messages(path))
 
 
+def pipelined_transaction(
+    sent: list[tuple[str, str]], marker: str, syncs: int = 1
+) -> list[tuple[str, str]]:
+    """``transaction_of``'s transaction, asserted pipelined (its ``BEGIN`` a ``Parse``) and
+    waited for ``syncs`` times (one: one round trip)."""
+    block = transaction_of(sent, marker)
+    assert block[0] == ("Parse", "BEGIN"), block
+    assert [kind for kind, _ in block].count("Sync") == syncs, block
+    return block
+
+
+def run_one_traced(
+    app: replayq.App, path: Path, job_type: str, args: dict[str, Any]
+) -> tuple[str, Worker, list[tuple[str, str]]]:
+    """Enqueue a ``job_type`` job and run it on worker ``w`` with the pool's connection
+    traced (``traced_run``): the job's id, the worker, and the messages it sent."""
+    job_id = app.enqueue(job_type, args)
+    worker = Worker(app, worker_id="w")
+    (job,) = worker.lease(1)
+    with traced_run(app, path) as sent:
+        worker.execute(job)
+    return job_id, worker, sent
+
+
 def test_a_step_commit_is_one_round_trip(pg_schema_url: str, conninfo: str, tmp_path: Path) -> None:
     """A step that writes an entity commits in one round trip (``commit_at_once``):
     ``BEGIN``, the head's compare-and-set (as a statement that refuses in the server
@@ -260,15 +285,9 @@ def test_a_step_commit_is_one_round_trip(pg_schema_url: str, conninfo: str, tmp_
         return n
 
     try:
-        job_id = app.enqueue("write", {"n": 7})
-        worker = Worker(app, worker_id="w")
-        (job,) = worker.lease(1)
-        with traced_run(app, tmp_path / "trace.txt") as sent:
-            worker.execute(job)
-        block = transaction_of(sent, "INSERT INTO rq_entity_versions")
-        assert block[0] == ("Parse", "BEGIN"), block
+        job_id, _, sent = run_one_traced(app, tmp_path / "trace.txt", "write", {"n": 7})
+        block = pipelined_transaction(sent, "INSERT INTO rq_entity_versions")
         kinds = [kind for kind, _ in block]
-        assert kinds.count("Sync") == 1, block
         assert kinds.count("Bind") == 5, "BEGIN, head, version, events and index, COMMIT"
         assert "Query" not in kinds, "BEGIN and COMMIT go in the pipeline"
         statements = [text for kind, text in block if kind == "Parse"]
@@ -332,11 +351,7 @@ def test_a_commit_refused_in_the_server_commits_nothing_and_is_made_again_to_say
 
     try:
         app.state.put("item", "a", {"name": "original"}, expected_version=0)
-        job_id = app.enqueue("rename", {"key": "a"})
-        worker = Worker(app, worker_id="w")
-        (job,) = worker.lease(1)
-        with traced_run(app, tmp_path / "trace.txt") as sent:
-            worker.execute(job)
+        job_id, worker, sent = run_one_traced(app, tmp_path / "trace.txt", "rename", {"key": "a"})
         # Made again with every answer read: the head's compare-and-set, read at once,
         # finds the conflict and ends it (no version row sent).
         statements = refused_and_made_again(sent, "-- entity_head_cas_refusing")
@@ -456,15 +471,9 @@ def test_a_step_commit_under_a_lock_is_one_round_trip(pg_schema_url: str, tmp_pa
     app = one_connection_app(pg_schema_url)
     locked_writer(app)
     try:
-        job_id = app.enqueue("locked", {"n": 1})
-        worker = Worker(app, worker_id="w")
-        (job,) = worker.lease(1)
-        with traced_run(app, tmp_path / "trace.txt") as sent:
-            worker.execute(job)
-        block = transaction_of(sent, "INSERT INTO rq_entity_versions")
-        assert block[0] == ("Parse", "BEGIN"), block
+        job_id, _, sent = run_one_traced(app, tmp_path / "trace.txt", "locked", {"n": 1})
+        block = pipelined_transaction(sent, "INSERT INTO rq_entity_versions")
         kinds = [kind for kind, _ in block]
-        assert kinds.count("Sync") == 1, block
         assert kinds.count("Bind") == 6, "BEGIN, fence, head, version, events and index, COMMIT"
         statements = [text for kind, text in block if kind == "Parse"]
         assert statements[1] == LOCK_FENCE, "the fence first, as the careful commit asks it"
@@ -495,20 +504,12 @@ def test_a_lock_is_taken_in_two_round_trips_and_released_in_one(
     app = one_connection_app(pg_schema_url)
     locked_writer(app)
     try:
-        job_id = app.enqueue("locked", {"n": 3})
-        worker = Worker(app, worker_id="w")
-        (job,) = worker.lease(1)
-        with traced_run(app, tmp_path / "trace.txt") as sent:
-            worker.execute(job)
-        taken = transaction_of(sent, LOCK_ACQUIRE)
-        assert taken[0] == ("Parse", "BEGIN"), taken
-        assert [kind for kind, _ in taken].count("Sync") == 2, taken
+        job_id, _, sent = run_one_traced(app, tmp_path / "trace.txt", "locked", {"n": 3})
+        taken = pipelined_transaction(sent, LOCK_ACQUIRE, syncs=2)
         assert "SELECT id FROM rq_jobs" not in "".join(text for _, text in taken), (
             "the lease is fenced by the event's append, no statement of its own"
         )
-        released = transaction_of(sent, LOCK_RELEASE)
-        assert released[0] == ("Parse", "BEGIN"), released
-        assert [kind for kind, _ in released].count("Sync") == 1, released
+        released = pipelined_transaction(sent, LOCK_RELEASE)
         assert "INSERT INTO rq_entity_versions" not in "".join(t for _, t in released)
         assert app.get_job(job_id).state is JobState.SUCCEEDED
         names = [e.name for e in app.trace(job_id) if e.kind == "domain"]
@@ -533,14 +534,8 @@ def test_a_lock_let_go_of_before_its_writes_commit_is_released_in_their_one_roun
         return n
 
     try:
-        job_id = app.enqueue("reserve", {"n": 4})
-        worker = Worker(app, worker_id="w")
-        (job,) = worker.lease(1)
-        with traced_run(app, tmp_path / "trace.txt") as sent:
-            worker.execute(job)
-        block = transaction_of(sent, "INSERT INTO rq_entity_versions")
-        assert block[0] == ("Parse", "BEGIN"), block
-        assert [kind for kind, _ in block].count("Sync") == 1, block
+        job_id, _, sent = run_one_traced(app, tmp_path / "trace.txt", "reserve", {"n": 4})
+        block = pipelined_transaction(sent, "INSERT INTO rq_entity_versions")
         statements = [text for kind, text in block if kind == "Parse"]
         at = statements.index
         version = next(t for t in statements if t.startswith("INSERT INTO rq_entity_versions"))
@@ -575,11 +570,7 @@ def test_a_write_whose_lock_another_holder_took_is_refused_in_the_server_and_rej
     app = one_connection_app(pg_schema_url)
     locked_writer(app, stolen=conninfo)
     try:
-        job_id = app.enqueue("locked", {"n": 2})
-        worker = Worker(app, worker_id="w")
-        (job,) = worker.lease(1)
-        with traced_run(app, tmp_path / "trace.txt") as sent:
-            worker.execute(job)
+        job_id, _, sent = run_one_traced(app, tmp_path / "trace.txt", "locked", {"n": 2})
         assert len(refusals) == 2, refusals
         assert "lock_fence_refusing: the lock's fencing token moved past" in refusals[0]
         # The lock's release in one round trip refuses too (not this holder's any more):
@@ -590,25 +581,7 @@ def test_a_write_whose_lock_another_holder_took_is_refused_in_the_server_and_rej
         statements = refused_and_made_again(sent, LOCK_FENCE)
         assert statements[0] == "BEGIN" and statements[1].startswith("SELECT *, (expires_at")
         assert "INSERT INTO rq_entities" not in "".join(statements)
-        assert app.state.get("account", 2).version == 0, "the fenced write did not land"
-        job = app.get_job(job_id)
-        assert (job.state, job.last_error_class) == (JobState.DEAD, "concurrency")
-        error = job.last_error or ""
-        assert "fencing token 1" in error and "newest (2)" in error, error
-        events = [e for e in app.trace(job_id) if e.kind == "domain"]
-        assert [e.name for e in events] == [
-            "lock.acquired",
-            "step.started",
-            "state.read",
-            "state.write",
-            "state.write_rejected",
-            "step.rolled_back",
-            "step.finished",
-            "lock.expired",
-        ], "what the careful commit alone records: nothing of the refused try"
-        assert len({e.seq for e in events}) == len(events)
-        [rejected] = [e for e in events if e.name == "state.write_rejected"]
-        assert (rejected.data["fencing_token"], rejected.data["newest_token"]) == (1, 2)
+        assert_write_rejected_under_a_taken_lock(app, job_id, "account", 2)
         assert_out_of_pipeline(app)
     finally:
         app.close()
@@ -693,9 +666,7 @@ def test_a_forks_step_commit_on_its_branch_is_one_round_trip(
         worker.execute(job)
         with traced_run(app, tmp_path / "trace.txt") as sent:
             report = fork(app, job_id, from_step="bump")
-        block = transaction_of(sent, "INSERT INTO rq_entity_versions")
-        assert block[0] == ("Parse", "BEGIN"), block
-        assert [kind for kind, _ in block].count("Sync") == 1, block
+        block = pipelined_transaction(sent, "INSERT INTO rq_entity_versions")
         statements = [text for kind, text in block if kind == "Parse"]
         assert "-- entity_head_put_refusing" in statements, statements
         assert report.outcome_now.status == "succeeded"
@@ -819,18 +790,10 @@ def test_an_effects_claim_and_outcome_are_pipelined_and_a_child_jobs_commit_is_n
         return n
 
     try:
-        job_id = app.enqueue("parent", {"n": 5})
-        worker = Worker(app, worker_id="w")
-        (job,) = worker.lease(1)
-        with traced_run(app, tmp_path / "trace.txt") as sent:
-            worker.execute(job)
-        claim = transaction_of(sent, "-- idem_claim_refusing")
-        outcome = transaction_of(sent, "-- idem_succeed_refusing")
-        for block in (claim, outcome):
-            kinds = [kind for kind, _ in block]
-            assert block[0] == ("Parse", "BEGIN"), block
-            assert "Query" not in kinds
-            assert kinds.count("Sync") == 1, block
+        job_id, _, sent = run_one_traced(app, tmp_path / "trace.txt", "parent", {"n": 5})
+        for marker in ("-- idem_claim_refusing", "-- idem_succeed_refusing"):
+            block = pipelined_transaction(sent, marker)
+            assert "Query" not in [kind for kind, _ in block]
         child = transaction_of(sent, "WITH inserted AS (")
         assert child[0][0] == "Query" and "BEGIN" in child[0][1], child
         assert sent_mail == [5]
