@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -153,15 +154,14 @@ class _PausedAfterClosing:
 
 
 def test_a_block_begun_while_close_runs_raises_storage_error_not_the_drivers(
-    db_url: str,
+    tmp_path: Path,
 ) -> None:
-    """SQLite: this thread's connection is closed by ``close()`` on another thread, which
-    has not yet forgotten it when this thread begins its next block: that block raises
-    the closed storage's ``StorageError``, not ``sqlite3.ProgrammingError`` (``Cannot
-    operate on a closed database``) from a look at the closed connection."""
-    if not db_url.startswith("sqlite"):
-        pytest.skip("PostgreSQL's pool hands out no closed connection")
-    storage = open_storage(db_url)
+    """SQLite alone (PostgreSQL's pool hands out no closed connection): this thread's
+    connection is closed by ``close()`` on another thread, which has not yet forgotten it
+    when this thread begins its next block: that block raises the closed storage's
+    ``StorageError``, not ``sqlite3.ProgrammingError`` (``Cannot operate on a closed
+    database``) from a look at the closed connection."""
+    storage = open_storage(f"sqlite:///{tmp_path / 'closing.db'}")
     storage.migrate(T0)
     _read(storage)  # this thread's connection, opened and idle
     gate = _PausedAfterClosing(storage)
