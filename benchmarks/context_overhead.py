@@ -652,7 +652,8 @@ class _TimedCursor(sqlite3.Cursor):
 
 
 class _TimedConnection(sqlite3.Connection):
-    """A connection that adds the time of every statement to ``SQL_TIME``."""
+    """A connection that adds the time of every statement to ``SQL_TIME`` (mixed into the
+    connection class the caller asks for: replayq's own counts its users)."""
 
     def cursor(self, factory: Any = _TimedCursor) -> Any:
         return super().cursor(factory)
@@ -669,7 +670,15 @@ def sql_split(opts: Options) -> str:
     connect = sqlite3.connect
     timed: dict[str, dict[str, list[float]]] = {}
     wall: dict[str, float] = {}
-    sqlite3.connect = lambda *a, **k: connect(*a, factory=_TimedConnection, **k)  # type: ignore[assignment]
+    timed_classes: dict[type, type] = {}
+
+    def timed_connect(*a: Any, factory: type = sqlite3.Connection, **k: Any) -> Any:
+        cls = timed_classes.get(factory)
+        if cls is None:
+            cls = timed_classes[factory] = type("Timed" + factory.__name__, (_TimedConnection, factory), {})
+        return connect(*a, factory=cls, **k)
+
+    sqlite3.connect = timed_connect  # type: ignore[assignment]
     try:
         for side in ("plain", "traced"):
             SQL_TIME.clear()
