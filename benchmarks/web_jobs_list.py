@@ -118,8 +118,9 @@ def start_web(db: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 def pages(db: Path) -> dict[str, str]:
     with sqlite3.connect(db) as conn:
+        (count,) = conn.execute("SELECT COUNT(*) FROM rq_jobs").fetchone()
         (middle,) = conn.execute(
-            "SELECT id FROM rq_jobs ORDER BY id LIMIT 1 OFFSET 50000"
+            "SELECT id FROM rq_jobs ORDER BY id LIMIT 1 OFFSET ?", (count // 2,)
         ).fetchone()
     return {
         "all": "/jobs",
