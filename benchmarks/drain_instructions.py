@@ -44,17 +44,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import uuid
 from collections.abc import Sequence
 
 import psycopg
-from machine import PG_URL, commit, load_average
+from machine import PG_URL, callgrind_count, commit, load_average
 from noop_app import make_app
 
 import replayq
@@ -101,23 +99,7 @@ def counted(url: str, jobs: int, concurrency: int, worker_options: dict[str, flo
 def callgrind(code: str) -> int:
     """Instructions callgrind counts in ``python -c code`` (user space, every thread)."""
     with tempfile.TemporaryDirectory() as out:
-        done = subprocess.run(
-            [
-                "valgrind",
-                "--tool=callgrind",
-                f"--callgrind-out-file={out}/callgrind.out",
-                sys.executable,
-                "-c",
-                code,
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    found = re.search(r"Collected : (\d+)", done.stderr)
-    if found is None:
-        raise SystemExit(f"callgrind printed no count:\n{done.stderr[-2000:]}")
-    return int(found.group(1))
+        return callgrind_count([sys.executable, "-c", code], f"{out}/callgrind.out", "the drain")
 
 
 def fresh_database(backend: str, directory: str) -> tuple[str, str | None]:
