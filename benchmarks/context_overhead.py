@@ -675,7 +675,8 @@ def sql_split(opts: Options) -> str:
     def timed_connect(*a: Any, factory: type = sqlite3.Connection, **k: Any) -> Any:
         cls = timed_classes.get(factory)
         if cls is None:
-            cls = timed_classes[factory] = type("Timed" + factory.__name__, (_TimedConnection, factory), {})
+            cls = type("Timed" + factory.__name__, (_TimedConnection, factory), {})
+            timed_classes[factory] = cls
         return connect(*a, factory=cls, **k)
 
     sqlite3.connect = timed_connect  # type: ignore[assignment]
