@@ -23,7 +23,8 @@ The public API, by layer (everything a user or the ``replayq`` command line need
 * retention: ``Retention`` (``App(retention=..., retention_by_type=...)``), ``App.gc`` and
   its ``GcReport``, ``App.keep``;
 * clocks: ``Clock``, ``SystemClock``, ``FrozenClock``, ``HybridLogicalClock``;
-* observing: ``Observer`` (what a ``Worker(observers=...)`` is told), ``WorkerMetrics``
+* observing: ``Observer`` (what a ``Worker(observers=...)`` is told; ``ReleaseReason``
+  says why a leased job left unrun), ``WorkerMetrics``
   (Prometheus, needs ``[metrics]``), ``fleet_registry`` and ``serve_metrics``,
   ``configure_logging``, ``AttemptTracer``, ``otel_provider_from_env`` and ``otel_trace_id``
   (OpenTelemetry, ``[otel]``);
@@ -68,7 +69,7 @@ from replayq.errors import (
     ValidationError,
 )
 from replayq.model import DeadReason, Job, JobState, StatRow, TraceEvent
-from replayq.observe.hooks import Observer
+from replayq.observe.hooks import Observer, ReleaseReason
 from replayq.observe.logs import configure_logging
 from replayq.observe.otel import AttemptTracer, otel_provider_from_env, otel_trace_id
 from replayq.queue.contracts import JobContract, Retry, diff_contracts, lint_contract
@@ -228,6 +229,7 @@ __all__ = [
     "PinRule",
     "RecordedFailure",
     "Redaction",
+    "ReleaseReason",
     "ReplayDivergenceError",
     "ReplayReport",
     "ReplayqError",

@@ -5,7 +5,8 @@ listeners of committed trace events (``replayq.storage.tap``) and tells them
 when an attempt starts and ends; nothing in the queue or the recording context
 knows it is observed::
 
-    hooks      Observer (no-op base) and Observers (fan-out), the worker's only door here
+    hooks      Observer (no-op base), Observers (fan-out) and ReleaseReason (why a leased
+               job left unrun), the worker's only door here
     metrics    WorkerMetrics: Prometheus counters and histograms from committed events
     fleet      FleetCollector: gauges read from the database at scrape time
     logs       configure_logging (text | json) and the job fields on every record

@@ -4,9 +4,24 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
+from enum import StrEnum
 
 from replayq.model import Job, TraceEvent
 from replayq.observe.logs import job_fields
+
+
+class ReleaseReason(StrEnum):
+    """Why a job the worker leased left it without an attempt (``Observer.released``)."""
+
+    # The worker stopped (SIGTERM, ``Worker.stop``) while the job waited, leased ahead:
+    # given back to the queue unstarted (or, the database away, left to be reaped).
+    STOPPED = "stopped"
+    # Its lease was taken while it waited (the worker stalled past it and another worker
+    # reaped it): dropped unrun, the heartbeat's ``lease.lost`` with ``started: false``.
+    LOST = "lost"
+    # It waited past its lease and was not renewed (the database away, the job asked to
+    # stop, or a fixed visibility timeout, never renewed): dropped unrun, reaped later.
+    NOT_RENEWED = "not_renewed"
 
 
 class Observer:
@@ -20,8 +35,16 @@ class Observer:
     commits the group, after its events went to ``events`` — possibly before
     ``attempt`` has ended. An observer ends its view of the attempt in ``settled``.
     ``job_seen`` names a job the worker handles without running it (leased, reaped),
-    so its events can be labelled. ``events`` receives the trace events of every
-    committed transaction of the process, on the committing thread.
+    so its events can be labelled. ``released(job, reason)`` follows, once, for a job
+    the worker leased (``job_seen``) and lets go of without an attempt, so with no
+    ``attempt`` and no ``settled``: given back unstarted when the worker stops, or
+    dropped unrun because its lease was lost or not renewed while it waited, leased
+    ahead (``ReleaseReason``). Every leased job ends in exactly one of ``settled`` (after
+    its attempt) and ``released``; an observer that keeps something per leased job
+    forgets it in both. ``events`` receives the trace events of every committed
+    transaction of the process, on the committing thread. An observer written before
+    ``released`` existed (one not subclassing ``Observer`` that lacks it) still works:
+    a hook it does not define is not called.
     """
 
     def attempt(self, job: Job, worker_id: str) -> AbstractContextManager[None]:
@@ -31,6 +54,9 @@ class Observer:
         return None
 
     def job_seen(self, job: Job) -> None:
+        return None
+
+    def released(self, job: Job, reason: ReleaseReason) -> None:
         return None
 
     def events(self, events: Sequence[TraceEvent]) -> None:
@@ -78,6 +104,18 @@ class Observers(Observer):
         if self.members:
             for job in jobs:
                 self.job_seen(job)
+
+    def released(self, job: Job, reason: ReleaseReason) -> None:
+        self.released_all((job,), reason)
+
+    def released_all(self, jobs: Sequence[Job], reason: ReleaseReason) -> None:
+        """``released`` for each of ``jobs``, to each member that has the hook (one
+        written before it existed may lack it)."""
+        for member in self.members:
+            hook = getattr(member, "released", None)
+            if hook is not None:
+                for job in jobs:
+                    hook(job, reason)
 
     def events(self, events: Sequence[TraceEvent]) -> None:
         for member in self.members:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from replayq.model import Job, TraceEvent
-from replayq.observe.hooks import Observer
+from replayq.observe.hooks import Observer, ReleaseReason
 
 BASE_LABELS = ("job_type", "version", "queue")
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
@@ -262,6 +262,15 @@ class WorkerMetrics(Observer):
         self.in_flight = Gauge(
             "replayq_worker_in_flight", "Attempts running in this process.", registry=self.registry
         )
+        self.released_jobs = Counter(
+            "replayq_jobs_released",
+            "Leased jobs this worker let go of without running them, by reason (stopped: "
+            "given back at stop; lost: taken while they waited; not_renewed).",
+            (*BASE_LABELS, "reason"),
+            registry=self.registry,
+        )
+        # The enqueue time of each attempt running here (ack latency), kept from ``attempt``
+        # to ``settled`` only: a job leased or reaped but never run here leaves nothing.
         self._created: dict[int, float] = {}
 
     # -- Observer ---------------------------------------------------------------------------
@@ -270,17 +279,20 @@ class WorkerMetrics(Observer):
         self._remember(job)
         if job.lease_deadline is not None and job.leased_at is not None:
             self.lease.labels(*_labels(job)).set(job.lease_deadline - job.leased_at)
-        self._created[job.id] = job.created_at
 
     @contextmanager
     def attempt(self, job: Job, worker_id: str) -> Iterator[None]:
         self.job_seen(job)
+        self._created[job.id] = job.created_at
         self.in_flight.inc()
         yield
 
     def settled(self, job: Job) -> None:
         self.in_flight.dec()
         self._created.pop(job.id, None)
+
+    def released(self, job: Job, reason: ReleaseReason) -> None:
+        self.released_jobs.labels(*_labels(job), str(reason)).inc()
 
     def events(self, events: Sequence[TraceEvent]) -> None:
         for event in events:

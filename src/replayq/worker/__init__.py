@@ -5,7 +5,7 @@
     worker/
     ├── process.py    Worker: run() starts the threads, the dispatcher loop (lease, reap,
     │                 periodic jobs, burst end), signals, stop, shutdown; jobs leased
-    │                 ahead and not started are released at once
+    │                 ahead and not started are released at once (Observer.released)
     ├── core.py       WorkerCore: options, the in-flight table (InFlight), WorkerStats,
     │                 the thread events every part shares
     ├── lease.py      Leasing: lease for the free slots with job.leased, route the version,
@@ -13,7 +13,8 @@
     ├── heartbeat.py  Heartbeat: the thread that extends leases and sees cancel requests;
     │                 the renew of a held job whose lease may have run out before it starts
     ├── execute.py    Executing: the executor threads; a held job started only while its
-    │                 lease is surely held (else renewed first, or dropped unrun if lost);
+    │                 lease is surely held (else renewed first, or dropped unrun if lost:
+    │                 Observer.released);
     │                 one attempt through its handler under a Context over a LiveWorld;
     │                 shadow comparisons
     ├── event_loop.py EventLoopThread: the one asyncio loop every async def handler runs on

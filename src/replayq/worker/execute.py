@@ -26,6 +26,7 @@ from replayq.errors import (
     database_fault,
 )
 from replayq.model import DeadReason, Job
+from replayq.observe.hooks import ReleaseReason
 from replayq.queue.handlers import Handler
 from replayq.recording.context import Context
 from replayq.recording.ledger import ledger_loader
@@ -69,7 +70,8 @@ class Executing(Acking, Heartbeat):
         (``_renew_before_start``) and the job started only if it is still held; a lease
         the heartbeat already found lost fails the same comparison. Never an ack or a
         write for a dropped job: the trace has the heartbeat's ``lease.lost``
-        (``started: false``), the job is the new holder's.
+        (``started: false``), the job is the new holder's. The observers are told it left
+        unrun (``Observer.released``).
         """
         if not self._leases_monotonic:
             now = self._lease_clock()  # the app's clock judges leases (a test's)
@@ -88,9 +90,14 @@ class Executing(Acking, Heartbeat):
             if renewed and not flight.lost.is_set():
                 flight.running = True
                 return True
-            if self._flight_of(job) is flight:
+            dropped = self._flight_of(job) is flight
+            if dropped:
                 del self._inflight[job.id]
         self.stats.lost += 1
+        if dropped:
+            # Leased (``job_seen``) and never run: the observers hear it left (no ``settled``).
+            lost = flight.lost.is_set()
+            self.observers.released(job, ReleaseReason.LOST if lost else ReleaseReason.NOT_RENEWED)
         log.warning(
             "worker %s: job %s waited here past its lease (the worker stalled?) and %s; "
             "not started",

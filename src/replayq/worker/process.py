@@ -23,6 +23,7 @@ from typing import Any
 
 from replayq.errors import DatabaseUnavailableError, StorageError
 from replayq.model import Job
+from replayq.observe.hooks import ReleaseReason
 from replayq.queue.catalog import register_contracts
 from replayq.storage.protocol import Autocommit, Listener
 from replayq.storage.reconnect import Backoff
@@ -256,6 +257,14 @@ class Worker(Executing, Reaping):
             self._release_all(jobs, "worker stopped before the job started", started=False)
             for flight in unstarted:
                 self._forget(flight.job)
+            # Leased (``job_seen``) and never run: given back (or, the database away, left
+            # to be reaped); one whose lease the heartbeat found lost meanwhile was dropped.
+            lost = [f.job for f in unstarted if f.lost.is_set()]
+            if lost:
+                self.observers.released_all(lost, ReleaseReason.LOST)
+            self.observers.released_all(
+                [f.job for f in unstarted if not f.lost.is_set()], ReleaseReason.STOPPED
+            )
 
     def _release_all(self, jobs: list[Job], reason: str, *, started: bool = True) -> None:
         """Give ``jobs`` back to the queue in one transaction, each with ``lease.released``;
