@@ -378,3 +378,11 @@ CREATE TABLE "rq_blobs" (
     created_at  REAL    NOT NULL,
     used_at     REAL    NOT NULL DEFAULT 0
 );
+
+CREATE TRIGGER rq_jobs_trace_ids AFTER DELETE ON rq_jobs
+BEGIN
+    UPDATE rq_entity_versions SET trace_id = OLD.trace_id
+    WHERE job_id = OLD.id AND trace_id IS NULL;
+    UPDATE rq_idempotency SET trace_id = OLD.trace_id
+    WHERE job_id = OLD.id AND trace_id IS NULL;
+END;
