@@ -1,7 +1,8 @@
 -- Idempotency records: one per business key, claimed before the side effect runs.
 --
 -- A record's trace id is stored as a state version's is (state.sql, migration 0028): none
--- when it is its job's (read from rq_jobs), X'' for a job's record claimed with none.
+-- when it is its job's (read from rq_jobs), X'' for a job's record claimed with none; read
+-- through the view rq_idempotency_read (0028).
 
 -- name: idem_claim
 INSERT INTO rq_idempotency (key, operation, status, claim_token, started_at, trace_id, job_id,
@@ -15,13 +16,7 @@ ON CONFLICT (key) DO NOTHING
 RETURNING key;
 
 -- name: idem_get
-SELECT i.key, i.operation, i.status, i.result, i.result_ref, i.error, i.claim_token, i.started_at,
-       i.completed_at,
-       CASE WHEN i.trace_id IS NULL THEN (SELECT j.trace_id FROM rq_jobs AS j WHERE j.id = i.job_id)
-            WHEN typeof(i.trace_id) = 'blob' THEN NULL
-            ELSE i.trace_id END AS trace_id,
-       i.job_id, i.attempt
-FROM rq_idempotency AS i WHERE i.key = :key;
+SELECT * FROM rq_idempotency_read AS i WHERE i.key = :key;
 
 -- name: idem_takeover
 UPDATE rq_idempotency
@@ -48,27 +43,16 @@ UPDATE rq_idempotency SET status = 'compensated', completed_at = :now
 WHERE key = :key AND status = 'succeeded';
 
 -- name: idem_by_job
-SELECT i.key, i.operation, i.status, i.result, i.result_ref, i.error, i.claim_token, i.started_at,
-       i.completed_at,
-       CASE WHEN i.trace_id IS NULL THEN (SELECT j.trace_id FROM rq_jobs AS j WHERE j.id = i.job_id)
-            WHEN typeof(i.trace_id) = 'blob' THEN NULL
-            ELSE i.trace_id END AS trace_id,
-       i.job_id, i.attempt
-FROM rq_idempotency AS i WHERE i.job_id = :job_id ORDER BY i.started_at;
+SELECT * FROM rq_idempotency_read AS i WHERE i.job_id = :job_id ORDER BY i.started_at;
 
 -- name: idem_list
 -- Effect records, newest first. ``in_doubt``: ``started`` by an attempt that is no longer
 -- running (it crashed or lost its lease mid-effect), so nobody will ever finish the record.
-SELECT i.key, i.operation, i.status, i.result, i.result_ref, i.error, i.claim_token, i.started_at,
-       i.completed_at,
-       CASE WHEN i.trace_id IS NULL THEN (SELECT j.trace_id FROM rq_jobs AS j WHERE j.id = i.job_id)
-            WHEN typeof(i.trace_id) = 'blob' THEN NULL
-            ELSE i.trace_id END AS trace_id,
-       i.job_id, i.attempt,
+SELECT i.*,
        (i.status = 'started' AND NOT EXISTS (
            SELECT 1 FROM rq_jobs AS j
            WHERE j.id = i.job_id AND j.state = 'running' AND j.attempt = i.attempt)) AS in_doubt
-FROM rq_idempotency AS i
+FROM rq_idempotency_read AS i
 WHERE (:operation IS NULL OR i.operation = :operation)
   AND (NOT :in_doubt OR (i.status = 'started' AND NOT EXISTS (
            SELECT 1 FROM rq_jobs AS j

@@ -6,21 +6,15 @@
 -- fork's derived trace, a rollback's), or any with no job; X'' (a zero-length blob, never a
 -- trace id) for a job's version written with none. When a job is deleted (gc), the trigger
 -- rq_jobs_trace_ids writes its trace id into its versions that stored none. Every read
--- below names the columns and reads trace_id so (the same answer as PostgreSQL's, which
--- stores every trace id).
+-- below goes through the view rq_entity_versions_read (0028), which answers trace_id so:
+-- the same answer as PostgreSQL's, which stores every trace id.
 
 -- name: entity_head
 SELECT version, hlc FROM rq_entities
 WHERE branch = :branch AND namespace = :namespace AND key = :key;
 
 -- name: entity_version_get
-SELECT v.branch, v.namespace, v.key, v.version, v.parent_version, v.data, v.data_ref, v.delta,
-       v.job_id,
-       CASE WHEN v.trace_id IS NULL THEN (SELECT j.trace_id FROM rq_jobs AS j WHERE j.id = v.job_id)
-            WHEN typeof(v.trace_id) = 'blob' THEN NULL
-            ELSE v.trace_id END AS trace_id,
-       v.attempt, v.fencing_token, v.created_at, v.hlc
-FROM rq_entity_versions AS v
+SELECT * FROM rq_entity_versions_read AS v
 WHERE branch = :branch AND namespace = :namespace AND key = :key AND version = :version;
 
 -- name: entity_head_version
@@ -28,27 +22,15 @@ WHERE branch = :branch AND namespace = :namespace AND key = :key AND version = :
 -- entity's current version (its HLC is the head's). One statement fewer for every read of
 -- an entity that exists (ContextVerbs.entity_get); rq_entities' key, then
 -- rq_entity_versions' primary key.
-SELECT v.branch, v.namespace, v.key, v.version, v.parent_version, v.data, v.data_ref, v.delta,
-       v.job_id,
-       CASE WHEN v.trace_id IS NULL THEN (SELECT j.trace_id FROM rq_jobs AS j WHERE j.id = v.job_id)
-            WHEN typeof(v.trace_id) = 'blob' THEN NULL
-            ELSE v.trace_id END AS trace_id,
-       v.attempt, v.fencing_token, v.created_at, v.hlc
-FROM rq_entities AS h
-JOIN rq_entity_versions AS v
+SELECT v.* FROM rq_entities AS h
+JOIN rq_entity_versions_read AS v
   ON v.branch = h.branch AND v.namespace = h.namespace AND v.key = h.key
  AND v.version = h.version
 WHERE h.branch = :branch AND h.namespace = :namespace AND h.key = :key;
 
 -- name: entity_version_at
 -- The newest version of an entity on a branch written at or before an HLC point.
-SELECT v.branch, v.namespace, v.key, v.version, v.parent_version, v.data, v.data_ref, v.delta,
-       v.job_id,
-       CASE WHEN v.trace_id IS NULL THEN (SELECT j.trace_id FROM rq_jobs AS j WHERE j.id = v.job_id)
-            WHEN typeof(v.trace_id) = 'blob' THEN NULL
-            ELSE v.trace_id END AS trace_id,
-       v.attempt, v.fencing_token, v.created_at, v.hlc
-FROM rq_entity_versions AS v
+SELECT * FROM rq_entity_versions_read AS v
 WHERE branch = :branch AND namespace = :namespace AND key = :key AND hlc <= :hlc
 ORDER BY version DESC
 LIMIT 1;
@@ -78,22 +60,10 @@ VALUES (:branch, :namespace, :key, :version, :parent_version, :data, :data_ref, 
         :attempt, :fencing_token, :created_at, :hlc);
 
 -- name: entity_versions_by_job
-SELECT v.branch, v.namespace, v.key, v.version, v.parent_version, v.data, v.data_ref, v.delta,
-       v.job_id,
-       CASE WHEN v.trace_id IS NULL THEN (SELECT j.trace_id FROM rq_jobs AS j WHERE j.id = v.job_id)
-            WHEN typeof(v.trace_id) = 'blob' THEN NULL
-            ELSE v.trace_id END AS trace_id,
-       v.attempt, v.fencing_token, v.created_at, v.hlc
-FROM rq_entity_versions AS v WHERE v.job_id = :job_id ORDER BY v.hlc, v.version;
+SELECT * FROM rq_entity_versions_read AS v WHERE v.job_id = :job_id ORDER BY v.hlc, v.version;
 
 -- name: entity_versions_after
-SELECT v.branch, v.namespace, v.key, v.version, v.parent_version, v.data, v.data_ref, v.delta,
-       v.job_id,
-       CASE WHEN v.trace_id IS NULL THEN (SELECT j.trace_id FROM rq_jobs AS j WHERE j.id = v.job_id)
-            WHEN typeof(v.trace_id) = 'blob' THEN NULL
-            ELSE v.trace_id END AS trace_id,
-       v.attempt, v.fencing_token, v.created_at, v.hlc
-FROM rq_entity_versions AS v
+SELECT * FROM rq_entity_versions_read AS v
 WHERE v.branch = :branch AND v.namespace = :namespace AND v.key = :key AND v.version > :version
 ORDER BY v.version;
 
