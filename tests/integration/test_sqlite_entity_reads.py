@@ -1,7 +1,7 @@
 """SQLite reads an entity's current version in one statement (the head joined to its
 version row, ``entity_head_version``): the same record as the head read and then the
-version read, each table searched by its whole key, and nothing for an entity that has
-no head."""
+version read, each table searched by its whole key (and its job's row by id, for the trace
+id a job's version does not store), and nothing for an entity that has no head."""
 
 from __future__ import annotations
 
@@ -66,8 +66,10 @@ def test_an_entitys_current_version_is_one_statement_and_the_two_step_reads_answ
                     {"branch": "main", "namespace": "account", "key": "1"},
                 )
             )
-            # Each table by its whole key: rq_entities' primary key, rq_entity_versions'.
-            assert "SCAN" not in plan and plan.count("SEARCH") == 2, plan
+            # Each table by its whole key: rq_entities' primary key, rq_entity_versions',
+            # and (a version that stores no trace id, migration 0028) its job's row's.
+            assert "SCAN" not in plan and plan.count("SEARCH") == 3, plan
+            assert "SEARCH j USING INTEGER PRIMARY KEY (rowid=?)" in plan, plan
             assert "(branch=? AND namespace=? AND key=?)" in plan, plan
             assert "(branch=? AND namespace=? AND key=? AND version=?)" in plan, plan
     finally:

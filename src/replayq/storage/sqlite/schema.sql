@@ -378,3 +378,29 @@ CREATE TABLE "rq_blobs" (
     created_at  REAL    NOT NULL,
     used_at     REAL    NOT NULL DEFAULT 0
 );
+
+CREATE TRIGGER rq_jobs_trace_ids AFTER DELETE ON rq_jobs
+BEGIN
+    UPDATE rq_entity_versions SET trace_id = OLD.trace_id
+    WHERE job_id = OLD.id AND trace_id IS NULL;
+    UPDATE rq_idempotency SET trace_id = OLD.trace_id
+    WHERE job_id = OLD.id AND trace_id IS NULL;
+END;
+
+CREATE VIEW rq_entity_versions_read AS
+SELECT v.branch, v.namespace, v.key, v.version, v.parent_version, v.data, v.data_ref, v.delta,
+       v.job_id,
+       CASE WHEN v.trace_id IS NULL THEN (SELECT j.trace_id FROM rq_jobs AS j WHERE j.id = v.job_id)
+            WHEN typeof(v.trace_id) = 'blob' THEN NULL
+            ELSE v.trace_id END AS trace_id,
+       v.attempt, v.fencing_token, v.created_at, v.hlc
+FROM rq_entity_versions AS v;
+
+CREATE VIEW rq_idempotency_read AS
+SELECT i.key, i.operation, i.status, i.result, i.result_ref, i.error, i.claim_token, i.started_at,
+       i.completed_at,
+       CASE WHEN i.trace_id IS NULL THEN (SELECT j.trace_id FROM rq_jobs AS j WHERE j.id = i.job_id)
+            WHEN typeof(i.trace_id) = 'blob' THEN NULL
+            ELSE i.trace_id END AS trace_id,
+       i.job_id, i.attempt
+FROM rq_idempotency AS i;
