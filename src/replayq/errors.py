@@ -17,8 +17,8 @@ The tree::
     │                               handler's cancel point once the heartbeat found it gone
     ├── JobCancelledError           raised in a handler at its next step boundary or ctx
     │                               call once the running job was asked to stop
-    ├── ContextEndedError           a ``ctx`` used after its attempt ended (kept by a thread
-    │                               or a closure past the handler's return)
+    ├── ContextEndedError           a ``ctx`` used after its handler returned (kept by a
+    │                               thread or a closure past the return)
     ├── ReplayDivergenceError       a replay asked for something the recording does not have
     ├── RecordedFailure             in a replay, a call or effect that failed in the recording
     │                               (also a JobError of its recorded class: see recorded_failure)
@@ -149,12 +149,17 @@ class JobCancelledError(ReplayqError):
 
 
 class ContextEndedError(ReplayqError):
-    """A ``Context`` used after its attempt ended: a view read (``ctx.state``,
-    ``ctx.effects``...) or a verb called (``ctx.step``, ``ctx.call``...) by code that kept
-    ``ctx`` past the handler's return (a background thread, a closure called later).
+    """A ``Context`` used after its handler returned: a view read (``ctx.state``,
+    ``ctx.effects``...) or a method of a view kept in a variable, a verb called
+    (``ctx.step``, ``ctx.call``...) or ``ctx.now/random/uuid``, by code that kept ``ctx``
+    past the handler's return (a background thread, a closure called later, an awaitable
+    awaited later).
 
-    What it would record belongs to no attempt any more, so it is refused rather than
-    dropped. A ``ctx`` is good for the one call of the handler it was passed to."""
+    The context ends when the handler returns, before the attempt is settled (a worker's
+    ack is handed to its group commit after it): what the late use would record belongs
+    to no commit of the attempt, so it is refused rather than dropped or raced. A ``ctx``
+    is good for the one call of the handler it was passed to; ``ctx.job`` and
+    ``ctx.payload`` stay readable."""
 
 
 class JobError(ReplayqError):

@@ -10,13 +10,33 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
+from replayq.errors import ContextEndedError
 from replayq.model import Job, TraceEvent
 from replayq.queue.handlers import Handler
 from replayq.recording.blobs import Encoded
-from replayq.recording.world import World
+from replayq.recording.world import LostFlag, World
 from replayq.redaction import Redactor
 from replayq.runtime import Runtime
 from replayq.storage.protocol import TraceFence, Transaction
+
+# The mark of an ended attempt: what ``Context.end`` puts in place of its cancel flag. Always
+# set, so every cancel point (``check_cancelled``) is reached and says the attempt ended; a
+# view's entry point compares the flag with it (``ctx._cancel is ENDED``: ~40 instructions,
+# where a method call to ask would cost ~440).
+ENDED = LostFlag()
+ENDED.set()
+
+
+def ended_error(job_id: int, attempt: int) -> ContextEndedError:
+    """The error a use of a context (``Context``, its views, a quick dry-run's) after its
+    attempt ended raises."""
+    return ContextEndedError(
+        f"this Context's attempt (job {job_id}, attempt {attempt}) has ended; "
+        "a ctx is good only during the handler call it was passed to, and code that "
+        "kept it (a thread, a closure called later) would record into an attempt that "
+        "never commits again: finish that work before the handler returns, or enqueue "
+        "a job for it"
+    )
 
 
 class Refusal:
@@ -46,6 +66,9 @@ class Attempt(Protocol):
     branch_base: tuple[str, int] | None
     namespace: str
     redactor: Redactor
+    # The attempt's cancel flag, ``ENDED`` once it ended (``Context.end``): each view's
+    # entry point refuses then, as the context's own verbs do.
+    _cancel: LostFlag | None
 
     @property
     def trace_id(self) -> str: ...

@@ -25,7 +25,7 @@ from typing import Any
 from msgspec import Struct, structs
 
 from replayq.errors import PayloadError
-from replayq.recording.attempt import Attempt
+from replayq.recording.attempt import ENDED, Attempt, ended_error
 from replayq.recording.state import read_entity
 from replayq.storage.cache import CacheEntry
 
@@ -83,6 +83,9 @@ class CacheView:
 
     def key(self, namespace: str, ident: Any, version: int | None = None) -> str:
         """The physical key (prefixed with the replay namespace inside a replay or fork)."""
+        ctx = self._ctx
+        if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
+            raise ended_error(ctx.job.id, ctx.attempt)
         return _versioned(self._base(namespace, ident), version)
 
     def get(
@@ -99,6 +102,8 @@ class CacheView:
         own (namespaced) writes are seen first.
         """
         ctx = self._ctx
+        if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
+            raise ended_error(ctx.job.id, ctx.attempt)
         now = ctx.runtime.clock.now()
         key = _versioned(f"{namespace}:{ident}", version)
         read: CacheRead | None = None
@@ -178,6 +183,8 @@ class CacheView:
     ) -> str:
         """Cache ``value`` (derived from entity version ``version``) when the step commits."""
         ctx = self._ctx
+        if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
+            raise ended_error(ctx.job.id, ctx.attempt)
         key = self.key(namespace, ident, version)
         logical = _versioned(f"{namespace}:{ident}", version)
         try:
@@ -217,6 +224,8 @@ class CacheView:
     def invalidate(self, namespace: str, ident: Any) -> None:
         """Drop every version of ``namespace:ident`` when the step commits."""
         ctx = self._ctx
+        if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
+            raise ended_error(ctx.job.id, ctx.attempt)
         base = self._base(namespace, ident)
         logical = f"{namespace}:{ident}"
         ctx.record("cache.invalidate", resource=logical, key=logical)

@@ -15,7 +15,7 @@ from typing import Any
 from replayq import codec
 from replayq.errors import PayloadError, RecordedFailure, classify
 from replayq.recording.aio import Flow, outside_call
-from replayq.recording.attempt import Attempt
+from replayq.recording.attempt import ENDED, Attempt, ended_error
 from replayq.recording.world import LIVE
 from replayq.seal import unsealed
 
@@ -34,7 +34,13 @@ def record_call(
     kwargs: Mapping[str, Any],
 ) -> Flow[Any]:
     """Run (or answer from the world) the external read ``name`` and record it: a flow
-    that ``recording.aio.run_flow`` drives plain or awaited."""
+    that ``recording.aio.run_flow`` drives plain or awaited.
+
+    Refused once the attempt ended (``Context.end``): when the flow starts (an awaitable
+    ``ctx.call`` awaited only after the handler returned) and when the outside call
+    returns after it (its response would be recorded into an attempt that has settled)."""
+    if ctx._cancel is ENDED:  # awaited, or called through a kept ``ctx``, past the attempt
+        raise ended_error(ctx.job.id, ctx.attempt)
     # The fingerprint is over the redacted request: a replay that passes the marker
     # (read back from a redacted payload) or the secret itself matches it.
     # A JSON request without secrets is encoded once, here, and not walked.
@@ -77,6 +83,8 @@ def record_call(
             duration=round(time.monotonic() - started, 6),
         )
         raise
+    if ctx._cancel is ENDED:  # the handler returned while the call ran
+        raise ended_error(ctx.job.id, ctx.attempt)
     duration = round(time.monotonic() - started, 6)
     what = f"ctx.call({name!r}) response"
     inline, ref, raw, _ = ctx.encoded(response, what=what)

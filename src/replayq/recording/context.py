@@ -29,10 +29,14 @@ Every read of the outside world goes through the context's ``World``
 (``replayq.recording.world``): live for workers; recorded, gated or stubbed
 for the replay engine. The context never asks which world it is in.
 
-A context serves one attempt. What ran it calls ``end`` once the attempt is settled;
-code that kept ``ctx`` past that (a thread, a closure called later) gets
-``ContextEndedError`` from every view and every verb with a cancel point, where it
-would otherwise record into an attempt that never commits again.
+A context serves one handler call. It ends when the handler returns or raises (``run``
+calls ``end``), before what ran it settles the attempt (a worker's ack, handed to its
+group commit; a replay's last commit): code that kept ``ctx`` past that (a thread, a
+closure called later, an ``asyncio`` task) gets ``ContextEndedError`` from every view,
+every view kept in a variable (``s = ctx.state``), every verb with a cancel point and
+``ctx.now/random/uuid``, where it would otherwise record into an attempt whose last commit
+it may or may not make. The settle itself goes on with the context's own methods (what
+is pending, its commit). ``release`` drops the views once the attempt is settled.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from replayq.model import Job, TraceEvent
 from replayq.queue.contracts import render_template
 from replayq.queue.handlers import Handler
 from replayq.recording.aio import close_unstarted, run_flow
+from replayq.recording.attempt import ENDED, ended_error
 from replayq.recording.cache import CacheView
 from replayq.recording.calls import record_call
 from replayq.recording.effects import EffectRunner
@@ -66,8 +71,7 @@ T = TypeVar("T")
 # What ``Context.end`` puts in place of the cancel flag, and the mark of an ended context:
 # always set, so every verb's cancel point (``check_cancelled``) is reached and says the
 # attempt ended. No check of its own on the way of a live attempt's every step and call.
-_ENDED = LostFlag()
-_ENDED.set()
+_ENDED = ENDED
 
 
 class Context(Recorder):
@@ -76,13 +80,16 @@ class Context(Recorder):
     # The views, built on first use (most handlers touch few of them, many touch none):
     # plain attributes, ``None`` until then, read through properties (a descriptor that
     # put them in the instance's ``__dict__`` cost a ``_built()`` call at each commit:
-    # ~70 K instructions a traced job). ``end`` drops them, and none is built after it:
-    # asked where a view is built, so a read of a built view asks nothing more.
+    # ~70 K instructions a traced job). None is built after ``end`` (asked where a view is
+    # built, so a read of a built view asks nothing more); a view built before refuses at
+    # its own entry points (``StateView.get``...); ``release`` drops them.
     _locks: LockManager | None = None
     _state: StateView | None = None
     _cache: CacheView | None = None
     _outbox: OutboxView | None = None
     _effects: EffectRunner | None = None
+    # The cancel flag ``end`` took the place of (``cancel_requested`` reads it).
+    _flag_at_end: LostFlag | None = None
 
     def __init__(
         self,
@@ -189,16 +196,29 @@ class Context(Recorder):
     # -- the end of the attempt -------------------------------------------------------------
 
     def end(self) -> None:
-        """The attempt is over (settled, or its run done): drop the views built in it (they
-        refer back to the context) and refuse any later use with ``ContextEndedError``.
+        """The handler call is over: refuse any later use with ``ContextEndedError``.
 
-        Called by what ran the attempt, once nothing of it is left to commit. A handler
-        that kept ``ctx`` (a thread, a closure called later) then gets that error from a
-        view (``ctx.state``...) or a verb with a cancel point (``ctx.step``, ``ctx.call``,
-        ``ctx.effect``, ``ctx.decide``, ``ctx.lock``...), where it would otherwise record
-        into an attempt that will never commit again; ``ctx.cancelled`` reads True.
+        ``run`` calls it when the handler returns or raises, before what ran the attempt
+        settles it (a worker's ack, handed to its group commit). A handler that kept
+        ``ctx`` (a thread, a closure called later, an ``asyncio`` task) then gets that
+        error from a view (``ctx.state``..., and a view kept in a variable), a verb with a
+        cancel point (``ctx.step``, ``ctx.call``, ``ctx.effect``, ``ctx.decide``,
+        ``ctx.lock``...) and ``ctx.now/random/uuid``, where it would otherwise record into
+        an attempt whose last commit it may or may not make; ``ctx.cancelled`` reads True.
+        ``ctx.job``, ``ctx.payload`` and the attempt's identity stay readable (nothing is
+        recorded by reading them). What settles the attempt goes on with what is pending
+        (``flush``, ``committed``...): those are not the handler's. Idempotent.
         """
-        self._cancel = _ENDED
+        cancel = self._cancel
+        if cancel is not _ENDED:
+            self._flag_at_end = cancel
+            self._cancel = _ENDED
+
+    def release(self) -> None:
+        """The attempt is settled (its ack or failure committed, or its run done): ``end``
+        it if it was not, and drop the views built in it (they refer back to the context,
+        and a settle still commits their pending writes until then)."""
+        self.end()
         # Only the views built are dropped: one never built is the class's ``None`` already
         # (an instance attribute set to ``None`` would grow the instance's dict each job).
         if self._locks is not None:
@@ -290,6 +310,16 @@ class Context(Recorder):
         """
         return self._cancel is not None and self._cancel.is_set()
 
+    @property
+    def cancel_requested(self) -> bool:
+        """Whether the job was asked to stop or its lease found lost (the heartbeat's flag),
+        read by what ran the attempt once the handler returned: ``cancelled`` reads True
+        from then on whatever the cause (``end``)."""
+        flag = self._cancel
+        if flag is _ENDED:
+            flag = self._flag_at_end
+        return flag is not None and flag.is_set()
+
     def check_cancelled(self) -> None:
         """A cancel point: raise ``JobCancelledError`` if the job was asked to stop,
         ``LeaseLostError`` if the heartbeat found the lease lost, and ``ContextEndedError``
@@ -361,10 +391,15 @@ class Context(Recorder):
             finally:
                 loop.close()
 
-        if resource is None:
-            return call()
-        with self.lock(resource, ttl=handler.contract.lock_ttl):
-            return call()
+        try:
+            if resource is None:
+                return call()
+            with self.lock(resource, ttl=handler.contract.lock_ttl):
+                return call()
+        finally:
+            # The handler returned (or raised): a ctx it kept refuses from here on, before
+            # the caller settles the attempt (a worker hands its ack to the group commit).
+            self.end()
 
     # -- steps and decisions ----------------------------------------------------------------
 
@@ -471,6 +506,11 @@ class Context(Recorder):
     # -- recorded nondeterminism ------------------------------------------------------------
 
     def _nondeterministic(self, name: str, produce: Callable[[], Any]) -> Any:
+        # Not a cancel point (a cancelled attempt may still read its clock), but refused
+        # once the attempt ended: the value would be recorded into a trace that is never
+        # committed, and a replay could not answer it.
+        if self._cancel is _ENDED:
+            raise self._ended_error()
         value = self.world.answer(name, name, "")
         if value is LIVE:
             value = produce()
@@ -478,7 +518,9 @@ class Context(Recorder):
         return value
 
     def now(self) -> float:
-        """The current time, recorded (replay returns the recorded value)."""
+        """The current time, recorded (replay returns the recorded value).
+
+        ``ContextEndedError`` once the attempt ended (``end``), as ``random`` and ``uuid``."""
         return float(self._nondeterministic("clock.now", self.runtime.clock.now))
 
     def random(self) -> float:
@@ -517,15 +559,3 @@ class Context(Recorder):
 
     def __repr__(self) -> str:
         return f"<Context job={self.job.id} type={self.job.job_type} attempt={self.attempt}>"
-
-
-def ended_error(job_id: int, attempt: int) -> ContextEndedError:
-    """The error a use of a context (``Context``, a quick dry-run's) after its attempt
-    ended raises."""
-    return ContextEndedError(
-        f"this Context's attempt (job {job_id}, attempt {attempt}) has ended; "
-        "a ctx is good only during the handler call it was passed to, and code that "
-        "kept it (a thread, a closure called later) would record into an attempt that "
-        "never commits again: finish that work before the handler returns, or enqueue "
-        "a job for it"
-    )

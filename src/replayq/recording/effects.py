@@ -47,7 +47,7 @@ from replayq.errors import (
 from replayq.model import TraceEvent
 from replayq.queue.contracts import render_template
 from replayq.recording.aio import Flow, outside_call, run_flow
-from replayq.recording.attempt import Attempt
+from replayq.recording.attempt import ENDED, Attempt, ended_error
 from replayq.recording.blobs import Encoded, load_json, put_bytes
 from replayq.recording.world import LIVE
 from replayq.seal import unsealed
@@ -111,8 +111,12 @@ class EffectRunner:
         return run_flow(self.flow(kind, fn, key=key), fn)
 
     def flow(self, kind: str, fn: Any, *, key: str | None) -> Flow[Any]:
-        """The effect's recording, yielding where ``fn`` runs (``recording.aio``)."""
+        """The effect's recording, yielding where ``fn`` runs (``recording.aio``). Refused
+        once the attempt ended: a kept ``ctx.effects``, or an awaitable ``ctx.effect``
+        awaited only after the handler returned (checked when the flow starts)."""
         ctx = self._ctx
+        if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
+            raise ended_error(ctx.job.id, ctx.attempt)
         key = key or self.default_key(kind)
         try:
             answer = ctx.world.answer("effect", kind, key)

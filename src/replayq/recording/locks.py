@@ -30,7 +30,7 @@ from replayq.durations import parse_duration
 from replayq.errors import ConfigurationError, LockTimeoutError
 from replayq.model import TraceEvent
 from replayq.queue.contracts import LockHold
-from replayq.recording.attempt import Attempt
+from replayq.recording.attempt import ENDED, Attempt, ended_error
 from replayq.recording.world import LIVE
 from replayq.runtime import RuntimeSource
 from replayq.storage.commits import commit_at_once
@@ -124,7 +124,10 @@ class LockManager:
         self._acquisitions = 0
 
     def handle(self, resource: str, *, ttl: Any = None, wait: Any = None) -> LockHandle:
-        contract = self._ctx.handler.contract
+        ctx = self._ctx
+        if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
+            raise ended_error(ctx.job.id, ctx.attempt)
+        contract = ctx.handler.contract
         ttl_s = parse_duration(ttl, name=f"lock {resource} ttl") if ttl is not None else None
         if ttl_s is None:
             ttl_s = contract.lock_ttl or contract.lease * 2
@@ -143,7 +146,11 @@ class LockManager:
         return {r: h.fencing_token for r, h in self.held.items() if h.fencing_token is not None}
 
     def acquire(self, handle: LockHandle) -> None:
+        """Take ``handle``'s lock (``with handle:``). Refused once the attempt ended; a
+        release is not (``release``: a lock still held is let go of, not kept to its TTL)."""
         ctx = self._ctx
+        if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
+            raise ended_error(ctx.job.id, ctx.attempt)
         runtime = ctx.runtime
         started = time.monotonic()
         recorded = ctx.world.lock_outcome("acquire", handle.resource)

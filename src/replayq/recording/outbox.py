@@ -29,7 +29,7 @@ from msgspec import Struct
 from replayq import codec
 from replayq.model import TraceEvent
 from replayq.queue.enqueue import EnqueueRequest, insert_job
-from replayq.recording.attempt import Attempt
+from replayq.recording.attempt import ENDED, Attempt, ended_error
 from replayq.runtime import Runtime, RuntimeSource
 from replayq.storage.context_params import OutboxClaim
 from replayq.storage.protocol import OutboxInsert, OutboxMark, OutboxRecord, Transaction
@@ -54,6 +54,8 @@ class OutboxView:
     def publish(self, topic: str, payload: dict[str, Any]) -> str:
         """Write an outbox row in the step's transaction; returns its stable event id."""
         ctx = self._ctx
+        if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
+            raise ended_error(ctx.job.id, ctx.attempt)
         ctx.encode(payload, what=f"outbox {topic} payload")
         event = ctx.record(
             "outbox.written", resource=f"outbox:{topic}", topic=topic, payload=payload

@@ -16,7 +16,7 @@ from typing import Any
 from msgspec import Struct
 
 from replayq import codec
-from replayq.recording.attempt import Attempt, Refusal
+from replayq.recording.attempt import ENDED, Attempt, Refusal, ended_error
 from replayq.recording.blobs import load_json
 from replayq.recording.world import LIVE
 from replayq.redaction import Redactor
@@ -306,6 +306,8 @@ class StateView:
     def get(self, namespace: str, key: Any) -> Entity:
         """The current version (your own uncommitted writes first); the read is recorded."""
         ctx, key = self._ctx, str(key)
+        if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
+            raise ended_error(ctx.job.id, ctx.attempt)
         ident = (namespace, key)
         if ident in self._pending:
             return self._pending[ident]
@@ -364,6 +366,8 @@ class StateView:
         recorded write was (``World.write_rejection``).
         """
         ctx, key = self._ctx, str(key)
+        if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
+            raise ended_error(ctx.job.id, ctx.attempt)
         ident = (namespace, key)
         resource = f"{namespace}:{key}"  # ``resource_name``
         if expected_version is None:
@@ -514,7 +518,10 @@ class StateView:
 
     def history(self, namespace: str, key: Any) -> list[EntityVersion]:
         """Every version of an entity on this job's branch, with the job that wrote it."""
-        return StateStore(self._ctx.runtime, self._ctx.branch).history(namespace, key)
+        ctx = self._ctx
+        if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
+            raise ended_error(ctx.job.id, ctx.attempt)
+        return StateStore(ctx.runtime, ctx.branch).history(namespace, key)
 
     def _conflict(self, resource: str, expected: int, actual: int) -> None:
         from replayq.errors import ConcurrencyError

@@ -39,8 +39,8 @@ from replayq.errors import PayloadError, ReplayqError
 from replayq.model import TraceEvent
 from replayq.queue.handlers import Handler
 from replayq.recording.aio import is_async
+from replayq.recording.attempt import ended_error
 from replayq.recording.calls import call_request
-from replayq.recording.context import ended_error
 from replayq.recording.effects import default_effect_key
 from replayq.recording.state import Entity, delta_of, resource_name
 from replayq.recording.world import LIVE
@@ -262,7 +262,7 @@ class QuickContext:
 
     def _peek(self) -> TraceEvent:
         """The recorded event the next compared event must match."""
-        if self._count >= len(self._signed):
+        if self._count >= len(self._signed) or self._ended:
             self._stop()  # the run does more than the recording
         return self._signed[self._count][0]
 
@@ -276,8 +276,8 @@ class QuickContext:
         n-th recorded event of that name."""
         index = self._count
         signed = self._signed
-        if index >= len(signed) or signed[index][1] != mark:
-            self._stop()
+        if index >= len(signed) or signed[index][1] != mark or self._ended:
+            self._stop()  # ended: ``ContextEndedError``, whatever the recording has here
         self._count = index + 1
         return signed[index][0]
 

@@ -140,17 +140,22 @@ def _run_held(
     handler = runtime.registry.handler(recording.job.job_type)
     job = recording.job.evolve(origin="rerun", attempt=recording.job.attempt + 1)
     ctx = Context(runtime, job, handler, worker_id="rerun", trace_id=trace_id, world=gate)
+    # Released on every path, a failed commit's too (``run`` ended it at the handler's return).
     try:
-        result = ctx.run()
-        ctx.commit_now()
-        outcome = Outcome("succeeded", result=result)
-    except Exception as exc:
-        ctx.discard_writes()
-        ctx.commit_now(failed=True)
-        # The failure class (as the worker would class it) and ``Type: message``, as everywhere.
-        failure = classify(exc, dict(handler.error_map))
-        outcome = Outcome("failed", error_class=failure.value, error=f"{type(exc).__name__}: {exc}")
-    ctx.end()
+        try:
+            result = ctx.run()
+            ctx.commit_now()
+            outcome = Outcome("succeeded", result=result)
+        except Exception as exc:
+            ctx.discard_writes()
+            ctx.commit_now(failed=True)
+            # The failure class (as the worker would class it) and ``Type: message``.
+            failure = classify(exc, dict(handler.error_map))
+            outcome = Outcome(
+                "failed", error_class=failure.value, error=f"{type(exc).__name__}: {exc}"
+            )
+    finally:
+        ctx.release()
     with runtime.storage.transaction() as tx:
         tx.trace_append(
             [

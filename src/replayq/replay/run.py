@@ -157,7 +157,7 @@ class BufferedContext(Context):
         collector (whose collections, scanning every report kept so far, took about a
         quarter of a 1,000-job bulk dry-run)."""
         self.kept_writes = []
-        self.end()
+        super().release()
 
 
 @dataclass
@@ -297,82 +297,84 @@ def run_derived(
         )
     else:
         ctx = Context(runtime, job, handler, **options)
-    error = None
-    with seal(step=lambda: ctx.current_step, allow_io=allow_io) as sealed:
-        try:
-            outcome = execute(ctx)
-        except ReplayDivergenceError as exc:
-            error = str(exc)
-            ctx.record("replay.denied", status="fail", error=error)
-            ctx.discard_writes()
-            ctx.commit_now(failed=True)
-            outcome = Outcome("failed", error_class="replay", error=error)
-    recorded = recording.events
-    if isinstance(ctx, BufferedContext):
-        unrecorded = list(sealed.violations)
-        ctx.kept_events.extend(_unrecorded_events(ctx, sealed))
-        now_events = ctx.kept_events
-        divergence = ctx.comparison.first()
-        if keep:
-            # The branch is created with the state written on it (``branch_with_writes``:
-            # its versions in two statements); the other writes (blobs) go one by one.
-            state = [w for w in ctx.kept_writes if isinstance(w, StateWrite)]
-            others = [w for w in ctx.kept_writes if not isinstance(w, StateWrite)]
-            events = [*now_events, _finished(runtime, trace_id, outcome, origin, job.attempt)]
+    # Released on every path: a ctx the handler kept refuses once it returned (``run``
+    # ends it), and the views and kept writes that refer back to it are dropped even when
+    # what follows the run raises (a storage error at the end's write, a comparison).
+    try:
+        error = None
+        with seal(step=lambda: ctx.current_step, allow_io=allow_io) as sealed:
+            try:
+                outcome = execute(ctx)
+            except ReplayDivergenceError as exc:
+                error = str(exc)
+                ctx.record("replay.denied", status="fail", error=error)
+                ctx.discard_writes()
+                ctx.commit_now(failed=True)
+                outcome = Outcome("failed", error_class="replay", error=error)
+        recorded = recording.events
+        if isinstance(ctx, BufferedContext):
+            unrecorded = list(sealed.violations)
+            ctx.kept_events.extend(_unrecorded_events(ctx, sealed))
+            now_events = ctx.kept_events
+            divergence = ctx.comparison.first()
+            if keep:
+                # The branch is created with the state written on it (``branch_with_writes``:
+                # its versions in two statements); the other writes (blobs) go one by one.
+                state = [w for w in ctx.kept_writes if isinstance(w, StateWrite)]
+                others = [w for w in ctx.kept_writes if not isinstance(w, StateWrite)]
+                events = [*now_events, _finished(runtime, trace_id, outcome, origin, job.attempt)]
 
-            def write_all(tx: Transaction) -> None:
-                for write in others:
-                    write(tx)
-                _write_begin(
-                    tx, runtime, recording, origin, base_hlc, details, trace_id, branch, state
-                )
-                tx.trace_append(events)
+                def write_all(tx: Transaction) -> None:
+                    for write in others:
+                        write(tx)
+                    _write_begin(
+                        tx, runtime, recording, origin, base_hlc, details, trace_id, branch, state
+                    )
+                    tx.trace_append(events)
 
-            end = deferred if deferred is not None else Deferred()
-            end.writes.append(write_all)
-            end.after.extend(ctx.kept_after)
-            if deferred is None:
-                end.commit(runtime)
-    else:
-        unrecorded = _record_unrecorded_io(runtime, ctx, sealed)
-        _finish(runtime, trace_id, outcome, origin, job.attempt)
-        with runtime.storage.transaction(readonly=True) as tx:
-            now_events = [
-                e
-                for e in tx.trace_query(TraceQuery(trace_id=trace_id))
-                if e.name != f"{origin}.finished"
-            ]
-        if fork_step is not None:
-            # Compare only from the fork point on; before it the fork used the recording.
-            recorded = from_step(recorded, fork_step)
-            now_events = from_step(now_events, fork_step)
-        divergence = first_divergence(recorded, now_events)
-    decisions, state_writes = compare_outcomes(recorded, now_events)
-    report = ReplayReport(
-        mode=origin,
-        job_id=recording.job.id,
-        attempt=recording.attempt,
-        trace_id=trace_id,
-        source_trace_id=recording.job.trace_id,
-        version=handler.contract.version,
-        branch=branch,
-        outcome_recorded=recording.outcome,
-        outcome_now=outcome,
-        first_divergence=divergence,
-        decisions=decisions,
-        state_writes=state_writes,
-        error=error,
-        fork_step=fork_step,
-        reached_fork=answers.reached_fork if fork_step else None,
-        unrecorded_io=[str(v) for v in unrecorded if not v.allowed],
-        allowed_io=[str(v) for v in unrecorded if v.allowed],
-        allow_io=allow_io,
-        events_now=list(now_events),
-    )
-    if isinstance(ctx, BufferedContext):
+                end = deferred if deferred is not None else Deferred()
+                end.writes.append(write_all)
+                end.after.extend(ctx.kept_after)
+                if deferred is None:
+                    end.commit(runtime)
+        else:
+            unrecorded = _record_unrecorded_io(runtime, ctx, sealed)
+            _finish(runtime, trace_id, outcome, origin, job.attempt)
+            with runtime.storage.transaction(readonly=True) as tx:
+                now_events = [
+                    e
+                    for e in tx.trace_query(TraceQuery(trace_id=trace_id))
+                    if e.name != f"{origin}.finished"
+                ]
+            if fork_step is not None:
+                # Compare only from the fork point on; before it the fork used the recording.
+                recorded = from_step(recorded, fork_step)
+                now_events = from_step(now_events, fork_step)
+            divergence = first_divergence(recorded, now_events)
+        decisions, state_writes = compare_outcomes(recorded, now_events)
+        report = ReplayReport(
+            mode=origin,
+            job_id=recording.job.id,
+            attempt=recording.attempt,
+            trace_id=trace_id,
+            source_trace_id=recording.job.trace_id,
+            version=handler.contract.version,
+            branch=branch,
+            outcome_recorded=recording.outcome,
+            outcome_now=outcome,
+            first_divergence=divergence,
+            decisions=decisions,
+            state_writes=state_writes,
+            error=error,
+            fork_step=fork_step,
+            reached_fork=answers.reached_fork if fork_step else None,
+            unrecorded_io=[str(v) for v in unrecorded if not v.allowed],
+            allowed_io=[str(v) for v in unrecorded if v.allowed],
+            allow_io=allow_io,
+            events_now=list(now_events),
+        )
+    finally:
         ctx.release()
-    else:
-        ctx.end()
     if recording.outcome.status == "failed":
         report.retry_recorded = recorded_decision(recording.lifecycle, recording.job.max_attempts)
     if outcome.status == "failed" and outcome.error_class != "replay":

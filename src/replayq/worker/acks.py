@@ -282,7 +282,7 @@ class Acking(Outcomes):
                 return []
             for ack in pending:
                 self._acked(ack, logged=False)
-                ack.ctx.end()
+                ack.ctx.release()
             _log_group(pending)  # before the slots free: a burst run may end right after
             settled = [ack.job for ack in pending]
             self._forget_all(settled)
@@ -361,7 +361,7 @@ class Acking(Outcomes):
         except Exception:
             log.exception("worker %s: job %s could not be settled", self.worker_id, ack.job.id)
         finally:
-            ack.ctx.end()
+            ack.ctx.release()
             self._forget(ack.job)
             self.observers.settled(ack.job)
 
@@ -400,7 +400,7 @@ class Acking(Outcomes):
             [ack.job.id for ack in acks],
         )
         for ack in acks:
-            ack.ctx.end()
+            ack.ctx.release()
             self._forget(ack.job)
             self.observers.settled(ack.job)
 

@@ -170,7 +170,7 @@ class Executing(Acking, Heartbeat):
                 ctx = self._attempt(job)
         finally:
             # A success whose ack waits for its group commit is settled (and its context
-            # ended) by that commit.
+            # released) by that commit; the context ended when the handler returned.
             if self._deferred.job_id != job.id:
                 self.observers.settled(job)
                 if ctx is None:
@@ -179,7 +179,7 @@ class Executing(Acking, Heartbeat):
                     flight = self._flight_of(job)
                     ctx = flight.ctx if flight is not None else None
                 if ctx is not None:
-                    ctx.end()
+                    ctx.release()
 
     def _attempt(self, job: Job) -> Context | None:
         """Run one attempt of ``job`` and settle it (or buffer its ack); the context it ran
@@ -241,9 +241,11 @@ class Executing(Acking, Heartbeat):
             self._fail(job, handler, ctx, exc, time.monotonic() - started)
             self._compare(job, handler)
             return ctx
-        if ctx.cancelled:
+        # ``ctx.cancelled`` reads True from the handler's return on (the context ended):
+        # the heartbeat's flag itself says whether the attempt was stopped.
+        if ctx.cancel_requested:
             if ctx.lease_lost:
-                # The heartbeat found the lease lost (``ctx.cancelled`` says so too): its ack
+                # The heartbeat found the lease lost (the cancel flag says so too): its ack
                 # would be refused; recorded as that refusal without asking the database.
                 self._reject(job, LeaseLostError("job.succeeded"), ctx)
                 return ctx
