@@ -921,6 +921,10 @@ class PostgresTransaction(SqlTransaction):
         }
         first = self.connection.info.transaction_status == pq.TransactionStatus.IDLE
         for attempt in range(3):
+            if attempt == 0 or first:  # (again after a rollback: it held until then)
+                # The claim in index order, never a sort of every queued job
+                # (``job_lease_plan``): unread in a group commit's pipeline, no round trip.
+                self.send("job_lease_plan", {})
             try:
                 # ``jobs_of``: each row's values become the job's fields directly, one
                 # dictionary a job (``fetchall`` and ``row_to_job`` made two).
