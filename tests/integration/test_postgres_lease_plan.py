@@ -11,6 +11,7 @@ ready index in its order and stops at its limit.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from typing import Any
@@ -38,9 +39,11 @@ def _fetched(tx: Any) -> int:
     return int(row[0])
 
 
+@pytest.mark.parametrize("pipelined", [False, True], ids=["alone", "group_commit"])
 def test_a_claim_after_half_a_backlog_drained_fetches_about_its_limit(
-    pg_schema_url: str,
+    pg_schema_url: str, pipelined: bool
 ) -> None:
+    """Alone (the dispatcher's lease) and in a pipeline (a group commit's refill)."""
     app = replayq.App(pg_schema_url, auto_migrate=True)
 
     @app.job("noop")
@@ -64,7 +67,7 @@ def test_a_claim_after_half_a_backlog_drained_fetches_about_its_limit(
                     (ids,),
                 )
         storage: Any = app.storage
-        with storage.transaction() as tx:
+        with storage.transaction() as tx, tx.pipelined() if pipelined else contextlib.nullcontext():
             before = _fetched(tx)
             claim = JobLease(
                 worker_id="w",
