@@ -17,6 +17,7 @@ land nobody takes it and reads what they are about to change.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 import uuid
@@ -44,6 +45,8 @@ from replayq.storage.protocol import (
     Transaction,
     lock_get,
 )
+
+log = logging.getLogger("replayq.locks")
 
 DEFAULT_WAIT_SECONDS = 10.0
 _TAKEN = "the lock expired or was broken before the holder finished"
@@ -121,6 +124,9 @@ class LockManager:
         self.waiting: dict[str, LockHandle] = {}
         # Whether ``_release_waiting`` waits for the next commit (once per commit).
         self.deferred = False
+        # The attempt ended (``abandon``): no commit of it is to come, a lock let go of
+        # now is released at once.
+        self.ended = False
         self._acquisitions = 0
 
     def handle(self, resource: str, *, ttl: Any = None, wait: Any = None) -> LockHandle:
@@ -338,8 +344,10 @@ class LockManager:
             )
             return
         hlc = ctx.runtime.hlc.tick()
-        if handle.fencing_token is not None and ctx.fenced_by(
-            handle.resource, handle.fencing_token
+        if (
+            handle.fencing_token is not None
+            and not self.ended
+            and ctx.fenced_by(handle.resource, handle.fencing_token)
         ):
             event = ctx.record(
                 "lock.released",
@@ -381,6 +389,49 @@ class LockManager:
         """The commit that ran the waiting releases committed (``Context.committed``)."""
         self.waiting.clear()
         self.deferred = False
+
+    def abandon(self) -> None:
+        """The attempt ended (``Context.end``) and no commit of it is to come: the releases
+        still waiting for one are made now, each in a transaction of its own, and a lock
+        let go of later (a thread of the handler's) is released at once.
+
+        A release waits for the commit of the writes it guarded; when that commit never
+        came (a group commit or a settle given up, a failure commit that failed, the
+        writes refused every time), the writes did not land, and nothing is left to guard:
+        the lock is freed rather than held until its TTL. One statement on the lock's owner
+        token (``LockReleaseInTime``; ``LockRelease`` too if it ran out), so a lock another
+        holder took since is never released; its pending ``lock.released`` (or
+        ``lock.expired``) is appended with it, once: if the row is no longer this
+        attempt's because that commit landed after all (its answer lost), it recorded the
+        event itself, and nothing is appended. A failure here (the database away) leaves
+        the lock to its TTL, as before, and is logged."""
+        self.ended = True
+        if not self.waiting:
+            return
+        waiting = sorted(self.waiting.values(), key=_acquired)
+        self.waiting = {}
+        self.deferred = False
+        for handle in waiting:
+            try:
+                self._release_abandoned(handle)
+            except Exception as exc:
+                log.warning(
+                    "job %s: lock %s, let go of while its writes waited for a commit that "
+                    "never came, could not be released (%s); it runs out after its TTL",
+                    self._ctx.job.id,
+                    handle.resource,
+                    exc,
+                )
+
+    def _release_abandoned(self, handle: LockHandle) -> None:
+        """``handle``'s lock released on its own (``abandon``), with its event."""
+        event = handle.release_event
+        assert event is not None
+        with self._ctx.runtime.storage.transaction() as tx:
+            done = self._release_in(tx, handle, event)
+            if done is not event and done.data.get("note") == _TAKEN and _traced(tx, event):
+                return
+            tx.trace_append([done])
 
     def _release_in(self, tx: Transaction, handle: LockHandle, event: TraceEvent) -> TraceEvent:
         """Release ``handle``'s lock in ``tx``; ``event`` (its ``lock.released``) as it is to
@@ -450,6 +501,14 @@ class LockManager:
 
 def _acquired(handle: LockHandle) -> int:
     return handle.order
+
+
+def _traced(tx: Transaction, event: TraceEvent) -> bool:
+    """Whether ``event``'s place (its attempt's sequence number) is in its trace already."""
+    return any(
+        stored.seq == event.seq and stored.attempt == event.attempt
+        for stored in tx.trace_query(TraceQuery(trace_id=event.trace_id))
+    )
 
 
 def _timeout(resource: str, holder: dict[str, Any], waited: float) -> LockTimeoutError:
