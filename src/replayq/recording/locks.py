@@ -28,7 +28,7 @@ from typing import Any
 from msgspec import Struct
 
 from replayq.durations import parse_duration
-from replayq.errors import ConfigurationError, LockTimeoutError
+from replayq.errors import ConfigurationError, LockTimeoutError, RowLockTimeoutError, StorageError
 from replayq.model import TraceEvent
 from replayq.queue.contracts import LockHold
 from replayq.recording.attempt import Attempt
@@ -51,6 +51,10 @@ log = logging.getLogger("replayq.locks")
 DEFAULT_WAIT_SECONDS = 10.0
 _TAKEN = "the lock expired or was broken before the holder finished"
 _POLL_SECONDS = 0.05
+# The least an acquisition's try may wait for the lock's row (``LockAcquire.wait``), however
+# little of its ``wait`` is left: a commit that fences a write under the lock holds the row
+# for its duration, a few milliseconds.
+_ROW_WAIT_FLOOR = 0.05
 
 
 class LockInfo(Struct, frozen=True):
@@ -186,9 +190,21 @@ class LockManager:
             sent = self._lock_clock(now)  # before the acquisition is sent: ``held_until``
             hlc = runtime.hlc.tick()
             tried: list[TraceEvent] = []
-            grant, holder = commit_at_once(
-                runtime.storage, partial(self._acquire_in, handle, now, hlc, started, tried)
-            )
+            # The try waits for the lock's row at most what is left of ``wait``: a commit
+            # that fences a write under the lock holds the row until it ends, and a worker
+            # frozen inside one (PostgreSQL) would hold this acquisition past its wait.
+            bound = max(handle.wait - (time.monotonic() - started), _ROW_WAIT_FLOOR)
+            try:
+                grant, holder = commit_at_once(
+                    runtime.storage,
+                    partial(self._acquire_in, handle, now, hlc, started, tried, bound),
+                )
+            except RowLockTimeoutError:
+                # Not granted yet: another transaction held the row (rolled back here, the
+                # connection good). Asked again until ``wait`` runs out, as any refusal.
+                while tried:
+                    ctx.unmake(tried.pop())
+                grant, holder = None, self._holder(handle.resource)
             if grant is not None:
                 handle.held_until = sent + handle.ttl
                 self._acquisitions += 1
@@ -224,6 +240,7 @@ class LockManager:
         hlc: int,
         started: float,
         tried: list[TraceEvent],
+        bound: float,
         tx: Transaction,
     ) -> tuple[LockGrant | None, Lock | None]:
         """One try at ``handle``'s lock in ``tx``: the grant, committed with its
@@ -233,7 +250,9 @@ class LockManager:
         Two round trips on PostgreSQL (``commit_at_once``): ``BEGIN`` and the upsert, whose
         fencing token the event carries; then the event and ``COMMIT``. The append of the
         event is the lease's fence: a worker whose lease was taken must not bump the
-        fencing token under the new owner's feet, and its grant rolls back.
+        fencing token under the new owner's feet, and its grant rolls back. ``bound``: how
+        long its statements may wait for a row lock (``LockAcquire.wait``; PostgreSQL's
+        ``lock_timeout``, sent with the upsert): past it ``RowLockTimeoutError``.
         """
         ctx, runtime = self._ctx, self._ctx.runtime
         while tried:
@@ -248,6 +267,7 @@ class LockManager:
                 ttl=handle.ttl,
                 hlc=hlc,
                 database_clock=runtime.leases_by_database,
+                wait=bound,
             )
         )
         refused = [f"lock {handle.resource}"]
@@ -270,6 +290,15 @@ class LockManager:
             ctx.unmake(tried.pop())
             ctx.refuse(refused, lock=handle.resource)
         return grant, None
+
+    def _holder(self, resource: str) -> Lock | None:
+        """Who holds ``resource``'s lock, for ``lock.timeout`` (a plain read, which waits
+        for no row lock); ``None`` if the database cannot say now."""
+        try:
+            with self._ctx.runtime.storage.transaction(readonly=True) as tx:
+                return lock_get(tx, resource)
+        except StorageError:
+            return None
 
     def _lock_clock(self, now: float) -> float:
         """The clock a handle's ``held_until`` is read in: ``now`` (the app's clock) when
