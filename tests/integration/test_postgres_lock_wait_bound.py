@@ -12,6 +12,7 @@ import pytest
 
 from replayq.errors import RowLockTimeoutError
 from replayq.storage import open_storage
+from replayq.storage.commits import commit_at_once
 from replayq.storage.context_params import LockAcquire, LockFilter
 from replayq.storage.protocol import lock_get
 
@@ -21,9 +22,10 @@ T0 = 1_700_000_000.0
 BOUND = 0.3
 
 
+@pytest.mark.parametrize("at_once", [True, False], ids=["commit_at_once", "plain"])
 @pytest.mark.parametrize("refusals", [True, False], ids=["one-round-trip", "careful"])
 def test_an_acquisition_waits_for_a_fenced_row_no_longer_than_its_bound(
-    pg_schema_url: str, refusals: bool
+    pg_schema_url: str, refusals: bool, at_once: bool
 ) -> None:
     # Two connections: the fenced commit holds one, the acquisition must give the other
     # back (a third transaction below gets it, or the pool's timeout fails the test).
@@ -39,8 +41,12 @@ def test_an_acquisition_waits_for_a_fenced_row_no_longer_than_its_bound(
             assert fenced.lock_list(LockFilter("res", newer_than=first.fencing_token)) == []
             assert lock_get(fenced, "res") is not None  # the fence has run in the server
             asked = time.monotonic()
-            with pytest.raises(RowLockTimeoutError), storage.transaction() as tx:
-                tx.lock_transition(take)
+            with pytest.raises(RowLockTimeoutError):
+                if at_once:  # as ``ctx.lock`` asks it: in a pipeline (``SET LOCAL`` queued)
+                    commit_at_once(storage, lambda tx: tx.lock_transition(take))
+                else:  # out of one (``lock_wait_bound``)
+                    with storage.transaction() as tx:
+                        tx.lock_transition(take)
             waited = time.monotonic() - asked
             with storage.transaction() as tx:
                 (setting,) = tx.connection.execute("SHOW lock_timeout").fetchone()

@@ -30,7 +30,8 @@ RETURNING fencing_token, hlc;
 
 -- name: lock_wait_bound
 -- This backend's alone: how long the rest of an acquisition's transaction may wait for a
--- row lock (``LockAcquire.wait``; SET LOCAL's effect, parameterised). Past it the waiting
+-- row lock (``LockAcquire.wait``; SET LOCAL's effect, parameterised: an acquisition outside
+-- a pipeline; in one, ``lock_transition`` queues SET LOCAL itself). Past it the waiting
 -- statement fails with 55P03 (lock_not_available), the transaction rolls back, and the
 -- acquisition reads it as "not granted yet"; the setting ends with the transaction.
 SELECT set_config('lock_timeout', %(lock_timeout)s, true);
