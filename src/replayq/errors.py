@@ -121,6 +121,15 @@ class SchemaError(StorageError):
     upgraded without dropping an object of the database's owner."""
 
 
+class RowLockTimeoutError(DatabaseUnavailableError):
+    """A statement waited for a row lock longer than its transaction's ``lock_timeout``
+    (PostgreSQL, SQLSTATE 55P03) and was cancelled: its transaction rolled back, its
+    connection good. Where nothing asked for that bound (an application's ``NOWAIT``, a
+    server-wide ``lock_timeout``) it is waited out as any ``DatabaseUnavailableError``; an
+    acquisition of ``ctx.lock``, which bounds its wait for the lock's row by what is left
+    of its ``wait``, reads it as "not granted yet"."""
+
+
 class LeaseCollisionError(StorageError):
     """A claim collided with another claimer's on an ordering key and aborted the whole
     transaction: nothing in it was written, and the caller does it again.

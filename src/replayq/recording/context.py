@@ -222,6 +222,8 @@ class Context(Recorder):
         # Only the views built are dropped: one never built is the class's ``None`` already
         # (an instance attribute set to ``None`` would grow the instance's dict each job).
         if self._locks is not None:
+            # A release still waiting for a commit of this attempt waits for none now.
+            self._locks.abandon()
             self._locks = None
         if self._state is not None:
             self._state = None

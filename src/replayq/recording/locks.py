@@ -17,6 +17,7 @@ land nobody takes it and reads what they are about to change.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 import uuid
@@ -27,7 +28,7 @@ from typing import Any
 from msgspec import Struct
 
 from replayq.durations import parse_duration
-from replayq.errors import ConfigurationError, LockTimeoutError
+from replayq.errors import ConfigurationError, LockTimeoutError, RowLockTimeoutError, StorageError
 from replayq.model import TraceEvent
 from replayq.queue.contracts import LockHold
 from replayq.recording.attempt import ENDED, Attempt, ended_error
@@ -45,9 +46,15 @@ from replayq.storage.protocol import (
     lock_get,
 )
 
+log = logging.getLogger("replayq.locks")
+
 DEFAULT_WAIT_SECONDS = 10.0
 _TAKEN = "the lock expired or was broken before the holder finished"
 _POLL_SECONDS = 0.05
+# The least an acquisition's try may wait for the lock's row (``LockAcquire.wait``), however
+# little of its ``wait`` is left: a commit that fences a write under the lock holds the row
+# for its duration, a few milliseconds.
+_ROW_WAIT_FLOOR = 0.05
 
 
 class LockInfo(Struct, frozen=True):
@@ -121,6 +128,9 @@ class LockManager:
         self.waiting: dict[str, LockHandle] = {}
         # Whether ``_release_waiting`` waits for the next commit (once per commit).
         self.deferred = False
+        # The attempt is settled (``abandon``): no commit of it is to come, a lock let go
+        # of now is released at once.
+        self.ended = False
         self._acquisitions = 0
 
     def handle(self, resource: str, *, ttl: Any = None, wait: Any = None) -> LockHandle:
@@ -187,9 +197,21 @@ class LockManager:
             sent = self._lock_clock(now)  # before the acquisition is sent: ``held_until``
             hlc = runtime.hlc.tick()
             tried: list[TraceEvent] = []
-            grant, holder = commit_at_once(
-                runtime.storage, partial(self._acquire_in, handle, now, hlc, started, tried)
-            )
+            # The try waits for the lock's row at most what is left of ``wait``: a commit
+            # that fences a write under the lock holds the row until it ends, and a worker
+            # frozen inside one (PostgreSQL) would hold this acquisition past its wait.
+            bound = max(handle.wait - (time.monotonic() - started), _ROW_WAIT_FLOOR)
+            try:
+                grant, holder = commit_at_once(
+                    runtime.storage,
+                    partial(self._acquire_in, handle, now, hlc, started, tried, bound),
+                )
+            except RowLockTimeoutError:
+                # Not granted yet: another transaction held the row (rolled back here, the
+                # connection good). Asked again until ``wait`` runs out, as any refusal.
+                while tried:
+                    ctx.unmake(tried.pop())
+                grant, holder = None, self._holder(handle.resource)
             if grant is not None:
                 handle.held_until = sent + handle.ttl
                 self._acquisitions += 1
@@ -225,6 +247,7 @@ class LockManager:
         hlc: int,
         started: float,
         tried: list[TraceEvent],
+        bound: float,
         tx: Transaction,
     ) -> tuple[LockGrant | None, Lock | None]:
         """One try at ``handle``'s lock in ``tx``: the grant, committed with its
@@ -234,7 +257,9 @@ class LockManager:
         Two round trips on PostgreSQL (``commit_at_once``): ``BEGIN`` and the upsert, whose
         fencing token the event carries; then the event and ``COMMIT``. The append of the
         event is the lease's fence: a worker whose lease was taken must not bump the
-        fencing token under the new owner's feet, and its grant rolls back.
+        fencing token under the new owner's feet, and its grant rolls back. ``bound``: how
+        long its statements may wait for a row lock (``LockAcquire.wait``; PostgreSQL's
+        ``lock_timeout``, sent with the upsert): past it ``RowLockTimeoutError``.
         """
         ctx, runtime = self._ctx, self._ctx.runtime
         while tried:
@@ -249,6 +274,7 @@ class LockManager:
                 ttl=handle.ttl,
                 hlc=hlc,
                 database_clock=runtime.leases_by_database,
+                wait=bound,
             )
         )
         refused = [f"lock {handle.resource}"]
@@ -271,6 +297,15 @@ class LockManager:
             ctx.unmake(tried.pop())
             ctx.refuse(refused, lock=handle.resource)
         return grant, None
+
+    def _holder(self, resource: str) -> Lock | None:
+        """Who holds ``resource``'s lock, for ``lock.timeout`` (a plain read, which waits
+        for no row lock); ``None`` if the database cannot say now."""
+        try:
+            with self._ctx.runtime.storage.transaction(readonly=True) as tx:
+                return lock_get(tx, resource)
+        except StorageError:
+            return None
 
     def _lock_clock(self, now: float) -> float:
         """The clock a handle's ``held_until`` is read in: ``now`` (the app's clock) when
@@ -345,8 +380,10 @@ class LockManager:
             )
             return
         hlc = ctx.runtime.hlc.tick()
-        if handle.fencing_token is not None and ctx.fenced_by(
-            handle.resource, handle.fencing_token
+        if (
+            handle.fencing_token is not None
+            and not self.ended
+            and ctx.fenced_by(handle.resource, handle.fencing_token)
         ):
             event = ctx.record(
                 "lock.released",
@@ -388,6 +425,49 @@ class LockManager:
         """The commit that ran the waiting releases committed (``Context.committed``)."""
         self.waiting.clear()
         self.deferred = False
+
+    def abandon(self) -> None:
+        """The attempt is settled (``Context.release``) and no commit of it is to come: the releases
+        still waiting for one are made now, each in a transaction of its own, and a lock
+        let go of later (a thread of the handler's) is released at once.
+
+        A release waits for the commit of the writes it guarded; when that commit never
+        came (a group commit or a settle given up, a failure commit that failed, the
+        writes refused every time), the writes did not land, and nothing is left to guard:
+        the lock is freed rather than held until its TTL. One statement on the lock's owner
+        token (``LockReleaseInTime``; ``LockRelease`` too if it ran out), so a lock another
+        holder took since is never released; its pending ``lock.released`` (or
+        ``lock.expired``) is appended with it, once: if the row is no longer this
+        attempt's because that commit landed after all (its answer lost), it recorded the
+        event itself, and nothing is appended. A failure here (the database away) leaves
+        the lock to its TTL, as before, and is logged."""
+        self.ended = True
+        if not self.waiting:
+            return
+        waiting = sorted(self.waiting.values(), key=_acquired)
+        self.waiting = {}
+        self.deferred = False
+        for handle in waiting:
+            try:
+                self._release_abandoned(handle)
+            except Exception as exc:
+                log.warning(
+                    "job %s: lock %s, let go of while its writes waited for a commit that "
+                    "never came, could not be released (%s); it runs out after its TTL",
+                    self._ctx.job.id,
+                    handle.resource,
+                    exc,
+                )
+
+    def _release_abandoned(self, handle: LockHandle) -> None:
+        """``handle``'s lock released on its own (``abandon``), with its event."""
+        event = handle.release_event
+        assert event is not None
+        with self._ctx.runtime.storage.transaction() as tx:
+            done = self._release_in(tx, handle, event)
+            if done is not event and done.data.get("note") == _TAKEN and _traced(tx, event):
+                return
+            tx.trace_append([done])
 
     def _release_in(self, tx: Transaction, handle: LockHandle, event: TraceEvent) -> TraceEvent:
         """Release ``handle``'s lock in ``tx``; ``event`` (its ``lock.released``) as it is to
@@ -457,6 +537,14 @@ class LockManager:
 
 def _acquired(handle: LockHandle) -> int:
     return handle.order
+
+
+def _traced(tx: Transaction, event: TraceEvent) -> bool:
+    """Whether ``event``'s place (its attempt's sequence number) is in its trace already."""
+    return any(
+        stored.seq == event.seq and stored.attempt == event.attempt
+        for stored in tx.trace_query(TraceQuery(trace_id=event.trace_id))
+    )
 
 
 def _timeout(resource: str, holder: dict[str, Any], waited: float) -> LockTimeoutError:

@@ -53,6 +53,12 @@ class LockAcquire(Struct, frozen=True):
     database_clock: bool = False
     """Judge and grant the TTL in the database's clock, not ``now``
     (``Runtime.leases_by_database``)."""
+    wait: float | None = None
+    """How long, in seconds, the acquisition's statements may wait for a row lock (the
+    lock's row held ``FOR SHARE`` by a commit fencing a write under it; the job's row):
+    past it, ``RowLockTimeoutError`` and nothing granted. ``None``: no bound. PostgreSQL
+    only (``lock_timeout``, local to the acquisition's transaction); on SQLite, where an
+    acquisition waits for the database's write lock instead, it changes nothing."""
 
 
 class LockRenew(Struct, frozen=True):

@@ -2,7 +2,8 @@
 -- Lock TTLs are judged by :lock_now, or when it is NULL by the database's own clock
 -- (one clock for every worker: a worker whose clock runs fast cannot take a live lock).
 -- PostgreSQL flavour of storage/sqlite/locks.sql: same query names and parameters, and
--- lock_fence_refusing, this backend's alone (a commit in one round trip).
+-- lock_fence_refusing and lock_wait_bound, this backend's alone (a commit in one round trip;
+-- an acquisition's bound on its wait for a row lock).
 -- A write's fence (lock_fence, lock_fence_refusing) keeps the lock's row FOR SHARE until
 -- its transaction ends: under READ COMMITTED a plain read let another worker take the
 -- lock again (lock_acquire) and commit its writes between the fence and our COMMIT, our
@@ -26,6 +27,14 @@ SET owner_token = excluded.owner_token,
     hlc = GREATEST(rq_locks.hlc + 1, excluded.hlc)
 WHERE rq_locks.owner_token IS NULL OR rq_locks.expires_at < COALESCE(%(lock_now)s::float8, extract(epoch FROM statement_timestamp())::float8)
 RETURNING fencing_token, hlc;
+
+-- name: lock_wait_bound
+-- This backend's alone: how long the rest of an acquisition's transaction may wait for a
+-- row lock (``LockAcquire.wait``; SET LOCAL's effect, parameterised: an acquisition outside
+-- a pipeline; in one, ``lock_transition`` queues SET LOCAL itself). Past it the waiting
+-- statement fails with 55P03 (lock_not_available), the transaction rolls back, and the
+-- acquisition reads it as "not granted yet"; the setting ends with the transaction.
+SELECT set_config('lock_timeout', %(lock_timeout)s, true);
 
 -- name: lock_get
 -- ``expired``: the lease ran out, judged like the acquisition (the database's clock unless
