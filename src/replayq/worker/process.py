@@ -22,7 +22,6 @@ from types import FrameType
 from typing import Any
 
 from replayq.errors import DatabaseUnavailableError, StorageError
-from replayq.model import Job
 from replayq.observe.hooks import ReleaseReason
 from replayq.queue.catalog import register_contracts
 from replayq.storage.protocol import Autocommit, Listener
@@ -265,22 +264,3 @@ class Worker(Executing, Reaping):
             self.observers.released_all(
                 [f.job for f in unstarted if not f.lost.is_set()], ReleaseReason.STOPPED
             )
-
-    def _release_all(self, jobs: list[Job], reason: str, *, started: bool = True) -> None:
-        """Give ``jobs`` back to the queue in one transaction, each with ``lease.released``;
-        if the database refuses, they stay running and are reaped after their lease."""
-        if not jobs:
-            return
-        released = 0
-        try:
-            with self.runtime.storage.transaction() as tx:
-                released = sum(self._release_in(tx, job, reason, started=started) for job in jobs)
-        except StorageError as exc:
-            log.warning(
-                "worker %s: could not release jobs %s (%s); they are reaped after their lease",
-                self.worker_id,
-                [job.id for job in jobs],
-                exc,
-            )
-            return
-        self.stats.released += released
