@@ -14,7 +14,8 @@
     │                 the renew of a held job whose lease may have run out before it starts
     ├── execute.py    Executing: the executor threads; a held job started only while its
     │                 lease is surely held (else renewed first, or dropped unrun if lost:
-    │                 Observer.released);
+    │                 Observer.released); one whose start raised given back unstarted;
+    │                 execute(): the inline path, the job forgotten once settled;
     │                 one attempt through its handler under a Context over a LiveWorld;
     │                 shadow comparisons
     ├── event_loop.py EventLoopThread: the one asyncio loop every async def handler runs on

@@ -121,7 +121,8 @@ class Executing(Acking, Heartbeat):
             now = self._lease_clock()  # the app's clock judges leases (a test's)
         with self._inflight_lock:
             flight = self._flight_of(job)
-            if flight is None or flight.releasing or self._stopping.is_set():
+            # Running already: ``execute()`` took it up (the inline path).
+            if flight is None or flight.running or flight.releasing or self._stopping.is_set():
                 return False
             if now < flight.held_until:
                 flight.running = True
@@ -203,8 +204,39 @@ class Executing(Acking, Heartbeat):
         return job
 
     def execute(self, job: Job) -> None:
-        """Run one leased job to a settled state (succeeded, retry scheduled, or dead)."""
-        self._execute(job)
+        """Run one leased job to a settled state (succeeded, retry scheduled, or dead).
+
+        The inline path (``lease()`` then ``execute(job)``; ``replayq.testing.run_inline``):
+        the worker then forgets the job as it does after an executor's attempt (its slot
+        free, its lease no longer beaten nor given back at a stop), and outside ``run()``
+        takes it off the executors' queue its lease put it on, so a loop of inline jobs
+        keeps nothing of them and a later ``run()`` does not start them again."""
+        with self._inflight_lock:
+            flight = self._flight_of(job)
+            if flight is not None:
+                flight.running = True  # taken up: an executor does not start it too
+        try:
+            self._execute(job)
+        finally:
+            self._ran(job)
+            if not self._grouping:
+                self._unqueue_unheld()
+
+    def _unqueue_unheld(self) -> None:
+        """Take off the executors' queue the jobs no longer held (run inline, outside
+        ``run()``: nothing else takes them), the others left in their order."""
+        kept = []
+        while True:
+            try:
+                item = self._work.get_nowait()
+            except queue.Empty:
+                break
+            with self._inflight_lock:
+                held = item is STOP or self._flight_of(item) is not None
+            if held:
+                kept.append(item)
+        for item in kept:
+            self._work.put(item)
 
     def _execute(self, job: Job) -> None:
         self._deferred.job_id = None
