@@ -5,7 +5,8 @@
     worker/
     ├── process.py    Worker: run() starts the threads, the dispatcher loop (lease, reap,
     │                 periodic jobs, burst end), signals, stop, shutdown; jobs leased
-    │                 ahead and not started are released at once (Observer.released)
+    │                 ahead and not started are released at once (Observer.released);
+    │                 a dispatcher that dies of a non-storage error stops the same way
     ├── core.py       WorkerCore: options, the in-flight table (InFlight), WorkerStats,
     │                 the thread events every part shares
     ├── lease.py      Leasing: lease for the free slots with job.leased, route the version,
