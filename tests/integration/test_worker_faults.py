@@ -1,4 +1,6 @@
-"""A job whose start raises an unexpected error leaves the worker cleanly: given back to
+"""Errors that are not the database's, in a worker's start of a job and in its dispatcher.
+
+A job whose start raises an unexpected error leaves the worker cleanly: given back to
 the queue unstarted, forgotten, told to the observers (``released``, reason ``error``), the
 error logged with its traceback.
 
@@ -6,9 +8,13 @@ Before, an error other than a ``ReplayqError`` out of ``Executing._start`` left 
 never run, never given back, its lease extended by every heartbeat for as long as the
 worker lived, its slot taken, the observers told nothing (a burst run never ended).
 
-The fault is the app's own: its clock (``App(clock=...)``), which judges leases when it is
-not the system clock, fails once, on the executor's first reading, which is the start's
-look at the lease it holds. A real worker ``run()`` (burst) on real databases.
+A dispatcher that dies stops the worker as a stop does: its jobs held ahead are given back
+unstarted and told to the observers as ``released`` (``stopped``). Before, nothing was
+given back unstarted and the observers heard nothing of them.
+
+Each fault is the app's own: its clock (``App(clock=...)``; a frozen one judges leases)
+fails once, on the executor's first reading (the start's look at the lease it holds), or
+on the dispatcher's thread. A real worker ``run()`` on real databases.
 """
 
 from __future__ import annotations
@@ -110,3 +116,94 @@ def test_a_job_whose_start_raises_is_given_back_unstarted(
     assert logged, [r.getMessage() for r in caplog.records]
     assert isinstance(logged[0].exc_info[1], OSError)  # type: ignore[index]
     assert "not started" in logged[0].getMessage()
+
+
+class FailingOnceOnThread(replayq.FrozenClock):
+    """A frozen clock whose next reading on the thread named ``thread`` fails, once armed."""
+
+    def __init__(self, thread: str) -> None:
+        super().__init__()
+        self.thread = thread
+        self.armed = threading.Event()
+        self.failed = threading.Event()
+
+    def now(self) -> float:
+        if self.armed.is_set() and threading.current_thread().name == self.thread:
+            self.armed.clear()
+            self.failed.set()
+            raise RuntimeError("the clock source failed")
+        return super().now()
+
+
+def test_a_dispatcher_that_dies_gives_back_the_held_jobs_to_the_observers_too(
+    app_factory: AppFactory,
+) -> None:
+    """The dispatcher runs on the thread that called ``run()``; its clock fails while the
+    worker runs one job and holds three ahead: those three are given back unstarted and
+    told to the observers as ``released`` (``stopped``), the running one finishes in the
+    grace, and ``run()`` raises the error. (``tests/acceptance/
+    test_shutdown_dispatcher_fault.py`` does it to a real worker process.)"""
+    clock = FailingOnceOnThread("runner")
+    app = app_factory(clock=clock)
+    entered, finish = threading.Event(), threading.Event()
+
+    @app.job("block", lease="30s", heartbeat="10s")
+    def block(ctx: replayq.Context) -> None:
+        entered.set()
+        assert finish.wait(30), "the test never let the blocking job finish"
+
+    @app.job("ok", lease="30s", heartbeat="10s")
+    def ok(ctx: replayq.Context, n: int) -> int:
+        return n
+
+    first = app.enqueue("block", {})
+    held = [app.enqueue("ok", {"n": n}) for n in range(3)]
+    ledger = Ledger()
+    worker = replayq.Worker(
+        app,
+        worker_id="w",
+        concurrency=1,
+        prefetch=3,
+        prefetch_window=float("inf"),
+        poll_interval=0.05,
+        grace_period=20,
+        observers=[ledger],
+    )
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:
+            raised.append(exc)
+
+    runner = threading.Thread(target=run, name="runner")
+    runner.start()
+    try:
+        assert entered.wait(30), "the worker never started the blocking job"
+        deadline = threading.Event()
+        for _ in range(200):
+            with worker._inflight_lock:
+                if len(worker._inflight) == 4:
+                    break
+            deadline.wait(0.05)
+        assert len(worker._inflight) == 4, "the premise: one job running, three held ahead"
+        clock.armed.set()
+        for _ in range(200):
+            with ledger.lock:
+                if len(ledger.released_ids) == 3:
+                    break
+            deadline.wait(0.05)
+        assert clock.failed.is_set(), "the fault never happened"
+        assert ledger.released_ids == {job_id: ["stopped"] for job_id in held}
+    finally:
+        finish.set()
+        runner.join(30)
+    assert not runner.is_alive()
+    assert [type(exc) for exc in raised] == [RuntimeError]
+    assert ledger.settled_ids == Counter([first])
+    assert app.get_job(first).state is replayq.JobState.SUCCEEDED
+    for job_id in held:
+        job = app.get_job(job_id)
+        assert (job.state, job.attempt) == (replayq.JobState.QUEUED, 0)
+    assert not worker._inflight
