@@ -225,18 +225,19 @@ class Executing(Acking, Heartbeat):
     def _unqueue_unheld(self) -> None:
         """Take off the executors' queue the jobs no longer held (run inline, outside
         ``run()``: nothing else takes them), the others left in their order."""
+        work = self._work
         kept = []
-        while True:
+        while not work.empty():  # no ``queue.Empty`` raised once it is (one per inline job)
             try:
-                item = self._work.get_nowait()
-            except queue.Empty:
+                item = work.get_nowait()
+            except queue.Empty:  # another thread took it (``execute`` from several threads)
                 break
             with self._inflight_lock:
                 held = item is STOP or self._flight_of(item) is not None
             if held:
                 kept.append(item)
         for item in kept:
-            self._work.put(item)
+            work.put(item)
 
     def _execute(self, job: Job) -> None:
         self._deferred.job_id = None
