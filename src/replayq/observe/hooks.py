@@ -22,6 +22,9 @@ class ReleaseReason(StrEnum):
     # It waited past its lease and was not renewed (the database away, the job asked to
     # stop, or a fixed visibility timeout, never renewed): dropped unrun, reaped later.
     NOT_RENEWED = "not_renewed"
+    # Its start raised an unexpected error (a bug, the app's clock failing): given back to
+    # the queue unstarted (or, the database away, left to be reaped), the error logged.
+    ERROR = "error"
 
 
 class Observer:
@@ -34,17 +37,17 @@ class Observer:
     whose ack waits for a group commit (``worker/acks.py``), on the thread that
     commits the group, after its events went to ``events`` — possibly before
     ``attempt`` has ended. An observer ends its view of the attempt in ``settled``.
-    ``job_seen`` names a job the worker handles without running it (leased, reaped),
-    so its events can be labelled. ``released(job, reason)`` follows, once, for a job
-    the worker leased (``job_seen``) and lets go of without an attempt, so with no
-    ``attempt`` and no ``settled``: given back unstarted when the worker stops, or
-    dropped unrun because its lease was lost or not renewed while it waited, leased
-    ahead (``ReleaseReason``). Every leased job ends in exactly one of ``settled`` (after
-    its attempt) and ``released``; an observer that keeps something per leased job
-    forgets it in both. ``events`` receives the trace events of every committed
+    ``job_seen`` names a job the worker handles without running it (leased, reaped), so its
+    events can be labelled. ``released(job, reason)`` follows, once, for a job the worker
+    leased (``job_seen``) and lets go of without an attempt, so with no ``attempt`` and no
+    ``settled``: given back unstarted when the worker stops (or its start raised an
+    unexpected error), or dropped unrun because its lease was lost or not renewed while it
+    waited, leased ahead (``ReleaseReason``). Every leased job ends in exactly one of
+    ``settled`` (after its attempt) and ``released``; an observer that keeps something per
+    leased job forgets it in both. ``events`` receives the trace events of every committed
     transaction of the process, on the committing thread. An observer written before
-    ``released`` existed (one not subclassing ``Observer`` that lacks it) still works:
-    a hook it does not define is not called.
+    ``released`` existed (one not subclassing ``Observer`` that lacks it) still works: a
+    hook it does not define is not called.
     """
 
     def attempt(self, job: Job, worker_id: str) -> AbstractContextManager[None]:

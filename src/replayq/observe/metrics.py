@@ -265,7 +265,8 @@ class WorkerMetrics(Observer):
         self.released_jobs = Counter(
             "replayq_jobs_released",
             "Leased jobs this worker let go of without running them, by reason (stopped: "
-            "given back at stop; lost: taken while they waited; not_renewed).",
+            "given back at stop; lost: taken while they waited; not_renewed; error: their "
+            "start raised).",
             (*BASE_LABELS, "reason"),
             registry=self.registry,
         )

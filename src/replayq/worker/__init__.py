@@ -5,7 +5,8 @@
     worker/
     ├── process.py    Worker: run() starts the threads, the dispatcher loop (lease, reap,
     │                 periodic jobs, burst end), signals, stop, shutdown; jobs leased
-    │                 ahead and not started are released at once (Observer.released)
+    │                 ahead and not started are released at once (Observer.released);
+    │                 a dispatcher that dies of a non-storage error stops the same way
     ├── core.py       WorkerCore: options, the in-flight table (InFlight), WorkerStats,
     │                 the thread events every part shares
     ├── lease.py      Leasing: lease for the free slots with job.leased, route the version,
@@ -14,7 +15,8 @@
     │                 the renew of a held job whose lease may have run out before it starts
     ├── execute.py    Executing: the executor threads; a held job started only while its
     │                 lease is surely held (else renewed first, or dropped unrun if lost:
-    │                 Observer.released);
+    │                 Observer.released); one whose start raised given back unstarted;
+    │                 execute(): the inline path, the job forgotten once settled;
     │                 one attempt through its handler under a Context over a LiveWorld;
     │                 shadow comparisons
     ├── event_loop.py EventLoopThread: the one asyncio loop every async def handler runs on

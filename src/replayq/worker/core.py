@@ -67,10 +67,12 @@ class InFlight(Struct):
     # or its lease was found lost (after ``lost``): the handler's cancel points read it.
     cancel: LostFlag = field(default_factory=LostFlag)
     ctx: Context | None = None
-    # Set (under ``_inflight_lock``) when an executor takes the job up: a held job not yet
-    # started is one leased ahead (``prefetch``), given back at once when the worker stops.
+    # Set (under ``_inflight_lock``) when an executor (or ``execute()``) takes the job up: a
+    # held job not yet started is one leased ahead (``prefetch``), given back at once when
+    # the worker stops.
     running: bool = False
-    # Set (under ``_inflight_lock``) when the stopping worker gives the unstarted job back.
+    # Set (under ``_inflight_lock``) when the worker gives the unstarted job back (it stops,
+    # or the job's start raised).
     releasing: bool = False
     # Set when its success waits in memory for a group commit: it keeps its slot and its
     # lease is still heartbeated until the ack commits.

@@ -2,7 +2,8 @@
 
 A held job is started only while its lease is surely held (``InFlight.held_until``): a
 worker that stalled while jobs waited in it renews their leases first and drops unrun
-the jobs another worker took meanwhile (``_start``).
+the jobs another worker took meanwhile (``_start``); a job whose start raised is given
+back to the queue unstarted (``_unstartable``).
 
 An attempt builds the job's ``Context`` over a ``LiveWorld``, runs the handler
 (an ``async def`` one on the thread's own event loop) and hands the result to one
@@ -48,7 +49,7 @@ class Executing(Acking, Heartbeat):
             started = False
             try:
                 began = time.monotonic()
-                started = self._start(item, began)
+                started = self._start_or_give_back(item, began)
                 if started:
                     self._execute(item)
                     self._ran_for(time.monotonic() - began)
@@ -58,6 +59,49 @@ class Executing(Acking, Heartbeat):
                 if started:
                     self._ran(item)
             item = self._next_work()
+
+    def _start_or_give_back(self, job: Job, now: float) -> bool:
+        """``_start``; if it raises (a bug, an app's clock erring: not a refusal it
+        decided), the job leaves the worker unstarted (``_unstartable``) and ``False``."""
+        try:
+            return self._start(job, now)
+        except Exception as exc:
+            self._unstartable(job, exc)
+            return False
+
+    def _unstartable(self, job: Job, exc: Exception) -> None:
+        """A held job whose start raised: given back to the queue unstarted (attempt and
+        budget as before, ``lease.released`` with ``started: false`` naming the error),
+        forgotten, the observers told (``ReleaseReason.ERROR``), the error logged with its
+        traceback. Never left held: its lease would be extended by every beat while it
+        ran nowhere. Unstarted, it is not the job's failure: no attempt is counted (the
+        next lease, this worker's or another's, starts it). If the database refuses the
+        release, it stays ``running`` and is reaped after its lease."""
+        with self._inflight_lock:
+            flight = self._flight_of(job)
+            # Dropped already (its lease lost), taken up, or being given back by the stop.
+            ours = flight is not None and not (flight.running or flight.releasing)
+            if flight is not None and ours:
+                flight.releasing = True
+        log.error(
+            "worker %s: job %s could not be started (%s); not started%s",
+            self.worker_id,
+            job.id,
+            type(exc).__name__,
+            ", given back to the queue" if ours else "",
+            exc_info=exc,
+        )
+        if flight is None or not ours:
+            return
+        try:
+            self._release_all(
+                [job], f"the worker could not start the job ({type(exc).__name__})", started=False
+            )
+        except Exception:
+            log.exception("worker %s: job %s could not be given back", self.worker_id, job.id)
+        self._forget(job)
+        lost = flight.lost.is_set()
+        self.observers.released(job, ReleaseReason.LOST if lost else ReleaseReason.ERROR)
 
     def _start(self, job: Job, now: float) -> bool:
         """Mark a held job started; ``False`` if the worker is stopping and gives it back
@@ -77,7 +121,8 @@ class Executing(Acking, Heartbeat):
             now = self._lease_clock()  # the app's clock judges leases (a test's)
         with self._inflight_lock:
             flight = self._flight_of(job)
-            if flight is None or flight.releasing or self._stopping.is_set():
+            # Running already: ``execute()`` took it up (the inline path).
+            if flight is None or flight.running or flight.releasing or self._stopping.is_set():
                 return False
             if now < flight.held_until:
                 flight.running = True
@@ -159,8 +204,40 @@ class Executing(Acking, Heartbeat):
         return job
 
     def execute(self, job: Job) -> None:
-        """Run one leased job to a settled state (succeeded, retry scheduled, or dead)."""
-        self._execute(job)
+        """Run one leased job to a settled state (succeeded, retry scheduled, or dead).
+
+        The inline path (``lease()`` then ``execute(job)``; ``replayq.testing.run_inline``):
+        the worker then forgets the job as it does after an executor's attempt (its slot
+        free, its lease no longer beaten nor given back at a stop), and outside ``run()``
+        takes it off the executors' queue its lease put it on, so a loop of inline jobs
+        keeps nothing of them and a later ``run()`` does not start them again."""
+        with self._inflight_lock:
+            flight = self._flight_of(job)
+            if flight is not None:
+                flight.running = True  # taken up: an executor does not start it too
+        try:
+            self._execute(job)
+        finally:
+            self._ran(job)
+            if not self._grouping:
+                self._unqueue_unheld()
+
+    def _unqueue_unheld(self) -> None:
+        """Take off the executors' queue the jobs no longer held (run inline, outside
+        ``run()``: nothing else takes them), the others left in their order."""
+        work = self._work
+        kept = []
+        while not work.empty():  # no ``queue.Empty`` raised once it is (one per inline job)
+            try:
+                item = work.get_nowait()
+            except queue.Empty:  # another thread took it (``execute`` from several threads)
+                break
+            with self._inflight_lock:
+                held = item is STOP or self._flight_of(item) is not None
+            if held:
+                kept.append(item)
+        for item in kept:
+            work.put(item)
 
     def _execute(self, job: Job) -> None:
         self._deferred.job_id = None

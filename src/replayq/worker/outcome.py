@@ -18,6 +18,7 @@ from replayq.errors import (
     EffectInDoubtError,
     FailureClass,
     LeaseLostError,
+    StorageError,
     classify,
 )
 from replayq.model import DeadReason, Job, TraceEvent
@@ -195,6 +196,25 @@ class Outcomes(Settling, Leasing):
         )
         tx.trace_append([released])
         return True
+
+    def _release_all(self, jobs: list[Job], reason: str, *, started: bool = True) -> None:
+        """Give ``jobs`` back to the queue in one transaction, each with ``lease.released``;
+        if the database refuses, they stay running and are reaped after their lease."""
+        if not jobs:
+            return
+        released = 0
+        try:
+            with self.runtime.storage.transaction() as tx:
+                released = sum(self._release_in(tx, job, reason, started=started) for job in jobs)
+        except StorageError as exc:
+            log.warning(
+                "worker %s: could not release jobs %s (%s); they are reaped after their lease",
+                self.worker_id,
+                [job.id for job in jobs],
+                exc,
+            )
+            return
+        self.stats.released += released
 
     def _fail(
         self, job: Job, handler: Handler, ctx: Context, exc: Exception, duration: float

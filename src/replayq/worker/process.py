@@ -6,10 +6,12 @@ to ``concurrency`` executor threads. Successes are acked in groups (``acks.py``)
 on a busy queue an executor with nothing left to run commits the acks waiting in
 memory and leases the slots they free in the same transaction (one commit per
 batch). One heartbeat extends every lease held, in one statement. On stop, jobs
-leased ahead and not started go back to the queue at once. Every write about a job
-is a compare-and-set on (job id, owner token): a worker that lost its lease cannot
-change the job's state. The dispatcher also runs the scheduler of the app's periodic
-jobs (off with ``scheduler=False``, ``--no-scheduler``) between its looks for work.
+leased ahead and not started go back to the queue at once; a dispatcher that dies of
+an error other than a ``StorageError`` stops the worker the same way (``run`` then
+raises it). Every write about a job is a compare-and-set on (job id, owner token): a
+worker that lost its lease cannot change the job's state. The dispatcher also runs the
+scheduler of the app's periodic jobs (off with ``scheduler=False``, ``--no-scheduler``)
+between its looks for work.
 """
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from types import FrameType
 from typing import Any
 
 from replayq.errors import DatabaseUnavailableError, StorageError
-from replayq.model import Job
 from replayq.observe.hooks import ReleaseReason
 from replayq.queue.catalog import register_contracts
 from replayq.storage.protocol import Autocommit, Listener
@@ -55,7 +56,12 @@ class Worker(Executing, Reaping):
         ones get ``grace_period`` to finish, then are released."""
         if self._stopping.is_set():
             self._force.set()
-        else:
+        self._stop_leasing()
+
+    def _stop_leasing(self) -> None:
+        """The stop, less a second one's force: also how a run whose dispatcher died
+        stops (``_run``), the grace counting from the first of the two."""
+        if not self._stopping.is_set():
             self._stop_requested = time.monotonic()  # the grace period counts from here
         self._stopping.set()
         self._wake.set()
@@ -105,6 +111,13 @@ class Worker(Executing, Reaping):
         self.notifier = storage.listen(self._on_notify) if isinstance(storage, Listener) else None
         try:
             self._dispatch()
+        except BaseException:
+            # Not the database's (a bug, an app's clock or registry erring): the worker
+            # stops as a stop does (its jobs held ahead given back unstarted at once, the
+            # running ones the grace period), then ``run`` raises it.
+            log.exception("worker %s: the dispatcher failed; stopping", self.worker_id)
+            self._stop_leasing()
+            raise
         finally:
             if self.notifier is not None:
                 self.notifier.close()
@@ -265,22 +278,3 @@ class Worker(Executing, Reaping):
             self.observers.released_all(
                 [f.job for f in unstarted if not f.lost.is_set()], ReleaseReason.STOPPED
             )
-
-    def _release_all(self, jobs: list[Job], reason: str, *, started: bool = True) -> None:
-        """Give ``jobs`` back to the queue in one transaction, each with ``lease.released``;
-        if the database refuses, they stay running and are reaped after their lease."""
-        if not jobs:
-            return
-        released = 0
-        try:
-            with self.runtime.storage.transaction() as tx:
-                released = sum(self._release_in(tx, job, reason, started=started) for job in jobs)
-        except StorageError as exc:
-            log.warning(
-                "worker %s: could not release jobs %s (%s); they are reaped after their lease",
-                self.worker_id,
-                [job.id for job in jobs],
-                exc,
-            )
-            return
-        self.stats.released += released

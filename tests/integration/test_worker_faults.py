@@ -1,0 +1,209 @@
+"""Errors that are not the database's, in a worker's start of a job and in its dispatcher.
+
+A job whose start raises an unexpected error leaves the worker cleanly: given back to
+the queue unstarted, forgotten, told to the observers (``released``, reason ``error``), the
+error logged with its traceback.
+
+Before, an error other than a ``ReplayqError`` out of ``Executing._start`` left the job held:
+never run, never given back, its lease extended by every heartbeat for as long as the
+worker lived, its slot taken, the observers told nothing (a burst run never ended).
+
+A dispatcher that dies stops the worker as a stop does: its jobs held ahead are given back
+unstarted and told to the observers as ``released`` (``stopped``). Before, nothing was
+given back unstarted and the observers heard nothing of them.
+
+Each fault is the app's own: its clock (``App(clock=...)``; a frozen one judges leases)
+fails once, on the executor's first reading (the start's look at the lease it holds), or
+on the dispatcher's thread. A real worker ``run()`` on real databases.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+
+import pytest
+
+import replayq
+
+AppFactory = Callable[..., replayq.App]
+
+
+class FailingOnceOnAnExecutor(replayq.FrozenClock):
+    """A frozen clock whose first reading on an executor thread fails (a clock source erring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = threading.Event()
+
+    def now(self) -> float:
+        if threading.current_thread().name.startswith("replayq-exec-") and not self.failed.is_set():
+            self.failed.set()
+            raise OSError("the clock source is unavailable")
+        return super().now()
+
+
+class Ledger(replayq.Observer):
+    def __init__(self) -> None:
+        self.attempts: Counter[int] = Counter()
+        self.settled_ids: Counter[int] = Counter()
+        self.released_ids: dict[int, list[str]] = {}
+        self.lock = threading.Lock()
+
+    def attempt(self, job: replayq.Job, worker_id: str) -> AbstractContextManager[None]:
+        with self.lock:
+            self.attempts[job.id] += 1
+        return nullcontext()
+
+    def settled(self, job: replayq.Job) -> None:
+        with self.lock:
+            self.settled_ids[job.id] += 1
+
+    def released(self, job: replayq.Job, reason: replayq.ReleaseReason) -> None:
+        with self.lock:
+            self.released_ids.setdefault(job.id, []).append(str(reason))
+
+
+def test_a_job_whose_start_raises_is_given_back_unstarted(
+    app_factory: AppFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = FailingOnceOnAnExecutor()
+    app = app_factory(clock=clock)
+    ran: list[int] = []
+
+    @app.job("ok", lease="30s", heartbeat="0.1s")
+    def ok(ctx: replayq.Context, n: int) -> int:
+        ran.append(n)
+        return n
+
+    job_id = app.enqueue("ok", {"n": 1})
+    ledger = Ledger()
+    worker = replayq.Worker(app, worker_id="w", burst=True, poll_interval=0.05, observers=[ledger])
+    caplog.set_level(logging.ERROR, logger="replayq.worker")
+    runner = threading.Thread(target=worker.run, name="burst")
+    runner.start()
+    runner.join(10)
+    stuck = runner.is_alive()
+    if stuck:
+        worker.stop()
+        worker.stop()  # forced: no grace
+        runner.join(30)
+    assert clock.failed.is_set(), "the fault never happened"
+    assert not stuck, "the burst run never ended: the job stayed held"
+
+    # Given back unstarted, then leased again and run once.
+    job = app.get_job(job_id)
+    assert job.state is replayq.JobState.SUCCEEDED and ran == [1]
+    assert job.attempt == 1, "the start that failed counted an attempt"
+    names = [e.name for e in app.trace(job_id)]
+    assert names == ["job.enqueued", "job.leased", "lease.released", "job.leased", "job.succeeded"]
+    (released,) = [e for e in app.trace(job_id) if e.name == "lease.released"]
+    assert released.worker_id == "w" and released.data["started"] is False
+    assert "OSError" in released.data["reason"]
+    assert not [e for e in app.trace(job_id) if e.name in ("lease.extended", "lease.lost")]
+
+    # The observers heard it left unrun, then its one attempt settle.
+    assert ledger.released_ids == {job_id: ["error"]}
+    assert ledger.attempts == ledger.settled_ids == Counter([job_id])
+    assert worker.stats.released == 1 and worker.stats.leased == 2
+    assert not worker._inflight
+
+    # The error is logged with its traceback.
+    logged = [r for r in caplog.records if r.exc_info and f"job {job_id}" in r.getMessage()]
+    assert logged, [r.getMessage() for r in caplog.records]
+    assert isinstance(logged[0].exc_info[1], OSError)  # type: ignore[index]
+    assert "not started" in logged[0].getMessage()
+
+
+class FailingOnceOnThread(replayq.FrozenClock):
+    """A frozen clock whose next reading on the thread named ``thread`` fails, once armed."""
+
+    def __init__(self, thread: str) -> None:
+        super().__init__()
+        self.thread = thread
+        self.armed = threading.Event()
+        self.failed = threading.Event()
+
+    def now(self) -> float:
+        if self.armed.is_set() and threading.current_thread().name == self.thread:
+            self.armed.clear()
+            self.failed.set()
+            raise RuntimeError("the clock source failed")
+        return super().now()
+
+
+def test_a_dispatcher_that_dies_gives_back_the_held_jobs_to_the_observers_too(
+    app_factory: AppFactory,
+) -> None:
+    """The dispatcher runs on the thread that called ``run()``; its clock fails while the
+    worker runs one job and holds three ahead: those three are given back unstarted and
+    told to the observers as ``released`` (``stopped``), the running one finishes in the
+    grace, and ``run()`` raises the error. (``tests/acceptance/
+    test_shutdown_dispatcher_fault.py`` does it to a real worker process.)"""
+    clock = FailingOnceOnThread("runner")
+    app = app_factory(clock=clock)
+    entered, finish = threading.Event(), threading.Event()
+
+    @app.job("block", lease="30s", heartbeat="10s")
+    def block(ctx: replayq.Context) -> None:
+        entered.set()
+        assert finish.wait(30), "the test never let the blocking job finish"
+
+    @app.job("ok", lease="30s", heartbeat="10s")
+    def ok(ctx: replayq.Context, n: int) -> int:
+        return n
+
+    first = app.enqueue("block", {})
+    held = [app.enqueue("ok", {"n": n}) for n in range(3)]
+    ledger = Ledger()
+    worker = replayq.Worker(
+        app,
+        worker_id="w",
+        concurrency=1,
+        prefetch=3,
+        prefetch_window=float("inf"),
+        poll_interval=0.05,
+        grace_period=20,
+        observers=[ledger],
+    )
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:
+            raised.append(exc)
+
+    runner = threading.Thread(target=run, name="runner")
+    runner.start()
+    try:
+        assert entered.wait(30), "the worker never started the blocking job"
+        deadline = threading.Event()
+        for _ in range(200):
+            with worker._inflight_lock:
+                if len(worker._inflight) == 4:
+                    break
+            deadline.wait(0.05)
+        assert len(worker._inflight) == 4, "the premise: one job running, three held ahead"
+        clock.armed.set()
+        for _ in range(200):
+            with ledger.lock:
+                if len(ledger.released_ids) == 3:
+                    break
+            deadline.wait(0.05)
+        assert clock.failed.is_set(), "the fault never happened"
+        assert ledger.released_ids == {job_id: ["stopped"] for job_id in held}
+    finally:
+        finish.set()
+        runner.join(30)
+    assert not runner.is_alive()
+    assert [type(exc) for exc in raised] == [RuntimeError]
+    assert ledger.settled_ids == Counter([first])
+    assert app.get_job(first).state is replayq.JobState.SUCCEEDED
+    for job_id in held:
+        job = app.get_job(job_id)
+        assert (job.state, job.attempt) == (replayq.JobState.QUEUED, 0)
+    assert not worker._inflight
