@@ -17,8 +17,14 @@ watcher's polls) follow the timing, by up to ~±50 K a job between runs of one t
 Each thread's own count is printed as well (``--separate-threads``): the executor's is
 the recording's part, the others are the queue's.
 
+``--backend postgres`` drains in a fresh schema of ``--pg-url`` (default
+``$REPLAYQ_TEST_PG``) instead, each drain its own: the count is the client's alone (the
+server's work is another process's), which the machine's load does not move where the
+timed PostgreSQL row of ``context_overhead`` does.
+
     python benchmarks/context_instructions.py [--jobs 120] [--base 20] [--inline]
                                               [--sides traced,plain] [--json]
+                                              [--backend sqlite|postgres] [--pg-url URL]
 
 The tree measured is the one ``replayq`` is imported from: ``PYTHONPATH=<tree>/src``. Run
 ``python -m compileall -q <tree>/src`` first (the environment sets
@@ -37,7 +43,7 @@ import sys
 import tempfile
 from collections.abc import Sequence
 
-from machine import callgrind_count, commit, load_average
+from machine import PG_URL, PgSchemas, callgrind_count, commit, load_average
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -48,7 +54,10 @@ sys.path.insert(0, {bench!r})
 from pathlib import Path
 import context_overhead as co
 import replayq
-place = co.Place("sqlite", "sqlite:///" + {path!r}, Path({path!r}), "")
+if {url!r}:
+    place = co.Place("postgres", {url!r}, None, {url!r})
+else:
+    place = co.Place("sqlite", "sqlite:///" + {path!r}, Path({path!r}), "")
 app, db = co.open_app({side!r}, place, {lines})
 """
 CLOSING = """
@@ -57,7 +66,13 @@ if db is not None:
     db.close()
 """
 
-SETUP = PRELUDE + "app.enqueue_many(co.requests({jobs}))\n" + CLOSING
+# A PostgreSQL schema is migrated explicitly (as ``context_overhead.drain`` does).
+SETUP = (
+    "import replayq\nif {url!r}:\n    replayq.App({url!r}).schema_upgrade()\n"
+    + PRELUDE
+    + "app.enqueue_many(co.requests({jobs}))\n"
+    + CLOSING
+)
 
 WORKER = (
     PRELUDE
@@ -88,12 +103,17 @@ assert done == {jobs}, done
 )
 
 
-def counted(side: str, jobs: int, lines: int, inline: bool) -> tuple[int, list[int]]:
+def counted(
+    side: str, jobs: int, lines: int, inline: bool, schemas: PgSchemas | None = None
+) -> tuple[int, list[int]]:
     """Instructions of one drain of ``jobs`` fresh jobs: the whole process's, and each
-    thread's (in the order callgrind numbers them)."""
+    thread's (in the order callgrind numbers them). With ``schemas``, on PostgreSQL in a
+    fresh schema."""
     with tempfile.TemporaryDirectory() as directory:
         path = os.path.join(directory, "queue.db")
-        fields = {"bench": HERE, "path": path, "side": side, "jobs": jobs, "lines": lines}
+        url = schemas.fresh(f"ci_{side}") if schemas is not None else ""
+        fields = {"bench": HERE, "path": path, "url": url, "side": side, "jobs": jobs}
+        fields["lines"] = lines
         subprocess.run([sys.executable, "-c", SETUP.format(**fields)], check=True)
         code = (INLINE if inline else WORKER).format(**fields)
         out = os.path.join(directory, "callgrind.out")
@@ -117,22 +137,31 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--sides", default="traced,plain", help="comma-separated sides")
     parser.add_argument("--inline", action="store_true", help="lease + execute on one thread")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--backend", choices=("sqlite", "postgres"), default="sqlite")
+    parser.add_argument("--pg-url", default=PG_URL, help="PostgreSQL server (--backend postgres)")
     opts = parser.parse_args(argv)
     if opts.jobs <= opts.base:
         parser.error("--jobs must be more than --base")
     span = opts.jobs - opts.base
     per_job: dict[str, float] = {}
     per_thread: dict[str, list[float]] = {}
-    for side in opts.sides.split(","):
-        small, small_threads = counted(side, opts.base, opts.lines, opts.inline)
-        large, large_threads = counted(side, opts.jobs, opts.lines, opts.inline)
-        per_job[side] = (large - small) / span
-        # A thread started in one drain and not the other (none so far) is left out.
-        pairs = zip(small_threads, large_threads, strict=False)
-        per_thread[side] = [(b - a) / span for a, b in pairs]
-        if not opts.json:
-            threads = " ".join(f"{v / 1e6:.3f}" for v in per_thread[side])
-            print(f"{side}: {per_job[side] / 1e6:.3f} M instructions a job (threads: {threads})")
+    schemas = PgSchemas(opts.pg_url) if opts.backend == "postgres" else None
+    try:
+        for side in opts.sides.split(","):
+            small, small_threads = counted(side, opts.base, opts.lines, opts.inline, schemas)
+            large, large_threads = counted(side, opts.jobs, opts.lines, opts.inline, schemas)
+            per_job[side] = (large - small) / span
+            # A thread started in one drain and not the other (none so far) is left out.
+            pairs = zip(small_threads, large_threads, strict=False)
+            per_thread[side] = [(b - a) / span for a, b in pairs]
+            if not opts.json:
+                threads = " ".join(f"{v / 1e6:.3f}" for v in per_thread[side])
+                print(
+                    f"{side}: {per_job[side] / 1e6:.3f} M instructions a job (threads: {threads})"
+                )
+    finally:
+        if schemas is not None:
+            schemas.drop_all()
     if "traced" in per_job and "plain" in per_job:
         overhead = per_job["traced"] / per_job["plain"] - 1
         if not opts.json:
@@ -141,6 +170,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         figures = {
             "benchmark": "context_instructions",
             "path": "inline" if opts.inline else "worker",
+            "backend": opts.backend,
             "commit": commit(),
             "load_average": load_average(),
             "jobs": [opts.base, opts.jobs],
