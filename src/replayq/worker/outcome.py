@@ -38,6 +38,7 @@ from replayq.storage.protocol import (
     Transaction,
 )
 from replayq.storage.reconnect import cause_of
+from replayq.worker.core import InFlight
 from replayq.worker.lease import Leasing
 from replayq.worker.settle import Settling
 
@@ -215,6 +216,26 @@ class Outcomes(Settling, Leasing):
             )
             return
         self.stats.released += released
+
+    def _give_back_unstarted(self, flights: Sequence[InFlight], reason: str) -> None:
+        """Give back held jobs not started (each marked ``releasing`` by the caller) and
+        forget them, under their ``beat`` locks, as a settle holds its job's: a beat under
+        way ends first, and none extends them after (``Heartbeat._extend`` skips a flight
+        being given back). Without the locks, a beat that had listed them before they were
+        forgotten ran its compare-and-set after the release committed, found the lease gone
+        and traced ``lease.lost`` for a job given back cleanly. In one order of job ids, as
+        a group commit takes its beats: two threads never wait on each other's."""
+        ordered = sorted(flights, key=lambda f: f.job.id)
+        for flight in ordered:
+            flight.beat.acquire()
+        try:
+            try:
+                self._release_all([f.job for f in ordered], reason, started=False)
+            finally:
+                self._forget_all([f.job for f in ordered])
+        finally:
+            for flight in ordered:
+                flight.beat.release()
 
     def _fail(
         self, job: Job, handler: Handler, ctx: Context, exc: Exception, duration: float
