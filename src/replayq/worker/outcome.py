@@ -200,7 +200,10 @@ class Outcomes(Settling, Leasing):
 
     def _release_all(self, jobs: list[Job], reason: str, *, started: bool = True) -> None:
         """Give ``jobs`` back to the queue in one transaction, each with ``lease.released``;
-        if the database refuses, they stay running and are reaped after their lease."""
+        if the database refuses, they stay running and are reaped after their lease. So
+        they do if it raised another error (a bug, the app's clock erring: logged with its
+        traceback), never raised: a stop whose dispatcher died of that very error still
+        winds its run down (``Worker._shutdown``)."""
         if not jobs:
             return
         released = 0
@@ -213,6 +216,13 @@ class Outcomes(Settling, Leasing):
                 self.worker_id,
                 [job.id for job in jobs],
                 exc,
+            )
+            return
+        except Exception:
+            log.exception(
+                "worker %s: could not release jobs %s; they are reaped after their lease",
+                self.worker_id,
+                [job.id for job in jobs],
             )
             return
         self.stats.released += released
