@@ -178,3 +178,41 @@ def test_a_job_whose_start_raised_is_not_beaten_after_it_is_given_back(
     (given_back,) = errored
     assert ledger.released_ids[given_back] == ["error"] and given_back in held
     assert _lost(app, [given_back]) == {}, "a job given back cleanly was traced as its lease lost"
+
+
+class SlowToHear(replayq.Observer):
+    """An observer that takes its time over ``settled`` (a log shipper, a slow exporter)."""
+
+    def settled(self, job: replayq.Job) -> None:
+        threading.Event().wait(0.4)
+
+
+def test_a_settled_job_is_not_beaten_while_its_executor_finishes(
+    app_factory: AppFactory,
+) -> None:
+    """A job's settle commits (here its death), then its executor tells the observers and
+    releases its context before forgetting the job: meanwhile a beat extended its lease,
+    found it gone and traced ``lease.lost`` after ``job.dead`` (and counted it in
+    ``replayq_leases_lost_total``). Settled under its ``beat``, it is beaten no more."""
+    app = app_factory()
+
+    @app.job("no", lease="30s", heartbeat="0.05s", retry=replayq.Retry(max_attempts=1))
+    def no(ctx: replayq.Context, n: int) -> None:
+        raise replayq.ValidationError("never valid")
+
+    ids = [app.enqueue("no", {"n": n}) for n in range(2)]
+    worker = replayq.Worker(
+        app, worker_id="w", concurrency=1, burst=True, poll_interval=0.05, observers=[SlowToHear()]
+    )
+    runner = threading.Thread(target=worker.run, name="burst")
+    runner.start()
+    runner.join(20)
+    stuck = runner.is_alive()
+    if stuck:
+        worker.stop()
+        worker.stop()
+        runner.join(30)
+    assert not stuck
+    for job_id in ids:
+        names = [e.name for e in app.trace(job_id)]
+        assert names == ["job.enqueued", "job.leased", "job.failed", "job.dead"], names

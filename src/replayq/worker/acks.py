@@ -345,6 +345,8 @@ class Acking(Outcomes):
                     else:
                         tx.trace_append(events)
                     _held(acks, held())
+            for flight in flights:
+                flight.ended = True  # acked, under its ``beat``: beaten no more
             self._hold(leased, leased_at, held_at)
         finally:
             if leasing:

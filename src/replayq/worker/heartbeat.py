@@ -144,9 +144,10 @@ class Heartbeat(WorkerCore):
                     # Lost for good (the owner token was this lease's): no beat, no second
                     # ``lease.lost``.
                     continue
-                if flight.releasing:
+                if flight.releasing or flight.ended:
                     # Given back unstarted, under this ``beat`` (read under it): released
-                    # already, or once this beat ends (``Outcomes._give_back_unstarted``).
+                    # already, or once this beat ends (``Outcomes._give_back_unstarted``);
+                    # or settled (``Settling._settle``, a group's ack): the lease is gone.
                     continue
                 if flight.job.id in asked_to_stop:
                     # Not extended: a handler that reaches no step boundary within the
