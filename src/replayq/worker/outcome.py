@@ -161,7 +161,8 @@ class Outcomes(Settling, Leasing):
         if not self._settle(job, write, ctx):
             return
         if again:
-            flight = self._inflight.get(job.id)
+            with self._inflight_lock:
+                flight = self._flight_of(job)
             if flight is not None:
                 flight.ended = False  # that write changed nothing: the lease is still held
             self._fail(job, handler, ctx, exc, duration)
