@@ -207,3 +207,108 @@ def test_a_dispatcher_that_dies_gives_back_the_held_jobs_to_the_observers_too(
         job = app.get_job(job_id)
         assert (job.state, job.attempt) == (replayq.JobState.QUEUED, 0)
     assert not worker._inflight
+
+
+class FailingForGoodOnThread(replayq.FrozenClock):
+    """A frozen clock whose every reading on the thread named ``thread`` fails once armed
+    (a clock source gone for good, not a glitch)."""
+
+    def __init__(self, thread: str) -> None:
+        super().__init__()
+        self.thread = thread
+        self.armed = threading.Event()
+        self.failed = threading.Event()
+
+    def now(self) -> float:
+        if self.armed.is_set() and threading.current_thread().name == self.thread:
+            self.failed.set()
+            raise RuntimeError("the clock source is gone")
+        return super().now()
+
+
+def test_a_dispatcher_that_dies_for_good_still_ends_its_run(app_factory: AppFactory) -> None:
+    """The dispatcher's clock fails on every reading from some point on: its stop gives
+    the held jobs back in a transaction that reads the clock too, and fails. The run still
+    winds down (its executors, heartbeat and acks threads end; the observers hear of the
+    held jobs), the held jobs are left to be reaped after their lease, and ``run()`` raises
+    the dispatcher's error. Before, the give-back's error went up out of the shutdown: no
+    executor was told to stop, the acks thread never ended, the observers heard nothing of
+    the held jobs, and ``run()`` raised the give-back's error instead."""
+    clock = FailingForGoodOnThread("runner")
+    app = app_factory(clock=clock)
+    entered, finish = threading.Event(), threading.Event()
+
+    @app.job("block", lease="30s", heartbeat="10s")
+    def block(ctx: replayq.Context) -> None:
+        entered.set()
+        assert finish.wait(30), "the test never let the blocking job finish"
+
+    @app.job("ok", lease="30s", heartbeat="10s")
+    def ok(ctx: replayq.Context, n: int) -> int:
+        return n
+
+    first = app.enqueue("block", {})
+    held = [app.enqueue("ok", {"n": n}) for n in range(3)]
+    ledger = Ledger()
+    worker = replayq.Worker(
+        app,
+        worker_id="w",
+        concurrency=1,
+        prefetch=3,
+        prefetch_window=float("inf"),
+        poll_interval=0.05,
+        grace_period=20,
+        observers=[ledger],
+    )
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:
+            raised.append(exc)
+
+    before = set(threading.enumerate())
+    runner = threading.Thread(target=run, name="runner")
+    runner.start()
+    pause = threading.Event()
+    try:
+        assert entered.wait(30), "the worker never started the blocking job"
+        for _ in range(200):
+            with worker._inflight_lock:
+                if len(worker._inflight) == 4:
+                    break
+            pause.wait(0.05)
+        assert len(worker._inflight) == 4, "the premise: one job running, three held ahead"
+        clock.armed.set()
+        assert clock.failed.wait(10), "the fault never happened"
+        for _ in range(100):  # the held jobs' give-back (told to the observers, or raised)
+            with ledger.lock:
+                if len(ledger.released_ids) == 3 or raised:
+                    break
+            pause.wait(0.05)
+    finally:
+        finish.set()
+        runner.join(30)
+    assert not runner.is_alive()
+    assert [str(exc) for exc in raised] == ["the clock source is gone"], raised
+    assert ledger.released_ids == {job_id: ["stopped"] for job_id in held}
+    assert ledger.settled_ids == Counter([first])
+    assert app.get_job(first).state is replayq.JobState.SUCCEEDED
+    for job_id in held:  # not given back (the clock): left to be reaped after their lease
+        assert app.get_job(job_id).state is replayq.JobState.RUNNING
+
+    def left() -> list[str]:
+        threads = set(threading.enumerate()) - before
+        return [
+            t.name
+            for t in threads
+            if t.name.startswith(("replayq-exec", "replayq-h", "replayq-acks"))
+        ]
+
+    for _ in range(100):
+        if not left():
+            break
+        pause.wait(0.05)
+    assert not left(), "the run's threads did not end"
+    assert not worker._inflight

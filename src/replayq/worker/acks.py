@@ -275,6 +275,20 @@ class Acking(Outcomes):
                 self._group_failed(pending, exc)
                 return []
             except Exception:
+                if refill:
+                    # Rolled back: maybe the lease's fault (a bug, the app's clock erring), not
+                    # the acks'. They commit again without it (the dispatcher leases the
+                    # slots): given up, the jobs whose handlers succeeded would run again.
+                    # If it raised once committed (its lease's hold), the acks landed: a
+                    # refusal then reads the trace before calling it one (``_settle_refused``).
+                    log.exception(
+                        "worker %s: group commit failed; its acks commit without the lease",
+                        self.worker_id,
+                    )
+                    for ack in pending:
+                        ack.outcome_unknown = True
+                    refill = False
+                    continue
                 # Not the database's fault (a bug): the acks are dropped, never left held
                 # and heartbeated forever; the jobs are reaped after their lease.
                 log.exception("worker %s: group commit failed", self.worker_id)
@@ -331,6 +345,8 @@ class Acking(Outcomes):
                     else:
                         tx.trace_append(events)
                     _held(acks, held())
+            for flight in flights:
+                flight.ended = True  # acked, under its ``beat``: beaten no more
             self._hold(leased, leased_at, held_at)
         finally:
             if leasing:

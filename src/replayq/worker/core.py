@@ -77,6 +77,9 @@ class InFlight(Struct):
     # Set when its success waits in memory for a group commit: it keeps its slot and its
     # lease is still heartbeated until the ack commits.
     acking: bool = False
+    # Set under ``beat`` once the job's settle (or its group's ack) committed: no beat
+    # extends its lease after, while its executor tells the observers and forgets it.
+    ended: bool = False
     # Held while the heartbeat extends this lease and while the job settles: the two
     # never interleave, so their events' clock order is their commit order.
     beat: threading.Lock = field(default_factory=threading.Lock)

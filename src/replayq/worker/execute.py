@@ -94,12 +94,11 @@ class Executing(Acking, Heartbeat):
         if flight is None or not ours:
             return
         try:
-            self._release_all(
-                [job], f"the worker could not start the job ({type(exc).__name__})", started=False
+            self._give_back_unstarted(
+                [flight], f"the worker could not start the job ({type(exc).__name__})"
             )
         except Exception:
             log.exception("worker %s: job %s could not be given back", self.worker_id, job.id)
-        self._forget(job)
         lost = flight.lost.is_set()
         self.observers.released(job, ReleaseReason.LOST if lost else ReleaseReason.ERROR)
 

@@ -144,6 +144,11 @@ class Heartbeat(WorkerCore):
                     # Lost for good (the owner token was this lease's): no beat, no second
                     # ``lease.lost``.
                     continue
+                if flight.releasing or flight.ended:
+                    # Given back unstarted, under this ``beat`` (read under it): released
+                    # already, or once this beat ends (``Outcomes._give_back_unstarted``);
+                    # or settled (``Settling._settle``, a group's ack): the lease is gone.
+                    continue
                 if flight.job.id in asked_to_stop:
                     # Not extended: a handler that reaches no step boundary within the
                     # lease is cancelled by the reaper, its late writes fenced.

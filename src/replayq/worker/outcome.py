@@ -38,6 +38,7 @@ from replayq.storage.protocol import (
     Transaction,
 )
 from replayq.storage.reconnect import cause_of
+from replayq.worker.core import InFlight
 from replayq.worker.lease import Leasing
 from replayq.worker.settle import Settling
 
@@ -160,6 +161,10 @@ class Outcomes(Settling, Leasing):
         if not self._settle(job, write, ctx):
             return
         if again:
+            with self._inflight_lock:
+                flight = self._flight_of(job)
+            if flight is not None:
+                flight.ended = False  # that write changed nothing: the lease is still held
             self._fail(job, handler, ctx, exc, duration)
             return
         ctx.committed()
@@ -199,7 +204,10 @@ class Outcomes(Settling, Leasing):
 
     def _release_all(self, jobs: list[Job], reason: str, *, started: bool = True) -> None:
         """Give ``jobs`` back to the queue in one transaction, each with ``lease.released``;
-        if the database refuses, they stay running and are reaped after their lease."""
+        if the database refuses, they stay running and are reaped after their lease. So
+        they do if it raised another error (a bug, the app's clock erring: logged with its
+        traceback), never raised: a stop whose dispatcher died of that very error still
+        winds its run down (``Worker._shutdown``)."""
         if not jobs:
             return
         released = 0
@@ -214,7 +222,34 @@ class Outcomes(Settling, Leasing):
                 exc,
             )
             return
+        except Exception:
+            log.exception(
+                "worker %s: could not release jobs %s; they are reaped after their lease",
+                self.worker_id,
+                [job.id for job in jobs],
+            )
+            return
         self.stats.released += released
+
+    def _give_back_unstarted(self, flights: Sequence[InFlight], reason: str) -> None:
+        """Give back held jobs not started (each marked ``releasing`` by the caller) and
+        forget them, under their ``beat`` locks, as a settle holds its job's: a beat under
+        way ends first, and none extends them after (``Heartbeat._extend`` skips a flight
+        being given back). Without the locks, a beat that had listed them before they were
+        forgotten ran its compare-and-set after the release committed, found the lease gone
+        and traced ``lease.lost`` for a job given back cleanly. In one order of job ids, as
+        a group commit takes its beats: two threads never wait on each other's."""
+        ordered = sorted(flights, key=lambda f: f.job.id)
+        for flight in ordered:
+            flight.beat.acquire()
+        try:
+            try:
+                self._release_all([f.job for f in ordered], reason, started=False)
+            finally:
+                self._forget_all([f.job for f in ordered])
+        finally:
+            for flight in ordered:
+                flight.beat.release()
 
     def _fail(
         self, job: Job, handler: Handler, ctx: Context, exc: Exception, duration: float

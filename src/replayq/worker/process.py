@@ -266,10 +266,7 @@ class Worker(Executing, Reaping):
             for flight in unstarted:
                 flight.releasing = True
         if unstarted:
-            jobs = [f.job for f in unstarted]
-            self._release_all(jobs, "worker stopped before the job started", started=False)
-            for flight in unstarted:
-                self._forget(flight.job)
+            self._give_back_unstarted(unstarted, "worker stopped before the job started")
             # Leased (``job_seen``) and never run: given back (or, the database away, left
             # to be reaped); one whose lease the heartbeat found lost meanwhile was dropped.
             lost = [f.job for f in unstarted if f.lost.is_set()]

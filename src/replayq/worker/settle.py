@@ -42,11 +42,14 @@ class Settling(WorkerCore):
             try:
                 try:
                     flight = self._inflight.get(job.id)
-                    with (
-                        flight.beat if flight is not None else nullcontext(),
-                        self.runtime.storage.transaction() as tx,
-                    ):
-                        write(tx)
+                    with flight.beat if flight is not None else nullcontext():
+                        with self.runtime.storage.transaction() as tx:
+                            write(tx)
+                        if flight is not None and flight.job.owner_token == job.owner_token:
+                            # Under ``beat``: a beat after this one would find the lease
+                            # gone and trace ``lease.lost`` for a job that settled. (Only
+                            # this lease's: a re-lease of the job here is beaten on.)
+                            flight.ended = True
                     return True
                 except LeaseLostError as exc:
                     if outcome_unknown and self._settled_by_this_attempt(job):
