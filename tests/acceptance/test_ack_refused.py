@@ -105,4 +105,3 @@ def test_an_ack_alone_that_a_unique_key_refuses_fails_that_job_once(
 ) -> None:
     log = _run(launcher, tmp_path, routed=True)
     assert not any("committed in halves" in line for line in log), "\n".join(log)
-

@@ -42,11 +42,15 @@ def _ship_row(order: int, marker: str) -> Any:
 
 def _record(order: int, attempt: int, version: str) -> None:
     line = json.dumps(
-        {"order": order, "attempt": attempt, "version": version, "pid": os.getpid(), "t": time.time()}
+        {
+            "order": order,
+            "attempt": attempt,
+            "version": version,
+            "pid": os.getpid(),
+            "t": time.time(),
+        }
     )
-    fd = os.open(
-        os.environ["ACK_REFUSED_SIDE_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644
-    )
+    fd = os.open(os.environ["ACK_REFUSED_SIDE_FILE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, (line + "\n").encode())
     finally:

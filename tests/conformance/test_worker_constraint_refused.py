@@ -86,9 +86,7 @@ def test_a_write_refused_by_a_unique_key_fails_the_attempt_as_validation(
 def test_a_contract_that_maps_constraint_violations_decides_their_retries(
     app_factory: AppFactory,
 ) -> None:
-    app, runs = _app(
-        app_factory, errors={replayq.ConstraintViolationError: "concurrency"}
-    )
+    app, runs = _app(app_factory, errors={replayq.ConstraintViolationError: "concurrency"})
     job = replayq.testing.run_inline(app, "at_ack", {"order": SECRET})
     # Retried as concurrency (a millisecond apart: its budget of three attempts), then dead.
     worker = replayq.Worker(app, worker_id="inline")
