@@ -1,8 +1,8 @@
 """A handler's write refused by a constraint is the attempt's failure, class ``validation``
 unless its contract maps it, on every backend: at a step's commit, and at the ack of a
 job acked on its own (``run_inline``: no group commit). The constraint is named, the
-refused row's values are not. (Real workers and a group: ``tests/acceptance/
-test_ack_refused.py``.)
+refused row's values are not. And a group commit refused for one ack's write of another
+kind acks the others. (Real workers and a group: ``tests/acceptance/test_ack_refused.py``.)
 """
 
 from __future__ import annotations
@@ -103,3 +103,39 @@ def test_a_contract_that_maps_constraint_violations_decides_their_retries(
         "concurrency",
     ), job.last_error
     assert runs["at_ack"] == 3, runs
+
+
+def test_a_group_refused_for_one_ack_not_a_constraint_acks_the_others(
+    app_factory: AppFactory,
+) -> None:
+    """A refusal that is neither a constraint nor an outage (an insert naming a column its
+    table lacks) splits the group as well: the good acks commit; the bad one alone is
+    tried again and given up, as before (the job stays running, reaped after its lease)."""
+    app = app_factory()
+    dialect = app.storage.dialect
+    marker = "?" if dialect == "sqlite" else "%s"
+    runs: dict[int, int] = {}
+    with app.storage.transaction() as tx:
+        tx.connection.execute("CREATE TABLE shipments (order_id INTEGER PRIMARY KEY)")
+
+    @app.job("ship", retry=RETRY, lease="30s")
+    def ship(ctx: replayq.Context, order: int) -> None:
+        runs[order] = runs.get(order, 0) + 1
+        column = "carrier" if order == 3 else "order_id"  # ``carrier``: not in the table
+        sql = f"INSERT INTO shipments ({column}) VALUES ({marker})"  # noqa: S608
+        ctx.db_write(lambda connection: connection.execute(sql, (order,)))
+
+    ids = {order: app.enqueue("ship", {"order": order}) for order in range(1, 7)}
+    # One executor, all six leased at once, acks held: one group of six.
+    worker = replayq.Worker(
+        app, burst=True, prefetch=7, prefetch_window=float("inf"), ack_window=10.0
+    )
+    stats = worker.run()
+
+    assert stats.succeeded == 5, stats
+    assert runs == dict.fromkeys(ids, 1), runs
+    states = {order: app.get_job(job_id).state for order, job_id in ids.items()}
+    assert states == {
+        order: replayq.JobState.RUNNING if order == 3 else replayq.JobState.SUCCEEDED
+        for order in ids
+    }, states
