@@ -43,6 +43,7 @@ from replayq.durations import parse_duration
 from replayq.errors import (
     ConcurrencyError,
     ConfigurationError,
+    ConstraintViolationError,
     ContextEndedError,
     ContractError,
     DatabaseUnavailableError,
@@ -196,6 +197,7 @@ __all__ = [
     "Clock",
     "ConcurrencyError",
     "ConfigurationError",
+    "ConstraintViolationError",
     "Context",
     "ContextEndedError",
     "ContractError",

@@ -10,6 +10,8 @@ The tree::
     ├── StorageError                the database failed; the driver error is ``__cause__``
     │   ├── DatabaseUnavailableError   the database cannot be opened or reached
     │   ├── SchemaError             the schema is missing or newer than this code
+    │   ├── ConstraintViolationError  a write refused by a constraint (unique, foreign key,
+    │   │                           check, not null): refused again if tried again
     │   └── LeaseCollisionError     a claim collided on an ordering key and aborted its
     │                               transaction (asked for: ``JobLease.collision_aborts``)
     ├── LeaseLostError              a write by a worker whose lease on the job is gone
@@ -42,7 +44,9 @@ The tree::
 Any other exception a handler raises is class ``unknown`` unless the job
 contract maps it (``errors={TimeoutError: "transient"}``); ``TimeoutError``
 and ``ConnectionError`` map to ``transient`` out of the box, and
-``DatabaseUnavailableError`` (replayq's own database unreachable) to ``dependency``.
+``DatabaseUnavailableError`` (replayq's own database unreachable) to ``dependency``,
+``ConstraintViolationError`` (a write of the handler's refused by a constraint of the
+database, at a step's commit or at the ack) to ``validation``.
 
 Failure classes and what the worker does with them (``RETRY_TABLE``):
 
@@ -119,6 +123,19 @@ StorageUnavailableError = DatabaseUnavailableError
 class SchemaError(StorageError):
     """The schema is missing, newer than this version of replayq understands, or cannot be
     upgraded without dropping an object of the database's owner."""
+
+
+class ConstraintViolationError(StorageError):
+    """The database refused a write by a constraint: a unique key, a foreign key, a check,
+    a not-null column (PostgreSQL SQLSTATE class 23; SQLite ``SQLITE_CONSTRAINT``,
+    ``sqlite3.IntegrityError``). Nothing of the transaction was written, and the same
+    write is refused again: not an outage to wait out.
+
+    The message names the constraint (and, on PostgreSQL, its table), never the refused
+    row's values. In a worker it is the attempt's failure, class ``validation`` unless
+    the contract maps it (``errors={ConstraintViolationError: "concurrency"}``): a
+    handler's ``ctx.db_write`` refused at a step's commit or at its ack fails its job,
+    which goes to ``dead`` with this message instead of being retried without end."""
 
 
 class RowLockTimeoutError(DatabaseUnavailableError):
@@ -332,6 +349,9 @@ DEFAULT_ERROR_MAP: dict[type[BaseException], FailureClass] = {
     ConnectionError: FailureClass.TRANSIENT,
     # The queue's own database unreachable mid-handler (a step's commit, a lock): retry.
     DatabaseUnavailableError: FailureClass.DEPENDENCY,
+    # A write refused by a constraint (a unique key the handler's insert collides with):
+    # the same write is refused again, so it is not retried unless the contract says so.
+    ConstraintViolationError: FailureClass.VALIDATION,
 }
 
 

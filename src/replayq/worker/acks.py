@@ -18,6 +18,15 @@ What the group promises:
   by this worker, their leases still heartbeated, and the group is tried again
   after a backoff. At the end of the shutdown grace it gives up; the jobs are then
   reaped after their lease and run again (at-least-once, as any lost ack).
+* Unless the database refused it for something one of its acks wrote (any failure but
+  the database being away, ``DatabaseUnavailableError``): a group of more than one ack
+  is then split in halves, each committed at once without the other (and split again
+  if it fails), so that the good acks commit and only the one at fault is left. An ack
+  whose commit alone is refused by a constraint (``ConstraintViolationError``: the
+  handler's ``ctx.db_write`` colliding with a unique key, say) is the attempt's
+  failure, its writes discarded, classified as any (``validation``: ``dead`` with the
+  constraint named): the same write would be refused on every run, so it is neither
+  tried again nor given up to be reaped and run again.
 * On PostgreSQL a group is two round trips (``Transaction.pipelined``): ``BEGIN``, the
   compare-and-sets and the lease in one, the trace insert and ``COMMIT`` in the other;
   the compare-and-sets' answer is read before ``COMMIT`` is sent.
@@ -36,6 +45,7 @@ from collections.abc import Sequence
 from msgspec import Struct
 
 from replayq.errors import (
+    ConstraintViolationError,
     DatabaseUnavailableError,
     JobError,
     LeaseCollisionError,
@@ -78,6 +88,11 @@ class Ack(Struct, eq=False):
     failures: int = 0
     # A commit of its group may have landed although its reply was lost.
     outcome_unknown: bool = False
+
+
+# What an ack's commit can be refused for, for good: its lease lost, its writes refused
+# by their own check (a version conflict, a stale fencing token), or by a constraint.
+Refusal = LeaseLostError | JobError | ConstraintViolationError
 
 
 class _Refused(ReplayqError):
@@ -272,6 +287,21 @@ class Acking(Outcomes):
                 collision_aborts = False
                 continue
             except StorageError as exc:
+                if isinstance(exc, DatabaseUnavailableError):
+                    self._group_failed(pending, exc)
+                    return []
+                if len(pending) > 1:
+                    # Refused for what one of them wrote, maybe: the others are not held
+                    # back by it (nor given up with it).
+                    return self._split(pending, exc)
+                if refill and isinstance(exc, ConstraintViolationError):
+                    # The lease in the same transaction may be what was refused (a claim
+                    # colliding on an ordering key): the ack alone first.
+                    refill = False
+                    continue
+                if isinstance(exc, ConstraintViolationError):
+                    self._settle_refused(pending[0], exc)
+                    return []
                 self._group_failed(pending, exc)
                 return []
             except Exception:
@@ -361,17 +391,37 @@ class Acking(Outcomes):
         # One order for every group: two threads never wait on each other's beats.
         return sorted((f for f in flights if f is not None), key=lambda f: f.job.id)
 
-    def _settle_refused(self, ack: Ack, cause: LeaseLostError | JobError) -> None:
-        """Settle alone the ack its group refused: lost lease, or writes refused."""
+    def _split(self, acks: list[Ack], exc: StorageError) -> list[Job]:
+        """A group of several acks refused for something other than the database being
+        away: each half committed at once without the other (split again if it fails),
+        so that the acks not at fault commit now and only the one that is fails alone.
+        Nothing is leased: the executors lease their free slots as usual."""
+        log.warning(
+            "worker %s: group commit of the acks of jobs %s failed (%s); committed in "
+            "halves, to leave out the one at fault",
+            self.worker_id,
+            [ack.job.id for ack in acks],
+            exc,
+        )
+        half = len(acks) // 2
+        self._commit_group(acks[:half], refill=False)
+        self._commit_group(acks[half:], refill=False)
+        return []
+
+    def _settle_refused(self, ack: Ack, cause: Refusal) -> None:
+        """Settle alone the ack its group refused: lost lease, or writes refused (by their
+        own check, or by a constraint of the database)."""
         try:
-            if isinstance(cause, LeaseLostError):
-                if ack.outcome_unknown and self._settled_by_this_attempt(ack.job):
-                    self._acked(ack)  # an earlier try of its group committed
-                else:
-                    self._reject(ack.job, cause, ack.ctx)
+            if ack.outcome_unknown and self._settled_by_this_attempt(ack.job):
+                # An earlier try of its group committed (only its reply was lost): its
+                # writes are in, which is why this try was refused.
+                self._acked(ack)
+            elif isinstance(cause, LeaseLostError):
+                self._reject(ack.job, cause, ack.ctx)
             else:
                 # The commit refused the handler's writes made outside steps (a version
-                # conflict, a stale fencing token): a failure of the attempt, classified.
+                # conflict, a stale fencing token, a constraint): a failure of the
+                # attempt, classified; its writes are not tried again.
                 ack.ctx.discard_writes()
                 self._fail(ack.job, ack.handler, ack.ctx, cause, ack.duration)
         except Exception:

@@ -19,6 +19,7 @@ from typing import Any
 
 from replayq import codec
 from replayq.errors import (
+    ConstraintViolationError,
     FailureClass,
     JobCancelledError,
     JobError,
@@ -331,11 +332,12 @@ class Executing(Acking, Heartbeat):
             return ctx
         try:
             self._succeed(job, handler, ctx, result_json, time.monotonic() - started)
-        except JobError as exc:
+        except (JobError, ConstraintViolationError) as exc:
             # The final commit refused the handler's writes made outside steps (a version
-            # conflict, a stale fencing token): a failure of the attempt, classified.
-            # Any other storage error leaves the job running: it is reaped after its lease
-            # and runs again, never buried for the database's fault.
+            # conflict, a stale fencing token, a constraint such as a unique key): a
+            # failure of the attempt, classified. Any other storage error leaves the job
+            # running: it is reaped after its lease and runs again, never buried for the
+            # database's fault.
             ctx.discard_writes()
             self._fail(job, handler, ctx, exc, time.monotonic() - started)
         self._compare(job, handler)

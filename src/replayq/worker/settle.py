@@ -9,7 +9,12 @@ import time
 from contextlib import nullcontext
 from typing import Any
 
-from replayq.errors import DatabaseUnavailableError, LeaseLostError, StorageError
+from replayq.errors import (
+    ConstraintViolationError,
+    DatabaseUnavailableError,
+    LeaseLostError,
+    StorageError,
+)
 from replayq.model import Job
 from replayq.queue import lifecycle as trace
 from replayq.recording.context import Context
@@ -34,6 +39,10 @@ class Settling(WorkerCore):
         the owner token, so a retry after the lease was reaped is rejected, never
         applied. At the end of the shutdown grace it gives up; the job, still
         ``running``, is reaped after its lease.
+
+        A write refused by a constraint (``ConstraintViolationError``) is not tried
+        again: the same write is refused every time. It is raised to the caller (an ack:
+        the attempt's failure), unless an earlier try whose reply was lost committed.
         """
         backoff = Backoff(f"worker {self.worker_id}: settle job {job.id}")
         outcome_unknown = False
@@ -66,6 +75,10 @@ class Settling(WorkerCore):
                         job.id,
                     )
                     return False
+            except ConstraintViolationError:
+                if outcome_unknown and self._settled_by_this_attempt(job):
+                    return True  # an earlier try committed: its own writes collide now
+                raise
             except StorageError as exc:
                 # Rolled back for sure (e.g. SQLite's write lock held past busy_timeout):
                 # try a few times, then leave the job running to be reaped and re-run.

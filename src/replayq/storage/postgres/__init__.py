@@ -113,6 +113,7 @@ from psycopg_pool import ConnectionPool
 from replayq import codec
 from replayq.errors import (
     ConfigurationError,
+    ConstraintViolationError,
     DatabaseUnavailableError,
     LeaseCollisionError,
     RowLockTimeoutError,
@@ -321,12 +322,34 @@ def storage_error(what: str, exc: psycopg.Error, *, read_only_asked: bool = Fals
         exc, psycopg.errors.QueryCanceled
     ):
         return DatabaseUnavailableError(f"{what}: {exc}")
+    if (exc.sqlstate or "").startswith("23"):
+        return _constraint_violation(what, exc)
     if isinstance(exc, psycopg.errors.IdleInTransactionSessionTimeout):
         # SQLSTATE 25P03 (class 25, so psycopg's InternalError, not OperationalError): the
         # server ended a session frozen inside a transaction (idle_in_transaction_timeout)
         # and rolled it back, as a killed session. Not the job's failure: retried.
         return DatabaseUnavailableError(f"{what}: the server ended the session: {exc}")
     return StorageError(f"{what}: {exc}")
+
+
+def _constraint_violation(what: str, exc: psycopg.Error) -> ConstraintViolationError:
+    """SQLSTATE class 23 (a unique key, a foreign key, a check, a not-null column): a
+    refusal the same write meets again. The message names the constraint and its table
+    from the server's diagnostics, not its DETAIL, which quotes the refused row's values
+    (an application's data: an e-mail address as a key) into the job's trace."""
+    diag = exc.diag
+    primary = diag.message_primary or str(exc).partition("\n")[0]
+    where = [
+        f"{label} {value}"
+        for label, value in (
+            ("constraint", diag.constraint_name),
+            ("table", diag.table_name),
+            ("column", diag.column_name),
+        )
+        if value
+    ]
+    named = f"; {', '.join(where)}" if where else ""
+    return ConstraintViolationError(f"{what}: {primary} (SQLSTATE {exc.sqlstate}{named})")
 
 
 _JOB_INSERT_FIELDS = JobInsert.__struct_fields__

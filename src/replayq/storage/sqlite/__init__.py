@@ -100,7 +100,12 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from replayq.errors import ConfigurationError, DatabaseUnavailableError, StorageError
+from replayq.errors import (
+    ConfigurationError,
+    ConstraintViolationError,
+    DatabaseUnavailableError,
+    StorageError,
+)
 from replayq.seal import unsealed
 from replayq.storage import migrate, packs
 from replayq.storage.adopted import TupleRows
@@ -230,6 +235,11 @@ def storage_error(what: str, exc: sqlite3.Error, path: str | None = None) -> Sto
     whether the file can be written at all (SQLite's own message hides the ``errno``).
     """
     code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(exc, sqlite3.IntegrityError) or (code is not None and code & 0xFF == 19):
+        # SQLITE_CONSTRAINT: a unique key, a foreign key, a check, a not-null column. Its
+        # message names the constraint, never the row's values; refused again if retried.
+        name = getattr(exc, "sqlite_errorname", None)
+        return ConstraintViolationError(f"{what}: {exc}" + (f" ({name})" if name else ""))
     if code is None or code & 0xFF not in _UNAVAILABLE_CODES:
         return StorageError(f"{what}: {exc}")
     detail = f"{exc} ({getattr(exc, 'sqlite_errorname', code)})"

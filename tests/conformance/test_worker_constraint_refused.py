@@ -1,0 +1,141 @@
+"""A handler's write refused by a constraint is the attempt's failure, class ``validation``
+unless its contract maps it, on every backend: at a step's commit, and at the ack of a
+job acked on its own (``run_inline``: no group commit). The constraint is named, the
+refused row's values are not. And a group commit refused for one ack's write of another
+kind acks the others. (Real workers and a group: ``tests/acceptance/test_ack_refused.py``.)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import replayq
+import replayq.testing
+
+AppFactory = Callable[..., replayq.App]
+SECRET = 424242  # the refused row's key: never in the job's error
+RETRY = replayq.Retry(max_attempts=3, base="0.001s", cap="0.001s")
+
+
+def _insert(order: int, dialect: str) -> Callable[[Any], None]:
+    marker = "?" if dialect == "sqlite" else "%s"
+
+    def write(connection: Any) -> None:
+        connection.execute(
+            f"INSERT INTO shipments (order_id) VALUES ({marker})",  # noqa: S608 - placeholder only
+            (order,),
+        )
+
+    return write
+
+
+def _app(app_factory: AppFactory, **contract: Any) -> tuple[replayq.App, dict[str, int]]:
+    app = app_factory()
+    runs: dict[str, int] = {}
+    dialect = app.storage.dialect
+    with app.storage.transaction() as tx:
+        tx.connection.execute("CREATE TABLE shipments (order_id INTEGER PRIMARY KEY)")
+        _insert(SECRET, dialect)(tx.connection)
+
+    @app.job("in_step", retry=RETRY, **contract)
+    def in_step(ctx: replayq.Context, order: int) -> None:
+        runs["in_step"] = runs.get("in_step", 0) + 1
+        with ctx.step("ship"):
+            ctx.db_write(_insert(order, dialect))
+
+    @app.job("at_ack", retry=RETRY, **contract)
+    def at_ack(ctx: replayq.Context, order: int) -> None:
+        runs["at_ack"] = runs.get("at_ack", 0) + 1
+        ctx.state.put("order", order, {"shipped": True})
+        ctx.db_write(_insert(order, dialect))
+
+    return app, runs
+
+
+def _named(app: replayq.App, error: str | None) -> None:
+    assert error is not None and "ConstraintViolationError" in error, error
+    if app.storage.dialect == "sqlite":
+        assert "UNIQUE constraint failed: shipments.order_id" in error, error
+    else:
+        assert 'unique constraint "shipments_pkey"' in error, error
+        assert "SQLSTATE 23505" in error, error
+    assert str(SECRET) not in error, error  # the row's values stay out of the trace
+
+
+def test_a_write_refused_by_a_unique_key_fails_the_attempt_as_validation(
+    app_factory: AppFactory,
+) -> None:
+    app, runs = _app(app_factory)
+    for job_type in ("in_step", "at_ack"):
+        job = replayq.testing.run_inline(app, job_type, {"order": SECRET})
+        assert (job.state, job.dead_reason, job.last_error_class) == (
+            replayq.JobState.DEAD,
+            "not_retryable",
+            "validation",
+        ), (job_type, job.state, job.last_error)
+        _named(app, job.last_error)
+        assert runs[job_type] == 1, runs
+        failed = [e for e in app.trace(job.id) if e.name == "job.failed"]
+        assert [e.data["error_class"] for e in failed] == ["validation"]
+    # The ack's other write was discarded with the refused one.
+    assert app.state.get("order", SECRET).version == 0
+
+
+def test_a_contract_that_maps_constraint_violations_decides_their_retries(
+    app_factory: AppFactory,
+) -> None:
+    app, runs = _app(app_factory, errors={replayq.ConstraintViolationError: "concurrency"})
+    job = replayq.testing.run_inline(app, "at_ack", {"order": SECRET})
+    # Retried as concurrency (a millisecond apart: its budget of three attempts), then dead.
+    worker = replayq.Worker(app, worker_id="inline")
+    deadline = time.monotonic() + 30
+    while job.state is replayq.JobState.QUEUED and time.monotonic() < deadline:
+        time.sleep(0.01)
+        for leased in worker.lease(1):
+            worker.execute(leased)
+        job = app.get_job(job.id)
+    worker.event_loop.close()
+    assert (job.state, job.dead_reason, job.last_error_class) == (
+        replayq.JobState.DEAD,
+        "attempts_exhausted",
+        "concurrency",
+    ), job.last_error
+    assert runs["at_ack"] == 3, runs
+
+
+def test_a_group_refused_for_one_ack_not_a_constraint_acks_the_others(
+    app_factory: AppFactory,
+) -> None:
+    """A refusal that is neither a constraint nor an outage (an insert naming a column its
+    table lacks) splits the group as well: the good acks commit; the bad one alone is
+    tried again and given up, as before (the job stays running, reaped after its lease)."""
+    app = app_factory()
+    dialect = app.storage.dialect
+    marker = "?" if dialect == "sqlite" else "%s"
+    runs: dict[int, int] = {}
+    with app.storage.transaction() as tx:
+        tx.connection.execute("CREATE TABLE shipments (order_id INTEGER PRIMARY KEY)")
+
+    @app.job("ship", retry=RETRY, lease="30s")
+    def ship(ctx: replayq.Context, order: int) -> None:
+        runs[order] = runs.get(order, 0) + 1
+        column = "carrier" if order == 3 else "order_id"  # ``carrier``: not in the table
+        sql = f"INSERT INTO shipments ({column}) VALUES ({marker})"  # noqa: S608
+        ctx.db_write(lambda connection: connection.execute(sql, (order,)))
+
+    ids = {order: app.enqueue("ship", {"order": order}) for order in range(1, 7)}
+    # One executor, all six leased at once, acks held: one group of six.
+    worker = replayq.Worker(
+        app, burst=True, prefetch=7, prefetch_window=float("inf"), ack_window=10.0
+    )
+    stats = worker.run()
+
+    assert stats.succeeded == 5, stats
+    assert runs == dict.fromkeys(ids, 1), runs
+    states = {order: app.get_job(job_id).state for order, job_id in ids.items()}
+    assert states == {
+        order: replayq.JobState.RUNNING if order == 3 else replayq.JobState.SUCCEEDED
+        for order in ids
+    }, states
