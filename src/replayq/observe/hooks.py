@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from enum import StrEnum
 
 from replayq.model import Job, TraceEvent
 from replayq.observe.logs import job_fields
+
+log = logging.getLogger("replayq.observe")
 
 
 class ReleaseReason(StrEnum):
@@ -67,7 +70,14 @@ class Observer:
 
 
 class Observers(Observer):
-    """Several observers as one; every attempt also carries its log fields."""
+    """Several observers as one; every attempt also carries its log fields.
+
+    An observer that raises is logged (with its traceback) and left out of that one call:
+    the others are still told, and the worker goes on as if it had not raised — a
+    metrics or tracing hook never fails, holds up or repeats a job, and never kills the
+    thread that called it (an executor, the acks thread, the dispatcher). An exception the
+    handler raised passes through every observer's ``attempt`` unchanged: an observer
+    cannot swallow it."""
 
     def __init__(self, observers: Sequence[Observer] = ()) -> None:
         self.members = list(observers)
@@ -84,16 +94,16 @@ class Observers(Observer):
         with ExitStack() as stack:
             stack.enter_context(job_fields(job, worker_id))
             for member in self.members:
-                stack.enter_context(member.attempt(job, worker_id))
+                stack.enter_context(_guarded_attempt(member, job, worker_id))
             yield
 
     def settled(self, job: Job) -> None:
         for member in self.members:
-            member.settled(job)
+            _call(member, "settled", job)
 
     def job_seen(self, job: Job) -> None:
         for member in self.members:
-            member.job_seen(job)
+            _call(member, "job_seen", job)
 
     def settled_all(self, jobs: Sequence[Job]) -> None:
         """``settled`` for each of ``jobs`` in turn: one call for a worker's group, none
@@ -115,11 +125,45 @@ class Observers(Observer):
         """``released`` for each of ``jobs``, to each member that has the hook (one
         written before it existed may lack it)."""
         for member in self.members:
-            hook = getattr(member, "released", None)
-            if hook is not None:
+            if getattr(member, "released", None) is not None:
                 for job in jobs:
-                    hook(job, reason)
+                    _call(member, "released", job, reason)
 
     def events(self, events: Sequence[TraceEvent]) -> None:
         for member in self.members:
-            member.events(events)
+            _call(member, "events", events)
+
+
+def _call(member: Observer, hook: str, *args: object) -> None:
+    """``member.<hook>(*args)``; what it raises is logged, not passed on."""
+    try:
+        getattr(member, hook)(*args)
+    except Exception:
+        log.exception("observer %r raised in %s; the worker goes on", member, hook)
+
+
+@contextmanager
+def _guarded_attempt(member: Observer, job: Job, worker_id: str) -> Iterator[None]:
+    """``member.attempt(job, worker_id)`` around the attempt; what its entry or its exit
+    raises is logged, not passed on, and the attempt's own exception goes through as it
+    is (an observer's exit returning true does not swallow it)."""
+    try:
+        context = member.attempt(job, worker_id)
+        context.__enter__()
+    except Exception:
+        log.exception("observer %r raised entering the attempt of job %s", member, job.id)
+        yield
+        return
+    try:
+        yield
+    except BaseException as exc:
+        try:
+            context.__exit__(type(exc), exc, exc.__traceback__)
+        except Exception as raised:
+            if raised is not exc:
+                log.exception("observer %r raised leaving the attempt of job %s", member, job.id)
+        raise
+    try:
+        context.__exit__(None, None, None)
+    except Exception:
+        log.exception("observer %r raised leaving the attempt of job %s", member, job.id)
