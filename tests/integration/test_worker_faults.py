@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -312,3 +313,47 @@ def test_a_dispatcher_that_dies_for_good_still_ends_its_run(app_factory: AppFact
         pause.wait(0.05)
     assert not left(), "the run's threads did not end"
     assert not worker._inflight
+
+
+class FailingOnceOnTheHeartbeat(replayq.SystemClock):
+    """The system clock, whose first reading on the heartbeat's thread fails."""
+
+    def __init__(self) -> None:
+        self.failed = threading.Event()
+
+    def now(self) -> float:
+        if threading.current_thread().name == "replayq-heartbeat" and not self.failed.is_set():
+            self.failed.set()
+            raise OSError("the clock source is unavailable")
+        return super().now()
+
+
+def test_a_heartbeat_that_fails_once_goes_on_beating(app_factory: AppFactory) -> None:
+    """An error of the heartbeat that is not the database's (the app's clock failing) is
+    logged and the beat tried again: before, it ended the heartbeat's thread, and every
+    lease the worker held ran out under its running handlers."""
+    clock = FailingOnceOnTheHeartbeat()
+    app = app_factory(clock=clock)
+    running, finish = threading.Event(), threading.Event()
+
+    @app.job("long", lease="1s", heartbeat="0.2s")
+    def long(ctx: replayq.Context) -> None:
+        running.set()
+        assert finish.wait(30)
+
+    job_id = app.enqueue("long", {})
+    worker = replayq.Worker(app, worker_id="w", burst=True)
+    runner = threading.Thread(target=worker.run, daemon=True)
+    runner.start()
+    try:
+        assert running.wait(10)
+        assert clock.failed.wait(5), "the heartbeat never read the clock"
+        first = app.get_job(job_id).lease_deadline
+        assert first is not None
+        time.sleep(1.0)  # five beats' worth
+        later = app.get_job(job_id).lease_deadline
+        assert later is not None and later > first + 0.5, (first, later)
+    finally:
+        finish.set()
+        runner.join(30)
+    assert app.get_job(job_id).state == "succeeded"

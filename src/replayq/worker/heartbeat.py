@@ -49,7 +49,10 @@ class Heartbeat(WorkerCore):
                     retry_at = time.monotonic() + backoff.next_delay(exc)
                     for flight in due:
                         flight.next_heartbeat = min(flight.next_heartbeat, retry_at)
-                except ReplayqError:
+                except Exception:
+                    # Not the database away (a bug, the app's clock failing): logged, and
+                    # the beat tried again on the old tick. Ending the thread would let
+                    # every lease this worker holds run out under its running handlers.
                     log.exception("worker %s: heartbeat failed", self.worker_id)
             with self._inflight_lock:
                 upcoming = min((f.next_heartbeat for f in self._inflight.values()), default=None)
