@@ -13,6 +13,7 @@ from typing import Any
 
 from replayq.queue.enqueue import EnqueueRequest, insert_job
 from replayq.recording.attempt import Attempt
+from replayq.storage import packs
 from replayq.storage.protocol import IdemClaim, IdemSucceed, Transaction
 
 
@@ -28,8 +29,16 @@ def defer_db_write(ctx: Attempt, fn: Callable[[Any], Any], key: str | None) -> N
         if key is not None:
             claim_token = f"{trace_id}-{attempt}-{event.seq}"
             claim = IdemClaim(key, "db.write", claim_token, event.ts, trace_id, job.id, attempt)
-            if not tx.idem_transition(claim):
-                event.data["deduplicated"] = True
+            # What this try finds, not what a try rolled back before it found (a group
+            # commit tried again without the ack whose claim of the key it was).
+            claimed = tx.idem_transition(claim)
+            if claimed == ("deduplicated" in event.data):
+                if claimed:
+                    del event.data["deduplicated"]
+                else:
+                    event.data["deduplicated"] = True
+                packs.forget(event)
+            if not claimed:
                 return
         fn(tx.connection)
         if key is not None:
@@ -65,6 +74,9 @@ def defer_child_job(
             causation_id=str(ctx.job.id),
             origin=origin,
         )
-        event.data["child_job_id"] = child
+        if event.data.get("child_job_id") != child:
+            # Inserted again after a rollback (a new id on PostgreSQL): this try's child.
+            event.data["child_job_id"] = child
+            packs.forget(event)
 
     ctx.defer(write, f"child job {job_type}")

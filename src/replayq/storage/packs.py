@@ -376,6 +376,16 @@ def _item_text(event: TraceEvent, base_hlc: int, base_ts: float, keep: bool = Tr
     return text
 
 
+def forget(event: TraceEvent) -> None:
+    """Drop the item text kept for ``event`` (``_item_text``): its data changed since it
+    was encoded. A write deferred to a commit notes in its event what it found (a child
+    job's id, a key already claimed); when that transaction rolls back and the commit is
+    made again (a group commit tried again without an ack it refused, or in halves), the
+    write runs again and may find otherwise, and the text of the try rolled back must
+    not be the one stored."""
+    _ITEM_TEXTS.pop(id(event), None)
+
+
 def pack_items(
     events: Sequence[TraceEvent], base_hlc: int, base_ts: float, keep: bool = True
 ) -> str:
