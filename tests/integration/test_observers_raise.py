@@ -21,6 +21,7 @@ from contextlib import AbstractContextManager, contextmanager
 import pytest
 
 import replayq
+from tests.observer_support import Ledger
 
 AppFactory = Callable[..., replayq.App]
 
@@ -54,22 +55,6 @@ class Raising(replayq.Observer):
         raise RuntimeError("observer broken in events")
 
 
-class Counting(replayq.Observer):
-    def __init__(self) -> None:
-        self.attempts: Counter[int] = Counter()
-        self.settled_ids: Counter[int] = Counter()
-        self.lock = threading.Lock()
-
-    def attempt(self, job: replayq.Job, worker_id: str) -> AbstractContextManager[None]:
-        with self.lock:
-            self.attempts[job.id] += 1
-        return super().attempt(job, worker_id)
-
-    def settled(self, job: replayq.Job) -> None:
-        with self.lock:
-            self.settled_ids[job.id] += 1
-
-
 @pytest.mark.parametrize("on_exit", [False, True], ids=["entry", "exit"])
 def test_an_observer_that_raises_changes_no_outcome(app_factory: AppFactory, on_exit: bool) -> None:
     app = app_factory()
@@ -87,7 +72,7 @@ def test_an_observer_that_raises_changes_no_outcome(app_factory: AppFactory, on_
         raise replayq.ValidationError("never valid")
 
     ids = {n: app.enqueue("bad" if n % 5 == 0 else "ok", {"n": n}) for n in range(12)}
-    counting = Counting()
+    counting = Ledger()
     worker = replayq.Worker(
         app,
         worker_id="w",

@@ -26,32 +26,10 @@ from typing import cast
 
 import replayq
 from replayq.worker.core import STOP
+from tests.observer_support import Ledger
 
 AppFactory = Callable[..., replayq.App]
 LEASE = 1.0
-
-
-class Ledger(replayq.Observer):
-    """What one worker told its observers about each job."""
-
-    def __init__(self) -> None:
-        self.attempts: Counter[int] = Counter()
-        self.settled_ids: Counter[int] = Counter()
-        self.released_ids: dict[int, list[str]] = {}
-        self.lock = threading.Lock()
-
-    def attempt(self, job: replayq.Job, worker_id: str) -> AbstractContextManager[None]:
-        with self.lock:
-            self.attempts[job.id] += 1
-        return nullcontext()
-
-    def settled(self, job: replayq.Job) -> None:
-        with self.lock:
-            self.settled_ids[job.id] += 1
-
-    def released(self, job: replayq.Job, reason: replayq.ReleaseReason) -> None:
-        with self.lock:
-            self.released_ids.setdefault(job.id, []).append(str(reason))
 
 
 class WrittenBeforeReleased:

@@ -24,11 +24,12 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
 
 import pytest
 
 import replayq
+from tests.observer_support import Ledger
 
 AppFactory = Callable[..., replayq.App]
 
@@ -45,27 +46,6 @@ class FailingOnceOnAnExecutor(replayq.FrozenClock):
             self.failed.set()
             raise OSError("the clock source is unavailable")
         return super().now()
-
-
-class Ledger(replayq.Observer):
-    def __init__(self) -> None:
-        self.attempts: Counter[int] = Counter()
-        self.settled_ids: Counter[int] = Counter()
-        self.released_ids: dict[int, list[str]] = {}
-        self.lock = threading.Lock()
-
-    def attempt(self, job: replayq.Job, worker_id: str) -> AbstractContextManager[None]:
-        with self.lock:
-            self.attempts[job.id] += 1
-        return nullcontext()
-
-    def settled(self, job: replayq.Job) -> None:
-        with self.lock:
-            self.settled_ids[job.id] += 1
-
-    def released(self, job: replayq.Job, reason: replayq.ReleaseReason) -> None:
-        with self.lock:
-            self.released_ids.setdefault(job.id, []).append(str(reason))
 
 
 def test_a_job_whose_start_raises_is_given_back_unstarted(
@@ -119,6 +99,57 @@ def test_a_job_whose_start_raises_is_given_back_unstarted(
     assert "not started" in logged[0].getMessage()
 
 
+@dataclass
+class HeldRun:
+    """A worker (one executor, three jobs held ahead) whose run is ``run``: its first job
+    blocks until ``finish`` (``entered`` once it runs); what ``run()`` raised is kept."""
+
+    entered: threading.Event
+    finish: threading.Event
+    first: int
+    held: list[int]
+    ledger: Ledger
+    worker: replayq.Worker
+    raised: list[BaseException] = field(default_factory=list)
+
+    def run(self) -> None:
+        try:
+            self.worker.run()
+        except BaseException as exc:
+            self.raised.append(exc)
+
+
+def _one_running_three_held(
+    app_factory: AppFactory, clock: replayq.Clock
+) -> tuple[replayq.App, HeldRun]:
+    app = app_factory(clock=clock)
+    entered, finish = threading.Event(), threading.Event()
+
+    @app.job("block", lease="30s", heartbeat="10s")
+    def block(ctx: replayq.Context) -> None:
+        entered.set()
+        assert finish.wait(30), "the test never let the blocking job finish"
+
+    @app.job("ok", lease="30s", heartbeat="10s")
+    def ok(ctx: replayq.Context, n: int) -> int:
+        return n
+
+    first = app.enqueue("block", {})
+    held = [app.enqueue("ok", {"n": n}) for n in range(3)]
+    ledger = Ledger()
+    worker = replayq.Worker(
+        app,
+        worker_id="w",
+        concurrency=1,
+        prefetch=3,
+        prefetch_window=float("inf"),
+        poll_interval=0.05,
+        grace_period=20,
+        observers=[ledger],
+    )
+    return app, HeldRun(entered, finish, first, held, ledger, worker)
+
+
 class FailingOnceOnThread(replayq.FrozenClock):
     """A frozen clock whose next reading on the thread named ``thread`` fails, once armed."""
 
@@ -145,38 +176,9 @@ def test_a_dispatcher_that_dies_gives_back_the_held_jobs_to_the_observers_too(
     grace, and ``run()`` raises the error. (``tests/acceptance/
     test_shutdown_dispatcher_fault.py`` does it to a real worker process.)"""
     clock = FailingOnceOnThread("runner")
-    app = app_factory(clock=clock)
-    entered, finish = threading.Event(), threading.Event()
-
-    @app.job("block", lease="30s", heartbeat="10s")
-    def block(ctx: replayq.Context) -> None:
-        entered.set()
-        assert finish.wait(30), "the test never let the blocking job finish"
-
-    @app.job("ok", lease="30s", heartbeat="10s")
-    def ok(ctx: replayq.Context, n: int) -> int:
-        return n
-
-    first = app.enqueue("block", {})
-    held = [app.enqueue("ok", {"n": n}) for n in range(3)]
-    ledger = Ledger()
-    worker = replayq.Worker(
-        app,
-        worker_id="w",
-        concurrency=1,
-        prefetch=3,
-        prefetch_window=float("inf"),
-        poll_interval=0.05,
-        grace_period=20,
-        observers=[ledger],
-    )
-    raised: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            worker.run()
-        except BaseException as exc:
-            raised.append(exc)
+    app, held_run = _one_running_three_held(app_factory, clock)
+    entered, finish, first, held = held_run.entered, held_run.finish, held_run.first, held_run.held
+    ledger, worker, raised, run = held_run.ledger, held_run.worker, held_run.raised, held_run.run
 
     runner = threading.Thread(target=run, name="runner")
     runner.start()
@@ -236,38 +238,9 @@ def test_a_dispatcher_that_dies_for_good_still_ends_its_run(app_factory: AppFact
     executor was told to stop, the acks thread never ended, the observers heard nothing of
     the held jobs, and ``run()`` raised the give-back's error instead."""
     clock = FailingForGoodOnThread("runner")
-    app = app_factory(clock=clock)
-    entered, finish = threading.Event(), threading.Event()
-
-    @app.job("block", lease="30s", heartbeat="10s")
-    def block(ctx: replayq.Context) -> None:
-        entered.set()
-        assert finish.wait(30), "the test never let the blocking job finish"
-
-    @app.job("ok", lease="30s", heartbeat="10s")
-    def ok(ctx: replayq.Context, n: int) -> int:
-        return n
-
-    first = app.enqueue("block", {})
-    held = [app.enqueue("ok", {"n": n}) for n in range(3)]
-    ledger = Ledger()
-    worker = replayq.Worker(
-        app,
-        worker_id="w",
-        concurrency=1,
-        prefetch=3,
-        prefetch_window=float("inf"),
-        poll_interval=0.05,
-        grace_period=20,
-        observers=[ledger],
-    )
-    raised: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            worker.run()
-        except BaseException as exc:
-            raised.append(exc)
+    app, held_run = _one_running_three_held(app_factory, clock)
+    entered, finish, first, held = held_run.entered, held_run.finish, held_run.first, held_run.held
+    ledger, worker, raised, run = held_run.ledger, held_run.worker, held_run.raised, held_run.run
 
     before = set(threading.enumerate())
     runner = threading.Thread(target=run, name="runner")

@@ -15,31 +15,11 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 
 import replayq
+from tests.observer_support import Ledger
 
 AppFactory = Callable[..., replayq.App]
-
-
-class Ledger(replayq.Observer):
-    """What the worker told its observers about each job."""
-
-    def __init__(self) -> None:
-        self.settled_ids: Counter[int] = Counter()
-        self.released_ids: dict[int, list[str]] = {}
-        self.lock = threading.Lock()
-
-    def attempt(self, job: replayq.Job, worker_id: str) -> AbstractContextManager[None]:
-        return nullcontext()
-
-    def settled(self, job: replayq.Job) -> None:
-        with self.lock:
-            self.settled_ids[job.id] += 1
-
-    def released(self, job: replayq.Job, reason: replayq.ReleaseReason) -> None:
-        with self.lock:
-            self.released_ids.setdefault(job.id, []).append(str(reason))
 
 
 def test_jobs_run_inline_leave_the_worker_which_then_runs_on(app_factory: AppFactory) -> None:
