@@ -139,3 +139,57 @@ def test_a_group_refused_for_one_ack_not_a_constraint_acks_the_others(
         order: replayq.JobState.RUNNING if order == 3 else replayq.JobState.SUCCEEDED
         for order in ids
     }, states
+
+
+def test_a_write_function_that_raises_at_the_ack_fails_its_own_job_and_no_other(
+    app_factory: AppFactory,
+) -> None:
+    """A handler's ``ctx.db_write`` function runs in the ack's commit; one that raises a
+    plain Python error there (not the database's) used to give up its whole group: the
+    other jobs, which had succeeded, were reaped and run again, and the faulty one ran
+    again and raised again. Now the group is split, the good acks commit once, and the
+    faulty ack is its attempt's failure, classified by its contract (an error of class
+    ``unknown``, which this contract does not retry: dead at once, never reaped and run
+    again)."""
+    app = app_factory()
+    dialect = app.storage.dialect
+    marker = "?" if dialect == "sqlite" else "%s"
+    runs: dict[int, int] = {}
+    with app.storage.transaction() as tx:
+        tx.connection.execute("CREATE TABLE shipments (order_id INTEGER PRIMARY KEY)")
+
+    def write(order: int) -> Callable[[Any], None]:
+        def insert(connection: Any) -> None:
+            if order == 3:
+                raise KeyError("carrier")  # the application's own bug, at the commit
+            connection.execute(f"INSERT INTO shipments (order_id) VALUES ({marker})", (order,))  # noqa: S608
+
+        return insert
+
+    @app.job("ship", retry=RETRY, lease="30s")
+    def ship(ctx: replayq.Context, order: int) -> None:
+        runs[order] = runs.get(order, 0) + 1
+        ctx.db_write(write(order))
+
+    ids = {order: app.enqueue("ship", {"order": order}) for order in range(1, 7)}
+    # One executor, all six leased at once, acks held: one group of six.
+    worker = replayq.Worker(
+        app, burst=True, prefetch=7, prefetch_window=float("inf"), ack_window=10.0
+    )
+    stats = worker.run()
+
+    assert stats.succeeded == 5, stats
+    assert runs == dict.fromkeys(ids, 1), runs
+    states = {order: app.get_job(job_id).state for order, job_id in ids.items()}
+    assert states == {
+        order: replayq.JobState.DEAD if order == 3 else replayq.JobState.SUCCEEDED for order in ids
+    }, states
+    (failed, *_) = [e for e in app.trace(ids[3]) if e.name == "job.failed"]
+    assert "KeyError" in str(failed.data.get("error")) or "carrier" in str(
+        failed.data.get("error")
+    ), failed.data
+    with app.storage.transaction(readonly=True) as tx:
+        stored = sorted(
+            r[0] for r in tx.connection.execute("SELECT order_id FROM shipments").fetchall()
+        )
+    assert stored == [1, 2, 4, 5, 6]

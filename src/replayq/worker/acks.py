@@ -304,7 +304,7 @@ class Acking(Outcomes):
                     return []
                 self._group_failed(pending, exc)
                 return []
-            except Exception:
+            except Exception as exc:
                 if refill:
                     # Rolled back: maybe the lease's fault (a bug, the app's clock erring), not
                     # the acks'. They commit again without it (the dispatcher leases the
@@ -319,10 +319,15 @@ class Acking(Outcomes):
                         ack.outcome_unknown = True
                     refill = False
                     continue
-                # Not the database's fault (a bug): the acks are dropped, never left held
-                # and heartbeated forever; the jobs are reaped after their lease.
-                log.exception("worker %s: group commit failed", self.worker_id)
-                self._give_up(pending)
+                if len(pending) > 1:
+                    # Raised by what one of them wrote, maybe (a handler's ``ctx.db_write``
+                    # function): the others are not held back by it, nor given up with it.
+                    return self._split(pending, exc)
+                # Raised for this ack alone: its attempt's failure, classified (a handler's
+                # ``ctx.db_write`` function raising at the commit, or a bug), its writes
+                # discarded. Given up, the job would be reaped and run again, raising again.
+                log.exception("worker %s: job %s's ack failed", self.worker_id, pending[0].job.id)
+                self._settle_refused(pending[0], exc)
                 return []
             for ack in pending:
                 self._acked(ack, logged=False)
@@ -391,10 +396,11 @@ class Acking(Outcomes):
         # One order for every group: two threads never wait on each other's beats.
         return sorted((f for f in flights if f is not None), key=lambda f: f.job.id)
 
-    def _split(self, acks: list[Ack], exc: StorageError) -> list[Job]:
+    def _split(self, acks: list[Ack], exc: Exception) -> list[Job]:
         """A group of several acks refused for something other than the database being
-        away: each half committed at once without the other (split again if it fails),
-        so that the acks not at fault commit now and only the one that is fails alone.
+        away (or that raised): each half committed at once without the other (split again
+        if it fails), so that the acks not at fault commit now and only the one that is
+        fails alone.
         Nothing is leased: the executors lease their free slots as usual."""
         log.warning(
             "worker %s: group commit of the acks of jobs %s failed (%s); committed in "
@@ -408,7 +414,7 @@ class Acking(Outcomes):
         self._commit_group(acks[half:], refill=False)
         return []
 
-    def _settle_refused(self, ack: Ack, cause: Refusal) -> None:
+    def _settle_refused(self, ack: Ack, cause: Refusal | Exception) -> None:
         """Settle alone the ack its group refused: lost lease, or writes refused (by their
         own check, or by a constraint of the database)."""
         try:
