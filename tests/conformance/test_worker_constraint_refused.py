@@ -105,15 +105,15 @@ def test_a_contract_that_maps_constraint_violations_decides_their_retries(
     assert runs["at_ack"] == 3, runs
 
 
-def test_a_group_refused_for_one_ack_not_a_constraint_acks_the_others(
-    app_factory: AppFactory,
-) -> None:
-    """A refusal that is neither a constraint nor an outage (an insert naming a column its
-    table lacks) splits the group as well: the good acks commit; the bad one alone is
-    tried again and given up, as before (the job stays running, reaped after its lease)."""
+def _six_shipments_in_one_group(
+    app_factory: AppFactory, write: Callable[[int, str], Callable[[Any], None]]
+) -> tuple[replayq.App, dict[int, int], dict[int, int], replayq.WorkerStats]:
+    """Six ``ship`` jobs whose handler writes ``write(order, marker)`` with
+    ``ctx.db_write`` into a table ``shipments``, drained by one executor that leases all
+    six at once and holds their acks: one group of six. The app, the job ids by order, the
+    handler's runs by order and the worker's stats."""
     app = app_factory()
-    dialect = app.storage.dialect
-    marker = "?" if dialect == "sqlite" else "%s"
+    marker = "?" if app.storage.dialect == "sqlite" else "%s"
     runs: dict[int, int] = {}
     with app.storage.transaction() as tx:
         tx.connection.execute("CREATE TABLE shipments (order_id INTEGER PRIMARY KEY)")
@@ -121,16 +121,28 @@ def test_a_group_refused_for_one_ack_not_a_constraint_acks_the_others(
     @app.job("ship", retry=RETRY, lease="30s")
     def ship(ctx: replayq.Context, order: int) -> None:
         runs[order] = runs.get(order, 0) + 1
-        column = "carrier" if order == 3 else "order_id"  # ``carrier``: not in the table
-        sql = f"INSERT INTO shipments ({column}) VALUES ({marker})"  # noqa: S608
-        ctx.db_write(lambda connection: connection.execute(sql, (order,)))
+        ctx.db_write(write(order, marker))
 
     ids = {order: app.enqueue("ship", {"order": order}) for order in range(1, 7)}
-    # One executor, all six leased at once, acks held: one group of six.
     worker = replayq.Worker(
         app, burst=True, prefetch=7, prefetch_window=float("inf"), ack_window=10.0
     )
-    stats = worker.run()
+    return app, ids, runs, worker.run()
+
+
+def test_a_group_refused_for_one_ack_not_a_constraint_acks_the_others(
+    app_factory: AppFactory,
+) -> None:
+    """A refusal that is neither a constraint nor an outage (an insert naming a column its
+    table lacks) splits the group as well: the good acks commit; the bad one alone is
+    tried again and given up, as before (the job stays running, reaped after its lease)."""
+
+    def write(order: int, marker: str) -> Callable[[Any], None]:
+        column = "carrier" if order == 3 else "order_id"  # ``carrier``: not in the table
+        sql = f"INSERT INTO shipments ({column}) VALUES ({marker})"  # noqa: S608
+        return lambda connection: connection.execute(sql, (order,))
+
+    app, ids, runs, stats = _six_shipments_in_one_group(app_factory, write)
 
     assert stats.succeeded == 5, stats
     assert runs == dict.fromkeys(ids, 1), runs
@@ -151,14 +163,8 @@ def test_a_write_function_that_raises_at_the_ack_fails_its_own_job_and_no_other(
     faulty ack is its attempt's failure, classified by its contract (an error of class
     ``unknown``, which this contract does not retry: dead at once, never reaped and run
     again)."""
-    app = app_factory()
-    dialect = app.storage.dialect
-    marker = "?" if dialect == "sqlite" else "%s"
-    runs: dict[int, int] = {}
-    with app.storage.transaction() as tx:
-        tx.connection.execute("CREATE TABLE shipments (order_id INTEGER PRIMARY KEY)")
 
-    def write(order: int) -> Callable[[Any], None]:
+    def write(order: int, marker: str) -> Callable[[Any], None]:
         def insert(connection: Any) -> None:
             if order == 3:
                 raise KeyError("carrier")  # the application's own bug, at the commit
@@ -166,17 +172,7 @@ def test_a_write_function_that_raises_at_the_ack_fails_its_own_job_and_no_other(
 
         return insert
 
-    @app.job("ship", retry=RETRY, lease="30s")
-    def ship(ctx: replayq.Context, order: int) -> None:
-        runs[order] = runs.get(order, 0) + 1
-        ctx.db_write(write(order))
-
-    ids = {order: app.enqueue("ship", {"order": order}) for order in range(1, 7)}
-    # One executor, all six leased at once, acks held: one group of six.
-    worker = replayq.Worker(
-        app, burst=True, prefetch=7, prefetch_window=float("inf"), ack_window=10.0
-    )
-    stats = worker.run()
+    app, ids, runs, stats = _six_shipments_in_one_group(app_factory, write)
 
     assert stats.succeeded == 5, stats
     assert runs == dict.fromkeys(ids, 1), runs

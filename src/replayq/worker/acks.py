@@ -90,11 +90,6 @@ class Ack(Struct, eq=False):
     outcome_unknown: bool = False
 
 
-# What an ack's commit can be refused for, for good: its lease lost, its writes refused
-# by their own check (a version conflict, a stale fencing token), or by a constraint.
-Refusal = LeaseLostError | JobError | ConstraintViolationError
-
-
 class _Refused(ReplayqError):
     """One ack of a group was refused: the group rolls back and commits without it."""
 
@@ -414,9 +409,10 @@ class Acking(Outcomes):
         self._commit_group(acks[half:], refill=False)
         return []
 
-    def _settle_refused(self, ack: Ack, cause: Refusal | Exception) -> None:
-        """Settle alone the ack its group refused: lost lease, or writes refused (by their
-        own check, or by a constraint of the database)."""
+    def _settle_refused(self, ack: Ack, cause: Exception) -> None:
+        """Settle alone the ack its group refused, for good: its lease lost, its writes
+        refused (by their own check, a version conflict or a stale fencing token, or by a
+        constraint of the database), or its commit raising for it alone."""
         try:
             if ack.outcome_unknown and self._settled_by_this_attempt(ack.job):
                 # An earlier try of its group committed (only its reply was lost): its
