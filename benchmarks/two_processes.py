@@ -10,7 +10,8 @@ N / B times as fast, however cheap a job is.
 
 Each run also times the same processes on an empty queue (their start: interpreter,
 imports, schema check, and stop), and reports the ratio of the drains after it
-(``two_vs_one_after_start``) beside the whole run's (``two_vs_one``, the issue's row).
+(``two_vs_one_after_start``) beside the whole run's (``two_vs_one``, the issue's row);
+it is null where a drain is not longer than its start (a queue too small to tell).
 
     python benchmarks/two_processes.py [--runs 3] [--jobs 3000] [--json]
 """
@@ -72,6 +73,19 @@ def drain(processes: int, jobs: int) -> dict[str, float]:
     return {"wall_s": round(wall, 3), "busy_cores": round(busy / wall, 3)}
 
 
+def after_start_ratio(drain_one: float, drain_two: float) -> float | None:
+    """One process's drain after its start over two processes'; None where either is
+    not longer than zero (a queue so small that the drain is within the start's noise)."""
+    if drain_one <= 0 or drain_two <= 0:
+        return None
+    return round(drain_one / drain_two, 3)
+
+
+def median_or_none(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
@@ -88,8 +102,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             "one": {**one, "start_s": start_one},
             "two": {**two, "start_s": start_two},
             "two_vs_one": round(one["wall_s"] / two["wall_s"], 3),
-            "two_vs_one_after_start": round(
-                (one["wall_s"] - start_one) / (two["wall_s"] - start_two), 3
+            "two_vs_one_after_start": after_start_ratio(
+                one["wall_s"] - start_one, two["wall_s"] - start_two
             ),
             "ceiling": round(cores / one["busy_cores"], 3),
         }
@@ -104,8 +118,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "jobs": opts.jobs,
         "runs": runs,
         "two_vs_one_median": statistics.median(r["two_vs_one"] for r in runs),
-        "two_vs_one_after_start_median": statistics.median(
-            r["two_vs_one_after_start"] for r in runs
+        "two_vs_one_after_start_median": median_or_none(
+            [r["two_vs_one_after_start"] for r in runs]
         ),
         "ceiling_median": statistics.median(r["ceiling"] for r in runs),
     }
