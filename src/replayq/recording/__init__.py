@@ -15,6 +15,8 @@
     ├── ledger.py    the step ledger: committed step positions of a job and their results
     ├── state.py     ctx.state: versioned, copy-on-write entities; StateStore from outside
     ├── locks.py     ctx.lock: lease locks with owner and fencing tokens; list/break
+    ├── lock_release.py  their releases: at once, after the commit of the writes under
+    │                them, or on their own when that commit never comes
     ├── effects.py   ctx.effect: side effects behind idempotency records
     ├── in_doubt.py  effects whose outcome was never recorded: list, resolve, reconcile
     ├── effects_facade.py  EffectsFacade: the App's methods over the ledger (in_doubt.py)

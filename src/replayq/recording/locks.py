@@ -12,12 +12,13 @@ Acquisition and release commit at once, so other workers see them; the worker's
 heartbeat renews held locks. A lock let go of while writes carrying its token wait for
 their commit is released by that commit instead, after them (``release``): until they
 land nobody takes it and reads what they are about to change.
+
+This module acquires and renews; the releases (at once, deferred to that commit, or
+abandoned when it never comes) are in ``lock_release.py``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 import math
 import time
 import uuid
@@ -32,10 +33,11 @@ from replayq.errors import ConfigurationError, LockTimeoutError, RowLockTimeoutE
 from replayq.model import TraceEvent
 from replayq.queue.contracts import LockHold
 from replayq.recording.attempt import ENDED, Attempt, ended_error
+from replayq.recording.lock_release import TAKEN, LockReleases, acquisition_order
 from replayq.recording.world import LIVE
 from replayq.runtime import RuntimeSource
 from replayq.storage.commits import commit_at_once
-from replayq.storage.context_params import LockFilter, LockRelease, LockReleaseInTime, LockRenew
+from replayq.storage.context_params import LockFilter, LockRelease, LockRenew
 from replayq.storage.protocol import (
     JobFilter,
     Lock,
@@ -46,10 +48,7 @@ from replayq.storage.protocol import (
     lock_get,
 )
 
-log = logging.getLogger("replayq.locks")
-
 DEFAULT_WAIT_SECONDS = 10.0
-_TAKEN = "the lock expired or was broken before the holder finished"
 _POLL_SECONDS = 0.05
 # The least an acquisition's try may wait for the lock's row (``LockAcquire.wait``), however
 # little of its ``wait`` is left: a commit that fences a write under the lock holds the row
@@ -117,8 +116,9 @@ class LockHandle:
         self._manager.release(self)
 
 
-class LockManager:
-    """``ctx.locks``: acquires, renews and releases the locks of one job attempt."""
+class LockManager(LockReleases[LockHandle]):
+    """``ctx.locks``: acquires, renews and releases the locks of one job attempt (the
+    releases: ``LockReleases``, ``lock_release.py``)."""
 
     def __init__(self, ctx: Attempt) -> None:
         self._ctx = ctx
@@ -340,7 +340,7 @@ class LockManager:
                 renewed = tx.lock_transition(renew)
             if not renewed:
                 assert kept.recorded is not None
-                self._ctx.amend(kept.recorded, self._expired(kept.recorded, _TAKEN))
+                self._ctx.amend(kept.recorded, self._expired(kept.recorded, TAKEN))
                 return False
             kept.held_until = sent + handle.ttl
         handle.held_until = kept.held_until
@@ -359,152 +359,6 @@ class LockManager:
         )
         return True
 
-    def release(self, handle: LockHandle) -> None:
-        """Let go of ``handle``'s lock: released at once, or, while writes under it wait for
-        their commit, by that commit (after them, in its transaction): nobody takes the lock
-        and reads what they are about to change before they land. Either way its
-        ``lock.released`` (``lock.expired`` if it ran out or was broken first) commits with
-        the release."""
-        ctx = self._ctx
-        self.held.pop(handle.resource, None)
-        recorded = ctx.world.lock_outcome("release", handle.resource)
-        if recorded is not LIVE:
-            expired = recorded["event"] == "lock.expired"
-            ctx.record(
-                recorded["event"],
-                status="fail" if expired else None,
-                resource=handle.resource,
-                fencing_token=handle.fencing_token or None,
-                note=recorded.get("note"),
-                replayed=True,
-            )
-            return
-        hlc = ctx.runtime.hlc.tick()
-        if (
-            handle.fencing_token is not None
-            and not self.ended
-            and ctx.fenced_by(handle.resource, handle.fencing_token)
-        ):
-            event = ctx.record(
-                "lock.released",
-                resource=handle.resource,
-                fencing_token=handle.fencing_token,
-                hlc=hlc,
-            )
-            handle.release_event = handle.recorded = event
-            if not self.deferred:
-                ctx.defer_release(self._release_waiting)
-                self.deferred = True
-            self.waiting[handle.resource] = handle
-            return
-        event = ctx.event(
-            "lock.released",
-            resource=handle.resource,
-            fencing_token=handle.fencing_token,
-            hlc=hlc,
-        )
-
-        def block(tx: Transaction) -> None:
-            tx.trace_append([self._release_in(tx, handle, event)])
-
-        commit_at_once(ctx.runtime.storage, block)
-
-    def _release_waiting(self, tx: Transaction) -> None:
-        """The releases waiting for this commit (``defer_release``), in the order their locks
-        were acquired (their heartbeat's renewal takes the rows in that order too); each
-        pending event amended to what its release found."""
-        ctx = self._ctx
-        for handle in sorted(self.waiting.values(), key=_acquired):
-            assert handle.release_event is not None and handle.recorded is not None
-            event = self._release_in(tx, handle, handle.release_event)
-            if event is not handle.recorded:
-                ctx.amend(handle.recorded, event)
-                handle.recorded = event
-
-    def released(self) -> None:
-        """The commit that ran the waiting releases committed (``Context.committed``)."""
-        self.waiting.clear()
-        self.deferred = False
-
-    def abandon(self) -> None:
-        """The attempt is settled (``Context.release``) and no commit of it is to come: the releases
-        still waiting for one are made now, each in a transaction of its own, and a lock
-        let go of later (a thread of the handler's) is released at once.
-
-        A release waits for the commit of the writes it guarded; when that commit never
-        came (a group commit or a settle given up, a failure commit that failed, the
-        writes refused every time), the writes did not land, and nothing is left to guard:
-        the lock is freed rather than held until its TTL. One statement on the lock's owner
-        token (``LockReleaseInTime``; ``LockRelease`` too if it ran out), so a lock another
-        holder took since is never released; its pending ``lock.released`` (or
-        ``lock.expired``) is appended with it, once: if the row is no longer this
-        attempt's because that commit landed after all (its answer lost), it recorded the
-        event itself, and nothing is appended. A failure here (the database away) leaves
-        the lock to its TTL, as before, and is logged."""
-        self.ended = True
-        if not self.waiting:
-            return
-        waiting = sorted(self.waiting.values(), key=_acquired)
-        self.waiting = {}
-        self.deferred = False
-        for handle in waiting:
-            try:
-                self._release_abandoned(handle)
-            except Exception as exc:
-                log.warning(
-                    "job %s: lock %s, let go of while its writes waited for a commit that "
-                    "never came, could not be released (%s); it runs out after its TTL",
-                    self._ctx.job.id,
-                    handle.resource,
-                    exc,
-                )
-
-    def _release_abandoned(self, handle: LockHandle) -> None:
-        """``handle``'s lock released on its own (``abandon``), with its event."""
-        event = handle.release_event
-        assert event is not None
-        with self._ctx.runtime.storage.transaction() as tx:
-            done = self._release_in(tx, handle, event)
-            if done is not event and done.data.get("note") == _TAKEN and _traced(tx, event):
-                return
-            tx.trace_append([done])
-
-    def _release_in(self, tx: Transaction, handle: LockHandle, event: TraceEvent) -> TraceEvent:
-        """Release ``handle``'s lock in ``tx``; ``event`` (its ``lock.released``) as it is to
-        be recorded: itself, or ``lock.expired`` (same place in the sequence) when the lock
-        ran out while held, even if nobody took it meanwhile, or was taken or broken.
-
-        One statement (``LockReleaseInTime``), judged in the clock that granted the lock
-        (the database's, unless a test clock); on PostgreSQL sent unread in a commit in one
-        round trip. Only a lock that ran out asks more (``LockRelease``)."""
-        runtime = self._ctx.runtime
-        if tx.lock_transition(
-            LockReleaseInTime(
-                handle.resource,
-                handle.owner_token,
-                runtime.clock.now(),
-                event.hlc,
-                runtime.leases_by_database,
-            )
-        ):
-            return event
-        released = tx.lock_transition(LockRelease(handle.resource, handle.owner_token, event.hlc))
-        note = (
-            "the lock's lease ran out before the holder released it"
-            if released is not None
-            else _TAKEN
-        )
-        return self._expired(event, note)
-
-    def _expired(self, event: TraceEvent, note: str) -> TraceEvent:
-        """``event`` (a ``lock.released``) as ``lock.expired``, its place kept."""
-        return dataclasses.replace(
-            event,
-            name="lock.expired",
-            status="fail",
-            data=self._ctx.redactor.value({**event.data, "note": note}),
-        )
-
     def renew_all(self) -> list[str]:
         """Extend every held lock by its TTL, and those whose release waits for a commit;
         returns the resources whose lock was lost."""
@@ -512,7 +366,7 @@ class LockManager:
         lost = []
         now = runtime.clock.now()
         sent = self._lock_clock(now)  # before the renewal is sent: ``held_until``
-        handles = sorted([*self.held.values(), *self.waiting.values()], key=_acquired)
+        handles = sorted([*self.held.values(), *self.waiting.values()], key=acquisition_order)
         renewed = []
         with runtime.storage.transaction() as tx:
             for handle in handles:
@@ -533,18 +387,6 @@ class LockManager:
         for handle in renewed:
             handle.held_until = sent + handle.ttl
         return lost
-
-
-def _acquired(handle: LockHandle) -> int:
-    return handle.order
-
-
-def _traced(tx: Transaction, event: TraceEvent) -> bool:
-    """Whether ``event``'s place (its attempt's sequence number) is in its trace already."""
-    return any(
-        stored.seq == event.seq and stored.attempt == event.attempt
-        for stored in tx.trace_query(TraceQuery(trace_id=event.trace_id))
-    )
 
 
 def _timeout(resource: str, holder: dict[str, Any], waited: float) -> LockTimeoutError:

@@ -3,8 +3,15 @@
 ::
 
     storage/
-    ├── protocol.py         Storage, Transaction (the verbs); Listener, SnapshotRead: optional
-    │                       capabilities
+    ├── protocol.py         Storage, Transaction (the verbs, composed of the families
+    │                       below); Listener, SnapshotRead: optional capabilities
+    ├── job_protocol.py     the job verbs and pipelined (implemented in sql_transaction.py)
+    ├── rollout_protocol.py the contract and rollout verbs (likewise)
+    ├── report_protocol.py  ``report`` (report_verbs.py)
+    ├── trace_protocol.py   trace_append and trace_query (trace_verbs.py)
+    ├── context_protocol.py the recording context's verbs and the schedules' (context_verbs.py)
+    ├── retention_protocol.py
+    │                       keep_transition, gc_scan and gc_apply (retention_verbs.py)
     ├── commits.py          commit_at_once: a block in one round trip where it can be, again
     │                       the careful way after a refusal (CommitRefused)
     ├── params.py           the frozen parameter structs of the queue, trace and
