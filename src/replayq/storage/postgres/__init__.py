@@ -331,7 +331,11 @@ def storage_error(what: str, exc: psycopg.Error, *, read_only_asked: bool = Fals
     if (exc.sqlstate or "").startswith("23"):
         # SQLSTATE class 23 (a unique key, a foreign key, a check, a not-null column): a
         # refusal the same write meets again.
-        return ConstraintViolationError(f"{what}: {said}")
+        return ConstraintViolationError(
+            f"{what}: {said}",
+            table=exc.diag.table_name,
+            constraint=exc.diag.constraint_name,
+        )
     if isinstance(exc, psycopg.errors.IdleInTransactionSessionTimeout):
         # SQLSTATE 25P03 (class 25, so psycopg's InternalError, not OperationalError): the
         # server ended a session frozen inside a transaction (idle_in_transaction_timeout)
