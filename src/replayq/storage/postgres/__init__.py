@@ -131,6 +131,7 @@ from replayq.storage.context_params import (
     LockChange,
     LockFilter,
     TraceFence,
+    lock_timeout_ms,
 )
 from replayq.storage.context_verbs import lease_now, query_params
 from replayq.storage.lifecycle_packs import enqueued_event
@@ -906,9 +907,7 @@ class PostgresTransaction(SqlTransaction):
         one-round-trip commit holds it until it thaws or its session ends — no longer
         keeps the acquisition waiting past its ``wait`` (``RowLockTimeoutError``)."""
         if type(change) is LockAcquire and change.wait is not None:
-            # Whole milliseconds, at least one (``0`` would mean no bound at all), at most
-            # what the setting holds (a longer ``wait`` is bounded by its own loop).
-            ms = min(max(1, math.ceil(change.wait * 1000)), _LOCK_TIMEOUT_MAX_MS)
+            ms = lock_timeout_ms(change.wait)
             if self._pipeline is not None:
                 # ``SET`` takes no parameters: what is formatted is an ``int`` of ours. A
                 # statement on the cursor (``lock_wait_bound``) cost ~40-80 k instructions
@@ -1037,10 +1036,6 @@ class PostgresTransaction(SqlTransaction):
             _queue_command(self.connection, self._queries["job_lease_plan"].encode())
         else:
             self.execute("job_lease_plan")
-
-
-# ``lock_timeout``'s largest value (an ``int`` of milliseconds in the server).
-_LOCK_TIMEOUT_MAX_MS = 2_147_483_647
 
 
 class Notifier:
