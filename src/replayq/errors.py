@@ -46,7 +46,10 @@ contract maps it (``errors={TimeoutError: "transient"}``); ``TimeoutError``
 and ``ConnectionError`` map to ``transient`` out of the box, and
 ``DatabaseUnavailableError`` (replayq's own database unreachable) to ``dependency``,
 ``ConstraintViolationError`` (a write of the handler's refused by a constraint of the
-database, at a step's commit or at the ack) to ``validation``.
+database, at a step's commit or at the ack) to ``validation``. A constraint of replayq's
+own tables (``rq_*``: ``ConstraintViolationError.internal``) refusing replayq's own write
+is no class of the job's: a bug of replayq, the job parked in ``dead`` with reason
+``internal_error`` (class ``unknown``), never retried, whatever the contract maps.
 
 Failure classes and what the worker does with them (``RETRY_TABLE``):
 
@@ -64,6 +67,7 @@ unknown        retried only if listed in ``Retry.on`` (default: no)
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from enum import StrEnum
 
 
@@ -135,7 +139,31 @@ class ConstraintViolationError(StorageError):
     row's values. In a worker it is the attempt's failure, class ``validation`` unless
     the contract maps it (``errors={ConstraintViolationError: "concurrency"}``): a
     handler's ``ctx.db_write`` refused at a step's commit or at its ack fails its job,
-    which goes to ``dead`` with this message instead of being retried without end."""
+    which goes to ``dead`` with this message instead of being retried without end.
+
+    ``table`` is the refusing constraint's table where the database names it (PostgreSQL's
+    diagnostics; SQLite's message for a unique key or a not-null column, and for a
+    ``CHECK`` of replayq's own schema), and ``constraint`` the constraint (PostgreSQL: its
+    name; SQLite: what its message names). ``internal``: the table is one of replayq's
+    own (``rq_*``): its own write refused by its own schema is a bug of replayq, not the
+    job's data failing a check; a worker parks that job in ``dead`` with reason
+    ``internal_error``, never ``validation`` and never retried."""
+
+    def __init__(
+        self, message: str, *, table: str | None = None, constraint: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.table = table
+        self.constraint = constraint
+
+    @property
+    def internal(self) -> bool:
+        """Whether the refusing constraint's table is one of replayq's own (``rq_*``)."""
+        return self.table is not None and self.table.startswith(OWN_TABLE_PREFIX)
+
+
+# The prefix of the name of every table of replayq's own schema.
+OWN_TABLE_PREFIX = "rq_"
 
 
 class RowLockTimeoutError(DatabaseUnavailableError):
@@ -362,14 +390,30 @@ def database_fault(exc: BaseException) -> DatabaseUnavailableError | None:
     ``ctx.enqueue`` meeting a locked, full or unreachable queue database, even wrapped
     by the handler) did not fail by its own fault.
     """
+    for current in _chain(exc):
+        if isinstance(current, DatabaseUnavailableError):
+            return current
+    return None
+
+
+def internal_violation(exc: BaseException) -> ConstraintViolationError | None:
+    """The ``ConstraintViolationError`` of one of replayq's own tables (``internal``) that
+    ``exc`` is, or was raised from or during: a write of replayq's refused by its own
+    schema (a step's commit, an ack), a bug of replayq's, whatever the handler made of it."""
+    for current in _chain(exc):
+        if isinstance(current, ConstraintViolationError) and current.internal:
+            return current
+    return None
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, then what it was raised from or during, and so on (each once)."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
-        if isinstance(current, DatabaseUnavailableError):
-            return current
+        yield current
         seen.add(id(current))
         current = current.__cause__ or current.__context__
-    return None
 
 
 def classify(

@@ -36,6 +36,9 @@ class DeadReason(StrEnum):
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"
     LEASE_EXPIRED_ATTEMPTS_EXHAUSTED = "lease_expired_attempts_exhausted"
     EFFECT_IN_DOUBT = "effect_in_doubt"
+    # A write of replayq's own refused by a constraint of its own tables (``rq_*``): a bug
+    # of replayq's, not the job's (``ConstraintViolationError.internal``).
+    INTERNAL_ERROR = "internal_error"
 
 
 @dataclass(frozen=True)

@@ -191,11 +191,19 @@ def locks_list(env: Env, as_json: bool) -> None:
 @locks.command("break")
 @click.argument("resource")
 @click.option("--reason", required=True, help="Why; recorded in the trace.")
+@click.option(
+    "--wait",
+    default="10s",
+    show_default=True,
+    help="How long to wait for the lock's row while a commit writing under the lock holds "
+    "it (PostgreSQL; a frozen worker's holds it until it thaws); past it exit 3.",
+)
 @pass_env
-def locks_break(env: Env, resource: str, reason: str) -> None:
+def locks_break(env: Env, resource: str, reason: str, wait: str) -> None:
     """Force a lock free; the old holder's later writes are fenced off."""
 
-    broken = replayq.break_lock(env.app(), resource, reason=reason)
+    seconds = replayq.parse_duration(wait, name="--wait")
+    broken = replayq.break_lock(env.app(), resource, reason=reason, wait=seconds)
     if broken is None:
         raise click.ClickException(f"no lock is held on {resource!r}")
     click.echo(f"broke lock {resource} (was held by {broken.worker_id}, job {broken.job_id})")

@@ -14,6 +14,12 @@ transaction of its own. Every release is one compare-and-release on the owner to
 storage's verbs are: it declares the state it shares with the acquisition half, and
 knows a handle only as ``Releasable`` (as the views know the context only as
 ``Attempt``), so that nothing here imports ``locks.py`` back.
+
+On PostgreSQL a release on its own (at once, or abandoned) waits for the lock's row at
+most the lock's ``wait`` (``row_wait``): a commit writing under the lock holds the row
+until it ends, a worker frozen inside one until it thaws or its session ends. Past it
+``RowLockTimeoutError`` naming the lock (``row_held``), nothing released. A release a
+step's commit makes after its writes is not bounded: that commit holds the row already.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import dataclasses
 import logging
 from typing import Generic, Protocol, TypeVar
 
+from replayq.errors import RowLockTimeoutError
 from replayq.model import TraceEvent
 from replayq.recording.attempt import Attempt
 from replayq.recording.world import LIVE
@@ -34,6 +41,10 @@ log = logging.getLogger("replayq.locks")
 # The note of a ``lock.expired`` whose lock another holder took (or an operator broke)
 # before its holder let go of it.
 TAKEN = "the lock expired or was broken before the holder finished"
+# The least a statement writing a lock's row may wait for it (``row_wait``; an
+# acquisition's try too, however little of its ``wait`` is left): a commit that fences a
+# write under the lock holds the row for its duration, a few milliseconds.
+ROW_WAIT_FLOOR = 0.05
 
 
 class Releasable(Protocol):
@@ -47,6 +58,9 @@ class Releasable(Protocol):
     # A release waiting for a commit: its ``lock.released`` as built, and as pending now.
     release_event: TraceEvent | None
     recorded: TraceEvent | None
+    # How long its acquisition waits for the lock (``ctx.lock(wait=...)``): a release on
+    # its own waits for the lock's row at most that (``row_wait``).
+    wait: float
 
 
 Handle = TypeVar("Handle", bound=Releasable)
@@ -106,10 +120,15 @@ class LockReleases(Generic[Handle]):
             hlc=hlc,
         )
 
-        def block(tx: Transaction) -> None:
-            tx.trace_append([self._release_in(tx, handle, event)])
+        wait = row_wait(handle.wait)
 
-        commit_at_once(ctx.runtime.storage, block)
+        def block(tx: Transaction) -> None:
+            tx.trace_append([self._release_in(tx, handle, event, wait)])
+
+        try:
+            commit_at_once(ctx.runtime.storage, block)
+        except RowLockTimeoutError as exc:
+            raise row_held(handle.resource, "released", wait) from exc
 
     def _release_waiting(self, tx: Transaction) -> None:
         """The releases waiting for this commit (``defer_release``), in the order their locks
@@ -166,19 +185,23 @@ class LockReleases(Generic[Handle]):
         event = handle.release_event
         assert event is not None
         with self._ctx.runtime.storage.transaction() as tx:
-            done = self._release_in(tx, handle, event)
+            done = self._release_in(tx, handle, event, row_wait(handle.wait))
             if done is not event and done.data.get("note") == TAKEN and _traced(tx, event):
                 return
             tx.trace_append([done])
 
-    def _release_in(self, tx: Transaction, handle: Handle, event: TraceEvent) -> TraceEvent:
+    def _release_in(
+        self, tx: Transaction, handle: Handle, event: TraceEvent, wait: float | None = None
+    ) -> TraceEvent:
         """Release ``handle``'s lock in ``tx``; ``event`` (its ``lock.released``) as it is to
         be recorded: itself, or ``lock.expired`` (same place in the sequence) when the lock
         ran out while held, even if nobody took it meanwhile, or was taken or broken.
 
         One statement (``LockReleaseInTime``), judged in the clock that granted the lock
         (the database's, unless a test clock); on PostgreSQL sent unread in a commit in one
-        round trip. Only a lock that ran out asks more (``LockRelease``)."""
+        round trip. Only a lock that ran out asks more (``LockRelease``). ``wait``: how long
+        they may wait for the lock's row (a release on its own); ``None`` in a step's
+        commit, which holds the row already (its fence) and waits for no one."""
         runtime = self._ctx.runtime
         if tx.lock_transition(
             LockReleaseInTime(
@@ -187,10 +210,13 @@ class LockReleases(Generic[Handle]):
                 runtime.clock.now(),
                 event.hlc,
                 runtime.leases_by_database,
+                wait=wait,
             )
         ):
             return event
-        released = tx.lock_transition(LockRelease(handle.resource, handle.owner_token, event.hlc))
+        released = tx.lock_transition(
+            LockRelease(handle.resource, handle.owner_token, event.hlc, wait=wait)
+        )
         note = (
             "the lock's lease ran out before the holder released it"
             if released is not None
@@ -211,6 +237,22 @@ class LockReleases(Generic[Handle]):
 def acquisition_order(handle: Releasable) -> int:
     """The order ``handle``'s lock was acquired in: locks are renewed and released in it."""
     return handle.order
+
+
+def row_wait(wait: float) -> float:
+    """How long a statement writing a lock's row may wait for it, for a lock whose ``wait``
+    is ``wait``: that, and at least ``ROW_WAIT_FLOOR``."""
+    return max(wait, ROW_WAIT_FLOOR)
+
+
+def row_held(resource: str, done: str, wait: float) -> RowLockTimeoutError:
+    """The error of a renewal, release or break of ``resource``'s lock whose statement
+    waited for the lock's row past its bound (SQLSTATE 55P03): what was not done, and why."""
+    return RowLockTimeoutError(
+        f"lock {resource!r} not {done}: its row stayed locked by another transaction for "
+        f"{wait:.2f}s (a commit writing under the lock, maybe of a worker frozen inside it: "
+        f"SIGSTOP, a paused VM); nothing changed, try again later"
+    )
 
 
 def _traced(tx: Transaction, event: TraceEvent) -> bool:

@@ -15,6 +15,14 @@ land nobody takes it and reads what they are about to change.
 
 This module acquires and renews; the releases (at once, deferred to that commit, or
 abandoned when it never comes) are in ``lock_release.py``.
+
+On PostgreSQL a commit that fences a write under a lock holds the lock's row until it
+ends, and a worker frozen inside a commit in one round trip holds it until it thaws or
+its session ends: every statement that writes the row waits for it at most a bound
+(``lock_timeout``), then fails with ``RowLockTimeoutError`` and changes nothing. An
+acquisition's bound is what is left of its ``wait``; a renewal's (the heartbeat's) the
+lock's ``wait`` and at most one heartbeat interval; a release's on its own the lock's
+``wait`` (``lock_release.py``); ``break_lock``'s its own ``wait``.
 """
 
 from __future__ import annotations
@@ -33,7 +41,14 @@ from replayq.errors import ConfigurationError, LockTimeoutError, RowLockTimeoutE
 from replayq.model import TraceEvent
 from replayq.queue.contracts import LockHold
 from replayq.recording.attempt import ENDED, Attempt, ended_error
-from replayq.recording.lock_release import TAKEN, LockReleases, acquisition_order
+from replayq.recording.lock_release import (
+    ROW_WAIT_FLOOR,
+    TAKEN,
+    LockReleases,
+    acquisition_order,
+    row_held,
+    row_wait,
+)
 from replayq.recording.world import LIVE
 from replayq.runtime import RuntimeSource
 from replayq.storage.commits import commit_at_once
@@ -50,10 +65,6 @@ from replayq.storage.protocol import (
 
 DEFAULT_WAIT_SECONDS = 10.0
 _POLL_SECONDS = 0.05
-# The least an acquisition's try may wait for the lock's row (``LockAcquire.wait``), however
-# little of its ``wait`` is left: a commit that fences a write under the lock holds the row
-# for its duration, a few milliseconds.
-_ROW_WAIT_FLOOR = 0.05
 
 
 class LockInfo(Struct, frozen=True):
@@ -200,7 +211,7 @@ class LockManager(LockReleases[LockHandle]):
             # The try waits for the lock's row at most what is left of ``wait``: a commit
             # that fences a write under the lock holds the row until it ends, and a worker
             # frozen inside one (PostgreSQL) would hold this acquisition past its wait.
-            bound = max(handle.wait - (time.monotonic() - started), _ROW_WAIT_FLOOR)
+            bound = max(handle.wait - (time.monotonic() - started), ROW_WAIT_FLOOR)
             try:
                 grant, holder = commit_at_once(
                     runtime.storage,
@@ -335,9 +346,13 @@ class LockManager(LockReleases[LockHandle]):
                 now,
                 handle.ttl,
                 database_clock=runtime.leases_by_database,
+                wait=row_wait(handle.wait),
             )
-            with runtime.storage.transaction() as tx:
-                renewed = tx.lock_transition(renew)
+            try:
+                with runtime.storage.transaction() as tx:
+                    renewed = tx.lock_transition(renew)
+            except RowLockTimeoutError as exc:
+                raise row_held(kept.resource, "taken back", row_wait(handle.wait)) from exc
             if not renewed:
                 assert kept.recorded is not None
                 self._ctx.amend(kept.recorded, self._expired(kept.recorded, TAKEN))
@@ -359,30 +374,47 @@ class LockManager(LockReleases[LockHandle]):
         )
         return True
 
+    def _renewal_wait(self, handle: LockHandle) -> float:
+        """How long the heartbeat's renewal of ``handle`` may wait for its row (``renew_all``)."""
+        heartbeat = self._ctx.handler.contract.heartbeat
+        return row_wait(min(handle.wait, heartbeat) if heartbeat > 0 else handle.wait)
+
     def renew_all(self) -> list[str]:
         """Extend every held lock by its TTL, and those whose release waits for a commit;
-        returns the resources whose lock was lost."""
+        returns the resources whose lock was lost.
+
+        Each renewal waits for its lock's row at most the lock's ``wait``, and at most one
+        heartbeat interval of the job's contract (the heartbeat renews them, and it beats
+        every lease of its worker: a frozen commit holding a lock's row delays its next
+        beat one interval at most): past it (PostgreSQL) ``RowLockTimeoutError`` naming the
+        lock, nothing renewed, and the heartbeat tries again after its backoff."""
         runtime = self._ctx.runtime
         lost = []
         now = runtime.clock.now()
         sent = self._lock_clock(now)  # before the renewal is sent: ``held_until``
         handles = sorted([*self.held.values(), *self.waiting.values()], key=acquisition_order)
         renewed = []
-        with runtime.storage.transaction() as tx:
-            for handle in handles:
-                if tx.lock_transition(
-                    LockRenew(
-                        handle.resource,
-                        handle.owner_token,
-                        now,
-                        handle.ttl,
-                        database_clock=runtime.leases_by_database,
-                    )
-                ):
-                    renewed.append(handle)
-                else:
-                    lost.append(handle.resource)
-                    handle.held_until = -math.inf
+        handle = None
+        try:
+            with runtime.storage.transaction() as tx:
+                for handle in handles:
+                    if tx.lock_transition(
+                        LockRenew(
+                            handle.resource,
+                            handle.owner_token,
+                            now,
+                            handle.ttl,
+                            database_clock=runtime.leases_by_database,
+                            wait=self._renewal_wait(handle),
+                        )
+                    ):
+                        renewed.append(handle)
+                    else:
+                        lost.append(handle.resource)
+                        handle.held_until = -math.inf
+        except RowLockTimeoutError as exc:
+            assert handle is not None
+            raise row_held(handle.resource, "renewed", self._renewal_wait(handle)) from exc
         # Once committed: a renewal rolled back holds nothing longer.
         for handle in renewed:
             handle.held_until = sent + handle.ttl
@@ -437,31 +469,41 @@ def list_locks(source: RuntimeSource) -> list[LockInfo]:
         return [_info(row) for row in tx.lock_list(LockFilter())]
 
 
-def break_lock(source: RuntimeSource, resource: str, *, reason: str) -> LockInfo | None:
-    """Force a lock free (the holder's later writes are fenced off); the reason is traced."""
-    runtime = source.runtime
-    from replayq.model import TraceEvent
+def break_lock(
+    source: RuntimeSource, resource: str, *, reason: str, wait: float = DEFAULT_WAIT_SECONDS
+) -> LockInfo | None:
+    """Force a lock free (the holder's later writes are fenced off); the reason is traced.
 
+    Waits for the lock's row at most ``wait`` seconds (PostgreSQL: a commit writing under
+    the lock holds it, and a worker frozen inside one holds it until it thaws or its
+    session ends): past it ``RowLockTimeoutError`` (a ``DatabaseUnavailableError``; the
+    command line's exit 3), nothing broken."""
+    runtime = source.runtime
     if not reason.strip():
         raise ConfigurationError("breaking a lock needs a reason")
+    if not wait > 0:
+        raise ConfigurationError(f"breaking a lock: wait must be positive, got {wait!r}")
     now, hlc = runtime.clock.now(), runtime.hlc.tick()
-    with runtime.storage.transaction() as tx:
-        row = tx.lock_transition(LockRelease(resource, None, hlc))
-        if row is None:
-            return None
-        tx.trace_append(
-            [
-                TraceEvent(
-                    trace_id=f"admin:{resource}",
-                    name="lock.broken",
-                    ts=now,
-                    hlc=hlc,
-                    job_id=row.job_id,
-                    kind="domain",
-                    resource=resource,
-                    resource_version=row.fencing_token,
-                    data={"reason": reason, "holder": row.worker_id},
-                )
-            ]
-        )
-        return _info(row)
+    try:
+        with runtime.storage.transaction() as tx:
+            row = tx.lock_transition(LockRelease(resource, None, hlc, wait=wait))
+            if row is None:
+                return None
+            tx.trace_append(
+                [
+                    TraceEvent(
+                        trace_id=f"admin:{resource}",
+                        name="lock.broken",
+                        ts=now,
+                        hlc=hlc,
+                        job_id=row.job_id,
+                        kind="domain",
+                        resource=resource,
+                        resource_version=row.fencing_token,
+                        data={"reason": reason, "holder": row.worker_id},
+                    )
+                ]
+            )
+            return _info(row)
+    except RowLockTimeoutError as exc:
+        raise row_held(resource, "broken", wait) from exc

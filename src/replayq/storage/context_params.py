@@ -8,6 +8,8 @@ readers. Imports: the foundations only.
 
 from __future__ import annotations
 
+import math
+
 from msgspec import Struct
 
 
@@ -69,6 +71,9 @@ class LockRenew(Struct, frozen=True):
     now: float
     ttl: float
     database_clock: bool = False
+    wait: float | None = None
+    """How long, in seconds, the renewal may wait for the lock's row (``LockAcquire.wait``):
+    past it ``RowLockTimeoutError``, nothing renewed. ``None``: no bound."""
 
 
 class LockRelease(Struct, frozen=True):
@@ -81,6 +86,10 @@ class LockRelease(Struct, frozen=True):
     resource: str
     owner_token: str | None
     hlc: int
+    wait: float | None = None
+    """How long, in seconds, the release or break may wait for the lock's row
+    (``LockAcquire.wait``): past it ``RowLockTimeoutError``, nothing changed. ``None``: no
+    bound."""
 
 
 class LockReleaseInTime(Struct, frozen=True):
@@ -98,10 +107,23 @@ class LockReleaseInTime(Struct, frozen=True):
     now: float
     hlc: int
     database_clock: bool = False
+    wait: float | None = None
+    """As ``LockRelease.wait``. ``None`` for a release a step's commit makes after the writes
+    it guarded: that commit holds the row already (its fence), and waits for no one."""
 
 
 LockChange = LockAcquire | LockRenew | LockRelease | LockReleaseInTime
 """Every compare-and-set on one lock row: ``lock_transition`` answers each with its record."""
+
+# ``lock_timeout``'s largest value (an ``int`` of milliseconds in PostgreSQL).
+LOCK_TIMEOUT_MAX_MS = 2_147_483_647
+
+
+def lock_timeout_ms(wait: float) -> int:
+    """A lock change's ``wait`` as PostgreSQL's ``lock_timeout``: whole milliseconds, at
+    least one (``0`` would mean no bound at all), at most what the setting holds (a longer
+    ``wait`` is bounded by its caller's own loop)."""
+    return min(max(1, math.ceil(wait * 1000)), LOCK_TIMEOUT_MAX_MS)
 
 
 class LockFilter(Struct, frozen=True):

@@ -46,6 +46,7 @@ from replayq.storage.context_params import (
     ScheduleMade,
     ScheduleRegister,
     StepComplete,
+    lock_timeout_ms,
 )
 from replayq.storage.records import (
     Blob,
@@ -199,10 +200,12 @@ class ContextVerbs(SqlStatements):
             return self.changed("lock_renew", _lock_params(change))
         if isinstance(change, LockReleaseInTime):
             return self.changed("lock_release_in_time", _lock_params(change))
+        bound = _lock_timeout(change.wait)
         if change.owner_token is None:
-            row = self.fetchone("lock_break", {"resource": change.resource, "hlc": change.hlc})
+            values = {"resource": change.resource, "hlc": change.hlc, "lock_timeout": bound}
+            row = self.fetchone("lock_break", values)
         else:
-            row = self.fetchone("lock_release", query_params(change))
+            row = self.fetchone("lock_release", {**query_params(change), "lock_timeout": bound})
         return None if row is None else record(Lock, row)
 
     def lock_list(self, query: LockFilter) -> list[Lock]:
@@ -336,5 +339,18 @@ def lease_now(now: float, database_clock: bool) -> float | None:
 
 
 def _lock_params(change: LockAcquire | LockRenew | LockReleaseInTime) -> dict[str, Any]:
-    """The change's fields plus ``lock_now``, judged like a job's lease (``lease_now``)."""
-    return {**query_params(change), "lock_now": lease_now(change.now, change.database_clock)}
+    """The change's fields plus ``lock_now``, judged like a job's lease (``lease_now``), and
+    ``lock_timeout`` (``_lock_timeout``)."""
+    return {
+        **query_params(change),
+        "lock_now": lease_now(change.now, change.database_clock),
+        "lock_timeout": _lock_timeout(change.wait),
+    }
+
+
+def _lock_timeout(wait: float | None) -> str | None:
+    """The ``lock_timeout`` parameter of the statements that write a lock's row: its
+    ``wait`` as PostgreSQL's setting (``lock_timeout_ms``), which a renewal, a release and
+    a break set for the rest of their transaction in their own statement (``locks.sql``);
+    ``None``: no bound. SQLite's statements do not read it."""
+    return None if wait is None else f"{lock_timeout_ms(wait)}ms"

@@ -26,7 +26,9 @@ What the group promises:
   handler's ``ctx.db_write`` colliding with a unique key, say) is the attempt's
   failure, its writes discarded, classified as any (``validation``: ``dead`` with the
   constraint named): the same write would be refused on every run, so it is neither
-  tried again nor given up to be reaped and run again.
+  tried again nor given up to be reaped and run again. A constraint of replayq's own
+  tables (``rq_*``) refusing it is replayq's bug, not the job's: ``dead`` as
+  ``internal_error`` (``Outcomes._fail``).
 * On PostgreSQL a group is two round trips (``Transaction.pipelined``): ``BEGIN``, the
   compare-and-sets and the lease in one, the trace insert and ``COMMIT`` in the other;
   the compare-and-sets' answer is read before ``COMMIT`` is sent.

@@ -14,12 +14,14 @@ from collections.abc import Sequence
 from typing import Any
 
 from replayq.errors import (
+    ConstraintViolationError,
     DatabaseUnavailableError,
     EffectInDoubtError,
     FailureClass,
     LeaseLostError,
     StorageError,
     classify,
+    internal_violation,
 )
 from replayq.model import DeadReason, Job, TraceEvent
 from replayq.queue import lifecycle as trace
@@ -254,11 +256,20 @@ class Outcomes(Settling, Leasing):
     def _fail(
         self, job: Job, handler: Handler, ctx: Context, exc: Exception, duration: float
     ) -> None:
-        failure_class = classify(exc, dict(handler.error_map))
+        """End a failed attempt: retried or ``dead`` as its class and contract say. A write
+        of replayq's own refused by a constraint of its own tables (``internal_violation``:
+        a step's commit, an ack) is replayq's bug, not the job's: ``dead`` at once with
+        reason ``internal_error``, class ``unknown`` whatever the contract maps or retries."""
         retry = handler.contract.retry
-        retryable = retry.retries(failure_class)
         redactor = handler.redactor or self.runtime.redactor
-        message = redactor.error(exc)
+        internal = internal_violation(exc)
+        if internal is None:
+            failure_class = classify(exc, dict(handler.error_map))
+            retryable = retry.retries(failure_class)
+            message = redactor.error(exc)
+        else:
+            failure_class, retryable = FailureClass.UNKNOWN, False
+            message = redactor.text(_internal_message(internal))
         exhausted = job.attempt >= job.max_attempts
         cancelled = False
 
@@ -318,6 +329,8 @@ class Outcomes(Settling, Leasing):
                 reason = DeadReason.ATTEMPTS_EXHAUSTED if retryable else DeadReason.NOT_RETRYABLE
                 if isinstance(exc, EffectInDoubtError):
                     reason = DeadReason.EFFECT_IN_DOUBT
+                elif internal is not None:
+                    reason = DeadReason.INTERNAL_ERROR
                 events.append(self._bury_in(tx, job, reason, failure_class, message, now, hlc))
             tx.trace_append(events)
 
@@ -372,3 +385,14 @@ class Outcomes(Settling, Leasing):
             error_class=error_class,
             error=message,
         )
+
+
+def _internal_message(violation: ConstraintViolationError) -> str:
+    """The error of an attempt ended by ``violation``, a constraint of replayq's own table
+    refusing replayq's own write: said to be replayq's, naming the table and constraint."""
+    constraint = f" (constraint {violation.constraint})" if violation.constraint else ""
+    return (
+        f"internal error of replayq: its own table {violation.table} refused its write"
+        f"{constraint}; a bug of replayq, not of the job: report it. "
+        f"{type(violation).__name__}: {violation}"
+    )

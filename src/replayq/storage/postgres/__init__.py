@@ -131,6 +131,7 @@ from replayq.storage.context_params import (
     LockChange,
     LockFilter,
     TraceFence,
+    lock_timeout_ms,
 )
 from replayq.storage.context_verbs import lease_now, query_params
 from replayq.storage.lifecycle_packs import enqueued_event
@@ -307,49 +308,72 @@ def storage_error(what: str, exc: psycopg.Error, *, read_only_asked: bool = Fals
     being unable to take writes — a standby after a failover, or
     ``default_transaction_read_only`` — unless replayq itself asked for a read-only
     transaction (then it is a bug, and retrying would never end).
+
+    Every message tells the driver error by ``server_message``: the server's primary
+    message and SQLSTATE, never its DETAIL, HINT or CONTEXT lines, which quote row values
+    (an application's data) and would go on into a job's trace (a handler's failure).
+    The driver error itself stays the ``__cause__``.
     """
+    said = server_message(exc)
     if isinstance(exc, psycopg.errors.ReadOnlySqlTransaction) and not read_only_asked:
         return DatabaseUnavailableError(
             f"{what}: the server takes no writes now (read-only, SQLSTATE 25006: a standby "
-            f"after a failover?): {exc}"
+            f"after a failover?): {said}"
         )
     if isinstance(exc, psycopg.errors.LockNotAvailable):
         # SQLSTATE 55P03: a row lock not granted within ``lock_timeout`` (or ``NOWAIT``).
         # Still an outage to whoever did not ask for the bound (a subclass); the session
         # is fine and its transaction rolled back.
-        return RowLockTimeoutError(f"{what}: a row lock was not granted in time: {exc}")
+        return RowLockTimeoutError(f"{what}: a row lock was not granted in time: {said}")
     if isinstance(exc, psycopg.OperationalError) and not isinstance(
         exc, psycopg.errors.QueryCanceled
     ):
-        return DatabaseUnavailableError(f"{what}: {exc}")
+        return DatabaseUnavailableError(f"{what}: {said}")
     if (exc.sqlstate or "").startswith("23"):
-        return _constraint_violation(what, exc)
+        # SQLSTATE class 23 (a unique key, a foreign key, a check, a not-null column): a
+        # refusal the same write meets again.
+        return ConstraintViolationError(
+            f"{what}: {said}",
+            table=exc.diag.table_name,
+            constraint=exc.diag.constraint_name,
+        )
     if isinstance(exc, psycopg.errors.IdleInTransactionSessionTimeout):
         # SQLSTATE 25P03 (class 25, so psycopg's InternalError, not OperationalError): the
         # server ended a session frozen inside a transaction (idle_in_transaction_timeout)
         # and rolled it back, as a killed session. Not the job's failure: retried.
-        return DatabaseUnavailableError(f"{what}: the server ended the session: {exc}")
-    return StorageError(f"{what}: {exc}")
+        return DatabaseUnavailableError(f"{what}: the server ended the session: {said}")
+    return StorageError(f"{what}: {said}")
 
 
-def _constraint_violation(what: str, exc: psycopg.Error) -> ConstraintViolationError:
-    """SQLSTATE class 23 (a unique key, a foreign key, a check, a not-null column): a
-    refusal the same write meets again. The message names the constraint and its table
-    from the server's diagnostics, not its DETAIL, which quotes the refused row's values
-    (an application's data: an e-mail address as a key) into the job's trace."""
+# The objects a server error names in its diagnostics, as ``server_message`` says them:
+# names from the schema, never values.
+_NAMED = (
+    ("constraint", "constraint_name"),
+    ("table", "table_name"),
+    ("column", "column_name"),
+    ("type", "datatype_name"),
+)
+
+
+def server_message(exc: psycopg.Error) -> str:
+    """What replayq says of a driver error: for one the server sent, its primary message
+    and SQLSTATE, with the constraint, table, column or data type its diagnostics name
+    (``new row for relation "t" violates check constraint "t_x_check" (SQLSTATE 23514;
+    constraint t_x_check, table t)``).
+
+    Not psycopg's ``str(exc)``, which appends the server's DETAIL, HINT and CONTEXT lines:
+    a refused row's values (``Failing row contains (…)``), the key of a unique or foreign
+    key, a trigger's ``RAISE … USING DETAIL``, a statement's text with its literals. An
+    error the server did not send (no SQLSTATE: a connection refused, psycopg's own) is
+    its text, which holds no row's values."""
+    sqlstate = exc.sqlstate
+    if not sqlstate:
+        return str(exc)
     diag = exc.diag
     primary = diag.message_primary or str(exc).partition("\n")[0]
-    where = [
-        f"{label} {value}"
-        for label, value in (
-            ("constraint", diag.constraint_name),
-            ("table", diag.table_name),
-            ("column", diag.column_name),
-        )
-        if value
-    ]
+    where = [f"{label} {value}" for label, field in _NAMED if (value := getattr(diag, field))]
     named = f"; {', '.join(where)}" if where else ""
-    return ConstraintViolationError(f"{what}: {primary} (SQLSTATE {exc.sqlstate}{named})")
+    return f"{primary} (SQLSTATE {sqlstate}{named})"
 
 
 _JOB_INSERT_FIELDS = JobInsert.__struct_fields__
@@ -565,7 +589,7 @@ class PostgresTransaction(SqlTransaction):
         failed = self._failed(name, what)
         exc = _first_error(exc)
         if self._refusing and (exc.sqlstate or "").startswith(_REFUSAL_CLASS):
-            return CommitRefused(f"{failed}: {exc}")
+            return CommitRefused(f"{failed}: {server_message(exc)}")
         return storage_error(failed, exc, read_only_asked=bool(self.connection.read_only))
 
     def _failed(self, name: str, what: str = "query ") -> str:
@@ -883,9 +907,7 @@ class PostgresTransaction(SqlTransaction):
         one-round-trip commit holds it until it thaws or its session ends — no longer
         keeps the acquisition waiting past its ``wait`` (``RowLockTimeoutError``)."""
         if type(change) is LockAcquire and change.wait is not None:
-            # Whole milliseconds, at least one (``0`` would mean no bound at all), at most
-            # what the setting holds (a longer ``wait`` is bounded by its own loop).
-            ms = min(max(1, math.ceil(change.wait * 1000)), _LOCK_TIMEOUT_MAX_MS)
+            ms = lock_timeout_ms(change.wait)
             if self._pipeline is not None:
                 # ``SET`` takes no parameters: what is formatted is an ``int`` of ours. A
                 # statement on the cursor (``lock_wait_bound``) cost ~40-80 k instructions
@@ -1014,10 +1036,6 @@ class PostgresTransaction(SqlTransaction):
             _queue_command(self.connection, self._queries["job_lease_plan"].encode())
         else:
             self.execute("job_lease_plan")
-
-
-# ``lock_timeout``'s largest value (an ``int`` of milliseconds in the server).
-_LOCK_TIMEOUT_MAX_MS = 2_147_483_647
 
 
 class Notifier:

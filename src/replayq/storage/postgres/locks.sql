@@ -11,6 +11,14 @@
 -- lock_renew, lock_release and lock_break of that row wait for the fenced commit (at most
 -- its duration), and a fence asked while one of them is uncommitted waits for it and reads
 -- the row as it left it (READ COMMITTED's FOR SHARE reads the newest version).
+-- A worker frozen inside a commit in one round trip holds that row until it thaws or its
+-- session ends, so each of them can bound its wait: an acquisition with lock_wait_bound (or
+-- SET LOCAL queued in its pipeline); lock_renew, lock_release, lock_release_in_time and
+-- lock_break in their own WHERE (:lock_timeout, NULL for no bound): set_config there, a
+-- filter on the row the statement is about to write, runs before the statement waits for
+-- that row, and sets lock_timeout for the rest of its transaction as SET LOCAL would,
+-- parameterised and with no statement or round trip of its own. Past it 55P03
+-- (lock_not_available), the transaction rolled back.
 
 -- name: lock_acquire
 INSERT INTO rq_locks (resource, owner_token, fencing_token, job_id, worker_id, acquired_at,
@@ -68,11 +76,13 @@ SELECT rq_require(COALESCE((SELECT fencing_token <= %(fencing_token)s FROM rq_lo
 
 -- name: lock_renew
 UPDATE rq_locks SET expires_at = COALESCE(%(lock_now)s::float8, extract(epoch FROM statement_timestamp())::float8) + %(ttl)s
-WHERE resource = %(resource)s AND owner_token = %(owner_token)s;
+WHERE resource = %(resource)s AND owner_token = %(owner_token)s
+  AND (%(lock_timeout)s::text IS NULL OR set_config('lock_timeout', %(lock_timeout)s, true) IS NOT NULL);
 
 -- name: lock_release
 UPDATE rq_locks SET owner_token = NULL, expires_at = NULL, hlc = GREATEST(hlc + 1, %(hlc)s)
 WHERE resource = %(resource)s AND owner_token = %(owner_token)s
+  AND (%(lock_timeout)s::text IS NULL OR set_config('lock_timeout', %(lock_timeout)s, true) IS NOT NULL)
 RETURNING *;
 
 -- name: lock_release_in_time
@@ -81,10 +91,11 @@ RETURNING *;
 -- In a commit in one round trip it is sent unread as lock_release_in_time_refusing, which
 -- refuses (RQ001) unless it changed the row. A step's commit releases so a lock whose
 -- writes it fenced: it holds the row FOR SHARE already (lock_fence_refusing) and only
--- upgrades its own row lock, never waiting for another's.
+-- upgrades its own row lock, never waiting for another's (:lock_timeout NULL there).
 UPDATE rq_locks SET owner_token = NULL, expires_at = NULL, hlc = GREATEST(hlc + 1, %(hlc)s)
 WHERE resource = %(resource)s AND owner_token = %(owner_token)s
-  AND expires_at >= COALESCE(%(lock_now)s::float8, extract(epoch FROM statement_timestamp())::float8);
+  AND expires_at >= COALESCE(%(lock_now)s::float8, extract(epoch FROM statement_timestamp())::float8)
+  AND (%(lock_timeout)s::text IS NULL OR set_config('lock_timeout', %(lock_timeout)s, true) IS NOT NULL);
 
 -- name: lock_list
 SELECT * FROM rq_locks WHERE owner_token IS NOT NULL ORDER BY resource;
@@ -95,4 +106,5 @@ UPDATE rq_locks
 SET owner_token = NULL, expires_at = NULL, fencing_token = fencing_token + 1,
     hlc = GREATEST(hlc + 1, %(hlc)s)
 WHERE resource = %(resource)s AND owner_token IS NOT NULL
+  AND (%(lock_timeout)s::text IS NULL OR set_config('lock_timeout', %(lock_timeout)s, true) IS NOT NULL)
 RETURNING *;

@@ -85,6 +85,7 @@ Known limits, up front:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import operator
 import os
@@ -95,6 +96,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from importlib import resources
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -239,7 +241,12 @@ def storage_error(what: str, exc: sqlite3.Error, path: str | None = None) -> Sto
         # SQLITE_CONSTRAINT: a unique key, a foreign key, a check, a not-null column. Its
         # message names the constraint, never the row's values; refused again if retried.
         name = getattr(exc, "sqlite_errorname", None)
-        return ConstraintViolationError(f"{what}: {exc}" + (f" ({name})" if name else ""))
+        table, constraint = constraint_named(str(exc))
+        return ConstraintViolationError(
+            f"{what}: {exc}" + (f" ({name})" if name else ""),
+            table=table,
+            constraint=constraint,
+        )
     if code is None or code & 0xFF not in _UNAVAILABLE_CODES:
         return StorageError(f"{what}: {exc}")
     detail = f"{exc} ({getattr(exc, 'sqlite_errorname', code)})"
@@ -248,6 +255,62 @@ def storage_error(what: str, exc: sqlite3.Error, path: str | None = None) -> Sto
     elif code & 0xFF in _WRITE_FAULT_CODES and path is not None:
         detail += _unwritable(path)
     return DatabaseUnavailableError(f"{what}: {detail}")
+
+
+# SQLite's message for a constraint's refusal: ``UNIQUE constraint failed: t.a, t.b``,
+# ``NOT NULL constraint failed: t.a``, ``UNIQUE constraint failed: index 'name'`` (an index
+# on expressions), ``CHECK constraint failed: <its name, or its expression>``,
+# ``FOREIGN KEY constraint failed`` (nothing named). A trigger's ``RAISE`` says its own text.
+_CONSTRAINT_FAILED = re.compile(
+    r"(UNIQUE|PRIMARY KEY|NOT NULL|CHECK) constraint failed: (.+)\Z", re.DOTALL
+)
+_INDEX_NAMED = re.compile(r"index '([^']+)'\Z")
+_COLUMN_NAMED = re.compile(r"([^\s.,]+)\.")
+
+
+def constraint_named(message: str) -> tuple[str | None, str | None]:
+    """The table and the constraint a refusal's ``message`` names, as far as it does
+    (``ConstraintViolationError.table``, ``.constraint``): a unique key's or a not-null
+    column's table is before its first column's dot; a ``CHECK``'s message gives its name,
+    or its expression when it has none, and an index on expressions its name: their table
+    is looked up among replayq's own (``_own_schema``), and an application's names none."""
+    found = _CONSTRAINT_FAILED.match(message)
+    if found is None:
+        return None, None
+    kind, named = found.group(1), found.group(2).strip()
+    checks, indexes = _own_schema()
+    if kind == "CHECK":
+        wanted = " ".join(named.split())
+        for table, statement in checks:
+            if f"CHECK ({wanted})" in statement or f"CONSTRAINT {wanted} CHECK" in statement:
+                return table, named
+        return None, named
+    index = _INDEX_NAMED.match(named)
+    if index is not None:
+        return indexes.get(index.group(1)), index.group(1)
+    column = _COLUMN_NAMED.match(named)
+    return (column.group(1) if column else None), named
+
+
+_OWN_TABLE = re.compile(r'CREATE TABLE (?:IF NOT EXISTS )?"?(\w+)"?')
+_OWN_INDEX = re.compile(r'CREATE (?:UNIQUE )?INDEX (?:IF NOT EXISTS )?"?(\w+)"? ON "?(\w+)"?')
+
+
+@functools.cache
+def _own_schema() -> tuple[tuple[tuple[str, str], ...], dict[str, str]]:
+    """replayq's own schema (``schema.sql``, what the migrations make): each table and its
+    ``CREATE TABLE`` statement, its white space made single spaces (a ``CHECK``'s
+    expression is found in it as SQLite quotes it); each index's table, by its name. Read
+    on the first refusal a process meets that needs it, never before."""
+    text = resources.files(__package__).joinpath("schema.sql").read_text(encoding="utf-8")
+    tables, indexes = [], {}
+    for statement in text.split(";\n"):
+        table = _OWN_TABLE.search(statement)
+        if table is not None:
+            tables.append((table.group(1), " ".join(statement.split())))
+        for index in _OWN_INDEX.finditer(statement):
+            indexes[index.group(1)] = index.group(2)
+    return tuple(tables), indexes
 
 
 def _unwritable(path: str) -> str:
