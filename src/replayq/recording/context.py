@@ -90,6 +90,9 @@ class Context(Recorder):
     _effects: EffectRunner | None = None
     # The cancel flag ``end`` took the place of (``cancel_requested`` reads it).
     _flag_at_end: LostFlag | None = None
+    # Whether the cancel flag was set when the handler returned (``run``): only a cancel
+    # the handler could have seen stops an attempt that returned (``stopped_before_return``).
+    _cancel_at_return = False
 
     def __init__(
         self,
@@ -322,6 +325,15 @@ class Context(Recorder):
             flag = self._flag_at_end
         return flag is not None and flag.is_set()
 
+    @property
+    def stopped_before_return(self) -> bool:
+        """Whether the heartbeat's flag (a cancel request, or the lease found lost) was
+        already set when the handler returned: the handler could have seen it
+        (``ctx.cancelled``) and returned early. ``False`` for a cancel that arrived after
+        the return: the handler had completed, and its attempt stands (the worker acks it
+        and notes the cancel as arriving too late)."""
+        return self._cancel_at_return
+
     def check_cancelled(self) -> None:
         """A cancel point: raise ``JobCancelledError`` if the job was asked to stop,
         ``LeaseLostError`` if the heartbeat found the lease lost, and ``ContextEndedError``
@@ -381,17 +393,22 @@ class Context(Recorder):
                 result = handler.fn(self, *args)
             else:
                 result = handler.fn(self, **args)
-            if not handler.is_async:
-                return result
-            if run_coroutine is not None:
-                return run_coroutine(result)
-            import asyncio  # late, as worker/event_loop.py says why
+            if handler.is_async:
+                if run_coroutine is not None:
+                    result = run_coroutine(result)
+                else:
+                    import asyncio  # late, as worker/event_loop.py says why
 
-            loop = asyncio.new_event_loop()
-            try:
-                return loop.run_until_complete(result)
-            finally:
-                loop.close()
+                    loop = asyncio.new_event_loop()
+                    try:
+                        result = loop.run_until_complete(result)
+                    finally:
+                        loop.close()
+            # The handler returned: what it was asked before now, it could have seen.
+            cancel = self._cancel
+            if cancel is not None and cancel.is_set():
+                self._cancel_at_return = True
+            return result
 
         try:
             if resource is None:
