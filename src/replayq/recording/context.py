@@ -42,6 +42,7 @@ is pending, its commit). ``release`` drops the views once the attempt is settled
 from __future__ import annotations
 
 import random as _random
+import threading
 import uuid as _uuid
 from collections.abc import Callable, Coroutine, Mapping
 from contextlib import AbstractContextManager
@@ -125,6 +126,11 @@ class Context(Recorder):
         # was found lost (``world.lease_lost()`` then true): every cancel point reads it.
         self._cancel = cancel
         self._trace_id = trace_id or job.trace_id
+        # Held by ``end`` while it ends the attempt, and by a ``ctx.call``/``ctx.effect``
+        # while it looks whether the attempt ended and records (or claims, or commits its
+        # outcome): one run in a thread or a task that outlived the handler either records
+        # before the end, or sees the end and records nothing into the trace after it.
+        self._live = threading.Lock()
         self._pending = PendingRecord()
         self._seq = 0
         self._steps: list[str] = []
@@ -214,8 +220,11 @@ class Context(Recorder):
         """
         cancel = self._cancel
         if cancel is not _ENDED:
-            self._flag_at_end = cancel
-            self._cancel = _ENDED
+            # After any ``ctx.call``/``ctx.effect`` recording right now (another thread's):
+            # from here on they find the attempt ended (``_live``).
+            with self._live:
+                self._flag_at_end = cancel
+                self._cancel = _ENDED
 
     def release(self) -> None:
         """The attempt is settled (its ack or failure committed, or its run done): ``end``
