@@ -332,7 +332,8 @@ class Context(Recorder):
         flag = self._cancel
         if flag is _ENDED:
             flag = self._flag_at_end
-        return flag is not None and flag.is_set()
+        # ``LostFlag.is_set``'s read, without its call: asked at every ack.
+        return flag is not None and flag._set
 
     @property
     def stopped_before_return(self) -> bool:
@@ -413,9 +414,10 @@ class Context(Recorder):
                         result = loop.run_until_complete(result)
                     finally:
                         loop.close()
-            # The handler returned: what it was asked before now, it could have seen.
+            # The handler returned: what it was asked before now, it could have seen. The
+            # flag's attribute read as ``LostFlag.is_set`` reads it (no call per job).
             cancel = self._cancel
-            if cancel is not None and cancel.is_set():
+            if cancel is not None and cancel._set:
                 self._cancel_at_return = True
             return result
 
