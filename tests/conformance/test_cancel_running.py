@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import replayq
@@ -159,3 +159,107 @@ def test_a_job_that_reaches_no_boundary_within_its_lease_is_cancelled_not_run_ag
     (cancelled,) = [e for e in app.trace(job_id) if e.name == "job.cancelled"]
     assert cancelled.data["reason"] == "the lease ran out before a step boundary"
     assert app.get_job(job_id).state == replayq.JobState.CANCELLED
+
+
+class _HoldAtLockRelease(replayq.Observer):
+    """Holds the executor where the handler has returned and its contract lock's release
+    has committed (``lock.released``: ``Context.run`` lets go of the lock after the handler
+    returned, before the worker reads the cancel flag) until the test lets it go on."""
+
+    def __init__(self) -> None:
+        self.returned = threading.Event()
+        self.go_on = threading.Event()
+
+    def events(self, events: Sequence[replayq.TraceEvent]) -> None:
+        if any(e.name == "lock.released" for e in events) and not self.returned.is_set():
+            self.returned.set()
+            assert self.go_on.wait(30), "the test never let the executor go on"
+
+
+def test_a_cancel_that_reaches_the_worker_after_the_handler_returned_leaves_it_succeeded(
+    app_factory: Callable[..., replayq.App],
+) -> None:
+    """The handler did its work (its effect ran) and returned; the cancel request is seen
+    by the heartbeat only then, before the worker read the flag. The attempt had
+    completed: it is acked (``job.succeeded`` notes ``cancel_too_late``), not cancelled
+    with its completed work discarded (before: ``job.cancelled``, its result dropped)."""
+    app = app_factory()
+    charged: list[str] = []
+    kept: list[replayq.Context] = []
+
+    @app.job("charge", lease="2s", heartbeat="0.1s", lock="order:{order}")
+    def charge(ctx: replayq.Context, order: str) -> str:
+        ctx.effect("payment.charge", lambda: charged.append(order) or "ch_1", key=f"charge:{order}")
+        with ctx.step("mark"):
+            ctx.state.put("order", order, {"charged": True})
+        kept.append(ctx)
+        return "charged"
+
+    hold = _HoldAtLockRelease()
+    job_id = app.enqueue("charge", {"order": "o1"})
+    worker = replayq.Worker(app, poll_interval=0.02, grace_period=5, observers=[hold])
+    thread = threading.Thread(target=worker.run, daemon=True)
+    thread.start()
+    try:
+        assert hold.returned.wait(10), "the handler never returned"
+        assert app.cancel(job_id)
+        [ctx] = kept
+        # The heartbeat brings the request to the attempt: its flag is set, before the
+        # worker (held here) reads it.
+        wait_for(lambda: ctx.cancelled, timeout=10, what="the heartbeat sees the cancel")
+        hold.go_on.set()
+        wait_for(
+            lambda: (
+                app.get_job(job_id).state
+                in (replayq.JobState.SUCCEEDED, replayq.JobState.CANCELLED)
+            ),
+            timeout=10,
+            what="the job settles",
+        )
+    finally:
+        hold.go_on.set()
+        worker.stop()
+        thread.join(10)
+    job = app.get_job(job_id)
+    assert job.state == replayq.JobState.SUCCEEDED, "the completed attempt stands"
+    assert charged == ["o1"]
+    assert worker.stats.succeeded == 1 and worker.stats.cancelled == 0
+    events = app.trace(job_id)
+    assert "job.cancelled" not in [e.name for e in events]
+    (succeeded,) = [e for e in events if e.name == "job.succeeded"]
+    assert succeeded.data["cancel_too_late"] is True
+    assert app.state.get("order", "o1").data == {"charged": True}
+    [record] = app.effects()
+    assert record.status == "succeeded"
+
+
+def test_a_handler_that_saw_the_cancel_and_returned_ends_cancelled(
+    app_factory: Callable[..., replayq.App],
+) -> None:
+    """The rule's other side: a cancel the handler could see (``ctx.cancelled`` was set
+    before it returned) ends the attempt cancelled, its writes outside steps dropped."""
+    app = app_factory()
+    started = threading.Event()
+
+    @app.job("polls", lease="2s", heartbeat="0.1s")
+    def polls(ctx: replayq.Context) -> str:
+        started.set()
+        deadline = time.monotonic() + 10
+        while not ctx.cancelled and time.monotonic() < deadline:
+            time.sleep(0.01)  # a long loop without cancel points
+        ctx.state.put("order", "o1", {"half": True})  # outside a step: dropped
+        return "stopped early"
+
+    job_id = app.enqueue("polls")
+    with running(app) as worker:
+        assert started.wait(10)
+        assert app.cancel(job_id)
+        wait_for(
+            lambda: app.get_job(job_id).state == replayq.JobState.CANCELLED,
+            timeout=10,
+            what="the job ends cancelled",
+        )
+    assert worker.stats.cancelled == 1 and worker.stats.succeeded == 0
+    (cancelled,) = [e for e in app.trace(job_id) if e.name == "job.cancelled"]
+    assert cancelled.data["reason"] == "the handler returned after the cancel"
+    assert not app.state.get("order", "o1").exists

@@ -16,8 +16,9 @@ log = logging.getLogger("replayq.observe")
 class ReleaseReason(StrEnum):
     """Why a job the worker leased left it without an attempt (``Observer.released``)."""
 
-    # The worker stopped (SIGTERM, ``Worker.stop``) while the job waited, leased ahead:
-    # given back to the queue unstarted (or, the database away, left to be reaped).
+    # The worker stopped (SIGTERM, ``Worker.stop``) while the job waited, leased ahead, or
+    # its run ended (a burst's end, the grace over) before an executor started it: given
+    # back to the queue unstarted (or, the database away, left to be reaped).
     STOPPED = "stopped"
     # Its lease was taken while it waited (the worker stalled past it and another worker
     # reaped it): dropped unrun, the heartbeat's ``lease.lost`` with ``started: false``.

@@ -69,6 +69,10 @@ class Attempt(Protocol):
     # The attempt's cancel flag, ``ENDED`` once it ended (``Context.end``): each view's
     # entry point refuses then, as the context's own verbs do.
     _cancel: LostFlag | None
+    # Held by ``Context.end`` as it sets ``ENDED``: a verb whose outside call may outlive
+    # the handler (``ctx.call``, ``ctx.effect``) holds it from its look at ``_cancel`` to
+    # the end of what it records, so nothing is recorded into the trace after the end.
+    _live: Any  # a ``threading.Lock``
 
     @property
     def trace_id(self) -> str: ...

@@ -8,6 +8,7 @@ class) is recorded. A large response goes to the blob store with the step's comm
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -18,6 +19,8 @@ from replayq.recording.aio import Flow, outside_call
 from replayq.recording.attempt import ENDED, Attempt, ended_error
 from replayq.recording.world import LIVE
 from replayq.seal import unsealed
+
+log = logging.getLogger("replayq.recording")
 
 
 def call_request(args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -71,37 +74,59 @@ def record_call(
         with unsealed():  # a recorded call is the door the seal leaves open
             response = yield outside_call(fn, *args, **kwargs)
     except Exception as exc:
-        ctx.record(
+        error = ctx.redactor.error(exc)
+        # The look at the end and the record under ``_live``: the handler's return (in
+        # another thread) ends the attempt either before the look or after the record.
+        with ctx._live:
+            if ctx._cancel is ENDED:  # the handler returned while the call ran
+                _late(ctx, name, f"failed ({type(exc).__name__}: {error})")
+                raise ended_error(ctx.job.id, ctx.attempt) from exc
+            ctx.record(
+                "call",
+                status="fail",
+                call=name,
+                fingerprint=fingerprint,
+                request=summary,
+                error=error,
+                # Recorded so that a replay raises the failure with the class it had.
+                error_class=classify(exc, dict(ctx.handler.error_map)).value,
+                duration=round(time.monotonic() - started, 6),
+            )
+        raise
+    with ctx._live:
+        if ctx._cancel is ENDED:  # the handler returned while the call ran
+            _late(ctx, name, "returned")
+            raise ended_error(ctx.job.id, ctx.attempt)
+        duration = round(time.monotonic() - started, 6)
+        what = f"ctx.call({name!r}) response"
+        inline, ref, raw, _ = ctx.encoded(response, what=what)
+        ctx.store_blob(raw, what, ref)
+        # The request and the response were redacted above (``encoded``): not screened again.
+        ctx.record_screened(
             "call",
-            status="fail",
+            ("request", "response"),
+            status="success",
             call=name,
             fingerprint=fingerprint,
             request=summary,
-            error=ctx.redactor.error(exc),
-            # Recorded so that a replay raises the failure with the class it had.
-            error_class=classify(exc, dict(ctx.handler.error_map)).value,
-            duration=round(time.monotonic() - started, 6),
+            response=inline,
+            output_ref=ref,
+            duration=duration,
         )
-        raise
-    if ctx._cancel is ENDED:  # the handler returned while the call ran
-        raise ended_error(ctx.job.id, ctx.attempt)
-    duration = round(time.monotonic() - started, 6)
-    what = f"ctx.call({name!r}) response"
-    inline, ref, raw, _ = ctx.encoded(response, what=what)
-    ctx.store_blob(raw, what, ref)
-    # The request and the response were redacted above (``encoded``): not screened again.
-    ctx.record_screened(
-        "call",
-        ("request", "response"),
-        status="success",
-        call=name,
-        fingerprint=fingerprint,
-        request=summary,
-        response=inline,
-        output_ref=ref,
-        duration=duration,
-    )
     return response
+
+
+def _late(ctx: Attempt, name: str, outcome: str) -> None:
+    """Log a call whose outside call ended after its attempt did: nothing of it is
+    recorded (the attempt's trace takes nothing after its end), so the log says it."""
+    log.warning(
+        "job %s attempt %s: ctx.call(%r) %s after the attempt ended (the handler had "
+        "returned); not recorded",
+        ctx.job.id,
+        ctx.attempt,
+        name,
+        outcome,
+    )
 
 
 def _summarise_encoded(request: Any) -> tuple[Any, str]:

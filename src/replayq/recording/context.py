@@ -42,6 +42,7 @@ is pending, its commit). ``release`` drops the views once the attempt is settled
 from __future__ import annotations
 
 import random as _random
+import threading
 import uuid as _uuid
 from collections.abc import Callable, Coroutine, Mapping
 from contextlib import AbstractContextManager
@@ -90,6 +91,9 @@ class Context(Recorder):
     _effects: EffectRunner | None = None
     # The cancel flag ``end`` took the place of (``cancel_requested`` reads it).
     _flag_at_end: LostFlag | None = None
+    # Whether the cancel flag was set when the handler returned (``run``): only a cancel
+    # the handler could have seen stops an attempt that returned (``stopped_before_return``).
+    _cancel_at_return = False
 
     def __init__(
         self,
@@ -122,6 +126,11 @@ class Context(Recorder):
         # was found lost (``world.lease_lost()`` then true): every cancel point reads it.
         self._cancel = cancel
         self._trace_id = trace_id or job.trace_id
+        # Held by ``end`` while it ends the attempt, and by a ``ctx.call``/``ctx.effect``
+        # while it looks whether the attempt ended and records (or claims, or commits its
+        # outcome): one run in a thread or a task that outlived the handler either records
+        # before the end, or sees the end and records nothing into the trace after it.
+        self._live = threading.Lock()
         self._pending = PendingRecord()
         self._seq = 0
         self._steps: list[str] = []
@@ -211,8 +220,11 @@ class Context(Recorder):
         """
         cancel = self._cancel
         if cancel is not _ENDED:
-            self._flag_at_end = cancel
-            self._cancel = _ENDED
+            # After any ``ctx.call``/``ctx.effect`` recording right now (another thread's):
+            # from here on they find the attempt ended (``_live``).
+            with self._live:
+                self._flag_at_end = cancel
+                self._cancel = _ENDED
 
     def release(self) -> None:
         """The attempt is settled (its ack or failure committed, or its run done): ``end``
@@ -320,7 +332,17 @@ class Context(Recorder):
         flag = self._cancel
         if flag is _ENDED:
             flag = self._flag_at_end
-        return flag is not None and flag.is_set()
+        # ``LostFlag.is_set``'s read, without its call: asked at every ack.
+        return flag is not None and flag._set
+
+    @property
+    def stopped_before_return(self) -> bool:
+        """Whether the heartbeat's flag (a cancel request, or the lease found lost) was
+        already set when the handler returned: the handler could have seen it
+        (``ctx.cancelled``) and returned early. ``False`` for a cancel that arrived after
+        the return: the handler had completed, and its attempt stands (the worker acks it
+        and notes the cancel as arriving too late)."""
+        return self._cancel_at_return
 
     def check_cancelled(self) -> None:
         """A cancel point: raise ``JobCancelledError`` if the job was asked to stop,
@@ -381,17 +403,23 @@ class Context(Recorder):
                 result = handler.fn(self, *args)
             else:
                 result = handler.fn(self, **args)
-            if not handler.is_async:
-                return result
-            if run_coroutine is not None:
-                return run_coroutine(result)
-            import asyncio  # late, as worker/event_loop.py says why
+            if handler.is_async:
+                if run_coroutine is not None:
+                    result = run_coroutine(result)
+                else:
+                    import asyncio  # late, as worker/event_loop.py says why
 
-            loop = asyncio.new_event_loop()
-            try:
-                return loop.run_until_complete(result)
-            finally:
-                loop.close()
+                    loop = asyncio.new_event_loop()
+                    try:
+                        result = loop.run_until_complete(result)
+                    finally:
+                        loop.close()
+            # The handler returned: what it was asked before now, it could have seen. The
+            # flag's attribute read as ``LostFlag.is_set`` reads it (no call per job).
+            cancel = self._cancel
+            if cancel is not None and cancel._set:
+                self._cancel_at_return = True
+            return result
 
         try:
             if resource is None:

@@ -27,10 +27,16 @@ attempt's owner token holds the job's lease (``ctx.fence``). A worker whose
 lease was taken never starts the effect; one that lost it while the effect ran
 cannot record the outcome (the record stays in doubt for the new owner) and the
 outcome it saw is kept in its ``write.fenced`` event for whoever settles it.
+
+An effect whose outside call ends after its attempt ended (a thread or a task the
+handler left running) records nothing into the attempt's trace: its record still gets
+the outcome, by the compare-and-set on its claim token alone (``_record_late``), and
+the outcome is logged.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -66,6 +72,8 @@ from replayq.storage.reconnect import retry_unavailable
 IN_DOUBT_POLICIES = ("park", "retry")
 # How long the record's claim or completion is retried while the database is unreachable.
 RECONNECT_SECONDS = 60.0
+
+log = logging.getLogger("replayq.recording")
 
 
 _T = TypeVar("_T")
@@ -113,7 +121,73 @@ class EffectRunner:
     def flow(self, kind: str, fn: Any, *, key: str | None) -> Flow[Any]:
         """The effect's recording, yielding where ``fn`` runs (``recording.aio``). Refused
         once the attempt ended: a kept ``ctx.effects``, or an awaitable ``ctx.effect``
-        awaited only after the handler returned (checked when the flow starts)."""
+        awaited only after the handler returned (checked when the flow starts).
+
+        The look at the end and what follows it up to the run (the claim), then the look
+        again and the outcome's commit, each under the context's ``_live``: an effect in a
+        thread or a task that outlived the handler claims and records before the end, or
+        sees it. One whose outside call ends after the end records nothing into the trace;
+        its idempotency record still gets the outcome (``_record_late``)."""
+        ctx = self._ctx
+        with ctx._live:
+            claimed = self._claim(kind, key)
+        if not isinstance(claimed, _Claimed):
+            return claimed  # replayed, deduplicated or settled: not run
+        key, claim_token = claimed.key, claimed.claim_token
+        runtime = ctx.runtime
+        started = time.monotonic()
+        try:
+            with unsealed():  # the effect itself is the door the seal leaves open
+                result = yield outside_call(fn)
+        except Exception as exc:
+            error = ctx.redactor.error(exc)
+            with ctx._live:
+                if ctx._cancel is ENDED:  # the handler returned while the effect ran
+                    self._record_late(kind, key, claim_token, error=error)
+                    raise ended_error(ctx.job.id, ctx.attempt) from exc
+                with runtime.storage.transaction() as tx, tx.pipelined():
+                    ctx.fence(tx, [f"effect failure {kind} {key}"], kind=kind, key=key, error=error)
+                    tx.idem_transition(IdemFail(key, claim_token, error, runtime.clock.now()))
+                    tx.trace_append(
+                        [
+                            ctx.event(
+                                "effect.failed",
+                                status="fail",
+                                side_effect=True,
+                                resource=key,
+                                kind=kind,
+                                key=key,
+                                error=error,
+                                error_class=classify(exc, dict(ctx.handler.error_map)).value,
+                                duration=round(time.monotonic() - started, 6),
+                            )
+                        ]
+                    )
+            raise
+        with ctx._live:
+            encoded = ctx.encoded(result, what=f"ctx.effect({kind!r}) result")
+            if ctx._cancel is ENDED:  # the handler returned while the effect ran
+                self._record_late(kind, key, claim_token, encoded=encoded)
+                raise ended_error(ctx.job.id, ctx.attempt)
+            riding = ctx.ride_along()
+            # The effect happened: record it even across an outage, or the next attempt would
+            # find the key ``started`` (in doubt). A retry after a lost COMMIT reply changes
+            # nothing (compare-and-set on the claim token) and adds no second event.
+            retry_unavailable(
+                f"job {ctx.job.id}: record effect {key!r}",
+                lambda retrying: self._record_success(
+                    kind, key, claim_token, encoded, started, riding, first=not retrying
+                ),
+                seconds=RECONNECT_SECONDS,
+            )
+            ctx.rode(riding)
+        return result
+
+    def _claim(self, kind: str, key: str | None) -> Any:
+        """Up to the effect's run (under ``_live``): refused once the attempt ended; the
+        world's answer (a replay), else the claim of the key's record. ``_Claimed`` (the
+        key and the claim token) to run it, else what the verb returns without running it
+        (recorded, deduplicated, or settled by the reconciler)."""
         ctx = self._ctx
         if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
             raise ended_error(ctx.job.id, ctx.attempt)
@@ -205,48 +279,68 @@ class EffectRunner:
             )
         if outcome is _RUN_RODE:
             ctx.rode(riding)
-            outcome = _RUN
-        if outcome is not _RUN:
-            return outcome
-        started = time.monotonic()
-        try:
-            with unsealed():  # the effect itself is the door the seal leaves open
-                result = yield outside_call(fn)
-        except Exception as exc:
-            error = ctx.redactor.error(exc)
-            with runtime.storage.transaction() as tx, tx.pipelined():
-                ctx.fence(tx, [f"effect failure {kind} {key}"], kind=kind, key=key, error=error)
-                tx.idem_transition(IdemFail(key, claim_token, error, runtime.clock.now()))
-                tx.trace_append(
-                    [
-                        ctx.event(
-                            "effect.failed",
-                            status="fail",
-                            side_effect=True,
-                            resource=key,
-                            kind=kind,
-                            key=key,
-                            error=error,
-                            error_class=classify(exc, dict(ctx.handler.error_map)).value,
-                            duration=round(time.monotonic() - started, 6),
-                        )
-                    ]
-                )
-            raise
-        encoded = ctx.encoded(result, what=f"ctx.effect({kind!r}) result")
-        riding = ctx.ride_along()
-        # The effect happened: record it even across an outage, or the next attempt would
-        # find the key ``started`` (in doubt). A retry after a lost COMMIT reply changes
-        # nothing (compare-and-set on the claim token) and adds no second event.
-        retry_unavailable(
-            f"job {ctx.job.id}: record effect {key!r}",
-            lambda retrying: self._record_success(
-                kind, key, claim_token, encoded, started, riding, first=not retrying
-            ),
+            return _Claimed(key, claim_token)
+        if outcome is _RUN:
+            return _Claimed(key, claim_token)
+        return outcome
+
+    def _record_late(
+        self,
+        kind: str,
+        key: str,
+        claim_token: str,
+        *,
+        encoded: Encoded | None = None,
+        error: str | None = None,
+    ) -> None:
+        """The outcome of an effect whose outside call ended after its attempt did (a
+        thread or a task the handler left running): its idempotency record gets it, as
+        it would have (``succeeded`` with the result, or ``failed``), so the effect is not
+        left in doubt (a later holder of the key reuses a success, and never parks on
+        it); nothing goes into the attempt's trace, which takes nothing after its end.
+        Not fenced by the lease (the attempt's settle has usually given it up by then):
+        the compare-and-set on the record's claim token, still ``started``, is the guard,
+        so a record taken over or settled since is left as it is. Logged either way."""
+        ctx = self._ctx
+        runtime = ctx.runtime
+        wanted = "failed" if error is not None else "succeeded"
+
+        def write(tx: Transaction) -> bool:
+            now = runtime.clock.now()
+            if error is not None:
+                tx.idem_transition(IdemFail(key, claim_token, error, now))
+            else:
+                assert encoded is not None
+                _, ref, raw, text = encoded
+                if raw is not None:
+                    put_bytes(
+                        tx, raw, now=now, limit=runtime.limits.blob_limit_bytes, what=kind, ref=ref
+                    )
+                tx.idem_transition(IdemSucceed(key, claim_token, None if ref else text, ref, now))
+            # Read back: a try after a lost COMMIT reply changes nothing, yet it was ours.
+            record = idem_get(tx, key)
+            return record is not None and (record.claim_token, record.status) == (
+                claim_token,
+                wanted,
+            )
+
+        recorded = retry_unavailable(
+            f"job {ctx.job.id}: record late effect {key!r}",
+            lambda retrying: commit_at_once(runtime.storage, write),
             seconds=RECONNECT_SECONDS,
         )
-        ctx.rode(riding)
-        return result
+        log.warning(
+            "job %s attempt %s: ctx.effect(%r, key=%r) %s after the attempt ended (the "
+            "handler had returned); not in its trace; %s",
+            ctx.job.id,
+            ctx.attempt,
+            kind,
+            key,
+            f"failed ({error})" if error is not None else "succeeded",
+            f"its idempotency record says {wanted}"
+            if recorded
+            else "its idempotency record was taken over or settled meanwhile: left as it is",
+        )
 
     def _record_success(
         self,
@@ -436,6 +530,16 @@ class _Once(Generic[_T]):
         made, self._made = self._made, None
         if made is not None:
             unmake(made)
+
+
+class _Claimed:
+    """Claim outcome: the record is this attempt's, ``started``: run the effect."""
+
+    __slots__ = ("claim_token", "key")
+
+    def __init__(self, key: str, claim_token: str) -> None:
+        self.key = key
+        self.claim_token = claim_token
 
 
 class _Ask:

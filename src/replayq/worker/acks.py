@@ -156,6 +156,9 @@ class Acking(Outcomes):
             if job.ordering_key is not None:
                 ordered = True
             hlc = clock.tick_at(now)  # stamped at the event's time: one clock read a group
+            # Asked to stop after its handler returned (a cancel the handler could have seen
+            # ends the attempt cancelled, ``Executing._attempt``): too late, it is acked.
+            late: dict[str, bool] = {"cancel_too_late": True} if ack.ctx.cancel_requested else {}
             succeeded = trace.lifecycle(
                 trace.JOB_SUCCEEDED,
                 job,
@@ -166,6 +169,7 @@ class Acking(Outcomes):
                 status="succeeded",
                 duration=ack.duration,
                 version=ack.handler.contract.version,
+                **late,
             )
             try:
                 ack.ctx.flush(tx, events_to=events)

@@ -326,10 +326,19 @@ class Executing(Acking, Heartbeat):
                 # would be refused; recorded as that refusal without asking the database.
                 self._reject(job, LeaseLostError("job.succeeded"), ctx)
                 return ctx
-            # The handler saw ``ctx.cancelled`` and returned: the attempt still ends cancelled,
-            # and what it did outside a step is not committed.
-            self._cancelled(job, ctx, "the handler returned after the cancel", 0.0)
-            return ctx
+            if ctx.stopped_before_return:
+                # The handler could have seen ``ctx.cancelled`` and returned early: the
+                # attempt ends cancelled, and what it did outside a step is not committed.
+                self._cancelled(job, ctx, "the handler returned after the cancel", 0.0)
+                return ctx
+            # The cancel reached the worker after the handler returned: the handler had
+            # completed (its effects ran), so its result stands and the ack goes on; the
+            # cancel arrived too late (``job.succeeded`` says so, ``_acks_written``).
+            log.warning(
+                "job %s: asked to stop after its handler returned; too late, the completed "
+                "attempt is acked",
+                job.id,
+            )
         try:
             self._succeed(job, handler, ctx, result_json, time.monotonic() - started)
         except (JobError, ConstraintViolationError) as exc:

@@ -29,7 +29,7 @@ from replayq.queue.catalog import register_contracts
 from replayq.storage.protocol import Autocommit, Listener
 from replayq.storage.reconnect import Backoff
 from replayq.storage.reports import JobsScheduled
-from replayq.worker.core import STOP, WorkerStats
+from replayq.worker.core import STOP, InFlight, WorkerStats
 from replayq.worker.execute import Executing
 from replayq.worker.reap import Reaping
 
@@ -95,6 +95,11 @@ class Worker(Executing, Reaping):
             return self.stats
         self._ended.clear()
         self._leasing_closed = False
+        if not self._stopping.is_set():
+            # The force an earlier burst run's end set (``_shutdown``) is not this run's: it
+            # would end this run's grace at once (a job leased as the run ends given up
+            # instead of run) and give up its settles at their first storage error.
+            self._force.clear()
         executors = [
             threading.Thread(target=self._executor, name=f"replayq-exec-{i}", daemon=True)
             for i in range(self.concurrency)
@@ -247,9 +252,21 @@ class Worker(Executing, Reaping):
         acks = self._take_acks(all_of_them=True)
         if acks:
             self._commit_group(acks, refill=False)
+        # What is left past the grace: the jobs still running are released as started (an
+        # attempt counted); a job held and not started (leased as a burst run ended, its
+        # executor busy or not yet at it) goes back unstarted, marked ``releasing`` under the
+        # lock ``_start`` reads it under, so no executor starts it after this look.
         with self._inflight_lock:
             leftovers = [f for f in self._inflight.values() if not (f.releasing or f.acking)]
-        self._release_all([f.job for f in leftovers], "worker shut down before the job finished")
+            for flight in leftovers:
+                if not flight.running:
+                    flight.releasing = True
+        self._give_back(
+            [f for f in leftovers if not f.running], "worker ended before the job started"
+        )
+        self._release_all(
+            [f.job for f in leftovers if f.running], "worker shut down before the job finished"
+        )
         self._hand_out([STOP] * len(executors), everyone=True)
         if finished:
             # The run returns with its executors gone: a caller running burst after burst
@@ -258,20 +275,28 @@ class Worker(Executing, Reaping):
         return finished
 
     def _release_unstarted(self) -> None:
-        """Give back at once the jobs held but not started (only while stopping)."""
+        """Give back at once the jobs held but not started (only while stopping: a burst
+        run that ends runs in its grace a job leased as it ended)."""
         if not self._stopping.is_set():
-            return  # a burst run ends with nothing held
+            return
         with self._inflight_lock:
             unstarted = [f for f in self._inflight.values() if not (f.running or f.releasing)]
             for flight in unstarted:
                 flight.releasing = True
-        if unstarted:
-            self._give_back_unstarted(unstarted, "worker stopped before the job started")
-            # Leased (``job_seen``) and never run: given back (or, the database away, left
-            # to be reaped); one whose lease the heartbeat found lost meanwhile was dropped.
-            lost = [f.job for f in unstarted if f.lost.is_set()]
-            if lost:
-                self.observers.released_all(lost, ReleaseReason.LOST)
-            self.observers.released_all(
-                [f.job for f in unstarted if not f.lost.is_set()], ReleaseReason.STOPPED
-            )
+        self._give_back(unstarted, "worker stopped before the job started")
+
+    def _give_back(self, unstarted: list[InFlight], reason: str) -> None:
+        """Give back held jobs not started, each marked ``releasing`` by the caller: to the
+        queue as if never leased (``lease.released``, ``started: false``, no attempt
+        counted), the observers told."""
+        if not unstarted:
+            return
+        self._give_back_unstarted(unstarted, reason)
+        # Leased (``job_seen``) and never run: given back (or, the database away, left
+        # to be reaped); one whose lease the heartbeat found lost meanwhile was dropped.
+        lost = [f.job for f in unstarted if f.lost.is_set()]
+        if lost:
+            self.observers.released_all(lost, ReleaseReason.LOST)
+        self.observers.released_all(
+            [f.job for f in unstarted if not f.lost.is_set()], ReleaseReason.STOPPED
+        )
