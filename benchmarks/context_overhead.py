@@ -29,6 +29,12 @@ bookkeeping and its commits, entity version rows with deltas.
     python benchmarks/context_overhead.py [--jobs 2000] [--repeat 3] [--lines 32]
                                           [--backend sqlite|postgres] [--json]
                                           [--rtt-ms MS] [--dir DIR] [--profile]
+                                          [--names default|other]
+
+``--names other`` runs the same jobs with the handler's names changed (job type,
+steps, namespaces, call, effect kind and key; each the same length as the default's
+and none in packs.DICTIONARY_2, which holds the default's): the trace's bytes for a
+handler whose names the dictionary does not know. ``--names default`` is the above.
 
 ``--json`` prints one object instead of the tables: each side's µs/job, the
 overhead %, transactions, event rows, rows and bytes per job, the load average
@@ -101,34 +107,73 @@ def charge(order_id: int, amount_cents: int) -> dict[str, Any]:
     return {"charge_id": f"ch_{order_id:08d}", "amount_cents": amount_cents, "status": "paid"}
 
 
+# -- the handler's names ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Names:
+    """The names a handler gives its job type, steps, entities, call and effect."""
+
+    job: str
+    steps: tuple[str, str, str, str, str]  # load, price, reserve, charge, confirm
+    order: str  # the namespace of the job's own entity
+    account: str  # the namespace of the customer's entity
+    call: str
+    effect: str  # the effect's kind
+    key: str  # the effect's idempotency key's prefix
+
+
+DEFAULT_NAMES = Names(
+    "order.process",
+    ("load", "price", "reserve", "charge", "confirm"),
+    "order",
+    "account",
+    "pricing.quote",
+    "payment.charge",
+    "charge",
+)
+# The same lengths as the default's, none of them in packs.DICTIONARY_2.
+OTHER_NAMES = Names(
+    "ledger.settle",
+    ("pull", "quote", "earmark", "settle", "journal"),
+    "entry",
+    "partner",
+    "tariff.lookup",
+    "ledger.debited",
+    "outlay",
+)
+NAMES = {"default": DEFAULT_NAMES, "other": OTHER_NAMES}
+
+
 # -- the three apps -------------------------------------------------------------------------
 
 
-def make_traced_app(url: str, lines: int) -> replayq.App:
+def make_traced_app(url: str, lines: int, names: Names = DEFAULT_NAMES) -> replayq.App:
     app = replayq.App(url)
+    load, price, reserve, charge_, confirm = names.steps
 
-    @app.job("order.process", lease="60s", heartbeat="20s")
+    @app.job(names.job, lease="60s", heartbeat="20s")
     def process(ctx: replayq.Context, order_id: int, customer: int) -> dict[str, Any]:
-        with ctx.step("load"):
-            order = ctx.state.get("order", order_id)
-            account = ctx.state.get("account", customer)
-        with ctx.step("price"):
-            priced = ctx.call("pricing.quote", quote, order_id, lines)
+        with ctx.step(load):
+            order = ctx.state.get(names.order, order_id)
+            account = ctx.state.get(names.account, customer)
+        with ctx.step(price):
+            priced = ctx.call(names.call, quote, order_id, lines)
         total = priced["total_cents"]
-        with ctx.step("reserve"):
+        with ctx.step(reserve):
             ctx.state.put(
-                "order",
+                names.order,
                 order_id,
                 {**(order.data or {}), "customer": customer, "status": "reserved", "total": total},
             )
-        with ctx.step("charge"):
+        with ctx.step(charge_):
             receipt = ctx.effect(
-                "payment.charge", lambda: charge(order_id, total), key=f"charge:{order_id}"
+                names.effect, lambda: charge(order_id, total), key=f"{names.key}:{order_id}"
             )
-        with ctx.step("confirm"):
+        with ctx.step(confirm):
             before = account.data or {"balance_cents": 0, "orders": 0}
             ctx.state.put(
-                "account",
+                names.account,
                 customer,
                 {
                     "balance_cents": before["balance_cents"] - total,
@@ -254,22 +299,24 @@ def _upsert(
         raise replayq.ConcurrencyError(f"{namespace}:{key}: not at version {expected}")
 
 
-def make_plain_app(url: str, db: PlainDatabase, lines: int) -> replayq.App:
+def make_plain_app(
+    url: str, db: PlainDatabase, lines: int, names: Names = DEFAULT_NAMES
+) -> replayq.App:
     app = replayq.App(url)
 
-    @app.job("order.process", lease="60s", heartbeat="20s")
+    @app.job(names.job, lease="60s", heartbeat="20s")
     def process(ctx: replayq.Context, order_id: int, customer: int) -> dict[str, Any]:
         with db.transaction(readonly=True) as conn:  # load
-            order_version, order = _read(db, conn, "order", order_id)
-            account_version, account = _read(db, conn, "account", customer)
+            order_version, order = _read(db, conn, names.order, order_id)
+            account_version, account = _read(db, conn, names.account, customer)
         priced = quote(order_id, lines)  # price
         total = priced["total_cents"]
         with db.transaction() as conn:  # reserve
             data = {**(order or {}), "customer": customer, "status": "reserved", "total": total}
-            _upsert(db, conn, "order", order_id, data, order_version)
-        key, claim = f"charge:{order_id}", uuid.uuid4().hex  # charge
+            _upsert(db, conn, names.order, order_id, data, order_version)
+        key, claim = f"{names.key}:{order_id}", uuid.uuid4().hex  # charge
         with db.transaction() as conn:
-            params = {"key": key, "operation": "payment.charge", "claim": claim}
+            params = {"key": key, "operation": names.effect, "claim": claim}
             params.update(now=time.time(), job_id=ctx.job_id, attempt=ctx.attempt)
             if conn.execute(db.sql(CLAIM), params).fetchone() is None:
                 raise RuntimeError(f"{key} already claimed (the benchmark never repeats a key)")
@@ -284,16 +331,16 @@ def make_plain_app(url: str, db: PlainDatabase, lines: int) -> replayq.App:
                 "orders": before["orders"] + 1,
                 "last_order": order_id,
             }
-            _upsert(db, conn, "account", customer, data, account_version)
+            _upsert(db, conn, names.account, customer, data, account_version)
         return {"charge_id": receipt["charge_id"]}
 
     return app
 
 
-def make_queue_only_app(url: str) -> replayq.App:
+def make_queue_only_app(url: str, names: Names = DEFAULT_NAMES) -> replayq.App:
     app = replayq.App(url)
 
-    @app.job("order.process", lease="60s", heartbeat="20s")
+    @app.job(names.job, lease="60s", heartbeat="20s")
     def process(ctx: replayq.Context, order_id: int, customer: int) -> None:
         return None
 
@@ -313,6 +360,7 @@ class Options:
     schemas: PgSchemas | None = None
     # Added to each PostgreSQL round trip by latency_proxy.py (``--rtt-ms``): 0, none.
     rtt_ms: float = 0.0
+    names: Names = DEFAULT_NAMES
 
     def place(self, label: str) -> Place:
         """A fresh database for one drain: a SQLite file, or a new PostgreSQL schema."""
@@ -378,19 +426,21 @@ def _count_storage_transactions() -> None:
         cls.transaction = counted
 
 
-def open_app(side: str, place: Place, lines: int) -> tuple[replayq.App, PlainDatabase | None]:
+def open_app(
+    side: str, place: Place, lines: int, names: Names = DEFAULT_NAMES
+) -> tuple[replayq.App, PlainDatabase | None]:
     url = place.url
     if side == "traced":
-        return make_traced_app(url, lines), None
+        return make_traced_app(url, lines, names), None
     if side == "plain":
         db = PlainDatabase(place)
-        return make_plain_app(url, db, lines), db
-    return make_queue_only_app(url), None
+        return make_plain_app(url, db, lines, names), db
+    return make_queue_only_app(url, names), None
 
 
-def requests(jobs: int) -> list[replayq.EnqueueRequest]:
+def requests(jobs: int, names: Names = DEFAULT_NAMES) -> list[replayq.EnqueueRequest]:
     return [
-        replayq.EnqueueRequest("order.process", {"order_id": n, "customer": n % CUSTOMERS})
+        replayq.EnqueueRequest(names.job, {"order_id": n, "customer": n % CUSTOMERS})
         for n in range(1, jobs + 1)
     ]
 
@@ -406,9 +456,9 @@ def drain(side: str, place: Place, opts: Options) -> Drained:
     """Enqueue ``opts.jobs`` jobs on a fresh database, drain them with one Worker."""
     if place.backend == "postgres":
         replayq.App(place.url).schema_upgrade()  # PostgreSQL schemas are migrated explicitly
-    app, db = open_app(side, place, opts.lines)
+    app, db = open_app(side, place, opts.lines, opts.names)
     try:
-        app.enqueue_many(requests(opts.jobs))
+        app.enqueue_many(requests(opts.jobs, opts.names))
         worker = replayq.Worker(app, burst=True, worker_id=f"bench-{side}")
         TRANSACTIONS[0] = 0
         started, cpu_started = time.perf_counter(), time.process_time()
@@ -548,7 +598,7 @@ def run(opts: Options) -> Runs:
     _count_storage_transactions()
     runs = Runs({side: [] for side in SIDES}, {side: [] for side in SIDES}, {})
     runs.cpu = {side: [] for side in SIDES}
-    warm = Options(min(200, opts.jobs), 1, opts.lines, opts.workdir, opts.backend, opts.schemas)
+    warm = replace(opts, jobs=min(200, opts.jobs), repeat=1, rtt_ms=0.0)
     for side in SIDES:  # imports, statement caches, first-file effects: not measured
         drain(side, warm.place(f"warmup-{side.replace(' ', '-')}"), warm)
     for number in range(opts.repeat):
@@ -587,9 +637,9 @@ def run_inline(
     """Lease + execute one job at a time on this thread (no executor threads); seconds of
     ``clock``. With ``count`` (a statement counter) its drain's statements go to
     ``INLINE_STATEMENTS``."""
-    app, db = open_app(side, Place("sqlite", f"sqlite:///{path}", path, ""), opts.lines)
+    app, db = open_app(side, Place("sqlite", f"sqlite:///{path}", path, ""), opts.lines, opts.names)
     try:
-        app.enqueue_many(requests(opts.jobs))
+        app.enqueue_many(requests(opts.jobs, opts.names))
         app.register_contracts()
         worker = replayq.Worker(app, worker_id=f"profile-{side}")
         SQL_TIME.clear()  # only the drain's statements count, not the setup's
@@ -907,6 +957,7 @@ def figures(opts: Options, runs: Runs) -> dict[str, Any]:
         "jobs": n,
         "repeat": opts.repeat,
         "rtt_ms_added": opts.rtt_ms,
+        **({} if opts.names == DEFAULT_NAMES else {"names": "other"}),
         "sides": {},
         "overhead_pct": round(med(pct) * 100, 1),
         "overhead_pct_runs": [round(p * 100, 1) for p in pct],
@@ -1048,6 +1099,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true", help="add an inline cProfile breakdown")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead")
     parser.add_argument(
+        "--names",
+        choices=tuple(NAMES),
+        default="default",
+        help="the handler's names: the default's (in packs.DICTIONARY_2) or others",
+    )
+    parser.add_argument(
         "--cpu",
         action="store_true",
         help="inline runs only: least thread CPU µs/job, SQL statements and Python calls/job",
@@ -1062,7 +1119,16 @@ def main(argv: Sequence[str] | None = None) -> None:
 def measure(args: argparse.Namespace, pg_url: str) -> None:
     workdir = Path(tempfile.mkdtemp(prefix="replayq-ctx-bench-", dir=args.dir))
     schemas = PgSchemas(pg_url) if args.backend == "postgres" else None
-    opts = Options(args.jobs, args.repeat, args.lines, workdir, args.backend, schemas, args.rtt_ms)
+    opts = Options(
+        args.jobs,
+        args.repeat,
+        args.lines,
+        workdir,
+        args.backend,
+        schemas,
+        args.rtt_ms,
+        NAMES[args.names],
+    )
     try:
         if args.cpu:
             print(json.dumps(cpu_figures(opts), indent=1))

@@ -35,6 +35,12 @@ RUNS: list[tuple[str, list[str], set[str]]] = [
         ["--jobs", "10", "--repeat", "1", "--backend", "postgres"],
         {"sides", "overhead_pct"},
     ),
+    # The handler under names packs.DICTIONARY_2 does not hold (the bytes row's check)
+    (
+        "context_overhead.py",
+        ["--jobs", "20", "--repeat", "1", "--names", "other"],
+        {"sides", "overhead_pct", "names"},
+    ),
     ("dead_list.py", ["--history", "200", "--calls", "2"], {"sqlite", "postgres"}),
     ("enqueue_many.py", ["--jobs", "50", "--repeat", "1"], {"sqlite", "postgres"}),
     ("gc.py", ["--jobs", "50"], {"gc_deleted_jobs", "bytes_per_job"}),
