@@ -387,7 +387,8 @@ class LockManager(LockReleases[LockHandle]):
         heartbeat interval of the job's contract (the heartbeat renews them, and it beats
         every lease of its worker: a frozen commit holding a lock's row delays its next
         beat one interval at most): past it (PostgreSQL) ``RowLockTimeoutError`` naming the
-        lock, nothing renewed, and the heartbeat tries again after its backoff."""
+        lock, nothing renewed; the heartbeat logs it, renews the other jobs' locks, and
+        tries again at its next beat."""
         runtime = self._ctx.runtime
         lost = []
         now = runtime.clock.now()

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from replayq.errors import DatabaseUnavailableError, ReplayqError
+from replayq.errors import DatabaseUnavailableError, ReplayqError, RowLockTimeoutError
 from replayq.queue import lifecycle as trace
 from replayq.storage.params import CancelRequested
 from replayq.storage.protocol import LeasesExtend, Transaction
@@ -190,7 +190,15 @@ class Heartbeat(WorkerCore):
                 flight.held_until = sent_at + flight.lease_seconds
         for flight in flights:
             if flight.ctx is not None and not flight.lost.is_set():
-                flight.ctx.renew_locks()
+                try:
+                    flight.ctx.renew_locks()
+                except RowLockTimeoutError as exc:
+                    # One job's lock row held by another transaction (PostgreSQL: a commit
+                    # fenced under it, maybe of a worker frozen inside one) is that job's
+                    # alone: the other jobs' locks are still renewed (an error ending the
+                    # loop left them to run out under their handlers, beat after beat).
+                    # Its renewal is tried again at the next beat.
+                    log.warning("worker %s: job %s: %s", self.worker_id, flight.job.id, exc)
 
     def _mark_lost(self, flights: Sequence[InFlight]) -> set[int]:
         """Mark the flights' leases lost; the ids of those whose job had not started.
