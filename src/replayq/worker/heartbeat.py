@@ -152,7 +152,7 @@ class Heartbeat(WorkerCore):
                     # already, or once this beat ends (``Outcomes._give_back_unstarted``);
                     # or settled (``Settling._settle``, a group's ack): the lease is gone.
                     continue
-                if flight.job.id in asked_to_stop:
+                if flight.job.id in asked_to_stop and not flight.acking:
                     # Not extended: a handler that reaches no step boundary within the
                     # lease is cancelled by the reaper, its late writes fenced.
                     if not flight.cancel.is_set():
@@ -160,6 +160,12 @@ class Heartbeat(WorkerCore):
                     flight.cancel.set()
                     flight.next_heartbeat = time.monotonic() + flight.heartbeat_seconds
                 else:
+                    if flight.job.id in asked_to_stop:
+                        # Its handler returned and its ack waits for the group commit: the
+                        # request came too late (``cancel_too_late``), and the lease is
+                        # still extended. Left to run out, the reaper cancelled the job
+                        # and the ack of the completed attempt was refused.
+                        flight.cancel.set()
                     extending.append(flight)
             held = _extend_held(tx, extending, now, self.runtime.leases_by_database)
             unstarted = self._mark_lost([f for f in extending if f.job.id not in held])
