@@ -81,3 +81,38 @@ def test_a_stuck_lock_row_of_one_job_leaves_the_other_jobs_locks_renewed(
         worker.stop()
         runner.join(20)
     assert left > TTL / 2, f"the other job's lock ran out under it ({left:.2f}s left)"
+
+
+def test_a_stuck_lock_row_leaves_the_same_jobs_other_locks_renewed(
+    app: replayq.App, pg_schema_url: str
+) -> None:
+    """One job holding two locks, the first one's row held by another session: the
+    heartbeat's renewal of both, one transaction, was rolled back at every beat by the
+    stuck one, and the second lock ran out under the job too."""
+    taken, done = threading.Event(), threading.Event()
+
+    @app.job("both", lease="30s", heartbeat="0.2s")
+    def both(ctx: replayq.Context) -> None:
+        with ctx.lock("res-stuck", ttl="30s"), ctx.lock("res-fine", ttl=f"{TTL}s"):
+            taken.set()
+            assert done.wait(60), "the test never let the job end"
+
+    app.enqueue("both", {})
+    worker = replayq.Worker(app, poll_interval=0.02, grace_period=10)
+    runner = threading.Thread(target=worker.run, daemon=True)
+    runner.start()
+    holder = None
+    try:
+        assert taken.wait(20), "the locks were never taken"
+        holder = psycopg.connect(pg_schema_url)
+        holder.execute("SELECT 1 FROM rq_locks WHERE resource = 'res-stuck' FOR SHARE")
+        time.sleep(TTL + 1.5)
+        left = _expires_in(app, "res-fine")
+    finally:
+        if holder is not None:
+            holder.rollback()
+            holder.close()
+        done.set()
+        worker.stop()
+        runner.join(20)
+    assert left > TTL / 2, f"the job's other lock ran out under it ({left:.2f}s left)"
