@@ -271,9 +271,13 @@ class EffectRunner:
             f"job {ctx.job.id}: claim effect {key!r}", claim_once, seconds=RECONNECT_SECONDS
         )
         if isinstance(outcome, _Ask):
-            # In doubt under ``park`` with a reconciler: ask it outside any transaction (it
-            # calls the provider), settle the record with its answer, and claim again.
+            # In doubt under ``park`` with a reconciler: ask it outside any transaction and
+            # with ``_live`` let go (it calls the provider), settle the record with its
+            # answer, and claim again if the attempt has not ended meanwhile.
             self._reconcile(kind, key, outcome.existing)
+            # Read again: another thread's effect may have committed the pending events
+            # while ``_live`` was let go (``rode``); they must not be appended twice.
+            riding = ctx.ride_along()
             outcome = retry_unavailable(
                 f"job {ctx.job.id}: claim effect {key!r}", claim_once, seconds=RECONNECT_SECONDS
             )
@@ -483,20 +487,34 @@ class EffectRunner:
         return _RUN
 
     def _reconcile(self, kind: str, key: str, existing: IdemRecord) -> None:
-        """Ask the kind's reconciler about an in-doubt record; settle it if it knows."""
+        """Ask the kind's reconciler about an in-doubt record; settle it if it knows.
+
+        Called under ``_live`` (``flow``'s claim), which it lets go while the reconciler
+        runs: that calls the provider, an outside call the attempt's end (``Context.end``,
+        the handler's return) must not wait for, however long it takes. Taken again, the
+        attempt found ended (an effect in a thread the handler left running): the answer
+        still settles the record (its own trace, as ``replayq effects reconcile`` would),
+        nothing goes into the attempt's, and ``ContextEndedError`` is raised."""
         from replayq.recording.in_doubt import ask_reconciler, record_of, settle
 
         ctx = self._ctx
         record = record_of(existing, in_doubt=True)
-        answer, error = ask_reconciler(ctx.runtime, record)
-        ctx.record(
-            "effect.reconciled",
-            resource=key,
-            kind=kind,
-            key=key,
-            outcome="unknown" if answer is None else answer.outcome,
-            error=error,
-        )
+        live = ctx._live
+        live.release()
+        try:
+            answer, error = ask_reconciler(ctx.runtime, record)
+        finally:
+            live.acquire()
+        ended = ctx._cancel is ENDED
+        if not ended:
+            ctx.record(
+                "effect.reconciled",
+                resource=key,
+                kind=kind,
+                key=key,
+                outcome="unknown" if answer is None else answer.outcome,
+                error=error,
+            )
         if answer is not None:
             settle(
                 ctx.runtime,
@@ -505,6 +523,8 @@ class EffectRunner:
                 by=f"reconciler on {ctx.worker_id}",
                 claim_token=existing.claim_token,
             )
+        if ended:
+            raise ended_error(ctx.job.id, ctx.attempt)
         self._asked.add(key)
 
 

@@ -387,7 +387,10 @@ class LockManager(LockReleases[LockHandle]):
         heartbeat interval of the job's contract (the heartbeat renews them, and it beats
         every lease of its worker: a frozen commit holding a lock's row delays its next
         beat one interval at most): past it (PostgreSQL) ``RowLockTimeoutError`` naming the
-        lock, nothing renewed, and the heartbeat tries again after its backoff."""
+        lock, that lock not renewed; the attempt's other locks are then renewed each in a
+        transaction of its own (one stuck row rolled back the renewal of them all, and
+        they ran out with it), and the heartbeat logs it, renews the other jobs' locks,
+        and tries again at its next beat."""
         runtime = self._ctx.runtime
         lost = []
         now = runtime.clock.now()
@@ -398,27 +401,45 @@ class LockManager(LockReleases[LockHandle]):
         try:
             with runtime.storage.transaction() as tx:
                 for handle in handles:
-                    if tx.lock_transition(
-                        LockRenew(
-                            handle.resource,
-                            handle.owner_token,
-                            now,
-                            handle.ttl,
-                            database_clock=runtime.leases_by_database,
-                            wait=self._renewal_wait(handle),
-                        )
-                    ):
+                    if tx.lock_transition(self._renewal(handle, now)):
                         renewed.append(handle)
                     else:
                         lost.append(handle.resource)
                         handle.held_until = -math.inf
         except RowLockTimeoutError as exc:
             assert handle is not None
-            raise row_held(handle.resource, "renewed", self._renewal_wait(handle)) from exc
+            stuck = row_held(handle.resource, "renewed", self._renewal_wait(handle))
+            # That rolled back the renewal of every lock of the attempt: the others are
+            # renewed each in a transaction of its own, so that they do not run out with
+            # the stuck one (any other stuck one waits its own bound and stays as it is).
+            for other in handles:
+                if other is handle:
+                    continue
+                try:
+                    with runtime.storage.transaction() as tx:
+                        kept = tx.lock_transition(self._renewal(other, now))
+                except RowLockTimeoutError:
+                    continue
+                if kept:
+                    other.held_until = sent + other.ttl
+                else:
+                    other.held_until = -math.inf
+            raise stuck from exc
         # Once committed: a renewal rolled back holds nothing longer.
         for handle in renewed:
             handle.held_until = sent + handle.ttl
         return lost
+
+    def _renewal(self, handle: LockHandle, now: float) -> LockRenew:
+        """The heartbeat's renewal of ``handle``'s lock, asked at ``now``."""
+        return LockRenew(
+            handle.resource,
+            handle.owner_token,
+            now,
+            handle.ttl,
+            database_clock=self._ctx.runtime.leases_by_database,
+            wait=self._renewal_wait(handle),
+        )
 
 
 def _timeout(resource: str, holder: dict[str, Any], waited: float) -> LockTimeoutError:

@@ -122,8 +122,11 @@ LOCK_TIMEOUT_MAX_MS = 2_147_483_647
 def lock_timeout_ms(wait: float) -> int:
     """A lock change's ``wait`` as PostgreSQL's ``lock_timeout``: whole milliseconds, at
     least one (``0`` would mean no bound at all), at most what the setting holds (a longer
-    ``wait`` is bounded by its caller's own loop)."""
-    return min(max(1, math.ceil(wait * 1000)), LOCK_TIMEOUT_MAX_MS)
+    ``wait`` is bounded by its caller's own loop). ``math.inf`` (``break_lock(wait=)``: as
+    long as it takes) is that most, not ``OverflowError``."""
+    if not wait * 1000 < LOCK_TIMEOUT_MAX_MS:
+        return LOCK_TIMEOUT_MAX_MS
+    return max(1, math.ceil(wait * 1000))
 
 
 class LockFilter(Struct, frozen=True):

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from replayq.errors import DatabaseUnavailableError, ReplayqError
+from replayq.errors import DatabaseUnavailableError, ReplayqError, RowLockTimeoutError
 from replayq.queue import lifecycle as trace
 from replayq.storage.params import CancelRequested
 from replayq.storage.protocol import LeasesExtend, Transaction
@@ -152,7 +152,7 @@ class Heartbeat(WorkerCore):
                     # already, or once this beat ends (``Outcomes._give_back_unstarted``);
                     # or settled (``Settling._settle``, a group's ack): the lease is gone.
                     continue
-                if flight.job.id in asked_to_stop:
+                if flight.job.id in asked_to_stop and not flight.acking:
                     # Not extended: a handler that reaches no step boundary within the
                     # lease is cancelled by the reaper, its late writes fenced.
                     if not flight.cancel.is_set():
@@ -160,6 +160,12 @@ class Heartbeat(WorkerCore):
                     flight.cancel.set()
                     flight.next_heartbeat = time.monotonic() + flight.heartbeat_seconds
                 else:
+                    if flight.job.id in asked_to_stop:
+                        # Its handler returned and its ack waits for the group commit: the
+                        # request came too late (``cancel_too_late``), and the lease is
+                        # still extended. Left to run out, the reaper cancelled the job
+                        # and the ack of the completed attempt was refused.
+                        flight.cancel.set()
                     extending.append(flight)
             held = _extend_held(tx, extending, now, self.runtime.leases_by_database)
             unstarted = self._mark_lost([f for f in extending if f.job.id not in held])
@@ -190,7 +196,15 @@ class Heartbeat(WorkerCore):
                 flight.held_until = sent_at + flight.lease_seconds
         for flight in flights:
             if flight.ctx is not None and not flight.lost.is_set():
-                flight.ctx.renew_locks()
+                try:
+                    flight.ctx.renew_locks()
+                except RowLockTimeoutError as exc:
+                    # One job's lock row held by another transaction (PostgreSQL: a commit
+                    # fenced under it, maybe of a worker frozen inside one) is that job's
+                    # alone: the other jobs' locks are still renewed (an error ending the
+                    # loop left them to run out under their handlers, beat after beat).
+                    # Its renewal is tried again at the next beat.
+                    log.warning("worker %s: job %s: %s", self.worker_id, flight.job.id, exc)
 
     def _mark_lost(self, flights: Sequence[InFlight]) -> set[int]:
         """Mark the flights' leases lost; the ids of those whose job had not started.
