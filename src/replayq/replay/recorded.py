@@ -194,7 +194,7 @@ def _read_states(
         namespace, _, key = resource.partition(":")
         row = tx.entity_get(EntityGet(MAIN, namespace, key, version=version))
         if row is not None:
-            states[(resource, version)] = version_from_row(tx, row).data
+            states[(resource, version)] = version_from_row(tx, row, delta=False).data
     return states
 
 
