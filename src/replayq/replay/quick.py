@@ -105,7 +105,7 @@ def covered(recording: Recording) -> list[_Signed] | None:
     for event in recording.events:
         name = event.name
         # A step's start and end (most of a run's events) signed here, as ``signature``
-        # signs them (``compare._signed``), without a call of it each.
+        # signs them (as ``compare.Comparison`` does), without a call of it each.
         if name == "step.started":
             append((event, ("step", event.data.get("step_name"))))
             continue
