@@ -1202,3 +1202,27 @@ def test_both_backends_push_wake_ups_for_a_commit_from_another_connection(
     finally:
         handle.close()
         other.close()
+
+
+def test_trace_jobs_without_enqueued_reads_every_attempts_event_the_same(
+    storage: Storage, db_url: str
+) -> None:
+    """``enqueued=False`` (what a replay reads): each job's events as ``TraceJobs`` reads
+    them, without its ``job.enqueued`` where SQLite keeps that in the job's row."""
+    first, idle = leased_job(storage), leased_job(storage)
+    with storage.transaction() as tx:
+        tx.trace_append([event("b", 20, job_id=first), event("a", 10, job_id=first)])
+    with storage.transaction(readonly=True) as tx:
+        every = {t.job_id: t.events for t in tx.trace_query(TraceJobs([first, idle]))}
+        read = {
+            t.job_id: t.events
+            for t in tx.trace_query(TraceJobs([first, idle, 10_000], enqueued=False))
+        }
+    for job_id in (first, idle):
+        assert [e for e in read.get(job_id, []) if e.name != "job.enqueued"] == [
+            e for e in every[job_id] if e.name != "job.enqueued"
+        ]
+    assert [e.name for e in read[first]][-2:] == ["a", "b"]
+    if db_url.startswith("sqlite"):
+        assert idle not in read, "SQLite: no pack of its own, only its row's job.enqueued"
+        assert [e.name for e in read[first]] == ["a", "b"]

@@ -207,55 +207,84 @@ def _divergence(index: int, a: _Signed | None, b: _Signed | None) -> Divergence:
     )
 
 
-def _signed(events: Iterable[TraceEvent]) -> list[_Signed]:
-    """Each compared event of ``events`` with its ``signature``. A step's start and end
-    (most of a run's events) are signed here, without a call of ``signature`` each."""
-    signed: list[_Signed] = []
-    append = signed.append
-    for event in events:
-        name = event.name
-        if name == "step.started":
-            append((event, ("step", event.data.get("step_name"))))
-        elif name == "step.finished":
-            append((event, ("step.end", event.data.get("step_name"), event.status)))
-        else:
-            mark = signature(event)
-            if mark is not None:
-                append((event, mark))
-    return signed
-
-
 class Comparison:
     """The re-execution's events, compared with the recording's as they arrive.
 
     ``add`` takes events in the order they were made and notes the first whose
     signature differs from the recorded one at the same position; ``first`` is that
     divergence, or, once the run is over, where the re-execution stopped short.
+    ``outcomes`` is ``compare_outcomes`` of the recording and every event added, from
+    the decisions and writes grouped as they passed here (not two more passes).
     """
 
     def __init__(self, recorded: Iterable[TraceEvent]) -> None:
-        self._left: list[_Signed] = _signed(recorded)
+        signed: list[_Signed] = []
+        append = signed.append
+        decisions: dict[Any, list[Any]] = {}
+        writes: dict[Any, list[Any]] = {}
+        for event in recorded:
+            name = event.name
+            if name == "step.started":
+                append((event, ("step", event.data.get("step_name"))))
+                continue
+            if name == "step.finished":
+                append((event, ("step.end", event.data.get("step_name"), event.status)))
+                continue
+            if name == "decision":
+                data = event.data
+                decisions.setdefault(data.get("decision"), []).append(data.get("value"))
+            elif name == "state.write":
+                writes.setdefault(event.resource, []).append(event.data.get("delta"))
+            mark = signature(event)
+            if mark is not None:
+                append((event, mark))
+        self._left = signed
+        self._recorded = (decisions, writes)
+        self._decisions: dict[Any, list[Any]] = {}
+        self._writes: dict[Any, list[Any]] = {}
         self._count = 0
         self._found: Divergence | None = None
 
     def add(self, events: Iterable[TraceEvent]) -> None:
-        signed = _signed(events)
-        start = self._count
-        self._count = start + len(signed)
-        if self._found is not None:
-            return
         left = self._left
-        for index, (event, mark) in enumerate(signed, start):
-            recorded = left[index] if index < len(left) else None
-            if recorded is None or recorded[1] != mark:
-                self._found = _divergence(index, recorded, (event, mark))
-                return
+        index = self._count
+        found = self._found
+        for event in events:
+            name = event.name
+            if name == "step.started":
+                mark: tuple[Any, ...] = ("step", event.data.get("step_name"))
+            elif name == "step.finished":
+                mark = ("step.end", event.data.get("step_name"), event.status)
+            else:
+                if name == "decision":
+                    data = event.data
+                    self._decisions.setdefault(data.get("decision"), []).append(data.get("value"))
+                elif name == "state.write":
+                    self._writes.setdefault(event.resource, []).append(event.data.get("delta"))
+                signed = signature(event)
+                if signed is None:
+                    continue
+                mark = signed
+            if found is None:
+                recorded = left[index] if index < len(left) else None
+                if recorded is None or recorded[1] != mark:
+                    found = self._found = _divergence(index, recorded, (event, mark))
+            index += 1
+        self._count = index
 
     def first(self) -> Divergence | None:
         """The first divergence, counting a recording the re-execution did not finish."""
         if self._found is None and self._count < len(self._left):
             return _divergence(self._count, self._left[self._count], None)
         return self._found
+
+    def outcomes(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """``compare_outcomes`` of the recording and the events added."""
+        decisions, writes = self._recorded
+        return (
+            _listed(decisions, self._decisions, "decision"),
+            _listed(writes, self._writes, "resource"),
+        )
 
 
 def first_divergence(recorded: list[TraceEvent], now: list[TraceEvent]) -> Divergence | None:

@@ -44,7 +44,7 @@ from replayq.recording.calls import call_request
 from replayq.recording.effects import default_effect_key
 from replayq.recording.state import Entity, delta_of, resource_name
 from replayq.recording.world import LIVE
-from replayq.redaction import Redactor
+from replayq.redaction import Redactor, keys_of
 from replayq.replay.compare import ReplayReport, _canonical, signature
 from replayq.replay.recorded import Outcome, Recording
 from replayq.runtime import Runtime
@@ -101,15 +101,25 @@ def covered(recording: Recording) -> list[_Signed] | None:
     if recording.outcome.status != "succeeded":
         return None
     signed: list[_Signed] = []
+    append = signed.append
     for event in recording.events:
-        if event.name in _UNCOVERED_EFFECTS:
+        name = event.name
+        # A step's start and end (most of a run's events) signed here, as ``signature``
+        # signs them (as ``compare.Comparison`` does), without a call of it each.
+        if name == "step.started":
+            append((event, ("step", event.data.get("step_name"))))
+            continue
+        if name == "step.finished":
+            append((event, ("step.end", event.data.get("step_name"), event.status)))
+            continue
+        if name in _UNCOVERED_EFFECTS:
             return None
         mark = signature(event)
         if mark is None:
             continue
         if mark[0] not in COVERED:
             return None
-        signed.append((event, mark))
+        append((event, mark))
     return signed
 
 
@@ -236,6 +246,8 @@ class QuickContext:
         # (``_finished``): names and keys, and the texts of the values already encoded.
         self._names: list[Any] = []
         self._texts: list[str] = []
+        # The object keys of ``_texts`` (``None``: not known, searched in the text).
+        self._keys: set[Any] | None = set()
         self._trace_id = trace_id
         self._state: _QuickState | None = None
         self._ended = False  # by ``_close``: a kept ctx then refuses, as ``Context.end``
@@ -285,11 +297,17 @@ class QuickContext:
         """``value``'s canonical text, as ``Context.encoded`` checks it (JSON only, under
         the blob limit); the quick run stops where the full one would raise."""
         try:
-            text = codec.dumps(value)
+            # The same text as ``codec.dumps``, and the keys of its objects, found by the
+            # walk that judges the value (``_finished`` screens them without a regex).
+            text, keys = codec.dumps_keyed(value)
         except PayloadError:
             self._stop()
         if len(text.encode()) > self._blob_limit:
             self._stop()
+        if keys is None:
+            self._keys = None
+        elif self._keys is not None:
+            self._keys |= keys
         return text
 
     def _finished(self) -> bool:
@@ -303,8 +321,14 @@ class QuickContext:
             names = codec.dumps_own(self._names)
         except PayloadError:
             return False
+        # The object keys of that text: the values' (``_checked``) and the names' (``None``:
+        # ``clean_text`` finds them in the text itself, as it did for all of it).
+        keys = self._keys
+        if keys is not None:
+            named = keys_of(self._names)
+            keys = None if named is None else keys | named
         # One JSON text (a list) of everything compared: clean as a whole, clean in each part.
-        return redactor.clean_text("[" + ",".join([names, *self._texts]) + "]")
+        return redactor.clean_text("[" + ",".join([names, *self._texts]) + "]", keys)
 
     # -- the job ------------------------------------------------------------------------------
 

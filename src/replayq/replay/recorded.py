@@ -29,7 +29,7 @@ from replayq.recording.ledger import CompletedStep
 from replayq.recording.state import MAIN, version_from_row
 from replayq.recording.world import LIVE
 from replayq.runtime import RuntimeSource
-from replayq.storage.protocol import EntityGet, TraceJobs, TraceQuery, Transaction
+from replayq.storage.protocol import EntityGet, TraceJobs, Transaction
 
 EFFECT_OUTCOMES = ("effect.succeeded", "effect.deduplicated", "effect.replayed")
 LOCK_EVENTS = {
@@ -113,7 +113,7 @@ def load_recordings(
     with source.runtime.storage.transaction(readonly=True) as tx:
         traces = {
             found.job_id: found.events
-            for found in tx.trace_query(TraceJobs(list(dict.fromkeys(job_ids))))
+            for found in tx.trace_query(TraceJobs(list(dict.fromkeys(job_ids)), enqueued=False))
         }
         for job_id in job_ids:
             try:
@@ -136,7 +136,9 @@ def read_recording(
         raise ReplayqError(f"no job with id {job_id}")
     job = found
     if events is None:
-        events = tx.trace_query(TraceQuery(job_id=job_id))
+        # Its attempts' events: not its ``job.enqueued`` (attempt 0), which no attempt is.
+        traces = tx.trace_query(TraceJobs([job_id], enqueued=False))
+        events = traces[0].events if traces else []
     values = {
         e.id: load_json(tx, None, e.output_ref)
         for e in events
@@ -192,7 +194,7 @@ def _read_states(
         namespace, _, key = resource.partition(":")
         row = tx.entity_get(EntityGet(MAIN, namespace, key, version=version))
         if row is not None:
-            states[(resource, version)] = version_from_row(tx, row).data
+            states[(resource, version)] = version_from_row(tx, row, delta=False).data
     return states
 
 

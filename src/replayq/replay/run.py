@@ -351,7 +351,12 @@ def run_derived(
                 recorded = from_step(recorded, fork_step)
                 now_events = from_step(now_events, fork_step)
             divergence = first_divergence(recorded, now_events)
-        decisions, state_writes = compare_outcomes(recorded, now_events)
+        if isinstance(ctx, BufferedContext):
+            # Every event of ``now_events`` but the ``io.unrecorded`` ones passed through
+            # ``comparison.add``: grouped there.
+            decisions, state_writes = ctx.comparison.outcomes()
+        else:
+            decisions, state_writes = compare_outcomes(recorded, now_events)
         report = ReplayReport(
             mode=origin,
             job_id=recording.job.id,

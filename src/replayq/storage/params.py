@@ -324,9 +324,15 @@ class TraceQuery(Struct, frozen=True):
 
 class TraceJobs(Struct, frozen=True):
     """Several jobs' events, all in one query (a bulk dry-run's batch): one ``JobTrace``
-    per job that has events, in no particular order of jobs."""
+    per job that has events, in no particular order of jobs.
+
+    ``enqueued=False`` may leave out each job's ``job.enqueued`` (attempt 0), which a
+    replay never reads: SQLite keeps it in the job's row, and reading it there was a
+    second lookup, a row and a decoded event a job. A backend that stores it as one of
+    the job's packs returns it anyway."""
 
     job_ids: Sequence[int]
+    enqueued: bool = True
 
 
 class JobTrace(Struct, frozen=True):

@@ -338,7 +338,8 @@ class TraceVerbs(SqlStatements):
         ]
 
     def _trace_jobs(self, params: TraceJobs) -> list[JobTrace]:
-        rows = self.fetchall("trace_for_jobs", {"job_ids": self.list_param(params.job_ids)})
+        query = "trace_for_jobs" if params.enqueued else "trace_for_jobs_attempts"
+        rows = self.fetchall(query, {"job_ids": self.list_param(params.job_ids)})
         by_job: dict[int, list[Any]] = {}
         for row in rows:
             by_job.setdefault(int(row["job_id"]), []).append(row)

@@ -525,6 +525,13 @@ SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM 
 UNION ALL
 SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace_ledger WHERE job_id = ANY(%(job_ids)s::bigint[]);
 
+-- name: trace_for_jobs_attempts
+-- trace_for_jobs as a replay reads it (SQLite leaves out the job.enqueued packs there; here
+-- they are rq_trace rows like the others, and the same query reads them).
+SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace WHERE job_id = ANY(%(job_ids)s::bigint[])
+UNION ALL
+SELECT id, trace_id, job_id, attempt, worker_id, hlc, hlc_last, ts, events FROM rq_trace_ledger WHERE job_id = ANY(%(job_ids)s::bigint[]);
+
 -- name: trace_for_trace
 -- A derived trace's packs (rq_trace_derived), or a job's by its trace id (rq_jobs_trace,
 -- then rq_trace_job for each job found: LATERAL keeps that plan without statistics, where

@@ -453,6 +453,11 @@ SELECT -id AS id, trace_id, id AS job_id, 0 AS attempt, NULL AS worker_id,
 FROM rq_jobs
 WHERE id IN (SELECT value FROM json_each(:job_ids)) AND enqueued_hlc IS NOT NULL;
 
+-- name: trace_for_jobs_attempts
+-- trace_for_jobs without the jobs' job.enqueued packs (attempt 0, in their rq_jobs rows):
+-- what a replay reads of a recording (its attempt's events), one rq_trace_job lookup a job.
+SELECT * FROM rq_trace WHERE job_id IN (SELECT value FROM json_each(:job_ids));
+
 -- name: trace_for_trace
 -- A derived trace's packs (rq_trace_derived), or a job's by its trace id (rq_jobs_trace,
 -- then rq_trace_job, and the job's row for its job.enqueued pack).
