@@ -14,7 +14,10 @@ parked without what was refused, and its message says what was dropped.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+
+import pytest
 
 import replayq
 import replayq.testing
@@ -90,3 +93,30 @@ def test_a_failure_whose_retry_replayqs_own_table_refuses_is_parked(
     names = [e.name for e in app.trace(job.id)]
     assert "retry.scheduled" not in names, names
     assert runs == [1, 2], runs
+
+
+def test_a_failure_whose_move_to_dead_replayqs_own_table_refuses_is_logged_not_raised(
+    app_factory: AppFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The one write a park cannot do without, the job row's move to ``dead``, refused
+    too: the job stays ``running`` (reaped after its lease), said by an error in the log
+    naming the refusal; the settle raises nothing into the worker. Before, the refusal
+    was raised out of the worker's settle."""
+    app = app_factory()
+    with app.storage.transaction() as tx:
+        tx.connection.execute(
+            "CREATE UNIQUE INDEX rq_jobs_one_dead ON rq_jobs (job_type) WHERE state = 'dead'"
+        )
+
+    @app.job("fails")
+    def fails(ctx: replayq.Context, order: int) -> None:
+        raise ValueError("bad order")
+
+    first = replayq.testing.run_inline(app, "fails", {"order": 1})
+    assert (first.state, first.dead_reason) == (replayq.JobState.DEAD, "not_retryable")
+    with caplog.at_level(logging.ERROR, logger="replayq.worker"):
+        job = replayq.testing.run_inline(app, "fails", {"order": 2})
+    assert job.state is replayq.JobState.RUNNING, job.state
+    logged = [r.getMessage() for r in caplog.records]
+    assert any(f"job {job.id} could not be parked" in m for m in logged), logged
+    assert any("refused too" in m and "rq_jobs" in m for m in logged), logged
