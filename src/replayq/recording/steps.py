@@ -115,7 +115,7 @@ def run_step(
             )
         # Recorded by the step's end (``StepBoundary._ended``), under ``_live`` once it
         # looked whether the attempt ended: ``fn`` may have returned after it (a thread).
-        outcome["finish"] = lambda: _finish(ctx, name, key, resume, result, outcome)
+        outcome["finish"] = (result, resume)
     return result
 
 
@@ -203,7 +203,7 @@ class StepBoundary:
             finish = outcome.pop("finish", None)
             if finish is not None:
                 try:
-                    finish()  # a callable step's result (``run_step``)
+                    _finish(ctx, name, self.key, finish[1], finish[0], outcome)
                 except BaseException as unrecordable:
                     self._ended(ctx, name, duration, unrecordable)  # as if failed in fn
                     raise
