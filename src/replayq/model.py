@@ -39,6 +39,9 @@ class DeadReason(StrEnum):
     # A write of replayq's own refused by a constraint of its own tables (``rq_*``): a bug
     # of replayq's, not the job's (``ConstraintViolationError.internal``).
     INTERNAL_ERROR = "internal_error"
+    # The worker's start of the job raised on each of its last leases of it in a row while
+    # it started other jobs meanwhile: the fault follows the job (``Executing._unstartable``).
+    START_FAILED = "start_failed"
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ checked against nothing (read it in the step that writes it).
 from __future__ import annotations
 
 import inspect
+import logging
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -32,10 +33,12 @@ from typing import Any, Protocol
 
 from replayq.errors import LeaseLostError
 from replayq.model import TraceEvent
-from replayq.recording.attempt import Attempt
+from replayq.recording.attempt import ENDED, Attempt, ended_error
 from replayq.storage.protocol import StepComplete, Transaction
 
 RESUME_STEP = "step"
+
+log = logging.getLogger("replayq.recording")
 
 
 class StepAttempt(Attempt, Protocol):
@@ -86,16 +89,19 @@ def run_step(
     resume = ctx.handler.contract.resume == RESUME_STEP
     done = ctx.world.completed_step(key) if resume else None
     if done is not None:
-        ctx.record(
-            "step.skipped",
-            status="skipped",
-            step_name=name,
-            step_key=key,
-            completed_in=done.attempt,
-            reason=f"completed in attempt {done.attempt}",
-            result=None if done.result_ref else done.result,
-            output_ref=done.result_ref,
-        )
+        with ctx._live:  # a step run in a thread: nothing recorded after the attempt's end
+            if ctx._cancel is ENDED:
+                raise ended_error(ctx.job.id, ctx.attempt)
+            ctx.record(
+                "step.skipped",
+                status="skipped",
+                step_name=name,
+                step_key=key,
+                completed_in=done.attempt,
+                reason=f"completed in attempt {done.attempt}",
+                result=None if done.result_ref else done.result,
+                output_ref=done.result_ref,
+            )
         return done.result
     outcome: dict[str, Any] = {}
     with ctx.step_block(name, key, outcome):
@@ -107,28 +113,38 @@ def run_step(
                 f"ctx.step({name!r}, fn): fn returned an awaitable; the callable form runs "
                 "plain functions (await inside a `with ctx.step(...)` block instead)"
             )
-        inline, ref, raw, text = ctx.encoded(result, what=f"step {name!r} result")
-        ctx.store_blob(raw, f"step {name!r} result", ref)
-        outcome["result"] = inline
-        outcome["output_ref"] = ref
-        if resume and ctx.world.is_live and ctx.owns_job_trace:
-            params = StepComplete(
-                job_id=ctx.job.id,
-                step_key=key,
-                step_name=name,
-                attempt=ctx.attempt,
-                trace_id=ctx.trace_id,
-                result=None if ref else text,
-                result_ref=ref,
-                now=ctx.runtime.clock.now(),
-            )
-
-            def complete(tx: Transaction) -> None:
-                # False: an earlier attempt committed this position (resume was off then).
-                tx.step_complete(params)
-
-            ctx.defer(complete, pipelines=True)
+        # Recorded by the step's end (``StepBoundary._ended``), under ``_live`` once it
+        # looked whether the attempt ended: ``fn`` may have returned after it (a thread).
+        outcome["finish"] = (result, resume)
     return result
+
+
+def _finish(
+    ctx: StepAttempt, name: str, key: str, resume: bool, result: Any, outcome: dict[str, Any]
+) -> None:
+    """A callable step's result recorded: encoded into ``outcome`` (for its
+    ``step.finished``), its blob and its ledger row pending for the step's commit."""
+    inline, ref, raw, text = ctx.encoded(result, what=f"step {name!r} result")
+    ctx.store_blob(raw, f"step {name!r} result", ref)
+    outcome["result"] = inline
+    outcome["output_ref"] = ref
+    if resume and ctx.world.is_live and ctx.owns_job_trace:
+        params = StepComplete(
+            job_id=ctx.job.id,
+            step_key=key,
+            step_name=name,
+            attempt=ctx.attempt,
+            trace_id=ctx.trace_id,
+            result=None if ref else text,
+            result_ref=ref,
+            now=ctx.runtime.clock.now(),
+        )
+
+        def complete(tx: Transaction) -> None:
+            # False: an earlier attempt committed this position (resume was off then).
+            tx.step_complete(params)
+
+        ctx.defer(complete, pipelines=True)
 
 
 class StepBoundary:
@@ -168,6 +184,29 @@ class StepBoundary:
         # ``ctx.leave_step`` inlined.
         ctx._steps.pop()
         ctx._step_keys.pop()
+        # The look at the end and what the step records and commits under ``_live`` (as a
+        # ``ctx.call``'s record): a body run in a thread past the handler's return either
+        # ends before the end, or sees it and records nothing into the trace. The body
+        # itself ran outside the lock.
+        with ctx._live:
+            if ctx._cancel is ENDED:
+                _late(ctx, name, exc)
+                raise ended_error(ctx.job.id, ctx.attempt) from exc
+            self._ended(ctx, name, duration, exc)
+
+    def _ended(
+        self, ctx: StepAttempt, name: str, duration: float, exc: BaseException | None
+    ) -> None:
+        """The step's end while its attempt is live: its events recorded, its commit."""
+        outcome = self.outcome
+        if exc is None and outcome:
+            finish = outcome.pop("finish", None)
+            if finish is not None:
+                try:
+                    _finish(ctx, name, self.key, finish[1], finish[0], outcome)
+                except BaseException as unrecordable:
+                    self._ended(ctx, name, duration, unrecordable)  # as if failed in fn
+                    raise
         if exc is not None:
             ctx.discard_writes()
             ctx.record(
@@ -181,7 +220,6 @@ class StepBoundary:
             return  # the step's exception goes on
         data: dict[str, Any] = {"step_name": name, "duration": duration}
         output_ref = None
-        outcome = self.outcome
         if outcome:
             data["result"] = outcome["result"]  # redacted when recorded (``encoded``)
             output_ref = outcome["output_ref"]
@@ -208,3 +246,17 @@ class StepBoundary:
             )
             ctx.commit_now(failed=True)
             raise
+
+
+def _late(ctx: StepAttempt, name: str, exc: BaseException | None) -> None:
+    """Log a step whose body ended after its attempt did: nothing of its end is recorded
+    or committed (the attempt's trace takes nothing after its end), so the log says it."""
+    outcome = "returned" if exc is None else f"raised ({type(exc).__name__})"
+    log.warning(
+        "job %s attempt %s: ctx.step(%r) %s after the attempt ended (the handler had "
+        "returned); its end not recorded, nothing of it committed",
+        ctx.job.id,
+        ctx.attempt,
+        name,
+        outcome,
+    )

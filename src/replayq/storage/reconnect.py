@@ -43,10 +43,19 @@ def cause_of(exc: BaseException) -> str:
 class Backoff:
     """Delays of ``first · 2ⁿ`` capped at ``cap``, jittered; ``reset()`` after a success."""
 
-    def __init__(self, what: str, *, first: float = FIRST_DELAY, cap: float = MAX_DELAY) -> None:
+    def __init__(
+        self,
+        what: str,
+        *,
+        first: float = FIRST_DELAY,
+        cap: float = MAX_DELAY,
+        fault: str = "database unavailable",
+    ) -> None:
         self.what = what
         self.first = first
         self.cap = cap
+        # What the failures are, for the log (a worker's start errors: not the database).
+        self.fault = fault
         self.failures = 0
         self._cause: str | None = None
 
@@ -66,9 +75,9 @@ class Backoff:
         cause = cause_of(exc)
         if cause != self._cause:
             log.warning(
-                "%s: database unavailable (%s); retrying with backoff (at most %.0fs apart) "
-                "until it is back",
+                "%s: %s (%s); retrying with backoff (at most %.0fs apart) until it is back",
                 self.what,
+                self.fault,
                 cause,
                 self.cap,
             )

@@ -29,6 +29,7 @@ from replayq.recording.context import Context
 from replayq.recording.world import LostFlag
 from replayq.rollout.router import REFRESH_SECONDS, Router
 from replayq.runtime import RuntimeSource
+from replayq.storage.reconnect import Backoff
 from replayq.worker.event_loop import EventLoopThread
 
 # Put on the work queue once per executor at shutdown: the executor ends.
@@ -233,6 +234,16 @@ class WorkerCore:
         self._leases_monotonic = self.runtime.leases_by_database
         self._lease_clock = time.monotonic if self._leases_monotonic else self.runtime.clock.now
         self._stop_requested: float | None = None
+        # Start errors (``Executing._unstartable``): till when (monotonic) this worker leases
+        # nothing after one, its jobs given back meanwhile free for other workers; the
+        # backoff that grows it, reset by a start that succeeds; the jobs whose start
+        # raised on their last leases here: (times in a row, ``_starts`` at the first);
+        # how many jobs this worker started (counted without a lock: a lost count only
+        # delays a park by a start error).
+        self._starts_paused_until = 0.0
+        self._start_backoff: Backoff | None = None
+        self._start_errors: dict[int, tuple[int, int]] = {}
+        self._starts = 0
         # The backend's wake-up listener while running (PostgreSQL LISTEN), else None.
         self.notifier: Any = None
         # Periodic jobs: every worker runs the scheduler unless told not to; the slots'

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import time
-from typing import Any
+from typing import Any, ClassVar
 
 from replayq import codec
 from replayq.errors import (
@@ -33,15 +33,28 @@ from replayq.queue.handlers import Handler
 from replayq.recording.context import Context
 from replayq.recording.ledger import ledger_loader
 from replayq.recording.world import LiveWorld
+from replayq.storage.reconnect import Backoff
 from replayq.worker.acks import Acking
 from replayq.worker.core import STOP
 from replayq.worker.heartbeat import Heartbeat
 
 log = logging.getLogger("replayq.worker")
 
+# How many jobs' start errors a worker counts at most (``Executing._parks_unstartable``).
+_START_ERRORS_KEPT = 1024
+
 
 class Executing(Acking, Heartbeat):
     """Run leased jobs to a settled state."""
+
+    # After a start error the worker leases nothing for a backoff's delay, from this many
+    # seconds, doubled (jittered) at each start error in a row up to the cap; a start that
+    # succeeds resets it (``_unstartable``).
+    start_backoff_first: ClassVar[float] = 0.5
+    start_backoff_cap: ClassVar[float] = 60.0
+    # A job whose start raised on this many of its leases here in a row, while this worker
+    # started other jobs meanwhile, is parked in ``dead`` (``start_failed``).
+    start_errors_to_park: ClassVar[int] = 5
 
     def _executor(self) -> None:
         item = self._next_queued()
@@ -65,10 +78,29 @@ class Executing(Acking, Heartbeat):
         """``_start``; if it raises (a bug, an app's clock erring: not a refusal it
         decided), the job leaves the worker unstarted (``_unstartable``) and ``False``."""
         try:
-            return self._start(job, now)
+            started = self._start(job, now)
         except Exception as exc:
             self._unstartable(job, exc)
             return False
+        if started:
+            self._starts += 1
+            if self._start_errors or self._start_backoff is not None:
+                self._started_after_errors(job)
+        return started
+
+    def _started_after_errors(self, job: Job) -> None:
+        """A start succeeded after start errors: the job's own count of them is over, and
+        so is the worker's backoff (the fault, if it was the worker's, has passed)."""
+        self._start_errors.pop(job.id, None)
+        backoff = self._start_backoff
+        if backoff is not None:
+            self._start_backoff = None
+            self._starts_paused_until = 0.0
+            log.info(
+                "worker %s: a job started again after %d start errors in a row; leasing as usual",
+                self.worker_id,
+                backoff.failures,
+            )
 
     def _unstartable(self, job: Job, exc: Exception) -> None:
         """A held job whose start raised: given back to the queue unstarted (attempt and
@@ -77,7 +109,20 @@ class Executing(Acking, Heartbeat):
         traceback. Never left held: its lease would be extended by every beat while it
         ran nowhere. Unstarted, it is not the job's failure: no attempt is counted (the
         next lease, this worker's or another's, starts it). If the database refuses the
-        release, it stays ``running`` and is reaped after its lease."""
+        release, it stays ``running`` and is reaped after its lease.
+
+        A start error is taken for the worker's (a bug, the app's lease clock erring):
+        this worker then leases nothing for a backoff's delay (``start_backoff_first``
+        doubled at each start error in a row, up to ``start_backoff_cap``; reset by a start
+        that succeeds), so that a fault that raises at every start does not lease and give
+        back the same jobs in a hot loop; other workers take them meanwhile. No job is
+        buried for a fault of the worker's: a job is parked in ``dead`` (``start_failed``,
+        the message naming the error) only once its start raised on
+        ``start_errors_to_park`` of its leases here in a row while this worker started
+        other jobs meanwhile: the fault follows that job."""
+        self._back_off_starts(exc)
+        if self._parks_unstartable(job, exc):
+            return
         with self._inflight_lock:
             flight = self._flight_of(job)
             # Dropped already (its lease lost), taken up, or being given back by the stop.
@@ -102,6 +147,57 @@ class Executing(Acking, Heartbeat):
             log.exception("worker %s: job %s could not be given back", self.worker_id, job.id)
         lost = flight.lost.is_set()
         self.observers.released(job, ReleaseReason.LOST if lost else ReleaseReason.ERROR)
+
+    def _back_off_starts(self, exc: Exception) -> None:
+        """No lease by this worker for the start backoff's next delay."""
+        backoff = self._start_backoff
+        if backoff is None:
+            backoff = self._start_backoff = Backoff(
+                f"worker {self.worker_id}: start",
+                first=self.start_backoff_first,
+                cap=self.start_backoff_cap,
+                fault="a job could not be started; leasing paused",
+            )
+        self._starts_paused_until = time.monotonic() + backoff.next_delay(exc)
+
+    def _parks_unstartable(self, job: Job, exc: Exception) -> bool:
+        """Count a start error of ``job``; at ``start_errors_to_park`` in a row with other
+        jobs started meanwhile, park it (``start_failed``), forget it and ``True``."""
+        errors, starts_then = self._start_errors.get(job.id, (0, self._starts))
+        errors += 1
+        if errors < self.start_errors_to_park or self._starts == starts_then:
+            if len(self._start_errors) >= _START_ERRORS_KEPT and job.id not in self._start_errors:
+                self._start_errors.clear()  # bounded: a count lost only delays a park
+            self._start_errors[job.id] = (errors, starts_then)
+            return False
+        with self._inflight_lock:
+            flight = self._flight_of(job)
+            ours = flight is not None and not (flight.running or flight.releasing)
+            if flight is not None and ours:
+                flight.releasing = True
+        if flight is None or not ours:
+            return False
+        self._start_errors.pop(job.id, None)
+        error = self.runtime.redactor_for(job.job_type).error(exc)
+        message = (
+            f"the worker could not start the job on {errors} of its leases in a row, while "
+            f"it started other jobs: {error}"
+        )
+        log.error(
+            "worker %s: job %s could not be started (%s); parked",
+            self.worker_id,
+            job.id,
+            type(exc).__name__,
+            exc_info=exc,
+        )
+        try:
+            self._bury(job, DeadReason.START_FAILED, None, message)
+        except Exception:
+            log.exception("worker %s: job %s could not be parked", self.worker_id, job.id)
+        finally:
+            self._forget_all([job])
+        self.observers.released(job, ReleaseReason.ERROR)
+        return True
 
     def _start(self, job: Job, now: float) -> bool:
         """Mark a held job started; ``False`` if the worker is stopping and gives it back

@@ -34,9 +34,12 @@ class Leasing(WorkerCore):
     def _slots(self, acking: int = 0) -> tuple[int, int]:
         """(slots to lease, how many of them lie beyond the free executors: leased ahead);
         ``acking``: held leases whose acks the caller's transaction commits. None once
-        leasing is closed (called under ``_lease_lock``, as the close is)."""
+        leasing is closed (called under ``_lease_lock``, as the close is), nor while the
+        worker backs off after a start error."""
         if self._leasing_closed:
             return 0, 0
+        if self._starts_paused_until and time.monotonic() < self._starts_paused_until:
+            return 0, 0  # a start raised: this worker backs off (``Executing._unstartable``)
         with self._inflight_lock:
             held = len(self._inflight) - acking
         executors = max(0, self.concurrency - held)

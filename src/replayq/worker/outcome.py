@@ -334,7 +334,19 @@ class Outcomes(Settling, Leasing):
                 events.append(self._bury_in(tx, job, reason, failure_class, message, now, hlc))
             tx.trace_append(events)
 
-        if self._settle(job, write, ctx):
+        try:
+            settled = self._settle(job, write, ctx)
+        except ConstraintViolationError as refused:
+            violation = internal_violation(refused)
+            if violation is None:
+                raise
+            # Replayq's own tables refused the failure's own write (its trace rows, the
+            # job's move): the same write is refused every time, and left ``running`` the
+            # job would be reaped and run again until its attempts ran out. Parked instead.
+            retrying = retryable and not exhausted and not cancelled
+            self._park(job, ctx, violation, message, retrying=retrying)
+            return
+        if settled:
             ctx.committed()
             if cancelled:
                 self.stats.cancelled += 1
@@ -344,6 +356,73 @@ class Outcomes(Settling, Leasing):
             else:
                 self.stats.dead += 1
                 log.error("job %s failed (%s), dead: %s", job.id, failure_class, message)
+
+    def _park(
+        self,
+        job: Job,
+        ctx: Context,
+        violation: ConstraintViolationError,
+        failure: str,
+        *,
+        retrying: bool,
+    ) -> None:
+        """The failure's own settle was refused by a constraint of replayq's own tables
+        (``violation``): park the job as ``dead`` / ``internal_error`` with what the
+        settle could not write said in its message and the log. Its ``job.dead`` event
+        alone, or, if that too is refused, the job row alone: the attempt's pending
+        trace events (and their blobs) and ``job.failed`` are dropped, and a retry is
+        not scheduled. A pending lock release is made on its own when the context is
+        released (``LockManager.abandon``). If even the job row's move to ``dead`` is
+        refused, the job stays ``running`` (logged as an error naming the refusal): it
+        is reaped after its lease."""
+        pending = [event.name for event in ctx._pending.events]
+        dropped = [
+            f"{len(pending)} pending trace events ({', '.join(sorted(set(pending)))})"
+            if pending
+            else "no pending trace events",
+            "job.failed",
+        ]
+        if retrying:
+            dropped.append("its retry (retry.scheduled)")
+        redactor = ctx.redactor
+        base = (
+            f"{_internal_message(violation)}; settling the attempt's failure ({failure}) "
+            f"was refused, parked without: {', '.join(dropped)}"
+        )
+        for with_event in (True, False):
+            message = redactor.text(base if with_event else f"{base}, job.dead")
+
+            def write(
+                tx: Transaction, message: str = message, with_event: bool = with_event
+            ) -> None:
+                now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
+                dead = self._bury_in(
+                    tx, job, DeadReason.INTERNAL_ERROR, FailureClass.UNKNOWN, message, now, hlc
+                )
+                if with_event:
+                    tx.trace_append([dead])
+
+            try:
+                parked = self._settle(job, write)
+            except ConstraintViolationError as again:
+                if internal_violation(again) is None:
+                    raise
+                log.error(
+                    "job %s: parking it as internal_error%s was refused too (%s)",
+                    job.id,
+                    " with its job.dead event" if with_event else "",
+                    again,
+                )
+                continue
+            if parked:
+                self.stats.dead += 1
+                log.error("job %s failed (unknown), dead: %s", job.id, message)
+            return
+        log.error(
+            "job %s could not be parked: replayq's own tables refused its move to dead; "
+            "it stays running and is reaped after its lease",
+            job.id,
+        )
 
     def _bury(
         self, job: Job, reason: DeadReason, failure_class: FailureClass | None, message: str

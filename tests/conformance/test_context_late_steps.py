@@ -1,0 +1,146 @@
+"""A ``ctx.step`` whose body outlives its handler (run in a thread the handler left
+running) commits nothing into the attempt's trace once the attempt ended, on every
+backend: the step's end raises ``ContextEndedError`` and is logged.
+
+``ctx.step`` looked at the end only on entry. Before: a callable step whose ``fn``
+returned after the ack committed its ledger row fenced, found the lease gone and
+committed ``write.fenced``, ``step.rolled_back`` and a failed ``step.finished`` into the
+settled attempt's trace; a step block that raised after the ack committed its failed
+``step.finished``; a step that ended while the ack waited for its group commit committed
+its ``step.finished`` and ledger row before that ack.
+
+Each window is hit every time: the step bodies block on events the test sets, never on
+sleeps.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import replayq
+from tests.context_support import run_once
+
+AppFactory = Callable[..., replayq.App]
+
+
+class _Body:
+    """A step body that starts, then waits for the test before it returns or raises."""
+
+    def __init__(self, outcome: str) -> None:
+        self.outcome = outcome
+        self.started = threading.Event()
+        self.finish = threading.Event()
+        self.done = threading.Event()
+        self.seen: list[BaseException | object] = []
+
+    def run(self) -> dict[str, int]:
+        self.started.set()
+        assert self.finish.wait(30), "the test never let the step end"
+        if self.outcome == "raises":
+            raise ValueError("late step failed")
+        return {"n": 1}
+
+    def in_thread(self, use: Callable[[], Any]) -> None:
+        def target() -> None:
+            try:
+                self.seen.append(use())
+            except BaseException as exc:
+                self.seen.append(exc)
+            finally:
+                self.done.set()
+
+        threading.Thread(target=target, daemon=True).start()
+        assert self.started.wait(30), "the step never started"
+
+
+def _step(ctx: replayq.Context, body: _Body, form: str) -> Any:
+    if form == "callable":
+        return ctx.step("late", body.run)
+    with ctx.step("late"):
+        return body.run()
+
+
+def _ledger(app: replayq.App, job_id: int) -> list[str]:
+    with app.storage.transaction(readonly=True) as tx:
+        return [row.step_key for row in tx.step_by_job(job_id)]
+
+
+@pytest.mark.parametrize("form", ["callable", "block"])
+@pytest.mark.parametrize("outcome", ["returns", "raises"])
+def test_a_step_that_ends_after_the_ack_leaves_the_trace_alone(
+    app_factory: AppFactory, form: str, outcome: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = app_factory()
+    body = _Body(outcome)
+
+    @app.job("leaves")
+    def leaves(ctx: replayq.Context) -> None:
+        body.in_thread(lambda: _step(ctx, body, form))
+
+    job_id = app.enqueue("leaves", {})
+    worker = replayq.Worker(app, worker_id="w1")
+    with caplog.at_level(logging.WARNING, logger="replayq.recording"):
+        run_once(worker)
+        assert app.get_job(job_id).state == replayq.JobState.SUCCEEDED
+        events = [e.name for e in app.trace(job_id)]
+        body.finish.set()
+        assert body.done.wait(30), "the late step never ended"
+
+    trace = [e.name for e in app.trace(job_id)]
+    assert trace == events, "nothing recorded into the attempt's trace after its end"
+    assert trace[-1] == "job.succeeded"
+    assert not {"step.finished", "step.rolled_back", "write.fenced"} & set(trace), trace
+    assert _ledger(app, job_id) == []
+    late = [r.getMessage() for r in caplog.records if "after the attempt ended" in r.getMessage()]
+    assert len(late) == 1 and "'late'" in late[0], late
+    [seen] = body.seen
+    assert isinstance(seen, replayq.ContextEndedError), seen
+    assert f"job {job_id}, attempt 1" in str(seen)
+
+
+def test_a_step_that_ends_before_the_group_commit_is_not_in_its_trace(
+    app_factory: AppFactory, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A running worker (group commit on): ``keeps`` leaves a callable step running in a
+    thread and returns; its ack waits in memory while the next job of the batch runs, and
+    that job lets the step end and waits for it. The step is refused: neither its
+    ``step.finished`` nor its ledger row commits (before: both, ahead of the ack)."""
+    app = app_factory()
+    body = _Body("returns")
+
+    @app.job("keeps")
+    def keeps(ctx: replayq.Context) -> None:
+        ctx.decide("go", True)  # pending: it commits with the ack
+        body.in_thread(lambda: ctx.step("late", body.run))
+
+    @app.job("next_in_batch")
+    def next_in_batch(ctx: replayq.Context) -> None:
+        body.finish.set()  # ``keeps`` returned; its ack waits for the group commit
+        assert body.done.wait(30), "the late step never ended"
+
+    keeping = app.enqueue("keeps", {})
+    app.enqueue("next_in_batch", {})
+    worker = replayq.Worker(
+        app,
+        burst=True,
+        worker_id="w1",
+        prefetch=1,
+        prefetch_window=float("inf"),  # both jobs leased in one batch
+        ack_window=60.0,  # the acks thread leaves the first ack to the executor's group
+    )
+    with caplog.at_level(logging.WARNING, logger="replayq.recording"):
+        stats = worker.run()
+    assert stats.succeeded == 2
+    names = [e.name for e in app.trace(keeping)]
+    assert "step.finished" not in names, names
+    assert names.count("decision") == 1 and names[-1] == "job.succeeded", names
+    assert _ledger(app, keeping) == []
+    logged = [r.getMessage() for r in caplog.records if "after the attempt ended" in r.getMessage()]
+    assert len(logged) == 1, logged
+    [seen] = body.seen
+    assert isinstance(seen, replayq.ContextEndedError), seen

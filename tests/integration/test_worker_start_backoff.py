@@ -1,0 +1,163 @@
+"""A worker whose start of a job raises every time does not lease and give back the same
+jobs in a hot loop, and does not bury them for a fault of its own.
+
+``Executing._unstartable`` gives a job whose start raised back to the queue unstarted (no
+attempt counted, ``lease.released`` with ``started: false``). Before, a start that raised
+every time (a bug, an app's lease clock erring) had the worker lease the job again at
+once, and give it back again, each time a ``lease.released`` in its trace, as fast as its
+transactions went. Now this worker leases nothing for a backoff's delay after a start
+error (doubled at each one in a row, reset by a start that succeeds). No job is buried
+for a worker-wide fault; a job whose start raised on several of its leases in a row
+while the worker started other jobs (the fault follows that job) is parked in ``dead``
+with reason ``start_failed`` naming the error.
+
+The fault is a ``Worker`` subclass whose ``_start`` raises (for every job, or for one);
+real workers ``run()`` on real databases, the give-backs seen by an observer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+
+import replayq
+from replayq.model import Job
+from tests.observer_support import Ledger
+
+AppFactory = Callable[..., replayq.App]
+
+
+class _GiveBacks(Ledger):
+    """A ``Ledger`` that notes when (monotonic) each give-back for an error was told, and
+    sets ``enough`` at the ``wanted``-th."""
+
+    def __init__(self, wanted: int) -> None:
+        super().__init__()
+        self.at: list[float] = []
+        self.wanted = wanted
+        self.enough = threading.Event()
+
+    def released(self, job: replayq.Job, reason: replayq.ReleaseReason) -> None:
+        super().released(job, reason)
+        if str(reason) == "error":
+            with self.lock:
+                self.at.append(time.monotonic())
+                if len(self.at) >= self.wanted:
+                    self.enough.set()
+
+
+class _StartAlwaysFails(replayq.Worker):
+    """Its start of every job raises: a fault of the worker's own."""
+
+    start_backoff_first = 0.2
+    start_errors_to_park = 2  # fewer than the give-backs seen: still no job buried
+
+    def _start(self, job: Job, now: float) -> bool:
+        raise RuntimeError("the lease clock is broken")
+
+
+def test_a_worker_whose_every_start_raises_backs_off_and_buries_nothing(
+    app_factory: AppFactory,
+) -> None:
+    app = app_factory()
+
+    @app.job("work", lease="30s")
+    def work(ctx: replayq.Context) -> None:
+        raise AssertionError("never started")
+
+    job_id = app.enqueue("work")
+    ledger = _GiveBacks(wanted=4)
+    worker = _StartAlwaysFails(app, worker_id="w", poll_interval=0.01, observers=[ledger])
+    runner = threading.Thread(target=worker.run, name="worker")
+    runner.start()
+    try:
+        assert ledger.enough.wait(30), ledger.released_ids
+    finally:
+        worker.stop()
+        worker.stop()
+        runner.join(30)
+    assert not runner.is_alive()
+    with ledger.lock:
+        at = list(ledger.at)
+    # Each give-back waits at least the backoff's delay (0.2 s doubled each time, jittered
+    # down to half) before the job is leased again: 0.1 s, 0.2 s, 0.4 s at least. Before,
+    # the next lease and give-back followed at once (milliseconds apart).
+    gaps = [later - earlier for earlier, later in itertools.pairwise(at)]
+    floors = [0.1, 0.2, 0.4]
+    assert all(gap >= floor for gap, floor in zip(gaps, floors, strict=False)), gaps
+    job = app.get_job(job_id)
+    names = [e.name for e in app.trace(job_id)]
+    # A fault of the worker's buries nothing, however many times in a row it met the job.
+    assert job.state is not replayq.JobState.DEAD and "job.dead" not in names, names
+    assert job.attempt == 0, "an unstarted give-back counted an attempt"
+    released = [e for e in app.trace(job_id) if e.name == "lease.released"]
+    assert len(released) == len(at) >= 4, names
+    assert all(e.data["started"] is False for e in released)
+
+
+class _StartFailsForOne(replayq.Worker):
+    """Its start of the job ``bad`` raises; every other job starts."""
+
+    start_backoff_first = 0.01
+    start_backoff_cap = 0.05
+    start_errors_to_park = 3
+
+    def _start(self, job: Job, now: float) -> bool:
+        if job.job_type == "bad":
+            raise RuntimeError("this job cannot be started")
+        return super()._start(job, now)
+
+
+def test_a_job_whose_start_raises_while_others_start_is_parked_as_start_failed(
+    app_factory: AppFactory,
+) -> None:
+    app = app_factory()
+    ran: list[int] = []
+
+    @app.job("bad")
+    def bad(ctx: replayq.Context) -> None:
+        raise AssertionError("never started")
+
+    @app.job("good")
+    def good(ctx: replayq.Context, n: int) -> None:
+        ran.append(n)
+        # A chain of good jobs runs while the bad one is leased and given back.
+        if n < 40 and app.get_job(bad_id).state is not replayq.JobState.DEAD:
+            ctx.enqueue("good", {"n": n + 1})
+
+    bad_id = app.enqueue("bad")
+    app.enqueue("good", {"n": 1})
+    ledger = Ledger()
+    # Two slots: a lease takes the bad job and a good one (the bad one, given back, is
+    # first in the queue again: one slot would lease it alone each time).
+    worker = _StartFailsForOne(
+        app, worker_id="w", burst=True, concurrency=2, poll_interval=0.01, observers=[ledger]
+    )
+    runner = threading.Thread(target=worker.run, name="burst")
+    runner.start()
+    runner.join(60)
+    stuck = runner.is_alive()
+    if stuck:
+        worker.stop()
+        worker.stop()
+        runner.join(30)
+    job = app.get_job(bad_id)
+    names = [e.name for e in app.trace(bad_id)]
+    assert not stuck, (
+        f"the burst run never ended: the bad job was given back "
+        f"{names.count('lease.released')} times"
+    )
+    assert (job.state, job.dead_reason) == (replayq.JobState.DEAD, "start_failed"), (
+        job.state,
+        job.dead_reason,
+        names,
+    )
+    error = job.last_error or ""
+    assert "RuntimeError: this job cannot be started" in error, error
+    assert "3 of its leases in a row" in error, error
+    assert names.count("lease.released") == 2, names  # given back twice, parked the third
+    assert ledger.released_ids[bad_id] == ["error", "error", "error"]
+    assert ledger.attempts[bad_id] == 0
+    assert ran and ran == list(range(1, len(ran) + 1)), ran  # each good job ran once
