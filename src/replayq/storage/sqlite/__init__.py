@@ -96,7 +96,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from importlib import resources
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -301,7 +300,10 @@ def _own_schema() -> tuple[tuple[tuple[str, str], ...], dict[str, str]]:
     """replayq's own schema (``schema.sql``, what the migrations make): each table and its
     ``CREATE TABLE`` statement, its white space made single spaces (a ``CHECK``'s
     expression is found in it as SQLite quotes it); each index's table, by its name. Read
-    on the first refusal a process meets that needs it, never before."""
+    on the first refusal a process meets that needs it, never before (nor is
+    ``importlib.resources``, which a running worker otherwise never loads)."""
+    from importlib import resources
+
     text = resources.files(__package__).joinpath("schema.sql").read_text(encoding="utf-8")
     tables, indexes = [], {}
     for statement in text.split(";\n"):
