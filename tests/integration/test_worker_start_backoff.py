@@ -161,3 +161,69 @@ def test_a_job_whose_start_raises_while_others_start_is_parked_as_start_failed(
     assert ledger.released_ids[bad_id] == ["error", "error", "error"]
     assert ledger.attempts[bad_id] == 0
     assert ran and ran == list(range(1, len(ran) + 1)), ran  # each good job ran once
+
+
+class _StartFailsForFlaky(replayq.Worker):
+    """Its start of the job ``flaky`` raises (at any attempt); every other job starts. Its
+    backoff is long enough for another worker to take the job given back."""
+
+    start_backoff_first = 3.0
+    start_backoff_cap = 3.0
+    start_errors_to_park = 2
+
+    def _start(self, job: Job, now: float) -> bool:
+        if job.job_type == "flaky":
+            raise RuntimeError("this job cannot be started here")
+        return super()._start(job, now)
+
+
+def test_start_errors_before_the_job_ran_elsewhere_do_not_count_toward_its_park(
+    app_factory: AppFactory,
+) -> None:
+    """A job whose start raised here, then ran elsewhere (an attempt counted), is not
+    parked at its next start error here as if that were the second in a row."""
+    app = app_factory()
+
+    @app.job("flaky", retry=replayq.Retry(max_attempts=5, base="2s", cap="2s", jitter="none"))
+    def flaky(ctx: replayq.Context) -> None:
+        raise replayq.TransientError("the first attempt fails; retried")
+
+    @app.job("good")
+    def good(ctx: replayq.Context, n: int) -> None:
+        # A chain of good jobs runs here while the flaky one is leased and given back.
+        time.sleep(0.01)
+        if n < 2000 and app.get_job(flaky_id).state is not replayq.JobState.DEAD:
+            ctx.enqueue("good", {"n": n + 1})
+
+    flaky_id = app.enqueue("flaky")
+    ledger = _GiveBacks(wanted=1)
+    worker = _StartFailsForFlaky(
+        app, worker_id="w", concurrency=2, poll_interval=0.01, observers=[ledger]
+    )
+    runner = threading.Thread(target=worker.run, name="worker")
+    runner.start()
+    try:
+        assert ledger.enough.wait(30), "the flaky job was never leased here"
+        # While ``w`` backs off (1.5 s at least), another worker runs the job's first
+        # attempt: it fails and is retried 2 s later.
+        other = replayq.Worker(app, worker_id="other", burst=True, poll_interval=0.01)
+        other.run()
+        assert app.get_job(flaky_id).attempt == 1, [e.name for e in app.trace(flaky_id)]
+        app.enqueue("good", {"n": 1})  # ``w`` starts other jobs meanwhile
+        deadline = time.monotonic() + 30
+        while app.get_job(flaky_id).state is not replayq.JobState.DEAD:
+            assert time.monotonic() < deadline, [e.name for e in app.trace(flaky_id)]
+            time.sleep(0.05)
+    finally:
+        worker.stop()
+        worker.stop()
+        runner.join(30)
+    assert not runner.is_alive()
+    events = app.trace(flaky_id)
+    # Its second attempt's leases here: given back at least once (its first start error),
+    # parked at a later one. Before, the error here before its first attempt ran (on the
+    # other worker) counted as the first of the row: parked at its first start error.
+    given_back = [e for e in events if e.name == "lease.released" and e.attempt == 2]
+    job = app.get_job(flaky_id)
+    assert job.dead_reason == "start_failed", job.dead_reason
+    assert len(given_back) >= 1, [(e.name, e.attempt) for e in events]

@@ -237,12 +237,13 @@ class WorkerCore:
         # Start errors (``Executing._unstartable``): till when (monotonic) this worker leases
         # nothing after one, its jobs given back meanwhile free for other workers; the
         # backoff that grows it, reset by a start that succeeds; the jobs whose start
-        # raised on their last leases here: (times in a row, ``_starts`` at the first);
+        # raised on their last leases here: (times in a row, ``_starts`` at the first, the
+        # attempt those leases had: another means it was started somewhere since);
         # how many jobs this worker started (counted without a lock: a lost count only
         # delays a park by a start error).
         self._starts_paused_until = 0.0
         self._start_backoff: Backoff | None = None
-        self._start_errors: dict[int, tuple[int, int]] = {}
+        self._start_errors: dict[int, tuple[int, int, int]] = {}
         self._starts = 0
         # The backend's wake-up listener while running (PostgreSQL LISTEN), else None.
         self.notifier: Any = None

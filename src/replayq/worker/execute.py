@@ -119,7 +119,8 @@ class Executing(Acking, Heartbeat):
         buried for a fault of the worker's: a job is parked in ``dead`` (``start_failed``,
         the message naming the error) only once its start raised on
         ``start_errors_to_park`` of its leases here in a row while this worker started
-        other jobs meanwhile: the fault follows that job."""
+        other jobs meanwhile: the fault follows that job. The row ends once the job is
+        started, here or elsewhere (its attempt at a later lease tells)."""
         self._back_off_starts(exc)
         if self._parks_unstartable(job, exc):
             return
@@ -163,12 +164,19 @@ class Executing(Acking, Heartbeat):
     def _parks_unstartable(self, job: Job, exc: Exception) -> bool:
         """Count a start error of ``job``; at ``start_errors_to_park`` in a row with other
         jobs started meanwhile, park it (``start_failed``), forget it and ``True``."""
-        errors, starts_then = self._start_errors.get(job.id, (0, self._starts))
+        errors, starts_then, attempt = self._start_errors.get(
+            job.id, (0, self._starts, job.attempt)
+        )
+        if attempt != job.attempt:
+            # Started somewhere since its last start error here (an unstarted give-back
+            # takes its attempt back: a lease of it that raised again has the same one):
+            # the errors before that run are not in a row with this one.
+            errors, starts_then = 0, self._starts
         errors += 1
         if errors < self.start_errors_to_park or self._starts == starts_then:
             if len(self._start_errors) >= _START_ERRORS_KEPT and job.id not in self._start_errors:
                 self._start_errors.clear()  # bounded: a count lost only delays a park
-            self._start_errors[job.id] = (errors, starts_then)
+            self._start_errors[job.id] = (errors, starts_then, job.attempt)
             return False
         with self._inflight_lock:
             flight = self._flight_of(job)
