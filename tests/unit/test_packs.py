@@ -710,3 +710,20 @@ def test_unpack_refuses_what_the_dictionary_decode_refused() -> None:
             reference_unpack(row)
         with pytest.raises(ValueError):  # msgspec's ValidationError is one
             packs.unpack(row)
+
+
+def test_the_item_fields_are_in_the_order_a_stored_item_has_its_keys() -> None:
+    # msgspec matches each key of an object against the field it expects next: stored items
+    # have their keys sorted (codec's canonical text), and so must ``packs.Item``'s fields
+    # be, or each key is searched for (slower, the same events).
+    text = packs.pack_items(attempt_events(), 9_000_000, 1_796_000_000.5, keep=False)
+    for item in json.loads("[" + text + "]"):
+        assert list(item) == sorted(item)
+    assert list(packs.Item.__struct_fields__) == sorted(packs.Item.__struct_fields__)
+    assert set(packs.Item.__struct_fields__) == {key for _, key in packs._KEYS} | {
+        "d",
+        "dt",
+        "h",
+        "k",
+        "x",
+    }

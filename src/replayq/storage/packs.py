@@ -531,7 +531,7 @@ def pack_resources(events: Sequence[TraceEvent], pack_id: int) -> list[dict[str,
     ]
 
 
-class Item(msgspec.Struct, gc=False):
+class Item(msgspec.Struct, gc=False, kw_only=True):
     """One pack item as ``unpack`` reads it: the keys ``_packed_items`` writes, each at what
     its absence means (``h`` and ``dt`` ``UNSET``: no offset, ``x`` false, the others
     ``None``).
@@ -542,21 +542,26 @@ class Item(msgspec.Struct, gc=False):
     are typed ``Any``: they are what ``codec.loads`` decodes (the same decoder), whatever
     the pack holds; keys no field names are ignored, as ``unpack`` ignored them in a
     dictionary; the last of duplicate keys wins, as it did.
-    Not tracked by the garbage collector (``gc=False``): decoded JSON holds no cycles."""
+    Not tracked by the garbage collector (``gc=False``): decoded JSON holds no cycles.
 
+    Its fields are in the order of the keys in a stored item (sorted: ``codec``'s
+    canonical text), so that msgspec finds each key at the field it expects next instead
+    of searching the fields for it (~30 K instructions a dry-run); ``kw_only`` lets the
+    one required field, ``n``, stand in that order."""
+
+    d: Any = None
+    dt: Any = msgspec.UNSET
+    h: Any = msgspec.UNSET
+    i: Any = None
+    k: Any = None
     n: Any
+    o: Any = None
     q: Any = None
+    r: Any = None
     s: Any = None
     st: Any = None
-    r: Any = None
     v: Any = None
-    i: Any = None
-    o: Any = None
-    k: Any = None
-    h: Any = msgspec.UNSET
-    dt: Any = msgspec.UNSET
     x: Any = False
-    d: Any = None
 
 
 _ITEMS = msgspec.json.Decoder(list[Item]).decode
@@ -566,7 +571,7 @@ def _lifecycle(code: int, values_text: bytes) -> list[Item]:
     """The one item of a format 3 or 4 pack (``lifecycle_item``: no JSON text made for it
     and decoded again)."""
     found = lifecycle_item(code, values_text)
-    return [Item(found["n"], st=found.get("st"), k=found["k"], d=found["d"])]
+    return [Item(n=found["n"], st=found.get("st"), k=found["k"], d=found["d"])]
 
 
 def items(stored: str | bytes | None) -> list[Item]:
