@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sqlite3
 import weakref
 import zlib
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 
+from replayq import codec
 from replayq.model import TraceEvent
 from replayq.storage import lifecycle_packs, packs
 
@@ -540,3 +544,186 @@ def test_a_lifecycle_pack_joined_by_later_events_is_rewritten_whole_as_format_2(
     two = pieces.first(packs.pack_items([leased], row["hlc"], row["ts"]))
     two += pieces.more(packs.pack_items(later[:2], row["hlc"], row["ts"]))
     assert len(one_stream) <= len(two)
+
+
+# -- unpack against the decode it replaced ------------------------------------------------
+
+
+def reference_unpack(row: Mapping[str, Any]) -> list[TraceEvent]:
+    """``packs.unpack`` as it was before items were decoded as ``packs.Item``: every pack
+    through ``codec.loads(pack_json(...))`` (a format 3 or 4 pack through
+    ``lifecycle_item``) into dictionaries, each event's fields looked up in its item."""
+    stored = row["events"]
+    items: list[dict[str, Any]]
+    if isinstance(stored, bytes | bytearray) and stored[:1] == b"\x04" and len(stored) > 1:
+        items = [lifecycle_packs.lifecycle_item(stored[1], stored[2:])]
+    elif isinstance(stored, bytes | bytearray) and stored[:1] == b"\x03":
+        items = [lifecycle_packs.lifecycle_item(0, stored[1:])]
+    else:
+        items = codec.loads(packs.pack_json(stored))
+    base, base_ts = row["hlc"], row["ts"]
+    event_id = row["id"] * packs.PACK_SIZE
+    out = []
+    for item in items:
+        fields = {
+            "trace_id": row["trace_id"],
+            "job_id": row["job_id"],
+            "attempt": row["attempt"],
+            "worker_id": row["worker_id"],
+            "name": item["n"],
+            "ts": base_ts + 0.0,
+            "hlc": base,
+            "kind": "domain",
+            "seq": None,
+            "step": None,
+            "status": None,
+            "resource": None,
+            "resource_version": None,
+            "side_effect": False,
+            "input_ref": None,
+            "output_ref": None,
+            "data": item.get("d") or {},
+            "id": event_id,
+        }
+        event_id += 1
+        if "h" in item:
+            fields["hlc"] = base + item["h"]
+        if "dt" in item:
+            fields["ts"] = base_ts + item["dt"] / 1e6
+        for field, key in (
+            ("seq", "q"),
+            ("step", "s"),
+            ("status", "st"),
+            ("resource", "r"),
+            ("resource_version", "v"),
+            ("input_ref", "i"),
+            ("output_ref", "o"),
+        ):
+            if key in item:
+                fields[field] = item[key]
+        if "k" in item:
+            fields["kind"] = item["k"] or "domain"
+        if "x" in item:
+            fields["side_effect"] = bool(item["x"])
+        out.append(TraceEvent.of(fields))
+    return out
+
+
+def exactly(events: list[TraceEvent]) -> list[str]:
+    """Each event's fields in order, as ``repr`` writes them: the values and their types
+    (``1`` is not ``1.0`` nor ``True``), NaN included (``==`` never equals it)."""
+    return [repr(list(vars(event).items())) for event in events]
+
+
+# Items as no replayq writes them but a pack may hold: keys at their defaults written out,
+# ``null`` kinds, values msgspec refuses (``codec.loads`` then reads them the standard
+# library's way), keys unpack does not know, a key given twice.
+ODD_ITEMS = [
+    '{"n":"a","h":0,"dt":0,"x":0,"k":null,"d":null,"q":null}',
+    '{"n":"b","k":"","x":true,"d":{},"h":3,"dt":-12,"v":2}',
+    '{"n":"c","k":"lifecycle","x":1,"st":"ok","r":"order:1","i":"blob:in","o":"blob:out"}',
+    '{"n":"d","s":"step","q":4,"zz":{"unknown":[1]},"n":"d2"}',
+    '{"n":"e","d":{"big":1180591620717411303424,"tiny":2.5e-7,"neg":-0.0,"u":"\\u00fc\\ud83d"}}',
+    '{"n":"f","d":{"nan":NaN,"inf":Infinity,"huge":1e400}}',
+    '{"n":"g","d":{"lone":"\\ud800"},"dt":1.5,"h":2.0}',
+    '{"n":"h","d":[1,2],"x":false,"q":1.0}',
+]
+
+
+def odd_rows(text_items: list[str]) -> list[dict[str, Any]]:
+    """``text_items`` as a pack of each format that holds JSON text: format 1, format 2
+    finished and format 2 still open to appends (its array not closed), the latter also
+    joined piece by piece; with a time as a float and as an integer."""
+    joined = ",".join(text_items)
+    writer = packs.PackWriter()
+    pieces = writer.first(text_items[0])
+    for text in text_items[1:]:
+        pieces += writer.more(text)
+    group = {"trace_id": "t" * 32, "job_id": 41, "attempt": 2, "worker_id": "w", "id": 7}
+    return [
+        {**group, "hlc": 9_000_000, "ts": ts, "events": events}
+        for events in (
+            "[" + joined + "]",
+            packs.deflated("[" + joined + "]"),
+            bytes(packs.PackWriter().first(joined)),
+            pieces,
+        )
+        for ts in (1_796_000_000.25, 1_796_000_000)
+    ]
+
+
+@pytest.mark.parametrize("which", range(len(ODD_ITEMS)))
+def test_unpack_reads_any_item_as_the_dictionary_decode_did(which: int) -> None:
+    for row in odd_rows([ODD_ITEMS[which]]):
+        assert exactly(packs.unpack(row)) == exactly(reference_unpack(row)), row
+
+
+def test_unpack_reads_a_pack_of_odd_items_as_the_dictionary_decode_did() -> None:
+    rows = odd_rows(ODD_ITEMS)
+    for row in rows:
+        events = packs.unpack(row)
+        assert len(events) == len(ODD_ITEMS)
+        assert exactly(events) == exactly(reference_unpack(row))
+    # Not vacuous: the odd values are there, as the standard library reads them.
+    data = packs.unpack(rows[0])[5].data
+    assert math.isnan(data["nan"]) and data["inf"] == data["huge"] == math.inf
+
+
+def test_unpack_reads_every_format_replayq_writes_as_the_dictionary_decode_did() -> None:
+    events = attempt_events()
+    lone = [
+        enqueued(1_796_000_000.5),
+        enqueued(1_796_000_000, message_id='order-7 ü "q"', ordering_key="customer:1"),
+        lifecycle_event("job.leased", "running", **LEASED),
+        lifecycle_event("job.leased", "running", **LEASED, version_moved_from="v0"),
+        lifecycle_event(
+            "job.succeeded", "succeeded", duration=7.2e-05, owner_token="", version="v"
+        ),
+        lifecycle_event("job.failed", "fail", error="boom", duration=0.1),  # no shape: format 2
+    ]
+    rows = [stored(events, packs.FORMAT_JSON), stored(events, packs.FORMAT_DEFLATE)]
+    rows += [stored([event], form) for event in lone for form in (1, 2)]
+    rows.append({**rows[0], "events": b'\x03[1796000000.5,0,null,"customer:1"]'})
+    # A deflated pack joined by a later commit (its stream open) and one rewritten whole.
+    row, writer = packs.opened_row(events[:2], packs.FORMAT_DEFLATE)
+    assert isinstance(writer, packs.PackWriter)
+    more = writer.more(packs.pack_items(events[2:], row["hlc"], row["ts"]))
+    rows.append({**row, "events": row["events"] + more, "id": 3})
+    row, compact = packs.opened_row(lone[2:3], packs.FORMAT_DEFLATE)
+    assert isinstance(compact, packs.CompactPack)
+    rows.append({**row, "events": compact.rewritten([lone[2], *events]).stored, "id": 4})
+    marks = {bytes(r["events"][:1]) if not isinstance(r["events"], str) else "[" for r in rows}
+    assert marks == {"[", b"\x02", b"\x03", b"\x04"}
+    for row in rows:
+        assert exactly(packs.unpack(row)) == exactly(reference_unpack(row)), row
+    assert exactly(packs.unpack(rows[1])) == exactly(packs.unpack(rows[0]))
+
+
+def test_unpack_refuses_what_the_dictionary_decode_refused() -> None:
+    # Items without a name, that are not objects, text that is not JSON, unknown formats
+    # and shapes (an object where the array belongs: the dictionary decode iterated its
+    # keys, read one that holds none as no events; it is refused now).
+    group = {"trace_id": "t", "job_id": 1, "attempt": 1, "worker_id": None, "id": 1}
+    for events in ('[{"q":1}]', "[1]", '{"n":1}', "[{", b"\x05[]", b"\x04\x7f[1]", "null"):
+        row = {**group, "hlc": 1, "ts": 1.0, "events": events}
+        with pytest.raises((KeyError, TypeError, ValueError)):
+            reference_unpack(row)
+        with pytest.raises(ValueError):  # msgspec's ValidationError is one
+            packs.unpack(row)
+
+
+def test_the_item_fields_are_in_the_order_a_stored_item_has_its_keys() -> None:
+    # msgspec matches each key of an object against the field it expects next: stored items
+    # have their keys sorted (codec's canonical text), and so must ``packs.Item``'s fields
+    # be, or each key is searched for (slower, the same events).
+    text = packs.pack_items(attempt_events(), 9_000_000, 1_796_000_000.5, keep=False)
+    for item in json.loads("[" + text + "]"):
+        assert list(item) == sorted(item)
+    assert list(packs.Item.__struct_fields__) == sorted(packs.Item.__struct_fields__)
+    assert set(packs.Item.__struct_fields__) == {key for _, key in packs._KEYS} | {
+        "d",
+        "dt",
+        "h",
+        "k",
+        "x",
+    }
