@@ -10,6 +10,8 @@ and the Redis integration test, so both backends face the same scenario.
 from __future__ import annotations
 
 import sqlite3
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import replayq
@@ -149,3 +151,33 @@ def assert_stale_read_recorded(app: replayq.App, user_id: int, key_prefix: str =
     [miss] = named(app, versioned, "cache.read")
     assert (miss.resource, miss.status) == (f"{key_prefix}profile:{user_id}:v2", "miss")
     assert named(app, versioned, "cache.stale_read") == []
+
+
+class Held:
+    """Code that starts, then waits for the test before it ends (a late step's body, a late
+    outside call): ``started`` once it runs, ``finish`` set by the test to let it end; what
+    the ``ctx`` verb around it returned or raised is kept in ``seen``, ``done`` set after."""
+
+    def __init__(self, outcome: str) -> None:
+        self.outcome = outcome
+        self.started = threading.Event()
+        self.finish = threading.Event()
+        self.done = threading.Event()
+        self.seen: list[BaseException | object] = []
+
+    def hold(self, what: str) -> None:
+        self.started.set()
+        assert self.finish.wait(30), f"the test never let {what} end"
+
+    def watched(self, use: Callable[[], Any]) -> Callable[[], None]:
+        """``use`` with what it returned or raised kept, and ``done`` set after it."""
+
+        def watching() -> None:
+            try:
+                self.seen.append(use())
+            except BaseException as exc:
+                self.seen.append(exc)
+            finally:
+                self.done.set()
+
+        return watching

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 import replayq
-from tests.context_support import run_once
+from tests.context_support import Held, run_once
 
 AppFactory = Callable[..., replayq.App]
 
@@ -38,19 +38,11 @@ def _in_background(runner: str, ctx: replayq.Context, use: Callable[[], Any]) ->
         asyncio.get_running_loop().create_task(use())
 
 
-class _Outside:
+class _Outside(Held):
     """An outside function that starts, then waits for the test before it ends."""
 
-    def __init__(self, outcome: str) -> None:
-        self.outcome = outcome
-        self.started = threading.Event()
-        self.finish = threading.Event()
-        self.done = threading.Event()
-        self.seen: list[BaseException | object] = []
-
     def plain(self) -> dict[str, str]:
-        self.started.set()
-        assert self.finish.wait(30), "the test never let the outside call end"
+        self.hold("the outside call")
         if self.outcome == "fails":
             raise replayq.DependencyError("mail server went away")
         return {"message_id": "m-1"}
@@ -62,21 +54,10 @@ class _Outside:
             raise replayq.DependencyError("mail server went away")
         return {"message_id": "m-1"}
 
-    def watched(self, use: Callable[[], Any], *, awaited: bool = False) -> Callable[[], Any]:
-        """``use`` with what it returned or raised kept, and ``done`` set after it;
-        ``awaited``: ``use`` returns an awaitable, awaited by a coroutine function."""
+    def watched_awaited(self, use: Callable[[], Any]) -> Callable[[], Any]:
+        """``watched`` for a ``use`` that returns an awaitable: a coroutine function."""
 
-        def plain() -> None:
-            try:
-                self.seen.append(use())
-            except BaseException as exc:
-                self.seen.append(exc)
-            finally:
-                self.done.set()
-
-        awaited_use = awaited
-
-        async def awaited() -> None:
+        async def watching() -> None:
             try:
                 self.seen.append(await use())
             except BaseException as exc:
@@ -84,7 +65,7 @@ class _Outside:
             finally:
                 self.done.set()
 
-        return awaited if awaited_use else plain
+        return watching
 
 
 @pytest.mark.parametrize("runner", ["thread", "task"])
@@ -116,7 +97,7 @@ def test_an_effect_that_ends_after_the_ack_leaves_its_record_settled_and_the_tra
 
         @app.job("notify")
         async def notify_async(ctx: replayq.Context) -> None:
-            _in_background(runner, ctx, outside.watched(lambda: send(ctx), awaited=True))
+            _in_background(runner, ctx, outside.watched_awaited(lambda: send(ctx)))
             await asyncio.get_running_loop().run_in_executor(None, outside.started.wait, 30)
 
     sent_again: list[str] = []

@@ -23,38 +23,22 @@ from typing import Any
 import pytest
 
 import replayq
-from tests.context_support import run_once
+from tests.context_support import Held, run_once
 
 AppFactory = Callable[..., replayq.App]
 
 
-class _Body:
+class _Body(Held):
     """A step body that starts, then waits for the test before it returns or raises."""
 
-    def __init__(self, outcome: str) -> None:
-        self.outcome = outcome
-        self.started = threading.Event()
-        self.finish = threading.Event()
-        self.done = threading.Event()
-        self.seen: list[BaseException | object] = []
-
     def run(self) -> dict[str, int]:
-        self.started.set()
-        assert self.finish.wait(30), "the test never let the step end"
+        self.hold("the step")
         if self.outcome == "raises":
             raise ValueError("late step failed")
         return {"n": 1}
 
     def in_thread(self, use: Callable[[], Any]) -> None:
-        def target() -> None:
-            try:
-                self.seen.append(use())
-            except BaseException as exc:
-                self.seen.append(exc)
-            finally:
-                self.done.set()
-
-        threading.Thread(target=target, daemon=True).start()
+        threading.Thread(target=self.watched(use), daemon=True).start()
         assert self.started.wait(30), "the step never started"
 
 
