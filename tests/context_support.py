@@ -181,3 +181,17 @@ class Held:
                 self.done.set()
 
         return watching
+
+
+def one_batch_worker(app: replayq.App) -> replayq.Worker:
+    """A burst worker that leases the queue's two jobs in one batch and leaves the first
+    job's ack to the group the executor commits after the second: between the first
+    handler's return and its ack, the second handler runs."""
+    return replayq.Worker(
+        app,
+        burst=True,
+        worker_id="w1",
+        prefetch=1,
+        prefetch_window=float("inf"),  # both jobs leased in one batch
+        ack_window=60.0,  # the acks thread leaves the first ack to the executor's group
+    )

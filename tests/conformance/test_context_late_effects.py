@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 import replayq
-from tests.context_support import Held, run_once
+from tests.context_support import Held, one_batch_worker, run_once
 
 AppFactory = Callable[..., replayq.App]
 
@@ -179,14 +179,7 @@ def test_a_call_and_an_effect_that_end_before_the_group_commit_are_not_in_its_tr
 
     keeping = app.enqueue("keeps", {})
     app.enqueue("next_in_batch", {})
-    worker = replayq.Worker(
-        app,
-        burst=True,
-        worker_id="w1",
-        prefetch=1,
-        prefetch_window=float("inf"),  # both jobs leased in one batch
-        ack_window=60.0,  # the acks thread leaves the first ack to the executor's group
-    )
+    worker = one_batch_worker(app)
     with caplog.at_level(logging.WARNING, logger="replayq.recording"):
         stats = worker.run()
     assert stats.succeeded == 2

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 import replayq
-from tests.context_support import Held, run_once
+from tests.context_support import Held, one_batch_worker, run_once
 
 AppFactory = Callable[..., replayq.App]
 
@@ -109,14 +109,7 @@ def test_a_step_that_ends_before_the_group_commit_is_not_in_its_trace(
 
     keeping = app.enqueue("keeps", {})
     app.enqueue("next_in_batch", {})
-    worker = replayq.Worker(
-        app,
-        burst=True,
-        worker_id="w1",
-        prefetch=1,
-        prefetch_window=float("inf"),  # both jobs leased in one batch
-        ack_window=60.0,  # the acks thread leaves the first ack to the executor's group
-    )
+    worker = one_batch_worker(app)
     with caplog.at_level(logging.WARNING, logger="replayq.recording"):
         stats = worker.run()
     assert stats.succeeded == 2

@@ -19,7 +19,7 @@ import replayq
 from replayq.replay.bulk import dry_run_many
 from replayq.replay.engine import dry_run, fork
 from replayq.replay.rerun import rerun
-from tests.context_support import count_rows, run_once
+from tests.context_support import count_rows, one_batch_worker, run_once
 
 AppFactory = Callable[..., replayq.App]
 
@@ -263,14 +263,7 @@ def test_a_ctx_used_between_the_handlers_return_and_its_group_commit_is_refused(
 
     keeping = app.enqueue("keeps_and_returns", {})
     app.enqueue("next_in_batch", {})
-    worker = replayq.Worker(
-        app,
-        burst=True,
-        worker_id="w1",
-        prefetch=1,
-        prefetch_window=float("inf"),  # both jobs leased in one batch
-        ack_window=60.0,  # the acks thread leaves the first ack to the executor's group
-    )
+    worker = one_batch_worker(app)
     stats = worker.run()
     assert stats.succeeded == 2
     assert done.is_set()
