@@ -226,6 +226,9 @@ class WorkerCore:
         # Every async handler of this worker runs on this one loop (started on first use).
         self.event_loop = EventLoopThread(f"replayq-async-{self.worker_id}")
         self._next_reap = 0.0
+        # Expired leases (job id, owner token) whose reaping, and parking, a constraint of
+        # replayq's own tables refused (``Reaping.reap``): skipped by this worker's reaper.
+        self._unreapable: set[tuple[int, str]] = set()
         # The local clock a lease's ``held_until`` is read in. With the database's clock
         # judging leases (``Runtime.leases_by_database``) the worker cannot read that clock
         # without a round trip: the monotonic clock stands in, read before each grant or

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from replayq.errors import (
@@ -122,7 +122,7 @@ class Outcomes(Settling, Leasing):
             if outcome is None:
                 raise LeaseLostError("job.cancelled")
 
-        if self._settle(job, write, ctx):
+        if self._settle_or_park(job, write, ctx, f"stop ({reason})", lambda: ["job.cancelled"]):
             ctx.committed()
             self.stats.cancelled += outcome == "cancelled"
             log.warning("job %s %s while running (%s)", job.id, outcome, reason)
@@ -160,7 +160,8 @@ class Outcomes(Settling, Leasing):
             if not self._release_in(tx, job, reason, storage_fault=cause):
                 raise LeaseLostError("lease.released")
 
-        if not self._settle(job, write, ctx):
+        put_back = f"move back to the queue ({cause})"
+        if not self._settle_or_park(job, write, ctx, put_back, lambda: ["lease.released"]):
             return
         if again:
             with self._inflight_lock:
@@ -334,19 +335,11 @@ class Outcomes(Settling, Leasing):
                 events.append(self._bury_in(tx, job, reason, failure_class, message, now, hlc))
             tx.trace_append(events)
 
-        try:
-            settled = self._settle(job, write, ctx)
-        except ConstraintViolationError as refused:
-            violation = internal_violation(refused)
-            if violation is None:
-                raise
-            # Replayq's own tables refused the failure's own write (its trace rows, the
-            # job's move): the same write is refused every time, and left ``running`` the
-            # job would be reaped and run again until its attempts ran out. Parked instead.
+        def dropped() -> list[str]:
             retrying = retryable and not exhausted and not cancelled
-            self._park(job, ctx, violation, message, retrying=retrying)
-            return
-        if settled:
+            return ["job.failed", "its retry (retry.scheduled)"] if retrying else ["job.failed"]
+
+        if self._settle_or_park(job, write, ctx, f"failure ({message})", dropped):
             ctx.committed()
             if cancelled:
                 self.stats.cancelled += 1
@@ -357,36 +350,57 @@ class Outcomes(Settling, Leasing):
                 self.stats.dead += 1
                 log.error("job %s failed (%s), dead: %s", job.id, failure_class, message)
 
+    def _settle_or_park(
+        self,
+        job: Job,
+        write: Any,
+        ctx: Context | None,
+        settling: str,
+        dropped: Callable[[], list[str]],
+    ) -> bool:
+        """``_settle(job, write, ctx)``, but a write refused by a constraint of replayq's own
+        tables (``internal_violation``: a bug of replayq's) parks the job (``_park``)
+        instead of raising: the same write is refused every time, and left ``running``
+        the job would be reaped and run again until its attempts ran out. ``settling``
+        names the outcome refused, ``dropped()`` (read after the refusal) its events
+        dropped. ``True`` only if ``write`` committed."""
+        try:
+            return self._settle(job, write, ctx)
+        except ConstraintViolationError as refused:
+            violation = internal_violation(refused)
+            if violation is None:
+                raise
+            self._park(job, ctx, violation, settling, dropped())
+            return False
+
     def _park(
         self,
         job: Job,
-        ctx: Context,
+        ctx: Context | None,
         violation: ConstraintViolationError,
-        failure: str,
-        *,
-        retrying: bool,
+        settling: str,
+        dropped_events: Sequence[str],
     ) -> None:
-        """The failure's own settle was refused by a constraint of replayq's own tables
-        (``violation``): park the job as ``dead`` / ``internal_error`` with what the
-        settle could not write said in its message and the log. Its ``job.dead`` event
-        alone, or, if that too is refused, the job row alone: the attempt's pending
-        trace events (and their blobs) and ``job.failed`` are dropped, and a retry is
-        not scheduled. A pending lock release is made on its own when the context is
-        released (``LockManager.abandon``). If even the job row's move to ``dead`` is
-        refused, the job stays ``running`` (logged as an error naming the refusal): it
-        is reaped after its lease."""
-        pending = [event.name for event in ctx._pending.events]
+        """An attempt's own settle (``settling``: its failure, stop, move back to the queue
+        or burial) was refused by a constraint of replayq's own tables (``violation``):
+        park the job as ``dead`` / ``internal_error`` with what the settle could not write
+        said in its message and the log. Its ``job.dead`` event alone, or, if that too is
+        refused, the job row alone: the attempt's pending trace events (and their blobs)
+        and the settle's own events (``dropped_events``: ``job.failed``, say) are dropped,
+        and a retry is not scheduled. A pending lock release is made on its own when the
+        context is released (``LockManager.abandon``). If even the job row's move to
+        ``dead`` is refused, the job stays ``running`` (logged as an error naming the
+        refusal): it is reaped after its lease."""
+        pending = [event.name for event in ctx._pending.events] if ctx is not None else []
         dropped = [
             f"{len(pending)} pending trace events ({', '.join(sorted(set(pending)))})"
             if pending
             else "no pending trace events",
-            "job.failed",
+            *dropped_events,
         ]
-        if retrying:
-            dropped.append("its retry (retry.scheduled)")
-        redactor = ctx.redactor
+        redactor = ctx.redactor if ctx is not None else self.runtime.redactor
         base = (
-            f"{_internal_message(violation)}; settling the attempt's failure ({failure}) "
+            f"{_internal_message(violation)}; settling the attempt's {settling} "
             f"was refused, parked without: {', '.join(dropped)}"
         )
         for with_event in (True, False):
@@ -431,7 +445,8 @@ class Outcomes(Settling, Leasing):
             now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
             tx.trace_append([self._bury_in(tx, job, reason, failure_class, message, now, hlc)])
 
-        if self._settle(job, write):
+        burial = f"burial ({reason.value}: {message})"
+        if self._settle_or_park(job, write, None, burial, lambda: []):
             self.stats.dead += 1
             log.error("job %s dead (%s): %s", job.id, reason.value, message)
 

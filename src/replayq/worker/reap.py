@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import logging
 
-from replayq.model import DeadReason
+from replayq.errors import (
+    ConstraintViolationError,
+    FailureClass,
+    LeaseLostError,
+    internal_violation,
+)
+from replayq.model import DeadReason, Job
 from replayq.queue import lifecycle as trace
 from replayq.storage.params import LeasesExpired
 from replayq.storage.protocol import JobBury, JobRedeliver
-from replayq.worker.outcome import Outcomes
+from replayq.worker.outcome import Outcomes, _internal_message
 
 log = logging.getLogger("replayq.worker")
 
@@ -17,13 +23,39 @@ class Reaping(Outcomes):
     """Take back the jobs of workers that died or stalled past their lease."""
 
     def reap(self) -> int:
-        """Re-queue jobs whose lease expired (counted as re-deliveries); bury exhausted ones."""
+        """Re-queue jobs whose lease expired (counted as re-deliveries); bury exhausted ones.
+
+        A job whose write a constraint of replayq's own tables refuses (``internal``: a
+        bug of replayq's) would roll back the whole pass, and the same pass again each
+        time: it is parked ``dead`` / ``internal_error`` on its own (``_park_unreapable``)
+        and the pass done again without it; if even that is refused, it is skipped by
+        this worker from then on (logged as an error), left ``running``."""
+        count = 0
+        while True:
+            current: list[Job] = []
+            try:
+                count += self._reap_pass(current)
+                break
+            except ConstraintViolationError as refused:
+                violation = internal_violation(refused)
+                if violation is None or not current:
+                    raise
+                count += self._park_unreapable(current[0], violation)
+        self.stats.redelivered += count
+        return count
+
+    def _reap_pass(self, current: list[Job]) -> int:
+        """One transaction reaping the expired jobs not skipped; ``current`` holds the job
+        being written while a write is under way (the one a refusal is of)."""
         now = self.runtime.clock.now()
         count = 0
         with self.runtime.storage.transaction() as tx:
             for job in tx.job_list(
                 LeasesExpired(now, 100, database_clock=self.runtime.leases_by_database)
             ):
+                if (job.id, job.owner_token) in self._unreapable:
+                    continue
+                current[:] = [job]
                 self.runtime.hlc.observe(job.hlc)
                 self.observers.job_seen(job)
                 log.warning(
@@ -86,5 +118,50 @@ class Reaping(Outcomes):
                         ]
                     )
                     count += 1
-        self.stats.redelivered += count
+            current.clear()  # a refusal at commit is of none of them in particular
         return count
+
+    def _park_unreapable(self, job: Job, violation: ConstraintViolationError) -> int:
+        """Park ``job``, whose reaping a constraint of replayq's own tables refused, as
+        ``dead`` / ``internal_error``, by ``Outcomes._park``'s minimal write: its ``job.dead``
+        event with it, or, if that too is refused, the job row alone; 1 if parked. If
+        even its move to ``dead`` is refused (or it is not ours to park any more), this
+        worker skips it from then on, logged as an error: it stays ``running``."""
+        assert job.owner_token is not None
+        base = f"{_internal_message(violation)}; reaping the job (its lease expired) was refused"
+        for with_event in (True, False):
+            message = self.runtime.redactor.text(
+                f"{base}, parked" if with_event else f"{base}, parked without job.dead"
+            )
+            try:
+                with self.runtime.storage.transaction() as tx:
+                    now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
+                    dead = self._bury_in(
+                        tx, job, DeadReason.INTERNAL_ERROR, FailureClass.UNKNOWN, message, now, hlc
+                    )
+                    if with_event:
+                        tx.trace_append([dead])
+            except LeaseLostError:
+                break  # reaped or settled meanwhile by another: not ours to park
+            except ConstraintViolationError as again:
+                if internal_violation(again) is None:
+                    raise
+                log.error(
+                    "job %s: parking it as internal_error%s was refused too (%s)",
+                    job.id,
+                    " with its job.dead event" if with_event else "",
+                    again,
+                )
+                continue
+            self.stats.dead += 1
+            log.error("job %s could not be reaped, dead: %s", job.id, message)
+            return 1
+        self._unreapable.add((job.id, job.owner_token))
+        log.error(
+            "worker %s: job %s could not be reaped: replayq's own tables refused it (%s); "
+            "this worker skips it from now on, it stays running",
+            self.worker_id,
+            job.id,
+            violation,
+        )
+        return 0
