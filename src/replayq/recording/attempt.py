@@ -7,6 +7,7 @@ protocol and never the context itself (the context builds them on first use).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
@@ -19,12 +20,29 @@ from replayq.redaction import Redactor
 from replayq.runtime import Runtime
 from replayq.storage.protocol import TraceFence, Transaction
 
+log = logging.getLogger("replayq.recording")
+
 # The mark of an ended attempt: what ``Context.end`` puts in place of its cancel flag. Always
 # set, so every cancel point (``check_cancelled``) is reached and says the attempt ended; a
 # view's entry point compares the flag with it (``ctx._cancel is ENDED``: ~40 instructions,
 # where a method call to ask would cost ~440).
 ENDED = LostFlag()
 ENDED.set()
+
+
+def ended_late(ctx: Attempt, verb: str, outcome: str, kept: str) -> ContextEndedError:
+    """A verb (``ctx.call('x')``...) whose outside work ended (``outcome``) after its
+    attempt did: logged, since the attempt's trace takes nothing after its end (``kept``:
+    what became of it), and the error its caller gets."""
+    log.warning(
+        "job %s attempt %s: %s %s after the attempt ended (the handler had returned); %s",
+        ctx.job.id,
+        ctx.attempt,
+        verb,
+        outcome,
+        kept,
+    )
+    return ended_error(ctx.job.id, ctx.attempt)
 
 
 def ended_error(job_id: int, attempt: int) -> ContextEndedError:

@@ -8,7 +8,6 @@ class) is recorded. A large response goes to the blob store with the step's comm
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -16,11 +15,9 @@ from typing import Any
 from replayq import codec
 from replayq.errors import PayloadError, RecordedFailure, classify
 from replayq.recording.aio import Flow, outside_call
-from replayq.recording.attempt import ENDED, Attempt, ended_error
+from replayq.recording.attempt import ENDED, Attempt, ended_error, ended_late
 from replayq.recording.world import LIVE
 from replayq.seal import unsealed
-
-log = logging.getLogger("replayq.recording")
 
 
 def call_request(args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
@@ -79,8 +76,8 @@ def record_call(
         # another thread) ends the attempt either before the look or after the record.
         with ctx._live:
             if ctx._cancel is ENDED:  # the handler returned while the call ran
-                _late(ctx, name, f"failed ({type(exc).__name__}: {error})")
-                raise ended_error(ctx.job.id, ctx.attempt) from exc
+                failed = f"failed ({type(exc).__name__}: {error})"
+                raise ended_late(ctx, f"ctx.call({name!r})", failed, "not recorded") from exc
             ctx.record(
                 "call",
                 status="fail",
@@ -95,8 +92,7 @@ def record_call(
         raise
     with ctx._live:
         if ctx._cancel is ENDED:  # the handler returned while the call ran
-            _late(ctx, name, "returned")
-            raise ended_error(ctx.job.id, ctx.attempt)
+            raise ended_late(ctx, f"ctx.call({name!r})", "returned", "not recorded")
         duration = round(time.monotonic() - started, 6)
         what = f"ctx.call({name!r}) response"
         inline, ref, raw, _ = ctx.encoded(response, what=what)
@@ -114,19 +110,6 @@ def record_call(
             duration=duration,
         )
     return response
-
-
-def _late(ctx: Attempt, name: str, outcome: str) -> None:
-    """Log a call whose outside call ended after its attempt did: nothing of it is
-    recorded (the attempt's trace takes nothing after its end), so the log says it."""
-    log.warning(
-        "job %s attempt %s: ctx.call(%r) %s after the attempt ended (the handler had "
-        "returned); not recorded",
-        ctx.job.id,
-        ctx.attempt,
-        name,
-        outcome,
-    )
 
 
 def _summarise_encoded(request: Any) -> tuple[Any, str]:

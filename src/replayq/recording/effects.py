@@ -36,7 +36,6 @@ the outcome is logged.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Callable
@@ -45,6 +44,7 @@ from typing import Any, Generic, TypeVar
 from replayq import codec
 from replayq.errors import (
     ConfigurationError,
+    ContextEndedError,
     EffectInDoubtError,
     EffectRefusedError,
     RecordedFailure,
@@ -53,7 +53,7 @@ from replayq.errors import (
 from replayq.model import TraceEvent
 from replayq.queue.contracts import render_template
 from replayq.recording.aio import Flow, outside_call, run_flow
-from replayq.recording.attempt import ENDED, Attempt, ended_error
+from replayq.recording.attempt import ENDED, Attempt, ended_error, ended_late
 from replayq.recording.blobs import Encoded, load_json, put_bytes
 from replayq.recording.world import LIVE
 from replayq.seal import unsealed
@@ -72,8 +72,6 @@ from replayq.storage.reconnect import retry_unavailable
 IN_DOUBT_POLICIES = ("park", "retry")
 # How long the record's claim or completion is retried while the database is unreachable.
 RECONNECT_SECONDS = 60.0
-
-log = logging.getLogger("replayq.recording")
 
 
 _T = TypeVar("_T")
@@ -143,8 +141,7 @@ class EffectRunner:
             error = ctx.redactor.error(exc)
             with ctx._live:
                 if ctx._cancel is ENDED:  # the handler returned while the effect ran
-                    self._record_late(kind, key, claim_token, error=error)
-                    raise ended_error(ctx.job.id, ctx.attempt) from exc
+                    raise self._record_late(kind, key, claim_token, error=error) from exc
                 with runtime.storage.transaction() as tx, tx.pipelined():
                     ctx.fence(tx, [f"effect failure {kind} {key}"], kind=kind, key=key, error=error)
                     tx.idem_transition(IdemFail(key, claim_token, error, runtime.clock.now()))
@@ -167,8 +164,7 @@ class EffectRunner:
         with ctx._live:
             encoded = ctx.encoded(result, what=f"ctx.effect({kind!r}) result")
             if ctx._cancel is ENDED:  # the handler returned while the effect ran
-                self._record_late(kind, key, claim_token, encoded=encoded)
-                raise ended_error(ctx.job.id, ctx.attempt)
+                raise self._record_late(kind, key, claim_token, encoded=encoded)
             riding = ctx.ride_along()
             # The effect happened: record it even across an outage, or the next attempt would
             # find the key ``started`` (in doubt). A retry after a lost COMMIT reply changes
@@ -296,7 +292,7 @@ class EffectRunner:
         *,
         encoded: Encoded | None = None,
         error: str | None = None,
-    ) -> None:
+    ) -> ContextEndedError:
         """The outcome of an effect whose outside call ended after its attempt did (a
         thread or a task the handler left running): its idempotency record gets it, as
         it would have (``succeeded`` with the result, or ``failed``), so the effect is not
@@ -304,7 +300,8 @@ class EffectRunner:
         it); nothing goes into the attempt's trace, which takes nothing after its end.
         Not fenced by the lease (the attempt's settle has usually given it up by then):
         the compare-and-set on the record's claim token, still ``started``, is the guard,
-        so a record taken over or settled since is left as it is. Logged either way."""
+        so a record taken over or settled since is left as it is. Logged either way; the
+        error the effect's caller gets is returned (``ended_late``)."""
         ctx = self._ctx
         runtime = ctx.runtime
         wanted = "failed" if error is not None else "succeeded"
@@ -333,17 +330,14 @@ class EffectRunner:
             lambda retrying: commit_at_once(runtime.storage, write),
             seconds=RECONNECT_SECONDS,
         )
-        log.warning(
-            "job %s attempt %s: ctx.effect(%r, key=%r) %s after the attempt ended (the "
-            "handler had returned); not in its trace; %s",
-            ctx.job.id,
-            ctx.attempt,
-            kind,
-            key,
+        return ended_late(
+            ctx,
+            f"ctx.effect({kind!r}, key={key!r})",
             f"failed ({error})" if error is not None else "succeeded",
-            f"its idempotency record says {wanted}"
+            f"not in its trace; its idempotency record says {wanted}"
             if recorded
-            else "its idempotency record was taken over or settled meanwhile: left as it is",
+            else "not in its trace; its idempotency record was taken over or settled "
+            "meanwhile: left as it is",
         )
 
     def _record_success(

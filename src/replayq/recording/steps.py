@@ -24,7 +24,6 @@ checked against nothing (read it in the step that writes it).
 from __future__ import annotations
 
 import inspect
-import logging
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -33,12 +32,10 @@ from typing import Any, Protocol
 
 from replayq.errors import LeaseLostError
 from replayq.model import TraceEvent
-from replayq.recording.attempt import ENDED, Attempt, ended_error
+from replayq.recording.attempt import ENDED, Attempt, ended_error, ended_late
 from replayq.storage.protocol import StepComplete, Transaction
 
 RESUME_STEP = "step"
-
-log = logging.getLogger("replayq.recording")
 
 
 class StepAttempt(Attempt, Protocol):
@@ -190,8 +187,9 @@ class StepBoundary:
         # itself ran outside the lock.
         with ctx._live:
             if ctx._cancel is ENDED:
-                _late(ctx, name, exc)
-                raise ended_error(ctx.job.id, ctx.attempt) from exc
+                outcome = "returned" if exc is None else f"raised ({type(exc).__name__})"
+                unrecorded = "its end not recorded, nothing of it committed"
+                raise ended_late(ctx, f"ctx.step({name!r})", outcome, unrecorded) from exc
             self._ended(ctx, name, duration, exc)
 
     def _ended(
@@ -246,17 +244,3 @@ class StepBoundary:
             )
             ctx.commit_now(failed=True)
             raise
-
-
-def _late(ctx: StepAttempt, name: str, exc: BaseException | None) -> None:
-    """Log a step whose body ended after its attempt did: nothing of its end is recorded
-    or committed (the attempt's trace takes nothing after its end), so the log says it."""
-    outcome = "returned" if exc is None else f"raised ({type(exc).__name__})"
-    log.warning(
-        "job %s attempt %s: ctx.step(%r) %s after the attempt ended (the handler had "
-        "returned); its end not recorded, nothing of it committed",
-        ctx.job.id,
-        ctx.attempt,
-        name,
-        outcome,
-    )
