@@ -17,7 +17,7 @@ from typing import Any
 from replayq.storage.context_params import EntityFilter, EntityGet, IdemClaim, IdemFilter
 from replayq.storage.records import EntityRecord
 from replayq.storage.sqlite import SqliteStorage
-from tests.migration.older import migrated_before, version_named
+from tests.migration.older import migrated_before, names_from, version_named
 
 JOB_TRACE_IDS = version_named("job_trace_ids")
 JOB_TRACE = "0" * 31 + "1"
@@ -101,7 +101,8 @@ def test_rows_written_before_answer_their_trace_ids_and_a_jobs_new_rows_store_no
     versions_before, records_before = database_before_the_migration(db)
     storage = SqliteStorage(f"sqlite:///{db}")
     try:
-        assert [s.name for s in storage.migrate(now=0.0)] == ["job_trace_ids"]
+        applied = [s.name for s in storage.migrate(now=0.0)]
+        assert applied == names_from(version_named("job_trace_ids"))
         # As every read answered before: the trace id as stored.
         expected = {
             key: (trace_id,) * (7 if job_id is not None else 5) for key, job_id, trace_id in ROWS

@@ -27,7 +27,9 @@ POSTGRES_ONLY_INDEXES = {"rq_trace_ledger_job", "rq_trace_ledger_hlc"}
 # SQLite's alone (migration 0023): a new job's job.enqueued pack kept in its row, and the
 # views that read it beside rq_trace's packs. PostgreSQL writes that pack to rq_trace in the
 # statement that inserts the job (its 0023 says so).
-SQLITE_ONLY_TABLES = {"rq_packs", "rq_pack_events", "rq_enqueued_events"}
+# And (migration 0029) the dictionaries learned per job type that SQLite's deflated packs
+# name: PostgreSQL's packs are JSON text (its 0029 says so).
+SQLITE_ONLY_TABLES = {"rq_packs", "rq_pack_events", "rq_enqueued_events", "rq_pack_dictionaries"}
 SQLITE_ONLY_COLUMNS = {"rq_jobs": {"enqueued_hlc", "enqueued"}}
 SQLITE_ONLY_INDEXES = {"rq_jobs_enqueued_hlc"}
 

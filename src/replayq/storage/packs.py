@@ -38,6 +38,7 @@ unpacks the rows in SQL for the queries that count or filter events by name.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import operator
 import zlib
@@ -54,6 +55,13 @@ from replayq.storage.lifecycle_packs import (
     lifecycle_item,
     lifecycle_json,
     lifecycle_pack,
+)
+from replayq.storage.pack_dictionaries import (
+    LEARNED_MARK,
+    PackDictionaries,
+    id_bytes,
+    read_id,
+    shape,
 )
 
 # Events per pack at most: an event id is pack id * PACK_SIZE + the event's place.
@@ -238,6 +246,28 @@ def deflated(text: str) -> bytes:
     return _DEFLATE_MARK + compressor.compress(text.encode()) + compressor.flush()
 
 
+def learned_text(events: Sequence[TraceEvent]) -> bytes:
+    """A learned dictionary's text (``pack_dictionaries.shape``) from a succeeded attempt's
+    events: its domain events as their pack items, names kept and values replaced;
+    lifecycle events left out (``DICTIONARY_2`` holds theirs)."""
+    domain = [e for e in events if e.kind != "lifecycle"]
+    if not domain:
+        return b""
+    return shape(_packed_items(domain, domain[0].hlc, domain[0].ts))
+
+
+def _learned(
+    events: Sequence[TraceEvent], dictionaries: PackDictionaries | None
+) -> tuple[PackDictionaries, int] | None:
+    """The learned dictionary a new format 2 pack of ``events`` deflates against instead
+    (format 5): its job's type's, while the attempt runs in this process
+    (``PackDictionaries.for_job``); ``None`` for a derived trace's pack or none learned."""
+    if dictionaries is None:
+        return None
+    dictionary_id = dictionaries.for_job(events[0].job_id)
+    return None if dictionary_id is None else (dictionaries, dictionary_id)
+
+
 class PackWriter:
     """The deflate stream of one format 2 pack that later commits of its attempt append to.
 
@@ -251,11 +281,24 @@ class PackWriter:
     appended to (its stream would no longer be this one).
     """
 
-    __slots__ = ("_compressor", "base_hlc", "stored")
+    __slots__ = ("_compressor", "_mark", "base_hlc", "stored")
 
-    def __init__(self, derived: bool = False, lifecycle: bool = False, base_hlc: int = 0) -> None:
-        primed = _PRIMED_DERIVED if derived else _PRIMED_LIFECYCLE if lifecycle else _PRIMED
-        self._compressor = primed.copy()
+    def __init__(
+        self,
+        derived: bool = False,
+        lifecycle: bool = False,
+        base_hlc: int = 0,
+        learned: tuple[PackDictionaries, int] | None = None,
+    ) -> None:
+        if learned is not None:
+            # Format 5: deflated against a dictionary learned for the job's type.
+            dictionaries, dictionary_id = learned
+            self._compressor = dictionaries.compressor(dictionary_id)
+            self._mark = LEARNED_MARK + id_bytes(dictionary_id)
+        else:
+            primed = _PRIMED_DERIVED if derived else _PRIMED_LIFECYCLE if lifecycle else _PRIMED
+            self._compressor = primed.copy()
+            self._mark = _DEFLATE_MARK
         # The row's ``hlc``, its items' base: a later piece is encoded against it.
         self.base_hlc = base_hlc
         self.stored = bytearray()
@@ -271,7 +314,7 @@ class PackWriter:
         ``stored`` it keeps (bound as a ``bytearray``: no failed adapter lookup; ``more``
         replaces ``stored``, never grows it in place)."""
         compressor = self._compressor  # ``_piece`` inlined: a step's commit, a rewrite
-        stored = bytearray(_DEFLATE_MARK)
+        stored = bytearray(self._mark)
         stored += compressor.compress(("[" + items).encode())
         stored += compressor.flush(zlib.Z_SYNC_FLUSH)
         self.stored = stored
@@ -305,14 +348,18 @@ class CompactPack:
         self.stored = stored
         self.base_hlc = base_hlc
 
-    def rewritten(self, events: Sequence[TraceEvent]) -> PackWriter:
+    def rewritten(
+        self, events: Sequence[TraceEvent], dictionaries: PackDictionaries | None = None
+    ) -> PackWriter:
         """The writer of this pack rewritten as format 2 holding ``events`` (its own event
         first, then those joining it); ``writer.stored`` is the row's new ``events``.
 
         Its event's item is encoded again from the event (``pack_json`` gives the same
         text for the stored bytes), in one encoding with the new ones: decoding the stored
         values and encoding them again cost a traced job ~40,000 instructions more."""
-        writer = PackWriter(lifecycle=True, base_hlc=self.base_hlc)
+        writer = PackWriter(
+            lifecycle=True, base_hlc=self.base_hlc, learned=_learned(events, dictionaries)
+        )
         writer.first(pack_items(events, self.base_hlc, events[0].ts, keep=False))
         return writer
 
@@ -322,8 +369,11 @@ class CompactPack:
 Writer = PackWriter | CompactPack
 
 
-def pack_json(stored: str | bytes | None) -> str | None:
-    """A pack's ``events`` as JSON text, whichever format it was written in.
+def pack_json(
+    stored: str | bytes | None, dictionaries: PackDictionaries | None = None
+) -> str | None:
+    """A pack's ``events`` as JSON text, whichever format it was written in (a format 5
+    pack's dictionary from ``dictionaries``).
 
     SQLite's ``rq_pack_json``: the SQL that unpacks packs reads them through it. A format 2
     pack still open to appends (``PackWriter``) is a deflate stream without its end and its
@@ -331,26 +381,56 @@ def pack_json(stored: str | bytes | None) -> str | None:
     """
     if stored is None or isinstance(stored, str):
         return stored
-    if stored[:1] != _DEFLATE_MARK:
+    text = _inflated(stored, dictionaries)
+    if text is None:
         if stored[:1] == LIFECYCLE_MARK and len(stored) > 1:
             return lifecycle_json(stored[1], stored[2:])
         if stored[:1] == ENQUEUED_MARK:
             return lifecycle_json(0, stored[1:])
         raise ValueError(f"trace pack of unknown format {stored[:1]!r}")
-    decompressor = zlib.decompressobj(_WBITS, zdict=DICTIONARY_2)
-    text = decompressor.decompress(memoryview(stored)[1:])
-    if decompressor.eof:
-        return text.decode()
-    return text.decode() + "]"
+    return text.decode()
 
 
-def register_sqlite(connection: Any) -> None:
+def _inflated(stored: bytes, dictionaries: PackDictionaries | None) -> bytes | None:
+    """A format 2 or 5 pack's JSON array, closed (``]`` added to a stream still open to
+    appends); ``None`` for a pack of another format."""
+    mark = stored[:1]
+    if mark == _DEFLATE_MARK:
+        decompressor = zlib.decompressobj(_WBITS, zdict=DICTIONARY_2)
+        start = 1
+    elif mark == LEARNED_MARK:
+        if dictionaries is None:
+            raise ValueError(
+                "trace pack of format 5 (a learned dictionary) read without its database's "
+                "dictionaries: read it through replayq, or after register_sqlite(connection)"
+            )
+        dictionary_id, start = read_id(stored)
+        decompressor = dictionaries.decompressor(dictionary_id)
+    else:
+        return None
+    raw = decompressor.decompress(memoryview(stored)[start:])
+    return raw if decompressor.eof else raw + b"]"
+
+
+def register_sqlite(connection: Any, dictionaries: PackDictionaries | None = None) -> None:
     """Give a ``sqlite3`` connection ``rq_pack_json``, which the ``rq_events`` view needs.
 
-    replayq does it on every connection it opens; a script that reads the trace in SQL
-    on its own connection calls this first.
+    replayq does it on every connection it opens (with its storage's ``dictionaries``); a
+    script that reads the trace in SQL on its own connection calls this first, which
+    reads the database's learned dictionaries (``rq_pack_dictionaries``) as they are now.
     """
-    connection.create_function("rq_pack_json", 1, pack_json, deterministic=True)
+    if dictionaries is None:
+        dictionaries = PackDictionaries(DICTIONARY_2)
+        with contextlib.suppress(Exception):  # a database before migration 0029 has none
+            for dictionary_id, text in connection.execute(
+                "SELECT id, text FROM rq_pack_dictionaries"
+            ):
+                dictionaries.known(dictionary_id, text)
+
+    def rq_pack_json(stored: str | bytes | None) -> str | None:
+        return pack_json(stored, dictionaries)
+
+    connection.create_function("rq_pack_json", 1, rq_pack_json, deterministic=True)
 
 
 # Each event's item text, by event: a JSON pack joined by later events of its transaction
@@ -412,37 +492,46 @@ def pack_items(
 Row = TypeVar("Row")
 
 
-def pack_row(events: Sequence[TraceEvent], pack_format: int = FORMAT_JSON) -> dict[str, Any]:
+def pack_row(
+    events: Sequence[TraceEvent],
+    pack_format: int = FORMAT_JSON,
+    dictionaries: PackDictionaries | None = None,
+) -> dict[str, Any]:
     """The ``rq_trace`` row of one group (from ``groups``), ``events`` as compact JSON
     (``FORMAT_JSON``) or that JSON deflated (``FORMAT_DEFLATE``, SQLite).
 
     Lifecycle data is built by replayq (string keys, scalars) and the user values in
     domain data were checked once when recorded (``Context.encoded``): no walk here.
     """
-    return opened_row(events, pack_format)[0]
+    return opened_row(events, pack_format, dictionaries)[0]
 
 
 def opened_row(
-    events: Sequence[TraceEvent], pack_format: int = FORMAT_JSON
+    events: Sequence[TraceEvent],
+    pack_format: int = FORMAT_JSON,
+    dictionaries: PackDictionaries | None = None,
 ) -> tuple[dict[str, Any], Writer | None]:
     """``pack_row`` and, on SQLite, what later events may join it by: the ``PackWriter``
     of a format 2 pack (a pack a lifecycle event starts is deflated by
     ``_PRIMED_LIFECYCLE``), the ``CompactPack`` of a format 3 or 4 one."""
-    return _opened(events, pack_format, row_dict)
+    return _opened(events, pack_format, row_dict, dictionaries)
 
 
 def opened_values(
-    events: Sequence[TraceEvent], pack_format: int = FORMAT_JSON
+    events: Sequence[TraceEvent],
+    pack_format: int = FORMAT_JSON,
+    dictionaries: PackDictionaries | None = None,
 ) -> tuple[tuple[Any, ...], Writer | None]:
     """``opened_row`` with the row as its values in ``PACK_COLUMNS`` order (``row_values``):
     a many-row insert binds them by position (``trace_append_rows``), no dictionary."""
-    return _opened(events, pack_format, row_values)
+    return _opened(events, pack_format, row_values, dictionaries)
 
 
 def _opened(
     events: Sequence[TraceEvent],
     pack_format: int,
     shaped: Callable[[TraceEvent, int, int, str | bytes | bytearray], Row],
+    dictionaries: PackDictionaries | None = None,
 ) -> tuple[Row, Writer | None]:
     """A new pack's row made by ``shaped`` (``row_values`` or ``row_dict``), and its writer.
     The row is shaped straight from its parts: PostgreSQL's many-row insert sends each
@@ -467,7 +556,9 @@ def _opened(
     items = pack_items(events, base, first.ts, keep=pack_format != FORMAT_DEFLATE)
     writer = None
     if pack_format == FORMAT_DEFLATE:
-        writer = PackWriter(first.job_id is None, first.kind == "lifecycle", base)
+        writer = PackWriter(
+            first.job_id is None, first.kind == "lifecycle", base, _learned(events, dictionaries)
+        )
         stored: str | bytes | bytearray = writer.first(items)
     else:
         stored = "[" + items + "]"
@@ -574,7 +665,7 @@ def _lifecycle(code: int, values_text: bytes) -> list[Item]:
     return [Item(n=found["n"], st=found.get("st"), k=found["k"], d=found["d"])]
 
 
-def items(stored: str | bytes | None) -> list[Item]:
+def items(stored: str | bytes | None, dictionaries: PackDictionaries | None = None) -> list[Item]:
     """A pack's items, whichever format it was written in: the values
     ``codec.loads(pack_json(stored))`` decodes, each as an ``Item``.
 
@@ -591,21 +682,18 @@ def items(stored: str | bytes | None) -> list[Item]:
             return _lifecycle(stored[1], stored[2:])
         if mark == ENQUEUED_MARK:
             return _lifecycle(0, stored[1:])
-        raw = None
-        if mark == _DEFLATE_MARK:
-            decompressor = zlib.decompressobj(_WBITS, zdict=DICTIONARY_2)
-            raw = decompressor.decompress(memoryview(stored)[1:])
-            if not decompressor.eof:
-                raw += b"]"
+        raw = _inflated(stored, dictionaries)
     if raw is not None:
         try:
             return _ITEMS(raw)
         except msgspec.DecodeError:  # ``ValidationError`` included
             pass
-    return msgspec.convert(codec.loads(pack_json(stored)), list[Item])
+    return msgspec.convert(codec.loads(pack_json(stored, dictionaries)), list[Item])
 
 
-def unpack(row: Mapping[str, Any]) -> list[TraceEvent]:
+def unpack(
+    row: Mapping[str, Any], dictionaries: PackDictionaries | None = None
+) -> list[TraceEvent]:
     """The events of one ``rq_trace`` row, in the order they were appended.
 
     Each event's fields are a copy of the pack's template (its group's fields, the
@@ -639,7 +727,7 @@ def unpack(row: Mapping[str, Any]) -> list[TraceEvent]:
     new, cls, unset = object.__new__, TraceEvent, msgspec.UNSET
     out: list[TraceEvent] = []
     append = out.append
-    for item in items(row["events"]):
+    for item in items(row["events"], dictionaries):
         fields = copy()
         fields["name"] = item.n
         fields["id"] = event_id
@@ -675,8 +763,10 @@ def unpack(row: Mapping[str, Any]) -> list[TraceEvent]:
     return out
 
 
-def unpack_sorted(rows: Sequence[Mapping[str, Any]]) -> list[TraceEvent]:
+def unpack_sorted(
+    rows: Sequence[Mapping[str, Any]], dictionaries: PackDictionaries | None = None
+) -> list[TraceEvent]:
     """The events of ``rows`` in trace order: by HLC, then by id (commit order)."""
-    events = [event for row in rows for event in unpack(row)]
+    events = [event for row in rows for event in unpack(row, dictionaries)]
     events.sort(key=lambda e: (e.hlc, e.id))
     return events

@@ -48,6 +48,7 @@ from replayq.storage.context_params import (
 )
 from replayq.storage.context_protocol import ContextTransaction
 from replayq.storage.job_protocol import JobTransaction
+from replayq.storage.pack_dictionaries import PackDictionaries
 from replayq.storage.params import (
     ComparisonPut,
     JobBury,
@@ -269,6 +270,21 @@ class SnapshotRead(Protocol):
 
     def snapshot_read(self) -> AbstractContextManager[Transaction]:
         """A ``Transaction`` whose every statement reads a snapshot of its own."""
+        ...
+
+
+@runtime_checkable
+class PackLearning(Protocol):
+    """An optional capability: trace packs deflated against a dictionary learned for each
+    job type from its own traces (SQLite; storage/pack_dictionaries.py). The worker tells
+    it each attempt it starts (``pack_dictionaries.attempt``) and each success acked
+    (``learn_pack_dictionary``)."""
+
+    pack_dictionaries: PackDictionaries
+
+    def learn_pack_dictionary(self, job_type: str, job_id: int) -> None:
+        """After job ``job_id`` (of ``job_type``) succeeded: the first time this process
+        is told of the type, read its dictionary, or learn one from this job's trace."""
         ...
 
 

@@ -12,6 +12,7 @@ from typing import Any, overload
 from replayq.model import TraceEvent
 from replayq.storage import packs
 from replayq.storage.context_verbs import query_params, record
+from replayq.storage.pack_dictionaries import PackDictionaries
 from replayq.storage.records import (
     BlobCandidate,
     DerivedCandidate,
@@ -53,6 +54,8 @@ class RetentionVerbs(SqlStatements):
 
     # Whether the ledger tier lives in day partitions that gc drops (PostgreSQL).
     ledger_partitioned = False
+    # The learned dictionaries of format 5 packs (``SqlTransaction.pack_dictionaries``).
+    pack_dictionaries: PackDictionaries | None
 
     # -- retention ------------------------------------------------------------------------
 
@@ -212,7 +215,7 @@ class RetentionVerbs(SqlStatements):
         entries: list[dict[str, Any]] = []
         moved: list[tuple[Mapping[str, Any], list[TraceEvent], float]] = []
         for job_id, rows in self._full_packs(jobs).items():
-            unpacked = [(row, packs.unpack(row)) for row in rows]
+            unpacked = [(row, packs.unpack(row, self.pack_dictionaries)) for row in rows]
             everything = sorted(
                 (e for _, events in unpacked for e in events), key=lambda e: (e.hlc, e.id or 0)
             )
@@ -256,7 +259,11 @@ class RetentionVerbs(SqlStatements):
         self.execute("jobs_hours_add", values)
         found = self._full_packs(jobs)
         self._resources_delete(
-            [(int(row["id"]), packs.unpack(row)) for rows in found.values() for row in rows]
+            [
+                (int(row["id"]), packs.unpack(row, self.pack_dictionaries))
+                for rows in found.values()
+                for row in rows
+            ]
         )
         if found:
             self.execute("jobs_trace_delete", values)
@@ -290,7 +297,9 @@ class RetentionVerbs(SqlStatements):
         ):
             return 0
         rows = self.fetchall("gc_trace_derived", {"trace_id": change.trace_id})
-        self._resources_delete([(row["id"], packs.unpack(row)) for row in rows])
+        self._resources_delete(
+            [(row["id"], packs.unpack(row, self.pack_dictionaries)) for row in rows]
+        )
         self.execute("derived_trace_delete", {"trace_id": change.trace_id})
         branch = row["branch"]
         if branch:

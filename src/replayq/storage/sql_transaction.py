@@ -21,6 +21,7 @@ from replayq.model import Job, JobState, TraceEvent
 from replayq.storage import packs
 from replayq.storage.context_verbs import ContextVerbs, lease_now, query_params, record
 from replayq.storage.lifecycle_packs import enqueued_event
+from replayq.storage.pack_dictionaries import PackDictionaries
 from replayq.storage.params import (
     ActiveVersion,
     CancelRequested,
@@ -149,6 +150,9 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
     # How this backend stores a pack's events (storage/packs.py): SQLite deflates them
     # with the format's dictionary; PostgreSQL keeps JSON text (``PostgresTransaction``).
     pack_format = packs.FORMAT_DEFLATE
+    # The learned dictionaries of format 5 packs (storage/pack_dictionaries.py): set by the
+    # SQLite storage on each of its transactions; none on PostgreSQL (JSON packs).
+    pack_dictionaries: PackDictionaries | None = None
 
     def __init__(
         self,
@@ -233,7 +237,7 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
     def pack_row(self, events: Sequence[TraceEvent]) -> dict[str, Any]:
         """``packs.pack_row`` in this backend's format; its format 2 writer kept until
         the next row (the pack, once inserted, may be joined by later commits)."""
-        row, self._writer = packs.opened_row(events, self.pack_format)
+        row, self._writer = packs.opened_row(events, self.pack_format, self.pack_dictionaries)
         return row
 
     def execute_rows(self, name: str, row_sql: str, rows: int, values: Sequence[Any]) -> Any:

@@ -41,6 +41,7 @@ from replayq.storage import packs
 from replayq.storage.context_params import TraceFence
 from replayq.storage.context_verbs import query_params
 from replayq.storage.lifecycle_packs import lifecycle_pack
+from replayq.storage.pack_dictionaries import PackDictionaries
 from replayq.storage.params import JobTrace, TraceJobs, TraceRead, TraceWindow
 from replayq.storage.sql_statements import SqlStatements
 
@@ -92,8 +93,10 @@ class TraceVerbs(SqlStatements):
     # and the writer of the format 2 row ``pack_row`` built last.
     _last_pack: OpenPack | None
     _writer: packs.Writer | None
-    # How this backend stores a pack's events (``SqlTransaction.pack_format``).
+    # How this backend stores a pack's events (``SqlTransaction.pack_format``), and the
+    # learned dictionaries of its format 5 packs (SQLite: storage/pack_dictionaries.py).
     pack_format: int
+    pack_dictionaries: PackDictionaries | None
 
     def lease_check(self, job_id: int, owner_token: str) -> bool:
         raise NotImplementedError
@@ -196,7 +199,7 @@ class TraceVerbs(SqlStatements):
                 assert isinstance(writer, packs.CompactPack)
                 # One lifecycle event's pack (format 3 or 4): rewritten whole as format 2,
                 # whose stream later joins append to.
-                writer = writer.rewritten(joined)
+                writer = writer.rewritten(joined, self.pack_dictionaries)
                 row["events"] = writer.stored
                 query = "trace_rewrite"
             if fence is not None:
@@ -266,7 +269,7 @@ class TraceVerbs(SqlStatements):
                         continue
                 # ``pack_row`` without its call per pack, nor its dictionary: the last
                 # writer is kept below.
-                found, self._writer = opened(group, pack_format)
+                found, self._writer = opened(group, pack_format, self.pack_dictionaries)
                 compact = None
                 values += found
             if compact is not None:  # the last pack is format 4: what later events join
@@ -321,10 +324,12 @@ class TraceVerbs(SqlStatements):
             rows = self.fetchall("trace_window", query_params(query))
             return [(row_to_event(r), r["job_type"], r["version"]) for r in rows]
         if query.job_id is not None:
-            return packs.unpack_sorted(self.fetchall("trace_for_job", {"job_id": query.job_id}))
+            return packs.unpack_sorted(
+                self.fetchall("trace_for_job", {"job_id": query.job_id}), self.pack_dictionaries
+            )
         if query.trace_id is not None:
             rows = self.fetchall("trace_for_trace", {"trace_id": query.trace_id})
-            return packs.unpack_sorted(rows)
+            return packs.unpack_sorted(rows, self.pack_dictionaries)
         if query.resource is None:
             raise ConfigurationError("TraceQuery needs a job_id, a trace_id or a resource")
         resource = query.resource
@@ -332,7 +337,7 @@ class TraceVerbs(SqlStatements):
         versioned = resource + ":v"
         return [
             e
-            for e in packs.unpack_sorted(rows)
+            for e in packs.unpack_sorted(rows, self.pack_dictionaries)
             if e.resource is not None
             and (e.resource == resource or e.resource.startswith(versioned))
         ]
@@ -343,4 +348,7 @@ class TraceVerbs(SqlStatements):
         by_job: dict[int, list[Any]] = {}
         for row in rows:
             by_job.setdefault(int(row["job_id"]), []).append(row)
-        return [JobTrace(job_id, packs.unpack_sorted(found)) for job_id, found in by_job.items()]
+        return [
+            JobTrace(job_id, packs.unpack_sorted(found, self.pack_dictionaries))
+            for job_id, found in by_job.items()
+        ]

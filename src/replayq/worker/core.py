@@ -29,6 +29,7 @@ from replayq.recording.context import Context
 from replayq.recording.world import LostFlag
 from replayq.rollout.router import REFRESH_SECONDS, Router
 from replayq.runtime import RuntimeSource
+from replayq.storage.protocol import PackLearning
 from replayq.storage.reconnect import Backoff
 from replayq.worker.event_loop import EventLoopThread
 
@@ -143,6 +144,10 @@ class WorkerCore:
         if prefetch_window < 0:
             raise ValueError("prefetch_window must be 0 or more")
         self.runtime = app.runtime
+        # A storage whose trace packs deflate against dictionaries learned per job type
+        # (SQLite): told of each attempt started and each success acked.
+        storage = self.runtime.storage
+        self._learning = storage if isinstance(storage, PackLearning) else None
         # Log lines are redacted with the rules of the job type they are about.
         redact_logs_with(self.runtime.redactor_for)
         self.concurrency = concurrency

@@ -386,6 +386,8 @@ class Executing(Acking, Heartbeat):
         # Only a later attempt can find steps an earlier one committed.
         steps = ledger_loader(self.runtime, job.id) if job.attempt > 1 else None
         world = LiveWorld(flight.lost if flight is not None else None, steps)
+        if self._learning is not None:  # its new packs: its type's learned dictionary
+            self._learning.pack_dictionaries.attempt(job.id, job.job_type)
         ctx = Context(
             self.runtime,
             job,

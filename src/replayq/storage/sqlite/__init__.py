@@ -105,11 +105,14 @@ from replayq.errors import (
     ConfigurationError,
     ConstraintViolationError,
     DatabaseUnavailableError,
+    ReplayqError,
     StorageError,
 )
 from replayq.seal import unsealed
 from replayq.storage import migrate, packs
 from replayq.storage.adopted import TupleRows
+from replayq.storage.pack_dictionaries import PackDictionaries
+from replayq.storage.params import TraceQuery
 from replayq.storage.protocol import (
     JobInsert,
     JobsComplete,
@@ -895,6 +898,9 @@ class SqliteStorage:
                 f"cannot open SQLite database {self.path!r}: "
                 f"directory {str(parent)!r} does not exist"
             )
+        # The learned dictionaries of format 5 packs: one set for every connection of this
+        # storage (``register_sqlite``), read from the file the first time one is met.
+        self.pack_dictionaries = PackDictionaries(packs.DICTIONARY_2, self._dictionary_text)
         self._connection()  # fail now, with a clear message, if the file cannot be opened
 
     def _connection(self) -> Connection:
@@ -942,7 +948,7 @@ class SqliteStorage:
             # Trace packs are deflated (storage/packs.py, format 2): the SQL that reads their
             # events (the rq_events view, trace windows, gc's blob references) decodes them
             # through this function, so every connection replayq opens has it.
-            packs.register_sqlite(conn)
+            packs.register_sqlite(conn, self.pack_dictionaries)
         except (sqlite3.Error, OSError) as exc:
             self._discard(conn)  # not kept half set up
             raise DatabaseUnavailableError(
@@ -953,6 +959,50 @@ class SqliteStorage:
                 conn.inside = 0
         self._local.conn = conn
         return conn
+
+    # -- learned pack dictionaries (``PackLearning``) -----------------------------------------
+
+    def learn_pack_dictionary(self, job_type: str, job_id: int) -> None:
+        """``PackLearning``: the first time this process is told of ``job_type``, its
+        dictionary read from ``rq_pack_dictionaries``, or learned from job ``job_id``'s
+        trace and kept there (one short write transaction, once a type and process). A
+        failure is logged and leaves the type's packs format 2 in this process."""
+        dictionaries = self.pack_dictionaries
+        if not dictionaries.wanted(job_type):
+            return
+        try:
+            with self.transaction() as tx:
+                found = tx.fetchone("pack_dictionary_of_type", {"job_type": job_type})
+                if found is None:
+                    text = packs.learned_text(tx.trace_query(TraceQuery(job_id=job_id)))
+                    if not text:
+                        return
+                    row = {"job_type": job_type, "text": text, "job_id": job_id}
+                    tx.execute("pack_dictionary_put", {**row, "now": time.time()})
+                    found = tx.fetchone("pack_dictionary_of_type", {"job_type": job_type})
+        except (ReplayqError, sqlite3.Error, ValueError) as exc:
+            log.warning("no trace pack dictionary learned for job type %r: %s", job_type, exc)
+            return
+        if found is not None:
+            dictionaries.learned(job_type, int(found["id"]), bytes(found["text"]))
+
+    def _dictionary_text(self, dictionary_id: int) -> bytes | None:
+        """A learned dictionary this process has not met yet (another process learned it
+        since), read on a connection of its own: ``rq_pack_json`` runs inside a
+        statement of this thread's connection, which cannot run another."""
+        if self.path == ":memory:":
+            return None  # a database of this process alone: it learned all it holds
+        with unsealed():
+            conn = sqlite3.connect(self.path, timeout=self.busy_timeout_ms / 1000)
+            try:
+                row = conn.execute(
+                    self.queries["pack_dictionary_text"], {"id": dictionary_id}
+                ).fetchone()
+            except sqlite3.Error:
+                row = None
+            finally:
+                conn.close()
+        return None if row is None else bytes(row[0])
 
     def _fit_wal(self, conn: sqlite3.Connection) -> None:
         """Size this connection's automatic checkpoint to the disk's free space.
@@ -1081,6 +1131,7 @@ class SqliteStorage:
             if not readonly:
                 carried, local.last_pack = getattr(local, "last_pack", None), None
             tx = SqliteTransaction(conn, self.queries, last_pack=carried)
+            tx.pack_dictionaries = self.pack_dictionaries
         except sqlite3.Error as exc:
             if held is not None:
                 held.release()
@@ -1255,7 +1306,9 @@ class SqliteStorage:
                 f"transactional enqueue on SQLite takes a sqlite3.Connection (or another "
                 f"DB-API connection to the same file), got {type(connection).__name__}"
             )
-        return SqliteTransaction(TupleRows(connection), self.queries)
+        tx = SqliteTransaction(TupleRows(connection), self.queries)
+        tx.pack_dictionaries = self.pack_dictionaries
+        return tx
 
     def _applied(self, conn: sqlite3.Connection) -> list[tuple[int, str, float]]:
         conn.execute(self.queries["migrations_create"])

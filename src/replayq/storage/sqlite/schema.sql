@@ -404,3 +404,11 @@ SELECT i.key, i.operation, i.status, i.result, i.result_ref, i.error, i.claim_to
             ELSE i.trace_id END AS trace_id,
        i.job_id, i.attempt
 FROM rq_idempotency AS i;
+
+CREATE TABLE rq_pack_dictionaries (
+    id         INTEGER PRIMARY KEY,
+    job_type   TEXT    NOT NULL UNIQUE,
+    text       BLOB    NOT NULL,
+    job_id     INTEGER,
+    learned_at REAL    NOT NULL
+);

@@ -1,0 +1,240 @@
+"""Learned pack dictionaries: SQLite trace packs deflated against the application's own names.
+
+A format 2 pack (``packs.py``) deflates against ``DICTIONARY_2``: replayq's keys, event
+names and lifecycle data, frozen with the format. What it cannot hold is what each
+application names itself: its steps, calls, effect kinds, resource namespaces and the keys
+of its requests and answers. Each traced job pays for those again in every pack.
+
+A dictionary is learned per job type from a succeeded attempt of that type (``learn``,
+after its ack, once per job type and process) and kept in ``rq_pack_dictionaries``; later
+packs of that type's attempts are format 5: ``b"\\x05"``, the dictionary's id (one byte
+below 128, ``_id_bytes``), and the pack's JSON deflated as format 2 is, against
+``DICTIONARY_2`` followed by the learned text. Every process reads the same row for a
+job type: the first learned wins (``UNIQUE (job_type)``), and a process that did not learn
+it reads it there.
+
+What a learned text holds (``shape``): the attempt's pack items with their names kept and
+every value the application gave replaced by a placeholder — event, step, call and effect
+kind names, states and error classes, object keys that are identifiers, a resource's or
+reference's namespace (``order:`` of ``order:42``, ``blob:sha256:`` of a reference);
+never a payload's, argument's, answer's or key's value, an owner token or a digest. So a
+dictionary holds what the code names, nothing a job was given: gc and erasure of a job's
+trace leave no value of it behind.
+
+A dictionary is never deleted or changed (packs name it by id): one row of at most
+``_TEXT_MAX`` bytes per job type. A handler whose names change keeps the dictionary first
+learned; its packs then compress as format 2 would, a little better or worse, and decode
+the same.
+
+Decoding needs the dictionary: ``PackDictionaries.zdict`` keeps those it has seen and
+reads one it has not from the database file on a connection of its own (a pack written by
+another process after this one loaded its dictionaries; the SQL function ``rq_pack_json``
+cannot read the connection it runs on).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import zlib
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from replayq import codec
+
+FORMAT_LEARNED = 5
+LEARNED_MARK = bytes([FORMAT_LEARNED])
+
+# The learned text's size at most: with ``DICTIONARY_2`` (~3.4 KB) the whole preset stays
+# within the 8 KB window the packs deflate with, the learned part (last: shortest
+# distances) in reach of a pack's first ~4 KB of JSON.
+_TEXT_MAX = 3072
+# Deflate's settings of a format 2 pack on a worker (``packs._PRIMED``): the same stream.
+_WBITS = -13
+_LEVEL = 6
+_MEM_LEVEL = 5
+
+# Item keys (``packs._KEYS``) whose values are names the code gives, kept as they are.
+_NAMES = frozenset({"n", "s", "st", "k", "q", "h", "dt", "x", "v"})
+# Keys of replayq's own event data whose string values are names the code gives: a step's
+# name, a call's, an effect's kind, a branch, a child job's type, an outbox topic, an
+# error class, a handler version. Every other string is the application's value.
+_DATA_NAMES = frozenset(
+    {"step_name", "call", "kind", "branch", "child_type", "topic", "error_class", "version"}
+)
+# Item keys whose values keep only their namespace (``order:`` of ``order:42``).
+_NAMESPACED = frozenset({"r", "i", "o"})
+# An object key kept in a learned text: a name as code writes one. A key outside it
+# (an e-mail address keying a map, a customer's id) is dropped with its value.
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,40}")
+_DEPTH_MAX = 6
+
+
+def _namespace(value: Any) -> Any:
+    """``value``'s namespace: up to its last ``:`` (``order:`` of ``order:42``), else ``""``."""
+    if not isinstance(value, str):
+        return 0 if isinstance(value, int | float) and not isinstance(value, bool) else value
+    cut = value.rfind(":")
+    return value[: cut + 1] if cut > 0 else ""
+
+
+def _placeholder(value: Any, depth: int, named: bool = False) -> Any:
+    """``value`` with the application's values replaced: strings ``""`` (unless ``named``),
+    numbers ``0``, ``true``/``false``/``null`` kept, an object's identifier keys kept with
+    their values replaced, a list as its first item's placeholder."""
+    if isinstance(value, str):
+        return value if named else ""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int | float):
+        return 0
+    if depth >= _DEPTH_MAX:
+        return None
+    if isinstance(value, dict):
+        return {
+            key: _placeholder(item, depth + 1, key in _DATA_NAMES and depth == 0)
+            for key, item in value.items()
+            if isinstance(key, str) and _IDENTIFIER.fullmatch(key)
+        }
+    if isinstance(value, list | tuple):
+        return [_placeholder(value[0], depth + 1)] if value else []
+    return None
+
+
+def shape(items: Iterable[dict[str, Any]]) -> bytes:
+    """A learned text from pack items (``packs._packed_items``' dictionaries): each item's
+    names kept, every value of the application's replaced (see the module's docstring),
+    comma-joined as a pack joins them; the last items dropped past ``_TEXT_MAX`` bytes."""
+    pieces: list[bytes] = []
+    size = 0
+    for item in items:
+        shaped: dict[str, Any] = {}
+        for key, value in item.items():
+            if key in _NAMES:
+                shaped[key] = value
+            elif key in _NAMESPACED:
+                shaped[key] = _namespace(value)
+            elif key == "d":
+                shaped[key] = _placeholder(value, 0)
+        text = codec.dumps_stored(shaped, what="learned pack dictionary").encode()
+        if size + len(text) + 1 > _TEXT_MAX:
+            break
+        pieces.append(text)
+        size += len(text) + 1
+    return b",".join(pieces)
+
+
+def id_bytes(dictionary_id: int) -> bytes:
+    """A format 5 pack's dictionary id after its mark: unsigned LEB128 (one byte below 128)."""
+    out = bytearray()
+    while True:
+        low = dictionary_id & 0x7F
+        dictionary_id >>= 7
+        if dictionary_id:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+def read_id(stored: bytes | bytearray | memoryview) -> tuple[int, int]:
+    """A format 5 pack's dictionary id and where its deflate stream starts (after the mark)."""
+    value = shift = 0
+    at = 1
+    while True:
+        if at >= len(stored):
+            raise ValueError("trace pack of format 5 ends inside its dictionary id")
+        byte = stored[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, at
+        shift += 7
+
+
+# What reads a dictionary this process has not seen: ``(id) -> learned text or None``.
+Loader = Callable[[int], "bytes | None"]
+
+
+class PackDictionaries:
+    """The learned dictionaries of one database, as one process knows them.
+
+    ``zdict(id)``: the preset of a format 5 pack (``DICTIONARY_2`` + the learned text), read
+    through ``loader`` the first time. ``for_job_type(type)``: the id new packs of that job
+    type's attempts deflate against, ``None`` until one is learned or read
+    (``learned``). ``compressor(id)``: a deflate stream already primed with it (each pack
+    copies it, as format 2's copy ``packs._PRIMED``).
+    """
+
+    def __init__(self, base: bytes, loader: Loader | None = None) -> None:
+        self._base = base
+        self._loader = loader
+        self._zdicts: dict[int, bytes] = {}
+        self._primed: dict[int, Any] = {}
+        self._by_type: dict[str, int] = {}
+        # Job types this process asked about or learned (``wanted``): asked once.
+        self._asked: set[str] = set()
+        # Job id -> dictionary id of the attempts running in this process whose type has
+        # one: what a new pack of theirs deflates against (``for_job``).
+        self._jobs: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def zdict(self, dictionary_id: int) -> bytes:
+        found = self._zdicts.get(dictionary_id)
+        if found is not None:
+            return found
+        text = self._loader(dictionary_id) if self._loader is not None else None
+        if text is None:
+            raise ValueError(
+                f"trace pack deflated against learned dictionary {dictionary_id}, which "
+                "this database does not hold (rq_pack_dictionaries)"
+            )
+        return self.known(dictionary_id, text)
+
+    def known(self, dictionary_id: int, text: bytes) -> bytes:
+        """Note dictionary ``dictionary_id``'s learned ``text``; its whole preset."""
+        whole = self._base + bytes(text)
+        with self._lock:
+            return self._zdicts.setdefault(dictionary_id, whole)
+
+    def compressor(self, dictionary_id: int) -> Any:
+        """A copy of a deflate stream primed with dictionary ``dictionary_id``'s preset."""
+        primed = self._primed.get(dictionary_id)
+        if primed is None:
+            zdict = self.zdict(dictionary_id)
+            primed = zlib.compressobj(_LEVEL, zlib.DEFLATED, _WBITS, _MEM_LEVEL, zdict=zdict)
+            self._primed[dictionary_id] = primed
+        return primed.copy()
+
+    def decompressor(self, dictionary_id: int) -> Any:
+        return zlib.decompressobj(_WBITS, zdict=self.zdict(dictionary_id))
+
+    # -- which packs use one -----------------------------------------------------------------
+
+    def wanted(self, job_type: str) -> bool:
+        """Whether this process should look up or learn ``job_type``'s dictionary now:
+        the first time it is asked about a type it has none of (then never again)."""
+        if job_type in self._by_type or job_type in self._asked:
+            return False
+        with self._lock:
+            if job_type in self._asked:
+                return False
+            self._asked.add(job_type)
+            return True
+
+    def learned(self, job_type: str, dictionary_id: int, text: bytes) -> None:
+        """``job_type``'s dictionary is ``dictionary_id`` (learned here or read)."""
+        self.known(dictionary_id, text)
+        self._by_type[job_type] = dictionary_id
+
+    def attempt(self, job_id: int, job_type: str) -> None:
+        """An attempt of job ``job_id`` starts here: its new packs use its type's dictionary."""
+        dictionary_id = self._by_type.get(job_type)
+        if dictionary_id is not None:
+            if len(self._jobs) >= 4096:  # ended attempts are not told: bounded instead
+                self._jobs.clear()
+            self._jobs[job_id] = dictionary_id
+
+    def for_job(self, job_id: int | None) -> int | None:
+        """The dictionary a new pack of job ``job_id``'s attempt deflates against, if any."""
+        return None if job_id is None else self._jobs.get(job_id)

@@ -1,0 +1,152 @@
+"""A worker learns each job type's names once and its later trace packs deflate against
+them (storage/pack_dictionaries.py, format 5), and everything that reads the trace still
+reads it: replayq's own reads in another process that opened the file before the
+dictionary existed, gc's question of which blobs the trace references, a dry-run, and SQL
+on a connection of one's own after ``register_sqlite``.
+
+The worker is a real ``replayq worker --burst`` process on a real SQLite file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import replayq
+from replayq.replay.engine import dry_run
+from replayq.storage import packs
+from replayq.storage.retention_params import BlobScan
+
+REPLAYQ = str(Path(sys.executable).with_name("replayq"))
+DB = "ledger.db"
+
+# An application with names of its own (none of them in packs.DICTIONARY_2), and values a
+# job is given that no dictionary may keep: an e-mail, an account holder's name, an IBAN.
+MODULE = """
+import os
+
+import replayq
+
+app = replayq.App(os.environ["LEDGER_DB"])
+
+
+def lookup(entry, email):
+    # Large enough (~3 KB) that the answer goes to the blob store, referenced by the trace.
+    lines = [{"sku": f"sku-{entry}-{n}", "price_cents": n * 7} for n in range(80)]
+    return {"holder": "Mia Example", "iban": "DE89370400440532013000", "fee_cents": entry % 7,
+            "lines": lines}
+
+
+@app.job("ledger.settle")
+def settle(ctx, entry: int, email: str) -> dict:
+    with ctx.step("pull"):
+        found = ctx.state.get("entry", entry)
+    with ctx.step("quote"):
+        tariff = ctx.call("tariff.lookup", lookup, entry, email)
+    with ctx.step("earmark"):
+        ctx.state.put("entry", entry, {"status": "earmarked", "fee": tariff["fee_cents"]})
+    with ctx.step("settle"):
+        done = ctx.effect("ledger.debited", lambda: {"ok": True}, key=f"outlay:{entry}")
+    with ctx.step("journal"):
+        ctx.state.put("partner", entry, {"seen": found.version})
+    return done
+"""
+
+
+def events_column(job_id: int, path: Path) -> list[bytes]:
+    conn = sqlite3.connect(path)
+    try:
+        rows = conn.execute("SELECT events FROM rq_trace WHERE job_id = ? ORDER BY id", (job_id,))
+        return [bytes(events) for (events,) in rows]
+    finally:
+        conn.close()
+
+
+def ledger_app(directory: Path, monkeypatch: pytest.MonkeyPatch) -> replayq.App:
+    """The application module, written to ``directory`` and imported here: its ``app``."""
+    (directory / "ledger_app.py").write_text(MODULE)
+    monkeypatch.setenv("LEDGER_DB", f"sqlite:///{directory / DB}")
+    spec = importlib.util.spec_from_file_location("ledger_app", directory / "ledger_app.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    app: replayq.App = module.app
+    return app
+
+
+def test_a_worker_learns_a_job_types_names_once_and_every_reader_reads_its_packs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / DB
+    # A reader opened before any dictionary exists: it meets them only in the packs.
+    reader = ledger_app(tmp_path, monkeypatch)
+    try:
+        jobs = [
+            reader.enqueue("ledger.settle", {"entry": 4711 + n, "email": "mia@example.com"})
+            for n in range(3)
+        ]
+        before = reader.trace(jobs[0])  # this process has read the trace (and knows none)
+        assert [e.name for e in before] == ["job.enqueued"]
+        env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+        done = subprocess.run(
+            [REPLAYQ, "--db", f"sqlite:///{path}", "worker", "--app", "ledger_app:app",
+             "--burst", "--concurrency", "1"],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert [reader.get_job(j).state.value for j in jobs] == ["succeeded"] * 3
+
+        conn = sqlite3.connect(path)
+        learned = conn.execute(
+            "SELECT id, job_type, text, job_id FROM rq_pack_dictionaries"
+        ).fetchall()
+        conn.close()
+        # One dictionary, learned from the first job's trace after its ack.
+        assert [(row[1], row[3]) for row in learned] == [("ledger.settle", jobs[0])]
+        text = bytes(learned[0][2])
+        for name in (b"pull", b"quote", b"earmark", b"journal", b"tariff.lookup"):
+            assert name in text, name
+        assert b'"ledger.debited"' in text and b'"entry:"' in text and b'"outlay:"' in text
+        for value in (b"mia@example.com", b"Mia Example", b"DE8937", b"4711", b"earmarked"):
+            assert value not in text, value
+
+        # The first job's packs were written before it: format 2; the later jobs' main
+        # pack (the lease's, rewritten by the first step's commit) is format 5.
+        assert all(stored[:1] != b"\x05" for stored in events_column(jobs[0], path))
+        for job_id in jobs[1:]:
+            assert any(stored[:1] == b"\x05" for stored in events_column(job_id, path))
+
+        # replayq's reads in this process, which did not know the dictionary.
+        names = [e.name for e in reader.trace(jobs[0])]
+        for job_id in jobs[1:]:
+            assert [e.name for e in reader.trace(job_id)] == names
+            settled = [e for e in reader.trace(job_id) if e.name == "call"]
+            assert settled[0].data["call"] == "tariff.lookup"
+            assert settled[0].output_ref is not None
+        # A dry-run of a job recorded in format 5 reads its recording and agrees with it.
+        report = dry_run(reader, jobs[2], keep=False)
+        assert report.first_divergence is None and report.error is None, report
+
+        # gc's question in SQL (rq_pack_json on this process's connection): every call's
+        # answer is referenced by its trace, so no blob is a candidate for deletion.
+        with reader.storage.transaction(readonly=True) as tx:
+            unreferenced = tx.gc_scan(BlobScan("", time.time() + 86_400, 100))
+        assert unreferenced == []
+
+        # SQL on a connection of one's own, after register_sqlite.
+        own = sqlite3.connect(path)
+        packs.register_sqlite(own)
+        rows = own.execute(
+            "SELECT name FROM rq_events WHERE job_id = ? ORDER BY hlc, id", (jobs[2],)
+        ).fetchall()
+        own.close()
+        assert [name for (name,) in rows] == names
+    finally:
+        reader.close()
