@@ -56,6 +56,8 @@ def settle(ctx, entry: int, email: str) -> dict:
         done = ctx.effect("ledger.debited", lambda: {"ok": True}, key=f"outlay:{entry}")
     with ctx.step("journal"):
         ctx.state.put("partner", entry, {"seen": found.version})
+    with ctx.step(f"audit {email}"):  # a name made of the job's value
+        ctx.state.get("partner", entry)
     return done
 """
 
@@ -88,44 +90,53 @@ def test_a_worker_learns_a_job_types_names_once_and_every_reader_reads_its_packs
     # A reader opened before any dictionary exists: it meets them only in the packs.
     reader = ledger_app(tmp_path, monkeypatch)
     try:
-        jobs = [
-            reader.enqueue("ledger.settle", {"entry": 4711 + n, "email": "mia@example.com"})
-            for n in range(3)
-        ]
-        before = reader.trace(jobs[0])  # this process has read the trace (and knows none)
-        assert [e.name for e in before] == ["job.enqueued"]
         env = {**os.environ, "PYTHONPATH": str(tmp_path)}
-        done = subprocess.run(
-            [REPLAYQ, "--db", f"sqlite:///{path}", "worker", "--app", "ledger_app:app",
-             "--burst", "--concurrency", "1"],
-            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert [reader.get_job(j).state.value for j in jobs] == ["succeeded"] * 3
+
+        def burst(entries: range) -> list[int]:
+            """Jobs of ``entries`` enqueued, then run by a ``replayq worker --burst``."""
+            enqueued = [
+                reader.enqueue("ledger.settle", {"entry": n, "email": f"mia{n}@example.com"})
+                for n in entries
+            ]
+            done = subprocess.run(
+                [REPLAYQ, "--db", f"sqlite:///{path}", "worker", "--app", "ledger_app:app",
+                 "--burst", "--concurrency", "1"],
+                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert {reader.get_job(j).state.value for j in enqueued} == {"succeeded"}
+            return enqueued
+
+        before = reader.enqueue("ledger.settle", {"entry": 1, "email": "noor@example.org"})
+        assert [e.name for e in reader.trace(before)] == ["job.enqueued"]  # read: none known
+        # The first worker learns after its second success; the second reads what it learned
+        # at its first attempt.
+        jobs = [before, *burst(range(4711, 4712)), *burst(range(4712, 4714))]
 
         conn = sqlite3.connect(path)
         learned = conn.execute(
             "SELECT id, job_type, text, job_id FROM rq_pack_dictionaries"
         ).fetchall()
         conn.close()
-        # One dictionary, learned from the first job's trace after its ack.
-        assert [(row[1], row[3]) for row in learned] == [("ledger.settle", jobs[0])]
+        # One dictionary, learned after the second job's ack from its trace and the first's.
+        assert [(row[1], row[3]) for row in learned] == [("ledger.settle", jobs[1])]
         text = bytes(learned[0][2])
         for name in (b"pull", b"quote", b"earmark", b"journal", b"tariff.lookup"):
             assert name in text, name
         assert b'"ledger.debited"' in text and b'"entry:"' in text and b'"outlay:"' in text
-        for value in (b"mia@example.com", b"Mia Example", b"DE8937", b"4711", b"earmarked"):
+        for value in (b"example.", b"Mia Example", b"DE8937", b"4711", b"earmarked", b"audit"):
             assert value not in text, value
 
-        # The first job's packs were written before it: format 2; the later jobs' main
-        # pack (the lease's, rewritten by the first step's commit) is format 5.
-        assert all(stored[:1] != b"\x05" for stored in events_column(jobs[0], path))
-        for job_id in jobs[1:]:
+        # The first two jobs' packs were written before it: format 2; the second worker's
+        # jobs have their main pack (their steps' and ack's events) in format 5.
+        for job_id in jobs[:2]:
+            assert all(stored[:1] != b"\x05" for stored in events_column(job_id, path))
+        for job_id in jobs[2:]:
             assert any(stored[:1] == b"\x05" for stored in events_column(job_id, path))
 
         # replayq's reads in this process, which did not know the dictionary.
         names = [e.name for e in reader.trace(jobs[0])]
-        for job_id in jobs[1:]:
+        for job_id in jobs[2:]:
             assert [e.name for e in reader.trace(job_id)] == names
             settled = [e for e in reader.trace(job_id) if e.name == "call"]
             assert settled[0].data["call"] == "tariff.lookup"

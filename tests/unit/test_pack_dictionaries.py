@@ -127,6 +127,33 @@ def test_a_pack_whose_dictionary_is_unknown_is_refused_with_its_id() -> None:
     assert packs.pack_json(stored, late) is not None and asked == [7]  # read once
 
 
+def test_a_name_made_of_one_jobs_values_is_not_kept_when_learned_from_two_jobs() -> None:
+    def audited(job_id: int, email: str) -> list[TraceEvent]:
+        events = attempt(job_id, order_id=job_id)
+        common = {**COMMON, "job_id": job_id}
+        return [
+            *events,
+            TraceEvent(
+                name="step.finished", seq=6, status="success", ts=1_796_000_000.004,
+                hlc=9_000_005, data={"duration": 0.0001, "step_name": f"audit {email}"},
+                **common,
+            ),
+            TraceEvent(
+                name="state.read", seq=7, step=f"audit {email}",
+                resource=f"customer:{email}:cart", ts=1_796_000_000.005, hlc=9_000_006,
+                data={"branch": "main", "exists": True, email.split("@")[0]: 1}, **common,
+            ),
+        ]  # fmt: skip
+
+    alone = packs.learned_text(audited(1, "mia@example.com"))
+    assert b"audit mia@example.com" in alone  # one job's trace cannot tell a value from a name
+    text = packs.learned_text(audited(1, "mia@example.com"), audited(2, "noor@example.org"))
+    for value in (b"mia", b"noor", b"example", b"customer:"):
+        assert value not in text, value
+    for name in (b"pull", b"tariff.lookup", b"ledger.debited", b'"entry:"', b'"holder"'):
+        assert name in text, name
+
+
 @pytest.mark.parametrize("dictionary_id", [0, 1, 127, 128, 300, 2**21 + 5])
 def test_a_dictionary_id_reads_back_as_written(dictionary_id: int) -> None:
     header = b"\x05" + id_bytes(dictionary_id)

@@ -5,8 +5,8 @@ names and lifecycle data, frozen with the format. What it cannot hold is what ea
 application names itself: its steps, calls, effect kinds, resource namespaces and the keys
 of its requests and answers. Each traced job pays for those again in every pack.
 
-A dictionary is learned per job type from a succeeded attempt of that type (``learn``,
-after its ack, once per job type and process) and kept in ``rq_pack_dictionaries``; later
+A dictionary is learned per job type from two succeeded jobs of that type (after the
+second's ack, once per job type and process) and kept in ``rq_pack_dictionaries``; later
 packs of that type's attempts are format 5: ``b"\\x05"``, the dictionary's id (one byte
 below 128, ``_id_bytes``), and the pack's JSON deflated as format 2 is, against
 ``DICTIONARY_2`` followed by the learned text. Every process reads the same row for a
@@ -17,9 +17,11 @@ What a learned text holds (``shape``): the attempt's pack items with their names
 every value the application gave replaced by a placeholder — event, step, call and effect
 kind names, states and error classes, object keys that are identifiers, a resource's or
 reference's namespace (``order:`` of ``order:42``, ``blob:sha256:`` of a reference);
-never a payload's, argument's, answer's or key's value, an owner token or a digest. So a
-dictionary holds what the code names, nothing a job was given: gc and erasure of a job's
-trace leave no value of it behind.
+never a payload's, argument's, answer's or key's value, an owner token or a digest — and
+of those names only the ones both jobs' traces hold (a step named ``f"line {sku}"`` is
+one job's value, not a name). So a dictionary holds what the code names, nothing a job was
+given: gc deleting a job's trace leaves no value of it behind. It is made from the stored
+trace, after redaction (docs/secrets.md): it never holds what the trace did not.
 
 A dictionary is never deleted or changed (packs name it by id): one row of at most
 ``_TEXT_MAX`` bytes per job type. A handler whose names change keeps the dictionary first
@@ -101,21 +103,62 @@ def _placeholder(value: Any, depth: int, named: bool = False) -> Any:
     return None
 
 
-def shape(items: Iterable[dict[str, Any]]) -> bytes:
+def _shaped(item: dict[str, Any]) -> dict[str, Any]:
+    """One pack item with its names kept and the application's values replaced."""
+    shaped: dict[str, Any] = {}
+    for key, value in item.items():
+        if key in _NAMES:
+            shaped[key] = value
+        elif key in _NAMESPACED:
+            shaped[key] = _namespace(value)
+        elif key == "d":
+            shaped[key] = _placeholder(value, 0)
+    return shaped
+
+
+def _strings(value: Any, into: set[str]) -> None:
+    """Every string ``value`` holds, object keys included, added to ``into``."""
+    if isinstance(value, str):
+        into.add(value)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            into.add(key)
+            _strings(item, into)
+    elif isinstance(value, list):
+        for item in value:
+            _strings(item, into)
+
+
+def _agreed(value: Any, names: set[str]) -> Any:
+    """``value`` with each string ``names`` lacks replaced by ``""`` and each object key it
+    lacks dropped with its value."""
+    if isinstance(value, str):
+        return value if value in names else ""
+    if isinstance(value, dict):
+        return {key: _agreed(item, names) for key, item in value.items() if key in names}
+    if isinstance(value, list):
+        return [_agreed(item, names) for item in value]
+    return value
+
+
+def shape(
+    items: Iterable[dict[str, Any]], agreeing: Iterable[dict[str, Any]] | None = None
+) -> bytes:
     """A learned text from pack items (``packs._packed_items``' dictionaries): each item's
-    names kept, every value of the application's replaced (see the module's docstring),
-    comma-joined as a pack joins them; the last items dropped past ``_TEXT_MAX`` bytes."""
+    names kept and every value of the application's replaced (see the module's
+    docstring), and of those names only the ones another job's items (``agreeing``) hold
+    too: a name made of one job's values (a step ``f"line {sku}"``, a resource namespace
+    ``customer:<e-mail>:``) differs between two jobs and is not kept. Comma-joined as a
+    pack joins items; the last items dropped past ``_TEXT_MAX`` bytes."""
+    names: set[str] | None = None
+    if agreeing is not None:
+        names = {""}
+        for other in agreeing:
+            _strings(_shaped(other), names)
     pieces: list[bytes] = []
     size = 0
     for item in items:
-        shaped: dict[str, Any] = {}
-        for key, value in item.items():
-            if key in _NAMES:
-                shaped[key] = value
-            elif key in _NAMESPACED:
-                shaped[key] = _namespace(value)
-            elif key == "d":
-                shaped[key] = _placeholder(value, 0)
+        shaped = _shaped(item) if names is None else _agreed(_shaped(item), names)
         text = codec.dumps_stored(shaped, what="learned pack dictionary").encode()
         if size + len(text) + 1 > _TEXT_MAX:
             break
@@ -172,8 +215,11 @@ class PackDictionaries:
         self._zdicts: dict[int, bytes] = {}
         self._primed: dict[int, Any] = {}
         self._by_type: dict[str, int] = {}
-        # Job types this process asked about or learned (``wanted``): asked once.
-        self._asked: set[str] = set()
+        # Job types whose row this process read (``unread``); per job type, the first
+        # success told (``told``), and the types whose second one was.
+        self._read: set[str] = set()
+        self._first: dict[str, int] = {}
+        self._done: set[str] = set()
         # Job id -> dictionary id of the attempts running in this process whose type has
         # one: what a new pack of theirs deflates against (``for_job``).
         self._jobs: dict[int, int] = {}
@@ -211,16 +257,29 @@ class PackDictionaries:
 
     # -- which packs use one -----------------------------------------------------------------
 
-    def wanted(self, job_type: str) -> bool:
-        """Whether this process should look up or learn ``job_type``'s dictionary now:
-        the first time it is asked about a type it has none of (then never again)."""
-        if job_type in self._by_type or job_type in self._asked:
+    def unread(self, job_type: str) -> bool:
+        """Whether ``job_type``'s row is to be read now: the first attempt of a type this
+        process knows no dictionary of (then never again)."""
+        if job_type in self._by_type or job_type in self._read:
             return False
         with self._lock:
-            if job_type in self._asked:
+            if job_type in self._read:
                 return False
-            self._asked.add(job_type)
+            self._read.add(job_type)
             return True
+
+    def told(self, job_type: str, job_id: int) -> int | None:
+        """A success of ``job_type`` (job ``job_id``) acked in this process, which knows no
+        dictionary of the type: at the second (of another job), the first's job id — learn
+        from both (``shape``'s ``agreeing``) — then never again; else ``None``."""
+        if job_type in self._by_type or job_type in self._done:
+            return None
+        with self._lock:
+            first = self._first.setdefault(job_type, job_id)
+            if first == job_id or job_type in self._done:
+                return None
+            self._done.add(job_type)
+            return first
 
     def learned(self, job_type: str, dictionary_id: int, text: bytes) -> None:
         """``job_type``'s dictionary is ``dictionary_id`` (learned here or read)."""

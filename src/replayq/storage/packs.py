@@ -246,14 +246,25 @@ def deflated(text: str) -> bytes:
     return _DEFLATE_MARK + compressor.compress(text.encode()) + compressor.flush()
 
 
-def learned_text(events: Sequence[TraceEvent]) -> bytes:
-    """A learned dictionary's text (``pack_dictionaries.shape``) from a succeeded attempt's
-    events: its domain events as their pack items, names kept and values replaced;
-    lifecycle events left out (``DICTIONARY_2`` holds theirs)."""
-    domain = [e for e in events if e.kind != "lifecycle"]
+def learned_text(
+    events: Sequence[TraceEvent], agreeing: Sequence[TraceEvent] | None = None
+) -> bytes:
+    """A learned dictionary's text (``pack_dictionaries.shape``) from a succeeded job's
+    events: its domain events as their pack items, names kept and values replaced, and of
+    those names only the ones another job's events (``agreeing``) hold too; lifecycle
+    events left out (``DICTIONARY_2`` holds theirs)."""
+    domain = _domain(events)
     if not domain:
         return b""
-    return shape(_packed_items(domain, domain[0].hlc, domain[0].ts))
+    items = _packed_items(domain, domain[0].hlc, domain[0].ts)
+    if agreeing is None:
+        return shape(items)
+    others = _domain(agreeing)
+    return shape(items, _packed_items(others, others[0].hlc, others[0].ts) if others else [])
+
+
+def _domain(events: Sequence[TraceEvent]) -> list[TraceEvent]:
+    return [e for e in events if e.kind != "lifecycle"]
 
 
 def _learned(

@@ -277,14 +277,19 @@ class SnapshotRead(Protocol):
 class PackLearning(Protocol):
     """An optional capability: trace packs deflated against a dictionary learned for each
     job type from its own traces (SQLite; storage/pack_dictionaries.py). The worker tells
-    it each attempt it starts (``pack_dictionaries.attempt``) and each success acked
-    (``learn_pack_dictionary``)."""
+    it each attempt it starts and each success acked."""
 
     pack_dictionaries: PackDictionaries
 
+    def attempt_starts(self, job_id: int, job_type: str) -> None:
+        """Job ``job_id`` (of ``job_type``) starts an attempt here: its new packs use the
+        type's dictionary (read from the database at the type's first attempt here)."""
+        ...
+
     def learn_pack_dictionary(self, job_type: str, job_id: int) -> None:
-        """After job ``job_id`` (of ``job_type``) succeeded: the first time this process
-        is told of the type, read its dictionary, or learn one from this job's trace."""
+        """After job ``job_id`` (of ``job_type``) succeeded: at the second success of a
+        type this process knows no dictionary of, learn one from the two jobs' traces
+        (unless another process did meanwhile)."""
         ...
 
 

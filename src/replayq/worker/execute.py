@@ -387,7 +387,7 @@ class Executing(Acking, Heartbeat):
         steps = ledger_loader(self.runtime, job.id) if job.attempt > 1 else None
         world = LiveWorld(flight.lost if flight is not None else None, steps)
         if self._learning is not None:  # its new packs: its type's learned dictionary
-            self._learning.pack_dictionaries.attempt(job.id, job.job_type)
+            self._learning.attempt_starts(job.id, job.job_type)
         ctx = Context(
             self.runtime,
             job,

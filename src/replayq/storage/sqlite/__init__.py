@@ -962,29 +962,52 @@ class SqliteStorage:
 
     # -- learned pack dictionaries (``PackLearning``) -----------------------------------------
 
-    def learn_pack_dictionary(self, job_type: str, job_id: int) -> None:
-        """``PackLearning``: the first time this process is told of ``job_type``, its
-        dictionary read from ``rq_pack_dictionaries``, or learned from job ``job_id``'s
-        trace and kept there (one short write transaction, once a type and process). A
-        failure is logged and leaves the type's packs format 2 in this process."""
+    def attempt_starts(self, job_id: int, job_type: str) -> None:
+        """``PackLearning``: job ``job_id``'s new packs use its type's dictionary; at the
+        type's first attempt in this process, its row is read (one short read)."""
         dictionaries = self.pack_dictionaries
-        if not dictionaries.wanted(job_type):
+        if dictionaries.unread(job_type):
+            try:
+                with self.transaction(readonly=True) as tx:
+                    self._dictionary_found(
+                        job_type, tx.fetchone("pack_dictionary_of_type", {"job_type": job_type})
+                    )
+            except (ReplayqError, sqlite3.Error) as exc:
+                log.warning("trace pack dictionary of job type %r not read: %s", job_type, exc)
+        dictionaries.attempt(job_id, job_type)
+
+    def learn_pack_dictionary(self, job_type: str, job_id: int) -> None:
+        """``PackLearning``: at the second success of ``job_type`` (another job) this
+        process is told of while it knows no dictionary of the type, the type's row read
+        again (another process may have learned it since) or a dictionary learned from
+        the two jobs' traces (the names both hold: ``pack_dictionaries.shape``) and kept
+        there: one short write transaction, once a type and process. A failure is logged
+        and leaves the type's packs format 2 in this process."""
+        earlier = self.pack_dictionaries.told(job_type, job_id)
+        if earlier is None:
             return
+        of_type = {"job_type": job_type}
         try:
             with self.transaction() as tx:
-                found = tx.fetchone("pack_dictionary_of_type", {"job_type": job_type})
+                found = tx.fetchone("pack_dictionary_of_type", of_type)
                 if found is None:
-                    text = packs.learned_text(tx.trace_query(TraceQuery(job_id=job_id)))
+                    text = packs.learned_text(
+                        tx.trace_query(TraceQuery(job_id=job_id)),
+                        tx.trace_query(TraceQuery(job_id=earlier)),
+                    )
                     if not text:
                         return
-                    row = {"job_type": job_type, "text": text, "job_id": job_id}
-                    tx.execute("pack_dictionary_put", {**row, "now": time.time()})
-                    found = tx.fetchone("pack_dictionary_of_type", {"job_type": job_type})
+                    row = {**of_type, "text": text, "job_id": job_id, "now": time.time()}
+                    tx.execute("pack_dictionary_put", row)
+                    found = tx.fetchone("pack_dictionary_of_type", of_type)
         except (ReplayqError, sqlite3.Error, ValueError) as exc:
             log.warning("no trace pack dictionary learned for job type %r: %s", job_type, exc)
             return
+        self._dictionary_found(job_type, found)
+
+    def _dictionary_found(self, job_type: str, found: Mapping[str, Any] | None) -> None:
         if found is not None:
-            dictionaries.learned(job_type, int(found["id"]), bytes(found["text"]))
+            self.pack_dictionaries.learned(job_type, int(found["id"]), bytes(found["text"]))
 
     def _dictionary_text(self, dictionary_id: int) -> bytes | None:
         """A learned dictionary this process has not met yet (another process learned it
