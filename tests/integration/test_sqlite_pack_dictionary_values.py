@@ -1,0 +1,95 @@
+"""What a learned pack dictionary (storage/pack_dictionaries.py) may never hold, and who
+can still read format 5 packs: a job's values stay out of the learned text whatever shape
+the handler gives them (a key with a ``:`` inside a resource, custom events with data
+keys that replayq's own events use for names), and a connection of one's own, registered
+before any dictionary was learned, reads the packs written against one later.
+
+The worker is a real ``replayq worker --burst`` process on a real SQLite file.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import replayq
+
+REPLAYQ = str(Path(sys.executable).with_name("replayq"))
+
+MODULE = """
+import os
+
+import replayq
+
+app = replayq.App(os.environ["NOTES_DB"])
+
+
+@app.job("notes.welcome")
+def welcome(ctx, email: str, holder: str) -> dict:
+    with ctx.step("remember"):
+        # A key with the customer's e-mail before its last ':'.
+        ctx.state.put("session", f"{email}:inbox", {"seen": 1})
+    with ctx.step("note"):
+        # An application's own event, its data keys named as replayq names its own.
+        ctx.record("customer.noted", kind=email, version=holder, call=holder, topic=email)
+    with ctx.step("send"):
+        done = ctx.effect("mail.sent", lambda: {"ok": True}, key=f"mail:{email}:welcome")
+    return done
+"""
+
+EMAIL = "mia@example.com"
+HOLDER = "Mia Example"
+
+
+def notes_app(directory: Path, db: Path, monkeypatch: pytest.MonkeyPatch) -> replayq.App:
+    """The application module, written to ``directory`` and imported here: its ``app``."""
+    (directory / "notes_app.py").write_text(MODULE)
+    monkeypatch.setenv("NOTES_DB", f"sqlite:///{db}")
+    spec = importlib.util.spec_from_file_location("notes_app", directory / "notes_app.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    app: replayq.App = module.app
+    return app
+
+
+def run_worker(directory: Path, db: Path) -> None:
+    # The tree under test first (as this process imports it), then the application.
+    path = os.pathsep.join([*sys.path, str(directory)])
+    env = {**os.environ, "PYTHONPATH": path, "NOTES_DB": f"sqlite:///{db}"}
+    done = subprocess.run(
+        [REPLAYQ, "--db", f"sqlite:///{db}", "worker", "--app", "notes_app:app", "--burst",
+         "--concurrency", "1"],
+        cwd=directory, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_no_value_a_job_was_given_reaches_its_types_learned_dictionary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "notes.db"
+    app = notes_app(tmp_path, db, monkeypatch)
+    try:
+        for _ in range(2):
+            app.enqueue("notes.welcome", {"email": EMAIL, "holder": HOLDER})
+    finally:
+        app.close()
+    run_worker(tmp_path, db)
+    conn = sqlite3.connect(db)
+    try:
+        texts = [bytes(t) for (t,) in conn.execute("SELECT text FROM rq_pack_dictionaries")]
+    finally:
+        conn.close()
+    assert len(texts) == 1
+    text = texts[0]
+    # The names the code gives are there: the learning happened.
+    assert b"remember" in text and b"customer.noted" in text and b"mail.sent" in text
+    for value in (b"mia@example.com", b"Mia Example", b"example.com"):
+        assert value not in text, (value, text)
