@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import replayq
+from replayq.storage import packs
 
 REPLAYQ = str(Path(sys.executable).with_name("replayq"))
 
@@ -93,3 +94,34 @@ def test_no_value_a_job_was_given_reaches_its_types_learned_dictionary(
     assert b"remember" in text and b"customer.noted" in text and b"mail.sent" in text
     for value in (b"mia@example.com", b"Mia Example", b"example.com"):
         assert value not in text, (value, text)
+
+
+def test_a_connection_registered_before_a_dictionary_was_learned_reads_its_packs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "notes.db"
+    app = notes_app(tmp_path, db, monkeypatch)
+    try:
+        jobs = [app.enqueue("notes.welcome", {"email": EMAIL, "holder": HOLDER}) for _ in range(2)]
+    finally:
+        app.close()
+    # A script's own connection, opened and registered while no dictionary exists yet.
+    own = sqlite3.connect(db)
+    try:
+        packs.register_sqlite(own)
+        assert own.execute("SELECT count(*) FROM rq_events").fetchone()[0] == 2
+        run_worker(tmp_path, db)
+        stored = [
+            bytes(e)
+            for (e,) in own.execute("SELECT events FROM rq_trace WHERE job_id = ?", (jobs[1],))
+        ]
+        assert any(s[:1] == b"\x05" for s in stored)  # the second job's packs: format 5
+        names = [
+            name
+            for (name,) in own.execute(
+                "SELECT name FROM rq_events WHERE job_id = ? ORDER BY hlc, id", (jobs[1],)
+            )
+        ]
+    finally:
+        own.close()
+    assert "customer.noted" in names and names[-1] == "job.succeeded"
