@@ -39,6 +39,9 @@ def welcome(ctx, email: str, holder: str) -> dict:
     with ctx.step("note"):
         # An application's own event, its data keys named as replayq names its own.
         ctx.record("customer.noted", kind=email, version=holder, call=holder, topic=email)
+    with ctx.step("balance"):
+        # An answer keyed by the customer's IBAN and account id (identifiers in shape).
+        ctx.call("ledger.balances", lambda: {"DE89370400440532013000": 12, "acct_20261206": 3})
     with ctx.step("send"):
         done = ctx.effect("mail.sent", lambda: {"ok": True}, key=f"mail:{email}:welcome")
     return done
@@ -78,7 +81,7 @@ def test_no_value_a_job_was_given_reaches_its_types_learned_dictionary(
     db = tmp_path / "notes.db"
     app = notes_app(tmp_path, db, monkeypatch)
     try:
-        for _ in range(2):
+        for _ in range(3):
             app.enqueue("notes.welcome", {"email": EMAIL, "holder": HOLDER})
     finally:
         app.close()
@@ -92,7 +95,8 @@ def test_no_value_a_job_was_given_reaches_its_types_learned_dictionary(
     text = texts[0]
     # The names the code gives are there: the learning happened.
     assert b"remember" in text and b"customer.noted" in text and b"mail.sent" in text
-    for value in (b"mia@example.com", b"Mia Example", b"example.com"):
+    assert b"ledger.balances" in text
+    for value in (b"mia@example.com", b"Mia Example", b"example.com", b"DE8937", b"20261206"):
         assert value not in text, (value, text)
 
 
@@ -102,24 +106,24 @@ def test_a_connection_registered_before_a_dictionary_was_learned_reads_its_packs
     db = tmp_path / "notes.db"
     app = notes_app(tmp_path, db, monkeypatch)
     try:
-        jobs = [app.enqueue("notes.welcome", {"email": EMAIL, "holder": HOLDER}) for _ in range(2)]
+        jobs = [app.enqueue("notes.welcome", {"email": EMAIL, "holder": HOLDER}) for _ in range(3)]
     finally:
         app.close()
     # A script's own connection, opened and registered while no dictionary exists yet.
     own = sqlite3.connect(db)
     try:
         packs.register_sqlite(own)
-        assert own.execute("SELECT count(*) FROM rq_events").fetchone()[0] == 2
+        assert own.execute("SELECT count(*) FROM rq_events").fetchone()[0] == 3
         run_worker(tmp_path, db)
         stored = [
             bytes(e)
-            for (e,) in own.execute("SELECT events FROM rq_trace WHERE job_id = ?", (jobs[1],))
+            for (e,) in own.execute("SELECT events FROM rq_trace WHERE job_id = ?", (jobs[-1],))
         ]
-        assert any(s[:1] == b"\x05" for s in stored)  # the second job's packs: format 5
+        assert any(s[:1] == b"\x05" for s in stored)  # the last job's packs: format 5
         names = [
             name
             for (name,) in own.execute(
-                "SELECT name FROM rq_events WHERE job_id = ? ORDER BY hlc, id", (jobs[1],)
+                "SELECT name FROM rq_events WHERE job_id = ? ORDER BY hlc, id", (jobs[-1],)
             )
         ]
     finally:

@@ -75,8 +75,11 @@ _BLOB_PREFIX = "blob:sha256:"
 # Item keys whose values keep only their namespace (``order:`` of ``order:42``).
 _NAMESPACED = frozenset({"r", "i", "o"})
 # An object key kept in a learned text: a name as code writes one. A key outside it
-# (an e-mail address keying a map, a customer's id) is dropped with its value.
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,40}")
+# (an e-mail address keying a map) is dropped with its value, and so is one with four
+# digits or more, which is a value in the shape of a name more often than a name: an
+# IBAN, an account or order number, a date keying a map (``acct_20261206``). A key of
+# the application's that is neither (a random token of letters) is kept: the limit.
+_IDENTIFIER = re.compile(r"(?!(?:[^0-9]*[0-9]){4})[A-Za-z_][A-Za-z0-9_.-]{0,40}")
 _DEPTH_MAX = 6
 
 
