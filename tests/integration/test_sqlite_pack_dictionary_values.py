@@ -51,10 +51,13 @@ EMAIL = "mia@example.com"
 HOLDER = "Mia Example"
 
 
-def notes_app(directory: Path, db: Path, monkeypatch: pytest.MonkeyPatch) -> replayq.App:
-    """The application module, written to ``directory`` and imported here: its ``app``."""
+def notes_app(
+    directory: Path, db: Path, monkeypatch: pytest.MonkeyPatch, url: str | None = None
+) -> replayq.App:
+    """The application module, written to ``directory`` and imported here: its ``app``
+    (on ``db``, or ``url`` if given)."""
     (directory / "notes_app.py").write_text(MODULE)
-    monkeypatch.setenv("NOTES_DB", f"sqlite:///{db}")
+    monkeypatch.setenv("NOTES_DB", url or f"sqlite:///{db}")
     spec = importlib.util.spec_from_file_location("notes_app", directory / "notes_app.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -129,3 +132,28 @@ def test_a_connection_registered_before_a_dictionary_was_learned_reads_its_packs
     finally:
         own.close()
     assert "customer.noted" in names and names[-1] == "job.succeeded"
+
+
+def test_a_reader_on_a_relative_path_reads_a_dictionary_learned_after_it_changed_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    db = tmp_path / "notes.db"
+    notes_app(tmp_path, db, monkeypatch).close()
+    # A reader that named its file relative to where it started, and moved on since (a
+    # daemon's chdir, a test runner's): its connection is open on the file already.
+    monkeypatch.chdir(tmp_path)
+    reader = notes_app(tmp_path, db, monkeypatch, url="sqlite:///notes.db")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    try:
+        jobs = [
+            reader.enqueue("notes.welcome", {"email": EMAIL, "holder": HOLDER}) for _ in range(3)
+        ]
+        assert [e.name for e in reader.trace(jobs[-1])] == ["job.enqueued"]
+        monkeypatch.chdir(elsewhere)
+        run_worker(tmp_path, db)
+        names = [e.name for e in reader.trace(jobs[-1])]
+    finally:
+        reader.close()
+    assert "customer.noted" in names and names[-1] == "job.succeeded"
+    assert list(elsewhere.iterdir()) == []  # no database file made where it is now
