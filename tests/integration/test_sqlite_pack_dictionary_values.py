@@ -42,6 +42,8 @@ def welcome(ctx, email: str, holder: str) -> dict:
     with ctx.step("balance"):
         # An answer keyed by the customer's IBAN and account id (identifiers in shape).
         ctx.call("ledger.balances", lambda: {"DE89370400440532013000": 12, "acct_20261206": 3})
+        # A yes-or-no about the customer is a value too.
+        ctx.call("ledger.flags", lambda: {"overdrawn": True})
     with ctx.step("send"):
         done = ctx.effect("mail.sent", lambda: {"ok": True}, key=f"mail:{email}:welcome")
     return done
@@ -98,7 +100,8 @@ def test_no_value_a_job_was_given_reaches_its_types_learned_dictionary(
     text = texts[0]
     # The names the code gives are there: the learning happened.
     assert b"remember" in text and b"customer.noted" in text and b"mail.sent" in text
-    assert b"ledger.balances" in text
+    assert b"ledger.balances" in text and b'"overdrawn":false' in text
+    assert b"true" not in text, text
     for value in (b"mia@example.com", b"Mia Example", b"example.com", b"DE8937", b"20261206"):
         assert value not in text, (value, text)
 

@@ -112,13 +112,15 @@ def _named(event_name: Any, key: str) -> bool:
 
 def _placeholder(value: Any, depth: int, event_name: Any = None) -> Any:
     """``value`` with the application's values replaced: strings ``""`` (a name of
-    replayq's own event kept, ``_named``), numbers ``0``, ``true``/``false``/``null``
+    replayq's own event kept, ``_named``), numbers ``0``, booleans ``false``, ``null``
     kept, an object's identifier keys kept with their values replaced, a list as its first
     item's placeholder."""
     if isinstance(value, str):
         return ""
-    if isinstance(value, bool) or value is None:
-        return value
+    if isinstance(value, bool):
+        return False  # a yes or no about the job is its value too
+    if value is None:
+        return None
     if isinstance(value, int | float):
         return 0
     if depth >= _DEPTH_MAX:
