@@ -39,6 +39,7 @@ def welcome(ctx, email: str, holder: str) -> dict:
     with ctx.step("note"):
         # An application's own event, its data keys named as replayq names its own.
         ctx.record("customer.noted", kind=email, version=holder, call=holder, topic=email)
+        ctx.record("customer.flagged", status=email)  # a status of the application's
     with ctx.step("balance"):
         # An answer keyed by the customer's IBAN and account id (identifiers in shape).
         ctx.call("ledger.balances", lambda: {"DE89370400440532013000": 12, "acct_20261206": 3})

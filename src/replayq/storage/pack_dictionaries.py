@@ -55,7 +55,10 @@ _LEVEL = 6
 _MEM_LEVEL = 5
 
 # Item keys (``packs._KEYS``) whose values are names the code gives, kept as they are.
-_NAMES = frozenset({"n", "s", "st", "k", "q", "h", "dt", "x", "v"})
+_NAMES = frozenset({"n", "s", "k", "q", "h", "dt", "x", "v"})
+# An event's status (``st``) kept when it is a word as replayq writes one (``started``,
+# ``success``, ``fail``): an application's event may give any string as its status.
+_STATUS = re.compile(r"[a-z_]{1,24}")
 # Keys of replayq's own event data whose string values are names the code gives: a step's
 # name, a call's, an effect's kind, a branch, a child job's type, an outbox topic, an
 # error class, a handler version. Every other string is the application's value.
@@ -149,6 +152,8 @@ def shape(items: Iterable[dict[str, Any]]) -> bytes:
         for key, value in item.items():
             if key in _NAMES:
                 shaped[key] = value
+            elif key == "st":
+                shaped[key] = value if isinstance(value, str) and _STATUS.fullmatch(value) else ""
             elif key in _NAMESPACED:
                 shaped[key] = _namespace(value)
             elif key == "d":
