@@ -148,7 +148,7 @@ def test_a_name_made_of_one_jobs_values_is_not_kept_when_learned_from_two_jobs()
     alone = packs.learned_text(audited(1, "mia@example.com"))
     assert b"audit mia@example.com" in alone  # one job's trace cannot tell a value from a name
     text = packs.learned_text(audited(1, "mia@example.com"), audited(2, "noor@example.org"))
-    for value in (b"mia", b"noor", b"example", b"customer:"):
+    for value in (b"mia", b"noor", b"example", b"customer:mia"):
         assert value not in text, value
     for name in (b"pull", b"tariff.lookup", b"ledger.debited", b'"entry:"', b'"holder"'):
         assert name in text, name

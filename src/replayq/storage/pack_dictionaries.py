@@ -57,44 +57,84 @@ _LEVEL = 6
 _MEM_LEVEL = 5
 
 # Item keys (``packs._KEYS``) whose values are names the code gives, kept as they are.
-_NAMES = frozenset({"n", "s", "st", "k", "q", "h", "dt", "x", "v"})
+_NAMES = frozenset({"n", "s", "k", "q", "h", "dt", "x", "v"})
+# An event's status (``st``) kept when it is a word as replayq writes one (``started``,
+# ``success``, ``fail``): an application's event may give any string as its status.
+_STATUS = re.compile(r"[a-z_]{1,24}")
 # Keys of replayq's own event data whose string values are names the code gives: a step's
 # name, a call's, an effect's kind, a branch, a child job's type, an outbox topic, an
 # error class, a handler version. Every other string is the application's value.
-_DATA_NAMES = frozenset(
-    {"step_name", "call", "kind", "branch", "child_type", "topic", "error_class", "version"}
-)
+# Only in replayq's own events, by the prefix of their names: an application's event
+# (``ctx.record("customer.noted", kind=email)``) is given its keys by the application,
+# whose values are its own.
+_DATA_NAMES: dict[str, tuple[str, ...]] = {
+    "step_name": ("step.",),
+    "call": ("call",),
+    "kind": ("effect.",),
+    "branch": ("state.",),
+    "child_type": ("child.enqueued",),
+    "topic": ("outbox.",),
+    "error_class": ("call", "effect.", "step."),
+}
+_BLOB_PREFIX = "blob:sha256:"
 # Item keys whose values keep only their namespace (``order:`` of ``order:42``).
 _NAMESPACED = frozenset({"r", "i", "o"})
 # An object key kept in a learned text: a name as code writes one. A key outside it
-# (an e-mail address keying a map, a customer's id) is dropped with its value.
-_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,40}")
+# (an e-mail address keying a map) is dropped with its value, and so is one with four
+# digits or more, which is a value in the shape of a name more often than a name: an
+# IBAN, an account or order number, a date keying a map (``acct_20261206``). A key of
+# the application's that is neither (a random token of letters) is kept: the limit.
+_IDENTIFIER = re.compile(r"(?!(?:[^0-9]*[0-9]){4})[A-Za-z_][A-Za-z0-9_.-]{0,40}")
 _DEPTH_MAX = 6
 
 
 def _namespace(value: Any) -> Any:
-    """``value``'s namespace: up to its last ``:`` (``order:`` of ``order:42``), else ``""``."""
+    """``value``'s namespace: up to its first ``:`` (``order:`` of ``order:42``; a blob
+    reference's ``blob:sha256:``), else ``""``. Only the first: a key may hold ``:`` itself
+    (``session:mia@example.com:inbox``), and what follows the namespace is the key's."""
     if not isinstance(value, str):
-        return 0 if isinstance(value, int | float) and not isinstance(value, bool) else value
-    cut = value.rfind(":")
+        return 0 if isinstance(value, int | float) and not isinstance(value, bool) else None
+    if value.startswith(_BLOB_PREFIX):
+        return _BLOB_PREFIX
+    cut = value.find(":")
     return value[: cut + 1] if cut > 0 else ""
 
 
-def _placeholder(value: Any, depth: int, named: bool = False) -> Any:
-    """``value`` with the application's values replaced: strings ``""`` (unless ``named``),
-    numbers ``0``, ``true``/``false``/``null`` kept, an object's identifier keys kept with
-    their values replaced, a list as its first item's placeholder."""
+def _named(event_name: Any, key: str) -> bool:
+    """Whether ``key`` of the data of the event named ``event_name`` is a name the code
+    gives (``_DATA_NAMES``): only in replayq's own events (a prefix ending in ``.`` is
+    a family of names, another one name and its ``.``-suffixed kin: ``call.failed``)."""
+    if not isinstance(event_name, str):
+        return False
+    for prefix in _DATA_NAMES.get(key, ()):
+        if prefix.endswith("."):
+            if event_name.startswith(prefix):
+                return True
+        elif event_name == prefix or event_name.startswith(prefix + "."):
+            return True
+    return False
+
+
+def _placeholder(value: Any, depth: int, event_name: Any = None) -> Any:
+    """``value`` with the application's values replaced: strings ``""`` (a name of
+    replayq's own event kept, ``_named``), numbers ``0``, booleans ``false``, ``null``
+    kept, an object's identifier keys kept with their values replaced, a list as its first
+    item's placeholder."""
     if isinstance(value, str):
-        return value if named else ""
-    if isinstance(value, bool) or value is None:
-        return value
+        return ""
+    if isinstance(value, bool):
+        return False  # a yes or no about the job is its value too
+    if value is None:
+        return None
     if isinstance(value, int | float):
         return 0
     if depth >= _DEPTH_MAX:
         return None
     if isinstance(value, dict):
         return {
-            key: _placeholder(item, depth + 1, key in _DATA_NAMES and depth == 0)
+            key: item
+            if depth == 0 and isinstance(item, str) and _named(event_name, key)
+            else _placeholder(item, depth + 1)
             for key, item in value.items()
             if isinstance(key, str) and _IDENTIFIER.fullmatch(key)
         }
@@ -109,10 +149,12 @@ def _shaped(item: dict[str, Any]) -> dict[str, Any]:
     for key, value in item.items():
         if key in _NAMES:
             shaped[key] = value
+        elif key == "st":
+            shaped[key] = value if isinstance(value, str) and _STATUS.fullmatch(value) else ""
         elif key in _NAMESPACED:
             shaped[key] = _namespace(value)
         elif key == "d":
-            shaped[key] = _placeholder(value, 0)
+            shaped[key] = _placeholder(value, 0, item.get("n"))
     return shaped
 
 

@@ -423,6 +423,23 @@ def _inflated(stored: bytes, dictionaries: PackDictionaries | None) -> bytes | N
     return raw if decompressor.eof else raw + b"]"
 
 
+def _loader_on(connection: Any) -> Callable[[int], bytes | None]:
+    """What reads a dictionary learned after ``register_sqlite`` on ``connection`` itself:
+    a script's connection lives on while workers learn (SQLite runs this query inside
+    ``rq_pack_json``'s statement, on the same connection)."""
+
+    def text_of(dictionary_id: int) -> bytes | None:
+        try:
+            row = connection.execute(
+                "SELECT text FROM rq_pack_dictionaries WHERE id = ?", (dictionary_id,)
+            ).fetchone()
+        except Exception:  # a database before migration 0029, a closed connection
+            return None
+        return None if row is None else bytes(row[0])
+
+    return text_of
+
+
 def register_sqlite(connection: Any, dictionaries: PackDictionaries | None = None) -> None:
     """Give a ``sqlite3`` connection ``rq_pack_json``, which the ``rq_events`` view needs.
 
@@ -431,7 +448,7 @@ def register_sqlite(connection: Any, dictionaries: PackDictionaries | None = Non
     reads the database's learned dictionaries (``rq_pack_dictionaries``) as they are now.
     """
     if dictionaries is None:
-        dictionaries = PackDictionaries(DICTIONARY_2)
+        dictionaries = PackDictionaries(DICTIONARY_2, _loader_on(connection))
         with contextlib.suppress(Exception):  # a database before migration 0029 has none
             for dictionary_id, text in connection.execute(
                 "SELECT id, text FROM rq_pack_dictionaries"

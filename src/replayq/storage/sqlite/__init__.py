@@ -99,7 +99,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 from replayq.errors import (
     ConfigurationError,
@@ -901,6 +901,13 @@ class SqliteStorage:
         # The learned dictionaries of format 5 packs: one set for every connection of this
         # storage (``register_sqlite``), read from the file the first time one is met.
         self.pack_dictionaries = PackDictionaries(packs.DICTIONARY_2, self._dictionary_text)
+        # The file the dictionaries are read from when met (``_dictionary_text``), named
+        # now: a relative path names another file, or none, once the process changes
+        # directory, while this storage's connections stay open on this one. Read-only:
+        # a missing file is not made.
+        self._dictionary_uri = None
+        if in_file:
+            self._dictionary_uri = f"file:{quote(str(Path(self.path).resolve()))}?mode=ro"
         self._connection()  # fail now, with a clear message, if the file cannot be opened
 
     def _connection(self) -> Connection:
@@ -1011,12 +1018,19 @@ class SqliteStorage:
 
     def _dictionary_text(self, dictionary_id: int) -> bytes | None:
         """A learned dictionary this process has not met yet (another process learned it
-        since), read on a connection of its own: ``rq_pack_json`` runs inside a
-        statement of this thread's connection, which cannot run another."""
+        since), read on a connection of its own (the loader is not told which of this
+        storage's connections ``rq_pack_json`` runs on), read-only, on the file this
+        storage opened (``_dictionary_uri``) whatever the process's directory is now."""
         if self.path == ":memory:":
             return None  # a database of this process alone: it learned all it holds
+        target, uri = self.path, False
+        if self._dictionary_uri is not None:
+            target, uri = self._dictionary_uri, True
         with unsealed():
-            conn = sqlite3.connect(self.path, timeout=self.busy_timeout_ms / 1000)
+            try:
+                conn = sqlite3.connect(target, timeout=self.busy_timeout_ms / 1000, uri=uri)
+            except sqlite3.Error:
+                return None
             try:
                 row = conn.execute(
                     self.queries["pack_dictionary_text"], {"id": dictionary_id}
