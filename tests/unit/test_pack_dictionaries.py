@@ -178,3 +178,21 @@ def test_sql_on_a_connection_of_ones_own_reads_learned_packs_after_register_sqli
     ).fetchall()
     assert [name for (name,) in rows] == [e.name for e in events]
     conn.close()
+
+
+def test_learning_is_asked_at_a_types_second_success_and_again_after_a_failure_three_times() -> (
+    None
+):
+    dictionaries = PackDictionaries(packs.DICTIONARY_2)
+    assert dictionaries.told("ledger.settle", 1) is None  # the first success: nothing yet
+    assert dictionaries.told("ledger.settle", 1) is None  # the same job again
+    assert dictionaries.told("ledger.settle", 2) == 1  # the second: learn from 2 and 1
+    assert dictionaries.told("ledger.settle", 3) is None  # asked once
+    dictionaries.failed("ledger.settle")  # the database was busy: a later success tries
+    assert dictionaries.told("ledger.settle", 4) == 1
+    dictionaries.failed("ledger.settle")
+    assert dictionaries.told("ledger.settle", 5) == 1
+    dictionaries.failed("ledger.settle")  # the third failure: no more tries
+    assert dictionaries.told("ledger.settle", 6) is None
+    dictionaries.learned("other.type", 4, b'{"n":"x"}')
+    assert dictionaries.told("other.type", 1) is None and dictionaries.told("other.type", 2) is None

@@ -86,6 +86,8 @@ _NAMESPACED = frozenset({"r", "i", "o"})
 # the application's that is neither (a random token of letters) is kept: the limit.
 _IDENTIFIER = re.compile(r"(?!(?:[^0-9]*[0-9]){4})[A-Za-z_][A-Za-z0-9_.-]{0,40}")
 _DEPTH_MAX = 6
+# Tries a process makes at learning a job type's dictionary (``PackDictionaries.failed``).
+_TRIES = 3
 
 
 def _namespace(value: Any) -> Any:
@@ -262,6 +264,7 @@ class PackDictionaries:
         self._read: set[str] = set()
         self._first: dict[str, int] = {}
         self._done: set[str] = set()
+        self._failures: dict[str, int] = {}
         # Job id -> dictionary id of the attempts running in this process whose type has
         # one: what a new pack of theirs deflates against (``for_job``).
         self._jobs: dict[int, int] = {}
@@ -313,7 +316,8 @@ class PackDictionaries:
     def told(self, job_type: str, job_id: int) -> int | None:
         """A success of ``job_type`` (job ``job_id``) acked in this process, which knows no
         dictionary of the type: at the second (of another job), the first's job id — learn
-        from both (``shape``'s ``agreeing``) — then never again; else ``None``."""
+        from both (``shape``'s ``agreeing``) — then not again unless that try ``failed``;
+        else ``None``."""
         if job_type in self._by_type or job_type in self._done:
             return None
         with self._lock:
@@ -322,6 +326,14 @@ class PackDictionaries:
                 return None
             self._done.add(job_type)
             return first
+
+    def failed(self, job_type: str) -> None:
+        """Learning ``job_type``'s dictionary failed (the database busy or away): a later
+        success tries again, ``_TRIES`` times in all."""
+        with self._lock:
+            self._failures[job_type] = tries = self._failures.get(job_type, 0) + 1
+            if tries < _TRIES:
+                self._done.discard(job_type)
 
     def learned(self, job_type: str, dictionary_id: int, text: bytes) -> None:
         """``job_type``'s dictionary is ``dictionary_id`` (learned here or read)."""

@@ -989,7 +989,8 @@ class SqliteStorage:
         again (another process may have learned it since) or a dictionary learned from
         the two jobs' traces (the names both hold: ``pack_dictionaries.shape``) and kept
         there: one short write transaction, once a type and process. A failure is logged
-        and leaves the type's packs format 2 in this process."""
+        and tried again at a later success (three tries); until one holds, the type's
+        packs stay format 2 in this process."""
         earlier = self.pack_dictionaries.told(job_type, job_id)
         if earlier is None:
             return
@@ -1009,6 +1010,7 @@ class SqliteStorage:
                     found = tx.fetchone("pack_dictionary_of_type", of_type)
         except (ReplayqError, sqlite3.Error, ValueError) as exc:
             log.warning("no trace pack dictionary learned for job type %r: %s", job_type, exc)
+            self.pack_dictionaries.failed(job_type)
             return
         self._dictionary_found(job_type, found)
 
