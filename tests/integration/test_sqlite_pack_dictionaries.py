@@ -9,11 +9,7 @@ The worker is a real ``replayq worker --burst`` process on a real SQLite file.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -23,8 +19,8 @@ import replayq
 from replayq.replay.engine import dry_run
 from replayq.storage import packs
 from replayq.storage.retention_params import BlobScan
+from tests.app_modules import burst, imported_app
 
-REPLAYQ = str(Path(sys.executable).with_name("replayq"))
 DB = "ledger.db"
 
 # An application with names of its own (none of them in packs.DICTIONARY_2), and values a
@@ -73,14 +69,11 @@ def events_column(job_id: int, path: Path) -> list[bytes]:
 
 def ledger_app(directory: Path, monkeypatch: pytest.MonkeyPatch) -> replayq.App:
     """The application module, written to ``directory`` and imported here: its ``app``."""
-    (directory / "ledger_app.py").write_text(MODULE)
-    monkeypatch.setenv("LEDGER_DB", f"sqlite:///{directory / DB}")
-    spec = importlib.util.spec_from_file_location("ledger_app", directory / "ledger_app.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    app: replayq.App = module.app
-    return app
+    return imported_app(directory, "ledger_app", MODULE, ledger_env(directory), monkeypatch)
+
+
+def ledger_env(directory: Path) -> dict[str, str]:
+    return {"LEDGER_DB": f"sqlite:///{directory / DB}"}
 
 
 def test_a_worker_learns_a_job_types_names_once_and_every_reader_reads_its_packs(
@@ -90,20 +83,14 @@ def test_a_worker_learns_a_job_types_names_once_and_every_reader_reads_its_packs
     # A reader opened before any dictionary exists: it meets them only in the packs.
     reader = ledger_app(tmp_path, monkeypatch)
     try:
-        env = {**os.environ, "PYTHONPATH": str(tmp_path)}
 
-        def burst(entries: range) -> list[int]:
+        def run(entries: range) -> list[int]:
             """Jobs of ``entries`` enqueued, then run by a ``replayq worker --burst``."""
             enqueued = [
                 reader.enqueue("ledger.settle", {"entry": n, "email": f"mia{n}@example.com"})
                 for n in entries
             ]
-            done = subprocess.run(
-                [REPLAYQ, "--db", f"sqlite:///{path}", "worker", "--app", "ledger_app:app",
-                 "--burst", "--concurrency", "1"],
-                cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
-            )  # fmt: skip
-            assert done.returncode == 0, done.stdout + done.stderr
+            burst(tmp_path, path, "ledger_app", ledger_env(tmp_path))
             assert {reader.get_job(j).state.value for j in enqueued} == {"succeeded"}
             return enqueued
 
@@ -111,7 +98,7 @@ def test_a_worker_learns_a_job_types_names_once_and_every_reader_reads_its_packs
         assert [e.name for e in reader.trace(before)] == ["job.enqueued"]  # read: none known
         # The first worker learns after its second success; the second reads what it learned
         # at its first attempt.
-        jobs = [before, *burst(range(4711, 4712)), *burst(range(4712, 4714))]
+        jobs = [before, *run(range(4711, 4712)), *run(range(4712, 4714))]
 
         conn = sqlite3.connect(path)
         learned = conn.execute(

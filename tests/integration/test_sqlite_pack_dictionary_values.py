@@ -9,19 +9,14 @@ The worker is a real ``replayq worker --burst`` process on a real SQLite file.
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import replayq
 from replayq.storage import packs
-
-REPLAYQ = str(Path(sys.executable).with_name("replayq"))
+from tests.app_modules import burst, imported_app
 
 MODULE = """
 import os
@@ -59,26 +54,13 @@ def notes_app(
 ) -> replayq.App:
     """The application module, written to ``directory`` and imported here: its ``app``
     (on ``db``, or ``url`` if given)."""
-    (directory / "notes_app.py").write_text(MODULE)
-    monkeypatch.setenv("NOTES_DB", url or f"sqlite:///{db}")
-    spec = importlib.util.spec_from_file_location("notes_app", directory / "notes_app.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    app: replayq.App = module.app
-    return app
+    return imported_app(
+        directory, "notes_app", MODULE, {"NOTES_DB": url or f"sqlite:///{db}"}, monkeypatch
+    )
 
 
 def run_worker(directory: Path, db: Path) -> None:
-    # The tree under test first (as this process imports it), then the application.
-    path = os.pathsep.join([*sys.path, str(directory)])
-    env = {**os.environ, "PYTHONPATH": path, "NOTES_DB": f"sqlite:///{db}"}
-    done = subprocess.run(
-        [REPLAYQ, "--db", f"sqlite:///{db}", "worker", "--app", "notes_app:app", "--burst",
-         "--concurrency", "1"],
-        cwd=directory, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
+    burst(directory, db, "notes_app", {"NOTES_DB": f"sqlite:///{db}"})
 
 
 def test_no_value_a_job_was_given_reaches_its_types_learned_dictionary(
