@@ -22,6 +22,7 @@ from replayq.errors import (
     LeaseLostError,
     StorageError,
     classify,
+    internal_error_message,
     internal_violation,
 )
 from replayq.model import DeadReason, Job, TraceEvent
@@ -279,7 +280,7 @@ class Outcomes(Settling, Leasing):
             message = redactor.error(exc)
         else:
             failure_class, retryable = FailureClass.UNKNOWN, False
-            message = redactor.text(_internal_message(internal))
+            message = redactor.text(internal_error_message(internal))
         exhausted = job.attempt >= job.max_attempts
         cancelled = False
 
@@ -409,7 +410,7 @@ class Outcomes(Settling, Leasing):
         ]
         redactor = ctx.redactor if ctx is not None else self.runtime.redactor
         base = (
-            f"{_internal_message(violation)}; settling the attempt's {settling} "
+            f"{internal_error_message(violation)}; settling the attempt's {settling} "
             f"was refused, parked without: {', '.join(dropped)}"
         )
         parked = self._park_internal(
@@ -511,14 +512,3 @@ class Outcomes(Settling, Leasing):
             error_class=error_class,
             error=message,
         )
-
-
-def _internal_message(violation: ConstraintViolationError) -> str:
-    """The error of an attempt ended by ``violation``, a constraint of replayq's own table
-    refusing replayq's own write: said to be replayq's, naming the table and constraint."""
-    constraint = f" (constraint {violation.constraint})" if violation.constraint else ""
-    return (
-        f"internal error of replayq: its own table {violation.table} refused its write"
-        f"{constraint}; a bug of replayq, not of the job: report it. "
-        f"{type(violation).__name__}: {violation}"
-    )

@@ -5,12 +5,17 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from replayq.errors import ConstraintViolationError, LeaseLostError, internal_violation
+from replayq.errors import (
+    ConstraintViolationError,
+    LeaseLostError,
+    internal_error_message,
+    internal_violation,
+)
 from replayq.model import DeadReason, Job
 from replayq.queue import lifecycle as trace
 from replayq.storage.params import LeasesExpired
 from replayq.storage.protocol import JobBury, JobRedeliver, Transaction
-from replayq.worker.outcome import Outcomes, Parking, _internal_message
+from replayq.worker.outcome import Outcomes, Parking
 
 log = logging.getLogger("replayq.worker")
 
@@ -124,7 +129,9 @@ class Reaping(Outcomes):
         even its move to ``dead`` is refused (or it is not ours to park any more), this
         worker skips it from then on, logged as an error: it stays ``running``."""
         assert job.owner_token is not None
-        base = f"{_internal_message(violation)}; reaping the job (its lease expired) was refused"
+        base = (
+            f"{internal_error_message(violation)}; reaping the job (its lease expired) was refused"
+        )
         messages = (
             self.runtime.redactor.text(f"{base}, parked"),
             self.runtime.redactor.text(f"{base}, parked without job.dead"),
