@@ -244,8 +244,8 @@ class WorkerCore:
         # attempt those leases had: another means it was started somewhere since);
         # how many jobs this worker started (counted without a lock: a lost count only
         # delays a park by a start error); the jobs given back after a start error that
-        # this worker's next lease passes over (``Leasing._lease_params``; under
-        # ``_inflight_lock``).
+        # this worker's next lease passes over (``Leasing._skips_taken``; under
+        # ``_inflight_lock``), and whether its last lease passed over any.
         self._starts_paused_until = 0.0
         self._start_backoff: Backoff | None = None
         self._start_errors: dict[int, tuple[int, int, int]] = {}
