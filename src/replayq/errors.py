@@ -406,6 +406,22 @@ def internal_violation(exc: BaseException) -> ConstraintViolationError | None:
     return None
 
 
+def internal_error_message(violation: ConstraintViolationError) -> str:
+    """The error of an attempt ended by ``violation``, a constraint of replayq's own table
+    refusing replayq's own write: said to be replayq's, naming the table and constraint
+    (the worker's ``job.failed`` / ``job.dead``, and a replay's outcome now, say this)."""
+    constraint = f" (constraint {violation.constraint})" if violation.constraint else ""
+    return (
+        f"{INTERNAL_ERROR_PREFIX}: its own table {violation.table} refused its write"
+        f"{constraint}; a bug of replayq, not of the job: report it. "
+        f"{type(violation).__name__}: {violation}"
+    )
+
+
+# How ``internal_error_message`` begins: a recorded or replayed error that does is replayq's.
+INTERNAL_ERROR_PREFIX = "internal error of replayq"
+
+
 def _chain(exc: BaseException) -> Iterator[BaseException]:
     """``exc``, then what it was raised from or during, and so on (each once)."""
     seen: set[int] = set()

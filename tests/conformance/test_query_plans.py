@@ -85,7 +85,13 @@ LEASE = {"job_id": LIVE_ID, "owner_token": f"token-{LIVE_ID}"}
 # steps (candidates, then one statement for them all), PostgreSQL in one (job_lease_batch).
 # ``rows_of``: (columns, rows) of a statement's many rows, passed as the backend does.
 WORKER_QUERIES: dict[str, dict[str, Any]] = {
-    "job_lease_candidates": {"now": NOW, "queues": None, "job_types": None, "limit": 10},
+    "job_lease_candidates": {
+        "now": NOW,
+        "queues": None,
+        "job_types": None,
+        "skip_ids": None,
+        "limit": 10,
+    },
     "job_lease_one": {
         "lease_now": NOW,
         "job_id": HISTORY,
@@ -108,6 +114,7 @@ WORKER_QUERIES: dict[str, dict[str, Any]] = {
         "now": NOW,
         "queues": None,
         "job_types": None,
+        "skip_ids": None,
         "limit": 10,
         "owner_token": "t",
         "worker_id": WORKER,

@@ -386,6 +386,22 @@ def test_a_job_given_back_unstarted_is_as_if_never_leased(storage: Storage) -> N
     assert again.id == job_id and again.attempt == 1
 
 
+def test_a_lease_passes_over_the_jobs_it_is_told_to_skip(storage: Storage) -> None:
+    """``JobLease.skip_ids``: a worker's lease after a job's start raised passes it over,
+    so that another job, behind it in the queue, is started in between."""
+    with storage.transaction() as tx:
+        first, _ = tx.job_insert(insert(message_id="a"))
+        second, _ = tx.job_insert(insert(message_id="b"))
+        third, _ = tx.job_insert(insert(message_id="c"))
+    with storage.transaction() as tx:
+        skipped = tx.job_lease(structs.replace(lease(limit=1), skip_ids=[first]))
+        none = tx.job_lease(structs.replace(lease(limit=5), skip_ids=[first, third]))
+        rest = tx.job_lease(lease(limit=5))
+    assert [j.id for j in skipped] == [second]
+    assert none == []  # the one job left that is not skipped is held already
+    assert sorted(j.id for j in rest) == [first, third]  # passed over, not lost
+
+
 def test_with_the_database_clock_a_caller_30_s_off_neither_reaps_nor_shortens_a_lease(
     storage: Storage,
 ) -> None:

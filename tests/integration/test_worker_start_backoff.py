@@ -227,3 +227,107 @@ def test_start_errors_before_the_job_ran_elsewhere_do_not_count_toward_its_park(
     job = app.get_job(flaky_id)
     assert job.dead_reason == "start_failed", job.dead_reason
     assert len(given_back) >= 1, [(e.name, e.attempt) for e in events]
+
+
+def test_a_one_slot_worker_parks_the_head_job_whose_start_raises_and_runs_the_others(
+    app_factory: AppFactory,
+) -> None:
+    """One slot, the bad job first in the queue: given back, it was first again, so each
+    lease took it alone and no other job was started in between. It was never parked and
+    the jobs behind it never ran (the burst run never ended). Now the lease after its
+    start error passes over it once: a good job starts in between, and the bad one is
+    parked at its third start error in a row."""
+    app = app_factory()
+    ran: list[int] = []
+
+    @app.job("bad")
+    def bad(ctx: replayq.Context) -> None:
+        raise AssertionError("never started")
+
+    @app.job("good")
+    def good(ctx: replayq.Context, n: int) -> None:
+        ran.append(n)
+
+    bad_id = app.enqueue("bad")
+    good_ids = [app.enqueue("good", {"n": n}) for n in range(1, 6)]
+    ledger = Ledger()
+    worker = _StartFailsForOne(
+        app, worker_id="w", burst=True, concurrency=1, poll_interval=0.01, observers=[ledger]
+    )
+    runner = threading.Thread(target=worker.run, name="burst")
+    runner.start()
+    runner.join(30)
+    stuck = runner.is_alive()
+    if stuck:
+        worker.stop()
+        worker.stop()
+        runner.join(30)
+    job = app.get_job(bad_id)
+    names = [e.name for e in app.trace(bad_id)]
+    assert not stuck, (
+        f"the burst run never ended: the bad job was given back "
+        f"{names.count('lease.released')} times, the good jobs ran {ran}"
+    )
+    assert (job.state, job.dead_reason) == (replayq.JobState.DEAD, "start_failed"), names
+    error = job.last_error or ""
+    assert "RuntimeError: this job cannot be started" in error, error
+    assert "3 of its leases in a row" in error, error
+    assert names.count("lease.released") == 2, names  # given back twice, parked the third
+    assert ledger.attempts[bad_id] == 0
+    # Nothing else harmed: each good job ran once and succeeded.
+    assert sorted(ran) == [1, 2, 3, 4, 5], ran
+    assert all(app.get_job(i).state is replayq.JobState.SUCCEEDED for i in good_ids)
+
+
+class _StartFailsForRetried(replayq.Worker):
+    """Its start of the job ``flaky`` raises; every other job starts."""
+
+    start_backoff_first = 0.01
+    start_backoff_cap = 0.05
+    start_errors_to_park = 2
+
+    def _start(self, job: Job, now: float) -> bool:
+        if job.job_type == "flaky":
+            raise RuntimeError("this job cannot be started here")
+        return super()._start(job, now)
+
+
+def test_a_dry_run_of_a_job_parked_start_failed_replays_its_last_attempt_and_its_decision(
+    app_factory: AppFactory,
+) -> None:
+    """A job whose first attempt failed and was retried, then parked ``start_failed`` (its
+    second attempt never started): a dry-run replays the first attempt, whose decision was
+    the retry, recorded and now. The park is not that attempt's decision (its ``job.dead``
+    is the unstarted second attempt's), and a replay always starts the handler: no start
+    fault is reproduced, so ``start_failed`` is never a decision now."""
+    from replayq.replay.engine import dry_run
+
+    app = app_factory()
+
+    @app.job("flaky", retry=replayq.Retry(max_attempts=3, base="0.05s", cap="0.05s", jitter="none"))
+    def flaky(ctx: replayq.Context) -> None:
+        ctx.decide("try", 1)
+        raise replayq.TransientError("the carrier is down")
+
+    @app.job("good")
+    def good(ctx: replayq.Context, n: int) -> None:
+        pass
+
+    flaky_id = app.enqueue("flaky")
+    replayq.Worker(app, worker_id="first", burst=True, poll_interval=0.01).run()  # attempt 1
+    assert app.get_job(flaky_id).attempt == 1
+    time.sleep(0.1)  # its retry is due
+    for n in range(3):
+        app.enqueue("good", {"n": n})
+    _StartFailsForRetried(app, worker_id="w", burst=True, poll_interval=0.01).run()
+    job = app.get_job(flaky_id)
+    assert (job.state, job.dead_reason) == (replayq.JobState.DEAD, "start_failed"), [
+        e.name for e in app.trace(flaky_id)
+    ]
+
+    report = dry_run(app, flaky_id, keep=False)
+
+    assert report.attempt == 1
+    assert report.retry_recorded == "retry in ≤ 0.1 s (attempt 2 of 3)", report.retry_recorded
+    assert report.retry_now == report.retry_recorded
+    assert not report.diverged, report.to_dict()

@@ -17,6 +17,7 @@ from typing import Any
 
 from replayq import codec
 from replayq.model import TraceEvent
+from replayq.replay.decision import decisions_differ
 from replayq.replay.recorded import Outcome
 
 
@@ -76,7 +77,7 @@ class ReplayReport:
                 return f"recorded failure class {a.error_class}, now {b.error_class}"
             if a.error != b.error:
                 return f"recorded error {a.error!r}, now {b.error!r}"
-        if self.retry_recorded and self.retry_now and self.retry_recorded != self.retry_now:
+        if decisions_differ(self.retry_recorded, self.retry_now):
             return f"recorded decision {self.retry_recorded!r}, now {self.retry_now!r}"
         return None
 

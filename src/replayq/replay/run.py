@@ -19,12 +19,15 @@ from typing import Any
 
 from replayq import codec
 from replayq.errors import (
+    INTERNAL_ERROR_PREFIX,
     ConfigurationError,
     EffectInDoubtError,
     JobError,
     RecordedFailure,
     ReplayDivergenceError,
     classify,
+    internal_error_message,
+    internal_violation,
 )
 from replayq.model import Job, TraceEvent
 from replayq.queue.handlers import Handler, PayloadShape
@@ -188,6 +191,10 @@ def execute(ctx: Context) -> Outcome:
         if isinstance(exc, RecordedFailure):
             # The recorded failure, as it was recorded: its class and its message.
             return Outcome("failed", error_class=exc.failure_class.value, error=exc.error)
+        internal = internal_violation(exc)
+        if internal is not None:
+            # As the worker records it (``Outcomes._fail``): replayq's bug, not the job's.
+            return Outcome("failed", error_class="unknown", error=internal_error_message(internal))
         failure = classify(exc, dict(ctx.handler.error_map))
         if isinstance(exc, JobError):
             failure = exc.failure_class
@@ -388,6 +395,7 @@ def run_derived(
             outcome.error_class,
             recording.attempt,
             in_doubt=(outcome.error or "").startswith(EffectInDoubtError.__name__),
+            internal=(outcome.error or "").startswith(INTERNAL_ERROR_PREFIX),
         )
     if report.unrecorded_io:
         # I/O that bypassed ctx is the divergence that matters most: name it first.

@@ -227,13 +227,15 @@ def classify(
     report: ReplayReport, recorded: list[TraceEvent], now: list[TraceEvent]
 ) -> tuple[list[str], dict[str, Any]]:
     """The difference classes of one compared attempt, with what differed in each."""
+    from replayq.replay.decision import decisions_differ  # the replay engine, loaded lazily
+
     classes: dict[str, Any] = {}
     a, b = report.outcome_recorded, report.outcome_now
     if b.error_class == "replay":
         classes["unrecorded_call"] = b.error
     elif a.status != b.status or (a.status == "failed" and a.error_class != b.error_class):
         classes["outcome"] = {"recorded": a.to_dict(), "now": b.to_dict()}
-    if report.retry_recorded and report.retry_now and report.retry_recorded != report.retry_now:
+    if decisions_differ(report.retry_recorded, report.retry_now):
         classes["retry_decision"] = {"recorded": report.retry_recorded, "now": report.retry_now}
     if report.unrecorded_io:
         classes["unrecorded_io"] = report.unrecorded_io

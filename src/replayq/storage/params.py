@@ -58,6 +58,10 @@ class JobLease(Struct, frozen=True):
     # Only jobs of these types (``None``: of any): a worker leasing ahead of its free
     # executors leaves out the types whose lease is a fixed visibility timeout.
     job_types: Sequence[str] | None = None
+    # Not these jobs (``None``: none passed over): a worker's first lease after a job's
+    # start raised there passes over that job, so that it tries another one in between
+    # (``Executing._unstartable``): given back, the job is first in the queue again.
+    skip_ids: Sequence[int] | None = None
     # A claim that collides with another claimer's on an ordering key (PostgreSQL's
     # one-running-per-key index) may abort the whole transaction: ``job_lease`` raises
     # ``LeaseCollisionError`` and the caller does the transaction again. Otherwise, after

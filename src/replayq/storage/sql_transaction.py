@@ -387,6 +387,7 @@ class SqlTransaction(TraceVerbs, ReportVerbs, RetentionVerbs, ContextVerbs):
                 "now": params.now,
                 "queues": self.list_param(params.queues),
                 "job_types": self.list_param(params.job_types),
+                "skip_ids": self.list_param(params.skip_ids),
                 "limit": params.limit,
             },
         ).fetchall()  # (id, job_type) rows

@@ -248,11 +248,15 @@ class WorkerCore:
         # raised on their last leases here: (times in a row, ``_starts`` at the first, the
         # attempt those leases had: another means it was started somewhere since);
         # how many jobs this worker started (counted without a lock: a lost count only
-        # delays a park by a start error).
+        # delays a park by a start error); the jobs given back after a start error that
+        # this worker's next lease passes over (``Leasing._skips_taken``; under
+        # ``_inflight_lock``), and whether its last lease passed over any.
         self._starts_paused_until = 0.0
         self._start_backoff: Backoff | None = None
         self._start_errors: dict[int, tuple[int, int, int]] = {}
         self._starts = 0
+        self._skip_once: set[int] = set()
+        self._lease_skipped = False
         # The backend's wake-up listener while running (PostgreSQL LISTEN), else None.
         self.notifier: Any = None
         # Periodic jobs: every worker runs the scheduler unless told not to; the slots'

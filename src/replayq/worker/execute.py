@@ -119,8 +119,11 @@ class Executing(Acking, Heartbeat):
         buried for a fault of the worker's: a job is parked in ``dead`` (``start_failed``,
         the message naming the error) only once its start raised on
         ``start_errors_to_park`` of its leases here in a row while this worker started
-        other jobs meanwhile: the fault follows that job. The row ends once the job is
-        started, here or elsewhere (its attempt at a later lease tells)."""
+        other jobs meanwhile: the fault follows that job. So that it does even on a worker
+        of one slot, which the job, given back first in the queue, would otherwise fill at
+        each lease, the worker's next lease passes over it once (``Leasing._skips_taken``):
+        another job, if the queue has one, starts in between. The row ends once the job
+        is started, here or elsewhere (its attempt at a later lease tells)."""
         self._back_off_starts(exc)
         if self._parks_unstartable(job, exc):
             return
@@ -146,6 +149,8 @@ class Executing(Acking, Heartbeat):
             )
         except Exception:
             log.exception("worker %s: job %s could not be given back", self.worker_id, job.id)
+        with self._inflight_lock:
+            self._skip_once.add(job.id)  # the next lease tries another job first
         lost = flight.lost.is_set()
         self.observers.released(job, ReleaseReason.LOST if lost else ReleaseReason.ERROR)
 

@@ -80,9 +80,26 @@ class Leasing(WorkerCore):
             lease_for={t: h.contract.lease for t, h in handlers.items()},
             version_for={t: h.contract.version for t, h in handlers.items() if t not in routed},
             queues=self.queues,
+            skip_ids=self._skips_taken() if limit > 0 else None,
             database_clock=self.runtime.leases_by_database,
             collision_aborts=collision_aborts,
         )
+
+    def _skips_taken(self) -> list[int] | None:
+        """The jobs this lease passes over, once: each was given back after its start
+        raised here (``Executing._unstartable``) and, first in the queue again, would be
+        all a worker of one slot leased, never starting another job in between: the
+        worker could never tell a fault of the job's (parked, ``start_failed``) from one
+        of its own (never parked). Passed over once, not until another job starts: a
+        queue that has no other job leases it again at the next poll (``_lease_skipped``:
+        a lease that passed over jobs and leased none does not end a burst run)."""
+        if not self._skip_once:
+            self._lease_skipped = False
+            return None
+        with self._inflight_lock:
+            skipped, self._skip_once = self._skip_once, set()
+        self._lease_skipped = True
+        return sorted(skipped)
 
     def lease(self, limit: int, ahead: int = 0) -> list[Job]:
         """Lease up to ``limit`` jobs and queue them for the executors; the last ``ahead``

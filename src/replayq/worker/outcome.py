@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import traceback
 from collections.abc import Callable, Sequence
+from enum import Enum
 from typing import Any
 
 from replayq.errors import (
@@ -21,6 +22,7 @@ from replayq.errors import (
     LeaseLostError,
     StorageError,
     classify,
+    internal_error_message,
     internal_violation,
 )
 from replayq.model import DeadReason, Job, TraceEvent
@@ -50,6 +52,14 @@ log = logging.getLogger("replayq.worker")
 # that keeps meeting it (its handler deadlocks on the database it runs in, say) then
 # fails like any other, classified by its contract.
 STORAGE_FAULT_RELEASES = 5
+
+
+class Parking(Enum):
+    """How ``Outcomes._park_internal`` ended."""
+
+    PARKED = "parked"
+    NOT_OURS = "not ours"  # the write did not apply: the lease is another's now
+    REFUSED = "refused"  # both tries refused by replayq's own tables: the job stays running
 
 
 class Outcomes(Settling, Leasing):
@@ -270,7 +280,7 @@ class Outcomes(Settling, Leasing):
             message = redactor.error(exc)
         else:
             failure_class, retryable = FailureClass.UNKNOWN, False
-            message = redactor.text(_internal_message(internal))
+            message = redactor.text(internal_error_message(internal))
         exhausted = job.attempt >= job.max_attempts
         cancelled = False
 
@@ -400,11 +410,38 @@ class Outcomes(Settling, Leasing):
         ]
         redactor = ctx.redactor if ctx is not None else self.runtime.redactor
         base = (
-            f"{_internal_message(violation)}; settling the attempt's {settling} "
+            f"{internal_error_message(violation)}; settling the attempt's {settling} "
             f"was refused, parked without: {', '.join(dropped)}"
         )
-        for with_event in (True, False):
-            message = redactor.text(base if with_event else f"{base}, job.dead")
+        parked = self._park_internal(
+            job,
+            (redactor.text(base), redactor.text(f"{base}, job.dead")),
+            lambda write: self._settle(job, write),
+            "failed (unknown)",
+        )
+        if parked is Parking.REFUSED:
+            log.error(
+                "job %s could not be parked: replayq's own tables refused its move to dead; "
+                "it stays running and is reaped after its lease",
+                job.id,
+            )
+
+    def _park_internal(
+        self,
+        job: Job,
+        messages: tuple[str, str],
+        commit: Callable[[Callable[[Transaction], None]], bool],
+        ended: str,
+    ) -> Parking:
+        """Park ``job``, held by this worker, as ``dead`` / ``internal_error`` after a
+        constraint of replayq's own tables refused a write of it: its ``job.dead`` event
+        with it (``messages[0]`` its message), or, if that too is refused, the job row
+        alone (``messages[1]``). ``commit(write)`` runs a write in one transaction (the
+        caller's: ``_settle``, say), ``False`` if it did not apply (the lease is not ours
+        any more). A refusal that is not replayq's own is raised; each refused try is
+        logged, and so is the park (``job <id> <ended>, dead: <message>``). ``PARKED``
+        (counted in ``stats.dead``), ``NOT_OURS``, or ``REFUSED`` if both were refused."""
+        for with_event, message in zip((True, False), messages, strict=True):
 
             def write(
                 tx: Transaction, message: str = message, with_event: bool = with_event
@@ -417,7 +454,8 @@ class Outcomes(Settling, Leasing):
                     tx.trace_append([dead])
 
             try:
-                parked = self._settle(job, write)
+                if not commit(write):
+                    return Parking.NOT_OURS
             except ConstraintViolationError as again:
                 if internal_violation(again) is None:
                     raise
@@ -428,15 +466,10 @@ class Outcomes(Settling, Leasing):
                     again,
                 )
                 continue
-            if parked:
-                self.stats.dead += 1
-                log.error("job %s failed (unknown), dead: %s", job.id, message)
-            return
-        log.error(
-            "job %s could not be parked: replayq's own tables refused its move to dead; "
-            "it stays running and is reaped after its lease",
-            job.id,
-        )
+            self.stats.dead += 1
+            log.error("job %s %s, dead: %s", job.id, ended, message)
+            return Parking.PARKED
+        return Parking.REFUSED
 
     def _bury(
         self, job: Job, reason: DeadReason, failure_class: FailureClass | None, message: str
@@ -479,14 +512,3 @@ class Outcomes(Settling, Leasing):
             error_class=error_class,
             error=message,
         )
-
-
-def _internal_message(violation: ConstraintViolationError) -> str:
-    """The error of an attempt ended by ``violation``, a constraint of replayq's own table
-    refusing replayq's own write: said to be replayq's, naming the table and constraint."""
-    constraint = f" (constraint {violation.constraint})" if violation.constraint else ""
-    return (
-        f"internal error of replayq: its own table {violation.table} refused its write"
-        f"{constraint}; a bug of replayq, not of the job: report it. "
-        f"{type(violation).__name__}: {violation}"
-    )

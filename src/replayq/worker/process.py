@@ -192,10 +192,12 @@ class Worker(Executing, Reaping):
             if jobs:
                 continue
             nothing_held = self._free_slots() == self.capacity
-            # Backing off after a start error (``Executing._unstartable``) it leased
+            # Backing off after a start error (``Executing._unstartable``), or passing
+            # over the job given back after one (``Leasing._skips_taken``), it leased
             # nothing although jobs may be due: not the end of a burst run.
             paused = self._starts_paused_until - time.monotonic()
-            if self.burst and nothing_held and paused <= 0 and self._burst_done(now):
+            ending = self.burst and nothing_held and paused <= 0 and not self._lease_skipped
+            if ending and self._burst_done(now):
                 return
             wait = self.poll_interval if paused <= 0 else min(self.poll_interval, paused)
             if self.scheduler is not None:

@@ -3,18 +3,19 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from replayq.errors import (
     ConstraintViolationError,
-    FailureClass,
     LeaseLostError,
+    internal_error_message,
     internal_violation,
 )
 from replayq.model import DeadReason, Job
 from replayq.queue import lifecycle as trace
 from replayq.storage.params import LeasesExpired
-from replayq.storage.protocol import JobBury, JobRedeliver
-from replayq.worker.outcome import Outcomes, _internal_message
+from replayq.storage.protocol import JobBury, JobRedeliver, Transaction
+from replayq.worker.outcome import Outcomes, Parking
 
 log = logging.getLogger("replayq.worker")
 
@@ -128,33 +129,16 @@ class Reaping(Outcomes):
         even its move to ``dead`` is refused (or it is not ours to park any more), this
         worker skips it from then on, logged as an error: it stays ``running``."""
         assert job.owner_token is not None
-        base = f"{_internal_message(violation)}; reaping the job (its lease expired) was refused"
-        for with_event in (True, False):
-            message = self.runtime.redactor.text(
-                f"{base}, parked" if with_event else f"{base}, parked without job.dead"
-            )
-            try:
-                with self.runtime.storage.transaction() as tx:
-                    now, hlc = self.runtime.clock.now(), self.runtime.hlc.tick()
-                    dead = self._bury_in(
-                        tx, job, DeadReason.INTERNAL_ERROR, FailureClass.UNKNOWN, message, now, hlc
-                    )
-                    if with_event:
-                        tx.trace_append([dead])
-            except LeaseLostError:
-                break  # reaped or settled meanwhile by another: not ours to park
-            except ConstraintViolationError as again:
-                if internal_violation(again) is None:
-                    raise
-                log.error(
-                    "job %s: parking it as internal_error%s was refused too (%s)",
-                    job.id,
-                    " with its job.dead event" if with_event else "",
-                    again,
-                )
-                continue
-            self.stats.dead += 1
-            log.error("job %s could not be reaped, dead: %s", job.id, message)
+        base = (
+            f"{internal_error_message(violation)}; reaping the job (its lease expired) was refused"
+        )
+        messages = (
+            self.runtime.redactor.text(f"{base}, parked"),
+            self.runtime.redactor.text(f"{base}, parked without job.dead"),
+        )
+        if self._park_internal(job, messages, self._write_plain, "could not be reaped") is (
+            Parking.PARKED
+        ):
             return 1
         self._unreapable.add((job.id, job.owner_token))
         log.error(
@@ -165,3 +149,14 @@ class Reaping(Outcomes):
             violation,
         )
         return 0
+
+    def _write_plain(self, write: Callable[[Transaction], None]) -> bool:
+        """``write(tx)`` in one plain transaction (no retry: the next pass tries again);
+        ``False`` if the lease is not the reaped one's any more (reaped or settled by
+        another meanwhile: not ours to park)."""
+        try:
+            with self.runtime.storage.transaction() as tx:
+                write(tx)
+        except LeaseLostError:
+            return False
+        return True

@@ -990,6 +990,7 @@ class PostgresTransaction(SqlTransaction):
             "lease_now": lease_now(params.now, params.database_clock),
             "queues": self.list_param(params.queues),
             "job_types": self.list_param(params.job_types),
+            "skip_ids": self.list_param(params.skip_ids),
             "limit": params.limit,
             "owner_token": params.owner_token,
             "worker_id": params.worker_id,

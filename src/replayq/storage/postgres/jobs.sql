@@ -172,6 +172,7 @@ WITH candidates AS (
       AND j.run_at <= %(now)s
       AND (%(queues)s::text[] IS NULL OR j.queue = ANY(%(queues)s::text[]))
       AND (%(job_types)s::text[] IS NULL OR j.job_type = ANY(%(job_types)s::text[]))
+      AND (%(skip_ids)s::bigint[] IS NULL OR j.id <> ALL(%(skip_ids)s::bigint[]))
       AND (j.ordering_key IS NULL OR (
             j.id = (SELECT MIN(k.id) FROM rq_jobs AS k
                     WHERE k.ordering_key = j.ordering_key AND k.state IN ('queued', 'running'))

@@ -47,6 +47,7 @@ WHERE j.state = 'queued'
   AND j.run_at <= :now
   AND (:queues IS NULL OR j.queue IN (SELECT value FROM json_each(:queues)))
   AND (:job_types IS NULL OR j.job_type IN (SELECT value FROM json_each(:job_types)))
+  AND (:skip_ids IS NULL OR j.id NOT IN (SELECT value FROM json_each(:skip_ids)))
   AND (j.ordering_key IS NULL OR (
         j.id = (
           SELECT MIN(k.id) FROM rq_jobs AS k

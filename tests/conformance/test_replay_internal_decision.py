@@ -1,0 +1,101 @@
+"""A replay whose failure now is a constraint of replayq's own tables (``rq_*``) refusing
+replayq's own write reports the worker's decision for it, ``dead: internal_error``, on
+every backend: never the contract's (``dead: not_retryable`` as ``validation``, or a retry
+when the contract maps ``ConstraintViolationError`` to a retried class).
+
+The worker parks such a failure at once (``Outcomes._fail``); a dry-run or fork's
+"decision now" (``replay.decision.contract_decision``) did not know that rule and reported
+what the contract would do with a ``ConstraintViolationError``. The bug is stood in for
+as in ``test_worker_internal_constraint.py``: an index the test adds to
+``rq_entity_versions`` (one version per namespace) after the recording, so a fork's
+write of the step past its fork point, into its branch, is refused by replayq's own schema.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+import replayq
+import replayq.testing
+from replayq.replay.engine import fork
+
+AppFactory = Callable[..., replayq.App]
+RETRY = replayq.Retry(max_attempts=3, base="1h", cap="1h")
+MAPPED = {replayq.ConstraintViolationError: "concurrency"}
+
+
+@pytest.mark.parametrize("contract", [{}, {"errors": MAPPED}], ids=["default", "mapped"])
+def test_a_fork_whose_write_replayqs_own_table_refuses_decides_internal_error(
+    app_factory: AppFactory, contract: dict[str, Any]
+) -> None:
+    app = app_factory()
+
+    @app.job("ship", retry=RETRY, **contract)
+    def ship(ctx: replayq.Context, order: int) -> None:
+        with ctx.step("reserve"):
+            ctx.state.put("order", order, {"reserved": True})
+        with ctx.step("ship"):
+            ctx.state.put("shipment", order, {"shipped": True})
+        raise replayq.TransientError("the carrier is down")
+
+    job = replayq.testing.run_inline(app, "ship", {"order": 1})
+    assert job.state is replayq.JobState.QUEUED, job.last_error  # retried: attempt 2 of 3
+    with app.storage.transaction() as tx:
+        tx.connection.execute(  # type: ignore[attr-defined]
+            "CREATE UNIQUE INDEX rq_entity_versions_one ON rq_entity_versions (namespace)"
+        )
+
+    report = fork(app, job.id, from_step="ship")
+
+    assert report.retry_recorded == "retry in ≤ 3600.0 s (attempt 2 of 3)", report.retry_recorded
+    now = report.outcome_now
+    assert (now.status, now.error_class) == ("failed", "unknown"), now
+    error = now.error or ""
+    assert error.startswith("internal error of replayq"), error
+    assert "table rq_entity_versions" in error, error
+    # What the worker would decide for it: parked, whatever the contract maps or retries.
+    assert report.retry_now == "dead: internal_error", report.retry_now
+    assert report.diverged
+
+
+def test_a_recorded_internal_error_is_not_a_retry_decision_the_version_changed(
+    app_factory: AppFactory,
+) -> None:
+    """The recorded decision ``dead: internal_error`` was replayq's (its own table refused
+    the attempt's step), not the contract's: a verification whose replay now fails as the
+    contract retries does not count a ``retry_decision`` difference (the version's retry
+    policy did not change), only the outcome's."""
+    from replayq.replay.engine import dry_run
+    from replayq.rollout.verify import classify
+
+    app = app_factory()
+    fails_now: list[bool] = []
+
+    @app.job("ship", retry=RETRY)
+    def ship(ctx: replayq.Context, order: int) -> None:
+        with ctx.step("ship"):
+            ctx.state.put("shipment", order, {"shipped": True})
+        if fails_now:
+            raise replayq.TransientError("the carrier is down")
+
+    first = replayq.testing.run_inline(app, "ship", {"order": 1})
+    assert first.state is replayq.JobState.SUCCEEDED, first.last_error
+    with app.storage.transaction() as tx:
+        tx.connection.execute(  # type: ignore[attr-defined]
+            "CREATE UNIQUE INDEX rq_entity_versions_one ON rq_entity_versions (namespace)"
+        )
+    job = replayq.testing.run_inline(app, "ship", {"order": 2})
+    assert (job.state, job.dead_reason) == (replayq.JobState.DEAD, "internal_error")
+    with app.storage.transaction() as tx:
+        tx.connection.execute("DROP INDEX rq_entity_versions_one")  # type: ignore[attr-defined]
+    fails_now.append(True)
+
+    report = dry_run(app, job.id, keep=False)
+
+    assert report.retry_recorded == "dead: internal_error", report.retry_recorded
+    assert report.retry_now == "retry in ≤ 3600.0 s (attempt 2 of 3)", report.retry_now
+    classes, _ = classify(report, [], [])
+    assert "outcome" in classes and "retry_decision" not in classes, classes
