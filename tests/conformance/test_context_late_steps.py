@@ -9,12 +9,17 @@ settled attempt's trace; a step block that raised after the ack committed its fa
 ``step.finished``; a step that ended while the ack waited for its group commit committed
 its ``step.finished`` and ledger row before that ack.
 
+A write such a step made through ``ctx.state`` before the end is dropped: neither the ack
+nor another thread's step commit takes it (before: it waited with the attempt's other
+writes and committed with whichever commit came next, although its step never finished).
+
 Each window is hit every time: the step bodies block on events the test sets, never on
 sleeps.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable
@@ -121,3 +126,147 @@ def test_a_step_that_ends_before_the_group_commit_is_not_in_its_trace(
     assert len(logged) == 1, logged
     [seen] = body.seen
     assert isinstance(seen, replayq.ContextEndedError), seen
+
+
+class _Writer(_Body):
+    """A step body that writes ``orders:<n>`` through ``ctx.state`` at once, then waits for
+    the test before it returns or raises: its write is pending while it waits."""
+
+    def __init__(self, ctx_of: Callable[[], replayq.Context], outcome: str, n: int = 1) -> None:
+        super().__init__(outcome)
+        self.ctx_of, self.n = ctx_of, n
+
+    def run(self) -> dict[str, int]:
+        self.ctx_of().state.put("orders", self.n, {"n": self.n})
+        return super().run()
+
+
+@pytest.mark.parametrize("form", ["callable", "block"])
+def test_a_step_running_at_the_ack_has_its_writes_dropped(
+    app_factory: AppFactory, form: str
+) -> None:
+    """A step left running in a thread wrote through ``ctx.state`` before the handler
+    returned; the ack commits the handler's own write, not the half-done step's (before:
+    the step's pending write committed with the ack although the step never finished)."""
+    app = app_factory()
+    kept: list[replayq.Context] = []
+    body = _Writer(lambda: kept[0], "returns")
+
+    @app.job("leaves_a_write")
+    def leaves_a_write(ctx: replayq.Context) -> None:
+        kept.append(ctx)
+        body.in_thread(lambda: _step(ctx, body, form))
+        ctx.state.put("customers", 7, {"seen": True})  # the handler's own: it commits
+
+    job_id = app.enqueue("leaves_a_write", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    assert app.get_job(job_id).state == replayq.JobState.SUCCEEDED
+    assert app.state.get("customers", 7).version == 1
+    assert app.state.get("orders", 1).version == 0, "a running step's write committed"
+    body.finish.set()
+    assert body.done.wait(30), "the late step never ended"
+    [seen] = body.seen
+    assert isinstance(seen, replayq.ContextEndedError), seen
+    assert app.state.get("orders", 1).version == 0, "the late step's write committed"
+    assert _ledger(app, job_id) == []
+    # The trace keeps what the step did before the end (its write as recorded), and no end.
+    trace = app.trace(job_id)
+    assert [e.resource for e in trace if e.name == "state.write"] == ["orders:1", "customers:7"]
+    assert "step.finished" not in [e.name for e in trace]
+
+
+def test_a_step_running_at_the_group_commit_has_its_writes_dropped(
+    app_factory: AppFactory,
+) -> None:
+    """A running worker (group commit on): ``keeps`` leaves a step running in a thread
+    with a write pending and returns; its ack waits while the next job runs and lets the
+    step end. Neither the ack nor the step commits the step's write."""
+    app = app_factory()
+    kept: list[replayq.Context] = []
+    body = _Writer(lambda: kept[0], "returns")
+
+    @app.job("keeps")
+    def keeps(ctx: replayq.Context) -> None:
+        kept.append(ctx)
+        body.in_thread(lambda: ctx.step("late", body.run))
+
+    @app.job("next_in_batch")
+    def next_in_batch(ctx: replayq.Context) -> None:
+        body.finish.set()  # ``keeps`` returned; its ack waits for the group commit
+        assert body.done.wait(30), "the late step never ended"
+
+    keeping = app.enqueue("keeps", {})
+    app.enqueue("next_in_batch", {})
+    stats = one_batch_worker(app).run()
+    assert stats.succeeded == 2
+    assert app.state.get("orders", 1).version == 0, "the late step's write committed"
+    assert _ledger(app, keeping) == []
+
+
+def test_a_step_commit_leaves_another_threads_running_step_alone(
+    app_factory: AppFactory,
+) -> None:
+    """Two steps run at once, one in a thread the handler waits for: the handler's step
+    commits its own write, not the thread's pending one, and the thread's step, which
+    then raises, has its write dropped (before: the handler's step committed it)."""
+    app = app_factory()
+    kept: list[replayq.Context] = []
+    body = _Writer(lambda: kept[0], "raises")
+
+    @app.job("two_at_once")
+    def two_at_once(ctx: replayq.Context) -> None:
+        kept.append(ctx)
+        body.in_thread(lambda: ctx.step("theirs", body.run))
+        with ctx.step("mine"):
+            ctx.state.put("customers", 7, {"seen": True})
+        body.finish.set()
+        assert body.done.wait(30), "the thread's step never ended"
+
+    job_id = app.enqueue("two_at_once", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    assert app.get_job(job_id).state == replayq.JobState.SUCCEEDED
+    [seen] = body.seen
+    assert isinstance(seen, ValueError), seen
+    assert app.state.get("customers", 7).version == 1
+    assert app.state.get("orders", 1).version == 0, "a failed step's write committed"
+
+
+def test_a_task_left_in_a_step_at_the_ack_has_its_writes_dropped(
+    app_factory: AppFactory,
+) -> None:
+    """An ``async def`` handler leaves a task running in a step that wrote through
+    ``ctx.state``, on the worker's loop, and returns: the ack commits the handler's own
+    write (made in its own task, outside steps), not the task's step's."""
+    app = app_factory()
+    body = _Body("returns")
+
+    async def late_step(ctx: replayq.Context) -> None:
+        try:
+            with ctx.step("late"):
+                ctx.state.put("orders", 1, {"n": 1})
+                body.started.set()
+                await asyncio.get_running_loop().run_in_executor(None, body.finish.wait, 30)
+        except BaseException as exc:
+            body.seen.append(exc)
+        finally:
+            body.done.set()
+
+    tasks: list[asyncio.Task[None]] = []
+
+    @app.job("leaves_a_task")
+    async def leaves_a_task(ctx: replayq.Context) -> None:
+        tasks.append(asyncio.create_task(late_step(ctx)))
+        await asyncio.sleep(0)  # the task runs to its first wait: its write is pending
+        assert body.started.is_set()
+        ctx.state.put("customers", 7, {"seen": True})
+
+    job_id = app.enqueue("leaves_a_task", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    assert app.get_job(job_id).state == replayq.JobState.SUCCEEDED
+    assert app.state.get("customers", 7).version == 1
+    assert app.state.get("orders", 1).version == 0, "a running step's write committed"
+    body.finish.set()
+    assert body.done.wait(30), "the late step never ended"
+    [seen] = body.seen
+    assert isinstance(seen, replayq.ContextEndedError), seen
+    assert app.state.get("orders", 1).version == 0, "the late step's write committed"

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import types
+from _thread import get_ident
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
@@ -130,3 +131,14 @@ def close_unstarted(value: Any) -> None:
     close = getattr(value, "close", None)
     if inspect.iscoroutine(value) and close is not None:
         close()
+
+
+def task_or_thread() -> object:
+    """Which flow of an ``async def`` handler's attempt runs now (``Recorder._running``):
+    its ``asyncio`` task, or outside any task (a thread it started, ``asyncio.to_thread``)
+    the thread's id."""
+    import asyncio  # late, as worker/event_loop.py says why; imported by then
+
+    loop = asyncio._get_running_loop()
+    task = asyncio.current_task(loop) if loop is not None else None
+    return task if task is not None else get_ident()

@@ -44,6 +44,7 @@ from __future__ import annotations
 import random as _random
 import threading
 import uuid as _uuid
+from _thread import get_ident
 from collections.abc import Callable, Coroutine, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar, overload
@@ -52,7 +53,7 @@ from replayq.errors import ContextEndedError, JobCancelledError, LeaseLostError
 from replayq.model import Job, TraceEvent
 from replayq.queue.contracts import render_template
 from replayq.queue.handlers import Handler
-from replayq.recording.aio import close_unstarted, run_flow
+from replayq.recording.aio import close_unstarted, run_flow, task_or_thread
 from replayq.recording.attempt import ENDED, ended_error
 from replayq.recording.cache import CacheView
 from replayq.recording.calls import record_call
@@ -60,7 +61,7 @@ from replayq.recording.effects import EffectRunner
 from replayq.recording.ledger import step_key
 from replayq.recording.locks import LockHandle, LockManager
 from replayq.recording.outbox import OutboxView
-from replayq.recording.recorder import PendingRecord, Recorder
+from replayq.recording.recorder import PendingRecord, Recorder, StepFlow
 from replayq.recording.state import StateView
 from replayq.recording.steps import StepBoundary, run_step
 from replayq.recording.world import LIVE, LiveWorld, LostFlag, World
@@ -132,6 +133,9 @@ class Context(Recorder):
         # before the end, or sees the end and records nothing into the trace after it.
         self._live = threading.Lock()
         self._pending = PendingRecord()
+        self._running: dict[object, StepFlow] = {}
+        # Which flow runs now (``Recorder._running``): a thread, or an async handler's task.
+        self._flow_key = task_or_thread if handler.is_async else get_ident
         self._seq = 0
         self._steps: list[str] = []
         self._step_keys: list[str] = []

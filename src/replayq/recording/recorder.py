@@ -50,6 +50,23 @@ class PendingRecord:
         self.unpipelined = False
 
 
+class StepFlow:
+    """The outermost step running in one flow of an attempt (a thread; for an ``async
+    def`` handler, an ``asyncio`` task), which holds the writes that flow's steps deferred
+    so far: a ``StepBoundary`` (``recording.steps``), in ``Recorder._running`` while it
+    runs. They commit with the commit of the step of that flow that ends next
+    (``Recorder.adopt``: the innermost, as a nested step's commit always took its flow's
+    writes), or never (it failed, or still ran when its attempt ended)."""
+
+    __slots__ = ("unpipelined", "what", "writes")
+
+    # The writes (``None`` until the first: most steps write nothing), what each is, and
+    # whether one may not run in a pipelined commit: as ``PendingRecord``'s.
+    writes: list[Callable[[Transaction], None]] | None
+    what: list[str]
+    unpipelined: bool
+
+
 class Recorder:
     """The pending record of one attempt, and its fenced commit (a base of ``Context``)."""
 
@@ -60,6 +77,15 @@ class Recorder:
     redactor: Redactor
     blob_limit: int
     _pending: PendingRecord
+    # The outermost step running in each flow of this attempt, by the flow's key
+    # (``_flow_key()``: the thread's id; for an ``async def`` handler, the ``asyncio`` task,
+    # or the thread's id outside one): a write made in a step waits there, not in
+    # ``_pending``, which the next commit of any flow (another thread's step, the ack)
+    # takes. So a step still running when the attempt ends (its body in a thread the
+    # handler left), or one that fails, commits none of its writes. Empty while no step
+    # runs: a write outside steps asks no key.
+    _running: dict[object, StepFlow]
+    _flow_key: Callable[[], object]
     _seq: int
     # The fields every domain event of this attempt starts from (``_event``).
     _event_template: dict[str, Any] | None = None
@@ -349,11 +375,40 @@ class Recorder:
         code, ``ctx.db_write``; a child job's enqueue) keeps that commit out of pipeline
         mode.
         """
+        running = self._running
+        if running:
+            flow = running.get(self._flow_key())
+            if flow is not None:  # in a step of this flow: the write waits for its end
+                writes = flow.writes
+                if writes is None:
+                    writes = flow.writes = []
+                    flow.what, flow.unpipelined = [], False
+                writes.append(write)
+                flow.what.append(what)
+                if not pipelines:
+                    flow.unpipelined = True
+                return
         pending = self._pending
         pending.writes.append(write)
         pending.what.append(what)
         if not pipelines:
             pending.unpipelined = True
+
+    def adopt(self, flow: StepFlow, writes: list[Callable[[Transaction], None]]) -> None:
+        """A step of ``flow`` ended: ``writes``, the flow's (taken from it), join the
+        attempt's pending record for the commit that follows at once (the step's)."""
+        pending = self._pending
+        pending.writes += writes
+        pending.what += flow.what
+        if flow.unpipelined:
+            pending.unpipelined = True
+
+    def _step_writes(self) -> list[Callable[[Transaction], None]]:
+        """The writes waiting in running steps, in every flow."""
+        writes: list[Callable[[Transaction], None]] = []
+        for flow in list(self._running.values()):
+            writes += flow.writes or ()
+        return writes
 
     def defer_release(self, release: Callable[[Transaction], None]) -> None:
         """Run ``release(tx)`` (a lock's release, replayq's own verbs) in the next commit of
@@ -364,10 +419,8 @@ class Recorder:
     def fenced_by(self, resource: str, fencing_token: int) -> bool:
         """Whether a pending write carries ``fencing_token`` of the lock on ``resource``: a
         state write's ``fences`` (no other write is fenced by a lock)."""
-        return any(
-            getattr(write, "fences", {}).get(resource) == fencing_token
-            for write in self._pending.writes
-        )
+        writes = [*self._pending.writes, *self._step_writes()]
+        return any(getattr(write, "fences", {}).get(resource) == fencing_token for write in writes)
 
     def amend(self, event: TraceEvent, amended: TraceEvent) -> None:
         """The pending ``event`` replaced by ``amended`` (its place in the sequence kept): a
@@ -436,9 +489,12 @@ class Recorder:
     def ride_along(self) -> list[TraceEvent]:
         """Pending events that may commit in a transaction the attempt opens now (an
         effect's claim or result), so that they need no commit of their own. None while
-        a write is pending: a step's events commit with that step's writes."""
+        a write is pending (the attempt's, or a running step's in any thread): a step's
+        events commit with that step's writes."""
         pending = self._pending
         if pending.blobs or pending.releases or self.pending_writes():
+            return []
+        if self._running and self._step_writes():
             return []
         return list(pending.events)
 

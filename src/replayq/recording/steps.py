@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from replayq.errors import LeaseLostError
 from replayq.model import TraceEvent
 from replayq.recording.attempt import ENDED, Attempt, ended_error, ended_late
+from replayq.recording.recorder import StepFlow
 from replayq.storage.protocol import StepComplete, Transaction
 
 RESUME_STEP = "step"
@@ -45,6 +46,10 @@ class StepAttempt(Attempt, Protocol):
     # ``StepBoundary`` pushes and pops them itself (two calls fewer a step).
     _steps: list[str]
     _step_keys: list[str]
+    # The outermost step running in each flow (thread, task), by ``_flow_key()``: see
+    # ``Recorder._running``.
+    _running: dict[object, StepFlow]
+    _flow_key: Callable[[], object]
 
     @property
     def owns_job_trace(self) -> bool: ...
@@ -64,6 +69,8 @@ class StepAttempt(Attempt, Protocol):
     def pending_writes(self) -> list[str]: ...
 
     def discard_writes(self) -> None: ...
+
+    def adopt(self, flow: StepFlow, writes: list[Callable[[Transaction], None]]) -> None: ...
 
     def commit_now(self, *, failed: bool = False, refused: list[str] | None = None) -> None: ...
 
@@ -144,16 +151,30 @@ def _finish(
         ctx.defer(complete, pipelines=True)
 
 
-class StepBoundary:
+class StepBoundary(StepFlow):
     """The commit boundary of a step: its writes and events commit together when it ends.
 
     A step that wrote nothing does not commit: its events wait for the attempt's next
     commit. A step that raises, or whose commit is refused, drops its writes and commits
     its events at once (the failure is the forensic fact). A class rather than a
     generator-based context manager: every step of every job passes here twice.
+
+    The writes wait in the outermost step running in the same flow (thread; for an
+    ``async def`` handler, ``asyncio`` task): ``flow``, this one or one it is nested in,
+    in ``ctx._running`` while it runs, not with the attempt's other pending writes. So a
+    commit in another flow (its step's, the ack) does not take them, and a step still
+    running when its attempt ends (its body in a thread the handler left) has them
+    dropped. A nested step's commit takes its flow's writes, as it always did.
     """
 
-    __slots__ = ("ctx", "key", "name", "outcome", "started")
+    __slots__ = ("ctx", "flow", "flow_key", "key", "name", "outcome", "started")
+
+    # The outermost step of this one's flow that it is nested in (``None``: it is that step
+    # itself; not ``self``, a cycle that would keep the context alive until the garbage
+    # collector's next pass), and, for that outermost step, its flow's key (``None`` for a
+    # nested one).
+    flow: StepFlow | None
+    flow_key: object
 
     def __init__(
         self, ctx: StepAttempt, name: str, key: str, outcome: dict[str, Any] | None = None
@@ -165,6 +186,15 @@ class StepBoundary:
         ctx, name = self.ctx, self.name
         ctx.world.on_step(name)
         ctx.record_step("step.started", "started", {"step_name": name})
+        running = ctx._running
+        flow_key = ctx._flow_key()
+        flow = running.get(flow_key) if running else None
+        if flow is None:
+            # The outermost step of this attempt in this flow: it holds the flow's writes.
+            self.writes, self.flow, self.flow_key = None, None, flow_key
+            running[flow_key] = self
+        else:
+            self.flow, self.flow_key = flow, None
         # ``ctx.enter_step`` inlined.
         ctx._steps.append(name)
         ctx._step_keys.append(self.key)
@@ -181,16 +211,25 @@ class StepBoundary:
         # ``ctx.leave_step`` inlined.
         ctx._steps.pop()
         ctx._step_keys.pop()
-        # The look at the end and what the step records and commits under ``_live`` (as a
-        # ``ctx.call``'s record): a body run in a thread past the handler's return either
-        # ends before the end, or sees it and records nothing into the trace. The body
-        # itself ran outside the lock.
-        with ctx._live:
-            if ctx._cancel is ENDED:
-                outcome = "returned" if exc is None else f"raised ({type(exc).__name__})"
-                unrecorded = "its end not recorded, nothing of it committed"
-                raise ended_late(ctx, f"ctx.step({name!r})", outcome, unrecorded) from exc
-            self._ended(ctx, name, duration, exc)
+        try:
+            # The look at the end and what the step records and commits under ``_live`` (as
+            # a ``ctx.call``'s record): a body run in a thread past the handler's return
+            # either ends before the end, or sees it and records nothing into the trace. The
+            # body itself ran outside the lock.
+            with ctx._live:
+                if ctx._cancel is ENDED:
+                    self._drop()  # never committed: the attempt's end did not take them
+                    outcome = "returned" if exc is None else f"raised ({type(exc).__name__})"
+                    unrecorded = "its end not recorded, nothing of it committed"
+                    raise ended_late(ctx, f"ctx.step({name!r})", outcome, unrecorded) from exc
+                self._ended(ctx, name, duration, exc)
+        finally:
+            if self.flow is None:
+                del ctx._running[self.flow_key]
+
+    def _drop(self) -> None:
+        """The writes of this step's flow never happen."""
+        (self.flow or self).writes = None
 
     def _ended(
         self, ctx: StepAttempt, name: str, duration: float, exc: BaseException | None
@@ -206,6 +245,7 @@ class StepBoundary:
                     self._ended(ctx, name, duration, unrecordable)  # as if failed in fn
                     raise
         if exc is not None:
+            self._drop()
             ctx.discard_writes()
             ctx.record(
                 "step.finished",
@@ -216,6 +256,12 @@ class StepBoundary:
             )
             ctx.commit_now(failed=True)
             return  # the step's exception goes on
+        flow = self.flow or self
+        writes = flow.writes
+        if writes is not None:
+            # Its flow's writes (its ledger row among them) commit with it.
+            flow.writes = None
+            ctx.adopt(flow, writes)
         data: dict[str, Any] = {"step_name": name, "duration": duration}
         output_ref = None
         if outcome:
