@@ -99,3 +99,37 @@ def test_a_recorded_internal_error_is_not_a_retry_decision_the_version_changed(
     assert report.retry_now == "retry in ≤ 3600.0 s (attempt 2 of 3)", report.retry_now
     classes, _ = classify(report, [], [])
     assert "outcome" in classes and "retry_decision" not in classes, classes
+
+
+def test_a_rerun_refused_by_replayqs_own_table_reports_it_as_the_worker_does(
+    app_factory: AppFactory,
+) -> None:
+    """A rerun writes state for real, so it can meet the refusal a dry-run does not: its
+    outcome says what the worker records for it (class ``unknown``, the message naming
+    replayq's table as replayq's bug), never ``validation`` as if the job's data failed a
+    check (``ConstraintViolationError``'s default class) nor the contract's mapped class."""
+    from replayq.replay.rerun import rerun
+
+    app = app_factory()
+    runs: list[int] = []
+
+    @app.job("ship", errors=MAPPED)
+    def ship(ctx: replayq.Context, order: int) -> None:
+        runs.append(order)
+        # Outside a step (a rerun skips no completed step), a value not written before.
+        ctx.state.put("shipment", order, {"shipped": len(runs)})
+
+    job = replayq.testing.run_inline(app, "ship", {"order": 1})
+    assert job.state is replayq.JobState.SUCCEEDED, job.last_error
+    with app.storage.transaction() as tx:
+        tx.connection.execute(  # type: ignore[attr-defined]
+            "CREATE UNIQUE INDEX rq_entity_versions_one ON rq_entity_versions (namespace)"
+        )
+
+    report = rerun(app, job.id, allow_effects=["none"])
+
+    outcome = report.outcome
+    assert (outcome.status, outcome.error_class) == ("failed", "unknown"), outcome
+    error = outcome.error or ""
+    assert error.startswith("internal error of replayq"), error
+    assert "table rq_entity_versions" in error, error

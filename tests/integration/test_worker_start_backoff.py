@@ -21,6 +21,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import replayq
 from replayq.model import Job
@@ -331,3 +332,88 @@ def test_a_dry_run_of_a_job_parked_start_failed_replays_its_last_attempt_and_its
     assert report.retry_recorded == "retry in ≤ 0.1 s (attempt 2 of 3)", report.retry_recorded
     assert report.retry_now == report.retry_recorded
     assert not report.diverged, report.to_dict()
+
+
+class _StartFailsOnceForBad(replayq.Worker):
+    """Its first start of each ``bad`` job raises (a passing fault); later starts succeed."""
+
+    start_backoff_first = 0.01
+    start_backoff_cap = 0.05
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.raised: set[int] = set()
+
+    def _start(self, job: Job, now: float) -> bool:
+        if job.job_type == "bad" and job.id not in self.raised:
+            self.raised.add(job.id)
+            raise RuntimeError("this start fails once")
+        return super()._start(job, now)
+
+
+def _burst(worker: replayq.Worker) -> bool:
+    """Run ``worker`` (a burst run) to its end; ``True`` if it had not ended in 30 s."""
+    runner = threading.Thread(target=worker.run, name="burst")
+    runner.start()
+    runner.join(30)
+    stuck = runner.is_alive()
+    if stuck:
+        worker.stop()
+        worker.stop()
+        runner.join(30)
+    return stuck
+
+
+def test_a_burst_run_does_not_end_while_the_one_job_it_passed_over_is_due(
+    app_factory: AppFactory,
+) -> None:
+    """One slot, one job, whose first start raises: the lease after the give-back passes
+    it over (``Leasing._skips_taken``) and so leases nothing. That lease is not the end of
+    the burst run (``_lease_skipped``): the job, due and queued, is leased at the next
+    poll and runs. Ending there would leave it queued with the run reported done."""
+    app = app_factory()
+    ran: list[int] = []
+
+    @app.job("bad")
+    def bad(ctx: replayq.Context) -> None:
+        ran.append(1)
+
+    job_id = app.enqueue("bad")
+    worker = _StartFailsOnceForBad(app, worker_id="w", burst=True, poll_interval=0.01)
+
+    assert not _burst(worker), "the burst run never ended"
+    job = app.get_job(job_id)
+    names = [e.name for e in app.trace(job_id)]
+    assert job.state is replayq.JobState.SUCCEEDED, (job.state, names)
+    assert ran == [1], ran
+    assert names.count("lease.released") == 1, names  # given back once, then run
+
+
+def test_a_passed_over_head_of_an_ordering_key_keeps_its_key_in_order(
+    app_factory: AppFactory,
+) -> None:
+    """One slot; the bad job heads its ordering key, a good job of the same key behind it,
+    a good job of another key after both. Passed over after each start error, the bad job
+    still holds its key: the next of its key never overtakes it (it runs only once the bad
+    one is parked), while the other key's job runs in between (which is what parks it)."""
+    app = app_factory()
+    ran: list[str] = []
+
+    @app.job("bad", ordering="{key}")
+    def bad(ctx: replayq.Context, key: str) -> None:
+        raise AssertionError("never started")
+
+    @app.job("good", ordering="{key}")
+    def good(ctx: replayq.Context, key: str, name: str) -> None:
+        ran.append(name)
+
+    bad_id = app.enqueue("bad", {"key": "k"})
+    app.enqueue("good", {"key": "k", "name": "same key, behind it"})
+    app.enqueue("good", {"key": "other", "name": "other key"})
+    worker = _StartFailsForOne(app, worker_id="w", burst=True, poll_interval=0.01)
+
+    assert not _burst(worker), f"the burst run never ended: the good jobs ran {ran}"
+    job = app.get_job(bad_id)
+    names = [e.name for e in app.trace(bad_id)]
+    assert (job.state, job.dead_reason) == (replayq.JobState.DEAD, "start_failed"), names
+    assert ran == ["other key", "same key, behind it"], ran

@@ -22,7 +22,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from replayq.errors import ReplayDivergenceError, ReplayqError, recorded_failure
+from replayq.errors import (
+    FailureClass,
+    ReplayDivergenceError,
+    ReplayqError,
+    classify,
+    internal_error_message,
+    internal_violation,
+    recorded_failure,
+)
 from replayq.model import Job, TraceEvent
 from replayq.recording.blobs import load_json
 from replayq.recording.ledger import CompletedStep
@@ -59,6 +67,21 @@ class Outcome:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items() if v is not None}
+
+
+def failed_outcome(
+    exc: BaseException, error_map: dict[type[BaseException], FailureClass]
+) -> Outcome:
+    """The outcome of an execution that raised ``exc``, as the worker records a failed
+    attempt (``Outcomes._fail``): a constraint of replayq's own tables refusing replayq's
+    own write is replayq's bug, class ``unknown`` with ``internal_error_message``, whatever
+    the contract maps; any other failure its class (``error_map``: the contract's) and
+    ``Type: message``. A replay's and a rerun's alike."""
+    internal = internal_violation(exc)
+    if internal is not None:
+        return Outcome("failed", error_class="unknown", error=internal_error_message(internal))
+    failure = classify(exc, error_map)
+    return Outcome("failed", error_class=failure.value, error=f"{type(exc).__name__}: {exc}")
 
 
 @dataclass

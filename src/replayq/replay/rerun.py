@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replayq import codec
-from replayq.errors import ConfigurationError, EffectRefusedError, classify
+from replayq.errors import ConfigurationError, EffectRefusedError
 from replayq.model import TraceEvent
 from replayq.recording.context import Context
 from replayq.recording.world import LIVE, LiveWorld
 from replayq.replay.hold import held
-from replayq.replay.recorded import EFFECT_OUTCOMES, Outcome, load_recording
+from replayq.replay.recorded import EFFECT_OUTCOMES, Outcome, failed_outcome, load_recording
 from replayq.runtime import Runtime, RuntimeSource
 from replayq.storage.protocol import LineagePut
 
@@ -149,11 +149,9 @@ def _run_held(
         except Exception as exc:
             ctx.discard_writes()
             ctx.commit_now(failed=True)
-            # The failure class (as the worker would class it) and ``Type: message``.
-            failure = classify(exc, dict(handler.error_map))
-            outcome = Outcome(
-                "failed", error_class=failure.value, error=f"{type(exc).__name__}: {exc}"
-            )
+            # As the worker records it: replayq's own table refusing a write (a rerun's
+            # state writes are real) is replayq's bug, not the contract's class.
+            outcome = failed_outcome(exc, dict(handler.error_map))
     finally:
         ctx.release()
     with runtime.storage.transaction() as tx:

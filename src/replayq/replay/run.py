@@ -22,12 +22,8 @@ from replayq.errors import (
     INTERNAL_ERROR_PREFIX,
     ConfigurationError,
     EffectInDoubtError,
-    JobError,
     RecordedFailure,
     ReplayDivergenceError,
-    classify,
-    internal_error_message,
-    internal_violation,
 )
 from replayq.model import Job, TraceEvent
 from replayq.queue.handlers import Handler, PayloadShape
@@ -43,7 +39,7 @@ from replayq.replay.compare import (
     from_step,
 )
 from replayq.replay.decision import contract_decision, recorded_decision
-from replayq.replay.recorded import Outcome, RecordedWorld, Recording
+from replayq.replay.recorded import Outcome, RecordedWorld, Recording, failed_outcome
 from replayq.runtime import Runtime, RuntimeSource
 from replayq.seal import SealReport, Violation, seal
 from replayq.storage.protocol import BranchCreate, LineagePut, TraceQuery, Transaction
@@ -191,14 +187,7 @@ def execute(ctx: Context) -> Outcome:
         if isinstance(exc, RecordedFailure):
             # The recorded failure, as it was recorded: its class and its message.
             return Outcome("failed", error_class=exc.failure_class.value, error=exc.error)
-        internal = internal_violation(exc)
-        if internal is not None:
-            # As the worker records it (``Outcomes._fail``): replayq's bug, not the job's.
-            return Outcome("failed", error_class="unknown", error=internal_error_message(internal))
-        failure = classify(exc, dict(ctx.handler.error_map))
-        if isinstance(exc, JobError):
-            failure = exc.failure_class
-        return Outcome("failed", error_class=failure.value, error=f"{type(exc).__name__}: {exc}")
+        return failed_outcome(exc, dict(ctx.handler.error_map))
     ctx.commit_now()
     return Outcome("succeeded", result=result)
 
