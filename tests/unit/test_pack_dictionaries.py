@@ -180,19 +180,26 @@ def test_sql_on_a_connection_of_ones_own_reads_learned_packs_after_register_sqli
     conn.close()
 
 
-def test_learning_is_asked_at_a_types_second_success_and_again_after_a_failure_three_times() -> (
+def test_learning_is_due_after_a_types_second_success_and_again_after_a_failure_three_times() -> (
     None
 ):
     dictionaries = PackDictionaries(packs.DICTIONARY_2)
-    assert dictionaries.told("ledger.settle", 1) is None  # the first success: nothing yet
-    assert dictionaries.told("ledger.settle", 1) is None  # the same job again
-    assert dictionaries.told("ledger.settle", 2) == 1  # the second: learn from 2 and 1
-    assert dictionaries.told("ledger.settle", 3) is None  # asked once
-    dictionaries.failed("ledger.settle")  # the database was busy: a later success tries
-    assert dictionaries.told("ledger.settle", 4) == 1
-    dictionaries.failed("ledger.settle")
-    assert dictionaries.told("ledger.settle", 5) == 1
-    dictionaries.failed("ledger.settle")  # the third failure: no more tries
-    assert dictionaries.told("ledger.settle", 6) is None
-    dictionaries.learned("other.type", 4, b'{"n":"x"}')
-    assert dictionaries.told("other.type", 1) is None and dictionaries.told("other.type", 2) is None
+    dictionaries.succeeded("ledger.settle", 1)
+    assert dictionaries.due("ledger.settle") is None  # one success: nothing to learn from
+    dictionaries.succeeded("ledger.settle", 1)  # the same job again
+    assert dictionaries.due("ledger.settle") is None
+    dictionaries.succeeded("ledger.settle", 2)
+    assert dictionaries.due("other.type") is None
+    assert dictionaries.due("ledger.settle") == (2, 1)  # learn from 2 and 1, once
+    assert dictionaries.due("ledger.settle") is None
+    dictionaries.succeeded("ledger.settle", 3)  # asked once: later successes change nothing
+    assert dictionaries.due("ledger.settle") is None
+    for _ in range(2):
+        dictionaries.failed("ledger.settle", (2, 1))  # the database was busy: due again
+        assert dictionaries.due("ledger.settle") == (2, 1)
+    dictionaries.failed("ledger.settle", (2, 1))  # the third failure: no more tries
+    assert dictionaries.due("ledger.settle") is None
+    dictionaries.learned("known.type", 4, b'{"n":"x"}')
+    dictionaries.succeeded("known.type", 1)
+    dictionaries.succeeded("known.type", 2)
+    assert dictionaries.due("known.type") is None

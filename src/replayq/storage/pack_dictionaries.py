@@ -5,8 +5,9 @@ names and lifecycle data, frozen with the format. What it cannot hold is what ea
 application names itself: its steps, calls, effect kinds, resource namespaces and the keys
 of its requests and answers. Each traced job pays for those again in every pack.
 
-A dictionary is learned per job type from two succeeded jobs of that type (after the
-second's ack, once per job type and process) and kept in ``rq_pack_dictionaries``; later
+A dictionary is learned per job type from two succeeded jobs of that type (at the first
+attempt a worker starts after their acks, once per job type and process; never in an
+ack's transaction) and kept in ``rq_pack_dictionaries``; later
 packs of that type's attempts are format 5: ``b"\\x05"``, the dictionary's id (one byte
 below 128, ``_id_bytes``), and the pack's JSON deflated as format 2 is, against
 ``DICTIONARY_2`` followed by the learned text. Every process reads the same row for a
@@ -260,10 +261,12 @@ class PackDictionaries:
         self._primed: dict[int, Any] = {}
         self._by_type: dict[str, int] = {}
         # Job types whose row this process read (``unread``); per job type, the first
-        # success told (``told``), and the types whose second one was.
+        # success (``succeeded``), the types whose second one was, the two jobs to learn
+        # from at the next attempt's start (``due``), and the tries that failed.
         self._read: set[str] = set()
         self._first: dict[str, int] = {}
         self._done: set[str] = set()
+        self._due: dict[str, tuple[int, int]] = {}
         self._failures: dict[str, int] = {}
         # Job id -> dictionary id of the attempts running in this process whose type has
         # one: what a new pack of theirs deflates against (``for_job``).
@@ -313,27 +316,33 @@ class PackDictionaries:
             self._read.add(job_type)
             return True
 
-    def told(self, job_type: str, job_id: int) -> int | None:
-        """A success of ``job_type`` (job ``job_id``) acked in this process, which knows no
-        dictionary of the type: at the second (of another job), the first's job id — learn
-        from both (``shape``'s ``agreeing``) — then not again unless that try ``failed``;
-        else ``None``."""
+    def succeeded(self, job_type: str, job_id: int) -> None:
+        """A success of ``job_type`` (job ``job_id``) acked in this process (memory only:
+        the ack's transaction is the ack's alone). At the second, of another job, while no
+        dictionary of the type is known here, the two are due (``due``)."""
         if job_type in self._by_type or job_type in self._done:
-            return None
+            return
         with self._lock:
             first = self._first.setdefault(job_type, job_id)
-            if first == job_id or job_type in self._done:
-                return None
-            self._done.add(job_type)
-            return first
+            if first != job_id and job_type not in self._done:
+                self._done.add(job_type)
+                self._due[job_type] = (job_id, first)
 
-    def failed(self, job_type: str) -> None:
-        """Learning ``job_type``'s dictionary failed (the database busy or away): a later
-        success tries again, ``_TRIES`` times in all."""
+    def due(self, job_type: str) -> tuple[int, int] | None:
+        """At an attempt's start: the two succeeded jobs of ``job_type`` to learn its
+        dictionary from (``shape``'s ``agreeing``), once; ``None`` if there are none."""
+        if not self._due:
+            return None
+        with self._lock:
+            return self._due.pop(job_type, None)
+
+    def failed(self, job_type: str, jobs: tuple[int, int]) -> None:
+        """Learning ``job_type``'s dictionary from ``jobs`` failed (the database busy or
+        away): due again at a later attempt's start, ``_TRIES`` tries in all."""
         with self._lock:
             self._failures[job_type] = tries = self._failures.get(job_type, 0) + 1
             if tries < _TRIES:
-                self._done.discard(job_type)
+                self._due[job_type] = jobs
 
     def learned(self, job_type: str, dictionary_id: int, text: bytes) -> None:
         """``job_type``'s dictionary is ``dictionary_id`` (learned here or read)."""

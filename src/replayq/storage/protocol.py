@@ -277,19 +277,15 @@ class SnapshotRead(Protocol):
 class PackLearning(Protocol):
     """An optional capability: trace packs deflated against a dictionary learned for each
     job type from its own traces (SQLite; storage/pack_dictionaries.py). The worker tells
-    it each attempt it starts and each success acked."""
+    it each attempt it starts (``attempt_starts``) and each success acked
+    (``pack_dictionaries.succeeded``, in memory: an ack's transaction stays the ack's)."""
 
     pack_dictionaries: PackDictionaries
 
     def attempt_starts(self, job_id: int, job_type: str) -> None:
         """Job ``job_id`` (of ``job_type``) starts an attempt here: its new packs use the
-        type's dictionary (read from the database at the type's first attempt here)."""
-        ...
-
-    def learn_pack_dictionary(self, job_type: str, job_id: int) -> None:
-        """After job ``job_id`` (of ``job_type``) succeeded: at the second success of a
-        type this process knows no dictionary of, learn one from the two jobs' traces
-        (unless another process did meanwhile)."""
+        type's dictionary (read from the database at the type's first attempt here, or
+        learned from two succeeded jobs of the type at the first attempt after them)."""
         ...
 
 

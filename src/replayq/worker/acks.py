@@ -182,8 +182,9 @@ class Acking(Outcomes):
     def _acked(self, ack: Ack, *, logged: bool = True) -> None:
         ack.ctx.committed()
         self.stats.succeeded += 1
-        if self._learning is not None:  # once a job type: its trace pack dictionary
-            self._learning.learn_pack_dictionary(ack.job.job_type, ack.job.id)
+        learning = self._pack_learning()
+        if learning is not None:  # two a type: its trace pack dictionary learned from them
+            learning.pack_dictionaries.succeeded(ack.job.job_type, ack.job.id)
         if logged:
             _log_group((ack,))
 

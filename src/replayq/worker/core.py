@@ -145,9 +145,10 @@ class WorkerCore:
             raise ValueError("prefetch_window must be 0 or more")
         self.runtime = app.runtime
         # A storage whose trace packs deflate against dictionaries learned per job type
-        # (SQLite): told of each attempt started and each success acked.
-        storage = self.runtime.storage
-        self._learning = storage if isinstance(storage, PackLearning) else None
+        # (SQLite), told of each attempt started and each success acked; looked up at the
+        # first (``_pack_learning``): the storage opens on first use, which may be later.
+        self._learning: PackLearning | None = None
+        self._learning_asked = False
         # Log lines are redacted with the rules of the job type they are about.
         redact_logs_with(self.runtime.redactor_for)
         self.concurrency = concurrency
@@ -266,6 +267,14 @@ class WorkerCore:
         self._next_schedule_tick = 0.0
         # Routing records (replayq rollout), read again at most every half second.
         self.router = Router(self.runtime.registry, routing_refresh)
+
+    def _pack_learning(self) -> PackLearning | None:
+        """The storage as ``PackLearning`` (SQLite), or ``None``; asked once, once open."""
+        if not self._learning_asked:
+            storage = self.runtime.storage
+            self._learning = storage if isinstance(storage, PackLearning) else None
+            self._learning_asked = True
+        return self._learning
 
     def _free_slots(self) -> int:
         # An ack waiting in memory keeps its slot: the group commit that acks it leases

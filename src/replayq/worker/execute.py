@@ -391,8 +391,9 @@ class Executing(Acking, Heartbeat):
         # Only a later attempt can find steps an earlier one committed.
         steps = ledger_loader(self.runtime, job.id) if job.attempt > 1 else None
         world = LiveWorld(flight.lost if flight is not None else None, steps)
-        if self._learning is not None:  # its new packs: its type's learned dictionary
-            self._learning.attempt_starts(job.id, job.job_type)
+        learning = self._pack_learning()
+        if learning is not None:  # its new packs: its type's learned dictionary
+            learning.attempt_starts(job.id, job.job_type)
         ctx = Context(
             self.runtime,
             job,

@@ -970,8 +970,10 @@ class SqliteStorage:
     # -- learned pack dictionaries (``PackLearning``) -----------------------------------------
 
     def attempt_starts(self, job_id: int, job_type: str) -> None:
-        """``PackLearning``: job ``job_id``'s new packs use its type's dictionary; at the
-        type's first attempt in this process, its row is read (one short read)."""
+        """``PackLearning``: job ``job_id``'s new packs use its type's dictionary. At the
+        type's first attempt in this process its row is read (one short read); at the
+        first attempt after two of its jobs succeeded here while none was known, one is
+        learned from their traces (``_learn``). Never in an ack's transaction."""
         dictionaries = self.pack_dictionaries
         if dictionaries.unread(job_type):
             try:
@@ -981,20 +983,20 @@ class SqliteStorage:
                     )
             except (ReplayqError, sqlite3.Error) as exc:
                 log.warning("trace pack dictionary of job type %r not read: %s", job_type, exc)
+        else:
+            jobs = dictionaries.due(job_type)
+            if jobs is not None:
+                self._learn(job_type, jobs)
         dictionaries.attempt(job_id, job_type)
 
-    def learn_pack_dictionary(self, job_type: str, job_id: int) -> None:
-        """``PackLearning``: at the second success of ``job_type`` (another job) this
-        process is told of while it knows no dictionary of the type, the type's row read
-        again (another process may have learned it since) or a dictionary learned from
-        the two jobs' traces (the names both hold: ``pack_dictionaries.shape``) and kept
-        there: one short write transaction, once a type and process. A failure is logged
-        and tried again at a later success (three tries); until one holds, the type's
-        packs stay format 2 in this process."""
-        earlier = self.pack_dictionaries.told(job_type, job_id)
-        if earlier is None:
-            return
+    def _learn(self, job_type: str, jobs: tuple[int, int]) -> None:
+        """``job_type``'s row read again (another process may have learned it since), or a
+        dictionary learned from the traces of ``jobs`` (two succeeded jobs of the type: the
+        names both hold, ``pack_dictionaries.shape``) and kept there: one short write
+        transaction. A failure is logged and tried again at a later attempt's start
+        (three tries); until one holds, the type's packs stay format 2 in this process."""
         of_type = {"job_type": job_type}
+        job_id, earlier = jobs
         try:
             with self.transaction() as tx:
                 found = tx.fetchone("pack_dictionary_of_type", of_type)
@@ -1010,7 +1012,7 @@ class SqliteStorage:
                     found = tx.fetchone("pack_dictionary_of_type", of_type)
         except (ReplayqError, sqlite3.Error, ValueError) as exc:
             log.warning("no trace pack dictionary learned for job type %r: %s", job_type, exc)
-            self.pack_dictionaries.failed(job_type)
+            self.pack_dictionaries.failed(job_type, jobs)
             return
         self._dictionary_found(job_type, found)
 
