@@ -33,7 +33,7 @@ class PendingRecord:
     two are made per attempt (the context's, and its commit's fresh one), and the
     dataclass's ``__init__`` called ``list`` through a default factory four times each."""
 
-    __slots__ = ("blobs", "events", "releases", "unpipelined", "what", "writes")
+    __slots__ = ("blobs", "events", "orders", "releases", "unpipelined", "what", "writes")
 
     def __init__(self) -> None:
         self.events: list[TraceEvent] = []
@@ -48,6 +48,10 @@ class PendingRecord:
         self.releases: list[Callable[[Transaction], None]] = []
         # Whether a write may not run in a pipelined commit (``Recorder.defer``).
         self.unpipelined = False
+        # Each write's place in the attempt's order of writes (``Recorder._write_order``),
+        # once one was made here while a step ran (``None`` until then: the usual case);
+        # 0 for one made while none ran, before every step running since.
+        self.orders: list[int] | None = None
 
 
 class StepFlow:
@@ -58,13 +62,15 @@ class StepFlow:
     (``Recorder.adopt``: the innermost, as a nested step's commit always took its flow's
     writes), or never (it failed, or still ran when its attempt ended)."""
 
-    __slots__ = ("unpipelined", "what", "writes")
+    __slots__ = ("orders", "unpipelined", "what", "writes")
 
     # The writes (``None`` until the first: most steps write nothing), what each is, and
-    # whether one may not run in a pipelined commit: as ``PendingRecord``'s.
+    # whether one may not run in a pipelined commit: as ``PendingRecord``'s; each write's
+    # place in the attempt's order of writes (``Recorder._write_order``).
     writes: list[Callable[[Transaction], None]] | None
     what: list[str]
     unpipelined: bool
+    orders: list[int]
 
 
 class Recorder:
@@ -86,6 +92,10 @@ class Recorder:
     # runs: a write outside steps asks no key.
     _running: dict[object, StepFlow]
     _flow_key: Callable[[], object]
+    # How many writes were made while a step ran (in any flow): each one's place, so that
+    # a step's commit runs its flow's writes and the attempt's others (a thread or task
+    # the step started, outside any step of its own) in the order they were made.
+    _write_order: int
     _seq: int
     # The fields every domain event of this attempt starts from (``_event``).
     _event_template: dict[str, Any] | None = None
@@ -376,19 +386,26 @@ class Recorder:
         mode.
         """
         running = self._running
+        pending = self._pending
         if running:
+            order = self._write_order = self._write_order + 1
             flow = running.get(self._flow_key())
             if flow is not None:  # in a step of this flow: the write waits for its end
                 writes = flow.writes
                 if writes is None:
                     writes = flow.writes = []
-                    flow.what, flow.unpipelined = [], False
+                    flow.what, flow.unpipelined, flow.orders = [], False, []
                 writes.append(write)
                 flow.what.append(what)
+                flow.orders.append(order)
                 if not pipelines:
                     flow.unpipelined = True
                 return
-        pending = self._pending
+            if pending.orders is None:
+                pending.orders = [0] * len(pending.writes)
+            pending.orders.append(order)
+        elif pending.orders is not None:
+            pending.orders.append(0)
         pending.writes.append(write)
         pending.what.append(what)
         if not pipelines:
@@ -396,10 +413,29 @@ class Recorder:
 
     def adopt(self, flow: StepFlow, writes: list[Callable[[Transaction], None]]) -> None:
         """A step of ``flow`` ended: ``writes``, the flow's (taken from it), join the
-        attempt's pending record for the commit that follows at once (the step's)."""
+        attempt's pending record for the commit that follows at once (the step's), in the
+        order all were made: a thread or task the step started may have written outside
+        any step of its own meanwhile (a write on top of the step's own comes after it)."""
         pending = self._pending
-        pending.writes += writes
-        pending.what += flow.what
+        orders = pending.orders
+        if orders is None or not orders or orders[-1] < flow.orders[0]:
+            pending.writes += writes
+            pending.what += flow.what
+            if orders is not None:
+                orders += flow.orders
+        else:
+            merged: list[tuple[int, Callable[[Transaction], None], str]] = []
+            theirs = list(zip(orders, pending.writes, pending.what, strict=True))
+            at = 0
+            for entry in zip(flow.orders, writes, flow.what, strict=True):
+                while at < len(theirs) and theirs[at][0] < entry[0]:
+                    merged.append(theirs[at])
+                    at += 1
+                merged.append(entry)
+            merged += theirs[at:]
+            pending.orders = [entry[0] for entry in merged]
+            pending.writes = [entry[1] for entry in merged]
+            pending.what = [entry[2] for entry in merged]
         if flow.unpipelined:
             pending.unpipelined = True
 
@@ -619,6 +655,7 @@ class Recorder:
         the releases of locks that guarded them still run at the next commit."""
         self._pending.writes.clear()
         self._pending.what.clear()
+        self._pending.orders = None
         self._views_discard()
 
     def commit_now(self, *, failed: bool = False, refused: list[str] | None = None) -> None:
