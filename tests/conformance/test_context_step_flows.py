@@ -63,3 +63,86 @@ def test_a_write_a_steps_own_task_made_commits_after_the_steps_earlier_write(
     assert app.get_job(job_id).state == replayq.JobState.SUCCEEDED
     entity = app.state.get("orders", 1)
     assert (entity.version, entity.data) == (2, {"n": 2})
+
+
+def test_a_lock_let_go_of_in_a_running_step_is_held_until_its_writes_commit(
+    app_factory: AppFactory,
+) -> None:
+    """A thread's step writes under lock ``r`` and lets go of it, then waits; the
+    handler's own step commits meanwhile. The lock stays held (its release waits for the
+    thread's step's commit), so the thread's write lands once its step ends (before the
+    fix: the handler's commit released ``r``, another holder took it, and the thread's
+    write was refused as stale)."""
+    app = app_factory()
+    in_step, go_on = threading.Event(), threading.Event()
+    seen: list[BaseException | None] = []
+    held_meanwhile: list[list[str]] = []
+
+    @app.job("guards")
+    def guards(ctx: replayq.Context) -> None:
+        def theirs() -> None:
+            try:
+                with ctx.step("theirs"):
+                    with ctx.lock("r"):
+                        ctx.state.put("orders", 1, {"n": 1})
+                    in_step.set()
+                    assert go_on.wait(30)
+                seen.append(None)
+            except BaseException as exc:
+                seen.append(exc)
+
+        helper = threading.Thread(target=theirs)
+        helper.start()
+        assert in_step.wait(30)
+        with ctx.step("mine"):
+            ctx.state.put("customers", 7, {"seen": True})
+        held_meanwhile.append([lock.resource for lock in replayq.list_locks(app)])
+        go_on.set()
+        helper.join(30)
+
+    job_id = app.enqueue("guards", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    assert app.get_job(job_id).state == replayq.JobState.SUCCEEDED
+    assert held_meanwhile == [["r"]], "the lock was released before the writes it guarded"
+    assert seen == [None]
+    assert app.state.get("orders", 1).version == 1
+    assert replayq.list_locks(app) == []
+
+
+def test_a_lock_a_step_running_at_the_ack_let_go_of_is_released_once(
+    app_factory: AppFactory,
+) -> None:
+    """A thread's step writes under lock ``r``, lets go of it and is still running when
+    the handler returns: the ack does not write the step's write, and the lock is freed
+    when the attempt is settled (not left to its TTL), its ``lock.released`` traced once."""
+    app = app_factory()
+    in_step, go_on, done = threading.Event(), threading.Event(), threading.Event()
+    seen: list[BaseException] = []
+
+    @app.job("leaves_a_lock")
+    def leaves_a_lock(ctx: replayq.Context) -> None:
+        def late() -> None:
+            try:
+                with ctx.step("late"):
+                    with ctx.lock("r"):
+                        ctx.state.put("orders", 1, {"n": 1})
+                    in_step.set()
+                    go_on.wait(30)
+            except BaseException as exc:
+                seen.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=late, daemon=True).start()
+        assert in_step.wait(30)
+
+    job_id = app.enqueue("leaves_a_lock", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    assert app.get_job(job_id).state == replayq.JobState.SUCCEEDED
+    assert replayq.list_locks(app) == [], "the lock was left to its TTL"
+    go_on.set()
+    assert done.wait(30)
+    assert app.state.get("orders", 1).version == 0, "a running step's write committed"
+    assert [type(exc) for exc in seen] == [replayq.ContextEndedError], seen
+    names = [e.name for e in app.trace(job_id)]
+    assert names.count("lock.released") == 1, names

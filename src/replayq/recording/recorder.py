@@ -458,6 +458,15 @@ class Recorder:
         writes = [*self._pending.writes, *self._step_writes()]
         return any(getattr(write, "fences", {}).get(resource) == fencing_token for write in writes)
 
+    def fenced_in_step(self, resource: str, fencing_token: int) -> bool:
+        """Whether a write carrying ``fencing_token`` of the lock on ``resource`` waits in a
+        step still running (in any flow): not in the next commit unless it is that step's,
+        so the lock's release waits for a later one (``LockReleases._release_waiting``)."""
+        if not self._running:
+            return False
+        writes = self._step_writes()
+        return any(getattr(write, "fences", {}).get(resource) == fencing_token for write in writes)
+
     def amend(self, event: TraceEvent, amended: TraceEvent) -> None:
         """The pending ``event`` replaced by ``amended`` (its place in the sequence kept): a
         pending release's event once its commit knows how the release went."""
