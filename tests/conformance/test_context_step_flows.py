@@ -146,3 +146,43 @@ def test_a_lock_a_step_running_at_the_ack_let_go_of_is_released_once(
     assert [type(exc) for exc in seen] == [replayq.ContextEndedError], seen
     names = [e.name for e in app.trace(job_id)]
     assert names.count("lock.released") == 1, names
+
+
+def test_a_cache_write_of_a_step_running_at_the_ack_is_not_made(
+    app_factory: AppFactory,
+) -> None:
+    """A step left running in a thread caches a value, then waits; the handler returns.
+    The ack does not make the step's cache write (as it does not make its state writes);
+    nor does the step, ended after the attempt."""
+    app = app_factory()
+    in_step, go_on, done = threading.Event(), threading.Event(), threading.Event()
+    seen: list[BaseException] = []
+
+    @app.job("leaves")
+    def leaves(ctx: replayq.Context) -> None:
+        def late() -> None:
+            try:
+                with ctx.step("late"):
+                    ctx.cache.set("profile", 1, {"name": "half-done"})
+                    in_step.set()
+                    go_on.wait(30)
+            except BaseException as exc:
+                seen.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=late, daemon=True).start()
+        assert in_step.wait(30)
+
+    @app.job("reads")
+    def reads(ctx: replayq.Context) -> bool:
+        return ctx.cache.get("profile", 1).hit
+
+    app.enqueue("leaves", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    go_on.set()
+    assert done.wait(30)
+    assert [type(exc) for exc in seen] == [replayq.ContextEndedError], seen
+    job_id = app.enqueue("reads", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    assert app.get_job(job_id).result is False, "a running step's cache write was made"

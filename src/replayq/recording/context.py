@@ -283,6 +283,11 @@ class Context(Recorder):
         if locks is not None and locks.deferred:
             locks.released()
 
+    def adopt_after(self, held: list[tuple[Callable[[], None], str]]) -> None:
+        """A step ended: what its flow held for after the commit (cache writes) waits for
+        the commit that follows at once (the step's)."""
+        self.cache.adopt(held)
+
     def _views_discard(self) -> None:
         if self._state is not None:
             self._state.discard_pending()

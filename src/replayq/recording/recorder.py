@@ -62,7 +62,7 @@ class StepFlow:
     (``Recorder.adopt``: the innermost, as a nested step's commit always took its flow's
     writes), or never (it failed, or still ran when its attempt ended)."""
 
-    __slots__ = ("orders", "unpipelined", "what", "writes")
+    __slots__ = ("after", "orders", "unpipelined", "what", "writes")
 
     # The writes (``None`` until the first: most steps write nothing), what each is, and
     # whether one may not run in a pipelined commit: as ``PendingRecord``'s; each write's
@@ -71,6 +71,9 @@ class StepFlow:
     what: list[str]
     unpipelined: bool
     orders: list[int]
+    # What the flow's steps left for after their commit (cache writes: ``CacheView``), and
+    # what each is; ``None`` until the first.
+    after: list[tuple[Callable[[], None], str]] | None
 
 
 class Recorder:
@@ -438,6 +441,21 @@ class Recorder:
             pending.what = [entry[2] for entry in merged]
         if flow.unpipelined:
             pending.unpipelined = True
+
+    def defer_after_commit(self, action: Callable[[], None], what: str) -> bool:
+        """Hold ``action`` (a cache write, after the commit: ``CacheView``) for the end of
+        the step running in this flow, as ``defer`` holds a write; ``False`` when no step
+        runs in it (the caller keeps it for the attempt's next commit)."""
+        running = self._running
+        if not running:
+            return False
+        flow = running.get(self._flow_key())
+        if flow is None:
+            return False
+        if flow.after is None:
+            flow.after = []
+        flow.after.append((action, what))
+        return True
 
     def _step_writes(self) -> list[Callable[[Transaction], None]]:
         """The writes waiting in running steps, in every flow."""

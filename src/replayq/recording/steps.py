@@ -72,6 +72,8 @@ class StepAttempt(Attempt, Protocol):
 
     def adopt(self, flow: StepFlow, writes: list[Callable[[Transaction], None]]) -> None: ...
 
+    def adopt_after(self, held: list[tuple[Callable[[], None], str]]) -> None: ...
+
     def commit_now(self, *, failed: bool = False, refused: list[str] | None = None) -> None: ...
 
     def record_fenced(self, refused: list[str], **details: Any) -> TraceEvent: ...
@@ -191,7 +193,8 @@ class StepBoundary(StepFlow):
         flow = running.get(flow_key) if running else None
         if flow is None:
             # The outermost step of this attempt in this flow: it holds the flow's writes.
-            self.writes, self.flow, self.flow_key = None, None, flow_key
+            self.writes = self.after = self.flow = None
+            self.flow_key = flow_key
             running[flow_key] = self
         else:
             self.flow, self.flow_key = flow, None
@@ -229,7 +232,8 @@ class StepBoundary(StepFlow):
 
     def _drop(self) -> None:
         """The writes of this step's flow never happen."""
-        (self.flow or self).writes = None
+        flow = self.flow or self
+        flow.writes = flow.after = None
 
     def _ended(
         self, ctx: StepAttempt, name: str, duration: float, exc: BaseException | None
@@ -262,6 +266,10 @@ class StepBoundary(StepFlow):
             # Its flow's writes (its ledger row among them) commit with it.
             flow.writes = None
             ctx.adopt(flow, writes)
+        held = flow.after
+        if held is not None:
+            flow.after = None
+            ctx.adopt_after(held)
         data: dict[str, Any] = {"step_name": name, "duration": duration}
         output_ref = None
         if outcome:
