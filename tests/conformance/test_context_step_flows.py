@@ -186,3 +186,29 @@ def test_a_cache_write_of_a_step_running_at_the_ack_is_not_made(
     job_id = app.enqueue("reads", {})
     run_once(replayq.Worker(app, worker_id="w1"))
     assert app.get_job(job_id).result is False, "a running step's cache write was made"
+
+
+def test_a_steps_events_do_not_ride_an_effects_claim_while_its_cache_write_waits(
+    app_factory: AppFactory,
+) -> None:
+    """A step caches a value, then runs an effect: its events so far (``cache.write``
+    among them) commit with the step's commit, not ahead of it with the effect's claim, as
+    for a step's other writes: the effect finds them not yet in the trace."""
+    app = app_factory()
+    traced_at_effect: list[list[str]] = []
+
+    @app.job("caches_then_charges")
+    def caches_then_charges(ctx: replayq.Context) -> None:
+        def charge() -> str:
+            traced_at_effect.append([e.name for e in app.trace(ctx.job_id)])
+            return "ok"
+
+        with ctx.step("s"):
+            ctx.cache.set("profile", 1, {"name": "Ada"})
+            ctx.effect("charge", charge, key="charge-1")
+
+    job_id = app.enqueue("caches_then_charges", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    assert app.get_job(job_id).state == replayq.JobState.SUCCEEDED
+    [names] = traced_at_effect
+    assert "cache.write" not in names, names

@@ -457,6 +457,10 @@ class Recorder:
         flow.after.append((action, what))
         return True
 
+    def _steps_hold(self) -> bool:
+        """Whether a step running in any flow holds a write or a cache action."""
+        return any(flow.writes or flow.after for flow in list(self._running.values()))
+
     def _step_writes(self) -> list[Callable[[Transaction], None]]:
         """The writes waiting in running steps, in every flow."""
         writes: list[Callable[[Transaction], None]] = []
@@ -552,12 +556,12 @@ class Recorder:
     def ride_along(self) -> list[TraceEvent]:
         """Pending events that may commit in a transaction the attempt opens now (an
         effect's claim or result), so that they need no commit of their own. None while
-        a write is pending (the attempt's, or a running step's in any thread): a step's
-        events commit with that step's writes."""
+        a write is pending (the attempt's, or a running step's in any thread, a cache
+        write too): a step's events commit with that step's writes."""
         pending = self._pending
         if pending.blobs or pending.releases or self.pending_writes():
             return []
-        if self._running and self._step_writes():
+        if self._running and self._steps_hold():
             return []
         return list(pending.events)
 
