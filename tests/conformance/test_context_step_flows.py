@@ -212,3 +212,47 @@ def test_a_steps_events_do_not_ride_an_effects_claim_while_its_cache_write_waits
     assert app.get_job(job_id).state == replayq.JobState.SUCCEEDED
     [names] = traced_at_effect
     assert "cache.write" not in names, names
+
+
+def test_another_threads_failed_step_leaves_a_running_steps_reads_and_writes(
+    app_factory: AppFactory,
+) -> None:
+    """A thread's step puts ``orders:1``, then waits while the handler's own step fails;
+    the thread's step then reads its put back and puts on top of it: both of its writes
+    commit (before: the handler's failure made ``ctx.state`` forget the thread's put,
+    the read found nothing, and the second put, made from version 0 again, was refused
+    as a version conflict at the thread's step's commit)."""
+    app = app_factory()
+    in_step, go_on = threading.Event(), threading.Event()
+    seen: list[object] = []
+
+    @app.job("two", retry=replayq.Retry(max_attempts=1))
+    def two(ctx: replayq.Context) -> None:
+        def theirs() -> None:
+            try:
+                with ctx.step("theirs"):
+                    ctx.state.put("orders", 1, {"n": 1})
+                    in_step.set()
+                    assert go_on.wait(30)
+                    seen.append(ctx.state.get("orders", 1).data)
+                    ctx.state.put("orders", 1, {"n": 2})
+                seen.append(None)
+            except BaseException as exc:
+                seen.append(exc)
+
+        helper = threading.Thread(target=theirs)
+        helper.start()
+        assert in_step.wait(30)
+        try:
+            with ctx.step("mine"):
+                raise ValueError("mine failed")
+        except ValueError:
+            pass
+        go_on.set()
+        helper.join(30)
+
+    job_id = app.enqueue("two", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    assert seen == [{"n": 1}, None]
+    assert app.get_job(job_id).state == replayq.JobState.SUCCEEDED
+    assert app.state.get("orders", 1).version == 2

@@ -288,6 +288,12 @@ class Context(Recorder):
         the commit that follows at once (the step's)."""
         self.cache.adopt(held)
 
+    def _views_discard_only(self, resources: set[str | None]) -> None:
+        if self._state is not None:
+            self._state.discard_pending(resources)
+        if self._cache is not None:
+            self._cache.discard_pending()
+
     def _views_discard(self) -> None:
         if self._state is not None:
             self._state.discard_pending()

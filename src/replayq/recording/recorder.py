@@ -689,6 +689,27 @@ class Recorder:
         self._pending.orders = None
         self._views_discard()
 
+    def discard_step_writes(self, dropped: list[Callable[[Transaction], None]] | None) -> None:
+        """A step failed (or its commit was refused): ``discard_writes``, and ``dropped``, its
+        flow's writes, are gone too. While another thread's or task's step still holds
+        writes, the views forget only what these writes put (``ctx.state.get`` in that
+        step still reads that step's own puts), not everything."""
+        running = self._running
+        if not running or not self._steps_hold():
+            self.discard_writes()
+            return
+        gone = [*(dropped or ()), *self._pending.writes]
+        resources = {getattr(write, "resource", None) for write in gone}
+        pending = self._pending
+        pending.writes.clear()
+        pending.what.clear()
+        pending.orders = None
+        self._views_discard_only(resources)
+
+    def _views_discard_only(self, resources: set[str | None]) -> None:
+        """A step failed while others run: the views drop what ``resources`` they put."""
+        self._views_discard()
+
     def commit_now(self, *, failed: bool = False, refused: list[str] | None = None) -> None:
         """Commit what is pending in a transaction of its own (a step boundary).
 

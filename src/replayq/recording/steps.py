@@ -70,6 +70,8 @@ class StepAttempt(Attempt, Protocol):
 
     def discard_writes(self) -> None: ...
 
+    def discard_step_writes(self, dropped: list[Callable[[Transaction], None]] | None) -> None: ...
+
     def adopt(self, flow: StepFlow, writes: list[Callable[[Transaction], None]]) -> None: ...
 
     def adopt_after(self, held: list[tuple[Callable[[], None], str]]) -> None: ...
@@ -249,8 +251,9 @@ class StepBoundary(StepFlow):
                     self._ended(ctx, name, duration, unrecordable)  # as if failed in fn
                     raise
         if exc is not None:
+            dropped = (self.flow or self).writes
             self._drop()
-            ctx.discard_writes()
+            ctx.discard_step_writes(dropped)
             ctx.record(
                 "step.finished",
                 status="fail",
@@ -289,7 +292,7 @@ class StepBoundary(StepFlow):
             # step did not finish with success: its end comes after the refusal.
             if isinstance(error_raised, LeaseLostError):
                 ctx.record_fenced(refused, step_name=name)
-            ctx.discard_writes()
+            ctx.discard_step_writes(None)
             ctx.unrecord(finished)
             error = ctx.redactor.error(error_raised)
             ctx.record("step.rolled_back", status="fail", step_name=name, error=error)
