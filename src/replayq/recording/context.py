@@ -136,7 +136,6 @@ class Context(Recorder):
         self._running: dict[object, StepFlow] = {}
         # Which flow runs now (``Recorder._running``): a thread, or an async handler's task.
         self._flow_key = task_or_thread if handler.is_async else get_ident
-        self._write_order = 0
         self._seq = 0
         self._steps: list[str] = []
         self._step_keys: list[str] = []

@@ -33,7 +33,7 @@ class PendingRecord:
     two are made per attempt (the context's, and its commit's fresh one), and the
     dataclass's ``__init__`` called ``list`` through a default factory four times each."""
 
-    __slots__ = ("blobs", "events", "orders", "releases", "unpipelined", "what", "writes")
+    __slots__ = ("blobs", "events", "marks", "releases", "unpipelined", "what", "writes")
 
     def __init__(self) -> None:
         self.events: list[TraceEvent] = []
@@ -48,10 +48,11 @@ class PendingRecord:
         self.releases: list[Callable[[Transaction], None]] = []
         # Whether a write may not run in a pipelined commit (``Recorder.defer``).
         self.unpipelined = False
-        # Each write's place in the attempt's order of writes (``Recorder._write_order``),
-        # once one was made here while a step ran (``None`` until then: the usual case);
-        # 0 for one made while none ran, before every step running since.
-        self.orders: list[int] | None = None
+        # For each write made here while a step ran (in another flow: a thread or task
+        # outside steps), by its place in ``writes``: how many writes each running step
+        # held then (``Recorder.adopt`` puts that step's writes around it). ``None`` until
+        # one is (the usual case).
+        self.marks: dict[int, dict[StepFlow, int]] | None = None
 
 
 class StepFlow:
@@ -62,15 +63,13 @@ class StepFlow:
     (``Recorder.adopt``: the innermost, as a nested step's commit always took its flow's
     writes), or never (it failed, or still ran when its attempt ended)."""
 
-    __slots__ = ("after", "orders", "unpipelined", "what", "writes")
+    __slots__ = ("after", "unpipelined", "what", "writes")
 
     # The writes (``None`` until the first: most steps write nothing), what each is, and
-    # whether one may not run in a pipelined commit: as ``PendingRecord``'s; each write's
-    # place in the attempt's order of writes (``Recorder._write_order``).
+    # whether one may not run in a pipelined commit: as ``PendingRecord``'s.
     writes: list[Callable[[Transaction], None]] | None
     what: list[str]
     unpipelined: bool
-    orders: list[int]
     # What the flow's steps left for after their commit (cache writes: ``CacheView``), and
     # what each is; ``None`` until the first.
     after: list[tuple[Callable[[], None], str]] | None
@@ -95,10 +94,6 @@ class Recorder:
     # runs: a write outside steps asks no key.
     _running: dict[object, StepFlow]
     _flow_key: Callable[[], object]
-    # How many writes were made while a step ran (in any flow): each one's place, so that
-    # a step's commit runs its flow's writes and the attempt's others (a thread or task
-    # the step started, outside any step of its own) in the order they were made.
-    _write_order: int
     _seq: int
     # The fields every domain event of this attempt starts from (``_event``).
     _event_template: dict[str, Any] | None = None
@@ -391,24 +386,24 @@ class Recorder:
         running = self._running
         pending = self._pending
         if running:
-            order = self._write_order = self._write_order + 1
             flow = running.get(self._flow_key())
             if flow is not None:  # in a step of this flow: the write waits for its end
                 writes = flow.writes
                 if writes is None:
                     writes = flow.writes = []
-                    flow.what, flow.unpipelined, flow.orders = [], False, []
+                    flow.what, flow.unpipelined = [], False
                 writes.append(write)
                 flow.what.append(what)
-                flow.orders.append(order)
                 if not pipelines:
                     flow.unpipelined = True
                 return
-            if pending.orders is None:
-                pending.orders = [0] * len(pending.writes)
-            pending.orders.append(order)
-        elif pending.orders is not None:
-            pending.orders.append(0)
+            # Outside steps in this flow while steps run in others (a thread or task one of
+            # them started, maybe): where it goes among their writes (``adopt``).
+            if pending.marks is None:
+                pending.marks = {}
+            pending.marks[len(pending.writes)] = {
+                held: len(held.writes or ()) for held in list(running.values())
+            }
         pending.writes.append(write)
         pending.what.append(what)
         if not pipelines:
@@ -420,25 +415,26 @@ class Recorder:
         order all were made: a thread or task the step started may have written outside
         any step of its own meanwhile (a write on top of the step's own comes after it)."""
         pending = self._pending
-        orders = pending.orders
-        if orders is None or not orders or orders[-1] < flow.orders[0]:
+        marks = pending.marks
+        if marks is None:
             pending.writes += writes
             pending.what += flow.what
-            if orders is not None:
-                orders += flow.orders
         else:
-            merged: list[tuple[int, Callable[[Transaction], None], str]] = []
-            theirs = list(zip(orders, pending.writes, pending.what, strict=True))
-            at = 0
-            for entry in zip(flow.orders, writes, flow.what, strict=True):
-                while at < len(theirs) and theirs[at][0] < entry[0]:
-                    merged.append(theirs[at])
-                    at += 1
-                merged.append(entry)
-            merged += theirs[at:]
-            pending.orders = [entry[0] for entry in merged]
-            pending.writes = [entry[1] for entry in merged]
-            pending.what = [entry[2] for entry in merged]
+            # Each pending write after the flow's writes made before it (its mark); one made
+            # while no step ran, or before this one began, before all of them. The commit
+            # that follows resets ``pending``: the marks are not needed again.
+            merged: list[tuple[Callable[[Transaction], None], str]] = []
+            ours = list(zip(writes, flow.what, strict=True))
+            taken = 0
+            for at, theirs in enumerate(zip(pending.writes, pending.what, strict=True)):
+                before = marks.get(at, {}).get(flow, 0)
+                merged += ours[taken:before]
+                taken = max(taken, before)
+                merged.append(theirs)
+            merged += ours[taken:]
+            pending.writes = [entry[0] for entry in merged]
+            pending.what = [entry[1] for entry in merged]
+            pending.marks = None
         if flow.unpipelined:
             pending.unpipelined = True
 
@@ -686,7 +682,7 @@ class Recorder:
         the releases of locks that guarded them still run at the next commit."""
         self._pending.writes.clear()
         self._pending.what.clear()
-        self._pending.orders = None
+        self._pending.marks = None
         self._views_discard()
 
     def discard_step_writes(self, dropped: list[Callable[[Transaction], None]] | None) -> None:
@@ -703,7 +699,7 @@ class Recorder:
         pending = self._pending
         pending.writes.clear()
         pending.what.clear()
-        pending.orders = None
+        pending.marks = None
         self._views_discard_only(resources)
 
     def _views_discard_only(self, resources: set[str | None]) -> None:
