@@ -473,16 +473,19 @@ class Recorder:
     def fenced_by(self, resource: str, fencing_token: int) -> bool:
         """Whether a pending write carries ``fencing_token`` of the lock on ``resource``: a
         state write's ``fences`` (no other write is fenced by a lock)."""
-        writes = [*self._pending.writes, *self._step_writes()]
-        return any(getattr(write, "fences", {}).get(resource) == fencing_token for write in writes)
+        return self._fenced([*self._pending.writes, *self._step_writes()], resource, fencing_token)
 
     def fenced_in_step(self, resource: str, fencing_token: int) -> bool:
         """Whether a write carrying ``fencing_token`` of the lock on ``resource`` waits in a
         step still running (in any flow): not in the next commit unless it is that step's,
         so the lock's release waits for a later one (``LockReleases._release_waiting``)."""
-        if not self._running:
-            return False
-        writes = self._step_writes()
+        return bool(self._running) and self._fenced(self._step_writes(), resource, fencing_token)
+
+    @staticmethod
+    def _fenced(
+        writes: list[Callable[[Transaction], None]], resource: str, fencing_token: int
+    ) -> bool:
+        """Whether one of ``writes`` carries ``fencing_token`` of the lock on ``resource``."""
         return any(getattr(write, "fences", {}).get(resource) == fencing_token for write in writes)
 
     def amend(self, event: TraceEvent, amended: TraceEvent) -> None:
