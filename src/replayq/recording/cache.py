@@ -217,8 +217,7 @@ class CacheView:
         )
         # A replay writes only under its own namespace, and not before a fork point.
         if ctx.world.writes_apply:
-            self._after_commit.append(lambda: ctx.runtime.cache_backend.put(entry))
-            self.pending.append(f"cache {logical}")
+            self._hold(lambda: ctx.runtime.cache_backend.put(entry), f"cache {logical}")
         return logical
 
     def invalidate(self, namespace: str, ident: Any) -> None:
@@ -230,8 +229,22 @@ class CacheView:
         logical = f"{namespace}:{ident}"
         ctx.record("cache.invalidate", resource=logical, key=logical)
         if ctx.world.writes_apply:
-            self._after_commit.append(lambda: ctx.runtime.cache_backend.delete_base(base))
-            self.pending.append(f"cache invalidation {logical}")
+            action = lambda: ctx.runtime.cache_backend.delete_base(base)  # noqa: E731
+            self._hold(action, f"cache invalidation {logical}")
+
+    def _hold(self, action: Callable[[], None], what: str) -> None:
+        """``action`` after the commit of the step running in this thread or task (held in
+        it: a commit of another's, or the ack, does not make it), or of the attempt's next
+        commit outside steps."""
+        if not self._ctx.defer_after_commit(action, what):
+            self._after_commit.append(action)
+            self.pending.append(what)
+
+    def adopt(self, held: list[tuple[Callable[[], None], str]]) -> None:
+        """The actions a step held (``_hold``) wait for the commit that follows at once."""
+        for action, what in held:
+            self._after_commit.append(action)
+            self.pending.append(what)
 
     def after_commit(self) -> None:
         todo, self._after_commit = self._after_commit, []

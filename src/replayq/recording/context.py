@@ -282,6 +282,17 @@ class Context(Recorder):
         if locks is not None and locks.deferred:
             locks.released()
 
+    def adopt_after(self, held: list[tuple[Callable[[], None], str]]) -> None:
+        """A step ended: what its flow held for after the commit (cache writes) waits for
+        the commit that follows at once (the step's)."""
+        self.cache.adopt(held)
+
+    def _views_discard_only(self, resources: set[str | None]) -> None:
+        if self._state is not None:
+            self._state.discard_pending(resources)
+        if self._cache is not None:
+            self._cache.discard_pending()
+
     def _views_discard(self) -> None:
         if self._state is not None:
             self._state.discard_pending()

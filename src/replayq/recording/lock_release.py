@@ -72,6 +72,11 @@ class LockReleases(Generic[Handle]):
     _ctx: Attempt
     held: dict[str, Handle]
     waiting: dict[str, Handle]
+    # Of ``waiting``, those the commit running ``_release_waiting`` kept waiting; and the
+    # ``lock.released`` of each a commit kept, which it committed: a release on its own
+    # (``abandon``) does not append it again.
+    kept: list[str]
+    traced: list[TraceEvent]
     deferred: bool
     ended: bool
 
@@ -133,19 +138,37 @@ class LockReleases(Generic[Handle]):
     def _release_waiting(self, tx: Transaction) -> None:
         """The releases waiting for this commit (``defer_release``), in the order their locks
         were acquired (their heartbeat's renewal takes the rows in that order too); each
-        pending event amended to what its release found."""
+        pending event amended to what its release found.
+
+        Not a lock whose writes still wait in a step running in another thread or task
+        (``Recorder._running``): this commit (another step's, the ack) does not write them,
+        so the lock is kept until the commit that does (that step's), or ``abandon``."""
         ctx = self._ctx
+        self.kept = []
         for handle in sorted(self.waiting.values(), key=acquisition_order):
             assert handle.release_event is not None and handle.recorded is not None
+            if handle.fencing_token is not None and ctx.fenced_in_step(
+                handle.resource, handle.fencing_token
+            ):
+                self.kept.append(handle.resource)
+                continue
             event = self._release_in(tx, handle, handle.release_event)
             if event is not handle.recorded:
                 ctx.amend(handle.recorded, event)
                 handle.recorded = event
 
     def released(self) -> None:
-        """The commit that ran the waiting releases committed (``Context.committed``)."""
-        self.waiting.clear()
-        self.deferred = False
+        """The commit that ran the waiting releases committed (``Context.committed``): those
+        it kept (``_release_waiting``) wait for the next commit."""
+        kept = self.kept
+        if not kept:
+            self.waiting.clear()
+            self.deferred = False
+            return
+        self.waiting = {r: h for r, h in self.waiting.items() if r in kept}
+        self.traced += [h.release_event for h in self.waiting.values() if h.release_event]
+        self.kept = []
+        self._ctx.defer_release(self._release_waiting)
 
     def abandon(self) -> None:
         """The attempt is settled (``Context.release``) and no commit of it is to come: the releases
@@ -186,6 +209,8 @@ class LockReleases(Generic[Handle]):
         assert event is not None
         with self._ctx.runtime.storage.transaction() as tx:
             done = self._release_in(tx, handle, event, row_wait(handle.wait))
+            if any(traced is event for traced in self.traced):
+                return  # its event committed with the commit that kept it waiting
             if done is not event and done.data.get("note") == TAKEN and _traced(tx, event):
                 return
             tx.trace_append([done])

@@ -137,6 +137,8 @@ class LockManager(LockReleases[LockHandle]):
         # Let go of while writes under them wait for their commit: released by that commit
         # (``release``), renewed until then.
         self.waiting: dict[str, LockHandle] = {}
+        self.kept: list[str] = []
+        self.traced: list[TraceEvent] = []
         # Whether ``_release_waiting`` waits for the next commit (once per commit).
         self.deferred = False
         # The attempt is settled (``abandon``): no commit of it is to come, a lock let go

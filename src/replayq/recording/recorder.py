@@ -33,7 +33,7 @@ class PendingRecord:
     two are made per attempt (the context's, and its commit's fresh one), and the
     dataclass's ``__init__`` called ``list`` through a default factory four times each."""
 
-    __slots__ = ("blobs", "events", "releases", "unpipelined", "what", "writes")
+    __slots__ = ("blobs", "events", "marks", "releases", "unpipelined", "what", "writes")
 
     def __init__(self) -> None:
         self.events: list[TraceEvent] = []
@@ -48,6 +48,11 @@ class PendingRecord:
         self.releases: list[Callable[[Transaction], None]] = []
         # Whether a write may not run in a pipelined commit (``Recorder.defer``).
         self.unpipelined = False
+        # For each write made here while a step ran (in another flow: a thread or task
+        # outside steps), by its place in ``writes``: how many writes each running step
+        # held then (``Recorder.adopt`` puts that step's writes around it). ``None`` until
+        # one is (the usual case).
+        self.marks: dict[int, dict[StepFlow, int]] | None = None
 
 
 class StepFlow:
@@ -58,13 +63,16 @@ class StepFlow:
     (``Recorder.adopt``: the innermost, as a nested step's commit always took its flow's
     writes), or never (it failed, or still ran when its attempt ended)."""
 
-    __slots__ = ("unpipelined", "what", "writes")
+    __slots__ = ("after", "unpipelined", "what", "writes")
 
     # The writes (``None`` until the first: most steps write nothing), what each is, and
     # whether one may not run in a pipelined commit: as ``PendingRecord``'s.
     writes: list[Callable[[Transaction], None]] | None
     what: list[str]
     unpipelined: bool
+    # What the flow's steps left for after their commit (cache writes: ``CacheView``), and
+    # what each is; ``None`` until the first.
+    after: list[tuple[Callable[[], None], str]] | None
 
 
 class Recorder:
@@ -376,6 +384,7 @@ class Recorder:
         mode.
         """
         running = self._running
+        pending = self._pending
         if running:
             flow = running.get(self._flow_key())
             if flow is not None:  # in a step of this flow: the write waits for its end
@@ -388,7 +397,13 @@ class Recorder:
                 if not pipelines:
                     flow.unpipelined = True
                 return
-        pending = self._pending
+            # Outside steps in this flow while steps run in others (a thread or task one of
+            # them started, maybe): where it goes among their writes (``adopt``).
+            if pending.marks is None:
+                pending.marks = {}
+            pending.marks[len(pending.writes)] = {
+                held: len(held.writes or ()) for held in list(running.values())
+            }
         pending.writes.append(write)
         pending.what.append(what)
         if not pipelines:
@@ -396,12 +411,51 @@ class Recorder:
 
     def adopt(self, flow: StepFlow, writes: list[Callable[[Transaction], None]]) -> None:
         """A step of ``flow`` ended: ``writes``, the flow's (taken from it), join the
-        attempt's pending record for the commit that follows at once (the step's)."""
+        attempt's pending record for the commit that follows at once (the step's), in the
+        order all were made: a thread or task the step started may have written outside
+        any step of its own meanwhile (a write on top of the step's own comes after it)."""
         pending = self._pending
-        pending.writes += writes
-        pending.what += flow.what
+        marks = pending.marks
+        if marks is None:
+            pending.writes += writes
+            pending.what += flow.what
+        else:
+            # Each pending write after the flow's writes made before it (its mark); one made
+            # while no step ran, or before this one began, before all of them. The commit
+            # that follows resets ``pending``: the marks are not needed again.
+            merged: list[tuple[Callable[[Transaction], None], str]] = []
+            ours = list(zip(writes, flow.what, strict=True))
+            taken = 0
+            for at, theirs in enumerate(zip(pending.writes, pending.what, strict=True)):
+                before = marks.get(at, {}).get(flow, 0)
+                merged += ours[taken:before]
+                taken = max(taken, before)
+                merged.append(theirs)
+            merged += ours[taken:]
+            pending.writes = [entry[0] for entry in merged]
+            pending.what = [entry[1] for entry in merged]
+            pending.marks = None
         if flow.unpipelined:
             pending.unpipelined = True
+
+    def defer_after_commit(self, action: Callable[[], None], what: str) -> bool:
+        """Hold ``action`` (a cache write, after the commit: ``CacheView``) for the end of
+        the step running in this flow, as ``defer`` holds a write; ``False`` when no step
+        runs in it (the caller keeps it for the attempt's next commit)."""
+        running = self._running
+        if not running:
+            return False
+        flow = running.get(self._flow_key())
+        if flow is None:
+            return False
+        if flow.after is None:
+            flow.after = []
+        flow.after.append((action, what))
+        return True
+
+    def _steps_hold(self) -> bool:
+        """Whether a step running in any flow holds a write or a cache action."""
+        return any(flow.writes or flow.after for flow in list(self._running.values()))
 
     def _step_writes(self) -> list[Callable[[Transaction], None]]:
         """The writes waiting in running steps, in every flow."""
@@ -419,7 +473,19 @@ class Recorder:
     def fenced_by(self, resource: str, fencing_token: int) -> bool:
         """Whether a pending write carries ``fencing_token`` of the lock on ``resource``: a
         state write's ``fences`` (no other write is fenced by a lock)."""
-        writes = [*self._pending.writes, *self._step_writes()]
+        return self._fenced([*self._pending.writes, *self._step_writes()], resource, fencing_token)
+
+    def fenced_in_step(self, resource: str, fencing_token: int) -> bool:
+        """Whether a write carrying ``fencing_token`` of the lock on ``resource`` waits in a
+        step still running (in any flow): not in the next commit unless it is that step's,
+        so the lock's release waits for a later one (``LockReleases._release_waiting``)."""
+        return bool(self._running) and self._fenced(self._step_writes(), resource, fencing_token)
+
+    @staticmethod
+    def _fenced(
+        writes: list[Callable[[Transaction], None]], resource: str, fencing_token: int
+    ) -> bool:
+        """Whether one of ``writes`` carries ``fencing_token`` of the lock on ``resource``."""
         return any(getattr(write, "fences", {}).get(resource) == fencing_token for write in writes)
 
     def amend(self, event: TraceEvent, amended: TraceEvent) -> None:
@@ -489,12 +555,12 @@ class Recorder:
     def ride_along(self) -> list[TraceEvent]:
         """Pending events that may commit in a transaction the attempt opens now (an
         effect's claim or result), so that they need no commit of their own. None while
-        a write is pending (the attempt's, or a running step's in any thread): a step's
-        events commit with that step's writes."""
+        a write is pending (the attempt's, or a running step's in any thread, a cache
+        write too): a step's events commit with that step's writes."""
         pending = self._pending
         if pending.blobs or pending.releases or self.pending_writes():
             return []
-        if self._running and self._step_writes():
+        if self._running and self._steps_hold():
             return []
         return list(pending.events)
 
@@ -619,6 +685,28 @@ class Recorder:
         the releases of locks that guarded them still run at the next commit."""
         self._pending.writes.clear()
         self._pending.what.clear()
+        self._pending.marks = None
+        self._views_discard()
+
+    def discard_step_writes(self, dropped: list[Callable[[Transaction], None]] | None) -> None:
+        """A step failed (or its commit was refused): ``discard_writes``, and ``dropped``, its
+        flow's writes, are gone too. While another thread's or task's step still holds
+        writes, the views forget only what these writes put (``ctx.state.get`` in that
+        step still reads that step's own puts), not everything."""
+        running = self._running
+        if not running or not self._steps_hold():
+            self.discard_writes()
+            return
+        gone = [*(dropped or ()), *self._pending.writes]
+        resources = {getattr(write, "resource", None) for write in gone}
+        pending = self._pending
+        pending.writes.clear()
+        pending.what.clear()
+        pending.marks = None
+        self._views_discard_only(resources)
+
+    def _views_discard_only(self, resources: set[str | None]) -> None:
+        """A step failed while others run: the views drop what ``resources`` they put."""
         self._views_discard()
 
     def commit_now(self, *, failed: bool = False, refused: list[str] | None = None) -> None:

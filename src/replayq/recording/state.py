@@ -300,8 +300,13 @@ class StateView:
         self._read: dict[tuple[str, str], Entity] = {}
         self._pending: dict[tuple[str, str], Entity] = {}
 
-    def discard_pending(self) -> None:
-        self._pending.clear()
+    def discard_pending(self, resources: set[str | None] | None = None) -> None:
+        """Forget the puts not committed: all, or those of ``resources`` (``ns:key``)."""
+        if resources is None:
+            self._pending.clear()
+            return
+        for ident in [i for i in self._pending if f"{i[0]}:{i[1]}" in resources]:
+            del self._pending[ident]
 
     def get(self, namespace: str, key: Any) -> Entity:
         """The current version (your own uncommitted writes first); the read is recorded."""

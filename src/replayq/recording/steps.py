@@ -70,7 +70,11 @@ class StepAttempt(Attempt, Protocol):
 
     def discard_writes(self) -> None: ...
 
+    def discard_step_writes(self, dropped: list[Callable[[Transaction], None]] | None) -> None: ...
+
     def adopt(self, flow: StepFlow, writes: list[Callable[[Transaction], None]]) -> None: ...
+
+    def adopt_after(self, held: list[tuple[Callable[[], None], str]]) -> None: ...
 
     def commit_now(self, *, failed: bool = False, refused: list[str] | None = None) -> None: ...
 
@@ -191,7 +195,8 @@ class StepBoundary(StepFlow):
         flow = running.get(flow_key) if running else None
         if flow is None:
             # The outermost step of this attempt in this flow: it holds the flow's writes.
-            self.writes, self.flow, self.flow_key = None, None, flow_key
+            self.writes = self.after = self.flow = None
+            self.flow_key = flow_key
             running[flow_key] = self
         else:
             self.flow, self.flow_key = flow, None
@@ -229,7 +234,8 @@ class StepBoundary(StepFlow):
 
     def _drop(self) -> None:
         """The writes of this step's flow never happen."""
-        (self.flow or self).writes = None
+        flow = self.flow or self
+        flow.writes = flow.after = None
 
     def _ended(
         self, ctx: StepAttempt, name: str, duration: float, exc: BaseException | None
@@ -245,8 +251,9 @@ class StepBoundary(StepFlow):
                     self._ended(ctx, name, duration, unrecordable)  # as if failed in fn
                     raise
         if exc is not None:
+            dropped = (self.flow or self).writes
             self._drop()
-            ctx.discard_writes()
+            ctx.discard_step_writes(dropped)
             ctx.record(
                 "step.finished",
                 status="fail",
@@ -262,6 +269,10 @@ class StepBoundary(StepFlow):
             # Its flow's writes (its ledger row among them) commit with it.
             flow.writes = None
             ctx.adopt(flow, writes)
+        held = flow.after
+        if held is not None:
+            flow.after = None
+            ctx.adopt_after(held)
         data: dict[str, Any] = {"step_name": name, "duration": duration}
         output_ref = None
         if outcome:
@@ -281,7 +292,7 @@ class StepBoundary(StepFlow):
             # step did not finish with success: its end comes after the refusal.
             if isinstance(error_raised, LeaseLostError):
                 ctx.record_fenced(refused, step_name=name)
-            ctx.discard_writes()
+            ctx.discard_step_writes(None)
             ctx.unrecord(finished)
             error = ctx.redactor.error(error_raised)
             ctx.record("step.rolled_back", status="fail", step_name=name, error=error)

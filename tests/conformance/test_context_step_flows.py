@@ -1,0 +1,258 @@
+"""What a step's commit takes when other threads or tasks of its attempt write too
+(``Recorder._running``: each flow's outermost step holds its writes until it ends).
+
+A write made inside a step by a thread or task the step itself started (and waited for)
+still commits with the step, in the order it was made; a lock let go of in a step whose
+writes under it wait keeps the lock until those writes commit, whichever other commit
+comes first; a cache write of a step still running at the ack is not made by the ack.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+
+import replayq
+from tests.context_support import run_once
+
+AppFactory = Callable[..., replayq.App]
+
+
+def test_a_write_a_steps_own_thread_made_commits_after_the_steps_earlier_write(
+    app_factory: AppFactory,
+) -> None:
+    """A step writes ``orders:1`` (v1), then a thread it waits for writes v2 on top of it:
+    the step's commit writes v1 then v2 (before the fix: v2 first, refused as a version
+    conflict, and the step failed)."""
+    app = app_factory()
+
+    @app.job("fans_out", retry=replayq.Retry(max_attempts=1))
+    def fans_out(ctx: replayq.Context) -> None:
+        with ctx.step("s"):
+            ctx.state.put("orders", 1, {"n": 1})
+            helper = threading.Thread(target=lambda: ctx.state.put("orders", 1, {"n": 2}))
+            helper.start()
+            helper.join()
+
+    job_id = app.enqueue("fans_out", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    assert app.get_job(job_id).state == replayq.JobState.SUCCEEDED
+    entity = app.state.get("orders", 1)
+    assert (entity.version, entity.data) == (2, {"n": 2})
+
+
+def test_a_write_a_steps_own_task_made_commits_after_the_steps_earlier_write(
+    app_factory: AppFactory,
+) -> None:
+    """As above in an ``async def`` handler: the step gathers a coroutine that writes
+    (``asyncio.gather`` runs it in a task of its own)."""
+    app = app_factory()
+
+    @app.job("gathers", retry=replayq.Retry(max_attempts=1))
+    async def gathers(ctx: replayq.Context) -> None:
+        async def bump() -> None:
+            ctx.state.put("orders", 1, {"n": 2})
+
+        with ctx.step("s"):
+            ctx.state.put("orders", 1, {"n": 1})
+            await asyncio.gather(bump())
+
+    job_id = app.enqueue("gathers", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    assert app.get_job(job_id).state == replayq.JobState.SUCCEEDED
+    entity = app.state.get("orders", 1)
+    assert (entity.version, entity.data) == (2, {"n": 2})
+
+
+def test_a_lock_let_go_of_in_a_running_step_is_held_until_its_writes_commit(
+    app_factory: AppFactory,
+) -> None:
+    """A thread's step writes under lock ``r`` and lets go of it, then waits; the
+    handler's own step commits meanwhile. The lock stays held (its release waits for the
+    thread's step's commit), so the thread's write lands once its step ends (before the
+    fix: the handler's commit released ``r``, another holder took it, and the thread's
+    write was refused as stale)."""
+    app = app_factory()
+    in_step, go_on = threading.Event(), threading.Event()
+    seen: list[BaseException | None] = []
+    held_meanwhile: list[list[str]] = []
+
+    @app.job("guards")
+    def guards(ctx: replayq.Context) -> None:
+        def theirs() -> None:
+            try:
+                with ctx.step("theirs"):
+                    with ctx.lock("r"):
+                        ctx.state.put("orders", 1, {"n": 1})
+                    in_step.set()
+                    assert go_on.wait(30)
+                seen.append(None)
+            except BaseException as exc:
+                seen.append(exc)
+
+        helper = threading.Thread(target=theirs)
+        helper.start()
+        assert in_step.wait(30)
+        with ctx.step("mine"):
+            ctx.state.put("customers", 7, {"seen": True})
+        held_meanwhile.append([lock.resource for lock in replayq.list_locks(app)])
+        go_on.set()
+        helper.join(30)
+
+    job_id = app.enqueue("guards", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    assert app.get_job(job_id).state == replayq.JobState.SUCCEEDED
+    assert held_meanwhile == [["r"]], "the lock was released before the writes it guarded"
+    assert seen == [None]
+    assert app.state.get("orders", 1).version == 1
+    assert replayq.list_locks(app) == []
+
+
+def test_a_lock_a_step_running_at_the_ack_let_go_of_is_released_once(
+    app_factory: AppFactory,
+) -> None:
+    """A thread's step writes under lock ``r``, lets go of it and is still running when
+    the handler returns: the ack does not write the step's write, and the lock is freed
+    when the attempt is settled (not left to its TTL), its ``lock.released`` traced once."""
+    app = app_factory()
+    in_step, go_on, done = threading.Event(), threading.Event(), threading.Event()
+    seen: list[BaseException] = []
+
+    @app.job("leaves_a_lock")
+    def leaves_a_lock(ctx: replayq.Context) -> None:
+        def late() -> None:
+            try:
+                with ctx.step("late"):
+                    with ctx.lock("r"):
+                        ctx.state.put("orders", 1, {"n": 1})
+                    in_step.set()
+                    go_on.wait(30)
+            except BaseException as exc:
+                seen.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=late, daemon=True).start()
+        assert in_step.wait(30)
+
+    job_id = app.enqueue("leaves_a_lock", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    assert app.get_job(job_id).state == replayq.JobState.SUCCEEDED
+    assert replayq.list_locks(app) == [], "the lock was left to its TTL"
+    go_on.set()
+    assert done.wait(30)
+    assert app.state.get("orders", 1).version == 0, "a running step's write committed"
+    assert [type(exc) for exc in seen] == [replayq.ContextEndedError], seen
+    names = [e.name for e in app.trace(job_id)]
+    assert names.count("lock.released") == 1, names
+
+
+def test_a_cache_write_of_a_step_running_at_the_ack_is_not_made(
+    app_factory: AppFactory,
+) -> None:
+    """A step left running in a thread caches a value, then waits; the handler returns.
+    The ack does not make the step's cache write (as it does not make its state writes);
+    nor does the step, ended after the attempt."""
+    app = app_factory()
+    in_step, go_on, done = threading.Event(), threading.Event(), threading.Event()
+    seen: list[BaseException] = []
+
+    @app.job("leaves")
+    def leaves(ctx: replayq.Context) -> None:
+        def late() -> None:
+            try:
+                with ctx.step("late"):
+                    ctx.cache.set("profile", 1, {"name": "half-done"})
+                    in_step.set()
+                    go_on.wait(30)
+            except BaseException as exc:
+                seen.append(exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=late, daemon=True).start()
+        assert in_step.wait(30)
+
+    @app.job("reads")
+    def reads(ctx: replayq.Context) -> bool:
+        return ctx.cache.get("profile", 1).hit
+
+    app.enqueue("leaves", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    go_on.set()
+    assert done.wait(30)
+    assert [type(exc) for exc in seen] == [replayq.ContextEndedError], seen
+    job_id = app.enqueue("reads", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    assert app.get_job(job_id).result is False, "a running step's cache write was made"
+
+
+def test_a_steps_events_do_not_ride_an_effects_claim_while_its_cache_write_waits(
+    app_factory: AppFactory,
+) -> None:
+    """A step caches a value, then runs an effect: its events so far (``cache.write``
+    among them) commit with the step's commit, not ahead of it with the effect's claim, as
+    for a step's other writes: the effect finds them not yet in the trace."""
+    app = app_factory()
+    traced_at_effect: list[list[str]] = []
+
+    @app.job("caches_then_charges")
+    def caches_then_charges(ctx: replayq.Context) -> None:
+        def charge() -> str:
+            traced_at_effect.append([e.name for e in app.trace(ctx.job_id)])
+            return "ok"
+
+        with ctx.step("s"):
+            ctx.cache.set("profile", 1, {"name": "Ada"})
+            ctx.effect("charge", charge, key="charge-1")
+
+    job_id = app.enqueue("caches_then_charges", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    assert app.get_job(job_id).state == replayq.JobState.SUCCEEDED
+    [names] = traced_at_effect
+    assert "cache.write" not in names, names
+
+
+def test_another_threads_failed_step_leaves_a_running_steps_reads_and_writes(
+    app_factory: AppFactory,
+) -> None:
+    """A thread's step puts ``orders:1``, then waits while the handler's own step fails;
+    the thread's step then reads its put back and puts on top of it: both of its writes
+    commit (before: the handler's failure made ``ctx.state`` forget the thread's put,
+    the read found nothing, and the second put, made from version 0 again, was refused
+    as a version conflict at the thread's step's commit)."""
+    app = app_factory()
+    in_step, go_on = threading.Event(), threading.Event()
+    seen: list[object] = []
+
+    @app.job("two", retry=replayq.Retry(max_attempts=1))
+    def two(ctx: replayq.Context) -> None:
+        def theirs() -> None:
+            try:
+                with ctx.step("theirs"):
+                    ctx.state.put("orders", 1, {"n": 1})
+                    in_step.set()
+                    assert go_on.wait(30)
+                    seen.append(ctx.state.get("orders", 1).data)
+                    ctx.state.put("orders", 1, {"n": 2})
+                seen.append(None)
+            except BaseException as exc:
+                seen.append(exc)
+
+        helper = threading.Thread(target=theirs)
+        helper.start()
+        assert in_step.wait(30)
+        try:
+            with ctx.step("mine"):
+                raise ValueError("mine failed")
+        except ValueError:
+            pass
+        go_on.set()
+        helper.join(30)
+
+    job_id = app.enqueue("two", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    assert seen == [{"n": 1}, None]
+    assert app.get_job(job_id).state == replayq.JobState.SUCCEEDED
+    assert app.state.get("orders", 1).version == 2
