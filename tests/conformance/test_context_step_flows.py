@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+
+import pytest
 
 import replayq
 from tests.context_support import run_once
@@ -256,3 +258,38 @@ def test_another_threads_failed_step_leaves_a_running_steps_reads_and_writes(
     assert seen == [{"n": 1}, None]
     assert app.get_job(job_id).state == replayq.JobState.SUCCEEDED
     assert app.state.get("orders", 1).version == 2
+
+
+def test_a_handler_returning_inside_a_step_it_left_open_fails_and_commits_nothing(
+    app_factory: AppFactory,
+) -> None:
+    """A generator suspended inside ``with ctx.step(...)`` and kept past the handler's
+    return leaves that step open: its write, and the one the handler made after it outside
+    any step, wait in the step's flow. The attempt fails saying so, and neither write is
+    committed (before: the job succeeded and both writes were silently dropped)."""
+    app = app_factory()
+    kept: list[Generator[int, None, None]] = []
+
+    @app.job("leaves_open", retry=replayq.Retry(max_attempts=1))
+    def leaves_open(ctx: replayq.Context) -> None:
+        def lines() -> Generator[int, None, None]:
+            with ctx.step("gen"):
+                ctx.state.put("orders", 1, {"n": 1})
+                yield 1
+
+        suspended = lines()
+        next(suspended)
+        kept.append(suspended)  # kept: not closed when the handler returns
+        ctx.state.put("customers", 7, {"seen": True})
+
+    job_id = app.enqueue("leaves_open", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    job = app.get_job(job_id)
+    assert job.state is replayq.JobState.DEAD
+    assert "returned inside ctx.step('gen')" in (job.last_error or "")
+    assert not app.state.get("orders", 1).exists
+    assert not app.state.get("customers", 7).exists
+    # Closed now, the step ends after its attempt: it records and commits nothing.
+    with pytest.raises(replayq.ContextEndedError):
+        kept.pop().close()
+    assert not app.state.get("orders", 1).exists

@@ -418,6 +418,8 @@ class Context(Recorder):
                 result = handler.fn(self, *args)
             else:
                 result = handler.fn(self, **args)
+            if self._running and not handler.is_async:
+                self._refuse_step_left_open()
             if handler.is_async:
                 if run_coroutine is not None:
                     result = run_coroutine(result)
@@ -445,6 +447,20 @@ class Context(Recorder):
             # The handler returned (or raised): a ctx it kept refuses from here on, before
             # the caller settles the attempt (a worker hands its ack to the group commit).
             self.end()
+
+    def _refuse_step_left_open(self) -> None:
+        """The handler returned with a step of its own thread still open: a generator
+        suspended inside ``with ctx.step(...)`` and kept past the return (one dropped or
+        closed ends its step at once). That step holds this thread's writes, those the
+        handler made after it outside any step too; the ack would drop them while the job
+        succeeded. The attempt fails instead, saying so: nothing of it is committed."""
+        open_step = self._running.get(self._flow_key())
+        if isinstance(open_step, StepBoundary):
+            raise RuntimeError(
+                f"the handler returned inside ctx.step({open_step.name!r}), which never "
+                "ended (a generator suspended in the step and kept?); its writes and those "
+                "made after it are not committed"
+            )
 
     # -- steps and decisions ----------------------------------------------------------------
 
