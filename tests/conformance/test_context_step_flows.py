@@ -293,3 +293,83 @@ def test_a_handler_returning_inside_a_step_it_left_open_fails_and_commits_nothin
     with pytest.raises(replayq.ContextEndedError):
         kept.pop().close()
     assert not app.state.get("orders", 1).exists
+
+
+def test_a_loop_left_early_over_a_generator_in_a_step_fails_when_writes_were_dropped(
+    app_factory: AppFactory,
+) -> None:
+    """``for line in lines(): break`` closes the generator suspended in its step: the step
+    ends as failed (``GeneratorExit``) and drops the attempt's pending writes, here one the
+    handler made before the loop, outside any step; ``close()`` swallows the exit. The
+    attempt fails naming the step (before: the job succeeded and ``customers:7`` was never
+    written)."""
+    app = app_factory()
+
+    @app.job("leaves_loop", retry=replayq.Retry(max_attempts=1))
+    def leaves_loop(ctx: replayq.Context) -> None:
+        def lines() -> Generator[int, None, None]:
+            with ctx.step("gen"):
+                yield 1
+                yield 2
+
+        ctx.state.put("customers", 7, {"seen": True})
+        for _ in lines():
+            break
+
+    job_id = app.enqueue("leaves_loop", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    job = app.get_job(job_id)
+    assert job.state is replayq.JobState.DEAD
+    assert "ctx.step('gen') was ended by its generator's close" in (job.last_error or "")
+    assert not app.state.get("customers", 7).exists
+
+
+def test_a_generator_closed_in_its_step_fails_its_attempt_when_writes_were_dropped(
+    app_factory: AppFactory,
+) -> None:
+    """As above with the generator closed by the handler before it returns (the write it
+    made meanwhile outside any step waited in the generator's step, and went with it)."""
+    app = app_factory()
+
+    @app.job("closes", retry=replayq.Retry(max_attempts=1))
+    def closes(ctx: replayq.Context) -> None:
+        def lines() -> Generator[int, None, None]:
+            with ctx.step("gen"):
+                ctx.state.put("orders", 1, {"n": 1})
+                yield 1
+
+        suspended = lines()
+        next(suspended)
+        ctx.state.put("customers", 7, {"seen": True})
+        suspended.close()
+
+    job_id = app.enqueue("closes", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    job = app.get_job(job_id)
+    assert job.state is replayq.JobState.DEAD
+    assert "ctx.step('gen') was ended by its generator's close" in (job.last_error or "")
+    assert not app.state.get("customers", 7).exists
+
+
+def test_a_loop_left_early_over_a_generator_in_a_step_with_nothing_to_write_succeeds(
+    app_factory: AppFactory,
+) -> None:
+    """No write waited when the generator's step was closed: nothing was dropped, the job
+    succeeds, and the writes made after the loop commit."""
+    app = app_factory()
+
+    @app.job("reads_lines", retry=replayq.Retry(max_attempts=1))
+    def reads_lines(ctx: replayq.Context) -> None:
+        def lines() -> Generator[int, None, None]:
+            with ctx.step("gen"):
+                yield 1
+                yield 2
+
+        for _ in lines():
+            break
+        ctx.state.put("customers", 7, {"seen": True})
+
+    job_id = app.enqueue("reads_lines", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    assert app.get_job(job_id).state is replayq.JobState.SUCCEEDED
+    assert app.state.get("customers", 7).exists

@@ -95,6 +95,8 @@ class Context(Recorder):
     # Whether the cancel flag was set when the handler returned (``run``): only a cancel
     # the handler could have seen stops an attempt that returned (``stopped_before_return``).
     _cancel_at_return = False
+    # A step ended by its generator's close while writes waited (``StepBoundary._ended``).
+    _abandoned_step: str | None = None
 
     def __init__(
         self,
@@ -418,7 +420,7 @@ class Context(Recorder):
                 result = handler.fn(self, *args)
             else:
                 result = handler.fn(self, **args)
-            if self._running and not handler.is_async:
+            if (self._running or self._abandoned_step) and not handler.is_async:
                 self._refuse_step_left_open()
             if handler.is_async:
                 if run_coroutine is not None:
@@ -453,13 +455,27 @@ class Context(Recorder):
         suspended inside ``with ctx.step(...)`` and kept past the return (one dropped or
         closed ends its step at once). That step holds this thread's writes, those the
         handler made after it outside any step too; the ack would drop them while the job
-        succeeded. The attempt fails instead, saying so: nothing of it is committed."""
+        succeeded. The attempt fails instead, saying so: nothing of it is committed.
+
+        So it does after a step that a generator's close ended (a loop over the generator
+        left early, or it was closed or dropped while suspended in the step) while writes
+        waited: ``GeneratorExit`` ends the step as failed, dropping its flow's writes and
+        the attempt's pending ones, and ``close()`` swallows it: the handler never heard."""
         open_step = self._running.get(self._flow_key())
         if isinstance(open_step, StepBoundary):
             raise RuntimeError(
                 f"the handler returned inside ctx.step({open_step.name!r}), which never "
                 "ended (a generator suspended in the step and kept?); its writes and those "
                 "made after it are not committed"
+            )
+        abandoned = self._abandoned_step
+        if abandoned is not None:
+            raise RuntimeError(
+                f"ctx.step({abandoned!r}) was ended by its generator's close (a loop over "
+                "the generator left early, or the generator closed or dropped while "
+                "suspended in the step): the step ended as failed, and its writes, those "
+                "made while it was open and the attempt's pending ones were dropped; "
+                "nothing of the attempt is committed"
             )
 
     # -- steps and decisions ----------------------------------------------------------------

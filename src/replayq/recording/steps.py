@@ -50,6 +50,9 @@ class StepAttempt(Attempt, Protocol):
     # ``Recorder._running``.
     _running: dict[object, StepFlow]
     _flow_key: Callable[[], object]
+    # A step a generator's close ended (``GeneratorExit``) while writes waited: they were
+    # dropped, and the handler never heard (``Context._refuse_step_left_open``).
+    _abandoned_step: str | None
 
     @property
     def owns_job_trace(self) -> bool: ...
@@ -252,6 +255,9 @@ class StepBoundary(StepFlow):
                     raise
         if exc is not None:
             dropped = (self.flow or self).writes
+            if isinstance(exc, GeneratorExit) and (dropped or ctx.pending_writes()):
+                # ``close()`` swallows the exit: the handler goes on, the writes gone.
+                ctx._abandoned_step = name
             self._drop()
             ctx.discard_step_writes(dropped)
             ctx.record(
