@@ -344,6 +344,12 @@ class PackDictionaries:
             if tries < _TRIES:
                 self._due[job_type] = jobs
 
+    def postponed(self, job_type: str, jobs: tuple[int, int]) -> None:
+        """Learning ``job_type``'s dictionary from ``jobs`` did not start (the write lock
+        was held): due again at a later attempt's start, not counted as a try."""
+        with self._lock:
+            self._due[job_type] = jobs
+
     def learned(self, job_type: str, dictionary_id: int, text: bytes) -> None:
         """``job_type``'s dictionary is ``dictionary_id`` (learned here or read)."""
         self.known(dictionary_id, text)

@@ -223,6 +223,8 @@ _WAL_LOOK_EVERY_CHANGES = 32
 # failing EIO becomes), FULL 13, CANTOPEN 14, PROTOCOL 15 (https://sqlite.org/rescode.html).
 _UNAVAILABLE_CODES = frozenset({5, 6, 7, 8, 10, 11, 13, 14, 15})
 _SQLITE_READONLY = 8
+# ``sqlite_errorcode``'s primary code when a lock another connection holds refused a statement.
+_SQLITE_BUSY = 5
 _SQLITE_CORRUPT = 11
 _SQLITE_FULL = 13
 # Codes after which it is worth asking whether the file can be written at all.
@@ -369,6 +371,18 @@ def _using(conn: Connection) -> Iterator[Connection]:
         yield conn
     finally:
         _leave(conn)
+
+
+def _busy(exc: BaseException) -> bool:
+    """Whether ``exc`` is, or was raised from, SQLite's ``SQLITE_BUSY`` (a lock held)."""
+    current: BaseException | None = exc
+    for _ in range(4):
+        if current is None:
+            return False
+        if (getattr(current, "sqlite_errorcode", 0) or 0) & 0xFF == _SQLITE_BUSY:
+            return True
+        current = current.__cause__
+    return False
 
 
 def _is_full(exc: sqlite3.Error) -> bool:
@@ -994,10 +1008,23 @@ class SqliteStorage:
         dictionary learned from the traces of ``jobs`` (two succeeded jobs of the type: the
         names both hold, ``pack_dictionaries.shape``) and kept there: one short write
         transaction. A failure is logged and tried again at a later attempt's start
-        (three tries); until one holds, the type's packs stay format 2 in this process."""
+        (three tries); until one holds, the type's packs stay format 2 in this process.
+
+        Only if the write lock is free now: the attempt waits for it (it runs on the
+        executor's thread, before the handler). A lock another writer holds (this
+        process's, ``_WRITERS``, or another's: ``busy_timeout`` 0 for this transaction)
+        leaves the two jobs due at a later attempt's start, not counted as a try."""
         of_type = {"job_type": job_type}
         job_id, earlier = jobs
+        writer = self._writer
+        if not writer.acquire(blocking=False):
+            self.pack_dictionaries.postponed(job_type, jobs)
+            return
+        writer.release()  # taken again by the transaction, at once unless raced
+        conn = None
         try:
+            conn = getattr(self._local, "conn", None) or self._connection()
+            conn.execute("PRAGMA busy_timeout = 0")
             with self.transaction() as tx:
                 found = tx.fetchone("pack_dictionary_of_type", of_type)
                 if found is None:
@@ -1011,9 +1038,16 @@ class SqliteStorage:
                     tx.execute("pack_dictionary_put", row)
                     found = tx.fetchone("pack_dictionary_of_type", of_type)
         except (ReplayqError, sqlite3.Error, ValueError) as exc:
+            if _busy(exc):
+                self.pack_dictionaries.postponed(job_type, jobs)
+                return
             log.warning("no trace pack dictionary learned for job type %r: %s", job_type, exc)
             self.pack_dictionaries.failed(job_type, jobs)
             return
+        finally:
+            if conn is not None:
+                with contextlib.suppress(sqlite3.Error):  # closed since (``_discard``)
+                    conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
         self._dictionary_found(job_type, found)
 
     def _dictionary_found(self, job_type: str, found: Mapping[str, Any] | None) -> None:
