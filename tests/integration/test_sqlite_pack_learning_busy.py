@@ -79,3 +79,38 @@ def learned(path: Path) -> list[str]:
         return [row[0] for row in conn.execute("SELECT job_type FROM rq_pack_dictionaries")]
     finally:
         conn.close()
+
+
+def test_an_attempt_runs_when_the_trace_its_learning_reads_does_not_decode(
+    tmp_path: Path,
+) -> None:
+    """The learning reads the two succeeded jobs' traces; one of them no longer inflates
+    (a damaged row: ``zlib.error``). The learning is given up, logged; the attempt runs
+    and succeeds. Before: the error left ``attempt_starts`` before the handler ran, and
+    the job stayed ``running`` until its lease ran out and it was reaped."""
+    path = tmp_path / "damaged.db"
+    app = replayq.App(f"sqlite:///{path}")
+
+    @app.job("ledger.note", retry=replayq.Retry(max_attempts=1))
+    def note(ctx: replayq.Context, n: int) -> None:
+        with ctx.step("journal entry"):
+            ctx.state.put("journal", n, {"fee_cents": 7})
+
+    worker = replayq.Worker(app, worker_id="w1")
+    first = app.enqueue("ledger.note", {"n": 1})
+    run_once(worker)
+    app.enqueue("ledger.note", {"n": 2})
+    run_once(worker)
+    conn = sqlite3.connect(path)
+    try:
+        with conn:  # every pack of the first job: a deflate mark, then no deflate stream
+            conn.execute(
+                "UPDATE rq_trace SET events = ? WHERE job_id = ?", (b"\x02not deflate", first)
+            )
+    finally:
+        conn.close()
+    third = app.enqueue("ledger.note", {"n": 3})
+    run_once(worker)
+    assert app.get_job(third).state is replayq.JobState.SUCCEEDED
+    assert app.state.get("journal", 3).exists
+    app.close()

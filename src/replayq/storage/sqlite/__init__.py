@@ -105,7 +105,6 @@ from replayq.errors import (
     ConfigurationError,
     ConstraintViolationError,
     DatabaseUnavailableError,
-    ReplayqError,
     StorageError,
 )
 from replayq.seal import unsealed
@@ -987,7 +986,8 @@ class SqliteStorage:
         """``PackLearning``: job ``job_id``'s new packs use its type's dictionary. At the
         type's first attempt in this process its row is read (one short read); at the
         first attempt after two of its jobs succeeded here while none was known, one is
-        learned from their traces (``_learn``). Never in an ack's transaction."""
+        learned from their traces (``_learn``). Never in an ack's transaction. Whatever
+        either raises is logged, not raised: the attempt runs (its packs format 2)."""
         dictionaries = self.pack_dictionaries
         if dictionaries.unread(job_type):
             try:
@@ -995,7 +995,7 @@ class SqliteStorage:
                     self._dictionary_found(
                         job_type, tx.fetchone("pack_dictionary_of_type", {"job_type": job_type})
                     )
-            except (ReplayqError, sqlite3.Error) as exc:
+            except Exception as exc:  # a pack format's bookkeeping: never the attempt's end
                 log.warning("trace pack dictionary of job type %r not read: %s", job_type, exc)
         else:
             jobs = dictionaries.due(job_type)
@@ -1037,7 +1037,7 @@ class SqliteStorage:
                     row = {**of_type, "text": text, "job_id": job_id, "now": time.time()}
                     tx.execute("pack_dictionary_put", row)
                     found = tx.fetchone("pack_dictionary_of_type", of_type)
-        except (ReplayqError, sqlite3.Error, ValueError) as exc:
+        except Exception as exc:  # a trace that no longer decodes (zlib.error) too
             if _busy(exc):
                 self.pack_dictionaries.postponed(job_type, jobs)
                 return
