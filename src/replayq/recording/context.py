@@ -474,8 +474,8 @@ class Context(Recorder):
                 f"ctx.step({abandoned!r}) was ended by its generator's close (a loop over "
                 "the generator left early, or the generator closed or dropped while "
                 "suspended in the step): the step ended as failed, and its writes, those "
-                "made while it was open and the attempt's pending ones were dropped; "
-                "nothing of the attempt is committed"
+                "made while it was open and the attempt's pending ones were dropped; the "
+                "attempt fails rather than succeed without them"
             )
 
     # -- steps and decisions ----------------------------------------------------------------
