@@ -136,14 +136,7 @@ def test_a_job_whose_start_raises_while_others_start_is_parked_as_start_failed(
     worker = _StartFailsForOne(
         app, worker_id="w", burst=True, concurrency=2, poll_interval=0.01, observers=[ledger]
     )
-    runner = threading.Thread(target=worker.run, name="burst")
-    runner.start()
-    runner.join(60)
-    stuck = runner.is_alive()
-    if stuck:
-        worker.stop()
-        worker.stop()
-        runner.join(30)
+    stuck = _burst(worker, 60)
     job = app.get_job(bad_id)
     names = [e.name for e in app.trace(bad_id)]
     assert not stuck, (
@@ -255,14 +248,7 @@ def test_a_one_slot_worker_parks_the_head_job_whose_start_raises_and_runs_the_ot
     worker = _StartFailsForOne(
         app, worker_id="w", burst=True, concurrency=1, poll_interval=0.01, observers=[ledger]
     )
-    runner = threading.Thread(target=worker.run, name="burst")
-    runner.start()
-    runner.join(30)
-    stuck = runner.is_alive()
-    if stuck:
-        worker.stop()
-        worker.stop()
-        runner.join(30)
+    stuck = _burst(worker)
     job = app.get_job(bad_id)
     names = [e.name for e in app.trace(bad_id)]
     assert not stuck, (
@@ -351,11 +337,12 @@ class _StartFailsOnceForBad(replayq.Worker):
         return super()._start(job, now)
 
 
-def _burst(worker: replayq.Worker) -> bool:
-    """Run ``worker`` (a burst run) to its end; ``True`` if it had not ended in 30 s."""
+def _burst(worker: replayq.Worker, seconds: float = 30) -> bool:
+    """Run ``worker`` (a burst run) to its end; ``True`` if it had not ended in ``seconds``
+    (it is stopped then)."""
     runner = threading.Thread(target=worker.run, name="burst")
     runner.start()
-    runner.join(30)
+    runner.join(seconds)
     stuck = runner.is_alive()
     if stuck:
         worker.stop()
