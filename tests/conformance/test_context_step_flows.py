@@ -21,6 +21,15 @@ from tests.context_support import run_once
 AppFactory = Callable[..., replayq.App]
 
 
+def parked(app: replayq.App, job_type: str, naming: str) -> None:
+    """A ``job_type`` job enqueued and run once: parked dead, its error naming ``naming``."""
+    job_id = app.enqueue(job_type, {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    job = app.get_job(job_id)
+    assert job.state is replayq.JobState.DEAD
+    assert naming in (job.last_error or ""), job.last_error
+
+
 def test_a_write_a_steps_own_thread_made_commits_after_the_steps_earlier_write(
     app_factory: AppFactory,
 ) -> None:
@@ -282,11 +291,7 @@ def test_a_handler_returning_inside_a_step_it_left_open_fails_and_commits_nothin
         kept.append(suspended)  # kept: not closed when the handler returns
         ctx.state.put("customers", 7, {"seen": True})
 
-    job_id = app.enqueue("leaves_open", {})
-    run_once(replayq.Worker(app, worker_id="w1"))
-    job = app.get_job(job_id)
-    assert job.state is replayq.JobState.DEAD
-    assert "returned inside ctx.step('gen')" in (job.last_error or "")
+    parked(app, "leaves_open", "returned inside ctx.step('gen')")
     assert not app.state.get("orders", 1).exists
     assert not app.state.get("customers", 7).exists
     # Closed now, the step ends after its attempt: it records and commits nothing.
@@ -316,11 +321,7 @@ def test_a_loop_left_early_over_a_generator_in_a_step_fails_when_writes_were_dro
         for _ in lines():
             break
 
-    job_id = app.enqueue("leaves_loop", {})
-    run_once(replayq.Worker(app, worker_id="w1"))
-    job = app.get_job(job_id)
-    assert job.state is replayq.JobState.DEAD
-    assert "ctx.step('gen') was ended by its generator's close" in (job.last_error or "")
+    parked(app, "leaves_loop", "ctx.step('gen') was ended by its generator's close")
     assert not app.state.get("customers", 7).exists
 
 
@@ -343,11 +344,7 @@ def test_a_generator_closed_in_its_step_fails_its_attempt_when_writes_were_dropp
         ctx.state.put("customers", 7, {"seen": True})
         suspended.close()
 
-    job_id = app.enqueue("closes", {})
-    run_once(replayq.Worker(app, worker_id="w1"))
-    job = app.get_job(job_id)
-    assert job.state is replayq.JobState.DEAD
-    assert "ctx.step('gen') was ended by its generator's close" in (job.last_error or "")
+    parked(app, "closes", "ctx.step('gen') was ended by its generator's close")
     assert not app.state.get("customers", 7).exists
 
 
