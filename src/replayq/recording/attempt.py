@@ -166,11 +166,11 @@ class Attempt(Protocol):
         """Whether a pending write carries ``fencing_token`` of the lock on ``resource``."""
         ...
 
-    def defer_after_commit(self, action: Callable[[], None], what: str) -> bool:
+    def _defer_after_commit(self, action: Callable[[], None], what: str) -> bool:
         """Hold ``action`` for the end of the step running in this thread or task."""
         ...
 
-    def fenced_in_step(self, resource: str, fencing_token: int) -> bool:
+    def _fenced_in_step(self, resource: str, fencing_token: int) -> bool:
         """Whether such a write waits in a step still running (in any thread or task)."""
         ...
 

@@ -236,7 +236,7 @@ class CacheView:
         """``action`` after the commit of the step running in this thread or task (held in
         it: a commit of another's, or the ack, does not make it), or of the attempt's next
         commit outside steps."""
-        if not self._ctx.defer_after_commit(action, what):
+        if not self._ctx._defer_after_commit(action, what):
             self._after_commit.append(action)
             self.pending.append(what)
 

@@ -284,7 +284,7 @@ class Context(Recorder):
         if locks is not None and locks.deferred:
             locks.released()
 
-    def adopt_after(self, held: list[tuple[Callable[[], None], str]]) -> None:
+    def _adopt_step_cache(self, held: list[tuple[Callable[[], None], str]]) -> None:
         """A step ended: what its flow held for after the commit (cache writes) waits for
         the commit that follows at once (the step's)."""
         self.cache.adopt(held)

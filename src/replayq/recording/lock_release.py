@@ -147,7 +147,7 @@ class LockReleases(Generic[Handle]):
         self.kept = []
         for handle in sorted(self.waiting.values(), key=acquisition_order):
             assert handle.release_event is not None and handle.recorded is not None
-            if handle.fencing_token is not None and ctx.fenced_in_step(
+            if handle.fencing_token is not None and ctx._fenced_in_step(
                 handle.resource, handle.fencing_token
             ):
                 self.kept.append(handle.resource)

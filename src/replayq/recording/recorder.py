@@ -50,8 +50,8 @@ class PendingRecord:
         self.unpipelined = False
         # For each write made here while a step ran (in another flow: a thread or task
         # outside steps), by its place in ``writes``: how many writes each running step
-        # held then (``Recorder.adopt`` puts that step's writes around it). ``None`` until
-        # one is (the usual case).
+        # held then (``Recorder._adopt_step_writes`` puts that step's writes around it).
+        # ``None`` until one is (the usual case).
         self.marks: dict[int, dict[StepFlow, int]] | None = None
 
 
@@ -60,8 +60,8 @@ class StepFlow:
     def`` handler, an ``asyncio`` task), which holds the writes that flow's steps deferred
     so far: a ``StepBoundary`` (``recording.steps``), in ``Recorder._running`` while it
     runs. They commit with the commit of the step of that flow that ends next
-    (``Recorder.adopt``: the innermost, as a nested step's commit always took its flow's
-    writes), or never (it failed, or still ran when its attempt ended)."""
+    (``Recorder._adopt_step_writes``: the innermost, as a nested step's commit always took
+    its flow's writes), or never (it failed, or still ran when its attempt ended)."""
 
     __slots__ = ("after", "unpipelined", "what", "writes")
 
@@ -398,7 +398,7 @@ class Recorder:
                     flow.unpipelined = True
                 return
             # Outside steps in this flow while steps run in others (a thread or task one of
-            # them started, maybe): where it goes among their writes (``adopt``).
+            # them started, maybe): where it goes among their writes (``_adopt_step_writes``).
             if pending.marks is None:
                 pending.marks = {}
             pending.marks[len(pending.writes)] = {
@@ -409,7 +409,9 @@ class Recorder:
         if not pipelines:
             pending.unpipelined = True
 
-    def adopt(self, flow: StepFlow, writes: list[Callable[[Transaction], None]]) -> None:
+    def _adopt_step_writes(
+        self, flow: StepFlow, writes: list[Callable[[Transaction], None]]
+    ) -> None:
         """A step of ``flow`` ended: ``writes``, the flow's (taken from it), join the
         attempt's pending record for the commit that follows at once (the step's), in the
         order all were made: a thread or task the step started may have written outside
@@ -438,7 +440,7 @@ class Recorder:
         if flow.unpipelined:
             pending.unpipelined = True
 
-    def defer_after_commit(self, action: Callable[[], None], what: str) -> bool:
+    def _defer_after_commit(self, action: Callable[[], None], what: str) -> bool:
         """Hold ``action`` (a cache write, after the commit: ``CacheView``) for the end of
         the step running in this flow, as ``defer`` holds a write; ``False`` when no step
         runs in it (the caller keeps it for the attempt's next commit)."""
@@ -475,7 +477,7 @@ class Recorder:
         state write's ``fences`` (no other write is fenced by a lock)."""
         return self._fenced([*self._pending.writes, *self._step_writes()], resource, fencing_token)
 
-    def fenced_in_step(self, resource: str, fencing_token: int) -> bool:
+    def _fenced_in_step(self, resource: str, fencing_token: int) -> bool:
         """Whether a write carrying ``fencing_token`` of the lock on ``resource`` waits in a
         step still running (in any flow): not in the next commit unless it is that step's,
         so the lock's release waits for a later one (``LockReleases._release_waiting``)."""
@@ -688,7 +690,7 @@ class Recorder:
         self._pending.marks = None
         self._views_discard()
 
-    def discard_step_writes(self, dropped: list[Callable[[Transaction], None]] | None) -> None:
+    def _discard_step_writes(self, dropped: list[Callable[[Transaction], None]] | None) -> None:
         """A step failed (or its commit was refused): ``discard_writes``, and ``dropped``, its
         flow's writes, are gone too. While another thread's or task's step still holds
         writes, the views forget only what these writes put (``ctx.state.get`` in that

@@ -73,11 +73,13 @@ class StepAttempt(Attempt, Protocol):
 
     def discard_writes(self) -> None: ...
 
-    def discard_step_writes(self, dropped: list[Callable[[Transaction], None]] | None) -> None: ...
+    def _discard_step_writes(self, dropped: list[Callable[[Transaction], None]] | None) -> None: ...
 
-    def adopt(self, flow: StepFlow, writes: list[Callable[[Transaction], None]]) -> None: ...
+    def _adopt_step_writes(
+        self, flow: StepFlow, writes: list[Callable[[Transaction], None]]
+    ) -> None: ...
 
-    def adopt_after(self, held: list[tuple[Callable[[], None], str]]) -> None: ...
+    def _adopt_step_cache(self, held: list[tuple[Callable[[], None], str]]) -> None: ...
 
     def commit_now(self, *, failed: bool = False, refused: list[str] | None = None) -> None: ...
 
@@ -259,7 +261,7 @@ class StepBoundary(StepFlow):
                 # ``close()`` swallows the exit: the handler goes on, the writes gone.
                 ctx._abandoned_step = name
             self._drop()
-            ctx.discard_step_writes(dropped)
+            ctx._discard_step_writes(dropped)
             ctx.record(
                 "step.finished",
                 status="fail",
@@ -274,11 +276,11 @@ class StepBoundary(StepFlow):
         if writes is not None:
             # Its flow's writes (its ledger row among them) commit with it.
             flow.writes = None
-            ctx.adopt(flow, writes)
+            ctx._adopt_step_writes(flow, writes)
         held = flow.after
         if held is not None:
             flow.after = None
-            ctx.adopt_after(held)
+            ctx._adopt_step_cache(held)
         data: dict[str, Any] = {"step_name": name, "duration": duration}
         output_ref = None
         if outcome:
@@ -298,7 +300,7 @@ class StepBoundary(StepFlow):
             # step did not finish with success: its end comes after the refusal.
             if isinstance(error_raised, LeaseLostError):
                 ctx.record_fenced(refused, step_name=name)
-            ctx.discard_step_writes(None)
+            ctx._discard_step_writes(None)
             ctx.unrecord(finished)
             error = ctx.redactor.error(error_raised)
             ctx.record("step.rolled_back", status="fail", step_name=name, error=error)
