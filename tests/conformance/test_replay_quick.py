@@ -239,3 +239,44 @@ def test_rollout_verify_passes_an_identical_candidate_checked_quickly(app: repla
     assert report.passed
     flagged = replayq.verify_rollout(app, "order", from_version="v1", to_version="v2")
     assert flagged.counts == {"decision_path": 2, "state": 2}, flagged.to_dict()
+
+
+def test_a_recording_whose_handler_left_a_step_open_is_left_to_the_full_dry_run(
+    app_factory: AppFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job recorded as succeeded although its handler returned with a step left open (a
+    generator suspended in it and kept: recorded so before such a return failed its
+    attempt): the quick check does not vouch for it; the full dry-run's report says the
+    handler now fails."""
+    app = app_factory()
+    kept: list[Any] = []
+
+    @app.job("open_step", version="v1")
+    def open_step(ctx: replayq.Context, n: int) -> None:
+        def lines() -> Any:
+            with ctx.step("gen"):
+                yield n
+
+        suspended = lines()
+        next(suspended)
+        kept.append(suspended)
+
+    def close_kept() -> None:
+        # Closed after their attempt's end: the step refuses (``ContextEndedError``).
+        while kept:
+            with contextlib.suppress(replayq.ContextEndedError):
+                kept.pop().close()
+
+    # Recorded as a release before the check would have: the return let through.
+    with monkeypatch.context() as before:
+        before.setattr(replayq.Context, "_refuse_step_left_open", lambda self: None)
+        ids = recorded(app, "open_step", [{"n": 1}])
+    close_kept()
+
+    [report] = dry_run_many(app, ids, keep=False)
+    close_kept()
+
+    assert not report.matched_in_memory
+    assert report.outcome_recorded.status == "succeeded"
+    assert report.outcome_now.status == "failed"
+    assert "returned inside ctx.step('gen')" in (report.outcome_now.error or "")

@@ -312,7 +312,9 @@ class QuickContext:
 
     def _finished(self) -> bool:
         """Whether the run did everything the recording did, with nothing secret compared."""
-        if self._stopped or self._count != len(self._signed):
+        if self._stopped or self._steps or self._count != len(self._signed):
+            # Stopped, a step left open (a generator suspended in it: the full dry-run's
+            # handler fails there), or not everything the recording did.
             return False
         redactor = self.redactor
         if redactor.any_secret_field(_FIELDS):
