@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import re
 import threading
-import zlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -52,11 +51,6 @@ LEARNED_MARK = bytes([FORMAT_LEARNED])
 # within the 8 KB window the packs deflate with, the learned part (last: shortest
 # distances) in reach of a pack's first ~4 KB of JSON.
 _TEXT_MAX = 3072
-# Deflate's settings of a format 2 pack on a worker (``packs._PRIMED``): the same stream.
-_WBITS = -13
-_LEVEL = 6
-_MEM_LEVEL = 5
-
 # Item keys (``packs._KEYS``) whose values are names the code gives, kept as they are.
 _NAMES = frozenset({"n", "s", "k", "q", "h", "dt", "x", "v"})
 # An event's status (``st``) kept when it is a word as replayq writes one (``started``,
@@ -248,10 +242,10 @@ class PackDictionaries:
     """The learned dictionaries of one database, as one process knows them.
 
     ``zdict(id)``: the preset of a format 5 pack (``DICTIONARY_2`` + the learned text), read
-    through ``loader`` the first time. ``for_job_type(type)``: the id new packs of that job
-    type's attempts deflate against, ``None`` until one is learned or read
-    (``learned``). ``compressor(id)``: a deflate stream already primed with it (each pack
-    copies it, as format 2's copy ``packs._PRIMED``).
+    through ``loader`` the first time. ``for_job(job_id)``: the id a new pack of that job's
+    running attempt deflates against (``attempt``), ``None`` until its type's is learned
+    or read (``learned``). ``primed(id, prime)``: the deflate stream ``packs`` primes with
+    that preset, made once (each pack copies it, as format 2's copy ``packs._PRIMED``).
     """
 
     def __init__(self, base: bytes, loader: Loader | None = None) -> None:
@@ -291,17 +285,13 @@ class PackDictionaries:
         with self._lock:
             return self._zdicts.setdefault(dictionary_id, whole)
 
-    def compressor(self, dictionary_id: int) -> Any:
-        """A copy of a deflate stream primed with dictionary ``dictionary_id``'s preset."""
+    def primed(self, dictionary_id: int, prime: Callable[[bytes], Any]) -> Any:
+        """``prime(preset)`` of dictionary ``dictionary_id`` (a deflate stream primed with
+        it, in ``packs``' settings), made once: the caller copies it for each pack."""
         primed = self._primed.get(dictionary_id)
         if primed is None:
-            zdict = self.zdict(dictionary_id)
-            primed = zlib.compressobj(_LEVEL, zlib.DEFLATED, _WBITS, _MEM_LEVEL, zdict=zdict)
-            self._primed[dictionary_id] = primed
-        return primed.copy()
-
-    def decompressor(self, dictionary_id: int) -> Any:
-        return zlib.decompressobj(_WBITS, zdict=self.zdict(dictionary_id))
+            primed = self._primed[dictionary_id] = prime(self.zdict(dictionary_id))
+        return primed
 
     # -- which packs use one -----------------------------------------------------------------
 

@@ -240,6 +240,12 @@ _PRIMED_LIFECYCLE = zlib.compressobj(
 )
 
 
+def _primed_with(preset: bytes) -> Any:
+    """A format 5 pack's compressor: format 2's settings on a worker (``_PRIMED``) with a
+    learned dictionary's ``preset`` (``PackDictionaries.primed`` keeps it per dictionary)."""
+    return zlib.compressobj(_LEVEL, zlib.DEFLATED, _WBITS, _MEM_LEVEL, zdict=preset)
+
+
 def deflated(text: str) -> bytes:
     """``text`` (a pack's JSON) as format 2, its deflate stream finished."""
     compressor = _PRIMED.copy()
@@ -304,7 +310,7 @@ class PackWriter:
         if learned is not None:
             # Format 5: deflated against a dictionary learned for the job's type.
             dictionaries, dictionary_id = learned
-            self._compressor = dictionaries.compressor(dictionary_id)
+            self._compressor = dictionaries.primed(dictionary_id, _primed_with).copy()
             self._mark = LEARNED_MARK + id_bytes(dictionary_id)
         else:
             primed = _PRIMED_DERIVED if derived else _PRIMED_LIFECYCLE if lifecycle else _PRIMED
@@ -416,7 +422,7 @@ def _inflated(stored: bytes, dictionaries: PackDictionaries | None) -> bytes | N
                 "dictionaries: read it through replayq, or after register_sqlite(connection)"
             )
         dictionary_id, start = read_id(stored)
-        decompressor = dictionaries.decompressor(dictionary_id)
+        decompressor = zlib.decompressobj(_WBITS, zdict=dictionaries.zdict(dictionary_id))
     else:
         return None
     raw = decompressor.decompress(memoryview(stored)[start:])
