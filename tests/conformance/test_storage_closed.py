@@ -5,11 +5,14 @@ one: a worker would have waited forever for a storage that cannot come back).
 
 A block another thread has open when ``close()`` runs either commits whole (PostgreSQL:
 the pool lets it finish) or raises that error and commits nothing (SQLite: its
-connection is closed under it); never half, never a raw driver error.
+connection is closed by its own thread as the block ends); never half, never a raw
+driver error, never a crash.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -176,3 +179,56 @@ def test_a_block_begun_while_close_runs_raises_storage_error_not_the_drivers(
     finally:
         gate.resume.set()
         closer.join(10)
+
+
+_CLOSE_UNDER_STATEMENTS = """
+import sys, threading, time
+from replayq.errors import StorageError
+from replayq.storage import open_storage
+from tests.conformance.test_storage_closed import T0, _read, _write
+
+url, rounds = sys.argv[1], int(sys.argv[2])
+open_storage(url).migrate(T0)
+for n in range(rounds):
+    storage = open_storage(url)
+    errors = []
+
+    def use():
+        try:
+            while True:
+                _write(storage)
+                _read(storage)
+        except StorageError as exc:
+            errors.append(exc)
+
+    user = threading.Thread(target=use)
+    user.start()
+    time.sleep((n % 7) / 2000)
+    storage.close()
+    user.join(10)
+    assert not user.is_alive(), "a block went on after close()"
+    assert "storage is closed" in str(errors[0]), errors
+print("ok", rounds)
+"""
+
+
+def test_close_on_one_thread_while_another_runs_statements_never_crashes_the_process(
+    tmp_path: Path,
+) -> None:
+    """SQLite: ``close()`` used to close every connection at once, also one whose thread
+    was inside a statement (waiting for the write lock, or stepping): Python 3.11's
+    sqlite3 freed the connection under that statement and the process died of a
+    segmentation fault (a worker closed as a handler past its grace acked, in CI). Now
+    ``close()`` closes what no block is in, and a block's own thread closes its connection
+    as the block ends. A process closes its storage under a thread's writes and reads,
+    hundreds of times: it exits cleanly, each time the thread ends with the closed
+    storage's ``StorageError``."""
+    done = subprocess.run(
+        [sys.executable, "-c", _CLOSE_UNDER_STATEMENTS, f"sqlite:///{tmp_path / 'c.db'}", "300"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert done.returncode == 0, (done.returncode, done.stderr[-3000:])
+    assert done.stdout.split() == ["ok", "300"]

@@ -355,17 +355,39 @@ def _rollback(conn: sqlite3.Connection) -> None:
         log.debug("ROLLBACK failed after an earlier error: %s", exc)
 
 
+def _enter(conn: Connection) -> int:
+    """One block more in ``conn`` (``inside``) unless it is marked closed or inherited by
+    a fork (below zero, kept): the count before. From here to ``_leave`` no other thread
+    closes it. ``close()`` on one thread while another's statement runs on the
+    connection crashed the process (Python 3.11's sqlite3 frees it under the statement):
+    ``close()`` now closes only connections nothing is inside, and leaves the others to
+    their thread's ``_leave``."""
+    with conn.guard:
+        inside = conn.inside
+        if inside >= 0:
+            conn.inside = inside + 1
+    return inside
+
+
 def _leave(conn: Connection) -> None:
-    """One block fewer in ``conn`` (``inside``); a mark ``close()`` or a fork left kept."""
-    if conn.inside > 0:
-        conn.inside -= 1
+    """One block fewer in ``conn`` (``inside``); a connection ``close()`` marked while a
+    block was in it is closed here, on the thread that used it (a fork's mark is kept)."""
+    with conn.guard:
+        inside = conn.inside
+        if inside > 0:
+            conn.inside = inside - 1
+            return
+    if inside == fork.CLOSED:
+        conn.close()  # again after an inner block did: nothing
 
 
 @contextlib.contextmanager
-def _using(conn: Connection) -> Iterator[Connection]:
+def _using(conn: Connection, path: str) -> Iterator[Connection]:
     """``conn`` counted in use (``inside``) for a block outside ``transaction()``
-    (migrations): a child forked meanwhile must not close it (``fork.py``)."""
-    conn.inside += 1
+    (migrations, a connection's settings): a child forked meanwhile must not close it
+    (``fork.py``), nor ``close()`` on another thread."""
+    if _enter(conn) < 0:
+        raise storage_closed(f"SQLite database {path!r}")
     try:
         yield conn
     finally:
@@ -924,7 +946,9 @@ class SqliteStorage:
         self._connection()  # fail now, with a clear message, if the file cannot be opened
 
     def _connection(self) -> Connection:
-        conn: Connection | None = getattr(self._local, "conn", None)
+        # One thread's state throughout: a ``close()`` meanwhile makes ``_local`` a new one.
+        local = self._local
+        conn: Connection | None = getattr(local, "conn", None)
         if conn is not None:
             return conn
         if self._closed:
@@ -944,7 +968,12 @@ class SqliteStorage:
         # read nothing yet holds no lock, so one a child missed before this is harmless.
         conn.inside = 1
         with self._all_lock:
-            self._all.append(conn)
+            closed = self._closed  # by ``close()`` since the look above: not kept
+            if not closed:
+                self._all.append(conn)
+        if closed:
+            conn.close()
+            raise storage_closed(f"SQLite database {self.path!r}")
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
             # Switching the mode needs the file to itself; asking does not, so a process
@@ -959,11 +988,11 @@ class SqliteStorage:
             # A job's commit dirties ~8 pages (rows, indexes, trace; docs/benchmarks.md): at
             # the default 1000-page WAL a checkpoint (two fsyncs) came every ~100 jobs. Durability
             # is the same; the WAL reaches ~16 MB between checkpoints, truncated above 64 MB.
-            self._local.page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
-            self._local.writes = 0
-            self._local.wal_pages = 0
-            self._local.changes_seen = 0
-            self._fit_wal(conn)
+            local.page_size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+            local.writes = 0
+            local.wal_pages = 0
+            local.changes_seen = 0
+            self._fit_wal(conn, local)
             conn.execute("PRAGMA foreign_keys = ON")
             # Trace packs are deflated (storage/packs.py, format 2): the SQL that reads their
             # events (the rq_events view, trace windows, gc's blob references) decodes them
@@ -975,9 +1004,8 @@ class SqliteStorage:
                 f"cannot open SQLite database {self.path!r}: {exc}"
             ) from exc
         finally:
-            if conn.inside > 0:  # not closed meanwhile (``close()``, ``_discard``)
-                conn.inside = 0
-        self._local.conn = conn
+            _leave(conn)  # closed here if ``close()`` ran meanwhile
+        local.conn = conn
         return conn
 
     # -- learned pack dictionaries (``PackLearning``) -----------------------------------------
@@ -1021,22 +1049,26 @@ class SqliteStorage:
             self.pack_dictionaries.postponed(job_type, jobs)
             return
         writer.release()  # taken again by the transaction, at once unless raced
-        conn = None
         try:
             conn = getattr(self._local, "conn", None) or self._connection()
-            conn.execute("PRAGMA busy_timeout = 0")
-            with self.transaction() as tx:
-                found = tx.fetchone("pack_dictionary_of_type", of_type)
-                if found is None:
-                    text = packs.learned_text(
-                        tx.trace_query(TraceQuery(job_id=job_id)),
-                        tx.trace_query(TraceQuery(job_id=earlier)),
-                    )
-                    if not text:
-                        return
-                    row = {**of_type, "text": text, "job_id": job_id, "now": time.time()}
-                    tx.execute("pack_dictionary_put", row)
-                    found = tx.fetchone("pack_dictionary_of_type", of_type)
+            with _using(conn, self.path):
+                conn.execute("PRAGMA busy_timeout = 0")
+                try:
+                    with self.transaction() as tx:
+                        found = tx.fetchone("pack_dictionary_of_type", of_type)
+                        if found is None:
+                            text = packs.learned_text(
+                                tx.trace_query(TraceQuery(job_id=job_id)),
+                                tx.trace_query(TraceQuery(job_id=earlier)),
+                            )
+                            if not text:
+                                return
+                            row = {**of_type, "text": text, "job_id": job_id, "now": time.time()}
+                            tx.execute("pack_dictionary_put", row)
+                            found = tx.fetchone("pack_dictionary_of_type", of_type)
+                finally:
+                    with contextlib.suppress(sqlite3.Error):  # closed since (``_discard``)
+                        conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
         except Exception as exc:  # a trace that no longer decodes (zlib.error) too
             if _busy(exc):
                 self.pack_dictionaries.postponed(job_type, jobs)
@@ -1044,10 +1076,6 @@ class SqliteStorage:
             log.warning("no trace pack dictionary learned for job type %r: %s", job_type, exc)
             self.pack_dictionaries.failed(job_type, jobs)
             return
-        finally:
-            if conn is not None:
-                with contextlib.suppress(sqlite3.Error):  # closed since (``_discard``)
-                    conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_ms)}")
         self._dictionary_found(job_type, found)
 
     def _dictionary_found(self, job_type: str, found: Mapping[str, Any] | None) -> None:
@@ -1079,15 +1107,17 @@ class SqliteStorage:
                 conn.close()
         return None if row is None else bytes(row[0])
 
-    def _fit_wal(self, conn: sqlite3.Connection) -> None:
+    def _fit_wal(self, conn: sqlite3.Connection, local: threading.local) -> None:
         """Size this connection's automatic checkpoint to the disk's free space.
 
         At most ``_WAL_AUTOCHECKPOINT_BYTES`` (16 MB), and at most a quarter of the free
         space: on a small or nearly full disk the WAL is checkpointed (and, past
         ``journal_size_limit``, truncated) long before it could fill the disk, which
         would leave no room for the checkpoint that empties it.
+
+        ``local`` is the thread's state of ``conn`` (``_local`` as its block began: a
+        ``close()`` since has made ``_local`` a new, empty one).
         """
-        local = self._local
         pages = _WAL_AUTOCHECKPOINT_BYTES // local.page_size
         if self.path != ":memory:":
             try:
@@ -1102,7 +1132,7 @@ class SqliteStorage:
             conn.execute(f"PRAGMA journal_size_limit = {int(limit)}")
             local.wal_pages = pages
 
-    def _checkpoint_after_full(self, conn: sqlite3.Connection) -> None:
+    def _checkpoint_after_full(self, conn: sqlite3.Connection, local: threading.local) -> None:
         """After ``SQLITE_FULL``: empty the WAL before writing again, or say why not.
 
         A write would append to the WAL (it cannot restart before a complete
@@ -1124,7 +1154,7 @@ class SqliteStorage:
             )
         self._full.clear()
         log.info("%s: the WAL is checkpointed after a full disk; writes resume", self.path)
-        self._fit_wal(conn)
+        self._fit_wal(conn, local)
 
     def transaction(self, *, readonly: bool = False) -> _Transaction:
         """A transaction on this thread's connection (``BEGIN IMMEDIATE`` unless
@@ -1166,33 +1196,32 @@ class SqliteStorage:
 
         The connection counts the block (``inside``) from before its first statement to
         its end (``_Transaction.__exit__``): a child forked meanwhile must not close it
-        (``fork.py``).
+        (``fork.py``), nor ``close()`` on another thread (``_enter``).
         """
         local = self._local
         # ``_connection``'s first look inlined: the thread's connection, once it has one.
         conn = getattr(local, "conn", None) or self._connection()
-        try:
-            orphan = conn.in_transaction
-        except sqlite3.ProgrammingError as exc:
-            # Closed by ``close()`` on another thread, which has not forgotten it yet.
-            raise self._failure(f"cannot begin a transaction on {self.path!r}", exc) from exc
-        if orphan and conn.inside:
+        inside = _enter(conn)
+        if inside < 0:  # closed by ``close()`` on another thread, which has not forgotten it yet
+            raise self._cut_short(inside)
+        orphan = conn.in_transaction
+        if orphan and inside:
+            _leave(conn)
             raise StorageError(
                 f"cannot begin a transaction on {self.path!r}: this thread's connection "
                 "is inside one already, and transactions do not nest (inside a "
                 "transaction, enqueue with its own tx: App.insert_job(tx, request))"
             )
-        conn.inside += 1
         held = None
         try:
             if orphan:
                 _rollback(conn)
             if not readonly:
                 if self._full.is_set():
-                    self._checkpoint_after_full(conn)
+                    self._checkpoint_after_full(conn, local)
                 writes = local.writes = local.writes + 1
                 if writes % _RETUNE_EVERY == 0:
-                    self._fit_wal(conn)
+                    self._fit_wal(conn, local)
                 # The process's writers queue here (``_WRITERS``); past ``busy_timeout`` the
                 # write goes on to SQLite's lock and its own wait, as without the queue.
                 writer = self._writer
@@ -1252,7 +1281,10 @@ class SqliteStorage:
             self._fault(conn, error)
             raise self._failure(f"commit failed on {self.path!r}", error) from error
         if not readonly:
-            self._local.last_pack = tx.last_pack
+            local = self._local
+            if getattr(local, "conn", None) is not conn:
+                return  # closed (``close()``) or given up (``_discard``) since it began
+            local.last_pack = tx.last_pack
             if tx.jobs_changed:
                 for watcher in self._watchers:
                     watcher.poke()
@@ -1260,11 +1292,11 @@ class SqliteStorage:
             wal_path = self._wal_path
             if (
                 wal_path is not None
-                and conn.total_changes - self._local.changes_seen >= _WAL_LOOK_EVERY_CHANGES
+                and conn.total_changes - local.changes_seen >= _WAL_LOOK_EVERY_CHANGES
             ):
-                self._bound_wal(conn, wal_path)
+                self._bound_wal(conn, wal_path, local)
 
-    def _bound_wal(self, conn: sqlite3.Connection, wal_path: str) -> None:
+    def _bound_wal(self, conn: sqlite3.Connection, wal_path: str, local: threading.local) -> None:
         """After a commit: restart a WAL that readers have let grow past twice its size.
 
         The automatic checkpoint is passive: it copies the WAL's pages into the
@@ -1287,12 +1319,12 @@ class SqliteStorage:
         ``_WAL_LOOK_EVERY_CHANGES`` rows since the last look, not after every commit, and
         only with a WAL.
         """
-        self._local.changes_seen = conn.total_changes
+        local.changes_seen = conn.total_changes
         try:
             size = os.stat(wal_path).st_size
         except OSError:
             return
-        step = self._local.wal_pages * self._local.page_size
+        step = local.wal_pages * local.page_size
         if size <= max(_WAL_OVERGROWN * step, self._wal_retry_above):
             return
         deadline = time.monotonic() + _WAL_RESTART_WAIT_MS / 1000
@@ -1408,7 +1440,7 @@ class SqliteStorage:
         So a process whose app opens while the caller's own transaction holds the write
         lock (transactional enqueue as the first use) does not wait on itself.
         """
-        with _using(self._connection()) as conn:
+        with _using(self._connection(), self.path) as conn:
             return self._migrate(conn, now)
 
     def _migrate(self, conn: Connection, now: float) -> list[MigrationStatus]:
@@ -1443,7 +1475,7 @@ class SqliteStorage:
         return done
 
     def migration_status(self) -> list[MigrationStatus]:
-        with _using(self._connection()) as conn:
+        with _using(self._connection(), self.path) as conn:
             try:
                 conn.execute("BEGIN IMMEDIATE")
                 try:
@@ -1480,12 +1512,16 @@ class SqliteStorage:
     def close(self) -> None:
         """Close every connection of the storage; every later use of it raises
         ``StorageError`` (closed), as does the end of a block another thread had open on
-        it: that block neither commits nor goes on (its connection is closed)."""
+        it: that block never commits, and its connection is closed by its own thread as
+        it ends (closing it under a running statement crashed the process)."""
         self._closed = True
         with self._all_lock:
             for conn in self._all:
-                conn.inside = fork.CLOSED  # a block open on it ends without a statement
-                conn.close()
+                with conn.guard:
+                    in_use = conn.inside > 0
+                    conn.inside = fork.CLOSED  # a block open on it ends without committing
+                if not in_use:
+                    conn.close()  # else by its thread as the block ends (``_leave``)
             self._all.clear()
         self._local = threading.local()
 
@@ -1520,8 +1556,7 @@ class _Transaction:
                 raise storage._cut_short(inside) from exc
             storage._end(conn, self._tx, self._readonly, exc, self._autocommit)
         finally:
-            if inside > 0:
-                conn.inside = inside - 1
+            _leave(conn)  # closes it if ``close()`` ran meanwhile
             held = self._held
             if held is not None:
                 self._held = None

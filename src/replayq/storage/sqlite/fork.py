@@ -48,7 +48,8 @@ from replayq.errors import StorageError
 # thread's own) finds it so at its end and neither commits nor rolls back.
 FORKED_IDLE = -2
 FORKED_BUSY = -3
-# ``Connection.inside`` of a connection ``SqliteStorage.close()`` closed under a block.
+# ``Connection.inside`` of a connection ``SqliteStorage.close()`` closed, or left to the
+# thread inside a block on it to close as that block ends.
 CLOSED = -1
 
 # Connections this process inherited and has not closed, by file (``_writer_key``).
@@ -71,10 +72,13 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 class Connection(sqlite3.Connection):
     """A ``sqlite3.Connection`` that counts the blocks using it (``inside``), so that a
-    forked child knows which of the connections it inherited it may close."""
+    forked child knows which of the connections it inherited it may close, and
+    ``SqliteStorage.close()`` which ones it may close now: the count changes, and is read
+    there, under ``guard``."""
 
-    __slots__ = ("inside",)
+    __slots__ = ("guard", "inside")
 
+    guard: threading.Lock
     inside: int
 
 
@@ -90,6 +94,7 @@ def connect(target: str, *, uri: bool = False, timeout: float = 5.0) -> Connecti
         uri=uri,
     )
     conn.inside = 0
+    conn.guard = threading.Lock()
     return conn
 
 
