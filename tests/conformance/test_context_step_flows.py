@@ -427,3 +427,57 @@ def test_an_async_generator_closed_in_its_step_fails_its_attempt_when_writes_wer
 
     parked(app, "closes_async", "ctx.step('gen') was ended by its generator's close")
     assert not app.state.get("customers", 7).exists
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_step_left_open_is_a_handler_bug_never_retried_whatever_the_contract_retries(
+    app_factory: AppFactory, flavour: str
+) -> None:
+    """The attempt of a handler that returned with its step open fails with
+    ``StepLeftOpenError``, class ``validation``: the same code leaves it open again, so a
+    contract that maps every ``Exception`` to ``transient`` (and retries ``unknown`` too)
+    does not retry it; the job is dead after its one attempt (before: a plain
+    ``RuntimeError``, mapped to ``transient`` and run again to its last attempt)."""
+    app = app_factory()
+    kept: list[Generator[int, None, None] | AsyncGenerator[int, None]] = []
+    retry_all = replayq.Retry(max_attempts=3, base=0.001, cap=0.001, on=("transient", "unknown"))
+
+    if flavour == "sync":
+
+        @app.job("leaves_open", retry=retry_all, errors={Exception: "transient"})
+        def leaves_open(ctx: replayq.Context) -> None:
+            def lines() -> Generator[int, None, None]:
+                with ctx.step("gen"):
+                    yield 1
+
+            suspended = lines()
+            next(suspended)
+            kept.append(suspended)
+
+    else:
+
+        @app.job("leaves_open", retry=retry_all, errors={Exception: "transient"})
+        async def leaves_open_async(ctx: replayq.Context) -> None:
+            async def lines() -> AsyncGenerator[int, None]:
+                with ctx.step("gen"):
+                    yield 1
+
+            suspended = lines()
+            await anext(suspended)
+            kept.append(suspended)
+
+    job_id = app.enqueue("leaves_open", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    job = app.get_job(job_id)
+    assert (job.state, job.attempt) == (replayq.JobState.DEAD, 1)
+    assert (job.last_error_class, job.dead_reason) == ("validation", "not_retryable")
+    assert (job.last_error or "").startswith("StepLeftOpenError: "), job.last_error
+    [failed] = [e for e in app.trace(job_id) if e.name == "job.failed"]
+    assert failed.data["error_class"] == "validation"
+    assert not [e for e in app.trace(job_id) if e.name == "retry.scheduled"]
+    for generator in kept:  # its step ends after the attempt: refused, nothing committed
+        with pytest.raises(replayq.ContextEndedError):
+            if isinstance(generator, Generator):
+                generator.close()
+            else:
+                asyncio.run(generator.aclose())

@@ -49,7 +49,12 @@ from collections.abc import Callable, Coroutine, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar, overload
 
-from replayq.errors import ContextEndedError, JobCancelledError, LeaseLostError
+from replayq.errors import (
+    ContextEndedError,
+    JobCancelledError,
+    LeaseLostError,
+    StepLeftOpenError,
+)
 from replayq.model import Job, TraceEvent
 from replayq.queue.contracts import render_template
 from replayq.queue.handlers import Handler
@@ -468,8 +473,8 @@ class Context(Recorder):
         ``with ctx.step(...)`` and kept past the return (one dropped or closed ends its
         step at once; an async one only once ``aclose()`` ran). That step holds this
         flow's writes, those the handler made after it outside any step too; the ack would
-        drop them while the job succeeded. The attempt fails instead, saying so: none of
-        those writes is committed.
+        drop them while the job succeeded. The attempt fails instead, saying so
+        (``StepLeftOpenError``): none of those writes is committed.
 
         So it does after a step that a generator's close ended (a loop over the generator
         left early, or it was closed or dropped while suspended in the step) while writes
@@ -478,23 +483,26 @@ class Context(Recorder):
         open_step = self._running.get(self._flow_key())
         if isinstance(open_step, StepBoundary):
             kept = (
-                "an async generator suspended in the step and kept, or an `async for` over "
-                "one left early, which closes it only later (contextlib.aclosing closes it)"
+                "an async generator suspended in the step and kept? one an `async for` "
+                "loop left early is closed only later, by asyncio: contextlib.aclosing "
+                "closes it at the loop's end"
                 if self.handler.is_async
-                else "a generator suspended in the step and kept"
+                else "a generator suspended in the step and kept?"
             )
-            raise RuntimeError(
+            raise StepLeftOpenError(
                 f"the handler returned inside ctx.step({open_step.name!r}), which never "
-                f"ended ({kept}?); its writes and those made after it are not committed"
+                f"ended ({kept}); its writes and those made after it are not committed",
+                step=open_step.name,
             )
         abandoned = self._abandoned_step
         if abandoned is not None:
-            raise RuntimeError(
+            raise StepLeftOpenError(
                 f"ctx.step({abandoned!r}) was ended by its generator's close (a loop over "
                 "the generator left early, or the generator closed or dropped while "
                 "suspended in the step): the step ended as failed, and its writes, those "
                 "made while it was open and the attempt's pending ones were dropped; the "
-                "attempt fails rather than succeed without them"
+                "attempt fails rather than succeed without them",
+                step=abandoned,
             )
 
     # -- steps and decisions ----------------------------------------------------------------
