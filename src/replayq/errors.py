@@ -37,6 +37,9 @@ The tree::
         │   ├── StaleFencingTokenError  a write under a lock that has since been re-acquired
         │   └── LockTimeoutError        a lock held by someone else past the wait
         ├── ValidationError         class ``validation``  — never retried
+        │   └── StepLeftOpenError   raised by replayq: the handler returned with a step of
+        │                           its own left open, or one its generator's close ended
+        │                           dropping writes (a bug of the handler's code)
         └── EffectInDoubtError      class ``in_doubt`` — an effect's outcome is unknown and
                                     its kind's policy is ``park``: a human (or the kind's
                                     reconciler) settles it, then the job is requeued
@@ -46,7 +49,10 @@ contract maps it (``errors={TimeoutError: "transient"}``); ``TimeoutError``
 and ``ConnectionError`` map to ``transient`` out of the box, and
 ``DatabaseUnavailableError`` (replayq's own database unreachable) to ``dependency``,
 ``ConstraintViolationError`` (a write of the handler's refused by a constraint of the
-database, at a step's commit or at the ack) to ``validation``. A constraint of replayq's
+database, at a step's commit or at the ack) to ``validation``. ``StepLeftOpenError``, which
+replayq raises for a handler that returned with a step left open, is ``validation``
+whatever the contract maps (a ``JobError``'s own class comes first): the same code leaves
+it open again, so it is never retried. A constraint of replayq's
 own tables (``rq_*``: ``ConstraintViolationError.internal``) refusing replayq's own write
 is no class of the job's: a bug of replayq, the job parked in ``dead`` with reason
 ``internal_error`` (class ``unknown``), never retried, whatever the contract maps.
@@ -252,6 +258,30 @@ class ValidationError(JobError):
     """The job can never succeed as given; it goes to ``dead`` at once."""
 
     failure_class = FailureClass.VALIDATION
+
+
+class StepLeftOpenError(ValidationError):
+    """The handler returned with a step of its own flow still open, or with one that its
+    generator's close ended while writes waited; ``step`` names it.
+
+    Raised by replayq at the handler's return, not by the handler: a generator (or an
+    ``async`` generator) suspended inside ``with ctx.step(...)`` and kept past the return
+    leaves its step open, and that step holds the writes of the handler's thread (an
+    ``async def`` handler's task), those made after it outside any step too; a generator
+    closed while suspended in its step (a ``for`` loop over it left early, ``close()``,
+    ``aclose()``) ended the step as failed, dropping them, and the close swallowed the
+    exit. The ack would have dropped those writes while the job succeeded: the attempt
+    fails instead (the steps it committed before stay committed).
+
+    A bug of the handler's code, which does it again on every attempt: class
+    ``validation``, never retried, whatever the contract's ``errors`` maps or ``Retry.on``
+    lists (a ``JobError``'s own class is asked first). The job goes to ``dead`` (reason
+    ``not_retryable``). Keep ``yield`` out of ``with ctx.step(...)``: put the step around
+    the loop that consumes the generator, or run the generator to its end."""
+
+    def __init__(self, message: str, *, step: str) -> None:
+        super().__init__(message)
+        self.step = step
 
 
 class EffectInDoubtError(JobError):

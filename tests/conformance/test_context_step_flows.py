@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Generator
+from collections.abc import AsyncGenerator, Callable, Generator
 
 import pytest
 
@@ -370,3 +370,114 @@ def test_a_loop_left_early_over_a_generator_in_a_step_with_nothing_to_write_succ
     run_once(replayq.Worker(app, worker_id="w1"))
     assert app.get_job(job_id).state is replayq.JobState.SUCCEEDED
     assert app.state.get("customers", 7).exists
+
+
+def test_an_async_handler_returning_inside_a_step_it_left_open_fails_and_commits_nothing(
+    app_factory: AppFactory,
+) -> None:
+    """As ``test_a_handler_returning_inside_a_step_it_left_open_fails_and_commits_nothing``
+    with an ``async def`` handler: an async generator suspended inside ``with ctx.step``
+    in the handler's own task, kept past its return. The attempt fails naming the step,
+    and neither write is committed (before: the job succeeded and both writes were
+    silently dropped at the ack)."""
+    app = app_factory()
+    kept: list[AsyncGenerator[int, None]] = []
+
+    @app.job("leaves_open_async", retry=replayq.Retry(max_attempts=1))
+    async def leaves_open_async(ctx: replayq.Context) -> None:
+        async def lines() -> AsyncGenerator[int, None]:
+            with ctx.step("gen"):
+                ctx.state.put("orders", 1, {"n": 1})
+                yield 1
+
+        suspended = lines()
+        await anext(suspended)
+        kept.append(suspended)  # kept: not closed when the handler returns
+        ctx.state.put("customers", 7, {"seen": True})
+
+    parked(app, "leaves_open_async", "returned inside ctx.step('gen')")
+    assert not app.state.get("orders", 1).exists
+    assert not app.state.get("customers", 7).exists
+    # Closed now, the step ends after its attempt: it records and commits nothing.
+    with pytest.raises(replayq.ContextEndedError):
+        asyncio.run(kept.pop().aclose())
+    assert not app.state.get("orders", 1).exists
+
+
+def test_an_async_generator_closed_in_its_step_fails_its_attempt_when_writes_were_dropped(
+    app_factory: AppFactory,
+) -> None:
+    """An ``async def`` handler closes (``aclose()``) an async generator suspended in its
+    step: the step ends as failed and drops the write the handler made meanwhile outside
+    any step, and ``aclose()`` swallows the exit. The attempt fails naming the step
+    (before: the job succeeded and ``customers:7`` was never written)."""
+    app = app_factory()
+
+    @app.job("closes_async", retry=replayq.Retry(max_attempts=1))
+    async def closes_async(ctx: replayq.Context) -> None:
+        async def lines() -> AsyncGenerator[int, None]:
+            with ctx.step("gen"):
+                ctx.state.put("orders", 1, {"n": 1})
+                yield 1
+
+        suspended = lines()
+        await anext(suspended)
+        ctx.state.put("customers", 7, {"seen": True})
+        await suspended.aclose()
+
+    parked(app, "closes_async", "ctx.step('gen') was ended by its generator's close")
+    assert not app.state.get("customers", 7).exists
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_step_left_open_is_a_handler_bug_never_retried_whatever_the_contract_retries(
+    app_factory: AppFactory, flavour: str
+) -> None:
+    """The attempt of a handler that returned with its step open fails with
+    ``StepLeftOpenError``, class ``validation``: the same code leaves it open again, so a
+    contract that maps every ``Exception`` to ``transient`` (and retries ``unknown`` too)
+    does not retry it; the job is dead after its one attempt (before: a plain
+    ``RuntimeError``, mapped to ``transient`` and run again to its last attempt)."""
+    app = app_factory()
+    kept: list[Generator[int, None, None] | AsyncGenerator[int, None]] = []
+    retry_all = replayq.Retry(max_attempts=3, base=0.001, cap=0.001, on=("transient", "unknown"))
+
+    if flavour == "sync":
+
+        @app.job("leaves_open", retry=retry_all, errors={Exception: "transient"})
+        def leaves_open(ctx: replayq.Context) -> None:
+            def lines() -> Generator[int, None, None]:
+                with ctx.step("gen"):
+                    yield 1
+
+            suspended = lines()
+            next(suspended)
+            kept.append(suspended)
+
+    else:
+
+        @app.job("leaves_open", retry=retry_all, errors={Exception: "transient"})
+        async def leaves_open_async(ctx: replayq.Context) -> None:
+            async def lines() -> AsyncGenerator[int, None]:
+                with ctx.step("gen"):
+                    yield 1
+
+            suspended = lines()
+            await anext(suspended)
+            kept.append(suspended)
+
+    job_id = app.enqueue("leaves_open", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    job = app.get_job(job_id)
+    assert (job.state, job.attempt) == (replayq.JobState.DEAD, 1)
+    assert (job.last_error_class, job.dead_reason) == ("validation", "not_retryable")
+    assert (job.last_error or "").startswith("StepLeftOpenError: "), job.last_error
+    [failed] = [e for e in app.trace(job_id) if e.name == "job.failed"]
+    assert failed.data["error_class"] == "validation"
+    assert not [e for e in app.trace(job_id) if e.name == "retry.scheduled"]
+    for generator in kept:  # its step ends after the attempt: refused, nothing committed
+        with pytest.raises(replayq.ContextEndedError):
+            if isinstance(generator, Generator):
+                generator.close()
+            else:
+                asyncio.run(generator.aclose())

@@ -49,7 +49,12 @@ from collections.abc import Callable, Coroutine, Mapping
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar, overload
 
-from replayq.errors import ContextEndedError, JobCancelledError, LeaseLostError
+from replayq.errors import (
+    ContextEndedError,
+    JobCancelledError,
+    LeaseLostError,
+    StepLeftOpenError,
+)
 from replayq.model import Job, TraceEvent
 from replayq.queue.contracts import render_template
 from replayq.queue.handlers import Handler
@@ -420,9 +425,9 @@ class Context(Recorder):
                 result = handler.fn(self, *args)
             else:
                 result = handler.fn(self, **args)
-            if (self._running or self._abandoned_step) and not handler.is_async:
-                self._refuse_step_left_open()
             if handler.is_async:
+                # Its steps ran in the coroutine's task: asked there, once it returns.
+                result = self._steps_closed_at_return(result)
                 if run_coroutine is not None:
                     result = run_coroutine(result)
                 else:
@@ -433,6 +438,8 @@ class Context(Recorder):
                         result = loop.run_until_complete(result)
                     finally:
                         loop.close()
+            elif self._running or self._abandoned_step:
+                self._refuse_step_left_open()
             # The handler returned: what it was asked before now, it could have seen. The
             # flag's attribute read as ``LostFlag.is_set`` reads it (no call per job).
             cancel = self._cancel
@@ -450,12 +457,24 @@ class Context(Recorder):
             # the caller settles the attempt (a worker hands its ack to the group commit).
             self.end()
 
+    async def _steps_closed_at_return(self, handler_call: Coroutine[Any, Any, T]) -> T:
+        """An ``async def`` handler's ``handler_call`` awaited, then, in its own task (the
+        flow its steps ran in: ``_flow_key``), ``_refuse_step_left_open`` asked if a step
+        runs or one was abandoned. One coroutine more an async job: its task's key is known
+        only inside it (the loop that runs it is the caller's)."""
+        result = await handler_call
+        if self._running or self._abandoned_step:
+            self._refuse_step_left_open()
+        return result
+
     def _refuse_step_left_open(self) -> None:
-        """The handler returned with a step of its own thread still open: a generator
-        suspended inside ``with ctx.step(...)`` and kept past the return (one dropped or
-        closed ends its step at once). That step holds this thread's writes, those the
-        handler made after it outside any step too; the ack would drop them while the job
-        succeeded. The attempt fails instead, saying so: nothing of it is committed.
+        """The handler returned with a step of its own flow still open (its thread; an
+        ``async def`` handler's task): a generator (an async generator) suspended inside
+        ``with ctx.step(...)`` and kept past the return (one dropped or closed ends its
+        step at once; an async one only once ``aclose()`` ran). That step holds this
+        flow's writes, those the handler made after it outside any step too; the ack would
+        drop them while the job succeeded. The attempt fails instead, saying so
+        (``StepLeftOpenError``): none of those writes is committed.
 
         So it does after a step that a generator's close ended (a loop over the generator
         left early, or it was closed or dropped while suspended in the step) while writes
@@ -463,19 +482,27 @@ class Context(Recorder):
         the attempt's pending ones, and ``close()`` swallows it: the handler never heard."""
         open_step = self._running.get(self._flow_key())
         if isinstance(open_step, StepBoundary):
-            raise RuntimeError(
+            kept = (
+                "an async generator suspended in the step and kept? one an `async for` "
+                "loop left early is closed only later, by asyncio: contextlib.aclosing "
+                "closes it at the loop's end"
+                if self.handler.is_async
+                else "a generator suspended in the step and kept?"
+            )
+            raise StepLeftOpenError(
                 f"the handler returned inside ctx.step({open_step.name!r}), which never "
-                "ended (a generator suspended in the step and kept?); its writes and those "
-                "made after it are not committed"
+                f"ended ({kept}); its writes and those made after it are not committed",
+                step=open_step.name,
             )
         abandoned = self._abandoned_step
         if abandoned is not None:
-            raise RuntimeError(
+            raise StepLeftOpenError(
                 f"ctx.step({abandoned!r}) was ended by its generator's close (a loop over "
                 "the generator left early, or the generator closed or dropped while "
                 "suspended in the step): the step ended as failed, and its writes, those "
                 "made while it was open and the attempt's pending ones were dropped; the "
-                "attempt fails rather than succeed without them"
+                "attempt fails rather than succeed without them",
+                step=abandoned,
             )
 
     # -- steps and decisions ----------------------------------------------------------------
