@@ -362,24 +362,21 @@ def _enter(conn: Connection) -> int:
     connection crashed the process (Python 3.11's sqlite3 frees it under the statement):
     ``close()`` now closes only connections nothing is inside, and leaves the others to
     their thread's ``_leave``."""
-    guard = conn.guard
-    guard.acquire()
-    inside = conn.inside
-    if inside >= 0:
-        conn.inside = inside + 1
-    guard.release()
+    with conn.guard:
+        inside = conn.inside
+        if inside >= 0:
+            conn.inside = inside + 1
     return inside
 
 
 def _leave(conn: Connection) -> None:
     """One block fewer in ``conn`` (``inside``); a connection ``close()`` marked while a
     block was in it is closed here, on the thread that used it (a fork's mark is kept)."""
-    guard = conn.guard
-    guard.acquire()
-    inside = conn.inside
-    if inside > 0:
-        conn.inside = inside - 1
-    guard.release()
+    with conn.guard:
+        inside = conn.inside
+        if inside > 0:
+            conn.inside = inside - 1
+            return
     if inside == fork.CLOSED:
         conn.close()  # again after an inner block did: nothing
 
