@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 import replayq
+from replayq.errors import StorageError
 from replayq.storage.sqlite import SqliteStorage
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
@@ -262,3 +263,60 @@ def test_a_transaction_open_in_the_forking_thread_ends_in_the_parent_alone(
     finally:
         conn.close()
     storage.close()
+
+
+@pytest.mark.parametrize("kind", ["write", "read"])
+def test_a_child_forked_after_close_while_a_thread_was_still_in_a_block_is_refused(
+    tmp_path: Path, kind: str
+) -> None:
+    """``close()`` leaves a connection a thread is inside a block on to that thread (it
+    is closed as the block ends): until then it is open, with whatever lock the block
+    holds. A child forked meanwhile ("close the App first", as the refusal advises) must
+    be refused as for any block open at the fork, not open its own connection beside
+    that one, unseen: beside the parent's write lock each of its writes waited out
+    ``busy_timeout`` and failed with ``database is locked``, and beside a read its
+    commits could be lost once the parent's connection closed."""
+    url = _file(tmp_path)
+    storage = SqliteStorage(url)
+    holding, release = threading.Event(), threading.Event()
+    ended: list[str] = []
+
+    def hold() -> None:
+        try:
+            with storage.transaction(readonly=kind == "read") as tx:
+                if kind == "write":
+                    tx.connection.execute("INSERT INTO t VALUES ('held at the close')")
+                else:
+                    tx.connection.execute("SELECT count(*) FROM t").fetchone()
+                holding.set()
+                release.wait(CHILD_SECONDS)
+        except StorageError as exc:
+            ended.append(str(exc))
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    try:
+        assert holding.wait(10)
+        storage.close()
+
+        def write() -> str:
+            start = time.monotonic()
+            said = _report(lambda: (_write(SqliteStorage(url), "child"), "wrote")[1])
+            return f"{said}\n{time.monotonic() - start:.3f}"
+
+        said, took = _in_child(write).split("\n")
+    finally:
+        release.set()
+        holder.join(10)
+    assert said.startswith("raised StorageError: "), said
+    assert "forked while a thread of its parent was using that file" in said
+    assert float(took) < 1.0  # refused, not waited out (busy_timeout is 2 s)
+    assert len(ended) == 1 and "storage is closed" in ended[0], ended  # nothing committed
+    assert _rows(url) == []
+    # Once the block has ended (its thread closed the connection), a child forked from
+    # the closed storage's process uses the file.
+    assert _in_child(lambda: (_write(SqliteStorage(url), "child"), "wrote")[1]) == "wrote"
+    fresh = SqliteStorage(url)  # and the parent goes on with it
+    _write(fresh, "parent")
+    fresh.close()
+    assert _rows(url) == ["child", "parent"]
