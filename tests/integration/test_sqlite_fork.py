@@ -320,3 +320,56 @@ def test_a_child_forked_after_close_while_a_thread_was_still_in_a_block_is_refus
     _write(fresh, "parent")
     fresh.close()
     assert _rows(url) == ["child", "parent"]
+
+
+def test_a_child_forked_while_close_held_a_connections_guard_ends_its_block(
+    tmp_path: Path,
+) -> None:
+    """``close()`` on another thread holds a connection's ``guard`` for a moment as it marks
+    it (and its own thread does, counting a block in or out). A child forked in that moment
+    inherits the lock held, by a thread it does not have: the forking thread's block, ending
+    in the child, waited for it forever. The moment is a few bytecodes wide, too narrow to
+    meet by chance in a test: a thread holds the guard across the fork here, as ``close()``
+    would."""
+    url = _file(tmp_path)
+    storage = SqliteStorage(url)
+    holding, release = threading.Event(), threading.Event()
+    read, write = os.pipe()
+    pid = -1
+    outcome = "left the block without an error"
+    try:
+        with storage.transaction() as tx:
+            tx.connection.execute("INSERT INTO t VALUES ('in the block')")
+            guard = tx.connection.guard
+
+            def hold() -> None:
+                with guard:
+                    holding.set()
+                    release.wait(CHILD_SECONDS)
+
+            holder = threading.Thread(target=hold)
+            holder.start()
+            assert holding.wait(10)
+            pid = os.fork()
+            if pid != 0:
+                release.set()
+                holder.join(10)
+    except BaseException as exc:
+        if pid != 0:
+            raise
+        outcome = f"raised {type(exc).__name__}: {exc}"
+    if pid == 0:  # the child: report and leave
+        try:
+            os.write(write, outcome.encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    try:
+        said = _receive(read, pid)
+    finally:
+        os.close(read)
+        os.waitpid(pid, 0)
+    assert said.startswith("raised StorageError: "), said
+    assert "forked inside a transaction" in said
+    assert _rows(url) == ["in the block"]  # the parent committed it
+    storage.close()

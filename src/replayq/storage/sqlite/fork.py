@@ -114,6 +114,9 @@ def inherit(key: str | None, connections: list[Connection]) -> None:
         # SQLite's close still, or left it to the thread inside a block on it: in use too.
         busy = conn.inside != 0 or _in_transaction(conn)
         conn.inside = FORKED_BUSY if busy else FORKED_IDLE
+        # A new lock: ``close()`` on a thread of the parent may have held it at the fork,
+        # and the forking thread's block, ending here, takes it (``_leave``).
+        conn.guard = threading.Lock()
     _INHERITED.setdefault(key, []).extend(connections)
 
 
