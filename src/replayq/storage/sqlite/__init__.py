@@ -191,7 +191,11 @@ def _after_fork_in_child() -> None:
         storage._writer = _writer_of(storage._writer_key)
         storage._all_lock = threading.Lock()
         watched = [w.connection for w in storage._watchers if w.connection is not None]
-        fork.inherit(storage._writer_key, storage._all + watched)
+        # Those ``close()`` left to a thread inside a block on them are open until it ends:
+        # in use at the fork, and beside them a connection of the child's takes no lock.
+        left = [conn for conn in storage._left if conn.inside != fork.SHUT]
+        fork.inherit(storage._writer_key, storage._all + left + watched)
+        storage._left = []
         storage._all = []
         storage._local = threading.local()
 
@@ -371,14 +375,16 @@ def _enter(conn: Connection) -> int:
 
 def _leave(conn: Connection) -> None:
     """One block fewer in ``conn`` (``inside``); a connection ``close()`` marked while a
-    block was in it is closed here, on the thread that used it (a fork's mark is kept)."""
+    block was in it is closed here, on the thread that used it, and marked ``SHUT`` (an
+    outer block of the thread then does nothing; a fork's mark is kept)."""
     with conn.guard:
         inside = conn.inside
         if inside > 0:
             conn.inside = inside - 1
             return
     if inside == fork.CLOSED:
-        conn.close()  # again after an inner block did: nothing
+        conn.close()
+        conn.inside = fork.SHUT  # closed: a child forked from now on inherits nothing of it
 
 
 @contextlib.contextmanager
@@ -913,6 +919,9 @@ class SqliteStorage:
         self._local = threading.local()
         self._all: list[Connection] = []
         self._all_lock = threading.Lock()
+        # Connections ``close()`` left to the thread inside a block on them, which closes
+        # each as its block ends (``_leave``): a child forked before then inherits them.
+        self._left: list[Connection] = []
         self._closed = False  # by ``close()``: every later use raises ``StorageError``
         self._writer_key = _writer_key(self.path)
         self._writer = _writer_of(self._writer_key)
@@ -1362,9 +1371,10 @@ class SqliteStorage:
 
     def _cut_short(self, inside: int) -> StorageError:
         """The error at the end of a block whose connection was closed by ``close()``
-        (``inside`` is ``fork.CLOSED``), or inherited by a fork since the block began:
-        the child cannot commit its parent's transaction, nor roll it back (``fork.py``)."""
-        if inside == fork.CLOSED:
+        (``inside`` is ``fork.CLOSED``, or ``fork.SHUT`` once its thread closed it), or
+        inherited by a fork since the block began: the child cannot commit its parent's
+        transaction, nor roll it back (``fork.py``)."""
+        if inside in (fork.CLOSED, fork.SHUT):
             return storage_closed(f"SQLite database {self.path!r}")
         return StorageError(
             f"{self.path!r}: this process was forked inside a transaction, which belongs "
@@ -1520,8 +1530,10 @@ class SqliteStorage:
                 with conn.guard:
                     in_use = conn.inside > 0
                     conn.inside = fork.CLOSED  # a block open on it ends without committing
-                if not in_use:
-                    conn.close()  # else by its thread as the block ends (``_leave``)
+                if in_use:
+                    self._left.append(conn)  # closed by its thread as the block ends
+                else:
+                    conn.close()
             self._all.clear()
         self._local = threading.local()
 

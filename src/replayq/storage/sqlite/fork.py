@@ -51,6 +51,9 @@ FORKED_BUSY = -3
 # ``Connection.inside`` of a connection ``SqliteStorage.close()`` closed, or left to the
 # thread inside a block on it to close as that block ends.
 CLOSED = -1
+# ``Connection.inside`` of a connection ``close()`` left to its thread, once that thread
+# has closed it (``CLOSED`` until then): no longer open, nothing for a child to inherit.
+SHUT = -4
 
 # Connections this process inherited and has not closed, by file (``_writer_key``).
 _INHERITED: dict[str | None, list[Connection]] = {}
@@ -108,9 +111,12 @@ def inherit(key: str | None, connections: list[Connection]) -> None:
         return
     for conn in connections:
         # ``CLOSED``: ``close()`` was closing it on another thread, which may be inside
-        # SQLite's close still: in use too.
+        # SQLite's close still, or left it to the thread inside a block on it: in use too.
         busy = conn.inside != 0 or _in_transaction(conn)
         conn.inside = FORKED_BUSY if busy else FORKED_IDLE
+        # A new lock: ``close()`` on a thread of the parent may have held it at the fork,
+        # and the forking thread's block, ending here, takes it (``_leave``).
+        conn.guard = threading.Lock()
     _INHERITED.setdefault(key, []).extend(connections)
 
 
