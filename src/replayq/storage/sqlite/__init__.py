@@ -79,7 +79,8 @@ Known limits, up front:
   thread uses it, ``App.close()`` first, or use the ``spawn`` start method). Other
   connections to the file (the caller's own) are not seen: close them before forking.
 * After ``close()`` every use of the storage raises ``StorageError`` (closed), as on
-  PostgreSQL; a block another thread had open on it raises it too and commits nothing.
+  PostgreSQL; a block another thread had open on it raises it too and commits nothing
+  (unless its ``COMMIT`` had begun).
 """
 
 from __future__ import annotations
