@@ -133,3 +133,48 @@ def test_a_rerun_refused_by_replayqs_own_table_reports_it_as_the_worker_does(
     error = outcome.error or ""
     assert error.startswith("internal error of replayq"), error
     assert "table rq_entity_versions" in error, error
+
+
+def test_a_recorded_attempt_parked_without_job_failed_reads_as_its_failure(
+    app_factory: AppFactory,
+) -> None:
+    """An attempt whose failure's settle replayq's own tables refused is parked with its
+    ``job.dead`` alone (``Outcomes._park_internal``: no ``job.failed``, no retry). A replay
+    reads that as the recorded outcome: failed, class ``unknown`` and the park's message,
+    decided ``dead: internal_error`` — not an attempt that "never settled". Stood in for as
+    in ``test_worker_internal_constraint_fail.py``: a second job waiting for its retry is
+    refused by an index the test adds to ``rq_jobs``."""
+    from replayq.replay.engine import dry_run
+
+    app = app_factory()
+    with app.storage.transaction() as tx:
+        tx.connection.execute(  # type: ignore[attr-defined]
+            "CREATE UNIQUE INDEX rq_jobs_one_retry ON rq_jobs (job_type) "
+            "WHERE state = 'queued' AND last_error IS NOT NULL"
+        )
+
+    @app.job("flaky", retry=RETRY, errors={ValueError: "transient"})
+    def flaky(ctx: replayq.Context, order: int) -> None:
+        with ctx.step("reserve"):
+            ctx.state.put("order", order, {"reserved": True})
+        raise ValueError("bad order")
+
+    first = replayq.testing.run_inline(app, "flaky", {"order": 1})
+    assert first.state is replayq.JobState.QUEUED, first.last_error  # its retry in an hour
+    job = replayq.testing.run_inline(app, "flaky", {"order": 2})
+    assert (job.state, job.dead_reason) == (replayq.JobState.DEAD, "internal_error")
+    names = [e.name for e in app.trace(job.id)]
+    assert "job.failed" not in names and "step.finished" in names, names
+
+    report = dry_run(app, job.id, keep=False)
+
+    recorded = report.outcome_recorded
+    assert (recorded.status, recorded.error_class) == ("failed", "unknown"), recorded
+    assert recorded.error == job.last_error, (recorded.error, job.last_error)
+    assert (recorded.error or "").startswith("internal error of replayq"), recorded.error
+    assert report.retry_recorded == "dead: internal_error", report.retry_recorded
+    # Replayed, the handler fails as it did, as its contract classes it: only the outcome
+    # differs (replayq's park is not the contract's decision), never "incomplete".
+    assert report.outcome_now.error_class == "transient", report.outcome_now
+    assert report.outcome_divergence == "recorded failure class unknown, now transient"
+    assert report.retry_now == "retry in ≤ 3600.0 s (attempt 2 of 3)", report.retry_now

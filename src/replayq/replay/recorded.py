@@ -31,7 +31,7 @@ from replayq.errors import (
     internal_violation,
     recorded_failure,
 )
-from replayq.model import Job, TraceEvent
+from replayq.model import DeadReason, Job, TraceEvent
 from replayq.recording.blobs import load_json
 from replayq.recording.ledger import CompletedStep
 from replayq.recording.state import MAIN, version_from_row
@@ -222,10 +222,16 @@ def _read_states(
 
 
 def outcome_of(job: Job, lifecycle: list[TraceEvent]) -> Outcome:
+    """How the recorded attempt ended, read from its lifecycle events (the last that says)."""
     for event in reversed(lifecycle):
         if event.name == "job.succeeded":
             return Outcome("succeeded", result=job.result)
-        if event.name == "job.failed":
+        if event.name == "job.failed" or (
+            event.name == "job.dead" and event.data.get("reason") == DeadReason.INTERNAL_ERROR
+        ):
+            # A park as ``internal_error`` (``Outcomes._park_internal``: its settle or its
+            # reaping refused by replayq's own tables) has no ``job.failed``: its ``job.dead``
+            # carries the class and message the worker recorded (``job.failed``'s, if any).
             return Outcome(
                 "failed", error_class=event.data.get("error_class"), error=event.data.get("error")
             )
