@@ -30,6 +30,7 @@ from replayq.queue.handlers import Handler, PayloadShape
 from replayq.recording.attempt import Refusal
 from replayq.recording.context import Context
 from replayq.recording.state import StateWrite, branch_with_writes
+from replayq.redaction import Redactor
 from replayq.replay.compare import (
     Comparison,
     Divergence,
@@ -187,16 +188,22 @@ def execute(ctx: Context) -> Outcome:
         if isinstance(exc, RecordedFailure):
             # The recorded failure, as it was recorded: its class and its message.
             return Outcome("failed", error_class=exc.failure_class.value, error=exc.error)
-        return failed_outcome(exc, dict(ctx.handler.error_map))
+        return failed_outcome(exc, dict(ctx.handler.error_map), ctx.redactor)
     ctx.commit_now()
     return Outcome("succeeded", result=result)
 
 
 def _finished(
-    runtime: Runtime, trace_id: str, outcome: Outcome, origin: str, attempt: int
+    runtime: Runtime,
+    trace_id: str,
+    outcome: Outcome,
+    origin: str,
+    attempt: int,
+    redactor: Redactor,
 ) -> TraceEvent:
     """The derived trace's last event. It carries the attempt, as the run's events do, so
-    that it joins their pack (one ``rq_trace`` row per kept dry-run, not two)."""
+    that it joins their pack (one ``rq_trace`` row per kept dry-run, not two). Its data,
+    the outcome, is redacted as every domain event's is (``Recorder.event``)."""
     now = runtime.clock.now()
     # Every field named (``TraceEvent.built``: no frozen dataclass ``__init__``).
     return TraceEvent.built(
@@ -217,15 +224,22 @@ def _finished(
             "side_effect": False,
             "input_ref": None,
             "output_ref": None,
-            "data": outcome.to_dict(),
+            "data": redactor.value(outcome.to_dict()),
             "id": None,
         }
     )
 
 
-def _finish(runtime: Runtime, trace_id: str, outcome: Outcome, origin: str, attempt: int) -> None:
+def _finish(
+    runtime: Runtime,
+    trace_id: str,
+    outcome: Outcome,
+    origin: str,
+    attempt: int,
+    redactor: Redactor,
+) -> None:
     with runtime.storage.transaction() as tx:
-        tx.trace_append([_finished(runtime, trace_id, outcome, origin, attempt)])
+        tx.trace_append([_finished(runtime, trace_id, outcome, origin, attempt, redactor)])
 
 
 def run_derived(
@@ -302,7 +316,9 @@ def run_derived(
             try:
                 outcome = execute(ctx)
             except ReplayDivergenceError as exc:
-                error = str(exc)
+                # Its message can quote what the handler passed (a call's arguments, an
+                # effect's key): redacted as the recording's messages are.
+                error = ctx.redactor.text(str(exc))
                 ctx.record("replay.denied", status="fail", error=error)
                 ctx.discard_writes()
                 ctx.commit_now(failed=True)
@@ -318,7 +334,8 @@ def run_derived(
                 # its versions in two statements); the other writes (blobs) go one by one.
                 state = [w for w in ctx.kept_writes if isinstance(w, StateWrite)]
                 others = [w for w in ctx.kept_writes if not isinstance(w, StateWrite)]
-                events = [*now_events, _finished(runtime, trace_id, outcome, origin, job.attempt)]
+                finished = _finished(runtime, trace_id, outcome, origin, job.attempt, ctx.redactor)
+                events = [*now_events, finished]
 
                 def write_all(tx: Transaction) -> None:
                     for write in others:
@@ -335,7 +352,7 @@ def run_derived(
                     end.commit(runtime)
         else:
             unrecorded = _record_unrecorded_io(runtime, ctx, sealed)
-            _finish(runtime, trace_id, outcome, origin, job.attempt)
+            _finish(runtime, trace_id, outcome, origin, job.attempt, ctx.redactor)
             with runtime.storage.transaction(readonly=True) as tx:
                 now_events = [
                     e
@@ -369,8 +386,10 @@ def run_derived(
             error=error,
             fork_step=fork_step,
             reached_fork=answers.reached_fork if fork_step else None,
-            unrecorded_io=[str(v) for v in unrecorded if not v.allowed],
-            allowed_io=[str(v) for v in unrecorded if v.allowed],
+            # A refused call's target (a subprocess's arguments, say) redacted, as its
+            # ``io.unrecorded`` event is.
+            unrecorded_io=[ctx.redactor.text(str(v)) for v in unrecorded if not v.allowed],
+            allowed_io=[ctx.redactor.text(str(v)) for v in unrecorded if v.allowed],
             allow_io=allow_io,
             events_now=list(now_events),
         )
@@ -389,7 +408,8 @@ def run_derived(
     if report.unrecorded_io:
         # I/O that bypassed ctx is the divergence that matters most: name it first.
         first = next(v for v in unrecorded if not v.allowed)
-        report.first_divergence = Divergence(0, first.step, None, None, None, None, str(first))
+        reason = report.unrecorded_io[0]  # ``str(first)``, redacted
+        report.first_divergence = Divergence(0, first.step, None, None, None, None, reason)
     elif error and report.first_divergence is None:
         report.first_divergence = Divergence(0, ctx.current_step, None, None, None, None, error)
     return report
