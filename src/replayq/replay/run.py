@@ -21,11 +21,15 @@ from replayq import codec
 from replayq.errors import (
     INTERNAL_ERROR_PREFIX,
     ConfigurationError,
+    ConstraintViolationError,
     EffectInDoubtError,
     RecordedFailure,
     ReplayDivergenceError,
+    internal_error_message,
+    internal_violation,
 )
 from replayq.model import Job, TraceEvent
+from replayq.queue.contracts import JobContract
 from replayq.queue.handlers import Handler, PayloadShape
 from replayq.recording.attempt import Refusal
 from replayq.recording.context import Context
@@ -161,20 +165,83 @@ class BufferedContext(Context):
 
 
 @dataclass
+class Kept:
+    """A kept dry-run's end write (its derived trace, branch state and lineage), what runs
+    after it commits (cache writes), and the report a refusal of the write is told to."""
+
+    write: Callable[[Transaction], None]
+    after: list[Callable[[], None]]
+    redactor: Redactor
+    contract: JobContract
+    report: ReplayReport | None = None
+
+    def refused(self, violation: ConstraintViolationError) -> None:
+        """The write was refused by a constraint of replayq's own tables (a bug of
+        replayq's, ``internal_violation``): the report says so as a fork's says it of a
+        step's commit refused so — failed, class ``unknown``, ``dead: internal_error`` —
+        and that nothing of the run was kept. Its ``trace_id`` and ``branch`` name nothing."""
+        report = self.report
+        assert report is not None
+        ran = report.outcome_now
+        had = f"; the run had failed: {ran.error}" if ran.status == "failed" else ""
+        error = (
+            f"{internal_error_message(violation)}; the dry-run's end write was refused, "
+            f"not kept: its derived trace, branch and lineage{had}"
+        )
+        report.outcome_now = Outcome(
+            "failed", error_class="unknown", error=self.redactor.text(error)
+        )
+        report.retry_now = contract_decision(
+            self.contract, "unknown", report.attempt, internal=True
+        )
+
+
+@dataclass
 class Deferred:
     """The end writes of kept dry-runs, committed together, and what runs after the commit."""
 
-    writes: list[Callable[[Transaction], None]] = field(default_factory=list)
-    after: list[Callable[[], None]] = field(default_factory=list)
+    kept: list[Kept] = field(default_factory=list)
 
     def commit(self, runtime: Runtime) -> None:
-        if self.writes:
-            with runtime.storage.transaction() as tx:
-                for write in self.writes:
-                    write(tx)
-        for action in self.after:
-            action()
-        self.writes, self.after = [], []
+        """Commit the kept writes in one transaction, then run what waits for them.
+
+        A refusal by a constraint of replayq's own tables is reported, not raised (as the
+        worker parks an attempt whose settle it refuses, ``Outcomes._park``): each write is
+        tried again on its own, and each one refused again tells its report (``Kept.refused``)
+        and runs nothing after. Any other error is raised, as before."""
+        kept, self.kept = self.kept, []
+        if not kept:
+            return
+        try:
+            _commit(runtime, kept)
+        except ConstraintViolationError as refused:
+            violation = internal_violation(refused)
+            if violation is None:
+                raise
+            if len(kept) == 1:
+                kept[0].refused(violation)
+                return
+            for one in kept:
+                try:
+                    _commit(runtime, [one])
+                except ConstraintViolationError as again:
+                    violation = internal_violation(again)
+                    if violation is None:
+                        raise
+                    one.refused(violation)
+                    continue
+                for action in one.after:
+                    action()
+            return
+        for one in kept:
+            for action in one.after:
+                action()
+
+
+def _commit(runtime: Runtime, kept: list[Kept]) -> None:
+    with runtime.storage.transaction() as tx:
+        for one in kept:
+            one.write(tx)
 
 
 def execute(ctx: Context) -> Outcome:
@@ -263,7 +330,9 @@ def run_derived(
     compared with the recording as they are made; the derived trace, the branch's
     state and the lineage are written in one transaction at the end — or not at all
     with ``keep=False``; with ``deferred`` that one write is appended there for the
-    caller to commit (a bulk dry-run commits a batch's writes together). Otherwise
+    caller to commit (a bulk dry-run commits a batch's writes together). That write, once
+    the report is made: refused by a constraint of replayq's own tables, the report says
+    so and nothing is kept (``Deferred.commit``), nothing is raised. Otherwise
     (fork) each step commits on the branch and the derived trace is read back and
     compared from the fork step on.
     """
@@ -307,9 +376,11 @@ def run_derived(
         )
     else:
         ctx = Context(runtime, job, handler, **options)
+    kept: Kept | None = None  # a kept dry-run's end write, committed once its report is made
     # Released on every path: a ctx the handler kept refuses once it returned (``run``
     # ends it), and the views and kept writes that refer back to it are dropped even when
-    # what follows the run raises (a storage error at the end's write, a comparison).
+    # what follows the run raises (a comparison). The end's write comes after: its closures
+    # hold what they write, as a bulk dry-run's, committed after its batch, always did.
     try:
         error = None
         with seal(step=lambda: ctx.current_step, allow_io=allow_io) as sealed:
@@ -345,11 +416,7 @@ def run_derived(
                     )
                     tx.trace_append(events)
 
-                end = deferred if deferred is not None else Deferred()
-                end.writes.append(write_all)
-                end.after.extend(ctx.kept_after)
-                if deferred is None:
-                    end.commit(runtime)
+                kept = Kept(write_all, list(ctx.kept_after), ctx.redactor, handler.contract)
         else:
             unrecorded = _record_unrecorded_io(runtime, ctx, sealed)
             _finish(runtime, trace_id, outcome, origin, job.attempt, ctx.redactor)
@@ -412,6 +479,12 @@ def run_derived(
         report.first_divergence = Divergence(0, first.step, None, None, None, None, reason)
     elif error and report.first_divergence is None:
         report.first_divergence = Divergence(0, ctx.current_step, None, None, None, None, error)
+    if kept is not None:
+        kept.report = report
+        end = deferred if deferred is not None else Deferred()
+        end.kept.append(kept)
+        if deferred is None:
+            end.commit(runtime)
     return report
 
 
