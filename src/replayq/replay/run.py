@@ -270,8 +270,14 @@ def _finished(
 ) -> TraceEvent:
     """The derived trace's last event. It carries the attempt, as the run's events do, so
     that it joins their pack (one ``rq_trace`` row per kept dry-run, not two). Its data,
-    the outcome, is redacted as every domain event's is (``Recorder.event``)."""
+    the outcome, is redacted as every domain event's is (``Recorder.event``): its messages
+    were where they were made (``failed_outcome``), its result, the handler's value, here
+    (on its own: a flat result is judged at once, the outcome around it would be encoded
+    and screened whole)."""
     now = runtime.clock.now()
+    data = outcome.to_dict()
+    if outcome.result is not None:
+        data["result"] = redactor.value(outcome.result)
     # Every field named (``TraceEvent.built``: no frozen dataclass ``__init__``).
     return TraceEvent.built(
         {
@@ -291,7 +297,7 @@ def _finished(
             "side_effect": False,
             "input_ref": None,
             "output_ref": None,
-            "data": redactor.value(outcome.to_dict()),
+            "data": data,
             "id": None,
         }
     )
