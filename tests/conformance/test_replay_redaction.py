@@ -119,3 +119,34 @@ def test_a_refused_subprocess_quoting_a_secret_is_redacted_in_the_report(
     assert TOKEN not in text and "Bearer [redacted:" in text, text
     derived = _derived(app, report.trace_id)
     assert TOKEN not in derived, derived
+
+
+def refuses_with_pin(ctx: replayq.Context, order: int) -> None:
+    """A candidate for ``--handler``: it fails as the recorded ``pin`` job did."""
+    with ctx.step("check"):
+        ctx.state.get("order", order)
+    raise RuntimeError(f"the bank refused pin={PIN}")
+
+
+PIN = "480151"
+
+
+def test_a_handler_given_by_module_path_is_redacted_with_its_job_types_rules(
+    app_factory: AppFactory,
+) -> None:
+    """``--handler module:function`` runs under the recorded job type's contract, and its
+    redaction rules with it: not the app's alone."""
+    app = app_factory(redaction=replayq.Redaction(key=KEY))
+    app.job(
+        "pin",
+        retry=replayq.Retry(max_attempts=1),
+        redact=replayq.Redaction(patterns=[r"pin=(\d+)"]),
+    )(refuses_with_pin)
+    job = replayq.testing.run_inline(app, "pin", {"order": 1})
+    recorded = job.last_error or ""
+    assert "pin=[redacted:" in recorded and PIN not in recorded, recorded
+
+    report = dry_run(app, job.id, handler=f"{__name__}:refuses_with_pin")
+
+    assert report.outcome_now.error == recorded, report.outcome_now
+    assert PIN not in json.dumps(report.to_dict()) and PIN not in _derived(app, report.trace_id)

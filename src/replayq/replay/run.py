@@ -53,13 +53,15 @@ REPLAY_WORKER = "replay"
 
 
 def load_handler_spec(spec: str, template: Handler) -> Handler:
-    """A ``module:function`` handler run under the recorded job's contract."""
+    """A ``module:function`` handler run under the recorded job's contract and redaction
+    rules (what its run records and reports is redacted as the job type's is)."""
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise ConfigurationError(f"{spec!r}: use module:function")
     fn = getattr(importlib.import_module(module_name), attribute)
     contract = template.contract
-    return Handler(replace(contract, version=spec), fn, PayloadShape.from_function(fn), {})
+    shape = PayloadShape.from_function(fn)
+    return Handler(replace(contract, version=spec), fn, shape, {}, template.redactor)
 
 
 def choose_handler(
