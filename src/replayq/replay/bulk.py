@@ -82,7 +82,8 @@ def dry_run_many(
     reports are the result); a job its quick check (``replay.quick``) finds the same as
     recorded gets its report without events (``matched_in_memory``), every other job the
     full dry-run's report. ``keep=True`` writes each job's derived trace, branch and
-    lineage, a batch's in one transaction.
+    lineage, a batch's in one transaction (one that a constraint of replayq's own tables
+    refuses is written job by job: a job refused again reports it, as ``dry_run`` does).
 
     ``processes > 1`` splits the batches over that many worker processes, fresh
     interpreters that import ``app`` (``module:attribute`` naming the ``App`` whose

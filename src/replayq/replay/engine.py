@@ -89,7 +89,9 @@ def dry_run(
     The recording (job, events, blobs, the state versions the attempt read) is
     loaded in one read transaction; the run commits nothing per step and is compared
     with the recording in memory as it runs; the derived trace, its branch's state
-    and lineage are written in one transaction at the end. ``keep=False`` writes
+    and lineage are written in one transaction at the end; if a constraint of replayq's
+    own tables refuses that write (a bug of replayq's), the report says so (failed, class
+    ``unknown``, ``dead: internal_error``) and nothing is kept. ``keep=False`` writes
     nothing at all (verification): the report is the result.
     """
     runtime = source.runtime

@@ -31,11 +31,12 @@ from replayq.errors import (
     internal_violation,
     recorded_failure,
 )
-from replayq.model import Job, TraceEvent
+from replayq.model import DeadReason, Job, TraceEvent
 from replayq.recording.blobs import load_json
 from replayq.recording.ledger import CompletedStep
 from replayq.recording.state import MAIN, version_from_row
 from replayq.recording.world import LIVE
+from replayq.redaction import Redactor
 from replayq.runtime import RuntimeSource
 from replayq.storage.protocol import EntityGet, TraceJobs, Transaction
 
@@ -70,18 +71,22 @@ class Outcome:
 
 
 def failed_outcome(
-    exc: BaseException, error_map: dict[type[BaseException], FailureClass]
+    exc: BaseException, error_map: dict[type[BaseException], FailureClass], redactor: Redactor
 ) -> Outcome:
     """The outcome of an execution that raised ``exc``, as the worker records a failed
     attempt (``Outcomes._fail``): a constraint of replayq's own tables refusing replayq's
     own write is replayq's bug, class ``unknown`` with ``internal_error_message``, whatever
     the contract maps; any other failure its class (``error_map``: the contract's) and
-    ``Type: message``. A replay's and a rerun's alike."""
+    ``Type: message``. The message redacted by ``redactor`` (the job type's rules), as the
+    worker's is: it goes into the derived trace and the report. A replay's and a rerun's
+    alike."""
     internal = internal_violation(exc)
     if internal is not None:
-        return Outcome("failed", error_class="unknown", error=internal_error_message(internal))
+        return Outcome(
+            "failed", error_class="unknown", error=redactor.text(internal_error_message(internal))
+        )
     failure = classify(exc, error_map)
-    return Outcome("failed", error_class=failure.value, error=f"{type(exc).__name__}: {exc}")
+    return Outcome("failed", error_class=failure.value, error=redactor.error(exc))
 
 
 @dataclass
@@ -222,10 +227,16 @@ def _read_states(
 
 
 def outcome_of(job: Job, lifecycle: list[TraceEvent]) -> Outcome:
+    """How the recorded attempt ended, read from its lifecycle events (the last that says)."""
     for event in reversed(lifecycle):
         if event.name == "job.succeeded":
             return Outcome("succeeded", result=job.result)
-        if event.name == "job.failed":
+        if event.name == "job.failed" or (
+            event.name == "job.dead" and event.data.get("reason") == DeadReason.INTERNAL_ERROR
+        ):
+            # A park as ``internal_error`` (``Outcomes._park_internal``: its settle or its
+            # reaping refused by replayq's own tables) has no ``job.failed``: its ``job.dead``
+            # carries the class and message the worker recorded (``job.failed``'s, if any).
             return Outcome(
                 "failed", error_class=event.data.get("error_class"), error=event.data.get("error")
             )

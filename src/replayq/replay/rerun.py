@@ -151,7 +151,7 @@ def _run_held(
             ctx.commit_now(failed=True)
             # As the worker records it: replayq's own table refusing a write (a rerun's
             # state writes are real) is replayq's bug, not the contract's class.
-            outcome = failed_outcome(exc, dict(handler.error_map))
+            outcome = failed_outcome(exc, dict(handler.error_map), ctx.redactor)
     finally:
         ctx.release()
     with runtime.storage.transaction() as tx:
@@ -165,7 +165,7 @@ def _run_held(
                     hlc=runtime.hlc.tick(),
                     worker_id="rerun",
                     status=outcome.status,
-                    data=outcome.to_dict(),
+                    data=ctx.redactor.value(outcome.to_dict()),  # as any event's data
                 )
             ]
         )

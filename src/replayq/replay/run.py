@@ -21,15 +21,20 @@ from replayq import codec
 from replayq.errors import (
     INTERNAL_ERROR_PREFIX,
     ConfigurationError,
+    ConstraintViolationError,
     EffectInDoubtError,
     RecordedFailure,
     ReplayDivergenceError,
+    internal_error_message,
+    internal_violation,
 )
 from replayq.model import Job, TraceEvent
+from replayq.queue.contracts import JobContract
 from replayq.queue.handlers import Handler, PayloadShape
 from replayq.recording.attempt import Refusal
 from replayq.recording.context import Context
 from replayq.recording.state import StateWrite, branch_with_writes
+from replayq.redaction import Redactor
 from replayq.replay.compare import (
     Comparison,
     Divergence,
@@ -48,13 +53,15 @@ REPLAY_WORKER = "replay"
 
 
 def load_handler_spec(spec: str, template: Handler) -> Handler:
-    """A ``module:function`` handler run under the recorded job's contract."""
+    """A ``module:function`` handler run under the recorded job's contract and redaction
+    rules (what its run records and reports is redacted as the job type's is)."""
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise ConfigurationError(f"{spec!r}: use module:function")
     fn = getattr(importlib.import_module(module_name), attribute)
     contract = template.contract
-    return Handler(replace(contract, version=spec), fn, PayloadShape.from_function(fn), {})
+    shape = PayloadShape.from_function(fn)
+    return Handler(replace(contract, version=spec), fn, shape, {}, template.redactor)
 
 
 def choose_handler(
@@ -160,20 +167,83 @@ class BufferedContext(Context):
 
 
 @dataclass
+class Kept:
+    """A kept dry-run's end write (its derived trace, branch state and lineage), what runs
+    after it commits (cache writes), and the report a refusal of the write is told to."""
+
+    write: Callable[[Transaction], None]
+    after: list[Callable[[], None]]
+    redactor: Redactor
+    contract: JobContract
+    report: ReplayReport | None = None
+
+    def refused(self, violation: ConstraintViolationError) -> None:
+        """The write was refused by a constraint of replayq's own tables (a bug of
+        replayq's, ``internal_violation``): the report says so as a fork's says it of a
+        step's commit refused so — failed, class ``unknown``, ``dead: internal_error`` —
+        and that nothing of the run was kept. Its ``trace_id`` and ``branch`` name nothing."""
+        report = self.report
+        assert report is not None
+        ran = report.outcome_now
+        had = f"; the run had failed: {ran.error}" if ran.status == "failed" else ""
+        error = (
+            f"{internal_error_message(violation)}; the dry-run's end write was refused, "
+            f"not kept: its derived trace, branch and lineage{had}"
+        )
+        report.outcome_now = Outcome(
+            "failed", error_class="unknown", error=self.redactor.text(error)
+        )
+        report.retry_now = contract_decision(
+            self.contract, "unknown", report.attempt, internal=True
+        )
+
+
+@dataclass
 class Deferred:
     """The end writes of kept dry-runs, committed together, and what runs after the commit."""
 
-    writes: list[Callable[[Transaction], None]] = field(default_factory=list)
-    after: list[Callable[[], None]] = field(default_factory=list)
+    kept: list[Kept] = field(default_factory=list)
 
     def commit(self, runtime: Runtime) -> None:
-        if self.writes:
-            with runtime.storage.transaction() as tx:
-                for write in self.writes:
-                    write(tx)
-        for action in self.after:
-            action()
-        self.writes, self.after = [], []
+        """Commit the kept writes in one transaction, then run what waits for them.
+
+        A refusal by a constraint of replayq's own tables is reported, not raised (as the
+        worker parks an attempt whose settle it refuses, ``Outcomes._park``): each write is
+        tried again on its own, and each one refused again tells its report (``Kept.refused``)
+        and runs nothing after. Any other error is raised, as before."""
+        kept, self.kept = self.kept, []
+        if not kept:
+            return
+        try:
+            _commit(runtime, kept)
+        except ConstraintViolationError as refused:
+            violation = internal_violation(refused)
+            if violation is None:
+                raise
+            if len(kept) == 1:
+                kept[0].refused(violation)
+                return
+            for one in kept:
+                try:
+                    _commit(runtime, [one])
+                except ConstraintViolationError as again:
+                    violation = internal_violation(again)
+                    if violation is None:
+                        raise
+                    one.refused(violation)
+                    continue
+                for action in one.after:
+                    action()
+            return
+        for one in kept:
+            for action in one.after:
+                action()
+
+
+def _commit(runtime: Runtime, kept: list[Kept]) -> None:
+    with runtime.storage.transaction() as tx:
+        for one in kept:
+            one.write(tx)
 
 
 def execute(ctx: Context) -> Outcome:
@@ -187,17 +257,29 @@ def execute(ctx: Context) -> Outcome:
         if isinstance(exc, RecordedFailure):
             # The recorded failure, as it was recorded: its class and its message.
             return Outcome("failed", error_class=exc.failure_class.value, error=exc.error)
-        return failed_outcome(exc, dict(ctx.handler.error_map))
+        return failed_outcome(exc, dict(ctx.handler.error_map), ctx.redactor)
     ctx.commit_now()
     return Outcome("succeeded", result=result)
 
 
 def _finished(
-    runtime: Runtime, trace_id: str, outcome: Outcome, origin: str, attempt: int
+    runtime: Runtime,
+    trace_id: str,
+    outcome: Outcome,
+    origin: str,
+    attempt: int,
+    redactor: Redactor,
 ) -> TraceEvent:
     """The derived trace's last event. It carries the attempt, as the run's events do, so
-    that it joins their pack (one ``rq_trace`` row per kept dry-run, not two)."""
+    that it joins their pack (one ``rq_trace`` row per kept dry-run, not two). Its data,
+    the outcome, is redacted as every domain event's is (``Recorder.event``): its messages
+    were where they were made (``failed_outcome``), its result, the handler's value, here
+    (on its own: a flat result is judged at once, the outcome around it would be encoded
+    and screened whole)."""
     now = runtime.clock.now()
+    data = outcome.to_dict()
+    if outcome.result is not None:
+        data["result"] = redactor.value(outcome.result)
     # Every field named (``TraceEvent.built``: no frozen dataclass ``__init__``).
     return TraceEvent.built(
         {
@@ -217,15 +299,22 @@ def _finished(
             "side_effect": False,
             "input_ref": None,
             "output_ref": None,
-            "data": outcome.to_dict(),
+            "data": data,
             "id": None,
         }
     )
 
 
-def _finish(runtime: Runtime, trace_id: str, outcome: Outcome, origin: str, attempt: int) -> None:
+def _finish(
+    runtime: Runtime,
+    trace_id: str,
+    outcome: Outcome,
+    origin: str,
+    attempt: int,
+    redactor: Redactor,
+) -> None:
     with runtime.storage.transaction() as tx:
-        tx.trace_append([_finished(runtime, trace_id, outcome, origin, attempt)])
+        tx.trace_append([_finished(runtime, trace_id, outcome, origin, attempt, redactor)])
 
 
 def run_derived(
@@ -249,7 +338,9 @@ def run_derived(
     compared with the recording as they are made; the derived trace, the branch's
     state and the lineage are written in one transaction at the end — or not at all
     with ``keep=False``; with ``deferred`` that one write is appended there for the
-    caller to commit (a bulk dry-run commits a batch's writes together). Otherwise
+    caller to commit (a bulk dry-run commits a batch's writes together). That write, once
+    the report is made: refused by a constraint of replayq's own tables, the report says
+    so and nothing is kept (``Deferred.commit``), nothing is raised. Otherwise
     (fork) each step commits on the branch and the derived trace is read back and
     compared from the fork step on.
     """
@@ -293,16 +384,20 @@ def run_derived(
         )
     else:
         ctx = Context(runtime, job, handler, **options)
+    kept: Kept | None = None  # a kept dry-run's end write, committed once its report is made
     # Released on every path: a ctx the handler kept refuses once it returned (``run``
     # ends it), and the views and kept writes that refer back to it are dropped even when
-    # what follows the run raises (a storage error at the end's write, a comparison).
+    # what follows the run raises (a comparison). The end's write comes after: its closures
+    # hold what they write, as a bulk dry-run's, committed after its batch, always did.
     try:
         error = None
         with seal(step=lambda: ctx.current_step, allow_io=allow_io) as sealed:
             try:
                 outcome = execute(ctx)
             except ReplayDivergenceError as exc:
-                error = str(exc)
+                # Its message can quote what the handler passed (a call's arguments, an
+                # effect's key): redacted as the recording's messages are.
+                error = ctx.redactor.text(str(exc))
                 ctx.record("replay.denied", status="fail", error=error)
                 ctx.discard_writes()
                 ctx.commit_now(failed=True)
@@ -318,7 +413,8 @@ def run_derived(
                 # its versions in two statements); the other writes (blobs) go one by one.
                 state = [w for w in ctx.kept_writes if isinstance(w, StateWrite)]
                 others = [w for w in ctx.kept_writes if not isinstance(w, StateWrite)]
-                events = [*now_events, _finished(runtime, trace_id, outcome, origin, job.attempt)]
+                finished = _finished(runtime, trace_id, outcome, origin, job.attempt, ctx.redactor)
+                events = [*now_events, finished]
 
                 def write_all(tx: Transaction) -> None:
                     for write in others:
@@ -328,14 +424,10 @@ def run_derived(
                     )
                     tx.trace_append(events)
 
-                end = deferred if deferred is not None else Deferred()
-                end.writes.append(write_all)
-                end.after.extend(ctx.kept_after)
-                if deferred is None:
-                    end.commit(runtime)
+                kept = Kept(write_all, list(ctx.kept_after), ctx.redactor, handler.contract)
         else:
             unrecorded = _record_unrecorded_io(runtime, ctx, sealed)
-            _finish(runtime, trace_id, outcome, origin, job.attempt)
+            _finish(runtime, trace_id, outcome, origin, job.attempt, ctx.redactor)
             with runtime.storage.transaction(readonly=True) as tx:
                 now_events = [
                     e
@@ -369,8 +461,10 @@ def run_derived(
             error=error,
             fork_step=fork_step,
             reached_fork=answers.reached_fork if fork_step else None,
-            unrecorded_io=[str(v) for v in unrecorded if not v.allowed],
-            allowed_io=[str(v) for v in unrecorded if v.allowed],
+            # A refused call's target (a subprocess's arguments, say) redacted, as its
+            # ``io.unrecorded`` event is.
+            unrecorded_io=[ctx.redactor.text(str(v)) for v in unrecorded if not v.allowed],
+            allowed_io=[ctx.redactor.text(str(v)) for v in unrecorded if v.allowed],
             allow_io=allow_io,
             events_now=list(now_events),
         )
@@ -389,9 +483,16 @@ def run_derived(
     if report.unrecorded_io:
         # I/O that bypassed ctx is the divergence that matters most: name it first.
         first = next(v for v in unrecorded if not v.allowed)
-        report.first_divergence = Divergence(0, first.step, None, None, None, None, str(first))
+        reason = report.unrecorded_io[0]  # ``str(first)``, redacted
+        report.first_divergence = Divergence(0, first.step, None, None, None, None, reason)
     elif error and report.first_divergence is None:
         report.first_divergence = Divergence(0, ctx.current_step, None, None, None, None, error)
+    if kept is not None:
+        kept.report = report
+        end = deferred if deferred is not None else Deferred()
+        end.kept.append(kept)
+        if deferred is None:
+            end.commit(runtime)
     return report
 
 
