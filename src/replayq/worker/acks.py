@@ -333,6 +333,9 @@ class Acking(Outcomes):
                 log.exception("worker %s: job %s's ack failed", self.worker_id, pending[0].job.id)
                 self._settle_refused(pending[0], exc)
                 return []
+            if self._acks_outage.failures:
+                with self._acks_outage_lock:
+                    self._acks_outage.reset()  # logs the outage's end
             for ack in pending:
                 self._acked(ack, logged=False)
                 ack.ctx.release()
@@ -446,7 +449,14 @@ class Acking(Outcomes):
         """Nothing of the group committed (or, unreachable, maybe all of it): back to the
         buffer after a backoff, its leases still heartbeated."""
         unavailable = isinstance(exc, DatabaseUnavailableError)
-        log.warning(
+        starts = True
+        if unavailable:
+            # The database away: a warning as the outage starts (or its cause changes), the
+            # retries of every group until it ends debug records, and its end logged by the
+            # next group that commits (``_acks_outage``), as the other loops log theirs.
+            with self._acks_outage_lock:
+                starts = self._acks_outage.failed(exc)
+        (log.warning if starts else log.debug)(
             "worker %s: group commit of the acks of jobs %s failed (%s); tried again",
             self.worker_id,
             [ack.job.id for ack in acks],
