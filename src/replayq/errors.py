@@ -130,6 +130,13 @@ class DatabaseUnavailableError(StorageError):
 StorageUnavailableError = DatabaseUnavailableError
 
 
+class StorageClosedError(StorageError):
+    """A storage used after its ``close()``: that storage object never serves again, so
+    this is no ``DatabaseUnavailableError`` to wait out. An ``App`` opens a new storage at
+    its next use, though: a worker whose app was closed under it (``App.close()`` while it
+    runs) takes what met this for a storage fault, and goes on with the new one."""
+
+
 class SchemaError(StorageError):
     """The schema is missing, newer than this version of replayq understands, or cannot be
     upgraded without dropping an object of the database's owner."""
@@ -413,15 +420,16 @@ DEFAULT_ERROR_MAP: dict[type[BaseException], FailureClass] = {
 }
 
 
-def database_fault(exc: BaseException) -> DatabaseUnavailableError | None:
-    """The ``DatabaseUnavailableError`` that ``exc`` is, or was raised from or during.
+def database_fault(exc: BaseException) -> StorageError | None:
+    """The ``DatabaseUnavailableError`` or ``StorageClosedError`` that ``exc`` is, or was
+    raised from or during.
 
     An attempt that ends with one (a step's commit, ``ctx.state``, ``ctx.lock``,
-    ``ctx.enqueue`` meeting a locked, full or unreachable queue database, even wrapped
-    by the handler) did not fail by its own fault.
+    ``ctx.enqueue`` meeting a locked, full or unreachable queue database, or the app's
+    storage closed under it, even wrapped by the handler) did not fail by its own fault.
     """
     for current in _chain(exc):
-        if isinstance(current, DatabaseUnavailableError):
+        if isinstance(current, (DatabaseUnavailableError, StorageClosedError)):
             return current
     return None
 

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol, runtime_checkable
 
-from replayq.errors import StorageError
+from replayq.errors import StorageClosedError
 from replayq.storage.context_params import (
     BlobPut,
     BranchCreate,
@@ -319,10 +319,12 @@ class Storage(Protocol):
         ...
 
 
-def storage_closed(what: str) -> StorageError:
+def storage_closed(what: str) -> StorageClosedError:
     """The error of a storage used after its ``close()``: a ``StorageError``, not
     ``DatabaseUnavailableError`` (waiting would never make it usable again)."""
-    return StorageError(f"{what}: this storage is closed (its close() was called); open a new one")
+    return StorageClosedError(
+        f"{what}: this storage is closed (its close() was called); open a new one"
+    )
 
 
 def iter_chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:

@@ -65,23 +65,30 @@ class Backoff:
         self.failures = 0
         self._cause = None
 
+    def failed(self, exc: BaseException) -> bool:
+        """Count one failure: ``True`` when it starts the outage or changes its cause, for
+        a caller that logs the outage in words of its own (``next_delay`` logs it here)."""
+        self.failures += 1
+        cause = cause_of(exc)
+        if cause == self._cause:
+            return False
+        self._cause = cause
+        return True
+
     def next_delay(self, exc: BaseException) -> float:
         """Count one failure, log it, and return how long to wait before the next try."""
         # The exponent is bounded: 2**1024 is no float, and an outage may last hours.
         ceiling = min(self.cap, self.first * 2 ** min(self.failures, 60))
-        self.failures += 1
         # Jitter keeps a fleet of workers from reconnecting in lock step after a restart.
         delay = random.uniform(ceiling / 2, ceiling)
-        cause = cause_of(exc)
-        if cause != self._cause:
+        if self.failed(exc):
             log.warning(
                 "%s: %s (%s); retrying with backoff (at most %.0fs apart) until it is back",
                 self.what,
                 self.fault,
-                cause,
+                self._cause,
                 self.cap,
             )
-            self._cause = cause
         else:
             log.debug("%s: still unavailable; retry %d in %.2fs", self.what, self.failures, delay)
         return delay

@@ -53,6 +53,7 @@ from replayq.errors import (
     LeaseCollisionError,
     LeaseLostError,
     ReplayqError,
+    StorageClosedError,
     StorageError,
 )
 from replayq.model import Job, TraceEvent
@@ -291,7 +292,7 @@ class Acking(Outcomes):
                 collision_aborts = False
                 continue
             except StorageError as exc:
-                if isinstance(exc, DatabaseUnavailableError):
+                if isinstance(exc, _AWAY):
                     self._group_failed(pending, exc)
                     return []
                 if len(pending) > 1:
@@ -333,6 +334,9 @@ class Acking(Outcomes):
                 log.exception("worker %s: job %s's ack failed", self.worker_id, pending[0].job.id)
                 self._settle_refused(pending[0], exc)
                 return []
+            if self._acks_outage.failures:
+                with self._acks_outage_lock:
+                    self._acks_outage.reset()  # logs the outage's end
             for ack in pending:
                 self._acked(ack, logged=False)
                 ack.ctx.release()
@@ -445,8 +449,15 @@ class Acking(Outcomes):
     def _group_failed(self, acks: list[Ack], exc: StorageError) -> None:
         """Nothing of the group committed (or, unreachable, maybe all of it): back to the
         buffer after a backoff, its leases still heartbeated."""
-        unavailable = isinstance(exc, DatabaseUnavailableError)
-        log.warning(
+        unavailable = isinstance(exc, _AWAY)
+        starts = True
+        if unavailable:
+            # The database away: a warning as the outage starts (or its cause changes), the
+            # retries of every group until it ends debug records, and its end logged by the
+            # next group that commits (``_acks_outage``), as the other loops log theirs.
+            with self._acks_outage_lock:
+                starts = self._acks_outage.failed(exc)
+        (log.warning if starts else log.debug)(
             "worker %s: group commit of the acks of jobs %s failed (%s); tried again",
             self.worker_id,
             [ack.job.id for ack in acks],
@@ -480,6 +491,12 @@ class Acking(Outcomes):
             ack.ctx.release()
             self._forget(ack.job)
             self.observers.settled(ack.job)
+
+
+# The database away, for a group commit: tried again whole after a backoff, never split
+# nor given up before the grace ends. The app's storage closed under the commit
+# (``App.close()`` while the worker runs) is that too: the app opens a new one.
+_AWAY = (DatabaseUnavailableError, StorageClosedError)
 
 
 def _held(acks: Sequence[Ack], held: set[int]) -> None:

@@ -208,6 +208,10 @@ class WorkerCore:
         # Successes waiting in memory for their group commit (``acks.Ack``).
         self._acks: list[Any] = []
         self._acks_lock = threading.Lock()
+        # An outage met by group commits, logged as the other loops log theirs: once as it
+        # starts (per cause), once as it ends; each group's retry a debug record.
+        self._acks_outage = Backoff(f"worker {self.worker_id}: acks")
+        self._acks_outage_lock = threading.Lock()
         self._acks_wake = threading.Event()
         # Whether the acks thread knows of the buffered acks (sleeps until their window ends).
         self._acks_armed = False

@@ -16,7 +16,6 @@ from typing import Any
 
 from replayq.errors import (
     ConstraintViolationError,
-    DatabaseUnavailableError,
     EffectInDoubtError,
     FailureClass,
     LeaseLostError,
@@ -143,10 +142,11 @@ class Outcomes(Settling, Leasing):
         handler: Handler,
         ctx: Context,
         exc: Exception,
-        fault: DatabaseUnavailableError,
+        fault: StorageError,
         duration: float,
     ) -> None:
-        """The queue's database failed the attempt (locked, full, read-only, unreachable):
+        """The queue's database failed the attempt (locked, full, read-only, unreachable,
+        or the app's storage closed under it: ``errors.database_fault``):
         not the job's failure. Once the database takes writes again (``_settle`` waits it
         out), the job goes back to the queue with its attempt budget intact and its
         committed steps kept, so the next attempt resumes after them and an effect
