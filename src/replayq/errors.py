@@ -9,6 +9,7 @@ The tree::
     ├── UnknownJobTypeError         enqueue or lease of a type no handler is registered for
     ├── StorageError                the database failed; the driver error is ``__cause__``
     │   ├── DatabaseUnavailableError   the database cannot be opened or reached
+    │   ├── StorageClosedError      a storage used after its ``close()`` (never again usable)
     │   ├── SchemaError             the schema is missing or newer than this code
     │   ├── ConstraintViolationError  a write refused by a constraint (unique, foreign key,
     │   │                           check, not null): refused again if tried again
