@@ -14,14 +14,12 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.acceptance.test_sqlite_enqueue_faults import HOLD_WRITE_LOCK
+from tests.acceptance.test_sqlite_enqueue_faults import write_lock_held
 from tests.acceptance.test_sqlite_faults import (  # noqa: F401 - fixtures
     FaultyDisk,
     faulty_disk,
@@ -35,26 +33,6 @@ def _jobs(database: Path) -> list[tuple[int, str]]:
     """Every job's id and state, read by a connection of the test's own."""
     with contextlib.closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as conn:
         return [(int(i), str(s)) for i, s in conn.execute("SELECT id, state FROM rq_jobs")]
-
-
-@contextlib.contextmanager
-def _write_lock_held(database: Path) -> Iterator[None]:
-    """Another process holds the file's write lock until the block ends."""
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_WRITE_LOCK, str(database)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert holder.stdin is not None and holder.stdout is not None
-    try:
-        assert holder.stdout.readline().strip() == "locked"
-        yield
-    finally:
-        holder.stdin.write("\n")
-        holder.stdin.close()
-        assert holder.wait(30) == 0
-        holder.stdout.close()
 
 
 @contextlib.contextmanager
@@ -102,7 +80,7 @@ def test_a_command_that_meets_a_storage_fault_exits_3_in_one_line_and_writes_not
         "cancel": ("jobs", "cancel", str(queued)),
     }
     if fault == "locked":
-        during = _write_lock_held(database)
+        during = write_lock_held(database)
     elif fault == "full":
         during = _disk_filled(directory)
     else:

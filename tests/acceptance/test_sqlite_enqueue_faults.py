@@ -16,6 +16,7 @@ import contextlib
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,26 @@ print("locked", flush=True)
 sys.stdin.readline()
 conn.execute("ROLLBACK")
 """
+
+
+@contextlib.contextmanager
+def write_lock_held(database: Path) -> Iterator[None]:
+    """Another process holds the file's write lock (``BEGIN IMMEDIATE``) until the block ends."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_WRITE_LOCK, str(database)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdin is not None and holder.stdout is not None
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        yield
+    finally:
+        holder.stdin.write("\n")
+        holder.stdin.close()
+        assert holder.wait(30) == 0
+        holder.stdout.close()
 
 
 def _app(url: str) -> replayq.App:
@@ -77,24 +98,11 @@ def test_a_write_lock_held_past_the_busy_timeout_fails_the_enqueue_cleanly(
     database = tmp_path / "q.db"
     app = _app(f"sqlite:///{database}?busy_timeout=200")
     app.enqueue("noop", {"n": 0})
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_WRITE_LOCK, str(database)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert holder.stdin is not None and holder.stdout is not None
-    try:
-        assert holder.stdout.readline().strip() == "locked"
+    with write_lock_held(database):
         with pytest.raises(replayq.DatabaseUnavailableError, match="database is locked") as info:
             app.enqueue("noop", {"n": 1})
         assert isinstance(info.value.__cause__, sqlite3.OperationalError)
         assert _rows_and_enqueued(database) == (1, [1])
-    finally:
-        holder.stdin.write("\n")
-        holder.stdin.close()
-        assert holder.wait(30) == 0
-        holder.stdout.close()
     _usable_after(app, database, 1)
     app.close()
 
