@@ -140,4 +140,12 @@ class Settling(WorkerCore):
                 ]
             )
         self.stats.rejected += 1
-        log.warning("job %s: settle refused, the lease was taken by another worker", job.id)
+        # Not "another worker's" for sure: a reaper (this worker's own too) may have taken
+        # the expired lease back, or the job been cancelled or released, with no one
+        # holding it now.
+        log.warning(
+            "job %s: settle refused: this worker's lease no longer holds (it expired and "
+            "was reaped, or the job was taken, cancelled or released meanwhile); "
+            "its writes are rejected (write.rejected in its trace)",
+            job.id,
+        )
