@@ -90,3 +90,70 @@ def test_closing_an_app_while_its_worker_runs_fails_no_job(db_url: str) -> None:
     )
     # Each job's step committed its write once: version 1, never a second attempt's on top.
     assert report["versions"] == {"1": total}, report["versions"]
+
+
+EFFECT_CLOSER = """
+import json, sqlite3, sys, threading, time
+import replayq
+
+path = sys.argv[1]
+app = replayq.App(path, auto_migrate=True)
+sent = []
+
+
+@app.job("mail", lease="10s", heartbeat="1s")
+def mail(ctx: replayq.Context, n: int) -> None:
+    def send() -> str:
+        sent.append(n)
+        # The effect has happened. Another writer holds the file's write lock while the
+        # effect's record waits for it (1 s, within busy_timeout); the app is closed then.
+        blocker = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        blocker.execute("BEGIN IMMEDIATE")
+
+        def later() -> None:
+            time.sleep(0.5)
+            app.close()
+            time.sleep(0.5)
+            blocker.execute("ROLLBACK")
+            blocker.close()
+
+        threading.Thread(target=later).start()
+        return "sent"
+
+    ctx.effect("email", send, key=f"mail-{n}")
+
+
+app.enqueue("mail", {"n": 1})
+worker = replayq.Worker(app, poll_interval=0.05, grace_period=5, burst=True)
+thread = threading.Thread(target=worker.run)
+thread.start()
+thread.join(60)
+[job] = app.list_jobs(limit=5)
+print(json.dumps({"state": job.state.value, "sent": sent, "error": job.last_error,
+                  "alive": thread.is_alive()}))
+app.close()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_an_effect_done_as_the_app_closes_is_recorded_not_left_in_doubt(tmp_path: Path) -> None:
+    """The effect ran; its record's transaction, waiting for SQLite's write lock, met the
+    close. Before, that record was not tried again (only an outage was): the attempt was
+    put back with the key still ``started``, and the next attempt found the effect in doubt
+    and parked the job in ``dead`` (policy ``park``), though the effect had succeeded.
+    SQLite only: the close is timed by the write lock another connection holds."""
+    path = str(tmp_path / "effect.db")
+    python_path = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)
+    done = subprocess.run(
+        [sys.executable, "-c", EFFECT_CLOSER, path],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": python_path},
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert done.returncode == 0, f"the process ended {done.returncode}\n{done.stderr[-3000:]}"
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert not report["alive"], report
+    assert report["sent"] == [1], report  # the effect ran once, never again
+    assert report["state"] == "succeeded", f"{report}\n{done.stderr[-3000:]}"
