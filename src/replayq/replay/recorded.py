@@ -19,7 +19,7 @@ from __future__ import annotations
 import operator
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from replayq.errors import (
@@ -68,6 +68,19 @@ class Outcome:
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items() if v is not None}
+
+
+def as_redacted_now(outcome: Outcome, redactor: Redactor) -> Outcome:
+    """The recorded ``outcome`` with its message redacted by ``redactor`` (the job type's
+    rules of today), to be compared with a replay's, which ``failed_outcome`` redacts so:
+    a message the worker stored in clear (a rule added since, or recorded before replayq
+    redacted job errors) would otherwise read as a divergence of the same failure, and be
+    shown in clear in the report. A marker already in it is left as it is."""
+    error = outcome.error
+    if error is None:
+        return outcome
+    redacted = redactor.text(error)
+    return outcome if redacted == error else replace(outcome, error=redacted)
 
 
 def failed_outcome(

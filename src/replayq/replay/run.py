@@ -44,7 +44,13 @@ from replayq.replay.compare import (
     from_step,
 )
 from replayq.replay.decision import contract_decision, recorded_decision
-from replayq.replay.recorded import Outcome, RecordedWorld, Recording, failed_outcome
+from replayq.replay.recorded import (
+    Outcome,
+    RecordedWorld,
+    Recording,
+    as_redacted_now,
+    failed_outcome,
+)
 from replayq.runtime import Runtime, RuntimeSource
 from replayq.seal import SealReport, Violation, seal
 from replayq.storage.protocol import BranchCreate, LineagePut, TraceQuery, Transaction
@@ -453,7 +459,8 @@ def run_derived(
             source_trace_id=recording.job.trace_id,
             version=handler.contract.version,
             branch=branch,
-            outcome_recorded=recording.outcome,
+            # Redacted by the rules the run's outcome was (``as_redacted_now``).
+            outcome_recorded=as_redacted_now(recording.outcome, ctx.redactor),
             outcome_now=outcome,
             first_divergence=divergence,
             decisions=decisions,

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from replayq.errors import DatabaseUnavailableError
+from replayq.errors import DatabaseUnavailableError, StorageClosedError
 
 T = TypeVar("T")
 
@@ -100,20 +100,30 @@ class Backoff:
         return not stop.wait(self.next_delay(exc))
 
 
+# Tries in a row that met a closed storage before ``retry_unavailable`` raises it.
+CLOSED_TRIES = 3
+
+
 def retry_unavailable(what: str, attempt: Callable[[bool], T], *, seconds: float) -> T:
     """Call ``attempt(retrying)`` until it gets through to the database.
 
     ``retrying`` is ``False`` on the first call. A ``DatabaseUnavailableError`` is
-    retried with backoff for up to ``seconds``, then raised.
+    retried with backoff for up to ``seconds``, then raised. So is a
+    ``StorageClosedError`` (nothing of that try committed), at most
+    ``CLOSED_TRIES`` times in a row: an ``App`` closed meanwhile (``App.close()`` while
+    its worker runs) opens a new storage at the next try's ``runtime.storage``; a storage
+    closed for good raises it again at once, and it is raised.
     """
     give_up = time.monotonic() + seconds
     retrying = False
+    closed = 0
     backoff = None  # made at the first failure: most calls get through at once
     while True:
         try:
             return attempt(retrying)
-        except DatabaseUnavailableError as exc:
-            if time.monotonic() > give_up:
+        except (DatabaseUnavailableError, StorageClosedError) as exc:
+            closed = closed + 1 if isinstance(exc, StorageClosedError) else 0
+            if time.monotonic() > give_up or closed >= CLOSED_TRIES:
                 raise
             retrying = True
             if backoff is None:

@@ -91,6 +91,8 @@ class Ack(Struct, eq=False):
     failures: int = 0
     # A commit of its group may have landed although its reply was lost.
     outcome_unknown: bool = False
+    # Its group's tries in a row that met a closed storage (``_reopened``).
+    closed: int = 0
 
 
 class _Refused(ReplayqError):
@@ -292,7 +294,7 @@ class Acking(Outcomes):
                 collision_aborts = False
                 continue
             except StorageError as exc:
-                if isinstance(exc, _AWAY):
+                if isinstance(exc, DatabaseUnavailableError) or _reopened(pending, exc):
                     self._group_failed(pending, exc)
                     return []
                 if len(pending) > 1:
@@ -304,7 +306,11 @@ class Acking(Outcomes):
                     # colliding on an ordering key): the ack alone first.
                     refill = False
                     continue
-                if isinstance(exc, ConstraintViolationError):
+                if isinstance(exc, ConstraintViolationError | StorageClosedError):
+                    # A closed storage met again and again: not the app's, which the first
+                    # try after its close replaced, but one the ack's own writes use (a
+                    # ``ctx.db_write`` function's). Its attempt's failure, classified, as a
+                    # function raising below; tried again whole, it held the job for good.
                     self._settle_refused(pending[0], exc)
                     return []
                 self._group_failed(pending, exc)
@@ -464,8 +470,10 @@ class Acking(Outcomes):
             exc,
         )
         retry, given_up = [], []
+        closed = isinstance(exc, StorageClosedError)
         for ack in acks:
             ack.failures += 1
+            ack.closed = ack.closed + 1 if closed else 0
             ack.outcome_unknown = ack.outcome_unknown or unavailable
             if self._force.is_set() or (not unavailable and ack.failures >= _GROUP_STORAGE_TRIES):
                 given_up.append(ack)
@@ -495,8 +503,21 @@ class Acking(Outcomes):
 
 # The database away, for a group commit: tried again whole after a backoff, never split
 # nor given up before the grace ends. The app's storage closed under the commit
-# (``App.close()`` while the worker runs) is that too: the app opens a new one.
+# (``App.close()`` while the worker runs) is that too: the app opens a new one (see
+# ``_reopened``).
 _AWAY = (DatabaseUnavailableError, StorageClosedError)
+# Tries in a row of one group that may meet a closed storage before it is not taken for
+# the app's (closed under the worker) any more.
+_CLOSED_TRIES = 5
+
+
+def _reopened(acks: Sequence[Ack], exc: StorageError) -> bool:
+    """Whether ``exc`` is a closed storage that the group's next try can expect to find
+    open again: the app's, closed under the worker, is opened anew at the next try's
+    ``runtime.storage``. One met ``_CLOSED_TRIES`` times in a row is closed for good (a
+    storage of the handler's own, used by a ``ctx.db_write`` function): the group is then
+    split and the ack at fault fails (``_commit_group``), never retried without end."""
+    return isinstance(exc, StorageClosedError) and all(a.closed < _CLOSED_TRIES for a in acks)
 
 
 def _held(acks: Sequence[Ack], held: set[int]) -> None:
