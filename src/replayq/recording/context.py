@@ -144,8 +144,6 @@ class Context(Recorder):
         # Which flow runs now (``Recorder._running``): a thread, or an async handler's task.
         self._flow_key = task_or_thread if handler.is_async else get_ident
         self._seq = 0
-        self._steps: list[str] = []
-        self._step_keys: list[str] = []
         self._step_counts: dict[str, int] = {}
         self.blob_limit = runtime.limits.blob_limit_bytes
         # Applied to every value before it enters the recording (``redacted``).
@@ -330,8 +328,12 @@ class Context(Recorder):
 
     @property
     def current_step_key(self) -> str | None:
-        """The position of the innermost running step (``load``, ``load#2``), if any."""
-        return self._step_keys[-1] if self._step_keys else None
+        """The position of the innermost step running in this flow (this thread; in an
+        ``async def`` handler, this task): ``load``, ``load#2``, if any. A step another
+        thread or task runs meanwhile is not this flow's."""
+        running = self._running
+        flow = running.get(self._flow_key()) if running else None
+        return flow.step_keys[-1] if flow is not None and flow.step_keys else None
 
     @property
     def cancelled(self) -> bool:
@@ -550,16 +552,6 @@ class Context(Recorder):
         """The commit boundary of step ``name`` at position ``key``; ``outcome`` joins its
         ``step.finished`` event (a callable step's result). See ``recording.steps``."""
         return StepBoundary(self, name, key, outcome)
-
-    def enter_step(self, name: str, key: str) -> None:
-        """Events recorded from now on belong to step ``name`` at position ``key``."""
-        self._steps.append(name)
-        self._step_keys.append(key)
-
-    def leave_step(self) -> None:
-        """The innermost step ended (its events are recorded)."""
-        self._steps.pop()
-        self._step_keys.pop()
 
     def unrecord(self, event: TraceEvent) -> None:
         """Take a pending event back (a step's success that its commit refused)."""
