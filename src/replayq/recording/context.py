@@ -234,6 +234,33 @@ class Context(Recorder):
             with self._live:
                 self._flag_at_end = cancel
                 self._cancel = _ENDED
+                if self._running:
+                    self._record_abandoned_steps()
+
+    def _record_abandoned_steps(self) -> None:
+        """The attempt ends while steps still run (a thread or task the handler left in a
+        step; a generator suspended in one, ``_refuse_step_left_open``): their end will
+        never be recorded, and their writes are dropped (``StepBoundary``). A
+        ``step.abandoned`` event for each flow's outermost running step says so, naming
+        the steps of that flow still open, outermost first, so that the trace does not
+        leave them open with their writes looking committed (``uncommitted_writes``).
+        Under ``_live``, as a step's end looks at the attempt's (none ends meanwhile). A
+        step's own event: it belongs to no step (as an outermost step's start). Not
+        compared by replay (``compare.signature``): when a step outlives its attempt
+        depends on timing, not on what the handler decided."""
+        for flow in list(self._running.values()):
+            if not isinstance(flow, StepBoundary):
+                continue
+            data = {
+                "step_name": flow.name,
+                "step_key": flow.key,
+                # Empty only while its own end waits for ``_live``: it ends late then, too.
+                "open_steps": list(flow.step_names) or [flow.name],
+                "reason": "still running when its attempt ended: its end is not recorded "
+                "and its writes are not committed",
+            }
+            event = self._event("step.abandoned", self.redactor.value(data), "abandoned", steps=())
+            self._pending.events.append(event)
 
     def release(self) -> None:
         """The attempt is settled (its ack or failure committed, or its run done): ``end``

@@ -224,21 +224,23 @@ class StepBoundary(StepFlow):
         flow = self.flow or self
         flow.step_names.pop()
         flow.step_keys.pop()
-        try:
-            # The look at the end and what the step records and commits under ``_live`` (as
-            # a ``ctx.call``'s record): a body run in a thread past the handler's return
-            # either ends before the end, or sees it and records nothing into the trace. The
-            # body itself ran outside the lock.
-            with ctx._live:
+        # The look at the end and what the step records and commits under ``_live`` (as a
+        # ``ctx.call``'s record): a body run in a thread past the handler's return either
+        # ends before the end, or sees it and records nothing into the trace. The body
+        # itself ran outside the lock.
+        with ctx._live:
+            try:
                 if ctx._cancel is ENDED:
                     self._drop()  # never committed: the attempt's end did not take them
                     outcome = "returned" if exc is None else f"raised ({type(exc).__name__})"
                     unrecorded = "its end not recorded, nothing of it committed"
                     raise ended_late(ctx, f"ctx.step({name!r})", outcome, unrecorded) from exc
                 self._ended(ctx, name, duration, exc)
-        finally:
-            if self.flow is None:
-                del ctx._running[self.flow_key]
+            finally:
+                # Under ``_live`` too: the attempt's end finds the step running (and records
+                # it abandoned: ``Context.end``) or ended, never ended but still listed.
+                if self.flow is None:
+                    del ctx._running[self.flow_key]
 
     def _drop(self) -> None:
         """The writes of this step's flow never happen."""
