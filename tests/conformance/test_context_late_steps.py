@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 import replayq
+from replayq.replay.engine import dry_run
 from tests.context_support import Held, one_batch_worker, run_once
 
 AppFactory = Callable[..., replayq.App]
@@ -270,3 +271,79 @@ def test_a_task_left_in_a_step_at_the_ack_has_its_writes_dropped(
     [seen] = body.seen
     assert isinstance(seen, replayq.ContextEndedError), seen
     assert app.state.get("orders", 1).version == 0, "the late step's write committed"
+
+
+def test_a_step_running_at_the_ack_is_recorded_abandoned_and_its_write_uncommitted(
+    app_factory: AppFactory,
+) -> None:
+    """A thread left in a step (and a step nested in it) that wrote through ``ctx.state``:
+    the attempt's trace ends that step with ``step.abandoned`` (committed with the ack),
+    naming the steps left open, and ``uncommitted_writes`` (``trace show``) says its write
+    never committed (before: the step stayed open in the trace and its write looked
+    committed). A dry-run that leaves the step running the same way agrees with the
+    recording: when a step outlives its attempt is not compared."""
+    app = app_factory()
+    gates: list[tuple[threading.Event, threading.Event, threading.Event]] = []
+
+    def late(
+        ctx: replayq.Context,
+        started: threading.Event,
+        finish: threading.Event,
+        done: threading.Event,
+    ) -> None:
+        try:
+            with ctx.step("late"):
+                ctx.state.put("orders", 1, {"n": 1})
+                with ctx.step("inner"):
+                    started.set()
+                    assert finish.wait(30)
+        except replayq.ContextEndedError:
+            pass
+        finally:
+            done.set()
+
+    @app.job("leaves_a_step")
+    def leaves_a_step(ctx: replayq.Context) -> None:
+        gate = (threading.Event(), threading.Event(), threading.Event())
+        gates.append(gate)
+        threading.Thread(target=late, args=(ctx, *gate), daemon=True).start()
+        assert gate[0].wait(30), "the step never started"
+        ctx.state.put("customers", 7, {"seen": True})
+
+    def release_all() -> None:
+        for _, finish, done in gates:
+            finish.set()
+            assert done.wait(30), "the late step never ended"
+
+    job_id = app.enqueue("leaves_a_step", {})
+    try:
+        run_once(replayq.Worker(app, worker_id="w1"))
+    finally:
+        release_all()
+    assert app.get_job(job_id).state == replayq.JobState.SUCCEEDED
+    trace = app.trace(job_id)
+    [abandoned] = [e for e in trace if e.name == "step.abandoned"]
+    assert (abandoned.status, abandoned.step) == ("abandoned", None)
+    assert abandoned.data["step_name"] == "late" and abandoned.data["step_key"] == "late"
+    assert abandoned.data["open_steps"] == ["late", "inner"]
+    names = [e.name for e in trace]
+    assert names.index("step.abandoned") < names.index("job.succeeded")
+    assert "step.finished" not in names
+    dropped = replayq.uncommitted_writes(trace)
+    writes = {
+        e.resource: dropped.get((e.trace_id, e.attempt, e.seq))
+        for e in trace
+        if e.name == "state.write"
+    }
+    assert writes == {
+        "orders:1": "not committed (its step still ran when the attempt ended)",
+        "customers:7": None,
+    }
+    assert app.state.get("orders", 1).version == 0
+
+    try:
+        report = dry_run(app, job_id)
+    finally:
+        release_all()
+    assert not report.diverged, report.to_dict()
+    assert [e.name for e in report.events_now].count("step.abandoned") == 1

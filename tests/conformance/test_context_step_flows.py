@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator, Callable, Generator
 import pytest
 
 import replayq
-from tests.context_support import run_once
+from tests.context_support import named, run_once
 
 AppFactory = Callable[..., replayq.App]
 
@@ -481,3 +481,111 @@ def test_a_step_left_open_is_a_handler_bug_never_retried_whatever_the_contract_r
                 generator.close()
             else:
                 asyncio.run(generator.aclose())
+
+
+def test_steps_running_at_once_in_two_threads_each_name_their_own_step(
+    app_factory: AppFactory,
+) -> None:
+    """Two threads each hold a step open at the same time and publish in it, the first
+    after the second entered its step; the handler's own thread publishes outside any step
+    meanwhile. Each outbox event id (its step's position) and each event's step name is its
+    own thread's step, or none (before the fix: one stack for the attempt, and the first
+    thread's event, the handler's too, named the second thread's step). One publishes at a
+    time (the events in turn): what this asks is whose step each names, not how the
+    attempt's pending record takes a write made while another thread's step commits."""
+    app = app_factory()
+    left_in, right_in, left_done = threading.Event(), threading.Event(), threading.Event()
+    handler_done = threading.Event()
+    seen: list[BaseException | None] = []
+
+    @app.job("two_threads", retry=replayq.Retry(max_attempts=1))
+    def two_threads(ctx: replayq.Context) -> None:
+        def left() -> None:
+            try:
+                with ctx.step("left"):
+                    left_in.set()
+                    assert handler_done.wait(30)
+                    ctx.outbox.publish("side", {"from": "left"})
+                    ctx.decide("went", "left")
+                left_done.set()  # its step committed
+                seen.append(None)
+            except BaseException as exc:
+                seen.append(exc)
+
+        def right() -> None:
+            try:
+                assert left_in.wait(30)
+                with ctx.step("right"):
+                    right_in.set()
+                    assert left_done.wait(30)
+                    ctx.outbox.publish("side", {"from": "right"})
+                    ctx.decide("went", "right")
+                seen.append(None)
+            except BaseException as exc:
+                seen.append(exc)
+
+        helpers = [threading.Thread(target=left), threading.Thread(target=right)]
+        for helper in helpers:
+            helper.start()
+        assert right_in.wait(30)
+        ctx.outbox.publish("side", {"from": "handler"})
+        handler_done.set()
+        for helper in helpers:
+            helper.join(30)
+
+    job_id = app.enqueue("two_threads", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    assert seen == [None, None]
+    assert app.get_job(job_id).state == replayq.JobState.SUCCEEDED
+    trace_id = app.get_job(job_id).trace_id
+    published = {e.data["payload"]["from"]: e for e in named(app, job_id, "outbox.written")}
+    assert {source: e.data["event_id"] for source, e in published.items()} == {
+        "left": f"{trace_id}:step:left:0",
+        "right": f"{trace_id}:step:right:0",
+        "handler": f"{trace_id}:job:0",
+    }
+    assert {source: e.step for source, e in published.items()} == {
+        "left": "left",
+        "right": "right",
+        "handler": None,
+    }
+    decided = {e.data["value"]: e.step for e in named(app, job_id, "decision")}
+    assert decided == {"left": "left", "right": "right"}
+
+
+def test_steps_running_at_once_in_two_tasks_each_name_their_own_step(
+    app_factory: AppFactory,
+) -> None:
+    """As above in an ``async def`` handler: two gathered coroutines (a task each) hold a
+    step open at once; each one's outbox event id and step name is its own step's."""
+    app = app_factory()
+
+    @app.job("two_tasks", retry=replayq.Retry(max_attempts=1))
+    async def two_tasks(ctx: replayq.Context) -> None:
+        left_in, right_in, left_done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+        async def left() -> None:
+            with ctx.step("left"):
+                left_in.set()
+                await right_in.wait()
+                ctx.outbox.publish("side", {"from": "left"})
+                left_done.set()
+
+        async def right() -> None:
+            await left_in.wait()
+            with ctx.step("right"):
+                right_in.set()
+                await left_done.wait()
+                ctx.outbox.publish("side", {"from": "right"})
+
+        await asyncio.wait_for(asyncio.gather(left(), right()), 30)
+
+    job_id = app.enqueue("two_tasks", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    assert app.get_job(job_id).state == replayq.JobState.SUCCEEDED
+    trace_id = app.get_job(job_id).trace_id
+    published = {e.data["payload"]["from"]: e for e in named(app, job_id, "outbox.written")}
+    assert {source: (e.data["event_id"], e.step) for source, e in published.items()} == {
+        "left": (f"{trace_id}:step:left:0", "left"),
+        "right": (f"{trace_id}:step:right:0", "right"),
+    }

@@ -100,7 +100,8 @@ class Attempt(Protocol):
 
     @property
     def current_step_key(self) -> str | None:
-        """The position of the innermost running step (``load``, ``load#2``), if any."""
+        """The position of the innermost step running in this flow (thread, task):
+        ``load``, ``load#2``, if any."""
         ...
 
     def event(self, name: str, **fields: Any) -> TraceEvent:

@@ -144,8 +144,6 @@ class Context(Recorder):
         # Which flow runs now (``Recorder._running``): a thread, or an async handler's task.
         self._flow_key = task_or_thread if handler.is_async else get_ident
         self._seq = 0
-        self._steps: list[str] = []
-        self._step_keys: list[str] = []
         self._step_counts: dict[str, int] = {}
         self.blob_limit = runtime.limits.blob_limit_bytes
         # Applied to every value before it enters the recording (``redacted``).
@@ -236,6 +234,33 @@ class Context(Recorder):
             with self._live:
                 self._flag_at_end = cancel
                 self._cancel = _ENDED
+                if self._running:
+                    self._record_abandoned_steps()
+
+    def _record_abandoned_steps(self) -> None:
+        """The attempt ends while steps still run (a thread or task the handler left in a
+        step; a generator suspended in one, ``_refuse_step_left_open``): their end will
+        never be recorded, and their writes are dropped (``StepBoundary``). A
+        ``step.abandoned`` event for each flow's outermost running step says so, naming
+        the steps of that flow still open, outermost first, so that the trace does not
+        leave them open with their writes looking committed (``uncommitted_writes``).
+        Under ``_live``, as a step's end looks at the attempt's (none ends meanwhile). A
+        step's own event: it belongs to no step (as an outermost step's start). Not
+        compared by replay (``compare.signature``): when a step outlives its attempt
+        depends on timing, not on what the handler decided."""
+        for flow in list(self._running.values()):
+            if not isinstance(flow, StepBoundary):
+                continue
+            data = {
+                "step_name": flow.name,
+                "step_key": flow.key,
+                # Empty only while its own end waits for ``_live``: it ends late then, too.
+                "open_steps": list(flow.step_names) or [flow.name],
+                "reason": "still running when its attempt ended: its end is not recorded "
+                "and its writes are not committed",
+            }
+            event = self._event("step.abandoned", self.redactor.value(data), "abandoned", steps=())
+            self._pending.events.append(event)
 
     def release(self) -> None:
         """The attempt is settled (its ack or failure committed, or its run done): ``end``
@@ -330,8 +355,12 @@ class Context(Recorder):
 
     @property
     def current_step_key(self) -> str | None:
-        """The position of the innermost running step (``load``, ``load#2``), if any."""
-        return self._step_keys[-1] if self._step_keys else None
+        """The position of the innermost step running in this flow (this thread; in an
+        ``async def`` handler, this task): ``load``, ``load#2``, if any. A step another
+        thread or task runs meanwhile is not this flow's."""
+        running = self._running
+        flow = running.get(self._flow_key()) if running else None
+        return flow.step_keys[-1] if flow is not None and flow.step_keys else None
 
     @property
     def cancelled(self) -> bool:
@@ -550,16 +579,6 @@ class Context(Recorder):
         """The commit boundary of step ``name`` at position ``key``; ``outcome`` joins its
         ``step.finished`` event (a callable step's result). See ``recording.steps``."""
         return StepBoundary(self, name, key, outcome)
-
-    def enter_step(self, name: str, key: str) -> None:
-        """Events recorded from now on belong to step ``name`` at position ``key``."""
-        self._steps.append(name)
-        self._step_keys.append(key)
-
-    def leave_step(self) -> None:
-        """The innermost step ended (its events are recorded)."""
-        self._steps.pop()
-        self._step_keys.pop()
 
     def unrecord(self, event: TraceEvent) -> None:
         """Take a pending event back (a step's success that its commit refused)."""

@@ -9,7 +9,7 @@ writes (state, cache) join through three hooks the context fills in.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, NoReturn
 
@@ -63,7 +63,7 @@ class StepFlow:
     (``Recorder._adopt_step_writes``: the innermost, as a nested step's commit always took
     its flow's writes), or never (it failed, or still ran when its attempt ended)."""
 
-    __slots__ = ("after", "unpipelined", "what", "writes")
+    __slots__ = ("after", "step_keys", "step_names", "unpipelined", "what", "writes")
 
     # The writes (``None`` until the first: most steps write nothing), what each is, and
     # whether one may not run in a pipelined commit: as ``PendingRecord``'s.
@@ -73,6 +73,12 @@ class StepFlow:
     # What the flow's steps left for after their commit (cache writes: ``CacheView``), and
     # what each is; ``None`` until the first.
     after: list[tuple[Callable[[], None], str]] | None
+    # The names and positions of the flow's running steps, innermost last: what its events
+    # name as their step (``Recorder._event``), ``current_step`` and ``current_step_key``
+    # (an outbox event's id). Per flow, as the writes: another thread's or task's step is
+    # not this flow's. Empty while the outermost step records its end.
+    step_names: list[str]
+    step_keys: list[str]
 
 
 class Recorder:
@@ -98,11 +104,13 @@ class Recorder:
     # The fields every domain event of this attempt starts from (``_event``).
     _event_template: dict[str, Any] | None = None
     _trace_id: str
-    _steps: list[str]
 
     @property
     def current_step(self) -> str | None:
-        return self._steps[-1] if self._steps else None
+        """The name of the innermost step running in this flow (thread, task), if any."""
+        running = self._running
+        flow = running.get(self._flow_key()) if running else None
+        return flow.step_names[-1] if flow is not None and flow.step_names else None
 
     @property
     def owns_job_trace(self) -> bool:
@@ -155,10 +163,20 @@ class Recorder:
         side_effect: bool = False,
         output_ref: str | None = None,
         hlc: int | None = None,
+        steps: Sequence[str] | None = None,
     ) -> TraceEvent:
-        """``event`` with ``data`` as it is (already redacted)."""
+        """``event`` with ``data`` as it is (already redacted). ``steps``: the names of the
+        steps running in this flow, where the caller knows them (a step's own event: no
+        look-up of the flow, ~1 K instructions each); else looked up."""
         self._seq = seq = self._seq + 1
-        steps = self._steps
+        if steps is None:
+            # The steps running in this flow (``StepFlow.step_names``); not asked while no
+            # step runs in any flow.
+            running = self._running
+            if running:
+                flow = running.get(self._flow_key())
+                if flow is not None:
+                    steps = flow.step_names
         # The HLC of the runtime is over the runtime's clock: its reading is ``ts``.
         if hlc is None:
             now, hlc = self.runtime.hlc.stamp()
@@ -324,9 +342,15 @@ class Recorder:
         return {key: value if key in screened else clean[key] for key, value in data.items()}
 
     def record_step(
-        self, name: str, status: str, data: dict[str, Any], output_ref: str | None = None
+        self,
+        name: str,
+        status: str,
+        data: dict[str, Any],
+        output_ref: str | None = None,
+        steps: Sequence[str] | None = None,
     ) -> TraceEvent:
-        """Record a step's own event (``step.started``, ``step.finished``...).
+        """Record a step's own event (``step.started``, ``step.finished``...); ``steps``, the
+        names of the steps running in its flow (it belongs to the innermost), as ``_event``.
 
         Its data is replayq's: the step's name, its duration, and values the step
         already recorded redacted (its result through ``encoded``, its error through
@@ -342,7 +366,7 @@ class Recorder:
         step_name = data["step_name"]
         if step_name not in redactor._clean_texts:
             data["step_name"] = redactor.short_text(step_name)
-        event = self._event(name, data, status, output_ref=output_ref)
+        event = self._event(name, data, status, output_ref=output_ref, steps=steps)
         self._pending.events.append(event)
         return event
 

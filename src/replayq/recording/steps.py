@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, Protocol
@@ -42,12 +42,9 @@ RESUME_STEP = "step"
 class StepAttempt(Attempt, Protocol):
     """The parts of the context a callable step uses, beyond a view's ``Attempt``."""
 
-    # The names and positions of the running steps, innermost last (``enter_step``):
-    # ``StepBoundary`` pushes and pops them itself (two calls fewer a step).
-    _steps: list[str]
-    _step_keys: list[str]
     # The outermost step running in each flow (thread, task), by ``_flow_key()``: see
-    # ``Recorder._running``.
+    # ``Recorder._running``. It holds the flow's step names and positions too
+    # (``StepFlow.step_names``), which ``StepBoundary`` pushes and pops itself.
     _running: dict[object, StepFlow]
     _flow_key: Callable[[], object]
     # A step a generator's close ended (``GeneratorExit``) while writes waited: they were
@@ -62,10 +59,6 @@ class StepAttempt(Attempt, Protocol):
     def step_block(
         self, name: str, key: str, outcome: dict[str, Any] | None = None
     ) -> AbstractContextManager[None]: ...
-
-    def enter_step(self, name: str, key: str) -> None: ...
-
-    def leave_step(self) -> None: ...
 
     def unrecord(self, event: TraceEvent) -> None: ...
 
@@ -86,7 +79,12 @@ class StepAttempt(Attempt, Protocol):
     def record_fenced(self, refused: list[str], **details: Any) -> TraceEvent: ...
 
     def record_step(
-        self, name: str, status: str, data: dict[str, Any], output_ref: str | None = None
+        self,
+        name: str,
+        status: str,
+        data: dict[str, Any],
+        output_ref: str | None = None,
+        steps: Sequence[str] | None = None,
     ) -> TraceEvent: ...
 
 
@@ -194,20 +192,24 @@ class StepBoundary(StepFlow):
     def __enter__(self) -> None:
         ctx, name = self.ctx, self.name
         ctx.world.on_step(name)
-        ctx.record_step("step.started", "started", {"step_name": name})
         running = ctx._running
         flow_key = ctx._flow_key()
         flow = running.get(flow_key) if running else None
+        # Recorded before it runs: it belongs to the step it is nested in, if any.
+        steps = flow.step_names if flow is not None else ()
+        ctx.record_step("step.started", "started", {"step_name": name}, None, steps)
         if flow is None:
-            # The outermost step of this attempt in this flow: it holds the flow's writes.
+            # The outermost step of this attempt in this flow: it holds the flow's writes,
+            # and its steps' names and positions (events recorded from now on in this flow
+            # belong to this step; those of other flows, to theirs).
             self.writes = self.after = self.flow = None
             self.flow_key = flow_key
+            self.step_names, self.step_keys = [name], [self.key]
             running[flow_key] = self
         else:
             self.flow, self.flow_key = flow, None
-        # ``ctx.enter_step`` inlined.
-        ctx._steps.append(name)
-        ctx._step_keys.append(self.key)
+            flow.step_names.append(name)
+            flow.step_keys.append(self.key)
         self.started = time.monotonic()
 
     def __exit__(
@@ -218,24 +220,27 @@ class StepBoundary(StepFlow):
     ) -> None:
         ctx, name = self.ctx, self.name
         duration = round(time.monotonic() - self.started, 6)  # µs: what a trace can tell
-        # ``ctx.leave_step`` inlined.
-        ctx._steps.pop()
-        ctx._step_keys.pop()
-        try:
-            # The look at the end and what the step records and commits under ``_live`` (as
-            # a ``ctx.call``'s record): a body run in a thread past the handler's return
-            # either ends before the end, or sees it and records nothing into the trace. The
-            # body itself ran outside the lock.
-            with ctx._live:
+        # Its events from here on (its end) belong to the step it is nested in, if any.
+        flow = self.flow or self
+        flow.step_names.pop()
+        flow.step_keys.pop()
+        # The look at the end and what the step records and commits under ``_live`` (as a
+        # ``ctx.call``'s record): a body run in a thread past the handler's return either
+        # ends before the end, or sees it and records nothing into the trace. The body
+        # itself ran outside the lock.
+        with ctx._live:
+            try:
                 if ctx._cancel is ENDED:
                     self._drop()  # never committed: the attempt's end did not take them
                     outcome = "returned" if exc is None else f"raised ({type(exc).__name__})"
                     unrecorded = "its end not recorded, nothing of it committed"
                     raise ended_late(ctx, f"ctx.step({name!r})", outcome, unrecorded) from exc
                 self._ended(ctx, name, duration, exc)
-        finally:
-            if self.flow is None:
-                del ctx._running[self.flow_key]
+            finally:
+                # Under ``_live`` too: the attempt's end finds the step running (and records
+                # it abandoned: ``Context.end``) or ended, never ended but still listed.
+                if self.flow is None:
+                    del ctx._running[self.flow_key]
 
     def _drop(self) -> None:
         """The writes of this step's flow never happen."""
@@ -286,7 +291,7 @@ class StepBoundary(StepFlow):
         if outcome:
             data["result"] = outcome["result"]  # redacted when recorded (``encoded``)
             output_ref = outcome["output_ref"]
-        finished = ctx.record_step("step.finished", "success", data, output_ref)
+        finished = ctx.record_step("step.finished", "success", data, output_ref, flow.step_names)
         refused = ctx.pending_writes()
         if not refused:
             # Nothing to write: the step's events wait for the next commit of this

@@ -37,6 +37,7 @@ EFFECT_COUNTS = {
     "write.fenced": "fenced",
 }
 REJECTED = "REJECTED by fencing (stale fencing token)"
+ABANDONED = "not committed (its step still ran when the attempt ended)"
 OUTCOME_EVENTS = ("job.succeeded", "replay.finished", "fork.finished", "rerun.finished")
 
 
@@ -59,7 +60,8 @@ def write_key(event: TraceEvent) -> tuple[str, int | None, int | None]:
 
 def uncommitted_writes(events: list[TraceEvent]) -> dict[tuple[str, int | None, int | None], str]:
     """The ``state.write`` events that never committed, with why: fencing rejected the write,
-    or its step failed (the step's writes are discarded together)."""
+    its step failed (the step's writes are discarded together), or its step still ran when
+    its attempt ended (``step.abandoned``: its writes are dropped)."""
     found: dict[tuple[str, int | None, int | None], str] = {}
     open_writes: dict[tuple[str, int | None, str | None], list[TraceEvent]] = {}
     # A rejection is recorded at the step's commit, after the step closed: it belongs to the
@@ -72,6 +74,10 @@ def uncommitted_writes(events: list[TraceEvent]) -> dict[tuple[str, int | None, 
             open_writes.setdefault(scope, []).append(event)
         elif event.name == "state.write_rejected" and event.resource:
             rejected.setdefault((event.trace_id, event.attempt), set()).add(event.resource)
+        elif event.name == "step.abandoned":
+            for name in event.data.get("open_steps") or ():
+                for write in open_writes.pop((event.trace_id, event.attempt, name), []):
+                    found[write_key(write)] = ABANDONED
         elif event.name == "step.finished":
             writes = open_writes.pop(scope, [])
             fenced = rejected.pop((event.trace_id, event.attempt), set())

@@ -181,7 +181,10 @@ def job_picture(events: Sequence[TraceEvent]) -> Picture:
             href = _resource_href(opened.resource)
             lane.shapes.append(_lock_bar(axis, y, opened, closed, end, title, href))
         for opened, closed in _intervals(
-            chunk, {"step.started"}, {"step.finished"}, lambda e: e.data.get("step_name")
+            chunk,
+            {"step.started"},
+            {"step.finished", "step.abandoned"},  # abandoned: still running at the end
+            lambda e: e.data.get("step_name"),
         ):
             end = closed.ts if closed else chunk[-1].ts
             status = closed.status if closed else "running"
