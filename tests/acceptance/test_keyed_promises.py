@@ -6,6 +6,9 @@
 * A lock held by a worker that is SIGKILLed is left to its TTL: another worker's job
   takes it once the TTL has run out, with a newer fencing token (recording-context.md,
   "Locks with fencing").
+* Jobs of one ordering key run one at a time in enqueue order even when the worker
+  running the first is SIGKILLed: the next waits for the first's redelivery to settle
+  (docs/state_machine.md, "Per-key order").
 * An effect's business idempotency key makes it once across jobs and workers. Two jobs
   of one key that also share an ordering key run one after the other, and the second
   gets the first's result; without one, a job that finds the key's effect still in
@@ -115,6 +118,41 @@ def test_a_lock_left_by_a_killed_worker_is_taken_after_its_ttl_with_a_newer_toke
     # worker's start-up and a wait's poll on a loaded machine get the rest of the margin.
     assert later_start - killed_at < 2 + 6, "taken once the TTL ran out, not at the lease's end"
     assert list_locks(keyed_app) == [], "released by the run that took it last"
+
+
+def test_a_key_whose_first_job_died_with_its_worker_waits_for_its_redelivery(
+    launcher: WorkerLauncher, keyed_app: replayq.App, side_file: Path
+) -> None:
+    def payload(n: int, order: str, seconds: float) -> dict[str, object]:
+        return {"log": str(side_file), "n": n, "order": order, "seconds": seconds,
+                "stall_first": True}  # fmt: skip
+
+    head = keyed_app.enqueue("hold_in_order", payload(1, "A", 60))
+    doomed = launcher.start("doomed", app=APP, options=("--prefetch", "0"))
+    wait_for(lambda: read_lines(side_file), timeout=20, what="the first job to start")
+    rest = [keyed_app.enqueue("hold_in_order", payload(n, "A", 0.2)) for n in (2, 3)]
+    other = keyed_app.enqueue("hold_in_order", payload(4, "B", 0.2))
+    doomed.signal(signal.SIGKILL)
+    doomed.proc.wait(10)
+    for name in ("left", "right"):
+        launcher.start(name, app=APP, concurrency=2, options=("--prefetch", "0"))
+    jobs = [head, *rest, other]
+    wait_for(
+        lambda: all(keyed_app.get_job(j).state.value == "succeeded" for j in jobs),
+        timeout=30,
+        what="every job to succeed after the kill",
+    )
+
+    lines = read_lines(side_file)
+    runs = [(x["n"], x["attempt"], x["event"]) for x in sorted(lines, key=lambda x: x["t"])]
+    key_a = [run for run in runs if run[0] != 4]
+    assert key_a == [
+        (1, 1, "start"),  # the killed attempt: no end
+        (1, 2, "start"), (1, 2, "end"),
+        (2, 1, "start"), (2, 1, "end"),
+        (3, 1, "start"), (3, 1, "end"),
+    ], "one at a time, the redelivered head first"  # fmt: skip
+    assert keyed_app.get_job(head).redelivery_count == 1
 
 
 def charge_payload(side_file: Path, n: int) -> dict[str, object]:

@@ -4,6 +4,7 @@
   handler. It appends ``start`` and ``end`` to the side file ``log`` and sleeps
   ``seconds`` between them on its first attempt (``stall_first``) or on every attempt.
   A test SIGKILLs the worker during the sleep: the lock is left to its TTL.
+  ``hold_in_order`` is the same handler under ``ordering="order:{order}"``, no lock.
 * ``charge`` / ``charge_in_order``: one ``ctx.effect`` with no ``key=``, so the key is
   the contract's template ``charge:{order}`` plus the kind. The effect appends
   ``effect`` to ``log`` (the ground truth of how often it really ran), then sleeps
@@ -47,6 +48,7 @@ def build(url: str | None = None) -> replayq.App:
     """The app on ``url`` (default: ``--db`` / ``$REPLAYQ_DB``); tests build it to enqueue."""
     built = replayq.App(url)
     built.job("hold", lock="order:{order}", lock_ttl="2s", retry=QUICK_RETRY, **SHORT_LEASE)(hold)
+    built.job("hold_in_order", ordering="order:{order}", retry=QUICK_RETRY, **SHORT_LEASE)(hold)
     built.job("charge", idempotency="charge:{order}", retry=QUICK_RETRY, **SHORT_LEASE)(charge)
     built.job(
         "charge_retry",
