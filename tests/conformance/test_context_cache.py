@@ -62,3 +62,36 @@ def test_cache_writes_of_a_failed_step_never_land(app: replayq.App) -> None:
     job_id = app.enqueue("show_profile", {"user_id": 3, "versioned": False})
     run_once(replayq.Worker(app))
     assert app.get_job(job_id).result["hit"] is False
+
+
+def test_an_entry_expires_after_the_contracts_cache_ttl_or_its_own(app: replayq.App) -> None:
+    """``cache_ttl`` (docs/contracts.md) is how long an entry written under the contract
+    is read: a miss once it has run out; ``ttl=`` on the write wins over it."""
+    clock = app.runtime.clock
+    assert isinstance(clock, replayq.FrozenClock)
+
+    @app.job("fill", cache_ttl="1m")
+    def fill(ctx: replayq.Context, sku: str, ttl: float | None = None) -> None:
+        with ctx.step("fill"):
+            ctx.cache.set("quote", sku, {"price": 5}, ttl=ttl)
+
+    @app.job("peek")
+    def peek(ctx: replayq.Context, sku: str) -> bool:
+        return ctx.cache.get("quote", sku).hit
+
+    def hit(sku: str) -> bool:
+        job_id = app.enqueue("peek", {"sku": sku})
+        run_once(replayq.Worker(app))
+        return bool(app.get_job(job_id).result)
+
+    app.enqueue("fill", {"sku": "a"})
+    app.enqueue("fill", {"sku": "b", "ttl": 300})
+    run_once(replayq.Worker(app))
+    run_once(replayq.Worker(app))
+    assert (hit("a"), hit("b")) == (True, True)
+    clock.advance(59)
+    assert (hit("a"), hit("b")) == (True, True)
+    clock.advance(2)
+    assert (hit("a"), hit("b")) == (False, True), "the contract's TTL ran out; ttl= did not"
+    clock.advance(300)
+    assert hit("b") is False

@@ -2,7 +2,10 @@
 
 A change made with ``replayq rollout`` reaches every worker within
 ``REFRESH_SECONDS`` plus one lease round. The read runs inside the lease's own
-transaction, so a lease never mixes two revisions of one type's routing.
+transaction, so a lease never mixes two revisions of one type's routing. A lease
+batch holding a routed job that ran before (a retry, a redelivery) reads it again
+whatever its age (``worker/lease.py``): after a rollback such a job moves to the
+baseline at its next lease, not half a second later.
 """
 
 from __future__ import annotations

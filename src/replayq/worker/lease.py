@@ -151,6 +151,15 @@ class Leasing(WorkerCore):
         self.router.refresh(tx)
         params = self._lease_params(limit, collision_aborts=collision_aborts)
         claimed = self._claim(tx, params, ahead) if limit > 0 else []
+        router = self.router
+        if any(
+            job.handler_version is not None and router.is_routed(job.job_type) for job in claimed
+        ):
+            # A routed job that ran before (a retry, a redelivery) keeps its version only
+            # while the routing names it: read now, not up to half a second ago, so that an
+            # attempt running at a rollback and failing right after it retries on the
+            # baseline (a routing read per such batch; new jobs keep the cached one).
+            router.refresh(tx, force=True)
         routed = [self._routed(tx, job, params.owner_token) for job in claimed]
         jobs = [job for job, _ in routed]
         events = list(also)
