@@ -114,3 +114,38 @@ def test_an_attempt_runs_when_the_trace_its_learning_reads_does_not_decode(
     assert app.get_job(third).state is replayq.JobState.SUCCEEDED
     assert app.state.get("journal", 3).exists
     app.close()
+
+
+def test_a_worker_whose_app_was_closed_learns_on_the_storage_the_app_opens_next(
+    tmp_path: Path,
+) -> None:
+    """``App.close()`` between a worker's runs: the app opens a new storage at its next use,
+    and the worker learns the type's dictionary there from two later successes. Before, it
+    kept asking the closed storage (looked up once), whose learning failed ("storage is
+    closed") for the rest of the worker's life: the type's packs stayed format 2."""
+    path = tmp_path / "reopened.db"
+    app = replayq.App(f"sqlite:///{path}")
+
+    @app.job("ledger.note", retry=replayq.Retry(max_attempts=1))
+    def note(ctx: replayq.Context, n: int) -> None:
+        with ctx.step("tariff lookup"):
+            ctx.call("tariff.lookup", lambda: {"fee_cents": 7, "partner": "acme"})
+        with ctx.step("journal entry"):
+            ctx.state.put("journal", n, {"fee_cents": 7})
+
+    worker = replayq.Worker(app, worker_id="w1")
+    try:
+        app.enqueue("ledger.note", {"n": 0})
+        run_once(worker)  # the worker has met the app's first storage
+        app.close()
+        for n in range(1, 5):
+            app.enqueue("ledger.note", {"n": n})
+            run_once(worker)
+        conn = sqlite3.connect(path)
+        try:
+            learned = conn.execute("SELECT job_type FROM rq_pack_dictionaries").fetchall()
+        finally:
+            conn.close()
+        assert learned == [("ledger.note",)]
+    finally:
+        app.close()

@@ -148,7 +148,7 @@ class WorkerCore:
         # (SQLite), told of each attempt started and each success acked; looked up at the
         # first (``_pack_learning``): the storage opens on first use, which may be later.
         self._learning: PackLearning | None = None
-        self._learning_asked = False
+        self._learning_of: object = None
         # Log lines are redacted with the rules of the job type they are about.
         redact_logs_with(self.runtime.redactor_for)
         self.concurrency = concurrency
@@ -273,11 +273,13 @@ class WorkerCore:
         self.router = Router(self.runtime.registry, routing_refresh)
 
     def _pack_learning(self) -> PackLearning | None:
-        """The storage as ``PackLearning`` (SQLite), or ``None``; asked once, once open."""
-        if not self._learning_asked:
-            storage = self.runtime.storage
+        """The storage as ``PackLearning`` (SQLite), or ``None``; asked once per storage
+        (the protocol check is slow): the app's storage is a new one after ``App.close()``,
+        and the closed one would learn nothing for the rest of the run."""
+        storage = self.runtime.storage
+        if storage is not self._learning_of:
             self._learning = storage if isinstance(storage, PackLearning) else None
-            self._learning_asked = True
+            self._learning_of = storage
         return self._learning
 
     def _free_slots(self) -> int:
