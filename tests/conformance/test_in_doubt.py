@@ -10,6 +10,7 @@ import pytest
 
 import replayq
 from replayq import EffectRecord, EffectResolution
+from replayq.replay.engine import dry_run
 
 LEASE = 5.0
 
@@ -99,6 +100,10 @@ def test_an_effect_in_flight_under_a_held_lease_is_waited_for_then_in_doubt_once
         [failed] = [e for e in app.trace(second) if e.name == "effect.failed"]
         assert (failed.data["in_flight_job"], failed.data["in_flight_attempt"]) == (first, 1)
         assert asked == [] and calls == [6], "not asked, not run again: it is not in doubt"
+        # Its dry-run fails alike from the recording, reaching no real world.
+        report = dry_run(app, second, attempt=1, keep=False)
+        assert not report.diverged, report.to_dict()
+        assert report.outcome_now.error_class == "concurrency"
 
         clock.advance(LEASE + 1)  # the first's lease ends (its retry is due as well)
         assert app.get_job(first).state is replayq.JobState.RUNNING, "not reaped"
