@@ -249,7 +249,8 @@ class DependencyError(JobError):
 
 
 class ConcurrencyError(JobError):
-    """An optimistic write lost a race (``expected_version`` did not match)."""
+    """An optimistic write lost a race (``expected_version`` did not match), or an
+    effect's key is in flight in another job's attempt that still holds its lease."""
 
     failure_class = FailureClass.CONCURRENCY
 

@@ -11,8 +11,12 @@
   (docs/state_machine.md, "Per-key order").
 * An effect's business idempotency key makes it once across jobs and workers. Two jobs
   of one key that also share an ordering key run one after the other, and the second
-  gets the first's result; without one, a job that finds the key's effect still in
-  flight in another job parks in doubt (recording-context.md, "Effects": the limit).
+  gets the first's result. Without one, a job that finds the key's effect still in
+  flight in another job's attempt (which holds its lease) waits for it under either
+  in-doubt policy: its attempt fails ``concurrency`` and is retried until the record is
+  finished, then it gets the stored result; one whose retries run out first goes
+  ``dead`` (``attempts_exhausted``, not in doubt) and, requeued, gets it
+  (recording-context.md, "Effects", "Two jobs of one key at once").
 """
 
 from __future__ import annotations
@@ -179,42 +183,63 @@ def test_two_jobs_of_one_key_and_one_ordering_key_make_the_effect_once_and_both_
     assert dedup.data["first_job"] == first
 
 
-def test_without_an_ordering_key_a_job_finding_the_effect_in_flight_parks_it_made_once(
-    launcher: WorkerLauncher, keyed_app: replayq.App, side_file: Path
+@pytest.mark.parametrize("job_type", ["charge", "charge_retry"])
+def test_without_an_ordering_key_a_job_finding_the_effect_in_flight_waits_for_its_result(
+    launcher: WorkerLauncher, keyed_app: replayq.App, side_file: Path, job_type: str
 ) -> None:
-    """The documented limit, under ``park``: the effect is still made once, but the job
-    that found the key ``started`` by another job's live attempt cannot tell it from one
-    left by a crash, and parks it in doubt; requeued, it gets the stored result
-    (recording-context.md, "Effects", "Two jobs of one key at once")."""
-    first, second = (keyed_app.enqueue("charge", charge_payload(side_file, n)) for n in (1, 2))
-    settled = run_both(launcher, keyed_app, (first, second))
+    """Under ``park`` (``charge``) as under ``retry`` (``charge_retry``): the job that
+    finds the key ``started`` by the other job's attempt, still running under its lease,
+    neither parks in doubt nor runs the effect again; its attempts fail ``concurrency``
+    and are retried until the record is finished, then it gets the stored result."""
+    jobs = tuple(keyed_app.enqueue(job_type, charge_payload(side_file, n)) for n in (1, 2))
+    settled = run_both(launcher, keyed_app, jobs)
+    assert settled == dict.fromkeys(jobs, "succeeded"), "neither parked"
     effects = [x for x in read_lines(side_file) if x["event"] == "effect"]
     assert len(effects) == 1, "the effect was made once"
-    made_by = {1: first, 2: second}[effects[0]["n"]]
-    other = second if made_by == first else first
-    assert settled[made_by] == "succeeded"
-    parked = keyed_app.get_job(other)
-    assert (parked.state.value, parked.dead_reason) == ("dead", "effect_in_doubt")
+    made_by = jobs[effects[0]["n"] - 1]
+    [waited] = [j for j in jobs if j != made_by]
+    assert keyed_app.get_job(waited).result == {"charged_by": effects[0]["n"]}
 
-    # A person requeues it: the record has succeeded since, so it gets the stored result.
+    trace = keyed_app.trace(waited)
+    in_flight = [e for e in trace if e.name == "effect.failed"]
+    assert in_flight, "it found the effect in flight (the two ran side by side)"
+    for event in in_flight:
+        assert event.data["error_class"] == "concurrency"
+        assert event.data["in_flight_job"] == made_by
+        assert "in flight" in event.data["error"]
+    assert not [e for e in trace if e.name == "effect.in_doubt"], "never judged in doubt"
+    [dedup] = [e for e in trace if e.name == "effect.deduplicated"]
+    assert dedup.data["first_job"] == made_by
+    assert dedup.attempt == len(in_flight) + 1, "the attempt after the last that waited"
+
+
+def test_a_job_whose_retries_run_out_while_the_effect_is_in_flight_goes_dead_not_in_doubt(
+    launcher: WorkerLauncher, keyed_app: replayq.App, side_file: Path
+) -> None:
+    """The wait is bounded by the job's ``Retry``: ``charge_impatient`` has under a second
+    of backoff, the effect takes 6 s. Its attempts run out while the other job's attempt
+    still runs it: ``dead`` with ``attempts_exhausted`` (class ``concurrency``), not in
+    doubt. Requeued once the other succeeded, it gets the stored result."""
+    jobs = tuple(
+        keyed_app.enqueue("charge_impatient", {**charge_payload(side_file, n), "seconds": 6.0})
+        for n in (1, 2)
+    )
+    settled = run_both(launcher, keyed_app, jobs)
+    effects = [x for x in read_lines(side_file) if x["event"] == "effect"]
+    assert len(effects) == 1, "the effect was made once"
+    made_by = jobs[effects[0]["n"] - 1]
+    [other] = [j for j in jobs if j != made_by]
+    assert settled == {made_by: "succeeded", other: "dead"}
+    dead = keyed_app.get_job(other)
+    assert (dead.dead_reason, dead.last_error_class) == ("attempts_exhausted", "concurrency")
+    assert dead.attempt == 5, "every attempt of its Retry, then no more"
+    assert "in flight" in (dead.last_error or "")
+
     keyed_app.requeue(other, reason="the other job made the charge")
     launcher.start("after", app=APP, burst=True, options=("--prefetch", "0")).wait(30)
     assert keyed_app.get_job(other).state.value == "succeeded"
     assert keyed_app.get_job(other).result == {"charged_by": effects[0]["n"]}
     assert len([x for x in read_lines(side_file) if x["event"] == "effect"]) == 1
-
-
-def test_without_an_ordering_key_the_retry_policy_makes_an_effect_in_flight_twice(
-    launcher: WorkerLauncher, keyed_app: replayq.App, side_file: Path
-) -> None:
-    """The documented limit, under ``retry``: the second job takes the live claim over
-    and runs the effect again, at the same time; both succeed."""
-    jobs = tuple(keyed_app.enqueue("charge_retry", charge_payload(side_file, n)) for n in (1, 2))
-    settled = run_both(launcher, keyed_app, jobs)
-    assert set(settled.values()) == {"succeeded"}
-    effects = [x for x in read_lines(side_file) if x["event"] == "effect"]
-    assert sorted(x["n"] for x in effects) == [1, 2], "made by each job"
-    assert abs(effects[0]["t"] - effects[1]["t"]) < 2.0, "the second began inside the first"
 
 
 def run_both(launcher: WorkerLauncher, app: replayq.App, jobs: tuple[int, ...]) -> dict[int, str]:

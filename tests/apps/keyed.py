@@ -9,7 +9,10 @@
   the contract's template ``charge:{order}`` plus the kind. The effect appends
   ``effect`` to ``log`` (the ground truth of how often it really ran), then sleeps
   ``seconds``. ``charge_retry`` declares the in-doubt policy ``retry`` for the kind;
-  ``charge_in_order`` has ``ordering="order:{order}"`` as well.
+  ``charge_in_order`` has ``ordering="order:{order}"`` as well. ``charge`` and
+  ``charge_retry`` retry patiently (``PATIENT_RETRY``: ~9 s of backoff), long enough to
+  wait out another job's effect in flight; ``charge_impatient`` retries as ``hold`` does
+  (``QUICK_RETRY``: under a second of backoff), so its attempts run out first.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import replayq
 from tests.apps.sleepy import record
 
 QUICK_RETRY = replayq.Retry(max_attempts=5, base="0.05s", cap="0.2s")
+# 20 attempts, waits of 0.1, 0.2, 0.4 then 0.5 s (no jitter): ~8.7 s in all.
+PATIENT_RETRY = replayq.Retry(max_attempts=20, base="0.1s", cap="0.5s", jitter="none")
 SHORT_LEASE = {"lease": "1s", "heartbeat": "0.3s"}
 
 
@@ -49,14 +54,17 @@ def build(url: str | None = None) -> replayq.App:
     built = replayq.App(url)
     built.job("hold", lock="order:{order}", lock_ttl="2s", retry=QUICK_RETRY, **SHORT_LEASE)(hold)
     built.job("hold_in_order", ordering="order:{order}", retry=QUICK_RETRY, **SHORT_LEASE)(hold)
-    built.job("charge", idempotency="charge:{order}", retry=QUICK_RETRY, **SHORT_LEASE)(charge)
+    built.job("charge", idempotency="charge:{order}", retry=PATIENT_RETRY, **SHORT_LEASE)(charge)
     built.job(
         "charge_retry",
         idempotency="charge:{order}",
         effects={"ledger.charge": "retry"},
-        retry=QUICK_RETRY,
+        retry=PATIENT_RETRY,
         **SHORT_LEASE,
     )(charge)
+    built.job("charge_impatient", idempotency="charge:{order}", retry=QUICK_RETRY, **SHORT_LEASE)(
+        charge
+    )
     built.job(
         "charge_in_order",
         idempotency="charge:{order}",

@@ -10,6 +10,7 @@ import pytest
 
 import replayq
 from replayq import EffectRecord, EffectResolution
+from replayq.replay.engine import dry_run
 
 LEASE = 5.0
 
@@ -64,6 +65,56 @@ def _run(app: replayq.App) -> None:
     worker = replayq.Worker(app, worker_id="worker")
     for job in worker.lease(1):
         worker.execute(job)
+
+
+def test_an_effect_in_flight_under_a_held_lease_is_waited_for_then_in_doubt_once_it_ends(
+    setup: tuple[replayq.App, replayq.FrozenClock, list[int]],
+) -> None:
+    """Two jobs of one key: the first's attempt is inside the effect (its record
+    ``started``) and holds its lease. The second neither parks, nor asks the reconciler,
+    nor runs the effect: its attempt fails ``concurrency`` and is retried. Once that lease
+    has ended (no reaper has run yet: the job still reads ``running``) the record is in
+    doubt: the reconciler is asked, knows nothing, and the second job parks."""
+    app, clock, calls = setup
+    asked: list[str] = []
+
+    @app.reconciler("payment.charge")
+    def ask_provider(record: EffectRecord) -> EffectResolution | None:
+        asked.append(record.key)
+        return None
+
+    first, second = (app.enqueue("charge", {"n": 6}) for _ in range(2))
+    started, release = threading.Event(), threading.Event()
+    app.blockers = (started, release)  # type: ignore[attr-defined]
+    owner = replayq.Worker(app, worker_id="owner")
+    [job] = owner.lease(1)
+    assert job.id == first
+    thread = threading.Thread(target=owner.execute, args=(job,), daemon=True)
+    thread.start()
+    try:
+        assert started.wait(20)
+        _run(app)
+        waiting = app.get_job(second)
+        assert (waiting.state, waiting.last_error_class) == (replayq.JobState.QUEUED, "concurrency")
+        assert "in flight in job" in (waiting.last_error or "")
+        [failed] = [e for e in app.trace(second) if e.name == "effect.failed"]
+        assert (failed.data["in_flight_job"], failed.data["in_flight_attempt"]) == (first, 1)
+        assert asked == [] and calls == [6], "not asked, not run again: it is not in doubt"
+        # Its dry-run fails alike from the recording, reaching no real world.
+        report = dry_run(app, second, attempt=1, keep=False)
+        assert not report.diverged, report.to_dict()
+        assert report.outcome_now.error_class == "concurrency"
+
+        clock.advance(LEASE + 1)  # the first's lease ends (its retry is due as well)
+        assert app.get_job(first).state is replayq.JobState.RUNNING, "not reaped"
+        _run(app)
+        parked = app.get_job(second)
+        assert (parked.state, parked.dead_reason) == (replayq.JobState.DEAD, "effect_in_doubt")
+        assert asked == ["charge-6"]
+    finally:
+        release.set()
+        thread.join(20)
+    assert calls == [6], "made once"
 
 
 def test_resolved_success_is_returned_from_the_ledger_after_requeue(

@@ -6,7 +6,13 @@ and the effect is not repeated (an idempotency conflict, recorded). On success
 the record becomes ``succeeded`` with the result; on error, ``failed`` (a later
 attempt may try again).
 
-A ``started`` record that no one finished — the attempt that claimed it crashed
+A ``started`` record of another claim whose attempt still runs under its lease (another
+job of the key, inside the effect right now) is *in flight*: the claim neither waits nor
+takes it over but fails the attempt with ``ConcurrencyError``, retried by the job's
+``Retry``, whose next attempts find the outcome (a success is reused). Whether that
+attempt still runs is read with the record, in one statement (``_judged``).
+
+A ``started`` record that no one will finish — the attempt that claimed it crashed
 or lost its lease mid-effect — is *in doubt*: the effect may or may not have
 happened. What happens next is the effect kind's explicit policy, declared on
 the job (``effects={"email.send": "retry"}``):
@@ -43,6 +49,7 @@ from typing import Any, Generic, TypeVar
 
 from replayq import codec
 from replayq.errors import (
+    ConcurrencyError,
     ConfigurationError,
     ContextEndedError,
     EffectInDoubtError,
@@ -66,6 +73,7 @@ from replayq.storage.protocol import (
     IdemTakeover,
     Transaction,
     idem_get,
+    idem_judged,
 )
 from replayq.storage.reconnect import retry_unavailable
 
@@ -407,8 +415,10 @@ class EffectRunner:
     def _existing(
         self, tx: Transaction, kind: str, key: str, existing: IdemRecord, claim: IdemClaim
     ) -> Any:
-        """Decide what a found record means: reuse, take over, or park."""
+        """Decide what a found record means: reuse, wait for it, take over, or park."""
         ctx = self._ctx
+        if existing.status == "started":
+            existing = self._judged(tx, kind, key, existing)
         status = existing.status
         if status in ("succeeded", "compensated"):
             result = load_json(tx, codec.loads(existing.result), existing.result_ref)
@@ -479,6 +489,43 @@ class EffectRunner:
                 ]
             )
         return _RUN
+
+    def _judged(self, tx: Transaction, kind: str, key: str, existing: IdemRecord) -> IdemRecord:
+        """A ``started`` record of another claim, read again with whether its attempt still
+        runs (``idem_judged``): in one statement, one snapshot on PostgreSQL, lest an
+        outcome recorded and its job acked between two reads look like a crash. The record
+        as it is now (``succeeded`` meanwhile: reused) if it is in doubt or no longer
+        ``started``; else it is in flight, neither in doubt nor ours to take over:
+        ``ConcurrencyError`` (retried by the job's ``Retry``), its next attempt finds the
+        outcome, recorded as ``effect.failed`` (a replay of the attempt fails alike)."""
+        ctx = self._ctx
+        runtime = ctx.runtime
+        judged = idem_judged(
+            tx, key, runtime.clock.now(), database_clock=runtime.leases_by_database
+        )
+        if judged is not None and judged.in_doubt:
+            return judged
+        if judged is not None and judged.status != "started":
+            return judged
+        owner = existing if judged is None else judged
+        error = ConcurrencyError(
+            f"effect {kind!r} with key {key!r} is in flight in job {owner.job_id} attempt "
+            f"{owner.attempt}, which still holds its lease: retried later, to get its outcome"
+        )
+        # Recorded as pending, not in ``tx``: the raise rolls ``tx`` back, and the failed
+        # attempt's events are flushed with its failure (as ``effect.in_doubt`` below).
+        ctx.record(
+            "effect.failed",
+            status="fail",
+            resource=key,
+            kind=kind,
+            key=key,
+            error=ctx.redactor.error(error),
+            error_class=error.failure_class.value,
+            in_flight_job=owner.job_id,
+            in_flight_attempt=owner.attempt,
+        )
+        raise error
 
     def _reconcile(self, kind: str, key: str, existing: IdemRecord) -> None:
         """Ask the kind's reconciler about an in-doubt record; settle it if it knows.

@@ -210,13 +210,20 @@ IdemChange = IdemClaim | IdemTakeover | IdemSucceed | IdemFail | IdemCompensate 
 
 class IdemFilter(Struct, frozen=True):
     """Effect records by ``key``, by ``job_id`` (oldest first), or newest first by
-    ``operation``; ``in_doubt``: only ``started`` by an attempt that no longer runs."""
+    ``operation``; ``in_doubt``: only ``started`` by an attempt that no longer runs.
+
+    ``key`` with ``now``: the record with ``in_doubt`` judged as a claim must judge it
+    (``idem_judged``): ``started`` and its attempt not running under a lease that has not
+    ended by ``now``, or by the database's own now with ``database_clock``
+    (``Runtime.leases_by_database``), as the reaper judges leases."""
 
     key: str | None = None
     job_id: int | None = None
     operation: str | None = None
     in_doubt: bool = False
     limit: int = 100
+    now: float | None = None
+    database_clock: bool = False
 
 
 class CachePut(Struct, frozen=True):

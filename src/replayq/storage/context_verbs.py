@@ -232,7 +232,11 @@ class ContextVerbs(SqlStatements):
         return self.changed(query, query_params(change))
 
     def idem_list(self, query: IdemFilter) -> list[IdemRecord]:
-        if query.key is not None:
+        if query.key is not None and query.now is not None:
+            lease = lease_now(query.now, query.database_clock)
+            row = self.fetchone("idem_get_judged", {"key": query.key, "lease_now": lease})
+            rows = [] if row is None else [row]
+        elif query.key is not None:
             row = self.fetchone("idem_get", {"key": query.key})
             rows = [] if row is None else [row]
         elif query.job_id is not None:

@@ -192,6 +192,7 @@ __all__ = [
     "Transaction",
     "VersionOutcome",
     "idem_get",
+    "idem_judged",
     "iter_chunks",
     "lock_get",
 ]
@@ -336,6 +337,16 @@ def iter_chunks(items: Sequence[Any], size: int) -> Iterator[Sequence[Any]]:
 def idem_get(tx: Transaction, key: str) -> IdemRecord | None:
     """The idempotency record of ``key``, if there is one."""
     found = tx.idem_list(IdemFilter(key=key))
+    return found[0] if found else None
+
+
+def idem_judged(
+    tx: Transaction, key: str, now: float, *, database_clock: bool
+) -> IdemRecord | None:
+    """The idempotency record of ``key`` with ``in_doubt`` judged in the same read: a
+    ``started`` record is in doubt unless its attempt still runs under a lease that has
+    not ended (by ``now``, or the database's clock with ``database_clock``)."""
+    found = tx.idem_list(IdemFilter(key=key, now=now, database_clock=database_clock))
     return found[0] if found else None
 
 

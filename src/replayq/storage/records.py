@@ -139,7 +139,8 @@ class LockGrant(Struct, frozen=True):
 
 
 class IdemRecord(Struct, frozen=True):
-    """An idempotency record. ``in_doubt`` is computed by ``idem_list`` only."""
+    """An idempotency record. ``in_doubt`` is computed by ``idem_list`` only: listed, or
+    one key's read with a lease's ``now`` (``idem_judged``)."""
 
     key: str
     operation: str

@@ -11,6 +11,20 @@ RETURNING key;
 -- name: idem_get
 SELECT * FROM rq_idempotency WHERE key = %(key)s;
 
+-- name: idem_get_judged
+-- The record of ``key`` with ``in_doubt`` judged: ``started`` and its attempt not running
+-- under a lease that has not ended by ``lease_now`` (NULL: the database's clock), as the
+-- reaper judges leases. One statement, one snapshot: the record and its job read together.
+SELECT i.*,
+       (i.status = 'started' AND NOT EXISTS (
+           SELECT 1 FROM rq_jobs AS j
+           WHERE j.id = i.job_id AND j.state = 'running' AND j.attempt = i.attempt
+             AND j.lease_deadline >= COALESCE(%(lease_now)s::float8,
+                                              extract(epoch FROM statement_timestamp())::float8)
+       )) AS in_doubt
+FROM rq_idempotency AS i
+WHERE i.key = %(key)s;
+
 -- name: idem_takeover
 UPDATE rq_idempotency
 SET status = 'started', claim_token = %(claim_token)s, started_at = %(now)s, completed_at = NULL,

@@ -18,6 +18,19 @@ RETURNING key;
 -- name: idem_get
 SELECT * FROM rq_idempotency_read AS i WHERE i.key = :key;
 
+-- name: idem_get_judged
+-- The record of ``key`` with ``in_doubt`` judged: ``started`` and its attempt not running
+-- under a lease that has not ended by ``lease_now`` (NULL: the database's clock), as the
+-- reaper judges leases. One statement: the record and its job are read together.
+SELECT i.*,
+       (i.status = 'started' AND NOT EXISTS (
+           SELECT 1 FROM rq_jobs AS j
+           WHERE j.id = i.job_id AND j.state = 'running' AND j.attempt = i.attempt
+             AND j.lease_deadline
+                 >= COALESCE(:lease_now, (julianday('now') - 2440587.5) * 86400.0))) AS in_doubt
+FROM rq_idempotency_read AS i
+WHERE i.key = :key;
+
 -- name: idem_takeover
 UPDATE rq_idempotency
 SET status = 'started', claim_token = :claim_token, started_at = :now, completed_at = NULL,
