@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator, Callable, Generator
 import pytest
 
 import replayq
-from tests.context_support import named, run_once
+from tests.context_support import named, query, run_once
 
 AppFactory = Callable[..., replayq.App]
 
@@ -589,3 +589,56 @@ def test_steps_running_at_once_in_two_tasks_each_name_their_own_step(
         "left": (f"{trace_id}:step:left:0", "left"),
         "right": (f"{trace_id}:step:right:0", "right"),
     }
+
+
+def test_a_steps_thread_publishes_under_the_step_so_a_resumed_retry_loses_no_event(
+    app_factory: AppFactory,
+) -> None:
+    """A step's thread (joined in the step) publishes; a later step fails once; on the
+    retry (``resume="step"``) the first step is skipped, so its thread does not run, and
+    the handler publishes outside any step after the steps. Each logical event keeps one
+    id on every attempt: the thread's is its step's (``{trace}:step:load:0``), as it
+    commits with that step. Before the fix the thread's id was the job's
+    (``{trace}:job:0``), and on the retry the handler's own first publish outside steps
+    took the same id: refused as a duplicate, ``order.done`` was never written."""
+    app = app_factory(clock=(clock := replayq.FrozenClock()))
+
+    @app.job(
+        "threaded_load",
+        retry=replayq.Retry(max_attempts=2, base="1s", jitter="none"),
+        resume="step",
+    )
+    def threaded_load(ctx: replayq.Context) -> None:
+        def load() -> int:
+            helper = threading.Thread(
+                target=ctx.outbox.publish, args=("order.loaded", {"order_id": 7})
+            )
+            helper.start()
+            helper.join(30)
+            return 7
+
+        def confirm() -> None:
+            if ctx.attempt == 1:
+                raise replayq.TransientError("confirmation service timed out")
+
+        ctx.step("load", load)
+        ctx.step("confirm", confirm)
+        ctx.outbox.publish("order.done", {"order_id": 7})
+
+    job_id = app.enqueue("threaded_load", {})
+    worker = replayq.Worker(app, worker_id="w1")
+    run_once(worker)
+    assert app.get_job(job_id).state is replayq.JobState.QUEUED, "attempt 1 is retried"
+    clock.advance(2)
+    run_once(worker)
+    job = app.get_job(job_id)
+    assert (job.state, job.attempt) == (replayq.JobState.SUCCEEDED, 2)
+    rows = query(
+        app.url, "SELECT event_id, topic FROM rq_outbox WHERE job_id = ? ORDER BY id", (job_id,)
+    )
+    assert rows == [
+        (f"{job.trace_id}:step:load:0", "order.loaded"),
+        (f"{job.trace_id}:job:0", "order.done"),
+    ]
+    [done] = [e for e in named(app, job_id, "outbox.written") if e.data["topic"] == "order.done"]
+    assert not done.data.get("deduplicated")

@@ -363,6 +363,27 @@ class Context(Recorder):
         return flow.step_keys[-1] if flow is not None and flow.step_keys else None
 
     @property
+    def _outbox_step_key(self) -> str | None:
+        """The step position an outbox event published now is numbered under (its id,
+        ``OutboxView``): this flow's innermost step's; in no step of its own (a thread or
+        task a step started) while steps run in one other flow alone, that flow's
+        innermost step's, whose commit takes the row. A resumed retry skips that step and
+        so the thread's publish: numbered among the job's publishes outside steps, it
+        moved theirs, and the first one the handler makes on the retry took the id of
+        the skipped thread's row and was dropped as its duplicate. While steps run in
+        several other flows, ``None`` (the job's): whose commit takes the row is timing."""
+        running = self._running
+        if not running:
+            return None
+        flow = running.get(self._flow_key())
+        if flow is None:
+            flows = list(running.values())
+            if len(flows) != 1:
+                return None
+            flow = flows[0]
+        return flow.step_keys[-1] if flow.step_keys else None
+
+    @property
     def cancelled(self) -> bool:
         """True once the attempt must stop: the job was asked to stop (``replayq jobs
         cancel``) while it ran, or the worker's heartbeat found its lease lost.
