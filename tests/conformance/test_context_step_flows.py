@@ -642,3 +642,31 @@ def test_a_steps_thread_publishes_under_the_step_so_a_resumed_retry_loses_no_eve
     ]
     [done] = [e for e in named(app, job_id, "outbox.written") if e.data["topic"] == "order.done"]
     assert not done.data.get("deduplicated")
+
+
+def test_a_steps_thread_write_is_shown_uncommitted_when_the_step_fails(
+    app_factory: AppFactory,
+) -> None:
+    """A thread a step started (and joined) writes outside any step of its own; the step
+    then fails, and its commit, which would have carried that write, drops it. The trace
+    says so (``uncommitted_writes``, ``trace show``): the write names no step, but it
+    belonged to the next commit, the failed step's. Before the fix it looked committed."""
+    app = app_factory()
+
+    @app.job("threaded_fail", retry=replayq.Retry(max_attempts=1))
+    def threaded_fail(ctx: replayq.Context) -> None:
+        with ctx.step("load"):
+            helper = threading.Thread(target=ctx.state.put, args=("orders", 1, {"n": 1}))
+            helper.start()
+            helper.join(30)
+            raise replayq.ValidationError("the order is not valid")
+
+    job_id = app.enqueue("threaded_fail", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    assert app.get_job(job_id).state is replayq.JobState.DEAD
+    assert app.state.get("orders", 1).version == 0, "the failed step's write did not land"
+    trace = app.trace(job_id)
+    [write] = [e for e in trace if e.name == "state.write"]
+    assert replayq.uncommitted_writes(trace) == {
+        (write.trace_id, write.attempt, write.seq): "not committed (its step failed)"
+    }
