@@ -670,3 +670,52 @@ def test_a_steps_thread_write_is_shown_uncommitted_when_the_step_fails(
     assert replayq.uncommitted_writes(trace) == {
         (write.trace_id, write.attempt, write.seq): "not committed (its step failed)"
     }
+
+
+def test_a_nested_steps_end_commits_or_drops_the_writes_of_the_steps_around_it(
+    app_factory: AppFactory,
+) -> None:
+    """A thread's steps hold their writes together (``StepFlow``): a nested step's end
+    commits (or, failing, drops) the writes its outer step made before it, too.
+    ``uncommitted_writes`` (``trace show``, ``replayq diff``) says what the database holds:
+    before the fix it judged each write by its own step's end alone, and showed the outer
+    write a failed nested step dropped as committed, and the one a nested step committed
+    before its outer step failed as not committed."""
+    app = app_factory()
+
+    @app.job("nested_fails", retry=replayq.Retry(max_attempts=1))
+    def nested_fails(ctx: replayq.Context) -> None:
+        with ctx.step("outer"):
+            ctx.state.put("orders", 1, {"n": 1})  # dropped with "bad"
+            try:
+                with ctx.step("bad"):
+                    raise ValueError("refused")
+            except ValueError:
+                pass
+            ctx.state.put("orders", 2, {"n": 2})  # committed with "outer"
+
+    @app.job("outer_fails", retry=replayq.Retry(max_attempts=1))
+    def outer_fails(ctx: replayq.Context) -> None:
+        with ctx.step("outer"):
+            ctx.state.put("orders", 3, {"n": 3})  # committed with "inner"
+            with ctx.step("inner"):
+                pass
+            ctx.state.put("orders", 4, {"n": 4})  # dropped with "outer"
+            raise replayq.ValidationError("the order is not valid")
+
+    jobs = [app.enqueue("nested_fails", {}), app.enqueue("outer_fails", {})]
+    worker = replayq.Worker(app, worker_id="w1")
+    run_once(worker)
+    run_once(worker)
+    shown: dict[str, str | None] = {}
+    for job_id in jobs:
+        trace = app.trace(job_id)
+        dropped = replayq.uncommitted_writes(trace)
+        for e in trace:
+            if e.name == "state.write":
+                assert e.resource is not None
+                shown[e.resource] = dropped.get((e.trace_id, e.attempt, e.seq))
+    stored = {f"orders:{key}": app.state.get("orders", key).version for key in (1, 2, 3, 4)}
+    assert stored == {"orders:1": 0, "orders:2": 1, "orders:3": 1, "orders:4": 0}
+    failed = "not committed (its step failed)"
+    assert shown == {"orders:1": failed, "orders:2": None, "orders:3": None, "orders:4": failed}
