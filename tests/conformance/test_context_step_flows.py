@@ -644,6 +644,57 @@ def test_a_steps_thread_publishes_under_the_step_so_a_resumed_retry_loses_no_eve
     assert not done.data.get("deduplicated")
 
 
+def test_the_handlers_publish_while_its_threads_step_runs_keeps_the_jobs_id_on_a_retry(
+    app_factory: AppFactory,
+) -> None:
+    """The handler publishes outside its steps while a thread it started runs a step; the
+    retry (``resume="step"``) skips that step, so nothing runs beside the handler's
+    publish then. The handler is not the thread's child: its id is the job's on both
+    attempts (``{trace}:job:0``), and the retry's publish is the same event, one row.
+    Numbered under the step it happened to run beside, it would have had another id on
+    the retry than on the first attempt: a second row for one event."""
+    app = app_factory(clock=(clock := replayq.FrozenClock()))
+    inside, published = threading.Event(), threading.Event()
+
+    @app.job(
+        "beside_a_step",
+        retry=replayq.Retry(max_attempts=2, base="1s", jitter="none"),
+        resume="step",
+    )
+    def beside_a_step(ctx: replayq.Context) -> None:
+        def late() -> int:
+            inside.set()
+            assert published.wait(30)
+            return 1
+
+        def confirm() -> None:
+            if ctx.attempt == 1:
+                raise replayq.TransientError("confirmation service timed out")
+
+        helper = threading.Thread(target=ctx.step, args=("late", late))
+        helper.start()
+        if ctx.attempt == 1:
+            assert inside.wait(30), "the thread's step never started"
+        ctx.outbox.publish("order.seen", {"order_id": 7})
+        published.set()
+        helper.join(30)
+        ctx.step("confirm", confirm)
+
+    job_id = app.enqueue("beside_a_step", {})
+    worker = replayq.Worker(app, worker_id="w1")
+    run_once(worker)
+    assert app.get_job(job_id).state is replayq.JobState.QUEUED, "attempt 1 is retried"
+    clock.advance(2)
+    run_once(worker)
+    job = app.get_job(job_id)
+    assert (job.state, job.attempt) == (replayq.JobState.SUCCEEDED, 2)
+    assert [e.data["step_name"] for e in named(app, job_id, "step.skipped")] == ["late"]
+    rows = query(
+        app.url, "SELECT event_id, topic FROM rq_outbox WHERE job_id = ? ORDER BY id", (job_id,)
+    )
+    assert rows == [(f"{job.trace_id}:job:0", "order.seen")]
+
+
 def test_a_steps_thread_write_is_shown_uncommitted_when_the_step_fails(
     app_factory: AppFactory,
 ) -> None:
