@@ -347,3 +347,56 @@ def test_a_step_running_at_the_ack_is_recorded_abandoned_and_its_write_uncommitt
         release_all()
     assert not report.diverged, report.to_dict()
     assert [e.name for e in report.events_now].count("step.abandoned") == 1
+
+
+def test_a_write_a_nested_step_committed_before_its_step_was_abandoned_shows_committed(
+    app_factory: AppFactory,
+) -> None:
+    """A thread's step writes, a step nested in it ends (its commit takes that write: a
+    thread's steps hold their writes together), the step writes again and is still
+    running at the ack: recorded ``step.abandoned``. ``uncommitted_writes`` shows the
+    second write dropped and the first committed, as the database has them (before the
+    fix: both dropped, the first judged by its own step's end alone)."""
+    app = app_factory()
+    started, finish, done = threading.Event(), threading.Event(), threading.Event()
+
+    def late(ctx: replayq.Context) -> None:
+        try:
+            with ctx.step("late"):
+                ctx.state.put("orders", 1, {"n": 1})
+                with ctx.step("inner"):
+                    pass
+                ctx.state.put("orders", 2, {"n": 2})
+                started.set()
+                assert finish.wait(30)
+        except replayq.ContextEndedError:
+            pass
+        finally:
+            done.set()
+
+    @app.job("leaves_a_step_after_a_commit")
+    def leaves(ctx: replayq.Context) -> None:
+        threading.Thread(target=late, args=(ctx,), daemon=True).start()
+        assert started.wait(30), "the step never wrote"
+
+    job_id = app.enqueue("leaves_a_step_after_a_commit", {})
+    try:
+        run_once(replayq.Worker(app, worker_id="w1"))
+    finally:
+        finish.set()
+        assert done.wait(30), "the late step never ended"
+    assert app.get_job(job_id).state == replayq.JobState.SUCCEEDED
+    trace = app.trace(job_id)
+    [abandoned] = [e for e in trace if e.name == "step.abandoned"]
+    assert abandoned.data["open_steps"] == ["late"]
+    dropped = replayq.uncommitted_writes(trace)
+    shown = {
+        e.resource: dropped.get((e.trace_id, e.attempt, e.seq))
+        for e in trace
+        if e.name == "state.write"
+    }
+    assert (app.state.get("orders", 1).version, app.state.get("orders", 2).version) == (1, 0)
+    assert shown == {
+        "orders:1": None,
+        "orders:2": "not committed (its step still ran when the attempt ended)",
+    }

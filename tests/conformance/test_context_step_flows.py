@@ -16,7 +16,7 @@ from collections.abc import AsyncGenerator, Callable, Generator
 import pytest
 
 import replayq
-from tests.context_support import named, run_once
+from tests.context_support import named, query, run_once
 
 AppFactory = Callable[..., replayq.App]
 
@@ -589,3 +589,184 @@ def test_steps_running_at_once_in_two_tasks_each_name_their_own_step(
         "left": (f"{trace_id}:step:left:0", "left"),
         "right": (f"{trace_id}:step:right:0", "right"),
     }
+
+
+def test_a_steps_thread_publishes_under_the_step_so_a_resumed_retry_loses_no_event(
+    app_factory: AppFactory,
+) -> None:
+    """A step's thread (joined in the step) publishes; a later step fails once; on the
+    retry (``resume="step"``) the first step is skipped, so its thread does not run, and
+    the handler publishes outside any step after the steps. Each logical event keeps one
+    id on every attempt: the thread's is its step's (``{trace}:step:load:0``), as it
+    commits with that step. Before the fix the thread's id was the job's
+    (``{trace}:job:0``), and on the retry the handler's own first publish outside steps
+    took the same id: refused as a duplicate, ``order.done`` was never written."""
+    app = app_factory(clock=(clock := replayq.FrozenClock()))
+
+    @app.job(
+        "threaded_load",
+        retry=replayq.Retry(max_attempts=2, base="1s", jitter="none"),
+        resume="step",
+    )
+    def threaded_load(ctx: replayq.Context) -> None:
+        def load() -> int:
+            helper = threading.Thread(
+                target=ctx.outbox.publish, args=("order.loaded", {"order_id": 7})
+            )
+            helper.start()
+            helper.join(30)
+            return 7
+
+        def confirm() -> None:
+            if ctx.attempt == 1:
+                raise replayq.TransientError("confirmation service timed out")
+
+        ctx.step("load", load)
+        ctx.step("confirm", confirm)
+        ctx.outbox.publish("order.done", {"order_id": 7})
+
+    job_id = app.enqueue("threaded_load", {})
+    worker = replayq.Worker(app, worker_id="w1")
+    run_once(worker)
+    assert app.get_job(job_id).state is replayq.JobState.QUEUED, "attempt 1 is retried"
+    clock.advance(2)
+    run_once(worker)
+    job = app.get_job(job_id)
+    assert (job.state, job.attempt) == (replayq.JobState.SUCCEEDED, 2)
+    rows = query(
+        app.url, "SELECT event_id, topic FROM rq_outbox WHERE job_id = ? ORDER BY id", (job_id,)
+    )
+    assert rows == [
+        (f"{job.trace_id}:step:load:0", "order.loaded"),
+        (f"{job.trace_id}:job:0", "order.done"),
+    ]
+    [done] = [e for e in named(app, job_id, "outbox.written") if e.data["topic"] == "order.done"]
+    assert not done.data.get("deduplicated")
+
+
+def test_the_handlers_publish_while_its_threads_step_runs_keeps_the_jobs_id_on_a_retry(
+    app_factory: AppFactory,
+) -> None:
+    """The handler publishes outside its steps while a thread it started runs a step; the
+    retry (``resume="step"``) skips that step, so nothing runs beside the handler's
+    publish then. The handler is not the thread's child: its id is the job's on both
+    attempts (``{trace}:job:0``), and the retry's publish is the same event, one row.
+    Numbered under the step it happened to run beside, it would have had another id on
+    the retry than on the first attempt: a second row for one event."""
+    app = app_factory(clock=(clock := replayq.FrozenClock()))
+    inside, published = threading.Event(), threading.Event()
+
+    @app.job(
+        "beside_a_step",
+        retry=replayq.Retry(max_attempts=2, base="1s", jitter="none"),
+        resume="step",
+    )
+    def beside_a_step(ctx: replayq.Context) -> None:
+        def late() -> int:
+            inside.set()
+            assert published.wait(30)
+            return 1
+
+        def confirm() -> None:
+            if ctx.attempt == 1:
+                raise replayq.TransientError("confirmation service timed out")
+
+        helper = threading.Thread(target=ctx.step, args=("late", late))
+        helper.start()
+        if ctx.attempt == 1:
+            assert inside.wait(30), "the thread's step never started"
+        ctx.outbox.publish("order.seen", {"order_id": 7})
+        published.set()
+        helper.join(30)
+        ctx.step("confirm", confirm)
+
+    job_id = app.enqueue("beside_a_step", {})
+    worker = replayq.Worker(app, worker_id="w1")
+    run_once(worker)
+    assert app.get_job(job_id).state is replayq.JobState.QUEUED, "attempt 1 is retried"
+    clock.advance(2)
+    run_once(worker)
+    job = app.get_job(job_id)
+    assert (job.state, job.attempt) == (replayq.JobState.SUCCEEDED, 2)
+    assert [e.data["step_name"] for e in named(app, job_id, "step.skipped")] == ["late"]
+    rows = query(
+        app.url, "SELECT event_id, topic FROM rq_outbox WHERE job_id = ? ORDER BY id", (job_id,)
+    )
+    assert rows == [(f"{job.trace_id}:job:0", "order.seen")]
+
+
+def test_a_steps_thread_write_is_shown_uncommitted_when_the_step_fails(
+    app_factory: AppFactory,
+) -> None:
+    """A thread a step started (and joined) writes outside any step of its own; the step
+    then fails, and its commit, which would have carried that write, drops it. The trace
+    says so (``uncommitted_writes``, ``trace show``): the write names no step, but it
+    belonged to the next commit, the failed step's. Before the fix it looked committed."""
+    app = app_factory()
+
+    @app.job("threaded_fail", retry=replayq.Retry(max_attempts=1))
+    def threaded_fail(ctx: replayq.Context) -> None:
+        with ctx.step("load"):
+            helper = threading.Thread(target=ctx.state.put, args=("orders", 1, {"n": 1}))
+            helper.start()
+            helper.join(30)
+            raise replayq.ValidationError("the order is not valid")
+
+    job_id = app.enqueue("threaded_fail", {})
+    run_once(replayq.Worker(app, worker_id="w1"))
+    assert app.get_job(job_id).state is replayq.JobState.DEAD
+    assert app.state.get("orders", 1).version == 0, "the failed step's write did not land"
+    trace = app.trace(job_id)
+    [write] = [e for e in trace if e.name == "state.write"]
+    assert replayq.uncommitted_writes(trace) == {
+        (write.trace_id, write.attempt, write.seq): "not committed (its step failed)"
+    }
+
+
+def test_a_nested_steps_end_commits_or_drops_the_writes_of_the_steps_around_it(
+    app_factory: AppFactory,
+) -> None:
+    """A thread's steps hold their writes together (``StepFlow``): a nested step's end
+    commits (or, failing, drops) the writes its outer step made before it, too.
+    ``uncommitted_writes`` (``trace show``, ``replayq diff``) says what the database holds:
+    before the fix it judged each write by its own step's end alone, and showed the outer
+    write a failed nested step dropped as committed, and the one a nested step committed
+    before its outer step failed as not committed."""
+    app = app_factory()
+
+    @app.job("nested_fails", retry=replayq.Retry(max_attempts=1))
+    def nested_fails(ctx: replayq.Context) -> None:
+        with ctx.step("outer"):
+            ctx.state.put("orders", 1, {"n": 1})  # dropped with "bad"
+            try:
+                with ctx.step("bad"):
+                    raise ValueError("refused")
+            except ValueError:
+                pass
+            ctx.state.put("orders", 2, {"n": 2})  # committed with "outer"
+
+    @app.job("outer_fails", retry=replayq.Retry(max_attempts=1))
+    def outer_fails(ctx: replayq.Context) -> None:
+        with ctx.step("outer"):
+            ctx.state.put("orders", 3, {"n": 3})  # committed with "inner"
+            with ctx.step("inner"):
+                pass
+            ctx.state.put("orders", 4, {"n": 4})  # dropped with "outer"
+            raise replayq.ValidationError("the order is not valid")
+
+    jobs = [app.enqueue("nested_fails", {}), app.enqueue("outer_fails", {})]
+    worker = replayq.Worker(app, worker_id="w1")
+    run_once(worker)
+    run_once(worker)
+    shown: dict[str, str | None] = {}
+    for job_id in jobs:
+        trace = app.trace(job_id)
+        dropped = replayq.uncommitted_writes(trace)
+        for e in trace:
+            if e.name == "state.write":
+                assert e.resource is not None
+                shown[e.resource] = dropped.get((e.trace_id, e.attempt, e.seq))
+    stored = {f"orders:{key}": app.state.get("orders", key).version for key in (1, 2, 3, 4)}
+    assert stored == {"orders:1": 0, "orders:2": 1, "orders:3": 1, "orders:4": 0}
+    failed = "not committed (its step failed)"
+    assert shown == {"orders:1": failed, "orders:2": None, "orders:3": None, "orders:4": failed}

@@ -104,6 +104,12 @@ class Attempt(Protocol):
         ``load``, ``load#2``, if any."""
         ...
 
+    @property
+    def _outbox_step_key(self) -> str | None:
+        """The step position an outbox event published now is numbered under: as
+        ``current_step_key``, or in a thread or task a step started, that step's."""
+        ...
+
     def event(self, name: str, **fields: Any) -> TraceEvent:
         """Build the next domain event of this attempt (not yet recorded)."""
         ...

@@ -143,6 +143,9 @@ class Context(Recorder):
         self._running: dict[object, StepFlow] = {}
         # Which flow runs now (``Recorder._running``): a thread, or an async handler's task.
         self._flow_key = task_or_thread if handler.is_async else get_ident
+        # The handler's own flow (its thread, its task), once it runs (``run``): it starts
+        # the threads and tasks, never one of them (``_outbox_step_key``).
+        self._home: object = None
         self._seq = 0
         self._step_counts: dict[str, int] = {}
         self.blob_limit = runtime.limits.blob_limit_bytes
@@ -363,6 +366,33 @@ class Context(Recorder):
         return flow.step_keys[-1] if flow is not None and flow.step_keys else None
 
     @property
+    def _outbox_step_key(self) -> str | None:
+        """The step position an outbox event published now is numbered under (its id,
+        ``OutboxView``): this flow's innermost step's; in no step of its own (a thread or
+        task a step started) while steps run in one other flow alone, that flow's
+        innermost step's, whose commit takes the row. A resumed retry skips that step and
+        so the thread's publish: numbered among the job's publishes outside steps, it
+        moved theirs, and the first one the handler makes on the retry took the id of
+        the skipped thread's row and was dropped as its duplicate. The handler's own flow
+        outside its steps, or while steps run in several other flows: ``None`` (the
+        job's; the handler runs that code again on every attempt, whether a step of a
+        thread it started runs meanwhile or not; which of several steps' commits takes
+        the row is timing)."""
+        running = self._running
+        if not running:
+            return None
+        flow_key = self._flow_key()
+        flow = running.get(flow_key)
+        if flow is None:
+            if flow_key == self._home:
+                return None
+            flows = list(running.values())
+            if len(flows) != 1:
+                return None
+            flow = flows[0]
+        return flow.step_keys[-1] if flow.step_keys else None
+
+    @property
     def cancelled(self) -> bool:
         """True once the attempt must stop: the job was asked to stop (``replayq jobs
         cancel``) while it ran, or the worker's heartbeat found its lease lost.
@@ -450,6 +480,8 @@ class Context(Recorder):
             args = handler.shape.decode(handler.contract.name, payload)
 
         def call() -> Any:
+            if not handler.is_async:
+                self._home = get_ident()  # an async handler's, in its task
             if isinstance(args, tuple):
                 result = handler.fn(self, *args)
             else:
@@ -491,6 +523,7 @@ class Context(Recorder):
         flow its steps ran in: ``_flow_key``), ``_refuse_step_left_open`` asked if a step
         runs or one was abandoned. One coroutine more an async job: its task's key is known
         only inside it (the loop that runs it is the caller's)."""
+        self._home = self._flow_key()
         result = await handler_call
         if self._running or self._abandoned_step:
             self._refuse_step_left_open()

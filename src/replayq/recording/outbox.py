@@ -2,8 +2,9 @@
 
 ``ctx.outbox.publish(topic, payload)`` writes a row in the step's transaction,
 with a stable ``event_id`` consumers dedup on: ``{trace_id}:step:{step}:{n}`` for
-the n-th publish (from 0) of a step position, ``{trace_id}:job:{n}`` outside
-steps. It is the same on every attempt, so a step that runs again (a retry
+the n-th publish (from 0) of a step position (a thread or task a step started
+publishes under that step: ``Context._outbox_step_key``), ``{trace_id}:job:{n}``
+outside steps. It is the same on every attempt, so a step that runs again (a retry
 without resume, a ``with`` block) writes no second row: the first one stays and
 the event is recorded as ``deduplicated``. ``replayq outbox run`` claims
 unpublished rows and delivers them to a sink:
@@ -45,7 +46,7 @@ class OutboxView:
     def _next_event_id(self) -> str:
         """Stable per job, step position and publish position (the same on every attempt)."""
         ctx = self._ctx
-        step = ctx.current_step_key
+        step = ctx._outbox_step_key
         scope = f"step:{step}" if step is not None else "job"
         position = self._published.get(scope, 0)
         self._published[scope] = position + 1

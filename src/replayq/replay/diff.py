@@ -61,17 +61,31 @@ def write_key(event: TraceEvent) -> tuple[str, int | None, int | None]:
 def uncommitted_writes(events: list[TraceEvent]) -> dict[tuple[str, int | None, int | None], str]:
     """The ``state.write`` events that never committed, with why: fencing rejected the write,
     its step failed (the step's writes are discarded together), or its step still ran when
-    its attempt ended (``step.abandoned``: its writes are dropped)."""
+    its attempt ended (``step.abandoned``: its writes are dropped). A step's end commits
+    or drops the writes of the steps it is nested in as well, made since their thread's
+    last commit (``StepFlow``: a thread's steps hold their writes together). A write that
+    names no step (made outside any step of its thread: a thread or task a step started,
+    say) waits for the attempt's next commit, the next step's end in any thread: a failed
+    one drops it with the step's own."""
     found: dict[tuple[str, int | None, int | None], str] = {}
     open_writes: dict[tuple[str, int | None, str | None], list[TraceEvent]] = {}
+    # The step each step is nested in (its ``step.started`` names it), by attempt and name.
+    nested_in: dict[tuple[str, int | None, str | None], str | None] = {}
+    # The writes outside steps, by attempt, waiting for its next step's end.
+    waiting: dict[tuple[str, int | None], list[TraceEvent]] = {}
     # A rejection is recorded at the step's commit, after the step closed: it belongs to the
     # next step.finished of the same attempt.
     rejected: dict[tuple[str, int | None], set[str]] = {}
     for event in events:
         step = event.step if event.name == "state.write" else event.data.get("step_name")
         scope = (event.trace_id, event.attempt, step)
-        if event.name == "state.write" and event.step is not None:
-            open_writes.setdefault(scope, []).append(event)
+        if event.name == "state.write":
+            if event.step is not None:
+                open_writes.setdefault(scope, []).append(event)
+            else:
+                waiting.setdefault((event.trace_id, event.attempt), []).append(event)
+        elif event.name == "step.started":
+            nested_in[scope] = event.step
         elif event.name == "state.write_rejected" and event.resource:
             rejected.setdefault((event.trace_id, event.attempt), set()).add(event.resource)
         elif event.name == "step.abandoned":
@@ -80,6 +94,13 @@ def uncommitted_writes(events: list[TraceEvent]) -> dict[tuple[str, int | None, 
                     found[write_key(write)] = ABANDONED
         elif event.name == "step.finished":
             writes = open_writes.pop(scope, [])
+            outer, seen = nested_in.get(scope), {step, None}
+            while outer not in seen:  # a name nested in itself (``a`` in ``a``) ends it
+                seen.add(outer)
+                enclosing = (event.trace_id, event.attempt, outer)
+                writes += open_writes.pop(enclosing, [])
+                outer = nested_in.get(enclosing)
+            writes += waiting.pop((event.trace_id, event.attempt), [])
             fenced = rejected.pop((event.trace_id, event.attempt), set())
             if event.status == "success":
                 continue
