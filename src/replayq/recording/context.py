@@ -235,6 +235,8 @@ class Context(Recorder):
             # After any ``ctx.call``/``ctx.effect`` recording right now (another thread's):
             # from here on they find the attempt ended (``_live``).
             with self._live:
+                if self._cancel is _ENDED:
+                    return  # another thread's end ran meanwhile: once only
                 self._flag_at_end = cancel
                 self._cancel = _ENDED
                 if self._running:
@@ -257,8 +259,8 @@ class Context(Recorder):
             data = {
                 "step_name": flow.name,
                 "step_key": flow.key,
-                # Empty only while its own end waits for ``_live``: it ends late then, too.
-                "open_steps": list(flow.step_names) or [flow.name],
+                # Never empty: a step's end takes its name off under ``_live`` too.
+                "open_steps": list(flow.step_names),
                 "reason": "still running when its attempt ended: its end is not recorded "
                 "and its writes are not committed",
             }

@@ -220,15 +220,16 @@ class StepBoundary(StepFlow):
     ) -> None:
         ctx, name = self.ctx, self.name
         duration = round(time.monotonic() - self.started, 6)  # µs: what a trace can tell
-        # Its events from here on (its end) belong to the step it is nested in, if any.
         flow = self.flow or self
-        flow.step_names.pop()
-        flow.step_keys.pop()
         # The look at the end and what the step records and commits under ``_live`` (as a
         # ``ctx.call``'s record): a body run in a thread past the handler's return either
         # ends before the end, or sees it and records nothing into the trace. The body
         # itself ran outside the lock.
         with ctx._live:
+            # Its events from here on (its end) belong to the step it is nested in, if any;
+            # under ``_live``, so the attempt's end (``Context.end``) sees it open or ended.
+            flow.step_names.pop()
+            flow.step_keys.pop()
             try:
                 if ctx._cancel is ENDED:
                     self._drop()  # never committed: the attempt's end did not take them
