@@ -2,21 +2,24 @@
 (``Recorder._running``: each flow's outermost step holds its writes until it ends).
 
 A write made inside a step by a thread or task the step itself started (and waited for)
-still commits with the step, in the order it was made; a lock let go of in a step whose
-writes under it wait keeps the lock until those writes commit, whichever other commit
-comes first; a cache write of a step still running at the ack is not made by the ack.
+still commits with the step, in the order it was made; what a thread records outside any
+step while another thread's steps commit is committed by one of those commits or the ack;
+a lock let go of in a step whose writes under it wait keeps the lock until those writes
+commit, whichever other commit comes first; a cache write of a step still running at the
+ack is not made by the ack.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from collections.abc import AsyncGenerator, Callable, Generator
 
 import pytest
 
 import replayq
-from tests.context_support import named, query, run_once
+from tests.context_support import count_rows, named, query, run_once
 
 AppFactory = Callable[..., replayq.App]
 
@@ -74,6 +77,69 @@ def test_a_write_a_steps_own_task_made_commits_after_the_steps_earlier_write(
     assert app.get_job(job_id).state == replayq.JobState.SUCCEEDED
     entity = app.state.get("orders", 1)
     assert (entity.version, entity.data) == (2, {"n": 2})
+
+
+def test_what_a_thread_records_outside_steps_while_another_threads_steps_commit_is_kept(
+    app_factory: AppFactory,
+) -> None:
+    """One thread of the handler runs 60 steps that each write, another publishes 300
+    outbox events and writes 100 entities outside any step meanwhile: the ack finds every
+    one of them committed (rows and events), each once; three jobs, each so. Before the
+    fix a step's commit put a new pending record in place of the one it had flushed, and
+    what the other thread appended to the old one in between was dropped: the job
+    succeeded with some of its outbox rows, events and state writes missing. Thread
+    switches forced often (``sys.setswitchinterval``) make that window likely."""
+    app = app_factory()
+    steps, published, written, jobs = 60, 300, 100, 3
+    failures: list[BaseException] = []
+
+    @app.job("two_threads", retry=replayq.Retry(max_attempts=1))
+    def two_threads(ctx: replayq.Context) -> None:
+        def stepper() -> None:
+            for i in range(steps):
+                with ctx.step("s"):
+                    ctx.state.put(f"stepped{ctx.job_id}", i, {"i": i})
+
+        def outside() -> None:
+            for i in range(published):
+                ctx.outbox.publish("t", {"i": i})
+                if i < written:
+                    ctx.state.put(f"outside{ctx.job_id}", i, {"i": i})
+
+        def guarded(body: Callable[[], None]) -> Callable[[], None]:
+            def run() -> None:
+                try:
+                    body()
+                except BaseException as exc:  # asserted empty below
+                    failures.append(exc)
+
+            return run
+
+        threads = [threading.Thread(target=guarded(body)) for body in (stepper, outside)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    job_ids = [app.enqueue("two_threads", {}) for _ in range(jobs)]
+    worker = replayq.Worker(app, worker_id="w1")
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in job_ids:
+            run_once(worker)
+    finally:
+        sys.setswitchinterval(interval)
+    assert failures == []
+    for job_id in job_ids:
+        assert app.get_job(job_id).state == replayq.JobState.SUCCEEDED
+        events = named(app, job_id, "outbox.written")
+        assert sorted(e.data["payload"]["i"] for e in events) == list(range(published))
+        assert count_rows(app.url, "rq_outbox", "job_id = ?", (job_id,)) == published
+        assert len(named(app, job_id, "step.finished")) == steps
+        for namespace, count in ((f"stepped{job_id}", steps), (f"outside{job_id}", written)):
+            entities = [app.state.get(namespace, i).data for i in range(count)]
+            assert entities == [{"i": i} for i in range(count)], f"{namespace}: not committed"
 
 
 def test_a_lock_let_go_of_in_a_running_step_is_held_until_its_writes_commit(

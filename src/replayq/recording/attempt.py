@@ -91,6 +91,10 @@ class Attempt(Protocol):
     # the handler (``ctx.call``, ``ctx.effect``) holds it from its look at ``_cancel`` to
     # the end of what it records, so nothing is recorded into the trace after the end.
     _live: Any  # a ``threading.Lock``
+    # Held while the attempt's pending writes change, and by a commit from its flush to its
+    # ``committed`` (``Recorder._pending_lock``): a view's own pending list that the commit
+    # empties (the cache's after-commit actions) changes under it too.
+    _pending_lock: Any  # a ``threading.RLock``
 
     @property
     def trace_id(self) -> str: ...

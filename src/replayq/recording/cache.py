@@ -236,15 +236,19 @@ class CacheView:
         """``action`` after the commit of the step running in this thread or task (held in
         it: a commit of another's, or the ack, does not make it), or of the attempt's next
         commit outside steps."""
-        if not self._ctx._defer_after_commit(action, what):
-            self._after_commit.append(action)
-            self.pending.append(what)
+        ctx = self._ctx
+        if not ctx._defer_after_commit(action, what):
+            # Not across a commit of another flow's, which runs and empties these lists.
+            with ctx._pending_lock:
+                self._after_commit.append(action)
+                self.pending.append(what)
 
     def adopt(self, held: list[tuple[Callable[[], None], str]]) -> None:
         """The actions a step held (``_hold``) wait for the commit that follows at once."""
-        for action, what in held:
-            self._after_commit.append(action)
-            self.pending.append(what)
+        with self._ctx._pending_lock:
+            for action, what in held:
+                self._after_commit.append(action)
+                self.pending.append(what)
 
     def after_commit(self) -> None:
         todo, self._after_commit = self._after_commit, []

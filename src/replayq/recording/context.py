@@ -139,6 +139,7 @@ class Context(Recorder):
         # outcome): one run in a thread or a task that outlived the handler either records
         # before the end, or sees the end and records nothing into the trace after it.
         self._live = threading.Lock()
+        self._pending_lock = threading.RLock()
         self._pending = PendingRecord()
         self._running: dict[object, StepFlow] = {}
         # Which flow runs now (``Recorder._running``): a thread, or an async handler's task.
@@ -312,7 +313,12 @@ class Context(Recorder):
         return [*what]
 
     def committed(self) -> None:
-        self._pending = PendingRecord()
+        pending = self._pending
+        events, blobs = pending.events, pending.blobs
+        del events[: pending.flushed]
+        if blobs:
+            del blobs[: pending.flushed_blobs]
+        self._pending = PendingRecord(events, blobs)
         if self._cache is not None:
             self._cache.after_commit()
         locks = self._locks
@@ -616,8 +622,11 @@ class Context(Recorder):
         return StepBoundary(self, name, key, outcome)
 
     def unrecord(self, event: TraceEvent) -> None:
-        """Take a pending event back (a step's success that its commit refused)."""
-        self._pending.events = [e for e in self._pending.events if e is not event]
+        """Take a pending event back (a step's success that its commit refused); in place,
+        as ``rode`` takes events out."""
+        pending = self._pending.events
+        held = len(pending)
+        pending[:held] = [e for e in pending[:held] if e is not event]
 
     def decide(self, name: str, value: Any, **why: Any) -> Any:
         """Record a decision and its reasons; returns ``value``."""

@@ -31,16 +31,40 @@ _new_event = object.__new__
 class PendingRecord:
     """What an attempt recorded since its last commit. A class with slots, not a dataclass:
     two are made per attempt (the context's, and its commit's fresh one), and the
-    dataclass's ``__init__`` called ``list`` through a default factory four times each."""
+    dataclass's ``__init__`` called ``list`` through a default factory four times each.
 
-    __slots__ = ("blobs", "events", "marks", "releases", "unpipelined", "what", "writes")
+    ``events`` and ``blobs`` are one list each for the whole attempt, handed from each
+    record to the next (``Recorder.committed``) with what a commit wrote cut from their
+    front in place. A thread of the handler appends to them without a lock (one
+    ``list.append``: every event takes this path), so the list it appends to must never be
+    one a commit forgets, even while that commit runs in another thread. The other lists
+    change under ``Recorder._pending_lock``."""
 
-    def __init__(self) -> None:
-        self.events: list[TraceEvent] = []
+    __slots__ = (
+        "blobs",
+        "events",
+        "flushed",
+        "flushed_blobs",
+        "marks",
+        "releases",
+        "unpipelined",
+        "what",
+        "writes",
+    )
+
+    def __init__(
+        self,
+        events: list[TraceEvent] | None = None,
+        blobs: list[Callable[[Transaction], None]] | None = None,
+    ) -> None:
+        self.events: list[TraceEvent] = [] if events is None else events
         self.writes: list[Callable[[Transaction], None]] = []
         # Large recorded values (blob store rows) go with the events that name them: they
         # do not make a step commit on its own, and a failed step's events keep theirs.
-        self.blobs: list[Callable[[Transaction], None]] = []
+        self.blobs: list[Callable[[Transaction], None]] = [] if blobs is None else blobs
+        # How many of ``events`` and of ``blobs`` (from the front) the last ``flush`` wrote:
+        # what ``committed`` cuts (one appended since stays for the next commit).
+        self.flushed = self.flushed_blobs = 0
         # What each write is, for ``write.fenced`` ("state order:1", "outbox orders.paid").
         self.what: list[str] = []
         # The releases of locks let go of while writes under them waited (``defer_release``):
@@ -100,6 +124,14 @@ class Recorder:
     # runs: a write outside steps asks no key.
     _running: dict[object, StepFlow]
     _flow_key: Callable[[], object]
+    # Held while the pending record's writes and releases change (a write made
+    # outside steps, a step's writes merged in, a failed step's dropped) and by a commit
+    # from its ``flush`` to its ``committed`` (``commit_now``), which puts a new record in
+    # its place: what another thread of the handler defers meanwhile, outside any step,
+    # lands either in what the commit wrote or in the next record, never in the one the
+    # commit forgets. Events and blobs take no lock (``PendingRecord``). Reentrant: a
+    # commit's ``committed`` defers the lock releases it kept (``defer_release``).
+    _pending_lock: Any  # a ``threading.RLock``
     _seq: int
     # The fields every domain event of this attempt starts from (``_event``).
     _event_template: dict[str, Any] | None = None
@@ -408,7 +440,6 @@ class Recorder:
         mode.
         """
         running = self._running
-        pending = self._pending
         if running:
             flow = running.get(self._flow_key())
             if flow is not None:  # in a step of this flow: the write waits for its end
@@ -421,17 +452,23 @@ class Recorder:
                 if not pipelines:
                     flow.unpipelined = True
                 return
-            # Outside steps in this flow while steps run in others (a thread or task one of
-            # them started, maybe): where it goes among their writes (``_adopt_step_writes``).
-            if pending.marks is None:
-                pending.marks = {}
-            pending.marks[len(pending.writes)] = {
-                held: len(held.writes or ()) for held in list(running.values())
-            }
-        pending.writes.append(write)
-        pending.what.append(what)
-        if not pipelines:
-            pending.unpipelined = True
+        # Into the attempt's pending record, with what it is and its mark, at once: not
+        # across another flow's commit (``_pending_lock``).
+        with self._pending_lock:
+            pending = self._pending
+            if running:
+                # Outside steps in this flow while steps run in others (a thread or task one
+                # of them started, maybe): where it goes among their writes
+                # (``_adopt_step_writes``).
+                if pending.marks is None:
+                    pending.marks = {}
+                pending.marks[len(pending.writes)] = {
+                    held: len(held.writes or ()) for held in list(running.values())
+                }
+            pending.writes.append(write)
+            pending.what.append(what)
+            if not pipelines:
+                pending.unpipelined = True
 
     def _adopt_step_writes(
         self, flow: StepFlow, writes: list[Callable[[Transaction], None]]
@@ -439,30 +476,38 @@ class Recorder:
         """A step of ``flow`` ended: ``writes``, the flow's (taken from it), join the
         attempt's pending record for the commit that follows at once (the step's), in the
         order all were made: a thread or task the step started may have written outside
-        any step of its own meanwhile (a write on top of the step's own comes after it)."""
-        pending = self._pending
-        marks = pending.marks
-        if marks is None:
-            pending.writes += writes
-            pending.what += flow.what
-        else:
-            # Each pending write after the flow's writes made before it (its mark); one made
-            # while no step ran, or before this one began, before all of them. The commit
-            # that follows resets ``pending``: the marks are not needed again.
-            merged: list[tuple[Callable[[Transaction], None], str]] = []
-            ours = list(zip(writes, flow.what, strict=True))
-            taken = 0
-            for at, theirs in enumerate(zip(pending.writes, pending.what, strict=True)):
-                before = marks.get(at, {}).get(flow, 0)
-                merged += ours[taken:before]
-                taken = max(taken, before)
-                merged.append(theirs)
-            merged += ours[taken:]
-            pending.writes = [entry[0] for entry in merged]
-            pending.what = [entry[1] for entry in merged]
-            pending.marks = None
-        if flow.unpipelined:
-            pending.unpipelined = True
+        any step of its own meanwhile (a write on top of the step's own comes after it).
+        Under ``_pending_lock``: such a write is not made while the lists are rebuilt."""
+        # ``acquire``/``release``, not ``with``: half the instructions, on every step that
+        # writes.
+        lock = self._pending_lock
+        lock.acquire()
+        try:
+            pending = self._pending
+            marks = pending.marks
+            if marks is None:
+                pending.writes += writes
+                pending.what += flow.what
+            else:
+                # Each pending write after the flow's writes made before it (its mark); one made
+                # while no step ran, or before this one began, before all of them. The commit
+                # that follows resets ``pending``: the marks are not needed again.
+                merged: list[tuple[Callable[[Transaction], None], str]] = []
+                ours = list(zip(writes, flow.what, strict=True))
+                taken = 0
+                for at, theirs in enumerate(zip(pending.writes, pending.what, strict=True)):
+                    before = marks.get(at, {}).get(flow, 0)
+                    merged += ours[taken:before]
+                    taken = max(taken, before)
+                    merged.append(theirs)
+                merged += ours[taken:]
+                pending.writes = [entry[0] for entry in merged]
+                pending.what = [entry[1] for entry in merged]
+                pending.marks = None
+            if flow.unpipelined:
+                pending.unpipelined = True
+        finally:
+            lock.release()
 
     def _defer_after_commit(self, action: Callable[[], None], what: str) -> bool:
         """Hold ``action`` (a cache write, after the commit: ``CacheView``) for the end of
@@ -494,7 +539,8 @@ class Recorder:
         """Run ``release(tx)`` (a lock's release, replayq's own verbs) in the next commit of
         this attempt, after its writes, and whether or not they are written: a failed
         step's commit or the attempt's failure releases it as well as a step's commit."""
-        self._pending.releases.append(release)
+        with self._pending_lock:
+            self._pending.releases.append(release)
 
     def fenced_by(self, resource: str, fencing_token: int) -> bool:
         """Whether a pending write carries ``fencing_token`` of the lock on ``resource``: a
@@ -588,13 +634,23 @@ class Recorder:
             return []
         if self._running and self._steps_hold():
             return []
-        return list(pending.events)
+        return pending.events.copy()
 
     def rode(self, events: list[TraceEvent]) -> None:
-        """``events`` (from ``ride_along``) committed: they are no longer pending."""
+        """``events`` (from ``ride_along``) committed: they are no longer pending. Taken
+        out of the list in place: an event another thread appends meanwhile stays."""
         if events:
+            pending = self._pending.events
+            rode = len(events)
+            if len(pending) >= rode and pending[rode - 1] is events[-1]:
+                # What ``ride_along`` returned, all that was pending then (the usual case:
+                # nothing but appends since, each commit of the attempt being under
+                # ``_live``, as this effect's).
+                del pending[:rode]
+                return
             gone = {id(e) for e in events}
-            self._pending.events = [e for e in self._pending.events if id(e) not in gone]
+            held = len(pending)
+            pending[:held] = [e for e in pending[:held] if id(e) not in gone]
 
     def pending_writes(self) -> list[str]:
         """What the next commit would write (for ``write.fenced``)."""
@@ -659,6 +715,8 @@ class Recorder:
         def write(tx: Transaction) -> None:
             put_bytes(tx, raw, now=now, limit=limit, what=what, ref=ref)
 
+        # Before the event that names it is recorded: a flush, which counts the events
+        # before the blobs, writes it with that event (``flush``).
         self._pending.blobs.append(write)
 
     def flush(
@@ -673,10 +731,25 @@ class Recorder:
         writes unless the attempt failed. With ``fence``, ``False`` (the events not
         appended) when the lease is gone: the caller must then roll ``tx`` back. With
         ``events_to`` the events are added to that list instead: the caller appends them
-        with others (a group commit's, in one ``trace_append``)."""
+        with others (a group commit's, in one ``trace_append``).
+
+        The events and blobs written are those pending as it starts (counted: ``committed``
+        cuts them), not one another thread records meanwhile.
+        No write may join the record from here to ``committed``, or it would be forgotten
+        with it: a caller while the handler may still record holds ``_pending_lock`` from
+        here to ``committed`` (``commit_now``).
+        """
         pending = self._pending
-        for blob in pending.blobs:
-            blob(tx)
+        events = pending.events
+        # The events counted before the blobs: an event's blob was stored before it
+        # (``store_blob``), so a blob an event written names is written.
+        count = pending.flushed = len(events)
+        blobs = pending.blobs
+        if blobs:
+            stored = blobs.copy()
+            pending.flushed_blobs = len(stored)
+            for blob in stored:
+                blob(tx)
         if not failed:
             for write in pending.writes:
                 write(tx)
@@ -684,10 +757,13 @@ class Recorder:
         # a release may amend its pending event (``amend``): before the events are read.
         for release in pending.releases:
             release(tx)
+        written = events.copy()
+        if len(written) != count:
+            del written[count:]  # recorded by another thread since: for the next commit
         if events_to is not None:
-            events_to.extend(pending.events)
+            events_to.extend(written)
             return True
-        return tx.trace_append(pending.events, fence)
+        return tx.trace_append(written, fence)
 
     def pending_write_calls(self) -> list[Callable[[Transaction], None]]:
         """The writes the next commit would run, in order."""
@@ -697,22 +773,45 @@ class Recorder:
         """Hand over what is pending — writes (none if ``failed``) and events — instead of
         committing it now; for a caller that commits them later (a dry-run, which holds no
         real lock: no release waits in it)."""
-        pending = self._pending
-        self.committed()
-        return [*pending.blobs, *([] if failed else pending.writes)], pending.events
+        with self._pending_lock:
+            pending = self._pending
+            events, blobs = pending.events.copy(), pending.blobs.copy()
+            pending.flushed, pending.flushed_blobs = len(events), len(blobs)
+            self.committed()
+            if failed and pending.writes:
+                self._keep_writes(pending)
+        return [*blobs, *([] if failed else pending.writes)], events
 
     def committed(self) -> None:
-        """The transaction that ``flush`` wrote into has committed: forget what it held."""
-        self._pending = PendingRecord()
+        """The transaction that ``flush`` wrote into has committed: forget what it held; of
+        the events and blobs, those it wrote (cut from the front of their lists, in place:
+        another thread may be appending to them)."""
+        pending = self._pending
+        events, blobs = pending.events, pending.blobs
+        del events[: pending.flushed]
+        if blobs:
+            del blobs[: pending.flushed_blobs]
+        self._pending = PendingRecord(events, blobs)
         self._views_committed()
+
+    def _keep_writes(self, pending: PendingRecord) -> None:
+        """``pending`` was committed as failed (``committed`` since, under ``_pending_lock``):
+        its writes, not written, stay pending. The failed step's were dropped before it
+        (``_discard_step_writes``): these are another flow's, made outside steps since (a
+        thread of the handler's), for the next commit."""
+        kept = self._pending
+        kept.writes, kept.what, kept.marks = pending.writes, pending.what, pending.marks
+        kept.unpipelined = pending.unpipelined
 
     def discard_writes(self) -> None:
         """A step failed: its writes never happen; its events are kept for the record, and
         the releases of locks that guarded them still run at the next commit."""
-        self._pending.writes.clear()
-        self._pending.what.clear()
-        self._pending.marks = None
-        self._views_discard()
+        with self._pending_lock:
+            pending = self._pending
+            pending.writes.clear()
+            pending.what.clear()
+            pending.marks = None
+            self._views_discard()
 
     def _discard_step_writes(self, dropped: list[Callable[[Transaction], None]] | None) -> None:
         """A step failed (or its commit was refused): ``discard_writes``, and ``dropped``, its
@@ -723,13 +822,14 @@ class Recorder:
         if not running or not self._steps_hold():
             self.discard_writes()
             return
-        gone = [*(dropped or ()), *self._pending.writes]
-        resources = {getattr(write, "resource", None) for write in gone}
-        pending = self._pending
-        pending.writes.clear()
-        pending.what.clear()
-        pending.marks = None
-        self._views_discard_only(resources)
+        with self._pending_lock:
+            pending = self._pending
+            gone = [*(dropped or ()), *pending.writes]
+            resources = {getattr(write, "resource", None) for write in gone}
+            pending.writes.clear()
+            pending.what.clear()
+            pending.marks = None
+            self._views_discard_only(resources)
 
     def _views_discard_only(self, resources: set[str | None]) -> None:
         """A step failed while others run: the views drop what ``resources`` they put."""
@@ -783,12 +883,23 @@ class Recorder:
             if not held:
                 raise self._lost(lost)
 
-        if self._pending.unpipelined:
-            with self.runtime.storage.transaction() as tx:
-                commit(tx)
-        else:
-            commit_at_once(self.runtime.storage, commit)
-        self.committed()
+        # From the flush to ``committed``: nothing joins the record being committed after
+        # the flush read it, to be forgotten with it (``_pending_lock``; ``acquire`` and
+        # ``release``, not ``with``: half the instructions, at every commit).
+        lock = self._pending_lock
+        lock.acquire()
+        try:
+            pending = self._pending
+            if pending.unpipelined:
+                with self.runtime.storage.transaction() as tx:
+                    commit(tx)
+            else:
+                commit_at_once(self.runtime.storage, commit)
+            self.committed()
+            if failed and pending.writes:
+                self._keep_writes(pending)
+        finally:
+            lock.release()
 
     def _lost(self, refused: list[str]) -> LeaseLostError:
         """The error of a commit refused because the lease is gone (built only then)."""
