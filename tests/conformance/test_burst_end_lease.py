@@ -32,8 +32,18 @@ class _LeasedAsTheRunEnds(replayq.Worker):
     waits for the dispatcher's decision to end, and the decision is returned only once
     the lease has claimed the jobs ``enqueue`` made then."""
 
-    def __init__(self, app: replayq.App, enqueue: Callable[[], list[int]], **options: object):
+    def __init__(
+        self,
+        app: replayq.App,
+        enqueue: Callable[[], list[int]],
+        started: threading.Event | None = None,
+        **options: object,
+    ):
         self.claimed = threading.Event()
+        # Set by the handler of a held job as it starts: the run's wind-down waits for it
+        # before it looks at what is held (with no grace, the executor may not yet have
+        # reached the job it leased: given back unstarted, that is another case).
+        self._started = started
         # Set once the run that raced waits in its grace, or gave up a job it leased then
         # (its ``lease.released`` committed): what the late job's handler waits for.
         self.in_grace = threading.Event()
@@ -69,6 +79,8 @@ class _LeasedAsTheRunEnds(replayq.Worker):
         # Called once leasing is closed, then at each look of the grace's wait: a second
         # call in the run that raced is the grace waiting for the jobs still held.
         if self.leased_then:
+            if self._started is not None and self._wind_down_looks == 0:
+                assert self._started.wait(30), "the first job leased as the run ended never ran"
             self._wind_down_looks += 1
             if self._wind_down_looks == 2:
                 self.in_grace.set()
@@ -89,7 +101,12 @@ class _SeesLeases(replayq.Observer):
             self.worker.in_grace.set()
 
 
-def _define(app: replayq.App, ran: list[int], holds: dict[int, threading.Event]) -> None:
+def _define(
+    app: replayq.App,
+    ran: list[int],
+    holds: dict[int, threading.Event],
+    started: threading.Event | None = None,
+) -> None:
     no_jitter = replayq.Retry(max_attempts=5, base="60s", cap="60s", jitter="none")
 
     @app.job("unavailable", retry=no_jitter)
@@ -102,6 +119,8 @@ def _define(app: replayq.App, ran: list[int], holds: dict[int, threading.Event])
     def work(ctx: replayq.Context, n: int) -> int:
         ran.append(n)
         if n in holds:
+            if started is not None:
+                started.set()
             assert holds[n].wait(30), "the running job was never let go on"
         return n
 
@@ -150,11 +169,12 @@ def test_a_job_leased_as_a_burst_run_ends_and_not_started_in_its_grace_goes_back
     released as started."""
     app = app_factory()
     ran: list[int] = []
-    hold = threading.Event()
-    _define(app, ran, {1: hold})
+    hold, started = threading.Event(), threading.Event()
+    _define(app, ran, {1: hold}, started)
     worker = _LeasedAsTheRunEnds(
         app,
         lambda: [app.enqueue("work", {"n": n}) for n in (1, 2)],
+        started,
         grace_period=0,
         prefetch=1,
         prefetch_window=float("inf"),  # the second job is leased ahead of the free executor
