@@ -312,19 +312,6 @@ class Context(Recorder):
             return [*what, *self._cache.pending]
         return [*what]
 
-    def committed(self) -> None:
-        pending = self._pending
-        events, blobs = pending.events, pending.blobs
-        del events[: pending.flushed]
-        if blobs:
-            del blobs[: pending.flushed_blobs]
-        self._pending = PendingRecord(events, blobs)
-        if self._cache is not None:
-            self._cache.after_commit()
-        locks = self._locks
-        if locks is not None and locks.deferred:
-            locks.released()
-
     def _adopt_step_cache(self, held: list[tuple[Callable[[], None], str]]) -> None:
         """A step ended: what its flow held for after the commit (cache writes) waits for
         the commit that follows at once (the step's)."""
