@@ -1,11 +1,13 @@
-"""A ``replayq fork`` process SIGKILLed while it holds its source job leaves the hold
-behind; gc leaves the job alone until the hold expires a day later, then trims it as any
-other (docs/operations.md, "A holder that dies leaves its hold to expire after a day").
+"""A ``replayq fork`` or ``replayq rerun`` process SIGKILLed while it holds its source
+job leaves the hold behind; gc leaves the job alone until the hold expires a day later,
+then trims it as any other (docs/operations.md, "A holder that dies leaves its hold to
+expire after a day").
 
-The job is run by a real worker, the fork is a real ``replayq fork`` process (its handler
-stalls inside a step, so it is killed holding the job), and gc runs here on a clock set
-ahead (``storage_faults.OffsetClock``): past the job's full tier but within the hold's
-day, then past the day. The fork's own clock is the real one: the hold it wrote says when
+The job is run by a real worker; the holder is a real ``replayq fork`` (its handler stalls
+inside a step) or ``replayq rerun`` (held inside its step by ``storage_faults``' hold
+file) process, killed holding the job; gc runs here on a clock set ahead
+(``storage_faults.OffsetClock``): past the job's full tier but within the hold's day,
+then past the day. The holder's own clock is the real one: the hold it wrote says when
 it expires, and gc judges it by gc's clock.
 """
 
@@ -16,6 +18,8 @@ import signal
 import sqlite3
 import subprocess
 from pathlib import Path
+
+import pytest
 
 import replayq
 from replayq.queue.retention import RetentionPolicy
@@ -40,34 +44,50 @@ def launcher_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": python_path}
 
 
-def test_a_killed_forks_hold_keeps_gc_off_its_job_until_it_expires(tmp_path: Path) -> None:
+HOLDERS = {
+    # A fork whose handler stalls inside its first step (it never writes its trace).
+    "fork": ("fork", "--from-step", "deliver", "--handler", "tests.apps.stalled_fork:stall"),
+    # A rerun of the job itself, held inside its step by the app's own hold file.
+    "rerun": ("rerun", "--allow-effects", "parcel.deliver", "--yes"),
+}
+
+
+@pytest.mark.parametrize("command", sorted(HOLDERS))
+def test_a_killed_holders_hold_keeps_gc_off_its_job_until_it_expires(
+    tmp_path: Path, command: str
+) -> None:
     db = tmp_path / "queue.db"
     launcher = WorkerLauncher(db, tmp_path)
     app = storage_faults.build(launcher.url)
     job_id = app.enqueue("deliver", {"n": 1, "sink": str(tmp_path / "effects.jsonl")})
     launcher.start("w", app="tests.apps.storage_faults:app", burst=True).wait(60)
     assert app.get_job(job_id).state is replayq.JobState.SUCCEEDED
-    recorded = [e.name for e in app.trace(job_id)]
-    assert "call" in recorded, recorded  # a read that only the full tier keeps
+    assert "call" in [e.name for e in app.trace(job_id)]  # a read only the full tier keeps
 
-    fork = subprocess.Popen(
-        [REPLAYQ, "--db", launcher.url, "fork", str(job_id), "--app",
-         "tests.apps.storage_faults:app", "--from-step", "deliver",
-         "--handler", "tests.apps.stalled_fork:stall"],
-        cwd=ROOT, env=launcher_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    hold, env = storage_faults.hold_inside_step(tmp_path)
+    env["STORAGE_FAULTS_HOLD_JOB"] = "1"
+    name, *options = HOLDERS[command]
+    holder = subprocess.Popen(
+        [REPLAYQ, "--db", launcher.url, name, str(job_id), "--app", "tests.apps.storage_faults:app",
+         *options],
+        cwd=ROOT, env={**launcher_env(), **env}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        wait_for(lambda: holds(db), timeout=30, what="the fork to hold its source job")
+        wait_for(lambda: holds(db), timeout=30, what=f"the {command} to hold its source job")
+        if command == "rerun":
+            wait_for(lambda: storage_faults.inside(hold), timeout=30, what="the rerun's step")
     finally:
-        fork.send_signal(signal.SIGKILL)
-        fork.wait(10)
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+    recorded = [e.name for e in app.trace(job_id)]
     ((_, held_job, expires_at),) = holds(db)
     assert held_job == job_id
     finished = app.get_job(job_id).finished_at
     assert finished is not None and expires_at >= finished + HOLD_SECONDS - 60
 
     retention = RetentionPolicy(replayq.Retention(full_days=0.5, ledger_days=3), {})
-    # Past the job's half-day full tier, within the hold's day: the dead fork's hold keeps it.
+    # Past the job's half-day full tier, within the hold's day: the dead holder's hold keeps it.
     within = storage_faults.build(launcher.url, offset=0.75 * DAY)
     within.retention = retention
     report = within.gc()
