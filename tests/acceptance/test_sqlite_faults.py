@@ -32,7 +32,13 @@ import pytest
 import replayq
 from replayq.storage.protocol import idem_get
 from tests import chaos_check
-from tests.acceptance.workers import WorkerLauncher, read_lines, wait_for, wait_for_progress
+from tests.acceptance.workers import (
+    WorkerLauncher,
+    WorkerProcess,
+    read_lines,
+    wait_for,
+    wait_for_progress,
+)
 from tests.apps import storage_faults
 from tests.conftest import missing
 from tests.services import Service
@@ -515,6 +521,104 @@ def test_a_read_only_or_failing_disk_is_waited_out_and_the_worker_resumes_when_i
         assert said and all(re.search(cause, why) for _, why in said), said
         per_loop = Counter(what for what, _ in said)
         assert max(per_loop.values()) <= 2, per_loop
+    finally:
+        launcher.kill_all()
+        app.close()
+
+
+# Pages a write of another process leaves in the WAL, new to the database file: its
+# checkpoint must grow the file by this much.
+GROWTH = 3 * 1024 * 1024
+
+
+def _write_pages_the_file_lacks(database: Path, worker: WorkerProcess) -> None:
+    """Commit ``GROWTH`` bytes of new pages to the WAL without checkpointing them, while
+    ``worker`` is stopped (so none of its commits checkpoints them first); a worker stopped
+    holding the write lock is let go on for a moment and stopped again."""
+    while True:
+        conn = sqlite3.connect(database, timeout=0.5, isolation_level=None)
+        try:
+            conn.execute("PRAGMA wal_autocheckpoint = 0")
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("CREATE TABLE IF NOT EXISTS growth (b BLOB)")
+            for _ in range(GROWTH // 65536):
+                conn.execute("INSERT INTO growth VALUES (zeroblob(65536))")
+            conn.execute("COMMIT")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error):
+                raise
+            worker.signal(signal.SIGCONT)
+            time.sleep(0.1)
+            worker.signal(signal.SIGSTOP)
+        finally:
+            conn.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_disk_too_full_for_the_database_file_to_grow_refuses_writes_until_space_is_freed(
+    small_disk: Path, tmp_path: Path
+) -> None:
+    """docs/reliability.md, "What cannot be waited out": the WAL holds pages the database
+    file lacks and the disk has no room for them, so no checkpoint can run (unlike the
+    full WAL above, where a checkpoint makes room). Writes stay refused, saying the disk is
+    full; the worker stays alive and says why; once space is freed it resumes by itself."""
+    database = small_disk / "queue.db"
+    launcher = WorkerLauncher(database, tmp_path)
+    sink = tmp_path / "effects.jsonl"
+    app = storage_faults.build(launcher.url)
+    total = 20
+    try:
+        ids = [app.enqueue("deliver", {"n": n, "sink": str(sink)}) for n in range(total)]
+        hold, env = storage_faults.hold_inside_step(tmp_path)
+        env["STORAGE_FAULTS_HOLD_JOB"] = "0"
+        worker = launcher.start("w0", app=APP, concurrency=1, env=env)
+        wait_for(lambda: storage_faults.inside(hold), timeout=60, what="job 0 inside its step")
+        worker.signal(signal.SIGSTOP)
+        _write_pages_the_file_lacks(database, worker)
+        wal = database.with_name(database.name + "-wal")
+        assert wal.stat().st_size >= GROWTH
+        file_size = database.stat().st_size
+        ballast = small_disk / "ballast"
+        with ballast.open("wb", buffering=0) as out:  # unbuffered, as above
+            try:
+                while True:
+                    out.write(b"\0" * 65536)
+            except OSError:
+                pass
+        worker.signal(signal.SIGCONT)
+        hold.unlink()
+
+        with pytest.raises(replayq.StorageUnavailableError, match="full") as info:
+            app.enqueue("deliver", {"n": total, "sink": str(sink)})
+        assert "cannot rollback" not in str(info.value)
+        wait_for(
+            lambda: "the WAL cannot be checkpointed yet: database or disk is full" in worker.log(),
+            timeout=30,
+            what="the worker to say the disk is full and the WAL cannot be checkpointed",
+        )
+        stuck = _succeeded(database)
+        time.sleep(3)
+        assert _succeeded(database) == stuck < total, "writes stay refused while the disk is full"
+        assert worker.proc.poll() is None, f"the worker died on a full disk\n{worker.log()}"
+        assert database.stat().st_size < file_size + GROWTH, "the file could not grow"
+        with pytest.raises(replayq.StorageUnavailableError, match="full"):
+            app.enqueue("deliver", {"n": total, "sink": str(sink)})
+
+        ballast.unlink()
+        wait_for_progress(
+            lambda: _succeeded(database),
+            total,
+            stall=30,
+            what=f"all {total} jobs to succeed once space is freed",
+        )
+        ids.append(app.enqueue("deliver", {"n": total, "sink": str(sink)}))
+        wait_for(lambda: _succeeded(database) == total + 1, timeout=30, what="a new job to run")
+        assert sorted(j.id for j in app.list_jobs(limit=1000)) == sorted(ids)
+        effects = Counter(line["n"] for line in read_lines(sink) if line["event"] == "effect")
+        assert effects == dict.fromkeys(range(total + 1), 1), "each effect ran once"
+        assert worker.proc.poll() is None, "the same worker, no restart"
+        assert "Traceback" not in worker.log()
     finally:
         launcher.kill_all()
         app.close()
