@@ -239,7 +239,12 @@ class Context(Recorder):
                 if self._cancel is _ENDED:
                     return  # another thread's end ran meanwhile: once only
                 self._flag_at_end = cancel
-                self._cancel = _ENDED
+                # Under ``_pending_lock`` too: a write made outside steps (``ctx.state.put``,
+                # ``ctx.outbox.publish``...) looks at the end and joins the pending record
+                # under it, so it is in what the ack or failure flushes after the end, or
+                # refused; never joined after that flush, and forgotten with its record.
+                with self._pending_lock:
+                    self._cancel = _ENDED
                 if self._running:
                     self._record_abandoned_steps()
 
@@ -716,13 +721,19 @@ class Context(Recorder):
         transaction, and a later attempt finding it skips ``fn`` (recorded as
         deduplicated). A replay or fork never runs ``fn``.
         """
-        self.check_cancelled()
-        defer_db_write(self, fn, key)
+        # The look at the end and the write's joining the pending record at once
+        # (``_pending_lock``, as ``ctx.state.put``): in the ack's commit, or refused.
+        with self._pending_lock:
+            self.check_cancelled()
+            defer_db_write(self, fn, key)
 
     def enqueue(self, job_type: str, payload: dict[str, Any] | None = None, **options: Any) -> None:
         """Enqueue a child job in the step's transaction (causation: this job)."""
-        self.check_cancelled()
-        defer_child_job(self, job_type, payload or {}, options)
+        # The look at the end and the write's joining the pending record at once
+        # (``_pending_lock``, as ``ctx.state.put``): in the ack's commit, or refused.
+        with self._pending_lock:
+            self.check_cancelled()
+            defer_child_job(self, job_type, payload or {}, options)
 
     def __repr__(self) -> str:
         return f"<Context job={self.job.id} type={self.job.job_type} attempt={self.attempt}>"
