@@ -57,7 +57,10 @@ class OutboxView:
         ctx = self._ctx
         # The look at the end, the event and the write's joining the pending record at once
         # (``_pending_lock``, as ``ctx.state.put``): in the ack's commit, or refused.
-        with ctx._pending_lock:
+        # ``acquire``/``release``, not ``with``: fewer instructions, at every write.
+        lock = ctx._pending_lock
+        lock.acquire()
+        try:
             if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
                 raise ended_error(ctx.job.id, ctx.attempt)
             ctx.encode(payload, what=f"outbox {topic} payload")
@@ -84,6 +87,8 @@ class OutboxView:
 
             ctx.defer(write, f"outbox {topic} {event_id}", pipelines=True)
             return event_id
+        finally:
+            lock.release()
 
 
 class PublishResult(Struct):  # a Struct: no dataclass compiled at every process's start

@@ -437,7 +437,10 @@ class StateView:
         # across the attempt's end (``Context.end`` sets it under this lock), whose ack or
         # failure, flushed after the end, would otherwise forget a write a thread the
         # handler left running joined after that flush (``put`` returned, nothing written).
-        with ctx._pending_lock:
+        # ``acquire``/``release``, not ``with``: fewer instructions, at every write.
+        lock = ctx._pending_lock
+        lock.acquire()
+        try:
             if ctx._cancel is ENDED:
                 raise ended_error(ctx.job.id, ctx.attempt)
             event = ctx.record_screened(
@@ -507,6 +510,8 @@ class StateView:
             entity = Entity(namespace, key, new_version, data)
             self._pending[ident] = entity
             return entity
+        finally:
+            lock.release()
 
     def _record_only(self, namespace: str, key: str, data: Any, expected: int) -> Entity:
         """Before a fork point: the branch already holds this write; only record it."""
