@@ -77,3 +77,60 @@ def test_writes_outside_steps_racing_the_attempts_end_are_committed_or_refused(
         if found != (puts, publishes, puts, publishes):
             wrong[n] = {"returned": (puts, publishes), "committed and traced": found}
     assert wrong == {}, wrong
+
+
+def test_recorded_values_racing_the_attempts_end_are_in_the_trace_or_refused(
+    app_factory: AppFactory,
+) -> None:
+    """As above with ``ctx.decide`` and ``ctx.now``, which return a value and record it:
+    each one that returned to the thread is in the job's committed trace (before, the last
+    one often returned and its event, recorded after the ack's flush, was never written:
+    a trace short of a decision the code acted on)."""
+    app = app_factory()
+    made: dict[int, list[int]] = {}
+    threads: list[threading.Thread] = []
+
+    @app.job("races")
+    def races(ctx: replayq.Context, n: int) -> None:
+        first = threading.Event()
+        counts = made[n] = [0, 0]
+
+        def records() -> None:
+            try:
+                while True:
+                    ctx.decide("tick", counts[0])
+                    counts[0] += 1
+                    ctx.now()
+                    counts[1] += 1
+                    first.set()
+            except replayq.ContextEndedError:
+                pass
+            finally:
+                first.set()
+
+        thread = threading.Thread(target=records, daemon=True)
+        threads.append(thread)
+        thread.start()
+        first.wait(10)
+
+    jobs = 40
+    ids = {app.enqueue("races", {"n": n}): n for n in range(jobs)}
+    worker = replayq.Worker(app, worker_id="w1")
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(jobs):
+            run_once(worker)
+            threads[-1].join(10)
+    finally:
+        sys.setswitchinterval(interval)
+    wrong = {}
+    for job_id, n in ids.items():
+        trace = app.trace(job_id)
+        found = [
+            sum(e.name == "decision" for e in trace),
+            sum(e.name == "clock.now" for e in trace),
+        ]
+        if found != made[n]:
+            wrong[n] = {"returned": made[n], "traced": found}
+    assert wrong == {}, wrong

@@ -639,16 +639,26 @@ class Context(Recorder):
         # One walk checks the value and the reasons (events are written without one) and
         # redacts them: the event takes the redacted parts without screening them again.
         checked = self.encoded({"value": value, "why": why}, what=f"decision {name!r}").inline
-        if checked is None:  # above the inline limit: the event's data is redacted on its own
-            self.record("decision", decision=name, value=value, why=why)
-        else:
-            self.record_screened(
-                "decision",
-                ("value", "why"),
-                decision=name,
-                value=checked["value"],
-                why=checked["why"],
-            )
+        # The look at the end and the event at once (``_pending_lock``, which ``end`` sets
+        # it under): in what the ack or failure flushes, or refused; a thread the handler
+        # left running never gets its value back with the event forgotten after that flush.
+        lock = self._pending_lock
+        lock.acquire()
+        try:
+            if self._cancel is _ENDED:
+                raise self._ended_error()
+            if checked is None:  # above the inline limit: the event's data is redacted alone
+                self.record("decision", decision=name, value=value, why=why)
+            else:
+                self.record_screened(
+                    "decision",
+                    ("value", "why"),
+                    decision=name,
+                    value=checked["value"],
+                    why=checked["why"],
+                )
+        finally:
+            lock.release()
         return value
 
     # -- external reads ---------------------------------------------------------------------
@@ -686,7 +696,15 @@ class Context(Recorder):
         value = self.world.answer(name, name, "")
         if value is LIVE:
             value = produce()
-        self.record(name, value=value)
+        # The look at the end and the event at once, as ``decide``'s.
+        lock = self._pending_lock
+        lock.acquire()
+        try:
+            if self._cancel is _ENDED:
+                raise self._ended_error()
+            self.record(name, value=value)
+        finally:
+            lock.release()
         return value
 
     def now(self) -> float:
