@@ -239,7 +239,12 @@ class Context(Recorder):
                 if self._cancel is _ENDED:
                     return  # another thread's end ran meanwhile: once only
                 self._flag_at_end = cancel
-                self._cancel = _ENDED
+                # Under ``_pending_lock`` too: a write made outside steps (``ctx.state.put``,
+                # ``ctx.outbox.publish``...) looks at the end and joins the pending record
+                # under it, so it is in what the ack or failure flushes after the end, or
+                # refused; never joined after that flush, and forgotten with its record.
+                with self._pending_lock:
+                    self._cancel = _ENDED
                 if self._running:
                     self._record_abandoned_steps()
 
@@ -621,16 +626,26 @@ class Context(Recorder):
         # One walk checks the value and the reasons (events are written without one) and
         # redacts them: the event takes the redacted parts without screening them again.
         checked = self.encoded({"value": value, "why": why}, what=f"decision {name!r}").inline
-        if checked is None:  # above the inline limit: the event's data is redacted on its own
-            self.record("decision", decision=name, value=value, why=why)
-        else:
-            self.record_screened(
-                "decision",
-                ("value", "why"),
-                decision=name,
-                value=checked["value"],
-                why=checked["why"],
-            )
+        # The look at the end and the event at once (``_pending_lock``, which ``end`` sets
+        # it under): in what the ack or failure flushes, or refused; a thread the handler
+        # left running never gets its value back with the event forgotten after that flush.
+        lock = self._pending_lock
+        lock.acquire()
+        try:
+            if self._cancel is _ENDED:
+                raise self._ended_error()
+            if checked is None:  # above the inline limit: the event's data is redacted alone
+                self.record("decision", decision=name, value=value, why=why)
+            else:
+                self.record_screened(
+                    "decision",
+                    ("value", "why"),
+                    decision=name,
+                    value=checked["value"],
+                    why=checked["why"],
+                )
+        finally:
+            lock.release()
         return value
 
     # -- external reads ---------------------------------------------------------------------
@@ -668,7 +683,15 @@ class Context(Recorder):
         value = self.world.answer(name, name, "")
         if value is LIVE:
             value = produce()
-        self.record(name, value=value)
+        # The look at the end and the event at once, as ``decide``'s.
+        lock = self._pending_lock
+        lock.acquire()
+        try:
+            if self._cancel is _ENDED:
+                raise self._ended_error()
+            self.record(name, value=value)
+        finally:
+            lock.release()
         return value
 
     def now(self) -> float:
@@ -703,13 +726,19 @@ class Context(Recorder):
         transaction, and a later attempt finding it skips ``fn`` (recorded as
         deduplicated). A replay or fork never runs ``fn``.
         """
-        self.check_cancelled()
-        defer_db_write(self, fn, key)
+        # The look at the end and the write's joining the pending record at once
+        # (``_pending_lock``, as ``ctx.state.put``): in the ack's commit, or refused.
+        with self._pending_lock:
+            self.check_cancelled()
+            defer_db_write(self, fn, key)
 
     def enqueue(self, job_type: str, payload: dict[str, Any] | None = None, **options: Any) -> None:
         """Enqueue a child job in the step's transaction (causation: this job)."""
-        self.check_cancelled()
-        defer_child_job(self, job_type, payload or {}, options)
+        # The look at the end and the write's joining the pending record at once
+        # (``_pending_lock``, as ``ctx.state.put``): in the ack's commit, or refused.
+        with self._pending_lock:
+            self.check_cancelled()
+            defer_child_job(self, job_type, payload or {}, options)
 
     def __repr__(self) -> str:
         return f"<Context job={self.job.id} type={self.job.job_type} attempt={self.attempt}>"

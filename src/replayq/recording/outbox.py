@@ -55,32 +55,40 @@ class OutboxView:
     def publish(self, topic: str, payload: dict[str, Any]) -> str:
         """Write an outbox row in the step's transaction; returns its stable event id."""
         ctx = self._ctx
-        if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
-            raise ended_error(ctx.job.id, ctx.attempt)
-        ctx.encode(payload, what=f"outbox {topic} payload")
-        event = ctx.record(
-            "outbox.written", resource=f"outbox:{topic}", topic=topic, payload=payload
-        )
-        event_id = self._next_event_id()
-        event.data["event_id"] = event_id
-        if not ctx.world.is_live:
+        # The look at the end, the event and the write's joining the pending record at once
+        # (``_pending_lock``, as ``ctx.state.put``): in the ack's commit, or refused.
+        # ``acquire``/``release``, not ``with``: fewer instructions, at every write.
+        lock = ctx._pending_lock
+        lock.acquire()
+        try:
+            if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
+                raise ended_error(ctx.job.id, ctx.attempt)
+            ctx.encode(payload, what=f"outbox {topic} payload")
+            event = ctx.record(
+                "outbox.written", resource=f"outbox:{topic}", topic=topic, payload=payload
+            )
+            event_id = self._next_event_id()
+            event.data["event_id"] = event_id
+            if not ctx.world.is_live:
+                return event_id
+            params = OutboxInsert(
+                event_id=event_id,
+                topic=topic,
+                payload=codec.dumps(payload),
+                job_id=ctx.job.id,
+                trace_id=ctx.trace_id,
+                now=event.ts,
+            )
+
+            def write(tx: Transaction) -> None:
+                if not tx.outbox_update(params):
+                    # This step position published this event in an earlier attempt.
+                    event.data["deduplicated"] = True
+
+            ctx.defer(write, f"outbox {topic} {event_id}", pipelines=True)
             return event_id
-        params = OutboxInsert(
-            event_id=event_id,
-            topic=topic,
-            payload=codec.dumps(payload),
-            job_id=ctx.job.id,
-            trace_id=ctx.trace_id,
-            now=event.ts,
-        )
-
-        def write(tx: Transaction) -> None:
-            if not tx.outbox_update(params):
-                # This step position published this event in an earlier attempt.
-                event.data["deduplicated"] = True
-
-        ctx.defer(write, f"outbox {topic} {event_id}", pipelines=True)
-        return event_id
+        finally:
+            lock.release()
 
 
 class PublishResult(Struct):  # a Struct: no dataclass compiled at every process's start

@@ -433,73 +433,85 @@ class StateView:
         new_version = base + 1
         fences = ctx.fences()
         delta = delta_of(previous, data)
-        event = ctx.record_screened(
-            "state.write",
-            ("delta",) if _delta_screened(ctx.redactor, delta, data, inline) else (),
-            resource=resource,
-            resource_version=new_version,
-            parent_version=base,
-            expected_version=expected_version if expected_version != -1 else None,
-            delta=delta,
-            fencing=dict(fences) or None,
-            branch=ctx.branch,
-        )
-        if stored.raw is not None:
-            ctx.store_blob(stored.raw, f"state {resource}", stored.ref)
-        parent = (
-            EntityVersion(
-                namespace, key, base, None, pending.data, {}, None, None, None, None, 0, ""
+        # Its event and its write join the pending record together, or it is refused: not
+        # across the attempt's end (``Context.end`` sets it under this lock), whose ack or
+        # failure, flushed after the end, would otherwise forget a write a thread the
+        # handler left running joined after that flush (``put`` returned, nothing written).
+        # ``acquire``/``release``, not ``with``: fewer instructions, at every write.
+        lock = ctx._pending_lock
+        lock.acquire()
+        try:
+            if ctx._cancel is ENDED:
+                raise ended_error(ctx.job.id, ctx.attempt)
+            event = ctx.record_screened(
+                "state.write",
+                ("delta",) if _delta_screened(ctx.redactor, delta, data, inline) else (),
+                resource=resource,
+                resource_version=new_version,
+                parent_version=base,
+                expected_version=expected_version if expected_version != -1 else None,
+                delta=delta,
+                fencing=dict(fences) or None,
+                branch=ctx.branch,
             )
-            if pending
-            else current
-        )
-        token = max(fences.values()) if fences else None
-        # A replay is told whether fencing rejected this write in the recording.
-        rejection = ctx.world.write_rejection(resource)
-        if isinstance(rejection, dict):
-            ctx.defer(
-                Refusal(
-                    lambda: self._stale(
-                        resource,
-                        str(rejection.get("lock")),
-                        int(rejection.get("fencing_token") or 0),
-                        int(rejection.get("newest_token") or 0),
-                    )
-                ),
-                f"state {resource} v{new_version}",
+            if stored.raw is not None:
+                ctx.store_blob(stored.raw, f"state {resource}", stored.ref)
+            parent = (
+                EntityVersion(
+                    namespace, key, base, None, pending.data, {}, None, None, None, None, 0, ""
+                )
+                if pending
+                else current
             )
+            token = max(fences.values()) if fences else None
+            # A replay is told whether fencing rejected this write in the recording.
+            rejection = ctx.world.write_rejection(resource)
+            if isinstance(rejection, dict):
+                ctx.defer(
+                    Refusal(
+                        lambda: self._stale(
+                            resource,
+                            str(rejection.get("lock")),
+                            int(rejection.get("fencing_token") or 0),
+                            int(rejection.get("newest_token") or 0),
+                        )
+                    ),
+                    f"state {resource} v{new_version}",
+                )
+                entity = Entity(namespace, key, new_version, data)
+                self._pending[ident] = entity
+                return entity
+
+            def row() -> EntityRecord:
+                return version_row(
+                    ctx.branch,
+                    namespace,
+                    key,
+                    new_version,
+                    parent,
+                    stored.inline,
+                    now=event.ts,
+                    hlc=event.hlc,
+                    job_id=ctx.job.id,
+                    trace_id=ctx.trace_id,
+                    attempt=ctx.attempt,
+                    fencing_token=token,
+                    data_ref=stored.ref,
+                    data_json=stored.text,
+                    delta=delta,
+                )
+
+            # Only a live attempt holds real locks. A replay (dry-run, fork) holds none: its
+            # tokens are the recording's, and the lock table as it is now (a lock taken again
+            # after the recording) says nothing about a write of the past; the recording said
+            # whether fencing rejected it (``write_rejection`` above).
+            write = StateWrite(self, resource, row, base, fences if ctx.world.is_live else {})
+            ctx.defer(write, f"state {resource} v{new_version}", pipelines=True)
             entity = Entity(namespace, key, new_version, data)
             self._pending[ident] = entity
             return entity
-
-        def row() -> EntityRecord:
-            return version_row(
-                ctx.branch,
-                namespace,
-                key,
-                new_version,
-                parent,
-                stored.inline,
-                now=event.ts,
-                hlc=event.hlc,
-                job_id=ctx.job.id,
-                trace_id=ctx.trace_id,
-                attempt=ctx.attempt,
-                fencing_token=token,
-                data_ref=stored.ref,
-                data_json=stored.text,
-                delta=delta,
-            )
-
-        # Only a live attempt holds real locks. A replay (dry-run, fork) holds none: its
-        # tokens are the recording's, and the lock table as it is now (a lock taken again
-        # after the recording) says nothing about a write of the past; the recording said
-        # whether fencing rejected it (``write_rejection`` above).
-        write = StateWrite(self, resource, row, base, fences if ctx.world.is_live else {})
-        ctx.defer(write, f"state {resource} v{new_version}", pipelines=True)
-        entity = Entity(namespace, key, new_version, data)
-        self._pending[ident] = entity
-        return entity
+        finally:
+            lock.release()
 
     def _record_only(self, namespace: str, key: str, data: Any, expected: int) -> Entity:
         """Before a fork point: the branch already holds this write; only record it."""

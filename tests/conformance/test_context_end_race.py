@@ -1,0 +1,136 @@
+"""A thread the handler leaves running writes outside steps while its attempt ends and
+is acked: each write either commits with the ack or is refused (``ContextEndedError``),
+never returned as made and then dropped (docs/recording-context.md: what an ended
+attempt would have recorded is "refused instead of dropped without a word")."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections.abc import Callable
+
+import replayq
+from tests.context_support import count_rows, run_once
+
+AppFactory = Callable[..., replayq.App]
+
+
+def test_writes_outside_steps_racing_the_attempts_end_are_committed_or_refused(
+    app_factory: AppFactory, db_url: str
+) -> None:
+    """Job ``races`` starts a thread that puts one entity and publishes an outbox row again
+    and again, outside any step, and returns once the first pair is made; the worker ends
+    the attempt and commits its ack while the thread is in a put or a publish (the switch
+    interval at a microsecond, 40 jobs). Each job's entity version and outbox rows in the
+    database are the puts and publishes that returned, and its trace has an event for each
+    of them and no more (before, a write that looked at the end before it and joined the
+    pending record after the ack's flush was forgotten with that record: it returned,
+    nothing was written, no error — in most of the 40 jobs)."""
+    app = app_factory()
+    made: dict[int, list[int]] = {}
+    threads: list[threading.Thread] = []
+
+    @app.job("races")
+    def races(ctx: replayq.Context, n: int) -> None:
+        first = threading.Event()
+        counts = made[n] = [0, 0]
+
+        def writes() -> None:
+            try:
+                while True:
+                    ctx.state.put("race", str(n), {"i": counts[0]})
+                    counts[0] += 1
+                    ctx.outbox.publish("race.tick", {"n": n})
+                    counts[1] += 1
+                    first.set()
+            except replayq.ContextEndedError:
+                pass
+            finally:
+                first.set()
+
+        thread = threading.Thread(target=writes, daemon=True)
+        threads.append(thread)
+        thread.start()
+        first.wait(10)
+
+    jobs = 40
+    ids = {app.enqueue("races", {"n": n}): n for n in range(jobs)}
+    worker = replayq.Worker(app, worker_id="w1")
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(jobs):
+            run_once(worker)
+            threads[-1].join(10)
+    finally:
+        sys.setswitchinterval(interval)
+    wrong = {}
+    for job_id, n in ids.items():
+        puts, publishes = made[n]
+        trace = app.trace(job_id)
+        found = (
+            app.state.get("race", str(n)).version,
+            count_rows(db_url, "rq_outbox", "job_id = ?", (job_id,)),
+            sum(e.name == "state.write" for e in trace),
+            sum(e.name == "outbox.written" for e in trace),
+        )
+        if found != (puts, publishes, puts, publishes):
+            wrong[n] = {"returned": (puts, publishes), "committed and traced": found}
+    assert wrong == {}, wrong
+
+
+def test_recorded_values_racing_the_attempts_end_are_in_the_trace_or_refused(
+    app_factory: AppFactory,
+) -> None:
+    """As above with ``ctx.decide`` and ``ctx.now``, which return a value and record it:
+    each one that returned to the thread is in the job's committed trace (before, the last
+    one often returned and its event, recorded after the ack's flush, was never written:
+    a trace short of a decision the code acted on)."""
+    app = app_factory()
+    made: dict[int, list[int]] = {}
+    threads: list[threading.Thread] = []
+
+    @app.job("races")
+    def races(ctx: replayq.Context, n: int) -> None:
+        first = threading.Event()
+        counts = made[n] = [0, 0]
+
+        def records() -> None:
+            try:
+                while True:
+                    ctx.decide("tick", counts[0])
+                    counts[0] += 1
+                    ctx.now()
+                    counts[1] += 1
+                    first.set()
+            except replayq.ContextEndedError:
+                pass
+            finally:
+                first.set()
+
+        thread = threading.Thread(target=records, daemon=True)
+        threads.append(thread)
+        thread.start()
+        first.wait(10)
+
+    jobs = 40
+    ids = {app.enqueue("races", {"n": n}): n for n in range(jobs)}
+    worker = replayq.Worker(app, worker_id="w1")
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(jobs):
+            run_once(worker)
+            threads[-1].join(10)
+    finally:
+        sys.setswitchinterval(interval)
+    wrong = {}
+    for job_id, n in ids.items():
+        trace = app.trace(job_id)
+        found = [
+            sum(e.name == "decision" for e in trace),
+            sum(e.name == "clock.now" for e in trace),
+        ]
+        if found != made[n]:
+            wrong[n] = {"returned": made[n], "traced": found}
+    assert wrong == {}, wrong
