@@ -15,6 +15,52 @@ from tests.context_support import count_rows, run_once
 AppFactory = Callable[..., replayq.App]
 
 
+JOBS = 40
+
+
+def race_the_end(
+    app: replayq.App, call: Callable[[replayq.Context, list[int]], None]
+) -> dict[int, tuple[int, list[int]]]:
+    """Job ``races`` starts a thread that makes ``call(ctx, counts)`` again and again (it
+    counts what returned), outside any step, and returns once the first call is made; the
+    worker ends each attempt and commits its ack while the thread is inside a call (the
+    switch interval at a microsecond, ``JOBS`` jobs). By job id: its ``n`` and counts."""
+    made: dict[int, list[int]] = {}
+    threads: list[threading.Thread] = []
+
+    @app.job("races")
+    def races(ctx: replayq.Context, n: int) -> None:
+        first = threading.Event()
+        counts = made[n] = [0, 0]
+
+        def calls() -> None:
+            try:
+                while True:
+                    call(ctx, counts)
+                    first.set()
+            except replayq.ContextEndedError:
+                pass
+            finally:
+                first.set()
+
+        thread = threading.Thread(target=calls, daemon=True)
+        threads.append(thread)
+        thread.start()
+        first.wait(10)
+
+    ids = {app.enqueue("races", {"n": n}): n for n in range(JOBS)}
+    worker = replayq.Worker(app, worker_id="w1")
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for _ in range(JOBS):
+            run_once(worker)
+            threads[-1].join(10)
+    finally:
+        sys.setswitchinterval(interval)
+    return {job_id: (n, made[n]) for job_id, n in ids.items()}
+
+
 def test_writes_outside_steps_racing_the_attempts_end_are_committed_or_refused(
     app_factory: AppFactory, db_url: str
 ) -> None:
@@ -27,46 +73,16 @@ def test_writes_outside_steps_racing_the_attempts_end_are_committed_or_refused(
     pending record after the ack's flush was forgotten with that record: it returned,
     nothing was written, no error — in most of the 40 jobs)."""
     app = app_factory()
-    made: dict[int, list[int]] = {}
-    threads: list[threading.Thread] = []
 
-    @app.job("races")
-    def races(ctx: replayq.Context, n: int) -> None:
-        first = threading.Event()
-        counts = made[n] = [0, 0]
+    def put_and_publish(ctx: replayq.Context, counts: list[int]) -> None:
+        n = ctx.payload["n"]
+        ctx.state.put("race", str(n), {"i": counts[0]})
+        counts[0] += 1
+        ctx.outbox.publish("race.tick", {"n": n})
+        counts[1] += 1
 
-        def writes() -> None:
-            try:
-                while True:
-                    ctx.state.put("race", str(n), {"i": counts[0]})
-                    counts[0] += 1
-                    ctx.outbox.publish("race.tick", {"n": n})
-                    counts[1] += 1
-                    first.set()
-            except replayq.ContextEndedError:
-                pass
-            finally:
-                first.set()
-
-        thread = threading.Thread(target=writes, daemon=True)
-        threads.append(thread)
-        thread.start()
-        first.wait(10)
-
-    jobs = 40
-    ids = {app.enqueue("races", {"n": n}): n for n in range(jobs)}
-    worker = replayq.Worker(app, worker_id="w1")
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        for _ in range(jobs):
-            run_once(worker)
-            threads[-1].join(10)
-    finally:
-        sys.setswitchinterval(interval)
     wrong = {}
-    for job_id, n in ids.items():
-        puts, publishes = made[n]
+    for job_id, (n, (puts, publishes)) in race_the_end(app, put_and_publish).items():
         trace = app.trace(job_id)
         found = (
             app.state.get("race", str(n)).version,
@@ -87,50 +103,20 @@ def test_recorded_values_racing_the_attempts_end_are_in_the_trace_or_refused(
     one often returned and its event, recorded after the ack's flush, was never written:
     a trace short of a decision the code acted on)."""
     app = app_factory()
-    made: dict[int, list[int]] = {}
-    threads: list[threading.Thread] = []
 
-    @app.job("races")
-    def races(ctx: replayq.Context, n: int) -> None:
-        first = threading.Event()
-        counts = made[n] = [0, 0]
+    def decide_and_read_the_clock(ctx: replayq.Context, counts: list[int]) -> None:
+        ctx.decide("tick", counts[0])
+        counts[0] += 1
+        ctx.now()
+        counts[1] += 1
 
-        def records() -> None:
-            try:
-                while True:
-                    ctx.decide("tick", counts[0])
-                    counts[0] += 1
-                    ctx.now()
-                    counts[1] += 1
-                    first.set()
-            except replayq.ContextEndedError:
-                pass
-            finally:
-                first.set()
-
-        thread = threading.Thread(target=records, daemon=True)
-        threads.append(thread)
-        thread.start()
-        first.wait(10)
-
-    jobs = 40
-    ids = {app.enqueue("races", {"n": n}): n for n in range(jobs)}
-    worker = replayq.Worker(app, worker_id="w1")
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        for _ in range(jobs):
-            run_once(worker)
-            threads[-1].join(10)
-    finally:
-        sys.setswitchinterval(interval)
     wrong = {}
-    for job_id, n in ids.items():
+    for job_id, (n, made) in race_the_end(app, decide_and_read_the_clock).items():
         trace = app.trace(job_id)
         found = [
             sum(e.name == "decision" for e in trace),
             sum(e.name == "clock.now" for e in trace),
         ]
-        if found != made[n]:
-            wrong[n] = {"returned": made[n], "traced": found}
+        if found != made:
+            wrong[n] = {"returned": made, "traced": found}
     assert wrong == {}, wrong
