@@ -37,6 +37,10 @@ from replayq.storage.protocol import JobFilter, JobReroute, RoutingPut, Transact
 
 _CAS_TRIES = 5
 
+# A routing change: the new routing from the current one (None: the type has none yet),
+# computed inside the change's transaction, which is passed for any read it needs.
+Change = Callable[["Routing | None", Transaction], "Routing"]
+
 
 def default_actor() -> str:
     try:
@@ -150,11 +154,11 @@ class Rollout:
         self._declared(to)
         share = parse_share(canary)
 
-        def change(current: Routing | None) -> Routing:
-            base = baseline or (current.baseline if current else self._active())
+        def change(current: Routing | None, tx: Transaction) -> Routing:
+            base = baseline or (current.baseline if current else self._active(tx))
             if base == to:
                 raise RolloutRefusedError(f"{self.job_type}: {to} is already the baseline")
-            self._declared(base)
+            self._declared(base, tx)
             routing = current or Routing(self.job_type, base)
             return routing.evolve(baseline=base, candidate=to, weights={to: share})
 
@@ -181,7 +185,9 @@ class Rollout:
             action = self._gated("ramp", f"ramp to {target:.0%}", force, min_sample)
         candidate = routing.candidate
         return self._change(
-            action, lambda current: self._have(current).evolve(weights={candidate: target}), reason
+            action,
+            lambda current, _tx: self._have(current).evolve(weights={candidate: target}),
+            reason,
         )
 
     def finish(
@@ -201,7 +207,7 @@ class Rollout:
         candidate = routing.candidate
         action = self._gated("finish", f"finish on {candidate}", force, min_sample)
 
-        def change(current: Routing | None) -> Routing:
+        def change(current: Routing | None, _tx: Transaction) -> Routing:
             if self._have(current).candidate != candidate:
                 raise RolloutRefusedError(f"{self.job_type}: the rollout changed under finish")
             return self._have(current).evolve(
@@ -244,8 +250,8 @@ class Rollout:
             raise RolloutRefusedError("a pin needs values or a hashed share")
         rule = PinRule(field, to, tuple(values), parse_share(share) if share is not None else None)
 
-        def change(current: Routing | None) -> Routing:
-            routing = current or Routing(self.job_type, self._active())
+        def change(current: Routing | None, tx: Transaction) -> Routing:
+            routing = current or Routing(self.job_type, self._active(tx))
             kept = tuple(p for p in routing.pins if p.field != field or p.version != to)
             return routing.evolve(pins=(*kept, rule))
 
@@ -254,7 +260,7 @@ class Rollout:
     def unpin(self, field: str, *, reason: str | None = None) -> Routing:
         return self._change(
             "unpin",
-            lambda c: self._have(c).evolve(
+            lambda c, _tx: self._have(c).evolve(
                 pins=tuple(p for p in self._have(c).pins if p.field != field)
             ),
             reason,
@@ -268,8 +274,8 @@ class Rollout:
             self._declared(version)
         share = parse_share(fraction) if version else 0.0
 
-        def change(current: Routing | None) -> Routing:
-            routing = current or Routing(self.job_type, self._active())
+        def change(current: Routing | None, tx: Transaction) -> Routing:
+            routing = current or Routing(self.job_type, self._active(tx))
             return routing.evolve(shadow_version=version, shadow_fraction=share)
 
         return self._change("shadow", change, reason)
@@ -279,8 +285,8 @@ class Rollout:
         if version is not None:
             self._declared(version)
 
-        def change(current: Routing | None) -> Routing:
-            routing = current or Routing(self.job_type, self._active())
+        def change(current: Routing | None, tx: Transaction) -> Routing:
+            routing = current or Routing(self.job_type, self._active(tx))
             return routing.evolve(dual_run_version=version)
 
         return self._change("dual-run", change, reason)
@@ -300,7 +306,7 @@ class Rollout:
         in its trace); its committed steps stay committed.
         """
 
-        def change(current: Routing | None) -> Routing:
+        def change(current: Routing | None, _tx: Transaction) -> Routing:
             routing = self._have(current)
             return routing.evolve(
                 weights={},
@@ -316,7 +322,7 @@ class Rollout:
     def _settle(
         self,
         action: str,
-        change: Callable[[Routing | None], Routing],
+        change: Change,
         reason: str | None,
         release: bool = False,
     ) -> RollbackResult:
@@ -355,7 +361,7 @@ class Rollout:
     def _change(
         self,
         action: str,
-        change: Callable[[Routing | None], Routing],
+        change: Change,
         reason: str | None,
         also: Callable[[Transaction, Routing, Routing], None] | None = None,
     ) -> Routing:
@@ -364,7 +370,7 @@ class Rollout:
             with runtime.storage.transaction() as tx:
                 rows = tx.rollout_query(RoutingQuery(self.job_type))
                 current = Routing.from_row(rows[0]) if rows else None
-                wanted = change(current)
+                wanted = change(current, tx)
                 now = runtime.clock.now()
                 expected = current.revision if current else 0
                 revision = tx.rollout_update(
@@ -420,25 +426,31 @@ class Rollout:
             raise RolloutRefusedError(f"{self.job_type}: no routing yet")
         return current
 
-    def _active(self) -> str:
+    def _active(self, tx: Transaction) -> str:
+        """The version new jobs run without routing: the app's, else the one the last
+        worker to start recorded, read in ``tx`` (the change's own: transactions do not
+        nest on one connection)."""
         registry = self.runtime.registry
         active = (
             registry.active_version(self.job_type) if registry.declares(self.job_type) else None
         )
         if active is None:
-            with self.runtime.storage.transaction(readonly=True) as tx:
-                active = tx.rollout_query(ActiveVersion(self.job_type))
+            active = tx.rollout_query(ActiveVersion(self.job_type))
         if active is None:
             raise RolloutRefusedError(f"{self.job_type}: no active version known; give --from")
         return active
 
-    def _declared(self, version: str) -> None:
+    def _declared(self, version: str, tx: Transaction | None = None) -> None:
+        """Refused unless the app declares ``version`` (else a worker stored its contract),
+        read in ``tx`` when called inside a change's transaction."""
         registry = self.runtime.registry
         if registry.declares(self.job_type):
             known = registry.versions(self.job_type)
+        elif tx is not None:
+            known = [c.version for c in tx.rollout_query(ContractQuery(self.job_type))]
         else:
-            with self.runtime.storage.transaction(readonly=True) as tx:
-                known = [c.version for c in tx.rollout_query(ContractQuery(self.job_type))]
+            with self.runtime.storage.transaction(readonly=True) as read:
+                known = [c.version for c in read.rollout_query(ContractQuery(self.job_type))]
         if version not in known:
             raise RolloutRefusedError(
                 f"{self.job_type} has no version {version!r} "
