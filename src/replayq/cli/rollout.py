@@ -235,7 +235,7 @@ def rollout_rollback(
             f"moved {result.requeued_to_baseline} queued job(s) to {baseline}; "
             f"{result.released} running attempt(s) on other versions go back to the queue "
             f"on {baseline} at their next step boundary "
-            f"(replayq trace JOB_ID shows job.release_requested, then job.released)"
+            f"(replayq trace show JOB_ID shows job.release_requested, then job.released)"
         )
         return
     click.echo(
