@@ -3,11 +3,14 @@
 Four slow v2 attempts are running when the switch is thrown: each stops at its next
 step boundary (it never finishes its steps), goes back to the queue on v1, and runs
 there once v2's run has ended — never on two versions at once — with the request and
-the release in its trace and no attempt counted as a failure or a cancel.
+the release in its trace and no attempt counted as a failure or a cancel (each worker's
+exit summary counts it as ``released``).
 """
 
 from __future__ import annotations
 
+import re
+import signal
 from collections import defaultdict
 from pathlib import Path
 
@@ -32,8 +35,10 @@ def test_rollback_release_inflight_requeues_running_v2_attempts_on_v1(
     app.register_contracts()
     app.rollout("slow", actor="drill").start("v2", canary="100%", reason="release drill")
     ids = app.enqueue_many([replayq.EnqueueRequest("slow", {"n": n}) for n in range(JOBS)])
-    for name in ("a", "b"):
+    workers = [
         launcher.start(name, app="tests.apps.rollout_release:app", concurrency=2, env=env)
+        for name in ("a", "b")
+    ]
 
     def v2_stepping() -> bool:
         stepped = {line["n"] for line in read_lines(side) if line["event"] == "step"}
@@ -55,6 +60,14 @@ def test_rollback_release_inflight_requeues_running_v2_attempts_on_v1(
         return len(done) == JOBS
 
     wait_for(all_done, timeout=60, what="every released job run again on v1")
+    # Each worker's summary counts the attempts it put back in the queue, not as cancels.
+    counted = {"released": 0, "cancelled": 0}
+    for worker in workers:
+        worker.signal(signal.SIGTERM)
+        assert worker.wait(30) == 0, worker.log()
+        for name in counted:
+            counted[name] += int(re.findall(rf"\b{name}=(\d+)", worker.log())[-1])
+    assert counted == {"released": JOBS, "cancelled": 0}, [w.log() for w in workers]
 
     runs: dict[int, list[dict[str, object]]] = defaultdict(list)
     for line in read_lines(side):

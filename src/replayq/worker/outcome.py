@@ -133,7 +133,9 @@ class Outcomes(Settling, Leasing):
 
         if self._settle_or_park(job, write, ctx, f"stop ({reason})", lambda: ["job.cancelled"]):
             ctx.committed()
+            # A release (rollback --release-inflight) puts the job back in the queue.
             self.stats.cancelled += outcome == "cancelled"
+            self.stats.released += outcome == "released"
             log.warning("job %s %s while running (%s)", job.id, outcome, reason)
 
     def _put_back(
