@@ -11,20 +11,7 @@ from click.testing import CliRunner, Result
 
 import replayq
 from replayq.cli import main
-
-
-def declared(app: replayq.App) -> replayq.App:
-    """``price`` v1 live and v2 a candidate, as docs/rollout.md declares them."""
-
-    @app.job("price", version="v1", retry=replayq.Retry(on=("transient",)))
-    def price_v1(ctx: replayq.Context, sku: str, qty: int) -> dict[str, int]:
-        return {"amount": qty}
-
-    @app.job("price", version="v2", retry=replayq.Retry(on=("transient",)), candidate=True)
-    def price_v2(ctx: replayq.Context, sku: str, qty: int) -> dict[str, int]:
-        return {"amount": qty}
-
-    return app
+from tests.apps.rollout_cli import declare
 
 
 def cli(url: str, *args: str) -> Result:
@@ -44,7 +31,7 @@ def cli(url: str, *args: str) -> Result:
 def test_a_first_routing_change_needs_no_app_only_the_stored_contracts(
     db_url: str, app_factory: Callable[..., replayq.App], first: tuple[str, ...]
 ) -> None:
-    declared(app_factory()).register_contracts()  # what a worker does when it starts
+    declare(app_factory()).register_contracts()  # what a worker does when it starts
 
     done = cli(db_url, "rollout", *first)
 
@@ -58,7 +45,7 @@ def test_a_first_routing_change_needs_no_app_only_the_stored_contracts(
 def test_start_without_app_names_the_versions_a_worker_stored(
     db_url: str, app_factory: Callable[..., replayq.App]
 ) -> None:
-    declared(app_factory()).register_contracts()
+    declare(app_factory()).register_contracts()
 
     done = cli(db_url, "rollout", "start", "price", "--to", "v9")
 
@@ -67,3 +54,26 @@ def test_start_without_app_names_the_versions_a_worker_stored(
     started = cli(db_url, "rollout", "start", "price", "--to", "v2", "--canary", "50%")
     assert started.exit_code == 0, started.output
     assert "v2           50.0% of new jobs" in started.output
+
+
+def test_verify_prints_fork_commands_that_run_as_printed(
+    db_url: str, app_factory: Callable[..., replayq.App]
+) -> None:
+    app = declare(app_factory())
+    app.register_contracts()
+    job_id = app.enqueue("price", {"sku": "sku-1", "qty": 2})
+    replayq.Worker(app, burst=True, worker_id="cli-test", poll_interval=0.01).run()
+    spec = "tests.apps.rollout_cli:app"
+
+    verified = cli(
+        db_url, "rollout", "verify", "price", "--app", spec, "--from", "v1", "--to", "v2"
+    )
+
+    assert verified.exit_code == 1, verified.output
+    assert "cache_shape" in verified.output
+    # Same steps, another value: the fork runs the whole attempt, from its first step.
+    fork = f"replayq fork {job_id} --attempt 1 --version v2 --from-step quote --app {spec}"
+    assert fork in verified.output, verified.output
+    forked = cli(db_url, *fork.split()[1:])
+    assert forked.exit_code == 0, forked.output
+    assert f"fork of job {job_id} attempt 1 with v2" in forked.output

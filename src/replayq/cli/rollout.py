@@ -431,7 +431,7 @@ def rollout_verify(
     if as_json:
         emit_json(report.to_dict())
     else:
-        click.echo(render_verify(report))
+        click.echo(render_verify(report, app_spec))
     raise SystemExit(0 if report.passed else 1)
 
 
@@ -503,7 +503,8 @@ def describe_run(run: replayq.VerifyRun) -> str:
     )
 
 
-def render_verify(report: replayq.VerifyReport) -> str:
+def render_verify(report: replayq.VerifyReport, app_spec: str | None = None) -> str:
+    """The report as text; ``app_spec`` fills the ``--app`` of each example's fork command."""
     lines = [
         f"{report.job_type}: {report.to_version} over {report.attempts} recorded attempt(s) of "
         f"{report.from_version} in {report.seconds:.2f}s ({report.throughput:.0f}/s), sealed",
@@ -523,6 +524,10 @@ def render_verify(report: replayq.VerifyReport) -> str:
             f"job {example.job_id} attempt {example.attempt}: {', '.join(example.classes)}"
         )
         for name in example.classes:
-            lines.append(f"    {name}: {json.dumps(example.details[name], default=str)[:160]}")
-        lines.append(f"    {example.fork_command}")
+            detail = json.dumps(example.details[name], default=str, ensure_ascii=False)
+            lines.append(f"    {name}: {detail[:160]}")
+        fork = example.fork_command
+        if app_spec:  # the report's placeholder (rollout/verify.py, APP_PLACEHOLDER)
+            fork = fork.replace("--app MODULE:APP", f"--app {app_spec}")
+        lines.append(f"    {fork}")
     return "\n".join(lines)

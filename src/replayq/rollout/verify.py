@@ -41,6 +41,10 @@ from replayq.storage.protocol import JobFilter, TraceQuery
 if TYPE_CHECKING:
     from replayq.replay.engine import ReplayReport
 
+# Stands for the --app of an example's fork command; ``rollout verify`` prints its own
+# in its place (a background run's report does not know the one its worker was given).
+APP_PLACEHOLDER = "MODULE:APP"
+
 DIFFERENCE_CLASSES = (
     "outcome",
     "retry_decision",
@@ -326,6 +330,9 @@ def compare_attempts(
             now = recorded if replayed.matched_in_memory else replayed.events_now
             classes, details = classify(replayed, recorded, now)
             step = replayed.first_divergence.step if replayed.first_divergence else None
+            # Same steps, other values (a cache shape, an effect key): the fork reproduces
+            # it from the attempt's first step, the whole run.
+            fork_from = step or next((e.step for e in recorded if e.step), None)
             yield AttemptComparison(
                 job_id=job_id,
                 attempt=attempt,
@@ -336,7 +343,7 @@ def compare_attempts(
                 duration_now=elapsed,
                 fork_command=(
                     f"replayq fork {job_id} --attempt {attempt} --version {to_version} "
-                    f"--from-step {step or 'STEP'} --app MODULE:APP"
+                    f"--from-step {fork_from or 'STEP'} --app {APP_PLACEHOLDER}"
                 ),
             )
         if progress is not None:
