@@ -2,7 +2,7 @@
 
 The real ``replayq`` console script in a subprocess, as a user runs it. Exit codes
 (``replayq.cli.main``, docs/reliability.md): 0 done, 1 findings, 2 usage or not
-found, 3 storage unavailable, 4 internal error.
+found, 3 storage unavailable, 4 internal error; 141 the output's reader went away.
 """
 
 from __future__ import annotations
@@ -29,9 +29,18 @@ def echo(ctx, value):
 """
 
 
-def run(cwd: Path, *args: str, db: str | None = None) -> subprocess.CompletedProcess[str]:
+def user_env(cwd: Path) -> dict[str, str]:
+    """The environment a user's shell gives ``replayq``: the app's folder importable, and
+    the caller's PYTHONPATH kept (else the console script runs the installed replayq,
+    not the tree under test)."""
     env = {k: v for k, v in os.environ.items() if k not in ("REPLAYQ_DB", "REPLAYQ_DEBUG")}
-    env["PYTHONPATH"] = os.pathsep.join([str(cwd), str(ROOT)])
+    paths = [str(cwd), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    return env
+
+
+def run(cwd: Path, *args: str, db: str | None = None) -> subprocess.CompletedProcess[str]:
+    env = user_env(cwd)
     argv = [REPLAYQ, *(["--db", db] if db else []), *args]
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
 
@@ -119,3 +128,27 @@ def test_the_default_database_is_announced_once_and_created_private(workdir: Pat
     assert stat.S_IMODE((workdir / "replayq.db").stat().st_mode) == 0o600
     again = run(workdir, "stats")
     assert again.returncode == 0 and again.stderr == ""
+
+
+def test_a_reader_that_went_away_is_no_internal_error(workdir: Path, db: str) -> None:
+    """``replayq jobs list | head -1``: the reader's end is closed before a line is
+    written here (a pipe with no reader), so every write fails as head's exit makes it."""
+    enqueued = run(
+        workdir, "enqueue", "echo", "--payload", '{"value": 1}', "--app", "userapp:app", db=db
+    )
+    assert enqueued.returncode == 0, enqueued.stderr
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [REPLAYQ, "--db", db, "jobs", "list"],
+            cwd=workdir,
+            env=user_env(workdir),
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (141, "")

@@ -21,6 +21,7 @@ code  meaning
 3     storage unavailable: the database cannot be reached or take writes for now
       (locked, full, read-only, down); trying again later may work
 4     internal error: a bug in replayq (``--debug`` shows the traceback to report)
+141   the output's reader went away (``| head``): the rest is dropped, no message
 ====  ==========================================================================
 
 Every error is one line on stderr, ``error: …``, with any password in a
@@ -32,6 +33,7 @@ from __future__ import annotations
 import atexit
 import gc
 import importlib
+import os
 import sys
 import traceback
 from typing import Any, NoReturn
@@ -49,6 +51,9 @@ EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 EXIT_INTERNAL = 4
+# 128 + SIGPIPE: what a shell reports for a command its reader's exit killed (under
+# ``set -o pipefail``); not 0, since the command's own outcome (1 on findings) is unknown.
+EXIT_READER_GONE = 141
 
 
 def _fail(ctx: click.Context, exc: BaseException, message: str, code: int) -> NoReturn:
@@ -120,6 +125,11 @@ class Cli(click.Group):
             _fail(ctx, exc, exc.format_message(), EXIT_USAGE)
         except (click.exceptions.Exit, click.Abort):
             raise
+        except BrokenPipeError:
+            # The reader closed the pipe (``replayq contract show T | head``): nothing of
+            # replayq's failed. stdout goes to /dev/null so the exit's flush is quiet too.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(EXIT_READER_GONE)
         # The last line of defence: a bug is one line too, with --debug for the traceback.
         except Exception as exc:
             _fail(
