@@ -16,7 +16,7 @@ from msgspec import structs
 
 from replayq.model import Job, TraceEvent
 from replayq.queue import lifecycle as trace
-from replayq.storage.protocol import JobLease, JobRoute, Transaction
+from replayq.storage.protocol import JobLease, JobRoute, LeasesExtend, Transaction
 from replayq.worker.core import InFlight, WorkerCore
 
 
@@ -160,7 +160,7 @@ class Leasing(WorkerCore):
             # attempt running at a rollback and failing right after it retries on the
             # baseline (a routing read per such batch; new jobs keep the cached one).
             router.refresh(tx, force=True)
-        routed = [self._routed(tx, job, params.owner_token) for job in claimed]
+        routed = [self._routed(tx, job, params) for job in claimed]
         jobs = [job for job, _ in routed]
         events = list(also)
         hlc = self.runtime.hlc
@@ -187,13 +187,33 @@ class Leasing(WorkerCore):
         tx.trace_append(events)
         return jobs, params.now
 
-    def _routed(self, tx: Transaction, job: Job, owner_token: str) -> tuple[Job, str | None]:
+    def _routed(self, tx: Transaction, job: Job, params: JobLease) -> tuple[Job, str | None]:
         """The leased job with its version (kept from its first lease, else chosen now),
-        and the version it was moved from, if it had one its routing no longer names."""
+        and the version it was moved from, if it had one its routing no longer names.
+
+        A routed type's jobs are claimed with the active version's lease; one that runs
+        another version holds that version's lease instead, set here in the lease's
+        transaction: a candidate declared with a longer fixed window (heartbeat 0) is not
+        redelivered while it runs, and one with a shorter lease is reaped as soon as its
+        contract says."""
         version = self.router.choose(job)
-        if version is None or not tx.job_transition(JobRoute(job.id, owner_token, version)):
-            return job, None
-        return job.evolve(handler_version=version), job.handler_version
+        moved_from = None
+        if version is not None and tx.job_transition(JobRoute(job.id, params.owner_token, version)):
+            moved_from = job.handler_version
+            job = job.evolve(handler_version=version)
+        if job.handler_version is None or not self.router.is_routed(job.job_type):
+            return job, moved_from
+        handler = self._handler_or_none(job)
+        lease = handler.contract.lease if handler is not None else None
+        if lease is None or lease == params.lease_for.get(job.job_type):
+            return job, moved_from
+        change = LeasesExtend(
+            ((job.id, params.owner_token, lease),), params.now, params.database_clock
+        )
+        if job.id in tx.lease_extend(change):
+            granted = job.leased_at if job.leased_at is not None else params.now
+            job = job.evolve(lease_deadline=granted + lease)
+        return job, moved_from
 
     def _hold(self, jobs: Sequence[Job], now: float, held_at: float) -> None:
         """Jobs whose lease committed: track them for heartbeats and queue them to run.

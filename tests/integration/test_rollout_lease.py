@@ -1,0 +1,48 @@
+"""A job routed to a candidate holds the candidate's lease, not the baseline's.
+
+A routed type's jobs are claimed with the active version's lease. Before, a job that
+then ran v2 kept it: a v2 declared with a longer fixed window (``heartbeat=0``) was
+redelivered while it ran — two workers in its handler at once — and one with a shorter
+lease waited out v1's after its worker died. Both backends; a real worker in this process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import replayq
+
+QUICK = replayq.Retry(max_attempts=3, base="0.01s", cap="0.02s", on=("transient",))
+
+
+def declare(app: replayq.App) -> replayq.App:
+    @app.job("render", version="v1", lease="2s", heartbeat=0, retry=QUICK)
+    def render_v1(ctx: replayq.Context, n: int) -> dict[str, str]:
+        return {"version": "v1"}
+
+    @app.job("render", version="v2", lease="20s", heartbeat=0, retry=QUICK, candidate=True)
+    def render_v2(ctx: replayq.Context, n: int) -> dict[str, str]:
+        if ctx.attempt == 1:
+            raise replayq.TransientError("the renderer is warming up")
+        return {"version": "v2"}
+
+    return app
+
+
+def test_every_attempt_on_the_candidate_holds_the_candidates_lease(
+    app_factory: Callable[..., replayq.App],
+) -> None:
+    app = declare(app_factory())
+    app.register_contracts()
+    app.rollout("render", actor="test").start("v2", canary="100%")
+    job_id = app.enqueue("render", {"n": 1})
+
+    replayq.Worker(app, burst=True, burst_wait=5, worker_id="w", poll_interval=0.01).run()
+
+    assert app.get_job(job_id).result == {"version": "v2"}
+    leased = [e for e in app.trace(job_id) if e.name == "job.leased"]
+    assert [(e.attempt, e.data["version"]) for e in leased] == [(1, "v2"), (2, "v2")]
+    # The window the lease granted, as stored with the attempt: v2's 20 s, not v1's 2 s
+    # (within a second: the deadline is the database's clock, the event's time the worker's).
+    windows = [e.data["lease_deadline"] - e.ts for e in leased]
+    assert all(19 < window < 21 for window in windows), windows
