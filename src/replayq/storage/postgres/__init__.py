@@ -70,6 +70,10 @@ Known limits, up front:
   primary that took over. Transactions begin with the server's default mode
   (never ``BEGIN READ WRITE``, which would override that setting, and which a
   standby refuses with another code).
+* A statement the server cancels (SQLSTATE 57014: a ``statement_timeout`` of the role or
+  database, ``pg_cancel_backend``) is ``DatabaseUnavailableError`` too: its transaction
+  rolled back and its session is good, and the same statement may pass a moment later
+  (``tests/acceptance/test_postgres_statement_cancel.py``).
 * Half-open sockets (a partitioned host): libpq TCP keepalives and
   ``tcp_user_timeout`` (``DEFAULT_TCP_USER_TIMEOUT_MS`` unless the URL sets it)
   turn a silent peer into an error within seconds instead of the kernel's
@@ -325,9 +329,14 @@ def storage_error(what: str, exc: psycopg.Error, *, read_only_asked: bool = Fals
         # Still an outage to whoever did not ask for the bound (a subclass); the session
         # is fine and its transaction rolled back.
         return RowLockTimeoutError(f"{what}: a row lock was not granted in time: {said}")
-    if isinstance(exc, psycopg.OperationalError) and not isinstance(
-        exc, psycopg.errors.QueryCanceled
-    ):
+    if isinstance(exc, psycopg.errors.QueryCanceled):
+        # SQLSTATE 57014: the server cancelled the statement (a ``statement_timeout`` of the
+        # role or database, an operator's ``pg_cancel_backend``). The transaction rolled
+        # back, the session is fine, and the same statement may well pass in a moment:
+        # waited out like a server-wide ``lock_timeout``, never a job's failure (as a
+        # plain ``StorageError`` it sent the job to ``dead``, class ``unknown``).
+        return DatabaseUnavailableError(f"{what}: the server cancelled the statement: {said}")
+    if isinstance(exc, psycopg.OperationalError):
         return DatabaseUnavailableError(f"{what}: {said}")
     if (exc.sqlstate or "").startswith("23"):
         # SQLSTATE class 23 (a unique key, a foreign key, a check, a not-null column): a
