@@ -108,7 +108,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import pq
@@ -205,14 +205,29 @@ DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT = 10.0
 
 
 def parse_postgres_url(url: str) -> tuple[str, dict[str, str]]:
-    """``postgresql://…?pool_size=8&options=…`` → (libpq conninfo, replayq options)."""
+    """``postgresql://…?pool_size=8&options=…`` → (libpq conninfo, replayq options).
+
+    The parameters that are not replayq's go to libpq as written, never decoded and
+    encoded again: libpq reads ``+`` as a plus sign, not a space, so a re-encoded
+    ``options=-csearch_path%3Da%20-cstatement_timeout%3D5s`` set the search path to
+    ``a+-cstatement_timeout=5s`` (another schema, without a word) and the timeout not at all.
+    """
     parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    ours = {k: v for k, v in query if k in _REPLAYQ_OPTIONS}
-    theirs = [(k, v) for k, v in query if k not in _REPLAYQ_OPTIONS]
-    given = {k for k, _ in theirs}
-    theirs += [(k, v) for k, v in _LIVENESS.items() if k not in given]
-    conninfo = urlunsplit(parts._replace(query=urlencode(theirs)))
+    ours: dict[str, str] = {}
+    theirs: list[str] = []
+    given: set[str] = set()
+    for pair in parts.query.split("&"):
+        if not pair:
+            continue
+        raw_key, _, raw_value = pair.partition("=")
+        key = unquote(raw_key)
+        if key in _REPLAYQ_OPTIONS:
+            ours[key] = unquote(raw_value)
+        else:
+            theirs.append(pair)
+            given.add(key)
+    theirs += [f"{k}={v}" for k, v in _LIVENESS.items() if k not in given]
+    conninfo = urlunsplit(parts._replace(query="&".join(theirs)))
     return conninfo, ours
 
 
