@@ -343,7 +343,7 @@ def storage_error(what: str, exc: psycopg.Error, *, read_only_asked: bool = Fals
         # SQLSTATE 55P03: a row lock not granted within ``lock_timeout`` (or ``NOWAIT``).
         # Still an outage to whoever did not ask for the bound (a subclass); the session
         # is fine and its transaction rolled back.
-        return RowLockTimeoutError(f"{what}: a row lock was not granted in time: {said}")
+        return RowLockTimeoutError(f"{what}: a lock was not granted in time: {said}")
     if isinstance(exc, psycopg.errors.QueryCanceled):
         # SQLSTATE 57014: the server cancelled the statement (a ``statement_timeout`` of the
         # role or database, an operator's ``pg_cancel_backend``). The transaction rolled
