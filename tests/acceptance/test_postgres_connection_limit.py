@@ -14,6 +14,7 @@ docs/postgres.md ("Pool size and workers per host") and docs/reliability.md (exi
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from contextlib import closing
 from pathlib import Path
@@ -123,3 +124,57 @@ def test_a_role_out_of_connection_slots_is_waited_out_and_no_job_fails(
         worker.kill()  # its pool and listener hold every slot of the role
         listed = run_cli(role_url, "jobs", "list")
         assert listed.returncode == 0, listed.stderr
+
+
+@pytest.mark.parametrize("pool_size", [1, 7])
+def test_a_worker_opens_at_most_pool_size_plus_one_sessions_and_a_small_pool_only_waits(
+    pg_schema_url: str, tmp_path: Path, pool_size: int, request: pytest.FixtureRequest
+) -> None:
+    """docs/postgres.md: count ``pool_size + 1`` sessions a worker process (its pool and
+    its LISTEN); ``concurrency + 3`` never waits, and less only waits (a pooled connection
+    is asked for before a transaction opens, never inside one: no deadlock at 1)."""
+    import threading
+
+    import psycopg
+
+    replayq.App(pg_schema_url, auto_migrate=True).storage.close()
+    sink = tmp_path / "effects.jsonl"
+    name = f"rq-pool-{uuid.uuid4().hex[:8]}"
+    launcher = WorkerLauncher(
+        f"{pg_schema_url}&pool_size={pool_size}&application_name={name}", tmp_path
+    )
+    peak = 0
+    done = threading.Event()
+
+    def count_sessions() -> None:
+        nonlocal peak
+        with psycopg.connect(PG_URL, autocommit=True) as probe:
+            while not done.is_set():
+                row = probe.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (name,)
+                ).fetchone()
+                peak = max(peak, row[0] if row else 0)
+                done.wait(0.005)
+
+    with closing(storage_faults.build(pg_schema_url)) as app, workers_ended(request, launcher):
+        ids = [app.enqueue("deliver", {"n": n, "sink": str(sink)}) for n in range(JOBS * 3)]
+        counter = threading.Thread(target=count_sessions, daemon=True)
+        counter.start()
+        worker = launcher.start("w1", app="tests.apps.storage_faults:app", concurrency=4)
+        try:
+            wait_for(
+                lambda: all(
+                    j.state is replayq.JobState.SUCCEEDED for j in app.list_jobs(limit=1000)
+                ),
+                timeout=60,
+                what="every job to succeed",
+            )
+        finally:
+            done.set()
+            counter.join(10)
+        assert 0 < peak <= pool_size + 1, peak
+        names = Counter(e.name for i in ids for e in app.trace(i))
+        assert names["lease.released"] == names["job.failed"] == 0, names
+        effects = Counter(line["n"] for line in read_lines(sink) if line["event"] == "effect")
+        assert effects == Counter(range(JOBS * 3)), "each effect once"
+        assert "Traceback" not in worker.log() and "WARNING" not in worker.log(), worker.log()
