@@ -1086,6 +1086,7 @@ class Notifier:
         self.installation_sql = queries["jobs_listen_installation"]
         # The oid of the rq_jobs table this listener's wake-ups are about (``_listen_once``).
         self.installation: int | None = None
+        self._installation_read = 0.0  # monotonic time it was last looked up (``_heard``)
         self.health_sql = queries["listen_health"]
         self.callback = callback
         self.health_check_seconds = health_check_seconds
@@ -1121,6 +1122,7 @@ class Notifier:
             conn.execute(self.listen_sql)
             found = conn.execute(self.installation_sql).fetchone()
             self.installation = None if found is None or found[0] is None else int(found[0])
+            self._installation_read = time.monotonic()
             self.backend_pid = conn.info.backend_pid
             self.connects += 1
             self.listening.set()
@@ -1128,8 +1130,10 @@ class Notifier:
             while not self._stop.is_set():
                 # Wait on the socket and on close()'s pipe together: closing never waits
                 # out a timeout. Notifications libpq already read are drained each turn.
-                for notify in conn.notifies(timeout=0):
-                    self._heard(notify.payload)
+                # Read them all first: ``notifies`` holds the connection's lock while it
+                # yields, and ``_heard`` may run a query on it.
+                for payload in [notify.payload for notify in conn.notifies(timeout=0)]:
+                    self._heard(payload, conn)
                 readable, _, _ = select.select(
                     [conn.fileno(), self._closing_r], [], [], self.health_check_seconds
                 )
@@ -1138,17 +1142,33 @@ class Notifier:
                 if not readable:
                     self._check_alive(conn)
 
-    def _heard(self, payload: str) -> None:
+    def _heard(self, payload: str, conn: psycopg.Connection[Any]) -> None:
         """A wake-up: ``[rq_jobs oid, queue]`` as JSON. Another installation's (a sibling
         schema's rq_jobs) is ignored; a payload of another form (a plain queue name, as
-        replayq sent before) wakes the callback as it did."""
+        replayq sent before) wakes the callback as it did.
+
+        A wake-up for another table may be this installation's own under a new oid: its
+        ``rq_jobs`` made again while this session lived (a ``pg_restore`` of the schema
+        under running workers), which no reconnect tells. So the oid is looked up again,
+        at most once a second (a busy sibling installation costs one query a second):
+        with the old one kept, every wake-up was ignored and idle workers waited for their
+        poll (``--poll-interval``), ``tests/acceptance/test_postgres_restore.py``.
+        """
         try:
             installation, queue = json.loads(payload)
         except (ValueError, TypeError):
             self.callback(payload)
             return
-        if self.installation is None or installation == self.installation:
-            self.callback(str(queue))
+        if self.installation is not None and installation != self.installation:
+            now = time.monotonic()
+            if now - self._installation_read < 1.0:
+                return
+            self._installation_read = now
+            found = conn.execute(self.installation_sql).fetchone()
+            self.installation = None if found is None or found[0] is None else int(found[0])
+            if self.installation is not None and installation != self.installation:
+                return
+        self.callback(str(queue))
 
     def _check_alive(self, conn: psycopg.Connection[Any]) -> None:
         # A silent half-open socket (partitioned host) raises nothing on read; a cheap
