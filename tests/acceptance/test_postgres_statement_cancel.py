@@ -2,14 +2,14 @@
 
 A ``statement_timeout`` set for the workers' role or database, or an operator's
 ``pg_cancel_backend``, cancels a statement: its transaction rolls back, its session stays
-good, and the same statement may pass a moment later. Worker ``w1`` logs in as a role of
-the test's own whose ``statement_timeout`` is 1 s (``ALTER ROLE … SET``), and another session of the test holds the one row every
-job's step commit updates (``tests/apps/frozen_tx.py``): the commit waits for it, the
-server cancels it after 1 s. The job must be put back (``lease.released`` with
-``storage_fault``), not failed, and once the row is free every job succeeds, each effect
-once, each step's writes once. Before, the cancel was a plain ``StorageError``: the job
-went to ``dead`` (class ``unknown``, not retryable) on its first attempt, and the command
-line exited 2 ("usage, or not found") for it.
+good, and the same statement may pass a moment later. Worker ``w1`` logs in as a role of the
+test's own whose ``statement_timeout`` is 1 s (``ALTER ROLE … SET``), and another session of
+the test holds the one row every job's step commit updates (``tests/apps/frozen_tx.py``):
+the commit waits for it, the server cancels it after 1 s. The job must be put back
+(``lease.released`` with ``storage_fault``), not failed, and once the row is free every job
+succeeds, each effect once, each step's writes once. Before, the cancel was a plain
+``StorageError``: the job went to ``dead`` (class ``unknown``, not retryable) on its first
+attempt, and the command line exited 2 ("usage, or not found") for it.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 
 import replayq
-from replayq.storage.postgres import PostgresStorage
+from replayq.storage.postgres import PostgresStorage, parse_postgres_url
 from tests.acceptance.workers import WorkerLauncher, wait_for
 from tests.apps import sleepy
 
@@ -82,3 +82,16 @@ def test_a_worker_runs_in_the_schema_and_under_the_name_its_url_gives(
     finally:
         launcher.kill_all()
         app.close()
+
+
+def test_the_liveness_parameters_are_added_unless_the_url_sets_them() -> None:
+    """docs/postgres.md ("half-open sockets"): keepalives and ``tcp_user_timeout`` are
+    added, a value the URL gives is kept as given, and replayq's own options are taken out."""
+    conninfo, ours = parse_postgres_url(
+        "postgresql://u@h/db?tcp_user_timeout=2500&pool_size=3&options=-ca%3Db%20-cc%3Dd"
+    )
+    query = conninfo.split("?", 1)[1].split("&")
+    assert ours == {"pool_size": "3"}
+    assert query[:2] == ["tcp_user_timeout=2500", "options=-ca%3Db%20-cc%3Dd"]
+    assert {"keepalives=1", "keepalives_idle=5", "keepalives_interval=2"} <= set(query)
+    assert "tcp_user_timeout=10000" not in query
