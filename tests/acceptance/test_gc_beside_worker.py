@@ -6,7 +6,9 @@ finishes is at once past its one-day full tier and trimmed to its ledger. gc onl
 touches finished jobs: no worker fails, no job dies, each effect runs once, and every job
 keeps its ledger — the lifecycle, its effect, its state write — after the last pass.
 One job is held inside its step until gc has trimmed others, so the drain is still going
-when gc collects (the workers could otherwise finish before a pass begins).
+when gc collects (the workers could otherwise finish before a pass begins). On both
+backends (``launcher``): on PostgreSQL gc locks its batches ``FOR UPDATE SKIP LOCKED`` and
+moves the ledger tier into day partitions while the workers lease, heartbeat and ack.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ DAY = 86_400.0
 JOBS = 150
 
 
-def test_gc_passes_beside_draining_workers_trim_only_finished_jobs(tmp_path: Path) -> None:
-    launcher = WorkerLauncher(tmp_path / "queue.db", tmp_path)
+def test_gc_passes_beside_draining_workers_trim_only_finished_jobs(
+    launcher: WorkerLauncher, tmp_path: Path
+) -> None:
     sink = tmp_path / "effects.jsonl"
     app = storage_faults.build(launcher.url)
     # The gc process: two days ahead, full detail for one day, the ledger for three.
@@ -80,6 +83,12 @@ def test_gc_passes_beside_draining_workers_trim_only_finished_jobs(tmp_path: Pat
             assert {"job.enqueued", "job.leased", "job.succeeded"} <= set(names), names
             assert "effect.succeeded" in names and "state.write" in names, names
             assert "call" not in names, "trimmed to the ledger"
+        if launcher.backend == "postgres":
+            import psycopg
+
+            with psycopg.connect(launcher.url) as conn:
+                moved = conn.execute("SELECT count(*) FROM rq_trace_ledger").fetchone()
+            assert moved is not None and moved[0] > 0, "the ledger tier in its day partitions"
     finally:
         stop.set()
         launcher.kill_all()

@@ -165,3 +165,48 @@ def test_a_read_only_server_is_waited_out_and_no_job_fails(
     finally:
         launcher.kill_all()
         app.close()
+
+
+def test_a_writing_command_on_a_read_only_server_exits_3_and_writes_nothing(
+    pg_schema_url: str,
+) -> None:
+    """docs/reliability.md, exit 3: "cannot take writes for now (… read-only)". The role's
+    sessions are read-only (a standby after a failover): ``replayq enqueue`` and ``jobs
+    cancel`` exit 3 with one line naming SQLSTATE 25006 and change nothing; a read (``jobs
+    list``) still answers; once the setting is reset the same commands go through."""
+    from tests.acceptance.workers import run_cli
+    from tests.pg_roles import login_role
+
+    payload = '{"log": "/dev/null", "n": 1, "seconds": 0}'
+
+    with login_role(pg_schema_url, settings={"default_transaction_read_only": "on"}) as (
+        role_url,
+        role,
+    ):
+        app = replayq.App(pg_schema_url)
+        try:
+            queued = app.enqueue("anything", {}, check=False)
+            for args in (
+                ("enqueue", "sleep", "--app", "tests.apps.sleepy:app", "--payload", payload),
+                ("jobs", "cancel", str(queued)),
+            ):
+                refused = run_cli(role_url, *args)
+                assert refused.returncode == 3, (args, refused.stdout, refused.stderr)
+                lines = refused.stderr.strip().splitlines()
+                assert len(lines) == 1 and lines[0].startswith("error: "), refused.stderr
+                assert "25006" in lines[0], lines[0]
+            listed = run_cli(role_url, "jobs", "list", "--json")
+            assert listed.returncode == 0, listed.stderr
+            assert [j.id for j in app.list_jobs(limit=10)] == [queued], "nothing written"
+            assert app.get_job(queued).state is replayq.JobState.QUEUED
+
+            _set_read_only(role, False)
+            assert run_cli(role_url, *args).returncode == 0
+            enqueued = run_cli(
+                role_url, "enqueue", "sleep", "--app", "tests.apps.sleepy:app", "--payload", payload
+            )
+            assert enqueued.returncode == 0, enqueued.stderr
+            assert app.get_job(queued).state is replayq.JobState.CANCELLED
+            assert len(app.list_jobs(limit=10)) == 2
+        finally:
+            app.close()

@@ -70,6 +70,10 @@ Known limits, up front:
   primary that took over. Transactions begin with the server's default mode
   (never ``BEGIN READ WRITE``, which would override that setting, and which a
   standby refuses with another code).
+* A statement the server cancels (SQLSTATE 57014: a ``statement_timeout`` of the role or
+  database, ``pg_cancel_backend``) is ``DatabaseUnavailableError`` too: its transaction
+  rolled back and its session is good, and the same statement may pass a moment later
+  (``tests/acceptance/test_postgres_statement_cancel.py``).
 * Half-open sockets (a partitioned host): libpq TCP keepalives and
   ``tcp_user_timeout`` (``DEFAULT_TCP_USER_TIMEOUT_MS`` unless the URL sets it)
   turn a silent peer into an error within seconds instead of the kernel's
@@ -104,7 +108,7 @@ import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import psycopg
 from psycopg import pq
@@ -201,14 +205,29 @@ DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT = 10.0
 
 
 def parse_postgres_url(url: str) -> tuple[str, dict[str, str]]:
-    """``postgresql://…?pool_size=8&options=…`` → (libpq conninfo, replayq options)."""
+    """``postgresql://…?pool_size=8&options=…`` → (libpq conninfo, replayq options).
+
+    The parameters that are not replayq's go to libpq as written, never decoded and
+    encoded again: libpq reads ``+`` as a plus sign, not a space, so a re-encoded
+    ``options=-csearch_path%3Da%20-cstatement_timeout%3D5s`` set the search path to
+    ``a+-cstatement_timeout=5s`` (another schema, without a word) and the timeout not at all.
+    """
     parts = urlsplit(url)
-    query = parse_qsl(parts.query, keep_blank_values=True)
-    ours = {k: v for k, v in query if k in _REPLAYQ_OPTIONS}
-    theirs = [(k, v) for k, v in query if k not in _REPLAYQ_OPTIONS]
-    given = {k for k, _ in theirs}
-    theirs += [(k, v) for k, v in _LIVENESS.items() if k not in given]
-    conninfo = urlunsplit(parts._replace(query=urlencode(theirs)))
+    ours: dict[str, str] = {}
+    theirs: list[str] = []
+    given: set[str] = set()
+    for pair in parts.query.split("&"):
+        if not pair:
+            continue
+        raw_key, _, raw_value = pair.partition("=")
+        key = unquote(raw_key)
+        if key in _REPLAYQ_OPTIONS:
+            ours[key] = unquote(raw_value)
+        else:
+            theirs.append(pair)
+            given.add(key)
+    theirs += [f"{k}={v}" for k, v in _LIVENESS.items() if k not in given]
+    conninfo = urlunsplit(parts._replace(query="&".join(theirs)))
     return conninfo, ours
 
 
@@ -324,10 +343,15 @@ def storage_error(what: str, exc: psycopg.Error, *, read_only_asked: bool = Fals
         # SQLSTATE 55P03: a row lock not granted within ``lock_timeout`` (or ``NOWAIT``).
         # Still an outage to whoever did not ask for the bound (a subclass); the session
         # is fine and its transaction rolled back.
-        return RowLockTimeoutError(f"{what}: a row lock was not granted in time: {said}")
-    if isinstance(exc, psycopg.OperationalError) and not isinstance(
-        exc, psycopg.errors.QueryCanceled
-    ):
+        return RowLockTimeoutError(f"{what}: a lock was not granted in time: {said}")
+    if isinstance(exc, psycopg.errors.QueryCanceled):
+        # SQLSTATE 57014: the server cancelled the statement (a ``statement_timeout`` of the
+        # role or database, an operator's ``pg_cancel_backend``). The transaction rolled
+        # back, the session is fine, and the same statement may well pass in a moment:
+        # waited out like a server-wide ``lock_timeout``, never a job's failure (as a
+        # plain ``StorageError`` it sent the job to ``dead``, class ``unknown``).
+        return DatabaseUnavailableError(f"{what}: the server cancelled the statement: {said}")
+    if isinstance(exc, psycopg.OperationalError):
         return DatabaseUnavailableError(f"{what}: {said}")
     if (exc.sqlstate or "").startswith("23"):
         # SQLSTATE class 23 (a unique key, a foreign key, a check, a not-null column): a
@@ -1062,6 +1086,7 @@ class Notifier:
         self.installation_sql = queries["jobs_listen_installation"]
         # The oid of the rq_jobs table this listener's wake-ups are about (``_listen_once``).
         self.installation: int | None = None
+        self._installation_read = 0.0  # monotonic time it was last looked up (``_heard``)
         self.health_sql = queries["listen_health"]
         self.callback = callback
         self.health_check_seconds = health_check_seconds
@@ -1097,6 +1122,7 @@ class Notifier:
             conn.execute(self.listen_sql)
             found = conn.execute(self.installation_sql).fetchone()
             self.installation = None if found is None or found[0] is None else int(found[0])
+            self._installation_read = time.monotonic()
             self.backend_pid = conn.info.backend_pid
             self.connects += 1
             self.listening.set()
@@ -1104,8 +1130,10 @@ class Notifier:
             while not self._stop.is_set():
                 # Wait on the socket and on close()'s pipe together: closing never waits
                 # out a timeout. Notifications libpq already read are drained each turn.
-                for notify in conn.notifies(timeout=0):
-                    self._heard(notify.payload)
+                # Read them all first: ``notifies`` holds the connection's lock while it
+                # yields, and ``_heard`` may run a query on it.
+                for payload in [notify.payload for notify in conn.notifies(timeout=0)]:
+                    self._heard(payload, conn)
                 readable, _, _ = select.select(
                     [conn.fileno(), self._closing_r], [], [], self.health_check_seconds
                 )
@@ -1114,17 +1142,33 @@ class Notifier:
                 if not readable:
                     self._check_alive(conn)
 
-    def _heard(self, payload: str) -> None:
+    def _heard(self, payload: str, conn: psycopg.Connection[Any]) -> None:
         """A wake-up: ``[rq_jobs oid, queue]`` as JSON. Another installation's (a sibling
         schema's rq_jobs) is ignored; a payload of another form (a plain queue name, as
-        replayq sent before) wakes the callback as it did."""
+        replayq sent before) wakes the callback as it did.
+
+        A wake-up for another table may be this installation's own under a new oid: its
+        ``rq_jobs`` made again while this session lived (a ``pg_restore`` of the schema
+        under running workers), which no reconnect tells. So the oid is looked up again,
+        at most once a second (a busy sibling installation costs one query a second):
+        with the old one kept, every wake-up was ignored and idle workers waited for their
+        poll (``--poll-interval``), ``tests/acceptance/test_postgres_restore.py``.
+        """
         try:
             installation, queue = json.loads(payload)
         except (ValueError, TypeError):
             self.callback(payload)
             return
-        if self.installation is None or installation == self.installation:
-            self.callback(str(queue))
+        if self.installation is not None and installation != self.installation:
+            now = time.monotonic()
+            if now - self._installation_read < 1.0:
+                return
+            self._installation_read = now
+            found = conn.execute(self.installation_sql).fetchone()
+            self.installation = None if found is None or found[0] is None else int(found[0])
+            if self.installation is not None and installation != self.installation:
+                return
+        self.callback(str(queue))
 
     def _check_alive(self, conn: psycopg.Connection[Any]) -> None:
         # A silent half-open socket (partitioned host) raises nothing on read; a cheap
