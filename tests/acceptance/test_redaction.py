@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ import pytest
 import replayq
 from tests.acceptance.workers import WorkerLauncher
 from tests.apps import secret_paths, secrets
+from tests.browser.conftest import start_dashboard
 from tests.conformance.test_secret_paths import stored_rows
 from tests.replay_support import cli, cli_ok
 
@@ -132,8 +134,9 @@ def test_a_careless_handlers_secrets_reach_no_row_output_or_log_line(
     """``tests.apps.secret_paths``: a token in a step's name, a card number and a token as
     object keys, a password nested in arguments, a decision and a child's payload, and
     log lines quoting the token (one with a traceback). A real worker runs it, then the
-    real CLI reads, exports, dry-runs and forks it: the dry-run and the fork read the
-    token from the environment again and log it, on the CLI's stderr."""
+    real CLI reads, exports, dry-runs and forks it and the dashboard shows it: the dry-run
+    and the fork read the token from the environment again and log it, on the CLI's
+    stderr."""
     env = {"REPLAYQ_REDACTION_KEY": KEY, "PROBE_TOKEN": PROBE_TOKEN}
     env["PROBE_PASSWORD"] = PROBE_PASSWORD
     for name, value in env.items():
@@ -171,6 +174,15 @@ def test_a_careless_handlers_secrets_reach_no_row_output_or_log_line(
         dry_run_stderr = outputs[10]
         assert "Authorization: Bearer [redacted:" in dry_run_stderr, dry_run_stderr
         outputs.append(cli_ok(launcher.url, "events").stdout)
+        dashboard = start_dashboard(launcher.url, launcher.directory, token=None)
+        try:
+            for path in ("/", "/jobs", "/dead", *(f"/jobs/{job}" for job in jobs)):
+                with urllib.request.urlopen(dashboard.url + path, timeout=30) as page:  # noqa: S310 -- http://127.0.0.1 only
+                    outputs.append(page.read().decode())
+        finally:
+            dashboard.proc.terminate()
+            dashboard.proc.wait(30)
+        assert "auth Bearer [redacted:" in outputs[-1], outputs[-1]
         stored = stored_rows(app)
         assert "[redacted:" in stored
         for secret in (PROBE_TOKEN, PROBE_PASSWORD, secret_paths.CARD):
