@@ -483,12 +483,24 @@ class Redactor:
                 return redacted
             return self.marker(value)
         if isinstance(value, dict | list | tuple) and _has_marker(value):
-            return value  # redacted before (read back from the database)
+            # Redacted before (read back from the database), or a marker passed on (a
+            # redacted payload field) beside secrets in clear: each leaf is redacted whole,
+            # a marker kept, so the first is itself again and the second keeps no secret.
+            return self._whole_leaves(value)
         try:
             text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         except (TypeError, ValueError):
             text = repr(value)
         return self.marker(text)
+
+
+    def _whole_leaves(self, value: Any) -> Any:
+        """``whole`` of each leaf of a secret field's container (see ``whole``)."""
+        if isinstance(value, dict):
+            return {key: self._whole_leaves(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [self._whole_leaves(item) for item in value]
+        return self.whole(value)
 
 
 _SCALARS = frozenset((int, float, bool))

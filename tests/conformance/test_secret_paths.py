@@ -113,3 +113,33 @@ def test_secrets_in_object_keys_of_calls_and_effects_are_stored_redacted(
     for secret in (CARD, TOKEN):
         assert secret not in events, f"{secret} is in the trace: {events}"
         assert secret not in stored, f"{secret} is stored"
+
+
+PIN = "8642-unguessable"
+
+
+def test_a_secret_field_mixing_a_redacted_payload_field_with_a_clear_secret_is_redacted_whole(
+    app_factory: AppFactory,
+) -> None:
+    """A payload's card number reaches the handler as its marker; passed on under a secret
+    field together with a secret the handler read itself, the whole field is still secret:
+    the marker it holds does not make the rest pass as "redacted before"."""
+    app = app_factory(redaction=replayq.Redaction(key=KEY))
+
+    @app.job("store_card", retry=replayq.Retry(max_attempts=1))
+    def store_card(ctx: replayq.Context, card_number: str) -> None:
+        with ctx.step("vault"):
+            ctx.call(
+                "vault", lambda **_: {"stored": True}, secret={"card": card_number, "pin": PIN}
+            )
+            ctx.decide("stored", True, secret=[card_number, PIN])
+
+    job = replayq.testing.run_inline(app, "store_card", {"card_number": CARD})
+    assert job.state is replayq.JobState.SUCCEEDED, job.last_error
+    assert job.payload["card_number"].startswith("[redacted:")
+
+    events = json.dumps(_events(app, job), default=str)
+    assert PIN not in events, events
+    assert PIN not in stored_rows(app)
+    report = replayq.dry_run(app, job.id, keep=False)
+    assert not report.diverged, report.to_dict()
