@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import uuid
 from collections.abc import Callable
 from typing import Any
+
+import pytest
 
 import replayq
 import replayq.testing
@@ -41,7 +44,8 @@ def stored_rows(app: replayq.App) -> str:
                 "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')"
             ).fetchall()
             for (name,) in names:
-                chunks += map(repr, connection.execute(f'SELECT * FROM "{name}"'))
+                query = f'SELECT * FROM "{name}"'  # noqa: S608 - a name sqlite_master gave
+                chunks += map(repr, connection.execute(query))
         finally:
             connection.close()
         return "\n".join(chunks)
@@ -143,3 +147,33 @@ def test_a_secret_field_mixing_a_redacted_payload_field_with_a_clear_secret_is_r
     assert PIN not in stored_rows(app)
     report = replayq.dry_run(app, job.id, keep=False)
     assert not report.diverged, report.to_dict()
+
+
+def test_a_mistyped_secret_field_is_quoted_redacted_in_the_refusal(
+    app_factory: AppFactory,
+) -> None:
+    """A payload refused at enqueue was never redacted, and the refusal quotes the field's
+    value. ``ctx.enqueue`` of a child whose ``api_key`` is not the declared type: the
+    parent's failure (its trace, ``last_error``) quotes the key's marker. ``App.enqueue``
+    (what ``replayq enqueue`` prints) likewise."""
+    app = app_factory(redaction=replayq.Redaction(key=KEY))
+
+    @app.job("child", retry=replayq.Retry(max_attempts=1))
+    def child(ctx: replayq.Context, api_key: uuid.UUID, password: int = 0) -> None:
+        return None
+
+    @app.job("parent", retry=replayq.Retry(max_attempts=1))
+    def parent(ctx: replayq.Context, order: int) -> None:
+        with ctx.step("spawn"):
+            ctx.enqueue("child", {"api_key": TOKEN})
+
+    job = replayq.testing.run_inline(app, "parent", {"order": 1})
+    assert job.state is replayq.JobState.DEAD
+    assert "field 'api_key' expects UUID, got str '[redacted:" in (job.last_error or "")
+    assert TOKEN not in json.dumps(_events(app, job), default=str)
+    assert TOKEN not in stored_rows(app)
+
+    with pytest.raises(replayq.PayloadError) as refused:
+        app.enqueue("child", {"api_key": str(uuid.uuid4()), "password": PIN})
+    assert "field 'password' expects int, got str '[redacted:" in str(refused.value)
+    assert PIN not in str(refused.value)
