@@ -368,11 +368,11 @@ class Redactor:
     def _flat_clean(self, value: dict[Any, Any]) -> bool:
         """Whether a flat object (``_flat``: up to 16 items, each ``None``, a text, a whole
         number, a float or a bool) certainly holds no secret: no key is a secret field's
-        name or a text that may hold a secret (``_plain_key``), and its texts (picked in C: ``_walk`` returns its other values as they are),
-        joined by a NUL that no rule's substring or digit run holds, are a text
-        ``_cannot_match``. Then ``_walk`` would return it as it is: each of its texts is
-        part of the joined one, so none of them holds a needle or a run of 13 digits
-        either. ``False`` means "walk it". Only with the built-in patterns (``_needles``)."""
+        name or a text that may hold a secret (``_plain_key``), and its texts (picked in
+        C: ``_walk`` returns its other values as they are), joined by a NUL that no
+        rule's substring or digit run holds, are a text ``_cannot_match``. Then
+        ``_walk`` would return it as it is: each of its texts is part of the joined one,
+        so none of them holds a needle or a run of 13 digits either. ``False`` means "walk it". Only with the built-in patterns (``_needles``)."""
         if not self._plain_keys.issuperset(value) and (
             not _STR.issuperset(map(type, value))
             or self.any_secret_field(value)
@@ -492,7 +492,6 @@ class Redactor:
         except (TypeError, ValueError):
             text = repr(value)
         return self.marker(text)
-
 
     def _whole_leaves(self, value: Any) -> Any:
         """``whole`` of each leaf of a secret field's container (see ``whole``)."""

@@ -29,7 +29,9 @@ def test_a_replay_never_runs_a_db_write_function(app_factory: AppFactory) -> Non
     app = app_factory()
     placeholder = "?" if app.storage.dialect == "sqlite" else "%s"
     with app.storage.transaction() as tx:
-        tx.connection.execute("CREATE TABLE invoices (order_id INTEGER PRIMARY KEY, amount INTEGER)")
+        tx.connection.execute(
+            "CREATE TABLE invoices (order_id INTEGER PRIMARY KEY, amount INTEGER)"
+        )
     calls: list[int] = []
 
     def insert(order: int) -> Callable[[Any], None]:
