@@ -372,7 +372,8 @@ class Redactor:
         C: ``_walk`` returns its other values as they are), joined by a NUL that no
         rule's substring or digit run holds, are a text ``_cannot_match``. Then
         ``_walk`` would return it as it is: each of its texts is part of the joined one,
-        so none of them holds a needle or a run of 13 digits either. ``False`` means "walk it". Only with the built-in patterns (``_needles``)."""
+        so none of them holds a needle or a run of 13 digits either. ``False`` means
+        "walk it". Only with the built-in patterns (``_needles``)."""
         if not self._plain_keys.issuperset(value) and (
             not _STR.issuperset(map(type, value))
             or self.any_secret_field(value)
