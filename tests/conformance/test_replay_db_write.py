@@ -49,11 +49,13 @@ def test_a_replay_never_runs_a_db_write_function(app_factory: AppFactory) -> Non
         with ctx.step("load"):
             ctx.state.get("order", order)
         with ctx.step("write"):
-            ctx.db_write(insert(order), key=f"invoice:{order}")
+            # Without a key: no idempotency record would stop a second run of it.
+            ctx.db_write(insert(order))
+            ctx.db_write(insert(order + 1), key=f"invoice:{order + 1}")
 
     job = replayq.testing.run_inline(app, "invoice", {"order": 7})
     assert job.state is replayq.JobState.SUCCEEDED, job.last_error
-    assert calls == [7] and _invoice_rows(app) == [(7, 100)]
+    assert calls == [7, 8] and _invoice_rows(app) == [(7, 100), (8, 100)]
 
     reports = [
         dry_run(app, job.id),
@@ -62,7 +64,7 @@ def test_a_replay_never_runs_a_db_write_function(app_factory: AppFactory) -> Non
         fork(app, job.id, from_step="write"),
     ]
 
-    assert calls == [7], "a replay ran the db_write function"
-    assert _invoice_rows(app) == [(7, 100)]
+    assert calls == [7, 8], "a replay ran a db_write function"
+    assert _invoice_rows(app) == [(7, 100), (8, 100)]
     for report in reports:
         assert report.outcome_now.status == "succeeded", report.to_dict()
