@@ -76,6 +76,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from enum import StrEnum
+from typing import Any
 
 
 class FailureClass(StrEnum):
@@ -113,6 +114,10 @@ class ContractError(ConfigurationError):
 
 class PayloadError(ReplayqError):
     """A payload rejected at enqueue; the message names the field or the limit."""
+
+    # (field path, value) when the message quotes the field's value: redacted before the
+    # message leaves the enqueue (``payload_types.without_secrets``).
+    quoted: tuple[str, Any] | None = None
 
 
 class UnknownJobTypeError(ReplayqError):

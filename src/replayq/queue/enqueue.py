@@ -252,7 +252,7 @@ def _job_params(
     payload = request.payload
     if handler is not None:
         # Keys are rendered from the JSON form: one text per value, whatever object was passed.
-        plain, payload_json = handler.prepare_payload(payload)
+        plain, payload_json = handler.prepare_payload(payload, redactor)
         plain, payload_json = _redacted(redactor, plain, payload_json)
         contract = handler.contract
         max_attempts = contract.retry.max_attempts

@@ -14,7 +14,14 @@ from msgspec import Struct
 from replayq import codec
 from replayq.errors import ContractError, FailureClass, PayloadError, UnknownJobTypeError
 from replayq.queue.contracts import JobContract
-from replayq.queue.payload_types import Fields, FieldType, check_names, field_type, is_record
+from replayq.queue.payload_types import (
+    Fields,
+    FieldType,
+    check_names,
+    field_type,
+    is_record,
+    without_secrets,
+)
 from replayq.queue.schedule import Schedule
 from replayq.redaction import Redactor, is_marker
 
@@ -107,7 +114,9 @@ class PayloadShape(Struct, frozen=True, dict=True):
                 for name, value in payload.items()
             }
         except PayloadError as exc:
-            raise PayloadError(f"{job_type}: {exc}") from None
+            error = PayloadError(f"{job_type}: {exc}")
+            error.quoted = exc.quoted
+            raise error from None
 
     @cached_property
     def _fields(self) -> Fields:
@@ -139,7 +148,9 @@ class PayloadShape(Struct, frozen=True, dict=True):
                     decoded[name] = value
             return decoded if decoded is not None else payload
         except PayloadError as exc:
-            raise PayloadError(f"{job_type}: {exc}") from None
+            error = PayloadError(f"{job_type}: {exc}")
+            error.quoted = exc.quoted
+            raise error from None
 
 
 class Handler(Struct, frozen=True, dict=True):
@@ -161,19 +172,29 @@ class Handler(Struct, frozen=True, dict=True):
         """Check and encode a payload; ``PayloadError`` names the field or the limit."""
         return self.prepare_payload(payload)[1]
 
-    def prepare_payload(self, payload: Any) -> tuple[dict[str, Any], str]:
+    def prepare_payload(
+        self, payload: Any, redactor: Redactor | None = None
+    ) -> tuple[dict[str, Any], str]:
         """The payload's JSON form (rich values converted) and its canonical text, checked
-        against the handler's fields and the contract's size limit."""
+        against the handler's fields and the contract's size limit. ``redactor``: the
+        rules a rejected field's value is redacted with in the error's message (default:
+        this handler's own)."""
         name = self.contract.name
-        plain = self.shape.to_json(name, payload)
-        text = codec.dumps(plain, what=f"{name} payload")
-        size = len(text.encode())
-        if size > self.contract.max_payload_bytes:
-            raise PayloadError(
-                f"{name}: payload is {size} bytes, above max_payload_bytes="
-                f"{self.contract.max_payload_bytes}"
-            )
-        self.shape.check(name, plain)
+        try:
+            plain = self.shape.to_json(name, payload)
+            text = codec.dumps(plain, what=f"{name} payload")
+            size = len(text.encode())
+            if size > self.contract.max_payload_bytes:
+                raise PayloadError(
+                    f"{name}: payload is {size} bytes, above max_payload_bytes="
+                    f"{self.contract.max_payload_bytes}"
+                )
+            self.shape.check(name, plain)
+        except PayloadError as exc:
+            rules = redactor or self.redactor
+            if rules is None or exc.quoted is None:
+                raise
+            raise without_secrets(exc, rules) from None
         return plain, text
 
 

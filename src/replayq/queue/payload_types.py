@@ -48,7 +48,7 @@ from typing import Any
 from msgspec import Struct
 
 from replayq.errors import PayloadError
-from replayq.redaction import is_marker
+from replayq.redaction import Redactor, is_marker
 
 
 def join(path: str, name: str) -> str:
@@ -56,11 +56,33 @@ def join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
+def _shown(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:80] + "…"
+
+
 def _wrong(path: str, expected: str, value: Any, hint: str = "") -> PayloadError:
-    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:80] + "…"
-    return PayloadError(
-        f"field {path!r} expects {expected}, got {type(value).__name__} {shown}{hint}"
+    error = PayloadError(
+        f"field {path!r} expects {expected}, got {type(value).__name__} {_shown(value)}{hint}"
     )
+    error.quoted = (path, value)
+    return error
+
+
+def without_secrets(error: PayloadError, redactor: Redactor) -> PayloadError:
+    """``error`` with the value it quotes (``PayloadError.quoted``) redacted: whole where a
+    name on its field's path is a secret field's, else as any value is. A payload rejected
+    at enqueue was never redacted, and its error becomes a caller's message, a handler's
+    failure (``ctx.enqueue``: the trace, ``last_error``) or a CLI's output."""
+    if error.quoted is None:
+        return error
+    path, value = error.quoted
+    names = [name for name in re.split(r"[.\[\]<>]+", path) if name]
+    secret = any(redactor.secret_field(name) for name in names)
+    redacted = redactor.whole(value) if secret else redactor.value(value)
+    if redacted is value or redacted == value:
+        return error
+    return PayloadError(str(error).replace(_shown(value), _shown(redacted)))
 
 
 class FieldType(Struct, frozen=True):
@@ -338,9 +360,11 @@ def _pydantic(cls: type[Any]) -> FieldType:
             where = path
             for part in first["loc"]:
                 where = f"{where}[{part}]" if isinstance(part, int) else join(where, str(part))
-            raise PayloadError(
-                f"field {where or cls.__name__!r}: {first['msg']}, got {first['input']!r}"
-            ) from None
+            error = PayloadError(
+                f"field {where or cls.__name__!r}: {first['msg']}, got {_shown(first['input'])}"
+            )
+            error.quoted = (where, first["input"])
+            raise error from None
 
     model_fields = cls.model_fields.items()
     return FieldType(

@@ -56,7 +56,9 @@ def defer_child_job(
     """``ctx.enqueue``: the child is inserted in the step's transaction (causation: this job)."""
     request = EnqueueRequest(job_type, payload, **options)
     if job_type in ctx.runtime.registry.job_types():
-        plain, _ = ctx.runtime.registry.handler(job_type).prepare_payload(request.payload)
+        handler = ctx.runtime.registry.handler(job_type)
+        # A rejected field's value is quoted redacted by the child's rules (its failure's text).
+        plain, _ = handler.prepare_payload(request.payload, ctx.runtime.redactor_of(handler))
         request = replace(request, payload=plain)
     origin = ctx.job.origin
     correlation = ctx.job.correlation_id or ctx.job.trace_id
