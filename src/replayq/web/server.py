@@ -85,6 +85,7 @@ def make_environment() -> jinja2.Environment:
     env.filters["when"] = _when
     env.filters["pretty"] = _json
     env.globals["describe"] = timeline.describe
+    env.filters["resource_href"] = timeline.resource_href
     return env
 
 
