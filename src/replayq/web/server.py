@@ -307,7 +307,28 @@ class Dashboard:
         }
         if action not in handlers:
             raise HTTPException(404, f"no action {action!r}")
-        return await run_in_threadpool(handlers[action], request, job_id, fields)
+        return await run_in_threadpool(self._refusing, handlers[action], request, job_id, fields)
+
+    def _refusing(
+        self,
+        action: Callable[[Request, int, dict[str, str]], Response],
+        request: Request,
+        job_id: int,
+        form: dict[str, str],
+    ) -> Response:
+        """``action`` on job ``job_id``, what replayq refuses shown as the reason it gave.
+
+        Before, an unknown step or version, a job with no attempt to replay, a job type
+        this dashboard has no handler for, or a job gone meanwhile ended in a bare 500
+        ``Internal Server Error`` (sent outside every header this dashboard sets).
+        """
+        self._job(job_id)  # 404 when it does not exist
+        try:
+            return action(request, job_id, form)
+        except replayq.StorageError as exc:
+            raise HTTPException(503, f"the database refused: {exc}") from exc
+        except replayq.ReplayqError as exc:
+            raise HTTPException(409, f"job {job_id}: {exc}") from exc
 
     def _dry_run(self, request: Request, job_id: int, form: dict[str, str]) -> Response:
         report = replayq.dry_run(self.app, job_id, version=form.get("version") or None)
@@ -390,7 +411,7 @@ def create_app(app: replayq.App, *, token: str | None = None) -> Starlette:
         assert isinstance(exc, HTTPException)
         return dashboard.page(request, "refused.html", status=exc.status_code, why=str(exc.detail))
 
-    web = Starlette(
+    web = _Starlette(
         routes=[
             Route("/", dashboard.overview),
             Route("/jobs", dashboard.jobs),
@@ -407,8 +428,15 @@ def create_app(app: replayq.App, *, token: str | None = None) -> Starlette:
         ],
         exception_handlers={HTTPException: on_error},
     )
-    web.add_middleware(_HeadersMiddleware)
     return web
+
+
+class _Starlette(Starlette):
+    """Starlette with the security headers outermost: ``add_middleware`` puts them inside
+    Starlette's error middleware, so an unexpected error's 500 went out without them."""
+
+    def build_middleware_stack(self) -> Any:
+        return _HeadersMiddleware(super().build_middleware_stack())
 
 
 class _HeadersMiddleware:
