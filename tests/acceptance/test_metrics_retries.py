@@ -5,16 +5,21 @@ its third attempt is three leases, two failures, two retries and one success; on
 fails all three is three failures, two retries and one burial. A child enqueued with a
 message id already taken is one deduplicated enqueue, in the worker that enqueued it.
 Nothing moves between two scrapes of an idle worker, the in-flight gauge is back at
-zero, and no error message becomes a label value.
+zero, and no error message becomes a label value. The fleet's backlog gauge of a queue
+that drained reads 0, not "no data".
 """
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import replayq
-from tests.acceptance.test_metrics_scrape import Samples, free_port, scrape, value
-from tests.acceptance.workers import WorkerLauncher, wait_for
+from tests.acceptance.test_metrics_scrape import Samples, _try_scrape, free_port, scrape, value
+from tests.acceptance.workers import REPLAYQ, ROOT, WorkerLauncher, wait_for
 from tests.apps import metered
 
+GROUP = {"queue": "default", "job_type": "child", "version": "none"}
 LABELS = {"job_type", "version", "queue", "error_class", "reason", "outcome", "le"}
 
 
@@ -101,3 +106,42 @@ def _counted(samples: Samples) -> Samples:
     return {
         k: v for k, v in samples.items() if k[0].startswith("replayq_") and k[0].endswith(kinds)
     }
+
+
+def test_a_drained_backlog_reads_zero_on_the_fleet_gauges_not_no_data(
+    launcher: WorkerLauncher, tmp_path: Path
+) -> None:
+    app = metered.declare(replayq.App(launcher.url))
+    port = free_port()
+    output = tmp_path / "fleet.log"
+    with output.open("wb") as sink:
+        server = subprocess.Popen(
+            [REPLAYQ, "--db", launcher.url, "metrics", "serve", "--port", str(port)],
+            cwd=ROOT,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        jobs = [app.enqueue("child", {"order_id": n}) for n in range(3)]
+        backlog = ("replayq_jobs", frozenset({**GROUP, "state": "queued"}.items()))
+        try:
+            samples = wait_for(lambda: _try_scrape(port), timeout=20, what="fleet metrics")
+        except AssertionError:
+            raise AssertionError(output.read_text()) from None
+        assert samples[backlog] == 3
+
+        launcher.start("w1", app="tests.apps.metered:app", burst=True)
+        wait_for(
+            lambda: {app.get_job(j).state for j in jobs} == {"succeeded"},
+            timeout=60,
+            what="the backlog drained",
+        )
+        # The series is still there, at 0: a graph or an alert sees the queue empty.
+        assert scrape(port).get(backlog) == 0
+        assert (
+            scrape(port).get(("replayq_jobs", frozenset({**GROUP, "state": "dead"}.items()))) == 0
+        )
+    finally:
+        server.terminate()
+        server.wait(10)
+        app.close()
