@@ -138,3 +138,22 @@ def test_a_sqlite_connection_with_row_objects_in_its_default_mode_enqueues_on_co
     conn.close()
     assert run_all(sqlite_app).stats.succeeded == 1
     assert sqlite_app.get_job(job_id).result == 5
+
+
+def test_an_async_enqueue_carries_the_callers_trace_context_like_enqueue(
+    pg_app: replayq.App, pg_schema_url: str
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    tracer = TracerProvider().get_tracer("shop")
+
+    async def enqueue_in_a_request() -> tuple[int, str]:
+        with tracer.start_as_current_span("POST /orders") as request:
+            async with await psycopg.AsyncConnection.connect(pg_schema_url) as conn:
+                job_id = await pg_app.enqueue_async("send_receipt", {"order_id": 9}, conn=conn)
+                await conn.commit()
+        return job_id, format(request.get_span_context().trace_id, "032x")
+
+    job_id, trace_id = asyncio.run(enqueue_in_a_request())
+    # The worker's attempt span becomes a child of the request, as after App.enqueue.
+    assert replayq.otel_trace_id(pg_app.get_job(job_id).trace_context) == trace_id
