@@ -71,3 +71,27 @@ def test_payload_strings_show_as_text_and_resource_links_reach_their_own_page(
             page.locator("svg.timeline a").first.dispatch_event("click")
         assert page.locator("h1 code").inner_text() == resource, case
     page.close()
+
+
+def test_a_secret_in_a_jobs_result_is_not_shown_to_a_reader(
+    app_factory: Any, browser: Any, dashboards: list[Dashboard], tmp_path: Path
+) -> None:
+    app = app_factory()
+
+    @app.job("issue_token")
+    def issue_token(ctx: replayq.Context, user: int) -> dict[str, Any]:
+        return {"user": user, "access_token": "tok-SECRET-4242", "note": "Bearer sk_live_77777777"}
+
+    job_id = app.enqueue("issue_token", {"user": 1})
+    replayq.Worker(app, burst=True).run()
+    # Stored as returned, for the caller to read back (docs/secrets.md).
+    assert app.get_job(job_id).result["access_token"] == "tok-SECRET-4242"
+    web = start_dashboard(app.url, tmp_path, token=None)  # reading needs no sign-in
+    dashboards.append(web)
+    page = browser.new_page()
+    page.goto(f"{web.url}/jobs/{job_id}")
+    shown = page.locator("pre.payload").last.inner_text()
+    assert '"user": 1' in shown and '"access_token": "[redacted' in shown
+    for secret in ("tok-SECRET-4242", "sk_live_77777777"):
+        assert secret not in page.content()
+    page.close()

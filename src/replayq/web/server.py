@@ -178,10 +178,14 @@ class Dashboard:
         steps = list(
             dict.fromkeys(str(e.data.get("step_name")) for e in events if e.name == "step.started")
         )
+        # A job's result is stored as returned (docs/secrets.md); reading the dashboard
+        # needs no sign-in, so its secrets are shown as markers, by the type's rules.
+        result = self.app.runtime.redactor_for(job.job_type).value(job.result)
         return self.page(
             request,
             "job.html",
             job=job,
+            result=result,
             events=events,
             picture=timeline.job_picture(events),
             versions=versions,
