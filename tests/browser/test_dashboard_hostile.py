@@ -12,10 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import replayq
-from tests.browser.conftest import Dashboard, start_dashboard
+from tests.apps import token_issuer
+from tests.browser.conftest import TOKEN, Dashboard, start_dashboard
 
 # Markup that would show as an element if any page rendered it unescaped.
 MARKUP = '<i class="injected">i</i><img class="injected" src="x">'
+SECRETS = ("tok-SECRET-4242", "sk_live_77777777")
 NAMES = {
     "query": "7?x=1",  # once sent to /resources/acct:7
     "fragment": "7#x",  # likewise
@@ -73,25 +75,32 @@ def test_payload_strings_show_as_text_and_resource_links_reach_their_own_page(
     page.close()
 
 
-def test_a_secret_in_a_jobs_result_is_not_shown_to_a_reader(
+def test_a_secret_in_a_jobs_result_is_shown_as_a_marker_on_its_page_and_its_dry_run(
     app_factory: Any, browser: Any, dashboards: list[Dashboard], tmp_path: Path
 ) -> None:
-    app = app_factory()
-
-    @app.job("issue_token")
-    def issue_token(ctx: replayq.Context, user: int) -> dict[str, Any]:
-        return {"user": user, "access_token": "tok-SECRET-4242", "note": "Bearer sk_live_77777777"}
-
+    app = token_issuer.declare(app_factory())
     job_id = app.enqueue("issue_token", {"user": 1})
     replayq.Worker(app, burst=True).run()
     # Stored as returned, for the caller to read back (docs/secrets.md).
     assert app.get_job(job_id).result["access_token"] == "tok-SECRET-4242"
-    web = start_dashboard(app.url, tmp_path, token=None)  # reading needs no sign-in
+    web = start_dashboard(app.url, tmp_path, token=TOKEN, app_spec="tests.apps.token_issuer:app")
     dashboards.append(web)
     page = browser.new_page()
-    page.goto(f"{web.url}/jobs/{job_id}")
+    page.goto(f"{web.url}/jobs/{job_id}")  # reading needs no sign-in
     shown = page.locator("pre.payload").last.inner_text()
     assert '"user": 1' in shown and '"access_token": "[redacted' in shown
-    for secret in ("tok-SECRET-4242", "sk_live_77777777"):
-        assert secret not in page.content()
+    assert not any(secret in page.content() for secret in SECRETS)
+
+    # A dry-run reruns the handler: the result it returns now is shown as markers too.
+    page.click("text=Sign in with the token")
+    page.fill("input[name=token]", TOKEN)
+    page.click("button:has-text('Sign in')")
+    page.wait_for_url(f"**/jobs/{job_id}")
+    with page.expect_navigation():
+        page.click("button:has-text('Dry-run')")
+    assert "No divergence" in page.locator("main").inner_text()
+    outcomes = page.locator("table.side-by-side pre").all_inner_texts()
+    assert len(outcomes) == 2
+    assert all('"access_token": "[redacted' in shown for shown in outcomes)
+    assert not any(secret in page.content() for secret in SECRETS)
     page.close()

@@ -11,6 +11,7 @@ its thread pool; storage connections are per thread).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -336,7 +337,18 @@ class Dashboard:
 
     def _dry_run(self, request: Request, job_id: int, form: dict[str, str]) -> Response:
         report = replayq.dry_run(self.app, job_id, version=form.get("version") or None)
-        return self.page(request, "report.html", job=self._job(job_id), report=report)
+        job = self._job(job_id)
+        # The recorded outcome holds the job's result as stored, the new one what the
+        # handler returned now: both shown with their secrets as markers, as the job page.
+        redact = self.app.runtime.redactor_for(job.job_type).value
+        divergence = report.first_divergence
+        shown = {
+            "recorded": redact(_plain(report.outcome_recorded)),
+            "now": redact(_plain(report.outcome_now)),
+            "diverged_recorded": redact(divergence.recorded) if divergence else None,
+            "diverged_now": redact(divergence.now) if divergence else None,
+        }
+        return self.page(request, "report.html", job=job, report=report, shown=shown)
 
     def _fork(self, request: Request, job_id: int, form: dict[str, str]) -> Response:
         from_step = form.get("from_step") or ""
@@ -389,6 +401,13 @@ class Dashboard:
             return self.app.get_job(job_id)
         except replayq.ReplayqError as exc:
             raise HTTPException(404, str(exc)) from exc
+
+
+def _plain(value: Any) -> Any:
+    """A dataclass (a report's ``Outcome``) as the JSON object the redactor reads."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
 
 
 def _stubs(text: str) -> dict[str, Any]:
