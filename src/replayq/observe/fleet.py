@@ -63,19 +63,18 @@ class FleetCollector:
             "How long the longest-running leased job has held its lease.",
             labels=labels,
         )
-        counts = dict.fromkeys(
-            ((*group, state) for group in self._groups for state in STATES), 0.0
-        )
+        counts = {(group, state): 0.0 for group in self._groups for state in STATES}
         for row in gauges:
-            key = [row.queue, row.job_type, row.version or "none"]
-            self._groups.add((row.queue, row.job_type, row.version or "none"))
-            counts[(*key, row.state)] = float(row.count)
+            group = (row.queue, row.job_type, row.version or "none")
+            key = list(group)
+            self._groups.add(group)
+            counts[(group, row.state)] = float(row.count)
             if row.oldest_ready is not None:
                 oldest.add_metric(key, max(0.0, now - float(row.oldest_ready)))
             if row.oldest_leased is not None:
                 longest.add_metric(key, max(0.0, now - float(row.oldest_leased)))
-        for labelled, count in sorted(counts.items()):
-            jobs.add_metric(list(labelled), count)
+        for (group, state), count in sorted(counts.items()):
+            jobs.add_metric([*group, state], count)
         yield jobs
         yield oldest
         yield longest
