@@ -112,6 +112,37 @@ def test_an_async_connection_in_autocommit_is_refused(
     assert pg_app.list_jobs() == []
 
 
+def test_a_sync_autocommit_connection_is_refused_outside_a_transaction_and_used_inside_one(
+    pg_app: replayq.App, pg_schema_url: str
+) -> None:
+    with psycopg.connect(pg_schema_url, autocommit=True) as conn:
+        # Outside a transaction each statement would commit alone: refused, nothing written.
+        with pytest.raises(replayq.ConfigurationError, match="autocommit"):
+            pg_app.enqueue("send_receipt", {"order_id": 1}, conn=conn)
+        assert pg_app.list_jobs() == []
+        with pytest.raises(KeyError), conn.transaction():
+            pg_app.enqueue("send_receipt", {"order_id": 2}, conn=conn)
+            raise KeyError("the order was refused")
+        assert pg_app.list_jobs() == [], "rolled back with conn.transaction()"
+        with conn.transaction():
+            kept = pg_app.enqueue("send_receipt", {"order_id": 3}, conn=conn)
+    assert [job.id for job in pg_app.list_jobs()] == [kept]
+
+
+def test_a_connection_in_a_failed_transaction_is_refused_and_stays_the_callers(
+    pg_app: replayq.App, pg_schema_url: str
+) -> None:
+    with psycopg.connect(pg_schema_url) as conn:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT 1 / 0")
+        with pytest.raises(replayq.ConfigurationError, match="failed"):
+            pg_app.enqueue("send_receipt", {"order_id": 1}, conn=conn)
+        conn.rollback()
+        kept = pg_app.enqueue("send_receipt", {"order_id": 2}, conn=conn)
+        conn.commit()
+    assert [job.id for job in pg_app.list_jobs()] == [kept]
+
+
 @pytest.fixture
 def sqlite_app(tmp_path: Path) -> Iterator[replayq.App]:
     app = declare(replayq.App(f"sqlite:///{tmp_path / 'shop.db'}"))
