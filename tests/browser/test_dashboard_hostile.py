@@ -56,6 +56,10 @@ def test_payload_strings_show_as_text_and_resource_links_reach_their_own_page(
         page.goto(web.url + path)
         assert page.locator(".injected").count() == 0, path
         assert MARKUP in page.locator("main").inner_text(), path
+    diff = f"/diff?a={jobs['markup']}&b={app.get_job(jobs['markup']).trace_id}"
+    for path in ("/rollout", diff, f"/jobs?type={odd_type}"):
+        page.goto(web.url + path)
+        assert page.locator(".injected").count() == 0, path
 
     for case, name in NAMES.items():
         resource = f"acct:{name}"
