@@ -10,6 +10,10 @@ response, an unexpected error's too, carries the security headers.
 
 from __future__ import annotations
 
+import threading
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +76,45 @@ def test_a_requeue_or_cancel_posted_twice_acts_once(
     assert again.status == 409
     assert names(app, queued).count("job.cancelled") == 1
     page.close()
+
+
+def test_two_requeues_posted_at_once_requeue_once(
+    app_factory: Any, dashboards: list[Dashboard], tmp_path: Path
+) -> None:
+    app = dashboard_shop.declare(app_factory())
+    incident(app)
+    dead = [job.id for job in app.list_jobs(states=["dead"])]
+    assert len(dead) == 2
+    web = start_dashboard(app.url, tmp_path, token=TOKEN)
+    dashboards.append(web)
+    for job_id in dead:
+        # Both posts sent together (a script's retry, two operators): whichever commits
+        # first requeues, the other finds the job no longer dead.
+        barrier = threading.Barrier(2)
+
+        def post(job_id: int = job_id, barrier: threading.Barrier = barrier) -> int:
+            request = urllib.request.Request(
+                f"{web.url}/jobs/{job_id}/requeue",
+                data=b"reason=retry",
+                headers={"Authorization": f"Bearer {TOKEN}"},
+            )
+            barrier.wait()
+            try:
+                with urllib.request.build_opener(_NoRedirect).open(request, timeout=30) as r:
+                    return int(r.status)
+            except urllib.error.HTTPError as answer:
+                return answer.code
+
+        with ThreadPoolExecutor(2) as pool:
+            statuses = sorted(pool.map(lambda _: post(), range(2)))
+        assert statuses == [303, 409], job_id
+        assert names(app, job_id).count("job.requeued") == 1
+        assert app.get_job(job_id).max_attempts == 2
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
 
 
 def test_an_effect_resolved_twice_is_resolved_once(
