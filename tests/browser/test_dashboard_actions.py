@@ -93,7 +93,7 @@ def test_two_requeues_posted_at_once_requeue_once(
         barrier = threading.Barrier(2)
 
         def post(job_id: int = job_id, barrier: threading.Barrier = barrier) -> int:
-            request = urllib.request.Request(
+            request = urllib.request.Request(  # noqa: S310 -- http://127.0.0.1 only
                 f"{web.url}/jobs/{job_id}/requeue",
                 data=b"reason=retry",
                 headers={"Authorization": f"Bearer {TOKEN}"},
