@@ -541,7 +541,7 @@ class StateView:
         """Every version of an entity on this job's branch, with the job that wrote it."""
         ctx = self._ctx
         if ctx._callback is not None:
-            ctx._refuse_inside(f"ctx.state.history({namespace!r}, {key!r})")
+            ctx._refuse_inside(f"ctx.state.history({namespace!r}, {str(key)!r})")
         if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
             raise ended_error(ctx.job.id, ctx.attempt)
         return StateStore(ctx.runtime, ctx.branch).history(namespace, key)
