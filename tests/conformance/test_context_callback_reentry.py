@@ -34,9 +34,7 @@ VERBS: dict[str, Callable[[replayq.Context], Any]] = {
     "ctx.step('computed')": lambda ctx: ctx.step("computed", lambda: 1),
     "ctx.call('price')": lambda ctx: ctx.call("price", lambda: 42),
     "ctx.effect('mail.send')": lambda ctx: ctx.effect("mail.send", lambda: 1, key="m-1"),
-    "ctx.effects.run('mail.send')": lambda ctx: ctx.effects.run(
-        "mail.send", lambda: 1, key="m-2"
-    ),
+    "ctx.effects.run('mail.send')": lambda ctx: ctx.effects.run("mail.send", lambda: 1, key="m-2"),
     "ctx.decide('route')": lambda ctx: ctx.decide("route", "fast"),
     "ctx.now()": lambda ctx: ctx.now(),
     "ctx.random()": lambda ctx: ctx.random(),
@@ -171,17 +169,19 @@ def test_a_refusal_the_function_swallows_still_fails_the_commit(
     app_factory: Callable[..., replayq.App],
 ) -> None:
     app = app_factory()
+    swallowed: list[Exception] = []
 
     def swallow(ctx: replayq.Context) -> None:
         try:
             ctx.call("price", lambda: 42)
-        except replayq.CallbackReentryError:
-            pass  # the application's code carries on as if nothing happened
+        except Exception as exc:  # the application's code logs it and carries on
+            swallowed.append(exc)
 
     _, rows = _reentering_app(app, swallow, in_step=True, build_views=False)
 
     job = run_inline(app, "reenter")
 
+    assert [type(exc) for exc in swallowed] == [replayq.CallbackReentryError]
     _assert_refused(app, job, "ctx.call('price')", rows())
 
 
