@@ -11,7 +11,9 @@ an ``enqueue`` from the CLI — got ``database is locked``); an ``async def`` on
 worker's event loop, every async job on it with it, and SIGTERM no longer stopped the
 worker. Now each such job is ``dead`` (class ``validation``) after one attempt with
 ``CallbackReentryError`` naming the call, its row rolled back, and the burst worker runs
-the jobs behind them and exits.
+the jobs behind them and exits. ``reenter_at_ack`` makes its call from a function that
+runs in the worker's group commit of acks (outside steps): it never hung (the context has
+ended by then), and is refused the same way, naming the call.
 """
 
 from __future__ import annotations
@@ -43,6 +45,9 @@ def test_a_ctx_call_inside_a_db_write_function_fails_its_job_and_the_worker_goes
             app.enqueue("reenter", {"order": 2, "verb": "step"}): "ctx.step('inner')",
             app.enqueue("reenter_async", {"order": 3, "verb": "effect"}): "ctx.effect('mail.send')",
             app.enqueue("reenter_async", {"order": 4, "verb": "call"}): "ctx.call('price')",
+            app.enqueue(
+                "reenter_at_ack", {"order": 5, "verb": "effect"}
+            ): "ctx.effect('mail.send')",
         }
         behind = [
             app.enqueue("deliver", {"order": 10}),
@@ -73,7 +78,7 @@ def test_a_ctx_call_inside_a_db_write_function_fails_its_job_and_the_worker_goes
         ]
         # Each refused job ran once; the rows of their refused commits rolled back.
         runs = Counter(line["order"] for line in read_lines(side))
-        assert runs == {1: 1, 2: 1, 3: 1, 4: 1, 10: 1, 11: 1}, runs
+        assert runs == {1: 1, 2: 1, 3: 1, 4: 1, 5: 1, 10: 1, 11: 1}, runs
         assert callback_reentry.delivered(app) == [10, 11]
 
         # What an operator reads: the step rolled back, and why.

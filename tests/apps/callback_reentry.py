@@ -6,6 +6,7 @@ the application's own ``deliveries`` table at the commit of step ``outer``
 (``call``, ``effect``, ``step``). Each appends one JSON line to ``$CALLBACK_REENTRY_SIDE_FILE``
 when it starts (the ground truth of execution). ``deliver`` and ``deliver_async`` do the
 same insert without the call: the jobs a worker must still run afterwards.
+``reenter_at_ack`` calls from a function that waits for the ack (outside steps).
 
 Before the fix the call waited for the context's ``_live``, held by the very commit it
 ran in: the worker's slot hung for good (its heartbeat kept the lease; on SQLite the
@@ -77,6 +78,13 @@ async def reenter_async(ctx: replayq.Context, order: int, verb: str) -> dict[str
     return {"order": order}
 
 
+def reenter_at_ack(ctx: replayq.Context, order: int, verb: str) -> dict[str, int]:
+    """The same outside any step: the function runs in the worker's group commit of acks."""
+    _ran("reenter_at_ack", order, ctx.attempt)
+    ctx.db_write(_write_then(ctx, order, verb))
+    return {"order": order}
+
+
 def deliver(ctx: replayq.Context, order: int) -> dict[str, int]:
     _ran("deliver", order, ctx.attempt)
     with ctx.step("outer"):
@@ -93,7 +101,7 @@ async def deliver_async(ctx: replayq.Context, order: int) -> dict[str, int]:
 
 def build(url: str | None = None) -> replayq.App:
     built = replayq.App(url)
-    for fn in (reenter, reenter_async, deliver, deliver_async):
+    for fn in (reenter, reenter_async, reenter_at_ack, deliver, deliver_async):
         built.job(fn.__name__, retry=RETRY, **LEASE)(fn)
     return built
 
