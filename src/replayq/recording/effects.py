@@ -135,6 +135,8 @@ class EffectRunner:
         sees it. One whose outside call ends after the end records nothing into the trace;
         its idempotency record still gets the outcome (``_record_late``)."""
         ctx = self._ctx
+        if ctx._callback is not None:  # ``ctx.effects`` kept: it would wait for ``_live``
+            ctx._refuse_inside(f"ctx.effects.run({kind!r})")
         with ctx._live:
             claimed = self._claim(kind, key)
         if not isinstance(claimed, _Claimed):
