@@ -124,7 +124,7 @@ class VerifyRun:
 
     @property
     def verdict(self) -> str:
-        """One of ``VERDICTS``: passed, findings, unfinished or no_report."""
+        """passed, findings, unfinished (queued or running) or no_report (dead, cancelled)."""
         if self.finished:
             return "passed" if self.report.passed else "findings"
         return "no_report" if self.state in _ENDED_WITHOUT_REPORT else "unfinished"
