@@ -9,16 +9,18 @@ from collections.abc import Callable, Mapping
 from functools import cached_property
 from typing import Any
 
-from msgspec import Struct
+from msgspec import Struct, field
 
 from replayq import codec
 from replayq.errors import ContractError, FailureClass, PayloadError, UnknownJobTypeError
-from replayq.queue.contracts import JobContract
+from replayq.queue.contracts import JobContract, KeyTemplate
 from replayq.queue.payload_types import (
+    NO_DEFAULT,
     Fields,
     FieldType,
     check_names,
     field_type,
+    fixed_default,
     is_record,
     without_secrets,
 )
@@ -45,6 +47,9 @@ class PayloadShape(Struct, frozen=True, dict=True):
     types: Mapping[str, FieldType]
     # The whole payload as one dataclass / pydantic model, if the handler declares one.
     record: FieldType | None = None
+    # Each optional field's fixed default in its JSON form (``payload_types.fixed_default``):
+    # what a key template renders for a field the payload leaves out.
+    defaults: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -78,10 +83,12 @@ class PayloadShape(Struct, frozen=True, dict=True):
         ):
             record = field_type(hints[params[0].name])
             assert record is not None and record.fields is not None
-            return cls(record.fields.required, record.fields.optional, False, {}, record)
+            fields = record.fields
+            return cls(fields.required, fields.optional, False, {}, record, fields.defaults)
         required: list[str] = []
         optional: list[str] = []
         types: dict[str, FieldType] = {}
+        defaults: dict[str, Any] = {}
         accepts_extra = False
         for param in params:
             if param.kind is inspect.Parameter.VAR_KEYWORD:
@@ -93,7 +100,11 @@ class PayloadShape(Struct, frozen=True, dict=True):
             checked = field_type(hints.get(param.name))
             if checked is not None:
                 types[param.name] = checked
-        return cls(tuple(required), tuple(optional), accepts_extra, types)
+            if param.default is not inspect.Parameter.empty:
+                default = fixed_default(param.default, checked, param.name)
+                if default is not NO_DEFAULT:
+                    defaults[param.name] = default
+        return cls(tuple(required), tuple(optional), accepts_extra, types, None, defaults)
 
     def to_json(self, job_type: str, payload: Any) -> dict[str, Any]:
         """The payload's JSON form: rich values (``Decimal``, a dataclass...) converted,
@@ -153,6 +164,14 @@ class PayloadShape(Struct, frozen=True, dict=True):
             raise error from None
 
 
+class ContractKeys(Struct, frozen=True):
+    """A handler's key templates (``Handler.keys``); ``None`` where the contract has none."""
+
+    idempotency: KeyTemplate | None
+    ordering: KeyTemplate | None
+    lock: KeyTemplate | None
+
+
 class Handler(Struct, frozen=True, dict=True):
     """A job type at one version: contract, function, payload shape, error mapping."""
 
@@ -162,6 +181,22 @@ class Handler(Struct, frozen=True, dict=True):
     error_map: Mapping[type[BaseException], FailureClass]
     # The app's redaction rules plus this job type's own (``None``: the app's alone).
     redactor: Redactor | None = None
+
+    @cached_property
+    def keys(self) -> ContractKeys:
+        """The contract's key templates, parsed once, with this payload shape's defaults."""
+        contract, defaults = self.contract, self.shape.defaults
+        owner = f"{contract.name} {contract.version}"
+        return ContractKeys(
+            *(
+                None if template is None else KeyTemplate(template, label, defaults, owner)
+                for label, template in (
+                    ("idempotency", contract.idempotency),
+                    ("ordering", contract.ordering),
+                    ("lock", contract.lock),
+                )
+            )
+        )
 
     @cached_property
     def is_async(self) -> bool:

@@ -56,7 +56,6 @@ from replayq.errors import (
     StepLeftOpenError,
 )
 from replayq.model import Job, TraceEvent
-from replayq.queue.contracts import render_template
 from replayq.queue.handlers import Handler
 from replayq.recording.aio import close_unstarted, run_flow, task_or_thread
 from replayq.recording.attempt import ENDED, ended_error
@@ -500,7 +499,8 @@ class Context(Recorder):
         it already (the worker, which buries a payload that does not decode).
         """
         handler, payload = self.handler, self.job.payload
-        resource = render_template(handler.contract.lock, payload)
+        lock = handler.keys.lock  # a field the payload leaves out: its default, as at enqueue
+        resource = None if lock is None else lock.render(payload)
         if args is None:
             # Typed fields (Decimal, datetime, a dataclass...) from their stored JSON form.
             args = handler.shape.decode(handler.contract.name, payload)
