@@ -125,9 +125,7 @@ class KeyTemplate:
 
     __slots__ = ("defaults", "fields", "label", "owner", "template")
 
-    def __init__(
-        self, template: str, label: str, defaults: Mapping[str, Any], owner: str
-    ) -> None:
+    def __init__(self, template: str, label: str, defaults: Mapping[str, Any], owner: str) -> None:
         self.template = template
         self.label = label
         self.owner = owner  # who the refusal names: "charge v2"
