@@ -148,17 +148,22 @@ class KeyTemplate:
             elif name in self.defaults:
                 values[name] = self.defaults[name]
                 filled = True
+            elif stored is not None and self._legacy(payload) == stored:
+                return stored
             else:
                 raise PayloadError(
                     f"{self.owner}: the {self.label} key {self.template!r} needs payload "
                     f"field {name!r}, which is absent and has no default"
                 )
         key = self.template.format_map(values)
-        if filled and stored is not None and stored != key:
-            legacy = self.template.format_map({name: payload.get(name) for name in self.fields})
-            if legacy == stored:
-                return stored
+        if filled and stored is not None and stored != key and self._legacy(payload) == stored:
+            return stored
         return key
+
+    def _legacy(self, payload: Mapping[str, Any]) -> str:
+        """The key as replayq rendered it before defaults were filled in: ``None`` for
+        each absent field."""
+        return self.template.format_map({name: payload.get(name) for name in self.fields})
 
 
 @dataclass(frozen=True)
