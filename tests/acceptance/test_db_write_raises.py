@@ -97,7 +97,10 @@ def _run(
             error = f"{ERROR_NAMES[raises]}: {db_write_raises.message(order)}"
             assert job.last_error == error, (order, job.last_error)
             if raises == "zero":  # the contract maps it: retried once
-                assert (job.last_error_class, job.dead_reason) == ("transient", "attempts_exhausted")
+                assert (job.last_error_class, job.dead_reason) == (
+                    "transient",
+                    "attempts_exhausted",
+                )
                 assert job.attempt == 2
             else:
                 assert (job.last_error_class, job.dead_reason) == ("unknown", "not_retryable")

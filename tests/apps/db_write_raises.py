@@ -51,7 +51,9 @@ def message(order: int) -> str:
     return f"no shipment for order {order}"
 
 
-def _insert_then_raise(ctx: replayq.Context, order: int, raises: str | None) -> Callable[[Any], None]:
+def _insert_then_raise(
+    ctx: replayq.Context, order: int, raises: str | None
+) -> Callable[[Any], None]:
     marker = "?" if ctx.runtime.storage.dialect == "sqlite" else "%s"
     error = RAISES[raises] if raises else None
 

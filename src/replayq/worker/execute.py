@@ -73,8 +73,7 @@ class Executing(Acking, Heartbeat):
                 # main thread), its attempt failed with it already (``_attempt``,
                 # ``_succeed``): not this executor's end, nor the worker's.
                 log.warning(
-                    "worker %s: job %s raised %s; its attempt failed with it, the executor "
-                    "goes on",
+                    "worker %s: job %s raised %s; its attempt failed with it, the executor goes on",
                     self.worker_id,
                     item.id,
                     type(exc).__name__,
