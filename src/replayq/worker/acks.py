@@ -28,7 +28,10 @@ What the group promises:
   constraint named): the same write would be refused on every run, so it is neither
   tried again nor given up to be reaped and run again. A constraint of replayq's own
   tables (``rq_*``) refusing it is replayq's bug, not the job's: ``dead`` as
-  ``internal_error`` (``Outcomes._fail``).
+  ``internal_error`` (``Outcomes._fail``). An ack whose commit alone raised something
+  that is not the database's (a ``ctx.db_write`` function's error, ``KeyboardInterrupt``
+  and ``SystemExit`` among them: no signal raises those in the worker's threads) fails its
+  attempt the same way, classified; so does an ack made alone (``_succeed``).
 * On PostgreSQL a group is two round trips (``Transaction.pipelined``): ``BEGIN``, the
   compare-and-sets and the lease in one, the trace insert and ``COMMIT`` in the other;
   the compare-and-sets' answer is read before ``COMMIT`` is sent.
