@@ -222,3 +222,52 @@ def test_keys_redacted_to_one_marker_keep_every_value_for_a_resumed_step_and_a_r
     redacted = keyed.value({"by_card": {CARD: 1, dashed: 2}, "n": 0})
     assert sorted(redacted["by_card"].values()) == [1, 2], redacted
     assert keyed.value(redacted) == redacted, "redacting the recorded value again changes it"
+
+
+def test_a_step_named_with_a_token_is_found_by_its_recorded_name(
+    app_factory: AppFactory,
+) -> None:
+    """Its events record the name redacted; so do its position and its ledger row. A
+    retry resumes past it, a dry-run of that retry skips it again (its body not run, no
+    divergence), and a fork from the name the trace shows reaches its fork point."""
+    clock = replayq.FrozenClock()
+    app = app_factory(clock=clock, redaction=replayq.Redaction(key=KEY))
+    bodies: list[int] = []
+
+    def fetch(ctx: replayq.Context, order: int) -> int:
+        bodies.append(ctx.attempt)
+        ctx.state.put("order", order, {"fetched": ctx.attempt})
+        return 7
+
+    @app.job("sync", retry=replayq.Retry(max_attempts=2, base="1s", jitter="none"))
+    def sync(ctx: replayq.Context, order: int) -> int:
+        fetched: int = ctx.step(f"fetch Bearer {TOKEN}", fetch, ctx, order)
+        with ctx.step(f"confirm Bearer {TOKEN}"):
+            ctx.state.put("confirmed", order, {"n": fetched})
+        if ctx.attempt == 1:
+            raise replayq.TransientError("upstream down")
+        return fetched
+
+    job_id = app.enqueue("sync", {"order": 1})
+    worker = replayq.Worker(app)
+    app.register_contracts()
+    for _ in range(2):
+        leased = worker.lease(1)
+        assert len(leased) == 1
+        worker.execute(leased[0])
+        clock.advance(2)
+    job = app.get_job(job_id)
+    assert job.state is replayq.JobState.SUCCEEDED, job.last_error
+    assert bodies == [1], "the retry resumed past the step"
+    assert TOKEN not in stored_rows(app)
+
+    report = replayq.dry_run(app, job_id, keep=False)
+    assert report.attempt == 2
+    assert not report.diverged, report.to_dict()
+    assert bodies == [1], "the dry-run ran a step its attempt skipped"
+
+    started = [e.data["step_name"] for e in app.trace(job_id) if e.name == "step.started"]
+    confirm = next(name for name in started if name.startswith("confirm"))
+    assert confirm.startswith("confirm Bearer [redacted:"), started
+    forked = replayq.fork(app, job_id, from_step=confirm)
+    assert forked.reached_fork, forked.to_dict()
