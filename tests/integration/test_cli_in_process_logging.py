@@ -26,7 +26,7 @@ logging.getLogger("shop").info("configured after the command")
 
 def test_logging_configured_after_an_in_process_command_takes_effect(tmp_path: Path) -> None:
     log = tmp_path / "shop.log"
-    done = subprocess.run(  # noqa: S603 - this interpreter, a fixed script
+    done = subprocess.run(
         [sys.executable, "-c", SCRIPT, f"sqlite:///{tmp_path / 'q.db'}", str(log)],
         capture_output=True,
         text=True,

@@ -11,16 +11,17 @@ collector a ``metrics serve`` process registers, the time from a frozen clock.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import replayq
 
 AppFactory = Callable[..., replayq.App]
 
 
-def _series(registry: object) -> dict[tuple[str, str], float]:
+def _series(registry: Any) -> dict[tuple[str, str], float]:
     """``replayq_jobs`` by (job type, state)."""
     found: dict[tuple[str, str], float] = {}
-    for family in registry.collect():  # type: ignore[attr-defined]
+    for family in registry.collect():
         for sample in family.samples:
             if sample.name == "replayq_jobs":
                 found[(sample.labels["job_type"], sample.labels["state"])] = sample.value
