@@ -458,6 +458,8 @@ class Redactor:
                 if type(key) is str and key not in self._clean_texts:
                     # A key is a text: a card number or a credential in it is as secret.
                     new_key = self.short_text(key)
+                    if new_key != key:
+                        new_key = _distinct_key(new_key, value, out)
                 if (new is not item or new_key is not key) and out is None:
                     out = dict(list(value.items())[:index])
                 if out is not None:
@@ -501,6 +503,21 @@ class Redactor:
         if isinstance(value, list | tuple):
             return [self._whole_leaves(item) for item in value]
         return self.whole(value)
+
+
+def _distinct_key(key: str, value: dict[Any, Any], out: dict[Any, Any] | None) -> str:
+    """``key``, a redacted object key, made distinct from the object's other keys: two keys
+    can redact to one marker (two card numbers without a key give ``[redacted]``; one card
+    number written with and without dashes, one keyed marker), and the second value would
+    silently replace the first in what is recorded, and in what a resumed step or a
+    replayed call returns. The second becomes ``MARKER#2`` (as a step's position does),
+    which redacts to itself."""
+    if key not in value and (out is None or key not in out):
+        return key
+    count = 2
+    while (found := f"{key}#{count}") in value or (out is not None and found in out):
+        count += 1
+    return found
 
 
 _SCALARS = frozenset((int, float, bool))

@@ -177,3 +177,97 @@ def test_a_mistyped_secret_field_is_quoted_redacted_in_the_refusal(
         app.enqueue("child", {"api_key": str(uuid.uuid4()), "password": PIN})
     assert "field 'password' expects int, got str '[redacted:" in str(refused.value)
     assert PIN not in str(refused.value)
+
+
+OTHER_CARD = "5500000000000004"
+
+
+def test_keys_redacted_to_one_marker_keep_every_value_for_a_resumed_step_and_a_replay(
+    app_factory: AppFactory,
+) -> None:
+    """Two card numbers as keys redact to the same marker without a redaction key (and one
+    card written with and without dashes, with one). The recorded object keeps both
+    entries: a retry that resumes past the step, and a dry-run that answers the call from
+    the recording, read as many values as the first attempt did."""
+    clock = replayq.FrozenClock()
+    app = app_factory(clock=clock)
+
+    @app.job("settle", retry=replayq.Retry(max_attempts=2, base="1s", jitter="none"))
+    def settle(ctx: replayq.Context, batch: int) -> dict[str, int]:
+        totals = ctx.step("totals", lambda: {CARD: 10, OTHER_CARD: 25})
+        answer = ctx.call("gateway", lambda: {"cards": {CARD: "visa", OTHER_CARD: "mc"}})
+        if ctx.attempt == 1:
+            raise replayq.TransientError("upstream down")
+        return {"sum": sum(totals.values()), "cards": len(answer["cards"])}
+
+    job_id = app.enqueue("settle", {"batch": 1})
+    worker = replayq.Worker(app)
+    app.register_contracts()
+    for _ in range(2):
+        leased = worker.lease(1)
+        assert len(leased) == 1
+        worker.execute(leased[0])
+        clock.advance(2)
+    job = app.get_job(job_id)
+    assert job.state is replayq.JobState.SUCCEEDED, job.last_error
+    assert job.result == {"sum": 35, "cards": 2}, "the resumed step lost a value"
+
+    report = replayq.dry_run(app, job_id, keep=False)
+    assert report.outcome_now.result == {"sum": 35, "cards": 2}, report.to_dict()
+    stored = stored_rows(app)
+    assert CARD not in stored and OTHER_CARD not in stored
+
+    keyed = app_factory(redaction=replayq.Redaction(key=KEY)).runtime.redactor
+    dashed = "4111-1111-1111-1111"
+    redacted = keyed.value({"by_card": {CARD: 1, dashed: 2}, "n": 0})
+    assert sorted(redacted["by_card"].values()) == [1, 2], redacted
+    assert keyed.value(redacted) == redacted, "redacting the recorded value again changes it"
+
+
+def test_a_step_named_with_a_token_is_found_by_its_recorded_name(
+    app_factory: AppFactory,
+) -> None:
+    """Its events record the name redacted; so do its position and its ledger row. A
+    retry resumes past it, a dry-run of that retry skips it again (its body not run, no
+    divergence), and a fork from the name the trace shows reaches its fork point."""
+    clock = replayq.FrozenClock()
+    app = app_factory(clock=clock, redaction=replayq.Redaction(key=KEY))
+    bodies: list[int] = []
+
+    def fetch(ctx: replayq.Context, order: int) -> int:
+        bodies.append(ctx.attempt)
+        ctx.state.put("order", order, {"fetched": ctx.attempt})
+        return 7
+
+    @app.job("sync", retry=replayq.Retry(max_attempts=2, base="1s", jitter="none"))
+    def sync(ctx: replayq.Context, order: int) -> int:
+        fetched: int = ctx.step(f"fetch Bearer {TOKEN}", fetch, ctx, order)
+        with ctx.step(f"confirm Bearer {TOKEN}"):
+            ctx.state.put("confirmed", order, {"n": fetched})
+        if ctx.attempt == 1:
+            raise replayq.TransientError("upstream down")
+        return fetched
+
+    job_id = app.enqueue("sync", {"order": 1})
+    worker = replayq.Worker(app)
+    app.register_contracts()
+    for _ in range(2):
+        leased = worker.lease(1)
+        assert len(leased) == 1
+        worker.execute(leased[0])
+        clock.advance(2)
+    job = app.get_job(job_id)
+    assert job.state is replayq.JobState.SUCCEEDED, job.last_error
+    assert bodies == [1], "the retry resumed past the step"
+    assert TOKEN not in stored_rows(app)
+
+    report = replayq.dry_run(app, job_id, keep=False)
+    assert report.attempt == 2
+    assert not report.diverged, report.to_dict()
+    assert bodies == [1], "the dry-run ran a step its attempt skipped"
+
+    started = [e.data["step_name"] for e in app.trace(job_id) if e.name == "step.started"]
+    confirm = next(name for name in started if name.startswith("confirm"))
+    assert confirm.startswith("confirm Bearer [redacted:"), started
+    forked = replayq.fork(app, job_id, from_step=confirm)
+    assert forked.reached_fork, forked.to_dict()

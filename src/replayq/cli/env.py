@@ -27,6 +27,8 @@ class Env:
         self.db = db
         self.debug = debug
         self._app: App | None = None
+        self._log_handler: logging.Handler | None = None
+        self._log_level = logging.NOTSET
 
     def app(self, spec: str | None = None) -> App:
         if self._app is None:
@@ -34,7 +36,8 @@ class Env:
             if spec and self.db:
                 app = app.on_database(self.db)
             _announce_default_database(app)
-            _redact_stray_log_lines(app)
+            self._log_level = logging.getLogger().level
+            self._log_handler = _redact_stray_log_lines(app)
             self._app = app
         return self._app
 
@@ -48,18 +51,28 @@ class Env:
         keeps the objects alive, and some are held by threads). Closed here, the last
         connection checkpoints the WAL and removes it, as SQLite does on a clean close.
         """
+        if self._log_handler is not None:
+            # The command's own: a process that runs a command in itself (``main([...],
+            # standalone_mode=False)``, click's ``CliRunner``) and configures its logging
+            # afterwards found the root logger taken, ``basicConfig`` did nothing, and its
+            # lines went to the command's stderr (a ``CliRunner``'s, gone: lost).
+            root = logging.getLogger()
+            root.removeHandler(self._log_handler)
+            root.setLevel(self._log_level)
+            self._log_handler = None
         if self._app is not None:
             self._app.close()
 
 
-def _redact_stray_log_lines(app: App) -> None:
+def _redact_stray_log_lines(app: App) -> logging.Handler | None:
     """Log lines of a command that runs the app's handlers (a dry-run, a fork, a rerun)
     go to stderr redacted with the app's rules, as a worker's do. Without a handler on
     the root logger (none configured by the command or the app's module), Python's last
     resort printed a handler's warnings as they were: the token a replayed handler read
     from its environment again, in clear. Nothing changes where one is configured."""
-    if not logging.getLogger().handlers:
-        replayq.configure_logging("warning", "text", redact=app.runtime.redactor_for)
+    if logging.getLogger().handlers:
+        return None
+    return replayq.configure_logging("warning", "text", redact=app.runtime.redactor_for)
 
 
 def _announce_default_database(app: App) -> None:

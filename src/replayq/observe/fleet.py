@@ -20,6 +20,8 @@ from replayq.storage.protocol import IdemFilter
 from replayq.storage.reports import JobGauges, OutboxPending, OutOfOrder
 
 STATES = ("queued", "running", "dead")  # the open states ``replayq_jobs`` reports
+# How long a drained (queue, job_type, version) group still reads 0 before its series ends.
+DRAINED_KEPT_SECONDS = 3600.0
 
 
 class FleetCollector:
@@ -28,11 +30,13 @@ class FleetCollector:
     def __init__(self, source: RuntimeSource) -> None:
         self.runtime = source.runtime
         self.derived = DerivedRuns(source)
-        # Every (queue, job_type, version) reported so far: when its jobs drain, its states
-        # read 0 instead of vanishing (an absent series is "no data", and an alert on
-        # ``replayq_jobs{state="dead"} > 0`` or a backlog graph cannot tell it from a
-        # failed scrape). Bounded by the queues, types and versions there are.
-        self._groups: set[tuple[str, str, str]] = set()
+        # Each (queue, job_type, version) reported, with when it last had open jobs: when
+        # they drain, its states read 0 instead of vanishing (an absent series is "no
+        # data", and an alert on ``replayq_jobs{state="dead"} > 0`` or a backlog graph
+        # cannot tell it from a failed scrape), for ``DRAINED_KEPT_SECONDS``. Then it is
+        # forgotten: every version a rollout retired and every type renamed or made from
+        # data (``report-{customer}``) read 0 for as long as the process lived.
+        self._groups: dict[tuple[str, str, str], float] = {}
 
     def describe(self) -> list[Any]:
         return []  # collected at scrape time only; no read at registration
@@ -63,16 +67,24 @@ class FleetCollector:
             "How long the longest-running leased job has held its lease.",
             labels=labels,
         )
-        counts = {(group, state): 0.0 for group in self._groups for state in STATES}
+        groups = self._groups = {
+            group: seen
+            for group, seen in self._groups.items()
+            if now - seen <= DRAINED_KEPT_SECONDS
+        }
+        counts: dict[tuple[tuple[str, str, str], str], float] = {}
         for row in gauges:
             group = (row.queue, row.job_type, row.version or "none")
             key = list(group)
-            self._groups.add(group)
+            groups[group] = now
             counts[(group, row.state)] = float(row.count)
             if row.oldest_ready is not None:
                 oldest.add_metric(key, max(0.0, now - float(row.oldest_ready)))
             if row.oldest_leased is not None:
                 longest.add_metric(key, max(0.0, now - float(row.oldest_leased)))
+        for group in groups:  # a group's every state, from its first scrape on
+            for state in STATES:
+                counts.setdefault((group, state), 0.0)
         for (group, state), count in sorted(counts.items()):
             jobs.add_metric([*group, state], count)
         yield jobs

@@ -620,6 +620,12 @@ class Context(Recorder):
         cancel = self._cancel
         if cancel is not None and cancel.is_set():
             self.check_cancelled()
+        redactor = self.redactor
+        if name not in redactor._clean_texts:
+            # The step's name as its events record it (redacted), here and from here on: its
+            # position (the step ledger's row, an outbox row's id) and what a replay finds it
+            # by (a skipped step's recorded ``step_key``, a fork's point) hold no secret.
+            name = redactor.short_text(name)
         if fn is None:
             # ``next_step_key`` and ``step_block`` inlined: every step of every job passes here.
             counts = self._step_counts
