@@ -292,9 +292,11 @@ def why_nothing_selected(
             f"{' or '.join(states)} (they are: "
             f"{', '.join(f'{state} {n}' for state, n in sorted(found.items()))})"
         )
+    if not any(j.attempt for j in matching):
+        return f"{len(matching)} {job_type} job(s) of {from_version} match, none has run yet"
     return (
-        f"{len(matching)} {job_type} job(s) of {from_version} match, none with an attempt "
-        f"recorded running {from_version} (not run yet?)"
+        f"{len(matching)} {job_type} job(s) of {from_version} match, and no attempt that ran "
+        f"{from_version} recorded a ctx step or call: nothing a replay can re-run"
     )
 
 
