@@ -8,9 +8,9 @@ has compared anything), running (a worker SIGSTOPped after two chunks committed,
 with nothing found so far), after that worker's SIGKILL (still running, to the
 database), and finished on a second worker. Until then it is exit 5 and
 ``passed: null``; a cancelled one, which never will finish, is exit 1 and ``passed:
-false``, and so is one that selected no attempt (verdict ``empty``). The fork commands of a finished report name the ``--app`` the verification
-was started with, and one started without says to add it. The dashboard shows the
-same verdicts.
+false``, and so is one that selected no attempt (verdict ``empty``). The fork
+commands of a finished report name the ``--app`` the verification was started with,
+and one started without says to add it. The dashboard shows the same verdicts.
 """
 
 from __future__ import annotations

@@ -492,8 +492,8 @@ def rollout_verify_status(
 
     With JOB_ID it exits by the run's verdict, so a script can gate on it: 0 passed
     (finished, nothing outside --allow), 1 findings (or empty: it selected no attempt;
-    or it ended without a report: dead, cancelled), 5 unfinished (queued or running: no verdict yet; ask again
-    later). The list exits 0.
+    or it ended without a report: dead, cancelled), 5 unfinished (queued or running:
+    no verdict yet; ask again later). The list exits 0.
     """
     app = env.app()
     if job_id is not None:

@@ -91,14 +91,6 @@ class AttemptComparison:
         return cls(**{f.name: body[f.name] for f in fields(cls)})
 
 
-VERDICTS = {
-    "passed": "attempts compared, no difference outside allow",
-    "findings": "attempts compared, with differences outside allow",
-    "empty": "no recorded attempt was selected: nothing was verified",
-}
-"""A ``VerifyReport``'s ``verdict``, each with what it means."""
-
-
 @dataclass
 class VerifyReport:
     """Every attempt compared, counted per difference class (``CLASSES``, in report order).
@@ -130,7 +122,8 @@ class VerifyReport:
 
     @property
     def verdict(self) -> str:
-        """``empty`` (no attempt compared), ``findings`` or ``passed``: see ``VERDICTS``."""
+        """``empty`` (no attempt compared: nothing proven), ``findings`` (differences
+        outside ``allowed``) or ``passed``."""
         if not self.attempts:
             return "empty"
         return "findings" if self.disallowed else "passed"
