@@ -5,7 +5,8 @@ worker runs it (every ``App`` declares the type; it is not listed among the
 app's types, contracts or lock file). Its handler is ordinary replayq code:
 
 1. ``ctx.step("select attempts", ...)`` picks the recorded attempts once; the
-   list is the step's recorded result.
+   list is the step's recorded result. If it is empty, ``ctx.step("why nothing was
+   selected", ...)`` records why (the report's ``empty_reason``; verdict ``empty``).
 2. ``ctx.step("chunk N", ...)`` dry-runs each slice of ``chunk`` attempts
    (``compare_attempts``: ``dry_run_many(..., keep=False)``, nothing written)
    and returns the slice's summary (counts, first-divergence histogram, first
