@@ -8,9 +8,9 @@ has compared anything), running (a worker SIGSTOPped after two chunks committed,
 with nothing found so far), after that worker's SIGKILL (still running, to the
 database), and finished on a second worker. Until then it is exit 5 and
 ``passed: null``; a cancelled one, which never will finish, is exit 1 and ``passed:
-false``. The fork commands of a finished report name the ``--app`` the verification
-was started with, and one started without says to add it. The dashboard shows the
-same verdicts.
+false``, and so is one that selected no attempt (verdict ``empty``). The fork
+commands of a finished report name the ``--app`` the verification was started with,
+and one started without says to add it. The dashboard shows the same verdicts.
 """
 
 from __future__ import annotations
@@ -143,6 +143,39 @@ def test_a_cancelled_verification_is_no_pass_and_not_worth_waiting_for(
     assert text.returncode == FINDINGS and "NO REPORT" in text.stdout, text.stdout
 
 
+def test_a_verification_that_selected_no_attempt_is_empty_not_passed(
+    launcher: WorkerLauncher,
+) -> None:
+    """A gate on ``verify-status`` must not ship a candidate nothing was compared against."""
+    url = launcher.url
+    app = verify_resume.build(url)
+    app.enqueue_many([replayq.EnqueueRequest("score", {"n": n}) for n in range(1, 11)])
+    replayq.Worker(app, burst=True).run()
+    # A version nothing ran (a typo), and a state no recorded job is in.
+    typo = _start(url, "--from", "v9", "--to", "v2", "--json")
+    no_state = _start(url, "--from", "v1", "--to", "v2", "--state", "cancelled", "--json")
+    launcher.start("worker", app=APP, burst=True).wait(60)
+
+    code, body = _status(url, typo)
+    # Before: exit 0, "verdict": "passed", "passed": true with nothing compared.
+    assert (code, body["state"], body["verdict"], body["passed"]) == (
+        FINDINGS, "succeeded", "empty", False,
+    ), body  # fmt: skip
+    assert (body["done"], body["report"]["attempts"], body["report"]["passed"]) == (0, 0, False)
+    why = "no score job is recorded on version 'v9' (recorded versions: v1)"
+    assert body["report"]["empty_reason"] == why
+    text = run_cli(url, "rollout", "verify-status", str(typo))
+    assert text.returncode == FINDINGS, text.stdout
+    assert f"EMPTY: no recorded attempt selected, nothing verified: {why}" in text.stdout
+
+    code, body = _status(url, no_state)
+    assert (code, body["verdict"]) == (FINDINGS, "empty"), body
+    assert "is now cancelled (they are: dead 2, succeeded 8)" in body["report"]["empty_reason"]
+    listed = run_cli(url, "rollout", "status", "score", "--json")
+    verdicts = {r["job_id"]: r["verdict"] for r in json.loads(listed.stdout)["verify_runs"]}
+    assert verdicts == {typo: "empty", no_state: "empty"}
+
+
 def _verify_cells(html: str, job_id: int) -> str:
     """The verify-runs table row of ``job_id``, as the page's HTML."""
     start = html.index(f'<td><a href="/jobs/{job_id}">{job_id}</a></td>')
@@ -159,15 +192,16 @@ def test_the_dashboard_shows_no_verdict_before_a_verification_finished(
     app.enqueue_many([replayq.EnqueueRequest("ship_order", {"order_id": n}) for n in range(1, 6)])
     replayq.Worker(app, burst=True).run()
 
-    def start() -> int:
+    def start(*selection: str) -> int:
         started = run_cli(
             url, "rollout", "verify", "ship_order", "--app", "tests.apps.dashboard_shop:app",
-            "--from", "v1", "--to", "v2", "--background", "--json",
+            "--to", "v2", "--background", "--json", *(selection or ("--from", "v1")),
         )  # fmt: skip
         assert started.returncode == 0, started.stderr
         return int(json.loads(started.stdout)["job_id"])
 
     finished = start()
+    empty = start("--from", "v9")  # a version nothing ran: nothing compared
     launcher.start("worker", app="tests.apps.dashboard_shop:app", burst=True).wait(60)
     queued, cancelled = start(), start()
     assert run_cli(url, "jobs", "cancel", str(cancelled)).returncode == 0
@@ -185,4 +219,7 @@ def test_the_dashboard_shows_no_verdict_before_a_verification_finished(
     assert "not finished: no verdict yet" in _verify_cells(html, queued)
     assert "no report (cancelled)" in _verify_cells(html, cancelled)
     assert _verify_cells(html, finished).rstrip().endswith('class="changed">failed</td>')
+    # Before: "passed", over nothing compared.
+    assert 'class="changed">empty: no attempt selected, not verified' in _verify_cells(html, empty)
+    assert "recorded on version &#39;v9&#39;" in _verify_cells(html, empty)
     assert "--app tests.apps.dashboard_shop:app" in html and "MODULE:APP" not in html

@@ -257,3 +257,25 @@ def test_contract_lint_flags_lease_below_observed_p99_and_effects_without_key(ur
     found = {(f["job_type"], f["rule"]) for f in json.loads(result.stdout)}
     assert found == {("slow", "lease-below-p99"), ("notify", "effects-without-idempotency-key")}
     assert cli(url, "contract", "lint", "fine").exit_code == 0
+
+
+def test_contract_lint_of_a_type_or_database_without_contracts_is_not_no_findings(
+    url: str,
+) -> None:
+    """Before: "no findings", exit 0, for a misspelled type and for a database no worker
+    has stored contracts in: a lint gate passed having linted nothing."""
+    nothing = cli(url, "contract", "lint")
+    assert nothing.exit_code == 2 and "no stored contract to lint" in nothing.output
+
+    app = replayq.App(url)
+
+    @app.job("slow", lease="0.2s")
+    def slow(ctx: replayq.Context) -> None: ...
+
+    app.register_contracts()
+    app.close()
+    misspelled = cli(url, "contract", "lint", "slwo")
+    assert misspelled.exit_code == 2, misspelled.output
+    assert "no stored contract for 'slwo'" in misspelled.output
+    assert "no findings" not in misspelled.output
+    assert cli(url, "contract", "lint", "slow").exit_code == 0

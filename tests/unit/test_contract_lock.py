@@ -72,3 +72,20 @@ def test_check_without_a_lock_file_says_how_to_make_one(runner: CliRunner, tmp_p
     result = runner.invoke(main, ["contract", "check", "--app", write_app(tmp_path, "30s")])
     assert result.exit_code == 2
     assert "replayq contract freeze" in result.output
+
+
+def test_check_of_an_app_declaring_nothing_against_an_empty_lock_is_no_match(
+    runner: CliRunner, tmp_path: Path
+) -> None:
+    """A wrong ``--app`` attribute (an App with no job on it) and an empty lock "matched",
+    exit 0: CI passed having compared nothing."""
+    (tmp_path / "bare.py").write_text("import replayq\n\napp = replayq.App()\n")
+    (tmp_path / "replayq.contracts.lock").write_text("")
+
+    checked = runner.invoke(main, ["contract", "check", "--app", "bare:app"])
+    frozen = runner.invoke(main, ["contract", "freeze", "--app", "bare:app"])
+
+    assert checked.exit_code == 2, checked.output
+    assert "nothing to check" in checked.output and "contracts match" not in checked.output
+    assert frozen.exit_code == 2 and "declares no job type" in frozen.output, frozen.output
+    assert (tmp_path / "replayq.contracts.lock").read_text() == ""

@@ -103,8 +103,19 @@ def contract_diff(env: Env, job_type: str, old: str, new: str, as_json: bool) ->
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @pass_env
 def contract_lint(env: Env, job_type: str | None, as_json: bool) -> None:
-    """Flag contracts that break the rules (exit 1 if any finding)."""
-    findings = env.app().lint(job_type)
+    """Flag contracts that break the rules (exit 1 if any finding).
+
+    A type with no stored contract (a misspelled name), or a database with none at all,
+    is an error (exit 2), not "no findings": nothing was linted.
+    """
+    app = env.app()
+    if job_type is not None:
+        _stored(app, job_type)
+    elif not app.contracts():
+        raise click.ClickException(
+            "no stored contract to lint; contracts are stored when a worker starts"
+        )
+    findings = app.lint(job_type)
     if as_json:
         emit_json([structs.asdict(f) for f in findings])
     elif not findings:

@@ -22,11 +22,14 @@ import replayq
 from replayq.cli.env import Env, emit_json, pass_env
 from replayq.cli.main import EXIT_FINDINGS, EXIT_OK, EXIT_UNFINISHED
 
-# ``verify-status JOB``'s exit, by the run's verdict: a script gates on 0 alone. A run
-# that ended without a report (dead, cancelled) is 1, not 5: asking again never helps.
+# ``verify`` and ``verify-status JOB`` exit by the verdict: a script gates on 0 alone. A
+# run that ended without a report (dead, cancelled) is 1, not 5: asking again never
+# helps. One that selected no attempt (``empty``: a misspelled --from, an empty window)
+# is 1 too: it proved nothing, and a gate that shipped on it shipped unchecked code.
 VERDICT_EXIT = {
     "passed": EXIT_OK,
     "findings": EXIT_FINDINGS,
+    "empty": EXIT_FINDINGS,
     "no_report": EXIT_FINDINGS,
     "unfinished": EXIT_UNFINISHED,
 }
@@ -368,7 +371,12 @@ def _fmt(value: Any) -> str:
 @click.option("--app", "app_spec", required=True, help="module:attribute of your replayq.App")
 @click.option("--from", "from_version", required=True, help="The recorded (baseline) version.")
 @click.option("--to", "to_version", required=True, help="The candidate version to run.")
-@click.option("--sample", type=int, default=None, help="At most this many recorded attempts.")
+@click.option(
+    "--sample",
+    type=click.IntRange(min=1),
+    default=None,
+    help="At most this many recorded attempts.",
+)
 @click.option("--since", default=None, help="Only jobs created this recently, e.g. 24h.")
 @click.option(
     "--state",
@@ -414,7 +422,8 @@ def rollout_verify(
     chunk: int,
     as_json: bool,
 ) -> None:
-    """Run --to over recorded attempts of --from in the sealed world; exit 1 on differences."""
+    """Run --to over recorded attempts of --from in the sealed world; exit 1 on differences,
+    and on a selection of no attempt (verdict empty: nothing was verified)."""
     app = env.app(app_spec)
     cutoff = app.clock.now() - replayq.parse_duration(since, name="since") if since else None
     selection: dict[str, Any] = {
@@ -443,7 +452,7 @@ def rollout_verify(
         emit_json(report.to_dict())
     else:
         click.echo(render_verify(report))
-    raise SystemExit(EXIT_OK if report.passed else EXIT_FINDINGS)
+    raise SystemExit(VERDICT_EXIT[report.verdict])
 
 
 @contextmanager
@@ -482,9 +491,9 @@ def rollout_verify_status(
     """Background verifications: progress, and the report so far (or final).
 
     With JOB_ID it exits by the run's verdict, so a script can gate on it: 0 passed
-    (finished, nothing outside --allow), 1 findings (or it ended without a report:
-    dead, cancelled), 5 unfinished (queued or running: no verdict yet; ask again
-    later). The list exits 0.
+    (finished, nothing outside --allow), 1 findings (or empty: it selected no attempt;
+    or it ended without a report: dead, cancelled), 5 unfinished (queued or running:
+    no verdict yet; ask again later). The list exits 0.
     """
     app = env.app()
     if job_id is not None:
@@ -514,6 +523,7 @@ def describe_run(run: replayq.VerifyRun) -> str:
     verdict = {
         "passed": "  passed",
         "findings": f"  FAILED {report.disallowed}",
+        "empty": f"  EMPTY: {_nothing_selected(report)}",
         "unfinished": "  not finished: no verdict yet",
         "no_report": f"  NO REPORT: ended {run.state} before it finished (not verified)",
     }[run.verdict]
@@ -525,13 +535,20 @@ def describe_run(run: replayq.VerifyRun) -> str:
     )
 
 
+def _nothing_selected(report: replayq.VerifyReport) -> str:
+    why = f": {report.empty_reason}" if report.empty_reason else ""
+    return f"no recorded attempt selected, nothing verified{why}"
+
+
 def render_verify(report: replayq.VerifyReport) -> str:
     """The report as text, each example with the fork command that reproduces it."""
     lines = [
         f"{report.job_type}: {report.to_version} over {report.attempts} recorded attempt(s) of "
         f"{report.from_version} in {report.seconds:.2f}s ({report.throughput:.0f}/s), sealed",
     ]
-    if not report.counts:
+    if not report.attempts:
+        lines.append(f"NOT VERIFIED: {_nothing_selected(report)}")
+    elif not report.counts:
         lines.append("no differences")
     for name in replayq.VerifyReport.CLASSES:
         if report.counts.get(name):

@@ -5,7 +5,8 @@ worker runs it (every ``App`` declares the type; it is not listed among the
 app's types, contracts or lock file). Its handler is ordinary replayq code:
 
 1. ``ctx.step("select attempts", ...)`` picks the recorded attempts once; the
-   list is the step's recorded result.
+   list is the step's recorded result. If it is empty, ``ctx.step("why nothing was
+   selected", ...)`` records why (the report's ``empty_reason``; verdict ``empty``).
 2. ``ctx.step("chunk N", ...)`` dry-runs each slice of ``chunk`` attempts
    (``compare_attempts``: ``dry_run_many(..., keep=False)``, nothing written)
    and returns the slice's summary (counts, first-divergence histogram, first
@@ -22,7 +23,8 @@ the job and its step ledger (``rollout verify-status``, ``rollout status``, the
 dashboard). A partial report is not a verdict: ``VerifyRun.passed`` is ``None``
 until the job succeeded (a queued run has compared nothing, a running one only its
 committed chunks), and ``False`` for a run that ended without a report (dead or
-cancelled); ``verdict`` names the four cases, as ``VERDICTS`` lists them.
+cancelled) or that selected no attempt (``empty``: nothing was verified);
+``verdict`` names the five cases, as ``VERDICTS`` lists them.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from replayq.queue.enqueue import EnqueueRequest, insert_job
 from replayq.recording.ledger import CompletedStep, ledger_loader
 from replayq.rollout.verify import DIFFERENCE_CLASSES, VerifyReport
 from replayq.rollout.verify_job import CHUNK, VERIFY_JOB_TYPE
-from replayq.rollout.verify_steps import SELECT_STEP, chunk_step, empty_report
+from replayq.rollout.verify_steps import EMPTY_STEP, SELECT_STEP, chunk_step, empty_report
 from replayq.runtime import Runtime, RuntimeSource
 from replayq.storage.protocol import JobFilter
 
@@ -87,6 +89,7 @@ def start_verify(
 VERDICTS = {
     "passed": "finished, no difference outside --allow",
     "findings": "finished, with differences outside --allow",
+    "empty": "finished having selected no attempt: nothing was verified (see empty_reason)",
     "unfinished": "queued or running: no verdict yet (its report so far is partial)",
     "no_report": "ended without a report (dead or cancelled): the candidate was not verified",
 }
@@ -100,9 +103,10 @@ class VerifyRun:
     """A background verification: its job, progress and (partial) report.
 
     ``passed`` is the verdict a gate may trust: ``True`` only once the job succeeded
-    and its report found nothing outside ``allow``; ``None`` while it is queued or
-    running (``report`` is then what its committed chunks found so far); ``False`` on
-    findings, and for a run that ended without a report (dead, cancelled).
+    and its report compared attempts and found nothing outside ``allow``; ``None``
+    while it is queued or running (``report`` is then what its committed chunks found
+    so far); ``False`` on findings, for a run that selected no attempt (``empty``) and
+    for a run that ended without a report (dead, cancelled).
     """
 
     job_id: int
@@ -124,9 +128,10 @@ class VerifyRun:
 
     @property
     def verdict(self) -> str:
-        """passed, findings, unfinished (queued or running) or no_report (dead, cancelled)."""
+        """passed, findings, empty (finished over no attempt), unfinished (queued or
+        running) or no_report (dead, cancelled)."""
         if self.finished:
-            return "passed" if self.report.passed else "findings"
+            return self.report.verdict
         return "no_report" if self.state in _ENDED_WITHOUT_REPORT else "unfinished"
 
     @property
@@ -136,8 +141,9 @@ class VerifyRun:
         return None if verdict == "unfinished" else verdict == "passed"
 
     def to_dict(self) -> dict[str, Any]:
-        # The report's own ``passed`` is the run's: a partial report is no pass.
-        report = {**self.report.to_dict(), "passed": self.passed}
+        # The report's own ``passed`` and ``verdict`` are the run's: a partial report is
+        # no pass, and one that has compared nothing yet is not (yet) empty.
+        report = {**self.report.to_dict(), "passed": self.passed, "verdict": self.verdict}
         return {
             "job_id": self.job_id,
             "state": self.state,
@@ -159,6 +165,9 @@ def _run_of(runtime: Runtime, job: Job) -> VerifyRun:
     request = dict(job.payload)
     report = empty_report(request)
     selected = steps.get(SELECT_STEP)
+    why_empty = steps.get(EMPTY_STEP)
+    if why_empty is not None:
+        report.empty_reason = str(why_empty.result)
     chunks = 0
     while chunk_step(chunks) in steps:
         report.merge(steps[chunk_step(chunks)].result)

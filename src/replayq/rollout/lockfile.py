@@ -28,6 +28,7 @@ _HEADER = """\
 """
 
 Frozen = dict[tuple[str, str], dict[str, Any]]
+_WHICH_APP = " (is --app the module:attribute of the App your workers run?)"
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,9 @@ def freeze(source: RuntimeSource, path: str | Path, job_types: Sequence[str] = (
     unknown = [t for t in job_types if not registry.declares(t)]
     if unknown:
         raise ConfigurationError(f"not declared by this app: {', '.join(unknown)}")
+    if not declared(registry):
+        # A lock of nothing would make every later ``check`` of this app vacuous.
+        raise ConfigurationError(f"this app declares no job type: nothing to freeze{_WHICH_APP}")
     frozen = parse(path.read_text()) if path.exists() and job_types else {}
     if job_types:
         frozen = {k: v for k, v in frozen.items() if k[0] not in set(job_types)}
@@ -127,6 +131,12 @@ def check(source: RuntimeSource, path: str | Path) -> list[LockDifference]:
     if not path.exists():
         raise ConfigurationError(f"{path}: no lock file; write one with replayq contract freeze")
     locked, code = parse(path.read_text()), declared(registry)
+    if not locked and not code:
+        # Both empty "match", and that would pass an app CI never loaded as meant.
+        raise ConfigurationError(
+            f"{path}: nothing to check: the lock has no contract and this app declares no "
+            f"job type{_WHICH_APP}"
+        )
     differences = []
     for key in sorted(set(locked) | set(code)):
         job_type, version = key

@@ -27,6 +27,7 @@ verify, while the engine was the largest part of a worker's start.
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -92,7 +93,12 @@ class AttemptComparison:
 
 @dataclass
 class VerifyReport:
-    """Every attempt compared, counted per difference class (``CLASSES``, in report order)."""
+    """Every attempt compared, counted per difference class (``CLASSES``, in report order).
+
+    A report over no attempt proves nothing: its ``verdict`` is ``empty`` and ``passed``
+    is false, and ``empty_reason`` says why the selection found none when that is known
+    (no job of the type, none recorded on ``from_version``, none in the window or state).
+    """
 
     CLASSES: ClassVar[tuple[str, ...]] = DIFFERENCE_CLASSES
     job_type: str
@@ -104,6 +110,7 @@ class VerifyReport:
     counts: Counter[str] = field(default_factory=Counter)
     first_divergence_steps: Counter[str] = field(default_factory=Counter)
     comparisons: list[AttemptComparison] = field(default_factory=list)
+    empty_reason: str | None = None
 
     @property
     def differing(self) -> list[AttemptComparison]:
@@ -114,8 +121,17 @@ class VerifyReport:
         return {k: v for k, v in self.counts.items() if k not in self.allowed}
 
     @property
+    def verdict(self) -> str:
+        """``empty`` (no attempt compared: nothing proven), ``findings`` (differences
+        outside ``allowed``) or ``passed``."""
+        if not self.attempts:
+            return "empty"
+        return "findings" if self.disallowed else "passed"
+
+    @property
     def passed(self) -> bool:
-        return not self.disallowed
+        """Attempts were compared and none differed outside ``allowed``."""
+        return self.verdict == "passed"
 
     @property
     def throughput(self) -> float:
@@ -181,6 +197,8 @@ class VerifyReport:
             "allowed": list(self.allowed),
             "disallowed": self.disallowed,
             "passed": self.passed,
+            "verdict": self.verdict,
+            "empty_reason": self.empty_reason,
             "first_divergence_steps": dict(self.first_divergence_steps),
             "examples": [c.to_dict() for c in self.examples()],
         }
@@ -220,6 +238,59 @@ def recorded_attempts(
             if sample is not None and len(found) >= sample:
                 break
     return found[:sample] if sample is not None else found
+
+
+def _utc(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
+
+
+def why_nothing_selected(
+    source: RuntimeSource,
+    job_type: str,
+    from_version: str,
+    *,
+    sample: int | None = None,
+    since: float | None = None,
+    states: Sequence[str] | None = None,
+) -> str:
+    """Why ``recorded_attempts`` with these arguments selected nothing: the first filter
+    that left no job, in words (a misspelled version, an empty window, another state)."""
+    if sample is not None and sample < 1:
+        return f"a sample of {sample} selects no attempt"
+    runtime = source.runtime
+    with runtime.storage.transaction(readonly=True) as tx:
+        jobs = tx.job_list(JobFilter(None, job_type, "production", 1_000_000))
+    if not jobs:
+        return f"no job of type {job_type!r} is recorded in this database"
+    versions = sorted({j.handler_version for j in jobs if j.handler_version})
+    matching = [j for j in jobs if j.handler_version == from_version]
+    if not matching:
+        return (
+            f"no {job_type} job is recorded on version {from_version!r} "
+            f"(recorded versions: {', '.join(versions) or 'none'})"
+        )
+    if since is not None:
+        recent = [j for j in matching if j.created_at >= since]
+        if not recent:
+            newest = max(j.created_at for j in matching)
+            return (
+                f"{len(matching)} {job_type} job(s) of {from_version} are recorded, none "
+                f"created since {_utc(since)} (the window; the newest: {_utc(newest)})"
+            )
+        matching = recent
+    if states:
+        found = Counter(j.state.value for j in matching)
+        return (
+            f"none of the {len(matching)} {job_type} job(s) of {from_version} is now "
+            f"{' or '.join(states)} (they are: "
+            f"{', '.join(f'{state} {n}' for state, n in sorted(found.items()))})"
+        )
+    if not any(j.attempt for j in matching):
+        return f"{len(matching)} {job_type} job(s) of {from_version} match, none has run yet"
+    return (
+        f"{len(matching)} {job_type} job(s) of {from_version} match, and no attempt that ran "
+        f"{from_version} recorded a ctx step or call: nothing a replay can re-run"
+    )
 
 
 def _effects(events: list[TraceEvent]) -> Counter[tuple[str, str]]:
@@ -312,6 +383,28 @@ def _replay_batch(
     return reports
 
 
+def _reproduce_command(
+    job_id: int, attempt: int, to_version: str, step: str | None, recorded: list[TraceEvent]
+) -> str:
+    """The command that reproduces one compared attempt, runnable as printed.
+
+    ``fork --from-step`` takes only a step the attempt recorded (its ``step.started``,
+    also a step that made no ``ctx`` call): the first divergence's step if the recording
+    has it, else the attempt's first step, the whole run (same steps with other values,
+    or a step only the candidate has). An attempt with no step at all cannot be forked:
+    its whole sealed run is ``replay --mode dry-run``.
+    """
+    steps = [str(e.data["step_name"]) for e in recorded if e.name == "step.started"]
+    target = f"--attempt {attempt} --version {to_version}"
+    if not steps:
+        return f"replayq replay {job_id} --mode dry-run {target} --app {APP_PLACEHOLDER}"
+    fork_from = step if step in steps else steps[0]
+    return (
+        f"replayq fork {job_id} {target} --from-step {shlex.quote(fork_from)} "
+        f"--app {APP_PLACEHOLDER}"
+    )
+
+
 def compare_attempts(
     source: RuntimeSource,
     todo: Sequence[RecordedAttempt],
@@ -344,9 +437,6 @@ def compare_attempts(
             now = recorded if replayed.matched_in_memory else replayed.events_now
             classes, details = classify(replayed, recorded, now)
             step = replayed.first_divergence.step if replayed.first_divergence else None
-            # Same steps, other values (a cache shape, an effect key): the fork reproduces
-            # it from the attempt's first step, the whole run.
-            fork_from = step or next((e.step for e in recorded if e.step), None)
             yield AttemptComparison(
                 job_id=job_id,
                 attempt=attempt,
@@ -355,10 +445,7 @@ def compare_attempts(
                 first_divergence_step=step,
                 duration_recorded=_duration([e for e in recorded_all if e.kind == "lifecycle"]),
                 duration_now=elapsed,
-                fork_command=(
-                    f"replayq fork {job_id} --attempt {attempt} --version {to_version} "
-                    f"--from-step {fork_from or 'STEP'} --app {APP_PLACEHOLDER}"
-                ),
+                fork_command=_reproduce_command(job_id, attempt, to_version, step, recorded_all),
             )
         if progress is not None:
             progress(len(batch))
@@ -405,4 +492,8 @@ def verify_rollout(
     ):
         report.add(comparison)
     report.seconds = time.perf_counter() - started
+    if not todo:
+        report.empty_reason = why_nothing_selected(
+            source, job_type, from_version, sample=sample, since=since, states=states
+        )
     return report

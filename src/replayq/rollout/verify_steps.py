@@ -10,11 +10,13 @@ import time
 from typing import Any
 
 from replayq.recording.context import Context
-from replayq.rollout.verify import VerifyReport, compare_attempts
+from replayq.rollout.verify import VerifyReport, compare_attempts, why_nothing_selected
 from replayq.rollout.verify import recorded_attempts as select_attempts
 from replayq.runtime import Runtime
 
 SELECT_STEP = "select attempts"
+# Only when the selection is empty: why, in words, as it was when the run selected.
+EMPTY_STEP = "why nothing was selected"
 
 
 def chunk_step(index: int) -> str:
@@ -35,6 +37,19 @@ def _select(
             runtime, job_type, from_version, sample=sample, since=since, states=states
         )
     ]
+
+
+def _why_empty(
+    runtime: Runtime,
+    job_type: str,
+    from_version: str,
+    sample: int | None,
+    since: float | None,
+    states: list[str] | None,
+) -> str:
+    return why_nothing_selected(
+        runtime, job_type, from_version, sample=sample, since=since, states=states
+    )
 
 
 def _verify_chunk(
@@ -77,6 +92,10 @@ def run(
     runtime.registry.handler(job_type, to_version)  # this worker must declare the candidate
     todo = ctx.step(SELECT_STEP, _select, runtime, job_type, from_version, sample, since, states)
     report = empty_report(request)
+    if not todo:
+        report.empty_reason = ctx.step(
+            EMPTY_STEP, _why_empty, runtime, job_type, from_version, sample, since, states
+        )
     for index, start in enumerate(range(0, len(todo), max(1, chunk))):
         part = todo[start : start + max(1, chunk)]
         report.merge(ctx.step(chunk_step(index), _verify_chunk, runtime, request, part))
