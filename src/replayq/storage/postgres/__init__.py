@@ -100,6 +100,7 @@ import json
 import logging
 import math
 import operator
+import re
 import os
 import select
 import threading
@@ -204,6 +205,10 @@ _REPLAYQ_OPTIONS = {"pool_size", "pool_timeout", "idle_in_transaction_timeout"}
 DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT = 10.0
 
 
+# A ``%`` not followed by two hex digits: libpq refuses it ("invalid percent-encoded token").
+_LONE_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
 def parse_postgres_url(url: str) -> tuple[str, dict[str, str]]:
     """``postgresql://…?pool_size=8&options=…`` → (libpq conninfo, replayq options).
 
@@ -224,11 +229,19 @@ def parse_postgres_url(url: str) -> tuple[str, dict[str, str]]:
         if key in _REPLAYQ_OPTIONS:
             ours[key] = unquote(raw_value)
         else:
-            theirs.append(pair)
+            theirs.append(f"{_bare_for_libpq(raw_key)}={_bare_for_libpq(raw_value)}")
             given.add(key)
     theirs += [f"{k}={v}" for k, v in _LIVENESS.items() if k not in given]
     conninfo = urlunsplit(parts._replace(query="&".join(theirs)))
     return conninfo, ours
+
+
+def _bare_for_libpq(raw: str) -> str:
+    """A query key or value as written, but for what libpq's URI parser refuses bare and a
+    browser or a decoder takes as meant: an ``=`` inside a value (``options=-csearch_path=a``),
+    a space, a ``%`` that starts no ``%XX``. Each is percent-encoded (before, the whole query
+    was, and such URLs worked; passed bare, the connection was refused: exit 3)."""
+    return _LONE_PERCENT.sub("%25", raw).replace("=", "%3D").replace(" ", "%20")
 
 
 # The compare-and-sets a ``pipelined(refusals=True)`` block sends without reading their
