@@ -122,6 +122,7 @@ from replayq.errors import (
     DatabaseUnavailableError,
     LeaseCollisionError,
     RowLockTimeoutError,
+    StatementCancelledError,
     StorageError,
 )
 from replayq.model import Job, TraceEvent
@@ -363,7 +364,7 @@ def storage_error(what: str, exc: psycopg.Error, *, read_only_asked: bool = Fals
         # back, the session is fine, and the same statement may well pass in a moment:
         # waited out like a server-wide ``lock_timeout``, never a job's failure (as a
         # plain ``StorageError`` it sent the job to ``dead``, class ``unknown``).
-        return DatabaseUnavailableError(f"{what}: the server cancelled the statement: {said}")
+        return StatementCancelledError(f"{what}: the server cancelled the statement: {said}")
     if isinstance(exc, psycopg.OperationalError):
         return DatabaseUnavailableError(f"{what}: {said}")
     if (exc.sqlstate or "").startswith("23"):
