@@ -111,9 +111,19 @@ class Leasing(WorkerCore):
         return jobs
 
     def _fixed_window_types(self) -> set[str]:
-        """Job types whose lease is a fixed visibility timeout (heartbeat 0)."""
+        """Job types whose lease is a fixed visibility timeout (heartbeat 0): the active
+        version's, or for a routed type any version a job may be routed to, which holds
+        its own version's lease (``_routed``)."""
         registry = self.runtime.registry
-        return {t for t in registry.job_types() if registry.handler(t).contract.heartbeat <= 0}
+        routed = self.router.routed_types()
+        return {
+            t
+            for t in registry.job_types()
+            if any(
+                registry.handler(t, version).contract.heartbeat <= 0
+                for version in (registry.versions(t) if t in routed else (None,))
+            )
+        }
 
     def _claim(self, tx: Transaction, params: JobLease, ahead: int) -> list[Job]:
         """``job_lease`` for ``params.limit`` jobs, of which the last ``ahead`` wait leased
