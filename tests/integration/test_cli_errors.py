@@ -205,3 +205,22 @@ def test_a_broken_pipe_that_is_not_the_outputs_is_reported(workdir: Path, db: st
             timeout=120,
         )
     one_line_error(done, 2, "dry-run worker process", "unfinished")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        # A password libpq cannot decode: its error quotes the token, the password itself.
+        "postgresql://nobody:s3cr%zzet@127.0.0.1:1/db",
+        "postgresql://nobody:s3cr&et%@127.0.0.1:1/db",
+        # A password given as a query parameter, which libpq takes as well as userinfo.
+        "postgresql://nobody@127.0.0.1:1/db?password=s3cr%20et&connect_timeout=2",
+    ],
+)
+def test_a_password_in_a_postgres_url_is_never_printed(tmp_path: Path, url: str) -> None:
+    """Every error line masks a URL's password (``error: …``, "with any password in a URL
+    masked"): libpq's own message about a URL it could not parse, and a ``?password=``,
+    were printed as they came, the password in clear."""
+    done = run(tmp_path, "jobs", "list", db=url)
+    line = one_line_error(done, 3, "cannot connect to PostgreSQL")
+    assert "s3cr" not in line, line

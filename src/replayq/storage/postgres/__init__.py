@@ -237,6 +237,22 @@ def parse_postgres_url(url: str) -> tuple[str, dict[str, str]]:
     return conninfo, ours
 
 
+def _without_passwords(text: str, conninfo: str) -> str:
+    """``text`` (libpq's error, which quotes a token of the URL it cannot parse: ``invalid
+    percent-encoded token: "<the password>"``) with the URL's passwords, as written and
+    decoded, shown as ``***``."""
+    parts = urlsplit(conninfo)
+    written = {parts.password or ""}
+    for pair in parts.query.split("&"):
+        key, _, value = pair.partition("=")
+        if unquote(key) == "password":
+            written.add(value)
+    secrets = {form for secret in written for form in (secret, unquote(secret))} - {""}
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return mask_url_passwords(text)
+
+
 def _bare_for_libpq(raw: str) -> str:
     """A query key or value as written, but for what libpq's URI parser refuses bare and a
     browser or a decoder takes as meant: an ``=`` inside a value (``options=-csearch_path=a``),
@@ -1248,8 +1264,9 @@ class PostgresStorage:
             # process's start a round of connection setup and the server a backend's start.
             first = psycopg.connect(self.conninfo, connect_timeout=CONNECT_TIMEOUT)
         except psycopg.Error as exc:
+            said = _without_passwords(str(exc), self.conninfo)
             raise DatabaseUnavailableError(
-                f"cannot connect to PostgreSQL at {mask_url_passwords(self.conninfo)}: {exc}"
+                f"cannot connect to PostgreSQL at {mask_url_passwords(self.conninfo)}: {said}"
             ) from exc
         self.pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             self.conninfo,
@@ -1268,8 +1285,9 @@ class PostgresStorage:
         except psycopg.Error as exc:
             self.pool.close()
             first.close()  # not taken by the pool (closing twice is harmless)
+            said = _without_passwords(str(exc), self.conninfo)
             raise DatabaseUnavailableError(
-                f"cannot connect to PostgreSQL at {mask_url_passwords(self.conninfo)}: {exc}"
+                f"cannot connect to PostgreSQL at {mask_url_passwords(self.conninfo)}: {said}"
             ) from exc
 
     def _connected(self, conn: psycopg.Connection[Any]) -> None:
