@@ -100,8 +100,8 @@ import json
 import logging
 import math
 import operator
-import re
 import os
+import re
 import select
 import threading
 import time
