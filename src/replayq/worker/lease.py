@@ -135,6 +135,11 @@ class Leasing(WorkerCore):
         registry = self.runtime.registry
         others = [t for t in (*registry.job_types(), *registry.system_types()) if t not in fixed]
         first = params.limit - ahead
+        if first <= 0:
+            # No free executor: jobs of the fixed types, due maybe, were not looked for. A
+            # lease that finds nothing then does not tell a burst run the queue is empty
+            # (the slot may have freed just after: ``_lease_skipped``, read by ``_dispatch``).
+            self._lease_skipped = True
         now = tx.job_lease(structs.replace(params, limit=first)) if first > 0 else []
         if not others or len(now) < first:  # the queue has no more ready jobs
             return now
