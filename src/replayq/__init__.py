@@ -41,6 +41,7 @@ from replayq.app import App, EnqueueRequest
 from replayq.clock import Clock, FrozenClock, HybridLogicalClock, SystemClock
 from replayq.durations import parse_duration
 from replayq.errors import (
+    CallbackReentryError,
     ConcurrencyError,
     ConfigurationError,
     ConstraintViolationError,
@@ -196,6 +197,7 @@ __all__ = [
     "AttemptTracer",
     "BulkPreview",
     "BulkResult",
+    "CallbackReentryError",
     "Clock",
     "ConcurrencyError",
     "ConfigurationError",

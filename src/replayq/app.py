@@ -493,16 +493,19 @@ class App(JobsFacade, EffectsFacade):
         """
         request = EnqueueRequest(job_type, payload or {}, message_id, delay, run_at, priority)
         storage = self.storage
-        return await run_bridged(
-            lambda: self.insert_job(
-                storage.adopt(AsyncConnectionView(conn)),
-                request,
-                queue=queue,
-                correlation_id=correlation_id,
-                causation_id=causation_id,
-                check=check,
+        # As ``enqueue``: the job row carries the producer span's context (it had none).
+        with enqueue_span(job_type) as trace_context:
+            return await run_bridged(
+                lambda: self.insert_job(
+                    storage.adopt(AsyncConnectionView(conn)),
+                    request,
+                    queue=queue,
+                    correlation_id=correlation_id,
+                    causation_id=causation_id,
+                    check=check,
+                    trace_context=trace_context,
+                )
             )
-        )
 
     def enqueue_many(self, requests: Sequence[EnqueueRequest], *, conn: Any = None) -> list[int]:
         """Enqueue many jobs in one transaction; all or none.

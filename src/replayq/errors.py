@@ -39,9 +39,11 @@ The tree::
         │   ├── StaleFencingTokenError  a write under a lock that has since been re-acquired
         │   └── LockTimeoutError        a lock held by someone else past the wait
         ├── ValidationError         class ``validation``  — never retried
-        │   └── StepLeftOpenError   raised by replayq: the handler returned with a step of
-        │                           its own left open, or one its generator's close ended
-        │                           dropping writes (a bug of the handler's code)
+        │   ├── StepLeftOpenError   raised by replayq: the handler returned with a step of
+        │   │                       its own left open, or one its generator's close ended
+        │   │                       dropping writes (a bug of the handler's code)
+        │   └── CallbackReentryError  raised by replayq: ``ctx`` used inside a function
+        │                           replayq runs in its own commit (``ctx.db_write``'s)
         └── EffectInDoubtError      class ``in_doubt`` — an effect's outcome is unknown and
                                     its kind's policy is ``park``: a human (or the kind's
                                     reconciler) settles it, then the job is requeued
@@ -77,6 +79,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from enum import StrEnum
+from typing import Any
 
 
 class FailureClass(StrEnum):
@@ -114,6 +117,10 @@ class ContractError(ConfigurationError):
 
 class PayloadError(ReplayqError):
     """A payload rejected at enqueue; the message names the field or the limit."""
+
+    # (field path, value) when the message quotes the field's value: redacted before the
+    # message leaves the enqueue (``payload_types.without_secrets``).
+    quoted: tuple[str, Any] | None = None
 
 
 class UnknownJobTypeError(ReplayqError):
@@ -301,6 +308,31 @@ class StepLeftOpenError(ValidationError):
     def __init__(self, message: str, *, step: str) -> None:
         super().__init__(message)
         self.step = step
+
+
+class CallbackReentryError(ValidationError):
+    """``ctx`` used inside a function that replayq runs in the middle of its own commit: a
+    ``ctx.db_write`` function, which runs inside the transaction that commits its step (or
+    the job's ack). ``verb`` names the call refused (``ctx.call('price')``), ``callback``
+    the function it was made in (``ctx.db_write``).
+
+    Refused at once, before the verb does anything: at a step's commit the context
+    records nothing else until that commit ends, so the verb would wait for it forever
+    (``ctx.step``, ``ctx.call``, ``ctx.effect``), or its write would land in no commit
+    while the trace said it did (``ctx.state.put``, ``ctx.outbox.publish``...); and no
+    replay or fork runs the function, so what it recorded could not be replayed. The
+    function's own rows roll back with the rest of that commit; a refusal the function
+    caught still fails it.
+
+    A bug of the handler's code, the same on every attempt: class ``validation``, never
+    retried, whatever the contract maps. Inside the function use only the connection it
+    is given; call ``ctx`` before ``ctx.db_write`` (pass the function what it needs) or
+    after the step."""
+
+    def __init__(self, message: str, *, verb: str, callback: str) -> None:
+        super().__init__(message)
+        self.verb = verb
+        self.callback = callback
 
 
 class EffectInDoubtError(JobError):

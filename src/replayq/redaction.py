@@ -255,9 +255,17 @@ class Redactor:
         for name in names:
             if self.secret_field(name):
                 return True
-            if len(plain) < 4096:
-                plain.add(name)
+            self._plain_key(name)
         return False
+
+    def _plain_key(self, name: str) -> None:
+        """Remember ``name`` as a key that needs no look: not a secret field's name (the
+        caller found) and, under the built-in patterns, a text ``_cannot_match`` (a key
+        can hold a card number or a credential as a value can: ``_flat_clean`` skips
+        the keys it finds here). At most 4,096."""
+        plain = self._plain_keys
+        if len(plain) < 4096 and (self._needles is None or self._cannot_match(name)):
+            plain.add(name)
 
     # -- texts ------------------------------------------------------------------------------
 
@@ -362,13 +370,16 @@ class Redactor:
     def _flat_clean(self, value: dict[Any, Any]) -> bool:
         """Whether a flat object (``_flat``: up to 16 items, each ``None``, a text, a whole
         number, a float or a bool) certainly holds no secret: no key is a secret field's
-        name, and its texts (picked in C: ``_walk`` returns its other values as they are),
-        joined by a NUL that no rule's substring or digit run holds, are a text
-        ``_cannot_match``. Then ``_walk`` would return it as it is: each of its texts is
-        part of the joined one, so none of them holds a needle or a run of 13 digits
-        either. ``False`` means "walk it". Only with the built-in patterns (``_needles``)."""
+        name or a text that may hold a secret (``_plain_key``), and its texts (picked in
+        C: ``_walk`` returns its other values as they are), joined by a NUL that no
+        rule's substring or digit run holds, are a text ``_cannot_match``. Then
+        ``_walk`` would return it as it is: each of its texts is part of the joined one,
+        so none of them holds a needle or a run of 13 digits either. ``False`` means
+        "walk it". Only with the built-in patterns (``_needles``)."""
         if not self._plain_keys.issuperset(value) and (
-            not _STR.issuperset(map(type, value)) or self.any_secret_field(value)
+            not _STR.issuperset(map(type, value))
+            or self.any_secret_field(value)
+            or not self._cannot_match("\0".join(value))
         ):
             return False
         values = value.values()
@@ -400,8 +411,7 @@ class Redactor:
                 for key in keys - plain:
                     if self.secret_field(key):
                         return False
-                    if len(plain) < 4096:
-                        plain.add(key)
+                    self._plain_key(key)
         return not (self.cards and _card_run(text, screened))
 
     def encoded(self, value: Any, dumps: Callable[[Any], str]) -> tuple[Any, str]:
@@ -446,10 +456,14 @@ class Redactor:
                     new = self.text(item)  # what ``_walk`` does with it, one call less
                 else:
                     new = self._walk(item, depth + 1)
-                if new is not item and out is None:
+                new_key = key
+                if type(key) is str and key not in self._clean_texts:
+                    # A key is a text: a card number or a credential in it is as secret.
+                    new_key = self.short_text(key)
+                if (new is not item or new_key is not key) and out is None:
                     out = dict(list(value.items())[:index])
                 if out is not None:
-                    out[key] = new
+                    out[new_key] = new
             return value if out is None else out
         if kind is list or kind is tuple or isinstance(value, (list, tuple)):
             items = [self._walk(item, depth + 1) for item in value]
@@ -472,12 +486,23 @@ class Redactor:
                 return redacted
             return self.marker(value)
         if isinstance(value, dict | list | tuple) and _has_marker(value):
-            return value  # redacted before (read back from the database)
+            # Redacted before (read back from the database), or a marker passed on (a
+            # redacted payload field) beside secrets in clear: each leaf is redacted whole,
+            # a marker kept, so the first is itself again and the second keeps no secret.
+            return self._whole_leaves(value)
         try:
             text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         except (TypeError, ValueError):
             text = repr(value)
         return self.marker(text)
+
+    def _whole_leaves(self, value: Any) -> Any:
+        """``whole`` of each leaf of a secret field's container (see ``whole``)."""
+        if isinstance(value, dict):
+            return {key: self._whole_leaves(item) for key, item in value.items()}
+        if isinstance(value, list | tuple):
+            return [self._whole_leaves(item) for item in value]
+        return self.whole(value)
 
 
 _SCALARS = frozenset((int, float, bool))

@@ -68,7 +68,11 @@ Known gaps, each with the reason:
   ``_posixsubprocess.fork_exec`` directly (multiprocessing's ``spawn`` and
   ``forkserver`` start methods; its ``fork`` method is caught by ``os.fork``).
   Pure-Python clients (urllib, http.client, requests/urllib3, httpx, redis-py)
-  go through ``socket`` and are caught.
+  go through ``socket`` and are caught. Two standard calls have no event either:
+  ``os.mkfifo`` and ``os.mknod`` create a file unseen.
+* **Events seen but let pass**: ``syslog.syslog`` (the system log, through libc's
+  own socket) and ``fcntl.flock``/``lockf`` (an advisory lock on a file opened for
+  reading, which other processes then wait on) are not refused.
 * **Channels opened before the seal are not watched**: ``socket.send``/``recv``
   and writes to an open file have no audit event, so a connection pool or a
   file handle opened outside the seal (a module-level session with a kept-alive

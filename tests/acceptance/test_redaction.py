@@ -5,7 +5,8 @@ payload, a bearer token and a password passed to ``ctx.call``, an API key in the
 call's answer and in an effect's result, a token in a log line, and a failing
 call whose error quotes the ``Authorization`` header. Afterwards none of those
 secrets is in the SQLite file's bytes (WAL included) or in any row of the
-PostgreSQL schema, in ``trace export`` or in the worker's log; the markers that
+PostgreSQL schema (a SQLite trace pack's events read unpacked: its deflated bytes would
+not show them), in ``trace export`` or in the worker's log; the markers that
 replaced them are keyed hashes (equal secrets, equal markers); and the redacted
 job still dry-runs without divergence.
 """
@@ -15,14 +16,17 @@ from __future__ import annotations
 import json
 import os
 import stat
+import urllib.request
 from pathlib import Path
 
 import pytest
 
 import replayq
 from tests.acceptance.workers import WorkerLauncher
-from tests.apps import secrets
-from tests.replay_support import cli_ok
+from tests.apps import secret_paths, secrets
+from tests.browser.conftest import start_dashboard
+from tests.conformance.test_secret_paths import stored_rows
+from tests.replay_support import cli, cli_ok
 
 CARD = "4111111111111111"
 CARD_SPACED = "4111 1111 1111 1111"
@@ -87,6 +91,8 @@ def test_secrets_are_redacted_everywhere_and_the_job_still_dry_runs(
 
         stored = _database_bytes(launcher)
         assert b"[redacted:" in stored
+        # A SQLite file's trace packs are deflated: its bytes alone do not show their events.
+        unpacked = stored_rows(app)
         exports = [_export(launcher.url, j) for j in (paid, refused)]
         assert all("[redacted:" in text for text in exports)
         json.loads(exports[0])
@@ -94,6 +100,7 @@ def test_secrets_are_redacted_everywhere_and_the_job_still_dry_runs(
         assert "charged with Authorization: Bearer [redacted:" in log, log
         for secret in SECRETS:
             assert secret.encode() not in stored, f"{secret!r} is in the database"
+            assert secret not in unpacked, f"{secret!r} is in a row"
             assert all(secret not in text for text in exports), f"{secret!r} is in an export"
             assert secret not in log, f"{secret!r} is in the worker's log"
 
@@ -113,5 +120,74 @@ def test_secrets_are_redacted_everywhere_and_the_job_still_dry_runs(
         assert report["outcome_now"]["status"] == "succeeded", dry.stdout
         if isinstance(launcher.database, Path):
             assert stat.S_IMODE(os.stat(launcher.database).st_mode) == 0o600
+    finally:
+        app.close()
+
+
+PROBE_TOKEN = "sk_live_4c1e8b7a9d2f6e3b"
+PROBE_PASSWORD = "tr0ub4dor-and-3"
+
+
+def test_a_careless_handlers_secrets_reach_no_row_output_or_log_line(
+    launcher: WorkerLauncher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``tests.apps.secret_paths``: a token in a step's name, a card number and a token as
+    object keys, a password nested in arguments, a decision and a child's payload, and
+    log lines quoting the token (one with a traceback). A real worker runs it, then the
+    real CLI reads, exports, dry-runs and forks it and the dashboard shows it: the dry-run
+    and the fork read the token from the environment again and log it, on the CLI's
+    stderr."""
+    env = {"REPLAYQ_REDACTION_KEY": KEY, "PROBE_TOKEN": PROBE_TOKEN}
+    env["PROBE_PASSWORD"] = PROBE_PASSWORD
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    app = secret_paths.build(launcher.url)
+    try:
+        jobs = [
+            app.enqueue("probe", {"order": 1}),
+            app.enqueue("probe", {"order": 2, "mode": "fail"}),
+        ]
+        worker = launcher.start("w1", app="tests.apps.secret_paths:app", burst=True, env=env)
+        assert worker.wait(60) == 0, worker.log()
+        assert [app.get_job(j).state for j in jobs] == [
+            replayq.JobState.SUCCEEDED,
+            replayq.JobState.DEAD,
+        ], worker.log()
+        log = worker.log()
+        assert "Authorization: Bearer [redacted:" in log and "Traceback" in log, log
+
+        spec = "tests.apps.secret_paths:app"
+        outputs = [log]
+        for job in jobs:
+            for args in (
+                ("jobs", "show", str(job)),
+                ("trace", "show", str(job)),
+                ("trace", "export", str(job), "--app", spec),
+                ("replay", str(job), "--mode", "dry-run", "--app", spec),
+                ("replay", str(job), "--mode", "dry-run", "--app", spec, "--json"),
+                ("fork", str(job), "--app", spec, "--from-step", "decide"),
+                ("diff", str(job), str(job)),
+            ):
+                done = cli(launcher.url, *args)
+                assert done.returncode in (0, 1), f"{args}: {done.stdout}\n{done.stderr}"
+                outputs += [done.stdout, done.stderr]
+        dry_run_stderr = outputs[10]
+        assert "Authorization: Bearer [redacted:" in dry_run_stderr, dry_run_stderr
+        outputs.append(cli_ok(launcher.url, "events").stdout)
+        dashboard = start_dashboard(launcher.url, launcher.directory, token=None)
+        try:
+            for path in ("/", "/jobs", "/dead", *(f"/jobs/{job}" for job in jobs)):
+                with urllib.request.urlopen(dashboard.url + path, timeout=30) as page:  # noqa: S310 -- http://127.0.0.1 only
+                    outputs.append(page.read().decode())
+        finally:
+            dashboard.proc.terminate()
+            dashboard.proc.wait(30)
+        assert "auth Bearer [redacted:" in outputs[-1], outputs[-1]
+        stored = stored_rows(app)
+        assert "[redacted:" in stored
+        for secret in (PROBE_TOKEN, PROBE_PASSWORD, secret_paths.CARD):
+            assert secret not in stored, f"{secret!r} is stored"
+            for text in outputs:
+                assert secret not in text, f"{secret!r} is in an output: {text}"
     finally:
         app.close()

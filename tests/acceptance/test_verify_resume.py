@@ -79,8 +79,10 @@ def test_a_verification_killed_halfway_resumes_and_ends_with_the_uninterrupted_r
         what="the verification finished on the second worker",
     )
     assert final.attempt >= 2, "the job was not taken over after the kill"
-    assert _comparable(final.report.to_dict()) == _comparable(uninterrupted.to_dict())
     assert _comparable(app.get_job(job_id).result) == _comparable(uninterrupted.to_dict())
+    # Read back, its fork commands name the --app it was started with.
+    uninterrupted.point_forks_at(APP)
+    assert _comparable(final.report.to_dict()) == _comparable(uninterrupted.to_dict())
 
     # No committed chunk ran again: each chunk step finished with success exactly once,
     # and the resumed attempt skipped every chunk that had committed before the kill.
@@ -96,7 +98,7 @@ def test_a_verification_killed_halfway_resumes_and_ends_with_the_uninterrupted_r
     assert {f"chunk {i + 1}" for i in range(killed_after)} <= skipped
 
     shown = cli.invoke(main, ["--db", launcher.url, "rollout", "verify-status", str(job_id)])
-    assert shown.exit_code == 0, shown.output
+    assert shown.exit_code == 1, shown.output  # finished, with findings (retry_decision)
     assert f"{JOBS}/{JOBS} attempts" in shown.output and "retry_decision" in shown.output
     status = cli.invoke(main, ["--db", launcher.url, "rollout", "status", "score", "--json"])
     assert status.exit_code == 0, status.output

@@ -68,7 +68,13 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def start_dashboard(db_url: str, tmp_path: Path, *, token: str | None) -> Dashboard:
+def start_dashboard(
+    db_url: str,
+    tmp_path: Path,
+    *,
+    token: str | None,
+    app_spec: str = "tests.apps.dashboard_shop:app",
+) -> Dashboard:
     port = free_port()
     log = tmp_path / f"web-{port}.log"
     env = {k: v for k, v in os.environ.items() if k != "REPLAYQ_WEB_TOKEN"}
@@ -83,7 +89,7 @@ def start_dashboard(db_url: str, tmp_path: Path, *, token: str | None) -> Dashbo
         "--port",
         str(port),
         "--app",
-        "tests.apps.dashboard_shop:app",
+        app_spec,
     ]
     with log.open("wb") as sink:
         proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)

@@ -112,3 +112,16 @@ def test_cli_exits_1_on_disallowed_classes_and_0_when_they_are_allowed(
 
     result = runner.invoke(main, [*base, "--sample", "3", "--state", "dead", "--json"])
     assert json.loads(result.output)["attempts"] == 3
+
+
+def test_a_background_verification_with_a_field_from_a_later_release_still_runs(
+    app: replayq.App,
+) -> None:
+    """A command line newer than the worker may add payload fields (as ``app`` was added):
+    the worker runs the verification without them instead of burying it."""
+    payload = {"job_type": "price", "from_version": "v1", "to_version": "v1", "added_later": 1}
+    job_id = app.enqueue("replayq.verify", payload)
+    replayq.Worker(app, burst=True).run()
+
+    run = replayq.verify_run(app, job_id)
+    assert (run.state, run.verdict, run.passed, run.done) == ("succeeded", "passed", True, 12)

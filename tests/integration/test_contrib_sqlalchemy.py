@@ -103,6 +103,31 @@ def test_a_sync_session_commits_or_rolls_back_the_job_with_its_rows(
     assert run_all(app) == 2
 
 
+def test_a_job_enqueued_in_a_rolled_back_savepoint_is_gone_and_its_message_id_free(
+    app: replayq.App, database: Database
+) -> None:
+    engine = create_engine(database.sync_url)
+    try:
+        with Session(engine) as session, session.begin():
+            session.add(Order(id=4, status="paid"))
+            session.flush()
+            savepoint = session.begin_nested()
+            enqueue(app, "confirm_order", {"order_id": 4}, session=session, message_id="o")
+            savepoint.rollback()
+            # The rolled-back job is not what the message id answers now: a new one is made,
+            # and the same id again in this transaction is that one.
+            again = enqueue(app, "confirm_order", {"order_id": 5}, session=session, message_id="o")
+            twice = enqueue(app, "confirm_order", {"order_id": 6}, session=session, message_id="o")
+            assert again == twice
+        with Session(engine) as session:
+            assert session.scalars(select(Order.id)).all() == [4]
+    finally:
+        engine.dispose()
+    assert committed(app) == [5]
+    assert [job.id for job in app.list_jobs()] == [again]
+    assert run_all(app) == 1
+
+
 def test_an_async_session_commits_or_rolls_back_the_job_with_its_rows(
     app: replayq.App, database: Database
 ) -> None:

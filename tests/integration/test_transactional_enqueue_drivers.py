@@ -112,6 +112,37 @@ def test_an_async_connection_in_autocommit_is_refused(
     assert pg_app.list_jobs() == []
 
 
+def test_a_sync_autocommit_connection_is_refused_outside_a_transaction_and_used_inside_one(
+    pg_app: replayq.App, pg_schema_url: str
+) -> None:
+    with psycopg.connect(pg_schema_url, autocommit=True) as conn:
+        # Outside a transaction each statement would commit alone: refused, nothing written.
+        with pytest.raises(replayq.ConfigurationError, match="autocommit"):
+            pg_app.enqueue("send_receipt", {"order_id": 1}, conn=conn)
+        assert pg_app.list_jobs() == []
+        with pytest.raises(KeyError), conn.transaction():
+            pg_app.enqueue("send_receipt", {"order_id": 2}, conn=conn)
+            raise KeyError("the order was refused")
+        assert pg_app.list_jobs() == [], "rolled back with conn.transaction()"
+        with conn.transaction():
+            kept = pg_app.enqueue("send_receipt", {"order_id": 3}, conn=conn)
+    assert [job.id for job in pg_app.list_jobs()] == [kept]
+
+
+def test_a_connection_in_a_failed_transaction_is_refused_and_stays_the_callers(
+    pg_app: replayq.App, pg_schema_url: str
+) -> None:
+    with psycopg.connect(pg_schema_url) as conn:
+        with pytest.raises(psycopg.errors.DivisionByZero):
+            conn.execute("SELECT 1 / 0")
+        with pytest.raises(replayq.ConfigurationError, match="failed"):
+            pg_app.enqueue("send_receipt", {"order_id": 1}, conn=conn)
+        conn.rollback()
+        kept = pg_app.enqueue("send_receipt", {"order_id": 2}, conn=conn)
+        conn.commit()
+    assert [job.id for job in pg_app.list_jobs()] == [kept]
+
+
 @pytest.fixture
 def sqlite_app(tmp_path: Path) -> Iterator[replayq.App]:
     app = declare(replayq.App(f"sqlite:///{tmp_path / 'shop.db'}"))
@@ -138,3 +169,22 @@ def test_a_sqlite_connection_with_row_objects_in_its_default_mode_enqueues_on_co
     conn.close()
     assert run_all(sqlite_app).stats.succeeded == 1
     assert sqlite_app.get_job(job_id).result == 5
+
+
+def test_an_async_enqueue_carries_the_callers_trace_context_like_enqueue(
+    pg_app: replayq.App, pg_schema_url: str
+) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+
+    tracer = TracerProvider().get_tracer("shop")
+
+    async def enqueue_in_a_request() -> tuple[int, str]:
+        with tracer.start_as_current_span("POST /orders") as request:
+            async with await psycopg.AsyncConnection.connect(pg_schema_url) as conn:
+                job_id = await pg_app.enqueue_async("send_receipt", {"order_id": 9}, conn=conn)
+                await conn.commit()
+        return job_id, format(request.get_span_context().trace_id, "032x")
+
+    job_id, trace_id = asyncio.run(enqueue_in_a_request())
+    # The worker's attempt span becomes a child of the request, as after App.enqueue.
+    assert replayq.otel_trace_id(pg_app.get_job(job_id).trace_context) == trace_id

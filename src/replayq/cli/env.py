@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import os
 import sys
 from typing import Any
 
 import click
 
+import replayq
 from replayq import App
 
 DEFAULT_DB_FILE = "replayq.db"
@@ -32,6 +34,7 @@ class Env:
             if spec and self.db:
                 app = app.on_database(self.db)
             _announce_default_database(app)
+            _redact_stray_log_lines(app)
             self._app = app
         return self._app
 
@@ -47,6 +50,16 @@ class Env:
         """
         if self._app is not None:
             self._app.close()
+
+
+def _redact_stray_log_lines(app: App) -> None:
+    """Log lines of a command that runs the app's handlers (a dry-run, a fork, a rerun)
+    go to stderr redacted with the app's rules, as a worker's do. Without a handler on
+    the root logger (none configured by the command or the app's module), Python's last
+    resort printed a handler's warnings as they were: the token a replayed handler read
+    from its environment again, in clear. Nothing changes where one is configured."""
+    if not logging.getLogger().handlers:
+        replayq.configure_logging("warning", "text", redact=app.runtime.redactor_for)
 
 
 def _announce_default_database(app: App) -> None:

@@ -21,6 +21,8 @@ code  meaning
 3     storage unavailable: the database cannot be reached or take writes for now
       (locked, full, read-only, down); trying again later may work
 4     internal error: a bug in replayq (``--debug`` shows the traceback to report)
+5     unfinished: what was asked about has no verdict yet (a background verification
+      still queued or running); asking again later may give one
 141   the output's reader went away (``| head``): the rest is dropped, no message
 ====  ==========================================================================
 
@@ -52,6 +54,9 @@ EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 EXIT_UNAVAILABLE = 3
 EXIT_INTERNAL = 4
+# Not 3 (the storage, which later may take writes again) nor 1 (a verdict): nothing has
+# failed, and nothing has passed either (``rollout verify-status`` of a queued run).
+EXIT_UNFINISHED = 5
 # 128 + SIGPIPE: what a shell reports for a command its reader's exit killed (under
 # ``set -o pipefail``); not 0, since the command's own outcome (1 on findings) is unknown.
 EXIT_READER_GONE = 141
@@ -216,7 +221,7 @@ def main(ctx: click.Context, db: str | None, debug: bool) -> None:
     """replayq: a job queue whose executions can be traced, replayed, forked and reversed.
 
     Exit codes: 0 done, 1 findings (diverged, drift), 2 usage or not found,
-    3 storage unavailable, 4 internal error.
+    3 storage unavailable, 4 internal error, 5 unfinished (no verdict yet).
     """
     _freeze_at_exit()
     ctx.obj = Env(db, debug=debug)

@@ -20,6 +20,16 @@ import click
 
 import replayq
 from replayq.cli.env import Env, emit_json, pass_env
+from replayq.cli.main import EXIT_FINDINGS, EXIT_OK, EXIT_UNFINISHED
+
+# ``verify-status JOB``'s exit, by the run's verdict: a script gates on 0 alone. A run
+# that ended without a report (dead, cancelled) is 1, not 5: asking again never helps.
+VERDICT_EXIT = {
+    "passed": EXIT_OK,
+    "findings": EXIT_FINDINGS,
+    "no_report": EXIT_FINDINGS,
+    "unfinished": EXIT_UNFINISHED,
+}
 
 APP_HELP = "module:attribute of your replayq.App (else the contracts stored by workers)"
 
@@ -417,7 +427,7 @@ def rollout_verify(
         "max_per_second": rate,
     }
     if background:
-        job_id = replayq.start_verify(app, job_type, chunk=chunk, **selection)
+        job_id = replayq.start_verify(app, job_type, chunk=chunk, app=app_spec, **selection)
         if as_json:
             emit_json({"job_id": job_id})
         else:
@@ -428,11 +438,12 @@ def rollout_verify(
         return
     with _progress_bar(enabled=not as_json and sys.stderr.isatty()) as progress:
         report = replayq.verify_rollout(app, job_type, progress=progress, **selection)
+    report.point_forks_at(app_spec)
     if as_json:
         emit_json(report.to_dict())
     else:
-        click.echo(render_verify(report, app_spec))
-    raise SystemExit(0 if report.passed else 1)
+        click.echo(render_verify(report))
+    raise SystemExit(EXIT_OK if report.passed else EXIT_FINDINGS)
 
 
 @contextmanager
@@ -468,17 +479,25 @@ def _progress_bar(*, enabled: bool) -> Iterator[Callable[[int, int], None]]:
 def rollout_verify_status(
     env: Env, job_id: int | None, job_type: str | None, as_json: bool
 ) -> None:
-    """Background verifications: progress, and the report so far (or final)."""
+    """Background verifications: progress, and the report so far (or final).
+
+    With JOB_ID it exits by the run's verdict, so a script can gate on it: 0 passed
+    (finished, nothing outside --allow), 1 findings (or it ended without a report:
+    dead, cancelled), 5 unfinished (queued or running: no verdict yet; ask again
+    later). The list exits 0.
+    """
     app = env.app()
     if job_id is not None:
         run = replayq.verify_run(app, job_id)
         if as_json:
             emit_json(run.to_dict())
-            return
-        click.echo(describe_run(run))
-        if run.report.attempts:
-            click.echo(render_verify(run.report))
-        return
+        else:
+            click.echo(describe_run(run))
+            if run.report.attempts:
+                if not run.finished:
+                    click.echo("so far (not a verdict: the run has not finished):")
+                click.echo(render_verify(run.report))
+        raise SystemExit(VERDICT_EXIT[run.verdict])
     runs = replayq.verify_runs(app, job_type)
     if as_json:
         emit_json([run.to_dict() for run in runs])
@@ -492,9 +511,12 @@ def rollout_verify_status(
 def describe_run(run: replayq.VerifyRun) -> str:
     report = run.report
     total = "?" if run.total is None else str(run.total)
-    verdict = ""
-    if run.finished:
-        verdict = "  passed" if report.passed else f"  FAILED {report.disallowed}"
+    verdict = {
+        "passed": "  passed",
+        "findings": f"  FAILED {report.disallowed}",
+        "unfinished": "  not finished: no verdict yet",
+        "no_report": f"  NO REPORT: ended {run.state} before it finished (not verified)",
+    }[run.verdict]
     return (
         f"job {run.job_id}  {report.job_type} {report.from_version} → {report.to_version}  "
         f"{run.state} (attempt {run.attempt})  {run.done}/{total} attempts, "
@@ -503,8 +525,8 @@ def describe_run(run: replayq.VerifyRun) -> str:
     )
 
 
-def render_verify(report: replayq.VerifyReport, app_spec: str | None = None) -> str:
-    """The report as text; ``app_spec`` fills the ``--app`` of each example's fork command."""
+def render_verify(report: replayq.VerifyReport) -> str:
+    """The report as text, each example with the fork command that reproduces it."""
     lines = [
         f"{report.job_type}: {report.to_version} over {report.attempts} recorded attempt(s) of "
         f"{report.from_version} in {report.seconds:.2f}s ({report.throughput:.0f}/s), sealed",
@@ -526,8 +548,10 @@ def render_verify(report: replayq.VerifyReport, app_spec: str | None = None) -> 
         for name in example.classes:
             detail = json.dumps(example.details[name], default=str, ensure_ascii=False)
             lines.append(f"    {name}: {detail[:160]}")
-        fork = example.fork_command
-        if app_spec:  # the report's placeholder (rollout/verify.py, APP_PLACEHOLDER)
-            fork = fork.replace("--app MODULE:APP", f"--app {app_spec}")
-        lines.append(f"    {fork}")
+        lines.append(f"    {example.fork_command}")
+    if report.forks_need_app:
+        lines.append(
+            "the fork commands need your app: put its module:attribute (the --app your "
+            "workers run) for MODULE:APP; this verification was started without --app"
+        )
     return "\n".join(lines)

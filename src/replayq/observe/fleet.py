@@ -19,6 +19,8 @@ from replayq.storage.context_params import LockFilter
 from replayq.storage.protocol import IdemFilter
 from replayq.storage.reports import JobGauges, OutboxPending, OutOfOrder
 
+STATES = ("queued", "running", "dead")  # the open states ``replayq_jobs`` reports
+
 
 class FleetCollector:
     """A ``prometheus_client`` custom collector over one database."""
@@ -26,6 +28,11 @@ class FleetCollector:
     def __init__(self, source: RuntimeSource) -> None:
         self.runtime = source.runtime
         self.derived = DerivedRuns(source)
+        # Every (queue, job_type, version) reported so far: when its jobs drain, its states
+        # read 0 instead of vanishing (an absent series is "no data", and an alert on
+        # ``replayq_jobs{state="dead"} > 0`` or a backlog graph cannot tell it from a
+        # failed scrape). Bounded by the queues, types and versions there are.
+        self._groups: set[tuple[str, str, str]] = set()
 
     def describe(self) -> list[Any]:
         return []  # collected at scrape time only; no read at registration
@@ -56,13 +63,18 @@ class FleetCollector:
             "How long the longest-running leased job has held its lease.",
             labels=labels,
         )
+        counts = {(group, state): 0.0 for group in self._groups for state in STATES}
         for row in gauges:
-            key = [row.queue, row.job_type, row.version or "none"]
-            jobs.add_metric([*key, row.state], float(row.count))
+            group = (row.queue, row.job_type, row.version or "none")
+            key = list(group)
+            self._groups.add(group)
+            counts[(group, row.state)] = float(row.count)
             if row.oldest_ready is not None:
                 oldest.add_metric(key, max(0.0, now - float(row.oldest_ready)))
             if row.oldest_leased is not None:
                 longest.add_metric(key, max(0.0, now - float(row.oldest_leased)))
+        for (group, state), count in sorted(counts.items()):
+            jobs.add_metric([*group, state], count)
         yield jobs
         yield oldest
         yield longest

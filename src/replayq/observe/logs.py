@@ -133,13 +133,23 @@ class TextFormatter(logging.Formatter):
 
 
 def configure_logging(
-    level: str = "info", fmt: str = "text", stream: TextIO | None = None
+    level: str = "info",
+    fmt: str = "text",
+    stream: TextIO | None = None,
+    *,
+    redact: Callable[[str | None], Redactor] | None = None,
 ) -> logging.Handler:
-    """Configure the root logger once for a long-running command; returns its handler."""
+    """Configure the root logger once for a long-running command; returns its handler.
+
+    ``redact``: the rules of a job type (``None``: outside an attempt) to redact each
+    line with, as ``App.runtime.redactor_for`` gives them; default: the built-in rules
+    until a worker names its app's."""
     if level.lower() not in LEVELS:
         raise ValueError(f"log level {level!r}: use one of {', '.join(LEVELS)}")
     if fmt not in FORMATS:
         raise ValueError(f"log format {fmt!r}: use one of {', '.join(FORMATS)}")
+    if redact is not None:
+        redact_with(redact)
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(JobFieldsFilter())

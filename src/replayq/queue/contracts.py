@@ -15,7 +15,7 @@ from typing import Any, Literal
 from msgspec import Struct
 
 from replayq.durations import Duration, parse_duration
-from replayq.errors import ContractError, FailureClass
+from replayq.errors import ContractError, FailureClass, PayloadError
 from replayq.queue.retention import Retention, check_contract_retention
 
 JitterMode = Literal["full", "none"]
@@ -103,10 +103,67 @@ def template_fields(template: str) -> list[str]:
 
 
 def render_template(template: str | None, payload: Mapping[str, Any]) -> str | None:
-    """Fill a key template from the payload; ``None`` when there is no template."""
+    """Fill a key template from the payload; ``None`` when there is no template.
+
+    Every field it names must be in ``payload`` (``PayloadError`` otherwise): a key of a
+    declared type is rendered by its handler's ``KeyTemplate``, with the defaults filled in.
+    """
     if template is None:
         return None
-    return template.format_map({k: payload.get(k) for k in template_fields(template)})
+    return KeyTemplate(template, "key", {}, "payload").render(payload)
+
+
+class KeyTemplate:
+    """A key template (``idempotency``, ``ordering``, ``lock``), parsed once, rendered from
+    the payload as the handler receives it: a field the payload leaves out takes the
+    default the handler's payload shape gives it (its JSON form), so ``{"order_id": 2}``
+    and ``{"order_id": 2, "tenant": "a"}`` are one key when ``tenant`` defaults to ``"a"``.
+
+    A field that is absent and has no fixed default is refused with ``PayloadError``
+    naming the template and the field; it is never rendered as ``None``.
+    """
+
+    __slots__ = ("defaults", "fields", "label", "owner", "template")
+
+    def __init__(self, template: str, label: str, defaults: Mapping[str, Any], owner: str) -> None:
+        self.template = template
+        self.label = label
+        self.owner = owner  # who the refusal names: "charge v2"
+        self.fields = tuple(template_fields(template))
+        # Only the defaults this template can use: ``render`` looks them up by name.
+        self.defaults = {name: defaults[name] for name in self.fields if name in defaults}
+
+    def render(self, payload: Mapping[str, Any], stored: str | None = None) -> str:
+        """The key for ``payload`` (a JSON object: the stored form).
+
+        ``stored``: the key a job's row carries. A job stored by a replayq that rendered
+        an absent defaulted field as ``None`` keeps that key (its earlier attempts'
+        effects and its recording were made under it); see docs/contracts.md.
+        """
+        values: dict[str, Any] = {}
+        filled = False
+        for name in self.fields:
+            if name in payload:
+                values[name] = payload[name]
+            elif name in self.defaults:
+                values[name] = self.defaults[name]
+                filled = True
+            elif stored is not None and self._legacy(payload) == stored:
+                return stored
+            else:
+                raise PayloadError(
+                    f"{self.owner}: the {self.label} key {self.template!r} needs payload "
+                    f"field {name!r}, which is absent and has no default"
+                )
+        key = self.template.format_map(values)
+        if filled and stored is not None and stored != key and self._legacy(payload) == stored:
+            return stored
+        return key
+
+    def _legacy(self, payload: Mapping[str, Any]) -> str:
+        """The key as replayq rendered it before defaults were filled in: ``None`` for
+        each absent field."""
+        return self.template.format_map({name: payload.get(name) for name in self.fields})
 
 
 @dataclass(frozen=True)

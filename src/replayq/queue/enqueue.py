@@ -251,13 +251,14 @@ def _job_params(
         redactor = runtime.redactor_for(request.job_type)
     payload = request.payload
     if handler is not None:
-        # Keys are rendered from the JSON form: one text per value, whatever object was passed.
-        plain, payload_json = handler.prepare_payload(payload)
+        # Keys are rendered from the JSON form: one text per value, whatever object was
+        # passed, and a field the payload leaves out as the default the handler receives.
+        plain, payload_json = handler.prepare_payload(payload, redactor)
         plain, payload_json = _redacted(redactor, plain, payload_json)
-        contract = handler.contract
+        contract, keys = handler.contract, handler.keys
         max_attempts = contract.retry.max_attempts
-        ordering_key = render_template(contract.ordering, plain)
-        idempotency_key = render_template(contract.idempotency, plain)
+        ordering_key = None if keys.ordering is None else keys.ordering.render(plain)
+        idempotency_key = None if keys.idempotency is None else keys.idempotency.render(plain)
         job_queue = queue or contract.queue
     elif stored is not None:
         # A type this process does not declare: the stored contract of its active version.

@@ -9,12 +9,21 @@ from collections.abc import Callable, Mapping
 from functools import cached_property
 from typing import Any
 
-from msgspec import Struct
+from msgspec import Struct, field
 
 from replayq import codec
 from replayq.errors import ContractError, FailureClass, PayloadError, UnknownJobTypeError
-from replayq.queue.contracts import JobContract
-from replayq.queue.payload_types import Fields, FieldType, check_names, field_type, is_record
+from replayq.queue.contracts import JobContract, KeyTemplate
+from replayq.queue.payload_types import (
+    NO_DEFAULT,
+    Fields,
+    FieldType,
+    check_names,
+    field_type,
+    fixed_default,
+    is_record,
+    without_secrets,
+)
 from replayq.queue.schedule import Schedule
 from replayq.redaction import Redactor, is_marker
 
@@ -38,6 +47,9 @@ class PayloadShape(Struct, frozen=True, dict=True):
     types: Mapping[str, FieldType]
     # The whole payload as one dataclass / pydantic model, if the handler declares one.
     record: FieldType | None = None
+    # Each optional field's fixed default in its JSON form (``payload_types.fixed_default``):
+    # what a key template renders for a field the payload leaves out.
+    defaults: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -71,10 +83,12 @@ class PayloadShape(Struct, frozen=True, dict=True):
         ):
             record = field_type(hints[params[0].name])
             assert record is not None and record.fields is not None
-            return cls(record.fields.required, record.fields.optional, False, {}, record)
+            fields = record.fields
+            return cls(fields.required, fields.optional, False, {}, record, fields.defaults)
         required: list[str] = []
         optional: list[str] = []
         types: dict[str, FieldType] = {}
+        defaults: dict[str, Any] = {}
         accepts_extra = False
         for param in params:
             if param.kind is inspect.Parameter.VAR_KEYWORD:
@@ -86,7 +100,11 @@ class PayloadShape(Struct, frozen=True, dict=True):
             checked = field_type(hints.get(param.name))
             if checked is not None:
                 types[param.name] = checked
-        return cls(tuple(required), tuple(optional), accepts_extra, types)
+            if param.default is not inspect.Parameter.empty:
+                default = fixed_default(param.default, checked, param.name)
+                if default is not NO_DEFAULT:
+                    defaults[param.name] = default
+        return cls(tuple(required), tuple(optional), accepts_extra, types, None, defaults)
 
     def to_json(self, job_type: str, payload: Any) -> dict[str, Any]:
         """The payload's JSON form: rich values (``Decimal``, a dataclass...) converted,
@@ -107,7 +125,9 @@ class PayloadShape(Struct, frozen=True, dict=True):
                 for name, value in payload.items()
             }
         except PayloadError as exc:
-            raise PayloadError(f"{job_type}: {exc}") from None
+            error = PayloadError(f"{job_type}: {exc}")
+            error.quoted = exc.quoted
+            raise error from None
 
     @cached_property
     def _fields(self) -> Fields:
@@ -139,7 +159,17 @@ class PayloadShape(Struct, frozen=True, dict=True):
                     decoded[name] = value
             return decoded if decoded is not None else payload
         except PayloadError as exc:
-            raise PayloadError(f"{job_type}: {exc}") from None
+            error = PayloadError(f"{job_type}: {exc}")
+            error.quoted = exc.quoted
+            raise error from None
+
+
+class ContractKeys(Struct, frozen=True):
+    """A handler's key templates (``Handler.keys``); ``None`` where the contract has none."""
+
+    idempotency: KeyTemplate | None
+    ordering: KeyTemplate | None
+    lock: KeyTemplate | None
 
 
 class Handler(Struct, frozen=True, dict=True):
@@ -153,6 +183,22 @@ class Handler(Struct, frozen=True, dict=True):
     redactor: Redactor | None = None
 
     @cached_property
+    def keys(self) -> ContractKeys:
+        """The contract's key templates, parsed once, with this payload shape's defaults."""
+        contract, defaults = self.contract, self.shape.defaults
+        owner = f"{contract.name} {contract.version}"
+        return ContractKeys(
+            *(
+                None if template is None else KeyTemplate(template, label, defaults, owner)
+                for label, template in (
+                    ("idempotency", contract.idempotency),
+                    ("ordering", contract.ordering),
+                    ("lock", contract.lock),
+                )
+            )
+        )
+
+    @cached_property
     def is_async(self) -> bool:
         """Whether ``fn`` is an ``async def`` (asked once: ``inspect`` costs ~2 µs a job)."""
         return inspect.iscoroutinefunction(self.fn)
@@ -161,19 +207,29 @@ class Handler(Struct, frozen=True, dict=True):
         """Check and encode a payload; ``PayloadError`` names the field or the limit."""
         return self.prepare_payload(payload)[1]
 
-    def prepare_payload(self, payload: Any) -> tuple[dict[str, Any], str]:
+    def prepare_payload(
+        self, payload: Any, redactor: Redactor | None = None
+    ) -> tuple[dict[str, Any], str]:
         """The payload's JSON form (rich values converted) and its canonical text, checked
-        against the handler's fields and the contract's size limit."""
+        against the handler's fields and the contract's size limit. ``redactor``: the
+        rules a rejected field's value is redacted with in the error's message (default:
+        this handler's own)."""
         name = self.contract.name
-        plain = self.shape.to_json(name, payload)
-        text = codec.dumps(plain, what=f"{name} payload")
-        size = len(text.encode())
-        if size > self.contract.max_payload_bytes:
-            raise PayloadError(
-                f"{name}: payload is {size} bytes, above max_payload_bytes="
-                f"{self.contract.max_payload_bytes}"
-            )
-        self.shape.check(name, plain)
+        try:
+            plain = self.shape.to_json(name, payload)
+            text = codec.dumps(plain, what=f"{name} payload")
+            size = len(text.encode())
+            if size > self.contract.max_payload_bytes:
+                raise PayloadError(
+                    f"{name}: payload is {size} bytes, above max_payload_bytes="
+                    f"{self.contract.max_payload_bytes}"
+                )
+            self.shape.check(name, plain)
+        except PayloadError as exc:
+            rules = redactor or self.redactor
+            if rules is None or exc.quoted is None:
+                raise
+            raise without_secrets(exc, rules) from None
         return plain, text
 
 

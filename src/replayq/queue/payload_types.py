@@ -45,10 +45,10 @@ from decimal import Decimal, InvalidOperation
 from functools import cached_property
 from typing import Any
 
-from msgspec import Struct
+from msgspec import Struct, field
 
 from replayq.errors import PayloadError
-from replayq.redaction import is_marker
+from replayq.redaction import Redactor, is_marker
 
 
 def join(path: str, name: str) -> str:
@@ -56,11 +56,33 @@ def join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
+def _shown(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:80] + "…"
+
+
 def _wrong(path: str, expected: str, value: Any, hint: str = "") -> PayloadError:
-    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:80] + "…"
-    return PayloadError(
-        f"field {path!r} expects {expected}, got {type(value).__name__} {shown}{hint}"
+    error = PayloadError(
+        f"field {path!r} expects {expected}, got {type(value).__name__} {_shown(value)}{hint}"
     )
+    error.quoted = (path, value)
+    return error
+
+
+def without_secrets(error: PayloadError, redactor: Redactor) -> PayloadError:
+    """``error`` with the value it quotes (``PayloadError.quoted``) redacted: whole where a
+    name on its field's path is a secret field's, else as any value is. A payload rejected
+    at enqueue was never redacted, and its error becomes a caller's message, a handler's
+    failure (``ctx.enqueue``: the trace, ``last_error``) or a CLI's output."""
+    if error.quoted is None:
+        return error
+    path, value = error.quoted
+    names = [name for name in re.split(r"[.\[\]<>]+", path) if name]
+    secret = any(redactor.secret_field(name) for name in names)
+    redacted = redactor.whole(value) if secret else redactor.value(value)
+    if redacted is value or redacted == value:
+        return error
+    return PayloadError(str(error).replace(_shown(value), _shown(redacted)))
 
 
 class FieldType(Struct, frozen=True):
@@ -228,6 +250,9 @@ class Fields(Struct, frozen=True, dict=True):
     required: tuple[str, ...]
     optional: tuple[str, ...]
     types: Mapping[str, FieldType]
+    # The JSON form of each optional field's fixed default (``fixed_default``): what a key
+    # template renders for the field when a payload leaves it out.
+    defaults: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -246,6 +271,28 @@ class Fields(Struct, frozen=True, dict=True):
             )
             for name in self.names
         }
+
+
+class _NoDefault:
+    """The marker of a field with no fixed default (``fixed_default``)."""
+
+    def __repr__(self) -> str:
+        return "NO_DEFAULT"
+
+
+NO_DEFAULT: Any = _NoDefault()
+
+
+def fixed_default(value: Any, kind: FieldType | None, name: str) -> Any:
+    """The JSON form of a field's default, as a key template renders it when a payload
+    leaves the field out: the stored form of the value the handler receives.
+    ``NO_DEFAULT`` when the default does not fit its own annotation."""
+    if value is None or kind is None:
+        return value
+    try:
+        return kind.to_json(value, name)
+    except (PayloadError, KeyError):  # KeyError: a recursive record still being built
+        return NO_DEFAULT
 
 
 # Each dataclass's check, built once; a recursive one (a tree of nodes) refers to its own
@@ -280,6 +327,7 @@ def _dataclass_fields(cls: type[Any]) -> FieldType:
     required: list[str] = []
     optional: list[str] = []
     field_types: dict[str, FieldType] = {}
+    defaults: dict[str, Any] = {}
     for f in dataclasses.fields(cls):
         has_default = (
             f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
@@ -288,7 +336,15 @@ def _dataclass_fields(cls: type[Any]) -> FieldType:
         checked = field_type(hints.get(f.name))
         if checked is not None:
             field_types[f.name] = checked
-    record = Fields(tuple(required), tuple(optional), field_types)
+        # A default_factory's value is made anew at each decode: no fixed default.
+        if f.default is not dataclasses.MISSING:
+            defaults[f.name] = fixed_default(f.default, checked, f.name)
+    record = Fields(
+        tuple(required),
+        tuple(optional),
+        field_types,
+        {name: value for name, value in defaults.items() if value is not NO_DEFAULT},
+    )
 
     def items(value: Any, path: str) -> Mapping[str, Any]:
         if isinstance(value, cls):
@@ -338,11 +394,15 @@ def _pydantic(cls: type[Any]) -> FieldType:
             where = path
             for part in first["loc"]:
                 where = f"{where}[{part}]" if isinstance(part, int) else join(where, str(part))
-            raise PayloadError(
-                f"field {where or cls.__name__!r}: {first['msg']}, got {first['input']!r}"
-            ) from None
+            error = PayloadError(
+                f"field {where or cls.__name__!r}: {first['msg']}, got {_shown(first['input'])}"
+            )
+            error.quoted = (where, first["input"])
+            raise error from None
 
     model_fields = cls.model_fields.items()
+    undefined = sys.modules["pydantic_core"].PydanticUndefined
+    to_jsonable = sys.modules["pydantic_core"].to_jsonable_python
     return FieldType(
         cls.__name__,
         lambda v, p: validated(v, p).model_dump(mode="json"),
@@ -352,6 +412,11 @@ def _pydantic(cls: type[Any]) -> FieldType:
             tuple(name for name, info in model_fields if info.is_required()),
             tuple(name for name, info in model_fields if not info.is_required()),
             {},
+            {
+                name: to_jsonable(info.default)
+                for name, info in model_fields
+                if info.default is not undefined and info.default_factory is None
+            },
         ),
     )
 
@@ -388,6 +453,11 @@ def _msgspec(cls: type[Any]) -> FieldType:
             tuple(f.encode_name for f in struct_fields if f.required),
             tuple(f.encode_name for f in struct_fields if not f.required),
             {},
+            {
+                f.encode_name: msgspec.to_builtins(f.default)
+                for f in struct_fields
+                if f.default is not msgspec.NODEFAULT
+            },
         ),
     )
 

@@ -10,6 +10,8 @@
     │                db_write; builds the views below on first use
     ├── recorder.py  Recorder (a base of Context): the attempt's pending events, writes
     │                and blobs, redacted and encoded, committed fenced by the lease
+    ├── callbacks.py  the application's functions run inside replayq's commit (a
+    │                ctx.db_write's): ctx refused in them (CallbackReentryError)
     ├── steps.py     ctx.step(name, fn): a step with a result; skipped on a retry once
     │                it committed (contract resume="step")
     ├── ledger.py    the step ledger: committed step positions of a job and their results

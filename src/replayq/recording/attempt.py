@@ -15,6 +15,7 @@ from replayq.errors import ContextEndedError
 from replayq.model import Job, TraceEvent
 from replayq.queue.handlers import Handler
 from replayq.recording.blobs import Encoded
+from replayq.recording.callbacks import Callback
 from replayq.recording.world import LostFlag, World
 from replayq.redaction import Redactor
 from replayq.runtime import Runtime
@@ -95,6 +96,14 @@ class Attempt(Protocol):
     # ``committed`` (``Recorder._pending_lock``): a view's own pending list that the commit
     # empties (the cache's after-commit actions) changes under it too.
     _pending_lock: Any  # a ``threading.RLock``
+    # Set while a ``ctx.db_write`` function runs inside a commit of this attempt: each view's
+    # entry point refuses in its thread (``_refuse_inside``).
+    _callback: Callback | None
+
+    def _refuse_inside(self, verb: str) -> None:
+        """``CallbackReentryError`` naming ``verb`` if this thread runs a callback of the
+        attempt (asked where ``_callback`` is set: ``recording.callbacks``)."""
+        ...
 
     @property
     def trace_id(self) -> str: ...

@@ -102,6 +102,8 @@ class CacheView:
         own (namespaced) writes are seen first.
         """
         ctx = self._ctx
+        if ctx._callback is not None:
+            ctx._refuse_inside(f"ctx.cache.get({namespace!r}, {ident!r})")
         if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
             raise ended_error(ctx.job.id, ctx.attempt)
         now = ctx.runtime.clock.now()
@@ -183,6 +185,8 @@ class CacheView:
     ) -> str:
         """Cache ``value`` (derived from entity version ``version``) when the step commits."""
         ctx = self._ctx
+        if ctx._callback is not None:
+            ctx._refuse_inside(f"ctx.cache.set({namespace!r}, {ident!r})")
         if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
             raise ended_error(ctx.job.id, ctx.attempt)
         key = self.key(namespace, ident, version)
@@ -223,6 +227,8 @@ class CacheView:
     def invalidate(self, namespace: str, ident: Any) -> None:
         """Drop every version of ``namespace:ident`` when the step commits."""
         ctx = self._ctx
+        if ctx._callback is not None:
+            ctx._refuse_inside(f"ctx.cache.invalidate({namespace!r}, {ident!r})")
         if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
             raise ended_error(ctx.job.id, ctx.attempt)
         base = self._base(namespace, ident)

@@ -56,11 +56,11 @@ from replayq.errors import (
     StepLeftOpenError,
 )
 from replayq.model import Job, TraceEvent
-from replayq.queue.contracts import render_template
 from replayq.queue.handlers import Handler
 from replayq.recording.aio import close_unstarted, run_flow, task_or_thread
 from replayq.recording.attempt import ENDED, ended_error
 from replayq.recording.cache import CacheView
+from replayq.recording.callbacks import Callback, refuse_inside
 from replayq.recording.calls import record_call
 from replayq.recording.effects import EffectRunner
 from replayq.recording.ledger import step_key
@@ -79,6 +79,13 @@ T = TypeVar("T")
 # always set, so every verb's cancel point (``check_cancelled``) is reached and says the
 # attempt ended. No check of its own on the way of a live attempt's every step and call.
 _ENDED = ENDED
+
+# The verb that records each event of ``Context._nondeterministic`` (a refusal names it).
+_NONDETERMINISTIC_VERBS = {
+    "clock.now": "ctx.now()",
+    "random.random": "ctx.random()",
+    "random.uuid": "ctx.uuid()",
+}
 
 
 class Context(Recorder):
@@ -140,6 +147,9 @@ class Context(Recorder):
         # before the end, or sees the end and records nothing into the trace after it.
         self._live = threading.Lock()
         self._pending_lock = threading.RLock()
+        # Set while a ``ctx.db_write`` function runs inside a commit of this attempt (held
+        # under ``_live`` at a step's): the verbs refuse in its thread (``recording.callbacks``).
+        self._callback: Callback | None = None
         self._pending = PendingRecord()
         self._running: dict[object, StepFlow] = {}
         # Which flow runs now (``Recorder._running``): a thread, or an async handler's task.
@@ -160,6 +170,8 @@ class Context(Recorder):
         """This attempt's locks (``LockManager``), built on first use."""
         view = self._locks
         if view is None:
+            if self._callback is not None:
+                refuse_inside(self, "ctx.locks")
             if self._cancel is _ENDED:
                 raise self._ended_error()
             view = self._locks = LockManager(self)
@@ -170,6 +182,8 @@ class Context(Recorder):
         """Reads and writes of versioned entities (``StateView``), built on first use."""
         view = self._state
         if view is None:
+            if self._callback is not None:
+                refuse_inside(self, "ctx.state")
             if self._cancel is _ENDED:
                 raise self._ended_error()
             view = self._state = StateView(self)
@@ -180,6 +194,8 @@ class Context(Recorder):
         """Recorded cache reads and writes (``CacheView``), built on first use."""
         view = self._cache
         if view is None:
+            if self._callback is not None:
+                refuse_inside(self, "ctx.cache")
             if self._cancel is _ENDED:
                 raise self._ended_error()
             view = self._cache = CacheView(self)
@@ -190,6 +206,8 @@ class Context(Recorder):
         """The transactional outbox (``OutboxView``), built on first use."""
         view = self._outbox
         if view is None:
+            if self._callback is not None:
+                refuse_inside(self, "ctx.outbox")
             if self._cancel is _ENDED:
                 raise self._ended_error()
             view = self._outbox = OutboxView(self)
@@ -200,6 +218,8 @@ class Context(Recorder):
         """What runs ``ctx.effect`` calls (``EffectRunner``), built on first use."""
         view = self._effects
         if view is None:
+            if self._callback is not None:
+                refuse_inside(self, "ctx.effects")
             if self._cancel is _ENDED:
                 raise self._ended_error()
             view = self._effects = EffectRunner(self)
@@ -292,6 +312,11 @@ class Context(Recorder):
             self._outbox = None
         if self._effects is not None:
             self._effects = None
+
+    def _refuse_inside(self, verb: str) -> None:
+        """Refuse ``verb`` if this thread runs a ``ctx.db_write`` function of this attempt
+        (``recording.callbacks``); asked by a view's entry point where ``_callback`` is set."""
+        refuse_inside(self, verb)
 
     def _ended_error(self) -> ContextEndedError:
         """The error a use of this context after ``end`` raises."""
@@ -474,7 +499,8 @@ class Context(Recorder):
         it already (the worker, which buries a payload that does not decode).
         """
         handler, payload = self.handler, self.job.payload
-        resource = render_template(handler.contract.lock, payload)
+        lock = handler.keys.lock  # a field the payload leaves out: its default, as at enqueue
+        resource = None if lock is None else lock.render(payload)
         if args is None:
             # Typed fields (Decimal, datetime, a dataclass...) from their stored JSON form.
             args = handler.shape.decode(handler.contract.name, payload)
@@ -589,6 +615,8 @@ class Context(Recorder):
         ``with ctx.step("load"):`` is the same commit boundary around a block. A block
         always runs, so it is never skipped: it runs again on every attempt.
         """
+        if self._callback is not None:
+            refuse_inside(self, f"ctx.step({name!r})")
         cancel = self._cancel
         if cancel is not None and cancel.is_set():
             self.check_cancelled()
@@ -622,6 +650,8 @@ class Context(Recorder):
 
     def decide(self, name: str, value: Any, **why: Any) -> Any:
         """Record a decision and its reasons; returns ``value``."""
+        if self._callback is not None:
+            refuse_inside(self, f"ctx.decide({name!r})")
         self.check_cancelled()
         # One walk checks the value and the reasons (events are written without one) and
         # redacts them: the event takes the redacted parts without screening them again.
@@ -656,6 +686,8 @@ class Context(Recorder):
         With a coroutine function (or a coroutine) it returns a coroutine to await on the
         handler's loop: ``await ctx.call(name, client.get, url)`` (``recording.aio``).
         """
+        if self._callback is not None:
+            refuse_inside(self, f"ctx.call({name!r})", fn)
         cancel = self._cancel
         if cancel is not None and cancel.is_set():
             self._stop_before_call(fn)
@@ -667,6 +699,8 @@ class Context(Recorder):
         With a coroutine function (or a coroutine) it returns a coroutine to await:
         ``await ctx.effect(kind, send_async, key=...)``.
         """
+        if self._callback is not None:
+            refuse_inside(self, f"ctx.effect({kind!r})", fn)
         cancel = self._cancel
         if cancel is not None and cancel.is_set():
             self._stop_before_call(fn)
@@ -675,6 +709,8 @@ class Context(Recorder):
     # -- recorded nondeterminism ------------------------------------------------------------
 
     def _nondeterministic(self, name: str, produce: Callable[[], Any]) -> Any:
+        if self._callback is not None:
+            refuse_inside(self, _NONDETERMINISTIC_VERBS[name])
         # Not a cancel point (a cancelled attempt may still read its clock), but refused
         # once the attempt ended: the value would be recorded into a trace that is never
         # committed, and a replay could not answer it.
@@ -712,6 +748,8 @@ class Context(Recorder):
 
     def lock(self, resource: str, *, ttl: Any = None, wait: Any = None) -> LockHandle:
         """A lease lock with an owner token and a fencing token (``with ctx.lock(...) as lk:``)."""
+        if self._callback is not None:
+            refuse_inside(self, f"ctx.lock({resource!r})")
         self.check_cancelled()
         return self.locks.handle(resource, ttl=ttl, wait=wait)
 
@@ -725,7 +763,12 @@ class Context(Recorder):
         most once per key: a processed-operation record is written in the same
         transaction, and a later attempt finding it skips ``fn`` (recorded as
         deduplicated). A replay or fork never runs ``fn``.
+
+        ``fn`` runs inside replayq's commit: it may use the connection only. A ``ctx``
+        call in it raises ``CallbackReentryError`` (docs/recording-context.md).
         """
+        if self._callback is not None:
+            refuse_inside(self, "ctx.db_write")
         # The look at the end and the write's joining the pending record at once
         # (``_pending_lock``, as ``ctx.state.put``): in the ack's commit, or refused.
         with self._pending_lock:
@@ -734,6 +777,8 @@ class Context(Recorder):
 
     def enqueue(self, job_type: str, payload: dict[str, Any] | None = None, **options: Any) -> None:
         """Enqueue a child job in the step's transaction (causation: this job)."""
+        if self._callback is not None:
+            refuse_inside(self, f"ctx.enqueue({job_type!r})")
         # The look at the end and the write's joining the pending record at once
         # (``_pending_lock``, as ``ctx.state.put``): in the ack's commit, or refused.
         with self._pending_lock:

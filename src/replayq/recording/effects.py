@@ -57,8 +57,8 @@ from replayq.errors import (
     RecordedFailure,
     classify,
 )
-from replayq.model import TraceEvent
-from replayq.queue.contracts import render_template
+from replayq.model import Job, TraceEvent
+from replayq.queue.handlers import Handler
 from replayq.recording.aio import Flow, outside_call, run_flow
 from replayq.recording.attempt import ENDED, Attempt, ended_error, ended_late
 from replayq.recording.blobs import Encoded, load_json, put_bytes
@@ -85,11 +85,18 @@ RECONNECT_SECONDS = 60.0
 _T = TypeVar("_T")
 
 
-def default_effect_key(template: str | None, payload: Any, kind: str) -> str | None:
+def default_effect_key(handler: Handler, job: Job, kind: str) -> str | None:
     """The key of an effect given none: the job's idempotency key, then ``:kind``
-    (``None`` without a template). The dry-run's quick check derives it the same way."""
-    base = render_template(template, payload)
-    return None if base is None else f"{base}:{kind}"
+    (``None`` without a template). The dry-run's quick check derives it the same way.
+
+    The key is rendered from the job's payload as the handler receives it (a field left
+    out takes its default), as at enqueue; a job whose row kept a key rendered with
+    ``None`` for such a field (stored before replayq filled defaults in) keeps it.
+    """
+    template = handler.keys.idempotency
+    if template is None:
+        return None
+    return f"{template.render(job.payload, job.idempotency_key)}:{kind}"
 
 
 def claim_token_hex() -> str:
@@ -112,7 +119,7 @@ class EffectRunner:
 
     def default_key(self, kind: str) -> str:
         ctx = self._ctx
-        key = default_effect_key(ctx.handler.contract.idempotency, ctx.job.payload, kind)
+        key = default_effect_key(ctx.handler, ctx.job, kind)
         if key is None:
             raise ConfigurationError(
                 f"{self._ctx.job.job_type}: effect {kind!r} needs an idempotency key: pass "
@@ -135,6 +142,8 @@ class EffectRunner:
         sees it. One whose outside call ends after the end records nothing into the trace;
         its idempotency record still gets the outcome (``_record_late``)."""
         ctx = self._ctx
+        if ctx._callback is not None:  # ``ctx.effects`` kept: it would wait for ``_live``
+            ctx._refuse_inside(f"ctx.effects.run({kind!r})")
         with ctx._live:
             claimed = self._claim(kind, key)
         if not isinstance(claimed, _Claimed):

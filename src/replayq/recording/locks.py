@@ -148,6 +148,8 @@ class LockManager(LockReleases[LockHandle]):
 
     def handle(self, resource: str, *, ttl: Any = None, wait: Any = None) -> LockHandle:
         ctx = self._ctx
+        if ctx._callback is not None:
+            ctx._refuse_inside(f"ctx.locks.handle({resource!r})")
         if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
             raise ended_error(ctx.job.id, ctx.attempt)
         contract = ctx.handler.contract

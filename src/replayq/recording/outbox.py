@@ -54,6 +54,8 @@ class OutboxView:
 
     def publish(self, topic: str, payload: dict[str, Any]) -> str:
         """Write an outbox row in the step's transaction; returns its stable event id."""
+        if self._ctx._callback is not None:
+            self._ctx._refuse_inside(f"ctx.outbox.publish({topic!r})")
         ctx = self._ctx
         # The look at the end, the event and the write's joining the pending record at once
         # (``_pending_lock``, as ``ctx.state.put``): in the ack's commit, or refused.

@@ -225,7 +225,11 @@ class Recorder:
         fields["name"] = name
         fields["seq"] = seq
         if steps:
-            fields["step"] = steps[-1]
+            # The step's name as its own events record it (``record_step``): redacted.
+            step = steps[-1]
+            if step not in self.redactor._clean_texts:
+                step = self.redactor.short_text(step)
+            fields["step"] = step
         fields["ts"] = now
         fields["hlc"] = hlc
         if status is not None:

@@ -311,6 +311,8 @@ class StateView:
     def get(self, namespace: str, key: Any) -> Entity:
         """The current version (your own uncommitted writes first); the read is recorded."""
         ctx, key = self._ctx, str(key)
+        if ctx._callback is not None:
+            ctx._refuse_inside(f"ctx.state.get({namespace!r}, {key!r})")
         if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
             raise ended_error(ctx.job.id, ctx.attempt)
         ident = (namespace, key)
@@ -371,6 +373,8 @@ class StateView:
         recorded write was (``World.write_rejection``).
         """
         ctx, key = self._ctx, str(key)
+        if ctx._callback is not None:
+            ctx._refuse_inside(f"ctx.state.put({namespace!r}, {key!r})")
         if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
             raise ended_error(ctx.job.id, ctx.attempt)
         ident = (namespace, key)
@@ -536,6 +540,8 @@ class StateView:
     def history(self, namespace: str, key: Any) -> list[EntityVersion]:
         """Every version of an entity on this job's branch, with the job that wrote it."""
         ctx = self._ctx
+        if ctx._callback is not None:
+            ctx._refuse_inside(f"ctx.state.history({namespace!r}, {str(key)!r})")
         if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
             raise ended_error(ctx.job.id, ctx.attempt)
         return StateStore(ctx.runtime, ctx.branch).history(namespace, key)

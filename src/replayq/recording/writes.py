@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from replayq.queue.enqueue import EnqueueRequest, insert_job
+from replayq.recording import callbacks
 from replayq.recording.attempt import Attempt
 from replayq.storage import packs
 from replayq.storage.protocol import IdemClaim, IdemSucceed, Transaction
@@ -40,7 +41,10 @@ def defer_db_write(ctx: Attempt, fn: Callable[[Any], Any], key: str | None) -> N
                 packs.forget(event)
             if not claimed:
                 return
-        fn(tx.connection)
+        # Inside replayq's commit (at a step's, under ``_live``): a ``ctx`` verb ``fn`` calls
+        # is refused in this thread, never left waiting for this very commit (``callbacks``).
+        with callbacks.running(ctx, "ctx.db_write"):
+            fn(tx.connection)
         if key is not None:
             tx.idem_transition(IdemSucceed(key, claim_token, "null", None, event.ts))
 
@@ -56,7 +60,9 @@ def defer_child_job(
     """``ctx.enqueue``: the child is inserted in the step's transaction (causation: this job)."""
     request = EnqueueRequest(job_type, payload, **options)
     if job_type in ctx.runtime.registry.job_types():
-        plain, _ = ctx.runtime.registry.handler(job_type).prepare_payload(request.payload)
+        handler = ctx.runtime.registry.handler(job_type)
+        # A rejected field's value is quoted redacted by the child's rules (its failure's text).
+        plain, _ = handler.prepare_payload(request.payload, ctx.runtime.redactor_of(handler))
         request = replace(request, payload=plain)
     origin = ctx.job.origin
     correlation = ctx.job.correlation_id or ctx.job.trace_id

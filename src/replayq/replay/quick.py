@@ -418,7 +418,7 @@ class QuickContext:
         if is_async(fn):
             self._stop()
         if not key:
-            key = default_effect_key(self.handler.contract.idempotency, self.payload, kind)
+            key = default_effect_key(self.handler, self._recording.job, kind)
             if key is None:
                 self._stop()
         self._names += (kind, key)

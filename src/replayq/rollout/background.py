@@ -18,7 +18,11 @@ returns its recorded result instead of running again. Merged in order, the
 summaries give the same report as an uninterrupted run.
 
 ``verify_runs`` / ``verify_run`` read a run's progress and partial report from
-the job and its step ledger (``rollout verify-status``, ``rollout status``).
+the job and its step ledger (``rollout verify-status``, ``rollout status``, the
+dashboard). A partial report is not a verdict: ``VerifyRun.passed`` is ``None``
+until the job succeeded (a queued run has compared nothing, a running one only its
+committed chunks), and ``False`` for a run that ended without a report (dead or
+cancelled); ``verdict`` names the four cases, as ``VERDICTS`` lists them.
 """
 
 from __future__ import annotations
@@ -50,8 +54,14 @@ def start_verify(
     allow: Sequence[str] = (),
     max_per_second: float | None = None,
     chunk: int = CHUNK,
+    app: str | None = None,
 ) -> int:
-    """Enqueue a background verification (a ``replayq.verify`` job); returns its job id."""
+    """Enqueue a background verification (a ``replayq.verify`` job); returns its job id.
+
+    ``app``: the ``module:attribute`` the caller loaded the app from (``rollout verify
+    --app``), kept in the job so the report's fork commands name it; the worker's own
+    app runs the verification either way.
+    """
     runtime = source.runtime
     runtime.registry.handler(job_type, to_version)  # refuse an undeclared version up front
     unknown = [c for c in allow if c not in DIFFERENCE_CLASSES]
@@ -68,13 +78,32 @@ def start_verify(
         "rate": max_per_second,
         "chunk": chunk,
     }
+    if app is not None:  # only when known: the payload of a run without stays as it was
+        payload["app"] = app
     with runtime.storage.transaction() as tx:
         return insert_job(runtime, tx, EnqueueRequest(VERIFY_JOB_TYPE, payload))
 
 
+VERDICTS = {
+    "passed": "finished, no difference outside --allow",
+    "findings": "finished, with differences outside --allow",
+    "unfinished": "queued or running: no verdict yet (its report so far is partial)",
+    "no_report": "ended without a report (dead or cancelled): the candidate was not verified",
+}
+"""A background verification's ``verdict``, each with what it means."""
+
+_ENDED_WITHOUT_REPORT = frozenset({"dead", "cancelled"})
+
+
 @dataclass(frozen=True)
 class VerifyRun:
-    """A background verification: its job, progress and (partial) report."""
+    """A background verification: its job, progress and (partial) report.
+
+    ``passed`` is the verdict a gate may trust: ``True`` only once the job succeeded
+    and its report found nothing outside ``allow``; ``None`` while it is queued or
+    running (``report`` is then what its committed chunks found so far); ``False`` on
+    findings, and for a run that ended without a report (dead, cancelled).
+    """
 
     job_id: int
     state: str
@@ -83,6 +112,7 @@ class VerifyRun:
     chunks_done: int
     report: VerifyReport
     error: str | None
+    app: str | None = None  # the ``--app`` it was started with, if the caller gave one
 
     @property
     def done(self) -> int:
@@ -92,7 +122,22 @@ class VerifyRun:
     def finished(self) -> bool:
         return self.state == "succeeded"
 
+    @property
+    def verdict(self) -> str:
+        """passed, findings, unfinished (queued or running) or no_report (dead, cancelled)."""
+        if self.finished:
+            return "passed" if self.report.passed else "findings"
+        return "no_report" if self.state in _ENDED_WITHOUT_REPORT else "unfinished"
+
+    @property
+    def passed(self) -> bool | None:
+        """True: finished and found nothing; None: no verdict yet; False: otherwise."""
+        verdict = self.verdict
+        return None if verdict == "unfinished" else verdict == "passed"
+
     def to_dict(self) -> dict[str, Any]:
+        # The report's own ``passed`` is the run's: a partial report is no pass.
+        report = {**self.report.to_dict(), "passed": self.passed}
         return {
             "job_id": self.job_id,
             "state": self.state,
@@ -101,8 +146,11 @@ class VerifyRun:
             "done": self.done,
             "chunks_done": self.chunks_done,
             "finished": self.finished,
+            "verdict": self.verdict,
+            "passed": self.passed,
+            "app": self.app,
             "error": self.error,
-            "report": self.report.to_dict(),
+            "report": report,
         }
 
 
@@ -115,6 +163,9 @@ def _run_of(runtime: Runtime, job: Job) -> VerifyRun:
     while chunk_step(chunks) in steps:
         report.merge(steps[chunk_step(chunks)].result)
         chunks += 1
+    app = request.get("app")
+    if app:
+        report.point_forks_at(str(app))
     return VerifyRun(
         job_id=job.id,
         state=job.state.value,
@@ -123,6 +174,7 @@ def _run_of(runtime: Runtime, job: Job) -> VerifyRun:
         chunks_done=chunks,
         report=report,
         error=job.last_error,
+        app=str(app) if app else None,
     )
 
 

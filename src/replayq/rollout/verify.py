@@ -41,8 +41,8 @@ from replayq.storage.protocol import JobFilter, TraceQuery
 if TYPE_CHECKING:
     from replayq.replay.engine import ReplayReport
 
-# Stands for the --app of an example's fork command; ``rollout verify`` prints its own
-# in its place (a background run's report does not know the one its worker was given).
+# Stands for the --app of an example's fork command until ``point_forks_at`` names the
+# real one (``rollout verify``'s own; a background run's, if it was started with one).
 APP_PLACEHOLDER = "MODULE:APP"
 
 DIFFERENCE_CLASSES = (
@@ -123,6 +123,20 @@ class VerifyReport:
 
     def examples(self, limit: int = EXAMPLES) -> list[AttemptComparison]:
         return self.differing[:limit]
+
+    @property
+    def forks_need_app(self) -> bool:
+        """Whether an example's fork command still says ``--app MODULE:APP``."""
+        placeholder = f"--app {APP_PLACEHOLDER}"
+        return any(placeholder in c.fork_command for c in self.examples())
+
+    def point_forks_at(self, app_spec: str) -> None:
+        """Put ``app_spec`` (``module:attribute``) in each fork command's ``--app``."""
+        placeholder = f"--app {APP_PLACEHOLDER}"
+        for comparison in self.comparisons:
+            comparison.fork_command = comparison.fork_command.replace(
+                placeholder, f"--app {app_spec}"
+            )
 
     def add(self, comparison: AttemptComparison) -> None:
         """Count one more compared attempt."""

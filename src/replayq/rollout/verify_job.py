@@ -29,8 +29,16 @@ def _run(
     allow: list[str] | None = None,
     rate: float | None = None,
     chunk: int = CHUNK,
+    app: str | None = None,
+    **later: Any,
 ) -> dict[str, Any]:
-    """The ``replayq.verify`` handler: select once, then one step per chunk."""
+    """The ``replayq.verify`` handler: select once, then one step per chunk.
+
+    ``app`` is where the report's fork commands point (``background._run_of`` reads it
+    from the payload); the run itself uses this worker's app. ``later``: fields a newer
+    replayq's ``start_verify`` adds, which this worker has no use for; taking them keeps
+    it from burying that run as a malformed payload (a worker from before ``app`` did).
+    """
     from replayq.rollout.verify_steps import run
 
     return run(ctx, job_type, from_version, to_version, sample, since, states, chunk)

@@ -11,6 +11,7 @@ its thread pool; storage connections are per thread).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -85,6 +86,7 @@ def make_environment() -> jinja2.Environment:
     env.filters["when"] = _when
     env.filters["pretty"] = _json
     env.globals["describe"] = timeline.describe
+    env.filters["resource_href"] = timeline.resource_href
     return env
 
 
@@ -177,10 +179,14 @@ class Dashboard:
         steps = list(
             dict.fromkeys(str(e.data.get("step_name")) for e in events if e.name == "step.started")
         )
+        # A job's result is stored as returned (docs/secrets.md); reading the dashboard
+        # needs no sign-in, so its secrets are shown as markers, by the type's rules.
+        result = self.app.runtime.redactor_for(job.job_type).value(job.result)
         return self.page(
             request,
             "job.html",
             job=job,
+            result=result,
             events=events,
             picture=timeline.job_picture(events),
             versions=versions,
@@ -306,11 +312,43 @@ class Dashboard:
         }
         if action not in handlers:
             raise HTTPException(404, f"no action {action!r}")
-        return await run_in_threadpool(handlers[action], request, job_id, fields)
+        return await run_in_threadpool(self._refusing, handlers[action], request, job_id, fields)
+
+    def _refusing(
+        self,
+        action: Callable[[Request, int, dict[str, str]], Response],
+        request: Request,
+        job_id: int,
+        form: dict[str, str],
+    ) -> Response:
+        """``action`` on job ``job_id``, what replayq refuses shown as the reason it gave.
+
+        Before, an unknown step or version, a job with no attempt to replay, a job type
+        this dashboard has no handler for, or a job gone meanwhile ended in a bare 500
+        ``Internal Server Error`` (sent outside every header this dashboard sets).
+        """
+        self._job(job_id)  # 404 when it does not exist
+        try:
+            return action(request, job_id, form)
+        except replayq.StorageError as exc:
+            raise HTTPException(503, f"the database refused: {exc}") from exc
+        except replayq.ReplayqError as exc:
+            raise HTTPException(409, f"job {job_id}: {exc}") from exc
 
     def _dry_run(self, request: Request, job_id: int, form: dict[str, str]) -> Response:
         report = replayq.dry_run(self.app, job_id, version=form.get("version") or None)
-        return self.page(request, "report.html", job=self._job(job_id), report=report)
+        job = self._job(job_id)
+        # The recorded outcome holds the job's result as stored, the new one what the
+        # handler returned now: both shown with their secrets as markers, as the job page.
+        redact = self.app.runtime.redactor_for(job.job_type).value
+        divergence = report.first_divergence
+        shown = {
+            "recorded": redact(_plain(report.outcome_recorded)),
+            "now": redact(_plain(report.outcome_now)),
+            "diverged_recorded": redact(divergence.recorded) if divergence else None,
+            "diverged_now": redact(divergence.now) if divergence else None,
+        }
+        return self.page(request, "report.html", job=job, report=report, shown=shown)
 
     def _fork(self, request: Request, job_id: int, form: dict[str, str]) -> Response:
         from_step = form.get("from_step") or ""
@@ -365,6 +403,13 @@ class Dashboard:
             raise HTTPException(404, str(exc)) from exc
 
 
+def _plain(value: Any) -> Any:
+    """A dataclass (a report's ``Outcome``) as the JSON object the redactor reads."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return value
+
+
 def _stubs(text: str) -> dict[str, Any]:
     """``name=JSON`` per line: what an effect or call the recording lacks returns in a fork."""
     stubs: dict[str, Any] = {}
@@ -389,7 +434,7 @@ def create_app(app: replayq.App, *, token: str | None = None) -> Starlette:
         assert isinstance(exc, HTTPException)
         return dashboard.page(request, "refused.html", status=exc.status_code, why=str(exc.detail))
 
-    web = Starlette(
+    web = _Starlette(
         routes=[
             Route("/", dashboard.overview),
             Route("/jobs", dashboard.jobs),
@@ -406,8 +451,15 @@ def create_app(app: replayq.App, *, token: str | None = None) -> Starlette:
         ],
         exception_handlers={HTTPException: on_error},
     )
-    web.add_middleware(_HeadersMiddleware)
     return web
+
+
+class _Starlette(Starlette):
+    """Starlette with the security headers outermost: ``add_middleware`` puts them inside
+    Starlette's error middleware, so an unexpected error's 500 went out without them."""
+
+    def build_middleware_stack(self) -> Any:
+        return _HeadersMiddleware(super().build_middleware_stack())
 
 
 class _HeadersMiddleware:

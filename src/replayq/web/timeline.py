@@ -15,12 +15,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import quote
 
 from replayq import TraceEvent
 
 WIDTH = 960
 LABEL = 150
 ROW = 64
+# Kept as they are in a resource's link (the rest, ``/`` ``?`` ``#`` ``%`` included, quoted).
+RESOURCE_SAFE = ":@!$&'()*+,;="
 SETTLED = {"job.succeeded", "job.failed", "job.write_rejected", "lease.expired", "lease.lost"}
 MARKERS = {
     "decision": "decision",
@@ -139,8 +142,11 @@ def _intervals(
         yield event, None
 
 
-def _resource_href(resource: str | None) -> str | None:
-    return f"/resources/{resource}" if resource else None
+def resource_href(resource: str | None) -> str | None:
+    """The link to ``resource``'s page, every character that means something in a URL
+    quoted: a name is made from a payload (``order:{order_id}``), and a raw ``?``, ``#``
+    or ``/..`` in it led to another resource's page, or off the resource pages."""
+    return f"/resources/{quote(resource, safe=RESOURCE_SAFE)}" if resource else None
 
 
 def job_picture(events: Sequence[TraceEvent]) -> Picture:
@@ -178,7 +184,7 @@ def job_picture(events: Sequence[TraceEvent]) -> Picture:
         ):
             end = closed.ts if closed else chunk[-1].ts
             title = f"lock {opened.resource}"
-            href = _resource_href(opened.resource)
+            href = resource_href(opened.resource)
             lane.shapes.append(_lock_bar(axis, y, opened, closed, end, title, href))
         for opened, closed in _intervals(
             chunk,
@@ -228,7 +234,7 @@ def job_picture(events: Sequence[TraceEvent]) -> Picture:
                     axis.x(event.ts),
                     y + 34,
                     title=_summary(event),
-                    href=_resource_href(event.resource),
+                    href=resource_href(event.resource),
                 )
             )
         lanes.append(lane)

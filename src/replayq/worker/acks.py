@@ -28,7 +28,10 @@ What the group promises:
   constraint named): the same write would be refused on every run, so it is neither
   tried again nor given up to be reaped and run again. A constraint of replayq's own
   tables (``rq_*``) refusing it is replayq's bug, not the job's: ``dead`` as
-  ``internal_error`` (``Outcomes._fail``).
+  ``internal_error`` (``Outcomes._fail``). An ack whose commit alone raised something
+  that is not the database's (a ``ctx.db_write`` function's error, ``KeyboardInterrupt``
+  and ``SystemExit`` among them: no signal raises those in the worker's threads) fails its
+  attempt the same way, classified; so does an ack made alone (``_succeed``).
 * On PostgreSQL a group is two round trips (``Transaction.pipelined``): ``BEGIN``, the
   compare-and-sets and the lease in one, the trace insert and ``COMMIT`` in the other;
   the compare-and-sets' answer is read before ``COMMIT`` is sent.
@@ -131,6 +134,18 @@ class Acking(Outcomes):
             # Cancelled on every try (``_settle``): the database failed the attempt, as a
             # step's commit cancelled so; put back (``Outcomes._put_back``).
             self._put_back(job, handler, ctx, exc, exc, duration)
+            return
+        except BaseException as exc:
+            # Rolled back: the commit refused the handler's writes made outside steps (a
+            # version conflict, a stale fencing token, a constraint such as a unique key),
+            # or a ``ctx.db_write`` function raised in it. The attempt's failure,
+            # classified, its writes discarded, as a group's ack alone (``_settle_refused``).
+            # (Any other storage error ``_settle`` waits out or gives up: the job is left
+            # running, reaped and run again, never buried for the database's fault.)
+            ctx.discard_writes()
+            self._fail(job, handler, ctx, exc, duration)
+            if not isinstance(exc, Exception):
+                raise  # ``KeyboardInterrupt``, ``SystemExit``: on to the caller, settled
             return
         if settled:
             self._acked(ack)
@@ -334,7 +349,9 @@ class Acking(Outcomes):
                     return []
                 self._group_failed(pending, exc)
                 return []
-            except Exception as exc:
+            except BaseException as exc:
+                # (``KeyboardInterrupt``, ``SystemExit`` too: a ``ctx.db_write`` function's,
+                # raised in a thread of the worker's, where no signal raises them.)
                 if refill:
                     # Rolled back: maybe the lease's fault (a bug, the app's clock erring), not
                     # the acks'. They commit again without it (the dispatcher leases the
@@ -429,7 +446,7 @@ class Acking(Outcomes):
         # One order for every group: two threads never wait on each other's beats.
         return sorted((f for f in flights if f is not None), key=lambda f: f.job.id)
 
-    def _split(self, acks: list[Ack], exc: Exception) -> list[Job]:
+    def _split(self, acks: list[Ack], exc: BaseException) -> list[Job]:
         """A group of several acks refused for something other than the database being
         away (or that raised): each half committed at once without the other (split again
         if it fails), so that the acks not at fault commit now and only the one that is
@@ -447,7 +464,7 @@ class Acking(Outcomes):
         self._commit_group(acks[half:], refill=False)
         return []
 
-    def _settle_refused(self, ack: Ack, cause: Exception) -> None:
+    def _settle_refused(self, ack: Ack, cause: BaseException) -> None:
         """Settle alone the ack its group refused, for good: its lease lost, its writes
         refused (by their own check, a version conflict or a stale fencing token, or by a
         constraint of the database), or its commit raising for it alone."""

@@ -45,10 +45,29 @@ class EventLoopThread:
         with self._lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
-                thread = threading.Thread(target=loop.run_forever, name=self._name, daemon=True)
+                thread = threading.Thread(
+                    target=self._run_forever, args=(loop,), name=self._name, daemon=True
+                )
                 thread.start()
                 self._loop, self._thread = loop, thread
             return self._loop
+
+    def _run_forever(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The loop's thread: ``run_forever`` until ``close`` stops it.
+
+        A task that raises ``KeyboardInterrupt`` or ``SystemExit`` (a handler's, or a
+        ``ctx.db_write`` function's at a step's commit: no signal raises them here) has
+        it set as its result, for its job's executor to fail the attempt with, and then
+        raised out of ``run_forever`` too (``asyncio`` lets them through to stop the
+        loop): the loop is run again, the other tasks' handles where they were. Before,
+        the thread ended with it, and every async job after it waited for good."""
+        while True:
+            try:
+                loop.run_forever()
+                return
+            except BaseException:
+                if self._loop is not loop:
+                    return  # being closed: no one waits for it any more
 
     def run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
         """Run ``coroutine`` on the loop and wait for its result (or its exception)."""

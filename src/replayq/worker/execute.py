@@ -19,10 +19,8 @@ from typing import Any, ClassVar
 
 from replayq import codec
 from replayq.errors import (
-    ConstraintViolationError,
     FailureClass,
     JobCancelledError,
-    JobError,
     LeaseLostError,
     PayloadError,
     database_fault,
@@ -69,6 +67,17 @@ class Executing(Acking, Heartbeat):
                     self._ran_for(time.monotonic() - began)
             except Exception:
                 log.exception("worker %s: job %s could not be settled", self.worker_id, item.id)
+            except BaseException as exc:
+                # ``KeyboardInterrupt``, ``SystemExit`` raised by the handler or a
+                # ``ctx.db_write`` function in this thread (never a signal: those reach the
+                # main thread), its attempt failed with it already (``_attempt``,
+                # ``_succeed``): not this executor's end, nor the worker's.
+                log.warning(
+                    "worker %s: job %s raised %s; its attempt failed with it, the executor goes on",
+                    self.worker_id,
+                    item.id,
+                    type(exc).__name__,
+                )
             finally:
                 if started:
                     self._ran(item)
@@ -430,6 +439,14 @@ class Executing(Acking, Heartbeat):
             self._fail(job, handler, ctx, exc, time.monotonic() - started)
             self._compare(job, handler)
             return ctx
+        except BaseException as exc:
+            # ``KeyboardInterrupt``, ``SystemExit`` (the handler's, or a ``ctx.db_write``
+            # function's at a step's commit): the attempt fails with it, classified as any
+            # error, and then it goes on to the caller — ``execute()``'s (a Ctrl-C still
+            # stops a script running jobs inline), an executor's, which goes on.
+            ctx.discard_writes()
+            self._fail(job, handler, ctx, exc, time.monotonic() - started)
+            raise
         # ``ctx.cancelled`` reads True from the handler's return on (the context ended):
         # the heartbeat's flag itself says whether the attempt was stopped.
         if ctx.cancel_requested:
@@ -451,16 +468,7 @@ class Executing(Acking, Heartbeat):
                 "attempt is acked",
                 job.id,
             )
-        try:
-            self._succeed(job, handler, ctx, result_json, time.monotonic() - started)
-        except (JobError, ConstraintViolationError) as exc:
-            # The final commit refused the handler's writes made outside steps (a version
-            # conflict, a stale fencing token, a constraint such as a unique key): a
-            # failure of the attempt, classified. Any other storage error leaves the job
-            # running: it is reaped after its lease and runs again, never buried for the
-            # database's fault.
-            ctx.discard_writes()
-            self._fail(job, handler, ctx, exc, time.monotonic() - started)
+        self._succeed(job, handler, ctx, result_json, time.monotonic() - started)
         self._compare(job, handler)
         return ctx
 

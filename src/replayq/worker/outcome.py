@@ -267,7 +267,7 @@ class Outcomes(Settling, Leasing):
                 flight.beat.release()
 
     def _fail(
-        self, job: Job, handler: Handler, ctx: Context, exc: Exception, duration: float
+        self, job: Job, handler: Handler, ctx: Context, exc: BaseException, duration: float
     ) -> None:
         """End a failed attempt: retried or ``dead`` as its class and contract say. A write
         of replayq's own refused by a constraint of its own tables (``internal_violation``:

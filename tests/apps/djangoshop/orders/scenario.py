@@ -1,4 +1,5 @@
-"""Enqueue in committed, rolled-back, nested and no ``atomic`` blocks; print what was seen.
+"""Enqueue in committed, rolled-back, nested (a savepoint rolled back too) and no ``atomic``
+blocks; print what was seen.
 
 Run inside the project: ``manage.py shell -c "import orders.scenario"``. Prints one JSON
 line: the jobs a separate connection saw at each point.
@@ -48,9 +49,29 @@ with transaction.atomic():
         seen["bad_payload"] = type(exc).__name__
 seen["after_nested"] = job_orders()
 
+with transaction.atomic():
+    saved = Order.objects.create(status="paid")
+    try:
+        with transaction.atomic():  # a savepoint rolled back: its job goes with it
+            enqueue(app, "confirm_order", {"order_id": saved.id}, message_id=f"order-{saved.id}")
+            raise Boom
+    except Boom:
+        pass
+    # The message id is free again; inside the outer block the same id is one job.
+    again = enqueue(app, "confirm_order", {"order_id": saved.id}, message_id=f"order-{saved.id}")
+    twice = enqueue(app, "confirm_order", {"order_id": saved.id}, message_id=f"order-{saved.id}")
+    seen["same_id_in_block"] = again == twice
+seen["after_savepoint"] = job_orders()
+
 outside = Order.objects.create(status="paid")
 enqueue(app, "confirm_order", {"order_id": outside.id})
 seen["outside_atomic"] = job_orders()
 seen["orders"] = sorted(Order.objects.values_list("id", flat=True))
-seen["ids"] = {"rolled": rolled.id, "kept": kept.id, "nested": nested.id, "outside": outside.id}
+seen["ids"] = {
+    "rolled": rolled.id,
+    "kept": kept.id,
+    "nested": nested.id,
+    "saved": saved.id,
+    "outside": outside.id,
+}
 print(json.dumps(seen))
