@@ -9,6 +9,7 @@ The tree::
     ├── UnknownJobTypeError         enqueue or lease of a type no handler is registered for
     ├── StorageError                the database failed; the driver error is ``__cause__``
     │   ├── DatabaseUnavailableError   the database cannot be opened or reached
+    │   │   └── StatementCancelledError  the server cancelled a statement (PostgreSQL 57014)
     │   ├── StorageClosedError      a storage used after its ``close()`` (never again usable)
     │   ├── SchemaError             the schema is missing or newer than this code
     │   ├── ConstraintViolationError  a write refused by a constraint (unique, foreign key,
@@ -194,6 +195,15 @@ class RowLockTimeoutError(DatabaseUnavailableError):
     server-wide ``lock_timeout``) it is waited out as any ``DatabaseUnavailableError``; an
     acquisition of ``ctx.lock``, which bounds its wait for the lock's row by what is left
     of its ``wait``, reads it as "not granted yet"."""
+
+
+class StatementCancelledError(DatabaseUnavailableError):
+    """The server cancelled a statement (PostgreSQL, SQLSTATE 57014: a ``statement_timeout``
+    of the role or database, an operator's ``pg_cancel_backend``): its transaction rolled
+    back, its connection good. Waited out as any ``DatabaseUnavailableError``, but the
+    same statement may be cancelled on every try (a handler's ``ctx.db_write`` slower than
+    the timeout): a worker's ack cancelled try after try is put back to the queue, as a
+    step's commit the database failed, never waited on without end."""
 
 
 class LeaseCollisionError(StorageError):

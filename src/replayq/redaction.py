@@ -77,18 +77,20 @@ MARKER = re.compile(r"\[redacted(?::[0-9a-f]{16})?\]")
 
 
 _URL_PASSWORD = re.compile(DEFAULT_PATTERNS[1])
+# A libpq URL's password given as a query parameter (``postgresql://u@h/db?password=…``).
+_QUERY_PASSWORD = re.compile(r"(?i)[?&]password=([^&#\s]+)")
 
 
 def mask_url_passwords(text: str) -> str:
     """``postgresql://user:secret@host`` → ``postgresql://user:***@host``, wherever it occurs:
     the same pattern the redactor marks in traces, shown as ``***`` where no diff needs it
-    (error messages, a printed ``--db``)."""
+    (error messages, a printed ``--db``); so is a ``?password=secret`` of the URL's query."""
 
     def mask(found: re.Match[str]) -> str:
         whole, start = found.group(0), found.start(0)
         return whole[: found.start(1) - start] + "***" + whole[found.end(1) - start :]
 
-    return _URL_PASSWORD.sub(mask, text)
+    return _QUERY_PASSWORD.sub(mask, _URL_PASSWORD.sub(mask, text))
 
 
 def _norm(name: str) -> str:

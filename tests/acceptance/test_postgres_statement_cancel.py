@@ -130,3 +130,74 @@ def test_a_command_whose_statement_is_cancelled_exits_3_and_changes_nothing(
         done = run_cli(role_url, "jobs", "cancel", str(job_id), "--reason", "x")
         assert done.returncode == 0, (done.stdout, done.stderr)
         assert app.get_job(job_id).state is replayq.JobState.CANCELLED
+
+
+def test_an_ack_whose_own_write_is_cancelled_every_time_is_put_back_not_held(
+    pg_schema_url: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """A ``ctx.db_write`` made outside any step commits with the job's ack; one slower than
+    the ``statement_timeout`` is cancelled on every try. Waited out as an outage, its group
+    commit was tried again whole for as long as the worker ran: the job stayed ``running``,
+    its lease extended beat after beat, its slot taken, and the acks grouped with it (a
+    ``quick`` job's) held with it. It must end as a step's commit cancelled so does: put back
+    (``lease.released``, ``storage_fault`` 57014) ``STORAGE_FAULT_RELEASES`` times, then
+    failed (class ``dependency``) until ``dead``, and every ``quick`` job acked."""
+    from replayq.worker.outcome import STORAGE_FAULT_RELEASES
+    from tests.apps import slow_db_write
+
+    _migrated(pg_schema_url)
+    app = slow_db_write.build(pg_schema_url)
+    slow = app.enqueue("slow", {"n": 0, "where": "ack", "seconds": 2})
+    quick = [app.enqueue("quick", {"n": n}) for n in range(1, 7)]
+    launcher = WorkerLauncher(f"{pg_schema_url}%20-cstatement_timeout%3D200", tmp_path)
+    with closing(app), workers_ended(request, launcher):
+        w1 = launcher.start("w1", app="tests.apps.slow_db_write:app", concurrency=2)
+        wait_for(
+            lambda: any(e.name == "lease.released" for e in app.trace(slow)),
+            timeout=60,
+            what="the slow job's ack, cancelled again and again, to put it back",
+        )
+        wait_for(
+            lambda: app.get_job(slow).state is replayq.JobState.DEAD,
+            timeout=120,
+            what="the slow job to fail its attempts",
+        )
+        assert [app.get_job(j).state.value for j in quick] == ["succeeded"] * len(quick)
+        trace = app.trace(slow)
+        released = [e for e in trace if e.name == "lease.released"]
+        assert len(released) == STORAGE_FAULT_RELEASES, [e.name for e in trace]
+        assert all("57014" in e.data["storage_fault"] for e in released), released
+        failed = [e for e in trace if e.name == "job.failed"]
+        assert [e.data["error_class"] for e in failed] == ["dependency", "dependency"], failed
+        assert not any(e.name == "job.succeeded" for e in trace)
+        assert w1.proc.poll() is None, w1.log()
+        assert "Traceback" not in w1.log(), w1.log()
+
+
+def test_an_ack_settled_alone_whose_write_is_cancelled_every_time_is_put_back(
+    pg_schema_url: str,
+) -> None:
+    """The same ack settled on its own (``lease()`` then ``execute(job)``, as for a routed
+    type's job): its settle waited the cancel out without end, ``execute`` never returned
+    and the job stayed ``running``. Cancelled on every try, it is put back instead."""
+    import threading
+
+    from tests.apps import slow_db_write
+
+    _migrated(pg_schema_url)
+    app = slow_db_write.build(f"{pg_schema_url}%20-cstatement_timeout%3D200")
+    with closing(app):
+        slow = app.enqueue("slow", {"n": 0, "where": "ack", "seconds": 2})
+        worker = replayq.Worker(app, worker_id="inline")
+        [job] = worker.lease(1)
+        done = threading.Event()
+
+        def execute() -> None:
+            worker.execute(job)
+            done.set()
+
+        threading.Thread(target=execute, daemon=True).start()
+        wait_for(done.is_set, timeout=60, what="execute() to settle the job")
+        assert app.get_job(slow).state is replayq.JobState.QUEUED
+        [released] = [e for e in app.trace(slow) if e.name == "lease.released"]
+        assert "57014" in released.data["storage_fault"], released.data

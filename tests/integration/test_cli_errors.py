@@ -152,3 +152,75 @@ def test_a_reader_that_went_away_is_no_internal_error(workdir: Path, db: str) ->
     finally:
         os.close(write_end)
     assert (done.returncode, done.stderr) == (141, "")
+
+
+CLOSING_APP_MODULE = """
+import os
+import sys
+
+import replayq
+
+app = replayq.App()
+
+
+@app.job("echo")
+def echo(ctx, value):
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name == "replayq.replay.worker_process":
+        try:
+            os.close(0)  # a dry-run worker process that stops reading its batches
+        except OSError:
+            pass
+    with ctx.step("echo"):
+        pass
+    return value
+"""
+
+
+def test_a_broken_pipe_that_is_not_the_outputs_is_reported(workdir: Path, db: str) -> None:
+    """``jobs dry-run --processes 2`` whose worker processes stop reading their input (one
+    died): sending the next batch raises ``BrokenPipeError``. stdout is a file, whose reader
+    never goes away; the command exited 141 without a word, its output cut at the progress
+    bar, as if ``| head`` had closed it. It is one error line naming the worker process."""
+    (workdir / "closer.py").write_text(CLOSING_APP_MODULE)
+    env = user_env(workdir)
+    enqueue = "import closer\nfor n in range(250):\n    closer.app.enqueue('echo', {'value': n})"
+    subprocess.run(
+        [sys.executable, "-c", enqueue],
+        cwd=workdir,
+        env={**env, "REPLAYQ_DB": db},
+        check=True,
+        timeout=60,
+    )
+    ran = run(workdir, "worker", "--app", "closer:app", "--burst", db=db)
+    assert ran.returncode == 0, ran.stderr
+    with (workdir / "out.txt").open("w") as out:
+        done = subprocess.run(
+            [REPLAYQ, "--db", db, "jobs", "dry-run", "--app", "closer:app", "--processes", "2"],
+            cwd=workdir,
+            env=env,
+            stdout=out,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    one_line_error(done, 2, "dry-run worker process", "unfinished")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        # A password libpq cannot decode: its error quotes the token, the password itself.
+        "postgresql://nobody:s3cr%zzet@127.0.0.1:1/db",
+        "postgresql://nobody:s3cr&et%@127.0.0.1:1/db",
+        # A password given as a query parameter, which libpq takes as well as userinfo.
+        "postgresql://nobody@127.0.0.1:1/db?password=s3cr%20et&connect_timeout=2",
+    ],
+)
+def test_a_password_in_a_postgres_url_is_never_printed(tmp_path: Path, url: str) -> None:
+    """Every error line masks a URL's password (``error: …``, "with any password in a URL
+    masked"): libpq's own message about a URL it could not parse, and a ``?password=``,
+    were printed as they came, the password in clear."""
+    done = run(tmp_path, "jobs", "list", db=url)
+    line = one_line_error(done, 3, "cannot connect to PostgreSQL")
+    assert "s3cr" not in line, line

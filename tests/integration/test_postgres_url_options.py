@@ -12,6 +12,9 @@ holds: a pooled one of the storage, and a real ``replayq`` process's.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -95,3 +98,40 @@ def test_the_liveness_parameters_are_added_unless_the_url_sets_them() -> None:
     assert query[:2] == ["tcp_user_timeout=2500", "options=-ca%3Db%20-cc%3Dd"]
     assert {"keepalives=1", "keepalives_idle=5", "keepalives_interval=2"} <= set(query)
     assert "tcp_user_timeout=10000" not in query
+
+
+def test_a_value_written_with_characters_libpq_refuses_bare_still_reaches_the_session(
+    pg_schema_url: str, tmp_path: Path
+) -> None:
+    """A URL as people write it by hand: ``options=-csearch_path=tenant`` with a bare ``=``
+    and an ``application_name`` ending in a lone ``%``. libpq's URI parser refuses both
+    (``extra key/value separator "="``, ``invalid percent-encoded token``); when the query
+    was re-encoded they reached it escaped, and passed as written they made every
+    ``replayq`` command exit 3, "cannot connect", the server never asked."""
+    name = f"rq-url-{uuid.uuid4().hex[:8]}"
+    schema = pg_schema_url.rsplit("search_path%3D", 1)[1]
+    base = pg_schema_url.rsplit("options=", 1)[0]
+    url = f"{base}options=-csearch_path={schema}&application_name={name}%20100%&pool_size=2"
+    replayq.App(pg_schema_url, auto_migrate=True).storage.close()
+    storage = PostgresStorage(url)
+    try:
+        with storage.transaction() as tx:
+            seen = tx.connection.execute(
+                "SELECT current_setting('search_path'), current_setting('application_name')"
+            ).fetchone()
+    finally:
+        storage.close()
+    assert seen is not None
+    assert tuple(seen) == (schema, f"{name} 100%")
+    env = {k: v for k, v in os.environ.items() if k not in ("REPLAYQ_DB", "REPLAYQ_DEBUG")}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (*sys.path, str(tmp_path)) if p)
+    replayq_cli = str(Path(sys.executable).with_name("replayq"))
+    done = subprocess.run(
+        [replayq_cli, "--db", url, "jobs", "list"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr

@@ -38,6 +38,7 @@ import atexit
 import gc
 import importlib
 import os
+import select
 import sys
 import traceback
 from typing import Any, NoReturn
@@ -132,20 +133,41 @@ class Cli(click.Group):
             _fail(ctx, exc, exc.format_message(), EXIT_USAGE)
         except (click.exceptions.Exit, click.Abort):
             raise
-        except BrokenPipeError:
+        except BrokenPipeError as exc:
+            if not _output_reader_gone():
+                # Another pipe of the command's broke (a dry-run's worker process that
+                # died): a failure like any other, never dropped without a word as 141.
+                _internal(ctx, exc)
             # The reader closed the pipe (``replayq contract show T | head``): nothing of
             # replayq's failed. stdout goes to /dev/null so the exit's flush is quiet too.
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             ctx.exit(EXIT_READER_GONE)
         # The last line of defence: a bug is one line too, with --debug for the traceback.
         except Exception as exc:
-            _fail(
-                ctx,
-                exc,
-                f"internal error (a bug in replayq): {type(exc).__name__}: {exc}; "
-                "rerun with --debug for the traceback",
-                EXIT_INTERNAL,
-            )
+            _internal(ctx, exc)
+
+
+def _internal(ctx: click.Context, exc: BaseException) -> NoReturn:
+    _fail(
+        ctx,
+        exc,
+        f"internal error (a bug in replayq): {type(exc).__name__}: {exc}; "
+        "rerun with --debug for the traceback",
+        EXIT_INTERNAL,
+    )
+
+
+def _output_reader_gone() -> bool:
+    """Whether stdout is a pipe (or socket) whose reading end is closed: ``poll`` reports
+    ``POLLERR`` on it then. A ``BrokenPipeError`` of the command's is the reader going away
+    only if so; a regular file or a terminal never is."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced (a test's capture) or closed
+        return False
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
+    return any(events & (select.POLLERR | select.POLLHUP) for _, events in poller.poll(0))
 
 
 _frozen_at_exit = False

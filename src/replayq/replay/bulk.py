@@ -239,8 +239,17 @@ class _Worker:
 
     def send(self, message: Any) -> None:
         assert self.process.stdin is not None
-        self.process.stdin.write(json.dumps(message) + "\n")
-        self.process.stdin.flush()
+        try:
+            self.process.stdin.write(json.dumps(message) + "\n")
+            self.process.stdin.flush()
+        except BrokenPipeError as exc:
+            # It no longer reads its input (it exited, or closed it): its batches are
+            # lost, as when its output ends (``_in_processes``).
+            raise ReplayqError(
+                f"a dry-run worker process stopped reading its work ({exc.strerror}) "
+                f"with {sum(len(b) for b in self.batches)} job(s) unfinished; "
+                "see its error output"
+            ) from exc
 
     def close(self, *, kill: bool = False) -> None:
         """End the process (it exits at the end of its input) and close its pipes."""

@@ -56,6 +56,7 @@ from replayq.errors import (
     LeaseCollisionError,
     LeaseLostError,
     ReplayqError,
+    StatementCancelledError,
     StorageClosedError,
     StorageError,
 )
@@ -96,6 +97,8 @@ class Ack(Struct, eq=False):
     outcome_unknown: bool = False
     # Its group's tries in a row that met a closed storage (``_reopened``).
     closed: int = 0
+    # Its group's tries whose statement the server cancelled (``_cancelled_again``).
+    cancelled: int = 0
 
 
 class _Refused(ReplayqError):
@@ -126,7 +129,12 @@ class Acking(Outcomes):
             self._ack_later(ack)
             return
         try:
-            settled = self._settle(job, lambda tx: self._ack_in(tx, ack), ctx)
+            settled = self._settle(job, lambda tx: self._ack_in(tx, ack), ctx, ack=True)
+        except StatementCancelledError as exc:
+            # Cancelled on every try (``_settle``): the database failed the attempt, as a
+            # step's commit cancelled so; put back (``Outcomes._put_back``).
+            self._put_back(job, handler, ctx, exc, exc, duration)
+            return
         except BaseException as exc:
             # Rolled back: the commit refused the handler's writes made outside steps (a
             # version conflict, a stale fencing token, a constraint such as a unique key),
@@ -311,6 +319,15 @@ class Acking(Outcomes):
                 collision_aborts = False
                 continue
             except StorageError as exc:
+                if _cancelled_again(pending, exc):
+                    # Cancelled by the server try after try: maybe one ack's own write
+                    # outlasts the ``statement_timeout`` (a ``ctx.db_write``), which waited
+                    # out as an outage held its job and every ack grouped with it for good.
+                    # Split, to commit the others; one alone is put back (``_settle_refused``).
+                    if len(pending) > 1:
+                        return self._split(pending, exc)
+                    self._settle_refused(pending[0], exc)
+                    return []
                 if isinstance(exc, DatabaseUnavailableError) or _reopened(pending, exc):
                     self._group_failed(pending, exc)
                     return []
@@ -458,6 +475,11 @@ class Acking(Outcomes):
                 self._acked(ack)
             elif isinstance(cause, LeaseLostError):
                 self._reject(ack.job, cause, ack.ctx)
+            elif isinstance(cause, StatementCancelledError):
+                # Its commit cancelled again and again: the database failed the attempt,
+                # as a step's commit cancelled so (put back, at most
+                # ``STORAGE_FAULT_RELEASES`` times, then failed as any such attempt).
+                self._put_back(ack.job, ack.handler, ack.ctx, cause, cause, ack.duration)
             else:
                 # The commit refused the handler's writes made outside steps (a version
                 # conflict, a stale fencing token, a constraint): a failure of the
@@ -490,9 +512,11 @@ class Acking(Outcomes):
         )
         retry, given_up = [], []
         closed = isinstance(exc, StorageClosedError)
+        cancelled = isinstance(exc, StatementCancelledError)
         for ack in acks:
             ack.failures += 1
             ack.closed = ack.closed + 1 if closed else 0
+            ack.cancelled += cancelled
             ack.outcome_unknown = ack.outcome_unknown or unavailable
             if self._force.is_set() or (not unavailable and ack.failures >= _GROUP_STORAGE_TRIES):
                 given_up.append(ack)
@@ -537,6 +561,15 @@ def _reopened(acks: Sequence[Ack], exc: StorageError) -> bool:
     storage of the handler's own, used by a ``ctx.db_write`` function): the group is then
     split and the ack at fault fails (``_commit_group``), never retried without end."""
     return isinstance(exc, StorageClosedError) and all(a.closed < _CLOSED_TRIES for a in acks)
+
+
+def _cancelled_again(acks: Sequence[Ack], exc: StorageError) -> bool:
+    """Whether ``exc`` is the server cancelling a statement of a group one of whose acks
+    has been cancelled ``_GROUP_STORAGE_TRIES`` times already: no longer taken for a
+    passing fault (a lock held a while, an operator's cancel) but maybe an ack's own."""
+    return isinstance(exc, StatementCancelledError) and any(
+        a.cancelled >= _GROUP_STORAGE_TRIES for a in acks
+    )
 
 
 def _held(acks: Sequence[Ack], held: set[int]) -> None:

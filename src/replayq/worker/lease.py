@@ -111,9 +111,19 @@ class Leasing(WorkerCore):
         return jobs
 
     def _fixed_window_types(self) -> set[str]:
-        """Job types whose lease is a fixed visibility timeout (heartbeat 0)."""
+        """Job types whose lease is a fixed visibility timeout (heartbeat 0): the active
+        version's, or for a routed type any version a job may be routed to, which holds
+        its own version's lease (``_routed``)."""
         registry = self.runtime.registry
-        return {t for t in registry.job_types() if registry.handler(t).contract.heartbeat <= 0}
+        routed = self.router.routed_types()
+        return {
+            t
+            for t in registry.job_types()
+            if any(
+                registry.handler(t, version).contract.heartbeat <= 0
+                for version in (registry.versions(t) if t in routed else (None,))
+            )
+        }
 
     def _claim(self, tx: Transaction, params: JobLease, ahead: int) -> list[Job]:
         """``job_lease`` for ``params.limit`` jobs, of which the last ``ahead`` wait leased
@@ -125,6 +135,11 @@ class Leasing(WorkerCore):
         registry = self.runtime.registry
         others = [t for t in (*registry.job_types(), *registry.system_types()) if t not in fixed]
         first = params.limit - ahead
+        if first <= 0:
+            # No free executor: jobs of the fixed types, due maybe, were not looked for. A
+            # lease that finds nothing then does not tell a burst run the queue is empty
+            # (the slot may have freed just after: ``_lease_skipped``, read by ``_dispatch``).
+            self._lease_skipped = True
         now = tx.job_lease(structs.replace(params, limit=first)) if first > 0 else []
         if not others or len(now) < first:  # the queue has no more ready jobs
             return now

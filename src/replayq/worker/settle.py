@@ -13,6 +13,7 @@ from replayq.errors import (
     ConstraintViolationError,
     DatabaseUnavailableError,
     LeaseLostError,
+    StatementCancelledError,
     StorageError,
 )
 from replayq.model import Job
@@ -30,7 +31,9 @@ _SETTLE_STORAGE_TRIES = 5
 class Settling(WorkerCore):
     """Run a settle's write once, whatever the database does meanwhile."""
 
-    def _settle(self, job: Job, write: Any, ctx: Context | None = None) -> bool:
+    def _settle(
+        self, job: Job, write: Any, ctx: Context | None = None, *, ack: bool = False
+    ) -> bool:
         """Run ``write(tx)`` in one transaction; a lost lease rolls it all back and is traced.
 
         On a lost lease the attempt's domain events are still kept (the record of
@@ -43,10 +46,17 @@ class Settling(WorkerCore):
         A write refused by a constraint (``ConstraintViolationError``) is not tried
         again: the same write is refused every time. It is raised to the caller (an ack:
         the attempt's failure), unless an earlier try whose reply was lost committed.
+
+        ``ack``: ``write`` commits the handler's writes made outside steps, which the
+        server may cancel on every try (a ``ctx.db_write`` slower than the
+        ``statement_timeout``): cancelled ``_SETTLE_STORAGE_TRIES`` times, the
+        ``StatementCancelledError`` is raised to the caller (who puts the job back), never
+        waited out without end with the job's slot and lease held.
         """
         backoff = Backoff(f"worker {self.worker_id}: settle job {job.id}")
         outcome_unknown = False
         failures = 0
+        cancelled = 0
         while True:
             try:
                 try:
@@ -66,6 +76,12 @@ class Settling(WorkerCore):
                     self._reject(job, exc, ctx)
                     return False
             except DatabaseUnavailableError as exc:
+                if isinstance(exc, StatementCancelledError) and ack:
+                    cancelled += 1
+                    if cancelled >= _SETTLE_STORAGE_TRIES:
+                        if outcome_unknown and self._settled_by_this_attempt(job):
+                            return True  # an earlier try committed; only its reply was lost
+                        raise
                 outcome_unknown = True  # the connection may have died after COMMIT was sent
                 if not backoff.wait(exc, self._force):
                     log.warning(

@@ -101,6 +101,7 @@ import logging
 import math
 import operator
 import os
+import re
 import select
 import threading
 import time
@@ -121,6 +122,7 @@ from replayq.errors import (
     DatabaseUnavailableError,
     LeaseCollisionError,
     RowLockTimeoutError,
+    StatementCancelledError,
     StorageError,
 )
 from replayq.model import Job, TraceEvent
@@ -204,6 +206,10 @@ _REPLAYQ_OPTIONS = {"pool_size", "pool_timeout", "idle_in_transaction_timeout"}
 DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT = 10.0
 
 
+# A ``%`` not followed by two hex digits: libpq refuses it ("invalid percent-encoded token").
+_LONE_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
 def parse_postgres_url(url: str) -> tuple[str, dict[str, str]]:
     """``postgresql://…?pool_size=8&options=…`` → (libpq conninfo, replayq options).
 
@@ -224,11 +230,35 @@ def parse_postgres_url(url: str) -> tuple[str, dict[str, str]]:
         if key in _REPLAYQ_OPTIONS:
             ours[key] = unquote(raw_value)
         else:
-            theirs.append(pair)
+            theirs.append(f"{_bare_for_libpq(raw_key)}={_bare_for_libpq(raw_value)}")
             given.add(key)
     theirs += [f"{k}={v}" for k, v in _LIVENESS.items() if k not in given]
     conninfo = urlunsplit(parts._replace(query="&".join(theirs)))
     return conninfo, ours
+
+
+def _without_passwords(text: str, conninfo: str) -> str:
+    """``text`` (libpq's error, which quotes a token of the URL it cannot parse: ``invalid
+    percent-encoded token: "<the password>"``) with the URL's passwords, as written and
+    decoded, shown as ``***``."""
+    parts = urlsplit(conninfo)
+    written = {parts.password or ""}
+    for pair in parts.query.split("&"):
+        key, _, value = pair.partition("=")
+        if unquote(key) == "password":
+            written.add(value)
+    secrets = {form for secret in written for form in (secret, unquote(secret))} - {""}
+    for secret in sorted(secrets, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return mask_url_passwords(text)
+
+
+def _bare_for_libpq(raw: str) -> str:
+    """A query key or value as written, but for what libpq's URI parser refuses bare and a
+    browser or a decoder takes as meant: an ``=`` inside a value (``options=-csearch_path=a``),
+    a space, a ``%`` that starts no ``%XX``. Each is percent-encoded (before, the whole query
+    was, and such URLs worked; passed bare, the connection was refused: exit 3)."""
+    return _LONE_PERCENT.sub("%25", raw).replace("=", "%3D").replace(" ", "%20")
 
 
 # The compare-and-sets a ``pipelined(refusals=True)`` block sends without reading their
@@ -350,7 +380,7 @@ def storage_error(what: str, exc: psycopg.Error, *, read_only_asked: bool = Fals
         # back, the session is fine, and the same statement may well pass in a moment:
         # waited out like a server-wide ``lock_timeout``, never a job's failure (as a
         # plain ``StorageError`` it sent the job to ``dead``, class ``unknown``).
-        return DatabaseUnavailableError(f"{what}: the server cancelled the statement: {said}")
+        return StatementCancelledError(f"{what}: the server cancelled the statement: {said}")
     if isinstance(exc, psycopg.OperationalError):
         return DatabaseUnavailableError(f"{what}: {said}")
     if (exc.sqlstate or "").startswith("23"):
@@ -1234,8 +1264,9 @@ class PostgresStorage:
             # process's start a round of connection setup and the server a backend's start.
             first = psycopg.connect(self.conninfo, connect_timeout=CONNECT_TIMEOUT)
         except psycopg.Error as exc:
+            said = _without_passwords(str(exc), self.conninfo)
             raise DatabaseUnavailableError(
-                f"cannot connect to PostgreSQL at {mask_url_passwords(self.conninfo)}: {exc}"
+                f"cannot connect to PostgreSQL at {mask_url_passwords(self.conninfo)}: {said}"
             ) from exc
         self.pool: ConnectionPool[psycopg.Connection[Any]] = ConnectionPool(
             self.conninfo,
@@ -1254,8 +1285,9 @@ class PostgresStorage:
         except psycopg.Error as exc:
             self.pool.close()
             first.close()  # not taken by the pool (closing twice is harmless)
+            said = _without_passwords(str(exc), self.conninfo)
             raise DatabaseUnavailableError(
-                f"cannot connect to PostgreSQL at {mask_url_passwords(self.conninfo)}: {exc}"
+                f"cannot connect to PostgreSQL at {mask_url_passwords(self.conninfo)}: {said}"
             ) from exc
 
     def _connected(self, conn: psycopg.Connection[Any]) -> None:
