@@ -23,6 +23,7 @@ from replayq.queue.contracts import (
     Retry,
     build_contract,
     lint_contract,
+    unchecked_rules,
 )
 from replayq.queue.enqueue import EnqueueRequest, enqueue_job, get_job, insert_job, insert_jobs
 from replayq.queue.handlers import Handler, HandlerRegistry, PayloadShape
@@ -46,6 +47,7 @@ from replayq.storage.protocol import (
     Storage,
     Transaction,
 )
+from replayq.storage.params import ActiveVersion
 from replayq.storage.reports import JobDurations
 from replayq.storage.retention_params import JobHours, KeepPin, KeptJobs
 
@@ -397,15 +399,20 @@ class App(JobsFacade, EffectsFacade):
         """Contracts stored in the database (every version that a worker registered)."""
         return stored_contracts(self.runtime, job_type)
 
-    def lint(self, job_type: str | None = None) -> list[LintFinding]:
+    def lint(self, job_type: str | None = None, *, unchecked: bool = False) -> list[LintFinding]:
         """Lint every stored contract against the rules and what its jobs were seen doing:
-        the p99 run time against the lease, each lock hold against the TTL it used."""
+        the p99 run time against the lease, each lock hold against the TTL it used.
+
+        A behaviour rule with nothing recorded to check against (a version never run in
+        production, a candidate) is silent here: pass ``unchecked=True`` to also get one
+        ``kind="unchecked"`` entry per such rule, with the reason (docs/contracts.md)."""
         from replayq.recording.locks import observed_holds
 
         findings = []
         for item in self.contracts(job_type):
             with self.storage.transaction(readonly=True) as tx:
                 durations = sorted(tx.report(JobDurations(item.name, item.version)))
+                active = tx.rollout_query(ActiveVersion(item.name)) if unchecked else None
             p99 = (
                 durations[min(len(durations) - 1, int(len(durations) * 0.99))]
                 if durations
@@ -413,6 +420,12 @@ class App(JobsFacade, EffectsFacade):
             )
             holds = observed_holds(self.runtime, item.name, item.version)
             findings.extend(lint_contract(item, p99_duration=p99, lock_holds=holds))
+            if unchecked:
+                findings.extend(
+                    unchecked_rules(
+                        item, attempts=len(durations), lock_holds=holds, active_version=active
+                    )
+                )
         return findings
 
     # -- enqueue ----------------------------------------------------------------------------
