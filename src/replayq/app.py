@@ -40,6 +40,7 @@ from replayq.runtime import DEFAULT_BLOB_LIMIT_BYTES, Limits, Runtime
 from replayq.storage import open_storage
 from replayq.storage.adopted import AsyncConnectionView, run_bridged
 from replayq.storage.cache import CacheBackend
+from replayq.storage.params import ActiveVersion
 from replayq.storage.protocol import (
     JobHour,
     KeepRecord,
@@ -47,7 +48,6 @@ from replayq.storage.protocol import (
     Storage,
     Transaction,
 )
-from replayq.storage.params import ActiveVersion
 from replayq.storage.reports import JobDurations
 from replayq.storage.retention_params import JobHours, KeepPin, KeptJobs
 
