@@ -40,7 +40,7 @@ from replayq.runtime import DEFAULT_BLOB_LIMIT_BYTES, Limits, Runtime
 from replayq.storage import open_storage
 from replayq.storage.adopted import AsyncConnectionView, run_bridged
 from replayq.storage.cache import CacheBackend
-from replayq.storage.params import ActiveVersion
+from replayq.storage.params import ActiveVersion, JobFilter
 from replayq.storage.protocol import (
     JobHour,
     KeepRecord,
@@ -60,6 +60,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 DEFAULT_URL = "sqlite:///replayq.db"
+# How many of a type's newest production jobs ``lint`` reads lock holds from.
+LOCK_WINDOW = 1000
 
 
 class App(JobsFacade, EffectsFacade):
@@ -410,20 +412,33 @@ class App(JobsFacade, EffectsFacade):
 
         findings = []
         for item in self.contracts(job_type):
+            attempts_read = None
             with self.storage.transaction(readonly=True) as tx:
                 durations = sorted(tx.report(JobDurations(item.name, item.version)))
                 active = tx.rollout_query(ActiveVersion(item.name)) if unchecked else None
+                if unchecked and durations:
+                    # The window observed_holds reads: a backlog of queued jobs, or a
+                    # newer version's, can leave none of this version's runs in it.
+                    window = tx.job_list(JobFilter(None, item.name, "production", LOCK_WINDOW))
+                    attempts_read = sum(
+                        1 for j in window if j.handler_version == item.version and j.attempt > 0
+                    )
             p99 = (
                 durations[min(len(durations) - 1, int(len(durations) * 0.99))]
                 if durations
                 else None
             )
-            holds = observed_holds(self.runtime, item.name, item.version)
+            holds = observed_holds(self.runtime, item.name, item.version, jobs=LOCK_WINDOW)
             findings.extend(lint_contract(item, p99_duration=p99, lock_holds=holds))
             if unchecked:
                 findings.extend(
                     unchecked_rules(
-                        item, attempts=len(durations), lock_holds=holds, active_version=active
+                        item,
+                        attempts=len(durations),
+                        lock_holds=holds,
+                        active_version=active,
+                        attempts_read=attempts_read,
+                        window=LOCK_WINDOW,
                     )
                 )
         return findings

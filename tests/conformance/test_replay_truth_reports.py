@@ -362,3 +362,21 @@ def test_lint_says_unchecked_not_no_findings_for_a_version_with_no_recorded_atte
     ran = cli(app.url, "contract", "lint", "hold", "--strict")
     assert "unchecked" not in ran.stdout, "a recorded attempt checks every rule"
     assert [f.rule for f in app.lint("hold", unchecked=True)] == ["lock-ttl-below-lease"]
+
+
+def test_lint_says_unchecked_when_a_backlog_pushes_the_versions_runs_out_of_the_lock_window(
+    app: replayq.App, service: Service
+) -> None:
+    """Lock holds are read from the type's newest 1000 production jobs. Before: 1000 queued
+    jobs made a lock held past its TTL vanish from lint, and the lock rules read as passed."""
+    app.register_contracts()
+    assert run_inline(app, "hold", {"sku": "a", "seconds": 0.4}).state == JobState.SUCCEEDED
+    assert "lock-held-past-ttl" in {f.rule for f in app.lint("hold")}
+
+    app.enqueue_many([replayq.EnqueueRequest("hold", {"sku": "b", "seconds": 0})] * 1000)
+    shown = cli(app.url, "contract", "lint", "hold")
+
+    assert "hold v1: unchecked lock-held-past-ttl: the last 1000 production jobs" in shown.stdout
+    assert "hold v1: unchecked lock-ttl-below-lease" in shown.stdout
+    assert "unchecked lease-below-p99" not in shown.stdout, "its durations are all read"
+    assert cli(app.url, "contract", "lint", "hold", "--strict").returncode == 1

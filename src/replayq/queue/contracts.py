@@ -526,6 +526,8 @@ def unchecked_rules(
     attempts: int,
     lock_holds: Sequence[LockHold] = (),
     active_version: str | None = None,
+    attempts_read: int | None = None,
+    window: int = 1000,
 ) -> list[LintFinding]:
     """The behaviour rules ``lint_contract`` could not check, each with the reason.
 
@@ -533,7 +535,9 @@ def unchecked_rules(
     (the durations the p99 is taken from). With none, the lease was compared with no
     duration and no lock hold could have been seen: ``lint_contract``'s silence on
     ``lease-below-p99``, ``lock-ttl-below-lease`` (for ``ctx.lock``) and
-    ``lock-held-past-ttl`` is not a pass. The static rules are always checked.
+    ``lock-held-past-ttl`` is not a pass. ``attempts_read``: how many jobs of the version
+    that ran are among the last ``window`` production jobs of the type, where lock holds
+    are read (``None``: not counted). The static rules are always checked.
     """
     unchecked: list[LintFinding] = []
 
@@ -557,12 +561,20 @@ def unchecked_rules(
             f"{why}: the TTLs of locks its handler takes (ctx.lock) are unobserved{declared}",
         )
         skip("lock-held-past-ttl", f"{why}: no lock hold could be observed")
+    elif attempts_read == 0:
+        why = (
+            f"the last {window} production jobs of {contract.name} include no attempt of "
+            f"{contract.version} (a backlog, or a newer version's jobs): its lock holds "
+            "were not read"
+        )
+        skip("lock-ttl-below-lease", f"{why}; the TTLs its handler takes (ctx.lock) are unseen")
+        skip("lock-held-past-ttl", why)
     elif contract.lock is not None and not lock_holds:
         # The contract's lock is taken around every attempt: attempts with no hold mean
         # the holds fall outside the window read, or their releases were never recorded.
         skip(
             "lock-held-past-ttl",
             f"the contract's lock {contract.lock!r} is taken around every attempt, but no "
-            "hold with its release is recorded in the last 1000 production jobs of the type",
+            f"hold with its release is recorded in the last {window} production jobs of the type",
         )
     return unchecked
