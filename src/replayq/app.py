@@ -23,6 +23,7 @@ from replayq.queue.contracts import (
     Retry,
     build_contract,
     lint_contract,
+    unchecked_rules,
 )
 from replayq.queue.enqueue import EnqueueRequest, enqueue_job, get_job, insert_job, insert_jobs
 from replayq.queue.handlers import Handler, HandlerRegistry, PayloadShape
@@ -39,6 +40,7 @@ from replayq.runtime import DEFAULT_BLOB_LIMIT_BYTES, Limits, Runtime
 from replayq.storage import open_storage
 from replayq.storage.adopted import AsyncConnectionView, run_bridged
 from replayq.storage.cache import CacheBackend
+from replayq.storage.params import ActiveVersion, JobFilter
 from replayq.storage.protocol import (
     JobHour,
     KeepRecord,
@@ -58,6 +60,8 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 DEFAULT_URL = "sqlite:///replayq.db"
+# How many of a type's newest production jobs ``lint`` reads lock holds from.
+LOCK_WINDOW = 1000
 
 
 class App(JobsFacade, EffectsFacade):
@@ -397,22 +401,46 @@ class App(JobsFacade, EffectsFacade):
         """Contracts stored in the database (every version that a worker registered)."""
         return stored_contracts(self.runtime, job_type)
 
-    def lint(self, job_type: str | None = None) -> list[LintFinding]:
+    def lint(self, job_type: str | None = None, *, unchecked: bool = False) -> list[LintFinding]:
         """Lint every stored contract against the rules and what its jobs were seen doing:
-        the p99 run time against the lease, each lock hold against the TTL it used."""
+        the p99 run time against the lease, each lock hold against the TTL it used.
+
+        A behaviour rule with nothing recorded to check against (a version never run in
+        production, a candidate) is silent here: pass ``unchecked=True`` to also get one
+        ``kind="unchecked"`` entry per such rule, with the reason (docs/contracts.md)."""
         from replayq.recording.locks import observed_holds
 
         findings = []
         for item in self.contracts(job_type):
+            attempts_read = None
             with self.storage.transaction(readonly=True) as tx:
                 durations = sorted(tx.report(JobDurations(item.name, item.version)))
+                active = tx.rollout_query(ActiveVersion(item.name)) if unchecked else None
+                if unchecked and durations:
+                    # The window observed_holds reads: a backlog of queued jobs, or a
+                    # newer version's, can leave none of this version's runs in it.
+                    window = tx.job_list(JobFilter(None, item.name, "production", LOCK_WINDOW))
+                    attempts_read = sum(
+                        1 for j in window if j.handler_version == item.version and j.attempt > 0
+                    )
             p99 = (
                 durations[min(len(durations) - 1, int(len(durations) * 0.99))]
                 if durations
                 else None
             )
-            holds = observed_holds(self.runtime, item.name, item.version)
+            holds = observed_holds(self.runtime, item.name, item.version, jobs=LOCK_WINDOW)
             findings.extend(lint_contract(item, p99_duration=p99, lock_holds=holds))
+            if unchecked:
+                findings.extend(
+                    unchecked_rules(
+                        item,
+                        attempts=len(durations),
+                        lock_holds=holds,
+                        active_version=active,
+                        attempts_read=attempts_read,
+                        window=LOCK_WINDOW,
+                    )
+                )
         return findings
 
     # -- enqueue ----------------------------------------------------------------------------

@@ -326,3 +326,57 @@ def test_lint_flags_a_ctx_lock_ttl_below_the_lease_but_not_a_hold_within_it(
 
     assert {f.rule for f in app.lint("hold")} == {"lock-ttl-below-lease"}
     assert app.lint("quote") == [], "no locks, no findings"
+
+
+def test_lint_says_unchecked_not_no_findings_for_a_version_with_no_recorded_attempt(
+    app: replayq.App, service: Service
+) -> None:
+    """Before: a version nothing had run had its lease compared with no p99 and its locks
+    with no hold, and lint said "no findings", exit 0: read as "the lease is fine"."""
+    app.register_contracts()
+
+    shown = cli(app.url, "contract", "lint", "hold")
+    strict = cli(app.url, "contract", "lint", "hold", "--strict")
+    as_json = cli(app.url, "contract", "lint", "hold", "--json")
+    strict_json = cli(app.url, "contract", "lint", "hold", "--json", "--strict")
+
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert "no findings\n" not in shown.stdout
+    for rule in ("lease-below-p99", "lock-ttl-below-lease", "lock-held-past-ttl"):
+        assert f"hold v1: unchecked {rule}: no production attempt of hold v1" in shown.stdout
+    assert "3 could not be checked" in shown.stdout
+    assert strict.returncode == 1
+    # --json keeps its meaning (the reasons for exit 1); the unchecked rules go to stderr.
+    assert as_json.returncode == 0 and json.loads(as_json.stdout) == []
+    assert "unchecked lease-below-p99" in as_json.stderr
+    assert strict_json.returncode == 1
+    assert {(f["rule"], f["kind"]) for f in json.loads(strict_json.stdout)} == {
+        ("lease-below-p99", "unchecked"),
+        ("lock-ttl-below-lease", "unchecked"),
+        ("lock-held-past-ttl", "unchecked"),
+    }
+    assert {f.kind for f in app.lint("hold", unchecked=True)} == {"unchecked"}
+    assert app.lint("hold") == [], "the default keeps the findings only"
+
+    assert run_inline(app, "hold", {"sku": "a", "seconds": 0.0}).state == JobState.SUCCEEDED
+    ran = cli(app.url, "contract", "lint", "hold", "--strict")
+    assert "unchecked" not in ran.stdout, "a recorded attempt checks every rule"
+    assert [f.rule for f in app.lint("hold", unchecked=True)] == ["lock-ttl-below-lease"]
+
+
+def test_lint_says_unchecked_when_a_backlog_pushes_the_versions_runs_out_of_the_lock_window(
+    app: replayq.App, service: Service
+) -> None:
+    """Lock holds are read from the type's newest 1000 production jobs. Before: 1000 queued
+    jobs made a lock held past its TTL vanish from lint, and the lock rules read as passed."""
+    app.register_contracts()
+    assert run_inline(app, "hold", {"sku": "a", "seconds": 0.4}).state == JobState.SUCCEEDED
+    assert "lock-held-past-ttl" in {f.rule for f in app.lint("hold")}
+
+    app.enqueue_many([replayq.EnqueueRequest("hold", {"sku": "b", "seconds": 0})] * 1000)
+    shown = cli(app.url, "contract", "lint", "hold")
+
+    assert "hold v1: unchecked lock-held-past-ttl: the last 1000 production jobs" in shown.stdout
+    assert "hold v1: unchecked lock-ttl-below-lease" in shown.stdout
+    assert "unchecked lease-below-p99" not in shown.stdout, "its durations are all read"
+    assert cli(app.url, "contract", "lint", "hold", "--strict").returncode == 1

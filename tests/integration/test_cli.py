@@ -279,3 +279,33 @@ def test_contract_lint_of_a_type_or_database_without_contracts_is_not_no_finding
     assert "no stored contract for 'slwo'" in misspelled.output
     assert "no findings" not in misspelled.output
     assert cli(url, "contract", "lint", "slow").exit_code == 0
+
+
+def test_contract_lint_names_a_candidate_version_never_run_as_unchecked(url: str) -> None:
+    """Before: v2, a candidate with the same too-short lease as v1, was silently skipped:
+    the output named only v1, and `contract lint` of a v2 alone said "no findings"."""
+    app = replayq.App(url)
+
+    @app.job("slow", version="v1", lease="0.2s", heartbeat="0.05s")
+    def slow_v1(ctx: replayq.Context) -> None:
+        time.sleep(0.3)
+
+    @app.job("slow", version="v2", lease="0.2s", heartbeat="0.05s", candidate=True)
+    def slow_v2(ctx: replayq.Context) -> None:
+        time.sleep(0.3)
+
+    app.register_contracts()
+    app.enqueue("slow", {})
+    worker = replayq.Worker(app, worker_id="lint")
+    for job in worker.lease(1):
+        worker.execute(job)
+    app.close()
+
+    result = cli(url, "contract", "lint", "slow")
+    assert result.exit_code == 1
+    assert "slow v1: lease-below-p99: lease 0.2s" in result.output
+    assert (
+        "slow v2: unchecked lease-below-p99: no production attempt of slow v2 has a recorded "
+        "outcome (workers run v1 for new jobs; this version is not active)"
+    ) in result.output
+    assert "slow v1: unchecked" not in result.output

@@ -9,10 +9,12 @@ import pytest
 import replayq
 from replayq.queue.contracts import (
     JobContract,
+    LockHold,
     build_contract,
     diff_contracts,
     lint_contract,
     render_template,
+    unchecked_rules,
 )
 
 FIELDS = ("order_id", "customer")
@@ -212,3 +214,12 @@ def test_lint_flags_a_stored_lock_ttl_shorter_than_the_lease() -> None:
     # Declaring this is refused; a contract stored by older code can still carry it.
     legacy = JobContract("ship_order", lease=30, lock="order:{order_id}", lock_ttl=10)
     assert rules(legacy) == {"lock-ttl-below-lease"}
+
+
+def test_lint_of_a_contract_lock_with_runs_but_no_recorded_hold_is_unchecked() -> None:
+    locked = JobContract("ship_order", lease=30, lock="order:{order_id}", lock_ttl=60)
+    assert [u.rule for u in unchecked_rules(locked, attempts=3)] == ["lock-held-past-ttl"]
+    held = [LockHold("order:1", 60, 1.0)]
+    assert unchecked_rules(locked, attempts=3, lock_holds=held, attempts_read=3) == []
+    assert unchecked_rules(contract(), attempts=3, attempts_read=3) == [], "no lock: checked"
+    assert {u.kind for u in unchecked_rules(contract(), attempts=0)} == {"unchecked"}

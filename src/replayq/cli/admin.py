@@ -101,12 +101,19 @@ def contract_diff(env: Env, job_type: str, old: str, new: str, as_json: bool) ->
 @contract.command("lint")
 @click.argument("job_type", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Exit 1 also when a rule could not be checked (nothing recorded to check it against).",
+)
 @pass_env
-def contract_lint(env: Env, job_type: str | None, as_json: bool) -> None:
+def contract_lint(env: Env, job_type: str | None, as_json: bool, strict: bool) -> None:
     """Flag contracts that break the rules (exit 1 if any finding).
 
-    A type with no stored contract (a misspelled name), or a database with none at all,
-    is an error (exit 2), not "no findings": nothing was linted.
+    A rule with nothing recorded to check against (a version no production attempt of
+    has finished) is printed as ``unchecked`` with the reason: not a finding, not a pass.
+    Alone it exits 0 (1 with ``--strict``). A type with no stored contract (a misspelled
+    name), or a database with none at all, is an error (exit 2): nothing was linted.
     """
     app = env.app()
     if job_type is not None:
@@ -115,15 +122,29 @@ def contract_lint(env: Env, job_type: str | None, as_json: bool) -> None:
         raise click.ClickException(
             "no stored contract to lint; contracts are stored when a worker starts"
         )
-    findings = app.lint(job_type)
+    results = app.lint(job_type, unchecked=True)
+    findings = [r for r in results if r.kind == "finding"]
+    unchecked = [r for r in results if r.kind == "unchecked"]
+    lines = [f"{r.job_type} {r.version}: unchecked {r.rule}: {r.message}" for r in unchecked]
     if as_json:
-        emit_json([structs.asdict(f) for f in findings])
-    elif not findings:
-        click.echo("no findings")
+        # The array lists exactly what makes the exit 1, as before: the unchecked rules
+        # join it under --strict; otherwise they are notices on stderr.
+        emit_json([structs.asdict(r) for r in (results if strict else findings)])
+        for line in [] if strict else lines:
+            click.echo(line, err=True)
     else:
         for finding in findings:
             click.echo(f"{finding.job_type} {finding.version}: {finding.rule}: {finding.message}")
-    sys.exit(1 if findings else 0)
+        for line in lines:
+            click.echo(line)
+        if not findings and not unchecked:
+            click.echo("no findings")
+        elif not findings:
+            click.echo(
+                f"no findings in the rules checked; {len(unchecked)} could not be checked "
+                "(above): an unchecked rule is not a pass"
+            )
+    sys.exit(1 if findings or (strict and unchecked) else 0)
 
 
 @contract.command("freeze")

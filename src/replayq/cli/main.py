@@ -18,7 +18,7 @@ code  meaning
 0     done
 1     findings: a replay diverged, a check found drift, a seal refused I/O; also a
       verification that selected no attempt (nothing proven: ``rollout verify``'s
-      verdict ``empty``)
+      verdict ``empty``); ``contract lint --strict`` with a rule it could not check
 2     usage: a bad option or input, or a job, trace or fork that does not exist
 3     storage unavailable: the database cannot be reached or take writes for now
       (locked, full, read-only, down); trying again later may work

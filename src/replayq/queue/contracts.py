@@ -428,13 +428,20 @@ def diff_contracts(old: JobContract, new: JobContract) -> list[ContractChange]:
     return changes
 
 
+FINDING = "finding"
+UNCHECKED = "unchecked"
+
+
 class LintFinding(Struct, frozen=True):
-    """A contract rule that is broken, with the evidence."""
+    """A contract rule that is broken, with the evidence (``kind="finding"``), or one that
+    could not be checked for want of recorded behaviour (``kind="unchecked"``; ``message``
+    says what is missing). An unchecked rule is neither broken nor passed."""
 
     job_type: str
     version: str
     rule: str
     message: str
+    kind: str = FINDING
 
 
 class LockHold(Struct, frozen=True):
@@ -511,3 +518,63 @@ def lint_contract(
             f"declares effects ({', '.join(contract.effects)}) but no business idempotency key",
         )
     return findings
+
+
+def unchecked_rules(
+    contract: JobContract,
+    *,
+    attempts: int,
+    lock_holds: Sequence[LockHold] = (),
+    active_version: str | None = None,
+    attempts_read: int | None = None,
+    window: int = 1000,
+) -> list[LintFinding]:
+    """The behaviour rules ``lint_contract`` could not check, each with the reason.
+
+    ``attempts``: how many production attempts of the version have a recorded outcome
+    (the durations the p99 is taken from). With none, the lease was compared with no
+    duration and no lock hold could have been seen: ``lint_contract``'s silence on
+    ``lease-below-p99``, ``lock-ttl-below-lease`` (for ``ctx.lock``) and
+    ``lock-held-past-ttl`` is not a pass. ``attempts_read``: how many jobs of the version
+    that ran are among the last ``window`` production jobs of the type, where lock holds
+    are read (``None``: not counted). The static rules are always checked.
+    """
+    unchecked: list[LintFinding] = []
+
+    def skip(rule: str, reason: str) -> None:
+        unchecked.append(LintFinding(contract.name, contract.version, rule, reason, UNCHECKED))
+
+    if attempts == 0:
+        why = f"no production attempt of {contract.name} {contract.version} has a recorded outcome"
+        if active_version is not None and active_version != contract.version:
+            why += f" (workers run {active_version} for new jobs; this version is not active)"
+        else:
+            why += " (never run, or its events were removed by gc)"
+        skip("lease-below-p99", f"{why}: the lease {contract.lease:g}s was compared with no p99")
+        declared = (
+            f"; the contract's lock_ttl {contract.lock_ttl:g}s was checked"
+            if contract.lock is not None and contract.lock_ttl is not None
+            else ""
+        )
+        skip(
+            "lock-ttl-below-lease",
+            f"{why}: the TTLs of locks its handler takes (ctx.lock) are unobserved{declared}",
+        )
+        skip("lock-held-past-ttl", f"{why}: no lock hold could be observed")
+    elif attempts_read == 0:
+        why = (
+            f"the last {window} production jobs of {contract.name} include no attempt of "
+            f"{contract.version} (a backlog, or a newer version's jobs): its lock holds "
+            "were not read"
+        )
+        skip("lock-ttl-below-lease", f"{why}; the TTLs its handler takes (ctx.lock) are unseen")
+        skip("lock-held-past-ttl", why)
+    elif contract.lock is not None and not lock_holds:
+        # The contract's lock is taken around every attempt: attempts with no hold mean
+        # the holds fall outside the window read, or their releases were never recorded.
+        skip(
+            "lock-held-past-ttl",
+            f"the contract's lock {contract.lock!r} is taken around every attempt, but no "
+            f"hold with its release is recorded in the last {window} production jobs of the type",
+        )
+    return unchecked
