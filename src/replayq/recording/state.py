@@ -438,15 +438,11 @@ class StateView:
         fences = ctx.fences()
         delta = delta_of(previous, data)
         # Its event and its write join the pending record together, or it is refused: not
-        # across the attempt's end (``Context.end`` sets it under this lock), whose ack or
-        # failure, flushed after the end, would otherwise forget a write a thread the
-        # handler left running joined after that flush (``put`` returned, nothing written).
-        # ``acquire``/``release``, not ``with``: fewer instructions, at every write.
-        lock = ctx._pending_lock
-        lock.acquire()
+        # across the attempt's end, whose ack or failure, flushed after the end, would
+        # otherwise forget a write a thread the handler left running joined after that
+        # flush (``put`` returned, nothing written): ``_hold_pending``.
+        lock = ctx._hold_pending()
         try:
-            if ctx._cancel is ENDED:
-                raise ended_error(ctx.job.id, ctx.attempt)
             event = ctx.record_screened(
                 "state.write",
                 ("delta",) if _delta_screened(ctx.redactor, delta, data, inline) else (),
