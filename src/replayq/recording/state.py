@@ -464,8 +464,12 @@ class StateView:
                 else current
             )
             token = max(fences.values()) if fences else None
-            # A replay is told whether fencing rejected this write in the recording.
-            rejection = ctx.world.write_rejection(resource)
+            # A replay is told whether fencing rejected this write in the recording. A live
+            # world has no recording to tell (``LiveWorld.write_rejection``) and is not
+            # asked: a call less at every write, which pays for ``_hold_pending``'s.
+            world = ctx.world
+            live = world.is_live
+            rejection = None if live else world.write_rejection(resource)
             if isinstance(rejection, dict):
                 ctx.defer(
                     Refusal(
@@ -505,7 +509,7 @@ class StateView:
             # tokens are the recording's, and the lock table as it is now (a lock taken again
             # after the recording) says nothing about a write of the past; the recording said
             # whether fencing rejected it (``write_rejection`` above).
-            write = StateWrite(self, resource, row, base, fences if ctx.world.is_live else {})
+            write = StateWrite(self, resource, row, base, fences if live else {})
             ctx.defer(write, f"state {resource} v{new_version}", pipelines=True)
             entity = Entity(namespace, key, new_version, data)
             self._pending[ident] = entity
