@@ -357,7 +357,13 @@ class StateView:
         self._read_versions[ident] = version
         self._read[ident] = entity
         ctx = self._ctx
-        ctx.record_read(resource, version, version > 0, ctx.branch)
+        # In the trace with the ack, or the read refused (``_hold_pending``): a thread the
+        # handler left running never gets a value whose read the trace does not hold.
+        lock = ctx._hold_pending()
+        try:
+            ctx.record_read(resource, version, version > 0, ctx.branch)
+        finally:
+            lock.release()
         return entity
 
     def put(
@@ -428,11 +434,21 @@ class StateView:
         pending = self._pending.get(ident)
         base = pending.version if pending else actual
         if expected_version not in (-1, base):
-            self._conflict(resource, expected_version, base)
+            # Its ``state.conflict`` in the trace, or the put refused (``_hold_pending``).
+            lock = ctx._hold_pending()
+            try:
+                self._conflict(resource, expected_version, base)
+            finally:
+                lock.release()
         previous = pending.data if pending else (current.data if current else None)
         if base > 0 and previous == data:
-            # Copy-on-write: an unchanged entity gets no new version.
-            ctx.record("state.unchanged", resource=resource, resource_version=base)
+            # Copy-on-write: an unchanged entity gets no new version. Its event in the
+            # trace, or the put refused (``_hold_pending``).
+            lock = ctx._hold_pending()
+            try:
+                ctx.record("state.unchanged", resource=resource, resource_version=base)
+            finally:
+                lock.release()
             return Entity(namespace, key, base, data)
         new_version = base + 1
         fences = ctx.fences()
@@ -524,17 +540,22 @@ class StateView:
         pending = self._pending.get(ident)
         base = pending.version if pending else max(self._read_versions.get(ident, 0), expected, 0)
         read = self._read.get(ident)
-        previous = pending.data if pending else (read.data if read else None)
-        ctx.record(
-            "state.write",
-            resource=resource_name(namespace, key),
-            resource_version=base + 1,
-            parent_version=base,
-            delta=delta_of(previous, data),
-            replayed=True,
-        )
-        entity = Entity(namespace, key, base + 1, data)
-        self._pending[ident] = entity
+        delta = delta_of(pending.data if pending else (read.data if read else None), data)
+        # In the derived trace's last commit, or refused, as a live write (``_hold_pending``).
+        lock = ctx._hold_pending()
+        try:
+            ctx.record(
+                "state.write",
+                resource=resource_name(namespace, key),
+                resource_version=base + 1,
+                parent_version=base,
+                delta=delta,
+                replayed=True,
+            )
+            entity = Entity(namespace, key, base + 1, data)
+            self._pending[ident] = entity
+        finally:
+            lock.release()
         return entity
 
     def history(self, namespace: str, key: Any) -> list[EntityVersion]:
