@@ -120,3 +120,57 @@ def test_recorded_values_racing_the_attempts_end_are_in_the_trace_or_refused(
         if found != made:
             wrong[n] = {"returned": made, "traced": found}
     assert wrong == {}, wrong
+
+
+def test_cache_writes_outside_steps_racing_the_attempts_end_are_committed_or_refused(
+    app_factory: AppFactory, db_url: str
+) -> None:
+    """As above with ``ctx.cache.set``, whose entry is written after the ack commits: each
+    set that returned to the thread has its entry in the cache and its ``cache.write`` in
+    the trace (before, a set that looked at the end before it and recorded its event and
+    held its entry after the ack's flush returned, and neither was ever written)."""
+    app = app_factory()
+
+    def set_in_cache(ctx: replayq.Context, counts: list[int]) -> None:
+        # A new version each time: one entry each, counted in the cache's own table.
+        ctx.cache.set("race", ctx.payload["n"], {"i": counts[0]}, version=counts[0] + 1)
+        counts[0] += 1
+
+    wrong = {}
+    for job_id, (n, (sets, _)) in race_the_end(app, set_in_cache).items():
+        found = (
+            count_rows(db_url, "rq_cache", "base_key = ?", (f"race:{n}",)),
+            sum(e.name == "cache.write" for e in app.trace(job_id)),
+        )
+        if found != (sets, sets):
+            wrong[n] = {"returned": sets, "in the cache and traced": found}
+    assert wrong == {}, wrong
+
+
+def test_reads_racing_the_attempts_end_are_in_the_trace_or_refused(
+    app_factory: AppFactory,
+) -> None:
+    """As above with ``ctx.state.get`` and ``ctx.cache.get``: each read that returned a
+    value to the thread has its ``state.read`` or ``cache.read`` in the job's committed
+    trace, or the read raised ``ContextEndedError`` (before, the last read often looked at
+    the end before its database read and recorded its event after the ack's flush: the
+    thread acted on a value the trace does not say it saw)."""
+    app = app_factory()
+
+    def read_state_and_cache(ctx: replayq.Context, counts: list[int]) -> None:
+        n = ctx.payload["n"]
+        ctx.state.get("race", str(n))
+        counts[0] += 1
+        ctx.cache.get("race", n)
+        counts[1] += 1
+
+    wrong = {}
+    for job_id, (n, made) in race_the_end(app, read_state_and_cache).items():
+        trace = app.trace(job_id)
+        found = [
+            sum(e.name == "state.read" for e in trace),
+            sum(e.name == "cache.read" for e in trace),
+        ]
+        if found != made:
+            wrong[n] = {"returned": made, "traced": found}
+    assert wrong == {}, wrong

@@ -105,6 +105,12 @@ class Attempt(Protocol):
         attempt (asked where ``_callback`` is set: ``recording.callbacks``)."""
         ...
 
+    def _hold_pending(self) -> Any:
+        """``_pending_lock`` taken for a verb's event and write to join the pending record
+        under one hold, returned held (the caller releases it); ``ContextEndedError`` once
+        the attempt ended (``Context._hold_pending``)."""
+        ...
+
     @property
     def trace_id(self) -> str: ...
 

@@ -111,14 +111,14 @@ class CacheView:
         read: CacheRead | None = None
         age: float | None = None  # of the entry a live read hit: the TTL expiry pattern
         world = ctx.world
+        # Why an entry read as a miss (recorded with the read, below).
+        undecodable: str | None = None
         if not world.reads_recorded:
             try:
                 entry = self._lookup(namespace, ident, version, now)
             except ValueError as exc:
                 # Cache-aside: an entry this code cannot read is a miss, recomputed.
-                ctx.record(
-                    "cache.decode_error", status="fail", resource=key, key=key, error=_kind(exc)
-                )
+                undecodable = _kind(exc)
                 entry = None
             if entry is not None:
                 age = round(max(0.0, now - entry.written_at), 3)
@@ -129,27 +129,38 @@ class CacheView:
         if read is None:
             recorded = world.answer("cache.read", key, "")
             read = CacheRead(**recorded) if isinstance(recorded, dict) else CacheRead(key, False)
-        ctx.record(
-            "cache.read",
-            resource=key,
-            resource_version=read.version,
-            status="hit" if read.hit else "miss",
-            key=key,
-            hit=read.hit,
-            version=read.version,
-            stale=read.stale,
-            current_version=read.current_version,
-            read=structs.asdict(read),
-            **({"age": age} if age is not None and read.hit else {}),
-        )
-        if read.stale:
+        # The read's events in the trace with the ack, or the read refused
+        # (``_hold_pending``): a thread the handler left running never gets a value whose
+        # read the trace does not hold.
+        lock = ctx._hold_pending()
+        try:
+            if undecodable is not None:
+                ctx.record(
+                    "cache.decode_error", status="fail", resource=key, key=key, error=undecodable
+                )
             ctx.record(
-                "cache.stale_read",
-                status="fail",
+                "cache.read",
                 resource=key,
-                cached_version=read.version,
+                resource_version=read.version,
+                status="hit" if read.hit else "miss",
+                key=key,
+                hit=read.hit,
+                version=read.version,
+                stale=read.stale,
                 current_version=read.current_version,
+                read=structs.asdict(read),
+                **({"age": age} if age is not None and read.hit else {}),
             )
+            if read.stale:
+                ctx.record(
+                    "cache.stale_read",
+                    status="fail",
+                    resource=key,
+                    cached_version=read.version,
+                    current_version=read.current_version,
+                )
+        finally:
+            lock.release()
         return read
 
     def _lookup(
@@ -194,9 +205,18 @@ class CacheView:
         try:
             ctx.encode(value, what=f"cache {logical}")
         except PayloadError as exc:
-            ctx.record(
-                "cache.encode_error", status="fail", resource=logical, key=logical, error=_kind(exc)
-            )
+            # In the trace, or the set refused (``_hold_pending``).
+            lock = ctx._hold_pending()
+            try:
+                ctx.record(
+                    "cache.encode_error",
+                    status="fail",
+                    resource=logical,
+                    key=logical,
+                    error=_kind(exc),
+                )
+            finally:
+                lock.release()
             raise
         ttl = ttl if ttl is not None else ctx.handler.contract.cache_ttl
         now = ctx.runtime.clock.now()
@@ -210,18 +230,25 @@ class CacheView:
             now,
             now + ttl if ttl else None,
         )
-        ctx.record(
-            "cache.write",
-            resource=logical,
-            resource_version=version,
-            key=logical,
-            ttl=ttl,
-            # The value's shape, not its content: rollout verify flags a new shape under an old key.
-            shape=value_shape(value),
-        )
-        # A replay writes only under its own namespace, and not before a fork point.
-        if ctx.world.writes_apply:
-            self._hold(lambda: ctx.runtime.cache_backend.put(entry), f"cache {logical}")
+        # Its event and its write join together (the write after the ack's commit, outside
+        # steps), or it is refused: not across the attempt's end (``_hold_pending``).
+        lock = ctx._hold_pending()
+        try:
+            ctx.record(
+                "cache.write",
+                resource=logical,
+                resource_version=version,
+                key=logical,
+                ttl=ttl,
+                # The value's shape, not its content: rollout verify flags a new shape under
+                # an old key.
+                shape=value_shape(value),
+            )
+            # A replay writes only under its own namespace, and not before a fork point.
+            if ctx.world.writes_apply:
+                self._hold(lambda: ctx.runtime.cache_backend.put(entry), f"cache {logical}")
+        finally:
+            lock.release()
         return logical
 
     def invalidate(self, namespace: str, ident: Any) -> None:
@@ -233,21 +260,25 @@ class CacheView:
             raise ended_error(ctx.job.id, ctx.attempt)
         base = self._base(namespace, ident)
         logical = f"{namespace}:{ident}"
-        ctx.record("cache.invalidate", resource=logical, key=logical)
-        if ctx.world.writes_apply:
-            action = lambda: ctx.runtime.cache_backend.delete_base(base)  # noqa: E731
-            self._hold(action, f"cache invalidation {logical}")
+        # As ``set``'s: together, or refused (``_hold_pending``).
+        lock = ctx._hold_pending()
+        try:
+            ctx.record("cache.invalidate", resource=logical, key=logical)
+            if ctx.world.writes_apply:
+                action = lambda: ctx.runtime.cache_backend.delete_base(base)  # noqa: E731
+                self._hold(action, f"cache invalidation {logical}")
+        finally:
+            lock.release()
 
     def _hold(self, action: Callable[[], None], what: str) -> None:
         """``action`` after the commit of the step running in this thread or task (held in
         it: a commit of another's, or the ack, does not make it), or of the attempt's next
-        commit outside steps."""
-        ctx = self._ctx
-        if not ctx._defer_after_commit(action, what):
-            # Not across a commit of another flow's, which runs and empties these lists.
-            with ctx._pending_lock:
-                self._after_commit.append(action)
-                self.pending.append(what)
+        commit outside steps. Under ``_pending_lock`` (the caller's ``_hold_pending``): not
+        across a commit of another flow's, which runs and empties these lists, nor across
+        the attempt's end."""
+        if not self._ctx._defer_after_commit(action, what):
+            self._after_commit.append(action)
+            self.pending.append(what)
 
     def adopt(self, held: list[tuple[Callable[[], None], str]]) -> None:
         """The actions a step held (``_hold``) wait for the commit that follows at once."""

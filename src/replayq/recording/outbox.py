@@ -30,7 +30,7 @@ from msgspec import Struct
 from replayq import codec
 from replayq.model import TraceEvent
 from replayq.queue.enqueue import EnqueueRequest, insert_job
-from replayq.recording.attempt import ENDED, Attempt, ended_error
+from replayq.recording.attempt import Attempt
 from replayq.runtime import Runtime, RuntimeSource
 from replayq.storage.context_params import OutboxClaim
 from replayq.storage.protocol import OutboxInsert, OutboxMark, OutboxRecord, Transaction
@@ -57,14 +57,10 @@ class OutboxView:
         if self._ctx._callback is not None:
             self._ctx._refuse_inside(f"ctx.outbox.publish({topic!r})")
         ctx = self._ctx
-        # The look at the end, the event and the write's joining the pending record at once
-        # (``_pending_lock``, as ``ctx.state.put``): in the ack's commit, or refused.
-        # ``acquire``/``release``, not ``with``: fewer instructions, at every write.
-        lock = ctx._pending_lock
-        lock.acquire()
+        # Its event and its write in the ack's commit, or refused, as a view kept past its
+        # attempt is (``_hold_pending``).
+        lock = ctx._hold_pending()
         try:
-            if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
-                raise ended_error(ctx.job.id, ctx.attempt)
             ctx.encode(payload, what=f"outbox {topic} payload")
             event = ctx.record(
                 "outbox.written", resource=f"outbox:{topic}", topic=topic, payload=payload
