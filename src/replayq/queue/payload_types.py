@@ -95,7 +95,9 @@ def without_secrets(error: PayloadError, redactor: Redactor, payload: Any = None
     return error if message == original else PayloadError(message)
 
 
-def _secrets_held(value: Any, redactor: Redactor, secret: bool, out: dict[str, str]) -> dict[str, str]:
+def _secrets_held(
+    value: Any, redactor: Redactor, secret: bool, out: dict[str, str]
+) -> dict[str, str]:
     """Each text (or number, as written) a secret field holds anywhere in ``value`` (a
     payload as given: JSON, or a dataclass, pydantic model or Struct in it), mapped to
     what replaces it (its redaction as a secret field's value)."""
@@ -105,7 +107,7 @@ def _secrets_held(value: Any, redactor: Redactor, secret: bool, out: dict[str, s
         items = ((None, item) for item in value)
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         items = ((f.name, getattr(value, f.name, None)) for f in dataclasses.fields(value))
-    elif isinstance(value, Struct) or hasattr(type(value), "__struct_fields__"):
+    elif isinstance(value, Struct):
         items = ((name, getattr(value, name, None)) for name in type(value).__struct_fields__)
     elif hasattr(type(value), "model_fields") and hasattr(value, "model_dump"):
         items = ((name, getattr(value, name, None)) for name in type(value).model_fields)
