@@ -7,7 +7,9 @@ defaults; ``account_number``: ``settle``'s own rule) and a message that quotes i
 quotes a value the patterns find (a bearer token, a card number). ``spawn`` enqueues a
 child with such a payload from a real worker (its failure: the trace, ``last_error``).
 ``settle`` v2 decodes, at lease, a payload stored by ``build(v1=True)`` before its
-shape changed (``account_number`` was a text, and not yet a secret field).
+shape changed (``account_number`` was a text, and not yet a secret field); ``enroll`` v2
+one of two text fields, now a ``Card`` (the whole payload) whose ``__post_init__`` refuses it
+quoting its ``holder`` (since named secret).
 """
 
 from __future__ import annotations
@@ -107,6 +109,14 @@ def settle_v2(ctx: replayq.Context, account_number: int) -> None:
     return None
 
 
+def enroll_v1(ctx: replayq.Context, card_number: str, holder: str) -> None:
+    return None
+
+
+def enroll_v2(ctx: replayq.Context, card: Card) -> None:
+    return None
+
+
 def build(url: str | None = None, *, v1: bool = False, **options: Any) -> replayq.App:
     built = replayq.App(url, **options)
     once = replayq.Retry(max_attempts=1)
@@ -116,9 +126,11 @@ def build(url: str | None = None, *, v1: bool = False, **options: Any) -> replay
     built.job("spawn", retry=once)(spawn)
     if v1:
         built.job("settle", retry=once)(settle_v1)
+        built.job("enroll", retry=once)(enroll_v1)
     else:
         rules = replayq.Redaction(fields=["account_number"])
         built.job("settle", retry=once, redact=rules)(settle_v2)
+        built.job("enroll", retry=once, redact=replayq.Redaction(fields=["holder"]))(enroll_v2)
     return built
 
 

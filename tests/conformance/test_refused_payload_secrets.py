@@ -64,15 +64,29 @@ def test_a_child_refused_in_the_types_words_fails_its_parent_with_markers(
         app.close()
 
 
+STALE = {
+    "settle": ({"account_number": refused_secrets.ACCOUNT}, "expects int, got str '[redacted:"),
+    "enroll": (
+        {"card_number": "1", "holder": refused_secrets.ACCOUNT},
+        "'Card': Card refused it: ValueError: card [redacted:",
+    ),
+}
+
+
+@pytest.mark.parametrize("job_type", sorted(STALE))
 def test_a_stale_payload_refused_at_lease_is_buried_with_its_secret_redacted(
-    app_factory: AppFactory,
+    app_factory: AppFactory, job_type: str
 ) -> None:
-    """Stored before ``settle`` took an int and named ``account_number`` secret: the
-    payload keeps the value in clear, its burial (``last_error``, ``job.dead``) not."""
+    """Stored before ``settle`` took an int and named ``account_number`` secret (before
+    ``enroll`` took a ``Card`` and named ``holder`` secret): the payload keeps the value
+    in clear, its burial (``last_error``, ``job.dead``) not. ``Card.__post_init__``'s
+    error buries the job as a malformed payload; it used to escape the worker's
+    ``execute``, leaving the job running."""
+    payload, expected = STALE[job_type]
     url = app_factory().url
     rules = replayq.Redaction(key=KEY)
     before = refused_secrets.build(url, v1=True, redaction=rules, auto_migrate=True)
-    job_id = before.enqueue("settle", {"account_number": refused_secrets.ACCOUNT})
+    job_id = before.enqueue(job_type, payload)
     before.close()
     app = refused_secrets.build(url, redaction=rules, auto_migrate=True)
     try:
@@ -82,7 +96,8 @@ def test_a_stale_payload_refused_at_lease_is_buried_with_its_secret_redacted(
         worker.execute(leased)
         job = app.get_job(job_id)
         assert job.state is replayq.JobState.DEAD
-        assert "expects int, got str '[redacted:" in (job.last_error or ""), job.last_error
+        assert expected in (job.last_error or ""), job.last_error
+        assert job.dead_reason == "malformed_payload", job.dead_reason
         _assert_clear_of_secrets(job.last_error or "")
         _assert_clear_of_secrets(json.dumps([vars(e) for e in app.trace(job_id)], default=str))
     finally:
