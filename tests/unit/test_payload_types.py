@@ -134,3 +134,26 @@ def test_a_recursive_dataclass_is_checked_at_every_depth() -> None:
         handler.encode_payload(
             {"name": "a", "children": [{"name": "b", "children": [{"name": 1}]}]}
         )
+
+
+def test_a_refusal_is_screened_for_the_secrets_a_struct_instance_holds() -> None:
+    """A Struct's constructor checks nothing: an instance holding a bad value is refused by
+    msgspec, whose message quotes the value; the instance's secret field is found on it."""
+    from replayq.queue.payload_types import without_secrets
+    from replayq.redaction import Redactor
+    from tests.apps.refused_secrets import PASSWORD, Login, login
+
+    given = Login(password=PASSWORD)  # type: ignore[arg-type]
+    redactor = Redactor.build(replayq.Redaction(key="k" * 20))
+    handler = Handler(handler_of(login).contract, login, handler_of(login).shape, {}, redactor)
+    with pytest.raises(replayq.PayloadError) as refused:
+        handler.prepare_payload(given)
+    assert "Invalid enum value '[redacted:" in str(refused.value), refused.value
+    assert PASSWORD not in str(refused.value)
+
+    # Markers already in the message are kept whole, even by a secret short enough to
+    # be in one; a secret as ``repr`` escapes it is found too.
+    message = replayq.PayloadError("cvv 1 in [redacted:0123456789abcdef]; got 'a\\nb'")
+    screened = str(without_secrets(message, redactor, {"cvv": "1", "secret": "a\nb"}))
+    assert "[redacted:0123456789abcdef]" in screened, screened
+    assert " 1 " not in screened and "a\\nb" not in screened, screened

@@ -227,10 +227,21 @@ class Handler(Struct, frozen=True, dict=True):
             self.shape.check(name, plain)
         except PayloadError as exc:
             rules = redactor or self.redactor
-            if rules is None or exc.quoted is None:
+            if rules is None:
                 raise
-            raise without_secrets(exc, rules) from None
+            raise without_secrets(exc, rules, payload) from None
         return plain, text
+
+    def decode_payload(
+        self, payload: Mapping[str, Any], redactor: Redactor
+    ) -> tuple[Any, ...] | Mapping[str, Any]:
+        """``shape.decode`` of a stored payload, a refusal's message screened by
+        ``redactor`` (``without_secrets``): a payload stored before its type changed, or
+        before a rule named one of its fields secret, holds values in clear."""
+        try:
+            return self.shape.decode(self.contract.name, payload)
+        except PayloadError as exc:
+            raise without_secrets(exc, redactor, payload) from None
 
 
 class HandlerRegistry:

@@ -69,20 +69,74 @@ def _wrong(path: str, expected: str, value: Any, hint: str = "") -> PayloadError
     return error
 
 
-def without_secrets(error: PayloadError, redactor: Redactor) -> PayloadError:
-    """``error`` with the value it quotes (``PayloadError.quoted``) redacted: whole where a
-    name on its field's path is a secret field's, else as any value is. A payload rejected
+def without_secrets(error: PayloadError, redactor: Redactor, payload: Any = None) -> PayloadError:
+    """``error`` with its whole message screened by ``redactor``'s rules. A payload refused
     at enqueue was never redacted, and its error becomes a caller's message, a handler's
-    failure (``ctx.enqueue``: the trace, ``last_error``) or a CLI's output."""
-    if error.quoted is None:
-        return error
-    path, value = error.quoted
-    names = [name for name in re.split(r"[.\[\]<>]+", path) if name]
-    secret = any(redactor.secret_field(name) for name in names)
-    redacted = redactor.whole(value) if secret else redactor.value(value)
-    if redacted is value or redacted == value:
-        return error
-    return PayloadError(str(error).replace(_shown(value), _shown(redacted)))
+    failure (``ctx.enqueue``: the trace, ``last_error``) or a CLI's output; one refused at
+    lease, the job's burial.
+
+    The value it quotes (``PayloadError.quoted``) is redacted whole where a name on its
+    field's path is a secret field's, else as any value is; every value a secret field of
+    ``payload`` holds is replaced by its marker wherever the message quotes it (a
+    validator's own text: ``unknown key …``, msgspec's ``Invalid enum value …``); then
+    the patterns search the whole message."""
+    original = message = str(error)
+    if error.quoted is not None:
+        path, value = error.quoted
+        names = [name for name in re.split(r"[.\[\]<>]+", path) if name]
+        secret = any(redactor.secret_field(name) for name in names)
+        redacted = redactor.whole(value) if secret else redactor.value(value)
+        if redacted is not value and redacted != value:
+            message = message.replace(_shown(value), _shown(redacted))
+    held = _secrets_held(payload, redactor, False, {})
+    if held:
+        message = _replace_verbatim(message, held)
+    message = redactor.text(message)
+    return error if message == original else PayloadError(message)
+
+
+def _secrets_held(
+    value: Any, redactor: Redactor, secret: bool, out: dict[str, str]
+) -> dict[str, str]:
+    """Each text (or number, as written) a secret field holds anywhere in ``value`` (a
+    payload as given: JSON, or a dataclass, pydantic model or Struct in it), mapped to
+    what replaces it (its redaction as a secret field's value)."""
+    if isinstance(value, Mapping):
+        items: Any = value.items()
+    elif isinstance(value, list | tuple):
+        items = ((None, item) for item in value)
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = ((f.name, getattr(value, f.name, None)) for f in dataclasses.fields(value))
+    elif isinstance(value, Struct):
+        items = ((name, getattr(value, name, None)) for name in type(value).__struct_fields__)
+    elif hasattr(type(value), "model_fields") and hasattr(value, "model_dump"):
+        items = ((name, getattr(value, name, None)) for name in type(value).model_fields)
+    else:
+        if not secret or value is None or isinstance(value, bool) or is_marker(value):
+            return out
+        if isinstance(value, str) and value:
+            out[value] = redactor.whole(value)
+            shown = repr(value)[1:-1]  # as a repr quotes it (escapes)
+            if shown != value:
+                out[shown] = out[value]
+        elif isinstance(value, int | float | Decimal | uuid.UUID):
+            out[str(value)] = redactor.whole(str(value))
+        return out
+    for key, item in items:
+        inner = secret or (isinstance(key, str) and redactor.secret_field(key))
+        _secrets_held(item, redactor, inner, out)
+    return out
+
+
+def _replace_verbatim(message: str, held: Mapping[str, str]) -> str:
+    """``message`` with every text of ``held`` replaced by its redaction, in one pass
+    (longest first) that leaves markers already in it alone."""
+    found = re.compile("|".join(map(re.escape, sorted(held, key=len, reverse=True))))
+    parts = re.split(r"(\[redacted(?::[0-9a-f]{16})?\](?:#\d+)?)", message)
+    return "".join(
+        part if index % 2 else found.sub(lambda hit: held[hit.group(0)], part)
+        for index, part in enumerate(parts)
+    )
 
 
 class FieldType(Struct, frozen=True):
@@ -366,15 +420,20 @@ def _dataclass_fields(cls: type[Any]) -> FieldType:
         if isinstance(value, cls):
             return value
         fields = items(value, path)
-        return cls(
-            **{
-                # A redacted secret reaches the handler as its marker (checked at enqueue).
-                name: record.types[name].from_json(item, join(path, name))
-                if name in record.types and not is_marker(item)
-                else item
-                for name, item in fields.items()
-            }
-        )
+        converted = {
+            # A redacted secret reaches the handler as its marker (checked at enqueue).
+            name: record.types[name].from_json(item, join(path, name))
+            if name in record.types and not is_marker(item)
+            else item
+            for name, item in fields.items()
+        }
+        try:
+            return cls(**converted)
+        except Exception as exc:  # its own check (``__post_init__``) refused the values
+            raise PayloadError(
+                f"field {path or cls.__name__!r}: {cls.__name__} refused it:"
+                f" {type(exc).__name__}: {exc}"
+            ) from None
 
     return FieldType(
         cls.__name__, to_json, from_json, {cls.__name__: record.schema()}, fields=record

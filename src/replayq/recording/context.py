@@ -523,7 +523,7 @@ class Context(Recorder):
         resource = None if lock is None else lock.render(payload)
         if args is None:
             # Typed fields (Decimal, datetime, a dataclass...) from their stored JSON form.
-            args = handler.shape.decode(handler.contract.name, payload)
+            args = handler.decode_payload(payload, self.redactor)  # a refusal: screened
 
         def call() -> Any:
             if not handler.is_async:

@@ -393,7 +393,8 @@ class Executing(Acking, Heartbeat):
             )
             return None
         try:
-            args = handler.shape.decode(job.job_type, job.payload)  # what ``ctx.run`` calls with
+            # What ``ctx.run`` calls with; a refusal quotes no secret (its burial's text).
+            args = handler.decode_payload(job.payload, self.runtime.redactor_of(handler))
         except PayloadError as exc:
             self._bury(job, DeadReason.MALFORMED_PAYLOAD, FailureClass.VALIDATION, str(exc))
             return None
