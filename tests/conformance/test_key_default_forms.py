@@ -23,7 +23,7 @@ CHARGED: list[int] = []  # job ids: each time the effect really ran
 
 def declare(app: replayq.App) -> replayq.App:
     @app.job("bundle", idempotency="bundle:{order_id}:{items}", lock="items:{items}")
-    def bundle(ctx: replayq.Context, order_id: int, items=(1, 2)) -> dict[str, Any]:  # type: ignore[no-untyped-def]  # noqa: ANN001 - untyped on purpose
+    def bundle(ctx: replayq.Context, order_id: int, items=(1, 2)) -> dict[str, Any]:  # type: ignore[no-untyped-def]
         def effect() -> dict[str, Any]:
             CHARGED.append(ctx.job.id)
             return {"charged_by": ctx.job.id}
@@ -60,7 +60,7 @@ def test_a_tuple_default_left_out_is_one_lock_and_one_effect_with_the_value_give
     assert first.idempotency_key == "bundle:2:[1, 2]"
     assert _locked(app, first.id) == _locked(app, second.id) == _locked(app, third.id)
     assert _locked(app, first.id) == ["items:[1, 2]"]
-    assert CHARGED == [first.id], "one charge for one key"
+    assert [first.id] == CHARGED, "one charge for one key"
     assert first.result == second.result == third.result == {"charged_by": first.id}
 
 
