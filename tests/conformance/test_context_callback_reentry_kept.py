@@ -25,9 +25,15 @@ from tests.conformance.test_context_callback_reentry import _insert_row, _ledger
 
 AppFactory = Callable[..., replayq.App]
 
+
+def _run_block(block: Any) -> None:
+    with block:  # its end commits: under the attempt's ``_live``, which the commit holds
+        pass
+
+
 # Made in the handler before the function runs (``ctx``), then used in it (``kept``).
 USES: dict[str, tuple[Callable[[replayq.Context], Any], Callable[[Any], Any]]] = {
-    "ctx.step('inner')": (lambda ctx: ctx.step("inner"), lambda block: block.__enter__()),
+    "ctx.step('inner')": (lambda ctx: ctx.step("inner"), lambda block: _run_block(block)),
     "ctx.lock('warehouse') acquire": (
         lambda ctx: ctx.lock("warehouse"),
         lambda handle: handle.__enter__(),
