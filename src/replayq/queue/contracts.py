@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from msgspec import Struct
 
+from replayq import codec
 from replayq.durations import Duration, parse_duration
 from replayq.errors import ContractError, FailureClass, PayloadError
 from replayq.queue.retention import Retention, check_contract_retention
@@ -113,6 +114,19 @@ def render_template(template: str | None, payload: Mapping[str, Any]) -> str | N
     return KeyTemplate(template, "key", {}, "payload").render(payload)
 
 
+# A field's value renders as it is: the stored payload reads it back the same.
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _as_stored(value: Any) -> Any:
+    """``value`` as the stored payload reads it back: a tuple is a list, a dict's keys are
+    sorted (``codec.dumps``), so a key renders one text for one value at enqueue, where
+    the payload's JSON form may still hold a tuple, and from the stored payload."""
+    if type(value) in _SCALARS:
+        return value
+    return codec.loads(codec.dumps(value, what="key field"))
+
+
 class KeyTemplate:
     """A key template (``idempotency``, ``ordering``, ``lock``), parsed once, rendered from
     the payload as the handler receives it: a field the payload leaves out takes the
@@ -130,8 +144,12 @@ class KeyTemplate:
         self.label = label
         self.owner = owner  # who the refusal names: "charge v2"
         self.fields = tuple(template_fields(template))
-        # Only the defaults this template can use: ``render`` looks them up by name.
-        self.defaults = {name: defaults[name] for name in self.fields if name in defaults}
+        # Only the defaults this template can use: ``render`` looks them up by name. In their
+        # stored form: a default given as a tuple renders as the list a job that gives it
+        # stores (``(1, 2)`` and ``[1, 2]`` were two keys, two locks for one payload).
+        self.defaults = {
+            name: _as_stored(defaults[name]) for name in self.fields if name in defaults
+        }
 
     def render(self, payload: Mapping[str, Any], stored: str | None = None) -> str:
         """The key for ``payload`` (a JSON object: the stored form).
@@ -144,7 +162,8 @@ class KeyTemplate:
         filled = False
         for name in self.fields:
             if name in payload:
-                values[name] = payload[name]
+                value = payload[name]
+                values[name] = value if type(value) in _SCALARS else _as_stored(value)
             elif name in self.defaults:
                 values[name] = self.defaults[name]
                 filled = True

@@ -87,6 +87,8 @@ class LockReleases(Generic[Handle]):
         ``lock.released`` (``lock.expired`` if it ran out or was broken first) commits with
         the release."""
         ctx = self._ctx
+        if ctx._callback is not None:  # still held, the attempt's end lets go of it
+            ctx._refuse_inside(f"ctx.lock({handle.resource!r}) release")
         self.held.pop(handle.resource, None)
         recorded = ctx.world.lock_outcome("release", handle.resource)
         if recorded is not LIVE:

@@ -174,6 +174,8 @@ class LockManager(LockReleases[LockHandle]):
         """Take ``handle``'s lock (``with handle:``). Refused once the attempt ended; a
         release is not (``release``: a lock still held is let go of, not kept to its TTL)."""
         ctx = self._ctx
+        if ctx._callback is not None:  # a handle kept from before: its own transaction
+            ctx._refuse_inside(f"ctx.lock({handle.resource!r}) acquire")
         if ctx._cancel is ENDED:  # a view kept past its attempt (``Context.end``)
             raise ended_error(ctx.job.id, ctx.attempt)
         runtime = ctx.runtime

@@ -191,6 +191,8 @@ class StepBoundary(StepFlow):
 
     def __enter__(self) -> None:
         ctx, name = self.ctx, self.name
+        if ctx._callback is not None:  # a block kept from before: ``ctx.step`` asked then
+            ctx._refuse_inside(f"ctx.step({name!r})")
         ctx.world.on_step(name)
         running = ctx._running
         flow_key = ctx._flow_key()
