@@ -36,7 +36,7 @@ from replayq.recording.blobs import load_json
 from replayq.recording.ledger import CompletedStep
 from replayq.recording.state import MAIN, version_from_row
 from replayq.recording.world import LIVE
-from replayq.redaction import Redactor
+from replayq.redaction import NONE, Redactor
 from replayq.runtime import RuntimeSource
 from replayq.storage.protocol import EntityGet, TraceJobs, Transaction
 
@@ -230,7 +230,8 @@ def _read_states(
         if attempt is not None and event.attempt != attempt:
             continue
         resource, version = event.resource or "", int(event.resource_version)
-        if (resource, version) in states or ":" not in resource:
+        if (resource, version) in states or ":" not in resource or "[redacted" in resource:
+            # A redacted key names no entity: the replay reads it by the handler's key.
             continue
         namespace, _, key = resource.partition(":")
         row = tx.entity_get(EntityGet(MAIN, namespace, key, version=version))
@@ -274,6 +275,11 @@ class RecordedWorld:
     ``fork_step``: recorded answers until that step starts, live (branch) state
     after it; past the fork point a call must match a recorded one by name and
     arguments, or a stub must be given, or it raises — never the real world.
+
+    ``redactor``: the job type's rules, as the recording was redacted by. The recording
+    names resources and keys redacted (``card:[redacted:…]``) where the handler names
+    them as they are: each is looked up redacted (``Redactor.resource``), and the state
+    it names is read by the handler's own key (``recorded_state``'s ``LIVE``).
     """
 
     def __init__(
@@ -282,8 +288,10 @@ class RecordedWorld:
         *,
         fork_step: str | None = None,
         stubs: dict[str, Any] | None = None,
+        redactor: Redactor = NONE,
     ) -> None:
         self.recording = recording
+        self._recorded = redactor.resource
         self.fork_step = fork_step
         self.stubs = stubs or {}
         self.reached_fork = False
@@ -358,11 +366,11 @@ class RecordedWorld:
         return self._skipped.get(key)
 
     def state_version(self, resource: str) -> int | None:
-        queue = self._reads.get(resource)
+        queue = self._reads.get(self._recorded(resource))
         return queue.popleft() if queue else None
 
     def recorded_state(self, resource: str, version: int) -> Any:
-        return self.recording.states.get((resource, version), LIVE)
+        return self.recording.states.get((self._recorded(resource), version), LIVE)
 
     def lock_outcome(self, action: str, resource: str) -> dict[str, Any]:
         """What the recorded attempt's lock ``action`` on ``resource`` returned.
@@ -371,7 +379,7 @@ class RecordedWorld:
         point, or where the recording has no such lock, the lock is taken (released)
         without a fencing token.
         """
-        queue = self._locks.get((action, resource))
+        queue = self._locks.get((action, self._recorded(resource)))
         if self.reached_fork or not queue:
             name = LOCK_EVENTS[action][0]
             return {"event": name, "fencing_token": None}
@@ -380,13 +388,17 @@ class RecordedWorld:
 
     def write_rejection(self, resource: str) -> dict[str, Any] | None:
         """How fencing rejected this write of ``resource`` when recorded (``None``: it did not)."""
-        queue = self._writes.get(resource)
+        queue = self._writes.get(self._recorded(resource))
         if self.reached_fork or not queue:
             return None
         return queue.popleft()
 
     def answer(self, name: str, label: str, fingerprint: str) -> Any:
-        queue = self._queues.get((name, label)) or deque()
+        # The recording's labels (a call's name, an effect's kind, a cache key) and an
+        # effect's key are its events' data: redacted, as the handler's are not.
+        queue = self._queues.get((name, self._recorded(label))) or deque()
+        if name == "effect":
+            fingerprint = self._recorded(fingerprint)
         if self.reached_fork:
             return self._answer_live(name, label, fingerprint, queue)
         if not queue:

@@ -360,7 +360,9 @@ def run_derived(
         trace_id, branch = derived_names(origin)
     else:
         trace_id, branch = _begin(runtime, recording, origin, base_hlc, details)
-    answers = RecordedWorld(recording, fork_step=fork_step, stubs=stubs)
+    answers = RecordedWorld(
+        recording, fork_step=fork_step, stubs=stubs, redactor=runtime.redactor_of(handler)
+    )
     # ``recording.job.evolve(...)`` without ``dataclasses.replace``'s ``getattr`` and
     # frozen ``__setattr__`` of each of the job's ~30 fields: a copy of its fields.
     job = Job.built(

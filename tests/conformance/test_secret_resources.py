@@ -1,0 +1,133 @@
+"""The resource a trace names is stored redacted, and found by the id a user types.
+
+An entity keyed by a card number (``ctx.state`` ``card:<number>``), a lock, an effect
+key and a cache key named by it: docs/secrets.md promises that the trace's events and
+its resource index (``rq_trace_resources``) hold the resource redacted by the value
+patterns, while the state, the lock table, the effect ledger and the cache keep the real
+key; that ``App.resource_trace`` given the raw id (or its redacted form) finds the
+events; and that a dry-run, which matches the handler's live resources against the
+recorded ones, still replays the job without divergence, the entity versions read
+included. Each is held on both backends with the inline runner (``tests.apps
+.secret_resources``); ``tests/acceptance/test_secret_resources.py`` runs it in a real
+worker and reads it through the CLI and the dashboard.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable
+
+import pytest
+
+import replayq
+import replayq.testing
+from replayq.storage.packs import register_sqlite
+from tests.apps import secret_resources
+from tests.conformance.test_secret_paths import stored_rows
+
+AppFactory = Callable[..., replayq.App]
+CARD = "4111111111111111"
+KEY = "test-redaction-key-0123456789"
+# The trace's tables and views: its events (unpacked) and its resource index.
+TRACE_VIEWS = ("rq_events", "rq_pack_events")
+
+
+def trace_rows(app: replayq.App) -> str:
+    """Every row of the trace's tables (``rq_trace*``) and event views, as one text."""
+    chunks: list[str] = []
+    if app.url.startswith("sqlite"):
+        connection = sqlite3.connect(app.url.removeprefix("sqlite:///"))
+        register_sqlite(connection)
+        try:
+            names = [
+                name
+                for (name,) in connection.execute(
+                    "SELECT name FROM sqlite_master WHERE type IN ('table', 'view')"
+                )
+                if name.startswith("rq_trace") or name in TRACE_VIEWS
+            ]
+            for name in names:
+                query = f'SELECT * FROM "{name}"'  # noqa: S608 - a name sqlite_master gave
+                chunks += map(repr, connection.execute(query))
+        finally:
+            connection.close()
+        assert "rq_trace_resources" in names and "rq_events" in names, names
+        return "\n".join(chunks)
+    import psycopg
+    from psycopg import sql
+
+    schema = app.url.rsplit("search_path%3D", 1)[1]
+    with psycopg.connect(app.url) as conn:
+        tables = [
+            table
+            for (table,) in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = %s",
+                (schema,),
+            )
+            if table.startswith("rq_trace") or table in TRACE_VIEWS
+        ]
+        for table in tables:
+            query = sql.SQL("SELECT t::text FROM {} t").format(sql.Identifier(schema, table))
+            chunks += [row[0] for row in conn.execute(query)]
+    assert "rq_trace_resources" in tables, tables
+    return "\n".join(chunks)
+
+
+@pytest.fixture
+def vault_app(app_factory: AppFactory, monkeypatch: pytest.MonkeyPatch) -> replayq.App:
+    monkeypatch.setenv("VAULT_CARD", CARD)
+    app = app_factory(redaction=replayq.Redaction(key=KEY))
+    app.job("vault", retry=replayq.Retry(max_attempts=1))(secret_resources.vault)
+    return app
+
+
+def test_resources_named_by_a_card_number_are_stored_redacted_and_state_keeps_the_real_key(
+    vault_app: replayq.App,
+) -> None:
+    first = replayq.testing.run_inline(vault_app, "vault", {"order": 1})
+    second = replayq.testing.run_inline(vault_app, "vault", {"order": 2})
+    assert first.state is replayq.JobState.SUCCEEDED, first.last_error
+    assert second.state is replayq.JobState.SUCCEEDED, second.last_error
+    # The second job read the version the first wrote, by the real key.
+    assert second.result == {"uses": 2, "token": "tok_1"}, second.result
+
+    events = [e for job in (first, second) for e in vault_app.trace(job.id)]
+    named = {e.resource for e in events if e.resource}
+    for prefix in ("card:", "card-lock:", "tokenize:"):
+        assert any(r.startswith(f"{prefix}[redacted:") for r in named), named
+    assert CARD not in json.dumps([vars(e) for e in events], default=str)
+    rows = trace_rows(vault_app)
+    assert "card:[redacted:" in rows
+    assert CARD not in rows, "a card number is in the trace's rows"
+    # The application's own state keeps the key it was given.
+    assert CARD in stored_rows(vault_app)
+
+
+def test_a_resource_timeline_is_found_by_the_raw_id_and_by_its_redacted_form(
+    vault_app: replayq.App,
+) -> None:
+    jobs = [replayq.testing.run_inline(vault_app, "vault", {"order": n}) for n in (1, 2)]
+    by_raw = vault_app.resource_trace(f"card:{CARD}")
+    assert {e.job_id for e in by_raw} == {j.id for j in jobs}, [vars(e) for e in by_raw]
+    assert {e.name for e in by_raw} >= {"state.read", "state.write"}
+    redacted = next(e.resource for e in by_raw if e.resource)
+    assert redacted.startswith("card:[redacted:")
+    assert [e.id for e in vault_app.resource_trace(redacted)] == [e.id for e in by_raw]
+    lock = vault_app.resource_trace(f"card-lock:{CARD}")
+    assert {e.name for e in lock} >= {"lock.acquired", "lock.released"}, [e.name for e in lock]
+    assert vault_app.resource_trace(f"tokenize:{CARD}")
+    assert vault_app.resource_trace("card:4000000000000002") == []
+
+
+def test_a_job_whose_resources_were_redacted_dry_runs_without_divergence(
+    vault_app: replayq.App,
+) -> None:
+    replayq.testing.run_inline(vault_app, "vault", {"order": 1})
+    job = replayq.testing.run_inline(vault_app, "vault", {"order": 2})
+    report = replayq.dry_run(vault_app, job.id, keep=False)
+    assert not report.diverged, report.to_dict()
+    assert report.outcome_now.result == {"uses": 2, "token": "tok_1"}, report.to_dict()
+    kept = replayq.dry_run(vault_app, job.id)
+    assert not kept.diverged, kept.to_dict()
+    assert CARD not in trace_rows(vault_app)
