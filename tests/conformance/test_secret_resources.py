@@ -131,3 +131,41 @@ def test_a_job_whose_resources_were_redacted_dry_runs_without_divergence(
     kept = replayq.dry_run(vault_app, job.id)
     assert not kept.diverged, kept.to_dict()
     assert CARD not in trace_rows(vault_app)
+
+
+def test_an_exported_case_carries_the_version_read_under_its_redacted_name_and_replays(
+    vault_app: replayq.App,
+) -> None:
+    """The export finds the version the job read through the job that wrote it (no raw key
+    in the trace to find it by); the case names it redacted, and replays in a fresh
+    database, where the handler reads it by its own key."""
+    replayq.testing.run_inline(vault_app, "vault", {"order": 1})
+    job = replayq.testing.run_inline(vault_app, "vault", {"order": 2})
+    case = replayq.export_case(vault_app, job.id)
+    text = json.dumps(case)
+    assert CARD not in text, text
+    assert [(s["namespace"], s["version"], s["data"]) for s in case["state"]] == [
+        ("card", 1, {"order": 1, "uses": 1})
+    ], case["state"]
+    assert case["state"][0]["key"].startswith("[redacted:")
+    # In a throw-away database of its own (``replay_case``), with the app's handlers.
+    report = replayq.testing.assert_replays(case, vault_app)
+    assert report.outcome_now.result == {"uses": 2, "token": "tok_1"}, report.to_dict()
+
+
+def test_a_fork_and_a_rollback_of_a_job_with_redacted_resources_work_by_the_real_key(
+    vault_app: replayq.App,
+) -> None:
+    replayq.testing.run_inline(vault_app, "vault", {"order": 1})
+    job = replayq.testing.run_inline(vault_app, "vault", {"order": 2})
+    forked = replayq.fork(vault_app, job.id, from_step="tokenize")
+    assert not forked.diverged and forked.outcome_now.status == "succeeded", forked.to_dict()
+
+    plan = replayq.rollback(vault_app, job.id)
+    assert [(c.namespace, c.key, c.restore_version) for c in plan.changes] == [
+        ("card", CARD, 1)
+    ]
+    assert vault_app.state.get("card", CARD).data == {"order": 1, "uses": 1}
+    undone = [e for e in vault_app.resource_trace(f"card:{CARD}") if e.name == "state.rolled_back"]
+    assert len(undone) == 1 and undone[0].resource.startswith("card:[redacted:"), undone
+    assert CARD not in trace_rows(vault_app)

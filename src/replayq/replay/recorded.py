@@ -221,7 +221,10 @@ def _read_states(
     """The data of the entity versions the attempt's ``state.read`` events name (main branch).
 
     A resource whose namespace holds a ``:`` may split wrongly; its version is then simply
-    not found here and the replay reads it from the database as before.
+    not found here and the replay reads it from the database as before. So is a redacted
+    one (``card:[redacted:…]``), but in an imported case's database, where the exported
+    version was stored under that name (``export._written_version``): the replay then
+    reads it by the handler's own key (``RecordedWorld``).
     """
     states: dict[tuple[str, int], Any] = {}
     for event in events:
@@ -230,8 +233,7 @@ def _read_states(
         if attempt is not None and event.attempt != attempt:
             continue
         resource, version = event.resource or "", int(event.resource_version)
-        if (resource, version) in states or ":" not in resource or "[redacted" in resource:
-            # A redacted key names no entity: the replay reads it by the handler's key.
+        if (resource, version) in states or ":" not in resource:
             continue
         namespace, _, key = resource.partition(":")
         row = tx.entity_get(EntityGet(MAIN, namespace, key, version=version))
