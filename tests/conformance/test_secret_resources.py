@@ -162,9 +162,7 @@ def test_a_fork_and_a_rollback_of_a_job_with_redacted_resources_work_by_the_real
     assert not forked.diverged and forked.outcome_now.status == "succeeded", forked.to_dict()
 
     plan = replayq.rollback(vault_app, job.id)
-    assert [(c.namespace, c.key, c.restore_version) for c in plan.changes] == [
-        ("card", CARD, 1)
-    ]
+    assert [(c.namespace, c.key, c.restore_version) for c in plan.changes] == [("card", CARD, 1)]
     assert vault_app.state.get("card", CARD).data == {"order": 1, "uses": 1}
     undone = [e for e in vault_app.resource_trace(f"card:{CARD}") if e.name == "state.rolled_back"]
     assert len(undone) == 1 and undone[0].resource.startswith("card:[redacted:"), undone

@@ -15,11 +15,10 @@ from typing import Any
 from replayq import codec
 from replayq.model import TraceEvent
 from replayq.queue.enqueue import EnqueueRequest, insert_job
-from replayq.recording.state import MAIN, read_entity, version_row
+from replayq.queue.resources import stored_names
+from replayq.recording.state import MAIN, read_entity, resource_name, version_row
 from replayq.replay.engine import ReplayReport
 from replayq.replay.recorded import load_recording
-from replayq.queue.resources import stored_names
-from replayq.recording.state import resource_name
 from replayq.runtime import Runtime, RuntimeSource
 from replayq.storage.context_params import EntityFilter
 from replayq.storage.protocol import EntityGet, JobSetRecorded, TraceQuery, Transaction
@@ -98,8 +97,10 @@ def _written_version(
     }
     for job_id in sorted(j for j in writers if j is not None):
         for row in tx.entity_list(EntityFilter(job_id=job_id)):
-            if row.branch == MAIN and row.version == version and resource in stored_names(
-                runtime, resource_name(row.namespace, row.key)
+            if (
+                row.branch == MAIN
+                and row.version == version
+                and resource in stored_names(runtime, resource_name(row.namespace, row.key))
             ):
                 return row
     return None
