@@ -291,9 +291,10 @@ class Redactor:
             return resource
         if len(resource) < _SHORTEST and self._needles is not None and "://" not in resource:
             # Shorter than anything the built-in patterns match but a URL's password: a
-            # new id (``order:57``) costs no search, and is not remembered.
-            return resource
-        redacted = self.text(resource)
+            # new id (``order:57``) costs no search.
+            redacted = resource
+        else:
+            redacted = self.text(resource)
         if redacted == resource:
             if len(clean) >= 4096:
                 clean.clear()
