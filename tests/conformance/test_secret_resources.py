@@ -167,3 +167,43 @@ def test_a_fork_and_a_rollback_of_a_job_with_redacted_resources_work_by_the_real
     undone = [e for e in vault_app.resource_trace(f"card:{CARD}") if e.name == "state.rolled_back"]
     assert len(undone) == 1 and undone[0].resource.startswith("card:[redacted:"), undone
     assert CARD not in trace_rows(vault_app)
+
+
+def test_a_broken_lock_named_by_a_card_number_is_traced_redacted_and_found_by_the_raw_name(
+    vault_app: replayq.App,
+) -> None:
+    """``break_lock`` writes its own event (no job's recorder): its resource and the trace
+    it opens are redacted too, and its timeline is found by the name the lock table keeps."""
+    lock = f"card-lock:{CARD}"
+
+    @vault_app.job("hold", retry=replayq.Retry(max_attempts=1))
+    def hold(ctx: replayq.Context) -> None:
+        with ctx.step("hold"), ctx.lock(lock, ttl="30s"):
+            [held] = replayq.list_locks(vault_app)
+            assert held.resource == lock  # the lock table keeps the real name
+            replayq.break_lock(vault_app, lock, reason="operator: holder looked stuck")
+
+    replayq.testing.run_inline(vault_app, "hold", {})
+    broken = [e for e in vault_app.resource_trace(lock) if e.name == "lock.broken"]
+    assert len(broken) == 1, [e.name for e in vault_app.resource_trace(lock)]
+    assert broken[0].resource.startswith("card-lock:[redacted:"), broken
+    assert broken[0].trace_id.startswith("admin:card-lock:[redacted:"), broken
+    assert CARD not in trace_rows(vault_app)
+
+
+def test_a_job_types_own_pattern_redacts_its_resources_and_the_look_up_applies_it_too(
+    app_factory: AppFactory,
+) -> None:
+    app = app_factory(redaction=replayq.Redaction(key=KEY))
+
+    @app.job("statement", redact=replayq.Redaction(patterns=[r"acct-(\d+)"]))
+    def statement(ctx: replayq.Context) -> None:
+        with ctx.step("read"):
+            ctx.state.put("ledger", "acct-20931", {"balance": 5})
+
+    job = replayq.testing.run_inline(app, "statement", {})
+    assert job.state is replayq.JobState.SUCCEEDED, job.last_error
+    found = app.resource_trace("ledger:acct-20931")
+    assert [e.name for e in found] == ["state.write"], found
+    assert found[0].resource.startswith("ledger:acct-[redacted:"), found
+    assert "acct-20931" not in trace_rows(app)
