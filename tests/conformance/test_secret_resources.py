@@ -207,3 +207,32 @@ def test_a_job_types_own_pattern_redacts_its_resources_and_the_look_up_applies_i
     assert [e.name for e in found] == ["state.write"], found
     assert found[0].resource.startswith("ledger:acct-[redacted:"), found
     assert "acct-20931" not in trace_rows(app)
+
+
+def card_ledger(ctx: replayq.Context, amount: int) -> int:
+    with ctx.step("book"), ctx.lock(f"card-lock:{CARD}", ttl="30s"):
+        seen = ctx.state.get("card", CARD)
+        total = (seen.data or {}).get("total", 0) + amount if seen.exists else amount
+        ctx.state.put("card", CARD, {"total": total})
+    return int(total)
+
+
+def test_a_recording_that_named_a_resource_in_clear_still_dry_runs_under_the_rules_now(
+    app_factory: AppFactory,
+) -> None:
+    """A job recorded while no rule found the card number in its resources (an earlier
+    release, or the rule added since) names them in clear; a dry-run now names them
+    redacted, and compares and answers the recording's names as redacted too."""
+    before = app_factory(redaction=replayq.Redaction(defaults=False, key=KEY))
+    before.job("ledger", retry=replayq.Retry(max_attempts=1))(card_ledger)
+    replayq.testing.run_inline(before, "ledger", {"amount": 5})
+    job = replayq.testing.run_inline(before, "ledger", {"amount": 7})
+    assert job.result == 12
+    assert f"card:{CARD}" in {e.resource for e in before.trace(job.id)}
+
+    now = app_factory(redaction=replayq.Redaction(key=KEY))
+    now.job("ledger", retry=replayq.Retry(max_attempts=1))(card_ledger)
+    report = replayq.dry_run(now, job.id)
+    assert not report.diverged, report.to_dict()
+    assert report.outcome_now.result == 12, report.to_dict()
+    assert [e.resource for e in now.trace(job.id) if e.name == "state.read"] == [f"card:{CARD}"]

@@ -215,6 +215,26 @@ def read_recording(
     return Recording(job, attempt, domain, lifecycle, outcome, start_hlc, values, states)
 
 
+def with_resources_redacted(recording: Recording, redactor: Redactor) -> Recording:
+    """``recording`` with its events' resources as this release stores them
+    (``Redactor.resource``): one an earlier release stored in clear (``card:4111…``) is
+    compared with and answered as the replay's own, redacted, name. The same recording
+    when none changes (the usual case: a set look-up an event that names a resource)."""
+    clean = redactor._clean_resources
+    events = recording.events
+    changed: list[TraceEvent] | None = None
+    for at, event in enumerate(events):
+        resource = event.resource
+        if resource is None or resource in clean:
+            continue
+        redacted = redactor.resource(resource)
+        if redacted != resource:
+            if changed is None:
+                changed = list(events)
+            changed[at] = TraceEvent.built({**vars(event), "resource": redacted})
+    return recording if changed is None else replace(recording, events=changed)
+
+
 def _read_states(
     tx: Transaction, events: list[TraceEvent], attempt: int | None
 ) -> dict[tuple[str, int], Any]:
