@@ -168,6 +168,8 @@ class Redactor:
     _plain_keys: set[str] = field(default_factory=set, compare=False, repr=False)
     # Short texts ``short_text`` found clean (step names).
     _clean_texts: set[str] = field(default_factory=set, compare=False, repr=False)
+    # Resources ``resource`` found clean (what trace events name: ``order:1``).
+    _clean_resources: set[str] = field(default_factory=set, compare=False, repr=False)
     # One search that every text with a secret matches (most texts have none).
     _screen: re.Pattern[str] | None = field(default=None, compare=False, repr=False)
     # The substrings that a value's JSON text must contain to hold a secret under the
@@ -277,6 +279,28 @@ class Redactor:
         redacted = self.text(text)
         if redacted == text and len(text) <= 200 and len(self._clean_texts) < 4096:
             self._clean_texts.add(text)
+        return redacted
+
+    def resource(self, resource: str) -> str:
+        """``resource``, the name a trace event gives what it touches (an entity's
+        ``card:4111…``, a lock's name, an effect's or a cache's key), as the trace stores it
+        and a look-up by resource asks for it: ``text``'s patterns applied, field rules not
+        (a name is no field). A name found clean is not searched again; at most 4,096 are
+        remembered, and the set starts anew when full: a worker names ever new ids
+        (``order:1``, ``order:2``...), and the ones it names now are those worth keeping."""
+        clean = self._clean_resources
+        if resource in clean:
+            return resource
+        if len(resource) < _SHORTEST and self._needles is not None and "://" not in resource:
+            # Shorter than anything the built-in patterns match but a URL's password: a
+            # new id (``order:57``) costs no search.
+            redacted = resource
+        else:
+            redacted = self.text(resource)
+        if redacted == resource:
+            if len(clean) >= 4096:
+                clean.clear()
+            clean.add(resource)
         return redacted
 
     def text(self, text: str) -> str:
@@ -523,6 +547,9 @@ def _distinct_key(key: str, value: dict[Any, Any], out: dict[Any, Any] | None) -
 
 
 _SCALARS = frozenset((int, float, bool))
+# The fewest characters a built-in pattern other than the URL's matches: a card number's
+# 13 digits; ``Basic `` or ``Bearer `` and 8 more (``Redactor.resource``).
+_SHORTEST = 13
 _GLOBAL_FLAGS = re.compile(r"^\(\?([aiLmsux]+)\)")
 
 

@@ -436,3 +436,35 @@ def test_a_secret_field_in_a_list_of_objects_is_found_by_the_keyed_encoding() ->
     value, text = redactor.encoded_keyed({"lines": lines, "n": 1}, codec.dumps_keyed)
     assert "hunter2" not in text
     assert value["lines"][3]["password"] != "hunter2"
+
+
+RESOURCE_TEXTS = st.text(
+    alphabet=st.sampled_from(list("0123456789 -:/@abcsBearerBasic_.x[]")), max_size=30
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(RESOURCE_TEXTS)
+@example("card:4111111111111111")
+@example("Basic abcdefgh")
+@example("u://:pw@h")
+@example("order:57")
+def test_a_resource_is_redacted_as_its_text_and_again_alike_from_the_cache(text: str) -> None:
+    """``Redactor.resource`` (what a trace stores for a resource, and what a look-up
+    asks for) is ``text`` whatever its fast paths take: a short name, a remembered one."""
+    rules = redaction.Redactor.build(replayq.Redaction(key="k" * 16))
+    expected = rules.text(text)
+    assert rules.resource(text) == expected
+    assert rules.resource(text) == expected  # remembered, if clean
+    assert rules.resource(expected) == expected  # a marker is not redacted again
+    own = rules.extended(replayq.Redaction(patterns=[r"ab(c)"]))
+    assert own.resource(text) == own.text(text)
+
+
+def test_remembered_resources_start_anew_when_full() -> None:
+    rules = redaction.Redactor.build(replayq.Redaction(key="k" * 16))
+    for n in range(4096 + 5):
+        assert rules.resource(f"order:{n:06d}-abcdefgh") == f"order:{n:06d}-abcdefgh"
+    assert 0 < len(rules._clean_resources) <= 4096
+    assert rules.resource("card:4111111111111111").startswith("card:[redacted:")
+    assert "card:4111111111111111" not in rules._clean_resources

@@ -41,11 +41,24 @@ def trace_show(env: Env, job_id: int, as_json: bool) -> None:
 )
 @click.option("--all-origins", is_flag=True, help="Include replay, fork and rerun traces.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@click.option(
+    "--app",
+    "app_spec",
+    default=None,
+    help="module:attribute of your replayq.App: its redaction rules find the resource too.",
+)
 @pass_env
-def trace_resource(env: Env, resource: str, leases: bool, all_origins: bool, as_json: bool) -> None:
+def trace_resource(
+    env: Env, resource: str, leases: bool, all_origins: bool, as_json: bool, app_spec: str | None
+) -> None:
     """Every event on one resource (and its versioned keys) across jobs and workers, in
-    happens-before order; production traces only unless --all-origins."""
-    events = env.app().resource_trace(resource, leases=leases, all_origins=all_origins)
+    happens-before order; production traces only unless --all-origins.
+
+    A trace stores a resource redacted (an entity keyed by a card number is
+    card:[redacted:…]): RESOURCE is redacted the same way before it is looked up, by the
+    built-in rules and $REPLAYQ_REDACTION_KEY, and with --app by the app's and its job
+    types' rules, so the id as the application knows it finds its events."""
+    events = env.app(app_spec).resource_trace(resource, leases=leases, all_origins=all_origins)
     if as_json:
         emit_json([vars(e) for e in events])
     else:

@@ -102,6 +102,11 @@ class JobsFacade:
         ``leases`` the lease transitions of the jobs that touched the resource are
         merged in (leased, lease expired, re-delivered, settled, write rejected):
         which worker held which job between its reads and writes of the resource.
+
+        A trace stores each resource redacted (docs/secrets.md): ``resource`` is
+        redacted by the app's and each job type's rules before it is looked up, so
+        ``card:4111…`` and ``card:[redacted:…]`` find the same events; two ids that
+        redact alike share one timeline.
         """
         return resource_trace(self.runtime, resource, leases=leases, all_origins=all_origins)
 

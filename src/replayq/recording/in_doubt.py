@@ -148,10 +148,14 @@ def settle(
         )
         if not changed:
             return False
+        # Redacted as a job's own events are (``Recorder._event``): the key names its
+        # resource, and a resolved result is a recorded value.
+        redactor = runtime.redactor
+        traced = redactor.resource(record.key)
         tx.trace_append(
             [
                 TraceEvent(
-                    trace_id=record.trace_id or f"admin:{record.key}",
+                    trace_id=record.trace_id or f"admin:{traced}",
                     name="effect.resolved",
                     ts=now,
                     hlc=hlc,
@@ -159,16 +163,18 @@ def settle(
                     kind="domain",
                     worker_id=by,
                     status=resolution.outcome,
-                    resource=record.key,
-                    data={
-                        "kind": record.kind,
-                        "key": record.key,
-                        "outcome": resolution.outcome,
-                        "result": resolution.result if resolution.succeeded else None,
-                        "reason": resolution.reason,
-                        "by": by,
-                        "claimed_by_attempt": record.attempt,
-                    },
+                    resource=traced,
+                    data=redactor.value(
+                        {
+                            "kind": record.kind,
+                            "key": record.key,
+                            "outcome": resolution.outcome,
+                            "result": resolution.result if resolution.succeeded else None,
+                            "reason": resolution.reason,
+                            "by": by,
+                            "claimed_by_attempt": record.attempt,
+                        }
+                    ),
                 )
             ]
         )

@@ -511,6 +511,8 @@ def break_lock(
     if not wait > 0:
         raise ConfigurationError(f"breaking a lock: wait must be positive, got {wait!r}")
     now, hlc = runtime.clock.now(), runtime.hlc.tick()
+    # The trace names the lock redacted, as a job's lock events do (``Recorder._event``).
+    traced = runtime.redactor.resource(resource)
     try:
         with runtime.storage.transaction() as tx:
             row = tx.lock_transition(LockRelease(resource, None, hlc, wait=wait))
@@ -519,15 +521,15 @@ def break_lock(
             tx.trace_append(
                 [
                     TraceEvent(
-                        trace_id=f"admin:{resource}",
+                        trace_id=f"admin:{traced}",
                         name="lock.broken",
                         ts=now,
                         hlc=hlc,
                         job_id=row.job_id,
                         kind="domain",
-                        resource=resource,
+                        resource=traced,
                         resource_version=row.fencing_token,
-                        data={"reason": reason, "holder": row.worker_id},
+                        data=runtime.redactor.value({"reason": reason, "holder": row.worker_id}),
                     )
                 ]
             )

@@ -209,7 +209,7 @@ def _published_event(runtime: Runtime, row: OutboxRecord, published_at: float) -
         kind="domain",
         ts=published_at,
         hlc=runtime.hlc.tick(),
-        resource=f"outbox:{row.topic}",
+        resource=runtime.redactor.resource(f"outbox:{row.topic}"),  # as ``Recorder._event``
         data={
             "event_id": row.event_id,
             "topic": row.topic,

@@ -235,6 +235,11 @@ class Recorder:
         if status is not None:
             fields["status"] = status
         if resource is not None:
+            # Redacted as the step's name is (``Redactor.resource``: a name found clean
+            # costs a set look-up): an entity keyed by a card number is ``card:[redacted:…]``
+            # in the trace and its resource index; the state, lock and ledger keep the key.
+            if resource not in self.redactor._clean_resources:
+                resource = self.redactor.resource(resource)
             fields["resource"] = resource
         if resource_version is not None:
             fields["resource_version"] = resource_version

@@ -15,11 +15,14 @@ from typing import Any
 from replayq import codec
 from replayq.model import TraceEvent
 from replayq.queue.enqueue import EnqueueRequest, insert_job
-from replayq.recording.state import MAIN, read_entity, version_row
+from replayq.queue.resources import stored_names
+from replayq.recording.state import MAIN, read_entity, resource_name, version_row
 from replayq.replay.engine import ReplayReport
 from replayq.replay.recorded import load_recording
-from replayq.runtime import RuntimeSource
-from replayq.storage.protocol import EntityGet, JobSetRecorded
+from replayq.runtime import Runtime, RuntimeSource
+from replayq.storage.context_params import EntityFilter
+from replayq.storage.protocol import EntityGet, JobSetRecorded, TraceQuery, Transaction
+from replayq.storage.records import EntityRecord
 
 CASE_FORMAT = "replayq.case/1"
 _VALUE_KEYS = {"call": "response", "effect.succeeded": "result", "effect.deduplicated": "result"}
@@ -45,7 +48,11 @@ def export_case(source: RuntimeSource, job_id: int, attempt: int | None = None) 
             if event.name != "state.read" or not event.resource_version:
                 continue
             namespace, _, key = (event.resource or "").partition(":")
-            row = tx.entity_get(EntityGet(MAIN, namespace, key, version=event.resource_version))
+            version = event.resource_version
+            row = tx.entity_get(EntityGet(MAIN, namespace, key, version=version))
+            if row is None and "[redacted" in key:
+                # (An entity keyed by a payload field's marker is found above.)
+                row = _written_version(runtime, tx, event.resource or "", version)
             if row is None:
                 continue
             from replayq.recording.state import version_from_row
@@ -73,6 +80,30 @@ def export_case(source: RuntimeSource, job_id: int, attempt: int | None = None) 
         ],
         "state": state,
     }
+
+
+def _written_version(
+    runtime: Runtime, tx: Transaction, resource: str, version: int
+) -> EntityRecord | None:
+    """The version row an event names by a redacted resource (``card:[redacted:…]``),
+    which names no entity's key: found through the job whose ``state.write`` made that
+    version (the resource index, then that job's own version rows), never by the key.
+    The case keeps the redacted name (``_read_states`` reads it back so in the case's
+    database). ``None`` when no traced job wrote it (``App.state.put``, a trace gc took)."""
+    writers = {
+        e.job_id
+        for e in tx.trace_query(TraceQuery(resource=resource))
+        if e.name == "state.write" and e.resource == resource and e.resource_version == version
+    }
+    for job_id in sorted(j for j in writers if j is not None):
+        for row in tx.entity_list(EntityFilter(job_id=job_id)):
+            if (
+                row.branch == MAIN
+                and row.version == version
+                and resource in stored_names(runtime, resource_name(row.namespace, row.key))
+            ):
+                return row
+    return None
 
 
 def import_case(source: RuntimeSource, case: dict[str, Any]) -> int:

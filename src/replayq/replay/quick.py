@@ -166,7 +166,8 @@ class _QuickState:
         ident = (namespace, key)
         if ident in self._pending:
             return self._pending[ident]
-        resource = resource_name(namespace, key)
+        # As the recording names it: redacted (``Recorder._event``).
+        resource = ctx.redactor.resource(resource_name(namespace, key))
         # A dry-run reads the version the attempt read: the recorded read at this position.
         event = ctx._peek()
         if event.name != "state.read" or event.resource != resource:
@@ -186,7 +187,7 @@ class _QuickState:
     ) -> Entity:
         ctx, key = self._ctx, str(key)
         ident = (namespace, key)
-        resource = resource_name(namespace, key)
+        resource = ctx.redactor.resource(resource_name(namespace, key))
         pending = self._pending.get(ident)
         if expected_version is None:
             expected_version = pending.version if pending else self._read_versions.get(ident, -1)

@@ -36,7 +36,7 @@ from replayq.recording.blobs import load_json
 from replayq.recording.ledger import CompletedStep
 from replayq.recording.state import MAIN, version_from_row
 from replayq.recording.world import LIVE
-from replayq.redaction import Redactor
+from replayq.redaction import NONE, Redactor
 from replayq.runtime import RuntimeSource
 from replayq.storage.protocol import EntityGet, TraceJobs, Transaction
 
@@ -215,13 +215,36 @@ def read_recording(
     return Recording(job, attempt, domain, lifecycle, outcome, start_hlc, values, states)
 
 
+def with_resources_redacted(recording: Recording, redactor: Redactor) -> Recording:
+    """``recording`` with its events' resources as this release stores them
+    (``Redactor.resource``): one an earlier release stored in clear (``card:4111…``) is
+    compared with and answered as the replay's own, redacted, name. The same recording
+    when none changes (the usual case: a set look-up an event that names a resource)."""
+    clean = redactor._clean_resources
+    events = recording.events
+    changed: list[TraceEvent] | None = None
+    for at, event in enumerate(events):
+        resource = event.resource
+        if resource is None or resource in clean:
+            continue
+        redacted = redactor.resource(resource)
+        if redacted != resource:
+            if changed is None:
+                changed = list(events)
+            changed[at] = TraceEvent.built({**vars(event), "resource": redacted})
+    return recording if changed is None else replace(recording, events=changed)
+
+
 def _read_states(
     tx: Transaction, events: list[TraceEvent], attempt: int | None
 ) -> dict[tuple[str, int], Any]:
     """The data of the entity versions the attempt's ``state.read`` events name (main branch).
 
     A resource whose namespace holds a ``:`` may split wrongly; its version is then simply
-    not found here and the replay reads it from the database as before.
+    not found here and the replay reads it from the database as before. So is a redacted
+    one (``card:[redacted:…]``), but in an imported case's database, where the exported
+    version was stored under that name (``export._written_version``): the replay then
+    reads it by the handler's own key (``RecordedWorld``).
     """
     states: dict[tuple[str, int], Any] = {}
     for event in events:
@@ -274,6 +297,11 @@ class RecordedWorld:
     ``fork_step``: recorded answers until that step starts, live (branch) state
     after it; past the fork point a call must match a recorded one by name and
     arguments, or a stub must be given, or it raises — never the real world.
+
+    ``redactor``: the job type's rules, as the recording was redacted by. The recording
+    names resources and keys redacted (``card:[redacted:…]``) where the handler names
+    them as they are: each is looked up redacted (``Redactor.resource``), and the state
+    it names is read by the handler's own key (``recorded_state``'s ``LIVE``).
     """
 
     def __init__(
@@ -282,8 +310,10 @@ class RecordedWorld:
         *,
         fork_step: str | None = None,
         stubs: dict[str, Any] | None = None,
+        redactor: Redactor = NONE,
     ) -> None:
         self.recording = recording
+        self._recorded = redactor.resource
         self.fork_step = fork_step
         self.stubs = stubs or {}
         self.reached_fork = False
@@ -358,11 +388,11 @@ class RecordedWorld:
         return self._skipped.get(key)
 
     def state_version(self, resource: str) -> int | None:
-        queue = self._reads.get(resource)
+        queue = self._reads.get(self._recorded(resource))
         return queue.popleft() if queue else None
 
     def recorded_state(self, resource: str, version: int) -> Any:
-        return self.recording.states.get((resource, version), LIVE)
+        return self.recording.states.get((self._recorded(resource), version), LIVE)
 
     def lock_outcome(self, action: str, resource: str) -> dict[str, Any]:
         """What the recorded attempt's lock ``action`` on ``resource`` returned.
@@ -371,7 +401,7 @@ class RecordedWorld:
         point, or where the recording has no such lock, the lock is taken (released)
         without a fencing token.
         """
-        queue = self._locks.get((action, resource))
+        queue = self._locks.get((action, self._recorded(resource)))
         if self.reached_fork or not queue:
             name = LOCK_EVENTS[action][0]
             return {"event": name, "fencing_token": None}
@@ -380,13 +410,17 @@ class RecordedWorld:
 
     def write_rejection(self, resource: str) -> dict[str, Any] | None:
         """How fencing rejected this write of ``resource`` when recorded (``None``: it did not)."""
-        queue = self._writes.get(resource)
+        queue = self._writes.get(self._recorded(resource))
         if self.reached_fork or not queue:
             return None
         return queue.popleft()
 
     def answer(self, name: str, label: str, fingerprint: str) -> Any:
-        queue = self._queues.get((name, label)) or deque()
+        # The recording's labels (a call's name, an effect's kind, a cache key) and an
+        # effect's key are its events' data: redacted, as the handler's are not.
+        queue = self._queues.get((name, self._recorded(label))) or deque()
+        if name == "effect":
+            fingerprint = self._recorded(fingerprint)
         if self.reached_fork:
             return self._answer_live(name, label, fingerprint, queue)
         if not queue:

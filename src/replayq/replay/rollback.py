@@ -152,6 +152,8 @@ def rollback(
         )
     job = get_job(runtime, job_id)
     now = runtime.clock.now()
+    # Its events are redacted as the job's own (``Recorder._event``): the resource and data.
+    redactor = runtime.redactor_for(job.job_type)
     with runtime.storage.transaction() as tx:
         events = []
         for change in plan.changes:
@@ -185,15 +187,17 @@ def rollback(
                     hlc=hlc,
                     worker_id="rollback",
                     status="compensated",
-                    resource=change.resource,
+                    resource=redactor.resource(change.resource),
                     resource_version=current.version + 1,
-                    data={
-                        "attempt_undone": attempt,
-                        "restored_from_version": change.restore_version,
-                        "replaced_version": change.current_version,
-                        "delta": delta_of(current.data, change.restored_data),
-                        "forced_over": change.later_writers or None,
-                    },
+                    data=redactor.value(
+                        {
+                            "attempt_undone": attempt,
+                            "restored_from_version": change.restore_version,
+                            "replaced_version": change.current_version,
+                            "delta": delta_of(current.data, change.restored_data),
+                            "forced_over": change.later_writers or None,
+                        }
+                    ),
                 )
             )
         tx.trace_append(events)
@@ -216,6 +220,7 @@ def compensate(
     """
     runtime = source.runtime
     job = get_job(runtime, job_id)
+    redactor = runtime.redactor_for(job.job_type)  # as ``rollback``'s events
     done = []
     with runtime.storage.transaction(readonly=True) as tx:
         records = [
@@ -245,9 +250,11 @@ def compensate(
                             hlc=runtime.hlc.tick(),
                             worker_id="rollback",
                             status="compensated",
-                            resource=record.key,
+                            resource=redactor.resource(record.key),
                             side_effect=True,
-                            data={"kind": kind, "key": record.key, "attempt": record.attempt},
+                            data=redactor.value(
+                                {"kind": kind, "key": record.key, "attempt": record.attempt}
+                            ),
                         )
                     ]
                 )

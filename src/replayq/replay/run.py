@@ -50,6 +50,7 @@ from replayq.replay.recorded import (
     Recording,
     as_redacted_now,
     failed_outcome,
+    with_resources_redacted,
 )
 from replayq.runtime import Runtime, RuntimeSource
 from replayq.seal import SealReport, Violation, seal
@@ -350,6 +351,8 @@ def run_derived(
     (fork) each step commits on the branch and the derived trace is read back and
     compared from the fork step on.
     """
+    redactor = runtime.redactor_of(handler)
+    recording = with_resources_redacted(recording, redactor)
     details = {
         "attempt": recording.attempt,
         "version": handler.contract.version,
@@ -360,7 +363,7 @@ def run_derived(
         trace_id, branch = derived_names(origin)
     else:
         trace_id, branch = _begin(runtime, recording, origin, base_hlc, details)
-    answers = RecordedWorld(recording, fork_step=fork_step, stubs=stubs)
+    answers = RecordedWorld(recording, fork_step=fork_step, stubs=stubs, redactor=redactor)
     # ``recording.job.evolve(...)`` without ``dataclasses.replace``'s ``getattr`` and
     # frozen ``__setattr__`` of each of the job's ~30 fields: a copy of its fields.
     job = Job.built(

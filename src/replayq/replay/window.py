@@ -56,9 +56,13 @@ def events_between(
     """Stream the events of production jobs in ``[since, until)``, in HLC order.
 
     Read a page at a time (one short read transaction each), so a long window
-    never holds a transaction open; ``resource`` is a prefix.
+    never holds a transaction open; ``resource`` is a prefix, redacted as a trace stores
+    resources (by ``job_type``'s rules, else the app's): ``card:4111…`` finds the events
+    of ``card:[redacted:…]``; a prefix that stops inside a secret matches nothing.
     """
     runtime = source.runtime
+    if resource is not None:
+        resource = runtime.redactor_for(job_type).resource(resource)
     params = TraceWindow(
         since_hlc=hlc_at(since, 0),
         until_hlc=hlc_at(until, _FAR_FUTURE),
