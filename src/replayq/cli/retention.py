@@ -50,8 +50,12 @@ def gc(
 
     app = env.app(app_spec)
     # A kept ledger day is printed below as this command's error, once: not a second time
-    # by logging's last resort (no handler is configured here).
-    logging.getLogger("replayq.retention").addHandler(logging.NullHandler())
+    # by a handler on the root logger (the command's own, which loads --app) nor by
+    # logging's last resort (none configured); restored after the pass.
+    retention_log = logging.getLogger("replayq.retention")
+    quiet = logging.NullHandler()
+    retention_log.addHandler(quiet)
+    propagates, retention_log.propagate = retention_log.propagate, False
     show = not as_json and sys.stderr.isatty()
     with Progress(
         SpinnerColumn(),
@@ -62,13 +66,17 @@ def gc(
         transient=True,
     ) as bar:
         task = bar.add_task("gc (dry run)" if dry_run else "gc", total=None)
-        report = app.gc(
-            dry_run=dry_run,
-            batch=batch,
-            pause=pause,
-            max_batches=max_batches,
-            progress=lambda done, _cursor: bar.update(task, completed=done),
-        )
+        try:
+            report = app.gc(
+                dry_run=dry_run,
+                batch=batch,
+                pause=pause,
+                max_batches=max_batches,
+                progress=lambda done, _cursor: bar.update(task, completed=done),
+            )
+        finally:
+            retention_log.removeHandler(quiet)
+            retention_log.propagate = propagates
     if as_json:
         emit_json(dataclasses.asdict(report))
         if report.partitions_kept:
