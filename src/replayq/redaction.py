@@ -511,7 +511,7 @@ class Redactor:
             if "[redacted" in redacted and MARKER.search(redacted):
                 return redacted
             return self.marker(value)
-        if isinstance(value, dict | list | tuple) and _has_marker(value):
+        if isinstance(value, dict | list | tuple) and has_marker(value):
             # Redacted before (read back from the database), or a marker passed on (a
             # redacted payload field) beside secrets in clear: each leaf is redacted whole,
             # a marker kept, so the first is itself again and the second keeps no secret.
@@ -713,13 +713,14 @@ def _needles_of(patterns: list[re.Pattern[str]]) -> tuple[str, ...] | None:
     return tuple(needles)
 
 
-def _has_marker(value: Any) -> bool:
+def has_marker(value: Any) -> bool:
+    """Whether ``value`` (a text, or a JSON list or object at any depth) holds a marker."""
     if isinstance(value, str):
         return MARKER.search(value) is not None
     if isinstance(value, dict):
-        return any(_has_marker(v) for v in value.values())
+        return any(has_marker(v) for v in value.values())
     if isinstance(value, list | tuple):
-        return any(_has_marker(v) for v in value)
+        return any(has_marker(v) for v in value)
     return False
 
 

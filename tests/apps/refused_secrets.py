@@ -8,8 +8,9 @@ quotes a value the patterns find (a bearer token, a card number). ``spawn`` enqu
 child with such a payload from a real worker (its failure: the trace, ``last_error``).
 ``settle`` v2 decodes, at lease, a payload stored by ``build(v1=True)`` before its
 shape changed (``account_number`` was a text, and not yet a secret field); ``enroll`` v2
-one of two text fields, now a ``Card`` (the whole payload) whose ``__post_init__`` refuses it
-quoting its ``holder`` (since named secret).
+one of two text fields, now a ``Member`` (the whole payload) whose ``__post_init__``
+refuses it quoting its ``holder`` (since named secret). ``unlock``'s ``Vault`` checks
+its own secret field in ``__post_init__``: its marker, at lease, is not refused.
 """
 
 from __future__ import annotations
@@ -72,12 +73,39 @@ class Card:
         raise ValueError(f"card {self.card_number} of {self.holder} is not accepted")
 
 
+@dataclasses.dataclass(frozen=True)
+class Vault:
+    """Checks its secret (``api_key``, a default secret field) in ``__post_init__``: the
+    real key passes at enqueue; the row holds its marker, which the check would refuse."""
+
+    api_key: str
+    region: str = "eu"
+
+    def __post_init__(self) -> None:
+        if not self.api_key.startswith("ak_"):
+            raise ValueError(f"unknown key {self.api_key}")
+
+
+def unlock(ctx: replayq.Context, vault: Vault) -> str:
+    return f"{vault.api_key} in {vault.region}"
+
+
 def grant(ctx: replayq.Context, grant: Grant) -> None:
     return None
 
 
 def login(ctx: replayq.Context, login: Login) -> None:
     return None
+
+
+@dataclasses.dataclass
+class Member:
+    holder: str
+    tier: str = "silver"
+
+    def __post_init__(self) -> None:
+        if self.tier not in ("gold", "silver"):
+            raise ValueError(f"tier {self.tier} of {self.holder} is not offered")
 
 
 def charge(ctx: replayq.Context, card: Card, amount: int = 0) -> None:
@@ -109,11 +137,11 @@ def settle_v2(ctx: replayq.Context, account_number: int) -> None:
     return None
 
 
-def enroll_v1(ctx: replayq.Context, card_number: str, holder: str) -> None:
+def enroll_v1(ctx: replayq.Context, holder: str, tier: str) -> None:
     return None
 
 
-def enroll_v2(ctx: replayq.Context, card: Card) -> None:
+def enroll_v2(ctx: replayq.Context, member: Member) -> None:
     return None
 
 
@@ -124,6 +152,7 @@ def build(url: str | None = None, *, v1: bool = False, **options: Any) -> replay
     built.job("login", retry=once)(login)
     built.job("charge", retry=once)(charge)
     built.job("spawn", retry=once)(spawn)
+    built.job("unlock", retry=once)(unlock)
     if v1:
         built.job("settle", retry=once)(settle_v1)
         built.job("enroll", retry=once)(enroll_v1)

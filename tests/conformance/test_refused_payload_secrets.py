@@ -67,8 +67,8 @@ def test_a_child_refused_in_the_types_words_fails_its_parent_with_markers(
 STALE = {
     "settle": ({"account_number": refused_secrets.ACCOUNT}, "expects int, got str '[redacted:"),
     "enroll": (
-        {"card_number": "1", "holder": refused_secrets.ACCOUNT},
-        "'Card': Card refused it: ValueError: card [redacted:",
+        {"holder": refused_secrets.ACCOUNT, "tier": "bronze"},
+        "'Member': Member refused it: ValueError: tier bronze of [redacted:",
     ),
 }
 
@@ -78,8 +78,8 @@ def test_a_stale_payload_refused_at_lease_is_buried_with_its_secret_redacted(
     app_factory: AppFactory, job_type: str
 ) -> None:
     """Stored before ``settle`` took an int and named ``account_number`` secret (before
-    ``enroll`` took a ``Card`` and named ``holder`` secret): the payload keeps the value
-    in clear, its burial (``last_error``, ``job.dead``) not. ``Card.__post_init__``'s
+    ``enroll`` took a ``Member`` and named ``holder`` secret): the payload keeps the value
+    in clear, its burial (``last_error``, ``job.dead``) not. ``Member.__post_init__``'s
     error buries the job as a malformed payload; it used to escape the worker's
     ``execute``, leaving the job running."""
     payload, expected = STALE[job_type]
@@ -100,5 +100,30 @@ def test_a_stale_payload_refused_at_lease_is_buried_with_its_secret_redacted(
         assert job.dead_reason == "malformed_payload", job.dead_reason
         _assert_clear_of_secrets(job.last_error or "")
         _assert_clear_of_secrets(json.dumps([vars(e) for e in app.trace(job_id)], default=str))
+    finally:
+        app.close()
+
+
+def test_a_secret_its_dataclass_checks_at_enqueue_reaches_the_handler_as_its_marker(
+    app_factory: AppFactory,
+) -> None:
+    """``Vault.__post_init__`` accepts the real key at enqueue; the row holds its marker
+    (docs/secrets.md: a redacted field reaches the handler as its marker). At lease the
+    instance is made with the marker, its defaults filled, not run through the check that
+    already passed: the job succeeds. It was buried as a malformed payload (before that,
+    ``__post_init__``'s error escaped ``execute`` and left the job running)."""
+    url = app_factory().url
+    app = refused_secrets.build(url, redaction=replayq.Redaction(key=KEY), auto_migrate=True)
+    try:
+        job_id = app.enqueue("unlock", {"api_key": "ak_" + refused_secrets.API_KEY})
+        stored = app.get_job(job_id).payload
+        assert stored["api_key"].startswith("[redacted:"), stored
+        worker = replayq.Worker(app)
+        app.register_contracts()
+        (leased,) = worker.lease(1)
+        worker.execute(leased)
+        job = app.get_job(job_id)
+        assert job.state is replayq.JobState.SUCCEEDED, job.last_error
+        assert job.result == f"{stored['api_key']} in eu", job.result
     finally:
         app.close()
