@@ -144,6 +144,32 @@ def test_a_verification_over_a_type_nothing_recorded_or_an_empty_window_is_empty
     assert window.empty_reason.startswith("1 price job(s) of v1 are recorded, none created since")
 
 
+def test_the_reason_for_an_empty_verification_reads_a_bounded_part_of_the_history(
+    db_url: str, app_factory: Callable[..., replayq.App], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # It read every job row of the type (payloads included) to name the reason: 730 MB
+    # for a misspelled --from over 200,000 jobs. Now the newest few (here 3 of 4).
+    from replayq.rollout import verify as verify_module
+
+    app = declare(app_factory())
+    app.register_contracts()
+    for qty in range(4):
+        app.enqueue("price", {"sku": "sku-1", "qty": qty + 1})
+    replayq.Worker(app, burst=True, worker_id="cli-test", poll_interval=0.01).run()
+    monkeypatch.setattr(verify_module, "_REASON_SCAN", 3)
+
+    typo = replayq.verify_rollout(app, "price", from_version="v9", to_version="v2")
+    assert typo.empty_reason == (
+        "no price job is recorded on version 'v9' (recorded versions among its newest 3: v1)"
+    )
+    state = replayq.verify_rollout(
+        app, "price", from_version="v1", to_version="v2", states=["cancelled"]
+    )
+    assert state.empty_reason == (
+        "none of the 3+ price job(s) of v1 is now cancelled (they are: succeeded 3)"
+    )
+
+
 def test_a_verification_of_handlers_that_record_nothing_is_empty(
     db_url: str, app_factory: Callable[..., replayq.App]
 ) -> None:
