@@ -111,6 +111,11 @@ class Attempt(Protocol):
         the attempt ended (``Context._hold_pending``)."""
         ...
 
+    def _hold_read(self) -> Any:
+        """``_end_lock`` taken for a read's events, returned held; ``ContextEndedError``
+        once the attempt ended (``Context._hold_read``)."""
+        ...
+
     @property
     def trace_id(self) -> str: ...
 

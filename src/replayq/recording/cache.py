@@ -130,9 +130,9 @@ class CacheView:
             recorded = world.answer("cache.read", key, "")
             read = CacheRead(**recorded) if isinstance(recorded, dict) else CacheRead(key, False)
         # The read's events in the trace with the ack, or the read refused
-        # (``_hold_pending``): a thread the handler left running never gets a value whose
+        # (``_hold_read``): a thread the handler left running never gets a value whose
         # read the trace does not hold.
-        lock = ctx._hold_pending()
+        lock = ctx._hold_read()
         try:
             if undecodable is not None:
                 ctx.record(
