@@ -17,14 +17,15 @@ AppFactory = Callable[..., replayq.App]
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("read", ["state", "cache"])
+@pytest.mark.parametrize("read", ["state", "cache", "cache set in a step"])
 def test_a_read_does_not_wait_for_another_threads_step_commit(
     app_factory: AppFactory, read: str
 ) -> None:
-    """Thread B holds the application's lock and reads through ``ctx`` once thread A's step
-    commit is running its ``db_write`` function, which takes that lock. The job succeeds
-    and records B's read (before, B's read waited for ``_pending_lock``, which A's commit
-    held while its function waited for B: the worker hung)."""
+    """Thread B holds the application's lock and reads through ``ctx`` (or caches a value
+    inside a step of its own) once thread A's step commit is running its ``db_write``
+    function, which takes that lock. The job succeeds and records B's read (before, B's
+    read waited for ``_pending_lock``, which A's commit held while its function waited for
+    B: the worker hung)."""
     app = app_factory()
 
     @app.job("two_threads")
@@ -43,14 +44,23 @@ def test_a_read_does_not_wait_for_another_threads_step_commit(
             with ctx.step("write"):
                 ctx.db_write(under_app_lock)
 
-        def b() -> None:
+        def read_under_app_lock() -> None:
             with app_lock:
                 b_holds.set()
                 in_commit.wait()
                 if read == "state":
                     ctx.state.get("acct", "1")
-                else:
+                elif read == "cache":
                     ctx.cache.get("acct", 1)
+                else:  # the entry waits for this step's own commit, after the lock
+                    ctx.cache.set("acct", 1, {"v": 1}, version=1)
+
+        def b() -> None:
+            if read == "cache set in a step":
+                with ctx.step("cache"):
+                    read_under_app_lock()
+            else:
+                read_under_app_lock()
 
         threads = [threading.Thread(target=a), threading.Thread(target=b)]
         for thread in threads:
@@ -60,4 +70,5 @@ def test_a_read_does_not_wait_for_another_threads_step_commit(
 
     job = run_inline(app, "two_threads", {})
     assert job.state is replayq.JobState.SUCCEEDED
-    assert sum(e.name == f"{read}.read" for e in app.trace(job.id)) == 1
+    event = {"state": "state.read", "cache": "cache.read"}.get(read, "cache.write")
+    assert sum(e.name == event for e in app.trace(job.id)) == 1

@@ -197,6 +197,10 @@ class Attempt(Protocol):
         """Whether a pending write carries ``fencing_token`` of the lock on ``resource``."""
         ...
 
+    def _in_step(self) -> bool:
+        """Whether a step runs in this flow (``Recorder._in_step``)."""
+        ...
+
     def _defer_after_commit(self, action: Callable[[], None], what: str) -> bool:
         """Hold ``action`` for the end of the step running in this thread or task."""
         ...
