@@ -268,8 +268,12 @@ class Context(Recorder):
                 # ``ctx.outbox.publish``...) looks at the end and joins the pending record
                 # under it, so it is in what the ack or failure flushes after the end, or
                 # refused; never joined after that flush, and forgotten with its record.
-                with self._pending_lock, self._end_lock:
+                # And ``_end_lock``, which a read looks at the end under (``_hold_read``).
+                with self._pending_lock:
+                    end_lock = self._end_lock
+                    end_lock.acquire()
                     self._cancel = _ENDED
+                    end_lock.release()
                 if self._running:
                     self._record_abandoned_steps()
 
