@@ -111,6 +111,11 @@ class Attempt(Protocol):
         the attempt ended (``Context._hold_pending``)."""
         ...
 
+    def _hold_read(self) -> Any:
+        """``_end_lock`` taken for a read's events, returned held; ``ContextEndedError``
+        once the attempt ended (``Context._hold_read``)."""
+        ...
+
     @property
     def trace_id(self) -> str: ...
 
@@ -190,6 +195,10 @@ class Attempt(Protocol):
 
     def fenced_by(self, resource: str, fencing_token: int) -> bool:
         """Whether a pending write carries ``fencing_token`` of the lock on ``resource``."""
+        ...
+
+    def _in_step(self) -> bool:
+        """Whether a step runs in this flow (``Recorder._in_step``)."""
         ...
 
     def _defer_after_commit(self, action: Callable[[], None], what: str) -> bool:

@@ -130,9 +130,9 @@ class CacheView:
             recorded = world.answer("cache.read", key, "")
             read = CacheRead(**recorded) if isinstance(recorded, dict) else CacheRead(key, False)
         # The read's events in the trace with the ack, or the read refused
-        # (``_hold_pending``): a thread the handler left running never gets a value whose
+        # (``_hold_read``): a thread the handler left running never gets a value whose
         # read the trace does not hold.
-        lock = ctx._hold_pending()
+        lock = ctx._hold_read()
         try:
             if undecodable is not None:
                 ctx.record(
@@ -231,8 +231,11 @@ class CacheView:
             now + ttl if ttl else None,
         )
         # Its event and its write join together (the write after the ack's commit, outside
-        # steps), or it is refused: not across the attempt's end (``_hold_pending``).
-        lock = ctx._hold_pending()
+        # steps), or it is refused: not across the attempt's end (``_hold_pending``). In a
+        # step of this flow the entry waits in the flow, which no other flow's commit
+        # takes: ordered with the end alone, it does not wait for such a commit
+        # (``_hold_read``).
+        lock = ctx._hold_read() if ctx._in_step() else ctx._hold_pending()
         try:
             ctx.record(
                 "cache.write",
@@ -260,8 +263,8 @@ class CacheView:
             raise ended_error(ctx.job.id, ctx.attempt)
         base = self._base(namespace, ident)
         logical = f"{namespace}:{ident}"
-        # As ``set``'s: together, or refused (``_hold_pending``).
-        lock = ctx._hold_pending()
+        # As ``set``'s: together, or refused.
+        lock = ctx._hold_read() if ctx._in_step() else ctx._hold_pending()
         try:
             ctx.record("cache.invalidate", resource=logical, key=logical)
             if ctx.world.writes_apply:
@@ -273,9 +276,10 @@ class CacheView:
     def _hold(self, action: Callable[[], None], what: str) -> None:
         """``action`` after the commit of the step running in this thread or task (held in
         it: a commit of another's, or the ack, does not make it), or of the attempt's next
-        commit outside steps. Under ``_pending_lock`` (the caller's ``_hold_pending``): not
-        across a commit of another flow's, which runs and empties these lists, nor across
-        the attempt's end."""
+        commit outside steps. Outside steps under ``_pending_lock`` (the caller's
+        ``_hold_pending``): not across a commit of another flow's, which runs and empties
+        these lists, nor across the attempt's end; in a step under ``_end_lock``
+        (``_hold_read``): the step's own list, not across the end."""
         if not self._ctx._defer_after_commit(action, what):
             self._after_commit.append(action)
             self.pending.append(what)

@@ -147,6 +147,11 @@ class Context(Recorder):
         # before the end, or sees the end and records nothing into the trace after it.
         self._live = threading.Lock()
         self._pending_lock = threading.RLock()
+        # Held by ``end`` as it sets the end (inside ``_pending_lock``) and by a read while it
+        # looks at the end and records (``_hold_read``): never by a commit, so a read does
+        # not wait for another flow's commit (whose ``ctx.db_write`` function may wait for
+        # the reading thread).
+        self._end_lock = threading.Lock()
         # Set while a ``ctx.db_write`` function runs inside a commit of this attempt (held
         # under ``_live`` at a step's): the verbs refuse in its thread (``recording.callbacks``).
         self._callback: Callback | None = None
@@ -263,8 +268,12 @@ class Context(Recorder):
                 # ``ctx.outbox.publish``...) looks at the end and joins the pending record
                 # under it, so it is in what the ack or failure flushes after the end, or
                 # refused; never joined after that flush, and forgotten with its record.
+                # And ``_end_lock``, which a read looks at the end under (``_hold_read``).
                 with self._pending_lock:
+                    end_lock = self._end_lock
+                    end_lock.acquire()
                     self._cancel = _ENDED
+                    end_lock.release()
                 if self._running:
                     self._record_abandoned_steps()
 
@@ -336,6 +345,21 @@ class Context(Recorder):
         context manager: a ``with`` over one cost ~2 K instructions more a call than this
         (one Python call, ~0.4 K), at every ``ctx.state.put`` and ``get``."""
         lock = self._pending_lock
+        lock.acquire()
+        if self._cancel is _ENDED:
+            lock.release()
+            raise self._ended_error()
+        return lock
+
+    def _hold_read(self) -> Any:
+        """As ``_hold_pending`` for a read's events alone (``ctx.state.get``,
+        ``ctx.cache.get``): ``_end_lock`` taken, which ``end`` sets the end under and no
+        commit holds. A read joins no write to the pending record, and its events join the
+        list a commit flushing meanwhile leaves to the next one (``flush``): it needs only
+        to be before the end or refused. Under ``_pending_lock`` it waited for another
+        flow's whole commit, and hung for good when that commit's ``ctx.db_write`` function
+        waited for the reading thread (``tests/conformance/test_context_read_waits.py``)."""
+        lock = self._end_lock
         lock.acquire()
         if self._cancel is _ENDED:
             lock.release()

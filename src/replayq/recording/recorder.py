@@ -533,6 +533,12 @@ class Recorder:
         flow.after.append((action, what))
         return True
 
+    def _in_step(self) -> bool:
+        """Whether a step runs in this flow (what it holds waits in the flow, not in the
+        pending record another flow's commit flushes)."""
+        running = self._running
+        return bool(running) and self._flow_key() in running
+
     def _steps_hold(self) -> bool:
         """Whether a step running in any flow holds a write or a cache action."""
         return any(flow.writes or flow.after for flow in list(self._running.values()))

@@ -357,9 +357,9 @@ class StateView:
         self._read_versions[ident] = version
         self._read[ident] = entity
         ctx = self._ctx
-        # In the trace with the ack, or the read refused (``_hold_pending``): a thread the
+        # In the trace with the ack, or the read refused (``_hold_read``): a thread the
         # handler left running never gets a value whose read the trace does not hold.
-        lock = ctx._hold_pending()
+        lock = ctx._hold_read()
         try:
             ctx.record_read(resource, version, version > 0, ctx.branch)
         finally:
