@@ -67,3 +67,36 @@ def test_a_refusal_in_the_types_own_words_quotes_no_secret(
     for text in outputs:
         for secret in refused_secrets.SECRETS:
             assert secret not in text, f"{secret!r} is in: {text}"
+
+
+def test_a_secret_its_record_constrains_reaches_a_real_worker_as_its_marker(
+    launcher: WorkerLauncher,
+) -> None:
+    """docs/secrets.md (What a handler sees): a pydantic model (a validator, a pattern,
+    a ``Literal``) and a msgspec Struct (``Meta(pattern=...)``) check the real key at
+    enqueue; the row holds its marker. ``replayq worker --burst`` runs both jobs with the
+    marker, its other fields converted; each was buried ``malformed_payload`` on its
+    first attempt."""
+    app = refused_secrets.build(launcher.url, redaction=replayq.Redaction(key=KEY))
+    opened = "2026-01-02T03:04:05+00:00"
+    key = "ak_" + refused_secrets.API_KEY
+    try:
+        model = app.enqueue(
+            "unlock_model", {"api_key": key, "password": "swordfish", "opened": opened}
+        )
+        struct = app.enqueue("unlock_struct", {"api_key": key, "opened": opened})
+        worker = launcher.start("w1", app=SPEC, burst=True, env={"REPLAYQ_REDACTION_KEY": KEY})
+        assert worker.wait(60) == 0, worker.log()
+        stored = app.get_job(model).payload
+        marker, password = stored["api_key"], stored["password"]
+        assert marker.startswith("[redacted:") and password.startswith("[redacted:"), stored
+        for job_id, result in (
+            (model, f"{marker} {password} in eu 2026"),
+            (struct, f"{marker} in eu 2026"),
+        ):
+            job = app.get_job(job_id)
+            assert job.state is replayq.JobState.SUCCEEDED, (job.last_error, worker.log())
+            assert job.result == result, job.result
+        assert refused_secrets.API_KEY not in worker.log()
+    finally:
+        app.close()

@@ -10,14 +10,17 @@ child with such a payload from a real worker (its failure: the trace, ``last_err
 shape changed (``account_number`` was a text, and not yet a secret field); ``enroll`` v2
 one of two text fields, now a ``Member`` (the whole payload) whose ``__post_init__``
 refuses it quoting its ``holder`` (since named secret). ``unlock``'s ``Vault`` checks
-its own secret field in ``__post_init__``: its marker, at lease, is not refused.
+its own secret field in ``__post_init__``, ``unlock_model``'s ``Keyring`` (pydantic) in a
+validator, a pattern, a length and a ``Literal``, ``unlock_struct``'s ``Locker`` (msgspec)
+in a ``Meta`` pattern and length: their markers, at lease, are not refused.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import enum
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import pydantic
@@ -90,6 +93,40 @@ def unlock(ctx: replayq.Context, vault: Vault) -> str:
     return f"{vault.api_key} in {vault.region}"
 
 
+class Keyring(pydantic.BaseModel):
+    """``Vault`` as a pydantic model: its secret is checked by a validator, a pattern and
+    a length, the real key passing at enqueue; the row holds the marker, which each
+    refuses. ``opened`` is converted at lease as always (a datetime, not its text)."""
+
+    api_key: Annotated[str, pydantic.Field(min_length=12, pattern=r"^ak_")]
+    password: Literal["swordfish"]  # (a Literal's values are in the contract's schema)
+    opened: datetime.datetime
+    region: str = "eu"
+
+    @pydantic.field_validator("api_key")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if not value.startswith("ak_"):
+            raise ValueError(f"unknown key {value}")
+        return value
+
+
+class Locker(msgspec.Struct):
+    """``Vault`` as a msgspec Struct: its secret is checked by a pattern and a length."""
+
+    api_key: Annotated[str, msgspec.Meta(pattern=r"^ak_", min_length=12)]
+    opened: datetime.datetime
+    region: str = "eu"
+
+
+def unlock_model(ctx: replayq.Context, keyring: Keyring) -> str:
+    return f"{keyring.api_key} {keyring.password} in {keyring.region} {keyring.opened.year}"
+
+
+def unlock_struct(ctx: replayq.Context, locker: Locker) -> str:
+    return f"{locker.api_key} in {locker.region} {locker.opened.year}"
+
+
 def grant(ctx: replayq.Context, grant: Grant) -> None:
     return None
 
@@ -153,6 +190,8 @@ def build(url: str | None = None, *, v1: bool = False, **options: Any) -> replay
     built.job("charge", retry=once)(charge)
     built.job("spawn", retry=once)(spawn)
     built.job("unlock", retry=once)(unlock)
+    built.job("unlock_model", retry=once)(unlock_model)
+    built.job("unlock_struct", retry=once)(unlock_struct)
     if v1:
         built.job("settle", retry=once)(settle_v1)
         built.job("enroll", retry=once)(enroll_v1)

@@ -127,3 +127,42 @@ def test_a_secret_its_dataclass_checks_at_enqueue_reaches_the_handler_as_its_mar
         assert job.result == f"{stored['api_key']} in eu", job.result
     finally:
         app.close()
+
+
+OPENED = "2026-01-02T03:04:05+00:00"
+CHECKED_RECORDS = {
+    # A validator, a pattern, a length and a ``Literal`` on its secret fields.
+    "unlock_model": (
+        {"api_key": "ak_" + refused_secrets.API_KEY, "password": "swordfish"},
+        "{api_key} {password} in eu 2026",
+    ),
+    # ``Meta(pattern=..., min_length=...)`` on its secret field.
+    "unlock_struct": ({"api_key": "ak_" + refused_secrets.API_KEY}, "{api_key} in eu 2026"),
+}
+
+
+@pytest.mark.parametrize("job_type", sorted(CHECKED_RECORDS))
+def test_a_secret_its_model_or_struct_constrains_reaches_the_handler_as_its_marker(
+    app_factory: AppFactory, job_type: str
+) -> None:
+    """``Keyring`` (pydantic) and ``Locker`` (msgspec) accept the real key at enqueue; the
+    row holds its marker, which their constraints refuse. At lease the instance holds the
+    marker and its other fields converted (``opened`` a datetime: the handler reads its
+    year): the job succeeds. It was buried as a malformed payload on its first attempt."""
+    secrets, expected = CHECKED_RECORDS[job_type]
+    app = refused_secrets.build(
+        app_factory().url, redaction=replayq.Redaction(key=KEY), auto_migrate=True
+    )
+    try:
+        job_id = app.enqueue(job_type, {**secrets, "opened": OPENED})
+        stored = app.get_job(job_id).payload
+        assert all(stored[name].startswith("[redacted:") for name in secrets), stored
+        worker = replayq.Worker(app)
+        app.register_contracts()
+        (leased,) = worker.lease(1)
+        worker.execute(leased)
+        job = app.get_job(job_id)
+        assert job.state is replayq.JobState.SUCCEEDED, job.last_error
+        assert job.result == expected.format(**stored), job.result
+    finally:
+        app.close()

@@ -15,6 +15,8 @@ import replayq
 from replayq import codec
 from replayq.queue.contracts import JobContract, build_contract, diff_contracts
 from replayq.queue.handlers import Handler, PayloadShape
+from replayq.queue.payload_types import field_type
+from tests.apps.refused_secrets import Keyring, Locker
 
 
 def handler_of(fn: Any) -> Handler:
@@ -157,3 +159,44 @@ def test_a_refusal_is_screened_for_the_secrets_a_struct_instance_holds() -> None
     screened = str(without_secrets(message, redactor, {"cvv": "1", "secret": "a\nb"}))
     assert "[redacted:0123456789abcdef]" in screened, screened
     assert " 1 " not in screened and "a\\nb" not in screened, screened
+
+
+MARKER = "[redacted:0123456789abcdef]"
+
+
+@pytest.mark.parametrize(
+    ("record", "payload", "message"),
+    [
+        # No marker: the constraint's refusal stands.
+        (Keyring, {"api_key": "bk_1234567890", "password": "swordfish"}, "should match pattern"),
+        (Locker, {"api_key": "bk_1234567890"}, "matching regex"),
+        # A marker, and another field refused: the refusal stands, of that field.
+        (Keyring, {"api_key": MARKER, "password": "guess"}, "'password': Input should be"),
+        (Locker, {"api_key": MARKER, "opened": "soon"}, "'opened': Invalid RFC3339"),
+        (Locker, {"api_key": MARKER, "region": 7}, "'region': Expected `str`, got `int`"),
+    ],
+)
+def test_a_stored_record_is_refused_unless_only_a_marker_is(
+    record: type[Any], payload: dict[str, Any], message: str
+) -> None:
+    kind = field_type(record)
+    assert kind is not None
+    stored = {"opened": "2026-01-02T03:04:05Z", **payload}
+    with pytest.raises(replayq.PayloadError, match=message):
+        kind.from_json(stored, "")
+
+
+@pytest.mark.parametrize("record", [Keyring, Locker])
+def test_a_stored_record_takes_a_marker_its_constraints_refuse(record: type[Any]) -> None:
+    kind = field_type(record)
+    assert kind is not None
+    given = {"api_key": MARKER, "opened": "2026-01-02T03:04:05Z"}
+    if record is Keyring:
+        given["password"] = MARKER
+    built = kind.from_json(given, "")
+    assert isinstance(built, record)
+    assert built.api_key == MARKER
+    assert built.opened == datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    assert built.region == "eu"
+    with pytest.raises(replayq.PayloadError, match=r"pattern|regex"):
+        kind.to_json(given, "")  # at enqueue a marker is checked like any value

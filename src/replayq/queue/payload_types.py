@@ -465,13 +465,22 @@ def _unchecked(cls: type[Any], values: Mapping[str, Any]) -> Any:
 def _pydantic(cls: type[Any]) -> FieldType:
     pydantic = sys.modules["pydantic"]
 
-    def validated(value: Any, path: str) -> Any:
+    def validated(value: Any, path: str, stored: bool = True) -> Any:
         if isinstance(value, cls):
             return value
         try:
             return cls.model_validate(value)
         except pydantic.ValidationError as exc:
-            first = exc.errors()[0]
+            errors = exc.errors()
+            # A stored payload, checked whole at enqueue with its secrets in clear: a check
+            # (a validator, a pattern, a ``Literal``) of the marker that replaced one is
+            # not a check of the payload. Every refusal must be a marker's.
+            if stored and all(has_marker(e["input"]) for e in errors):
+                built = _pydantic_unchecked(cls, value)
+                if built is not None:
+                    return built
+            # The first refusal not of a marker is the one to name (a stored payload's).
+            first = next((e for e in errors if not has_marker(e["input"])), errors[0])
             where = path
             for part in first["loc"]:
                 where = f"{where}[{part}]" if isinstance(part, int) else join(where, str(part))
@@ -486,7 +495,7 @@ def _pydantic(cls: type[Any]) -> FieldType:
     to_jsonable = sys.modules["pydantic_core"].to_jsonable_python
     return FieldType(
         cls.__name__,
-        lambda v, p: validated(v, p).model_dump(mode="json"),
+        lambda v, p: validated(v, p, False).model_dump(mode="json"),
         validated,
         {cls.__name__: cls.model_json_schema()},
         fields=Fields(
@@ -500,6 +509,38 @@ def _pydantic(cls: type[Any]) -> FieldType:
             },
         ),
     )
+
+
+def _pydantic_unchecked(cls: type[Any], values: Any) -> Any:
+    """An instance of pydantic model ``cls`` holding ``values`` (a stored payload whose
+    only refusals are of markers): each field holding a marker as it is (a nested record
+    decoded as replayq decodes it), each other one validated alone (a datetime is a
+    datetime), made with ``model_construct``. ``None`` when that fails too."""
+    if not isinstance(values, Mapping):
+        return None
+    fields = cls.model_fields
+    given = {
+        name: _marked(fields[name].annotation, item, name)
+        if name in fields and has_marker(item)
+        else item
+        for name, item in values.items()
+    }
+    try:
+        instance = cls.model_construct(**given)
+        for name, item in given.items():
+            if name in fields and not has_marker(values[name]):
+                cls.__pydantic_validator__.validate_assignment(instance, name, item)
+    except Exception:  # a field refused alone, or the model's own code refused the marker
+        return None
+    return instance
+
+
+def _marked(annotation: Any, item: Any, path: str) -> Any:
+    """A field's stored value holding a marker, as the handler gets it: a whole marker as
+    it is, a record (or a list or dict of them) decoded by replayq's own check (which
+    keeps each marker), else the stored JSON."""
+    kind = field_type(annotation) if not is_marker(item) else None
+    return kind.from_json(item, path) if kind is not None else item
 
 
 def _msgspec_error(message: str, path: str, cls: type[Any]) -> PayloadError:
@@ -516,18 +557,25 @@ def _msgspec_error(message: str, path: str, cls: type[Any]) -> PayloadError:
 def _msgspec(cls: type[Any]) -> FieldType:
     msgspec = sys.modules["msgspec"]
 
-    def validated(value: Any, path: str) -> Any:
+    def validated(value: Any, path: str, stored: bool = True) -> Any:
         # A Struct's constructor checks nothing: an instance is checked through its JSON form.
         given = msgspec.to_builtins(value) if isinstance(value, cls) else value
         try:
             return msgspec.convert(given, cls)
         except msgspec.ValidationError as exc:
+            # A stored payload, checked whole at enqueue with its secrets in clear: a
+            # constraint (``Meta(pattern=...)``) on the marker that replaced one is not a
+            # check of the payload.
+            if stored and has_marker(given):
+                built = _msgspec_unchecked(cls, given, path)
+                if built is not None:
+                    return built
             raise _msgspec_error(str(exc), path, cls) from None
 
     struct_fields = msgspec.structs.fields(cls)
     return FieldType(
         cls.__name__,
-        lambda v, p: msgspec.to_builtins(validated(v, p)),
+        lambda v, p: msgspec.to_builtins(validated(v, p, False)),
         validated,
         {cls.__name__: msgspec.json.schema(cls)},
         fields=Fields(
@@ -541,6 +589,32 @@ def _msgspec(cls: type[Any]) -> FieldType:
             },
         ),
     )
+
+
+def _msgspec_unchecked(cls: type[Any], values: Any, path: str) -> Any:
+    """An instance of Struct ``cls`` holding ``values`` (a stored payload holding a
+    marker): each field holding one as it is (a nested record decoded as replayq decodes
+    it), each other one converted alone to its type, with its constraints (its refusal
+    raised, naming it); made with the constructor, which checks no constraint. ``None``
+    when the constructor refuses (a missing field, ``__post_init__``)."""
+    if not isinstance(values, Mapping):
+        return None
+    msgspec = sys.modules["msgspec"]
+    given = {}
+    for f in msgspec.structs.fields(cls):
+        if f.encode_name in values:
+            item, where = values[f.encode_name], join(path, f.encode_name)
+            if has_marker(item):
+                given[f.name] = _marked(f.type, item, where)
+                continue
+            try:
+                given[f.name] = msgspec.convert(item, f.type)
+            except msgspec.ValidationError as exc:
+                raise _msgspec_error(str(exc), where, cls) from None
+    try:
+        return cls(**given)
+    except Exception:  # a required field missing, or ``__post_init__`` refused the marker
+        return None
 
 
 def _is_struct(annotation: type[Any]) -> bool:
