@@ -465,38 +465,49 @@ def _unchecked(cls: type[Any], values: Mapping[str, Any]) -> Any:
 def _pydantic(cls: type[Any]) -> FieldType:
     pydantic = sys.modules["pydantic"]
 
-    def validated(value: Any, path: str, stored: bool = True) -> Any:
+    def refused(exc: Any, value: Any, path: str, stored: bool) -> Any:
+        errors = exc.errors()
+        # A stored payload, checked whole at enqueue with its secrets in clear: a check (a
+        # validator, a pattern, a ``Literal``) of the marker that replaced one is not a
+        # check of the payload. Every refusal must be a marker's.
+        if stored and all(has_marker(e["input"]) for e in errors):
+            built = _pydantic_unchecked(cls, value)
+            if built is not None:
+                return built
+        # The first refusal not of a marker is the one to name (a stored payload's).
+        first = next((e for e in errors if not has_marker(e["input"])), errors[0])
+        where = path
+        for part in first["loc"]:
+            where = f"{where}[{part}]" if isinstance(part, int) else join(where, str(part))
+        error = PayloadError(
+            f"field {where or cls.__name__!r}: {first['msg']}, got {_shown(first['input'])}"
+        )
+        error.quoted = (where, first["input"])
+        raise error from None
+
+    def validated(value: Any, path: str) -> Any:  # at enqueue
         if isinstance(value, cls):
             return value
         try:
             return cls.model_validate(value)
         except pydantic.ValidationError as exc:
-            errors = exc.errors()
-            # A stored payload, checked whole at enqueue with its secrets in clear: a check
-            # (a validator, a pattern, a ``Literal``) of the marker that replaced one is
-            # not a check of the payload. Every refusal must be a marker's.
-            if stored and all(has_marker(e["input"]) for e in errors):
-                built = _pydantic_unchecked(cls, value)
-                if built is not None:
-                    return built
-            # The first refusal not of a marker is the one to name (a stored payload's).
-            first = next((e for e in errors if not has_marker(e["input"])), errors[0])
-            where = path
-            for part in first["loc"]:
-                where = f"{where}[{part}]" if isinstance(part, int) else join(where, str(part))
-            error = PayloadError(
-                f"field {where or cls.__name__!r}: {first['msg']}, got {_shown(first['input'])}"
-            )
-            error.quoted = (where, first["input"])
-            raise error from None
+            return refused(exc, value, path, False)
+
+    def decoded(value: Any, path: str) -> Any:  # a stored payload (the fallback: refused)
+        if isinstance(value, cls):
+            return value
+        try:
+            return cls.model_validate(value)
+        except pydantic.ValidationError as exc:
+            return refused(exc, value, path, True)
 
     model_fields = cls.model_fields.items()
     undefined = sys.modules["pydantic_core"].PydanticUndefined
     to_jsonable = sys.modules["pydantic_core"].to_jsonable_python
     return FieldType(
         cls.__name__,
-        lambda v, p: validated(v, p, False).model_dump(mode="json"),
-        validated,
+        lambda v, p: validated(v, p).model_dump(mode="json"),
+        decoded,
         {cls.__name__: cls.model_json_schema()},
         fields=Fields(
             tuple(name for name, info in model_fields if info.is_required()),
@@ -557,26 +568,31 @@ def _msgspec_error(message: str, path: str, cls: type[Any]) -> PayloadError:
 def _msgspec(cls: type[Any]) -> FieldType:
     msgspec = sys.modules["msgspec"]
 
-    def validated(value: Any, path: str, stored: bool = True) -> Any:
+    def validated(value: Any, path: str) -> Any:  # at enqueue
         # A Struct's constructor checks nothing: an instance is checked through its JSON form.
         given = msgspec.to_builtins(value) if isinstance(value, cls) else value
         try:
             return msgspec.convert(given, cls)
         except msgspec.ValidationError as exc:
-            # A stored payload, checked whole at enqueue with its secrets in clear: a
-            # constraint (``Meta(pattern=...)``) on the marker that replaced one is not a
-            # check of the payload.
-            if stored and has_marker(given):
-                built = _msgspec_unchecked(cls, given, path)
-                if built is not None:
-                    return built
             raise _msgspec_error(str(exc), path, cls) from None
+
+    def decoded(value: Any, path: str) -> Any:  # a stored payload (the fallback: refused)
+        given = msgspec.to_builtins(value) if isinstance(value, cls) else value
+        try:
+            return msgspec.convert(given, cls)
+        except msgspec.ValidationError as exc:
+            # Checked whole at enqueue with its secrets in clear: a constraint
+            # (``Meta(pattern=...)``) on the marker that replaced one is not a check of it.
+            built = _msgspec_unchecked(cls, given, path) if has_marker(given) else None
+            if built is None:
+                raise _msgspec_error(str(exc), path, cls) from None
+            return built
 
     struct_fields = msgspec.structs.fields(cls)
     return FieldType(
         cls.__name__,
-        lambda v, p: msgspec.to_builtins(validated(v, p, False)),
-        validated,
+        lambda v, p: msgspec.to_builtins(validated(v, p)),
+        decoded,
         {cls.__name__: msgspec.json.schema(cls)},
         fields=Fields(
             tuple(f.encode_name for f in struct_fields if f.required),
