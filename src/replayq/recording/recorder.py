@@ -225,11 +225,8 @@ class Recorder:
         fields["name"] = name
         fields["seq"] = seq
         if steps:
-            # The step's name as its own events record it (``record_step``): redacted.
-            step = steps[-1]
-            if step not in self.redactor._clean_texts:
-                step = self.redactor.short_text(step)
-            fields["step"] = step
+            # Already redacted: ``Context.step`` redacts a name where the step enters.
+            fields["step"] = steps[-1]
         fields["ts"] = now
         fields["hlc"] = hlc
         if status is not None:
